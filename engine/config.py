@@ -1,0 +1,204 @@
+"""Frozen engine configuration dataclasses, validated in __post_init__."""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+
+
+class RopeScalingType(enum.Enum):
+    """The RoPE scaling schemes the Llama family uses (HF `rope_scaling.rope_type`)."""
+
+    NONE = "default"
+    LINEAR = "linear"
+    DYNAMIC = "dynamic"
+    LLAMA3 = "llama3"
+    YARN = "yarn"
+
+
+@dataclass(frozen=True)
+class RopeConfig:
+    """Rotary position embedding parameters. `fingerprint()` keys the prefix cache."""
+
+    theta: float = 10000.0
+    scaling_type: RopeScalingType = RopeScalingType.NONE
+    factor: float = 1.0
+    max_position_embeddings: int = 2048
+    original_max_position_embeddings: int | None = None
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    attention_factor: float | None = None
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    partial_rotary_factor: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.theta <= 0:
+            raise ValueError(f"theta must be > 0, got {self.theta}")
+        if self.factor <= 0:
+            raise ValueError(f"factor must be > 0, got {self.factor}")
+        if self.max_position_embeddings < 1:
+            raise ValueError(f"max_position_embeddings must be >= 1, got {self.max_position_embeddings}")
+        if not 0 < self.partial_rotary_factor <= 1:
+            raise ValueError(f"partial_rotary_factor must be in (0, 1], got {self.partial_rotary_factor}")
+
+    def fingerprint(self) -> str:
+        """A stable digest of every field that changes the positional encoding."""
+        data = asdict(self)
+        data["scaling_type"] = self.scaling_type.value
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Architecture of a Llama-family model, read from a Hugging Face config.json."""
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope: RopeConfig
+    max_model_len: int
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False  # Qwen2: bias on q/k/v projections
+    qk_norm: bool = False  # Qwen3: RMSNorm on q and k per head
+    mlp_bias: bool = False
+    eos_token_ids: tuple[int, ...] = ()
+    bos_token_id: int | None = None
+    sliding_window: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+                     "num_kv_heads", "head_dim", "max_model_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.num_heads % self.num_kv_heads != 0:
+            raise ValueError(
+                f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})"
+            )
+
+    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
+        """2 (K and V) * layers * kv heads * head dim * element size."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes
+
+    def num_params(self) -> int:
+        """Parameter count (embedding counted once when tied)."""
+        h, i, v = self.hidden_size, self.intermediate_size, self.vocab_size
+        q = self.num_heads * self.head_dim
+        kv = self.num_kv_heads * self.head_dim
+        per_layer = h * q + 2 * h * kv + q * h + 3 * h * i + 2 * h
+        emb = v * h * (1 if self.tie_word_embeddings else 2)
+        return self.num_layers * per_layer + emb + h
+
+    def flops_per_token(self, context_len: int = 0) -> int:
+        """Forward FLOPs for one token: 2 * matmul params + attention over `context_len` keys."""
+        h, i = self.hidden_size, self.intermediate_size
+        q = self.num_heads * self.head_dim
+        kv = self.num_kv_heads * self.head_dim
+        matmul = self.num_layers * (h * q + 2 * h * kv + q * h + 3 * h * i) + self.vocab_size * h
+        attn = self.num_layers * 2 * 2 * self.num_heads * self.head_dim * context_len
+        return 2 * matmul + attn
+
+
+class BatchPolicy(enum.Enum):
+    """How the scheduler forms batches over time."""
+
+    CONTINUOUS = "continuous"  # iteration-level: join and leave every step
+    STATIC = "static"  # wait for a full batch, run it to completion
+    DYNAMIC = "dynamic"  # collect within a time window, then run the group to completion
+
+
+class QueuePolicy(enum.Enum):
+    """Order of the waiting queue."""
+
+    FCFS = "fcfs"
+    PRIORITY = "priority"
+    FAIR = "fair"
+
+
+class PreemptionMode(enum.Enum):
+    """What happens to a preempted request's KV blocks."""
+
+    RECOMPUTE = "recompute"
+    SWAP = "swap"
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """Paged KV cache geometry. Either `num_blocks` or `memory_budget_bytes` sizes the pool."""
+
+    block_size: int = 16
+    num_blocks: int | None = None
+    memory_budget_bytes: int | None = None
+    kv_dtype: str = "float32"
+    enable_prefix_caching: bool = True
+    num_host_blocks: int = 0
+    tenant_cache_share: float = 1.0  # max share of the pool one tenant's cached blocks may hold
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1 or self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size must be a power of two >= 1, got {self.block_size}")
+        if self.num_blocks is not None and self.num_blocks < 1:
+            raise ValueError(f"num_blocks must be >= 1, got {self.num_blocks}")
+        if self.memory_budget_bytes is not None and self.memory_budget_bytes < 1:
+            raise ValueError(f"memory_budget_bytes must be >= 1, got {self.memory_budget_bytes}")
+        if self.kv_dtype not in ("float32", "float16", "bfloat16"):
+            raise ValueError(f"kv_dtype must be float32, float16 or bfloat16, got {self.kv_dtype!r}")
+        if self.num_host_blocks < 0:
+            raise ValueError(f"num_host_blocks must be >= 0, got {self.num_host_blocks}")
+        if not 0 < self.tenant_cache_share <= 1:
+            raise ValueError(f"tenant_cache_share must be in (0, 1], got {self.tenant_cache_share}")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Limits of one scheduler step and the batching/queue policies."""
+
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 64
+    max_model_len: int = 2048
+    batch_policy: BatchPolicy = BatchPolicy.CONTINUOUS
+    queue_policy: QueuePolicy = QueuePolicy.FCFS
+    preemption_mode: PreemptionMode = PreemptionMode.RECOMPUTE
+    static_batch_size: int = 8
+    dynamic_window_s: float = 0.05
+    long_prefill_threshold: int = 0  # >0: a prefill chunk is capped at this many tokens per step
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_batched_tokens", "max_num_seqs", "max_model_len", "static_batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.dynamic_window_s < 0:
+            raise ValueError(f"dynamic_window_s must be >= 0, got {self.dynamic_window_s}")
+        if self.long_prefill_threshold < 0:
+            raise ValueError(f"long_prefill_threshold must be >= 0, got {self.long_prefill_threshold}")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything the engine needs to start."""
+
+    model_path: str
+    dtype: str = "float32"
+    device: str = "cpu"
+    model_version: str = "default"
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    seed: int = 0
+    use_triton: bool | None = None  # None: on CUDA only
+    use_cuda_graphs: bool | None = None  # None: on CUDA only
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ("float32", "float16", "bfloat16"):
+            raise ValueError(f"dtype must be float32, float16 or bfloat16, got {self.dtype!r}")
+        if not self.model_path:
+            raise ValueError("model_path must not be empty")

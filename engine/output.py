@@ -1,0 +1,116 @@
+"""What the scheduler hands the runner, and what the engine hands its callers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.request import FinishReason
+
+
+@dataclass(frozen=True)
+class ScheduledRequest:
+    """One request in a step: feed `num_tokens` tokens starting at `num_computed_tokens`."""
+
+    request_id: str
+    num_tokens: int
+    num_computed_tokens: int  # position of the first token fed this step
+    block_ids: tuple[int, ...]  # the request's block table after allocation for this step
+    samples: bool  # True when this chunk reaches the end of the known tokens: sample a token
+
+
+@dataclass(frozen=True)
+class SchedulerOutput:
+    """One engine step, decided by the scheduler and executed by the runner.
+
+    Decodes come first in `scheduled`, then prefill chunks.
+    """
+
+    scheduled: tuple[ScheduledRequest, ...]
+    preempted_ids: tuple[str, ...] = ()
+    finished_ids: tuple[str, ...] = ()  # finished/aborted since the last step; blocks already freed
+    blocks_to_copy: tuple[tuple[int, int], ...] = ()  # (src, dst) copy-on-write
+    blocks_to_swap_out: tuple[tuple[int, int], ...] = ()  # (device block, host block)
+    blocks_to_swap_in: tuple[tuple[int, int], ...] = ()  # (host block, device block)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_tokens for s in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled and not self.blocks_to_copy and not self.blocks_to_swap_out
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """Log probability of one token, with the top alternatives at that position."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()  # (token id, logprob), best first
+
+
+@dataclass(frozen=True)
+class RequestMetrics:
+    """Latency figures of a finished (or running) request, in seconds."""
+
+    arrival_s: float
+    queue_s: float | None
+    ttft_s: float | None
+    tpot_s: float | None
+    e2e_s: float | None
+    itl_s: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """An increment of one choice of one request, streamed to the caller.
+
+    `new_text` is the bytes-correct text added since the previous output of the same choice
+    (stop strings already cut away).
+    """
+
+    request_id: str
+    index: int
+    new_token_ids: tuple[int, ...]
+    new_text: str
+    finished: bool
+    finish_reason: FinishReason | None = None
+    stop_reason: str | int | None = None  # the stop string or token id that ended it
+    new_logprobs: tuple[TokenLogprob, ...] | None = None
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0
+    num_output_tokens: int = 0
+    metrics: RequestMetrics | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """A snapshot of engine load, for admission, metrics and health."""
+
+    num_running: int
+    num_waiting: int
+    num_swapped: int
+    num_total_blocks: int
+    num_free_blocks: int
+    block_size: int
+    num_waiting_tokens: int = 0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    num_preemptions: int = 0
+    prefill_tokens_per_s: float = 0.0  # measured, moving average
+    decode_steps_per_s: float = 0.0
+    num_prompt_tokens_total: int = 0
+    num_generation_tokens_total: int = 0
+    waiting_tokens_by_priority: tuple[int, ...] = field(default=(0, 0, 0))
+
+    @property
+    def kv_usage(self) -> float:
+        if self.num_total_blocks == 0:
+            return 0.0
+        return 1.0 - self.num_free_blocks / self.num_total_blocks
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0

@@ -1,0 +1,222 @@
+"""Request state and sampling parameters: the unit the scheduler moves around.
+
+A request's progress is one number, `num_computed_tokens`, catching up with `num_tokens`
+(prompt + generated). A prefill chunk and a decode step are the same thing at different sizes.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import time
+from dataclasses import dataclass, field
+
+from engine.errors import InvalidRequestError
+
+
+class Priority(enum.IntEnum):
+    """Priority classes; lower value is served first."""
+
+    INTERACTIVE = 0
+    STANDARD = 1
+    BATCH = 2
+
+    @classmethod
+    def parse(cls, name: str) -> Priority:
+        try:
+            return cls[name.upper()]
+        except KeyError:
+            raise InvalidRequestError(
+                f"priority must be one of interactive, standard, batch; got {name!r}", param="priority"
+            ) from None
+
+
+class RequestStatus(enum.Enum):
+    """Lifecycle of a request inside the engine."""
+
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    SWAPPED = "swapped"
+    FINISHED_STOPPED = "finished_stopped"
+    FINISHED_LENGTH = "finished_length"
+    FINISHED_ABORTED = "finished_aborted"
+    FINISHED_ERROR = "finished_error"
+
+    @property
+    def is_finished(self) -> bool:
+        return self in _FINISHED
+
+
+_FINISHED = {
+    RequestStatus.FINISHED_STOPPED,
+    RequestStatus.FINISHED_LENGTH,
+    RequestStatus.FINISHED_ABORTED,
+    RequestStatus.FINISHED_ERROR,
+}
+
+
+class FinishReason(enum.Enum):
+    """Why generation ended, as the OpenAI API names it."""
+
+    STOP = "stop"
+    LENGTH = "length"
+    ABORT = "abort"
+    ERROR = "error"
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick tokens and when to stop. Validated on construction."""
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1: disabled
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    logprobs: int | None = None  # number of top alternatives to return; 0 = sampled token only
+    n: int = 1
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    use_beam_search: bool = False
+    beam_width: int = 1
+    length_penalty: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise InvalidRequestError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}", "max_tokens")
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise InvalidRequestError(f"temperature must be >= 0, got {self.temperature}", "temperature")
+        if not (0 < self.top_p <= 1):
+            raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p}", "top_p")
+        if self.top_k == 0 or self.top_k < -1:
+            raise InvalidRequestError(f"top_k must be -1 (disabled) or >= 1, got {self.top_k}", "top_k")
+        if not (0 <= self.min_p <= 1):
+            raise InvalidRequestError(f"min_p must be in [0, 1], got {self.min_p}", "min_p")
+        if not math.isfinite(self.repetition_penalty) or self.repetition_penalty <= 0:
+            raise InvalidRequestError(
+                f"repetition_penalty must be > 0, got {self.repetition_penalty}", "repetition_penalty"
+            )
+        if not (-2 <= self.presence_penalty <= 2):
+            raise InvalidRequestError(
+                f"presence_penalty must be in [-2, 2], got {self.presence_penalty}", "presence_penalty"
+            )
+        if not (-2 <= self.frequency_penalty <= 2):
+            raise InvalidRequestError(
+                f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}", "frequency_penalty"
+            )
+        if not isinstance(self.stop, tuple) or not all(isinstance(s, str) and s for s in self.stop):
+            raise InvalidRequestError("stop must be a tuple of non-empty strings", "stop")
+        if len(self.stop) > 16:
+            raise InvalidRequestError(f"at most 16 stop strings, got {len(self.stop)}", "stop")
+        if not all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids):
+            raise InvalidRequestError("stop_token_ids must be non-negative integers", "stop_token_ids")
+        if self.logprobs is not None and not (0 <= self.logprobs <= 20):
+            raise InvalidRequestError(f"logprobs must be in [0, 20], got {self.logprobs}", "logprobs")
+        if not isinstance(self.n, int) or not (1 <= self.n <= 16):
+            raise InvalidRequestError(f"n must be in [1, 16], got {self.n}", "n")
+        if self.use_beam_search:
+            if self.beam_width < 1 or self.beam_width > 16:
+                raise InvalidRequestError(f"beam_width must be in [1, 16], got {self.beam_width}", "beam_width")
+        if self.seed is not None and not isinstance(self.seed, int):
+            raise InvalidRequestError(f"seed must be an integer, got {self.seed!r}", "seed")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+
+@dataclass
+class RequestTimes:
+    """Wall-clock timestamps (time.monotonic seconds) of one request's life."""
+
+    arrival_s: float
+    first_scheduled_s: float | None = None
+    first_token_s: float | None = None
+    token_s: list[float] = field(default_factory=list)
+    finished_s: float | None = None
+
+    @property
+    def ttft_s(self) -> float | None:
+        return None if self.first_token_s is None else self.first_token_s - self.arrival_s
+
+    @property
+    def queue_s(self) -> float | None:
+        return None if self.first_scheduled_s is None else self.first_scheduled_s - self.arrival_s
+
+    @property
+    def e2e_s(self) -> float | None:
+        return None if self.finished_s is None else self.finished_s - self.arrival_s
+
+    @property
+    def itl_s(self) -> list[float]:
+        return [b - a for a, b in zip(self.token_s, self.token_s[1:], strict=False)]
+
+    @property
+    def tpot_s(self) -> float | None:
+        if len(self.token_s) < 2:
+            return None
+        return (self.token_s[-1] - self.token_s[0]) / (len(self.token_s) - 1)
+
+
+@dataclass
+class Request:
+    """One sequence inside the engine. Mutable; owned by the scheduler."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    tenant_id: str = "default"
+    priority: Priority = Priority.STANDARD
+    cache_scope: str = "default"
+    arrival_s: float = field(default_factory=time.monotonic)
+    deadline_s: float | None = None
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at first admission
+    status: RequestStatus = RequestStatus.WAITING
+    num_preemptions: int = 0
+    parent_id: str | None = None  # set for n>1 children and beams
+    index: int = 0  # choice index within its parent
+    times: RequestTimes = field(init=False)
+
+    def __post_init__(self) -> None:
+        if not self.prompt_token_ids:
+            raise InvalidRequestError("prompt must contain at least one token", "prompt")
+        self.times = RequestTimes(arrival_s=self.arrival_s)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    def token_at(self, position: int) -> int:
+        n = len(self.prompt_token_ids)
+        return self.prompt_token_ids[position] if position < n else self.output_token_ids[position - n]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.is_finished
+
+    @property
+    def num_remaining(self) -> int:
+        """Tokens still to be fed to the model before the next sample."""
+        return self.num_tokens - self.num_computed_tokens

@@ -1,0 +1,108 @@
+"""Plain-torch oracles for every kernel. They are also the engine's CPU path."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+
+def write_kv(
+    key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    value: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
+    slot_mapping: torch.Tensor,  # [num_tokens] int64
+) -> None:
+    """Scatter this step's keys and values into their cache slots."""
+    _, num_blocks, block_size, num_kv_heads, head_dim = kv_cache.shape
+    flat = kv_cache.view(2, num_blocks * block_size, num_kv_heads, head_dim)
+    flat[0].index_copy_(0, slot_mapping, key.to(kv_cache.dtype))
+    flat[1].index_copy_(0, slot_mapping, value.to(kv_cache.dtype))
+
+
+def gather_kv(
+    kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
+    block_table: torch.Tensor,  # [max_blocks] int32
+    seq_len: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys and values of positions [0, seq_len) of one sequence, each [seq_len, num_kv_heads, head_dim]."""
+    block_size = kv_cache.shape[2]
+    num_blocks = (seq_len + block_size - 1) // block_size
+    ids = block_table[:num_blocks].long()
+    k = kv_cache[0].index_select(0, ids).flatten(0, 1)[:seq_len]
+    v = kv_cache[1].index_select(0, ids).flatten(0, 1)[:seq_len]
+    return k, v
+
+
+def paged_attention(
+    query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+    kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
+    block_tables: torch.Tensor,  # [num_seqs, max_blocks] int32
+    query_start_loc: Sequence[int],  # num_seqs + 1 offsets into the token dim
+    seq_lens: Sequence[int],  # context length of each sequence, including its new tokens
+    scale: float,
+) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+    """Causal attention of each sequence's new tokens over its whole paged context.
+
+    Decode rows (one query each) are batched into a single padded matmul; prefill chunks run
+    one sequence at a time through scaled_dot_product_attention with an offset causal mask.
+    """
+    num_tokens, num_heads, head_dim = query.shape
+    num_kv_heads = kv_cache.shape[3]
+    group = num_heads // num_kv_heads
+    out = torch.empty_like(query)
+    decode_rows: list[int] = []
+    for i, seq_len in enumerate(seq_lens):
+        start, end = query_start_loc[i], query_start_loc[i + 1]
+        q_len = end - start
+        if q_len == 0:
+            continue
+        if q_len == 1:
+            decode_rows.append(i)
+            continue
+        k, v = gather_kv(kv_cache, block_tables[i], seq_len)
+        q = query[start:end].transpose(0, 1)  # [num_heads, q_len, head_dim]
+        k = k.transpose(0, 1).repeat_interleave(group, dim=0)  # [num_heads, seq_len, head_dim]
+        v = v.transpose(0, 1).repeat_interleave(group, dim=0)
+        # query j sits at position seq_len - q_len + j and sees keys 0..that position
+        pos_q = torch.arange(seq_len - q_len, seq_len, device=query.device)[:, None]
+        mask = torch.arange(seq_len, device=query.device)[None, :] <= pos_q  # [q_len, seq_len]
+        o = F.scaled_dot_product_attention(q.to(k.dtype), k, v, attn_mask=mask, scale=scale)
+        out[start:end] = o.transpose(0, 1).to(out.dtype)
+    if decode_rows:
+        out_rows = _decode_attention(query, kv_cache, block_tables, query_start_loc, seq_lens, decode_rows, scale)
+        for row, i in enumerate(decode_rows):
+            out[query_start_loc[i]] = out_rows[row]
+    return out
+
+
+def _decode_attention(
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_start_loc: Sequence[int],
+    seq_lens: Sequence[int],
+    rows: list[int],
+    scale: float,
+) -> torch.Tensor:  # [len(rows), num_heads, head_dim]
+    """One query per sequence, all sequences in one padded batched matmul."""
+    _, num_blocks, block_size, num_kv_heads, head_dim = kv_cache.shape
+    num_heads = query.shape[1]
+    group = num_heads // num_kv_heads
+    lens = [seq_lens[i] for i in rows]
+    max_len = max(lens)
+    max_blocks = (max_len + block_size - 1) // block_size
+    tables = block_tables[rows, :max_blocks].long()  # [B, max_blocks]
+    k = kv_cache[0][tables].flatten(1, 2)[:, :max_len]  # [B, max_len, num_kv_heads, head_dim]
+    v = kv_cache[1][tables].flatten(1, 2)[:, :max_len]
+    q_idx = torch.tensor([query_start_loc[i] for i in rows], device=query.device)
+    q = query.index_select(0, q_idx).to(k.dtype)  # [B, num_heads, head_dim]
+    q = q.view(len(rows), num_kv_heads, group, head_dim)
+    scores = torch.einsum("bhgd,bthd->bhgt", q, k) * scale  # [B, num_kv_heads, group, max_len]
+    lens_t = torch.tensor(lens, device=query.device)
+    valid = torch.arange(max_len, device=query.device)[None, :] < lens_t[:, None]  # [B, max_len]
+    scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
+    probs = torch.softmax(scores.float(), dim=-1).to(v.dtype)
+    o = torch.einsum("bhgt,bthd->bhgd", probs, v)  # [B, num_kv_heads, group, head_dim]
+    return o.reshape(len(rows), num_heads, head_dim)
