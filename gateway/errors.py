@@ -1,0 +1,116 @@
+"""One error type per failure kind, mapped to HTTP in this one place.
+
+Every error body is OpenAI-shaped: `{"error": {"message", "type", "param", "code"}}`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from starlette.responses import JSONResponse
+
+from engine.errors import ContextLengthError, EngineDeadError, InvalidRequestError, RequestFailedError
+
+
+class WeirError(Exception):
+    """Base of all errors the gateway turns into HTTP responses."""
+
+    status_code = 500
+    error_type = "server_error"
+    default_code: str | None = None
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code if code is not None else self.default_code
+        self.headers = dict(headers or {})
+
+    def body(self) -> dict[str, dict[str, str | None]]:
+        return {"error": {"message": self.message, "type": self.error_type, "param": self.param, "code": self.code}}
+
+
+class BadRequestError(WeirError):
+    status_code = 400
+    error_type = "invalid_request_error"
+
+
+class AuthenticationError(WeirError):
+    status_code = 401
+    error_type = "invalid_request_error"
+    default_code = "invalid_api_key"
+
+
+class PermissionDeniedError(WeirError):
+    status_code = 403
+    error_type = "permission_error"
+    default_code = "permission_denied"
+
+
+class NotFoundError(WeirError):
+    status_code = 404
+    error_type = "invalid_request_error"
+    default_code = "not_found"
+
+
+class ConflictError(WeirError):
+    status_code = 409
+    error_type = "invalid_request_error"
+    default_code = "conflict"
+
+
+class PayloadTooLargeError(WeirError):
+    status_code = 413
+    error_type = "invalid_request_error"
+    default_code = "payload_too_large"
+
+
+class UnprocessableError(WeirError):
+    status_code = 422
+    error_type = "invalid_request_error"
+    default_code = "unprocessable_entity"
+
+
+class RateLimitError(WeirError):
+    status_code = 429
+    error_type = "rate_limit_error"
+    default_code = "rate_limit_exceeded"
+
+
+class InternalServerError(WeirError):
+    status_code = 500
+    error_type = "server_error"
+    default_code = "internal_error"
+
+
+class ServiceUnavailableError(WeirError):
+    status_code = 503
+    error_type = "server_error"
+    default_code = "service_unavailable"
+
+
+def from_engine_error(exc: Exception) -> WeirError:
+    """Translate an engine exception into the gateway's error of the same kind."""
+    if isinstance(exc, WeirError):
+        return exc
+    if isinstance(exc, ContextLengthError):
+        return BadRequestError(exc.message, param=exc.param, code="context_length_exceeded")
+    if isinstance(exc, InvalidRequestError):
+        return BadRequestError(exc.message, param=exc.param, code="invalid_value")
+    if isinstance(exc, EngineDeadError):
+        return ServiceUnavailableError(f"engine unavailable: {exc}", code="engine_unavailable")
+    if isinstance(exc, RequestFailedError):
+        return InternalServerError(f"engine failed on this request: {exc}", code="engine_error")
+    return InternalServerError("internal server error")
+
+
+def error_response(exc: WeirError) -> JSONResponse:
+    """The HTTP response for an error, with its headers (e.g. Retry-After)."""
+    return JSONResponse(exc.body(), status_code=exc.status_code, headers=exc.headers)
