@@ -77,8 +77,16 @@ class ModelConfig:
     sliding_window: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
-                     "num_kv_heads", "head_dim", "max_model_len"):
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+            "max_model_len",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.num_heads % self.num_kv_heads != 0:
@@ -171,12 +179,15 @@ class SchedulerConfig:
     preemption_mode: PreemptionMode = PreemptionMode.RECOMPUTE
     static_batch_size: int = 8
     dynamic_window_s: float = 0.05
+    static_max_wait_s: float = 1.0  # static batching fires a partial batch after this wait
     long_prefill_threshold: int = 0  # >0: a prefill chunk is capped at this many tokens per step
 
     def __post_init__(self) -> None:
         for name in ("max_num_batched_tokens", "max_num_seqs", "max_model_len", "static_batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.static_max_wait_s < 0:
+            raise ValueError(f"static_max_wait_s must be >= 0, got {self.static_max_wait_s}")
         if self.dynamic_window_s < 0:
             raise ValueError(f"dynamic_window_s must be >= 0, got {self.dynamic_window_s}")
         if self.long_prefill_threshold < 0:

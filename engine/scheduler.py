@@ -1,0 +1,207 @@
+"""Iteration-level scheduler: decodes first, then chunked prefill within a token budget.
+
+Every step it walks the running requests (decodes before prefill chunks), gives each the tokens
+it needs within `max_num_batched_tokens`, preempting the lowest-ranked running request when KV
+blocks run out, then admits waiting requests in queue order while their blocks fit. A request's
+progress is `num_computed_tokens`; there is no prefill flag. Plain Python, no torch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from engine.config import BatchPolicy, SchedulerConfig
+from engine.errors import ContextLengthError
+from engine.kv_cache_manager import KVCacheManager
+from engine.output import ScheduledRequest, SchedulerOutput
+from engine.policies import WaitingQueue, make_waiting_queue
+from engine.request import Request, RequestStatus
+
+
+class Scheduler:
+    """Decides, each step, which requests run and how many tokens each feeds."""
+
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        kv: KVCacheManager,
+        clock: Callable[[], float] = time.monotonic,
+        queue: WaitingQueue | None = None,
+    ) -> None:
+        self.config = config
+        self.kv = kv
+        self.clock = clock
+        self.waiting: WaitingQueue = queue if queue is not None else make_waiting_queue(config.queue_policy)
+        self.running: dict[str, Request] = {}  # insertion-ordered; O(1) removal
+        self.requests: dict[str, Request] = {}
+        self._finished_ids: list[str] = []
+        self.num_preemptions = 0
+
+    # -- queue management -------------------------------------------------------------------
+
+    def add_request(self, req: Request) -> None:
+        """Queue a validated request. Raises ContextLengthError if it can never fit."""
+        max_len = self.config.max_model_len
+        if req.num_prompt_tokens + req.sampling_params.max_tokens > max_len:
+            raise ContextLengthError(req.num_prompt_tokens, req.sampling_params.max_tokens, max_len)
+        if self.kv.blocks_for(req.num_prompt_tokens + 1) > self.kv.num_total_blocks:
+            raise ContextLengthError(req.num_prompt_tokens, 1, self.kv.num_total_blocks * self.kv.block_size)
+        self.requests[req.request_id] = req
+        req.status = RequestStatus.WAITING
+        self.waiting.add(req)
+
+    def finish_request(self, request_id: str, status: RequestStatus) -> Request | None:
+        """End a request (stopped, length, aborted, error) and free its blocks at once."""
+        req = self.requests.pop(request_id, None)
+        if req is None:
+            return None
+        if self.running.pop(request_id, None) is not None:
+            self.waiting.on_running(req, -1)
+        else:
+            self.waiting.remove(req)
+        req.status = status
+        self.kv.free(req)
+        self._finished_ids.append(request_id)
+        return req
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests)
+
+    # -- one step ---------------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        """Decide the next step."""
+        budget = self.config.max_num_batched_tokens
+        if self.config.long_prefill_threshold:
+            chunk_cap = self.config.long_prefill_threshold
+        else:
+            chunk_cap = budget
+        scheduled: dict[str, int] = {}
+        preempted: list[str] = []
+
+        decodes = [r for r in self.running.values() if r.num_remaining == 1]
+        prefills = [r for r in self.running.values() if r.num_remaining > 1]
+        for req in decodes + prefills:
+            if budget <= 0:
+                break
+            if req.status is not RequestStatus.RUNNING:
+                continue  # preempted earlier in this loop
+            num_new = min(req.num_remaining, budget, chunk_cap if req.num_remaining > 1 else 1)
+            while not self.kv.allocate_slots(req, req.num_computed_tokens + num_new):
+                victim = self._pick_victim()
+                self._preempt(victim)
+                preempted.append(victim.request_id)
+                scheduled.pop(victim.request_id, None)
+                if victim is req:
+                    break
+            else:
+                scheduled[req.request_id] = num_new
+                budget -= num_new
+        # Tokens given back by preempted victims scheduled earlier are not reused this step.
+
+        if not preempted and self._may_admit():
+            budget = self._admit(budget, chunk_cap, scheduled)
+
+        out = SchedulerOutput(
+            scheduled=tuple(
+                ScheduledRequest(
+                    request_id=rid,
+                    num_tokens=n,
+                    num_computed_tokens=self.requests[rid].num_computed_tokens,
+                    block_ids=self.kv.block_ids(rid),
+                    samples=self.requests[rid].num_computed_tokens + n == self.requests[rid].num_tokens,
+                )
+                for rid, n in scheduled.items()
+            ),
+            preempted_ids=tuple(preempted),
+            finished_ids=tuple(self._finished_ids),
+        )
+        self._finished_ids = []
+        now = self.clock()
+        for rid in scheduled:
+            req = self.requests[rid]
+            if req.times.first_scheduled_s is None:
+                req.times.first_scheduled_s = now
+        return out
+
+    def _may_admit(self) -> bool:
+        policy = self.config.batch_policy
+        if policy is BatchPolicy.CONTINUOUS:
+            return True
+        if self.running or not len(self.waiting):
+            return False
+        head = self.waiting.peek()
+        waited = self.clock() - head.arrival_s if head is not None else 0.0
+        if policy is BatchPolicy.STATIC:
+            return (
+                len(self.waiting) >= self.config.static_batch_size or waited >= self.config.static_max_wait_s
+            )
+        return len(self.waiting) >= self.config.max_num_seqs or waited >= self.config.dynamic_window_s
+
+    def _admit(self, budget: int, chunk_cap: int, scheduled: dict[str, int]) -> int:
+        policy = self.config.batch_policy
+        max_seqs = self.config.max_num_seqs
+        if policy is BatchPolicy.STATIC:
+            max_seqs = min(max_seqs, self.config.static_batch_size)
+        # Continuous batching stops admitting when the budget is spent; static and dynamic
+        # batches admit the whole group now and feed its prompts over the next steps.
+        group = policy is not BatchPolicy.CONTINUOUS
+        while len(self.running) < max_seqs and (budget > 0 or group):
+            req = self.waiting.peek()
+            if req is None:
+                break
+            computed, num_cached = self.kv.get_computed_blocks(req)
+            # Admission reserves blocks for the whole known sequence, so a prompt never stalls.
+            if not self.kv.allocate_slots(req, req.num_tokens, computed, watermark=True):
+                break
+            self.waiting.remove(req)
+            if req.num_preemptions == 0:
+                req.num_cached_tokens = num_cached
+            req.num_computed_tokens = num_cached
+            req.status = RequestStatus.RUNNING
+            self.running[req.request_id] = req
+            self.waiting.on_running(req, +1)
+            num_new = min(req.num_remaining, budget, chunk_cap)
+            if num_new > 0:
+                scheduled[req.request_id] = num_new
+                budget -= num_new
+        return budget
+
+    def _pick_victim(self) -> Request:
+        return max(self.running.values(), key=self.waiting.victim_key)
+
+    def _preempt(self, req: Request) -> None:
+        """Recompute preemption: drop the KV blocks, go back to the front of the queue."""
+        del self.running[req.request_id]
+        self.waiting.on_running(req, -1)
+        self.kv.free(req, keep_hashes=True)
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1
+        req.status = RequestStatus.PREEMPTED
+        self.num_preemptions += 1
+        self.waiting.prepend(req)
+
+    # -- after the step ---------------------------------------------------------------------
+
+    def on_step_done(self, out: SchedulerOutput) -> None:
+        """Advance computed tokens and register full blocks in the prefix cache."""
+        for s in out.scheduled:
+            req = self.requests.get(s.request_id)
+            if req is None:
+                continue  # aborted while the step ran
+            req.num_computed_tokens += s.num_tokens
+            self.kv.cache_full_blocks(req)
+            self.waiting.on_tokens_served(req, s.num_tokens)
+
+    def waiting_tokens(self) -> int:
+        """Tokens still to prefill for all waiting requests (O(waiting))."""
+        return sum(r.num_remaining for r in self.waiting)
