@@ -1,0 +1,236 @@
+"""Logits -> token ids: greedy, temperature, top-k / top-p / min-p, penalties, seeds, logprobs.
+
+One `Sampler` call handles a whole batch. The work is split by what each row needs:
+
+- rows that are greedy with no penalty cost one `argmax` over the batch (the CPU hot path);
+- rows with a repetition / presence / frequency penalty get their logits adjusted first, batched
+  over those rows only;
+- rows that sample are scaled by temperature, filtered (top-k, then top-p over what top-k kept,
+  then min-p) and drawn with an exponential race: `argmax(probs / q)` with `q ~ Exp(1)` picks
+  token i with probability `probs[i]`. A seeded row draws its `q` from its own generator, so its
+  tokens do not depend on which other rows share the batch or in which order.
+
+Filters keep ties: top-k keeps every token whose logit equals the k-th largest, top-p keeps every
+token whose probability equals the smallest one kept. The result is a pure function of the row.
+
+Logprobs are those of the model: `log_softmax` of the raw logits, before penalties, temperature
+and filters, like the OpenAI API reports them. A temperature below `_MIN_TEMPERATURE` is greedy,
+because dividing by it would overflow float32.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from engine.output import TokenLogprob
+from engine.request import SamplingParams
+
+# Below this temperature, logits / temperature can overflow float32; such rows are greedy.
+_MIN_TEMPERATURE = 1e-5
+
+
+@dataclass
+class SamplingContext:
+    """One row of the batch: how to sample it and what the request has seen so far."""
+
+    params: SamplingParams
+    prompt_token_ids: Sequence[int]
+    output_token_ids: Sequence[int]
+    generator: torch.Generator | None  # per-request, seeded; None when params.seed is None
+
+
+@dataclass(frozen=True)
+class SampleResult:
+    """The token chosen for one row, with its logprob when the request asked for them."""
+
+    token_id: int
+    logprob: TokenLogprob | None
+
+
+def make_generator(seed: int | None, device: torch.device | str) -> torch.Generator | None:
+    """A generator seeded for one request on `device`, or None when the request has no seed."""
+    if seed is None:
+        return None
+    generator = torch.Generator(device=device)
+    generator.manual_seed(seed)
+    return generator
+
+
+def _is_greedy(params: SamplingParams) -> bool:
+    return params.is_greedy or params.temperature < _MIN_TEMPERATURE
+
+
+def _has_penalty(params: SamplingParams) -> bool:
+    return (
+        params.repetition_penalty != 1.0 or params.presence_penalty != 0.0 or params.frequency_penalty != 0.0
+    )
+
+
+def _token_counts(rows: Sequence[Sequence[int]], vocab_size: int, device: torch.device) -> torch.Tensor:
+    """How many times each token occurs in each row, as a [len(rows), vocab_size] float tensor."""
+    width = max((len(r) for r in rows), default=0)
+    counts = torch.zeros(len(rows), vocab_size + 1, dtype=torch.float32, device=device)
+    if width == 0:
+        return counts[:, :vocab_size]
+    # Pad with an extra bin (index vocab_size) that is dropped afterwards; ids the logits do not
+    # cover (a tokenizer larger than the model's head) land there too.
+    padded = [list(r) + [vocab_size] * (width - len(r)) for r in rows]
+    ids = torch.tensor(padded, dtype=torch.long, device=device).clamp_(max=vocab_size)  # [rows, width]
+    counts.scatter_add_(1, ids, torch.ones_like(ids, dtype=torch.float32))
+    return counts[:, :vocab_size]
+
+
+def apply_penalties(logits: torch.Tensor, contexts: Sequence[SamplingContext]) -> torch.Tensor:
+    """Return penalised copies of `logits` rows ([len(contexts), vocab]), one row per context.
+
+    Repetition penalty (Hugging Face semantics): every token seen in prompt or output has its
+    logit divided by the penalty when positive and multiplied by it when negative.
+    Presence / frequency penalties (OpenAI semantics), over output tokens only:
+    `logit -= frequency_penalty * count + presence_penalty * (count > 0)`.
+    """
+    vocab_size = logits.shape[-1]
+    device = logits.device
+    out = logits.clone()  # [rows, vocab]
+    rep = torch.tensor([c.params.repetition_penalty for c in contexts], dtype=logits.dtype, device=device)
+    output_counts = _token_counts([c.output_token_ids for c in contexts], vocab_size, device)  # [rows, vocab]
+    if bool((rep != 1.0).any()):
+        prompt_counts = _token_counts([c.prompt_token_ids for c in contexts], vocab_size, device)
+        seen = (prompt_counts + output_counts) > 0  # [rows, vocab]
+        penalised = torch.where(out > 0, out / rep[:, None], out * rep[:, None])
+        out = torch.where(seen, penalised, out)
+    freq = torch.tensor([c.params.frequency_penalty for c in contexts], dtype=logits.dtype, device=device)
+    pres = torch.tensor([c.params.presence_penalty for c in contexts], dtype=logits.dtype, device=device)
+    out -= freq[:, None] * output_counts + pres[:, None] * (output_counts > 0).to(logits.dtype)
+    return out
+
+
+def apply_filters(
+    logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor
+) -> torch.Tensor:
+    """Mask (set to -inf) the tokens that top-k, top-p and min-p exclude, row by row.
+
+    `logits` is [rows, vocab] (already divided by temperature); `top_k` [rows] long with the
+    vocabulary size meaning disabled; `top_p` and `min_p` [rows] float. Ties are kept.
+    """
+    vocab_size = logits.shape[-1]
+    neg_inf = float("-inf")
+    if bool((top_k < vocab_size).any()) or bool((top_p < 1.0).any()):
+        sorted_logits = logits.sort(dim=-1, descending=True).values  # [rows, vocab]
+        kth = sorted_logits.gather(1, (top_k - 1).clamp(0, vocab_size - 1)[:, None])  # [rows, 1]
+        logits = logits.masked_fill(logits < kth, neg_inf)
+        sorted_logits = sorted_logits.masked_fill(sorted_logits < kth, neg_inf)
+        sorted_probs = sorted_logits.softmax(dim=-1)  # [rows, vocab]
+        # A token is kept when the mass of the tokens strictly before it is below top_p.
+        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+        num_kept = (mass_before < top_p[:, None]).sum(dim=-1).clamp(min=1)  # [rows]
+        # Rounding can push the cumulative mass to 1 before the tail; top_p = 1 must keep it all.
+        num_kept = torch.where(top_p >= 1.0, vocab_size, num_kept)
+        threshold = sorted_logits.gather(1, (num_kept - 1)[:, None])  # [rows, 1]
+        logits = logits.masked_fill(logits < threshold, neg_inf)
+    if bool((min_p > 0.0).any()):
+        probs = logits.softmax(dim=-1)  # [rows, vocab]
+        # Renormalisation after top-k / top-p does not change the ratio to the max probability.
+        floor = min_p[:, None] * probs.max(dim=-1, keepdim=True).values
+        logits = logits.masked_fill(probs < floor, neg_inf)
+    return logits
+
+
+class Sampler:
+    """Chooses the next token of every row of a batch of logits.
+
+    `seed` seeds the shared generator used by rows without a per-request generator; the default
+    seeds it from the operating system. Generators are created lazily, one per device.
+    """
+
+    def __init__(self, seed: int | None = None) -> None:
+        self._seed = seed
+        self._generators: dict[torch.device, torch.Generator] = {}
+
+    def _shared_generator(self, device: torch.device) -> torch.Generator:
+        generator = self._generators.get(device)
+        if generator is None:
+            generator = torch.Generator(device=device)
+            if self._seed is None:
+                generator.seed()
+            else:
+                generator.manual_seed(self._seed)
+            self._generators[device] = generator
+        return generator
+
+    def __call__(self, logits: torch.Tensor, contexts: Sequence[SamplingContext]) -> list[SampleResult]:
+        """Sample one token per row. `logits` is [N, vocab] float32; row i belongs to contexts[i]."""
+        if logits.dim() != 2 or logits.shape[0] != len(contexts):
+            raise ValueError(f"logits must be [{len(contexts)}, vocab], got {tuple(logits.shape)}")
+        if not contexts:
+            return []
+        penalty_rows = [i for i, c in enumerate(contexts) if _has_penalty(c.params)]
+        sample_rows = [i for i, c in enumerate(contexts) if not _is_greedy(c.params)]
+
+        work = logits
+        if penalty_rows:
+            index = torch.tensor(penalty_rows, device=logits.device)
+            work = logits.clone()
+            work[index] = apply_penalties(logits[index], [contexts[i] for i in penalty_rows])
+        # One argmax for the whole batch; sampled rows overwrite their entry below.
+        token_ids = work.argmax(dim=-1)  # [N]
+        if sample_rows:
+            index = torch.tensor(sample_rows, device=logits.device)
+            token_ids[index] = self._sample(work[index], [contexts[i] for i in sample_rows])
+
+        ids = token_ids.tolist()
+        logprobs = self._logprobs(logits, token_ids, contexts)
+        return [SampleResult(token_id=ids[i], logprob=logprobs[i]) for i in range(len(contexts))]
+
+    def _sample(self, logits: torch.Tensor, contexts: Sequence[SamplingContext]) -> torch.Tensor:
+        """Draw one token per row of `logits` [rows, vocab] from its filtered distribution."""
+        device = logits.device
+        vocab_size = logits.shape[-1]
+        temperature = torch.tensor(
+            [c.params.temperature for c in contexts], dtype=logits.dtype, device=device
+        )
+        top_k = torch.tensor(
+            [vocab_size if c.params.top_k < 0 else min(c.params.top_k, vocab_size) for c in contexts],
+            dtype=torch.long,
+            device=device,
+        )
+        top_p = torch.tensor([c.params.top_p for c in contexts], dtype=logits.dtype, device=device)
+        min_p = torch.tensor([c.params.min_p for c in contexts], dtype=logits.dtype, device=device)
+        scaled = logits / temperature[:, None]  # [rows, vocab]
+        probs = apply_filters(scaled, top_k, top_p, min_p).softmax(dim=-1)  # [rows, vocab]
+
+        race = torch.empty_like(probs)  # [rows, vocab]
+        race.exponential_(generator=self._shared_generator(device))
+        for row, context in enumerate(contexts):
+            if context.generator is not None:
+                race[row].exponential_(generator=context.generator)
+        # An exact 0 draw would make 0 / 0 = nan for an excluded token; keep the divisor positive.
+        race.clamp_(min=torch.finfo(race.dtype).tiny)
+        return (probs / race).argmax(dim=-1)  # [rows]
+
+    @staticmethod
+    def _logprobs(
+        logits: torch.Tensor, token_ids: torch.Tensor, contexts: Sequence[SamplingContext]
+    ) -> list[TokenLogprob | None]:
+        """Model logprobs of the chosen tokens and top alternatives, for rows that asked."""
+        result: list[TokenLogprob | None] = [None] * len(contexts)
+        rows = [i for i, c in enumerate(contexts) if c.params.logprobs is not None]
+        if not rows:
+            return result
+        index = torch.tensor(rows, device=logits.device)
+        log_probs = logits[index].float().log_softmax(dim=-1)  # [rows, vocab]
+        chosen = log_probs.gather(1, token_ids[index][:, None]).squeeze(1).tolist()  # [rows]
+        num_top = max(contexts[i].params.logprobs or 0 for i in rows)
+        top_values: list[list[float]] = [[] for _ in rows]
+        top_ids: list[list[int]] = [[] for _ in rows]
+        if num_top > 0:
+            top = log_probs.topk(min(num_top, log_probs.shape[-1]), dim=-1)  # sorted, best first
+            top_values, top_ids = top.values.tolist(), top.indices.tolist()
+        ids = token_ids[index].tolist()
+        for j, i in enumerate(rows):
+            n = contexts[i].params.logprobs or 0
+            alternatives = tuple(zip(top_ids[j][:n], top_values[j][:n], strict=True))
+            result[i] = TokenLogprob(token_id=ids[j], logprob=chosen[j], top=alternatives)
+        return result
