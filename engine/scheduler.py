@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from engine.config import BatchPolicy, SchedulerConfig
+from engine.config import BatchPolicy, QueuePolicy, SchedulerConfig
 from engine.errors import ContextLengthError
 from engine.kv_cache_manager import KVCacheManager
 from engine.output import ScheduledRequest, SchedulerOutput
@@ -162,7 +162,12 @@ class Scheduler:
             computed, num_cached = self.kv.get_computed_blocks(req)
             # Admission reserves blocks for the whole known sequence, so a prompt never stalls.
             if not self.kv.allocate_slots(req, req.num_tokens, computed, watermark=True):
-                break
+                victim = self._lower_class_victim(req)
+                if victim is None:
+                    break
+                self._preempt(victim)
+                budget += scheduled.pop(victim.request_id, 0)
+                continue
             self.waiting.remove(req)
             if req.num_preemptions == 0:
                 req.num_cached_tokens = num_cached
@@ -175,6 +180,13 @@ class Scheduler:
                 scheduled[req.request_id] = num_new
                 budget -= num_new
         return budget
+
+    def _lower_class_victim(self, req: Request) -> Request | None:
+        """A running request of a strictly lower priority class that `req` may displace."""
+        if self.config.queue_policy is QueuePolicy.FCFS or not self.running:
+            return None
+        victim = self._pick_victim()
+        return victim if victim.priority > req.priority else None
 
     def _pick_victim(self) -> Request:
         return max(self.running.values(), key=self.waiting.victim_key)

@@ -1,0 +1,151 @@
+"""Scheduler: chunked prefill, decode-first budgets, preemption, abort, batch policies."""
+
+from __future__ import annotations
+
+import hypothesis.strategies as st
+import pytest
+from hypothesis import given, settings
+
+from engine.config import BatchPolicy, QueuePolicy, SchedulerConfig
+from engine.errors import ContextLengthError
+from engine.request import Priority, RequestStatus
+from tests.engine.sim import Sim, reference_output
+
+PROMPTS = [list(range(1, n + 1)) for n in (1, 3, 17, 40, 9, 64, 5, 33)]
+
+
+def _run(config: SchedulerConfig, num_blocks: int = 200, caching: bool = True) -> Sim:
+    sim = Sim(config, num_blocks=num_blocks, caching=caching)
+    for i, p in enumerate(PROMPTS):
+        sim.add(f"r{i}", [t + i for t in p], max_tokens=6 + i)
+    sim.run()
+    return sim
+
+
+@pytest.mark.parametrize("budget", [1, 7, 64, 4096])
+def test_chunked_prefill_gives_the_same_tokens(budget: int) -> None:
+    sim = _run(SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=8, max_model_len=256))
+    for i, p in enumerate(PROMPTS):
+        assert sim.outputs[f"r{i}"] == reference_output([t + i for t in p], 6 + i)
+    assert sim.kv.num_free_blocks == sim.kv.num_total_blocks
+
+
+def test_decodes_come_first_and_prefill_takes_the_rest() -> None:
+    sim = Sim(SchedulerConfig(max_num_batched_tokens=10, max_num_seqs=4, max_model_len=256))
+    sim.add("a", [1, 2, 3], max_tokens=5)
+    sim.step()  # a prefilled, first token sampled
+    sim.add("b", list(range(50)), max_tokens=2)
+    sim.step()
+    out = sim.steps[-1]
+    assert out.scheduled[0].request_id == "a" and out.scheduled[0].num_tokens == 1
+    assert out.scheduled[1].request_id == "b" and out.scheduled[1].num_tokens == 9
+    assert not out.scheduled[1].samples
+
+
+def test_preemption_by_recompute_gives_the_same_tokens() -> None:
+    config = SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=8, max_model_len=256)
+    sim = _run(config, num_blocks=30, caching=False)
+    assert sim.sched.num_preemptions > 0
+    for i, p in enumerate(PROMPTS):
+        assert sim.outputs[f"r{i}"] == reference_output([t + i for t in p], 6 + i)
+    assert sim.kv.num_free_blocks == sim.kv.num_total_blocks
+
+
+def test_abort_mid_prefill_and_mid_decode_returns_every_block() -> None:
+    sim = Sim(SchedulerConfig(max_num_batched_tokens=8, max_num_seqs=4, max_model_len=256), caching=False)
+    sim.add("decode", [5, 6], max_tokens=50)
+    sim.add("prefill", list(range(40)), max_tokens=4)
+    for _ in range(3):
+        sim.step()
+    assert sim.sched.requests["prefill"].num_computed_tokens < 40
+    assert sim.sched.requests["decode"].num_output_tokens > 0
+    sim.sched.finish_request("prefill", RequestStatus.FINISHED_ABORTED)
+    sim.sched.finish_request("decode", RequestStatus.FINISHED_ABORTED)
+    assert sim.kv.num_free_blocks == sim.kv.num_total_blocks
+    assert not sim.sched.has_unfinished()
+
+
+def test_request_that_can_never_fit_is_refused() -> None:
+    sim = Sim(SchedulerConfig(max_model_len=32))
+    with pytest.raises(ContextLengthError):
+        sim.add("big", list(range(30)), max_tokens=10)
+
+
+def test_prefix_cache_hit_skips_computed_blocks() -> None:
+    sim = Sim(SchedulerConfig(max_num_batched_tokens=256, max_model_len=256))
+    prompt = list(range(100, 140))
+    sim.add("first", prompt, max_tokens=2)
+    sim.run()
+    req = sim.add("second", prompt, max_tokens=2)
+    sim.run()
+    assert req.num_cached_tokens == 36  # 9 full blocks of 4; the last block is recomputed
+    assert sim.outputs["second"] == sim.outputs["first"]
+
+
+def test_priority_policy_serves_interactive_first() -> None:
+    sim = Sim(SchedulerConfig(max_num_batched_tokens=16, max_num_seqs=1, queue_policy=QueuePolicy.PRIORITY))
+    sim.add("batch", [1, 2, 3], max_tokens=2, priority=Priority.BATCH)
+    sim.add("interactive", [4, 5, 6], max_tokens=2, priority=Priority.INTERACTIVE)
+    sim.step()
+    assert [s.request_id for s in sim.steps[-1].scheduled] == ["interactive"]
+
+
+def test_priority_preempts_lower_class_when_blocks_are_short() -> None:
+    config = SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=4, queue_policy=QueuePolicy.PRIORITY)
+    sim = Sim(config, num_blocks=6, caching=False)
+    sim.add("batch", list(range(12)), max_tokens=12, priority=Priority.BATCH)
+    sim.step()
+    sim.add("interactive", list(range(12)), max_tokens=12, priority=Priority.INTERACTIVE)
+    sim.run()
+    assert sim.sched.num_preemptions >= 1
+    assert sim.outputs["batch"] == reference_output(list(range(12)), 12)
+
+
+def test_static_batch_waits_for_a_full_batch() -> None:
+    config = SchedulerConfig(batch_policy=BatchPolicy.STATIC, static_batch_size=3, static_max_wait_s=100)
+    sim = Sim(config)
+    sim.add("a", [1, 2], max_tokens=3)
+    sim.add("b", [1, 3], max_tokens=3)
+    sim.step()
+    assert sim.steps[-1].scheduled == ()
+    sim.add("c", [1, 4], max_tokens=9)
+    sim.step()
+    assert {s.request_id for s in sim.steps[-1].scheduled} == {"a", "b", "c"}
+    sim.add("d", [9], max_tokens=1)
+    for _ in range(4):
+        sim.step()
+        assert "d" not in {s.request_id for s in sim.steps[-1].scheduled}  # batch runs to completion
+
+
+def test_dynamic_batch_fires_after_its_window() -> None:
+    config = SchedulerConfig(batch_policy=BatchPolicy.DYNAMIC, dynamic_window_s=0.05, max_num_seqs=8)
+    sim = Sim(config)
+    sim.add("a", [1, 2], max_tokens=2)
+    sim.step()
+    assert sim.steps[-1].scheduled == ()
+    sim.clock.now += 0.1
+    sim.step()
+    assert [s.request_id for s in sim.steps[-1].scheduled] == ["a"]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(1, 30), st.integers(1, 8), st.booleans()), min_size=1, max_size=8),
+    st.integers(1, 32),
+    st.integers(12, 40),
+)
+def test_random_workloads_never_leak_blocks(reqs, budget, num_blocks) -> None:  # type: ignore[no-untyped-def]
+    sim = Sim(SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=4, max_model_len=64), num_blocks)
+    for i, (plen, mt, abort) in enumerate(reqs):
+        sim.add(f"r{i}", [i + 1] * plen, mt)
+    sim.step()
+    for i, (_, _, abort) in enumerate(reqs):
+        if abort:
+            sim.sched.finish_request(f"r{i}", RequestStatus.FINISHED_ABORTED)
+    sim.run()
+    assert sim.kv.num_free_blocks == sim.kv.num_total_blocks
+    for b in sim.kv.pool.blocks[1:]:
+        assert b.ref_cnt == 0
+    for i, (plen, mt, abort) in enumerate(reqs):
+        if not abort:
+            assert sim.outputs[f"r{i}"] == reference_output([i + 1] * plen, mt)
