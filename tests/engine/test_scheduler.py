@@ -136,7 +136,7 @@ def test_dynamic_batch_fires_after_its_window() -> None:
 )
 def test_random_workloads_never_leak_blocks(reqs, budget, num_blocks) -> None:  # type: ignore[no-untyped-def]
     sim = Sim(SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=4, max_model_len=64), num_blocks)
-    for i, (plen, mt, abort) in enumerate(reqs):
+    for i, (plen, mt, _abort) in enumerate(reqs):
         sim.add(f"r{i}", [i + 1] * plen, mt)
     sim.step()
     for i, (_, _, abort) in enumerate(reqs):
