@@ -1,0 +1,282 @@
+"""Llama-family decoder (Llama, Mistral, Qwen2, Qwen3) over a flat token list and a paged KV cache.
+
+One forward runs a whole mixed step: prefill chunks of several sequences and single decode
+tokens, laid back to back in the token dimension, with no batch dimension and no padding.
+Where each token's K/V goes and which keys it sees is in `AttentionMetadata`; the attention
+backend does the paging, this module only does the dense math.
+
+Numerics follow Hugging Face's implementation (RMSNorm in float32 then cast, RoPE tables in
+float32 then cast, rotation in the activation dtype) so logits agree with HF's to ~1e-5 in fp32.
+Differences on purpose: q/k/v and gate/up projections are fused into one matmul each (weights
+concatenated at load), and Mistral/Qwen sliding windows are not applied (the loader caps
+`max_model_len` at the window instead, where full and windowed attention coincide).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.attention import AttentionBackend, AttentionMetadata
+from engine.config import ModelConfig
+from engine.rope import RotaryEmbedding
+
+
+def _empty_param(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> nn.Parameter:
+    # Uninitialised: every parameter is overwritten by load_weights, and random init of a big
+    # model on CPU would cost seconds for nothing. No grad: this is an inference engine.
+    return nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
+
+
+class Linear(nn.Module):
+    """y = x W^T (+ b), with parameters left uninitialised until weights are loaded."""
+
+    def __init__(
+        self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype, device: torch.device
+    ):
+        super().__init__()
+        self.weight = _empty_param((out_features, in_features), dtype, device)
+        self.bias = _empty_param((out_features,), dtype, device) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm computed in float32 and cast back before the weight multiply, like HF."""
+
+    def __init__(self, dim: int, eps: float, dtype: torch.dtype, device: torch.device):
+        super().__init__()
+        self.weight = _empty_param((dim,), dtype, device)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        input_dtype = x.dtype
+        x32 = x.to(torch.float32)
+        variance = x32.pow(2).mean(-1, keepdim=True)
+        x32 = x32 * torch.rsqrt(variance + self.eps)
+        return self.weight * x32.to(input_dtype)
+
+
+def has_o_proj_bias(config: ModelConfig) -> bool:
+    """Llama and Qwen3 put `attention_bias` on o_proj too; Qwen2 has q/k/v biases only."""
+    return config.attention_bias and config.model_type != "qwen2"
+
+
+class LlamaAttention(nn.Module):
+    """Fused qkv projection, optional per-head q/k RMSNorm (Qwen3), RoPE, paged attention, o_proj."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        rotary: RotaryEmbedding,
+        attn_backend: AttentionBackend,
+        dtype: torch.dtype,
+        device: torch.device,
+    ):
+        super().__init__()
+        self.num_heads = config.num_heads
+        self.num_kv_heads = config.num_kv_heads
+        self.head_dim = config.head_dim
+        self.q_size = config.num_heads * config.head_dim
+        self.kv_size = config.num_kv_heads * config.head_dim
+        self.scale = config.head_dim**-0.5
+        self.qkv_proj = Linear(
+            config.hidden_size, self.q_size + 2 * self.kv_size, config.attention_bias, dtype, device
+        )
+        self.o_proj = Linear(self.q_size, config.hidden_size, has_o_proj_bias(config), dtype, device)
+        self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps, dtype, device) if config.qk_norm else None
+        self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps, dtype, device) if config.qk_norm else None
+        self.rotary = rotary
+        self.attn_backend = attn_backend
+
+    def forward(
+        self,
+        hidden: torch.Tensor,  # [num_tokens, hidden]
+        positions: torch.Tensor,  # [num_tokens] int64
+        kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
+        attn_metadata: AttentionMetadata,
+    ) -> torch.Tensor:  # [num_tokens, hidden]
+        num_tokens = hidden.shape[0]
+        qkv = self.qkv_proj(hidden)  # [num_tokens, q_size + 2 * kv_size]
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(num_tokens, self.num_heads, self.head_dim)
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim).contiguous()
+        if self.q_norm is not None and self.k_norm is not None:
+            q = self.q_norm(q)
+            k = self.k_norm(k)
+        q, k = self.rotary.apply(q, k, positions)
+        out = self.attn_backend.forward(q, k, v, kv_cache, attn_metadata, self.scale)
+        return self.o_proj(out.reshape(num_tokens, self.q_size))
+
+
+class LlamaMLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x)), with gate and up fused into one matmul."""
+
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device):
+        super().__init__()
+        self.intermediate_size = config.intermediate_size
+        self.gate_up_proj = Linear(
+            config.hidden_size, 2 * config.intermediate_size, config.mlp_bias, dtype, device
+        )
+        self.down_proj = Linear(config.intermediate_size, config.hidden_size, config.mlp_bias, dtype, device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)  # [num_tokens, intermediate]
+        return self.down_proj(F.silu(gate) * up)
+
+
+class LlamaDecoderLayer(nn.Module):
+    """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        rotary: RotaryEmbedding,
+        attn_backend: AttentionBackend,
+        dtype: torch.dtype,
+        device: torch.device,
+    ):
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
+        self.self_attn = LlamaAttention(config, rotary, attn_backend, dtype, device)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
+        self.mlp = LlamaMLP(config, dtype, device)
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        positions: torch.Tensor,
+        kv_cache: torch.Tensor,
+        attn_metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        hidden = hidden + self.self_attn(self.input_layernorm(hidden), positions, kv_cache, attn_metadata)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+_LAYER_WEIGHT = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+
+
+class LlamaForCausalLM(nn.Module):
+    """The whole decoder plus LM head. Built directly on `device` in `dtype`; call `load_weights`."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        dtype: torch.dtype,
+        device: torch.device,
+        attn_backend: AttentionBackend,
+    ):
+        super().__init__()
+        self.config = config
+        self.dtype = dtype
+        self.device = torch.device(device)
+        # One table shared by every layer; covers every position the engine may schedule.
+        self.rotary = RotaryEmbedding(
+            config.rope, config.head_dim, config.max_model_len, dtype=dtype, device=self.device
+        )
+        self.embed_tokens = _empty_param((config.vocab_size, config.hidden_size), dtype, self.device)
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(config, self.rotary, attn_backend, dtype, self.device)
+            for _ in range(config.num_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, self.device)
+        self.lm_head = (
+            None
+            if config.tie_word_embeddings
+            else _empty_param((config.vocab_size, config.hidden_size), dtype, self.device)
+        )
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [num_tokens] int64
+        positions: torch.Tensor,  # [num_tokens] int64
+        kv_caches: list[torch.Tensor],  # per layer [2, num_blocks, block_size, num_kv_heads, head_dim]
+        attn_metadata: AttentionMetadata,
+    ) -> torch.Tensor:  # [num_tokens, hidden]
+        """Final-norm hidden states of every token of the step; K/V are written to the caches."""
+        hidden = F.embedding(input_ids, self.embed_tokens)  # [num_tokens, hidden]
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            hidden = layer(hidden, positions, kv_cache, attn_metadata)
+        return self.norm(hidden)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, vocab] float32
+        """Logits of the rows the sampler needs (usually each sequence's last token)."""
+        weight = self.embed_tokens if self.lm_head is None else self.lm_head
+        return F.linear(hidden, weight).float()
+
+    # ---- weight loading -------------------------------------------------------------------
+
+    def _weight_targets(self) -> dict[str, torch.Tensor]:
+        """HF checkpoint name -> the view of our (possibly fused) tensor it is copied into.
+
+        Fused projections receive several checkpoint tensors at different row offsets.
+        """
+        c = self.config
+        targets: dict[str, torch.Tensor] = {
+            "model.embed_tokens.weight": self.embed_tokens,
+            "model.norm.weight": self.norm.weight,
+        }
+        if self.lm_head is not None:
+            targets["lm_head.weight"] = self.lm_head
+        q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        for i, layer in enumerate(self.layers):
+            assert isinstance(layer, LlamaDecoderLayer)
+            attn, mlp, prefix = layer.self_attn, layer.mlp, f"model.layers.{i}."
+            suffixes = ["weight"] + (["bias"] if c.attention_bias else [])
+            for suffix in suffixes:
+                q, k, v = getattr(attn.qkv_proj, suffix).split([q_size, kv_size, kv_size])
+                targets[f"{prefix}self_attn.q_proj.{suffix}"] = q
+                targets[f"{prefix}self_attn.k_proj.{suffix}"] = k
+                targets[f"{prefix}self_attn.v_proj.{suffix}"] = v
+            targets[f"{prefix}self_attn.o_proj.weight"] = attn.o_proj.weight
+            if attn.o_proj.bias is not None:
+                targets[f"{prefix}self_attn.o_proj.bias"] = attn.o_proj.bias
+            if attn.q_norm is not None and attn.k_norm is not None:
+                targets[f"{prefix}self_attn.q_norm.weight"] = attn.q_norm.weight
+                targets[f"{prefix}self_attn.k_norm.weight"] = attn.k_norm.weight
+            for suffix in ["weight"] + (["bias"] if c.mlp_bias else []):
+                gate, up = getattr(mlp.gate_up_proj, suffix).split(c.intermediate_size)
+                targets[f"{prefix}mlp.gate_proj.{suffix}"] = gate
+                targets[f"{prefix}mlp.up_proj.{suffix}"] = up
+                targets[f"{prefix}mlp.down_proj.{suffix}"] = getattr(mlp.down_proj, suffix)
+            targets[f"{prefix}input_layernorm.weight"] = layer.input_layernorm.weight
+            targets[f"{prefix}post_attention_layernorm.weight"] = layer.post_attention_layernorm.weight
+        return targets
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy HF-named checkpoint tensors into our (fused) parameters, casting to our dtype.
+
+        Raises ValueError naming the tensor on a shape mismatch, an unexpected tensor, or a
+        tensor the model needs that the checkpoint lacks.
+        """
+        targets = self._weight_targets()
+        missing = set(targets)
+        for name, tensor in weights:
+            if name.endswith("rotary_emb.inv_freq"):
+                continue  # old checkpoints saved this buffer; we compute it
+            if name == "lm_head.weight" and self.lm_head is None:
+                continue  # tied: some checkpoints still store the duplicate
+            if name not in targets:
+                layer = _LAYER_WEIGHT.match(name)
+                if layer and int(layer.group(1)) >= self.config.num_layers:
+                    raise ValueError(
+                        f"checkpoint has {name} but config.num_hidden_layers is {self.config.num_layers}"
+                    )
+                raise ValueError(f"unexpected tensor {name!r} in checkpoint")
+            target = targets[name]
+            if tensor.shape != target.shape:
+                raise ValueError(
+                    f"tensor {name!r} has shape {tuple(tensor.shape)}, the config implies {tuple(target.shape)}"
+                )
+            with torch.no_grad():
+                target.copy_(tensor.to(dtype=self.dtype))
+            missing.discard(name)
+        if missing:
+            names = ", ".join(sorted(missing)[:5])
+            raise ValueError(f"checkpoint lacks {len(missing)} tensor(s) the model needs, e.g. {names}")
