@@ -1,0 +1,1 @@
+"""Alembic migrations of the tenancy database; run them with `weir db upgrade`."""

@@ -1,0 +1,55 @@
+"""Enumerations stored in the tenancy database.
+
+Values are lower-case strings: they are what the admin API and the database carry, so renaming a
+member is a data migration.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class TenantStatus(enum.StrEnum):
+    """Whether a tenant may use the service. A suspended tenant's keys get 403, not 401."""
+
+    ACTIVE = "active"
+    SUSPENDED = "suspended"
+
+
+class KeyScope(enum.StrEnum):
+    """What an API key may be used for."""
+
+    INFERENCE = "inference"  # the OpenAI-compatible endpoints
+    USAGE = "usage"  # GET /v1/usage, the tenant's own usage
+
+
+ALL_KEY_SCOPES: tuple[KeyScope, ...] = tuple(KeyScope)
+
+
+class UsageStatus(enum.StrEnum):
+    """How a request ended, for billing and for the usage report."""
+
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class KeyState(enum.StrEnum):
+    """A key's state at a moment in time (derived, never stored)."""
+
+    ACTIVE = "active"
+    REVOKED = "revoked"
+    EXPIRED = "expired"
+
+
+class AuditAction(enum.StrEnum):
+    """One value per kind of admin action; every admin action writes exactly one event."""
+
+    TENANT_CREATE = "tenant.create"
+    TENANT_UPDATE = "tenant.update"
+    TENANT_SUSPEND = "tenant.suspend"
+    QUOTA_SET = "quota.set"
+    KEY_ISSUE = "key.issue"
+    KEY_REVOKE = "key.revoke"
+    KEY_ROTATE = "key.rotate"
+    ADMIN_TOKEN_SET = "admin_token.set"

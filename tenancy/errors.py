@@ -1,0 +1,69 @@
+"""Typed errors of the tenancy layer.
+
+The gateway maps them to HTTP errors (`gateway/routes/admin.py`); the CLI prints them. Nothing
+here knows about HTTP.
+"""
+
+from __future__ import annotations
+
+
+class TenancyError(Exception):
+    """Base of every error the tenancy layer raises on purpose."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class FieldError(TenancyError, ValueError):
+    """An input field is missing, of the wrong type or out of range; `field` names it."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+class TenantNotFoundError(TenancyError):
+    """No tenant has this name."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"tenant {name!r} not found")
+        self.name = name
+
+
+class TenantExistsError(TenancyError):
+    """A tenant with this name already exists."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"tenant {name!r} already exists")
+        self.name = name
+
+
+class KeyNotFoundError(TenancyError):
+    """No API key has this public id."""
+
+    def __init__(self, key_id: str) -> None:
+        super().__init__(f"API key {key_id!r} not found")
+        self.key_id = key_id
+
+
+class KeyInactiveError(TenancyError):
+    """The operation needs an active key (e.g. rotation) but this one is revoked or expired."""
+
+    def __init__(self, key_id: str, state: str) -> None:
+        super().__init__(f"API key {key_id!r} is {state}; only an active key can be rotated")
+        self.key_id = key_id
+        self.state = state
+
+
+class MigrationRequiredError(TenancyError):
+    """The database schema is not at the revision this code needs; names the command to run."""
+
+    def __init__(self, current: str | None, head: str, database: str) -> None:
+        where = "has never been migrated" if current is None else f"is at revision {current}"
+        super().__init__(
+            f"the database {database} {where} but this version of Weir needs revision {head}; "
+            "run `weir db upgrade` first"
+        )
+        self.current = current
+        self.head = head

@@ -1,0 +1,205 @@
+"""SQLAlchemy 2.x tables of the tenancy database (SQLite and PostgreSQL).
+
+Types are chosen to be portable: enums are stored as short strings (no native PostgreSQL enum,
+so adding a member needs no DDL), lists as JSON, times as UTC timestamps. The migrations in
+`migrations/versions/` must produce exactly this schema; a test compares them.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Date,
+    DateTime,
+    Dialect,
+    Enum,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    TypeDecorator,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+from engine.request import FinishReason, Priority
+from tenancy.enums import AuditAction, TenantStatus, UsageStatus
+
+NAME_LEN = 64
+KEY_ID_LEN = 32
+HASH_LEN = 64
+
+# Deterministic constraint names, so migrations can drop and alter them on every backend.
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+# SQLite only auto-increments an INTEGER PRIMARY KEY; PostgreSQL gets a 64-bit id.
+BigIntId = BigInteger().with_variant(Integer(), "sqlite")
+
+
+class UTCDateTime(TypeDecorator[dt.datetime]):
+    """A timezone-aware UTC datetime on every backend.
+
+    SQLite has no time zones: values are stored as naive UTC and come back tagged as UTC.
+    Naive datetimes are refused on the way in, so local times can never sneak in.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: dt.datetime | None, dialect: Dialect) -> dt.datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to a UTC column; use an aware datetime")
+        value = value.astimezone(dt.UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: dt.datetime | None, dialect: Dialect) -> dt.datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=dt.UTC) if value.tzinfo is None else value.astimezone(dt.UTC)
+
+
+def _lower_names(enum_cls: type[enum.Enum]) -> list[str]:
+    return [member.name.lower() for member in enum_cls]
+
+
+def _values(enum_cls: type[enum.Enum]) -> list[str]:
+    return [str(member.value) for member in enum_cls]
+
+
+def _str_enum(enum_cls: type[enum.Enum], length: int, *, by_name: bool = False) -> Enum:
+    """An enum stored as VARCHAR(length) holding the member's value (or lower-case name)."""
+    return Enum(
+        enum_cls,
+        native_enum=False,
+        create_constraint=False,
+        length=length,
+        values_callable=_lower_names if by_name else _values,
+        validate_strings=True,
+    )
+
+
+class Base(DeclarativeBase):
+    """Declarative base; its metadata is what Alembic compares against."""
+
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class Tenant(Base):
+    """A customer of the service. `name` is the stable id carried in TenantContext.tenant_id."""
+
+    __tablename__ = "tenants"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(NAME_LEN), unique=True)
+    status: Mapped[TenantStatus] = mapped_column(_str_enum(TenantStatus, 16))
+    priority: Mapped[Priority] = mapped_column(_str_enum(Priority, 16, by_name=True))
+    weight: Mapped[float] = mapped_column(Float)  # fair-share weight in the scheduler
+    cache_scope: Mapped[str] = mapped_column(String(128))  # prefix-cache scope; the name by default
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
+    updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
+
+    quota: Mapped[Quota] = relationship(back_populates="tenant", uselist=False, lazy="joined")
+
+
+class Quota(Base):
+    """A tenant's limits (one row per tenant); NULL means unlimited.
+
+    Kept apart from `tenants` so per-replica token budget leases (issue 6) can reference the
+    tenant's integer id and be updated without touching the tenant row.
+    """
+
+    __tablename__ = "quotas"
+
+    tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True)
+    tokens_per_minute: Mapped[int | None] = mapped_column(BigInteger)
+    tokens_per_day: Mapped[int | None] = mapped_column(BigInteger)
+    max_concurrent: Mapped[int | None] = mapped_column(Integer)
+    max_prompt_tokens: Mapped[int | None] = mapped_column(Integer)
+    max_output_tokens: Mapped[int | None] = mapped_column(Integer)
+    models: Mapped[list[str]] = mapped_column(JSON)  # empty list: every model
+    ttft_slo_ms: Mapped[int | None] = mapped_column(Integer)
+    tpot_slo_ms: Mapped[int | None] = mapped_column(Integer)
+    updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
+
+    tenant: Mapped[Tenant] = relationship(back_populates="quota")
+
+
+class ApiKey(Base):
+    """A tenant API key. `id` is the key's public id; only a hash of the whole key is stored."""
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(String(KEY_ID_LEN), primary_key=True)
+    tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    secret_hash: Mapped[str] = mapped_column(String(HASH_LEN))
+    scopes: Mapped[list[str]] = mapped_column(JSON)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
+    expires_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
+    revoked_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
+    # Updated when a replica's cache misses, so it is accurate to the auth cache TTL.
+    last_used_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
+
+    tenant: Mapped[Tenant] = relationship(lazy="joined")
+
+
+class UsageRecord(Base):
+    """One row per request that reached the engine: completed, failed or cancelled."""
+
+    __tablename__ = "usage_records"
+    __table_args__ = (Index("ix_usage_records_tenant_day", "tenant_id", "day"),)
+
+    id: Mapped[int] = mapped_column(BigIntId, primary_key=True, autoincrement=True)
+    request_id: Mapped[str] = mapped_column(String(128), index=True)
+    # No cascades: billing history must not disappear with a tenant or a key.
+    tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id"))
+    key_id: Mapped[str | None] = mapped_column(ForeignKey("api_keys.id"))
+    model: Mapped[str] = mapped_column(String(256))  # the model version that served it
+    prompt_tokens: Mapped[int] = mapped_column(Integer)
+    completion_tokens: Mapped[int] = mapped_column(Integer)
+    cached_tokens: Mapped[int] = mapped_column(Integer)  # prompt tokens served from the prefix cache
+    ttft_ms: Mapped[float | None] = mapped_column(Float)
+    e2e_ms: Mapped[float | None] = mapped_column(Float)
+    status: Mapped[UsageStatus] = mapped_column(_str_enum(UsageStatus, 16))
+    finish_reason: Mapped[FinishReason | None] = mapped_column(_str_enum(FinishReason, 16))
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
+    # The UTC day of created_at, stored so per-day reports group portably and use the index.
+    day: Mapped[dt.date] = mapped_column(Date)
+
+
+class AuditEvent(Base):
+    """One row per admin action. `tenant` is a name, not a foreign key, so the log outlives rows."""
+
+    __tablename__ = "audit_events"
+
+    id: Mapped[int] = mapped_column(BigIntId, primary_key=True, autoincrement=True)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), index=True)
+    actor: Mapped[str] = mapped_column(String(128))
+    action: Mapped[AuditAction] = mapped_column(_str_enum(AuditAction, 32))
+    tenant: Mapped[str | None] = mapped_column(String(NAME_LEN), index=True)
+    target: Mapped[str | None] = mapped_column(String(128))  # e.g. a key's public id
+    details: Mapped[dict[str, Any]] = mapped_column(JSON)  # never secrets
+
+
+class AdminToken(Base):
+    """The hash of the admin bearer token. A single row (id 1), so two replicas bootstrapping at
+    once cannot both win: the second insert fails on the primary key."""
+
+    __tablename__ = "admin_tokens"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    token_hash: Mapped[str] = mapped_column(String(HASH_LEN))
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())

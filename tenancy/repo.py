@@ -1,0 +1,486 @@
+"""The tenancy repository: every query the gateway, the admin API and the CLI make.
+
+Each public method is one transaction. Admin actions write their audit event in the same
+transaction, so the log never misses an action that happened nor records one that did not.
+Methods are synchronous; async callers use a thread pool.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Sequence
+
+from sqlalchemy import case, func, insert, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from tenancy.audit import list_events, record_event
+from tenancy.context import QuotaLimits
+from tenancy.db import Database
+from tenancy.enums import AuditAction, KeyScope, KeyState, TenantStatus, UsageStatus
+from tenancy.errors import (
+    FieldError,
+    KeyInactiveError,
+    KeyNotFoundError,
+    TenantExistsError,
+    TenantNotFoundError,
+)
+from tenancy.keys import KeyHasher, generate_key
+from tenancy.models import AdminToken, ApiKey, Quota, Tenant, UsageRecord
+from tenancy.schemas import (
+    ApiKeyView,
+    AuditEventView,
+    DailyUsage,
+    IssuedKey,
+    KeyRecord,
+    KeySpec,
+    TenantSpec,
+    TenantUpdate,
+    TenantView,
+    UsageRecordIn,
+    validate_quota,
+    validate_tenant_name,
+)
+
+_ADMIN_TOKEN_ROW = 1
+
+
+def utc_now() -> dt.datetime:
+    """The current time as an aware UTC datetime."""
+    return dt.datetime.now(dt.UTC)
+
+
+def _quota_view(row: Quota | None) -> QuotaLimits:
+    if row is None:
+        return QuotaLimits()
+    return QuotaLimits(
+        tokens_per_minute=row.tokens_per_minute,
+        tokens_per_day=row.tokens_per_day,
+        max_concurrent=row.max_concurrent,
+        max_prompt_tokens=row.max_prompt_tokens,
+        max_output_tokens=row.max_output_tokens,
+        models=tuple(row.models),
+        ttft_slo_ms=row.ttft_slo_ms,
+        tpot_slo_ms=row.tpot_slo_ms,
+    )
+
+
+def _tenant_view(row: Tenant) -> TenantView:
+    return TenantView(
+        name=row.name,
+        status=row.status,
+        priority=row.priority,
+        weight=row.weight,
+        cache_scope=row.cache_scope,
+        quota=_quota_view(row.quota),
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+    )
+
+
+def _key_view(row: ApiKey, tenant_name: str) -> ApiKeyView:
+    return ApiKeyView(
+        id=row.id,
+        tenant=tenant_name,
+        scopes=tuple(KeyScope(s) for s in row.scopes),
+        created_at=row.created_at,
+        expires_at=row.expires_at,
+        revoked_at=row.revoked_at,
+        last_used_at=row.last_used_at,
+    )
+
+
+def _quota_details(quota: QuotaLimits) -> dict[str, object]:
+    return {
+        "tokens_per_minute": quota.tokens_per_minute,
+        "tokens_per_day": quota.tokens_per_day,
+        "max_concurrent": quota.max_concurrent,
+        "max_prompt_tokens": quota.max_prompt_tokens,
+        "max_output_tokens": quota.max_output_tokens,
+        "models": list(quota.models),
+        "ttft_slo_ms": quota.ttft_slo_ms,
+        "tpot_slo_ms": quota.tpot_slo_ms,
+    }
+
+
+def _apply_quota(row: Quota, quota: QuotaLimits, now: dt.datetime) -> None:
+    row.tokens_per_minute = quota.tokens_per_minute
+    row.tokens_per_day = quota.tokens_per_day
+    row.max_concurrent = quota.max_concurrent
+    row.max_prompt_tokens = quota.max_prompt_tokens
+    row.max_output_tokens = quota.max_output_tokens
+    row.models = list(quota.models)
+    row.ttft_slo_ms = quota.ttft_slo_ms
+    row.tpot_slo_ms = quota.tpot_slo_ms
+    row.updated_at = now
+
+
+class TenancyRepo:
+    """Tenants, quotas, keys, usage and audit over one `Database`.
+
+    `actor` arguments name who acted (e.g. `admin-api 10.0.0.7`, `cli`) for the audit log.
+    """
+
+    def __init__(
+        self, db: Database, hasher: KeyHasher, *, clock: Callable[[], dt.datetime] = utc_now
+    ) -> None:
+        self.db = db
+        self.hasher = hasher
+        self._clock = clock
+
+    def now(self) -> dt.datetime:
+        """The repository's clock (injectable for tests of expiry)."""
+        return self._clock()
+
+    # -- tenants ---------------------------------------------------------------------------------
+
+    def _tenant_row(self, session: Session, name: str) -> Tenant:
+        row = session.scalars(select(Tenant).where(Tenant.name == name)).one_or_none()
+        if row is None:
+            raise TenantNotFoundError(name)
+        return row
+
+    def create_tenant(self, spec: TenantSpec, *, actor: str) -> TenantView:
+        """Create a tenant with its quota; `TenantExistsError` if the name is taken."""
+        now = self.now()
+        try:
+            with self.db.transaction() as session:
+                row = Tenant(
+                    name=spec.name,
+                    status=TenantStatus.ACTIVE,
+                    priority=spec.priority,
+                    weight=spec.weight,
+                    cache_scope=spec.cache_scope if spec.cache_scope is not None else spec.name,
+                    created_at=now,
+                    updated_at=now,
+                )
+                quota = Quota(tenant=row)
+                _apply_quota(quota, spec.quota, now)
+                row.quota = quota
+                session.add(row)
+                session.flush()  # surfaces a duplicate name here, inside the transaction
+                record_event(
+                    session,
+                    when=now,
+                    actor=actor,
+                    action=AuditAction.TENANT_CREATE,
+                    tenant=spec.name,
+                    details={
+                        "priority": spec.priority.name.lower(),
+                        "weight": spec.weight,
+                        "cache_scope": row.cache_scope,
+                        "quota": _quota_details(spec.quota),
+                    },
+                )
+                return _tenant_view(row)
+        except IntegrityError:
+            raise TenantExistsError(spec.name) from None
+
+    def list_tenants(self) -> list[TenantView]:
+        """Every tenant, by name."""
+        with self.db.transaction() as session:
+            return [
+                _tenant_view(row) for row in session.scalars(select(Tenant).order_by(Tenant.name)).unique()
+            ]
+
+    def get_tenant(self, name: str) -> TenantView:
+        """One tenant; `TenantNotFoundError` if absent."""
+        with self.db.transaction() as session:
+            return _tenant_view(self._tenant_row(session, name))
+
+    def update_tenant(self, name: str, change: TenantUpdate, *, actor: str) -> TenantView:
+        """Change priority, weight, cache scope or status; fields left None are kept."""
+        now = self.now()
+        with self.db.transaction() as session:
+            row = self._tenant_row(session, name)
+            details: dict[str, object] = {}
+            if change.priority is not None and change.priority != row.priority:
+                row.priority = change.priority
+                details["priority"] = change.priority.name.lower()
+            if change.weight is not None and change.weight != row.weight:
+                row.weight = change.weight
+                details["weight"] = change.weight
+            if change.cache_scope is not None and change.cache_scope != row.cache_scope:
+                row.cache_scope = change.cache_scope
+                details["cache_scope"] = change.cache_scope
+            if change.status is not None and change.status != row.status:
+                row.status = change.status
+                details["status"] = change.status.value
+            if details:
+                row.updated_at = now
+                action = (
+                    AuditAction.TENANT_SUSPEND
+                    if details.keys() == {"status"} and change.status is TenantStatus.SUSPENDED
+                    else AuditAction.TENANT_UPDATE
+                )
+                record_event(session, when=now, actor=actor, action=action, tenant=name, details=details)
+            return _tenant_view(row)
+
+    def suspend_tenant(self, name: str, *, actor: str) -> TenantView:
+        """Suspend a tenant: its keys get 403 until it is set active again."""
+        return self.update_tenant(name, TenantUpdate(status=TenantStatus.SUSPENDED), actor=actor)
+
+    def set_quota(self, name: str, quota: QuotaLimits, *, actor: str) -> TenantView:
+        """Replace a tenant's whole quota (fields left None become unlimited)."""
+        validate_quota(quota)
+        now = self.now()
+        with self.db.transaction() as session:
+            row = self._tenant_row(session, name)
+            if row.quota is None:
+                row.quota = Quota(tenant=row)
+            _apply_quota(row.quota, quota, now)
+            row.updated_at = now
+            record_event(
+                session,
+                when=now,
+                actor=actor,
+                action=AuditAction.QUOTA_SET,
+                tenant=name,
+                details=_quota_details(quota),
+            )
+            return _tenant_view(row)
+
+    # -- keys ------------------------------------------------------------------------------------
+
+    def _new_key(self, session: Session, tenant: Tenant, spec: KeySpec, now: dt.datetime) -> IssuedKey:
+        parsed = generate_key()
+        row = ApiKey(
+            id=parsed.key_id,
+            tenant_id=tenant.id,
+            secret_hash=self.hasher.hash(parsed.key),
+            scopes=[s.value for s in spec.scopes],
+            created_at=now,
+            expires_at=spec.expires_at,
+        )
+        session.add(row)
+        session.flush()
+        return IssuedKey(key=parsed.key, view=_key_view(row, tenant.name))
+
+    def issue_key(self, tenant: str, spec: KeySpec, *, actor: str) -> IssuedKey:
+        """A new key for the tenant. The returned `IssuedKey.key` is the only copy of the secret."""
+        now = self.now()
+        if spec.expires_at is not None and spec.expires_at <= now:
+            raise FieldError("expires_at", "must be in the future")
+        with self.db.transaction() as session:
+            row = self._tenant_row(session, tenant)
+            issued = self._new_key(session, row, spec, now)
+            record_event(
+                session,
+                when=now,
+                actor=actor,
+                action=AuditAction.KEY_ISSUE,
+                tenant=tenant,
+                target=issued.view.id,
+                details={
+                    "scopes": [s.value for s in spec.scopes],
+                    "expires_at": spec.expires_at.isoformat() if spec.expires_at else None,
+                },
+            )
+            return issued
+
+    def list_keys(self, tenant: str) -> list[ApiKeyView]:
+        """A tenant's keys, revoked and expired ones included, oldest first."""
+        with self.db.transaction() as session:
+            row = self._tenant_row(session, tenant)
+            query = select(ApiKey).where(ApiKey.tenant_id == row.id).order_by(ApiKey.created_at, ApiKey.id)
+            return [_key_view(k, tenant) for k in session.scalars(query).unique()]
+
+    def _key_row(self, session: Session, key_id: str) -> ApiKey:
+        row = session.get(ApiKey, key_id)
+        if row is None:
+            raise KeyNotFoundError(key_id)
+        return row
+
+    def get_key(self, key_id: str) -> ApiKeyView:
+        """One key's metadata; `KeyNotFoundError` if absent."""
+        with self.db.transaction() as session:
+            row = self._key_row(session, key_id)
+            return _key_view(row, row.tenant.name)
+
+    def revoke_key(self, key_id: str, *, actor: str) -> ApiKeyView:
+        """Revoke a key for good. Revoking a revoked key changes nothing and logs nothing."""
+        now = self.now()
+        with self.db.transaction() as session:
+            row = self._key_row(session, key_id)
+            if row.revoked_at is None:
+                row.revoked_at = now
+                record_event(
+                    session,
+                    when=now,
+                    actor=actor,
+                    action=AuditAction.KEY_REVOKE,
+                    tenant=row.tenant.name,
+                    target=key_id,
+                )
+            return _key_view(row, row.tenant.name)
+
+    def rotate_key(self, key_id: str, *, actor: str) -> IssuedKey:
+        """Issue a replacement with the same scopes and expiry, and revoke the old key at once.
+
+        For a rollout without a gap, issue a second key, switch clients, then revoke the first.
+        """
+        now = self.now()
+        with self.db.transaction() as session:
+            old = self._key_row(session, key_id)
+            state = _key_view(old, old.tenant.name).state(now)
+            if state is not KeyState.ACTIVE:
+                raise KeyInactiveError(key_id, state.value)
+            spec = KeySpec(scopes=tuple(KeyScope(s) for s in old.scopes), expires_at=old.expires_at)
+            issued = self._new_key(session, old.tenant, spec, now)
+            old.revoked_at = now
+            record_event(
+                session,
+                when=now,
+                actor=actor,
+                action=AuditAction.KEY_ROTATE,
+                tenant=old.tenant.name,
+                target=key_id,
+                details={"replaced_by": issued.view.id},
+            )
+            return issued
+
+    def lookup_key(self, key_id: str) -> KeyRecord | None:
+        """Everything authentication needs about a key, in one query; None if unknown."""
+        with self.db.transaction() as session:
+            row = session.get(ApiKey, key_id)
+            if row is None:
+                return None
+            tenant = _tenant_view(row.tenant)
+            return KeyRecord(view=_key_view(row, tenant.name), secret_hash=row.secret_hash, tenant=tenant)
+
+    def touch_key(self, key_id: str, when: dt.datetime) -> None:
+        """Record that a key was used (called on auth-cache misses, not on every request)."""
+        with self.db.transaction() as session:
+            session.execute(update(ApiKey).where(ApiKey.id == key_id).values(last_used_at=when))
+
+    # -- usage -----------------------------------------------------------------------------------
+
+    def record_usage(self, record: UsageRecordIn) -> None:
+        """Write one request's usage record."""
+        self.record_usages([record])
+
+    def record_usages(self, records: Sequence[UsageRecordIn]) -> None:
+        """Write several usage records in one transaction (all or none)."""
+        if not records:
+            return
+        now = self.now()
+        names = {r.tenant_id for r in records}
+        with self.db.transaction() as session:
+            ids = dict(session.execute(select(Tenant.name, Tenant.id).where(Tenant.name.in_(names))).tuples())
+            missing = names - ids.keys()
+            if missing:
+                raise TenantNotFoundError(sorted(missing)[0])
+            rows = []
+            for r in records:
+                created_at = r.created_at if r.created_at is not None else now
+                rows.append(
+                    {
+                        "request_id": r.request_id,
+                        "tenant_id": ids[r.tenant_id],
+                        "key_id": r.key_id,
+                        "model": r.model,
+                        "prompt_tokens": r.prompt_tokens,
+                        "completion_tokens": r.completion_tokens,
+                        "cached_tokens": r.cached_tokens,
+                        "ttft_ms": r.ttft_ms,
+                        "e2e_ms": r.e2e_ms,
+                        "status": r.status,
+                        "finish_reason": r.finish_reason,
+                        "created_at": created_at,
+                        "day": created_at.astimezone(dt.UTC).date(),
+                    }
+                )
+            try:
+                session.execute(insert(UsageRecord), rows)
+            except IntegrityError:
+                # The only reference left to break is the key (tenants were checked above).
+                known = set(
+                    session.scalars(select(ApiKey.id).where(ApiKey.id.in_({r.key_id for r in records})))
+                )
+                unknown = sorted({r.key_id for r in records if r.key_id is not None} - known)
+                raise KeyNotFoundError(unknown[0] if unknown else "?") from None
+
+    def usage_by_day(
+        self, tenant: str, *, since: dt.date | None = None, until: dt.date | None = None
+    ) -> list[DailyUsage]:
+        """A tenant's usage per UTC day between `since` and `until` (inclusive), oldest first."""
+        validate_tenant_name(tenant, "tenant")
+        if since is not None and until is not None and since > until:
+            raise FieldError("since", "must not be after until")
+        completed = func.sum(case((UsageRecord.status == UsageStatus.COMPLETED, 1), else_=0))
+        failed = func.sum(case((UsageRecord.status == UsageStatus.FAILED, 1), else_=0))
+        cancelled = func.sum(case((UsageRecord.status == UsageStatus.CANCELLED, 1), else_=0))
+        with self.db.transaction() as session:
+            row = self._tenant_row(session, tenant)
+            query = (
+                select(
+                    UsageRecord.day,
+                    func.count(),
+                    completed,
+                    failed,
+                    cancelled,
+                    func.sum(UsageRecord.prompt_tokens),
+                    func.sum(UsageRecord.completion_tokens),
+                    func.sum(UsageRecord.cached_tokens),
+                )
+                .where(UsageRecord.tenant_id == row.id)
+                .group_by(UsageRecord.day)
+                .order_by(UsageRecord.day)
+            )
+            if since is not None:
+                query = query.where(UsageRecord.day >= since)
+            if until is not None:
+                query = query.where(UsageRecord.day <= until)
+            return [
+                DailyUsage(
+                    day=day,
+                    num_requests=int(n),
+                    num_completed=int(c),
+                    num_failed=int(f),
+                    num_cancelled=int(x),
+                    prompt_tokens=int(p),
+                    completion_tokens=int(o),
+                    cached_tokens=int(k),
+                )
+                for day, n, c, f, x, p, o, k in session.execute(query).tuples()
+            ]
+
+    # -- audit -----------------------------------------------------------------------------------
+
+    def list_audit(
+        self, *, tenant: str | None = None, limit: int = 100, before_id: int | None = None
+    ) -> list[AuditEventView]:
+        """Audit events, newest first; filter by tenant; page with `before_id`."""
+        with self.db.transaction() as session:
+            return list_events(session, tenant=tenant, limit=limit, before_id=before_id)
+
+    # -- admin token -----------------------------------------------------------------------------
+
+    def admin_token_hash(self) -> str | None:
+        """The stored hash of the admin token, if one was ever stored."""
+        with self.db.transaction() as session:
+            row = session.get(AdminToken, _ADMIN_TOKEN_ROW)
+            return None if row is None else row.token_hash
+
+    def store_admin_token(self, token: str, *, actor: str, replace: bool) -> bool:
+        """Store the hash of an admin token. Without `replace`, only if none is stored yet.
+
+        Returns whether it was stored. Two replicas bootstrapping at once: exactly one wins.
+        """
+        now = self.now()
+        token_hash = self.hasher.hash(token)
+        try:
+            with self.db.transaction() as session:
+                row = session.get(AdminToken, _ADMIN_TOKEN_ROW)
+                if row is not None and not replace:
+                    return False
+                if row is None:
+                    session.add(AdminToken(id=_ADMIN_TOKEN_ROW, token_hash=token_hash, created_at=now))
+                else:
+                    row.token_hash = token_hash
+                    row.created_at = now
+                session.flush()
+                record_event(session, when=now, actor=actor, action=AuditAction.ADMIN_TOKEN_SET)
+                return True
+        except IntegrityError:
+            return False
