@@ -7,6 +7,7 @@ into our own `engine.models` implementation, never into transformers' model clas
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -215,14 +216,30 @@ def load_model(
     dtype: torch.dtype,
     device: torch.device,
     attn_backend: AttentionBackend,
+    max_model_len: int | None = None,
 ) -> tuple[nn.Module, ModelConfig]:
-    """Build our model for the folder at `path` and load its weights in `dtype` on `device`."""
+    """Build our model for the folder at `path` and load its weights in `dtype` on `device`.
+
+    `max_model_len` overrides the context length read from config.json (the RoPE table covers
+    exactly that many positions): lower it to save memory, or raise it past
+    max_position_embeddings for RoPE scalings that extrapolate (dynamic NTK). It may not pass a
+    sliding window, since we attend over the full context.
+    """
     from engine.models import get_model_class
 
     if dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise ModelLoadError(f"dtype must be float32, bfloat16 or float16, got {dtype}")
     path = Path(path)
     config = load_model_config(path)
+    if max_model_len is not None:
+        if max_model_len < 1:
+            raise ModelLoadError(f"max_model_len must be >= 1, got {max_model_len}")
+        if config.sliding_window is not None and max_model_len > config.sliding_window:
+            raise ModelLoadError(
+                f"max_model_len={max_model_len} exceeds the sliding window ({config.sliding_window}), "
+                "which this engine does not implement"
+            )
+        config = dataclasses.replace(config, max_model_len=max_model_len)
     files = weight_files(path)
     model = get_model_class(config.model_type)(config, dtype=dtype, device=device, attn_backend=attn_backend)
     try:

@@ -117,10 +117,10 @@ def _freqs_table(rope: RopeConfig, dim: int, num_positions: int) -> tuple[torch.
     max_pos = rope.max_position_embeddings
     if rope.scaling_type is RopeScalingType.DYNAMIC and num_positions > max_pos:
         # position p uses the frequencies of a sequence of length p + 1 (see the module docstring)
-        beyond = positions[max_pos:]  # [num_positions - max_pos]
-        freqs[max_pos:] = beyond[:, None] * _dynamic_inv_freq(
-            rope, dim, torch.arange(max_pos, num_positions) + 1
-        )
+        # One call per position: HF computes each from a 0-dim length tensor, and the batched
+        # (vectorised) pow differs from that in the last bit for some lengths.
+        for p in range(max_pos, num_positions):
+            freqs[p] = positions[p] * _dynamic_inv_freq(rope, dim, torch.tensor([p + 1]))[0]
     return freqs, scale
 
 

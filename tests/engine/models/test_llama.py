@@ -1,0 +1,201 @@
+"""Our Llama-family model against transformers' implementation on tiny random checkpoints.
+
+Every case runs through the paged KV cache with scattered block tables: a whole prompt in one
+step, the same prompt in chunks followed by decode steps, and a mixed step of three sequences.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from engine.attention import TorchAttentionBackend
+from engine.config import ModelConfig
+from engine.kv_tensors import allocate_kv_caches
+from engine.loader import load_model
+from engine.models.llama import LlamaForCausalLM
+from tests.engine.tiny_models import build_metadata, load_hf_model, make_tiny_model
+
+BLOCK_SIZE = 4
+NUM_BLOCKS = 40
+CPU = torch.device("cpu")
+
+CASES: dict[str, dict[str, Any]] = {
+    "llama_mha": {},
+    "llama_gqa": {"num_kv_heads": 2},
+    "llama_mqa": {"num_kv_heads": 1},
+    "llama_tied": {"tie": True, "num_kv_heads": 2},
+    "llama_biases": {"extra_config": {"attention_bias": True, "mlp_bias": True}},
+    "qwen2": {"arch": "qwen2", "num_kv_heads": 2},
+    "qwen3": {"arch": "qwen3", "num_kv_heads": 2, "head_dim": 32, "tie": True},
+    "mistral": {"arch": "mistral", "num_kv_heads": 2},
+    "rope_linear": {"rope_scaling": {"rope_type": "linear", "factor": 2.0}},
+    "rope_dynamic": {"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}},
+    "rope_llama3": {
+        "rope_scaling": {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 16,
+        },
+        "num_kv_heads": 2,
+    },
+    "rope_yarn": {
+        "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}
+    },
+}
+
+
+def _block_table(seq_index: int, num_tokens: int) -> list[int]:
+    """Scattered, non-overlapping blocks per sequence (block 0 unused, like a null block)."""
+    num_blocks = (num_tokens + BLOCK_SIZE - 1) // BLOCK_SIZE
+    return [1 + seq_index + 3 * j for j in range(num_blocks)][::-1]
+
+
+class Runner:
+    """Drives our model one step at a time over a private paged cache, like the engine's runner."""
+
+    def __init__(self, model: LlamaForCausalLM, config: ModelConfig, dtype: torch.dtype = torch.float32):
+        self.model = model
+        self.kv_caches = allocate_kv_caches(config, NUM_BLOCKS, BLOCK_SIZE, dtype, CPU)
+
+    def step(
+        self, token_ids: list[list[int]], tables: list[list[int]], num_computed: list[int]
+    ) -> list[torch.Tensor]:
+        """One forward of several sequences' new tokens; returns each sequence's logits [n, vocab]."""
+        metadata, positions = build_metadata(tables, num_computed, [len(t) for t in token_ids], BLOCK_SIZE)
+        input_ids = torch.tensor([t for ids in token_ids for t in ids], dtype=torch.int64)
+        with torch.inference_mode():
+            logits = self.model.compute_logits(self.model(input_ids, positions, self.kv_caches, metadata))
+        starts = metadata.query_start_loc_cpu
+        return [logits[starts[i] : starts[i + 1]] for i in range(len(token_ids))]
+
+
+def _hf_logits(hf_model: Any, ids: list[int]) -> torch.Tensor:
+    with torch.inference_mode():
+        return hf_model(torch.tensor([ids])).logits[0].float()  # [len(ids), vocab]
+
+
+def _prompt(seed: int, length: int, vocab_size: int) -> list[int]:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab_size, (length,), generator=gen).tolist()
+
+
+@pytest.fixture(scope="module", params=sorted(CASES))
+def tiny(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    path = make_tiny_model(tmp_path_factory.mktemp(request.param), **CASES[request.param])
+    return path, request.param
+
+
+def test_prompt_chunks_decode_and_mixed_step_match_hf(tiny: tuple[Path, str]) -> None:
+    path, name = tiny
+    hf_model = load_hf_model(path)
+    model, config = load_model(path, torch.float32, CPU, TorchAttentionBackend())
+    assert isinstance(model, LlamaForCausalLM)
+    # long enough to pass original_max_position_embeddings=16 of the llama3/yarn cases
+    full = _prompt(1, 33, config.vocab_size)
+    reference = _hf_logits(hf_model, full)  # [33, vocab]
+    prompt_len = 30
+    table = _block_table(0, len(full))
+
+    # 1. the whole prompt in one step
+    (logits,) = Runner(model, config).step([full[:prompt_len]], [table], [0])
+    torch.testing.assert_close(logits, reference[:prompt_len], atol=1e-4, rtol=1e-4)
+
+    # 2. chunks of 7 tokens, then single-token decode steps
+    runner = Runner(model, config)
+    pieces = []
+    for start in range(0, prompt_len, 7):
+        chunk = full[start : min(start + 7, prompt_len)]
+        pieces += runner.step([chunk], [table], [start])
+    for pos in range(prompt_len, len(full)):
+        pieces += runner.step([[full[pos]]], [table], [pos])
+    torch.testing.assert_close(torch.cat(pieces), reference, atol=1e-4, rtol=1e-4)
+
+    # 3. a mixed step: one sequence mid-prefill, one decoding, one starting; then alone each
+    seqs = [full, _prompt(2, 21, config.vocab_size), _prompt(3, 9, config.vocab_size)]
+    done = [12, 20, 0]  # tokens already in the cache before the mixed step
+    new = [6, 1, 9]
+    tables = [_block_table(i, len(s)) for i, s in enumerate(seqs)]
+    mixed = Runner(model, config)
+    for i, seq in enumerate(seqs):
+        if done[i]:
+            mixed.step([seq[: done[i]]], [tables[i]], [0])
+    together = mixed.step([seq[d : d + n] for seq, d, n in zip(seqs, done, new, strict=True)], tables, done)
+    for i, seq in enumerate(seqs):
+        alone = Runner(model, config)
+        if done[i]:
+            alone.step([seq[: done[i]]], [tables[i]], [0])
+        (separate,) = alone.step([seq[done[i] : done[i] + new[i]]], [tables[i]], [done[i]])
+        torch.testing.assert_close(together[i], separate, atol=1e-5, rtol=1e-5)
+        expected = _hf_logits(hf_model, seq[: done[i] + new[i]])[done[i] :]
+        torch.testing.assert_close(together[i], expected, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_loads_and_tracks_hf(tmp_path: Path, dtype: torch.dtype) -> None:
+    path = make_tiny_model(tmp_path, "qwen3", num_kv_heads=2)
+    model, config = load_model(path, dtype, CPU, TorchAttentionBackend())
+    assert model.embed_tokens.dtype == dtype
+    ids = _prompt(4, 20, config.vocab_size)
+    reference = _hf_logits(load_hf_model(path, dtype), ids)
+    (logits,) = Runner(model, config, dtype).step([ids], [_block_table(0, len(ids))], [0])
+    assert logits.dtype == torch.float32
+    # fused matmuls round differently in 8/11-bit mantissas; compare to the logit scale
+    scale = reference.abs().max().item()
+    assert (logits - reference).abs().max().item() < 0.05 * scale
+    assert (logits.argmax(-1) == reference.argmax(-1)).float().mean().item() >= 0.9
+
+
+@pytest.mark.filterwarnings("ignore:`past_key_values` is deprecated")
+def test_dynamic_rope_past_max_positions_matches_hf_decoding(tmp_path: Path) -> None:
+    """Past max_position_embeddings dynamic NTK depends on the length; we match HF's
+    token-by-token decoding there (see engine/rope.py)."""
+    from transformers import DynamicCache
+
+    max_pos = 16
+    path = make_tiny_model(
+        tmp_path, max_position_embeddings=max_pos, rope_scaling={"rope_type": "dynamic", "factor": 2.0}
+    )
+    hf_model = load_hf_model(path)
+    model, config = load_model(path, torch.float32, CPU, TorchAttentionBackend(), max_model_len=3 * max_pos)
+    assert config.max_model_len == 3 * max_pos
+    ids = _prompt(5, 2 * max_pos, config.vocab_size)
+    table = _block_table(0, len(ids))
+    runner = Runner(model, config)
+    ours = runner.step([ids[:max_pos]], [table], [0])
+    for pos in range(max_pos, len(ids)):
+        ours += runner.step([[ids[pos]]], [table], [pos])
+
+    cache = DynamicCache(config=hf_model.config)
+    expected = []
+    with torch.inference_mode():
+        out = hf_model(torch.tensor([ids[:max_pos]]), past_key_values=cache, use_cache=True)
+        expected.append(out.logits[0])
+        for pos in range(max_pos, len(ids)):
+            out = hf_model(
+                torch.tensor([[ids[pos]]]),
+                past_key_values=cache,
+                use_cache=True,
+                position_ids=torch.tensor([[pos]]),
+            )
+            expected.append(out.logits[0])
+    torch.testing.assert_close(torch.cat(ours), torch.cat(expected), atol=1e-4, rtol=1e-4)
+
+
+def test_load_weights_rejects_wrong_shapes_and_missing_tensors(tmp_path: Path) -> None:
+    path = make_tiny_model(tmp_path, num_kv_heads=2)
+    model, config = load_model(path, torch.float32, CPU, TorchAttentionBackend())
+    fresh = LlamaForCausalLM(config, torch.float32, CPU, TorchAttentionBackend())
+    with pytest.raises(ValueError, match="k_proj.weight.*shape"):
+        fresh.load_weights([("model.layers.0.self_attn.k_proj.weight", torch.zeros(64, 64))])
+    with pytest.raises(ValueError, match="lacks"):
+        fresh.load_weights([("model.norm.weight", torch.ones(64))])
+    with pytest.raises(ValueError, match="unexpected tensor"):
+        fresh.load_weights([("model.something.weight", torch.ones(64))])
+    with pytest.raises(ValueError, match="num_hidden_layers"):
+        fresh.load_weights([("model.layers.7.input_layernorm.weight", torch.ones(64))])
