@@ -84,6 +84,13 @@ class KeyHasher:
         # An empty pepper degrades to a keyed hash with a public key, i.e. plain SHA-256 strength.
         self._pepper = pepper
 
+    @classmethod
+    def from_pepper(cls, pepper: str | bytes | None) -> KeyHasher:
+        """A hasher from the configured pepper (settings give a string; None means none)."""
+        if pepper is None:
+            return cls()
+        return cls(pepper.encode("utf-8") if isinstance(pepper, str) else pepper)
+
     def __repr__(self) -> str:
         return "KeyHasher(pepper=<hidden>)"
 

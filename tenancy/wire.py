@@ -1,0 +1,295 @@
+"""The JSON shapes of the admin API, both ways, shared by the HTTP routes and the CLI.
+
+Parsing is strict: unknown fields are refused (a misspelt quota field must not silently mean
+"unlimited"), and every error is a `FieldError` naming the field.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from engine.request import Priority
+from tenancy.context import QuotaLimits
+from tenancy.enums import KeyScope, TenantStatus
+from tenancy.errors import FieldError
+from tenancy.schemas import (
+    ApiKeyView,
+    AuditEventView,
+    DailyUsage,
+    IssuedKey,
+    KeySpec,
+    TenantSpec,
+    TenantUpdate,
+    TenantView,
+)
+
+JsonObject = dict[str, Any]
+
+QUOTA_FIELDS = (
+    "tokens_per_minute",
+    "tokens_per_day",
+    "max_concurrent",
+    "max_prompt_tokens",
+    "max_output_tokens",
+    "models",
+    "ttft_slo_ms",
+    "tpot_slo_ms",
+)
+_TENANT_FIELDS = ("name", "priority", "weight", "cache_scope", "quota")
+_UPDATE_FIELDS = ("priority", "weight", "cache_scope", "status")
+_KEY_FIELDS = ("scopes", "expires_at")
+
+
+# -- parsing -------------------------------------------------------------------------------------
+
+
+def _object(body: object, allowed: Sequence[str], where: str) -> Mapping[str, Any]:
+    if not isinstance(body, Mapping):
+        raise FieldError(where, "must be a JSON object")
+    for name in body:
+        if name not in allowed:
+            prefix = "" if where == "body" else where + "."
+            raise FieldError(f"{prefix}{name}", f"unknown field; expected one of {', '.join(allowed)}")
+    return body
+
+
+def parse_priority(value: object, field: str = "priority") -> Priority:
+    """`interactive`, `standard` or `batch` (the names in workloads/tenants.json)."""
+    if isinstance(value, str) and value.upper() in Priority.__members__:
+        return Priority[value.upper()]
+    raise FieldError(field, "must be one of interactive, standard, batch")
+
+
+def parse_status(value: object, field: str = "status") -> TenantStatus:
+    """`active` or `suspended`."""
+    if isinstance(value, str) and value in TenantStatus._value2member_map_:
+        return TenantStatus(value)
+    raise FieldError(field, "must be one of active, suspended")
+
+
+def _number(value: object, field: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise FieldError(field, "must be a number")
+    return float(value)
+
+
+def _optional_int(value: object, field: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # JSON has one number type; 1e6 is an integer
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise FieldError(field, "must be an integer or null")
+    return value
+
+
+def _string(value: object, field: str) -> str:
+    if not isinstance(value, str):
+        raise FieldError(field, "must be a string")
+    return value
+
+
+def parse_quota(body: object, where: str = "quota") -> QuotaLimits:
+    """A quota object; absent or null fields mean unlimited, `models` absent means every model."""
+    data = _object(body, QUOTA_FIELDS, where)
+    models = data.get("models", [])
+    if models is None:
+        models = []
+    if not isinstance(models, list) or not all(isinstance(m, str) for m in models):
+        raise FieldError(f"{where}.models", "must be a list of model names")
+    return QuotaLimits(
+        tokens_per_minute=_optional_int(data.get("tokens_per_minute"), f"{where}.tokens_per_minute"),
+        tokens_per_day=_optional_int(data.get("tokens_per_day"), f"{where}.tokens_per_day"),
+        max_concurrent=_optional_int(data.get("max_concurrent"), f"{where}.max_concurrent"),
+        max_prompt_tokens=_optional_int(data.get("max_prompt_tokens"), f"{where}.max_prompt_tokens"),
+        max_output_tokens=_optional_int(data.get("max_output_tokens"), f"{where}.max_output_tokens"),
+        models=tuple(models),
+        ttft_slo_ms=_optional_int(data.get("ttft_slo_ms"), f"{where}.ttft_slo_ms"),
+        tpot_slo_ms=_optional_int(data.get("tpot_slo_ms"), f"{where}.tpot_slo_ms"),
+    )
+
+
+def parse_tenant_spec(body: object) -> TenantSpec:
+    """`{"name", "priority", "weight", "cache_scope", "quota": {...}}`; only `name` is required."""
+    data = _object(body, _TENANT_FIELDS, "body")
+    if "name" not in data:
+        raise FieldError("name", "is required")
+    cache_scope = data.get("cache_scope")
+    return TenantSpec(
+        name=_string(data["name"], "name"),
+        priority=parse_priority(data["priority"]) if data.get("priority") is not None else Priority.STANDARD,
+        weight=_number(data["weight"], "weight") if data.get("weight") is not None else 1.0,
+        cache_scope=_string(cache_scope, "cache_scope") if cache_scope is not None else None,
+        quota=parse_quota(data["quota"]) if data.get("quota") is not None else QuotaLimits(),
+    )
+
+
+def parse_tenant_update(body: object) -> TenantUpdate:
+    """A partial update: any of `priority`, `weight`, `cache_scope`, `status`."""
+    data = _object(body, _UPDATE_FIELDS, "body")
+    return TenantUpdate(
+        priority=parse_priority(data["priority"]) if data.get("priority") is not None else None,
+        weight=_number(data["weight"], "weight") if data.get("weight") is not None else None,
+        cache_scope=_string(data["cache_scope"], "cache_scope")
+        if data.get("cache_scope") is not None
+        else None,
+        status=parse_status(data["status"]) if data.get("status") is not None else None,
+    )
+
+
+def parse_datetime(value: object, field: str) -> dt.datetime:
+    """An ISO 8601 time with a zone (`Z` or an offset)."""
+    if not isinstance(value, str):
+        raise FieldError(field, "must be an ISO 8601 time string")
+    try:
+        parsed = dt.datetime.fromisoformat(value)
+    except ValueError:
+        raise FieldError(field, "must be an ISO 8601 time, e.g. 2030-01-01T00:00:00Z") from None
+    if parsed.tzinfo is None:
+        raise FieldError(field, "must include a time zone (e.g. a trailing Z)")
+    return parsed.astimezone(dt.UTC)
+
+
+def parse_date(value: object, field: str) -> dt.date:
+    """An ISO date, `YYYY-MM-DD`."""
+    if not isinstance(value, str):
+        raise FieldError(field, "must be a date, YYYY-MM-DD")
+    try:
+        return dt.date.fromisoformat(value)
+    except ValueError:
+        raise FieldError(field, "must be a date, YYYY-MM-DD") from None
+
+
+def parse_key_spec(body: object) -> KeySpec:
+    """`{"scopes": [...], "expires_at": "..."}`, both optional (all scopes, no expiry)."""
+    data = _object(body if body is not None else {}, _KEY_FIELDS, "body")
+    raw_scopes = data.get("scopes")
+    if raw_scopes is None:
+        scopes = tuple(KeyScope)
+    else:
+        if not isinstance(raw_scopes, list):
+            raise FieldError("scopes", "must be a list")
+        try:
+            scopes = tuple(KeyScope(s) for s in raw_scopes)
+        except ValueError:
+            raise FieldError(
+                "scopes", f"each scope must be one of {', '.join(s.value for s in KeyScope)}"
+            ) from None
+    expires = data.get("expires_at")
+    return KeySpec(
+        scopes=scopes, expires_at=parse_datetime(expires, "expires_at") if expires is not None else None
+    )
+
+
+# -- rendering -----------------------------------------------------------------------------------
+
+
+def _time(value: dt.datetime | None) -> str | None:
+    return None if value is None else value.astimezone(dt.UTC).isoformat().replace("+00:00", "Z")
+
+
+def quota_json(quota: QuotaLimits) -> JsonObject:
+    """The quota object, every field present (null: unlimited)."""
+    return {
+        "tokens_per_minute": quota.tokens_per_minute,
+        "tokens_per_day": quota.tokens_per_day,
+        "max_concurrent": quota.max_concurrent,
+        "max_prompt_tokens": quota.max_prompt_tokens,
+        "max_output_tokens": quota.max_output_tokens,
+        "models": list(quota.models),
+        "ttft_slo_ms": quota.ttft_slo_ms,
+        "tpot_slo_ms": quota.tpot_slo_ms,
+    }
+
+
+def tenant_json(tenant: TenantView) -> JsonObject:
+    """A tenant as the admin API shows it."""
+    return {
+        "object": "tenant",
+        "name": tenant.name,
+        "status": tenant.status.value,
+        "priority": tenant.priority.name.lower(),
+        "weight": tenant.weight,
+        "cache_scope": tenant.cache_scope,
+        "quota": quota_json(tenant.quota),
+        "created_at": _time(tenant.created_at),
+        "updated_at": _time(tenant.updated_at),
+    }
+
+
+def key_json(key: ApiKeyView, now: dt.datetime) -> JsonObject:
+    """A key's metadata (never the secret)."""
+    return {
+        "object": "api_key",
+        "id": key.id,
+        "prefix": key.prefix,
+        "tenant": key.tenant,
+        "scopes": [s.value for s in key.scopes],
+        "state": key.state(now).value,
+        "created_at": _time(key.created_at),
+        "expires_at": _time(key.expires_at),
+        "revoked_at": _time(key.revoked_at),
+        "last_used_at": _time(key.last_used_at),
+    }
+
+
+def issued_key_json(issued: IssuedKey, now: dt.datetime) -> JsonObject:
+    """A new key with its secret: `{"id", "key", ...}`. The only response that carries a secret."""
+    body = key_json(issued.view, now)
+    body["key"] = issued.key
+    return body
+
+
+def usage_json(tenant: str, days: Sequence[DailyUsage]) -> JsonObject:
+    """A tenant's usage per UTC day plus the total over the days shown."""
+
+    def row(d: DailyUsage) -> JsonObject:
+        return {
+            "requests": d.num_requests,
+            "completed": d.num_completed,
+            "failed": d.num_failed,
+            "cancelled": d.num_cancelled,
+            "prompt_tokens": d.prompt_tokens,
+            "completion_tokens": d.completion_tokens,
+            "cached_tokens": d.cached_tokens,
+            "total_tokens": d.total_tokens,
+        }
+
+    total = DailyUsage(
+        day=dt.date.min,
+        num_requests=sum(d.num_requests for d in days),
+        num_completed=sum(d.num_completed for d in days),
+        num_failed=sum(d.num_failed for d in days),
+        num_cancelled=sum(d.num_cancelled for d in days),
+        prompt_tokens=sum(d.prompt_tokens for d in days),
+        completion_tokens=sum(d.completion_tokens for d in days),
+        cached_tokens=sum(d.cached_tokens for d in days),
+    )
+    return {
+        "object": "usage",
+        "tenant": tenant,
+        "data": [{"day": d.day.isoformat(), **row(d)} for d in days],
+        "total": row(total),
+    }
+
+
+def audit_json(event: AuditEventView) -> JsonObject:
+    """One audit event."""
+    return {
+        "object": "audit_event",
+        "id": event.id,
+        "created_at": _time(event.created_at),
+        "actor": event.actor,
+        "action": event.action.value,
+        "tenant": event.tenant,
+        "target": event.target,
+        "details": event.details,
+    }
+
+
+def list_json(items: Sequence[JsonObject]) -> JsonObject:
+    """An OpenAI-style list envelope."""
+    return {"object": "list", "data": list(items)}
