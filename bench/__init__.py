@@ -1,0 +1,1 @@
+"""Benchmarks: the serving load generator (`weir bench serve`), report comparison, trace generators."""

@@ -1,0 +1,10 @@
+"""`python -m bench serve|compare|gen ...`: the serving benchmark without the rest of `weir`."""
+
+from __future__ import annotations
+
+import sys
+
+from bench.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())
