@@ -293,3 +293,35 @@ def audit_json(event: AuditEventView) -> JsonObject:
 def list_json(items: Sequence[JsonObject]) -> JsonObject:
     """An OpenAI-style list envelope."""
     return {"object": "list", "data": list(items)}
+
+
+def tenant_spec_json(spec: TenantSpec) -> JsonObject:
+    """The request body of POST /admin/v1/tenants for this spec."""
+    body: JsonObject = {
+        "name": spec.name,
+        "priority": spec.priority.name.lower(),
+        "weight": spec.weight,
+        "quota": quota_json(spec.quota),
+    }
+    if spec.cache_scope is not None:
+        body["cache_scope"] = spec.cache_scope
+    return body
+
+
+def tenant_update_json(change: TenantUpdate) -> JsonObject:
+    """The request body of PATCH /admin/v1/tenants/{name} for this change."""
+    body: JsonObject = {}
+    if change.priority is not None:
+        body["priority"] = change.priority.name.lower()
+    if change.weight is not None:
+        body["weight"] = change.weight
+    if change.cache_scope is not None:
+        body["cache_scope"] = change.cache_scope
+    if change.status is not None:
+        body["status"] = change.status.value
+    return body
+
+
+def key_spec_json(spec: KeySpec) -> JsonObject:
+    """The request body of POST /admin/v1/tenants/{name}/keys for this spec."""
+    return {"scopes": [s.value for s in spec.scopes], "expires_at": _time(spec.expires_at)}

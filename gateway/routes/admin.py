@@ -1,0 +1,283 @@
+"""The admin API under /admin/v1 (admin bearer token) and the tenant's own GET /v1/usage.
+
+Every admin action is audited by the repository in the same transaction. Changes made here
+invalidate this replica's auth cache at once; other replicas see them within the cache TTL.
+Repository calls are synchronous and run in the thread pool.
+
+Body errors: a body that is not a JSON object is 400; a field that is unknown, of the wrong
+type or out of range is 422 with `param` naming the field.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Mount, Route
+
+from gateway.auth import AdminAuthenticator, Authenticator
+from gateway.errors import (
+    BadRequestError,
+    ConflictError,
+    NotFoundError,
+    PayloadTooLargeError,
+    PermissionDeniedError,
+    ServiceUnavailableError,
+    UnprocessableError,
+    WeirError,
+    error_response,
+)
+from tenancy.enums import KeyScope
+from tenancy.errors import (
+    FieldError,
+    KeyInactiveError,
+    KeyNotFoundError,
+    MigrationRequiredError,
+    TenancyError,
+    TenantExistsError,
+    TenantNotFoundError,
+)
+from tenancy.keys import is_public_id
+from tenancy.repo import TenancyRepo
+from tenancy.schemas import validate_tenant_name
+from tenancy.wire import (
+    audit_json,
+    issued_key_json,
+    key_json,
+    list_json,
+    parse_date,
+    parse_key_spec,
+    parse_quota,
+    parse_tenant_spec,
+    parse_tenant_update,
+    tenant_json,
+    usage_json,
+)
+
+MAX_ADMIN_BODY_BYTES = 1 << 20
+_NO_STORE = {"Cache-Control": "no-store"}  # responses may carry a key, shown only once
+
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+def to_http_error(exc: TenancyError) -> WeirError:
+    """The HTTP error for a tenancy error."""
+    if isinstance(exc, FieldError):
+        if exc.field == "body":
+            return BadRequestError(exc.message, code="invalid_body")
+        return UnprocessableError(exc.message, param=exc.field, code="invalid_value")
+    if isinstance(exc, TenantNotFoundError | KeyNotFoundError):
+        return NotFoundError(exc.message)
+    if isinstance(exc, TenantExistsError | KeyInactiveError):
+        return ConflictError(exc.message)
+    if isinstance(exc, MigrationRequiredError):
+        return ServiceUnavailableError(exc.message, code="database_not_migrated")
+    return BadRequestError(exc.message)
+
+
+def _json(body: Any, status_code: int = 200) -> JSONResponse:
+    return JSONResponse(body, status_code=status_code, headers=_NO_STORE)
+
+
+def _client_addr(request: Request) -> str:
+    return request.client.host if request.client is not None else "unknown"
+
+
+async def _body(request: Request) -> Any:
+    raw = await request.body()
+    if len(raw) > MAX_ADMIN_BODY_BYTES:
+        raise PayloadTooLargeError(f"request body is larger than {MAX_ADMIN_BODY_BYTES} bytes")
+    if not raw.strip():
+        return None
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise BadRequestError("request body is not valid JSON", code="invalid_json") from None
+
+
+def _tenant_param(request: Request) -> str:
+    name = request.path_params["name"]
+    try:
+        return validate_tenant_name(name)
+    except FieldError:
+        raise NotFoundError(f"tenant {name!r} not found") from None
+
+
+def _key_param(request: Request) -> str:
+    key_id = request.path_params["key_id"]
+    if not is_public_id(key_id):
+        raise NotFoundError(f"API key {key_id!r} not found")
+    return str(key_id)
+
+
+def _date_query(request: Request, name: str) -> dt.date | None:
+    value = request.query_params.get(name)
+    return parse_date(value, name) if value is not None else None
+
+
+def _int_query(request: Request, name: str, default: int | None) -> int | None:
+    value = request.query_params.get(name)
+    if value is None:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise FieldError(name, "must be an integer") from None
+
+
+class _AdminApi:
+    """The endpoints, sharing the repository and the two authenticators."""
+
+    def __init__(
+        self, repo: TenancyRepo, authenticator: Authenticator, admin_auth: AdminAuthenticator
+    ) -> None:
+        self.repo = repo
+        self.auth = authenticator
+        self.admin_auth = admin_auth
+
+    def admin(self, handler: Callable[[Request, str], Awaitable[Response]]) -> Endpoint:
+        """Wrap an admin endpoint: check the admin token, map errors; the handler gets the actor."""
+
+        async def endpoint(request: Request) -> Response:
+            try:
+                addr = _client_addr(request)
+                await self.admin_auth.authenticate_async(request.headers.get("authorization"), addr)
+                return await handler(request, f"admin-api {addr}")
+            except TenancyError as exc:
+                return error_response(to_http_error(exc))
+            except WeirError as exc:
+                return error_response(exc)
+
+        return endpoint
+
+    # -- tenants ---------------------------------------------------------------------------------
+
+    async def create_tenant(self, request: Request, actor: str) -> Response:
+        spec = parse_tenant_spec(await _body(request))
+        tenant = await run_in_threadpool(lambda: self.repo.create_tenant(spec, actor=actor))
+        return _json(tenant_json(tenant), 201)
+
+    async def list_tenants(self, request: Request, actor: str) -> Response:
+        tenants = await run_in_threadpool(self.repo.list_tenants)
+        return _json(list_json([tenant_json(t) for t in tenants]))
+
+    async def get_tenant(self, request: Request, actor: str) -> Response:
+        tenant = await run_in_threadpool(self.repo.get_tenant, _tenant_param(request))
+        return _json(tenant_json(tenant))
+
+    async def update_tenant(self, request: Request, actor: str) -> Response:
+        name = _tenant_param(request)
+        change = parse_tenant_update(await _body(request))
+        tenant = await run_in_threadpool(lambda: self.repo.update_tenant(name, change, actor=actor))
+        self.auth.invalidate_tenant(name)
+        return _json(tenant_json(tenant))
+
+    async def suspend_tenant(self, request: Request, actor: str) -> Response:
+        name = _tenant_param(request)
+        tenant = await run_in_threadpool(lambda: self.repo.suspend_tenant(name, actor=actor))
+        self.auth.invalidate_tenant(name)
+        return _json(tenant_json(tenant))
+
+    async def set_quota(self, request: Request, actor: str) -> Response:
+        name = _tenant_param(request)
+        body = await _body(request)
+        quota = parse_quota(body if body is not None else {}, where="body")
+        tenant = await run_in_threadpool(lambda: self.repo.set_quota(name, quota, actor=actor))
+        self.auth.invalidate_tenant(name)
+        return _json(tenant_json(tenant))
+
+    # -- keys ------------------------------------------------------------------------------------
+
+    async def issue_key(self, request: Request, actor: str) -> Response:
+        name = _tenant_param(request)
+        spec = parse_key_spec(await _body(request))
+        issued = await run_in_threadpool(lambda: self.repo.issue_key(name, spec, actor=actor))
+        return _json(issued_key_json(issued, self.repo.now()), 201)
+
+    async def list_keys(self, request: Request, actor: str) -> Response:
+        keys = await run_in_threadpool(self.repo.list_keys, _tenant_param(request))
+        now = self.repo.now()
+        return _json(list_json([key_json(k, now) for k in keys]))
+
+    async def revoke_key(self, request: Request, actor: str) -> Response:
+        key_id = _key_param(request)
+        key = await run_in_threadpool(lambda: self.repo.revoke_key(key_id, actor=actor))
+        self.auth.invalidate(key_id)
+        return _json(key_json(key, self.repo.now()))
+
+    async def rotate_key(self, request: Request, actor: str) -> Response:
+        key_id = _key_param(request)
+        issued = await run_in_threadpool(lambda: self.repo.rotate_key(key_id, actor=actor))
+        self.auth.invalidate(key_id)
+        return _json(issued_key_json(issued, self.repo.now()), 201)
+
+    # -- usage and audit -------------------------------------------------------------------------
+
+    async def tenant_usage(self, request: Request, actor: str) -> Response:
+        name = _tenant_param(request)
+        since, until = _date_query(request, "since"), _date_query(request, "until")
+        days = await run_in_threadpool(lambda: self.repo.usage_by_day(name, since=since, until=until))
+        return _json(usage_json(name, days))
+
+    async def audit(self, request: Request, actor: str) -> Response:
+        tenant = request.query_params.get("tenant")
+        limit = _int_query(request, "limit", 100)
+        before = _int_query(request, "before", None)
+        events = await run_in_threadpool(
+            lambda: self.repo.list_audit(tenant=tenant, limit=limit or 100, before_id=before)
+        )
+        return _json(list_json([audit_json(e) for e in events]))
+
+    async def own_usage(self, request: Request) -> Response:
+        """GET /v1/usage: the calling tenant's usage, and only its own."""
+        try:
+            context = await self.auth.authenticate_async(
+                request.headers.get("authorization"), _client_addr(request), scope=KeyScope.USAGE
+            )
+            asked = request.query_params.get("tenant")
+            if asked is not None and asked != context.tenant_id:
+                raise PermissionDeniedError(
+                    "An API key can only read its own tenant's usage.", param="tenant"
+                )
+            since, until = _date_query(request, "since"), _date_query(request, "until")
+            days = await run_in_threadpool(
+                lambda: self.repo.usage_by_day(context.tenant_id, since=since, until=until)
+            )
+            return _json(usage_json(context.tenant_id, days))
+        except TenancyError as exc:
+            return error_response(to_http_error(exc))
+        except WeirError as exc:
+            return error_response(exc)
+
+
+def admin_routes(
+    repo: TenancyRepo, authenticator: Authenticator, admin_auth: AdminAuthenticator
+) -> list[BaseRoute]:
+    """The `/admin/v1/...` mount and the tenant's `/v1/usage` route, for the app factory to mount."""
+    api = _AdminApi(repo, authenticator, admin_auth)
+    a = api.admin
+    return [
+        Mount(
+            "/admin/v1",
+            routes=[
+                Route("/tenants", a(api.create_tenant), methods=["POST"]),
+                Route("/tenants", a(api.list_tenants), methods=["GET"]),
+                Route("/tenants/{name}", a(api.get_tenant), methods=["GET"]),
+                Route("/tenants/{name}", a(api.update_tenant), methods=["PATCH"]),
+                Route("/tenants/{name}/suspend", a(api.suspend_tenant), methods=["POST"]),
+                Route("/tenants/{name}/quota", a(api.set_quota), methods=["PUT"]),
+                Route("/tenants/{name}/keys", a(api.issue_key), methods=["POST"]),
+                Route("/tenants/{name}/keys", a(api.list_keys), methods=["GET"]),
+                Route("/tenants/{name}/usage", a(api.tenant_usage), methods=["GET"]),
+                Route("/keys/{key_id}", a(api.revoke_key), methods=["DELETE"]),
+                Route("/keys/{key_id}/rotate", a(api.rotate_key), methods=["POST"]),
+                Route("/audit", a(api.audit), methods=["GET"]),
+            ],
+        ),
+        Route("/v1/usage", api.own_usage, methods=["GET"]),
+    ]

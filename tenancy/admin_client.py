@@ -1,0 +1,192 @@
+"""The admin operations behind `weir admin ...`, against the database or a running server.
+
+Both backends return the same JSON objects as the admin API, so the CLI prints the same thing
+either way. The direct backend is for operators on the database host (and for a server that
+is down); the HTTP backend goes through /admin/v1 and so invalidates the server's auth cache
+at once, where a direct change reaches running servers only within their cache TTL.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any, Protocol
+from urllib.parse import quote
+
+import httpx
+
+from tenancy.context import QuotaLimits
+from tenancy.errors import TenancyError
+from tenancy.repo import TenancyRepo
+from tenancy.schemas import KeySpec, TenantSpec, TenantUpdate
+from tenancy.wire import (
+    JsonObject,
+    audit_json,
+    issued_key_json,
+    key_json,
+    key_spec_json,
+    list_json,
+    quota_json,
+    tenant_json,
+    tenant_spec_json,
+    tenant_update_json,
+    usage_json,
+)
+
+CLI_ACTOR = "cli"
+
+
+def _seg(value: str) -> str:
+    # Path segments come from the command line: quote them so nothing can change the route.
+    return quote(value, safe="")
+
+
+class AdminApiError(TenancyError):
+    """The server refused an admin request; carries its HTTP status and error message."""
+
+    def __init__(self, status_code: int, message: str) -> None:
+        super().__init__(f"HTTP {status_code}: {message}")
+        self.status_code = status_code
+
+
+class AdminBackend(Protocol):
+    """The admin operations; each returns the admin API's JSON object for the result."""
+
+    def create_tenant(self, spec: TenantSpec) -> JsonObject: ...
+    def list_tenants(self) -> JsonObject: ...
+    def get_tenant(self, name: str) -> JsonObject: ...
+    def update_tenant(self, name: str, change: TenantUpdate) -> JsonObject: ...
+    def suspend_tenant(self, name: str) -> JsonObject: ...
+    def set_quota(self, name: str, quota: QuotaLimits) -> JsonObject: ...
+    def issue_key(self, tenant: str, spec: KeySpec) -> JsonObject: ...
+    def list_keys(self, tenant: str) -> JsonObject: ...
+    def revoke_key(self, key_id: str) -> JsonObject: ...
+    def rotate_key(self, key_id: str) -> JsonObject: ...
+    def usage(self, tenant: str, since: dt.date | None, until: dt.date | None) -> JsonObject: ...
+    def audit(self, tenant: str | None, limit: int) -> JsonObject: ...
+
+
+class DirectAdmin:
+    """Admin operations straight on the database through the repository."""
+
+    def __init__(self, repo: TenancyRepo, actor: str = CLI_ACTOR) -> None:
+        self.repo = repo
+        self.actor = actor
+
+    def create_tenant(self, spec: TenantSpec) -> JsonObject:
+        return tenant_json(self.repo.create_tenant(spec, actor=self.actor))
+
+    def list_tenants(self) -> JsonObject:
+        return list_json([tenant_json(t) for t in self.repo.list_tenants()])
+
+    def get_tenant(self, name: str) -> JsonObject:
+        return tenant_json(self.repo.get_tenant(name))
+
+    def update_tenant(self, name: str, change: TenantUpdate) -> JsonObject:
+        return tenant_json(self.repo.update_tenant(name, change, actor=self.actor))
+
+    def suspend_tenant(self, name: str) -> JsonObject:
+        return tenant_json(self.repo.suspend_tenant(name, actor=self.actor))
+
+    def set_quota(self, name: str, quota: QuotaLimits) -> JsonObject:
+        return tenant_json(self.repo.set_quota(name, quota, actor=self.actor))
+
+    def issue_key(self, tenant: str, spec: KeySpec) -> JsonObject:
+        return issued_key_json(self.repo.issue_key(tenant, spec, actor=self.actor), self.repo.now())
+
+    def list_keys(self, tenant: str) -> JsonObject:
+        now = self.repo.now()
+        return list_json([key_json(k, now) for k in self.repo.list_keys(tenant)])
+
+    def revoke_key(self, key_id: str) -> JsonObject:
+        return key_json(self.repo.revoke_key(key_id, actor=self.actor), self.repo.now())
+
+    def rotate_key(self, key_id: str) -> JsonObject:
+        return issued_key_json(self.repo.rotate_key(key_id, actor=self.actor), self.repo.now())
+
+    def usage(self, tenant: str, since: dt.date | None, until: dt.date | None) -> JsonObject:
+        return usage_json(tenant, self.repo.usage_by_day(tenant, since=since, until=until))
+
+    def audit(self, tenant: str | None, limit: int) -> JsonObject:
+        return list_json([audit_json(e) for e in self.repo.list_audit(tenant=tenant, limit=limit)])
+
+
+class HttpAdmin:
+    """Admin operations through a running server's /admin/v1 API."""
+
+    def __init__(self, client: httpx.Client) -> None:
+        # The client carries the base URL and the admin bearer token (see `connect`).
+        self.client = client
+
+    @classmethod
+    def connect(cls, server_url: str, admin_token: str, *, timeout_s: float = 30.0) -> HttpAdmin:
+        """A backend for the server at `server_url` (e.g. http://127.0.0.1:8000)."""
+        client = httpx.Client(
+            base_url=server_url.rstrip("/"),
+            headers={"Authorization": f"Bearer {admin_token}"},
+            timeout=timeout_s,
+        )
+        return cls(client)
+
+    def close(self) -> None:
+        self.client.close()
+
+    def _call(
+        self, method: str, path: str, *, json: Any = None, params: dict[str, str] | None = None
+    ) -> JsonObject:
+        response = self.client.request(method, "/admin/v1" + path, json=json, params=params)
+        try:
+            body = response.json()
+        except ValueError:
+            body = None
+        if response.status_code >= 400:
+            message = response.text
+            if isinstance(body, dict) and isinstance(body.get("error"), dict):
+                message = str(body["error"].get("message", message))
+            raise AdminApiError(response.status_code, message)
+        if not isinstance(body, dict):
+            raise AdminApiError(response.status_code, "the server did not answer with a JSON object")
+        return body
+
+    def create_tenant(self, spec: TenantSpec) -> JsonObject:
+        return self._call("POST", "/tenants", json=tenant_spec_json(spec))
+
+    def list_tenants(self) -> JsonObject:
+        return self._call("GET", "/tenants")
+
+    def get_tenant(self, name: str) -> JsonObject:
+        return self._call("GET", f"/tenants/{_seg(name)}")
+
+    def update_tenant(self, name: str, change: TenantUpdate) -> JsonObject:
+        return self._call("PATCH", f"/tenants/{_seg(name)}", json=tenant_update_json(change))
+
+    def suspend_tenant(self, name: str) -> JsonObject:
+        return self._call("POST", f"/tenants/{_seg(name)}/suspend")
+
+    def set_quota(self, name: str, quota: QuotaLimits) -> JsonObject:
+        return self._call("PUT", f"/tenants/{_seg(name)}/quota", json=quota_json(quota))
+
+    def issue_key(self, tenant: str, spec: KeySpec) -> JsonObject:
+        return self._call("POST", f"/tenants/{_seg(tenant)}/keys", json=key_spec_json(spec))
+
+    def list_keys(self, tenant: str) -> JsonObject:
+        return self._call("GET", f"/tenants/{_seg(tenant)}/keys")
+
+    def revoke_key(self, key_id: str) -> JsonObject:
+        return self._call("DELETE", f"/keys/{_seg(key_id)}")
+
+    def rotate_key(self, key_id: str) -> JsonObject:
+        return self._call("POST", f"/keys/{_seg(key_id)}/rotate")
+
+    def usage(self, tenant: str, since: dt.date | None, until: dt.date | None) -> JsonObject:
+        params = {}
+        if since is not None:
+            params["since"] = since.isoformat()
+        if until is not None:
+            params["until"] = until.isoformat()
+        return self._call("GET", f"/tenants/{_seg(tenant)}/usage", params=params)
+
+    def audit(self, tenant: str | None, limit: int) -> JsonObject:
+        params = {"limit": str(limit)}
+        if tenant is not None:
+            params["tenant"] = tenant
+        return self._call("GET", "/audit", params=params)

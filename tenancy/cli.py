@@ -1,0 +1,382 @@
+"""`weir db ...` and `weir admin ...`: schema migrations and tenant administration.
+
+`gateway/cli.py` calls `add_subcommands(subparsers, settings_factory)`; each leaf parser sets
+`func` (called as `args.func(args)`, returning the exit status). The database comes from
+`--database-url`, else `--data-dir` (its SQLite file), else the settings. `weir admin` talks to
+the database directly, or to a running server with `--server URL` (the admin token from
+`--admin-token` or the settings). Results are printed as the admin API's JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Protocol
+
+from engine.request import Priority
+from tenancy.admin_client import CLI_ACTOR, AdminBackend, DirectAdmin, HttpAdmin
+from tenancy.bootstrap import reset_admin_token
+from tenancy.context import QuotaLimits
+from tenancy.db import Database, safe_url, sqlite_url_for
+from tenancy.enums import KeyScope, TenantStatus
+from tenancy.errors import FieldError, TenancyError
+from tenancy.keys import KeyHasher
+from tenancy.migrate import check_migrated, current_revision, downgrade, head_revision, upgrade
+from tenancy.repo import TenancyRepo, utc_now
+from tenancy.schemas import KeySpec, TenantSpec, TenantUpdate
+from tenancy.wire import JsonObject, parse_date, parse_datetime
+
+__all__ = ["CliSettings", "add_subcommands", "check_migrated", "main"]
+
+
+class CliSettings(Protocol):
+    """What the commands need from the server settings (`gateway.settings.Settings` fits)."""
+
+    @property
+    def resolved_database_url(self) -> str: ...
+
+    @property
+    def key_pepper(self) -> str | None: ...
+
+    @property
+    def admin_token(self) -> str | None: ...
+
+
+SettingsFactory = Callable[[argparse.Namespace], CliSettings]
+Handler = Callable[[argparse.Namespace], int]
+
+
+class CliError(Exception):
+    """A usage problem the CLI reports in one line (exit status 2)."""
+
+
+def _database_url(args: argparse.Namespace, settings: CliSettings | None) -> str:
+    if args.database_url:
+        return str(args.database_url)
+    if args.data_dir:
+        return sqlite_url_for(Path(args.data_dir))
+    if settings is not None:
+        return settings.resolved_database_url
+    raise CliError("no database given: pass --database-url URL or --data-dir DIR")
+
+
+def _print(obj: JsonObject) -> None:
+    json.dump(obj, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+
+
+def _guard(handler: Handler) -> Handler:
+    """Turn expected failures into a one-line message and an exit status."""
+
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return handler(args)
+        except CliError as exc:
+            print(f"weir: {exc}", file=sys.stderr)
+            return 2
+        except TenancyError as exc:
+            print(f"weir: {exc.message}", file=sys.stderr)
+            return 1
+
+    return run
+
+
+# -- weir db ---------------------------------------------------------------------------------------
+
+
+def _add_db(
+    subparsers: argparse._SubParsersAction, settings_of: Callable[[argparse.Namespace], CliSettings | None]
+) -> None:
+    db = subparsers.add_parser("db", help="database schema migrations (Alembic)")
+    db_sub = db.add_subparsers(dest="db_command", metavar="{upgrade,downgrade,current}", required=True)
+
+    @contextmanager
+    def database(args: argparse.Namespace) -> Iterator[Database]:
+        database = Database(_database_url(args, settings_of(args)))
+        try:
+            yield database
+        finally:
+            database.dispose()
+
+    def do_upgrade(args: argparse.Namespace) -> int:
+        with database(args) as db_:
+            upgrade(db_.engine, args.revision)
+            print(f"{safe_url(db_.url)}: at revision {current_revision(db_.engine)} (head {head_revision()})")
+        return 0
+
+    def do_downgrade(args: argparse.Namespace) -> int:
+        with database(args) as db_:
+            downgrade(db_.engine, args.revision)
+            print(f"{safe_url(db_.url)}: at revision {current_revision(db_.engine) or 'base (empty)'}")
+        return 0
+
+    def do_current(args: argparse.Namespace) -> int:
+        with database(args) as db_:
+            current, head = current_revision(db_.engine), head_revision()
+            state = "up to date" if current == head else "needs `weir db upgrade`"
+            print(f"{safe_url(db_.url)}: at revision {current or 'none'}; head is {head} ({state})")
+            return 0 if current == head else 1
+
+    for name, handler, help_text, default_rev in (
+        ("upgrade", do_upgrade, "migrate the database to the newest schema", "head"),
+        ("downgrade", do_downgrade, "undo migrations (default: one step; 'base' drops all tables)", "-1"),
+        ("current", do_current, "show the database's revision; exit 1 unless it is the newest", None),
+    ):
+        p = db_sub.add_parser(name, help=help_text)
+        _add_database_options(p)
+        if default_rev is not None:
+            p.add_argument("--revision", default=default_rev, help=f"target revision (default {default_rev})")
+        p.set_defaults(func=_guard(handler))
+
+
+def _add_database_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--database-url", dest="database_url", help="SQLAlchemy URL (default: from the settings)"
+    )
+    parser.add_argument("--data-dir", dest="data_dir", help="use the SQLite database in this data directory")
+
+
+# -- weir admin ------------------------------------------------------------------------------------
+
+
+def _add_quota_options(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("quota (omitted: unlimited)")
+    for flag in (
+        "tokens-per-minute",
+        "tokens-per-day",
+        "max-concurrent",
+        "max-prompt-tokens",
+        "max-output-tokens",
+    ):
+        g.add_argument(f"--{flag}", type=int, metavar="N")
+    g.add_argument("--model", dest="models", action="append", default=[], metavar="NAME",
+                   help="an allowed model; repeat for several (omitted: every model)")  # fmt: skip
+    g.add_argument("--ttft-slo-ms", type=int, metavar="MS")
+    g.add_argument("--tpot-slo-ms", type=int, metavar="MS")
+
+
+def _quota_from(args: argparse.Namespace) -> QuotaLimits:
+    return QuotaLimits(
+        tokens_per_minute=args.tokens_per_minute,
+        tokens_per_day=args.tokens_per_day,
+        max_concurrent=args.max_concurrent,
+        max_prompt_tokens=args.max_prompt_tokens,
+        max_output_tokens=args.max_output_tokens,
+        models=tuple(args.models),
+        ttft_slo_ms=args.ttft_slo_ms,
+        tpot_slo_ms=args.tpot_slo_ms,
+    )
+
+
+def _priority(value: str) -> Priority:
+    try:
+        return Priority[value.upper()]
+    except KeyError:
+        raise argparse.ArgumentTypeError("must be one of interactive, standard, batch") from None
+
+
+def _key_spec(args: argparse.Namespace) -> KeySpec:
+    scopes = tuple(KeyScope(s) for s in args.scopes) if args.scopes else tuple(KeyScope)
+    expires_at = None
+    if args.expires_at is not None:
+        expires_at = parse_datetime(args.expires_at, "--expires-at")
+    elif args.expires_in_days is not None:
+        if args.expires_in_days <= 0:
+            raise FieldError("--expires-in-days", "must be positive")
+        expires_at = utc_now() + dt.timedelta(days=args.expires_in_days)
+    return KeySpec(scopes=scopes, expires_at=expires_at)
+
+
+def _admin_leaf(
+    parent: argparse._SubParsersAction, name: str, help_text: str, conn: argparse.ArgumentParser
+) -> argparse.ArgumentParser:
+    return parent.add_parser(name, help=help_text, parents=[conn])
+
+
+def _add_admin(
+    subparsers: argparse._SubParsersAction, settings_of: Callable[[argparse.Namespace], CliSettings | None]
+) -> None:
+    conn = argparse.ArgumentParser(add_help=False)
+    g = conn.add_argument_group("where (default: the database from the settings)")
+    g.add_argument("--database-url", dest="database_url", help="SQLAlchemy URL of the database")
+    g.add_argument("--data-dir", dest="data_dir", help="use the SQLite database in this data directory")
+    g.add_argument(
+        "--server", dest="server", metavar="URL", help="talk to a running server's admin API instead"
+    )
+    g.add_argument(
+        "--admin-token", dest="admin_token", help="admin token for --server (default: WEIR_ADMIN_TOKEN)"
+    )
+
+    @contextmanager
+    def backend(args: argparse.Namespace) -> Iterator[AdminBackend]:
+        settings = settings_of(args)
+        if args.server:
+            if args.database_url or args.data_dir:
+                raise CliError("give either --server or a database, not both")
+            token = args.admin_token or (settings.admin_token if settings is not None else None)
+            if not token:
+                raise CliError("--server needs --admin-token (or WEIR_ADMIN_TOKEN)")
+            http = HttpAdmin.connect(args.server, token)
+            try:
+                yield http
+            finally:
+                http.close()
+            return
+        database = Database(_database_url(args, settings))
+        try:
+            check_migrated(database.engine)
+            pepper = settings.key_pepper if settings is not None else None
+            yield DirectAdmin(TenancyRepo(database, KeyHasher.from_pepper(pepper)))
+        finally:
+            database.dispose()
+
+    def command(op: Callable[[AdminBackend, argparse.Namespace], JsonObject]) -> Handler:
+        def run(args: argparse.Namespace) -> int:
+            with backend(args) as b:
+                _print(op(b, args))
+            return 0
+
+        return _guard(run)
+
+    admin = subparsers.add_parser("admin", help="tenants, API keys, quotas, usage and the audit log")
+    admin_sub = admin.add_subparsers(dest="admin_command", required=True)
+
+    # tenants
+    tenants = admin_sub.add_parser("tenants", help="create, list, show, update, suspend tenants")
+    t_sub = tenants.add_subparsers(dest="tenants_command", required=True)
+    p = _admin_leaf(t_sub, "create", "create a tenant", conn)
+    p.add_argument("name")
+    p.add_argument(
+        "--priority", type=_priority, default=Priority.STANDARD, help="interactive, standard or batch"
+    )
+    p.add_argument("--weight", type=float, default=1.0, help="fair-share weight (default 1)")
+    p.add_argument("--cache-scope", help="prefix-cache scope (default: the tenant's name)")
+    _add_quota_options(p)
+    p.set_defaults(
+        func=command(
+            lambda b, a: b.create_tenant(
+                TenantSpec(a.name, a.priority, a.weight, a.cache_scope, quota=_quota_from(a))
+            )
+        )
+    )
+    p = _admin_leaf(t_sub, "list", "list tenants", conn)
+    p.set_defaults(func=command(lambda b, a: b.list_tenants()))
+    p = _admin_leaf(t_sub, "get", "show one tenant", conn)
+    p.add_argument("name")
+    p.set_defaults(func=command(lambda b, a: b.get_tenant(a.name)))
+    p = _admin_leaf(t_sub, "update", "change a tenant's priority, weight, cache scope or status", conn)
+    p.add_argument("name")
+    p.add_argument("--priority", type=_priority)
+    p.add_argument("--weight", type=float)
+    p.add_argument("--cache-scope")
+    p.add_argument("--status", type=TenantStatus, choices=list(TenantStatus))
+    p.set_defaults(
+        func=command(
+            lambda b, a: b.update_tenant(a.name, TenantUpdate(a.priority, a.weight, a.cache_scope, a.status))
+        )
+    )
+    p = _admin_leaf(t_sub, "suspend", "suspend a tenant (its keys get 403)", conn)
+    p.add_argument("name")
+    p.set_defaults(func=command(lambda b, a: b.suspend_tenant(a.name)))
+
+    # keys
+    keys = admin_sub.add_parser("keys", help="issue, list, revoke, rotate API keys")
+    k_sub = keys.add_subparsers(dest="keys_command", required=True)
+    p = _admin_leaf(k_sub, "issue", "issue a key; the key is printed only this once", conn)
+    p.add_argument("tenant")
+    p.add_argument("--scope", dest="scopes", action="append", choices=[s.value for s in KeyScope],
+                   help="repeat for several (default: all)")  # fmt: skip
+    when = p.add_mutually_exclusive_group()
+    when.add_argument("--expires-at", help="ISO 8601 time with a zone, e.g. 2030-01-01T00:00:00Z")
+    when.add_argument("--expires-in-days", type=int, metavar="N")
+    p.set_defaults(func=command(lambda b, a: b.issue_key(a.tenant, _key_spec(a))))
+    p = _admin_leaf(k_sub, "list", "list a tenant's keys (never their secrets)", conn)
+    p.add_argument("tenant")
+    p.set_defaults(func=command(lambda b, a: b.list_keys(a.tenant)))
+    p = _admin_leaf(k_sub, "revoke", "revoke a key", conn)
+    p.add_argument("key_id")
+    p.set_defaults(func=command(lambda b, a: b.revoke_key(a.key_id)))
+    p = _admin_leaf(k_sub, "rotate", "issue a replacement key and revoke the old one", conn)
+    p.add_argument("key_id")
+    p.set_defaults(func=command(lambda b, a: b.rotate_key(a.key_id)))
+
+    # quota
+    quota = admin_sub.add_parser("quota", help="set a tenant's quota")
+    q_sub = quota.add_subparsers(dest="quota_command", required=True)
+    p = _admin_leaf(q_sub, "set", "replace a tenant's whole quota (omitted fields: unlimited)", conn)
+    p.add_argument("tenant")
+    _add_quota_options(p)
+    p.set_defaults(func=command(lambda b, a: b.set_quota(a.tenant, _quota_from(a))))
+
+    # usage and audit
+    p = _admin_leaf(admin_sub, "usage", "a tenant's usage per UTC day", conn)
+    p.add_argument("tenant")
+    p.add_argument("--since", type=_date, metavar="YYYY-MM-DD")
+    p.add_argument("--until", type=_date, metavar="YYYY-MM-DD")
+    p.set_defaults(func=command(lambda b, a: b.usage(a.tenant, a.since, a.until)))
+    p = _admin_leaf(admin_sub, "audit", "the audit log, newest first", conn)
+    p.add_argument("--tenant")
+    p.add_argument("--limit", type=int, default=100)
+    p.set_defaults(func=command(lambda b, a: b.audit(a.tenant, a.limit)))
+
+    # admin token (database only: a server cannot hand out its own replacement token)
+    token = admin_sub.add_parser("token", help="the admin token")
+    tk_sub = token.add_subparsers(dest="token_command", required=True)
+    p = tk_sub.add_parser("reset", help="generate a new admin token, store its hash, print it once")
+    _add_database_options(p)
+
+    def do_reset(args: argparse.Namespace) -> int:
+        settings = settings_of(args)
+        database = Database(_database_url(args, settings))
+        try:
+            check_migrated(database.engine)
+            repo = TenancyRepo(database, KeyHasher.from_pepper(settings.key_pepper if settings else None))
+            print(reset_admin_token(repo, actor=CLI_ACTOR))
+        finally:
+            database.dispose()
+        if settings is not None and settings.admin_token:
+            print(
+                "weir: note: WEIR_ADMIN_TOKEN is set and takes precedence over the stored token",
+                file=sys.stderr,
+            )
+        return 0
+
+    p.set_defaults(func=_guard(do_reset))
+
+
+def _date(value: str) -> dt.date:
+    try:
+        return parse_date(value, "date")
+    except FieldError:
+        raise argparse.ArgumentTypeError("must be a date, YYYY-MM-DD") from None
+
+
+def add_subcommands(
+    subparsers: argparse._SubParsersAction, settings_factory: SettingsFactory | None = None
+) -> None:
+    """Add `db` and `admin` to a `weir` parser. `settings_factory(args)` is called only when a
+    command runs (never at import or parse time); without it, --database-url/--data-dir are needed."""
+
+    def settings_of(args: argparse.Namespace) -> CliSettings | None:
+        return settings_factory(args) if settings_factory is not None else None
+
+    _add_db(subparsers, settings_of)
+    _add_admin(subparsers, settings_of)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m tenancy.cli db|admin ...`, without server settings (pass --database-url)."""
+    parser = argparse.ArgumentParser(prog="weir", description="Weir database and tenant administration")
+    add_subcommands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    result: Any = args.func(args)
+    return int(result)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
