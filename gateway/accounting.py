@@ -1,0 +1,247 @@
+"""What happens after a request: usage, metrics, trace phases, and the hooks tenancy plugs in.
+
+Two seams for later issues (budgets, SLO admission):
+- `Admission`: awaited before `engine.generate`; raises a `WeirError` (e.g. 429) to reject, and
+  returns the `Settle` callback that receives the real usage when the request ends.
+- `UsageSink`: receives every `UsageRecord` (tenancy writes usage records). It is called on the
+  event loop, so it must only enqueue (batch its database writes elsewhere).
+Both default to doing nothing.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from engine.client import EngineRequest
+from engine.output import RequestMetrics, RequestOutput
+from gateway.metrics import GatewayMetrics
+from gateway.protocol import Endpoint
+from gateway.tracing import RequestSpan
+from tenancy.context import TenantContext
+
+logger = logging.getLogger(__name__)
+
+
+class Outcome(enum.Enum):
+    """How a generation request ended, from the gateway's point of view."""
+
+    COMPLETED = "completed"
+    CLIENT_DISCONNECTED = "client_disconnected"
+    FAILED = "failed"
+    CANCELLED = "cancelled"  # the server cancelled it, e.g. shutdown past the grace period
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Token counts of one HTTP request, over all its prompts and choices."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    def to_openai(self) -> dict[str, Any]:
+        """The OpenAI `usage` object."""
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.total_tokens,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+        }
+
+
+@dataclass(frozen=True)
+class UsageRecord:
+    """One finished HTTP request, as tenancy bills it and admission settles it."""
+
+    request_id: str
+    tenant_id: str
+    key_id: str
+    model: str
+    endpoint: Endpoint
+    usage: Usage
+    outcome: Outcome
+    finish_reasons: tuple[str, ...]  # per choice; "abort" for choices cut short
+    created_at: float  # epoch seconds when the request arrived
+    duration_s: float
+    user: str | None = None
+
+
+Settle = Callable[[UsageRecord], None]
+UsageSink = Callable[[UsageRecord], None]
+Admission = Callable[[TenantContext, Sequence[EngineRequest]], Awaitable[Settle]]
+
+
+def _settle_nothing(record: UsageRecord) -> None:
+    return None
+
+
+async def admit_all(tenant: TenantContext, requests: Sequence[EngineRequest]) -> Settle:
+    """The default admission: every request is admitted and nothing is reserved."""
+    return _settle_nothing
+
+
+class RequestTally:
+    """Counts, per choice, what the engine requests of one HTTP request produced.
+
+    Choice indices are global: prompt `p`, choice `i` of `n` is `p * n + i`, as OpenAI numbers them.
+    """
+
+    def __init__(self, requests: Sequence[EngineRequest], n: int) -> None:
+        self.requests = tuple(requests)
+        self.n = n
+        num_choices = len(self.requests) * n
+        self.num_output_tokens = [0] * num_choices
+        self.finish_reasons: list[str | None] = [None] * num_choices
+        self.num_cached_tokens = [0] * len(self.requests)
+        self.metrics: list[RequestMetrics | None] = [None] * len(self.requests)
+        self.first_output_s: list[float | None] = [None] * len(self.requests)
+        self.last_output_s: list[float | None] = [None] * len(self.requests)
+        self.num_unfinished = num_choices
+
+    def observe(self, prompt_index: int, out: RequestOutput) -> int:
+        """Count one output; returns its global choice index."""
+        choice = prompt_index * self.n + out.index
+        if out.new_token_ids:
+            now = time.monotonic()
+            if self.first_output_s[prompt_index] is None:
+                self.first_output_s[prompt_index] = now
+            self.last_output_s[prompt_index] = now
+            self.num_output_tokens[choice] += len(out.new_token_ids)
+        if out.num_cached_tokens:
+            self.num_cached_tokens[prompt_index] = out.num_cached_tokens
+        if out.finished and self.finish_reasons[choice] is None:
+            # The engine's own count wins: tokens held back for stop strings are still generated.
+            self.num_output_tokens[choice] = max(self.num_output_tokens[choice], out.num_output_tokens)
+            self.finish_reasons[choice] = out.finish_reason.value if out.finish_reason else "stop"
+            self.num_unfinished -= 1
+            if out.index == 0 and out.metrics is not None:
+                self.metrics[prompt_index] = out.metrics
+        return choice
+
+    def prompt_finished(self, prompt_index: int) -> bool:
+        """Whether every choice of one engine request has finished."""
+        start = prompt_index * self.n
+        return all(r is not None for r in self.finish_reasons[start : start + self.n])
+
+    def usage(self) -> Usage:
+        return Usage(
+            prompt_tokens=sum(len(r.prompt_token_ids) for r in self.requests),
+            completion_tokens=sum(self.num_output_tokens),
+            cached_tokens=sum(self.num_cached_tokens),
+        )
+
+
+@dataclass(frozen=True)
+class RequestInfo:
+    """Who asked for what: fixed when the request is admitted."""
+
+    request_id: str
+    endpoint: Endpoint
+    model: str
+    tenant: TenantContext
+    user: str | None
+    created_at: float  # epoch seconds
+    arrival_s: float  # monotonic
+
+
+class Accountant:
+    """Settles a finished request: metrics, trace phases, usage record, admission settle."""
+
+    def __init__(self, metrics: GatewayMetrics, usage_sink: UsageSink | None = None) -> None:
+        self.metrics = metrics
+        self.usage_sink = usage_sink
+
+    def finish(
+        self,
+        info: RequestInfo,
+        tally: RequestTally,
+        outcome: Outcome,
+        span: RequestSpan,
+        settle: Settle,
+        error_message: str | None = None,
+    ) -> UsageRecord:
+        """Record everything about one ended request. Never raises."""
+        usage = tally.usage()
+        tenant = info.tenant.tenant_id
+        reasons = tuple(r if r is not None else "abort" for r in tally.finish_reasons)
+        record = UsageRecord(
+            request_id=info.request_id,
+            tenant_id=tenant,
+            key_id=info.tenant.key_id,
+            model=info.model,
+            endpoint=info.endpoint,
+            usage=usage,
+            outcome=outcome,
+            finish_reasons=reasons,
+            created_at=info.created_at,
+            duration_s=time.monotonic() - info.arrival_s,
+            user=info.user,
+        )
+        try:
+            self._observe(info, tally, usage, reasons, span)
+            span.set_attributes({"weir.outcome": outcome.value})
+        except Exception:
+            logger.exception("recording metrics of %s failed", info.request_id)
+        span.end(error_message)
+        for callback in (settle, self.usage_sink):
+            if callback is None:
+                continue
+            try:
+                callback(record)
+            except Exception:
+                # Billing trouble must not fail a request that was already served.
+                logger.exception("usage callback failed for %s", info.request_id)
+        return record
+
+    def _observe(
+        self,
+        info: RequestInfo,
+        tally: RequestTally,
+        usage: Usage,
+        reasons: tuple[str, ...],
+        span: RequestSpan,
+    ) -> None:
+        model, tenant = info.model, info.tenant.tenant_id
+        self.metrics.count_tokens(
+            model,
+            tenant,
+            prompt=usage.prompt_tokens,
+            cached=usage.cached_tokens,
+            generated=usage.completion_tokens,
+        )
+        for reason in reasons:
+            self.metrics.count_finished(model, tenant, reason)
+        for i, request in enumerate(tally.requests):
+            m = tally.metrics[i]
+            if m is not None:
+                arrival_s = m.arrival_s
+                ttft_s, tpot_s, e2e_s, queue_s, itl_s = m.ttft_s, m.tpot_s, m.e2e_s, m.queue_s, m.itl_s
+            else:
+                # No engine metrics (aborted, or an engine that sends none): what the gateway saw.
+                arrival_s = request.arrival_s
+                first, last = tally.first_output_s[i], tally.last_output_s[i]
+                ttft_s = None if first is None else first - arrival_s
+                e2e_s = None if last is None or not tally.prompt_finished(i) else last - arrival_s
+                tpot_s, queue_s, itl_s = None, None, ()
+            self.metrics.observe_latency(
+                model, tenant, ttft_s=ttft_s, tpot_s=tpot_s, e2e_s=e2e_s, queue_s=queue_s, itl_s=itl_s
+            )
+            if i == 0:
+                span.record_phases(arrival_s, queue_s, ttft_s, e2e_s)
+        span.set_attributes(
+            {
+                "gen_ai.usage.input_tokens": usage.prompt_tokens,
+                "gen_ai.usage.output_tokens": usage.completion_tokens,
+                "weir.cached_tokens": usage.cached_tokens,
+                "gen_ai.response.finish_reasons": reasons,
+            }
+        )

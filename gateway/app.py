@@ -1,0 +1,202 @@
+"""The app factory: one Starlette app around one engine, with its own metrics and tracer.
+
+Everything the app needs is passed in (engine, tokenizer, hooks); nothing is global, so tests
+build as many apps as they like, each with a fake engine, a stub authenticator and an in-memory
+span exporter.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+
+from opentelemetry.sdk.trace import TracerProvider
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Route
+
+from engine.client import EngineClient
+from engine.errors import EngineError
+from engine.request import Priority
+from gateway.accounting import Accountant, Admission, UsageSink, admit_all
+from gateway.body_limit import BodyLimitMiddleware
+from gateway.errors import InternalServerError, WeirError, error_response, from_engine_error
+from gateway.metrics import GatewayMetrics
+from gateway.openapi import openapi_schema
+from gateway.routes.openai import Authenticate, OpenAIRoutes, ServedModel
+from gateway.settings import AuthMode, Settings
+from gateway.tokenization import PromptBuilder, Tokenizer
+from gateway.tracing import RequestTracer, build_tracer_provider
+from tenancy.context import QuotaLimits, TenantContext
+
+logger = logging.getLogger(__name__)
+
+Hook = Callable[[], Awaitable[None]]
+
+ANONYMOUS_TENANT = TenantContext(
+    tenant_id="default",
+    key_id="anonymous",
+    priority=Priority.STANDARD,
+    weight=1.0,
+    cache_scope="default",
+    quota=QuotaLimits(),
+)
+
+
+async def authenticate_anonymous(authorization: str | None, client_addr: str) -> TenantContext:
+    """Auth mode `none`: every caller is the default tenant, whatever key it sends."""
+    return ANONYMOUS_TENANT
+
+
+class GatewayState:
+    """Lifecycle state the server changes: draining starts on SIGTERM."""
+
+    def __init__(self) -> None:
+        self.draining = False
+
+    def begin_drain(self) -> None:
+        """Refuse new generation requests and report not-ready; in-flight ones continue."""
+        self.draining = True
+
+
+def model_fingerprint(name: str, max_model_len: int, extra: str = "") -> str:
+    """A `system_fingerprint` that changes when the served model or its configuration does."""
+    digest = hashlib.sha256(f"{name}|{max_model_len}|{extra}".encode()).hexdigest()
+    return f"fp_{digest[:10]}"
+
+
+def create_app(
+    settings: Settings,
+    engine: EngineClient,
+    tokenizer: Tokenizer,
+    *,
+    max_model_len: int,
+    model_name: str | None = None,
+    vocab_size: int | None = None,
+    authenticate: Authenticate | None = None,
+    admission: Admission = admit_all,
+    usage_sink: UsageSink | None = None,
+    tracer_provider: TracerProvider | None = None,
+    extra_routes: Sequence[BaseRoute] = (),
+    on_startup: Sequence[Hook] = (),
+    on_shutdown: Sequence[Hook] = (),
+) -> Starlette:
+    """Build the gateway app.
+
+    `authenticate` maps (Authorization header, client address) to a tenant or raises a
+    `WeirError`; without one, auth mode `none` serves everyone as the default tenant and auth mode
+    `keys` is refused. `tracer_provider` None builds one from the settings (none, console, otlp).
+    `on_startup`/`on_shutdown` run in the lifespan (e.g. `engine.start`, `engine.shutdown`).
+    """
+    if authenticate is None:
+        if settings.auth_mode is AuthMode.KEYS:
+            raise ValueError("authenticate is required when auth mode is 'keys'")
+        authenticate = authenticate_anonymous
+    name = model_name or settings.model_name()
+    state = GatewayState()
+    metrics = GatewayMetrics(engine.stats)
+    if tracer_provider is None:
+        tracer_provider = build_tracer_provider(
+            settings.otel_exporter, settings.otel_endpoint, settings.otel_service_name
+        )
+    tracer = RequestTracer(tracer_provider)
+    served = ServedModel(
+        name=name,
+        max_model_len=max_model_len,
+        created=int(time.time()),
+        fingerprint=model_fingerprint(name, max_model_len, settings.resolved_dtype(settings.device or "cpu")),
+    )
+    openai_routes = OpenAIRoutes(
+        engine=engine,
+        prompts=PromptBuilder(tokenizer, vocab_size),
+        model=served,
+        authenticate=authenticate,
+        admission=admission,
+        accountant=Accountant(metrics, usage_sink),
+        tracer=tracer,
+        is_draining=lambda: state.draining,
+    )
+    schema = openapi_schema()
+
+    async def health(request: Request) -> Response:
+        h = engine.health()
+        return JSONResponse(
+            {"status": "ok" if h.alive else "dead", "detail": h.detail}, 200 if h.alive else 503
+        )
+
+    async def ready(request: Request) -> Response:
+        h = engine.health()
+        if state.draining:
+            return JSONResponse({"status": "draining"}, 503)
+        return JSONResponse(
+            {"status": "ready" if h.ready else "not_ready", "detail": h.detail}, 200 if h.ready else 503
+        )
+
+    async def metrics_endpoint(request: Request) -> Response:
+        body, content_type = metrics.render()
+        return Response(body, media_type=content_type)
+
+    async def openapi(request: Request) -> Response:
+        return JSONResponse(schema)
+
+    async def on_weir_error(request: Request, exc: Exception) -> Response:
+        error = exc if isinstance(exc, WeirError) else from_engine_error(exc)
+        metrics.count_error(error.status_code)
+        return error_response(error)
+
+    async def on_http_exception(request: Request, exc: Exception) -> Response:
+        status = exc.status_code if isinstance(exc, HTTPException) else 500
+        error = WeirError(exc.detail if isinstance(exc, HTTPException) else "error", code=str(status))
+        error.status_code = status
+        error.error_type = "invalid_request_error" if status < 500 else "server_error"
+        metrics.count_error(status)
+        return error_response(error)
+
+    async def on_unexpected(request: Request, exc: Exception) -> Response:
+        logger.exception("unhandled error on %s", request.url.path, exc_info=exc)
+        metrics.count_error(500)
+        return error_response(InternalServerError("internal server error"))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        for hook in on_startup:
+            await hook()
+        try:
+            yield
+        finally:
+            for hook in on_shutdown:
+                try:
+                    await hook()
+                except Exception:
+                    logger.exception("shutdown hook failed")
+            tracer.shutdown()
+
+    routes: list[BaseRoute] = [
+        Route("/health", health, methods=["GET"]),
+        Route("/ready", ready, methods=["GET"]),
+        Route("/metrics", metrics_endpoint, methods=["GET"]),
+        Route("/openapi.json", openapi, methods=["GET"]),
+        *openai_routes.routes(),
+        *extra_routes,
+    ]
+    app = Starlette(
+        routes=routes,
+        middleware=[Middleware(BodyLimitMiddleware, max_body_bytes=settings.max_request_body_bytes)],
+        exception_handlers={
+            WeirError: on_weir_error,
+            EngineError: on_weir_error,
+            HTTPException: on_http_exception,
+            Exception: on_unexpected,
+        },
+        lifespan=lifespan,
+    )
+    app.state.gateway = state
+    app.state.metrics = metrics
+    app.state.tracer = tracer
+    return app

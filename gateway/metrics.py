@@ -1,0 +1,168 @@
+"""Prometheus metrics of one app, in its own CollectorRegistry (never the global one).
+
+Latency histograms and token counters are fed by accounting when a request ends; engine load
+gauges (running, waiting, KV usage, prefix-cache hit rate, preemptions) are read from
+`EngineClient.stats()` at scrape time, so the request path pays nothing for them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
+
+from engine.output import EngineStats
+
+# Seconds. Wide enough for a 135M model on two CPU cores and for a GPU.
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+_TOKEN_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5)
+_LABELS = ("model", "tenant")
+
+
+class _EngineStatsCollector(Collector):
+    """Engine load, read once per scrape."""
+
+    def __init__(self, stats: Callable[[], EngineStats]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterable[Metric]:
+        try:
+            s = self._stats()
+        except Exception:  # a broken engine must not break the scrape of everything else
+            return
+        yield GaugeMetricFamily(
+            "weir_num_requests_running", "Sequences in the running batch.", value=s.num_running
+        )
+        yield GaugeMetricFamily(
+            "weir_num_requests_waiting", "Sequences in the waiting queue.", value=s.num_waiting
+        )
+        yield GaugeMetricFamily(
+            "weir_num_requests_swapped", "Sequences swapped to host memory.", value=s.num_swapped
+        )
+        yield GaugeMetricFamily(
+            "weir_kv_cache_usage_ratio", "Share of KV blocks in use (0-1).", value=s.kv_usage
+        )
+        yield GaugeMetricFamily("weir_kv_cache_free_blocks", "Free KV blocks.", value=s.num_free_blocks)
+        yield GaugeMetricFamily(
+            "weir_kv_cache_total_blocks", "KV blocks in the pool.", value=s.num_total_blocks
+        )
+        yield GaugeMetricFamily(
+            "weir_prefix_cache_hit_rate",
+            "Prefix-cache hits over queries (0-1).",
+            value=s.prefix_cache_hit_rate,
+        )
+        yield CounterMetricFamily(
+            "weir_num_preemptions", "Sequences preempted by the scheduler.", value=s.num_preemptions
+        )
+        yield CounterMetricFamily(
+            "weir_prefix_cache_queries", "Prefix-cache block lookups.", value=s.prefix_cache_queries
+        )
+        yield CounterMetricFamily(
+            "weir_prefix_cache_hits", "Prefix-cache block hits.", value=s.prefix_cache_hits
+        )
+
+
+class GatewayMetrics:
+    """The metrics of one gateway app. `model` and `tenant` label everything per request."""
+
+    def __init__(self, stats: Callable[[], EngineStats], registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.ttft = Histogram(
+            "weir_time_to_first_token_seconds",
+            "Arrival to first token.",
+            _LABELS,
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.tpot = Histogram(
+            "weir_time_per_output_token_seconds",
+            "Mean time per output token after the first.",
+            _LABELS,
+            buckets=_TOKEN_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.itl = Histogram(
+            "weir_inter_token_latency_seconds",
+            "Time between consecutive output tokens.",
+            _LABELS,
+            buckets=_TOKEN_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "weir_e2e_request_latency_seconds",
+            "Arrival to last token.",
+            _LABELS,
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.queue = Histogram(
+            "weir_request_queue_time_seconds",
+            "Arrival to first scheduled.",
+            _LABELS,
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.prompt_tokens = Counter(
+            "weir_prompt_tokens", "Prompt tokens of finished requests.", _LABELS, registry=r
+        )
+        self.cached_prompt_tokens = Counter(
+            "weir_cached_prompt_tokens", "Prompt tokens served from the prefix cache.", _LABELS, registry=r
+        )
+        self.generation_tokens = Counter("weir_generation_tokens", "Generated tokens.", _LABELS, registry=r)
+        self.finished = Counter(
+            "weir_requests_finished", "Finished choices by finish reason.", (*_LABELS, "reason"), registry=r
+        )
+        self.errors = Counter(
+            "weir_request_errors", "Requests answered with an error, by HTTP status.", ("status",), registry=r
+        )
+        r.register(_EngineStatsCollector(stats))
+
+    def observe_latency(
+        self,
+        model: str,
+        tenant: str,
+        *,
+        ttft_s: float | None,
+        tpot_s: float | None,
+        e2e_s: float | None,
+        queue_s: float | None,
+        itl_s: Sequence[float] = (),
+    ) -> None:
+        """Record one request's latencies; None means not measured."""
+        if ttft_s is not None:
+            self.ttft.labels(model, tenant).observe(ttft_s)
+        if tpot_s is not None:
+            self.tpot.labels(model, tenant).observe(tpot_s)
+        if e2e_s is not None:
+            self.e2e.labels(model, tenant).observe(e2e_s)
+        if queue_s is not None:
+            self.queue.labels(model, tenant).observe(queue_s)
+        if itl_s:
+            child = self.itl.labels(model, tenant)
+            for gap in itl_s:
+                child.observe(gap)
+
+    def count_tokens(self, model: str, tenant: str, *, prompt: int, cached: int, generated: int) -> None:
+        """Add one request's token counts."""
+        if prompt:
+            self.prompt_tokens.labels(model, tenant).inc(prompt)
+        if cached:
+            self.cached_prompt_tokens.labels(model, tenant).inc(cached)
+        if generated:
+            self.generation_tokens.labels(model, tenant).inc(generated)
+
+    def count_finished(self, model: str, tenant: str, reason: str) -> None:
+        """One choice finished for `reason` (stop, length, abort, error, ...)."""
+        self.finished.labels(model, tenant, reason).inc()
+
+    def count_error(self, status_code: int) -> None:
+        """One request answered with an HTTP error."""
+        self.errors.labels(str(status_code)).inc()
+
+    def render(self) -> tuple[bytes, str]:
+        """The exposition text and its content type."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

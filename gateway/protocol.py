@@ -1,0 +1,378 @@
+"""OpenAI request bodies parsed into typed, validated dataclasses.
+
+Unknown fields are ignored (OpenAI clients send extras); a known field of the wrong type is a 400
+naming the field. Value ranges that the engine also checks (temperature, top_p, n, ...) are left to
+`engine.request.SamplingParams`, which the routes build before anything reaches the engine.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from engine.request import Priority
+from gateway.errors import BadRequestError
+
+MAX_LOGPROBS = 20
+
+
+class Endpoint(enum.Enum):
+    """The generation endpoints; the value is the OpenAI `object` prefix of their responses."""
+
+    CHAT = "chat.completion"
+    COMPLETIONS = "text_completion"
+
+
+class Role(enum.Enum):
+    """Chat message roles. `developer` is OpenAI's newer name for `system`."""
+
+    SYSTEM = "system"
+    DEVELOPER = "developer"
+    USER = "user"
+    ASSISTANT = "assistant"
+    TOOL = "tool"
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    """One message, its content flattened to text."""
+
+    role: Role
+    content: str
+    name: str | None = None
+
+    def to_template(self) -> dict[str, str]:
+        """The dict a Hugging Face chat template expects."""
+        # Templates written before OpenAI renamed the role only know `system`.
+        role = Role.SYSTEM if self.role is Role.DEVELOPER else self.role
+        message = {"role": role.value, "content": self.content}
+        if self.name is not None:
+            message["name"] = self.name
+        return message
+
+
+@dataclass(frozen=True)
+class GenerationOptions:
+    """The sampling and output fields shared by both endpoints, as the client sent them."""
+
+    max_tokens: int | None  # None: the endpoint's default
+    temperature: float = 1.0
+    top_p: float = 1.0
+    n: int = 1
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    top_k: int = -1
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    logprobs: int | None = None  # top alternatives per token; 0: the sampled token only; None: off
+    priority: Priority | None = None
+    user: str | None = None
+    stream: bool = False
+    include_usage: bool = False
+
+
+@dataclass(frozen=True)
+class ChatCompletionRequest:
+    """A validated `POST /v1/chat/completions` body."""
+
+    model: str
+    messages: tuple[ChatMessage, ...]
+    options: GenerationOptions
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    """A validated `POST /v1/completions` body; each prompt is text or token ids."""
+
+    model: str
+    prompts: tuple[str | tuple[int, ...], ...]
+    options: GenerationOptions
+
+
+def decode_json_object(body: bytes) -> dict[str, Any]:
+    """The body as a JSON object, or a 400."""
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadRequestError(f"request body is not valid JSON: {exc}", code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise BadRequestError("request body must be a JSON object", code="invalid_json")
+    return data
+
+
+class _Fields:
+    """Typed getters over a JSON object; each raises a 400 naming the field."""
+
+    def __init__(self, data: Mapping[str, Any]) -> None:
+        self.data = data
+
+    def _bad(self, name: str, expected: str) -> BadRequestError:
+        got = type(self.data[name]).__name__ if self.data[name] is not None else "null"
+        return BadRequestError(f"'{name}' must be {expected}, got {got}", param=name, code="invalid_type")
+
+    def has(self, name: str) -> bool:
+        return self.data.get(name) is not None
+
+    def opt_integer(self, name: str) -> int | None:
+        value = self.data.get(name)
+        # JSON true/false are Python ints; reject them, and accept 3.0 as the integer 3.
+        if value is None:
+            return None
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise self._bad(name, "an integer")
+        return value
+
+    def integer(self, name: str, default: int) -> int:
+        value = self.opt_integer(name)
+        return default if value is None else value
+
+    def number(self, name: str, default: float) -> float:
+        value = self.data.get(name)
+        if value is None:
+            return default
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            raise self._bad(name, "a number")
+        return float(value)
+
+    def boolean(self, name: str, default: bool) -> bool:
+        value = self.data.get(name)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise self._bad(name, "a boolean")
+        return value
+
+    def opt_string(self, name: str) -> str | None:
+        value = self.data.get(name)
+        if value is not None and not isinstance(value, str):
+            raise self._bad(name, "a string")
+        return value
+
+    def required_str(self, name: str) -> str:
+        value = self.opt_string(name)
+        if not value:
+            raise BadRequestError(f"'{name}' is required", param=name, code="missing_required_parameter")
+        return value
+
+    def object_or_none(self, name: str) -> Mapping[str, Any] | None:
+        value = self.data.get(name)
+        if value is not None and not isinstance(value, dict):
+            raise self._bad(name, "an object")
+        return value
+
+    def reject_unsupported(self, name: str, allowed: Any = None) -> None:
+        """A field we know but do not implement: fine when absent or equal to `allowed`."""
+        value = self.data.get(name)
+        if value is None or value == allowed or value == [] or value == {}:
+            return
+        raise BadRequestError(
+            f"'{name}' is not supported by this server", param=name, code="unsupported_parameter"
+        )
+
+
+def _stop(fields: _Fields) -> tuple[str, ...]:
+    value = fields.data.get("stop")
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, list) and all(isinstance(s, str) for s in value):
+        return tuple(value)
+    raise fields._bad("stop", "a string or a list of strings")
+
+
+def _token_id_list(fields: _Fields, name: str) -> tuple[int, ...]:
+    value = fields.data.get(name)
+    if value is None:
+        return ()
+    if isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+        return tuple(value)
+    raise fields._bad(name, "a list of integers")
+
+
+def _priority(fields: _Fields) -> Priority | None:
+    value = fields.data.get("priority")
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return Priority.parse(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        try:
+            return Priority(value)
+        except ValueError:
+            raise BadRequestError(
+                f"'priority' must be 0, 1, 2 or interactive, standard, batch; got {value}", param="priority"
+            ) from None
+    raise fields._bad("priority", "a string or an integer")
+
+
+def _options(fields: _Fields, logprobs: int | None) -> GenerationOptions:
+    stream = fields.boolean("stream", False)
+    stream_options = fields.object_or_none("stream_options")
+    include_usage = False
+    if stream_options is not None:
+        if not stream:
+            raise BadRequestError(
+                "'stream_options' is only allowed with stream: true", param="stream_options"
+            )
+        value = stream_options.get("include_usage")
+        if value is not None and not isinstance(value, bool):
+            raise BadRequestError(
+                "'stream_options.include_usage' must be a boolean", param="stream_options.include_usage"
+            )
+        include_usage = bool(value)
+    # max_completion_tokens is the newer name; it wins when both are sent.
+    max_tokens = fields.opt_integer("max_completion_tokens")
+    if max_tokens is None:
+        max_tokens = fields.opt_integer("max_tokens")
+    if logprobs is not None and not 0 <= logprobs <= MAX_LOGPROBS:
+        raise BadRequestError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {logprobs}", param="logprobs")
+    return GenerationOptions(
+        max_tokens=max_tokens,
+        temperature=fields.number("temperature", 1.0),
+        top_p=fields.number("top_p", 1.0),
+        n=fields.integer("n", 1),
+        stop=_stop(fields),
+        stop_token_ids=_token_id_list(fields, "stop_token_ids"),
+        seed=fields.opt_integer("seed"),
+        presence_penalty=fields.number("presence_penalty", 0.0),
+        frequency_penalty=fields.number("frequency_penalty", 0.0),
+        top_k=fields.integer("top_k", -1),
+        min_p=fields.number("min_p", 0.0),
+        repetition_penalty=fields.number("repetition_penalty", 1.0),
+        ignore_eos=fields.boolean("ignore_eos", False),
+        skip_special_tokens=fields.boolean("skip_special_tokens", True),
+        logprobs=logprobs,
+        priority=_priority(fields),
+        user=fields.opt_string("user"),
+        stream=stream,
+        include_usage=include_usage,
+    )
+
+
+def _message_content(value: Any, param: str) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        parts = []
+        for i, part in enumerate(value):
+            if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+                raise BadRequestError(f"'{param}[{i}]' must be a content part object", param=f"{param}[{i}]")
+            if part["type"] != "text":
+                raise BadRequestError(
+                    f"content part type {part['type']!r} is not supported; only 'text'",
+                    param=f"{param}[{i}].type",
+                    code="unsupported_parameter",
+                )
+            if not isinstance(part.get("text"), str):
+                raise BadRequestError(f"'{param}[{i}].text' must be a string", param=f"{param}[{i}].text")
+            parts.append(part["text"])
+        return "".join(parts)
+    raise BadRequestError(f"'{param}' must be a string or a list of content parts", param=param)
+
+
+def _messages(fields: _Fields) -> tuple[ChatMessage, ...]:
+    value = fields.data.get("messages")
+    if value is None:
+        raise BadRequestError("'messages' is required", param="messages", code="missing_required_parameter")
+    if not isinstance(value, list) or not value:
+        raise BadRequestError("'messages' must be a non-empty list of messages", param="messages")
+    messages = []
+    for i, item in enumerate(value):
+        param = f"messages[{i}]"
+        if not isinstance(item, dict):
+            raise BadRequestError(f"'{param}' must be an object", param=param)
+        try:
+            role = Role(item.get("role"))
+        except ValueError:
+            raise BadRequestError(
+                f"'{param}.role' must be one of {', '.join(r.value for r in Role)}", param=f"{param}.role"
+            ) from None
+        name = item.get("name")
+        if name is not None and not isinstance(name, str):
+            raise BadRequestError(f"'{param}.name' must be a string", param=f"{param}.name")
+        messages.append(ChatMessage(role, _message_content(item.get("content"), f"{param}.content"), name))
+    return tuple(messages)
+
+
+def _reject_unsupported_common(fields: _Fields) -> None:
+    fields.reject_unsupported("logit_bias")
+    fields.reject_unsupported("tools")
+    fields.reject_unsupported("functions")
+    response_format = fields.object_or_none("response_format")
+    if response_format is not None and response_format.get("type", "text") != "text":
+        raise BadRequestError(
+            "only response_format type 'text' is supported",
+            param="response_format",
+            code="unsupported_parameter",
+        )
+
+
+def parse_chat_request(data: Mapping[str, Any]) -> ChatCompletionRequest:
+    """Validate a chat completion body."""
+    fields = _Fields(data)
+    model = fields.required_str("model")
+    messages = _messages(fields)
+    _reject_unsupported_common(fields)
+    logprobs_on = fields.boolean("logprobs", False)
+    top_logprobs = fields.opt_integer("top_logprobs")
+    if top_logprobs is not None and not logprobs_on:
+        raise BadRequestError("'top_logprobs' requires 'logprobs': true", param="top_logprobs")
+    if top_logprobs is not None and not 0 <= top_logprobs <= MAX_LOGPROBS:
+        raise BadRequestError(
+            f"top_logprobs must be in [0, {MAX_LOGPROBS}], got {top_logprobs}", param="top_logprobs"
+        )
+    logprobs = (top_logprobs or 0) if logprobs_on else None
+    return ChatCompletionRequest(model=model, messages=messages, options=_options(fields, logprobs))
+
+
+def _prompts(fields: _Fields) -> tuple[str | tuple[int, ...], ...]:
+    value = fields.data.get("prompt")
+    if value is None:
+        raise BadRequestError("'prompt' is required", param="prompt", code="missing_required_parameter")
+    if isinstance(value, str):
+        return (value,)
+
+    def is_ids(v: Any) -> bool:
+        return isinstance(v, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in v)
+
+    if isinstance(value, list) and value:
+        if is_ids(value):
+            return (tuple(value),)
+        if all(isinstance(p, str) for p in value):
+            return tuple(value)
+        if all(is_ids(p) and p for p in value):
+            return tuple(tuple(p) for p in value)
+    raise BadRequestError(
+        "'prompt' must be a string, a list of strings, a list of token ids or a list of token-id lists",
+        param="prompt",
+    )
+
+
+def parse_completion_request(data: Mapping[str, Any]) -> CompletionRequest:
+    """Validate a (legacy) completion body."""
+    fields = _Fields(data)
+    model = fields.required_str("model")
+    prompts = _prompts(fields)
+    _reject_unsupported_common(fields)
+    fields.reject_unsupported("echo", allowed=False)
+    fields.reject_unsupported("suffix")
+    options = _options(fields, fields.opt_integer("logprobs"))
+    best_of = fields.opt_integer("best_of")
+    if best_of is not None and best_of != options.n:
+        raise BadRequestError(
+            "'best_of' other than n is not supported", param="best_of", code="unsupported_parameter"
+        )
+    return CompletionRequest(model=model, prompts=prompts, options=options)

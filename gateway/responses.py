@@ -1,0 +1,250 @@
+"""OpenAI response bodies and stream chunks, for chat and (legacy) completions.
+
+A formatter belongs to one HTTP request. Stream chunks share a constant head (`id`, `object`,
+`created`, `model`, `system_fingerprint`) that is serialized once; each chunk only serializes its
+choices. Chunks are returned as complete SSE events (`data: ...\\n\\n`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.output import RequestOutput, TokenLogprob
+from gateway.accounting import Usage
+from gateway.errors import WeirError
+from gateway.protocol import Endpoint
+
+# JSON has no -Infinity; OpenAI reports impossible tokens with this floor.
+_LOGPROB_FLOOR = -9999.0
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
+def _logprob(value: float) -> float:
+    return value if math.isfinite(value) else _LOGPROB_FLOOR
+
+
+def sse_event(data: str) -> bytes:
+    """One server-sent event carrying `data`."""
+    return b"data: " + data.encode() + b"\n\n"
+
+
+def sse_error(error: WeirError) -> bytes:
+    """The event OpenAI sends when a stream fails after it started; its clients raise on it."""
+    return sse_event(_dumps(error.body()))
+
+
+@dataclass
+class ChoiceState:
+    """Everything one choice produced so far (non-streaming responses keep it all)."""
+
+    text_parts: list[str] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finish_reason: str | None = None
+
+    @property
+    def text(self) -> str:
+        return "".join(self.text_parts)
+
+
+class ResponseFormatter:
+    """Builds the bodies of one request; subclasses give the endpoint's shapes."""
+
+    endpoint: Endpoint
+
+    def __init__(
+        self,
+        response_id: str,
+        created: int,
+        model: str,
+        fingerprint: str,
+        token_text: Callable[[int], str],
+        *,
+        logprobs: bool = False,
+        include_usage: bool = False,
+    ) -> None:
+        self.response_id = response_id
+        self.created = created
+        self.model = model
+        self.fingerprint = fingerprint
+        self.token_text = token_text
+        self.logprobs = logprobs
+        self.include_usage = include_usage
+        head = {
+            "id": response_id,
+            "object": self.endpoint.value + ("" if self.endpoint is Endpoint.COMPLETIONS else ".chunk"),
+            "created": created,
+            "model": model,
+            "system_fingerprint": fingerprint,
+        }
+        # `{...head...,"choices":` + choices + tail: the head is serialized once per request.
+        self._chunk_head = b"data: " + _dumps(head)[:-1].encode() + b',"choices":'
+        self._chunk_tail = (b',"usage":null}' if include_usage else b"}") + b"\n\n"
+
+    def _chunk(self, choices: list[dict[str, Any]]) -> bytes:
+        return self._chunk_head + _dumps(choices).encode() + self._chunk_tail
+
+    def usage_chunk(self, usage: Usage) -> bytes:
+        """The last chunk when `stream_options.include_usage`: no choices, the whole usage."""
+        return self._chunk_head + b'[],"usage":' + _dumps(usage.to_openai()).encode() + b"}\n\n"
+
+    def start_chunks(self, num_choices: int) -> list[bytes]:
+        """Chunks sent before the first token."""
+        return []
+
+    def output_chunks(self, choice: int, out: RequestOutput) -> list[bytes]:
+        """Chunks for one engine output of choice `choice`."""
+        raise NotImplementedError
+
+    def response(self, choices: Sequence[ChoiceState], usage: Usage) -> dict[str, Any]:
+        """The whole non-streaming body."""
+        raise NotImplementedError
+
+    def _full(self, choices: list[dict[str, Any]], usage: Usage) -> dict[str, Any]:
+        return {
+            "id": self.response_id,
+            "object": self.endpoint.value,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": self.fingerprint,
+            "choices": choices,
+            "usage": usage.to_openai(),
+        }
+
+
+class ChatFormatter(ResponseFormatter):
+    """`chat.completion` and `chat.completion.chunk` shapes."""
+
+    endpoint = Endpoint.CHAT
+
+    def _entry(self, token_id: int, logprob: float) -> dict[str, Any]:
+        text = self.token_text(token_id)
+        return {"token": text, "logprob": _logprob(logprob), "bytes": list(text.encode())}
+
+    def _logprobs(self, logprobs: Sequence[TokenLogprob]) -> dict[str, Any]:
+        content = []
+        for lp in logprobs:
+            entry = self._entry(lp.token_id, lp.logprob)
+            entry["top_logprobs"] = [self._entry(t, v) for t, v in lp.top]
+            content.append(entry)
+        return {"content": content, "refusal": None}
+
+    def start_chunks(self, num_choices: int) -> list[bytes]:
+        # OpenAI opens every choice with the role and empty content.
+        return [
+            self._chunk(
+                [
+                    {
+                        "index": i,
+                        "delta": {"role": "assistant", "content": ""},
+                        "logprobs": None,
+                        "finish_reason": None,
+                    }
+                    for i in range(num_choices)
+                ]
+            )
+        ]
+
+    def output_chunks(self, choice: int, out: RequestOutput) -> list[bytes]:
+        chunks = []
+        logprobs = self._logprobs(out.new_logprobs) if self.logprobs and out.new_logprobs else None
+        if out.new_text or logprobs is not None:
+            chunks.append(
+                self._chunk(
+                    [
+                        {
+                            "index": choice,
+                            "delta": {"content": out.new_text},
+                            "logprobs": logprobs,
+                            "finish_reason": None,
+                        }
+                    ]
+                )
+            )
+        if out.finished:
+            reason = out.finish_reason.value if out.finish_reason else "stop"
+            chunks.append(
+                self._chunk([{"index": choice, "delta": {}, "logprobs": None, "finish_reason": reason}])
+            )
+        return chunks
+
+    def response(self, choices: Sequence[ChoiceState], usage: Usage) -> dict[str, Any]:
+        return self._full(
+            [
+                {
+                    "index": i,
+                    "message": {"role": "assistant", "content": c.text, "refusal": None},
+                    "logprobs": self._logprobs(c.logprobs) if self.logprobs else None,
+                    "finish_reason": c.finish_reason,
+                }
+                for i, c in enumerate(choices)
+            ],
+            usage,
+        )
+
+
+class CompletionFormatter(ResponseFormatter):
+    """`text_completion` shapes (streamed chunks use the same object name)."""
+
+    endpoint = Endpoint.COMPLETIONS
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._text_offset: dict[int, int] = {}  # per choice, for streamed logprobs.text_offset
+
+    def _logprobs(self, logprobs: Sequence[TokenLogprob], start_offset: int) -> dict[str, Any]:
+        tokens, token_logprobs, top, offsets = [], [], [], []
+        offset = start_offset
+        for lp in logprobs:
+            text = self.token_text(lp.token_id)
+            tokens.append(text)
+            token_logprobs.append(_logprob(lp.logprob))
+            top.append({self.token_text(t): _logprob(v) for t, v in lp.top})
+            offsets.append(offset)
+            offset += len(text)
+        return {
+            "tokens": tokens,
+            "token_logprobs": token_logprobs,
+            "top_logprobs": top,
+            "text_offset": offsets,
+        }
+
+    def output_chunks(self, choice: int, out: RequestOutput) -> list[bytes]:
+        logprobs = None
+        if self.logprobs and out.new_logprobs:
+            logprobs = self._logprobs(out.new_logprobs, self._text_offset.get(choice, 0))
+            self._text_offset[choice] = self._text_offset.get(choice, 0) + len(out.new_text)
+        if not out.new_text and logprobs is None and not out.finished:
+            return []
+        reason = (out.finish_reason.value if out.finish_reason else "stop") if out.finished else None
+        return [
+            self._chunk(
+                [{"text": out.new_text, "index": choice, "logprobs": logprobs, "finish_reason": reason}]
+            )
+        ]
+
+    def response(self, choices: Sequence[ChoiceState], usage: Usage) -> dict[str, Any]:
+        return self._full(
+            [
+                {
+                    "text": c.text,
+                    "index": i,
+                    "logprobs": self._logprobs(c.logprobs, 0) if self.logprobs else None,
+                    "finish_reason": c.finish_reason,
+                }
+                for i, c in enumerate(choices)
+            ],
+            usage,
+        )
+
+
+def encode_json(body: dict[str, Any]) -> bytes:
+    """A response body as compact UTF-8 JSON."""
+    return _dumps(body).encode()

@@ -1,0 +1,263 @@
+"""The OpenAI-compatible endpoints: chat completions, completions and models.
+
+Everything that can be wrong with a request (auth, JSON, fields, model, quotas, context length,
+sampling values) is checked here, before admission and before anything reaches the engine.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Route
+from starlette.types import Receive, Scope, Send
+
+from engine.client import EngineClient, EngineRequest
+from engine.errors import ContextLengthError
+from engine.request import SamplingParams
+from gateway.accounting import Accountant, Admission, RequestInfo
+from gateway.errors import BadRequestError, NotFoundError, PermissionDeniedError, ServiceUnavailableError
+from gateway.protocol import (
+    Endpoint,
+    GenerationOptions,
+    decode_json_object,
+    parse_chat_request,
+    parse_completion_request,
+)
+from gateway.responses import ChatFormatter, CompletionFormatter, ResponseFormatter
+from gateway.streaming import GenerationJob, GenerationResponse
+from gateway.tokenization import PromptBuilder
+from gateway.tracing import RequestTracer
+from tenancy.context import TenantContext
+
+Authenticate = Callable[[str | None, str], Awaitable[TenantContext]]
+
+# OpenAI's legacy completions default; chat defaults to the rest of the context.
+DEFAULT_COMPLETION_MAX_TOKENS = 16
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """The model this gateway serves, as clients see it."""
+
+    name: str
+    max_model_len: int
+    created: int  # epoch seconds, for /v1/models
+    fingerprint: str  # system_fingerprint: changes when the served weights or config change
+
+    def card(self) -> dict[str, object]:
+        """The /v1/models entry."""
+        return {
+            "id": self.name,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "weir",
+            "max_model_len": self.max_model_len,
+        }
+
+
+class _Started(Response):
+    """Adapts a `GenerationResponse` (a plain ASGI callable) to Starlette's endpoint type."""
+
+    def __init__(self, inner: GenerationResponse) -> None:
+        super().__init__()
+        self.inner = inner
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.inner(scope, receive, send)
+
+
+class OpenAIRoutes:
+    """Handlers of the `/v1` API for one served model."""
+
+    def __init__(
+        self,
+        *,
+        engine: EngineClient,
+        prompts: PromptBuilder,
+        model: ServedModel,
+        authenticate: Authenticate,
+        admission: Admission,
+        accountant: Accountant,
+        tracer: RequestTracer,
+        is_draining: Callable[[], bool],
+    ) -> None:
+        self.engine = engine
+        self.prompts = prompts
+        self.model = model
+        self.authenticate = authenticate
+        self.admission = admission
+        self.accountant = accountant
+        self.tracer = tracer
+        self.is_draining = is_draining
+
+    def routes(self) -> list[BaseRoute]:
+        return [
+            Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
+            Route("/v1/completions", self.completions, methods=["POST"]),
+            Route("/v1/models", self.list_models, methods=["GET"]),
+            Route("/v1/models/{model:path}", self.retrieve_model, methods=["GET"]),
+        ]
+
+    async def _tenant(self, request: Request) -> TenantContext:
+        client = request.client.host if request.client else ""
+        return await self.authenticate(request.headers.get("authorization"), client)
+
+    async def list_models(self, request: Request) -> Response:
+        tenant = await self._tenant(request)
+        allowed = not tenant.quota.models or self.model.name in tenant.quota.models
+        return JSONResponse({"object": "list", "data": [self.model.card()] if allowed else []})
+
+    async def retrieve_model(self, request: Request) -> Response:
+        tenant = await self._tenant(request)
+        self._check_model(request.path_params["model"], tenant)
+        return JSONResponse(self.model.card())
+
+    async def chat_completions(self, request: Request) -> Response:
+        return await self._generate(request, Endpoint.CHAT)
+
+    async def completions(self, request: Request) -> Response:
+        return await self._generate(request, Endpoint.COMPLETIONS)
+
+    def _check_model(self, name: str, tenant: TenantContext) -> None:
+        if name != self.model.name:
+            raise NotFoundError(f"The model '{name}' does not exist", param="model", code="model_not_found")
+        if tenant.quota.models and name not in tenant.quota.models:
+            raise PermissionDeniedError(
+                f"this API key may not use the model '{name}'", param="model", code="model_not_allowed"
+            )
+
+    async def _generate(self, request: Request, endpoint: Endpoint) -> Response:
+        arrival_s = time.monotonic()
+        span = self.tracer.start_request(
+            f"POST {request.url.path}", request.headers, {"http.route": request.url.path}
+        )
+        try:
+            if self.is_draining():
+                raise ServiceUnavailableError("the server is shutting down", code="shutting_down")
+            tenant = await self._tenant(request)
+            body = decode_json_object(await request.body())
+            if endpoint is Endpoint.CHAT:
+                chat = parse_chat_request(body)
+                model, options = chat.model, chat.options
+                self._check_model(model, tenant)
+                prompts: Sequence[tuple[int, ...]] = (await self.prompts.encode_chat_async(chat.messages),)
+            else:
+                completion = parse_completion_request(body)
+                model, options = completion.model, completion.options
+                self._check_model(model, tenant)
+                prompts = await self.prompts.encode_prompts_async(completion.prompts)
+            prefix = "chatcmpl-" if endpoint is Endpoint.CHAT else "cmpl-"
+            response_id = prefix + uuid.uuid4().hex
+            requests = self._engine_requests(response_id, endpoint, prompts, options, tenant, arrival_s)
+            span.set_attributes(
+                {
+                    "weir.request_id": response_id,
+                    "weir.tenant": tenant.tenant_id,
+                    "gen_ai.request.model": model,
+                }
+            )
+            with span.child("admission"):
+                settle = await self.admission(tenant, requests)
+        except Exception as exc:
+            span.end(str(exc))
+            raise
+        info = RequestInfo(response_id, endpoint, model, tenant, options.user, time.time(), arrival_s)
+        formatter_type: type[ResponseFormatter] = (
+            ChatFormatter if endpoint is Endpoint.CHAT else CompletionFormatter
+        )
+        formatter = formatter_type(
+            response_id,
+            int(info.created_at),
+            model,
+            self.model.fingerprint,
+            self.prompts.token_text,
+            logprobs=options.logprobs is not None,
+            include_usage=options.include_usage,
+        )
+        job = GenerationJob(
+            engine=self.engine,
+            requests=requests,
+            n=options.n,
+            stream=options.stream,
+            formatter=formatter,
+            info=info,
+            span=span,
+            settle=settle,
+            accountant=self.accountant,
+        )
+        return _Started(GenerationResponse(job))
+
+    def _engine_requests(
+        self,
+        response_id: str,
+        endpoint: Endpoint,
+        prompts: Sequence[tuple[int, ...]],
+        options: GenerationOptions,
+        tenant: TenantContext,
+        arrival_s: float,
+    ) -> tuple[EngineRequest, ...]:
+        quota = tenant.quota
+        # A client may lower its priority below its tenant's class, never raise it.
+        priority = tenant.priority if options.priority is None else max(tenant.priority, options.priority)
+        max_model_len = self.model.max_model_len
+        requests = []
+        for i, prompt in enumerate(prompts):
+            prompt_param = "messages" if endpoint is Endpoint.CHAT else "prompt"
+            if quota.max_prompt_tokens is not None and len(prompt) > quota.max_prompt_tokens:
+                raise BadRequestError(
+                    f"the prompt has {len(prompt)} tokens; this API key allows at most {quota.max_prompt_tokens}",
+                    param=prompt_param,
+                    code="prompt_too_long",
+                )
+            max_tokens = options.max_tokens
+            if max_tokens is not None:
+                if quota.max_output_tokens is not None and max_tokens > quota.max_output_tokens:
+                    raise BadRequestError(
+                        f"max_tokens is {max_tokens}; this API key allows at most {quota.max_output_tokens}",
+                        param="max_tokens",
+                        code="max_tokens_exceeded",
+                    )
+            elif endpoint is Endpoint.CHAT:
+                max_tokens = max(max_model_len - len(prompt), 1)
+                if quota.max_output_tokens is not None:
+                    max_tokens = min(max_tokens, quota.max_output_tokens)
+            else:
+                max_tokens = DEFAULT_COMPLETION_MAX_TOKENS
+                if quota.max_output_tokens is not None:
+                    max_tokens = min(max_tokens, quota.max_output_tokens)
+            if max_tokens >= 1 and len(prompt) + max_tokens > max_model_len:
+                raise ContextLengthError(len(prompt), max_tokens, max_model_len)
+            params = SamplingParams(
+                max_tokens=max_tokens,
+                temperature=options.temperature,
+                top_p=options.top_p,
+                top_k=options.top_k,
+                min_p=options.min_p,
+                repetition_penalty=options.repetition_penalty,
+                presence_penalty=options.presence_penalty,
+                frequency_penalty=options.frequency_penalty,
+                seed=options.seed,
+                stop=options.stop,
+                stop_token_ids=options.stop_token_ids,
+                ignore_eos=options.ignore_eos,
+                logprobs=options.logprobs,
+                n=options.n,
+                skip_special_tokens=options.skip_special_tokens,
+            )
+            requests.append(
+                EngineRequest(
+                    request_id=response_id if len(prompts) == 1 else f"{response_id}-{i}",
+                    prompt_token_ids=prompt,
+                    sampling_params=params,
+                    tenant_id=tenant.tenant_id,
+                    priority=priority,
+                    cache_scope=tenant.cache_scope,
+                    arrival_s=arrival_s,
+                )
+            )
+        return tuple(requests)

@@ -1,0 +1,291 @@
+"""Server settings: the one place that reads the environment.
+
+Precedence is command line, then `WEIR_*` environment variables, then the defaults below.
+Secrets (admin token, key pepper) are read from the environment only, so they never show in `ps`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import enum
+import ipaddress
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+DTYPES = ("float32", "float16", "bfloat16")
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+
+
+class OtelExporter(enum.Enum):
+    """Where finished trace spans go."""
+
+    NONE = "none"
+    CONSOLE = "console"
+    OTLP = "otlp"
+
+
+class AuthMode(enum.Enum):
+    """How callers are identified. NONE serves every request as the `default` tenant."""
+
+    KEYS = "keys"
+    NONE = "none"
+
+
+class LogLevel(enum.Enum):
+    """Log levels, named as uvicorn and `logging` name them."""
+
+    DEBUG = "debug"
+    INFO = "info"
+    WARNING = "warning"
+    ERROR = "error"
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _xdg_dir(env: Mapping[str, str], var: str, fallback: str) -> Path:
+    # XDG base directories: honoured when set, else the usual ~/.local/share and ~/.cache.
+    base = env.get(var)
+    return (Path(base) if base else Path.home() / fallback) / "weir"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything `weir serve` needs, resolved and validated.
+
+    `auth` None means: no key check on a loopback address without an admin token (a fresh local
+    install), API keys everywhere else. Use `auth_mode` for the resolved value.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    data_dir: Path = field(default_factory=lambda: Path.home() / ".local" / "share" / "weir")
+    cache_dir: Path = field(default_factory=lambda: Path.home() / ".cache" / "weir")
+    model_path: Path | None = None  # None: the default SmolLM2, prepared into cache_dir if missing
+    served_model_name: str | None = None  # None: the model folder's name
+    device: str | None = None  # None: cuda when available, else cpu
+    dtype: str | None = None  # None: float32 on CPU, bfloat16 on CUDA
+    kv_cache_tokens: int | None = None  # caps the KV pool; None: sized from memory
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    max_model_len: int | None = None  # None: the model's own context length
+    database_url: str | None = None  # None: SQLite file in data_dir
+    admin_token: str | None = field(default=None, repr=False)
+    key_pepper: str | None = field(default=None, repr=False)
+    auth: AuthMode | None = None
+    otel_exporter: OtelExporter = OtelExporter.NONE
+    otel_endpoint: str | None = None  # OTLP/HTTP endpoint; None: the exporter's default
+    otel_service_name: str = "weir"
+    shutdown_grace_s: float = 30.0
+    max_request_body_bytes: int = 8 * 1024 * 1024
+    log_level: LogLevel = LogLevel.INFO
+
+    def __post_init__(self) -> None:
+        if not self.host:
+            raise ValueError("host must not be empty")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be in [0, 65535], got {self.port}")
+        if self.dtype is not None and self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        for name in ("max_num_seqs", "max_num_batched_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("kv_cache_tokens", "max_model_len"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        if self.shutdown_grace_s < 0:
+            raise ValueError(f"shutdown_grace_s must be >= 0, got {self.shutdown_grace_s}")
+        if self.max_request_body_bytes < 1024:
+            raise ValueError(f"max_request_body_bytes must be >= 1024, got {self.max_request_body_bytes}")
+        if self.served_model_name is not None and not self.served_model_name.strip():
+            raise ValueError("served_model_name must not be blank")
+        if self.database_url is not None and not self.database_url:
+            raise ValueError("database_url must not be empty")
+
+    @property
+    def auth_mode(self) -> AuthMode:
+        """The resolved auth mode (see the class docstring)."""
+        if self.auth is not None:
+            return self.auth
+        if _is_loopback(self.host) and not self.admin_token:
+            return AuthMode.NONE
+        return AuthMode.KEYS
+
+    @property
+    def resolved_database_url(self) -> str:
+        """`database_url`, or a SQLite file inside `data_dir`."""
+        return self.database_url or f"sqlite:///{self.data_dir / 'weir.db'}"
+
+    def model_name(self, model_path: Path | None = None) -> str:
+        """The name clients put in `model`: explicit, else the model folder's name."""
+        if self.served_model_name:
+            return self.served_model_name
+        path = model_path or self.model_path
+        return path.name if path is not None else DEFAULT_MODEL_NAME
+
+    def resolved_dtype(self, device: str) -> str:
+        """`dtype`, defaulting to float32 on CPU and bfloat16 on an accelerator."""
+        if self.dtype is not None:
+            return self.dtype
+        return "float32" if device == "cpu" else "bfloat16"
+
+    @classmethod
+    def from_sources(cls, cli: Mapping[str, Any] | argparse.Namespace, env: Mapping[str, str]) -> Settings:
+        """Merge command-line values (None = not given) over `WEIR_*` env values over defaults.
+
+        `env` is passed in (normally `os.environ`) so nothing reads the environment implicitly.
+        """
+        given = vars(cli) if isinstance(cli, argparse.Namespace) else dict(cli)
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            spec = _FIELDS.get(f.name)
+            if spec is None:
+                continue
+            if spec.cli and given.get(f.name) is not None:
+                values[f.name] = _coerce(f.name, spec.parse, given[f.name])
+            elif spec.env in env and env[spec.env] != "":
+                values[f.name] = _coerce(spec.env, spec.parse, env[spec.env])
+        if "data_dir" not in values:
+            values["data_dir"] = _xdg_dir(env, "XDG_DATA_HOME", ".local/share")
+        if "cache_dir" not in values:
+            values["cache_dir"] = _xdg_dir(env, "XDG_CACHE_HOME", ".cache")
+        return cls(**values)
+
+    @classmethod
+    def from_environment(cls, cli: Mapping[str, Any] | argparse.Namespace | None = None) -> Settings:
+        """`from_sources` with the process environment; the only call that touches os.environ."""
+        return cls.from_sources(cli or {}, os.environ)
+
+
+def _coerce(name: str, parse: Callable[[str], Any], value: Any) -> Any:
+    if not isinstance(value, str):
+        return value
+    try:
+        return parse(value)
+    except ValueError as exc:
+        raise ValueError(f"{name}: cannot parse {value!r}: {exc}") from None
+
+
+def _path(value: str) -> Path:
+    return Path(value).expanduser()
+
+
+@dataclass(frozen=True)
+class _FieldSpec:
+    env: str
+    parse: Callable[[str], Any]
+    cli: bool = True  # False: environment only (secrets)
+
+
+_FIELDS: dict[str, _FieldSpec] = {
+    "host": _FieldSpec("WEIR_HOST", str),
+    "port": _FieldSpec("WEIR_PORT", int),
+    "data_dir": _FieldSpec("WEIR_DATA_DIR", _path),
+    "cache_dir": _FieldSpec("WEIR_CACHE_DIR", _path),
+    "model_path": _FieldSpec("WEIR_MODEL", _path),
+    "served_model_name": _FieldSpec("WEIR_SERVED_MODEL_NAME", str),
+    "device": _FieldSpec("WEIR_DEVICE", str),
+    "dtype": _FieldSpec("WEIR_DTYPE", str),
+    "kv_cache_tokens": _FieldSpec("WEIR_KV_CACHE_TOKENS", int),
+    "max_num_seqs": _FieldSpec("WEIR_MAX_NUM_SEQS", int),
+    "max_num_batched_tokens": _FieldSpec("WEIR_MAX_NUM_BATCHED_TOKENS", int),
+    "max_model_len": _FieldSpec("WEIR_MAX_MODEL_LEN", int),
+    "database_url": _FieldSpec("WEIR_DATABASE_URL", str),
+    "admin_token": _FieldSpec("WEIR_ADMIN_TOKEN", str, cli=False),
+    "key_pepper": _FieldSpec("WEIR_KEY_PEPPER", str, cli=False),
+    "auth": _FieldSpec("WEIR_AUTH", AuthMode),
+    "otel_exporter": _FieldSpec("WEIR_OTEL_EXPORTER", OtelExporter),
+    "otel_endpoint": _FieldSpec("WEIR_OTEL_ENDPOINT", str),
+    "otel_service_name": _FieldSpec("WEIR_OTEL_SERVICE_NAME", str),
+    "shutdown_grace_s": _FieldSpec("WEIR_SHUTDOWN_GRACE_S", float),
+    "max_request_body_bytes": _FieldSpec("WEIR_MAX_REQUEST_BODY_BYTES", int),
+    "log_level": _FieldSpec("WEIR_LOG_LEVEL", LogLevel),
+}
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    """The `weir serve` flags. Every default is None so env and built-in defaults can apply."""
+    add = parser.add_argument
+    add("--host", help="bind address (env WEIR_HOST; default 127.0.0.1)")
+    add("--port", type=int, help="port; 0 picks a free one (env WEIR_PORT; default 8000)")
+    add(
+        "--data-dir",
+        dest="data_dir",
+        type=_path,
+        help="database and state (env WEIR_DATA_DIR; default $XDG_DATA_HOME/weir or ~/.local/share/weir)",
+    )
+    add(
+        "--cache-dir",
+        dest="cache_dir",
+        type=_path,
+        help="prepared models (env WEIR_CACHE_DIR; default $XDG_CACHE_HOME/weir or ~/.cache/weir)",
+    )
+    add(
+        "--model",
+        dest="model_path",
+        type=_path,
+        metavar="PATH",
+        help="a Hugging Face model folder (env WEIR_MODEL; default: SmolLM2-135M-Instruct, prepared if missing)",
+    )
+    add("--served-model-name", dest="served_model_name", help="the name clients use in `model`")
+    add("--device", help="cpu or cuda (env WEIR_DEVICE; default: cuda when available)")
+    add("--dtype", choices=DTYPES, help="weights and KV dtype (default float32 on CPU, bfloat16 on CUDA)")
+    add(
+        "--kv-cache-tokens", dest="kv_cache_tokens", type=int, metavar="N", help="cap the KV pool at N tokens"
+    )
+    add("--max-num-seqs", dest="max_num_seqs", type=int, help="most sequences in one batch (default 64)")
+    add(
+        "--max-num-batched-tokens",
+        dest="max_num_batched_tokens",
+        type=int,
+        help="most tokens in one engine step (default 2048)",
+    )
+    add("--max-model-len", dest="max_model_len", type=int, help="cap the context length")
+    add("--database-url", dest="database_url", help="SQLAlchemy URL (default: SQLite in the data dir)")
+    add(
+        "--auth",
+        type=AuthMode,
+        choices=list(AuthMode),
+        metavar="{keys,none}",
+        help="keys: API keys required; none: every request is the default tenant "
+        "(default: none on a loopback address without WEIR_ADMIN_TOKEN, else keys)",
+    )
+    add(
+        "--otel-exporter",
+        dest="otel_exporter",
+        type=OtelExporter,
+        choices=list(OtelExporter),
+        metavar="{none,console,otlp}",
+        help="trace exporter (env WEIR_OTEL_EXPORTER; default none)",
+    )
+    add("--otel-endpoint", dest="otel_endpoint", help="OTLP/HTTP traces endpoint")
+    add(
+        "--shutdown-grace-s",
+        dest="shutdown_grace_s",
+        type=float,
+        help="on SIGTERM, how long in-flight requests may run on (default 30)",
+    )
+    add(
+        "--max-request-body-bytes",
+        dest="max_request_body_bytes",
+        type=int,
+        help="413 above this (default 8 MiB)",
+    )
+    add(
+        "--log-level",
+        dest="log_level",
+        type=LogLevel,
+        choices=list(LogLevel),
+        metavar="{debug,info,warning,error}",
+        help="default info",
+    )

@@ -1,0 +1,64 @@
+"""Running a gateway app over the fake engine: on a real uvicorn in a thread, on 127.0.0.1."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+
+from gateway.app import create_app
+from gateway.settings import Settings
+from tests.gateway.fake_engine import FakeEngine
+from tests.gateway.tiny_tokenizer import build_tokenizer
+
+MODEL = "tiny-model"
+MAX_MODEL_LEN = 256
+
+
+@functools.cache
+def tokenizer() -> Any:
+    """One tiny tokenizer for the whole test session (building it imports transformers)."""
+    return build_tokenizer()
+
+
+def make_app(engine: FakeEngine, settings: Settings | None = None, **kwargs: Any) -> Starlette:
+    """`create_app` over the fake engine and the tiny tokenizer; kwargs go to create_app."""
+    kwargs.setdefault("max_model_len", MAX_MODEL_LEN)
+    kwargs.setdefault("model_name", MODEL)
+    return create_app(settings or Settings(), engine, tokenizer(), **kwargs)
+
+
+@contextlib.contextmanager
+def serve_in_thread(app: Starlette) -> Iterator[str]:
+    """Serve `app` on an ephemeral port; yields the base URL, stops the server on exit."""
+    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name="uvicorn-test", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.01)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+def wait_until(predicate: Any, timeout_s: float = 10.0) -> bool:
+    """Poll `predicate` until true or the (generous) timeout passes; no timing is asserted."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return bool(predicate())
