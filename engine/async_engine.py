@@ -1,0 +1,196 @@
+"""The EngineClient the gateway uses: the engine core stepping in a background thread.
+
+Callers live on an asyncio loop; the engine thread owns the core. Commands (add, abort) cross
+into the thread through a queue; outputs cross back with `call_soon_threadsafe`, one batch
+per step. The thread sleeps when there is nothing to do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from engine.client import EngineHealth, EngineRequest
+from engine.config import EngineConfig, ModelConfig
+from engine.errors import EngineDeadError
+from engine.llm_engine import LLMEngine, build_engine
+from engine.output import EngineStats, RequestOutput
+from engine.request import SamplingParams
+
+logger = logging.getLogger("weir.engine")
+
+
+@dataclass(frozen=True)
+class _Add:
+    request: EngineRequest
+    sink: asyncio.Queue[RequestOutput | BaseException]
+    loop: asyncio.AbstractEventLoop
+
+
+@dataclass(frozen=True)
+class _Abort:
+    request_id: str
+
+
+class AsyncEngine:
+    """Runs an LLMEngine on a background thread and streams its outputs to asyncio callers."""
+
+    def __init__(self, config: EngineConfig | None = None, core: LLMEngine | None = None) -> None:
+        if core is None:
+            if config is None:
+                raise ValueError("config or core is required")
+            core = build_engine(config)
+        self.core = core
+        self._commands: queue.SimpleQueue[_Add | _Abort | None] = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._sinks: dict[str, _Add] = {}
+        self._thread: threading.Thread | None = None
+        self._stats = core.stats()
+        self._ready = False
+        self._dead: BaseException | None = None
+        self._stopping = False
+
+    @property
+    def tokenizer(self):  # type: ignore[no-untyped-def]
+        return self.core.tokenizer
+
+    @property
+    def model_config(self) -> ModelConfig:
+        return self.core.model_config
+
+    @property
+    def max_model_len(self) -> int:
+        return self.core.max_model_len
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def start(self, warmup: bool = True) -> None:
+        """Start the engine thread and warm the model up with one short request."""
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._run, name="weir-engine", daemon=True)
+        self._thread.start()
+        if warmup:
+            req = EngineRequest(
+                request_id=f"warmup-{time.monotonic_ns()}",
+                prompt_token_ids=(0,) * 8,
+                sampling_params=SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True),
+                tenant_id="__warmup__",
+                cache_scope="__warmup__",
+            )
+            async for _ in self.generate(req):
+                pass
+        self._ready = True
+
+    async def shutdown(self) -> None:
+        """Stop the engine thread; requests still running are aborted."""
+        self._stopping = True
+        self._ready = False
+        self._commands.put(None)
+        self._wake.set()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join, 30)
+            self._thread = None
+
+    # -- EngineClient -----------------------------------------------------------------------
+
+    async def generate(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
+        """Queue a request and stream its outputs; validation errors raise before queueing."""
+        if self._dead is not None or self._stopping:
+            raise EngineDeadError(str(self._dead) if self._dead else "engine is shutting down")
+        self.core.validate(request)
+        loop = asyncio.get_running_loop()
+        sink: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+        self._commands.put(_Add(request, sink, loop))
+        self._wake.set()
+        remaining = request.sampling_params.n
+        try:
+            while remaining:
+                item = await sink.get()
+                if isinstance(item, BaseException):
+                    raise item
+                if item.finished:
+                    remaining -= 1
+                yield item
+        finally:
+            if remaining:
+                self._commands.put(_Abort(request.request_id))
+                self._wake.set()
+
+    async def abort(self, request_id: str) -> None:
+        self._commands.put(_Abort(request_id))
+        self._wake.set()
+
+    def stats(self) -> EngineStats:
+        return self._stats
+
+    def health(self) -> EngineHealth:
+        alive = self._thread is not None and self._thread.is_alive() and self._dead is None
+        detail = f"engine thread died: {self._dead}" if self._dead else ""
+        return EngineHealth(alive=alive, ready=alive and self._ready, detail=detail)
+
+    # -- engine thread ----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        core = self.core
+        try:
+            while True:
+                if not self._drain_commands():
+                    break
+                if not core.has_unfinished():
+                    self._stats = core.stats()
+                    self._wake.wait(0.5)
+                    self._wake.clear()
+                    continue
+                outputs = core.step()
+                self._stats = core.stats()
+                self._deliver(outputs)
+        except BaseException as exc:  # the loop itself broke: fail everyone, report dead
+            logger.exception("engine loop died")
+            self._dead = exc
+            for add in list(self._sinks.values()):
+                add.loop.call_soon_threadsafe(add.sink.put_nowait, EngineDeadError(str(exc)))
+            self._sinks.clear()
+            return
+        for rid in list(self._sinks):
+            self._deliver(core.abort(rid))
+
+    def _drain_commands(self) -> bool:
+        while True:
+            try:
+                cmd = self._commands.get_nowait()
+            except queue.Empty:
+                return True
+            if cmd is None:
+                return False
+            if isinstance(cmd, _Add):
+                try:
+                    self.core.add_request(cmd.request)
+                except Exception as exc:  # validation raced or failed: only this caller hears of it
+                    cmd.loop.call_soon_threadsafe(cmd.sink.put_nowait, exc)
+                    continue
+                self._sinks[cmd.request.request_id] = cmd
+            else:
+                self._deliver(self.core.abort(cmd.request_id))
+
+    def _deliver(self, outputs: list[RequestOutput]) -> None:
+        by_sink: dict[str, list[RequestOutput]] = {}
+        for out in outputs:
+            by_sink.setdefault(out.request_id, []).append(out)
+        for rid, outs in by_sink.items():
+            add = self._sinks.get(rid)
+            if add is None:
+                continue
+            add.loop.call_soon_threadsafe(_put_all, add.sink, outs)
+            if not self.core.is_active(rid):
+                del self._sinks[rid]
+
+
+def _put_all(sink: asyncio.Queue[RequestOutput | BaseException], outs: list[RequestOutput]) -> None:
+    for o in outs:
+        sink.put_nowait(o)

@@ -1,0 +1,372 @@
+"""The synchronous engine core: add requests, step, get outputs.
+
+One `step()` = schedule -> run the model -> append sampled tokens -> detokenize and check
+stops -> free finished requests' blocks. `engine.async_engine` drives it from a background
+thread; tests and the offline benchmark drive it directly.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+
+from engine.block_hash import CacheKeyRoot
+from engine.client import EngineRequest
+from engine.config import EngineConfig, ModelConfig
+from engine.errors import InvalidRequestError
+from engine.kv_cache_manager import KVCacheManager
+from engine.output import EngineStats, RequestMetrics, RequestOutput, SchedulerOutput
+from engine.output_processor import OutputProcessor
+from engine.request import FinishReason, Request, RequestStatus
+from engine.runner import ModelRunner
+from engine.scheduler import Scheduler
+
+logger = logging.getLogger("weir.engine")
+
+_STATUS_OF = {
+    FinishReason.STOP: RequestStatus.FINISHED_STOPPED,
+    FinishReason.LENGTH: RequestStatus.FINISHED_LENGTH,
+    FinishReason.ABORT: RequestStatus.FINISHED_ABORTED,
+    FinishReason.ERROR: RequestStatus.FINISHED_ERROR,
+}
+
+
+@dataclass
+class _Choice:
+    """Engine-side state of one choice (sequence) of a request."""
+
+    parent_id: str
+    index: int
+    processor: OutputProcessor
+
+
+@dataclass
+class _Group:
+    """A caller's request and its `n` choices."""
+
+    request: EngineRequest
+    child_ids: list[str]
+    num_unfinished: int
+
+
+@dataclass
+class _RateMeter:
+    """Exponential moving average of a rate (units per second)."""
+
+    alpha: float = 0.2
+    value: float = 0.0
+    samples: int = field(default=0)
+
+    def add(self, units: float, seconds: float) -> None:
+        if seconds <= 0 or units <= 0:
+            return
+        rate = units / seconds
+        self.value = rate if self.samples == 0 else (1 - self.alpha) * self.value + self.alpha * rate
+        self.samples += 1
+
+
+def tokenizer_fingerprint(tokenizer: object) -> str:
+    """A digest of the vocabulary and special tokens: a different tokenizer never shares a cache."""
+    import hashlib
+
+    h = hashlib.sha256()
+    vocab: dict[str, int] = getattr(tokenizer, "get_vocab", dict)()
+    for tok, idx in sorted(vocab.items(), key=lambda kv: kv[1]):
+        h.update(f"{idx}:{tok}\n".encode())
+    h.update(repr(getattr(tokenizer, "all_special_ids", [])).encode())
+    return h.hexdigest()[:16]
+
+
+class LLMEngine:
+    """Owns the scheduler, the KV cache manager and the model runner of one model version."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        model_config: ModelConfig,
+        tokenizer: Any,
+        runner: ModelRunner,
+        num_blocks: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.model_config = model_config
+        self.tokenizer = tokenizer
+        self.runner = runner
+        self.clock = clock
+        self.max_model_len = min(config.scheduler.max_model_len, model_config.max_model_len)
+        tok_fp = tokenizer_fingerprint(tokenizer)
+        rope_fp = model_config.rope.fingerprint()
+        kv_dtype = config.cache.kv_dtype
+
+        def root_digest(scope: str) -> bytes:
+            return CacheKeyRoot(config.model_version, tok_fp, rope_fp, kv_dtype, scope).digest()
+
+        self.kv = KVCacheManager(
+            num_blocks=num_blocks,
+            block_size=config.cache.block_size,
+            root_digest=root_digest,
+            enable_caching=config.cache.enable_prefix_caching,
+            tenant_cache_share=config.cache.tenant_cache_share,
+        )
+        self.scheduler = Scheduler(
+            replace(config.scheduler, max_model_len=self.max_model_len), self.kv, clock=clock
+        )
+        self._choices: dict[str, _Choice] = {}
+        self._groups: dict[str, _Group] = {}
+        self.prefill_rate = _RateMeter()
+        self.decode_rate = _RateMeter()
+        self.num_prompt_tokens_total = 0
+        self.num_generation_tokens_total = 0
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def validate(self, er: EngineRequest) -> None:
+        """Raise InvalidRequestError for a request that must never enter the queue."""
+        vocab = self.model_config.vocab_size
+        if not er.prompt_token_ids:
+            raise InvalidRequestError("prompt must contain at least one token", "prompt")
+        if any(not 0 <= t < vocab for t in er.prompt_token_ids):
+            raise InvalidRequestError(f"prompt token ids must be in [0, {vocab})", "prompt")
+        sp = er.sampling_params
+        if sp.use_beam_search:
+            raise InvalidRequestError("beam search is not supported yet", "use_beam_search")
+        if len(er.prompt_token_ids) + sp.max_tokens > self.max_model_len:
+            from engine.errors import ContextLengthError
+
+            raise ContextLengthError(len(er.prompt_token_ids), sp.max_tokens, self.max_model_len)
+        if er.request_id in self._groups:
+            raise InvalidRequestError(f"duplicate request id {er.request_id!r}", "request_id")
+
+    def add_request(self, er: EngineRequest) -> None:
+        """Validate and queue a request (and its n choices)."""
+        self.validate(er)
+        sp = er.sampling_params
+        child_ids = []
+        for i in range(sp.n):
+            child_sp = sp if sp.n == 1 else replace(sp, n=1, seed=None if sp.seed is None else sp.seed + i)
+            cid = er.request_id if sp.n == 1 else f"{er.request_id}#{i}"
+            req = Request(
+                request_id=cid,
+                prompt_token_ids=list(er.prompt_token_ids),
+                sampling_params=child_sp,
+                tenant_id=er.tenant_id,
+                priority=er.priority,
+                cache_scope=er.cache_scope,
+                arrival_s=er.arrival_s,
+                deadline_s=er.deadline_s,
+                parent_id=er.request_id,
+                index=i,
+            )
+            self.scheduler.add_request(req)
+            self._choices[cid] = _Choice(
+                er.request_id,
+                i,
+                OutputProcessor(
+                    self.tokenizer, req.prompt_token_ids, child_sp, self.model_config.eos_token_ids
+                ),
+            )
+            child_ids.append(cid)
+        self._groups[er.request_id] = _Group(er, child_ids, len(child_ids))
+
+    def abort(self, request_id: str) -> list[RequestOutput]:
+        """Abort every choice of a request; its blocks are freed now."""
+        group = self._groups.get(request_id)
+        if group is None:
+            return []
+        outs = []
+        for cid in group.child_ids:
+            req = self.scheduler.finish_request(cid, RequestStatus.FINISHED_ABORTED)
+            if req is not None:
+                outs.append(self._finish(req, FinishReason.ABORT, "", None))
+        return outs
+
+    def is_active(self, request_id: str) -> bool:
+        """Whether any choice of the request is still queued or running."""
+        return request_id in self._groups
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # -- stepping ---------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """Run one iteration and return the outputs it produced."""
+        out = self.scheduler.schedule()
+        if out.is_empty:
+            self.runner.forget(out.finished_ids)
+            return []
+        t0 = self.clock()
+        try:
+            results = self.runner.execute(out, self.scheduler.requests)
+        except Exception as exc:  # an engine failure fails only the requests of this step
+            logger.exception("engine step failed; failing its %d requests", len(out.scheduled))
+            return self._fail_step(out, exc)
+        elapsed = self.clock() - t0
+        self.scheduler.on_step_done(out)
+        self._measure(out, elapsed)
+        now = self.clock()
+        outputs: list[RequestOutput] = []
+        for rid, res in results.items():
+            req = self.scheduler.requests.get(rid)
+            if req is None:
+                continue
+            req.output_token_ids.append(res.token_id)
+            times = req.times
+            if times.first_token_s is None:
+                times.first_token_s = now
+            times.token_s.append(now)
+            self.num_generation_tokens_total += 1
+            choice = self._choices[rid]
+            step = choice.processor.step(res.token_id)
+            new_text, reason, stop_reason = step.new_text, step.finish_reason, step.stop_reason
+            logprobs = (res.logprob,) if res.logprob is not None else None
+            if reason is not None:
+                self.scheduler.finish_request(rid, _STATUS_OF[reason])
+                outputs.append(self._finish(req, reason, new_text, stop_reason, (res.token_id,), logprobs))
+            else:
+                outputs.append(self._output(req, (res.token_id,), new_text, logprobs))
+        return outputs
+
+    def _measure(self, out: SchedulerOutput, elapsed: float) -> None:
+        prefill = sum(s.num_tokens for s in out.scheduled if s.num_tokens > 1 or not s.samples)
+        self.num_prompt_tokens_total += prefill
+        if prefill:
+            self.prefill_rate.add(prefill, elapsed)
+        else:
+            self.decode_rate.add(1, elapsed)
+
+    def _fail_step(self, out: SchedulerOutput, exc: Exception) -> list[RequestOutput]:
+        outs = []
+        for s in out.scheduled:
+            req = self.scheduler.finish_request(s.request_id, RequestStatus.FINISHED_ERROR)
+            if req is not None:
+                outs.append(
+                    self._finish(req, FinishReason.ERROR, "", None, error=f"{type(exc).__name__}: {exc}")
+                )
+        return outs
+
+    def _output(
+        self, req: Request, token_ids: tuple[int, ...], text: str, logprobs: tuple | None = None
+    ) -> RequestOutput:
+        choice = self._choices[req.request_id]
+        return RequestOutput(
+            request_id=choice.parent_id,
+            index=choice.index,
+            new_token_ids=token_ids,
+            new_text=text,
+            finished=False,
+            new_logprobs=logprobs,
+            num_prompt_tokens=req.num_prompt_tokens,
+            num_cached_tokens=req.num_cached_tokens,
+            num_output_tokens=req.num_output_tokens,
+        )
+
+    def _finish(
+        self,
+        req: Request,
+        reason: FinishReason,
+        text: str,
+        stop_reason: str | int | None,
+        token_ids: tuple[int, ...] = (),
+        logprobs: tuple | None = None,
+        error: str | None = None,
+    ) -> RequestOutput:
+        choice = self._choices.pop(req.request_id)
+        times = req.times
+        times.finished_s = self.clock()
+        group = self._groups[choice.parent_id]
+        group.num_unfinished -= 1
+        if group.num_unfinished == 0:
+            del self._groups[choice.parent_id]
+        return RequestOutput(
+            request_id=choice.parent_id,
+            index=choice.index,
+            new_token_ids=token_ids,
+            new_text=text,
+            finished=True,
+            finish_reason=reason,
+            stop_reason=stop_reason,
+            new_logprobs=logprobs,
+            num_prompt_tokens=req.num_prompt_tokens,
+            num_cached_tokens=req.num_cached_tokens,
+            num_output_tokens=req.num_output_tokens,
+            metrics=RequestMetrics(
+                arrival_s=times.arrival_s,
+                queue_s=times.queue_s,
+                ttft_s=times.ttft_s,
+                tpot_s=times.tpot_s,
+                e2e_s=times.e2e_s,
+                itl_s=tuple(times.itl_s),
+            ),
+            error=error,
+        )
+
+    # -- introspection ----------------------------------------------------------------------
+
+    def stats(self) -> EngineStats:
+        by_prio = [0, 0, 0]
+        for r in self.scheduler.waiting:
+            by_prio[int(r.priority)] += r.num_remaining
+        return EngineStats(
+            num_running=self.scheduler.num_running,
+            num_waiting=self.scheduler.num_waiting,
+            num_swapped=0,
+            num_total_blocks=self.kv.num_total_blocks,
+            num_free_blocks=self.kv.num_free_blocks,
+            block_size=self.kv.block_size,
+            num_waiting_tokens=sum(by_prio),
+            prefix_cache_queries=self.kv.totals.queried_tokens,
+            prefix_cache_hits=self.kv.totals.hit_tokens,
+            num_preemptions=self.scheduler.num_preemptions,
+            prefill_tokens_per_s=self.prefill_rate.value,
+            decode_steps_per_s=self.decode_rate.value,
+            num_prompt_tokens_total=self.num_prompt_tokens_total,
+            num_generation_tokens_total=self.num_generation_tokens_total,
+            waiting_tokens_by_priority=tuple(by_prio),
+        )
+
+
+def build_engine(config: EngineConfig, clock: Callable[[], float] = time.monotonic) -> LLMEngine:
+    """Load the model and tokenizer, size the KV pool, and assemble an engine."""
+    from transformers import AutoTokenizer
+
+    from engine.kv_tensors import allocate_kv_caches, num_blocks_for
+    from engine.loader import load_model
+
+    dtype = getattr(torch, config.dtype)
+    device = torch.device(config.device)
+    attn = _attention_backend(config, device)
+    model, model_config = load_model(config.model_path, dtype=dtype, device=device, attn_backend=attn)
+    tokenizer = AutoTokenizer.from_pretrained(config.model_path, local_files_only=True)
+    kv_dtype = getattr(torch, config.cache.kv_dtype)
+    num_blocks = num_blocks_for(config.cache, model_config, kv_dtype, device)
+    kv_caches = allocate_kv_caches(model_config, num_blocks, config.cache.block_size, kv_dtype, device)
+    capacity = (num_blocks - 1) * config.cache.block_size
+    per_token = model_config.kv_bytes_per_token(kv_dtype.itemsize)
+    logger.info(
+        "KV cache: %d blocks of %d tokens = %d tokens capacity (%d bytes per token, %.1f MiB)",
+        num_blocks - 1,
+        config.cache.block_size,
+        capacity,
+        per_token,
+        capacity * per_token / 2**20,
+    )
+    runner = ModelRunner(model, kv_caches, config.cache.block_size, device)
+    return LLMEngine(config, model_config, tokenizer, runner, num_blocks, clock=clock)
+
+
+def _attention_backend(config: EngineConfig, device: torch.device):  # type: ignore[no-untyped-def]
+    use_triton = config.use_triton if config.use_triton is not None else device.type == "cuda"
+    if use_triton:
+        from kernels.backend import TritonAttentionBackend
+
+        return TritonAttentionBackend()
+    from engine.attention import TorchAttentionBackend
+
+    return TorchAttentionBackend()
