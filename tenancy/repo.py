@@ -365,40 +365,43 @@ class TenancyRepo:
             return
         now = self.now()
         names = {r.tenant_id for r in records}
-        with self.db.transaction() as session:
-            ids = dict(session.execute(select(Tenant.name, Tenant.id).where(Tenant.name.in_(names))).tuples())
-            missing = names - ids.keys()
-            if missing:
-                raise TenantNotFoundError(sorted(missing)[0])
-            rows = []
-            for r in records:
-                created_at = r.created_at if r.created_at is not None else now
-                rows.append(
-                    {
-                        "request_id": r.request_id,
-                        "tenant_id": ids[r.tenant_id],
-                        "key_id": r.key_id,
-                        "model": r.model,
-                        "prompt_tokens": r.prompt_tokens,
-                        "completion_tokens": r.completion_tokens,
-                        "cached_tokens": r.cached_tokens,
-                        "ttft_ms": r.ttft_ms,
-                        "e2e_ms": r.e2e_ms,
-                        "status": r.status,
-                        "finish_reason": r.finish_reason,
-                        "created_at": created_at,
-                        "day": created_at.astimezone(dt.UTC).date(),
-                    }
+        try:
+            with self.db.transaction() as session:
+                found = session.execute(select(Tenant.name, Tenant.id).where(Tenant.name.in_(names))).tuples()
+                ids = {name: tenant_id for name, tenant_id in found}
+                missing = names - ids.keys()
+                if missing:
+                    raise TenantNotFoundError(sorted(missing)[0])
+                session.execute(
+                    insert(UsageRecord), [self._usage_row(r, ids[r.tenant_id], now) for r in records]
                 )
-            try:
-                session.execute(insert(UsageRecord), rows)
-            except IntegrityError:
-                # The only reference left to break is the key (tenants were checked above).
-                known = set(
-                    session.scalars(select(ApiKey.id).where(ApiKey.id.in_({r.key_id for r in records})))
-                )
-                unknown = sorted({r.key_id for r in records if r.key_id is not None} - known)
-                raise KeyNotFoundError(unknown[0] if unknown else "?") from None
+        except IntegrityError:
+            # Tenants were checked above, so a key is unknown. Find which, in a fresh transaction
+            # (PostgreSQL refuses further queries in the failed one).
+            key_ids = {r.key_id for r in records if r.key_id is not None}
+            with self.db.transaction() as session:
+                known = set(session.scalars(select(ApiKey.id).where(ApiKey.id.in_(key_ids))))
+            unknown = sorted(key_ids - known)
+            raise KeyNotFoundError(unknown[0] if unknown else "?") from None
+
+    @staticmethod
+    def _usage_row(r: UsageRecordIn, tenant_id: int, now: dt.datetime) -> dict[str, object]:
+        created_at = r.created_at if r.created_at is not None else now
+        return {
+            "request_id": r.request_id,
+            "tenant_id": tenant_id,
+            "key_id": r.key_id,
+            "model": r.model,
+            "prompt_tokens": r.prompt_tokens,
+            "completion_tokens": r.completion_tokens,
+            "cached_tokens": r.cached_tokens,
+            "ttft_ms": r.ttft_ms,
+            "e2e_ms": r.e2e_ms,
+            "status": r.status,
+            "finish_reason": r.finish_reason,
+            "created_at": created_at,
+            "day": created_at.astimezone(dt.UTC).date(),
+        }
 
     def usage_by_day(
         self, tenant: str, *, since: dt.date | None = None, until: dt.date | None = None
