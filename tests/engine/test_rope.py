@@ -113,7 +113,7 @@ def test_dynamic_ntk_matches_hf_decoding_past_max_positions() -> None:
         HEAD_DIM,
         3 * max_pos,
         torch.float32,
-        "cpu",
+        torch.device("cpu"),
     )
     assert torch.equal(default.cos[:max_pos], ours.cos[:max_pos])
     assert not torch.allclose(default.cos[-1], ours.cos[-1])

@@ -151,6 +151,26 @@ def test_half_precision_loads_and_tracks_hf(tmp_path: Path, dtype: torch.dtype) 
     assert (logits.argmax(-1) == reference.argmax(-1)).float().mean().item() >= 0.9
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_forward_tracks_hf(tmp_path: Path, dtype: torch.dtype) -> None:
+    """Same model on CUDA (weights, RoPE table and KV cache on the device) against HF on CUDA."""
+    cuda = torch.device("cuda")
+    path = make_tiny_model(tmp_path, "qwen3", num_kv_heads=2)
+    model, config = load_model(path, dtype, cuda, TorchAttentionBackend())
+    ids = _prompt(6, 24, config.vocab_size)
+    hf_model = load_hf_model(path, dtype).to(cuda)
+    with torch.inference_mode():
+        reference = hf_model(torch.tensor([ids], device=cuda)).logits[0].float()
+    kv_caches = allocate_kv_caches(config, NUM_BLOCKS, BLOCK_SIZE, dtype, cuda)
+    metadata, positions = build_metadata([_block_table(0, len(ids))], [0], [len(ids)], BLOCK_SIZE, cuda)
+    with torch.inference_mode():
+        logits = model.compute_logits(model(torch.tensor(ids, device=cuda), positions, kv_caches, metadata))
+    scale = reference.abs().max().item()
+    tol = 1e-4 if dtype == torch.float32 else 0.05 * scale
+    assert (logits - reference).abs().max().item() < tol
+
+
 @pytest.mark.filterwarnings("ignore:`past_key_values` is deprecated")
 def test_dynamic_rope_past_max_positions_matches_hf_decoding(tmp_path: Path) -> None:
     """Past max_position_embeddings dynamic NTK depends on the length; we match HF's
