@@ -1,0 +1,104 @@
+"""The `weir` console script: serve, model prepare, generate, db, admin, bench.
+
+Subcommands owned by other packages are added when their module is present, so a partial
+checkout still runs `weir serve`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+from types import ModuleType
+
+from gateway.settings import Settings, add_serve_arguments
+
+
+def _optional_module(name: str) -> ModuleType | None:
+    """The module, or None when it does not exist (an error inside it still raises)."""
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and (name == exc.name or name.startswith(exc.name + ".")):
+            return None
+        raise
+
+
+def _settings(cli: argparse.Namespace | dict[str, object]) -> Settings:
+    try:
+        return Settings.from_environment(cli)
+    except ValueError as exc:
+        # Settings validation names the field; a traceback would only hide it.
+        print(f"weir: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from gateway.bootstrap import serve
+
+    return serve(_settings(args))
+
+
+def _model_prepare(args: argparse.Namespace) -> int:
+    from engine.model_prepare import ensure_default_model
+
+    cli = {"cache_dir": args.cache_dir}
+    path = ensure_default_model(_settings(cli).cache_dir, progress=not args.quiet)
+    print(path)
+    return 0
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from gateway.bootstrap import resolve_model_path
+
+    settings = _settings({"model_path": args.model, "cache_dir": args.cache_dir})
+    return int(args.generate_func(args, str(resolve_model_path(settings))))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The whole `weir` command line."""
+    parser = argparse.ArgumentParser(prog="weir", description="Weir: a multi-tenant LLM inference gateway.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = sub.add_parser("serve", help="run the OpenAI-compatible server with the engine in-process")
+    add_serve_arguments(serve)
+    serve.set_defaults(func=_serve)
+
+    model = sub.add_parser("model", help="manage models")
+    model_sub = model.add_subparsers(dest="model_command", required=True, metavar="ACTION")
+    prepare = model_sub.add_parser("prepare", help="convert the default SmolLM2 model into the cache")
+    prepare.add_argument(
+        "--cache-dir", dest="cache_dir", help="default $XDG_CACHE_HOME/weir or ~/.cache/weir"
+    )
+    prepare.add_argument("--quiet", action="store_true", help="no progress bar")
+    prepare.set_defaults(func=_model_prepare)
+
+    generate = _optional_module("engine.cli_generate")
+    if generate is not None:
+        generate.add_subcommand(sub)
+        gen_parser = sub.choices["generate"]
+        gen_parser.add_argument("--cache-dir", dest="cache_dir", help="where the default model is prepared")
+        # The engine's handler takes (args, model_path); the model is resolved here.
+        gen_parser.set_defaults(generate_func=gen_parser.get_default("func"), func=_generate)
+
+    tenancy_cli = _optional_module("tenancy.cli")
+    if tenancy_cli is not None:
+        tenancy_cli.add_subcommands(sub, lambda args: Settings.from_environment())
+
+    bench_cli = _optional_module("bench.cli")
+    if bench_cli is not None:
+        bench = sub.add_parser("bench", help="serving benchmarks")
+        bench_sub = bench.add_subparsers(dest="bench_command", required=True, metavar="ACTION")
+        bench_cli.add_subcommands(bench_sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `weir` script."""
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
