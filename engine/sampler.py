@@ -6,9 +6,15 @@ One `Sampler` call handles a whole batch. The work is split by what each row nee
 - rows with a repetition / presence / frequency penalty get their logits adjusted first, batched
   over those rows only;
 - rows that sample are scaled by temperature, filtered (top-k, then top-p over what top-k kept,
-  then min-p) and drawn with an exponential race: `argmax(probs / q)` with `q ~ Exp(1)` picks
-  token i with probability `probs[i]`. A seeded row draws its `q` from its own generator, so its
-  tokens do not depend on which other rows share the batch or in which order.
+  then min-p) and drawn by inverting the cumulative distribution with one uniform number per
+  row. A seeded row draws its number from its own generator, so its tokens do not depend on which
+  other rows share the batch or in which order.
+
+Cost on CPU decides the shape: a full sort of a 50k vocabulary, or 50k exponential draws per
+row, cost tens of milliseconds for a batch, more than a small model's forward pass. So top-k and
+top-p look at the `topk` candidates only (top-p falls back to a full sort for the rare rows whose
+nucleus is wider than `_TOP_P_CANDIDATES`), min-p is a comparison in logit space, and the draw
+is a cumulative sum and a binary search.
 
 Filters keep ties: top-k keeps every token whose logit equals the k-th largest, top-p keeps every
 token whose probability equals the smallest one kept. The result is a pure function of the row.
@@ -30,6 +36,8 @@ from engine.request import SamplingParams
 
 # Below this temperature, logits / temperature can overflow float32; such rows are greedy.
 _MIN_TEMPERATURE = 1e-5
+# Top-p looks for its nucleus among this many best tokens before sorting the whole vocabulary.
+_TOP_P_CANDIDATES = 1024
 
 
 @dataclass
@@ -107,8 +115,27 @@ def apply_penalties(logits: torch.Tensor, contexts: Sequence[SamplingContext]) -
     return out
 
 
+def _nucleus_threshold(
+    sorted_logits: torch.Tensor, log_norm: torch.Tensor, top_p: torch.Tensor
+) -> torch.Tensor:
+    """The smallest logit top-p keeps, per row ([rows, 1]), from logits sorted best first.
+
+    `sorted_logits` [rows, C] may be the C best of the row only; `log_norm` [rows, 1] is the
+    log-sum-exp of the whole row, so probabilities are those of the whole vocabulary.
+    """
+    probs = (sorted_logits - log_norm).exp()  # [rows, C]
+    # A token is kept when the mass of the tokens strictly before it is below top_p.
+    mass_before = probs.cumsum(dim=-1) - probs
+    num_kept = (mass_before < top_p[:, None]).sum(dim=-1).clamp(min=1)  # [rows]
+    return sorted_logits.gather(1, (num_kept - 1)[:, None])
+
+
 def apply_filters(
-    logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor
+    logits: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor,
+    num_top_p_candidates: int = _TOP_P_CANDIDATES,
 ) -> torch.Tensor:
     """Mask (set to -inf) the tokens that top-k, top-p and min-p exclude, row by row.
 
@@ -117,24 +144,33 @@ def apply_filters(
     """
     vocab_size = logits.shape[-1]
     neg_inf = float("-inf")
-    if bool((top_k < vocab_size).any()) or bool((top_p < 1.0).any()):
-        sorted_logits = logits.sort(dim=-1, descending=True).values  # [rows, vocab]
-        kth = sorted_logits.gather(1, (top_k - 1).clamp(0, vocab_size - 1)[:, None])  # [rows, 1]
+    uses_top_k = top_k < vocab_size  # [rows]
+    uses_top_p = top_p < 1.0  # [rows]
+    any_top_k, any_top_p = bool(uses_top_k.any()), bool(uses_top_p.any())
+    if any_top_k or any_top_p:
+        max_k = int(top_k[uses_top_k].max()) if any_top_k else 1
+        num_candidates = min(vocab_size, max(max_k, num_top_p_candidates if any_top_p else 1))
+        candidates = logits.topk(num_candidates, dim=-1).values  # [rows, C], best first
+        kth = candidates.gather(1, (top_k.clamp(max=num_candidates) - 1)[:, None])  # [rows, 1]
+        kth = kth.masked_fill(~uses_top_k[:, None], neg_inf)
         logits = logits.masked_fill(logits < kth, neg_inf)
-        sorted_logits = sorted_logits.masked_fill(sorted_logits < kth, neg_inf)
-        sorted_probs = sorted_logits.softmax(dim=-1)  # [rows, vocab]
-        # A token is kept when the mass of the tokens strictly before it is below top_p.
-        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
-        num_kept = (mass_before < top_p[:, None]).sum(dim=-1).clamp(min=1)  # [rows]
-        # Rounding can push the cumulative mass to 1 before the tail; top_p = 1 must keep it all.
-        num_kept = torch.where(top_p >= 1.0, vocab_size, num_kept)
-        threshold = sorted_logits.gather(1, (num_kept - 1)[:, None])  # [rows, 1]
-        logits = logits.masked_fill(logits < threshold, neg_inf)
+        if any_top_p:
+            candidates = candidates.masked_fill(candidates < kth, neg_inf)
+            log_norm = logits.logsumexp(dim=-1, keepdim=True)  # [rows, 1]
+            threshold = _nucleus_threshold(candidates, log_norm, top_p)  # [rows, 1]
+            # Without top-k, a nucleus that reaches the last candidate may extend past it.
+            unresolved = uses_top_p & ~uses_top_k & (threshold[:, 0] <= candidates[:, -1])
+            if num_candidates < vocab_size and bool(unresolved.any()):
+                rows = unresolved.nonzero()[:, 0]
+                full = logits[rows].sort(dim=-1, descending=True).values  # [unresolved, vocab]
+                threshold[rows] = _nucleus_threshold(full, log_norm[rows], top_p[rows])
+            threshold = threshold.masked_fill(~uses_top_p[:, None], neg_inf)
+            logits = logits.masked_fill(logits < threshold, neg_inf)
     if bool((min_p > 0.0).any()):
-        probs = logits.softmax(dim=-1)  # [rows, vocab]
-        # Renormalisation after top-k / top-p does not change the ratio to the max probability.
-        floor = min_p[:, None] * probs.max(dim=-1, keepdim=True).values
-        logits = logits.masked_fill(probs < floor, neg_inf)
+        # p_i < min_p * p_max  <=>  logit_i < logit_max + log(min_p), with no softmax needed;
+        # renormalisation after top-k / top-p does not change the ratio to the max probability.
+        floor = logits.max(dim=-1, keepdim=True).values + min_p[:, None].log()  # [rows, 1]
+        logits = logits.masked_fill(logits < floor, neg_inf)
     return logits
 
 
@@ -169,16 +205,22 @@ class Sampler:
         penalty_rows = [i for i, c in enumerate(contexts) if _has_penalty(c.params)]
         sample_rows = [i for i, c in enumerate(contexts) if not _is_greedy(c.params)]
 
+        num_rows = len(contexts)
         work = logits
-        if penalty_rows:
+        if len(penalty_rows) == num_rows:
+            work = apply_penalties(logits, contexts)
+        elif penalty_rows:
             index = torch.tensor(penalty_rows, device=logits.device)
             work = logits.clone()
             work[index] = apply_penalties(logits[index], [contexts[i] for i in penalty_rows])
-        # One argmax for the whole batch; sampled rows overwrite their entry below.
-        token_ids = work.argmax(dim=-1)  # [N]
-        if sample_rows:
-            index = torch.tensor(sample_rows, device=logits.device)
-            token_ids[index] = self._sample(work[index], [contexts[i] for i in sample_rows])
+        if len(sample_rows) == num_rows:
+            token_ids = self._sample(work, contexts)  # [N]; no greedy row, no gather/scatter
+        else:
+            # One argmax for the whole batch; sampled rows overwrite their entry.
+            token_ids = work.argmax(dim=-1)  # [N]
+            if sample_rows:
+                index = torch.tensor(sample_rows, device=logits.device)
+                token_ids[index] = self._sample(work[index], [contexts[i] for i in sample_rows])
 
         ids = token_ids.tolist()
         logprobs = self._logprobs(logits, token_ids, contexts)
@@ -201,14 +243,17 @@ class Sampler:
         scaled = logits / temperature[:, None]  # [rows, vocab]
         probs = apply_filters(scaled, top_k, top_p, min_p).softmax(dim=-1)  # [rows, vocab]
 
-        race = torch.empty_like(probs)  # [rows, vocab]
-        race.exponential_(generator=self._shared_generator(device))
+        uniform = torch.rand(len(contexts), 1, generator=self._shared_generator(device), device=device)
         for row, context in enumerate(contexts):
             if context.generator is not None:
-                race[row].exponential_(generator=context.generator)
-        # An exact 0 draw would make 0 / 0 = nan for an excluded token; keep the divisor positive.
-        race.clamp_(min=torch.finfo(race.dtype).tiny)
-        return (probs / race).argmax(dim=-1)  # [rows]
+                uniform[row] = torch.rand(1, generator=context.generator, device=device)
+        cdf = probs.cumsum(dim=-1)  # [rows, vocab]
+        # The first index whose cumulative mass exceeds u: an excluded token adds no mass, so it
+        # can never be that index.
+        token_ids = torch.searchsorted(cdf, uniform * cdf[:, -1:], right=True).clamp_(max=vocab_size - 1)
+        # u * total can round up to the total itself; fall back to the most likely token then.
+        chosen_prob = probs.gather(1, token_ids)  # [rows, 1]
+        return torch.where(chosen_prob > 0, token_ids, probs.argmax(dim=-1, keepdim=True))[:, 0]
 
     @staticmethod
     def _logprobs(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import pytest
 import torch
@@ -11,9 +11,26 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.request import SamplingParams
-from engine.sampler import Sampler, SampleResult, SamplingContext, apply_penalties, make_generator
+from engine.sampler import (
+    Sampler,
+    SampleResult,
+    SamplingContext,
+    apply_filters,
+    apply_penalties,
+    make_generator,
+)
 
 VOCAB = 64
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread() -> Iterator[None]:
+    """The tensors here are tiny: handing them to a thread pool on a busy machine costs more than
+    the work, and made this module ten times slower under load."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
 
 
 def ctx(
@@ -79,11 +96,21 @@ def test_seed_reproduces_independent_of_batch_composition_and_order() -> None:
         return out
 
     alone = run(target_logits, 0, [])
-    others = [SamplingParams(temperature=1.0), SamplingParams(temperature=0.5, seed=99), SamplingParams()]
-    for position in (0, 1, 3):
-        filler = random_logits(4, seed=position + 100)
-        batch = torch.cat([filler[:position], target_logits, filler[position:3]])
-        assert run(batch, position, others) == alone
+    all_sampled = [
+        SamplingParams(temperature=1.0),
+        SamplingParams(temperature=0.5, seed=99),
+        SamplingParams(),
+    ]
+    mixed = [
+        SamplingParams(temperature=0.0),
+        SamplingParams(temperature=0.5, seed=99, top_p=0.3, top_k=5),
+        SamplingParams(temperature=0.0, repetition_penalty=1.2),
+    ]
+    for others in (all_sampled, mixed):
+        for position in (0, 1, 3):
+            filler = random_logits(4, seed=position + 100)
+            batch = torch.cat([filler[:position], target_logits, filler[position:3]])
+            assert run(batch, position, others) == alone
     assert len(set(alone)) > 1  # the seeded row really samples
 
 
@@ -151,6 +178,25 @@ def test_filters_never_sample_excluded_tokens(seed: int, vocab: int, batch: list
     for _ in range(8):
         out = tokens(sampler(logits, contexts))
         assert all(t in allowed[i] for i, t in enumerate(out))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    vocab=st.integers(2, 40),
+    batch=st.lists(row_params, min_size=1, max_size=6),
+)
+def test_top_p_candidates_shortcut_equals_full_sort(
+    seed: int, vocab: int, batch: list[SamplingParams]
+) -> None:
+    logits = random_logits(len(batch), seed=seed, vocab=vocab) / 3.0  # flat rows: wide nuclei
+    top_k = torch.tensor([vocab if p.top_k < 0 else min(p.top_k, vocab) for p in batch])
+    top_p = torch.tensor([p.top_p for p in batch])
+    min_p = torch.tensor([p.min_p for p in batch])
+    full = apply_filters(logits, top_k, top_p, min_p, num_top_p_candidates=vocab)
+    for num_candidates in (1, 2, 5):
+        shortcut = apply_filters(logits, top_k, top_p, min_p, num_top_p_candidates=num_candidates)
+        assert torch.equal(shortcut, full)
 
 
 def test_top_k_keeps_exactly_k_tokens() -> None:
