@@ -205,3 +205,32 @@ def test_invalid_requests_never_enter_the_queue(llama_gqa: Path) -> None:
     with pytest.raises(InvalidRequestError, match="max_tokens"):
         SamplingParams(max_tokens=0)
     assert not engine.has_unfinished()
+
+
+@pytest.mark.slow
+def test_real_default_model_greedy_matches_transformers(smollm2_dir: Path) -> None:
+    engine = _engine(smollm2_dir, budget=512, num_blocks=300)
+    tok = engine.tokenizer
+    questions = [
+        "Hi",
+        "What is the capital of France?",
+        "Write a haiku about rivers.",
+        "Explain paged attention in one sentence.",
+        "List three prime numbers.",
+        "Translate 'good morning' into Spanish.",
+        "Why is the sky blue? " * 6,
+        "Summarise this: " + "the scheduler runs decode tokens first and then prefill. " * 20,
+    ]
+    prompts = [
+        list(
+            tok.apply_chat_template(
+                [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True, return_dict=False
+            )
+        )
+        for q in questions
+    ]
+    assert min(len(p) for p in prompts) < 40 and max(len(p) for p in prompts) > 250
+    ours = _run_all(engine, prompts, SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0))
+    ref = _hf_greedy(smollm2_dir, prompts, MAX_TOKENS)
+    for i in range(len(prompts)):
+        assert ours[f"r{i}"] == ref[i], f"prompt {i}"
