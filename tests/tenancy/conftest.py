@@ -6,7 +6,6 @@ schema there, so tests never see each other's rows.
 
 from __future__ import annotations
 
-import datetime as dt
 import os
 import uuid
 from collections.abc import Iterator
@@ -18,27 +17,13 @@ from tenancy.db import Database
 from tenancy.keys import KeyHasher
 from tenancy.migrate import upgrade
 from tenancy.repo import TenancyRepo
+from tests.tenancy.clock import FakeClock
 
 PG_ENV = "WEIR_TEST_PG_URL"
-START = dt.datetime(2030, 1, 1, 12, 0, tzinfo=dt.UTC)
-
 BACKENDS = [
     pytest.param("sqlite", id="sqlite"),
     pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
 ]
-
-
-class FakeClock:
-    """A settable UTC clock for the repository."""
-
-    def __init__(self, now: dt.datetime = START) -> None:
-        self.now = now
-
-    def __call__(self) -> dt.datetime:
-        return self.now
-
-    def advance(self, **delta: float) -> None:
-        self.now += dt.timedelta(**delta)
 
 
 @pytest.fixture(params=BACKENDS)

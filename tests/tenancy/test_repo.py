@@ -5,7 +5,6 @@ from __future__ import annotations
 import datetime as dt
 
 import pytest
-from conftest import START, FakeClock
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import String, Text, select
@@ -24,6 +23,7 @@ from tenancy.errors import (
 from tenancy.models import Base
 from tenancy.repo import TenancyRepo
 from tenancy.schemas import KeySpec, TenantSpec, TenantUpdate, UsageRecordIn
+from tests.tenancy.clock import START, FakeClock
 
 ACTOR = "test"
 QUOTA = QuotaLimits(
