@@ -70,7 +70,7 @@ def rope_config_from_hf(hf_config: Any) -> RopeConfig:
         else:
             factor = 1.0
     try:
-        return RopeConfig(
+        rope = RopeConfig(
             theta=float(params["rope_theta"]),
             scaling_type=scaling_type,
             factor=float(factor),
@@ -88,6 +88,11 @@ def rope_config_from_hf(hf_config: Any) -> RopeConfig:
         )
     except ValueError as exc:
         raise ModelLoadError(f"invalid RoPE configuration: {exc}") from exc
+    if rope.partial_rotary_factor != 1.0:
+        raise ModelLoadError(
+            f"partial_rotary_factor={rope.partial_rotary_factor} is not supported (only 1.0)"
+        )
+    return rope
 
 
 def _optional_float(value: Any) -> float | None:
@@ -241,8 +246,10 @@ def load_model(
             )
         config = dataclasses.replace(config, max_model_len=max_model_len)
     files = weight_files(path)
-    model = get_model_class(config.model_type)(config, dtype=dtype, device=device, attn_backend=attn_backend)
     try:
+        model = get_model_class(config.model_type)(
+            config, dtype=dtype, device=device, attn_backend=attn_backend
+        )
         model.load_weights(iter_safetensors(files))
     except ValueError as exc:
         if isinstance(exc, ModelLoadError):

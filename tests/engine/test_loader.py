@@ -115,6 +115,7 @@ def test_eos_ids_merge_generation_config_and_flags_per_arch() -> None:
         ({"rope_scaling": {"rope_type": "yarn", "factor": 2.0, "truncate": False}}, "truncate"),
         ({"num_key_value_heads": 3}, "multiple of num_kv_heads"),
         ({"rope_theta": -1.0}, "theta"),
+        ({"partial_rotary_factor": 0.5}, "partial_rotary_factor"),
     ],
 )
 def test_unsupported_configs_raise_model_load_error(overrides: dict[str, Any], match: str) -> None:
