@@ -178,21 +178,41 @@ def gen_command(args: argparse.Namespace) -> int:
         if args.kind == "random":
             kind = RequestKind.COMPLETION if args.completion else RequestKind.CHAT
             reqs = random_lengths(
-                args.n, rate=args.rate, prompt_words=prompt, output_tokens=output, tenants=tenants,
-                kind=kind, priority=args.priority, seed=args.seed,
-            )  # fmt: skip
+                args.n,
+                rate=args.rate,
+                prompt_words=prompt,
+                output_tokens=output,
+                tenants=tenants,
+                kind=kind,
+                priority=args.priority,
+                seed=args.seed,
+            )
         elif args.kind == "shared-prefix":
             reqs = shared_prefix(
-                args.n, rate=args.rate, num_prefixes=args.num_prefixes, prefix_words=args.prefix_words,
-                suffix_words=prompt, output_tokens=output, tenants=tenants, priority=args.priority, seed=args.seed,
-            )  # fmt: skip
+                args.n,
+                rate=args.rate,
+                num_prefixes=args.num_prefixes,
+                prefix_words=args.prefix_words,
+                suffix_words=prompt,
+                output_tokens=output,
+                tenants=tenants,
+                priority=args.priority,
+                seed=args.seed,
+            )
         else:
             reqs = multi_turn(
-                args.n, turns=args.turns, session_rate=args.rate, think_time_s=args.think_time_s,
-                user_words=prompt, reply_words=_dist(args.reply_words, args.sigma, 8 * args.reply_words),
-                output_tokens=output, system_words=args.system_words, tenants=tenants,
-                priority=args.priority, seed=args.seed,
-            )  # fmt: skip
+                args.n,
+                turns=args.turns,
+                session_rate=args.rate,
+                think_time_s=args.think_time_s,
+                user_words=prompt,
+                reply_words=_dist(args.reply_words, args.sigma, 8 * args.reply_words),
+                output_tokens=output,
+                system_words=args.system_words,
+                tenants=tenants,
+                priority=args.priority,
+                seed=args.seed,
+            )
     except ValueError as exc:
         print(f"bench gen: {exc}", file=sys.stderr)
         return 2

@@ -69,6 +69,7 @@ class LoadResult:
     duration_s: float  # from the start of the run to the end of the last request
     started_at_unix: float
     num_planned: int
+    clock_origin: float = 0.0  # time.perf_counter() at the start of the run; start_s counts from it
 
 
 def server_root(url: str) -> str:
@@ -319,5 +320,9 @@ async def run_load(
     records = tuple(st.record() for st in states if st.start is not None)
     last_end = max((r.end_s for r in records), default=0.0)
     return LoadResult(
-        records=records, duration_s=last_end, started_at_unix=started_at, num_planned=len(plans)
+        records=records,
+        duration_s=last_end,
+        started_at_unix=started_at,
+        num_planned=len(plans),
+        clock_origin=t0,
     )
