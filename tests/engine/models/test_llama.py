@@ -45,7 +45,7 @@ CASES: dict[str, dict[str, Any]] = {
         "num_kv_heads": 2,
     },
     "rope_yarn": {
-        "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}
+        "rope_scaling": {"rope_type": "yarn", "factor": 16.0, "original_max_position_embeddings": 16}
     },
 }
 
