@@ -24,6 +24,7 @@ from tenancy.schemas import (
     TenantSpec,
     TenantUpdate,
     TenantView,
+    validate_quota,
 )
 
 JsonObject = dict[str, Any]
@@ -95,21 +96,27 @@ def _string(value: object, field: str) -> str:
 def parse_quota(body: object, where: str = "quota") -> QuotaLimits:
     """A quota object; absent or null fields mean unlimited, `models` absent means every model."""
     data = _object(body, QUOTA_FIELDS, where)
+    prefix = "" if where == "body" else where + "."
     models = data.get("models", [])
     if models is None:
         models = []
     if not isinstance(models, list) or not all(isinstance(m, str) for m in models):
-        raise FieldError(f"{where}.models", "must be a list of model names")
-    return QuotaLimits(
-        tokens_per_minute=_optional_int(data.get("tokens_per_minute"), f"{where}.tokens_per_minute"),
-        tokens_per_day=_optional_int(data.get("tokens_per_day"), f"{where}.tokens_per_day"),
-        max_concurrent=_optional_int(data.get("max_concurrent"), f"{where}.max_concurrent"),
-        max_prompt_tokens=_optional_int(data.get("max_prompt_tokens"), f"{where}.max_prompt_tokens"),
-        max_output_tokens=_optional_int(data.get("max_output_tokens"), f"{where}.max_output_tokens"),
+        raise FieldError(f"{prefix}models", "must be a list of model names")
+
+    def limit(name: str) -> int | None:
+        return _optional_int(data.get(name), prefix + name)
+
+    quota = QuotaLimits(
+        tokens_per_minute=limit("tokens_per_minute"),
+        tokens_per_day=limit("tokens_per_day"),
+        max_concurrent=limit("max_concurrent"),
+        max_prompt_tokens=limit("max_prompt_tokens"),
+        max_output_tokens=limit("max_output_tokens"),
         models=tuple(models),
-        ttft_slo_ms=_optional_int(data.get("ttft_slo_ms"), f"{where}.ttft_slo_ms"),
-        tpot_slo_ms=_optional_int(data.get("tpot_slo_ms"), f"{where}.tpot_slo_ms"),
+        ttft_slo_ms=limit("ttft_slo_ms"),
+        tpot_slo_ms=limit("tpot_slo_ms"),
     )
+    return validate_quota(quota, prefix)
 
 
 def parse_tenant_spec(body: object) -> TenantSpec:

@@ -229,7 +229,9 @@ class _AdminApi:
         limit = _int_query(request, "limit", 100)
         before = _int_query(request, "before", None)
         events = await run_in_threadpool(
-            lambda: self.repo.list_audit(tenant=tenant, limit=limit or 100, before_id=before)
+            lambda: self.repo.list_audit(
+                tenant=tenant, limit=limit if limit is not None else 100, before_id=before
+            )
         )
         return _json(list_json([audit_json(e) for e in events]))
 

@@ -1,0 +1,265 @@
+"""The admin API and GET /v1/usage on a minimal app: flows, body errors, authorization matrix."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from starlette.applications import Starlette
+from starlette.testclient import TestClient
+
+from gateway.auth import AdminAuthenticator, Authenticator, AuthSettings
+from gateway.routes.admin import admin_routes
+from tenancy.bootstrap import ensure_admin_token
+from tenancy.db import Database
+from tenancy.enums import UsageStatus
+from tenancy.keys import KeyHasher, generate_key
+from tenancy.migrate import upgrade
+from tenancy.repo import TenancyRepo
+from tenancy.schemas import UsageRecordIn
+from tests.tenancy.clock import START, FakeClock
+
+QUIET = {"name": "quiet", "priority": "interactive", "weight": 1,
+         "quota": {"tokens_per_minute": 20000, "max_concurrent": 8, "ttft_slo_ms": 2000}}  # fmt: skip
+
+
+@dataclass
+class Api:
+    client: TestClient
+    repo: TenancyRepo
+    clock: FakeClock
+    admin: dict[str, str]
+
+    def tenant_key(self, tenant: str, **body: object) -> tuple[str, dict[str, str]]:
+        """Issue a key through the API; its id and the headers that use it."""
+        response = self.client.post(f"/admin/v1/tenants/{tenant}/keys", json=body, headers=self.admin)
+        assert response.status_code == 201, response.text
+        return response.json()["id"], {"Authorization": f"Bearer {response.json()['key']}"}
+
+
+@pytest.fixture
+def api(tmp_path: Path) -> Iterator[Api]:
+    db = Database(f"sqlite:///{tmp_path / 'weir.db'}")
+    upgrade(db.engine)
+    clock = FakeClock()
+    repo = TenancyRepo(db, KeyHasher(b"pepper"), clock=clock)
+    token = ensure_admin_token(repo, None)
+    assert token is not None
+    # A generous throttle: the matrix below fails many times from the test client's address.
+    authenticator = Authenticator(repo, AuthSettings(max_failures=10_000))
+    admin_auth = AdminAuthenticator(repo, None, throttle=authenticator.throttle)
+    app = Starlette(routes=admin_routes(repo, authenticator, admin_auth))
+    with TestClient(app) as client:
+        yield Api(client, repo, clock, {"Authorization": f"Bearer {token}"})
+    db.dispose()
+
+
+def test_tenant_lifecycle(api: Api) -> None:
+    c, admin = api.client, api.admin
+    created = c.post("/admin/v1/tenants", json=QUIET, headers=admin)
+    assert created.status_code == 201
+    body = created.json()
+    assert (body["name"], body["priority"], body["status"], body["cache_scope"]) == (
+        "quiet", "interactive", "active", "quiet"
+    )  # fmt: skip
+    assert body["quota"]["max_concurrent"] == 8 and body["quota"]["tokens_per_day"] is None
+    assert c.post("/admin/v1/tenants", json=QUIET, headers=admin).status_code == 409
+    c.post("/admin/v1/tenants", json={"name": "noisy"}, headers=admin)
+    listed = c.get("/admin/v1/tenants", headers=admin).json()
+    assert listed["object"] == "list" and [t["name"] for t in listed["data"]] == ["noisy", "quiet"]
+    assert c.get("/admin/v1/tenants/quiet", headers=admin).json() == body
+    assert c.get("/admin/v1/tenants/nobody", headers=admin).status_code == 404
+    patched = c.patch("/admin/v1/tenants/quiet", json={"priority": "batch", "weight": 4}, headers=admin)
+    assert (patched.json()["priority"], patched.json()["weight"]) == ("batch", 4.0)
+    quota = c.put(
+        "/admin/v1/tenants/quiet/quota", json={"tokens_per_day": 10**9, "models": ["m"]}, headers=admin
+    )
+    assert quota.json()["quota"]["tokens_per_day"] == 10**9
+    assert quota.json()["quota"]["max_concurrent"] is None  # PUT replaces the whole quota
+    suspended = c.post("/admin/v1/tenants/quiet/suspend", headers=admin)
+    assert suspended.json()["status"] == "suspended"
+    actions = [e["action"] for e in c.get("/admin/v1/audit", headers=admin).json()["data"]]
+    assert actions[:4] == ["tenant.suspend", "quota.set", "tenant.update", "tenant.create"]
+    scoped = c.get("/admin/v1/audit", params={"tenant": "noisy"}, headers=admin).json()["data"]
+    assert [e["action"] for e in scoped] == ["tenant.create"]
+    assert scoped[0]["actor"].startswith("admin-api ")
+
+
+def test_keys_issue_list_revoke_rotate(api: Api) -> None:
+    c, admin = api.client, api.admin
+    c.post("/admin/v1/tenants", json=QUIET, headers=admin)
+    issued = c.post("/admin/v1/tenants/quiet/keys", json={"scopes": ["usage"]}, headers=admin)
+    assert issued.status_code == 201
+    assert issued.headers["cache-control"] == "no-store"
+    key = issued.json()
+    assert set(key) >= {"id", "key"} and key["key"].startswith(key["prefix"])
+    listed = c.get("/admin/v1/tenants/quiet/keys", headers=admin).json()["data"]
+    assert [k["id"] for k in listed] == [key["id"]] and "key" not in listed[0]
+    assert key["key"] not in c.get("/admin/v1/tenants/quiet/keys", headers=admin).text
+    rotated = c.post(f"/admin/v1/keys/{key['id']}/rotate", headers=admin)
+    assert rotated.status_code == 201 and rotated.json()["scopes"] == ["usage"]
+    old = {"Authorization": f"Bearer {key['key']}"}
+    new = {"Authorization": f"Bearer {rotated.json()['key']}"}
+    assert c.get("/v1/usage", headers=old).status_code == 401
+    assert c.get("/v1/usage", headers=new).status_code == 200
+    assert c.post(f"/admin/v1/keys/{key['id']}/rotate", headers=admin).status_code == 409
+    revoked = c.delete(f"/admin/v1/keys/{rotated.json()['id']}", headers=admin)
+    assert revoked.json()["state"] == "revoked"
+    assert c.get("/v1/usage", headers=new).status_code == 401  # this replica's cache, invalidated at once
+    assert c.delete("/admin/v1/keys/" + "a" * 16, headers=admin).status_code == 404
+    assert c.delete("/admin/v1/keys/not-an-id", headers=admin).status_code == 404
+
+
+def test_usage_per_day_for_admin_and_tenant(api: Api) -> None:
+    c, admin = api.client, api.admin
+    for name in ("acme", "globex"):
+        c.post("/admin/v1/tenants", json={"name": name}, headers=admin)
+    acme_id, acme = api.tenant_key("acme")
+    for day, tokens in ((0, 100), (0, 50), (1, 10)):
+        api.repo.record_usage(
+            UsageRecordIn(
+                f"r{day}{tokens}",
+                "acme",
+                acme_id,
+                "m",
+                UsageStatus.COMPLETED,
+                prompt_tokens=tokens,
+                completion_tokens=1,
+                created_at=START + dt.timedelta(days=day),
+            )  # fmt: skip
+        )
+    api.repo.record_usage(UsageRecordIn("g", "globex", None, "m", UsageStatus.FAILED, 7, 0))
+    usage = c.get("/admin/v1/tenants/acme/usage", headers=admin).json()
+    assert [(d["day"], d["prompt_tokens"], d["requests"]) for d in usage["data"]] == [
+        ("2030-01-01", 150, 2),
+        ("2030-01-02", 10, 1),
+    ]
+    assert usage["total"]["total_tokens"] == 163
+    ranged = c.get("/admin/v1/tenants/acme/usage", params={"since": "2030-01-02"}, headers=admin).json()
+    assert [d["day"] for d in ranged["data"]] == ["2030-01-02"]
+    own = c.get("/v1/usage", headers=acme).json()
+    assert own["tenant"] == "acme" and own["total"] == usage["total"]
+    bad = c.get("/admin/v1/tenants/acme/usage", params={"since": "yesterday"}, headers=admin)
+    assert bad.status_code == 422 and bad.json()["error"]["param"] == "since"
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "status", "param"),
+    [
+        ("POST", "/admin/v1/tenants", b"{not json", 400, None),
+        ("POST", "/admin/v1/tenants", b"[1, 2]", 400, None),
+        ("POST", "/admin/v1/tenants", b'{"priority": "batch"}', 422, "name"),
+        (
+            "POST",
+            "/admin/v1/tenants",
+            b'{"name": "a", "quota": {"tokens_per_minut": 1}}',
+            422,
+            "quota.tokens_per_minut",
+        ),
+        (
+            "POST",
+            "/admin/v1/tenants",
+            b'{"name": "a", "quota": {"max_concurrent": 0}}',
+            422,
+            "quota.max_concurrent",
+        ),
+        ("POST", "/admin/v1/tenants", b'{"name": "A B"}', 422, "name"),
+        ("PATCH", "/admin/v1/tenants/acme", b"{}", 400, None),
+        ("PATCH", "/admin/v1/tenants/acme", b'{"status": "paused"}', 422, "status"),
+        ("PUT", "/admin/v1/tenants/acme/quota", b'{"max_output_tokens": "many"}', 422, "max_output_tokens"),
+        ("POST", "/admin/v1/tenants/acme/keys", b'{"expires_at": "2020-01-01T00:00:00Z"}', 422, "expires_at"),
+        ("POST", "/admin/v1/tenants/acme/keys", b'{"scopes": ["root"]}', 422, "scopes"),
+        ("GET", "/admin/v1/audit?limit=0", None, 422, "limit"),
+    ],
+)
+def test_body_errors_name_the_field(
+    api: Api, method: str, path: str, body: bytes | None, status: int, param: str | None
+) -> None:
+    api.client.post("/admin/v1/tenants", json={"name": "acme"}, headers=api.admin)
+    response = api.client.request(method, path, content=body, headers=api.admin)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and error["message"] and error["type"] == "invalid_request_error"
+
+
+# -- the authorization matrix ------------------------------------------------------------------------
+
+ADMIN_ENDPOINTS = [
+    ("POST", "/admin/v1/tenants"),
+    ("GET", "/admin/v1/tenants"),
+    ("GET", "/admin/v1/tenants/acme"),
+    ("PATCH", "/admin/v1/tenants/acme"),
+    ("POST", "/admin/v1/tenants/acme/suspend"),
+    ("PUT", "/admin/v1/tenants/acme/quota"),
+    ("POST", "/admin/v1/tenants/acme/keys"),
+    ("GET", "/admin/v1/tenants/acme/keys"),
+    ("GET", "/admin/v1/tenants/acme/usage"),
+    ("GET", "/admin/v1/tenants/globex/usage"),
+    ("DELETE", "/admin/v1/keys/aaaaaaaaaaaaaaaa"),
+    ("POST", "/admin/v1/keys/aaaaaaaaaaaaaaaa/rotate"),
+    ("GET", "/admin/v1/audit"),
+]
+
+
+def test_authorization_matrix(api: Api) -> None:
+    c, admin = api.client, api.admin
+    for name in ("acme", "globex"):
+        c.post("/admin/v1/tenants", json={"name": name}, headers=admin)
+    acme_id, acme = api.tenant_key("acme")
+    _, globex = api.tenant_key("globex")
+    revoked_id, revoked = api.tenant_key("acme")
+    c.delete(f"/admin/v1/keys/{revoked_id}", headers=admin)
+    _, expiring = api.tenant_key("acme", expires_at=(START + dt.timedelta(hours=1)).isoformat())
+    _, inference_only = api.tenant_key("acme", scopes=["inference"])
+    before = c.get("/admin/v1/tenants/acme", headers=admin).json()
+
+    # A tenant key (or none, or a made-up token) cannot call any admin endpoint.
+    for method, path in ADMIN_ENDPOINTS:
+        for headers in (acme, globex, {}, {"Authorization": "Bearer weir-admin-guess"}):
+            response = c.request(method, path, json={"name": "x"}, headers=headers)
+            assert response.status_code == 401, (method, path, headers)
+            assert response.json()["error"]["code"] == "invalid_admin_token"
+    assert c.get("/admin/v1/tenants/acme", headers=admin).json() == before  # nothing changed
+
+    # A tenant sees its own usage only.
+    assert c.get("/v1/usage", headers=acme).json()["tenant"] == "acme"
+    assert c.get("/v1/usage", headers=globex).json()["tenant"] == "globex"
+    other = c.get("/v1/usage", params={"tenant": "globex"}, headers=acme)
+    assert other.status_code == 403
+    assert c.get("/v1/usage", params={"tenant": "acme"}, headers=acme).status_code == 200
+
+    # The admin token is not a tenant key; revoked, expired, unknown and missing keys are refused alike.
+    api.clock.advance(hours=1)
+    refusals = [
+        c.get("/v1/usage", headers=h)
+        for h in (admin, revoked, expiring, {}, {"Authorization": f"Bearer {generate_key().key}"})
+    ]
+    assert {r.status_code for r in refusals} == {401}
+    assert len({r.text for r in refusals}) == 1  # the same body whatever the reason
+
+    # Scopes and suspension.
+    assert c.get("/v1/usage", headers=inference_only).status_code == 403
+    c.post("/admin/v1/tenants/acme/suspend", headers=admin)
+    suspended = c.get("/v1/usage", headers=acme)
+    assert suspended.status_code == 403 and suspended.json()["error"]["code"] == "tenant_suspended"
+    assert c.get("/v1/usage", headers=globex).status_code == 200
+    assert acme_id  # issued through the API
+
+
+def test_repeated_admin_failures_are_throttled(tmp_path: Path) -> None:
+    db = Database(f"sqlite:///{tmp_path / 'weir.db'}")
+    upgrade(db.engine)
+    repo = TenancyRepo(db, KeyHasher())
+    authenticator = Authenticator(repo, AuthSettings(max_failures=3))
+    admin_auth = AdminAuthenticator(repo, "the-configured-admin-token", throttle=authenticator.throttle)
+    with TestClient(Starlette(routes=admin_routes(repo, authenticator, admin_auth))) as c:
+        codes = [
+            c.get("/admin/v1/tenants", headers={"Authorization": "Bearer nope"}).status_code for _ in range(4)
+        ]
+        assert codes == [401, 401, 401, 429]
+        blocked = c.get("/v1/usage")
+        assert blocked.status_code == 429 and int(blocked.headers["retry-after"]) >= 1
+    db.dispose()
