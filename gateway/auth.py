@@ -136,7 +136,8 @@ class FailureThrottle:
             raise RateLimitError(
                 "Too many failed authentication attempts from this address; retry later.",
                 code="too_many_auth_failures",
-                headers={"Retry-After": str(max(1, math.ceil(remaining_s)))},
+                # The epsilon keeps float noise (10.000000000000002) from announcing 11 s.
+                headers={"Retry-After": str(max(1, math.ceil(remaining_s - 1e-6)))},
             )
 
     def record_failure(self, client_addr: str) -> None:
