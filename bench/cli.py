@@ -106,7 +106,7 @@ def serve_config(args: argparse.Namespace, argv: Sequence[str] | None = None) ->
 def serve_command(args: argparse.Namespace) -> int:
     """Run `bench serve`; 0 once the report is written (failed requests are in it), 2 on bad setup."""
     try:
-        config = serve_config(args)
+        config = serve_config(args, getattr(args, "argv", None))
         result = asyncio.run(run_serve(config))
     except (ValueError, OSError, BenchSetupError) as exc:
         print(f"bench serve: {exc}", file=sys.stderr)
@@ -239,4 +239,6 @@ def build_parser(prog: str = "python -m bench") -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `python -m bench`."""
     args = build_parser().parse_args(argv)
+    if argv is not None:  # called from code: record this command line, not the host process's
+        args.argv = ["python", "-m", "bench", *argv]
     return int(args.func(args))

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-# Flags whose values are secrets: the recorded command shows them as "***".
+# Flags whose values are secrets: the recorded command shows them as "REDACTED".
 SECRET_FLAGS = ("--api-key", "--admin-token")
 
 # Server-side settings a report should state, looked up in the labels first, then in the
@@ -111,13 +111,13 @@ def redacted_command(argv: Sequence[str] | None = None) -> str:
     hide_next = False
     for arg in args:
         if hide_next:
-            out.append("***")
+            out.append("REDACTED")
             hide_next = False
             continue
         flag, eq, _ = arg.partition("=")
         if flag in SECRET_FLAGS:
             if eq:
-                out.append(f"{flag}=***")
+                out.append(f"{flag}=REDACTED")
             else:
                 out.append(arg)
                 hide_next = True

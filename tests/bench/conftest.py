@@ -17,6 +17,8 @@ from typing import Any
 import httpx
 import pytest
 
+from bench.records import Outcome, RequestRecord
+
 SERVER_SCRIPT = Path(__file__).with_name("fake_openai_server.py")
 
 
@@ -85,3 +87,40 @@ def fake_server() -> Iterator[FakeServer]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def make_records() -> list[RequestRecord]:
+    """A small run of two tenants: completed, cancelled, and failed requests with known timings."""
+    records = []
+    for i in range(6):
+        offsets = tuple(100.0 + 20.0 * k for k in range(5))  # TTFT 100, ITL 20, 5 tokens
+        records.append(
+            RequestRecord(
+                request_id=f"r{i}", tenant="acme" if i % 2 == 0 else "globex", kind="chat", priority="interactive",
+                max_tokens=5, scheduled_s=0.5 * i, start_s=0.5 * i, status_code=200, outcome=Outcome.OK,
+                ttft_ms=offsets[0], e2e_ms=offsets[-1] + 1.0, chunk_offsets_ms=offsets,
+                prompt_tokens=10 + i, completion_tokens=5, finish_reason="length",
+            )
+        )  # fmt: skip
+    records.append(
+        RequestRecord(
+            request_id="c0", tenant="acme", kind="chat", priority=None, max_tokens=50, scheduled_s=1.0,
+            start_s=1.0, status_code=200, outcome=Outcome.CANCELLED, ttft_ms=300.0, e2e_ms=340.0,
+            chunk_offsets_ms=(300.0, 320.0, 340.0),
+        )
+    )  # fmt: skip
+    for i, (status, outcome) in enumerate(
+        [(500, Outcome.HTTP_ERROR), (429, Outcome.HTTP_ERROR), (0, Outcome.CONNECTION_ERROR)]
+    ):
+        records.append(
+            RequestRecord(
+                request_id=f"e{i}", tenant="globex", kind="completion", priority="batch", max_tokens=8,
+                scheduled_s=2.0, start_s=2.0, status_code=status, outcome=outcome, error="x", e2e_ms=3.0,
+            )
+        )  # fmt: skip
+    return records
+
+
+@pytest.fixture
+def sample_records() -> list[RequestRecord]:
+    return make_records()
