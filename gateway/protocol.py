@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from engine.errors import InvalidRequestError
 from engine.request import Priority
 from gateway.errors import BadRequestError
 
@@ -205,7 +206,10 @@ def _priority(fields: _Fields) -> Priority | None:
     if value is None:
         return None
     if isinstance(value, str):
-        return Priority.parse(value)
+        try:
+            return Priority.parse(value)
+        except InvalidRequestError as exc:
+            raise BadRequestError(exc.message, param="priority") from None
     if isinstance(value, int) and not isinstance(value, bool):
         try:
             return Priority(value)

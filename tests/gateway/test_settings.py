@@ -1,0 +1,110 @@
+"""Settings: CLI over env over defaults, validation naming the field, auth mode resolution."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from gateway.settings import AuthMode, LogLevel, OtelExporter, Settings, add_serve_arguments
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def test_defaults_without_env_or_flags() -> None:
+    s = Settings.from_sources(parse([]), {"HOME": "/home/u"})
+    assert (s.host, s.port) == ("127.0.0.1", 8000)
+    assert s.model_path is None
+    assert s.otel_exporter is OtelExporter.NONE
+    assert s.log_level is LogLevel.INFO
+    assert s.resolved_database_url == f"sqlite:///{s.data_dir / 'weir.db'}"
+    assert s.data_dir.name == "weir" and s.cache_dir.name == "weir"
+
+
+def test_xdg_directories_are_honoured() -> None:
+    s = Settings.from_sources({}, {"XDG_DATA_HOME": "/xdg/data", "XDG_CACHE_HOME": "/xdg/cache"})
+    assert s.data_dir == Path("/xdg/data/weir")
+    assert s.cache_dir == Path("/xdg/cache/weir")
+
+
+def test_env_values_are_parsed() -> None:
+    env = {
+        "WEIR_PORT": "9001",
+        "WEIR_DATA_DIR": "/srv/weir",
+        "WEIR_MODEL": "/models/x",
+        "WEIR_KV_CACHE_TOKENS": "4096",
+        "WEIR_OTEL_EXPORTER": "console",
+        "WEIR_SHUTDOWN_GRACE_S": "2.5",
+        "WEIR_ADMIN_TOKEN": "secret",
+        "WEIR_LOG_LEVEL": "debug",
+        "WEIR_AUTH": "keys",
+    }
+    s = Settings.from_sources({}, env)
+    assert s.port == 9001
+    assert s.data_dir == Path("/srv/weir")
+    assert s.model_path == Path("/models/x")
+    assert s.kv_cache_tokens == 4096
+    assert s.otel_exporter is OtelExporter.CONSOLE
+    assert s.shutdown_grace_s == 2.5
+    assert s.admin_token == "secret"
+    assert s.log_level is LogLevel.DEBUG
+    assert s.auth is AuthMode.KEYS
+    assert s.resolved_database_url == "sqlite:////srv/weir/weir.db"
+
+
+def test_cli_wins_over_env() -> None:
+    args = parse(["--port", "7000", "--data-dir", "/cli", "--dtype", "bfloat16", "--kv-cache-tokens", "64"])
+    s = Settings.from_sources(args, {"WEIR_PORT": "9001", "WEIR_DATA_DIR": "/env", "WEIR_DTYPE": "float16"})
+    assert (s.port, s.data_dir, s.dtype, s.kv_cache_tokens) == (7000, Path("/cli"), "bfloat16", 64)
+
+
+def test_empty_env_value_means_unset() -> None:
+    assert Settings.from_sources({}, {"WEIR_PORT": ""}).port == 8000
+
+
+def test_secrets_are_not_command_line_flags_and_not_in_repr() -> None:
+    s = Settings.from_sources(
+        {"admin_token": "from-cli"}, {"WEIR_ADMIN_TOKEN": "from-env", "WEIR_KEY_PEPPER": "p"}
+    )
+    assert s.admin_token == "from-env"
+    assert "from-env" not in repr(s) and "'p'" not in repr(s)
+
+
+@pytest.mark.parametrize(
+    ("env", "field"),
+    [
+        ({"WEIR_PORT": "eighty"}, "WEIR_PORT"),
+        ({"WEIR_PORT": "70000"}, "port"),
+        ({"WEIR_DTYPE": "int8"}, "dtype"),
+        ({"WEIR_MAX_NUM_SEQS": "0"}, "max_num_seqs"),
+        ({"WEIR_KV_CACHE_TOKENS": "-1"}, "kv_cache_tokens"),
+        ({"WEIR_SHUTDOWN_GRACE_S": "-1"}, "shutdown_grace_s"),
+        ({"WEIR_OTEL_EXPORTER": "jaeger"}, "WEIR_OTEL_EXPORTER"),
+        ({"WEIR_MAX_REQUEST_BODY_BYTES": "10"}, "max_request_body_bytes"),
+    ],
+)
+def test_invalid_values_name_the_field(env: dict[str, str], field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        Settings.from_sources({}, env)
+
+
+def test_auth_mode_defaults() -> None:
+    assert Settings().auth_mode is AuthMode.NONE  # fresh local install
+    assert Settings(host="0.0.0.0").auth_mode is AuthMode.KEYS
+    assert Settings(admin_token="t").auth_mode is AuthMode.KEYS
+    assert Settings(host="::1").auth_mode is AuthMode.NONE
+    assert Settings(host="0.0.0.0", auth=AuthMode.NONE).auth_mode is AuthMode.NONE
+
+
+def test_model_name_and_dtype_resolution() -> None:
+    assert Settings().model_name() == "SmolLM2-135M-Instruct"
+    assert Settings(model_path=Path("/m/my-model")).model_name() == "my-model"
+    assert Settings(served_model_name="alias").model_name(Path("/m/x")) == "alias"
+    assert Settings().resolved_dtype("cpu") == "float32"
+    assert Settings().resolved_dtype("cuda") == "bfloat16"
+    assert Settings(dtype="float16").resolved_dtype("cpu") == "float16"
