@@ -235,6 +235,10 @@ class _AdminApi:
         )
         return _json(list_json([audit_json(e) for e in events]))
 
+    async def unknown(self, request: Request, actor: str) -> Response:
+        # Reached only with a valid admin token: probes without one get 401, not a route map.
+        raise NotFoundError(f"no admin endpoint {request.method} {request.url.path}")
+
     async def own_usage(self, request: Request) -> Response:
         """GET /v1/usage: the calling tenant's usage, and only its own."""
         try:
@@ -279,6 +283,7 @@ def admin_routes(
                 Route("/keys/{key_id}", a(api.revoke_key), methods=["DELETE"]),
                 Route("/keys/{key_id}/rotate", a(api.rotate_key), methods=["POST"]),
                 Route("/audit", a(api.audit), methods=["GET"]),
+                Route("/{path:path}", a(api.unknown), methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
             ],
         ),
         Route("/v1/usage", api.own_usage, methods=["GET"]),

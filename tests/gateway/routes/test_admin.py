@@ -249,6 +249,12 @@ def test_authorization_matrix(api: Api) -> None:
     assert acme_id  # issued through the API
 
 
+def test_unknown_admin_paths(api: Api) -> None:
+    assert api.client.get("/admin/v1/secrets").status_code == 401  # no route map without the token
+    missing = api.client.get("/admin/v1/secrets", headers=api.admin)
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
+
+
 def test_repeated_admin_failures_are_throttled(tmp_path: Path) -> None:
     db = Database(f"sqlite:///{tmp_path / 'weir.db'}")
     upgrade(db.engine)
