@@ -10,14 +10,14 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Callable, Sequence
 
-from sqlalchemy import case, func, insert, select, update
+from sqlalchemy import insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from tenancy.audit import list_events, record_event
 from tenancy.context import QuotaLimits
 from tenancy.db import Database
-from tenancy.enums import AuditAction, KeyScope, KeyState, TenantStatus, UsageStatus
+from tenancy.enums import AuditAction, KeyScope, KeyState, TenantStatus
 from tenancy.errors import (
     FieldError,
     KeyInactiveError,
@@ -41,6 +41,7 @@ from tenancy.schemas import (
     validate_quota,
     validate_tenant_name,
 )
+from tenancy.usage import daily_usage, daily_usage_query, usage_row
 
 _ADMIN_TOKEN_ROW = 1
 
@@ -372,9 +373,7 @@ class TenancyRepo:
                 missing = names - ids.keys()
                 if missing:
                     raise TenantNotFoundError(sorted(missing)[0])
-                session.execute(
-                    insert(UsageRecord), [self._usage_row(r, ids[r.tenant_id], now) for r in records]
-                )
+                session.execute(insert(UsageRecord), [usage_row(r, ids[r.tenant_id], now) for r in records])
         except IntegrityError:
             # Tenants were checked above, so a key is unknown. Find which, in a fresh transaction
             # (PostgreSQL refuses further queries in the failed one).
@@ -384,25 +383,6 @@ class TenancyRepo:
             unknown = sorted(key_ids - known)
             raise KeyNotFoundError(unknown[0] if unknown else "?") from None
 
-    @staticmethod
-    def _usage_row(r: UsageRecordIn, tenant_id: int, now: dt.datetime) -> dict[str, object]:
-        created_at = r.created_at if r.created_at is not None else now
-        return {
-            "request_id": r.request_id,
-            "tenant_id": tenant_id,
-            "key_id": r.key_id,
-            "model": r.model,
-            "prompt_tokens": r.prompt_tokens,
-            "completion_tokens": r.completion_tokens,
-            "cached_tokens": r.cached_tokens,
-            "ttft_ms": r.ttft_ms,
-            "e2e_ms": r.e2e_ms,
-            "status": r.status,
-            "finish_reason": r.finish_reason,
-            "created_at": created_at,
-            "day": created_at.astimezone(dt.UTC).date(),
-        }
-
     def usage_by_day(
         self, tenant: str, *, since: dt.date | None = None, until: dt.date | None = None
     ) -> list[DailyUsage]:
@@ -410,43 +390,9 @@ class TenancyRepo:
         validate_tenant_name(tenant, "tenant")
         if since is not None and until is not None and since > until:
             raise FieldError("since", "must not be after until")
-        completed = func.sum(case((UsageRecord.status == UsageStatus.COMPLETED, 1), else_=0))
-        failed = func.sum(case((UsageRecord.status == UsageStatus.FAILED, 1), else_=0))
-        cancelled = func.sum(case((UsageRecord.status == UsageStatus.CANCELLED, 1), else_=0))
         with self.db.transaction() as session:
-            row = self._tenant_row(session, tenant)
-            query = (
-                select(
-                    UsageRecord.day,
-                    func.count(),
-                    completed,
-                    failed,
-                    cancelled,
-                    func.sum(UsageRecord.prompt_tokens),
-                    func.sum(UsageRecord.completion_tokens),
-                    func.sum(UsageRecord.cached_tokens),
-                )
-                .where(UsageRecord.tenant_id == row.id)
-                .group_by(UsageRecord.day)
-                .order_by(UsageRecord.day)
-            )
-            if since is not None:
-                query = query.where(UsageRecord.day >= since)
-            if until is not None:
-                query = query.where(UsageRecord.day <= until)
-            return [
-                DailyUsage(
-                    day=day,
-                    num_requests=int(n),
-                    num_completed=int(c),
-                    num_failed=int(f),
-                    num_cancelled=int(x),
-                    prompt_tokens=int(p),
-                    completion_tokens=int(o),
-                    cached_tokens=int(k),
-                )
-                for day, n, c, f, x, p, o, k in session.execute(query).tuples()
-            ]
+            tenant_id = self._tenant_row(session, tenant).id
+            return [daily_usage(row) for row in session.execute(daily_usage_query(tenant_id, since, until))]
 
     # -- audit -----------------------------------------------------------------------------------
 

@@ -1,0 +1,80 @@
+"""Usage records as rows, and the per-day aggregate query, for the repository.
+
+Per-day reports group on the stored UTC `day` column (portable across SQLite and PostgreSQL,
+and served by the (tenant_id, day) index) instead of a dialect-specific date function.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import Select, case, func, select
+
+from tenancy.enums import UsageStatus
+from tenancy.models import UsageRecord
+from tenancy.schemas import DailyUsage, UsageRecordIn
+
+
+def usage_row(record: UsageRecordIn, tenant_id: int, now: dt.datetime) -> dict[str, object]:
+    """The insert parameters of one usage record (created now unless it says when)."""
+    created_at = record.created_at if record.created_at is not None else now
+    return {
+        "request_id": record.request_id,
+        "tenant_id": tenant_id,
+        "key_id": record.key_id,
+        "model": record.model,
+        "prompt_tokens": record.prompt_tokens,
+        "completion_tokens": record.completion_tokens,
+        "cached_tokens": record.cached_tokens,
+        "ttft_ms": record.ttft_ms,
+        "e2e_ms": record.e2e_ms,
+        "status": record.status,
+        "finish_reason": record.finish_reason,
+        "created_at": created_at,
+        "day": created_at.astimezone(dt.UTC).date(),
+    }
+
+
+def _count(status: UsageStatus) -> Any:
+    return func.sum(case((UsageRecord.status == status, 1), else_=0))
+
+
+def daily_usage_query(tenant_id: int, since: dt.date | None, until: dt.date | None) -> Select[Any]:
+    """One row per UTC day with records, oldest first; read them with `daily_usage`."""
+    query = (
+        select(
+            UsageRecord.day,
+            func.count(),
+            _count(UsageStatus.COMPLETED),
+            _count(UsageStatus.FAILED),
+            _count(UsageStatus.CANCELLED),
+            func.sum(UsageRecord.prompt_tokens),
+            func.sum(UsageRecord.completion_tokens),
+            func.sum(UsageRecord.cached_tokens),
+        )
+        .where(UsageRecord.tenant_id == tenant_id)
+        .group_by(UsageRecord.day)
+        .order_by(UsageRecord.day)
+    )
+    if since is not None:
+        query = query.where(UsageRecord.day >= since)
+    if until is not None:
+        query = query.where(UsageRecord.day <= until)
+    return query
+
+
+def daily_usage(row: Sequence[Any]) -> DailyUsage:
+    """A row of `daily_usage_query` (sums arrive as int or Decimal depending on the backend)."""
+    day, n, completed, failed, cancelled, prompt, completion, cached = row
+    return DailyUsage(
+        day=day,
+        num_requests=int(n),
+        num_completed=int(completed),
+        num_failed=int(failed),
+        num_cancelled=int(cancelled),
+        prompt_tokens=int(prompt),
+        completion_tokens=int(completion),
+        cached_tokens=int(cached),
+    )
