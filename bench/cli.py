@@ -112,10 +112,14 @@ def serve_command(args: argparse.Namespace) -> int:
         print(f"bench serve: {exc}", file=sys.stderr)
         return 2
     overall = result.report["overall"]
+
+    def ms(value: float | None) -> str:
+        return "-" if value is None else f"{value:.1f} ms"
+
     print(
         f"{overall['ok']}/{overall['requests']} ok, errors {overall['errors_by_status'] or '-'}, "
-        f"TTFT p50 {overall['ttft_ms']['p50']} ms, TPOT p50 {overall['tpot_ms']['p50']} ms, "
-        f"{overall['output_tokens_per_s']} output tok/s; report in {config.out_dir}"
+        f"TTFT p50 {ms(overall['ttft_ms']['p50'])}, TPOT p50 {ms(overall['tpot_ms']['p50'])}, "
+        f"{overall['output_tokens_per_s']:.1f} output tok/s; report in {config.out_dir}"
     )
     return 0
 

@@ -1,7 +1,7 @@
 """Per-tenant API keys for a run: read from a tenants file, or created through the admin API.
 
 The tenants file is a JSON list like `shared/workloads/tenants.json`:
-`[{"name", "priority", "weight", "quota": {...}, "api_key"?: "..."}]`. With `--create-tenants`
+`[{"name", "priority", "weight", "quota": {...}, "cache_scope"?, "api_key"?}]`. With `--create-tenants`
 each tenant is created (`POST /admin/v1/tenants`; an existing one is kept) and given a fresh key
 (`POST /admin/v1/tenants/{name}/keys` -> `{"id", "key"}`); otherwise `api_key` must be there.
 """
@@ -18,7 +18,7 @@ import httpx
 
 from bench.workloads import PRIORITIES
 
-_ALLOWED_FIELDS = {"name", "priority", "weight", "quota", "api_key"}
+_ALLOWED_FIELDS = {"name", "priority", "weight", "quota", "cache_scope", "api_key"}
 
 
 class TenantSetupError(RuntimeError):
@@ -33,6 +33,7 @@ class TenantSpec:
     priority: str = "standard"
     weight: float = 1.0
     quota: Mapping[str, Any] = field(default_factory=dict)  # passed to the admin API as is
+    cache_scope: str | None = None
     api_key: str | None = None
 
     def __post_init__(self) -> None:
@@ -45,12 +46,15 @@ class TenantSpec:
 
     def admin_body(self) -> dict[str, Any]:
         """Body of POST /admin/v1/tenants."""
-        return {
+        body = {
             "name": self.name,
             "priority": self.priority,
             "weight": self.weight,
             "quota": dict(self.quota),
         }
+        if self.cache_scope is not None:
+            body["cache_scope"] = self.cache_scope
+        return body
 
 
 def parse_tenants(data: Any) -> list[TenantSpec]:
@@ -76,6 +80,7 @@ def parse_tenants(data: Any) -> list[TenantSpec]:
                 priority=entry.get("priority", "standard"),
                 weight=float(weight),
                 quota=quota,
+                cache_scope=entry.get("cache_scope"),
                 api_key=entry.get("api_key"),
             )
         )
