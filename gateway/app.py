@@ -31,6 +31,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.openapi import openapi_schema
 from gateway.routes.openai import Authenticate, OpenAIRoutes, ServedModel
 from gateway.settings import AuthMode, Settings
+from gateway.state import GatewayState
 from gateway.tokenization import PromptBuilder, Tokenizer
 from gateway.tracing import RequestTracer, build_tracer_provider
 from tenancy.context import QuotaLimits, TenantContext
@@ -52,17 +53,6 @@ ANONYMOUS_TENANT = TenantContext(
 async def authenticate_anonymous(authorization: str | None, client_addr: str) -> TenantContext:
     """Auth mode `none`: every caller is the default tenant, whatever key it sends."""
     return ANONYMOUS_TENANT
-
-
-class GatewayState:
-    """Lifecycle state the server changes: draining starts on SIGTERM."""
-
-    def __init__(self) -> None:
-        self.draining = False
-
-    def begin_drain(self) -> None:
-        """Refuse new generation requests and report not-ready; in-flight ones continue."""
-        self.draining = True
 
 
 def model_fingerprint(name: str, max_model_len: int, extra: str = "") -> str:
@@ -120,7 +110,7 @@ def create_app(
         admission=admission,
         accountant=Accountant(metrics, usage_sink),
         tracer=tracer,
-        is_draining=lambda: state.draining,
+        state=state,
     )
     schema = openapi_schema()
 
@@ -170,6 +160,8 @@ def create_app(
         try:
             yield
         finally:
+            if not await state.wait_idle():
+                logger.warning("%d requests still settling at shutdown", state.num_active)
             for hook in on_shutdown:
                 try:
                     await hook()

@@ -20,8 +20,8 @@ from types import FrameType
 import uvicorn
 from starlette.applications import Starlette
 
-from gateway.app import GatewayState
 from gateway.settings import LogLevel, Settings
+from gateway.state import GatewayState
 
 logger = logging.getLogger(__name__)
 

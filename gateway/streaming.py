@@ -23,8 +23,9 @@ from engine.errors import RequestFailedError
 from engine.output import RequestOutput
 from engine.request import FinishReason
 from gateway.accounting import Accountant, Outcome, RequestInfo, RequestTally, Settle
-from gateway.errors import WeirError, from_engine_error
+from gateway.errors import ServiceUnavailableError, WeirError, from_engine_error
 from gateway.responses import SSE_DONE, ChoiceState, ResponseFormatter, encode_json, sse_error
+from gateway.state import GatewayState
 from gateway.tracing import RequestSpan
 
 logger = logging.getLogger(__name__)
@@ -108,6 +109,7 @@ class GenerationJob:
     span: RequestSpan
     settle: Settle
     accountant: Accountant
+    state: GatewayState
 
 
 class GenerationResponse:
@@ -120,8 +122,11 @@ class GenerationResponse:
         self._disconnected = False
         self._outcome: Outcome | None = None
         self._error: str | None = None
+        self._streaming = False  # SSE headers sent
+        self._complete = False  # last body message sent
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self.job.state.request_started()
         try:
             async with anyio.create_task_group() as group:
                 group.start_soon(self._watch_disconnect, receive, group.cancel_scope)
@@ -133,7 +138,24 @@ class GenerationResponse:
         finally:
             # Shielded: the abort must reach the engine even though this task is being cancelled.
             with anyio.CancelScope(shield=True):
-                await self._cleanup()
+                try:
+                    if self._streaming and not self._complete and not self._disconnected:
+                        await self._end_cut_stream(send)
+                    await self._cleanup()
+                finally:
+                    self.job.state.request_finished()
+
+    async def _end_cut_stream(self, send: Send) -> None:
+        # The server cancelled a running stream (shutdown past the grace period): end it with an
+        # error event, so clients see why instead of a truncated body.
+        error = ServiceUnavailableError(
+            "the server shut down before this request finished", code="shutting_down"
+        )
+        self._error = error.message
+        with contextlib.suppress(Exception):
+            await send(
+                {"type": "http.response.body", "body": sse_error(error) + SSE_DONE, "more_body": False}
+            )
 
     async def _watch_disconnect(self, receive: Receive, scope: anyio.CancelScope) -> None:
         while True:
@@ -192,6 +214,7 @@ class GenerationResponse:
             await self._send_error(send, self._log_error(exc))
             return
         await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+        self._streaming = True
         pending = formatter.start_chunks(len(job.requests) * job.n)
         try:
             if first is not None:
@@ -212,6 +235,7 @@ class GenerationResponse:
             self._outcome, self._error = Outcome.FAILED, error.message
             job.accountant.metrics.count_error(error.status_code)
             tail = sse_error(error)
+        self._complete = True
         await send({"type": "http.response.body", "body": tail + SSE_DONE, "more_body": False})
 
     def _log_error(self, exc: Exception) -> WeirError:

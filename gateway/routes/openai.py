@@ -29,6 +29,7 @@ from gateway.protocol import (
     parse_completion_request,
 )
 from gateway.responses import ChatFormatter, CompletionFormatter, ResponseFormatter
+from gateway.state import GatewayState
 from gateway.streaming import GenerationJob, GenerationResponse
 from gateway.tokenization import PromptBuilder
 from gateway.tracing import RequestTracer
@@ -84,7 +85,7 @@ class OpenAIRoutes:
         admission: Admission,
         accountant: Accountant,
         tracer: RequestTracer,
-        is_draining: Callable[[], bool],
+        state: GatewayState,
     ) -> None:
         self.engine = engine
         self.prompts = prompts
@@ -93,7 +94,7 @@ class OpenAIRoutes:
         self.admission = admission
         self.accountant = accountant
         self.tracer = tracer
-        self.is_draining = is_draining
+        self.state = state
 
     def routes(self) -> list[BaseRoute]:
         return [
@@ -137,7 +138,7 @@ class OpenAIRoutes:
             f"POST {request.url.path}", request.headers, {"http.route": request.url.path}
         )
         try:
-            if self.is_draining():
+            if self.state.draining:
                 raise ServiceUnavailableError("the server is shutting down", code="shutting_down")
             tenant = await self._tenant(request)
             body = decode_json_object(await request.body())
@@ -189,6 +190,7 @@ class OpenAIRoutes:
             span=span,
             settle=settle,
             accountant=self.accountant,
+            state=self.state,
         )
         return _Started(GenerationResponse(job))
 
