@@ -71,7 +71,8 @@ class UsageRecord:
     outcome: Outcome
     finish_reasons: tuple[str, ...]  # per choice; "abort" for choices cut short
     created_at: float  # epoch seconds when the request arrived
-    duration_s: float
+    duration_s: float  # arrival to settlement
+    ttft_s: float | None = None  # of the first prompt; None when no token came
     user: str | None = None
 
 
@@ -132,6 +133,21 @@ class RequestTally:
         start = prompt_index * self.n
         return all(r is not None for r in self.finish_reasons[start : start + self.n])
 
+    def latencies(self, prompt_index: int) -> RequestMetrics:
+        """One engine request's latencies: the engine's, else what the gateway saw (aborts)."""
+        m = self.metrics[prompt_index]
+        if m is not None:
+            return m
+        arrival_s = self.requests[prompt_index].arrival_s
+        first, last = self.first_output_s[prompt_index], self.last_output_s[prompt_index]
+        return RequestMetrics(
+            arrival_s=arrival_s,
+            queue_s=None,
+            ttft_s=None if first is None else first - arrival_s,
+            tpot_s=None,
+            e2e_s=None if last is None or not self.prompt_finished(prompt_index) else last - arrival_s,
+        )
+
     def usage(self) -> Usage:
         return Usage(
             prompt_tokens=sum(len(r.prompt_token_ids) for r in self.requests),
@@ -184,6 +200,7 @@ class Accountant:
             finish_reasons=reasons,
             created_at=info.created_at,
             duration_s=time.monotonic() - info.arrival_s,
+            ttft_s=tally.latencies(0).ttft_s if tally.requests else None,
             user=info.user,
         )
         try:
@@ -220,23 +237,19 @@ class Accountant:
         )
         for reason in reasons:
             self.metrics.count_finished(model, tenant, reason)
-        for i, request in enumerate(tally.requests):
-            m = tally.metrics[i]
-            if m is not None:
-                arrival_s = m.arrival_s
-                ttft_s, tpot_s, e2e_s, queue_s, itl_s = m.ttft_s, m.tpot_s, m.e2e_s, m.queue_s, m.itl_s
-            else:
-                # No engine metrics (aborted, or an engine that sends none): what the gateway saw.
-                arrival_s = request.arrival_s
-                first, last = tally.first_output_s[i], tally.last_output_s[i]
-                ttft_s = None if first is None else first - arrival_s
-                e2e_s = None if last is None or not tally.prompt_finished(i) else last - arrival_s
-                tpot_s, queue_s, itl_s = None, None, ()
+        for i in range(len(tally.requests)):
+            m = tally.latencies(i)
             self.metrics.observe_latency(
-                model, tenant, ttft_s=ttft_s, tpot_s=tpot_s, e2e_s=e2e_s, queue_s=queue_s, itl_s=itl_s
+                model,
+                tenant,
+                ttft_s=m.ttft_s,
+                tpot_s=m.tpot_s,
+                e2e_s=m.e2e_s,
+                queue_s=m.queue_s,
+                itl_s=m.itl_s,
             )
             if i == 0:
-                span.record_phases(arrival_s, queue_s, ttft_s, e2e_s)
+                span.record_phases(m.arrival_s, m.queue_s, m.ttft_s, m.e2e_s)
         span.set_attributes(
             {
                 "gen_ai.usage.input_tokens": usage.prompt_tokens,

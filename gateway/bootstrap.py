@@ -6,6 +6,8 @@ and the other subcommands start fast.
 
 from __future__ import annotations
 
+import asyncio
+import datetime as dt
 import logging
 import math
 import sys
@@ -16,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.routing import BaseRoute
 
-from gateway.accounting import UsageSink
+from gateway.accounting import Outcome, UsageRecord, UsageSink
 from gateway.app import create_app
 from gateway.routes.openai import Authenticate
 from gateway.server import run_server
@@ -25,6 +27,7 @@ from gateway.settings import AuthMode, LogLevel, Settings
 if TYPE_CHECKING:
     from engine.async_engine import AsyncEngine
     from engine.config import EngineConfig
+    from tenancy.schemas import UsageRecordIn
 
 logger = logging.getLogger("weir.serve")
 
@@ -83,13 +86,48 @@ def engine_config(settings: Settings, model_path: Path, device: str) -> EngineCo
 
 @dataclass
 class TenancyWiring:
-    """What tenancy adds to the app: key checks, admin routes, usage records, a close hook."""
+    """What tenancy adds to the app: key checks, admin routes, usage records, lifecycle hooks."""
 
     authenticate: Authenticate | None = None
     usage_sink: UsageSink | None = None
     routes: list[BaseRoute] = field(default_factory=list)
     num_tenants: int = 0
+    start: Callable[[], Awaitable[None]] | None = None
     close: Callable[[], Awaitable[None]] | None = None
+
+
+_STATUS_OF = {
+    Outcome.COMPLETED: "completed",
+    Outcome.FAILED: "failed",
+    Outcome.CLIENT_DISCONNECTED: "cancelled",
+    Outcome.CANCELLED: "cancelled",
+}
+
+
+def to_usage_record_in(record: UsageRecord) -> UsageRecordIn:
+    """The gateway's usage record as tenancy stores it (times in ms, one finish reason)."""
+    from engine.request import FinishReason
+    from tenancy.enums import UsageStatus
+    from tenancy.schemas import UsageRecordIn
+
+    try:
+        finish: FinishReason | None = FinishReason(record.finish_reasons[0])
+    except (IndexError, ValueError):
+        finish = None
+    return UsageRecordIn(
+        request_id=record.request_id,
+        tenant_id=record.tenant_id,
+        key_id=record.key_id,
+        model=record.model,
+        status=UsageStatus(_STATUS_OF[record.outcome]),
+        prompt_tokens=record.usage.prompt_tokens,
+        completion_tokens=record.usage.completion_tokens,
+        cached_tokens=min(record.usage.cached_tokens, record.usage.prompt_tokens),
+        ttft_ms=None if record.ttft_s is None else max(record.ttft_s, 0.0) * 1000,
+        e2e_ms=record.duration_s * 1000,
+        finish_reason=finish,
+        created_at=dt.datetime.fromtimestamp(record.created_at, tz=dt.UTC),
+    )
 
 
 def build_tenancy(settings: Settings) -> TenancyWiring:
@@ -105,6 +143,7 @@ def build_tenancy(settings: Settings) -> TenancyWiring:
     from tenancy.keys import KeyHasher
     from tenancy.migrate import check_migrated, upgrade
     from tenancy.repo import TenancyRepo
+    from tenancy.usage_writer import UsageWriter
 
     db = Database(settings.resolved_database_url)
     if db.backend == "sqlite":
@@ -117,14 +156,25 @@ def build_tenancy(settings: Settings) -> TenancyWiring:
         print(admin_token_banner(token), flush=True)  # shown once, never logged
     authenticator = Authenticator(repo)
     admin_auth = AdminAuthenticator(repo, settings.admin_token)
+    writer = UsageWriter(repo)
+
+    def sink(record: UsageRecord) -> None:
+        writer.submit(to_usage_record_in(record))  # queued; written in batches on its own thread
+
+    async def start() -> None:
+        writer.start()
 
     async def close() -> None:
+        # After the requests settled (the lifespan waits): flush their usage, then close the pool.
+        await asyncio.to_thread(writer.close)
         db.dispose()
 
     return TenancyWiring(
         authenticate=authenticator.authenticate_async,
+        usage_sink=sink,
         routes=admin_routes(repo, authenticator, admin_auth),
         num_tenants=len(repo.list_tenants()),
+        start=start,
         close=close,
     )
 
@@ -161,7 +211,10 @@ def serve(settings: Settings) -> int:
             settings.host,
         )
     engine, model_path = build_engine(settings)
+    startup_hooks: list[Callable[[], Awaitable[None]]] = [engine.start]
     shutdown_hooks: list[Callable[[], Awaitable[None]]] = [engine.shutdown]
+    if tenancy.start is not None:
+        startup_hooks.append(tenancy.start)
     if tenancy.close is not None:
         shutdown_hooks.append(tenancy.close)
     kwargs: dict[str, Any] = {}
@@ -176,7 +229,7 @@ def serve(settings: Settings) -> int:
         model_name=settings.model_name(model_path),
         vocab_size=engine.model_config.vocab_size,
         extra_routes=tenancy.routes,
-        on_startup=[engine.start],
+        on_startup=startup_hooks,
         on_shutdown=shutdown_hooks,
         **kwargs,
     )

@@ -1,0 +1,86 @@
+"""`weir serve` assembly: engine config from settings, auth mode, tenancy wiring, usage records."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+from pathlib import Path
+
+import pytest
+
+from engine.request import FinishReason
+from gateway.accounting import Outcome, Usage, UsageRecord
+from gateway.bootstrap import (
+    build_tenancy,
+    engine_config,
+    resolve_auth,
+    resolve_model_path,
+    to_usage_record_in,
+)
+from gateway.protocol import Endpoint
+from gateway.settings import AuthMode, Settings
+
+
+def test_engine_config_from_settings() -> None:
+    s = Settings(kv_cache_tokens=1000, max_num_seqs=8, max_num_batched_tokens=512, max_model_len=1024)
+    config = engine_config(s, Path("/models/x"), "cpu")
+    assert config.model_path == "/models/x" and config.device == "cpu" and config.dtype == "float32"
+    assert config.cache.kv_dtype == "float32"
+    # ceil(1000 / 16) = 63 blocks of tokens, plus the engine's reserved block
+    assert config.cache.num_blocks == 64
+    assert (config.scheduler.max_num_seqs, config.scheduler.max_num_batched_tokens) == (8, 512)
+    assert config.scheduler.max_model_len == 1024
+    assert engine_config(Settings(max_model_len=64), Path("/m"), "cuda").dtype == "bfloat16"
+    assert engine_config(Settings(max_model_len=64), Path("/m"), "cpu").cache.num_blocks is None
+
+
+def test_explicit_model_path_is_used_as_is() -> None:
+    assert resolve_model_path(Settings(model_path=Path("/m/a"))) == Path("/m/a")
+
+
+def test_auth_becomes_keys_once_tenants_exist() -> None:
+    assert resolve_auth(Settings(), num_tenants=0) is AuthMode.NONE
+    assert resolve_auth(Settings(), num_tenants=1) is AuthMode.KEYS
+    assert resolve_auth(Settings(auth=AuthMode.NONE), num_tenants=3) is AuthMode.NONE
+    assert resolve_auth(Settings(host="0.0.0.0"), num_tenants=0) is AuthMode.KEYS
+
+
+def record(outcome: Outcome, reasons: tuple[str, ...], ttft_s: float | None) -> UsageRecord:
+    return UsageRecord(
+        request_id="chatcmpl-1", tenant_id="acme", key_id="k1", model="m", endpoint=Endpoint.CHAT,
+        usage=Usage(10, 5, 4), outcome=outcome, finish_reasons=reasons, created_at=1_700_000_000.0,
+        duration_s=0.5, ttft_s=ttft_s,
+    )  # fmt: skip
+
+
+def test_usage_record_conversion() -> None:
+    from tenancy.enums import UsageStatus
+
+    r = to_usage_record_in(record(Outcome.COMPLETED, ("length", "stop"), 0.1))
+    assert (r.request_id, r.tenant_id, r.key_id, r.model) == ("chatcmpl-1", "acme", "k1", "m")
+    assert (r.prompt_tokens, r.completion_tokens, r.cached_tokens) == (10, 5, 4)
+    assert r.status is UsageStatus.COMPLETED and r.finish_reason is FinishReason.LENGTH
+    assert r.ttft_ms == pytest.approx(100) and r.e2e_ms == pytest.approx(500)
+    assert r.created_at == dt.datetime.fromtimestamp(1_700_000_000, tz=dt.UTC)
+    cut = to_usage_record_in(record(Outcome.CLIENT_DISCONNECTED, ("abort",), None))
+    assert (
+        cut.status is UsageStatus.CANCELLED
+        and cut.finish_reason is FinishReason.ABORT
+        and cut.ttft_ms is None
+    )
+    assert to_usage_record_in(record(Outcome.FAILED, (), None)).status is UsageStatus.FAILED
+
+
+def test_tenancy_wiring_on_a_fresh_sqlite(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    wiring = build_tenancy(Settings(data_dir=tmp_path))
+    assert (tmp_path / "weir.db").exists()
+    assert "Generated an admin token" in capsys.readouterr().out
+    assert wiring.num_tenants == 0 and wiring.authenticate is not None and wiring.usage_sink is not None
+    paths = {getattr(r, "path", None) for r in wiring.routes}
+    assert "/admin/v1" in paths and "/v1/usage" in paths
+    assert wiring.start is not None and wiring.close is not None
+    asyncio.run(wiring.start())
+    asyncio.run(wiring.close())
+    # Second start: migrated already, the token is not shown again.
+    build_tenancy(Settings(data_dir=tmp_path))
+    assert "Generated an admin token" not in capsys.readouterr().out
