@@ -48,9 +48,6 @@ def paged_attention(
     Decode rows (one query each) are batched into a single padded matmul; prefill chunks run
     one sequence at a time through scaled_dot_product_attention with an offset causal mask.
     """
-    num_tokens, num_heads, head_dim = query.shape
-    num_kv_heads = kv_cache.shape[3]
-    group = num_heads // num_kv_heads
     out = torch.empty_like(query)
     decode_rows: list[int] = []
     for i, seq_len in enumerate(seq_lens):
@@ -63,12 +60,15 @@ def paged_attention(
             continue
         k, v = gather_kv(kv_cache, block_tables[i], seq_len)
         q = query[start:end].transpose(0, 1)  # [num_heads, q_len, head_dim]
-        k = k.transpose(0, 1).repeat_interleave(group, dim=0)  # [num_heads, seq_len, head_dim]
-        v = v.transpose(0, 1).repeat_interleave(group, dim=0)
-        # query j sits at position seq_len - q_len + j and sees keys 0..that position
-        pos_q = torch.arange(seq_len - q_len, seq_len, device=query.device)[:, None]
-        mask = torch.arange(seq_len, device=query.device)[None, :] <= pos_q  # [q_len, seq_len]
-        o = F.scaled_dot_product_attention(q.to(k.dtype), k, v, attn_mask=mask, scale=scale)
+        k = k.transpose(0, 1)  # [num_kv_heads, seq_len, head_dim]
+        v = v.transpose(0, 1)
+        if q_len == seq_len:  # the whole sequence is new: plain causal attention
+            o = F.scaled_dot_product_attention(q.to(k.dtype), k, v, is_causal=True, scale=scale, enable_gqa=True)
+        else:
+            # query j sits at position seq_len - q_len + j and sees keys 0..that position
+            pos_q = torch.arange(seq_len - q_len, seq_len, device=query.device)[:, None]
+            mask = torch.arange(seq_len, device=query.device)[None, :] <= pos_q  # [q_len, seq_len]
+            o = F.scaled_dot_product_attention(q.to(k.dtype), k, v, attn_mask=mask, scale=scale, enable_gqa=True)
         out[start:end] = o.transpose(0, 1).to(out.dtype)
     if decode_rows:
         out_rows = _decode_attention(query, kv_cache, block_tables, query_start_loc, seq_lens, decode_rows, scale)
@@ -86,23 +86,19 @@ def _decode_attention(
     rows: list[int],
     scale: float,
 ) -> torch.Tensor:  # [len(rows), num_heads, head_dim]
-    """One query per sequence, all sequences in one padded batched matmul."""
+    """One query per sequence, all sequences in one padded SDPA call (GQA without copies)."""
     _, num_blocks, block_size, num_kv_heads, head_dim = kv_cache.shape
     num_heads = query.shape[1]
-    group = num_heads // num_kv_heads
     lens = [seq_lens[i] for i in rows]
-    max_len = max(lens)
-    max_blocks = (max_len + block_size - 1) // block_size
-    tables = block_tables[rows, :max_blocks].long()  # [B, max_blocks]
-    k = kv_cache[0][tables].flatten(1, 2)[:, :max_len]  # [B, max_len, num_kv_heads, head_dim]
-    v = kv_cache[1][tables].flatten(1, 2)[:, :max_len]
+    max_blocks = (max(lens) + block_size - 1) // block_size
+    padded_len = max_blocks * block_size
+    idx = block_tables[rows, :max_blocks].reshape(-1).long()  # [B * max_blocks]
+    k = kv_cache[0].index_select(0, idx).view(len(rows), padded_len, num_kv_heads, head_dim).transpose(1, 2)
+    v = kv_cache[1].index_select(0, idx).view(len(rows), padded_len, num_kv_heads, head_dim).transpose(1, 2)
     q_idx = torch.tensor([query_start_loc[i] for i in rows], device=query.device)
-    q = query.index_select(0, q_idx).to(k.dtype)  # [B, num_heads, head_dim]
-    q = q.view(len(rows), num_kv_heads, group, head_dim)
-    scores = torch.einsum("bhgd,bthd->bhgt", q, k) * scale  # [B, num_kv_heads, group, max_len]
+    q = query.index_select(0, q_idx).to(k.dtype)[:, :, None, :]  # [B, num_heads, 1, head_dim]
     lens_t = torch.tensor(lens, device=query.device)
-    valid = torch.arange(max_len, device=query.device)[None, :] < lens_t[:, None]  # [B, max_len]
-    scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
-    probs = torch.softmax(scores.float(), dim=-1).to(v.dtype)
-    o = torch.einsum("bhgt,bthd->bhgd", probs, v)  # [B, num_kv_heads, group, head_dim]
+    valid = torch.arange(padded_len, device=query.device)[None, :] < lens_t[:, None]  # [B, padded_len]
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=valid[:, None, None, :], scale=scale, enable_gqa=True)
+    o = o[:, :, 0]  # [B, num_heads, head_dim]
     return o.reshape(len(rows), num_heads, head_dim)
