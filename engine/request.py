@@ -91,7 +91,9 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise InvalidRequestError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}", "max_tokens")
+            raise InvalidRequestError(
+                f"max_tokens must be an integer >= 1, got {self.max_tokens!r}", "max_tokens"
+            )
         if not math.isfinite(self.temperature) or self.temperature < 0:
             raise InvalidRequestError(f"temperature must be >= 0, got {self.temperature}", "temperature")
         if not (0 < self.top_p <= 1):
@@ -124,7 +126,9 @@ class SamplingParams:
             raise InvalidRequestError(f"n must be in [1, 16], got {self.n}", "n")
         if self.use_beam_search:
             if self.beam_width < 1 or self.beam_width > 16:
-                raise InvalidRequestError(f"beam_width must be in [1, 16], got {self.beam_width}", "beam_width")
+                raise InvalidRequestError(
+                    f"beam_width must be in [1, 16], got {self.beam_width}", "beam_width"
+                )
         if self.seed is not None and not isinstance(self.seed, int):
             raise InvalidRequestError(f"seed must be an integer, got {self.seed!r}", "seed")
 

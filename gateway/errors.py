@@ -34,7 +34,14 @@ class WeirError(Exception):
         self.headers = dict(headers or {})
 
     def body(self) -> dict[str, dict[str, str | None]]:
-        return {"error": {"message": self.message, "type": self.error_type, "param": self.param, "code": self.code}}
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.error_type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
 
 
 class BadRequestError(WeirError):

@@ -63,15 +63,21 @@ def paged_attention(
         k = k.transpose(0, 1)  # [num_kv_heads, seq_len, head_dim]
         v = v.transpose(0, 1)
         if q_len == seq_len:  # the whole sequence is new: plain causal attention
-            o = F.scaled_dot_product_attention(q.to(k.dtype), k, v, is_causal=True, scale=scale, enable_gqa=True)
+            o = F.scaled_dot_product_attention(
+                q.to(k.dtype), k, v, is_causal=True, scale=scale, enable_gqa=True
+            )
         else:
             # query j sits at position seq_len - q_len + j and sees keys 0..that position
             pos_q = torch.arange(seq_len - q_len, seq_len, device=query.device)[:, None]
             mask = torch.arange(seq_len, device=query.device)[None, :] <= pos_q  # [q_len, seq_len]
-            o = F.scaled_dot_product_attention(q.to(k.dtype), k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+            o = F.scaled_dot_product_attention(
+                q.to(k.dtype), k, v, attn_mask=mask, scale=scale, enable_gqa=True
+            )
         out[start:end] = o.transpose(0, 1).to(out.dtype)
     if decode_rows:
-        out_rows = _decode_attention(query, kv_cache, block_tables, query_start_loc, seq_lens, decode_rows, scale)
+        out_rows = _decode_attention(
+            query, kv_cache, block_tables, query_start_loc, seq_lens, decode_rows, scale
+        )
         for row, i in enumerate(decode_rows):
             out[query_start_loc[i]] = out_rows[row]
     return out
@@ -99,6 +105,8 @@ def _decode_attention(
     q = query.index_select(0, q_idx).to(k.dtype)[:, :, None, :]  # [B, num_heads, 1, head_dim]
     lens_t = torch.tensor(lens, device=query.device)
     valid = torch.arange(padded_len, device=query.device)[None, :] < lens_t[:, None]  # [B, padded_len]
-    o = F.scaled_dot_product_attention(q, k, v, attn_mask=valid[:, None, None, :], scale=scale, enable_gqa=True)
+    o = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=valid[:, None, None, :], scale=scale, enable_gqa=True
+    )
     o = o[:, :, 0]  # [B, num_heads, head_dim]
     return o.reshape(len(rows), num_heads, head_dim)
