@@ -28,12 +28,10 @@ def test_disconnect_mid_stream_aborts_and_frees_every_block(live: Live) -> None:
         "POST", "/v1/chat/completions", json={**CHAT, "max_tokens": 200, "stream": True}
     ) as r:
         assert r.status_code == 200
-        seen = 0
-        for line in r.iter_lines():
-            if line.startswith("data: "):
-                seen += 1
-            if seen == 5:
-                break
+        # Keep the iterator referenced: dropping it makes httpx close the connection early.
+        lines = r.iter_lines()
+        events = [line for line in (next(lines) for _ in range(12)) if line.startswith("data: ")]
+        assert len(events) == 6
         assert engine.num_free_blocks < total  # the request holds blocks while it streams
     # Closing the response closes the connection: the gateway must abort at once.
     assert wait_until(lambda: engine.num_free_blocks == total and engine.num_active == 0)
