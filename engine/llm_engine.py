@@ -28,6 +28,8 @@ from engine.scheduler import Scheduler
 
 logger = logging.getLogger("weir.engine")
 
+DEADLINE_EXCEEDED = "deadline_exceeded"  # RequestOutput.error of a request aborted in the queue
+
 _STATUS_OF = {
     FinishReason.STOP: RequestStatus.FINISHED_STOPPED,
     FinishReason.LENGTH: RequestStatus.FINISHED_LENGTH,
@@ -197,21 +199,25 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         """Run one iteration and return the outputs it produced."""
+        expired = [
+            self._finish(req, FinishReason.ABORT, "", None, error=DEADLINE_EXCEEDED)
+            for req in self.scheduler.expire_deadlines()
+        ]
         out = self.scheduler.schedule()
         if out.is_empty:
             self.runner.forget(out.finished_ids)
-            return []
+            return expired
         t0 = self.clock()
         try:
             results = self.runner.execute(out, self.scheduler.requests)
         except Exception as exc:  # an engine failure fails only the requests of this step
             logger.exception("engine step failed; failing its %d requests", len(out.scheduled))
-            return self._fail_step(out, exc)
+            return expired + self._fail_step(out, exc)
         elapsed = self.clock() - t0
         self.scheduler.on_step_done(out)
         self._measure(out, elapsed)
         now = self.clock()
-        outputs: list[RequestOutput] = []
+        outputs: list[RequestOutput] = expired
         for rid, res in results.items():
             req = self.scheduler.requests.get(rid)
             if req is None:

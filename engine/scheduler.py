@@ -37,6 +37,7 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
         self._finished_ids: list[str] = []
         self.num_preemptions = 0
+        self._num_deadlines = 0  # requests with a queue deadline, so steps without any skip the scan
 
     # -- queue management -------------------------------------------------------------------
 
@@ -50,12 +51,16 @@ class Scheduler:
         self.requests[req.request_id] = req
         req.status = RequestStatus.WAITING
         self.waiting.add(req)
+        if req.deadline_s is not None:
+            self._num_deadlines += 1
 
     def finish_request(self, request_id: str, status: RequestStatus) -> Request | None:
         """End a request (stopped, length, aborted, error) and free its blocks at once."""
         req = self.requests.pop(request_id, None)
         if req is None:
             return None
+        if req.deadline_s is not None:
+            self._num_deadlines -= 1
         if self.running.pop(request_id, None) is not None:
             self.waiting.on_running(req, -1)
         else:
@@ -213,6 +218,16 @@ class Scheduler:
             req.num_computed_tokens += s.num_tokens
             self.kv.cache_full_blocks(req)
             self.waiting.on_tokens_served(req, s.num_tokens)
+
+    def expire_deadlines(self) -> list[Request]:
+        """Abort waiting requests whose queue deadline has passed; their blocks are freed now."""
+        if not self._num_deadlines:
+            return []
+        now = self.clock()
+        expired = [r for r in self.waiting if r.deadline_s is not None and r.deadline_s <= now]
+        for req in expired:
+            self.finish_request(req.request_id, RequestStatus.FINISHED_ABORTED)
+        return expired
 
     def waiting_tokens(self) -> int:
         """Tokens still to prefill for all waiting requests (O(waiting))."""

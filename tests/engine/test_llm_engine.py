@@ -234,3 +234,27 @@ def test_real_default_model_greedy_matches_transformers(smollm2_dir: Path) -> No
     ref = _hf_greedy(smollm2_dir, prompts, MAX_TOKENS)
     for i in range(len(prompts)):
         assert ours[f"r{i}"] == ref[i], f"prompt {i}"
+
+
+def test_queue_deadline_aborts_a_waiting_request(llama_gqa: Path) -> None:
+    now = [0.0]
+    engine = build_engine(
+        EngineConfig(
+            model_path=str(llama_gqa),
+            cache=CacheConfig(num_blocks=64),
+            scheduler=SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=1, max_model_len=512),
+        ),
+        clock=lambda: now[0],
+    )
+    long_params = SamplingParams(max_tokens=50, temperature=0.0, ignore_eos=True)
+    engine.add_request(EngineRequest("busy", (5, 6, 7), long_params, arrival_s=0.0))
+    engine.add_request(
+        EngineRequest("late", (8, 9), SamplingParams(max_tokens=2), arrival_s=0.0, deadline_s=1.0)
+    )
+    engine.step()
+    now[0] = 2.0
+    outs = engine.step()
+    late = [o for o in outs if o.request_id == "late"]
+    assert late and late[0].finished and late[0].finish_reason is FinishReason.ABORT
+    assert late[0].error == "deadline_exceeded" and late[0].num_output_tokens == 0
+    assert "late" not in engine.scheduler.requests
