@@ -37,6 +37,7 @@ _SSE_HEADERS = [
 ]
 _JSON_HEADERS = [(b"content-type", b"application/json")]
 _END = object()
+_CUT_STREAM_SEND_S = 1.0
 
 
 async def _pump(queue: asyncio.Queue[object], index: int, iterator: AsyncIterator[RequestOutput]) -> None:
@@ -152,7 +153,8 @@ class GenerationResponse:
             "the server shut down before this request finished", code="shutting_down"
         )
         self._error = error.message
-        with contextlib.suppress(Exception):
+        # Bounded: a client that stopped reading must not hold the shutdown up.
+        with contextlib.suppress(Exception), anyio.move_on_after(_CUT_STREAM_SEND_S):
             await send(
                 {"type": "http.response.body", "body": sse_error(error) + SSE_DONE, "more_body": False}
             )
