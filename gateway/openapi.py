@@ -28,6 +28,7 @@ _ERRORS = {
         (403, "The API key may not use this model"),
         (404, "Unknown model"),
         (413, "Request body too large"),
+        (422, "Well-formed, but the model's chat template cannot render the messages"),
         (429, "Rate limit or budget exceeded"),
         (500, "Engine failure on this request"),
         (503, "Engine unavailable or shutting down"),

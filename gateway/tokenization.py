@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 import anyio.to_thread
 
-from gateway.errors import BadRequestError
+from gateway.errors import BadRequestError, UnprocessableError
 from gateway.protocol import ChatMessage
 
 # Prompts longer than this many characters are tokenized on a worker thread, so a huge prompt
@@ -59,7 +59,7 @@ class PromptBuilder:
         """Token ids of the rendered chat prompt."""
         ids = self._tokenizer.encode(self.render_chat(messages), add_special_tokens=False)
         if not ids:
-            raise BadRequestError("the messages produced an empty prompt", param="messages")
+            raise UnprocessableError("the messages produced an empty prompt", param="messages")
         return tuple(ids)
 
     def encode_prompt(self, prompt: str | tuple[int, ...], param: str = "prompt") -> tuple[int, ...]:

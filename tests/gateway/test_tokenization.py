@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from gateway.errors import BadRequestError
+from gateway.errors import BadRequestError, UnprocessableError
 from gateway.protocol import ChatMessage, Role
 from gateway.tokenization import INLINE_TOKENIZE_CHARS, PromptBuilder
 from tests.gateway.harness import tokenizer
@@ -34,7 +34,7 @@ def test_chat_ids_do_not_add_special_tokens_twice(builder: PromptBuilder) -> Non
     assert ids.count(tok.convert_tokens_to_ids("<|im_start|>")) == 2
 
 
-def test_template_errors_are_400s() -> None:
+def test_template_errors_are_422s() -> None:
     class Broken:
         def apply_chat_template(self, conversation: object, **kwargs: object) -> str:
             raise ValueError("roles must alternate")
@@ -42,9 +42,10 @@ def test_template_errors_are_400s() -> None:
         def __len__(self) -> int:
             return 10
 
-    with pytest.raises(BadRequestError) as info:
+    with pytest.raises(UnprocessableError) as info:
         PromptBuilder(Broken()).render_chat([ChatMessage(Role.USER, "x")])  # type: ignore[arg-type]
     assert info.value.param == "messages" and "alternate" in info.value.message
+    assert info.value.status_code == 422
 
 
 def test_completion_prompt_text_and_ids(builder: PromptBuilder) -> None:
