@@ -48,11 +48,11 @@ class PromptBuilder:
                 [m.to_template() for m in messages], tokenize=False, add_generation_prompt=True
             )
         except Exception as exc:  # the template is the model's Jinja code: any error is the caller's input
-            raise BadRequestError(
+            raise UnprocessableError(
                 f"the chat template rejected the messages: {exc}", param="messages"
             ) from None
         if not isinstance(text, str):
-            raise BadRequestError("the chat template did not produce text", param="messages")
+            raise UnprocessableError("the chat template did not produce text", param="messages")
         return text
 
     def encode_chat(self, messages: Sequence[ChatMessage]) -> tuple[int, ...]:
