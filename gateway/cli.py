@@ -56,6 +56,14 @@ def _generate(args: argparse.Namespace) -> int:
     return int(args.generate_func(args, str(resolve_model_path(settings))))
 
 
+def _bench_offline(args: argparse.Namespace) -> int:
+    from bench.offline import offline_command
+    from engine.model_prepare import ensure_default_model
+
+    model = args.model or str(ensure_default_model(_settings({"cache_dir": args.cache_dir}).cache_dir))
+    return offline_command(args, model)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The whole `weir` command line."""
     parser = argparse.ArgumentParser(prog="weir", description="Weir: a multi-tenant LLM inference gateway.")
@@ -91,6 +99,12 @@ def build_parser() -> argparse.ArgumentParser:
         bench = sub.add_parser("bench", help="serving benchmarks")
         bench_sub = bench.add_subparsers(dest="bench_command", required=True, metavar="ACTION")
         bench_cli.add_subcommands(bench_sub)
+        from bench.offline import add_arguments as add_offline_arguments
+
+        offline = bench_sub.add_parser("offline", help="the engine alone vs Hugging Face, in one run")
+        add_offline_arguments(offline)
+        offline.add_argument("--cache-dir", dest="cache_dir", help="where the default model is prepared")
+        offline.set_defaults(func=_bench_offline)
     return parser
 
 
