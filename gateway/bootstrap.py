@@ -133,9 +133,12 @@ def to_usage_record_in(record: UsageRecord) -> UsageRecordIn:
 def build_tenancy(settings: Settings) -> TenancyWiring:
     """Open (and on SQLite, migrate) the database; build authenticators and admin routes.
 
-    SQLite, the embedded default, is migrated at start so a fresh install just works; any other
-    database must be migrated beforehand with `weir db upgrade`.
+    A brand-new, empty SQLite database (the embedded default) is created at the newest schema so
+    a fresh install just works; any database with tables must already be at head, or start-up
+    stops and names `weir db upgrade`.
     """
+    from sqlalchemy import inspect
+
     from gateway.auth import AdminAuthenticator, Authenticator
     from gateway.routes.admin import admin_routes
     from tenancy.bootstrap import admin_token_banner, ensure_admin_token
@@ -146,10 +149,11 @@ def build_tenancy(settings: Settings) -> TenancyWiring:
     from tenancy.usage_writer import UsageWriter
 
     db = Database(settings.resolved_database_url)
-    if db.backend == "sqlite":
+    if db.backend == "sqlite" and not inspect(db.engine).get_table_names():
+        # First start of the embedded default: an empty SQLite file is created at head. Any
+        # database that already has tables is never migrated behind the operator's back.
         upgrade(db.engine)
-    else:
-        check_migrated(db.engine)
+    check_migrated(db.engine)
     repo = TenancyRepo(db, KeyHasher.from_pepper(settings.key_pepper))
     token = ensure_admin_token(repo, settings.admin_token)
     if token is not None:

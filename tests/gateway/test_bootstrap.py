@@ -84,3 +84,17 @@ def test_tenancy_wiring_on_a_fresh_sqlite(tmp_path: Path, capsys: pytest.Capture
     # Second start: migrated already, the token is not shown again.
     build_tenancy(Settings(data_dir=tmp_path))
     assert "Generated an admin token" not in capsys.readouterr().out
+
+
+def test_serve_refuses_an_unmigrated_database_and_names_the_command(tmp_path: Path) -> None:
+    from sqlalchemy import create_engine, text
+
+    from tenancy.errors import MigrationRequiredError
+
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    engine = create_engine(url)
+    with engine.begin() as conn:  # a database from before Weir's schema, or one left behind
+        conn.execute(text("CREATE TABLE something_else (id INTEGER PRIMARY KEY)"))
+    engine.dispose()
+    with pytest.raises(MigrationRequiredError, match="weir db upgrade"):
+        build_tenancy(Settings(data_dir=tmp_path, database_url=url))
