@@ -1,0 +1,47 @@
+"""The Triton attention backend: cache write + unified paged attention, two launches per layer.
+
+It implements `engine.attention.AttentionBackend`. Unlike the torch path it reads only the
+device tensors of `AttentionMetadata` (never the host tuples, never `.item()`), so a decode
+step through it can be captured in a CUDA graph and replayed with new metadata values.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.attention import AttentionMetadata
+from kernels.paged_attention import paged_attention
+from kernels.reshape_and_cache import reshape_and_cache
+
+
+class TritonAttentionBackend:
+    """Writes K/V with `reshape_and_cache`, then attends with `paged_attention`."""
+
+    #: the model may also use the fused Triton norm/RoPE/activation kernels with this backend
+    fused_ops = True
+
+    def forward(
+        self,
+        query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+        key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+        value: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+        kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
+        metadata: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+        """Store this step's keys and values, then attend over each sequence's paged context."""
+        if metadata.block_size != kv_cache.shape[2]:
+            raise ValueError(
+                f"metadata.block_size={metadata.block_size} but kv_cache has blocks of {kv_cache.shape[2]}"
+            )
+        reshape_and_cache(key, value, kv_cache, metadata.slot_mapping)
+        out = paged_attention(
+            query.to(kv_cache.dtype),  # a lower-precision cache: attend in its dtype, like the torch path
+            kv_cache,
+            metadata.block_tables,
+            metadata.query_start_loc,
+            metadata.seq_lens,
+            metadata.max_query_len,
+            scale,
+        )
+        return out.to(query.dtype)
