@@ -28,6 +28,7 @@ class EngineRequest:
     arrival_s: float = field(default_factory=time.monotonic)
     deadline_s: float | None = None  # monotonic time after which a still-waiting request is aborted
     model_version: str | None = None
+    weight: float = 1.0  # the tenant's fair-share weight (QueuePolicy.FAIR); set by the server
 
 
 @dataclass(frozen=True)

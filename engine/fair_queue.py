@@ -45,6 +45,8 @@ class FairQueue(WaitingQueue):
             self._active.discard(tenant)
 
     def add(self, req: Request) -> None:
+        # The latest request carries the tenant's current weight (an admin may have changed it).
+        self.weights[req.tenant_id] = req.weight
         self._activate(req.tenant_id)
         self._queues.setdefault(req.tenant_id, OrderedDict())[req.request_id] = req
         self._len += 1

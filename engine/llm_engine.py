@@ -162,6 +162,7 @@ class LLMEngine:
                 cache_scope=er.cache_scope,
                 arrival_s=er.arrival_s,
                 deadline_s=er.deadline_s,
+                weight=er.weight,
                 parent_id=er.request_id,
                 index=i,
             )

@@ -182,6 +182,7 @@ class Request:
     cache_scope: str = "default"
     arrival_s: float = field(default_factory=time.monotonic)
     deadline_s: float | None = None
+    weight: float = 1.0  # the tenant's fair-share weight
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at first admission
@@ -194,6 +195,8 @@ class Request:
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:
             raise InvalidRequestError("prompt must contain at least one token", "prompt")
+        if not (math.isfinite(self.weight) and self.weight > 0):
+            raise InvalidRequestError(f"weight must be > 0, got {self.weight}", "weight")
         self.times = RequestTimes(arrival_s=self.arrival_s)
 
     @property
