@@ -86,13 +86,13 @@ def apply_rotary_(
     check_tensor("key", key, ndim=3, dtypes=(query.dtype,), device=device)
     check_tensor("positions", positions, ndim=1, dtypes=(torch.int32, torch.int64), device=device)
     check_contiguous("positions", positions)
-    if sin.shape != cos.shape or sin.stride() != cos.stride():
-        raise ValueError(f"sin has shape {tuple(sin.shape)}, cos {tuple(cos.shape)}: they must match")
     num_tokens, num_heads, head_dim = query.shape
     if head_dim % 2:
         raise ValueError(f"query head_dim must be even for RoPE, got {head_dim}")
     half = head_dim // 2
     check_dim("cos", cos, 1, half, "head_dim // 2")
+    if sin.shape != cos.shape or sin.stride() != cos.stride():
+        raise ValueError(f"sin has shape {tuple(sin.shape)}, cos {tuple(cos.shape)}: they must match")
     check_dim("key", key, 0, num_tokens, "query tokens")
     check_dim("key", key, 2, head_dim, "query head_dim")
     check_dim("positions", positions, 0, num_tokens, "query tokens")
