@@ -203,3 +203,20 @@ class AdminToken(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
     token_hash: Mapped[str] = mapped_column(String(HASH_LEN))
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
+
+
+class BudgetBucket(Base):
+    """A tenant's token budget shared by every replica, which lease it in chunks (tenancy.leases).
+
+    `tokens` is the tokens-per-minute bucket's level at `refilled_at`; `day_used` counts tokens
+    leased on UTC day `day` against the daily cap. Times are epoch seconds and days are days since
+    the epoch, so one conditional UPDATE can refill and take on SQLite and PostgreSQL alike.
+    """
+
+    __tablename__ = "budget_buckets"
+
+    tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True)
+    tokens: Mapped[float] = mapped_column(Float)
+    refilled_at: Mapped[float] = mapped_column(Float)
+    day: Mapped[int] = mapped_column(Integer)
+    day_used: Mapped[int] = mapped_column(BigInteger)

@@ -19,7 +19,15 @@ from tenancy.migrate import (
 )
 from tenancy.models import Base
 
-TABLES = {"tenants", "quotas", "api_keys", "usage_records", "audit_events", "admin_tokens"}
+TABLES = {
+    "tenants",
+    "quotas",
+    "api_keys",
+    "usage_records",
+    "audit_events",
+    "admin_tokens",
+    "budget_buckets",
+}
 
 
 def _tables(db: Database) -> set[str]:
@@ -29,7 +37,7 @@ def _tables(db: Database) -> set[str]:
 def test_scripts_are_found_next_to_the_package() -> None:
     assert (MIGRATIONS_DIR / "env.py").is_file()
     assert (MIGRATIONS_DIR / "script.py.mako").is_file()
-    assert head_revision() == "0001"
+    assert head_revision() == "0002"
 
 
 def test_upgrade_downgrade_round_trip(database: Database) -> None:
@@ -42,7 +50,9 @@ def test_upgrade_downgrade_round_trip(database: Database) -> None:
     assert _tables(database) == set()
     upgrade(database.engine)
     assert _tables(database) == TABLES
-    downgrade(database.engine)  # one step from the only revision is base
+    downgrade(database.engine)  # one step: 0002 -> 0001 drops the budget buckets
+    assert _tables(database) == TABLES - {"budget_buckets"}
+    downgrade(database.engine)  # 0001 -> base
     assert _tables(database) == set()
 
 
