@@ -17,9 +17,6 @@ from kernels.reshape_and_cache import reshape_and_cache
 class TritonAttentionBackend:
     """Writes K/V with `reshape_and_cache`, then attends with `paged_attention`."""
 
-    #: the model may also use the fused Triton norm/RoPE/activation kernels with this backend
-    fused_ops = True
-
     def forward(
         self,
         query: torch.Tensor,  # [num_tokens, num_heads, head_dim]

@@ -10,6 +10,12 @@ float32 then cast, rotation in the activation dtype) so logits agree with HF's t
 Differences on purpose: q/k/v and gate/up projections are fused into one matmul each (weights
 concatenated at load), and Mistral/Qwen sliding windows are not applied (the loader caps
 `max_model_len` at the window instead, where full and windowed attention coincide).
+
+On CUDA with the Triton attention backend the model takes a second path (`fused_kernels`):
+residual add + RMSNorm, RoPE and SiLU-and-mul run as fused Triton kernels (see kernels/), and
+the residual stream is carried beside the hidden state so each add is fused into the next
+norm. That path reads no host-side metadata, so a decode step can be captured in a CUDA
+graph. The plain-torch path below is the CPU path and the numerical reference.
 """
 
 from __future__ import annotations
@@ -114,6 +120,29 @@ class LlamaAttention(nn.Module):
         out = self.attn_backend.forward(q, k, v, kv_cache, attn_metadata, self.scale)
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 
+    def forward_fused(
+        self,
+        hidden: torch.Tensor,  # [num_tokens, hidden]
+        positions: torch.Tensor,  # [num_tokens] int64
+        kv_cache: torch.Tensor,
+        attn_metadata: AttentionMetadata,
+    ) -> torch.Tensor:  # [num_tokens, hidden]
+        """As `forward`, with RoPE applied in place by the Triton kernel on views of the qkv output."""
+        from kernels.rotary import apply_rotary_
+
+        num_tokens = hidden.shape[0]
+        qkv = self.qkv_proj(hidden)  # [num_tokens, q_size + 2 * kv_size]
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(num_tokens, self.num_heads, self.head_dim)
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)  # strided: the cache write reads it in place
+        if self.q_norm is not None and self.k_norm is not None:
+            q = self.q_norm(q)
+            k = self.k_norm(k)
+        apply_rotary_(q, k, self.rotary.cos, self.rotary.sin, positions)
+        out = self.attn_backend.forward(q, k, v, kv_cache, attn_metadata, self.scale)
+        return self.o_proj(out.reshape(num_tokens, self.q_size))
+
 
 class LlamaMLP(nn.Module):
     """SwiGLU: down(silu(gate(x)) * up(x)), with gate and up fused into one matmul."""
@@ -129,6 +158,12 @@ class LlamaMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)  # [num_tokens, intermediate]
         return self.down_proj(F.silu(gate) * up)
+
+    def forward_fused(self, x: torch.Tensor) -> torch.Tensor:
+        """As `forward`, with silu(gate) * up in one Triton kernel."""
+        from kernels.silu_mul import silu_mul
+
+        return self.down_proj(silu_mul(self.gate_up_proj(x)))  # silu_mul: [num_tokens, intermediate]
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -158,6 +193,38 @@ class LlamaDecoderLayer(nn.Module):
         hidden = hidden + self.self_attn(self.input_layernorm(hidden), positions, kv_cache, attn_metadata)
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
+    def forward_fused(
+        self,
+        hidden: torch.Tensor,  # [num_tokens, hidden]: the previous layer's MLP output (or the embeddings)
+        residual: torch.Tensor | None,  # [num_tokens, hidden]: the residual stream before that output
+        positions: torch.Tensor,
+        kv_cache: torch.Tensor,
+        attn_metadata: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # (this layer's MLP output, residual stream before it)
+        """As `forward`, with each residual add fused into the RMSNorm that follows it.
+
+        The residual stream is updated in place; `forward`'s `x + f(norm(x))` is the same sum.
+        """
+        from kernels.rms_norm import fused_add_rms_norm, rms_norm
+
+        ln1, ln2 = self.input_layernorm, self.post_attention_layernorm
+        if residual is None:  # first layer: the embeddings are the residual stream
+            residual = hidden
+            normed = rms_norm(hidden, ln1.weight, ln1.eps)
+        else:
+            normed, residual = fused_add_rms_norm(hidden, residual, ln1.weight, ln1.eps)
+        attn_out = self.self_attn.forward_fused(normed, positions, kv_cache, attn_metadata)
+        normed, residual = fused_add_rms_norm(attn_out, residual, ln2.weight, ln2.eps)
+        return self.mlp.forward_fused(normed), residual
+
+
+def _triton_on_cuda(attn_backend: AttentionBackend, device: torch.device) -> bool:
+    if device.type != "cuda":
+        return False
+    from kernels.backend import TritonAttentionBackend  # imports triton: only on CUDA
+
+    return isinstance(attn_backend, TritonAttentionBackend)
+
 
 _LAYER_WEIGHT = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 
@@ -171,11 +238,17 @@ class LlamaForCausalLM(nn.Module):
         dtype: torch.dtype,
         device: torch.device,
         attn_backend: AttentionBackend,
+        fused_kernels: bool | None = None,
     ):
         super().__init__()
         self.config = config
         self.dtype = dtype
         self.device = torch.device(device)
+        # None: the fused Triton path exactly when attention runs through Triton on CUDA.
+        # A plain attribute: tests switch it on under the CPU Triton interpreter.
+        self.fused_kernels = (
+            _triton_on_cuda(attn_backend, self.device) if fused_kernels is None else fused_kernels
+        )
         # One table shared by every layer; covers every position the engine may schedule.
         self.rotary = RotaryEmbedding(
             config.rope, config.head_dim, config.max_model_len, dtype=dtype, device=self.device
@@ -201,9 +274,27 @@ class LlamaForCausalLM(nn.Module):
     ) -> torch.Tensor:  # [num_tokens, hidden]
         """Final-norm hidden states of every token of the step; K/V are written to the caches."""
         hidden = F.embedding(input_ids, self.embed_tokens)  # [num_tokens, hidden]
+        if self.fused_kernels:
+            return self._forward_fused(hidden, positions, kv_caches, attn_metadata)
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             hidden = layer(hidden, positions, kv_cache, attn_metadata)
         return self.norm(hidden)
+
+    def _forward_fused(
+        self,
+        hidden: torch.Tensor,  # [num_tokens, hidden]
+        positions: torch.Tensor,
+        kv_caches: list[torch.Tensor],
+        attn_metadata: AttentionMetadata,
+    ) -> torch.Tensor:  # [num_tokens, hidden]
+        from kernels.rms_norm import fused_add_rms_norm
+
+        residual: torch.Tensor | None = None
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            hidden, residual = layer.forward_fused(hidden, residual, positions, kv_cache, attn_metadata)
+        assert residual is not None  # ModelConfig guarantees num_layers >= 1
+        hidden, _ = fused_add_rms_norm(hidden, residual, self.norm.weight, self.norm.eps)
+        return hidden
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, vocab] float32
         """Logits of the rows the sampler needs (usually each sequence's last token)."""
