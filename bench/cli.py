@@ -1,4 +1,4 @@
-"""Command line of the serving benchmark: `bench serve`, `bench compare`, `bench gen`.
+"""Command line of the serving benchmark: `bench serve`, `compare`, `gen` and `overhead`.
 
 `add_subcommands(subparsers)` adds them to the `bench` command's subparsers (the `weir` CLI
 calls it); each sets `func`, a handler taking the parsed args and returning an exit status.
@@ -225,11 +225,19 @@ def gen_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_overhead(subparsers: Any) -> None:
+    from bench.gateway_overhead import add_arguments
+
+    p = subparsers.add_parser("overhead", help="time the gateway adds per request, over a zero-cost engine")
+    add_arguments(p)
+
+
 def add_subcommands(subparsers: Any) -> None:
-    """Add `serve`, `compare` and `gen` to the subparsers of a `bench` command."""
+    """Add `serve`, `compare`, `gen` and `overhead` to the subparsers of a `bench` command."""
     _add_serve(subparsers)
     _add_compare(subparsers)
     _add_gen(subparsers)
+    _add_overhead(subparsers)
 
 
 def build_parser(prog: str = "python -m bench") -> argparse.ArgumentParser:

@@ -1,0 +1,149 @@
+"""The server side of `weir bench overhead`: the real gateway over the null engine, in its own process.
+
+Built the way `weir serve` builds it (`gateway.bootstrap`): the SQLite tenancy database with its
+admin routes, the same auth mode wiring (API keys and the batched usage writer in `keys` mode),
+the real tokenizer and chat template of a model folder, and `gateway.server.run_server` (the
+same uvicorn configuration, access log off). Only the engine is replaced, by `NullEngine`.
+
+The app is wrapped in `TimedApp`, which records how long each HTTP request spent inside the
+ASGI app (first call to last body byte handed to uvicorn). `GET /_bench/timings` returns and
+optionally clears those figures; it is not timed itself.
+
+Run by the benchmark, not by hand: `python -m bench.overhead_server --model DIR --data-dir DIR
+--auth none|keys`. Prints one JSON line, `{"port": N, "admin_token": "..."}`, once listening.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Route
+from starlette.types import Message, Receive, Scope, Send
+
+from bench.null_engine import NullEngine
+
+MODEL_NAME = "null-model"
+MAX_MODEL_LEN = 8192  # SmolLM2's context; only bounds max_tokens checks here
+TIMINGS_PATH = "/_bench/timings"
+SHUTDOWN_GRACE_S = 2.0
+
+
+class Timings:
+    """Per path, ms from the app call to its final body message, since the last reset."""
+
+    def __init__(self) -> None:
+        self.by_path_ms: dict[str, list[float]] = {}
+
+    def record(self, path: str, ms: float) -> None:
+        self.by_path_ms.setdefault(path, []).append(ms)
+
+    async def endpoint(self, request: Request) -> Response:
+        """`GET /_bench/timings[?reset=1]`: `{path: [ms, ...]}`."""
+        body = self.by_path_ms
+        if request.query_params.get("reset"):
+            self.by_path_ms = {}
+        return JSONResponse(body)
+
+    def route(self) -> BaseRoute:
+        return Route(TIMINGS_PATH, self.endpoint, methods=["GET"])
+
+
+class TimedApp:
+    """An ASGI wrapper that times every HTTP request except the timings route itself."""
+
+    def __init__(self, app: Any, timings: Timings) -> None:
+        self.app = app
+        self.state = app.state  # run_server reads app.state.gateway to drain on SIGTERM
+        self.timings = timings
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] == TIMINGS_PATH:
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        path = scope["path"]
+
+        async def timed_send(message: Message) -> None:
+            await send(message)
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                self.timings.record(path, (time.perf_counter() - start) * 1000.0)
+
+        await self.app(scope, receive, timed_send)
+
+
+def _load_tokenizer(model: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(model), local_files_only=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Build the app, bind 127.0.0.1:0, print the port and admin token, serve until SIGTERM."""
+    parser = argparse.ArgumentParser(prog="python -m bench.overhead_server")
+    parser.add_argument("--model", type=Path, required=True, help="a folder with the tokenizer")
+    parser.add_argument("--data-dir", type=Path, required=True, help="SQLite database goes here")
+    parser.add_argument("--auth", choices=["none", "keys"], default="none")
+    parser.add_argument("--output-tokens", type=int, default=16, help="tokens per choice")
+    args = parser.parse_args(argv)
+
+    from gateway.app import create_app
+    from gateway.bootstrap import build_tenancy
+    from gateway.server import run_server
+    from gateway.settings import AuthMode, LogLevel, Settings
+    from tenancy.keys import generate_admin_token
+
+    tokenizer = _load_tokenizer(args.model)
+    admin_token = generate_admin_token()
+    # IPPROTO_TCP, not the default 0: asyncio sets TCP_NODELAY only on sockets whose proto says
+    # TCP, and accepted sockets inherit it. Without it, Nagle holds the body write of every
+    # keep-alive response until the client's delayed ACK, about 40 ms later.
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    settings = Settings(
+        host="127.0.0.1",
+        port=port,
+        data_dir=args.data_dir,
+        cache_dir=args.data_dir,
+        auth=AuthMode(args.auth),
+        admin_token=admin_token,
+        served_model_name=MODEL_NAME,
+        shutdown_grace_s=SHUTDOWN_GRACE_S,
+        log_level=LogLevel.WARNING,
+    )
+    # As `weir serve` does: tenancy (database, admin routes) always; keys and usage in keys mode.
+    tenancy = build_tenancy(settings)
+    engine = NullEngine(num_tokens=args.output_tokens, token_id=tokenizer.eos_token_id or 0)
+    timings = Timings()
+    kwargs: dict[str, Any] = {}
+    if settings.auth_mode is AuthMode.KEYS:
+        kwargs["authenticate"] = tenancy.authenticate
+        kwargs["usage_sink"] = tenancy.usage_sink
+    app = create_app(
+        settings,
+        engine,
+        tokenizer,
+        max_model_len=MAX_MODEL_LEN,
+        model_name=MODEL_NAME,
+        vocab_size=len(tokenizer),
+        extra_routes=[*tenancy.routes, timings.route()],
+        on_startup=[tenancy.start] if tenancy.start is not None else [],
+        on_shutdown=[tenancy.close] if tenancy.close is not None else [],
+        **kwargs,
+    )
+    timed = TimedApp(app, timings)
+    print(json.dumps({"port": port, "admin_token": admin_token}), flush=True)
+    return run_server(timed, settings, sock)  # type: ignore[arg-type]
+
+
+if __name__ == "__main__":
+    sys.exit(main())
