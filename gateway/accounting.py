@@ -2,7 +2,8 @@
 
 Two seams for later issues (budgets, SLO admission):
 - `Admission`: awaited before `engine.generate`; raises a `WeirError` (e.g. 429) to reject, and
-  returns the `Settle` callback that receives the real usage when the request ends.
+  returns the `Settle` callback that receives the real usage when the request ends (or an
+  `Admitted` carrying that callback and the requests to run, e.g. with queue deadlines set).
 - `UsageSink`: receives every `UsageRecord` (tenancy writes usage records). It is called on the
   event loop, so it must only enqueue (batch its database writes elsewhere).
 Both default to doing nothing.
@@ -78,7 +79,20 @@ class UsageRecord:
 
 Settle = Callable[[UsageRecord], None]
 UsageSink = Callable[[UsageRecord], None]
-Admission = Callable[[TenantContext, Sequence[EngineRequest]], Awaitable[Settle]]
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """An admission's answer when it adjusts the requests (e.g. sets their queue deadline).
+
+    An admission may return a plain `Settle` instead; the requests then run as built.
+    """
+
+    settle: Settle
+    requests: tuple[EngineRequest, ...]
+
+
+Admission = Callable[[TenantContext, Sequence[EngineRequest]], Awaitable[Settle | Admitted]]
 
 
 def _settle_nothing(record: UsageRecord) -> None:

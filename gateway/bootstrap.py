@@ -19,10 +19,12 @@ from typing import TYPE_CHECKING, Any
 from starlette.routing import BaseRoute
 
 from gateway.accounting import Outcome, UsageRecord, UsageSink
+from gateway.admission import build_admission
+from gateway.admission_metrics import AdmissionMetrics
 from gateway.app import create_app
 from gateway.routes.openai import Authenticate
 from gateway.server import run_server
-from gateway.settings import AuthMode, LogLevel, Settings
+from gateway.settings import AdmissionMode, AuthMode, LogLevel, Settings
 
 if TYPE_CHECKING:
     from engine.async_engine import AsyncEngine
@@ -80,6 +82,7 @@ def engine_config(settings: Settings, model_path: Path, device: str) -> EngineCo
             max_num_batched_tokens=settings.max_num_batched_tokens,
             max_num_seqs=settings.max_num_seqs,
             max_model_len=max_model_len,
+            queue_policy=settings.queue_policy,
         ),
     )
 
@@ -222,6 +225,11 @@ def serve(settings: Settings) -> int:
     if tenancy.close is not None:
         shutdown_hooks.append(tenancy.close)
     kwargs: dict[str, Any] = {}
+    admission = build_admission(settings, engine.stats) if settings.admission is AdmissionMode.ON else None
+    if admission is not None:
+        startup_hooks.append(admission.start)
+        shutdown_hooks.append(admission.close)  # after requests settled: unused leases go back
+        kwargs["admission"] = admission
     if auth is AuthMode.KEYS:
         kwargs["authenticate"] = tenancy.authenticate
         kwargs["usage_sink"] = tenancy.usage_sink
@@ -237,4 +245,6 @@ def serve(settings: Settings) -> int:
         on_shutdown=shutdown_hooks,
         **kwargs,
     )
+    if admission is not None:
+        admission.metrics = AdmissionMetrics(app.state.metrics.registry)
     return run_server(app, settings)

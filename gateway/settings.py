@@ -15,6 +15,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from engine.config import QueuePolicy
+
 DTYPES = ("float32", "float16", "bfloat16")
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 
@@ -32,6 +34,13 @@ class AuthMode(enum.Enum):
 
     KEYS = "keys"
     NONE = "none"
+
+
+class AdmissionMode(enum.Enum):
+    """ON: token budgets, SLO-aware rejection and the queue bound (gateway.admission). OFF: admit all."""
+
+    ON = "on"
+    OFF = "off"
 
 
 class LogLevel(enum.Enum):
@@ -88,6 +97,12 @@ class Settings:
     shutdown_grace_s: float = 30.0
     max_request_body_bytes: int = 8 * 1024 * 1024
     log_level: LogLevel = LogLevel.INFO
+    queue_policy: QueuePolicy = QueuePolicy.FAIR  # the engine's waiting-queue order
+    admission: AdmissionMode = AdmissionMode.ON
+    max_queue_time_s: float = 300.0  # a request still waiting after this gets 503; 0: no limit
+    max_queued_tokens: int = 65_536  # 503 when the waiting prompt tokens would exceed it; 0: no bound
+    lease_tokens: int = 4096  # largest chunk of a tenant's budget one replica leases (PostgreSQL)
+    lease_ttl_s: float = 10.0  # unused leased tokens go back to the database after this
 
     def __post_init__(self) -> None:
         if not self.host:
@@ -111,6 +126,13 @@ class Settings:
             raise ValueError("served_model_name must not be blank")
         if self.database_url is not None and not self.database_url:
             raise ValueError("database_url must not be empty")
+        for name in ("max_queue_time_s", "max_queued_tokens"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0 (0: no limit), got {getattr(self, name)}")
+        if self.lease_tokens < 1:
+            raise ValueError(f"lease_tokens must be >= 1, got {self.lease_tokens}")
+        if self.lease_ttl_s <= 0:
+            raise ValueError(f"lease_ttl_s must be > 0, got {self.lease_ttl_s}")
 
     @property
     def auth_mode(self) -> AuthMode:
@@ -210,6 +232,12 @@ _FIELDS: dict[str, _FieldSpec] = {
     "shutdown_grace_s": _FieldSpec("WEIR_SHUTDOWN_GRACE_S", float),
     "max_request_body_bytes": _FieldSpec("WEIR_MAX_REQUEST_BODY_BYTES", int),
     "log_level": _FieldSpec("WEIR_LOG_LEVEL", LogLevel),
+    "queue_policy": _FieldSpec("WEIR_QUEUE_POLICY", QueuePolicy),
+    "admission": _FieldSpec("WEIR_ADMISSION", AdmissionMode),
+    "max_queue_time_s": _FieldSpec("WEIR_MAX_QUEUE_TIME_S", float),
+    "max_queued_tokens": _FieldSpec("WEIR_MAX_QUEUED_TOKENS", int),
+    "lease_tokens": _FieldSpec("WEIR_LEASE_TOKENS", int),
+    "lease_ttl_s": _FieldSpec("WEIR_LEASE_TTL_S", float),
 }
 
 
@@ -281,6 +309,40 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         help="413 above this (default 8 MiB)",
     )
+    add(
+        "--queue-policy",
+        dest="queue_policy",
+        type=QueuePolicy,
+        choices=list(QueuePolicy),
+        metavar="{fcfs,priority,fair}",
+        help="waiting-queue order: fair = priority class, then per-tenant fair share (default fair)",
+    )
+    add(
+        "--admission",
+        type=AdmissionMode,
+        choices=list(AdmissionMode),
+        metavar="{on,off}",
+        help="on: token budgets, SLO-aware rejection, queue bound; off: admit everything (default on)",
+    )
+    add(
+        "--max-queue-time-s",
+        dest="max_queue_time_s",
+        type=float,
+        help="503 for a request still waiting in the queue after this (default 300; 0: no limit)",
+    )
+    add(
+        "--max-queued-tokens",
+        dest="max_queued_tokens",
+        type=int,
+        help="503 when waiting prompt tokens would exceed this (default 65536; 0: no bound)",
+    )
+    add(
+        "--lease-tokens",
+        dest="lease_tokens",
+        type=int,
+        help="largest budget chunk a replica leases from PostgreSQL (default 4096)",
+    )
+    add("--lease-ttl-s", dest="lease_ttl_s", type=float, help="unused leases return after this (default 10)")
     add(
         "--log-level",
         dest="log_level",

@@ -37,6 +37,9 @@ _SSE_HEADERS = [
 ]
 _JSON_HEADERS = [(b"content-type", b"application/json")]
 _END = object()
+# RequestOutput.error of a request the engine aborted in its queue (engine.llm_engine.DEADLINE_EXCEEDED;
+# spelled out here because that module imports torch).
+DEADLINE_EXCEEDED = "deadline_exceeded"
 _CUT_STREAM_SEND_S = 1.0
 
 
@@ -170,6 +173,12 @@ class GenerationResponse:
     def _check(self, out: RequestOutput) -> None:
         if out.finished and out.finish_reason is FinishReason.ERROR:
             raise RequestFailedError(out.error or "generation failed")
+        if out.finished and out.error == DEADLINE_EXCEEDED:
+            # Aborted in the queue: the server could not start it in time (503, not a short 200).
+            raise ServiceUnavailableError(
+                "the request waited in the queue past its deadline; the server is overloaded",
+                code="deadline_exceeded",
+            )
 
     async def _send_error(self, send: Send, error: WeirError) -> None:
         self._outcome, self._error = Outcome.FAILED, error.message

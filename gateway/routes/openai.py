@@ -19,7 +19,7 @@ from starlette.types import Receive, Scope, Send
 from engine.client import EngineClient, EngineRequest
 from engine.errors import ContextLengthError
 from engine.request import SamplingParams
-from gateway.accounting import Accountant, Admission, RequestInfo
+from gateway.accounting import Accountant, Admission, Admitted, RequestInfo
 from gateway.errors import BadRequestError, NotFoundError, PermissionDeniedError, ServiceUnavailableError
 from gateway.protocol import (
     Endpoint,
@@ -163,7 +163,11 @@ class OpenAIRoutes:
                 }
             )
             with span.child("admission"):
-                settle = await self.admission(tenant, requests)
+                admitted = await self.admission(tenant, requests)
+            if isinstance(admitted, Admitted):
+                settle, requests = admitted.settle, admitted.requests
+            else:
+                settle = admitted
         except Exception as exc:
             span.end(str(exc))
             raise
@@ -205,7 +209,14 @@ class OpenAIRoutes:
     ) -> tuple[EngineRequest, ...]:
         quota = tenant.quota
         # A client may lower its priority below its tenant's class, never raise it.
-        priority = tenant.priority if options.priority is None else max(tenant.priority, options.priority)
+        if options.priority is not None and options.priority < tenant.priority:
+            raise PermissionDeniedError(
+                f"priority '{options.priority.name.lower()}' is above this API key's class "
+                f"'{tenant.priority.name.lower()}'",
+                param="priority",
+                code="priority_not_allowed",
+            )
+        priority = tenant.priority if options.priority is None else options.priority
         max_model_len = self.model.max_model_len
         requests = []
         for i, prompt in enumerate(prompts):
@@ -260,6 +271,7 @@ class OpenAIRoutes:
                     priority=priority,
                     cache_scope=tenant.cache_scope,
                     arrival_s=arrival_s,
+                    weight=tenant.weight,
                 )
             )
         return tuple(requests)

@@ -178,6 +178,9 @@ def test_tenant_quotas(quota_server: Any) -> None:
     assert engine.num_generate_calls == 1
     # Defaults are capped by the quota; the client may lower its priority, never raise it.
     r = client.post("/v1/chat/completions", json={**CHAT, "priority": "interactive"}, headers=capped)
+    assert r.status_code == 403 and r.json()["error"]["param"] == "priority"
+    assert r.json()["error"]["code"] == "priority_not_allowed"
+    r = client.post("/v1/chat/completions", json={**CHAT, "priority": "batch"}, headers=capped)
     assert r.status_code == 200
     req = engine.requests[-1]
     assert req.sampling_params.max_tokens == 5

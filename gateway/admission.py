@@ -1,0 +1,287 @@
+"""Admission control: token budgets, SLO-aware early rejection and a queue bounded in tokens.
+
+Awaited by the routes before a request reaches the engine (`gateway.accounting.Admission`). In
+order, cheapest and least committal first:
+
+1. Concurrency: at most `max_concurrent` requests of a tenant in flight on this replica (429).
+2. Queue bound: the engine's waiting prompt tokens plus this request's must stay within
+   `max_queued_tokens` (503 `queue_full`), so nothing piles up without limit.
+3. SLO: an interactive request whose tenant has a TTFT objective is rejected at once when the
+   predicted TTFT (`gateway.slo`) misses it (503 `slo_unattainable`) rather than waiting to miss.
+4. Budget: prompt + max_tokens (times n) is reserved from the tenant's tokens-per-minute bucket
+   and daily cap (429 `rate_limit_exceeded` with Retry-After and `x-ratelimit-*` headers, as
+   OpenAI sends them). Local budgets or database leases: any `tenancy.quotas.TokenBudget`.
+
+Admitted requests get a queue deadline (`max_queue_time_s` after arrival): the engine aborts them
+if they are still waiting then, and the client gets 503 `deadline_exceeded`. Settlement, when the
+request completes, fails or is cancelled, gives back the unused part of the reservation: a
+request that produced no token used nothing.
+
+The only queue is the engine's: this module decides yes or no at once and never holds requests.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+from engine.client import EngineRequest
+from engine.output import EngineStats
+from engine.request import Priority
+from gateway.accounting import Admitted, Outcome, UsageRecord
+from gateway.admission_metrics import AdmissionMetrics, RejectReason, SLOResult
+from gateway.errors import RateLimitError, ServiceUnavailableError
+from gateway.settings import Settings
+from gateway.slo import RecentAdmissions, predict_ttft
+from tenancy.context import QuotaLimits, TenantContext
+from tenancy.quotas import ConcurrencyLimiter, Denial, Grant, LimitKind, LocalBudget, TokenBudget
+
+logger = logging.getLogger(__name__)
+
+_REASON_OF = {
+    LimitKind.TOKENS_PER_MINUTE: RejectReason.TOKENS_PER_MINUTE,
+    LimitKind.TOKENS_PER_DAY: RejectReason.TOKENS_PER_DAY,
+    LimitKind.MAX_CONCURRENT: RejectReason.MAX_CONCURRENT,
+}
+
+
+@dataclass(frozen=True)
+class AdmissionConfig:
+    """Admission knobs (from `gateway.settings`)."""
+
+    max_queue_time_s: float | None = 300.0  # None: requests may wait in the queue indefinitely
+    max_queued_tokens: int | None = 65_536  # None: no bound on waiting prompt tokens
+    slo_margin: float = 1.0  # reject when predicted TTFT > ttft_slo * margin
+
+    def __post_init__(self) -> None:
+        if self.max_queue_time_s is not None and self.max_queue_time_s <= 0:
+            raise ValueError(f"max_queue_time_s must be > 0 or None, got {self.max_queue_time_s}")
+        if self.max_queued_tokens is not None and self.max_queued_tokens < 1:
+            raise ValueError(f"max_queued_tokens must be >= 1 or None, got {self.max_queued_tokens}")
+        if not (math.isfinite(self.slo_margin) and self.slo_margin > 0):
+            raise ValueError(f"slo_margin must be > 0, got {self.slo_margin}")
+
+
+def format_duration(seconds: float) -> str:
+    """A duration as OpenAI's `x-ratelimit-reset-*` headers write it: `20ms`, `1.5s`, `6m0s`, `1h2m3s`."""
+    seconds = max(0.0, seconds)
+    if seconds < 1:
+        return f"{round(seconds * 1000)}ms"
+    whole_minutes, rest = divmod(seconds, 60)
+    hours, minutes = divmod(int(whole_minutes), 60)
+    secs = f"{rest:.3f}".rstrip("0").rstrip(".")
+    if hours:
+        return f"{hours}h{minutes}m{secs}s"
+    if minutes:
+        return f"{minutes}m{secs}s"
+    return f"{secs}s"
+
+
+def _retry_after(seconds: float) -> dict[str, str]:
+    seconds = max(seconds, 0.001)
+    return {"retry-after": str(max(1, math.ceil(seconds))), "retry-after-ms": str(math.ceil(seconds * 1000))}
+
+
+def rate_limit_error(denial: Denial) -> RateLimitError:
+    """The 429 for a denial, with Retry-After and the `x-ratelimit-*-tokens` headers."""
+    if denial.limit is LimitKind.MAX_CONCURRENT:
+        headers = {"x-ratelimit-limit-requests": str(denial.limit_value)}
+    else:
+        headers = {
+            "x-ratelimit-limit-tokens": str(denial.limit_value),
+            "x-ratelimit-remaining-tokens": str(max(0, denial.remaining)),
+            "x-ratelimit-reset-tokens": format_duration(denial.reset_s),
+        }
+    if denial.retry_after_s is not None:
+        headers.update(_retry_after(denial.retry_after_s))
+    return RateLimitError(denial.message, headers=headers)
+
+
+def num_reserved_tokens(requests: Sequence[EngineRequest]) -> int:
+    """What a request may use at most: each prompt plus max_tokens for each of its n choices."""
+    return sum(len(r.prompt_token_ids) + r.sampling_params.n * r.sampling_params.max_tokens for r in requests)
+
+
+def num_queued_tokens(requests: Sequence[EngineRequest]) -> int:
+    """Prompt tokens the request adds to the waiting queue (each choice is prefilled on its own)."""
+    return sum(len(r.prompt_token_ids) * r.sampling_params.n for r in requests)
+
+
+def met_slo(record: UsageRecord, quota: QuotaLimits, num_choices: int) -> bool:
+    """Whether a completed request met its tenant's TTFT and TPOT objectives (none: met)."""
+    if quota.ttft_slo_ms is not None and (record.ttft_s is None or record.ttft_s * 1000 > quota.ttft_slo_ms):
+        return False
+    per_choice = record.usage.completion_tokens / max(1, num_choices)
+    if quota.tpot_slo_ms is not None and record.ttft_s is not None and per_choice > 1:
+        tpot_ms = (record.duration_s - record.ttft_s) * 1000 / (per_choice - 1)
+        return tpot_ms <= quota.tpot_slo_ms
+    return True
+
+
+class AdmissionController:
+    """The gateway's `Admission`: call it with the tenant and its engine requests."""
+
+    def __init__(
+        self,
+        stats: Callable[[], EngineStats],
+        budget: TokenBudget,
+        config: AdmissionConfig | None = None,
+        *,
+        metrics: AdmissionMetrics | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        closers: Sequence[Callable[[], None]] = (),
+    ) -> None:
+        self.stats = stats
+        self.budget = budget
+        self.config = config or AdmissionConfig()
+        self.metrics = metrics  # attached after the app (and its registry) exists
+        self.clock = clock
+        self.concurrency = ConcurrencyLimiter()
+        self._recent = RecentAdmissions()
+        self._closers = tuple(closers)
+
+    async def start(self) -> None:
+        """Lifespan start: the budget's background work (lease expiry)."""
+        await self.budget.start()
+
+    async def close(self) -> None:
+        """Lifespan end, after requests settled: return leased budget, then release resources."""
+        try:
+            await self.budget.close()
+        finally:
+            for close in self._closers:
+                close()
+
+    def _reject(self, tenant: str, reason: RejectReason) -> None:
+        if self.metrics is not None:
+            self.metrics.count_rejected(tenant, reason)
+
+    async def __call__(self, tenant: TenantContext, requests: Sequence[EngineRequest]) -> Admitted:
+        name, quota = tenant.tenant_id, tenant.quota
+        denial = self.concurrency.try_acquire(name, quota)
+        if denial is not None:
+            self._reject(name, RejectReason.MAX_CONCURRENT)
+            raise rate_limit_error(denial)
+        try:
+            grant = await self._check_and_reserve(tenant, requests)
+        except BaseException:
+            self.concurrency.release(name)
+            raise
+        priority = requests[0].priority if requests else tenant.priority
+        self._recent.add(priority, num_queued_tokens(requests))
+        if self.metrics is not None:
+            self.metrics.count_admitted(name, priority.name.lower())
+            self.metrics.count_tokens(name, reserved=0 if grant.unlimited else grant.num_tokens)
+        deadline_s = None
+        if self.config.max_queue_time_s is not None and requests:
+            deadline_s = requests[0].arrival_s + self.config.max_queue_time_s
+            requests = [replace(r, deadline_s=r.arrival_s + self.config.max_queue_time_s) for r in requests]
+        num_choices = sum(r.sampling_params.n for r in requests)
+        return Admitted(self._settler(tenant, grant, deadline_s, num_choices), tuple(requests))
+
+    async def _check_and_reserve(self, tenant: TenantContext, requests: Sequence[EngineRequest]) -> Grant:
+        name, quota = tenant.tenant_id, tenant.quota
+        stats = self.stats()
+        self._recent.observe(stats)
+        queued = num_queued_tokens(requests)
+        bound = self.config.max_queued_tokens
+        if bound is not None and stats.num_waiting_tokens + self._recent.total() + queued > bound:
+            self._reject(name, RejectReason.QUEUE_FULL)
+            excess = stats.num_waiting_tokens + self._recent.total() + queued - bound
+            rate = stats.prefill_tokens_per_s
+            raise ServiceUnavailableError(
+                f"the server's queue is full ({bound} prompt tokens waiting at most); retry later",
+                code="queue_full",
+                headers=_retry_after(excess / rate if rate > 0 else 1.0),
+            )
+        priority = requests[0].priority if requests else tenant.priority
+        if priority is Priority.INTERACTIVE and quota.ttft_slo_ms is not None:
+            prediction = predict_ttft(stats, priority, queued, self._recent.ahead(priority))
+            if prediction is not None:
+                if self.metrics is not None:
+                    self.metrics.observe_prediction(name, prediction.seconds)
+                slo_s = quota.ttft_slo_ms / 1000 * self.config.slo_margin
+                if prediction.seconds > slo_s:
+                    self._reject(name, RejectReason.SLO_UNATTAINABLE)
+                    raise ServiceUnavailableError(
+                        f"the predicted time to first token ({prediction.seconds * 1000:.0f} ms, "
+                        f"{prediction.tokens_ahead} tokens queued ahead) exceeds this API key's "
+                        f"objective of {quota.ttft_slo_ms} ms; retry later",
+                        code="slo_unattainable",
+                        headers=_retry_after(prediction.seconds - slo_s),
+                    )
+        try:
+            result = await self.budget.take(name, quota, num_reserved_tokens(requests))
+        except Exception as exc:
+            logger.exception("token budget of %s unavailable", name)
+            self._reject(name, RejectReason.BUDGET_UNAVAILABLE)
+            raise ServiceUnavailableError(
+                "the token budget cannot be checked right now; retry later",
+                code="budget_unavailable",
+                headers=_retry_after(1.0),
+            ) from exc
+        if isinstance(result, Denial):
+            reason = RejectReason.REQUEST_TOO_LARGE if result.request_too_large else _REASON_OF[result.limit]
+            self._reject(name, reason)
+            raise rate_limit_error(result)
+        return result
+
+    def _settler(
+        self, tenant: TenantContext, grant: Grant, deadline_s: float | None, num_choices: int
+    ) -> Callable[[UsageRecord], None]:
+        settled = False
+
+        def settle(record: UsageRecord) -> None:
+            nonlocal settled
+            if settled:  # exactly once, whatever calls it
+                return
+            settled = True
+            name = tenant.tenant_id
+            self.concurrency.release(name)
+            # Nothing generated means nothing served (aborted in the queue, failed, cancelled early).
+            used = record.usage.total_tokens if record.usage.completion_tokens > 0 else 0
+            refund = max(0, grant.num_tokens - used)
+            self.budget.give_back(grant, refund)
+            if self.metrics is None:
+                return
+            if not grant.unlimited:
+                self.metrics.count_tokens(name, refunded=refund)
+            if record.outcome is Outcome.COMPLETED:
+                result = SLOResult.MET if met_slo(record, tenant.quota, num_choices) else SLOResult.MISSED
+                self.metrics.count_slo(name, result)
+            elif (
+                record.outcome is Outcome.FAILED
+                and record.usage.completion_tokens == 0
+                and deadline_s is not None
+                and self.clock() >= deadline_s
+            ):
+                self.metrics.count_rejected(name, RejectReason.DEADLINE_EXCEEDED)
+
+        return settle
+
+
+def build_admission(settings: Settings, stats: Callable[[], EngineStats]) -> AdmissionController:
+    """The admission of `weir serve`: leases from PostgreSQL, in-process budgets on SQLite.
+
+    SQLite means one replica (see `tenancy.leases`), whose own buckets are exact and cost no
+    database round trip.
+    """
+    from tenancy.db import Database
+
+    config = AdmissionConfig(
+        max_queue_time_s=settings.max_queue_time_s or None,
+        max_queued_tokens=settings.max_queued_tokens or None,
+    )
+    db = Database(settings.resolved_database_url)
+    if db.backend == "sqlite":
+        db.dispose()
+        return AdmissionController(stats, LocalBudget(), config)
+    from tenancy.leases import LeasedBudget, LeaseStore
+
+    budget = LeasedBudget(
+        LeaseStore(db), lease_tokens=settings.lease_tokens, lease_ttl_s=settings.lease_ttl_s
+    )
+    return AdmissionController(stats, budget, config, closers=(db.dispose,))

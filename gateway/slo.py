@@ -1,0 +1,82 @@
+"""Predicting a request's time to first token at admission, from the engine's load snapshot.
+
+The model is deliberately simple and cheap (it runs for every request):
+
+    TTFT ~ one step in flight + (prompt tokens queued ahead + own prompt) / prefill rate
+
+- "Ahead" counts the waiting prompt tokens of the same or a higher priority class: the scheduler
+  serves classes in order, so lower classes never delay this request (they are preempted when
+  blocks are short).
+- The prefill rate is the engine's measured moving average (`EngineStats.prefill_tokens_per_s`).
+  It is measured over whole steps, so the decodes batched with the prefill (the decode load) are
+  already priced in.
+- The step in flight is one decode step (`1 / decode_steps_per_s`) when sequences are running.
+- Before the engine has measured a prefill rate there is no prediction, and nothing is rejected.
+
+The engine's snapshot is refreshed once per step, so requests admitted since the last snapshot
+are invisible to it; `RecentAdmissions` adds them back until two newer snapshots have been seen.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from engine.output import EngineStats
+from engine.request import Priority
+
+_NUM_CLASSES = len(Priority)
+
+
+@dataclass(frozen=True)
+class TTFTPrediction:
+    """A predicted time to first token and what it was based on."""
+
+    seconds: float
+    tokens_ahead: int  # waiting prompt tokens of the same or higher classes, this request excluded
+    prefill_tokens_per_s: float
+
+
+def tokens_ahead(waiting_by_priority: tuple[int, ...], priority: Priority) -> int:
+    """Waiting prompt tokens the scheduler serves before (or with) a request of `priority`."""
+    return sum(waiting_by_priority[: int(priority) + 1])
+
+
+def predict_ttft(
+    stats: EngineStats, priority: Priority, num_prompt_tokens: int, unseen_ahead: int = 0
+) -> TTFTPrediction | None:
+    """The predicted TTFT of a new request, or None while the engine has no measured prefill rate."""
+    rate = stats.prefill_tokens_per_s
+    if rate <= 0:
+        return None
+    ahead = tokens_ahead(stats.waiting_tokens_by_priority, priority) + unseen_ahead
+    in_flight = 1.0 / stats.decode_steps_per_s if stats.num_running and stats.decode_steps_per_s > 0 else 0.0
+    return TTFTPrediction(in_flight + (ahead + num_prompt_tokens) / rate, ahead, rate)
+
+
+class RecentAdmissions:
+    """Prompt tokens admitted since the engine's last snapshots, per priority class.
+
+    A request admitted now shows up in the snapshot taken after the next step at the latest, so
+    counts are kept for the current and the previous snapshot (two generations).
+    """
+
+    def __init__(self) -> None:
+        self._seen: object | None = None
+        self._generations: deque[list[int]] = deque([[0] * _NUM_CLASSES], maxlen=2)
+
+    def observe(self, stats: EngineStats) -> None:
+        """Start a new generation when the engine published a new snapshot."""
+        if stats is not self._seen:
+            self._seen = stats
+            self._generations.appendleft([0] * _NUM_CLASSES)
+
+    def add(self, priority: Priority, num_tokens: int) -> None:
+        self._generations[0][int(priority)] += num_tokens
+
+    def ahead(self, priority: Priority) -> int:
+        """Unseen tokens the scheduler would serve before (or with) `priority`."""
+        return sum(sum(g[: int(priority) + 1]) for g in self._generations)
+
+    def total(self) -> int:
+        return sum(sum(g) for g in self._generations)
