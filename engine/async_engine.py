@@ -12,17 +12,24 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from engine.client import EngineHealth, EngineRequest
 from engine.config import EngineConfig, ModelConfig
 from engine.errors import EngineDeadError
 from engine.llm_engine import LLMEngine, build_engine
 from engine.output import EngineStats, RequestOutput
+from engine.prefix_cache_api import FlushResult, PrefixCacheStats, SharedPrefixInfo
 from engine.request import SamplingParams
 
 logger = logging.getLogger("weir.engine")
+
+T = TypeVar("T")
+
+# The prefix-cache snapshot that metrics read is refreshed at most this often (engine thread).
+PREFIX_SNAPSHOT_INTERVAL_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -37,6 +44,15 @@ class _Abort:
     request_id: str
 
 
+@dataclass(frozen=True)
+class _Call:
+    """Run `fn(core)` on the engine thread and resolve `future` with its result."""
+
+    fn: Callable[[LLMEngine], Any]
+    future: asyncio.Future[Any]
+    loop: asyncio.AbstractEventLoop
+
+
 class AsyncEngine:
     """Runs an LLMEngine on a background thread and streams its outputs to asyncio callers."""
 
@@ -46,11 +62,13 @@ class AsyncEngine:
                 raise ValueError("config or core is required")
             core = build_engine(config)
         self.core = core
-        self._commands: queue.SimpleQueue[_Add | _Abort | None] = queue.SimpleQueue()
+        self._commands: queue.SimpleQueue[_Add | _Abort | _Call | None] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._sinks: dict[str, _Add] = {}
         self._thread: threading.Thread | None = None
         self._stats = core.stats()
+        self._prefix_stats = core.prefix_cache.stats()
+        self._prefix_stats_at = time.monotonic()
         self._ready = False
         self._dead: BaseException | None = None
         self._stopping = False
@@ -134,6 +152,72 @@ class AsyncEngine:
         detail = f"engine thread died: {self._dead}" if self._dead else ""
         return EngineHealth(alive=alive, ready=alive and self._ready, detail=detail)
 
+    # -- PrefixCacheControl -----------------------------------------------------------------
+
+    async def _call(self, fn: Callable[[LLMEngine], T]) -> T:
+        """Run `fn(core)` on the engine thread (directly when the thread is not running)."""
+        if self._dead is not None or self._stopping:
+            raise EngineDeadError(str(self._dead) if self._dead else "engine is shutting down")
+        if self._thread is None:
+            return fn(self.core)
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        self._commands.put(_Call(fn, future, loop))
+        self._wake.set()
+        return await future
+
+    async def prefix_cache_stats(self) -> PrefixCacheStats:
+        """Fresh prefix-cache stats: totals, per tenant, per scope."""
+        return await self._call(lambda core: core.prefix_cache.stats())
+
+    def prefix_cache_snapshot(self) -> PrefixCacheStats:
+        """The stats as of at most `PREFIX_SNAPSHOT_INTERVAL_S` ago, without waiting (for metrics)."""
+        return self._prefix_stats
+
+    async def register_shared_prefix(
+        self, token_ids: Sequence[int], name: str = "", pin: bool = False
+    ) -> SharedPrefixInfo:
+        """Register a shared prefix and compute its blocks; returns once they are cached."""
+        ids = list(token_ids)
+        info = await self._call(lambda core: core.prefix_cache.register(ids, name, pin))
+        return await self._warm(info.prefix_id)
+
+    async def _warm(self, prefix_id: str) -> SharedPrefixInfo:
+        warmup = await self._call(lambda core: core.prefix_cache.warmup_request(prefix_id))
+        if warmup is not None:
+            async for _ in self.generate(warmup):
+                pass
+        return await self._call(lambda core: core.prefix_cache.get(prefix_id))
+
+    async def list_shared_prefixes(self) -> tuple[SharedPrefixInfo, ...]:
+        return await self._call(lambda core: core.prefix_cache.list_prefixes())
+
+    async def get_shared_prefix(self, prefix_id: str) -> SharedPrefixInfo:
+        return await self._call(lambda core: core.prefix_cache.get(prefix_id))
+
+    async def pin_shared_prefix(self, prefix_id: str) -> SharedPrefixInfo:
+        """Pin a prefix (recomputing blocks evicted meanwhile): its blocks are never evicted."""
+        await self._call(lambda core: core.prefix_cache.pin(prefix_id))
+        return await self._warm(prefix_id)
+
+    async def unpin_shared_prefix(self, prefix_id: str) -> SharedPrefixInfo:
+        return await self._call(lambda core: core.prefix_cache.unpin(prefix_id))
+
+    async def unregister_shared_prefix(self, prefix_id: str) -> SharedPrefixInfo:
+        return await self._call(lambda core: core.prefix_cache.unregister(prefix_id))
+
+    async def flush_prefix_cache(
+        self,
+        model_version: str | None = None,
+        tenant_id: str | None = None,
+        cache_scope: str | None = None,
+        include_pinned: bool = False,
+    ) -> FlushResult:
+        """Forget cached blocks of this model version, of one tenant, or of one scope."""
+        return await self._call(
+            lambda core: core.prefix_cache.flush(model_version, tenant_id, cache_scope, include_pinned)
+        )
+
     # -- engine thread ----------------------------------------------------------------------
 
     def _run(self) -> None:
@@ -144,11 +228,13 @@ class AsyncEngine:
                     break
                 if not core.has_unfinished():
                     self._stats = core.stats()
+                    self._refresh_prefix_stats()
                     self._wake.wait(0.5)
                     self._wake.clear()
                     continue
                 outputs = core.step()
                 self._stats = core.stats()
+                self._refresh_prefix_stats()
                 self._deliver(outputs)
         except BaseException as exc:  # the loop itself broke: fail everyone, report dead
             logger.exception("engine loop died")
@@ -156,9 +242,27 @@ class AsyncEngine:
             for add in list(self._sinks.values()):
                 add.loop.call_soon_threadsafe(add.sink.put_nowait, EngineDeadError(str(exc)))
             self._sinks.clear()
+            self._fail_calls(EngineDeadError(str(exc)))
             return
         for rid in list(self._sinks):
             self._deliver(core.abort(rid))
+        self._fail_calls(EngineDeadError("engine is shutting down"))
+
+    def _refresh_prefix_stats(self) -> None:
+        now = time.monotonic()
+        if now - self._prefix_stats_at >= PREFIX_SNAPSHOT_INTERVAL_S:
+            self._prefix_stats = self.core.prefix_cache.stats()
+            self._prefix_stats_at = now
+
+    def _fail_calls(self, exc: BaseException) -> None:
+        """Answer control calls still queued when the loop ends."""
+        while True:
+            try:
+                cmd = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(cmd, _Call):
+                cmd.loop.call_soon_threadsafe(_resolve, cmd.future, None, exc)
 
     def _drain_commands(self) -> bool:
         while True:
@@ -168,6 +272,14 @@ class AsyncEngine:
                 return True
             if cmd is None:
                 return False
+            if isinstance(cmd, _Call):
+                try:
+                    result = cmd.fn(self.core)
+                except Exception as exc:  # reported to the caller only
+                    cmd.loop.call_soon_threadsafe(_resolve, cmd.future, None, exc)
+                else:
+                    cmd.loop.call_soon_threadsafe(_resolve, cmd.future, result, None)
+                continue
             if isinstance(cmd, _Add):
                 try:
                     self.core.add_request(cmd.request)
@@ -189,6 +301,15 @@ class AsyncEngine:
             add.loop.call_soon_threadsafe(_put_all, add.sink, outs)
             if not self.core.is_active(rid):
                 del self._sinks[rid]
+
+
+def _resolve(future: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:
+    if future.done():  # the caller gave up (cancelled)
+        return
+    if exc is not None:
+        future.set_exception(exc)
+    else:
+        future.set_result(result)
 
 
 def _put_all(sink: asyncio.Queue[RequestOutput | BaseException], outs: list[RequestOutput]) -> None:

@@ -1,13 +1,20 @@
-"""Physical KV blocks: ref counts, an O(1) LRU free queue, and the hash -> block map.
+"""Physical KV blocks: ref counts, an O(1) LRU free queue, the hash -> block map, pins and caps.
 
 A block whose ref count drops to zero goes to the tail of the free queue but keeps its hash,
-so a later request with the same prefix can revive it (a prefix-cache hit). Allocation takes
-from the head, evicting the least recently freed cached block. Plain Python, no torch.
+so a later request with the same prefix can revive it (a prefix-cache hit). A block that holds
+nothing worth keeping (no hash) goes to the head instead, so allocation uses up plain free
+blocks before it evicts anything, and then evicts the least recently freed cached block.
+
+Each scope also keeps its free cached blocks in LRU order, so a scope over its cap gives up its
+own oldest block in O(1) without scanning the pool. Pinned blocks (shared prefixes an admin
+pinned) stay out of the free queue while unreferenced: they are never evicted.
+Plain Python, no torch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 
@@ -25,7 +32,7 @@ class Block:
 
 
 class FreeBlockQueue:
-    """Doubly linked list of free blocks: O(1) append, pop-front and remove-from-middle."""
+    """Doubly linked list of free blocks: O(1) append at either end, pop-front and remove."""
 
     def __init__(self, blocks: Iterable[Block]) -> None:
         self._head = Block(-1)
@@ -36,14 +43,28 @@ class FreeBlockQueue:
         for b in blocks:
             self.append(b)
 
-    def append(self, block: Block) -> None:
-        last = self._tail.prev
-        assert last is not None
-        last.next = block
-        block.prev = last
-        block.next = self._tail
-        self._tail.prev = block
+    def _insert_after(self, anchor: Block, block: Block) -> None:
+        if block.prev is not None:
+            raise ValueError(f"block {block.block_id} is already in the free queue")
+        after = anchor.next
+        if after is None:
+            raise ValueError("anchor is not linked")
+        anchor.next = block
+        block.prev = anchor
+        block.next = after
+        after.prev = block
         self.num_free += 1
+
+    def append(self, block: Block) -> None:
+        """Add at the tail: evicted last."""
+        last = self._tail.prev
+        if last is None:
+            raise ValueError("free queue tail is not linked")
+        self._insert_after(last, block)
+
+    def appendleft(self, block: Block) -> None:
+        """Add at the head: handed out first."""
+        self._insert_after(self._head, block)
 
     def remove(self, block: Block) -> None:
         if block.prev is None or block.next is None:
@@ -63,7 +84,7 @@ class FreeBlockQueue:
     def contains(self, block: Block) -> bool:
         return block.prev is not None
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
+    def __iter__(self) -> Iterator[Block]:
         node = self._head.next
         while node is not None and node is not self._tail:
             yield node
@@ -87,8 +108,14 @@ class BlockPool:
         self.free_queue = FreeBlockQueue(self.blocks[1:])
         self.cached: dict[bytes, Block] = {}
         self.num_evictions = 0
+        self.num_flushed = 0
         self.evictions_by_scope: dict[str, int] = {}
         self.cached_blocks_by_scope: dict[str, int] = {}
+        # Free, cached, unpinned blocks of each scope, oldest first (block id -> block).
+        self._scope_free: dict[str, OrderedDict[int, Block]] = {}
+        # Hashes pinned by shared prefixes (how many pins each), whether cached yet or not.
+        self._pins: dict[bytes, int] = {}
+        self.num_pinned_blocks = 0  # cached blocks whose hash is pinned
 
     @property
     def num_usable_blocks(self) -> int:
@@ -101,14 +128,18 @@ class BlockPool:
     def usage(self) -> float:
         return 1.0 - self.num_free_blocks / self.num_usable_blocks
 
+    # -- references ---------------------------------------------------------------------------
+
     def allocate(self, num: int) -> list[Block]:
-        """Take `num` blocks from the LRU end, evicting their cached hashes."""
+        """Take `num` blocks from the head of the free queue, evicting cached hashes there."""
         if num > self.free_queue.num_free:
             raise ValueError(f"cannot allocate {num} blocks, only {self.free_queue.num_free} free")
         out = []
         for _ in range(num):
             block = self.free_queue.popleft()
-            self._evict(block)
+            if block.block_hash is not None:
+                self._count_eviction(block)
+                self._uncache(block)
             block.ref_cnt = 1
             out.append(block)
         return out
@@ -116,8 +147,9 @@ class BlockPool:
     def touch(self, blocks: Iterable[Block]) -> None:
         """Take a reference on blocks found in the prefix cache (reviving free ones)."""
         for block in blocks:
-            if block.ref_cnt == 0:
+            if block.ref_cnt == 0 and self.free_queue.contains(block):
                 self.free_queue.remove(block)
+                self._unlist_scope_free(block)
             block.ref_cnt += 1
 
     def free(self, blocks: Iterable[Block]) -> None:
@@ -127,53 +159,139 @@ class BlockPool:
                 raise ValueError(f"double free of block {block.block_id}")
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
-                if block.block_hash is None or not self.enable_caching:
-                    self._evict(block)
-                if not block.pinned:
-                    self.free_queue.append(block)
+                self._release(block)
+
+    def _release(self, block: Block) -> None:
+        """Place an unreferenced block: nothing cached -> head; cached -> tail; pinned -> held."""
+        if block.block_hash is None or not self.enable_caching:
+            self._uncache(block)
+            self.free_queue.appendleft(block)
+        elif not block.pinned:
+            self.free_queue.append(block)
+            scope = block.cache_scope or ""
+            self._scope_free.setdefault(scope, OrderedDict())[block.block_id] = block
+
+    # -- the cache map ------------------------------------------------------------------------
 
     def lookup(self, block_hash: bytes) -> Block | None:
         return self.cached.get(block_hash) if self.enable_caching else None
 
-    def cache(self, block: Block, block_hash: bytes, scope: str) -> None:
-        """Register a full block under its chained hash. A hash already cached keeps its block."""
+    def cache(self, block: Block, block_hash: bytes, scope: str) -> bool:
+        """Register a referenced full block under its chained hash; False if not cached.
+
+        A hash already cached keeps its block (the new one stays a private copy).
+        """
         if not self.enable_caching or block.block_hash is not None or block_hash in self.cached:
-            return
+            return False
+        if block.ref_cnt <= 0:
+            raise ValueError(f"block {block.block_id} is not referenced; only computed blocks are cached")
         block.block_hash = block_hash
         block.cache_scope = scope
         self.cached[block_hash] = block
         self.cached_blocks_by_scope[scope] = self.cached_blocks_by_scope.get(scope, 0) + 1
+        if block_hash in self._pins:
+            block.pinned = True
+            self.num_pinned_blocks += 1
+        return True
 
-    def _evict(self, block: Block) -> None:
+    def num_cached_blocks(self, scope: str) -> int:
+        """Blocks cached under `scope`, in use or free."""
+        return self.cached_blocks_by_scope.get(scope, 0)
+
+    def num_free_cached_blocks(self, scope: str) -> int:
+        """Free (evictable) cached blocks of `scope`."""
+        od = self._scope_free.get(scope)
+        return len(od) if od else 0
+
+    def evict_lru_of_scope(self, scope: str) -> bool:
+        """Evict the least recently freed cached block of `scope` in O(1); False if it has none.
+
+        The block moves to the head of the free queue, so it is reused before any other scope's
+        cached block is evicted.
+        """
+        od = self._scope_free.get(scope)
+        if not od:
+            return False
+        _, block = od.popitem(last=False)
+        self._count_eviction(block)
+        self._uncache(block)
+        self.free_queue.remove(block)
+        self.free_queue.appendleft(block)
+        return True
+
+    def _count_eviction(self, block: Block) -> None:
+        scope = block.cache_scope or ""
+        self.num_evictions += 1
+        self.evictions_by_scope[scope] = self.evictions_by_scope.get(scope, 0) + 1
+
+    def _unlist_scope_free(self, block: Block) -> None:
+        if block.block_hash is not None:
+            od = self._scope_free.get(block.cache_scope or "")
+            if od is not None:
+                od.pop(block.block_id, None)
+
+    def _uncache(self, block: Block) -> None:
+        """Forget a block's hash (its place in the free queue is the caller's business)."""
         if block.block_hash is None:
             return
+        self._unlist_scope_free(block)
         if self.cached.get(block.block_hash) is block:
             del self.cached[block.block_hash]
-            scope = block.cache_scope or ""
-            self.cached_blocks_by_scope[scope] -= 1
-            self.num_evictions += 1
-            self.evictions_by_scope[scope] = self.evictions_by_scope.get(scope, 0) + 1
+            self.cached_blocks_by_scope[block.cache_scope or ""] -= 1
+        if block.pinned:
+            self.num_pinned_blocks -= 1
         block.block_hash = None
         block.cache_scope = None
+        block.pinned = False
 
-    def evict_scope_lru(self, scope: str, max_blocks: int) -> int:
-        """Evict free cached blocks of `scope`, oldest first, until it holds at most `max_blocks`."""
-        evicted = 0
-        if self.cached_blocks_by_scope.get(scope, 0) <= max_blocks:
-            return 0
-        for block in list(self.free_queue):
-            if self.cached_blocks_by_scope.get(scope, 0) <= max_blocks:
-                break
-            if block.cache_scope == scope and not block.pinned:
-                self._evict(block)
-                evicted += 1
-        return evicted
+    # -- pins and flushes ---------------------------------------------------------------------
 
-    def reset_cache(self, predicate=None) -> int:  # type: ignore[no-untyped-def]
-        """Forget cached hashes of free blocks (all, or those matching `predicate(block)`)."""
+    def pin(self, block_hash: bytes) -> None:
+        """Never evict the block cached (now or later) under `block_hash`; pins are counted."""
+        self._pins[block_hash] = self._pins.get(block_hash, 0) + 1
+        block = self.cached.get(block_hash)
+        if block is not None and not block.pinned:
+            if block.ref_cnt == 0:
+                self.free_queue.remove(block)
+                self._unlist_scope_free(block)
+            block.pinned = True
+            self.num_pinned_blocks += 1
+
+    def unpin(self, block_hash: bytes) -> None:
+        """Drop one pin; at the last one the block becomes an ordinary (evictable) cached block."""
+        count = self._pins.get(block_hash, 0)
+        if count <= 0:
+            raise ValueError("unpin of a hash that is not pinned")
+        if count > 1:
+            self._pins[block_hash] = count - 1
+            return
+        del self._pins[block_hash]
+        block = self.cached.get(block_hash)
+        if block is not None and block.pinned:
+            block.pinned = False
+            self.num_pinned_blocks -= 1
+            if block.ref_cnt == 0:
+                self._release(block)
+
+    def is_pinned(self, block_hash: bytes) -> bool:
+        return block_hash in self._pins
+
+    def flush(self, match: Callable[[Block], bool] | None = None, include_pinned: bool = False) -> int:
+        """Forget the hashes of cached blocks (all, or those `match` accepts); O(cached blocks).
+
+        Blocks in use stay with their requests, uncached. Pinned blocks are kept unless
+        `include_pinned`; their pins remain, so recomputing them pins them again.
+        """
         n = 0
-        for block in list(self.free_queue):
-            if block.block_hash is not None and (predicate is None or predicate(block)):
-                self._evict(block)
-                n += 1
+        for block in list(self.cached.values()):
+            if (block.pinned and not include_pinned) or (match is not None and not match(block)):
+                continue
+            was_held = block.pinned and block.ref_cnt == 0
+            self._uncache(block)
+            if block.ref_cnt == 0:
+                if not was_held:
+                    self.free_queue.remove(block)
+                self.free_queue.appendleft(block)
+            n += 1
+        self.num_flushed += n
         return n

@@ -7,11 +7,12 @@ gateway tests use a fake that implements the same Protocol.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from engine.output import EngineStats, RequestOutput
+from engine.prefix_cache_api import FlushResult, PrefixCacheStats, SharedPrefixInfo
 from engine.request import Priority, SamplingParams
 
 
@@ -58,4 +59,47 @@ class EngineClient(Protocol):
 
     def health(self) -> EngineHealth:
         """Whether the engine loop is alive and the model is loaded and warm."""
+        ...
+
+
+@runtime_checkable
+class PrefixCacheControl(Protocol):
+    """What the admin API may ask of an engine's prefix cache (see `engine.prefix_cache_api`).
+
+    Separate from `EngineClient`: engines without a prefix cache (and gateway fakes) need not
+    implement it. Unknown prefix ids raise `UnknownPrefixError`; bad input `InvalidRequestError`.
+    """
+
+    async def prefix_cache_stats(self) -> PrefixCacheStats:
+        """Fresh stats: totals, per tenant (hit rate, cached tokens, evictions), per scope."""
+        ...
+
+    def prefix_cache_snapshot(self) -> PrefixCacheStats:
+        """Recent stats without waiting on the engine (for metrics scrapes)."""
+        ...
+
+    async def register_shared_prefix(
+        self, token_ids: Sequence[int], name: str = "", pin: bool = False
+    ) -> SharedPrefixInfo:
+        """Register a prefix in the shared scope and compute its blocks."""
+        ...
+
+    async def list_shared_prefixes(self) -> tuple[SharedPrefixInfo, ...]: ...
+
+    async def get_shared_prefix(self, prefix_id: str) -> SharedPrefixInfo: ...
+
+    async def pin_shared_prefix(self, prefix_id: str) -> SharedPrefixInfo: ...
+
+    async def unpin_shared_prefix(self, prefix_id: str) -> SharedPrefixInfo: ...
+
+    async def unregister_shared_prefix(self, prefix_id: str) -> SharedPrefixInfo: ...
+
+    async def flush_prefix_cache(
+        self,
+        model_version: str | None = None,
+        tenant_id: str | None = None,
+        cache_scope: str | None = None,
+        include_pinned: bool = False,
+    ) -> FlushResult:
+        """Forget cached blocks of a model version, a tenant or a scope (all when none given)."""
         ...

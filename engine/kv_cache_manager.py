@@ -1,24 +1,51 @@
-"""Per-request block tables on top of the block pool, with prefix-cache lookup and caching.
+"""Per-request block tables on top of the block pool: prefix-cache lookup, caching, forks and COW.
 
-Plain Python, no torch. The scheduler asks it for blocks; the runner only sees block ids.
+Plain Python, no torch. The scheduler asks it for blocks; the runner only sees block ids and
+the (src, dst) pairs of copy-on-write.
+
+- Lookup: a request's full blocks are hashed (chained, see `block_hash`) once; at admission the
+  longest cached chain is referenced instead of recomputed, always leaving the last token to
+  compute so its logits exist.
+- In flight: the hashes a running request is about to compute are recorded, so the scheduler
+  can hold back a request that would compute the same block in the same step.
+- Per-scope cap: a scope's cached blocks never exceed `tenant_cache_share` of the pool; at the
+  cap it evicts its own least recently used free block (O(1)), else leaves the block uncached.
+- Fork: a child references its parent's computed blocks. Before a request writes into a block
+  that is shared (ref count > 1) or cached (immutable), the block is copied to a fresh one.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from engine.block_hash import hash_blocks
+from engine.block_hash import SHARED_SCOPE, hash_blocks
 from engine.block_pool import Block, BlockPool
+from engine.prefix_registry import PrefixRegistry
 from engine.request import Request
+
+# Pinned shared prefixes may hold at most this share of the pool.
+MAX_PINNED_SHARE = 0.5
 
 
 @dataclass
 class PrefixCacheCounters:
-    """Prefix-cache lookups in tokens, overall and per tenant."""
+    """Prefix-cache lookups (at first admission), overall and per tenant."""
 
+    num_queries: int = 0
     queried_tokens: int = 0
     hit_tokens: int = 0
+
+
+@dataclass
+class _ReqKV:
+    """The KV state of one request."""
+
+    blocks: list[Block] = field(default_factory=list)
+    hashes: list[bytes] | None = None  # chained hashes of its full blocks, extended lazily
+    num_shared: int = 0  # leading hashes in the shared scope
+    num_cached: int = 0  # leading blocks already registered in (or found in) the cache
+    inflight: list[bytes] = field(default_factory=list)  # hashes it is computing, first to register
 
 
 class KVCacheManager:
@@ -37,13 +64,23 @@ class KVCacheManager:
         self.pool = BlockPool(num_blocks, enable_caching)
         self.enable_caching = enable_caching
         self._root_digest = root_digest
+        self._roots: dict[str, bytes] = {}
         self.watermark_blocks = int(watermark * num_blocks)
         self.max_cached_blocks_per_scope = max(1, int(tenant_cache_share * self.pool.num_usable_blocks))
-        self.req_blocks: dict[str, list[Block]] = {}
-        self.req_hashes: dict[str, list[bytes]] = {}
-        self.num_cached_blocks: dict[str, int] = {}  # per request: full blocks already registered
+        self.registry = PrefixRegistry(
+            self.pool,
+            block_size,
+            root_digest(SHARED_SCOPE),
+            max_pinned_blocks=int(MAX_PINNED_SHARE * self.pool.num_usable_blocks),
+        )
+        self._reqs: dict[str, _ReqKV] = {}
+        self._inflight: dict[bytes, str] = {}  # block hash -> id of the request computing it
+        self._copies: list[tuple[int, int]] = []  # copy-on-write pairs for the next step
         self.totals = PrefixCacheCounters()
         self.by_tenant: dict[str, PrefixCacheCounters] = {}
+        self.scope_of_tenant: dict[str, str] = {}
+
+    # -- sizes ----------------------------------------------------------------------------------
 
     @property
     def num_free_blocks(self) -> int:
@@ -57,44 +94,111 @@ class KVCacheManager:
         return -(-num_tokens // self.block_size)
 
     def block_ids(self, request_id: str) -> tuple[int, ...]:
-        return tuple(b.block_id for b in self.req_blocks.get(request_id, ()))
+        st = self._reqs.get(request_id)
+        return tuple(b.block_id for b in st.blocks) if st is not None else ()
 
-    def _hashes(self, req: Request) -> list[bytes]:
-        """Chained hashes of the request's full blocks (prompt and output), extended lazily."""
-        hashes = self.req_hashes.setdefault(req.request_id, [])
+    def blocks(self, request_id: str) -> list[Block]:
+        """The request's block table (a view; do not modify)."""
+        st = self._reqs.get(request_id)
+        return st.blocks if st is not None else []
+
+    # -- hashing and lookup ---------------------------------------------------------------------
+
+    def _root(self, scope: str) -> bytes:
+        root = self._roots.get(scope)
+        if root is None:
+            root = self._roots[scope] = self._root_digest(scope)
+        return root
+
+    def _state(self, request_id: str) -> _ReqKV:
+        st = self._reqs.get(request_id)
+        if st is None:
+            st = self._reqs[request_id] = _ReqKV()
+        return st
+
+    def hashes(self, req: Request) -> list[bytes]:
+        """Chained hashes of the request's full blocks (prompt and output), extended lazily.
+
+        A prompt that begins with a registered shared prefix chains that part from the shared
+        root; the first block after it mixes the tenant's root back in.
+        """
+        st = self._state(req.request_id)
+        if st.hashes is None:
+            st.hashes = self.registry.match(req.prompt_token_ids) if self.enable_caching else []
+            st.num_shared = len(st.hashes)
+        hashes = st.hashes
         num_full = req.num_tokens // self.block_size
         if len(hashes) < num_full:
-            parent = hashes[-1] if hashes else self._root_digest(req.cache_scope)
+            start = len(hashes)
             tokens = req.all_token_ids[: num_full * self.block_size]
-            hashes.extend(hash_blocks(parent, tokens, self.block_size, start=len(hashes), parent=parent))
+            root = self._root(req.cache_scope)
+            if start == 0:
+                hashes.extend(hash_blocks(root, tokens, self.block_size))
+            else:
+                extra = root if start == st.num_shared else b""
+                hashes.extend(
+                    hash_blocks(
+                        root, tokens, self.block_size, start=start, parent=hashes[-1], first_extra=extra
+                    )
+                )
         return hashes
 
     def get_computed_blocks(self, req: Request) -> tuple[list[Block], int]:
-        """Longest cached prefix of a request that has computed nothing yet.
+        """Longest cached prefix of a request that holds no blocks yet: (blocks, tokens).
 
         At least the last token is always left to compute, so its logits exist.
         """
-        if not self.enable_caching or req.num_computed_tokens > 0:
+        if not self.enable_caching or self.blocks(req.request_id):
             return [], 0
         hits: list[Block] = []
-        for h in self._hashes(req):
+        for h in self.hashes(req):
             block = self.pool.lookup(h)
             if block is None:
                 break
             hits.append(block)
         if hits and len(hits) * self.block_size >= req.num_tokens:
             hits.pop()
-        counters = self.by_tenant.setdefault(req.tenant_id, PrefixCacheCounters())
-        num_hit = len(hits) * self.block_size
+        return hits, len(hits) * self.block_size
+
+    def inflight_owner(self, req: Request, num_hit_tokens: int) -> str | None:
+        """The running request computing `req`'s first uncached block right now, if another one."""
+        if not self._inflight:
+            return None
+        i = num_hit_tokens // self.block_size
+        hashes = self.hashes(req)
+        if i >= len(hashes):
+            return None
+        owner = self._inflight.get(hashes[i])
+        return owner if owner != req.request_id else None
+
+    def record_lookup(self, req: Request, num_hit_tokens: int) -> None:
+        """Count one admission's lookup, overall and for its tenant."""
+        counters = self.by_tenant.get(req.tenant_id)
+        if counters is None:
+            counters = self.by_tenant[req.tenant_id] = PrefixCacheCounters()
+        self.scope_of_tenant[req.tenant_id] = req.cache_scope
         for c in (self.totals, counters):
+            c.num_queries += 1
             c.queried_tokens += req.num_tokens
-            c.hit_tokens += num_hit
-        return hits, num_hit
+            c.hit_tokens += num_hit_tokens
+
+    # -- allocation -----------------------------------------------------------------------------
+
+    def _cow_indices(self, req: Request, st: _ReqKV, num_total_tokens: int) -> list[int]:
+        """Indices of blocks the request is about to write that it must not write in place."""
+        first = req.num_computed_tokens // self.block_size
+        last = min(len(st.blocks), self.blocks_for(num_total_tokens))
+        return [
+            i for i in range(first, last) if st.blocks[i].ref_cnt > 1 or st.blocks[i].block_hash is not None
+        ]
 
     def can_fit(self, req: Request, num_total_tokens: int, computed: list[Block], watermark: bool) -> bool:
-        have = len(self.req_blocks.get(req.request_id, ())) + len(computed)
+        st = self._reqs.get(req.request_id)
+        have = (len(st.blocks) if st else 0) + len(computed)
         need_new = max(0, self.blocks_for(num_total_tokens) - have)
-        revived = sum(1 for b in computed if b.ref_cnt == 0)
+        if st is not None and st.blocks:
+            need_new += len(self._cow_indices(req, st, num_total_tokens))
+        revived = sum(1 for b in computed if b.ref_cnt == 0 and not b.pinned)
         reserve = self.watermark_blocks if watermark else 0
         return need_new + revived <= self.pool.num_free_blocks - reserve
 
@@ -105,43 +209,124 @@ class KVCacheManager:
         computed: list[Block] | None = None,
         watermark: bool = False,
     ) -> bool:
-        """Make the request's block table hold `num_total_tokens` tokens. False if blocks are short."""
+        """Make the request's block table hold `num_total_tokens` tokens. False if blocks are short.
+
+        `computed` are prefix-cache hits (at admission). Blocks the request is about to write
+        that are shared or cached are copied first (the pairs go to `take_copies`).
+        """
         computed = computed or []
         if not self.can_fit(req, num_total_tokens, computed, watermark):
             return False
-        blocks = self.req_blocks.setdefault(req.request_id, [])
+        st = self._state(req.request_id)
+        blocks = st.blocks
+        if st.blocks:
+            for i in self._cow_indices(req, st, num_total_tokens):
+                src = blocks[i]
+                (dst,) = self.pool.allocate(1)
+                self._copies.append((src.block_id, dst.block_id))
+                blocks[i] = dst
+                self.pool.free([src])
         if computed:
             self.pool.touch(computed)
             blocks.extend(computed)
-            self.num_cached_blocks[req.request_id] = len(blocks)
+            st.num_cached = len(blocks)
         need_new = self.blocks_for(num_total_tokens) - len(blocks)
         if need_new > 0:
             blocks.extend(self.pool.allocate(need_new))
         return True
 
+    def mark_inflight(self, req: Request) -> None:
+        """Record the full prompt blocks `req` will compute, unless another request already is."""
+        if not self.enable_caching:
+            return
+        st = self._state(req.request_id)
+        hashes = self.hashes(req)
+        for i in range(st.num_cached, min(len(hashes), req.num_prompt_tokens // self.block_size)):
+            h = hashes[i]
+            if h not in self._inflight and self.pool.lookup(h) is None:
+                self._inflight[h] = req.request_id
+                st.inflight.append(h)
+
+    def take_copies(self) -> tuple[tuple[int, int], ...]:
+        """The copy-on-write pairs decided since the last call, for this step's runner."""
+        copies = tuple(self._copies)
+        self._copies.clear()
+        return copies
+
+    # -- caching ----------------------------------------------------------------------------------
+
     def cache_full_blocks(self, req: Request) -> None:
         """Register the request's newly computed full blocks in the prefix cache."""
         if not self.enable_caching:
             return
-        num_full = req.num_computed_tokens // self.block_size
-        done = self.num_cached_blocks.get(req.request_id, 0)
-        if num_full <= done:
+        st = self._reqs.get(req.request_id)
+        if st is None:
             return
-        hashes = self._hashes(req)
-        blocks = self.req_blocks[req.request_id]
+        num_full = min(req.num_computed_tokens // self.block_size, len(st.blocks))
+        if num_full <= st.num_cached:
+            return
+        hashes = self.hashes(req)
         pool = self.pool
-        for i in range(done, num_full):
-            if pool.cached_blocks_by_scope.get(req.cache_scope, 0) >= self.max_cached_blocks_per_scope:
-                if not pool.evict_scope_lru(req.cache_scope, self.max_cached_blocks_per_scope - 1):
-                    break  # the scope's share is all in use: leave further blocks uncached
-            pool.cache(blocks[i], hashes[i], req.cache_scope)
-        self.num_cached_blocks[req.request_id] = num_full
+        cap = self.max_cached_blocks_per_scope
+        for i in range(st.num_cached, num_full):
+            h = hashes[i]
+            if st.inflight and self._inflight.get(h) == req.request_id:
+                del self._inflight[h]
+            block = st.blocks[i]
+            if block.block_hash is not None or h in pool.cached:
+                continue
+            scope = SHARED_SCOPE if i < st.num_shared else req.cache_scope
+            # The shared scope holds only admin-registered prefixes: it has no cap.
+            if scope != SHARED_SCOPE and pool.num_cached_blocks(scope) >= cap:
+                if not pool.evict_lru_of_scope(scope):
+                    continue  # the scope's whole share is in use: leave this block uncached
+            pool.cache(block, h, scope)
+        st.num_cached = num_full
+
+    # -- forks and frees --------------------------------------------------------------------------
+
+    def fork(self, parent: Request, child: Request) -> None:
+        """Give `child` references to the blocks holding `parent`'s first `child.num_computed_tokens`
+        tokens (the child's tokens must begin with those). Writes into them copy first."""
+        pst = self._reqs[parent.request_id]
+        num_blocks = self.blocks_for(child.num_computed_tokens)
+        if num_blocks > len(pst.blocks) or child.num_computed_tokens > parent.num_computed_tokens:
+            raise ValueError(f"{parent.request_id} has not computed {child.num_computed_tokens} tokens")
+        shared = pst.blocks[:num_blocks]
+        self.pool.touch(shared)
+        cst = self._state(child.request_id)
+        if cst.blocks:
+            raise ValueError(f"{child.request_id} already holds blocks")
+        cst.blocks = list(shared)
+        parent_hashes = self.hashes(parent)
+        cst.hashes = parent_hashes[: child.num_tokens // self.block_size]
+        cst.num_shared = min(pst.num_shared, len(cst.hashes))
+        cst.num_cached = min(pst.num_cached, child.num_computed_tokens // self.block_size)
 
     def free(self, req: Request, keep_hashes: bool = False) -> None:
         """Return all of a request's blocks, tail first (so tails are evicted first)."""
-        blocks = self.req_blocks.pop(req.request_id, None)
+        st = self._reqs.get(req.request_id)
+        if st is None:
+            return
+        blocks, st.blocks = st.blocks, []
+        if self._copies and blocks:
+            # A copy into a block given back now must not land on the block's next owner.
+            gone = {b.block_id for b in blocks}
+            self._copies = [c for c in self._copies if c[1] not in gone]
         if blocks:
             self.pool.free(reversed(blocks))
-        self.num_cached_blocks.pop(req.request_id, None)
+        for h in st.inflight:
+            if self._inflight.get(h) == req.request_id:
+                del self._inflight[h]
+        st.inflight = []
+        st.num_cached = 0
         if not keep_hashes:
-            self.req_hashes.pop(req.request_id, None)
+            del self._reqs[req.request_id]
+
+    # -- admin ------------------------------------------------------------------------------------
+
+    def flush(self, scopes: set[str] | None = None, include_pinned: bool = False) -> int:
+        """Forget cached blocks (of `scopes`, or all); returns how many."""
+        if scopes is None:
+            return self.pool.flush(include_pinned=include_pinned)
+        return self.pool.flush(lambda b: b.cache_scope in scopes, include_pinned=include_pinned)

@@ -15,13 +15,15 @@ from typing import Any
 
 import torch
 
-from engine.block_hash import CacheKeyRoot
+from engine.beam_group import BeamGroups
+from engine.block_hash import SHARED_SCOPE, CacheKeyRoot
 from engine.client import EngineRequest
 from engine.config import EngineConfig, ModelConfig
 from engine.errors import InvalidRequestError
 from engine.kv_cache_manager import KVCacheManager
 from engine.output import EngineStats, RequestMetrics, RequestOutput, SchedulerOutput
 from engine.output_processor import OutputProcessor
+from engine.prefix_cache_service import PrefixCacheService
 from engine.request import FinishReason, Request, RequestStatus
 from engine.runner import ModelRunner
 from engine.scheduler import Scheduler
@@ -121,6 +123,8 @@ class LLMEngine:
         )
         self._choices: dict[str, _Choice] = {}
         self._groups: dict[str, _Group] = {}
+        self.beams = BeamGroups(self.scheduler, tokenizer, model_config.eos_token_ids, clock)
+        self.prefix_cache = PrefixCacheService(self.kv, config.model_version, model_config.vocab_size)
         self.prefill_rate = _RateMeter()
         self.decode_rate = _RateMeter()
         self.num_prompt_tokens_total = 0
@@ -137,18 +141,28 @@ class LLMEngine:
             raise InvalidRequestError(f"prompt token ids must be in [0, {vocab})", "prompt")
         sp = er.sampling_params
         if sp.use_beam_search:
-            raise InvalidRequestError("beam search is not supported yet", "use_beam_search")
+            self.beams.validate(er)
+        if er.cache_scope == SHARED_SCOPE:
+            raise InvalidRequestError("this cache scope is reserved", "cache_scope")
         if len(er.prompt_token_ids) + sp.max_tokens > self.max_model_len:
             from engine.errors import ContextLengthError
 
             raise ContextLengthError(len(er.prompt_token_ids), sp.max_tokens, self.max_model_len)
-        if er.request_id in self._groups:
+        if er.request_id in self._groups or self.beams.is_active(er.request_id):
             raise InvalidRequestError(f"duplicate request id {er.request_id!r}", "request_id")
 
     def add_request(self, er: EngineRequest) -> None:
-        """Validate and queue a request (and its n choices)."""
+        """Validate and queue a request (and its n choices).
+
+        The n choices of a sampled request share its prompt: the first computes it, the others
+        fork from it (copy-on-write) and compute only the last prompt token for their own sample.
+        """
         self.validate(er)
         sp = er.sampling_params
+        if sp.use_beam_search:
+            self.beams.add(er)
+            return
+        children: list[Request] = []
         child_ids = []
         for i in range(sp.n):
             child_sp = sp if sp.n == 1 else replace(sp, n=1, seed=None if sp.seed is None else sp.seed + i)
@@ -166,7 +180,7 @@ class LLMEngine:
                 parent_id=er.request_id,
                 index=i,
             )
-            self.scheduler.add_request(req)
+            children.append(req)
             self._choices[cid] = _Choice(
                 er.request_id,
                 i,
@@ -175,10 +189,18 @@ class LLMEngine:
                 ),
             )
             child_ids.append(cid)
+        try:
+            self.scheduler.add_fork_group(children[0], children[1:])
+        except Exception:
+            for cid in child_ids:
+                self._choices.pop(cid, None)
+            raise
         self._groups[er.request_id] = _Group(er, child_ids, len(child_ids))
 
     def abort(self, request_id: str) -> list[RequestOutput]:
         """Abort every choice of a request; its blocks are freed now."""
+        if self.beams.is_active(request_id):
+            return self.beams.abort(request_id, FinishReason.ABORT)
         group = self._groups.get(request_id)
         if group is None:
             return []
@@ -191,7 +213,7 @@ class LLMEngine:
 
     def is_active(self, request_id: str) -> bool:
         """Whether any choice of the request is still queued or running."""
-        return request_id in self._groups
+        return request_id in self._groups or self.beams.is_active(request_id)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -200,10 +222,13 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         """Run one iteration and return the outputs it produced."""
-        expired = [
-            self._finish(req, FinishReason.ABORT, "", None, error=DEADLINE_EXCEEDED)
-            for req in self.scheduler.expire_deadlines()
-        ]
+        expired: list[RequestOutput] = []
+        for late in self.scheduler.expire_deadlines():
+            group_id = self.beams.group_of(late.request_id)
+            if group_id is not None:
+                expired.extend(self.beams.abort(group_id, FinishReason.ABORT, DEADLINE_EXCEEDED))
+            else:
+                expired.append(self._finish(late, FinishReason.ABORT, "", None, error=DEADLINE_EXCEEDED))
         out = self.scheduler.schedule()
         if out.is_empty:
             self.runner.forget(out.finished_ids)
@@ -223,6 +248,9 @@ class LLMEngine:
             req = self.scheduler.requests.get(rid)
             if req is None:
                 continue
+            if self.beams.owns(rid):
+                self.beams.on_result(rid, res.logprob)
+                continue
             req.output_token_ids.append(res.token_id)
             times = req.times
             if times.first_token_s is None:
@@ -238,6 +266,7 @@ class LLMEngine:
                 outputs.append(self._finish(req, reason, new_text, stop_reason, (res.token_id,), logprobs))
             else:
                 outputs.append(self._output(req, (res.token_id,), new_text, logprobs))
+        outputs.extend(self.beams.advance())
         return outputs
 
     def _measure(self, out: SchedulerOutput, elapsed: float) -> None:
@@ -249,8 +278,13 @@ class LLMEngine:
             self.decode_rate.add(1, elapsed)
 
     def _fail_step(self, out: SchedulerOutput, exc: Exception) -> list[RequestOutput]:
-        outs = []
+        outs: list[RequestOutput] = []
+        error = f"{type(exc).__name__}: {exc}"
         for s in out.scheduled:
+            group_id = self.beams.group_of(s.request_id)
+            if group_id is not None:
+                outs.extend(self.beams.abort(group_id, FinishReason.ERROR, error))
+                continue
             req = self.scheduler.finish_request(s.request_id, RequestStatus.FINISHED_ERROR)
             if req is not None:
                 outs.append(

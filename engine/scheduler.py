@@ -4,6 +4,12 @@ Every step it walks the running requests (decodes before prefill chunks), gives 
 it needs within `max_num_batched_tokens`, preempting the lowest-ranked running request when KV
 blocks run out, then admits waiting requests in queue order while their blocks fit. A request's
 progress is `num_computed_tokens`; there is no prefill flag. Plain Python, no torch.
+
+Prefix sharing within a step: a waiting request whose next uncached block is being computed by
+a running request right now is held back (continuous batching only), so the block is computed
+once and the held request finds it cached a step later. Forks: the other choices of an n>1
+request wait for the first one's prefill, then reference its blocks (copy-on-write) instead of
+computing the prompt again; beam search forks running beams the same way.
 """
 
 from __future__ import annotations
@@ -36,7 +42,10 @@ class Scheduler:
         self.running: dict[str, Request] = {}  # insertion-ordered; O(1) removal
         self.requests: dict[str, Request] = {}
         self._finished_ids: list[str] = []
+        self._pending_forks: dict[str, list[Request]] = {}  # parent id -> children awaiting its prefill
+        self._fork_parent: dict[str, str] = {}  # child id -> parent id, while pending
         self.num_preemptions = 0
+        self.num_held_back = 0  # admissions deferred because the same block was being computed
         self._num_deadlines = 0  # requests with a queue deadline, so steps without any skip the scan
 
     # -- queue management -------------------------------------------------------------------
@@ -54,11 +63,74 @@ class Scheduler:
         if req.deadline_s is not None:
             self._num_deadlines += 1
 
+    def add_fork_group(self, parent: Request, children: list[Request]) -> None:
+        """Queue `parent`; `children` (same prompt) fork from it once its prompt is computed.
+
+        Each child then references the parent's prompt blocks and computes only the last prompt
+        token itself, for its own sample; the partial last block is copied when first written.
+        """
+        self.add_request(parent)
+        for child in children:
+            if child.prompt_token_ids != parent.prompt_token_ids:
+                raise ValueError("a fork must have its parent's prompt")
+            self.requests[child.request_id] = child
+            child.status = RequestStatus.WAITING
+            self._fork_parent[child.request_id] = parent.request_id
+        if children:
+            self._pending_forks[parent.request_id] = list(children)
+
+    def fork_request(self, parent: Request, child: Request) -> None:
+        """Start `child` running at once on `parent`'s blocks for its first `child.num_computed_tokens`
+        tokens (beam search). Its tokens must begin with those of the parent."""
+        self.kv.fork(parent, child)
+        self.requests[child.request_id] = child
+        self._start_running(child)
+
+    def _start_running(self, req: Request) -> None:
+        req.status = RequestStatus.RUNNING
+        self.running[req.request_id] = req
+        self.waiting.on_running(req, +1)
+        if req.times.first_scheduled_s is None:
+            req.times.first_scheduled_s = self.clock()
+
+    def _run_forks(self, parent: Request) -> None:
+        """The parent's prompt is computed: its waiting children start on its blocks."""
+        children = self._pending_forks.pop(parent.request_id, [])
+        for child in children:
+            del self._fork_parent[child.request_id]
+            child.num_computed_tokens = child.num_prompt_tokens - 1
+            child.num_cached_tokens = parent.num_cached_tokens
+            self.kv.fork(parent, child)
+            self._start_running(child)
+
+    def _release_forks(self, parent: Request) -> None:
+        """The parent ended before its prefill (abort, error, deadline): its children queue on their own."""
+        for child in self._pending_forks.pop(parent.request_id, []):
+            del self._fork_parent[child.request_id]
+            self.waiting.add(child)
+            if child.deadline_s is not None:
+                self._num_deadlines += 1
+
+    def num_seats(self, req: Request) -> int:
+        """Running slots `req` takes with the forks waiting on it."""
+        return 1 + len(self._pending_forks.get(req.request_id, ()))
+
     def finish_request(self, request_id: str, status: RequestStatus) -> Request | None:
         """End a request (stopped, length, aborted, error) and free its blocks at once."""
         req = self.requests.pop(request_id, None)
         if req is None:
             return None
+        parent_id = self._fork_parent.pop(request_id, None)
+        if parent_id is not None:  # a fork still waiting for its parent's prefill
+            siblings = self._pending_forks.get(parent_id, [])
+            siblings.remove(req)
+            if not siblings:
+                del self._pending_forks[parent_id]
+            req.status = status
+            self._finished_ids.append(request_id)
+            return req
+        if request_id in self._pending_forks:
+            self._release_forks(req)
         if req.deadline_s is not None:
             self._num_deadlines -= 1
         if self.running.pop(request_id, None) is not None:
@@ -115,6 +187,14 @@ class Scheduler:
 
         if not preempted and self._may_admit():
             budget = self._admit(budget, chunk_cap, scheduled)
+        while not scheduled and self.running and len(self.waiting):
+            # Only idle sequences hold blocks (beams waiting for a sibling that was preempted):
+            # give theirs back so the waiting ones can run; they recompute later, mostly from
+            # the prefix cache. Without this the step would do nothing, forever.
+            victim = self._pick_victim()
+            self._preempt(victim)
+            preempted.append(victim.request_id)
+            budget = self._admit(budget, chunk_cap, scheduled)
 
         out = SchedulerOutput(
             scheduled=tuple(
@@ -129,6 +209,7 @@ class Scheduler:
             ),
             preempted_ids=tuple(preempted),
             finished_ids=tuple(self._finished_ids),
+            blocks_to_copy=self.kv.take_copies(),
         )
         self._finished_ids = []
         now = self.clock()
@@ -160,11 +241,24 @@ class Scheduler:
         # Continuous batching stops admitting when the budget is spent; static and dynamic
         # batches admit the whole group now and feed its prompts over the next steps.
         group = policy is not BatchPolicy.CONTINUOUS
+        # Holding a request back one step is free under continuous batching; a static batch
+        # would leave it out until the whole batch ends, so there duplicates are computed.
+        may_hold = not group and self.kv.enable_caching
+        held: list[Request] = []
         while len(self.running) < max_seqs and (budget > 0 or group):
             req = self.waiting.peek()
             if req is None:
                 break
             computed, num_cached = self.kv.get_computed_blocks(req)
+            if may_hold and self.kv.inflight_owner(req, num_cached) is not None:
+                self.waiting.remove(req)
+                held.append(req)
+                self.num_held_back += 1
+                if len(held) >= 2 * max_seqs:
+                    break
+                continue
+            if len(self.running) + min(self.num_seats(req), max_seqs) > max_seqs:
+                break  # the request's forks need seats too
             # Admission reserves blocks for the whole known sequence, so a prompt never stalls.
             if not self.kv.allocate_slots(req, req.num_tokens, computed, watermark=True):
                 victim = self._lower_class_victim(req)
@@ -176,7 +270,9 @@ class Scheduler:
             self.waiting.remove(req)
             if req.num_preemptions == 0:
                 req.num_cached_tokens = num_cached
+                self.kv.record_lookup(req, num_cached)
             req.num_computed_tokens = num_cached
+            self.kv.mark_inflight(req)
             req.status = RequestStatus.RUNNING
             self.running[req.request_id] = req
             self.waiting.on_running(req, +1)
@@ -184,6 +280,8 @@ class Scheduler:
             if num_new > 0:
                 scheduled[req.request_id] = num_new
                 budget -= num_new
+        for req in reversed(held):
+            self.waiting.prepend(req)
         return budget
 
     def _lower_class_victim(self, req: Request) -> Request | None:
@@ -218,6 +316,8 @@ class Scheduler:
             req.num_computed_tokens += s.num_tokens
             self.kv.cache_full_blocks(req)
             self.waiting.on_tokens_served(req, s.num_tokens)
+            if self._pending_forks and req.num_computed_tokens >= req.num_prompt_tokens:
+                self._run_forks(req)
 
     def expire_deadlines(self) -> list[Request]:
         """Abort waiting requests whose queue deadline has passed; their blocks are freed now."""

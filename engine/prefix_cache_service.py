@@ -1,0 +1,154 @@
+"""The engine-side control API of the prefix cache: stats, shared prefixes, flushes.
+
+Every method runs on the engine thread (`engine.async_engine` sends them through its command
+queue), so it may touch the KV cache manager directly. Results are typed snapshots from
+`engine.prefix_cache_api`. Plain Python, no torch.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+from engine.client import EngineRequest
+from engine.errors import InvalidRequestError
+from engine.kv_cache_manager import KVCacheManager
+from engine.prefix_cache_api import (
+    FlushResult,
+    PrefixCacheStats,
+    ScopeCacheStats,
+    SharedPrefixInfo,
+    TenantCacheStats,
+)
+from engine.request import Priority, SamplingParams
+
+ADMIN_TENANT = "<admin>"  # tenant and scope of the requests that compute registered prefixes
+
+
+class PrefixCacheService:
+    """Stats and administration of one engine's prefix cache."""
+
+    def __init__(self, kv: KVCacheManager, model_version: str, vocab_size: int) -> None:
+        self.kv = kv
+        self.model_version = model_version
+        self.vocab_size = vocab_size
+        self._warmups = itertools.count()
+
+    # -- stats ------------------------------------------------------------------------------------
+
+    def stats(self) -> PrefixCacheStats:
+        """Totals, per tenant (lookups, and its scope's contents) and per scope."""
+        kv, pool = self.kv, self.kv.pool
+        bs = kv.block_size
+        tenants = []
+        for tenant_id, c in sorted(kv.by_tenant.items()):
+            scope = kv.scope_of_tenant.get(tenant_id, tenant_id)
+            num_cached = pool.num_cached_blocks(scope)
+            tenants.append(
+                TenantCacheStats(
+                    tenant_id=tenant_id,
+                    cache_scope=scope,
+                    num_queries=c.num_queries,
+                    num_queried_tokens=c.queried_tokens,
+                    num_hit_tokens=c.hit_tokens,
+                    num_cached_blocks=num_cached,
+                    num_cached_tokens=num_cached * bs,
+                    num_evictions=pool.evictions_by_scope.get(scope, 0),
+                )
+            )
+        scope_names = sorted(
+            {s for s, n in pool.cached_blocks_by_scope.items() if n} | set(pool.evictions_by_scope)
+        )
+        scopes = tuple(
+            ScopeCacheStats(s, pool.num_cached_blocks(s), pool.evictions_by_scope.get(s, 0))
+            for s in scope_names
+        )
+        return PrefixCacheStats(
+            enabled=kv.enable_caching,
+            model_version=self.model_version,
+            block_size=bs,
+            num_total_blocks=kv.num_total_blocks,
+            num_free_blocks=kv.num_free_blocks,
+            num_cached_blocks=len(pool.cached),
+            num_pinned_blocks=pool.num_pinned_blocks,
+            num_queries=kv.totals.num_queries,
+            num_queried_tokens=kv.totals.queried_tokens,
+            num_hit_tokens=kv.totals.hit_tokens,
+            num_evictions=pool.num_evictions,
+            num_flushed=pool.num_flushed,
+            max_cached_blocks_per_scope=kv.max_cached_blocks_per_scope,
+            tenants=tuple(tenants),
+            scopes=scopes,
+        )
+
+    # -- shared prefixes --------------------------------------------------------------------------
+
+    def register(self, token_ids: Sequence[int], name: str = "", pin: bool = False) -> SharedPrefixInfo:
+        """Register a shared prefix (idempotent) and optionally pin it; see `warmup_request`."""
+        if not self.kv.enable_caching:
+            raise InvalidRequestError("prefix caching is disabled on this engine", "token_ids")
+        if any(not isinstance(t, int) or not 0 <= t < self.vocab_size for t in token_ids):
+            raise InvalidRequestError(f"token ids must be in [0, {self.vocab_size})", "token_ids")
+        if len(token_ids) + 1 > self.kv.num_total_blocks * self.kv.block_size:
+            raise InvalidRequestError("the prefix does not fit the KV cache", "token_ids")
+        registry = self.kv.registry
+        return registry.info(registry.register(list(token_ids), name, pin))
+
+    def warmup_request(self, prefix_id: str) -> EngineRequest | None:
+        """A request that computes the prefix's missing blocks, or None when all are cached."""
+        registry = self.kv.registry
+        prefix = registry.get(prefix_id)
+        if all(self.kv.pool.lookup(h) is not None for h in prefix.hashes):
+            return None
+        return EngineRequest(
+            request_id=f"prefix-warmup-{prefix_id}-{next(self._warmups)}",
+            prompt_token_ids=prefix.token_ids,
+            sampling_params=SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True),
+            tenant_id=ADMIN_TENANT,
+            priority=Priority.INTERACTIVE,
+            cache_scope=ADMIN_TENANT,
+        )
+
+    def list_prefixes(self) -> tuple[SharedPrefixInfo, ...]:
+        registry = self.kv.registry
+        return tuple(registry.info(p) for p in registry.prefixes())
+
+    def get(self, prefix_id: str) -> SharedPrefixInfo:
+        registry = self.kv.registry
+        return registry.info(registry.get(prefix_id))
+
+    def pin(self, prefix_id: str) -> SharedPrefixInfo:
+        registry = self.kv.registry
+        return registry.info(registry.pin(prefix_id))
+
+    def unpin(self, prefix_id: str) -> SharedPrefixInfo:
+        registry = self.kv.registry
+        return registry.info(registry.unpin(prefix_id))
+
+    def unregister(self, prefix_id: str) -> SharedPrefixInfo:
+        """Forget a prefix; its blocks stay cached (evictable) until evicted or flushed."""
+        registry = self.kv.registry
+        prefix = registry.unregister(prefix_id)
+        return registry.info(prefix)
+
+    # -- flushes ----------------------------------------------------------------------------------
+
+    def flush(
+        self,
+        model_version: str | None = None,
+        tenant_id: str | None = None,
+        cache_scope: str | None = None,
+        include_pinned: bool = False,
+    ) -> FlushResult:
+        """Forget cached blocks: all of this model version's, or one tenant's (its scope's), or one scope's.
+
+        Blocks in use stay with their requests. Pinned shared blocks stay unless `include_pinned`.
+        """
+        if model_version is not None and model_version != self.model_version:
+            return FlushResult(0, model_version_matched=False)
+        scopes: set[str] | None = None
+        if tenant_id is not None:
+            scopes = {self.kv.scope_of_tenant.get(tenant_id, tenant_id)}
+        if cache_scope is not None:
+            scopes = (scopes or set()) | {cache_scope}
+        return FlushResult(self.kv.flush(scopes, include_pinned=include_pinned))
