@@ -11,6 +11,7 @@ from collections.abc import Mapping
 import torch
 
 from engine.attention import AttentionMetadata
+from engine.cuda_graphs import DecodeGraphs
 from engine.output import SchedulerOutput
 from engine.request import Request
 from engine.sampler import Sampler, SampleResult, SamplingContext, make_generator
@@ -26,8 +27,10 @@ class ModelRunner:
         block_size: int,
         device: torch.device,
         sampler: Sampler | None = None,
+        graphs: DecodeGraphs | None = None,
     ) -> None:
         self.model = model
+        self.graphs = graphs  # decode steps that fit a captured bucket replay a CUDA graph
         self.kv_caches = kv_caches
         self.block_size = block_size
         self.device = device
@@ -111,7 +114,11 @@ class ModelRunner:
         if not out.scheduled:
             return {}
         input_ids, positions, metadata, sample_rows = self.prepare(out, requests)
-        hidden = self.model(input_ids, positions, self.kv_caches, metadata)  # [num_tokens, hidden]
+        bucket = self.graphs.bucket_for(metadata, input_ids.shape[0]) if self.graphs is not None else None
+        if self.graphs is not None and bucket is not None:
+            hidden = self.graphs.run(input_ids, positions, metadata, bucket)  # [num_tokens, hidden]
+        else:
+            hidden = self.model(input_ids, positions, self.kv_caches, metadata)  # [num_tokens, hidden]
         sampling = [s for s in out.scheduled if s.samples]
         if not sampling:
             return {}
