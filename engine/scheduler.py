@@ -186,7 +186,7 @@ class Scheduler:
         # Tokens given back by preempted victims scheduled earlier are not reused this step.
 
         if not preempted and self._may_admit():
-            budget = self._admit(budget, chunk_cap, scheduled)
+            budget = self._admit(budget, chunk_cap, scheduled, preempted)
         while not scheduled and self.running and len(self.waiting):
             # Only idle sequences hold blocks (beams waiting for a sibling that was preempted):
             # give theirs back so the waiting ones can run; they recompute later, mostly from
@@ -194,7 +194,7 @@ class Scheduler:
             victim = self._pick_victim()
             self._preempt(victim)
             preempted.append(victim.request_id)
-            budget = self._admit(budget, chunk_cap, scheduled)
+            budget = self._admit(budget, chunk_cap, scheduled, preempted)
 
         out = SchedulerOutput(
             scheduled=tuple(
@@ -233,7 +233,7 @@ class Scheduler:
             )
         return len(self.waiting) >= self.config.max_num_seqs or waited >= self.config.dynamic_window_s
 
-    def _admit(self, budget: int, chunk_cap: int, scheduled: dict[str, int]) -> int:
+    def _admit(self, budget: int, chunk_cap: int, scheduled: dict[str, int], preempted: list[str]) -> int:
         policy = self.config.batch_policy
         max_seqs = self.config.max_num_seqs
         if policy is BatchPolicy.STATIC:
@@ -265,6 +265,7 @@ class Scheduler:
                 if victim is None:
                     break
                 self._preempt(victim)
+                preempted.append(victim.request_id)  # SchedulerOutput lists every preemption
                 budget += scheduled.pop(victim.request_id, 0)
                 continue
             self.waiting.remove(req)
