@@ -417,3 +417,35 @@ def test_engine_deadline_constant_matches() -> None:
     from engine.llm_engine import DEADLINE_EXCEEDED as ENGINE_CONSTANT
 
     assert ENGINE_CONSTANT == DEADLINE_EXCEEDED
+
+
+# -- settings and wiring -------------------------------------------------------------------------
+
+
+def test_serve_flags_and_environment_reach_the_settings() -> None:
+    from engine.config import QueuePolicy
+    from gateway.cli import build_parser
+    from gateway.settings import AdmissionMode, Settings
+
+    args = build_parser().parse_args(
+        ["serve", "--queue-policy", "fcfs", "--admission", "off", "--max-queue-time-s", "12.5"]
+    )
+    settings = Settings.from_sources(args, {"WEIR_MAX_QUEUED_TOKENS": "0", "WEIR_LEASE_TOKENS": "64"})
+    assert settings.queue_policy is QueuePolicy.FCFS and settings.admission is AdmissionMode.OFF
+    assert (settings.max_queue_time_s, settings.max_queued_tokens, settings.lease_tokens) == (12.5, 0, 64)
+    defaults = Settings()
+    assert defaults.queue_policy is QueuePolicy.FAIR and defaults.admission is AdmissionMode.ON
+    with pytest.raises(ValueError, match="lease_tokens"):
+        Settings(lease_tokens=0)
+    with pytest.raises(ValueError, match="max_queue_time_s"):
+        Settings(max_queue_time_s=-1)
+
+
+def test_sqlite_means_one_replica_with_in_process_budgets(tmp_path: Any) -> None:
+    from gateway.admission import build_admission
+    from gateway.settings import Settings
+
+    settings = Settings(data_dir=tmp_path, max_queue_time_s=0, max_queued_tokens=0)
+    controller = build_admission(settings, stats)
+    assert isinstance(controller.budget, LocalBudget)
+    assert controller.config.max_queue_time_s is None and controller.config.max_queued_tokens is None
