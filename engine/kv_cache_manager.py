@@ -298,10 +298,15 @@ class KVCacheManager:
         if cst.blocks:
             raise ValueError(f"{child.request_id} already holds blocks")
         cst.blocks = list(shared)
+        # Only blocks wholly inside the shared tokens are known to hash alike; the rest of the
+        # child's chain is extended from its own tokens.
+        num_full = child.num_computed_tokens // self.block_size
         parent_hashes = self.hashes(parent)
-        cst.hashes = parent_hashes[: child.num_tokens // self.block_size]
-        cst.num_shared = min(pst.num_shared, len(cst.hashes))
-        cst.num_cached = min(pst.num_cached, child.num_computed_tokens // self.block_size)
+        if num_full >= pst.num_shared:
+            cst.hashes = parent_hashes[:num_full]
+            cst.num_shared = pst.num_shared
+        # else: the cut falls inside a shared prefix: the child matches the registry afresh.
+        cst.num_cached = min(pst.num_cached, num_full)
 
     def free(self, req: Request, keep_hashes: bool = False) -> None:
         """Return all of a request's blocks, tail first (so tails are evicted first)."""

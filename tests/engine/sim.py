@@ -39,6 +39,7 @@ class Sim:
     num_blocks: int = 64
     block_size: int = 4
     caching: bool = True
+    tenant_cache_share: float = 1.0
     clock: SimClock = field(default_factory=SimClock)
 
     def __post_init__(self) -> None:
@@ -48,6 +49,7 @@ class Sim:
             lambda scope: CacheKeyRoot("m", "t", "r", "float32", scope).digest(),
             enable_caching=self.caching,
             watermark=0.0,
+            tenant_cache_share=self.tenant_cache_share,
         )
         self.sched = Scheduler(self.config, self.kv, clock=self.clock)
         self.outputs: dict[str, list[int]] = {}

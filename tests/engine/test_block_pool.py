@@ -56,6 +56,64 @@ def test_uncached_free_block_loses_nothing() -> None:
     assert pool.lookup(b"h") is None
 
 
+def test_uncached_free_blocks_are_used_before_any_cached_block_is_evicted() -> None:
+    pool = BlockPool(5)
+    a, b, c = pool.allocate(3)
+    pool.cache(a, b"ha", "t")
+    pool.free([a])  # cached: tail
+    pool.free([b, c])  # plain: head
+    got = pool.allocate(3)
+    assert got[:2] in ([c, b], [b, c]) and pool.lookup(b"ha") is a
+    assert pool.num_evictions == 0
+    pool.free(got)
+
+
+def test_scope_lru_eviction_is_its_own_oldest_block_and_moves_it_to_the_head() -> None:
+    pool = BlockPool(6)
+    blocks = pool.allocate(5)
+    for i, (blk, scope) in enumerate(zip(blocks, ["x", "y", "x", "y", "x"], strict=True)):
+        pool.cache(blk, bytes([i]), scope)
+    pool.free(blocks)  # freed in order: 0 is the oldest
+    assert pool.num_free_cached_blocks("x") == 3
+    assert pool.evict_lru_of_scope("x")
+    assert pool.lookup(bytes([0])) is None and pool.lookup(bytes([1])) is not None
+    assert pool.evictions_by_scope == {"x": 1} and pool.num_cached_blocks("x") == 2
+    assert pool.allocate(1)[0] is blocks[0]  # the evicted block is reused first
+    assert not pool.evict_lru_of_scope("z")
+
+
+def test_pinned_blocks_are_never_evicted_until_unpinned() -> None:
+    pool = BlockPool(3)
+    pool.pin(b"p")
+    a, b = pool.allocate(2)
+    pool.cache(a, b"p", "<shared>")
+    assert a.pinned and pool.num_pinned_blocks == 1
+    pool.free([a, b])
+    assert pool.num_free_blocks == 1  # a is held
+    assert pool.allocate(1) == [b]
+    with pytest.raises(ValueError):
+        pool.allocate(1)
+    assert pool.flush() == 0  # pinned survive a flush
+    pool.unpin(b"p")
+    assert not a.pinned and pool.num_free_blocks == 1 and pool.lookup(b"p") is a
+    pool.touch([a])
+    pool.pin(b"p")
+    pool.free([a])
+    assert pool.num_free_blocks == 0
+    assert pool.flush(include_pinned=True) == 1 and pool.num_free_blocks == 1
+
+
+def test_flush_by_scope_keeps_blocks_in_use_with_their_requests() -> None:
+    pool = BlockPool(4)
+    a, b, c = pool.allocate(3)
+    for blk, h, scope in ((a, b"a", "x"), (b, b"b", "x"), (c, b"c", "y")):
+        pool.cache(blk, h, scope)
+    pool.free([b])
+    assert pool.flush(lambda blk: blk.cache_scope == "x") == 2
+    assert a.ref_cnt == 1 and a.block_hash is None and pool.lookup(b"c") is c
+    assert pool.num_free_blocks == 1 and pool.num_cached_blocks("x") == 0
+
+
 class BlockPoolMachine(RuleBasedStateMachine):
     """Random allocate / share / free / cache / lookup sequences keep the pool consistent."""
 

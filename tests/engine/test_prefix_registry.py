@@ -1,0 +1,63 @@
+"""Shared prefixes: idempotent registration, longest match on full blocks, pins and their budget."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.block_hash import SHARED_SCOPE, CacheKeyRoot
+from engine.block_pool import BlockPool
+from engine.errors import InvalidRequestError
+from engine.prefix_cache_api import PinCapacityError, UnknownPrefixError
+from engine.prefix_registry import PrefixRegistry
+
+BS = 4
+
+
+def _registry(num_blocks: int = 17, max_pinned: int = 4) -> PrefixRegistry:
+    root = CacheKeyRoot("m", "t", "r", "float32", SHARED_SCOPE).digest()
+    return PrefixRegistry(BlockPool(num_blocks), BS, root, max_pinned_blocks=max_pinned)
+
+
+def test_registration_is_idempotent_and_keeps_full_blocks_only() -> None:
+    reg = _registry()
+    a = reg.register(list(range(10)), "sys")
+    b = reg.register(list(range(10)))
+    assert a is b and len(reg) == 1
+    assert a.token_ids == tuple(range(8)) and len(a.hashes) == 2
+    info = reg.info(a)
+    assert (info.num_tokens, info.num_shared_tokens, info.num_blocks, info.num_cached_blocks) == (10, 8, 2, 0)
+    with pytest.raises(InvalidRequestError):
+        reg.register([1, 2, 3])  # shorter than a block
+
+
+def test_match_takes_the_longest_registered_prefix_on_whole_prefixes_only() -> None:
+    reg = _registry()
+    assert reg.match(list(range(20))) == []
+    short = reg.register(list(range(4)))
+    long = reg.register(list(range(12)))
+    assert reg.match(list(range(20))) == list(long.hashes)
+    assert reg.match(list(range(9)) + [99, 99, 99]) == list(short.hashes)  # only part of `long`
+    assert reg.match([0, 1, 2]) == []
+    assert reg.match([5] + list(range(1, 20))) == []
+    reg.unregister(long.prefix_id)
+    assert reg.match(list(range(20))) == list(short.hashes)
+    with pytest.raises(UnknownPrefixError):
+        reg.get(long.prefix_id)
+
+
+def test_pins_reach_the_pool_and_respect_the_pinned_budget() -> None:
+    reg = _registry(max_pinned=4)
+    a = reg.register(list(range(12)), pin=True)  # 3 blocks
+    assert a.pinned and all(reg.pool.is_pinned(h) for h in a.hashes)
+    b = reg.register(list(range(8)))  # nested in a: no new pinned hash
+    reg.pin(b.prefix_id)
+    c = reg.register(list(range(50, 58)))
+    with pytest.raises(PinCapacityError):
+        reg.pin(c.prefix_id)
+    assert not c.pinned
+    reg.unpin(a.prefix_id)
+    assert reg.pool.is_pinned(b.hashes[0]) and not reg.pool.is_pinned(a.hashes[2])
+    reg.pin(c.prefix_id)
+    reg.unregister(b.prefix_id)
+    reg.unregister(c.prefix_id)
+    assert not any(reg.pool.is_pinned(h) for h in a.hashes + c.hashes)
