@@ -124,6 +124,7 @@ class DecodeGraphs:
         self._seq_lens = torch.zeros(largest, dtype=torch.int32, device=device)
         self._block_tables = torch.zeros(largest, self.max_blocks, dtype=torch.int32, device=device)
         self._replays: dict[int, Replay] = {}
+        self.num_replays = 0  # decode steps served by a graph (observability, benchmarks)
         # Capture runs the forward over these initial values: slot -1 and length 0 on every
         # row, so capturing writes nothing into the KV cache.
         with torch.inference_mode():
@@ -175,6 +176,7 @@ class DecodeGraphs:
             self._positions[n:bucket].zero_()
             self._slot_mapping[n:bucket].fill_(-1)
             self._seq_lens[n:bucket].zero_()
+        self.num_replays += 1
         return self._replays[bucket]()[:n]
 
 
