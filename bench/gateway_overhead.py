@@ -2,13 +2,16 @@
 
 The real gateway (`bench.overhead_server`: create_app, the model's tokenizer and chat template,
 the SQLite tenancy, uvicorn) runs over `NullEngine` in a subprocess on 127.0.0.1. This process
-drives it open-loop at a fixed rate with httpx, one scenario at a time:
+drives it open-loop at a fixed rate, one scenario at a time, with a lean HTTP/1.1 client
+(`bench.raw_http`; `--client httpx` uses httpx, which costs the client about 1 ms of CPU per
+request, as much as the server, and so crowds a 2-core machine):
 
 - `health`: `GET /health`, the floor: HTTP on both sides plus the client's own cost;
 - `chat`: a non-streaming chat completion;
 - `chat_stream`: the same, streamed, with usage in the last chunk.
 
 With an engine that costs nothing, a chat request's whole client-measured latency is overhead.
+For streams, the time to the first body chunk is reported too (the TTFT the gateway adds).
 The report gives it raw and minus the floor (percentile by percentile: an estimate, since the
 difference of two percentiles is not the percentile of the differences), the time the request
 spent inside the ASGI app as the server measured it, the server's CPU time per request, and how
@@ -31,7 +34,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib.util import find_spec
@@ -42,6 +45,7 @@ import httpx
 
 from bench.metadata import git_commit, machine_info, now_utc, redacted_command
 from bench.overhead_server import MODEL_NAME, TIMINGS_PATH
+from bench.raw_http import HTTPProtocolError, RawClient, build_request
 from bench.stats import LatencySummary
 
 _REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -59,6 +63,13 @@ class AuthSetup(enum.Enum):
 
     NONE = "none"
     KEYS = "keys"
+
+
+class LoadClient(enum.Enum):
+    """What sends the load: the lean raw HTTP/1.1 client, or httpx (about 1 ms of CPU per request)."""
+
+    RAW = "raw"
+    HTTPX = "httpx"
 
 
 class Scenario(enum.Enum):
@@ -101,6 +112,7 @@ class OverheadConfig:
     auth: tuple[AuthSetup, ...] = (AuthSetup.NONE, AuthSetup.KEYS)
     scenarios: tuple[Scenario, ...] = (Scenario.HEALTH, Scenario.CHAT, Scenario.CHAT_STREAM)
     timeout_s: float = 10.0  # per request
+    client: LoadClient = LoadClient.RAW
     command: str = ""
 
     def __post_init__(self) -> None:
@@ -128,6 +140,7 @@ class PhaseResult:
 
     scenario: Scenario
     latencies_ms: list[float] = field(default_factory=list)  # client: send -> whole body read
+    first_chunk_ms: list[float] = field(default_factory=list)  # streams: send -> first body chunk
     lags_ms: list[float] = field(default_factory=list)  # client: actual send - due time
     in_app_ms: list[float] = field(default_factory=list)  # server: ASGI call -> last body message
     errors: Counter[str] = field(default_factory=Counter)
@@ -145,6 +158,9 @@ class PhaseResult:
             "errors": dict(self.errors),
             "achieved_rate": round(self.num_sent / self.duration_s, 1) if self.duration_s else None,
             "latency_ms": LatencySummary.of(self.latencies_ms).to_json(),
+            "first_chunk_ms": LatencySummary.of(self.first_chunk_ms).to_json()
+            if self.scenario.stream
+            else None,
             "in_app_ms": LatencySummary.of(self.in_app_ms).to_json(),
             "send_lag_ms": LatencySummary.of(self.lags_ms).to_json(),
             "server_cpu_ms_per_request": _per_request(self.server_cpu_s, self.num_sent),
@@ -243,56 +259,96 @@ def _tenant_key_header(root: str, admin_token: str) -> dict[str, str]:
 # -- the load ------------------------------------------------------------------------------------
 
 
-async def _one(
-    client: httpx.AsyncClient,
-    scenario: Scenario,
-    url: str,
-    body: bytes | None,
-    headers: dict[str, str],
-    due: float,
-    result: PhaseResult | None,
-) -> None:
+# One request: (None when it succeeded, else the error kind; perf_counter of the first body byte).
+Send = Callable[[], Awaitable[tuple[str | None, float | None]]]
+
+
+def _ok(scenario: Scenario, status_code: int, body: bytes) -> str | None:
+    if status_code != 200:
+        return str(status_code)
+    if scenario.stream and not body.rstrip().endswith(b"data: [DONE]"):
+        return "bad_stream"
+    return None
+
+
+def _httpx_sender(
+    client: httpx.AsyncClient, scenario: Scenario, url: str, body: bytes | None, headers: dict[str, str]
+) -> Send:
+    method = "GET" if body is None else "POST"
+
+    async def send() -> tuple[str | None, float | None]:
+        first_s: float | None = None
+        try:
+            if scenario.stream:
+                parts = []
+                async with client.stream(method, url, content=body, headers=headers) as resp:
+                    async for part in resp.aiter_bytes():
+                        if first_s is None:
+                            first_s = time.perf_counter()
+                        parts.append(part)
+                data = b"".join(parts)
+            else:
+                resp = await client.request(method, url, content=body, headers=headers)
+                data = resp.content
+        except httpx.TimeoutException:
+            return "timeout", None
+        except httpx.HTTPError:
+            return "connection_error", None
+        return _ok(scenario, resp.status_code, data), first_s
+
+    return send
+
+
+def _raw_sender(client: RawClient, scenario: Scenario, raw_request: bytes, timeout_s: float) -> Send:
+    async def send() -> tuple[str | None, float | None]:
+        try:
+            resp = await asyncio.wait_for(client.request(raw_request), timeout_s)
+        except TimeoutError:
+            return "timeout", None
+        except (OSError, HTTPProtocolError):
+            return "connection_error", None
+        return _ok(scenario, resp.status_code, resp.body), resp.first_body_s
+
+    return send
+
+
+async def _one(send: Send, due: float, result: PhaseResult | None) -> None:
     start = time.perf_counter()
-    try:
-        if scenario is Scenario.HEALTH:
-            resp = await client.get(url, headers=headers)
-            ok = resp.status_code == 200
-        elif scenario.stream:
-            async with client.stream("POST", url, content=body, headers=headers) as resp:
-                data = b"".join([part async for part in resp.aiter_bytes()])
-            ok = resp.status_code == 200 and data.rstrip().endswith(b"data: [DONE]")
-        else:
-            resp = await client.post(url, content=body, headers=headers)
-            ok = resp.status_code == 200
-        end = time.perf_counter()
-        error = None if ok else (str(resp.status_code) if resp.status_code != 200 else "bad_stream")
-    except httpx.TimeoutException:
-        end, error = time.perf_counter(), "timeout"
-    except httpx.HTTPError:
-        end, error = time.perf_counter(), "connection_error"
+    error, first_s = await send()
+    end = time.perf_counter()
     if result is None:
         return
     result.lags_ms.append((start - due) * 1000.0)
     if error is None:
         result.latencies_ms.append((end - start) * 1000.0)
+        if result.scenario.stream and first_s is not None:
+            result.first_chunk_ms.append((first_s - start) * 1000.0)
     else:
         result.errors[error] += 1
 
 
-async def _drive(
-    client: httpx.AsyncClient,
-    server: ServerHandle,
-    scenario: Scenario,
-    config: OverheadConfig,
-    num_requests: int,
-    result: PhaseResult | None,
-) -> int:
+@dataclass
+class _Clients:
+    """The load's client (raw or httpx) and an httpx client for the timings route."""
+
+    http: httpx.AsyncClient
+    raw: RawClient | None
+
+    def sender(self, server: ServerHandle, scenario: Scenario, config: OverheadConfig) -> Send:
+        body = scenario.body(config.output_tokens)
+        headers = dict(server.auth_header)
+        if body is not None:
+            headers["content-type"] = "application/json"
+        if self.raw is None:
+            return _httpx_sender(self.http, scenario, server.root + scenario.path, body, headers)
+        method = "GET" if body is None else "POST"
+        host = f"{self.raw.host}:{self.raw.port}"
+        raw_request = build_request(method, host, scenario.path, headers, body)
+        return _raw_sender(self.raw, scenario, raw_request, config.timeout_s)
+
+
+async def _drive(send: Send, config: OverheadConfig, num_requests: int, result: PhaseResult | None) -> int:
     """Send `num_requests` at `config.rate`, evenly spaced, without waiting for answers."""
-    url = server.root + scenario.path
-    body = scenario.body(config.output_tokens)
-    headers = dict(server.auth_header)
-    if body is not None:
-        headers["content-type"] = "application/json"
     interval = 1.0 / config.rate
     tasks: set[asyncio.Task[None]] = set()
     t0 = time.perf_counter()
@@ -304,7 +360,7 @@ async def _drive(
         delay = due - time.perf_counter()
         if delay > 0:
             await asyncio.sleep(delay)
-        task = asyncio.create_task(_one(client, scenario, url, body, headers, due, result))
+        task = asyncio.create_task(_one(send, due, result))
         tasks.add(task)
         task.add_done_callback(tasks.discard)
         num_sent += 1
@@ -323,18 +379,19 @@ async def _fetch_in_app(
 
 
 async def run_phase(
-    client: httpx.AsyncClient, server: ServerHandle, scenario: Scenario, config: OverheadConfig
+    clients: _Clients, server: ServerHandle, scenario: Scenario, config: OverheadConfig
 ) -> PhaseResult:
     """Warm up, then measure one scenario."""
-    await _drive(client, server, scenario, config, config.num_warmup, None)
-    await _fetch_in_app(client, server, reset=True)
+    send = clients.sender(server, scenario, config)
+    await _drive(send, config, config.num_warmup, None)
+    await _fetch_in_app(clients.http, server, reset=True)
     result = PhaseResult(scenario=scenario)
     # Client garbage collection would show up as server latency: collect now, not mid-phase.
     gc.collect()
     gc.freeze()
     cpu0, client0, t0 = _process_cpu_s(server.pid), time.process_time(), time.perf_counter()
     try:
-        result.num_sent = await _drive(client, server, scenario, config, config.num_requests, result)
+        result.num_sent = await _drive(send, config, config.num_requests, result)
     finally:
         gc.unfreeze()
     result.duration_s = time.perf_counter() - t0
@@ -342,7 +399,7 @@ async def run_phase(
     result.client_cpu_s = time.process_time() - client0
     result.server_cpu_s = None if cpu0 is None or cpu1 is None else cpu1 - cpu0
     result.load_average = os.getloadavg()
-    result.in_app_ms = (await _fetch_in_app(client, server, reset=True)).get(scenario.path, [])
+    result.in_app_ms = (await _fetch_in_app(clients.http, server, reset=True)).get(scenario.path, [])
     return result
 
 
@@ -350,8 +407,17 @@ async def _run_server_phases(server: ServerHandle, config: OverheadConfig) -> li
     # No connection cap: requests must never queue in the client's pool (open loop).
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
     timeout = httpx.Timeout(config.timeout_s)
-    async with httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False) as client:
-        return [await run_phase(client, server, s, config) for s in config.scenarios]
+    async with httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False) as http:
+        raw = None
+        if config.client is LoadClient.RAW:
+            url = httpx.URL(server.root)
+            raw = RawClient(url.host, url.port or 80)
+        clients = _Clients(http, raw)
+        try:
+            return [await run_phase(clients, server, s, config) for s in config.scenarios]
+        finally:
+            if raw is not None:
+                await raw.aclose()
 
 
 # -- the report ----------------------------------------------------------------------------------
@@ -375,11 +441,18 @@ def build_report(
         for name, phase in by_name.items():
             if name == Scenario.HEALTH.value:
                 continue
-            overhead[auth.value][name] = {
+            figures = {
                 "raw_ms": phase["latency_ms"],
                 "minus_floor_ms": _minus(phase["latency_ms"], floor["latency_ms"]) if floor else None,
                 "in_app_ms": phase["in_app_ms"],
             }
+            if phase["first_chunk_ms"] is not None:
+                # What a streaming client feels first: the TTFT the gateway adds.
+                figures["first_chunk_ms"] = phase["first_chunk_ms"]
+                figures["first_chunk_minus_floor_ms"] = (
+                    _minus(phase["first_chunk_ms"], floor["latency_ms"]) if floor else None
+                )
+            overhead[auth.value][name] = figures
     return {
         "config": {
             "model": str(config.model),
@@ -391,6 +464,7 @@ def build_report(
             "auth": [a.value for a in config.auth],
             "scenarios": [s.value for s in config.scenarios],
             "timeout_s": config.timeout_s,
+            "client": config.client.value,
         },
         "metadata": meta,
         "servers": servers,
@@ -418,7 +492,8 @@ def format_markdown(report: dict[str, Any]) -> str:
         f"python {machine['python']}",
         f"- {cfg['rate']} requests/s, evenly spaced, open loop; {cfg['requests_per_scenario']} per scenario "
         f"(at most {cfg['max_duration_s']} s) after {cfg['warmup_per_scenario']} warm-up; "
-        f"{cfg['output_tokens']} tokens per answer; tokenizer of `{cfg['model']}`",
+        f"{cfg['output_tokens']} tokens per answer; tokenizer of `{cfg['model']}`; "
+        f"load client `{cfg['client']}`",
         "",
         "Latency is client-measured (send to whole body read) against a zero-cost engine, so all of it",
         "is overhead. The floor is `GET /health` at the same rate. In-app: the time inside the ASGI app",
@@ -439,6 +514,22 @@ def format_markdown(report: dict[str, Any]) -> str:
                 f"| {_ms(minus['p99']) if minus else '-'} | {_ms(app['p50'])} | {_ms(app['p99'])} "
                 f"| {_ms(p['server_cpu_ms_per_request'])} | {_ms(p['send_lag_ms']['p99'])} "
                 f"| {p['load_average_1m']} |"
+            )
+    lines += [
+        "",
+        "Streams, time to the first body chunk (role and first token; what the gateway adds to TTFT):",
+        "",
+        "| auth | p50 | p90 | p99 | p50 − floor | p99 − floor |",
+        "|---|---|---|---|---|---|",
+    ]
+    for auth, scenarios in report["overhead"].items():
+        for figures in scenarios.values():
+            if "first_chunk_ms" not in figures:
+                continue
+            first, minus = figures["first_chunk_ms"], figures["first_chunk_minus_floor_ms"] or {}
+            lines.append(
+                f"| {auth} | {_ms(first['p50'])} | {_ms(first['p90'])} | {_ms(first['p99'])} "
+                f"| {_ms(minus.get('p50'))} | {_ms(minus.get('p99'))} |"
             )
     lines += [
         "",
@@ -501,6 +592,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output-tokens", type=int, default=16, help="tokens per answer (default 16)")
     p.add_argument("--auth", choices=["none", "keys", "both"], default="both", help="default both")
     p.add_argument("--timeout-s", type=float, default=10.0, help="per request (default 10)")
+    p.add_argument(
+        "--client",
+        choices=[c.value for c in LoadClient],
+        default=LoadClient.RAW.value,
+        help="load client: raw (a lean HTTP/1.1 client, default) or httpx",
+    )
     p.set_defaults(func=overhead_command)
 
 
@@ -526,6 +623,7 @@ def overhead_command(args: argparse.Namespace, argv: Sequence[str] | None = None
             output_tokens=args.output_tokens,
             auth=auth,
             timeout_s=args.timeout_s,
+            client=LoadClient(args.client),
             command=redacted_command(argv if argv is not None else getattr(args, "argv", None)),
         )
         report = run_overhead(config)

@@ -10,6 +10,7 @@ import pytest
 from bench.cli import main
 from bench.gateway_overhead import (
     AuthSetup,
+    LoadClient,
     OverheadConfig,
     PhaseResult,
     Scenario,
@@ -26,6 +27,7 @@ PHASE_KEYS = {
     "errors",
     "achieved_rate",
     "latency_ms",
+    "first_chunk_ms",
     "in_app_ms",
     "send_lag_ms",
     "server_cpu_ms_per_request",
@@ -59,9 +61,16 @@ def _check_report(report: dict, modes: list[str], num_requests: int) -> None:
             for key in ("latency_ms", "in_app_ms", "send_lag_ms"):
                 assert set(phase[key]) == SUMMARY_KEYS
                 assert phase[key]["p50"] is not None
+        assert phases["chat"]["first_chunk_ms"] is None
+        assert phases["chat_stream"]["first_chunk_ms"]["p50"] is not None
         assert list(report["overhead"][mode]) == ["chat", "chat_stream"]
-        for figures in report["overhead"][mode].values():
-            assert set(figures) == {"raw_ms", "minus_floor_ms", "in_app_ms"}
+        overhead = report["overhead"][mode]
+        assert set(overhead["chat"]) == {"raw_ms", "minus_floor_ms", "in_app_ms"}
+        assert set(overhead["chat_stream"]) == set(overhead["chat"]) | {
+            "first_chunk_ms",
+            "first_chunk_minus_floor_ms",
+        }
+        for figures in overhead.values():
             assert set(figures["minus_floor_ms"]) == SUMMARY_KEYS
 
 
@@ -82,8 +91,15 @@ def test_cli_run_writes_json_and_markdown(tokenizer_dir: Path, tmp_path: Path) -
 @pytest.mark.slow
 def test_keys_mode_authenticates_with_a_tenant_key(tokenizer_dir: Path, tmp_path: Path) -> None:
     # ok == sent proves every request carried a key the SQLite tenancy accepted (else 401s).
+    # With httpx as the load client, so both clients run end to end.
     config = OverheadConfig(
-        model=tokenizer_dir, out_dir=tmp_path, rate=100, num_requests=6, num_warmup=1, auth=(AuthSetup.KEYS,)
+        model=tokenizer_dir,
+        out_dir=tmp_path,
+        rate=100,
+        num_requests=6,
+        num_warmup=1,
+        auth=(AuthSetup.KEYS,),
+        client=LoadClient.HTTPX,
     )
     _check_report(run_overhead(config), ["keys"], 6)
 
