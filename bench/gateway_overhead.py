@@ -113,6 +113,7 @@ class OverheadConfig:
     scenarios: tuple[Scenario, ...] = (Scenario.HEALTH, Scenario.CHAT, Scenario.CHAT_STREAM)
     timeout_s: float = 10.0  # per request
     client: LoadClient = LoadClient.RAW
+    admission: bool = True  # the server's admission control, on by default as in `weir serve`
     command: str = ""
 
     def __post_init__(self) -> None:
@@ -210,6 +211,8 @@ def benchmark_server(config: OverheadConfig, auth: AuthSetup, data_dir: Path) ->
         auth.value,
         "--output-tokens",
         str(config.output_tokens),
+        "--admission",
+        "on" if config.admission else "off",
     ]
     with log_path.open("w") as log:
         # cwd: `-m bench...` must import this checkout's packages.
@@ -465,6 +468,7 @@ def build_report(
             "scenarios": [s.value for s in config.scenarios],
             "timeout_s": config.timeout_s,
             "client": config.client.value,
+            "admission": config.admission,
         },
         "metadata": meta,
         "servers": servers,
@@ -493,7 +497,7 @@ def format_markdown(report: dict[str, Any]) -> str:
         f"- {cfg['rate']} requests/s, evenly spaced, open loop; {cfg['requests_per_scenario']} per scenario "
         f"(at most {cfg['max_duration_s']} s) after {cfg['warmup_per_scenario']} warm-up; "
         f"{cfg['output_tokens']} tokens per answer; tokenizer of `{cfg['model']}`; "
-        f"load client `{cfg['client']}`",
+        f"load client `{cfg['client']}`; admission {'on' if cfg['admission'] else 'off'}",
         "",
         "Latency is client-measured (send to whole body read) against a zero-cost engine, so all of it",
         "is overhead. The floor is `GET /health` at the same rate. In-app: the time inside the ASGI app",
@@ -598,6 +602,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=LoadClient.RAW.value,
         help="load client: raw (a lean HTTP/1.1 client, default) or httpx",
     )
+    p.add_argument(
+        "--admission", choices=["on", "off"], default="on", help="the server's admission control (default on)"
+    )
     p.set_defaults(func=overhead_command)
 
 
@@ -624,6 +631,7 @@ def overhead_command(args: argparse.Namespace, argv: Sequence[str] | None = None
             auth=auth,
             timeout_s=args.timeout_s,
             client=LoadClient(args.client),
+            admission=args.admission == "on",
             command=redacted_command(argv if argv is not None else getattr(args, "argv", None)),
         )
         report = run_overhead(config)

@@ -1,7 +1,8 @@
 """The server side of `weir bench overhead`: the real gateway over the null engine, in its own process.
 
 Built the way `weir serve` builds it (`gateway.bootstrap`): the SQLite tenancy database with its
-admin routes, the same auth mode wiring (API keys and the batched usage writer in `keys` mode),
+admin routes, admission control (on by default, as in `weir serve`), the same auth mode wiring
+(API keys and the batched usage writer in `keys` mode),
 the real tokenizer and chat template of a model folder, and `gateway.server.run_server` (the
 same uvicorn configuration, access log off). Only the engine is replaced, by `NullEngine`.
 
@@ -20,6 +21,7 @@ import json
 import socket
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -92,12 +94,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-dir", type=Path, required=True, help="SQLite database goes here")
     parser.add_argument("--auth", choices=["none", "keys"], default="none")
     parser.add_argument("--output-tokens", type=int, default=16, help="tokens per choice")
+    parser.add_argument("--admission", choices=["on", "off"], default="on", help="as weir serve (default on)")
     args = parser.parse_args(argv)
 
+    from gateway.admission import build_admission
+    from gateway.admission_metrics import AdmissionMetrics
     from gateway.app import create_app
     from gateway.bootstrap import build_tenancy
     from gateway.server import run_server
-    from gateway.settings import AuthMode, LogLevel, Settings
+    from gateway.settings import AdmissionMode, AuthMode, LogLevel, Settings
     from tenancy.keys import generate_admin_token
 
     tokenizer = _load_tokenizer(args.model)
@@ -115,16 +120,29 @@ def main(argv: list[str] | None = None) -> int:
         data_dir=args.data_dir,
         cache_dir=args.data_dir,
         auth=AuthMode(args.auth),
+        admission=AdmissionMode(args.admission),
         admin_token=admin_token,
         served_model_name=MODEL_NAME,
         shutdown_grace_s=SHUTDOWN_GRACE_S,
         log_level=LogLevel.WARNING,
     )
-    # As `weir serve` does: tenancy (database, admin routes) always; keys and usage in keys mode.
+    # As `weir serve` does: tenancy (database, admin routes) always; admission unless turned off;
+    # keys and usage records in keys mode.
     tenancy = build_tenancy(settings)
     engine = NullEngine(num_tokens=args.output_tokens, token_id=tokenizer.eos_token_id or 0)
     timings = Timings()
+    startup: list[Callable[[], Awaitable[None]]] = []
+    shutdown: list[Callable[[], Awaitable[None]]] = []
+    if tenancy.start is not None:
+        startup.append(tenancy.start)
+    if tenancy.close is not None:
+        shutdown.append(tenancy.close)
     kwargs: dict[str, Any] = {}
+    admission = build_admission(settings, engine.stats) if settings.admission is AdmissionMode.ON else None
+    if admission is not None:
+        startup.append(admission.start)
+        shutdown.append(admission.close)
+        kwargs["admission"] = admission
     if settings.auth_mode is AuthMode.KEYS:
         kwargs["authenticate"] = tenancy.authenticate
         kwargs["usage_sink"] = tenancy.usage_sink
@@ -136,10 +154,12 @@ def main(argv: list[str] | None = None) -> int:
         model_name=MODEL_NAME,
         vocab_size=len(tokenizer),
         extra_routes=[*tenancy.routes, timings.route()],
-        on_startup=[tenancy.start] if tenancy.start is not None else [],
-        on_shutdown=[tenancy.close] if tenancy.close is not None else [],
+        on_startup=startup,
+        on_shutdown=shutdown,
         **kwargs,
     )
+    if admission is not None:
+        admission.metrics = AdmissionMetrics(app.state.metrics.registry)
     timed = TimedApp(app, timings)
     print(json.dumps({"port": port, "admin_token": admin_token}), flush=True)
     return run_server(timed, settings, sock)  # type: ignore[arg-type]
