@@ -187,14 +187,8 @@ class Scheduler:
 
         if not preempted and self._may_admit():
             budget = self._admit(budget, chunk_cap, scheduled, preempted)
-        while not scheduled and self.running and len(self.waiting):
-            # Only idle sequences hold blocks (beams waiting for a sibling that was preempted):
-            # give theirs back so the waiting ones can run; they recompute later, mostly from
-            # the prefix cache. Without this the step would do nothing, forever.
-            victim = self._pick_victim()
-            self._preempt(victim)
-            preempted.append(victim.request_id)
-            budget = self._admit(budget, chunk_cap, scheduled, preempted)
+        if not scheduled and self.running and len(self.waiting):
+            budget = self._unstall(budget, chunk_cap, scheduled, preempted)
 
         out = SchedulerOutput(
             scheduled=tuple(
@@ -283,6 +277,26 @@ class Scheduler:
                 budget -= num_new
         for req in reversed(held):
             self.waiting.prepend(req)
+        return budget
+
+    def _unstall(self, budget: int, chunk_cap: int, scheduled: dict[str, int], preempted: list[str]) -> int:
+        """Only idle sequences hold blocks (beams waiting for a sibling that was preempted) and the
+        waiting ones cannot get any: preempt idle ones until a waiting request is admitted.
+
+        The victims sit out this step's admission (else the first would just come back), and
+        recompute later, mostly from the prefix cache. Without this no step would do anything.
+        """
+        victims: list[Request] = []
+        while not scheduled and self.running and len(self.waiting):
+            victim = self._pick_victim()
+            self._preempt(victim)
+            preempted.append(victim.request_id)
+            self.waiting.remove(victim)
+            victims.append(victim)
+            if len(self.waiting):
+                budget = self._admit(budget, chunk_cap, scheduled, preempted)
+        for victim in reversed(victims):
+            self.waiting.prepend(victim)
         return budget
 
     def _lower_class_victim(self, req: Request) -> Request | None:
