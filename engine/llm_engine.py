@@ -398,7 +398,11 @@ def build_engine(config: EngineConfig, clock: Callable[[], float] = time.monoton
         per_token,
         capacity * per_token / 2**20,
     )
-    runner = ModelRunner(model, kv_caches, config.cache.block_size, device)
+    from engine.cuda_graphs import build_decode_graphs
+
+    max_len = min(config.scheduler.max_model_len, model_config.max_model_len)
+    graphs = build_decode_graphs(config, model, kv_caches, max_len, device)  # None on CPU
+    runner = ModelRunner(model, kv_caches, config.cache.block_size, device, graphs=graphs)
     return LLMEngine(config, model_config, tokenizer, runner, num_blocks, clock=clock)
 
 
