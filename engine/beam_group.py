@@ -14,6 +14,7 @@ logprobs are refused for it; `stop_token_ids` end a beam like the model's end to
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -68,6 +69,10 @@ class BeamGroups:
     def validate(self, er: EngineRequest) -> None:
         """Refuse what beam search does not support."""
         sp = er.sampling_params
+        if not math.isfinite(sp.length_penalty):
+            raise InvalidRequestError(
+                f"length_penalty must be finite, got {sp.length_penalty}", "length_penalty"
+            )
         if sp.n > sp.beam_width:
             raise InvalidRequestError(f"n ({sp.n}) must not exceed beam_width ({sp.beam_width})", "n")
         if sp.stop:

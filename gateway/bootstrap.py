@@ -29,6 +29,7 @@ from gateway.settings import AdmissionMode, AuthMode, LogLevel, Settings
 if TYPE_CHECKING:
     from engine.async_engine import AsyncEngine
     from engine.config import EngineConfig
+    from gateway.auth import AdminAuthenticator
     from tenancy.schemas import UsageRecordIn
 
 logger = logging.getLogger("weir.serve")
@@ -97,6 +98,7 @@ class TenancyWiring:
     num_tenants: int = 0
     start: Callable[[], Awaitable[None]] | None = None
     close: Callable[[], Awaitable[None]] | None = None
+    admin_auth: AdminAuthenticator | None = None  # also guards the prefix-cache admin routes
 
 
 _STATUS_OF = {
@@ -183,6 +185,7 @@ def build_tenancy(settings: Settings) -> TenancyWiring:
         num_tenants=len(repo.list_tenants()),
         start=start,
         close=close,
+        admin_auth=admin_auth,
     )
 
 
@@ -233,6 +236,12 @@ def serve(settings: Settings) -> int:
     if auth is AuthMode.KEYS:
         kwargs["authenticate"] = tenancy.authenticate
         kwargs["usage_sink"] = tenancy.usage_sink
+    extra_routes = list(tenancy.routes)
+    if tenancy.admin_auth is not None:
+        from gateway.routes.prefix_cache import prefix_cache_routes
+
+        # Before the /admin/v1 mount, whose catch-all would answer these paths with 404.
+        extra_routes[:0] = prefix_cache_routes(engine, tenancy.admin_auth, engine.tokenizer)
     app = create_app(
         settings,
         engine,
@@ -240,11 +249,14 @@ def serve(settings: Settings) -> int:
         max_model_len=engine.max_model_len,
         model_name=settings.model_name(model_path),
         vocab_size=engine.model_config.vocab_size,
-        extra_routes=tenancy.routes,
+        extra_routes=extra_routes,
         on_startup=startup_hooks,
         on_shutdown=shutdown_hooks,
         **kwargs,
     )
     if admission is not None:
         admission.metrics = AdmissionMetrics(app.state.metrics.registry)
+    from gateway.prefix_cache_metrics import PrefixCacheCollector
+
+    app.state.metrics.registry.register(PrefixCacheCollector(engine.prefix_cache_snapshot))
     return run_server(app, settings)

@@ -78,6 +78,9 @@ class GenerationOptions:
     user: str | None = None
     stream: bool = False
     include_usage: bool = False
+    use_beam_search: bool = False  # vLLM's extension: return the n best of beam_width beams
+    beam_width: int | None = None  # None: n
+    length_penalty: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -261,6 +264,9 @@ def _options(fields: _Fields, logprobs: int | None) -> GenerationOptions:
         user=fields.opt_string("user"),
         stream=stream,
         include_usage=include_usage,
+        use_beam_search=fields.boolean("use_beam_search", False),
+        beam_width=fields.opt_integer("beam_width"),
+        length_penalty=fields.number("length_penalty", 1.0),
     )
 
 

@@ -261,6 +261,9 @@ class OpenAIRoutes:
                 logprobs=options.logprobs,
                 n=options.n,
                 skip_special_tokens=options.skip_special_tokens,
+                use_beam_search=options.use_beam_search,
+                beam_width=options.beam_width if options.beam_width is not None else options.n,
+                length_penalty=options.length_penalty,
             )
             requests.append(
                 EngineRequest(

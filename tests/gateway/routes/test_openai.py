@@ -200,3 +200,24 @@ def test_prompt_quota(quota_server: Any) -> None:
     )
     assert r.status_code == 200
     assert engine.num_generate_calls == 1
+
+
+def test_beam_search_fields_reach_the_engine(live: Live) -> None:
+    body = {"model": MODEL, "prompt": "hello", "max_tokens": 3, "n": 2}
+    beam = {"use_beam_search": True, "beam_width": 4, "length_penalty": 0.5}
+    assert post(live, "/v1/completions", {**body, **beam}).status_code == 200
+    assert post(live, "/v1/completions", {**body, "use_beam_search": True}).status_code == 200
+    first, second = (r.sampling_params for r in live.engine.requests)
+    assert (first.use_beam_search, first.beam_width, first.length_penalty, first.n) == (True, 4, 0.5, 2)
+    assert second.use_beam_search and second.beam_width == 2  # the width defaults to n
+    for bad, param in (({"beam_width": "wide"}, "beam_width"), ({"beam_width": 0}, "beam_width")):
+        r = post(live, "/v1/completions", {**body, "use_beam_search": True, **bad})
+        assert r.status_code == 400 and r.json()["error"]["param"] == param
+
+
+def test_the_cache_scope_comes_from_the_key_never_the_body(quota_server: Any) -> None:
+    engine, client = quota_server
+    body = {"model": MODEL, "prompt": "hi", "max_tokens": 1, "cache_scope": "someone-else", "tenant": "x"}
+    r = client.post("/v1/completions", json=body, headers={"Authorization": "Bearer short"})
+    assert r.status_code == 200, r.text
+    assert engine.requests[-1].cache_scope == "acme-scope" and engine.requests[-1].tenant_id == "acme"

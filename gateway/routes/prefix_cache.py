@@ -1,0 +1,323 @@
+"""The prefix-cache admin API under /admin/v1/prefix-cache (admin bearer token).
+
+    GET    /admin/v1/prefix-cache/stats                 totals, per tenant, per scope
+    GET    /admin/v1/prefix-cache/tenants/{name}        one tenant: hit rate, cached tokens, evictions
+    GET    /admin/v1/prefix-cache/prefixes              the registered shared prefixes
+    POST   /admin/v1/prefix-cache/prefixes              register (and compute) one: token_ids | text | messages
+    GET    /admin/v1/prefix-cache/prefixes/{id}
+    DELETE /admin/v1/prefix-cache/prefixes/{id}         unregister (its blocks become evictable)
+    POST   /admin/v1/prefix-cache/prefixes/{id}/pin     never evict its blocks
+    POST   /admin/v1/prefix-cache/prefixes/{id}/unpin
+    POST   /admin/v1/prefix-cache/flush                 {} | {"model_version"} | {"tenant"} | {"cache_scope"}
+
+Body errors follow the rest of the admin API: a body that is not a JSON object is 400; a field that
+is unknown, of the wrong type or out of range is 422 naming it. Everything runs on the engine
+thread through `engine.client.PrefixCacheControl`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Mount, Route
+
+from engine.client import PrefixCacheControl
+from engine.errors import EngineDeadError, InvalidRequestError
+from engine.prefix_cache_api import (
+    PinCapacityError,
+    PrefixCacheStats,
+    SharedPrefixInfo,
+    TenantCacheStats,
+    UnknownPrefixError,
+)
+from gateway.auth import AdminAuthenticator
+from gateway.errors import (
+    BadRequestError,
+    ConflictError,
+    NotFoundError,
+    PayloadTooLargeError,
+    ServiceUnavailableError,
+    UnprocessableError,
+    WeirError,
+    error_response,
+)
+from gateway.protocol import ChatMessage, Role
+from gateway.tokenization import Tokenizer
+
+MAX_BODY_BYTES = 4 << 20  # a long system prompt as token ids is a few hundred KB
+_REGISTER_FIELDS = frozenset({"token_ids", "text", "messages", "add_special_tokens", "name", "pin"})
+_FLUSH_FIELDS = frozenset({"model_version", "tenant", "cache_scope", "include_pinned"})
+_NO_STORE = {"Cache-Control": "no-store"}
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def tenant_json(t: TenantCacheStats) -> dict[str, Any]:
+    """One tenant's prefix-cache figures."""
+    return {
+        "tenant": t.tenant_id,
+        "cache_scope": t.cache_scope,
+        "queries": t.num_queries,
+        "queried_tokens": t.num_queried_tokens,
+        "hit_tokens": t.num_hit_tokens,
+        "hit_rate": t.hit_rate,
+        "cached_blocks": t.num_cached_blocks,
+        "cached_tokens": t.num_cached_tokens,
+        "evictions": t.num_evictions,
+    }
+
+
+def stats_json(s: PrefixCacheStats) -> dict[str, Any]:
+    """The whole cache: totals, tenants, scopes."""
+    return {
+        "object": "prefix_cache.stats",
+        "enabled": s.enabled,
+        "model_version": s.model_version,
+        "block_size": s.block_size,
+        "total_blocks": s.num_total_blocks,
+        "free_blocks": s.num_free_blocks,
+        "cached_blocks": s.num_cached_blocks,
+        "cached_tokens": s.num_cached_tokens,
+        "pinned_blocks": s.num_pinned_blocks,
+        "queries": s.num_queries,
+        "queried_tokens": s.num_queried_tokens,
+        "hit_tokens": s.num_hit_tokens,
+        "hit_rate": s.hit_rate,
+        "evictions": s.num_evictions,
+        "flushed": s.num_flushed,
+        "max_cached_blocks_per_tenant": s.max_cached_blocks_per_scope,
+        "tenants": [tenant_json(t) for t in s.tenants],
+        "scopes": [
+            {"cache_scope": c.cache_scope, "cached_blocks": c.num_cached_blocks, "evictions": c.num_evictions}
+            for c in s.scopes
+        ],
+    }
+
+
+def prefix_json(p: SharedPrefixInfo) -> dict[str, Any]:
+    """A registered shared prefix."""
+    return {
+        "object": "prefix_cache.prefix",
+        "id": p.prefix_id,
+        "name": p.name,
+        "num_tokens": p.num_tokens,
+        "num_shared_tokens": p.num_shared_tokens,
+        "num_blocks": p.num_blocks,
+        "num_cached_blocks": p.num_cached_blocks,
+        "pinned": p.pinned,
+        "created_at": p.created_at,
+    }
+
+
+def _json(body: Any, status_code: int = 200) -> JSONResponse:
+    return JSONResponse(body, status_code=status_code, headers=_NO_STORE)
+
+
+async def _body(request: Request) -> dict[str, Any]:
+    raw = await request.body()
+    if len(raw) > MAX_BODY_BYTES:
+        raise PayloadTooLargeError(f"request body is larger than {MAX_BODY_BYTES} bytes")
+    if not raw.strip():
+        return {}
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise BadRequestError("request body is not valid JSON", code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise BadRequestError("request body must be a JSON object", code="invalid_body")
+    return data
+
+
+def _invalid(param: str, message: str) -> UnprocessableError:
+    return UnprocessableError(f"'{param}' {message}", param=param, code="invalid_value")
+
+
+def _check_fields(data: Mapping[str, Any], allowed: frozenset[str]) -> None:
+    for name in data:
+        if name not in allowed:
+            raise _invalid(name, "is not a known field")
+
+
+def _opt_str(data: Mapping[str, Any], name: str) -> str | None:
+    value = data.get(name)
+    if value is not None and (not isinstance(value, str) or not value):
+        raise _invalid(name, "must be a non-empty string")
+    return value
+
+
+def _bool(data: Mapping[str, Any], name: str, default: bool) -> bool:
+    value = data.get(name, default)
+    if not isinstance(value, bool):
+        raise _invalid(name, "must be a boolean")
+    return value
+
+
+class PrefixCacheRoutes:
+    """The endpoints, sharing the engine control, the admin authenticator and the tokenizer."""
+
+    def __init__(
+        self, engine: PrefixCacheControl, admin_auth: AdminAuthenticator, tokenizer: Tokenizer
+    ) -> None:
+        self.engine = engine
+        self.admin_auth = admin_auth
+        self.tokenizer = tokenizer
+
+    def admin(self, handler: Handler) -> Handler:
+        """Check the admin token first, then map errors to the OpenAI-shaped body."""
+
+        async def endpoint(request: Request) -> Response:
+            addr = request.client.host if request.client is not None else "unknown"
+            try:
+                await self.admin_auth.authenticate_async(request.headers.get("authorization"), addr)
+                return await handler(request)
+            except WeirError as exc:
+                return error_response(exc)
+            except UnknownPrefixError as exc:
+                return error_response(NotFoundError(str(exc), code="prefix_not_found"))
+            except PinCapacityError as exc:
+                return error_response(ConflictError(exc.message, param=exc.param, code="pin_capacity"))
+            except InvalidRequestError as exc:
+                return error_response(UnprocessableError(exc.message, param=exc.param, code="invalid_value"))
+            except EngineDeadError as exc:
+                return error_response(
+                    ServiceUnavailableError(f"engine unavailable: {exc}", code="engine_unavailable")
+                )
+
+        return endpoint
+
+    def routes(self) -> list[BaseRoute]:
+        a = self.admin
+        return [
+            Mount(
+                "/admin/v1/prefix-cache",
+                routes=[
+                    Route("/stats", a(self.stats), methods=["GET"]),
+                    Route("/tenants/{name}", a(self.tenant), methods=["GET"]),
+                    Route("/prefixes", a(self.list_prefixes), methods=["GET"]),
+                    Route("/prefixes", a(self.register), methods=["POST"]),
+                    Route("/prefixes/{prefix_id}", a(self.get_prefix), methods=["GET"]),
+                    Route("/prefixes/{prefix_id}", a(self.unregister), methods=["DELETE"]),
+                    Route("/prefixes/{prefix_id}/pin", a(self.pin), methods=["POST"]),
+                    Route("/prefixes/{prefix_id}/unpin", a(self.unpin), methods=["POST"]),
+                    Route("/flush", a(self.flush), methods=["POST"]),
+                    Route("/{path:path}", a(self.unknown), methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
+                ],
+            )
+        ]
+
+    # -- stats --------------------------------------------------------------------------------------
+
+    async def stats(self, request: Request) -> Response:
+        return _json(stats_json(await self.engine.prefix_cache_stats()))
+
+    async def tenant(self, request: Request) -> Response:
+        name = request.path_params["name"]
+        stats = await self.engine.prefix_cache_stats()
+        for t in stats.tenants:
+            if t.tenant_id == name:
+                return _json(tenant_json(t))
+        # A tenant the engine has not seen yet: nothing looked up, nothing cached in its name.
+        return _json(tenant_json(TenantCacheStats(name, name, 0, 0, 0, 0, 0, 0)))
+
+    # -- shared prefixes ----------------------------------------------------------------------------
+
+    def _token_ids(self, data: Mapping[str, Any]) -> list[int]:
+        given = [name for name in ("token_ids", "text", "messages") if data.get(name) is not None]
+        if len(given) != 1:
+            raise _invalid("token_ids", "or 'text' or 'messages': give exactly one")
+        if "token_ids" in given:
+            ids = data["token_ids"]
+            if not isinstance(ids, list) or not all(
+                isinstance(t, int) and not isinstance(t, bool) for t in ids
+            ):
+                raise _invalid("token_ids", "must be a list of integers")
+            return ids
+        if "text" in given:
+            text = data["text"]
+            if not isinstance(text, str) or not text:
+                raise _invalid("text", "must be a non-empty string")
+            # The default matches /v1/completions, which encodes text with the special tokens.
+            return list(
+                self.tokenizer.encode(text, add_special_tokens=_bool(data, "add_special_tokens", True))
+            )
+        return self._render_messages(data["messages"])
+
+    def _render_messages(self, value: Any) -> list[int]:
+        """Messages rendered as the start of a chat (no assistant turn), as /v1/chat/completions begins."""
+        if not isinstance(value, list) or not value:
+            raise _invalid("messages", "must be a non-empty list of messages")
+        messages = []
+        for i, item in enumerate(value):
+            param = f"messages[{i}]"
+            if not isinstance(item, dict) or not isinstance(item.get("content"), str):
+                raise _invalid(param, "must be an object with a string 'content'")
+            try:
+                role = Role(item.get("role"))
+            except ValueError:
+                raise _invalid(f"{param}.role", "is not a known role") from None
+            messages.append(ChatMessage(role, item["content"]).to_template())
+        try:
+            text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
+        except Exception as exc:  # the template is the model's Jinja code
+            raise _invalid("messages", f"were rejected by the chat template: {exc}") from None
+        return list(self.tokenizer.encode(str(text), add_special_tokens=False))
+
+    async def register(self, request: Request) -> Response:
+        data = await _body(request)
+        _check_fields(data, _REGISTER_FIELDS)
+        name = _opt_str(data, "name") or ""
+        pin = _bool(data, "pin", False)
+        token_ids = self._token_ids(data)
+        info = await self.engine.register_shared_prefix(token_ids, name=name, pin=pin)
+        return _json(prefix_json(info), 201)
+
+    async def list_prefixes(self, request: Request) -> Response:
+        prefixes = await self.engine.list_shared_prefixes()
+        return _json({"object": "list", "data": [prefix_json(p) for p in prefixes]})
+
+    async def get_prefix(self, request: Request) -> Response:
+        return _json(prefix_json(await self.engine.get_shared_prefix(request.path_params["prefix_id"])))
+
+    async def unregister(self, request: Request) -> Response:
+        return _json(
+            prefix_json(await self.engine.unregister_shared_prefix(request.path_params["prefix_id"]))
+        )
+
+    async def pin(self, request: Request) -> Response:
+        return _json(prefix_json(await self.engine.pin_shared_prefix(request.path_params["prefix_id"])))
+
+    async def unpin(self, request: Request) -> Response:
+        return _json(prefix_json(await self.engine.unpin_shared_prefix(request.path_params["prefix_id"])))
+
+    # -- flush --------------------------------------------------------------------------------------
+
+    async def flush(self, request: Request) -> Response:
+        data = await _body(request)
+        _check_fields(data, _FLUSH_FIELDS)
+        result = await self.engine.flush_prefix_cache(
+            model_version=_opt_str(data, "model_version"),
+            tenant_id=_opt_str(data, "tenant"),
+            cache_scope=_opt_str(data, "cache_scope"),
+            include_pinned=_bool(data, "include_pinned", False),
+        )
+        return _json(
+            {
+                "object": "prefix_cache.flush",
+                "flushed_blocks": result.num_blocks_flushed,
+                "model_version_matched": result.model_version_matched,
+            }
+        )
+
+    async def unknown(self, request: Request) -> Response:
+        raise NotFoundError(f"no admin endpoint {request.method} {request.url.path}")
+
+
+def prefix_cache_routes(
+    engine: PrefixCacheControl, admin_auth: AdminAuthenticator, tokenizer: Tokenizer
+) -> list[BaseRoute]:
+    """The `/admin/v1/prefix-cache` mount; place it before the `/admin/v1` catch-all."""
+    return PrefixCacheRoutes(engine, admin_auth, tokenizer).routes()

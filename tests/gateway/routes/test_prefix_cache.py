@@ -1,0 +1,255 @@
+"""The prefix-cache admin API over a fake engine control: auth, JSON shapes, body errors, mapping."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from starlette.applications import Starlette
+from starlette.testclient import TestClient
+
+from engine.client import PrefixCacheControl
+from engine.errors import EngineDeadError, InvalidRequestError
+from engine.prefix_cache_api import (
+    FlushResult,
+    PinCapacityError,
+    PrefixCacheStats,
+    ScopeCacheStats,
+    SharedPrefixInfo,
+    TenantCacheStats,
+    UnknownPrefixError,
+)
+from gateway.auth import AdminAuthenticator, AuthSettings, FailureThrottle
+from gateway.prefix_cache_metrics import PrefixCacheCollector
+from gateway.routes.prefix_cache import prefix_cache_routes
+from tenancy.keys import KeyHasher
+from tests.gateway.harness import tokenizer
+
+TOKEN = "the-admin-token-0123456789"
+ADMIN = {"Authorization": f"Bearer {TOKEN}"}
+BASE = "/admin/v1/prefix-cache"
+
+
+class _Store:
+    hasher = KeyHasher(b"pepper")
+
+    def admin_token_hash(self) -> str | None:
+        return None
+
+
+class FakeControl:
+    """Records calls; a tiny registry keyed by the token ids."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+        self.prefixes: dict[str, SharedPrefixInfo] = {}
+        self.dead = False
+        self.max_pinned = 2
+
+    def _check(self) -> None:
+        if self.dead:
+            raise EngineDeadError("stopped")
+
+    async def prefix_cache_stats(self) -> PrefixCacheStats:
+        self._check()
+        return self.prefix_cache_snapshot()
+
+    def prefix_cache_snapshot(self) -> PrefixCacheStats:
+        tenant = TenantCacheStats("acme", "acme", 3, 300, 240, 10, 160, 2)
+        return PrefixCacheStats(
+            enabled=True, model_version="v1", block_size=16, num_total_blocks=100, num_free_blocks=60,
+            num_cached_blocks=30, num_pinned_blocks=4, num_queries=5, num_queried_tokens=500,
+            num_hit_tokens=300, num_evictions=7, num_flushed=1, max_cached_blocks_per_scope=50,
+            tenants=(tenant,), scopes=(ScopeCacheStats("acme", 10, 2), ScopeCacheStats("<shared>", 4, 0)),
+        )  # fmt: skip
+
+    async def register_shared_prefix(
+        self, token_ids: Sequence[int], name: str = "", pin: bool = False
+    ) -> SharedPrefixInfo:
+        self._check()
+        self.calls.append(("register", (list(token_ids), name, pin)))
+        if len(token_ids) < 4:
+            raise InvalidRequestError("too short", "token_ids")
+        if pin and sum(p.pinned for p in self.prefixes.values()) >= self.max_pinned:
+            raise PinCapacityError(3, self.max_pinned)
+        pid = f"p{len(self.prefixes)}"
+        info = SharedPrefixInfo(pid, name or pid, len(token_ids), len(token_ids) // 4 * 4, len(token_ids) // 4,
+                                len(token_ids) // 4, pin, time.time())  # fmt: skip
+        self.prefixes[pid] = info
+        return info
+
+    async def list_shared_prefixes(self) -> tuple[SharedPrefixInfo, ...]:
+        return tuple(self.prefixes.values())
+
+    def _get(self, prefix_id: str) -> SharedPrefixInfo:
+        if prefix_id not in self.prefixes:
+            raise UnknownPrefixError(prefix_id)
+        return self.prefixes[prefix_id]
+
+    async def get_shared_prefix(self, prefix_id: str) -> SharedPrefixInfo:
+        return self._get(prefix_id)
+
+    async def pin_shared_prefix(self, prefix_id: str) -> SharedPrefixInfo:
+        self.prefixes[prefix_id] = replace(self._get(prefix_id), pinned=True)
+        return self.prefixes[prefix_id]
+
+    async def unpin_shared_prefix(self, prefix_id: str) -> SharedPrefixInfo:
+        self.prefixes[prefix_id] = replace(self._get(prefix_id), pinned=False)
+        return self.prefixes[prefix_id]
+
+    async def unregister_shared_prefix(self, prefix_id: str) -> SharedPrefixInfo:
+        return self.prefixes.pop(self._get(prefix_id).prefix_id)
+
+    async def flush_prefix_cache(
+        self,
+        model_version: str | None = None,
+        tenant_id: str | None = None,
+        cache_scope: str | None = None,
+        include_pinned: bool = False,
+    ) -> FlushResult:
+        self.calls.append(("flush", (model_version, tenant_id, cache_scope, include_pinned)))
+        return FlushResult(5, model_version in (None, "v1"))
+
+
+@pytest.fixture
+def api() -> Iterator[tuple[TestClient, FakeControl]]:
+    control = FakeControl()
+    assert isinstance(control, PrefixCacheControl)
+    throttle = FailureThrottle.from_settings(AuthSettings(max_failures=10_000))
+    auth = AdminAuthenticator(_Store(), TOKEN, throttle=throttle)
+    app = Starlette(routes=prefix_cache_routes(control, auth, tokenizer()))
+    with TestClient(app) as client:
+        yield client, control
+
+
+def test_every_endpoint_needs_the_admin_token(api: tuple[TestClient, FakeControl]) -> None:
+    client, control = api
+    for method, path in (
+        ("GET", "/stats"),
+        ("GET", "/tenants/acme"),
+        ("GET", "/prefixes"),
+        ("POST", "/prefixes"),
+        ("DELETE", "/prefixes/p0"),
+        ("POST", "/prefixes/p0/pin"),
+        ("POST", "/flush"),
+        ("GET", "/nope"),
+    ):
+        for headers in ({}, {"Authorization": "Bearer wrong"}):
+            r = client.request(method, BASE + path, headers=headers)
+            assert r.status_code == 401, (method, path)
+            assert r.json()["error"]["code"] == "invalid_admin_token"
+    assert not control.calls
+    r = client.get(BASE + "/nope", headers=ADMIN)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+
+
+def test_stats_overall_and_per_tenant(api: tuple[TestClient, FakeControl]) -> None:
+    client, _ = api
+    body = client.get(BASE + "/stats", headers=ADMIN).json()
+    assert body["object"] == "prefix_cache.stats"
+    assert (body["hit_rate"], body["cached_tokens"], body["evictions"]) == (0.6, 480, 7)
+    assert body["tenants"] == [
+        {"tenant": "acme", "cache_scope": "acme", "queries": 3, "queried_tokens": 300, "hit_tokens": 240,
+         "hit_rate": 0.8, "cached_blocks": 10, "cached_tokens": 160, "evictions": 2}
+    ]  # fmt: skip
+    assert {s["cache_scope"] for s in body["scopes"]} == {"acme", "<shared>"}
+    assert client.get(BASE + "/tenants/acme", headers=ADMIN).json()["hit_rate"] == 0.8
+    unseen = client.get(BASE + "/tenants/globex", headers=ADMIN).json()
+    assert unseen["tenant"] == "globex" and unseen["queries"] == 0 and unseen["hit_rate"] == 0.0
+
+
+def test_register_from_token_ids_text_or_messages(api: tuple[TestClient, FakeControl]) -> None:
+    client, control = api
+    r = client.post(
+        BASE + "/prefixes", json={"token_ids": [5, 6, 7, 8, 9], "name": "sys", "pin": True}, headers=ADMIN
+    )
+    assert r.status_code == 201, r.text
+    assert r.json() | {"created_at": 0} == {
+        "object": "prefix_cache.prefix", "id": "p0", "name": "sys", "num_tokens": 5, "num_shared_tokens": 4,
+        "num_blocks": 1, "num_cached_blocks": 1, "pinned": True, "created_at": 0,
+    }  # fmt: skip
+    text = "hello world hello world hello world"
+    assert client.post(BASE + "/prefixes", json={"text": text}, headers=ADMIN).status_code == 201
+    assert control.calls[-1][1][0] == tokenizer().encode(text, add_special_tokens=True)
+    messages = [{"role": "system", "content": "hello world " * 4}]
+    assert client.post(BASE + "/prefixes", json={"messages": messages}, headers=ADMIN).status_code == 201
+    rendered = tokenizer().apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
+    assert control.calls[-1][1][0] == tokenizer().encode(rendered, add_special_tokens=False)
+    listed = client.get(BASE + "/prefixes", headers=ADMIN).json()
+    assert [p["id"] for p in listed["data"]] == ["p0", "p1", "p2"]
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "param"),
+    [
+        ({}, 422, "token_ids"),
+        ({"token_ids": [1, 2, 3, 4], "text": "x"}, 422, "token_ids"),
+        ({"token_ids": "1 2 3"}, 422, "token_ids"),
+        ({"token_ids": [1, True, 3, 4]}, 422, "token_ids"),
+        ({"token_ids": [1, 2]}, 422, "token_ids"),  # the engine refuses it
+        ({"text": ""}, 422, "text"),
+        ({"messages": [{"role": "wizard", "content": "x"}]}, 422, "messages[0].role"),
+        ({"messages": []}, 422, "messages"),
+        ({"token_ids": [1, 2, 3, 4], "pin": "yes"}, 422, "pin"),
+        ({"token_ids": [1, 2, 3, 4], "scope": "acme"}, 422, "scope"),
+    ],
+)
+def test_register_body_errors_name_the_field(
+    api: tuple[TestClient, FakeControl], body: dict[str, Any], status: int, param: str
+) -> None:
+    client, _ = api
+    r = client.post(BASE + "/prefixes", json=body, headers=ADMIN)
+    assert r.status_code == status, r.text
+    assert r.json()["error"]["param"] == param
+
+
+def test_bad_json_unknown_prefix_pin_capacity_and_a_dead_engine(api: tuple[TestClient, FakeControl]) -> None:
+    client, control = api
+    assert client.post(BASE + "/prefixes", content=b"[1,2]", headers=ADMIN).status_code == 400
+    assert client.post(BASE + "/prefixes", content=b"{", headers=ADMIN).status_code == 400
+    for method, path in (("GET", "/prefixes/zz"), ("DELETE", "/prefixes/zz"), ("POST", "/prefixes/zz/unpin")):
+        r = client.request(method, BASE + path, headers=ADMIN)
+        assert r.status_code == 404 and r.json()["error"]["code"] == "prefix_not_found"
+    for i in range(2):
+        client.post(BASE + "/prefixes", json={"token_ids": [i] * 8, "pin": True}, headers=ADMIN)
+    r = client.post(BASE + "/prefixes", json={"token_ids": [9] * 8, "pin": True}, headers=ADMIN)
+    assert r.status_code == 409 and r.json()["error"]["code"] == "pin_capacity"
+    assert client.post(BASE + "/prefixes/p0/unpin", headers=ADMIN).json()["pinned"] is False
+    assert client.post(BASE + "/prefixes/p0/pin", headers=ADMIN).json()["pinned"] is True
+    assert client.delete(BASE + "/prefixes/p0", headers=ADMIN).json()["id"] == "p0"
+    control.dead = True
+    assert client.get(BASE + "/stats", headers=ADMIN).status_code == 503
+
+
+def test_flush_by_model_version_tenant_or_scope(api: tuple[TestClient, FakeControl]) -> None:
+    client, control = api
+    for body, args in (
+        ({}, (None, None, None, False)),
+        ({"model_version": "v1"}, ("v1", None, None, False)),
+        ({"tenant": "acme"}, (None, "acme", None, False)),
+        ({"cache_scope": "team", "include_pinned": True}, (None, None, "team", True)),
+    ):
+        r = client.post(BASE + "/flush", json=body, headers=ADMIN)
+        assert r.status_code == 200 and r.json()["flushed_blocks"] == 5
+        assert control.calls[-1] == ("flush", args)
+    r = client.post(BASE + "/flush", json={"model_version": "v0"}, headers=ADMIN)
+    assert r.json()["model_version_matched"] is False
+    assert client.post(BASE + "/flush", json={"tenant": 3}, headers=ADMIN).status_code == 422
+    assert client.post(BASE + "/flush", json={"everything": True}, headers=ADMIN).status_code == 422
+
+
+def test_metrics_per_tenant_and_scope() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    registry = CollectorRegistry()
+    registry.register(PrefixCacheCollector(FakeControl().prefix_cache_snapshot))
+    text = generate_latest(registry).decode()
+    assert 'weir_prefix_cache_tenant_hit_tokens_total{tenant="acme"} 240.0' in text
+    assert 'weir_prefix_cache_tenant_queried_tokens_total{tenant="acme"} 300.0' in text
+    assert 'weir_prefix_cache_tenant_queries_total{tenant="acme"} 3.0' in text
+    assert 'weir_prefix_cache_cached_blocks{scope="<shared>"} 4.0' in text
+    assert 'weir_prefix_cache_evictions_total{scope="acme"} 2.0' in text
+    assert "weir_prefix_cache_pinned_blocks 4.0" in text
