@@ -1,0 +1,229 @@
+{{/*
+Names, labels and the pieces several templates share. Helpers that answer yes or no return
+"true" or "", to be tested with `eq (include ...) "true"`.
+*/}}
+
+{{/* The chart name, or nameOverride. */}}
+{{- define "weir.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Full name of the release's objects: fullnameOverride, else "<release>-weir" (just the
+release name when it already contains the chart name). 63 characters at most (DNS labels). */}}
+{{- define "weir.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* "weir-0.1.0", for the helm.sh/chart label. */}}
+{{- define "weir.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Labels of every object. */}}
+{{- define "weir.labels" -}}
+helm.sh/chart: {{ include "weir.chart" . }}
+{{ include "weir.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{/* Labels that select the server pods (never change them: Deployment selectors are immutable). */}}
+{{- define "weir.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "weir.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{/* The pods' service account. */}}
+{{- define "weir.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "weir.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* repository:tag, the tag defaulting to the chart's appVersion. */}}
+{{- define "weir.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{/* "true" when the database is PostgreSQL (shared by replicas, migrated by the hook Job). */}}
+{{- define "weir.isPostgres" -}}
+{{- if eq .Values.database.type "postgresql" -}}true{{- end -}}
+{{- end -}}
+
+{{/* "true" when the chart creates the Secret: some secret value given, no existingSecret. */}}
+{{- define "weir.createSecret" -}}
+{{- if and (not .Values.secrets.existingSecret) (or .Values.secrets.adminToken .Values.secrets.keyPepper .Values.secrets.databaseUrl) -}}true{{- end -}}
+{{- end -}}
+
+{{/* "true" when the pods read a Secret at all (an existing one, or the chart's). */}}
+{{- define "weir.usesSecret" -}}
+{{- if or .Values.secrets.existingSecret (include "weir.createSecret" .) -}}true{{- end -}}
+{{- end -}}
+
+{{/* Name of the Secret the pods read. */}}
+{{- define "weir.secretName" -}}
+{{- default (include "weir.fullname" .) .Values.secrets.existingSecret -}}
+{{- end -}}
+
+{{/* The short-lived Secret holding only the database URL for the migration hook Job. */}}
+{{- define "weir.migrateSecretName" -}}
+{{- printf "%s-migrate" (include "weir.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Claim names: an existing claim, else the chart's. */}}
+{{- define "weir.dataClaimName" -}}
+{{- default (printf "%s-data" (include "weir.fullname" .)) .Values.persistence.data.existingClaim -}}
+{{- end -}}
+
+{{- define "weir.cacheClaimName" -}}
+{{- default (printf "%s-cache" (include "weir.fullname" .)) .Values.persistence.cache.existingClaim -}}
+{{- end -}}
+
+{{/* "true" when the data dir is mounted from a claim (SQLite only). */}}
+{{- define "weir.dataOnClaim" -}}
+{{- if and .Values.persistence.data.enabled (not (include "weir.isPostgres" .)) -}}true{{- end -}}
+{{- end -}}
+
+{{/* storageClassName line of a claim; the argument is a persistence.* block. "-" means "". */}}
+{{- define "weir.storageClass" -}}
+{{- if .storageClass -}}
+{{- if eq "-" .storageClass -}}
+storageClassName: ""
+{{- else -}}
+storageClassName: {{ .storageClass | quote }}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Pod termination grace: the explicit value (checked), else preStop + ceil(grace) + 15. After
+SIGTERM Weir lets requests run for the grace period, then waits up to 5 s for them to settle,
+then stops the engine and writes the last usage records; the preStop sleep counts too. */}}
+{{- define "weir.terminationGracePeriodSeconds" -}}
+{{- $grace := int64 (ceil (.Values.config.shutdownGraceS | default 30)) -}}
+{{- $needed := add (int64 .Values.shutdown.preStopSleepSeconds) $grace 5 -}}
+{{- $explicit := .Values.shutdown.terminationGracePeriodSeconds -}}
+{{- if kindIs "invalid" $explicit -}}
+{{- add $needed 10 -}}
+{{- else if lt (int64 $explicit) $needed -}}
+{{- fail (printf "shutdown.terminationGracePeriodSeconds must be at least preStopSleepSeconds + config.shutdownGraceS + 5 = %d, got %d (in-flight streams and the last usage records would be lost to SIGKILL)" $needed (int64 $explicit)) -}}
+{{- else -}}
+{{- int64 $explicit -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Refuse values that cannot work, with a message naming the value. */}}
+{{- define "weir.validate" -}}
+{{- if not (has .Values.database.type (list "sqlite" "postgresql")) -}}
+{{- fail (printf "database.type must be sqlite or postgresql, got %q" .Values.database.type) -}}
+{{- end -}}
+{{- if include "weir.isPostgres" . -}}
+{{- if not (or .Values.secrets.existingSecret .Values.secrets.databaseUrl) -}}
+{{- fail "database.type postgresql needs secrets.databaseUrl or a secrets.existingSecret holding WEIR_DATABASE_URL" -}}
+{{- end -}}
+{{- if and .Values.secrets.databaseUrl (not .Values.secrets.existingSecret) (not (hasPrefix "postgresql" .Values.secrets.databaseUrl)) -}}
+{{- fail "secrets.databaseUrl must be a PostgreSQL URL (postgresql+psycopg://USER:PASSWORD@HOST:5432/DB)" -}}
+{{- end -}}
+{{- else -}}
+{{- if gt (int64 .Values.replicaCount) 1 -}}
+{{- fail "replicaCount > 1 needs database.type postgresql: SQLite is one file on a ReadWriteOnce volume and keeps token budgets in one process" -}}
+{{- end -}}
+{{- if and .Values.secrets.databaseUrl (not .Values.secrets.existingSecret) -}}
+{{- fail "secrets.databaseUrl is set but database.type is sqlite: set database.type postgresql" -}}
+{{- end -}}
+{{- end -}}
+{{- if and (gt (int64 .Values.replicaCount) 1) .Values.persistence.cache.enabled (not .Values.persistence.cache.existingClaim) (not (has "ReadWriteMany" .Values.persistence.cache.accessModes)) -}}
+{{- fail "replicaCount > 1 with persistence.cache needs accessModes [ReadWriteMany], an existingClaim, or persistence.cache.enabled false (each pod prepares its own copy)" -}}
+{{- end -}}
+{{- if and .Values.gpu.enabled (lt (int64 .Values.gpu.count) 1) -}}
+{{- fail "gpu.count must be >= 1 when gpu.enabled" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The config block as WEIR_* variables; null and "" are left out so Weir's defaults apply.
+Helm reads numbers in values files as floats, and 8388608 would print as 8.388608e+06: whole
+numbers are printed as integers. */}}
+{{- define "weir.configEnv" -}}
+{{- $device := .Values.config.device -}}
+{{- if and (not $device) .Values.gpu.enabled -}}
+{{- $device = "cuda" -}}
+{{- end -}}
+{{- $pairs := list -}}
+{{- $pairs = append $pairs (list "WEIR_DATA_DIR" .Values.config.dataDir) -}}
+{{- $pairs = append $pairs (list "WEIR_CACHE_DIR" .Values.config.cacheDir) -}}
+{{- $pairs = append $pairs (list "WEIR_MODEL" .Values.config.model) -}}
+{{- $pairs = append $pairs (list "WEIR_SERVED_MODEL_NAME" .Values.config.servedModelName) -}}
+{{- $pairs = append $pairs (list "WEIR_DEVICE" $device) -}}
+{{- $pairs = append $pairs (list "WEIR_DTYPE" .Values.config.dtype) -}}
+{{- $pairs = append $pairs (list "WEIR_KV_CACHE_TOKENS" .Values.config.kvCacheTokens) -}}
+{{- $pairs = append $pairs (list "WEIR_MAX_NUM_SEQS" .Values.config.maxNumSeqs) -}}
+{{- $pairs = append $pairs (list "WEIR_MAX_NUM_BATCHED_TOKENS" .Values.config.maxNumBatchedTokens) -}}
+{{- $pairs = append $pairs (list "WEIR_MAX_MODEL_LEN" .Values.config.maxModelLen) -}}
+{{- $pairs = append $pairs (list "WEIR_AUTH" .Values.config.auth) -}}
+{{- $pairs = append $pairs (list "WEIR_ADMISSION" .Values.config.admission) -}}
+{{- $pairs = append $pairs (list "WEIR_QUEUE_POLICY" .Values.config.queuePolicy) -}}
+{{- $pairs = append $pairs (list "WEIR_MAX_QUEUE_TIME_S" .Values.config.maxQueueTimeS) -}}
+{{- $pairs = append $pairs (list "WEIR_MAX_QUEUED_TOKENS" .Values.config.maxQueuedTokens) -}}
+{{- $pairs = append $pairs (list "WEIR_LEASE_TOKENS" .Values.config.leaseTokens) -}}
+{{- $pairs = append $pairs (list "WEIR_LEASE_TTL_S" .Values.config.leaseTtlS) -}}
+{{- $pairs = append $pairs (list "WEIR_OTEL_EXPORTER" .Values.config.otelExporter) -}}
+{{- $pairs = append $pairs (list "WEIR_OTEL_ENDPOINT" .Values.config.otelEndpoint) -}}
+{{- $pairs = append $pairs (list "WEIR_OTEL_SERVICE_NAME" .Values.config.otelServiceName) -}}
+{{- $pairs = append $pairs (list "WEIR_SHUTDOWN_GRACE_S" .Values.config.shutdownGraceS) -}}
+{{- $pairs = append $pairs (list "WEIR_MAX_REQUEST_BODY_BYTES" .Values.config.maxRequestBodyBytes) -}}
+{{- $pairs = append $pairs (list "WEIR_LOG_LEVEL" .Values.config.logLevel) -}}
+{{- $env := list -}}
+{{- range $pairs -}}
+{{- $value := index . 1 -}}
+{{- if not (or (kindIs "invalid" $value) (eq (toString $value) "")) -}}
+{{- if kindIs "float64" $value -}}
+{{- if eq $value (floor $value) -}}
+{{- $value = int64 $value -}}
+{{- end -}}
+{{- end -}}
+{{- $env = append $env (dict "name" (index . 0) "value" (toString $value)) -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml $env -}}
+{{- end -}}
+
+{{/* WEIR_ADMIN_TOKEN, WEIR_KEY_PEPPER and WEIR_DATABASE_URL from the Secret. From the chart's
+own Secret only the values given are read; from an existing one all three, as optional keys,
+except the database URL with PostgreSQL, which must be there. */}}
+{{- define "weir.secretEnv" -}}
+{{- $secret := include "weir.secretName" . -}}
+{{- $existing := .Values.secrets.existingSecret -}}
+{{- if or $existing .Values.secrets.adminToken }}
+- name: WEIR_ADMIN_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ $secret }}
+      key: {{ .Values.secrets.keys.adminToken }}
+      optional: true
+{{- end }}
+{{- if or $existing .Values.secrets.keyPepper }}
+- name: WEIR_KEY_PEPPER
+  valueFrom:
+    secretKeyRef:
+      name: {{ $secret }}
+      key: {{ .Values.secrets.keys.keyPepper }}
+      optional: true
+{{- end }}
+{{- if or (and $existing (include "weir.isPostgres" .)) .Values.secrets.databaseUrl }}
+- name: WEIR_DATABASE_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ $secret }}
+      key: {{ .Values.secrets.keys.databaseUrl }}
+{{- end }}
+{{- end -}}
