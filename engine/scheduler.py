@@ -101,6 +101,8 @@ class Scheduler:
             child.num_computed_tokens = child.num_prompt_tokens - 1
             child.num_cached_tokens = parent.num_cached_tokens
             self.kv.fork(parent, child)
+            if child.deadline_s is not None:
+                self._num_deadlines += 1  # a request of its own from now on (finish_request counts down)
             self._start_running(child)
 
     def _release_forks(self, parent: Request) -> None:

@@ -247,3 +247,18 @@ def test_tenant_cap_holds_in_the_scheduler() -> None:
     again = sim.add("quiet2", list(range(500, 520)), max_tokens=1, tenant="quiet")
     sim.run()
     assert again.num_cached_tokens == 16
+
+
+def test_deadline_bookkeeping_of_forks_balances() -> None:
+    from engine.request import Request, SamplingParams
+
+    sim = Sim(SchedulerConfig(max_num_batched_tokens=256, max_num_seqs=8, max_model_len=256))
+    reqs = [
+        Request(f"d#{i}", list(range(9)), SamplingParams(max_tokens=2, temperature=0.0), deadline_s=100.0)
+        for i in range(3)
+    ]
+    sim.sched.add_fork_group(reqs[0], reqs[1:])
+    for r in reqs:
+        sim.outputs[r.request_id] = []
+    sim.run()
+    assert sim.sched._num_deadlines == 0
