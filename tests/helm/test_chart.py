@@ -1,0 +1,448 @@
+"""Static checks of the Helm chart in helm/weir (no `helm` binary is needed).
+
+The templates are Go templates, so they are checked as text: every `.Values` path they read
+exists in values.yaml, every `include` names a defined helper, blocks are balanced, and what
+they hand to Weir (WEIR_* variables, `weir` flags, probe paths) is what the code accepts. Where
+a template's literal parts form YAML, its skeleton (actions removed) must parse.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gateway.cli import build_parser
+from gateway.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "helm" / "weir"
+TEMPLATES = CHART / "templates"
+HELPERS = TEMPLATES / "_helpers.tpl"
+
+COMMENT = re.compile(r"\{\{-?\s*/\*.*?\*/\s*-?\}\}", re.S)
+ACTION = re.compile(r"\{\{-?\s*(.*?)\s*-?\}\}", re.S)
+VALUES_PATH = re.compile(r"\.Values((?:\.[A-Za-z_][A-Za-z0-9_]*)+)")
+INCLUDE = re.compile(r"\b(?:include|template)\s+\"([^\"]+)\"")
+DEFINE = re.compile(r"\{\{-?\s*define\s+\"([^\"]+)\"")
+WEIR_ENV = re.compile(r"\bWEIR_[A-Z0-9_]+\b")
+OPENERS = frozenset({"if", "range", "with", "define", "block"})
+# Non-WEIR variables the chart sets itself (HOME: the root filesystem is read-only).
+ALLOWED_OTHER_ENV = frozenset({"HOME"})
+
+
+def _read(path: Path) -> str:
+    return path.read_text(encoding="utf-8")
+
+
+def _template_files() -> list[Path]:
+    return sorted(p for p in TEMPLATES.iterdir() if p.is_file())
+
+
+def _templates() -> dict[str, str]:
+    """Template name -> text with template comments removed."""
+    return {p.name: COMMENT.sub("", _read(p)) for p in _template_files()}
+
+
+def _values() -> dict[str, Any]:
+    values = yaml.safe_load(_read(CHART / "values.yaml"))
+    assert isinstance(values, dict)
+    return values
+
+
+def _lookup(values: dict[str, Any], dotted: str) -> Any:
+    """The value at a dotted path; KeyError naming the first missing part."""
+    node: Any = values
+    walked: list[str] = []
+    for part in dotted.split("."):
+        walked.append(part)
+        if not isinstance(node, dict) or part not in node:
+            raise KeyError(".".join(walked))
+        node = node[part]
+    return node
+
+
+def _settings_env_names() -> set[str]:
+    return set(re.findall(r"\"(WEIR_[A-Z0-9_]+)\"", _read(ROOT / "gateway" / "settings.py")))
+
+
+def _camel_to_env(key: str) -> str:
+    return "WEIR_" + re.sub(r"(?<!^)(?=[A-Z])", "_", key).upper()
+
+
+# -- Chart.yaml and values.yaml ---------------------------------------------------------------------
+
+
+def test_chart_yaml_has_required_fields() -> None:
+    chart = yaml.safe_load(_read(CHART / "Chart.yaml"))
+    assert chart["apiVersion"] == "v2"
+    assert chart["name"] == "weir" == CHART.name
+    assert chart["type"] == "application"
+    assert re.fullmatch(r"\d+\.\d+\.\d+(?:[-+][0-9A-Za-z.-]+)?", str(chart["version"]))
+    assert chart["description"]
+    # The default image tag is the appVersion: keep it the project's version.
+    project = tomllib.loads(_read(ROOT / "pyproject.toml"))["project"]
+    assert chart["appVersion"] == project["version"]
+
+
+def test_values_yaml_has_the_groups_templates_need() -> None:
+    values = _values()
+    for key in (
+        "replicaCount",
+        "image",
+        "config",
+        "secrets",
+        "database",
+        "persistence",
+        "probes",
+        "resources",
+        "gpu",
+        "service",
+        "shutdown",
+        "serviceAccount",
+    ):
+        assert key in values, key
+    assert values["replicaCount"] == 1
+    assert values["database"]["type"] == "sqlite"
+    assert values["image"]["repository"]
+
+
+# -- .Values paths, includes, blocks ----------------------------------------------------------------
+
+
+def test_every_values_path_in_templates_exists_in_values_yaml() -> None:
+    values = _values()
+    missing = []
+    for name, text in _templates().items():
+        for match in VALUES_PATH.finditer(text):
+            dotted = match.group(1).lstrip(".")
+            try:
+                _lookup(values, dotted)
+            except KeyError as exc:
+                missing.append(f"{name}: .Values.{dotted} (no {exc.args[0]})")
+    assert not missing, "\n".join(missing)
+
+
+def test_every_values_key_is_read_by_some_template() -> None:
+    used = {m.group(1).lstrip(".") for text in _templates().values() for m in VALUES_PATH.finditer(text)}
+    values = _values()
+    unused = [key for key in values if not any(u == key or u.startswith(key + ".") for u in used)]
+    unused += [f"config.{key}" for key in values["config"] if not any(u == f"config.{key}" for u in used)]
+    assert not unused, f"values nobody reads: {unused}"
+
+
+def _defined_helpers() -> set[str]:
+    return set(DEFINE.findall(COMMENT.sub("", _read(HELPERS))))
+
+
+def test_every_include_names_a_helper_defined_in_helpers_tpl() -> None:
+    defined = _defined_helpers()
+    undefined = [
+        f"{name}: {ref}"
+        for name, text in _templates().items()
+        for ref in INCLUDE.findall(text)
+        if ref not in defined
+    ]
+    assert not undefined, undefined
+    # No other file defines helpers, and none is defined twice.
+    for name, text in _templates().items():
+        names = DEFINE.findall(text)
+        assert name == HELPERS.name or not names, f"{name} defines {names}"
+        assert len(names) == len(set(names)), names
+
+
+def test_every_helper_is_used() -> None:
+    used = {ref for text in _templates().values() for ref in INCLUDE.findall(text)}
+    assert _defined_helpers() - used == set()
+
+
+def block_errors(text: str) -> list[str]:
+    """Problems with if/range/with/define/block ... end nesting in a template."""
+    errors: list[str] = []
+    stack: list[str] = []
+    for match in ACTION.finditer(COMMENT.sub("", text)):
+        words = match.group(1).split()
+        if not words:
+            continue
+        keyword = words[0]
+        line = text.count("\n", 0, match.start()) + 1
+        if keyword in OPENERS:
+            stack.append(f"{keyword} (line {line})")
+        elif keyword == "end":
+            if not stack:
+                errors.append(f"line {line}: end without an open block")
+            else:
+                stack.pop()
+        elif keyword == "else":
+            if not stack or stack[-1].split()[0] not in {"if", "with", "range"}:
+                errors.append(f"line {line}: else outside if/with/range")
+    errors += [f"{opened} is never closed" for opened in stack]
+    return errors
+
+
+def test_block_counter_finds_unbalanced_templates() -> None:
+    assert block_errors("{{- if .a }}x{{- else if .b }}y{{ else }}z{{- end }}") == []
+    assert block_errors("{{ range .a }}{{ with .b }}{{ end }}{{ end }}{{/* {{ if }} */}}") == []
+    assert block_errors("{{- if .a }}{{ with .b }}{{ end }}") == ["if (line 1) is never closed"]
+    assert block_errors("{{ end }}") == ["line 1: end without an open block"]
+    assert block_errors('{{ define "x" }}{{ else }}{{ end }}') == ["line 1: else outside if/with/range"]
+
+
+@pytest.mark.parametrize("path", _template_files(), ids=lambda p: p.name)
+def test_template_blocks_are_balanced(path: Path) -> None:
+    assert block_errors(_read(path)) == []
+
+
+# -- the YAML skeleton ------------------------------------------------------------------------------
+
+
+def skeleton(text: str) -> str:
+    """The template with actions removed: action-only lines dropped, inline actions -> X."""
+    lines = []
+    for line in COMMENT.sub("", text).splitlines():
+        if line.strip() and not ACTION.sub("", line).strip():
+            continue
+        lines.append(ACTION.sub("X", line))
+    return "\n".join(lines)
+
+
+def _skeleton_docs(name: str) -> list[dict[str, Any]]:
+    docs = [doc for doc in yaml.safe_load_all(skeleton(_read(TEMPLATES / name))) if doc is not None]
+    assert all(isinstance(doc, dict) for doc in docs), name
+    return docs
+
+
+@pytest.mark.parametrize("path", [p for p in _template_files() if p.suffix == ".yaml"], ids=lambda p: p.name)
+def test_template_skeleton_is_yaml_with_kind(path: Path) -> None:
+    docs = _skeleton_docs(path.name)
+    assert docs
+    for doc in docs:
+        assert doc.get("apiVersion") and doc.get("kind"), path.name
+        assert "name" in doc["metadata"]
+
+
+def _deployment() -> dict[str, Any]:
+    (doc,) = _skeleton_docs("deployment.yaml")
+    assert doc["kind"] == "Deployment"
+    return doc
+
+
+def test_deployment_shape() -> None:
+    spec = _deployment()["spec"]["template"]["spec"]
+    (server,) = spec["containers"]
+    assert server["command"] == ["weir"]
+    assert [p["name"] for p in server["ports"]] == ["http"]
+    assert {"startupProbe", "livenessProbe", "readinessProbe", "lifecycle", "resources"} <= set(server)
+    assert {v["name"] for v in spec["volumes"]} >= {"data", "cache", "tmp"}
+    assert {"nodeSelector", "tolerations", "terminationGracePeriodSeconds"} <= set(spec)
+
+
+# -- what the chart hands to Weir -------------------------------------------------------------------
+
+
+def test_env_names_are_ones_settings_reads() -> None:
+    known = _settings_env_names()
+    assert {"WEIR_PORT", "WEIR_ADMIN_TOKEN", "WEIR_KEY_PEPPER", "WEIR_DATABASE_URL"} <= known
+    texts = {**_templates(), "values.yaml": _read(CHART / "values.yaml")}
+    unknown = {
+        f"{name}: {env}" for name, text in texts.items() for env in WEIR_ENV.findall(text) if env not in known
+    }
+    assert not unknown, sorted(unknown)
+
+
+def test_literal_env_entries_are_known() -> None:
+    known = _settings_env_names() | ALLOWED_OTHER_ENV
+    for name in ("deployment.yaml", "migrate-job.yaml", "_helpers.tpl"):
+        entries = re.findall(r"-\s+name:\s+([A-Za-z_][A-Za-z0-9_]*)\s*$", _read(TEMPLATES / name), re.M)
+        # Container names (weir, migrate) and volume names (data, cache, tmp) are lowercase.
+        env_names = [e for e in entries if e.isupper()]
+        assert set(env_names) <= known, (name, set(env_names) - known)
+
+
+def test_every_setting_can_be_set_through_the_chart() -> None:
+    # Host and port are flags of the container's args; everything else is a variable.
+    text = "".join(_templates().values())
+    missing = _settings_env_names() - {"WEIR_HOST", "WEIR_PORT"} - set(WEIR_ENV.findall(text))
+    assert not missing, f"settings the chart cannot set: {sorted(missing)}"
+
+
+def _config_env_pairs() -> list[tuple[str, str]]:
+    """(variable, config key) pairs of the weir.configEnv helper; `$device` stands for
+    `.Values.config.device` (which defaults to cuda with gpu.enabled)."""
+    helper = _read(HELPERS)
+    pairs = []
+    for env, key, var in re.findall(
+        r"\(list \"(WEIR_[A-Z0-9_]+)\" (?:\.Values\.config\.([A-Za-z]+)|\$([A-Za-z]+))\)", helper
+    ):
+        if var:
+            assert f"${var} := .Values.config.{var} " in helper, var
+        pairs.append((env, key or var))
+    return pairs
+
+
+def test_config_keys_map_to_the_variable_of_the_same_name() -> None:
+    pairs = _config_env_pairs()
+    assert pairs
+    for env, key in pairs:
+        assert env == _camel_to_env(key), (key, env)
+    assert {key for _, key in pairs} == set(_values()["config"]) - {"host", "port"}
+
+
+def test_default_config_is_accepted_by_settings() -> None:
+    """The variables the chart sets by default (and host/port flags) make valid Settings."""
+    config = _values()["config"]
+    env = {}
+    for name, key in _config_env_pairs():
+        value = config[key]
+        if value is None or value == "":
+            continue
+        env[name] = str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
+    settings = Settings.from_sources({"host": config["host"], "port": config["port"]}, env)
+    assert str(settings.data_dir) == config["dataDir"]
+    assert str(settings.cache_dir) == config["cacheDir"]
+    assert settings.shutdown_grace_s == config["shutdownGraceS"]
+    assert settings.auth_mode.value == "keys"  # a public bind requires API keys
+
+
+def test_secret_keys_default_to_the_variable_names() -> None:
+    keys = _values()["secrets"]["keys"]
+    assert keys == {
+        "adminToken": "WEIR_ADMIN_TOKEN",
+        "keyPepper": "WEIR_KEY_PEPPER",
+        "databaseUrl": "WEIR_DATABASE_URL",
+    }
+
+
+def _app_routes() -> set[str]:
+    return set(re.findall(r"Route\(\"(/[^\"]*)\"", _read(ROOT / "gateway" / "app.py")))
+
+
+def test_probe_paths_are_routes_of_the_app() -> None:
+    routes = _app_routes()
+    assert {"/health", "/ready", "/metrics"} <= routes
+    server = _deployment()["spec"]["template"]["spec"]["containers"][0]
+    probes = {
+        kind: server[kind]["httpGet"]["path"] for kind in ("startupProbe", "livenessProbe", "readinessProbe")
+    }
+    assert probes == {"startupProbe": "/ready", "livenessProbe": "/health", "readinessProbe": "/ready"}
+    scraped = re.findall(r"path:\s*(/\S*)", _read(TEMPLATES / "servicemonitor.yaml"))
+    assert scraped == ["/metrics"]
+
+
+def _weir_args(text: str) -> Iterator[list[str]]:
+    """The args lists of the containers whose command is `weir`, items as written."""
+    pattern = re.compile(r"command:\s*\n\s*- weir\s*\n(\s*)args:\s*\n((?:\1\s+- .*\n)+)")
+    for match in pattern.finditer(text):
+        yield [line.strip()[2:].strip() for line in match.group(2).splitlines()]
+
+
+def _resolve(item: str, values: dict[str, Any]) -> str:
+    """An args item with its `.Values` reference replaced by the default value."""
+    if "{{" not in item:
+        return item
+    found = VALUES_PATH.search(item)
+    assert found, item
+    value = _lookup(values, found.group(1).lstrip("."))
+    return str(int(value)) if isinstance(value, (int, float)) else str(value)
+
+
+def _subparser(parser: argparse.ArgumentParser, names: list[str]) -> argparse.ArgumentParser:
+    for name in names:
+        actions = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        parser = actions[0].choices[name]
+    return parser
+
+
+def _flags(parser: argparse.ArgumentParser) -> set[str]:
+    return {flag for action in parser._actions for flag in action.option_strings}
+
+
+def _split(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(subcommand words, options): the words before the first flag, then the rest."""
+    first_flag = next((i for i, arg in enumerate(argv) if arg.startswith("-")), len(argv))
+    return argv[:first_flag], argv[first_flag:]
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    try:
+        return build_parser().parse_args(argv)
+    except SystemExit:
+        pytest.fail(f"weir rejects {argv}")
+
+
+@pytest.mark.parametrize(
+    ("name", "commands"),
+    [("deployment.yaml", [["db", "upgrade"], ["serve"]]), ("migrate-job.yaml", [["db", "upgrade"]])],
+    ids=["deployment", "migrate-job"],
+)
+def test_container_args_are_accepted_by_weir(name: str, commands: list[list[str]]) -> None:
+    values = _values()
+    argvs = [[_resolve(item, values) for item in items] for items in _weir_args(_read(TEMPLATES / name))]
+    assert [_split(argv)[0] for argv in argvs] == commands
+    for argv in argvs:
+        words, options = _split(argv)
+        unknown = {arg for arg in options if arg.startswith("--")} - _flags(_subparser(build_parser(), words))
+        assert not unknown, (name, unknown)
+        assert callable(_parse(argv).func)
+
+
+def test_serve_args_bind_every_interface_on_the_container_port() -> None:
+    (serve,) = [items for items in _weir_args(_read(TEMPLATES / "deployment.yaml")) if items[0] == "serve"]
+    argv = [_resolve(item, _values()) for item in serve]
+    args = _parse(argv)
+    assert args.host == "0.0.0.0"
+    assert args.port == _values()["config"]["port"]
+    assert _values()["extraArgs"] == []
+
+
+# -- rollout, shutdown and the optional objects -------------------------------------------------------
+
+
+def test_shutdown_timing_defaults() -> None:
+    values = _values()
+    grace = values["config"]["shutdownGraceS"]
+    assert values["shutdown"]["preStopSleepSeconds"] > 0
+    assert values["shutdown"]["terminationGracePeriodSeconds"] is None  # derived by the helper
+    helper = _read(HELPERS)
+    # preStop + ceil(grace) + 5 is the floor (checked), +10 more when derived.
+    assert "add (int64 .Values.shutdown.preStopSleepSeconds) $grace 5" in helper
+    assert "add $needed 10" in helper
+    assert values["shutdown"]["preStopSleepSeconds"] + grace + 15 > grace + 10
+    startup = values["probes"]["startup"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 600  # first model preparation
+    assert values["rollingUpdate"]["maxUnavailable"] == 0
+
+
+def test_optional_objects_are_guarded() -> None:
+    texts = _templates()
+    assert re.match(
+        r"\s*\{\{- if eq \(include \"weir.createSecret\" \.\) \"true\" \}\}", texts["secret.yaml"]
+    )
+    assert "existingSecret" in _read(HELPERS).split('define "weir.createSecret"')[1].split("end -}}")[0]
+    assert (
+        texts["pdb.yaml"]
+        .lstrip()
+        .startswith("{{- if and .Values.podDisruptionBudget.enabled (gt (int64 .Values.replicaCount) 1) }}")
+    )
+    assert texts["ingress.yaml"].lstrip().startswith("{{- if .Values.ingress.enabled }}")
+    assert (
+        texts["servicemonitor.yaml"].lstrip().startswith("{{- if .Values.metrics.serviceMonitor.enabled }}")
+    )
+    job = texts["migrate-job.yaml"]
+    assert 'eq (include "weir.isPostgres" .) "true"' in job
+    assert job.count("helm.sh/hook: pre-install,pre-upgrade") == 2  # the Job and its URL Secret
+    assert "nvidia.com/gpu" == _values()["gpu"]["resourceName"]
+    assert ".Values.gpu.resourceName" in texts["deployment.yaml"]
+
+
+def test_readme_documents_every_value_the_templates_read() -> None:
+    readme = _read(CHART / "README.md")
+    used = {m.group(1).lstrip(".") for text in _templates().values() for m in VALUES_PATH.finditer(text)}
+    undocumented = sorted(path for path in used if f"`{path}`" not in readme)
+    assert not undocumented, undocumented
