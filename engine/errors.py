@@ -40,3 +40,6 @@ class EngineDeadError(EngineError):
 
 class RequestFailedError(EngineError):
     """The engine failed while running one request; other requests are unaffected."""
+
+
+DEADLINE_EXCEEDED = "deadline_exceeded"  # RequestOutput.error of a request aborted in the queue

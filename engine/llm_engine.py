@@ -19,7 +19,7 @@ from engine.beam_group import BeamGroups
 from engine.block_hash import SHARED_SCOPE, CacheKeyRoot
 from engine.client import EngineRequest
 from engine.config import EngineConfig, ModelConfig
-from engine.errors import InvalidRequestError
+from engine.errors import DEADLINE_EXCEEDED, InvalidRequestError
 from engine.kv_cache_manager import KVCacheManager
 from engine.output import EngineStats, RequestMetrics, RequestOutput, SchedulerOutput
 from engine.output_processor import OutputProcessor
@@ -30,7 +30,6 @@ from engine.scheduler import Scheduler
 
 logger = logging.getLogger("weir.engine")
 
-DEADLINE_EXCEEDED = "deadline_exceeded"  # RequestOutput.error of a request aborted in the queue
 
 _STATUS_OF = {
     FinishReason.STOP: RequestStatus.FINISHED_STOPPED,

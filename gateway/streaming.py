@@ -19,7 +19,7 @@ import anyio
 from starlette.types import Receive, Scope, Send
 
 from engine.client import EngineClient, EngineRequest
-from engine.errors import RequestFailedError
+from engine.errors import DEADLINE_EXCEEDED, RequestFailedError
 from engine.output import RequestOutput
 from engine.request import FinishReason
 from gateway.accounting import Accountant, Outcome, RequestInfo, RequestTally, Settle
@@ -37,9 +37,6 @@ _SSE_HEADERS = [
 ]
 _JSON_HEADERS = [(b"content-type", b"application/json")]
 _END = object()
-# RequestOutput.error of a request the engine aborted in its queue (engine.llm_engine.DEADLINE_EXCEEDED;
-# spelled out here because that module imports torch).
-DEADLINE_EXCEEDED = "deadline_exceeded"
 _CUT_STREAM_SEND_S = 1.0
 
 

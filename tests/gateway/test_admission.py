@@ -412,13 +412,6 @@ def test_weight_and_priority_reach_the_engine(served: Served) -> None:
     assert r.status_code == 403 and r.json()["error"]["param"] == "priority"
 
 
-def test_engine_deadline_constant_matches() -> None:
-    pytest.importorskip("torch")
-    from engine.llm_engine import DEADLINE_EXCEEDED as ENGINE_CONSTANT
-
-    assert ENGINE_CONSTANT == DEADLINE_EXCEEDED
-
-
 # -- settings and wiring -------------------------------------------------------------------------
 
 
