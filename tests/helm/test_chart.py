@@ -9,6 +9,8 @@ a template's literal parts form YAML, its skeleton (actions removed) must parse.
 from __future__ import annotations
 
 import argparse
+import copy
+import json
 import re
 import tomllib
 from collections.abc import Iterator
@@ -18,8 +20,9 @@ from typing import Any
 import pytest
 import yaml
 
+from engine.config import QueuePolicy
 from gateway.cli import build_parser
-from gateway.settings import Settings
+from gateway.settings import DTYPES, AdmissionMode, AuthMode, LogLevel, OtelExporter, Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "weir"
@@ -446,3 +449,145 @@ def test_readme_documents_every_value_the_templates_read() -> None:
     used = {m.group(1).lstrip(".") for text in _templates().values() for m in VALUES_PATH.finditer(text)}
     undocumented = sorted(path for path in used if f"`{path}`" not in readme)
     assert not undocumented, undocumented
+
+
+# -- values.schema.json -----------------------------------------------------------------------------
+
+# The JSON Schema keywords the chart's schema uses; _schema_errors implements exactly these.
+SCHEMA_KEYWORDS = frozenset(
+    {
+        "$schema",
+        "title",
+        "description",
+        "type",
+        "enum",
+        "properties",
+        "additionalProperties",
+        "required",
+        "items",
+        "minItems",
+        "minLength",
+        "minimum",
+        "maximum",
+        "exclusiveMinimum",
+    }
+)
+_JSON_TYPES: dict[str, tuple[type, ...]] = {
+    "object": (dict,),
+    "array": (list,),
+    "string": (str,),
+    "boolean": (bool,),
+    "null": (type(None),),
+    "number": (int, float),
+    "integer": (int, float),
+}
+
+
+def _schema() -> dict[str, Any]:
+    schema = json.loads(_read(CHART / "values.schema.json"))
+    assert isinstance(schema, dict)
+    return schema
+
+
+def _is_type(value: Any, name: str) -> bool:
+    if isinstance(value, bool) and name in ("number", "integer"):
+        return False
+    if name == "integer" and isinstance(value, float):
+        return value.is_integer()  # Helm reads every number as a float
+    return isinstance(value, _JSON_TYPES[name])
+
+
+def _schema_errors(schema: dict[str, Any], value: Any, where: str = "") -> list[str]:
+    """Validation errors of `value` (draft-07, limited to SCHEMA_KEYWORDS)."""
+    types = schema.get("type")
+    if types is not None:
+        names = [types] if isinstance(types, str) else types
+        if not any(_is_type(value, name) for name in names):
+            return [f"{where or '<root>'}: {value!r} is not {types}"]
+    errors = []
+    if "enum" in schema and value not in schema["enum"]:
+        errors.append(f"{where}: {value!r} not in {schema['enum']}")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if "minimum" in schema and value < schema["minimum"]:
+            errors.append(f"{where}: {value} < {schema['minimum']}")
+        if "maximum" in schema and value > schema["maximum"]:
+            errors.append(f"{where}: {value} > {schema['maximum']}")
+        if "exclusiveMinimum" in schema and value <= schema["exclusiveMinimum"]:
+            errors.append(f"{where}: {value} <= {schema['exclusiveMinimum']}")
+    if isinstance(value, str) and len(value) < schema.get("minLength", 0):
+        errors.append(f"{where}: shorter than {schema['minLength']}")
+    if isinstance(value, list):
+        if len(value) < schema.get("minItems", 0):
+            errors.append(f"{where}: fewer than {schema['minItems']} items")
+        for i, item in enumerate(value):
+            errors += _schema_errors(schema.get("items", {}), item, f"{where}[{i}]")
+    if isinstance(value, dict):
+        properties = schema.get("properties", {})
+        errors += [f"{where}: {key} is required" for key in schema.get("required", []) if key not in value]
+        for key, item in value.items():
+            path = f"{where}.{key}" if where else key
+            if key in properties:
+                errors += _schema_errors(properties[key], item, path)
+            elif schema.get("additionalProperties") is False:
+                errors.append(f"{path}: unknown value")
+    return errors
+
+
+def _schema_keywords(schema: dict[str, Any]) -> set[str]:
+    found = set(schema)
+    for sub in schema.get("properties", {}).values():
+        found |= _schema_keywords(sub)
+    if isinstance(schema.get("items"), dict):
+        found |= _schema_keywords(schema["items"])
+    return found
+
+
+def test_schema_uses_only_the_keywords_the_checker_knows() -> None:
+    schema = _schema()
+    assert schema["$schema"] == "http://json-schema.org/draft-07/schema#"
+    assert _schema_keywords(schema) <= SCHEMA_KEYWORDS
+
+
+def test_values_yaml_satisfies_the_schema() -> None:
+    assert _schema_errors(_schema(), _values()) == []
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        ("config.dtype", "bf16"),
+        ("config.queuePolicy", "lifo"),
+        ("config.maxNumSeqs", 0),
+        ("config.leaseTtlS", 0),
+        ("config.port", 70000),
+        ("config.kvCacheToken", 4096),  # a typo of kvCacheTokens
+        ("database.type", "mysql"),
+        ("persistence.cache.accessModes", ["ReadWriteSometimes"]),
+        ("shutdown.preStopSleepSeconds", -1),
+        ("replicaCount", 1.5),
+    ],
+)
+def test_schema_rejects_bad_values(path: str, value: Any) -> None:
+    values = copy.deepcopy(_values())
+    *parents, last = path.split(".")
+    node = values
+    for part in parents:
+        node = node[part]
+    node[last] = value
+    assert _schema_errors(_schema(), values)
+
+
+def test_schema_enums_are_the_ones_settings_accepts() -> None:
+    config = _schema()["properties"]["config"]["properties"]
+    expected = {
+        "dtype": DTYPES,
+        "auth": [m.value for m in AuthMode],
+        "admission": [m.value for m in AdmissionMode],
+        "queuePolicy": [m.value for m in QueuePolicy],
+        "otelExporter": [m.value for m in OtelExporter],
+        "logLevel": [m.value for m in LogLevel],
+    }
+    for key, allowed in expected.items():
+        assert config[key]["enum"] == ["", *allowed], key
+    # Every config value has a schema, and nothing else does.
+    assert set(config) == set(_values()["config"])
