@@ -75,33 +75,14 @@ def _wait_ready(url: str, proc: subprocess.Popen[bytes], timeout_s: float) -> No
 def make_tiny_llama(out_dir: Path, tokenizer_dir: Path) -> Path:
     """Save (once) a random 2-layer, hidden-256 Llama with a real tokenizer.
 
-    Scheduling and admission do not care what the tokens say; on a small, shared CPU this model
-    keeps engine steps short enough for a 2 s TTFT objective to be meaningful.
+    On a small, shared CPU this model keeps engine steps short enough for a 2 s TTFT objective
+    to be meaningful.
     """
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from bench.random_model import make_random_llama
 
-    if (out_dir / "config.json").exists():
-        return out_dir
-    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
-    config = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=256,
-        intermediate_size=768,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=4096,
-        tie_word_embeddings=True,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
+    return make_random_llama(
+        out_dir, tokenizer_dir, num_layers=2, hidden_size=256, num_heads=4, num_kv_heads=2
     )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model = LlamaForCausalLM(config)
-    model.save_pretrained(out_dir)
-    tok.save_pretrained(out_dir)
-    return out_dir
 
 
 def serve_command(args: argparse.Namespace, mode: Mode, port: int, data_dir: Path) -> list[str]:

@@ -6,8 +6,21 @@ import shutil
 from pathlib import Path
 
 
-def make_random_llama(out_dir: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
-    """Save (once) a random 8-layer hidden-512 GQA Llama using the tokenizer of `tokenizer_dir`."""
+def make_random_llama(
+    out_dir: Path,
+    tokenizer_dir: Path,
+    *,
+    num_layers: int = 8,
+    hidden_size: int = 512,
+    num_heads: int = 8,
+    num_kv_heads: int = 2,
+    seed: int = 0,
+) -> Path:
+    """Save (once) a random GQA Llama (default: 8 layers, hidden 512) with `tokenizer_dir`'s tokenizer.
+
+    Scheduling, admission and caching do not care what the tokens say, so a random model of a
+    chosen size stands in for a real one when only its shape matters.
+    """
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
@@ -16,11 +29,11 @@ def make_random_llama(out_dir: Path, tokenizer_dir: Path, seed: int = 0) -> Path
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
     config = LlamaConfig(
         vocab_size=len(tok),
-        hidden_size=512,
-        intermediate_size=1536,
-        num_hidden_layers=8,
-        num_attention_heads=8,
-        num_key_value_heads=2,
+        hidden_size=hidden_size,
+        intermediate_size=3 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
         max_position_embeddings=4096,
         tie_word_embeddings=True,
         bos_token_id=tok.bos_token_id,
