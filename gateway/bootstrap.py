@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import functools
 import logging
 import math
 import sys
@@ -148,6 +149,7 @@ def build_tenancy(settings: Settings) -> TenancyWiring:
     from gateway.routes.admin import admin_routes
     from tenancy.bootstrap import admin_token_banner, ensure_admin_token
     from tenancy.db import Database
+    from tenancy.enums import KeyScope
     from tenancy.keys import KeyHasher
     from tenancy.migrate import check_migrated, upgrade
     from tenancy.repo import TenancyRepo
@@ -179,7 +181,8 @@ def build_tenancy(settings: Settings) -> TenancyWiring:
         db.dispose()
 
     return TenancyWiring(
-        authenticate=authenticator.authenticate_async,
+        # The OpenAI routes need the inference scope; a usage-only key may only read its usage.
+        authenticate=functools.partial(authenticator.authenticate_async, scope=KeyScope.INFERENCE),
         usage_sink=sink,
         routes=admin_routes(repo, authenticator, admin_auth),
         num_tenants=len(repo.list_tenants()),

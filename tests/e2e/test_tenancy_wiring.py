@@ -62,3 +62,17 @@ def test_keys_quotas_and_usage(wired: tuple[FakeEngine, str]) -> None:
     total = usage()
     assert total["completed"] == 1 and total["completion_tokens"] == 4
     assert total["prompt_tokens"] == r.usage.prompt_tokens
+
+
+def test_a_usage_only_key_cannot_generate(wired: tuple[FakeEngine, str]) -> None:
+    engine, url = wired
+    with httpx.Client(base_url=url, headers=ADMIN) as admin:
+        admin.post("/admin/v1/tenants", json={"name": "reader"})
+        key = admin.post("/admin/v1/tenants/reader/keys", json={"scopes": ["usage"]}).json()["key"]
+    calls = len(engine.requests)
+    with openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0) as client:
+        with pytest.raises((openai.AuthenticationError, openai.PermissionDeniedError)):
+            client.chat.completions.create(model=MODEL, messages=MESSAGES)  # type: ignore[arg-type]
+    assert len(engine.requests) == calls  # never reached the engine
+    r = httpx.get(url + "/v1/usage", headers={"authorization": f"Bearer {key}"})
+    assert r.status_code == 200
