@@ -1,8 +1,8 @@
 """Writes usage records in batches on a background thread, so the event loop never waits on SQL.
 
 The gateway's usage sink calls `submit` (non-blocking) once per finished request; a daemon
-thread writes what accumulated every `flush_interval_s` or `max_batch` records, whichever
-comes first. A batch that fails is retried record by record, so one bad record (e.g. for a
+thread writes a batch `flush_interval_s` after its first record, or at `max_batch` records,
+whichever comes first. A batch that fails is retried record by record, so one bad record (e.g. for a
 tenant deleted meanwhile) does not lose the others. `close` drains the queue at shutdown.
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from dataclasses import dataclass
 
 from sqlalchemy.exc import SQLAlchemyError
@@ -88,6 +89,9 @@ class UsageWriter:
                 item = self._queue.get(timeout=self._flush_interval_s)
             except queue.Empty:
                 continue
+            # Keep the batch open until the flush interval after its first record: at steady
+            # arrival rates a batch of one costs a whole transaction per request.
+            deadline = time.monotonic() + self._flush_interval_s
             while True:
                 if item is _STOP:
                     stop = True
@@ -95,8 +99,9 @@ class UsageWriter:
                     batch.append(item)
                 if stop or len(batch) >= self._max_batch:
                     break
+                remaining = deadline - time.monotonic()
                 try:
-                    item = self._queue.get_nowait()
+                    item = self._queue.get(timeout=remaining) if remaining > 0 else self._queue.get_nowait()
                 except queue.Empty:
                     break
             self._write(batch)
