@@ -25,7 +25,7 @@ from gateway.admission_metrics import AdmissionMetrics
 from gateway.app import create_app
 from gateway.routes.openai import Authenticate
 from gateway.server import run_server
-from gateway.settings import AdmissionMode, AuthMode, LogLevel, Settings
+from gateway.settings import AdmissionMode, AuthMode, LogLevel, PrefixCachingMode, Settings
 
 if TYPE_CHECKING:
     from engine.async_engine import AsyncEngine
@@ -79,7 +79,13 @@ def engine_config(settings: Settings, model_path: Path, device: str) -> EngineCo
         model_path=str(model_path),
         dtype=dtype,
         device=device,
-        cache=CacheConfig(block_size=block_size, num_blocks=num_blocks, kv_dtype=dtype),
+        cache=CacheConfig(
+            block_size=block_size,
+            num_blocks=num_blocks,
+            kv_dtype=dtype,
+            enable_prefix_caching=settings.prefix_caching is PrefixCachingMode.ON,
+            tenant_cache_share=settings.tenant_cache_share,
+        ),
         scheduler=SchedulerConfig(
             max_num_batched_tokens=settings.max_num_batched_tokens,
             max_num_seqs=settings.max_num_seqs,

@@ -36,6 +36,13 @@ class AuthMode(enum.Enum):
     NONE = "none"
 
 
+class PrefixCachingMode(enum.Enum):
+    """ON: reuse cached KV blocks of identical prefixes (scoped per tenant). OFF: compute every prompt."""
+
+    ON = "on"
+    OFF = "off"
+
+
 class AdmissionMode(enum.Enum):
     """ON: token budgets, SLO-aware rejection and the queue bound (gateway.admission). OFF: admit all."""
 
@@ -103,6 +110,8 @@ class Settings:
     max_queued_tokens: int = 65_536  # 503 when the waiting prompt tokens would exceed it; 0: no bound
     lease_tokens: int = 4096  # largest chunk of a tenant's budget one replica leases (PostgreSQL)
     lease_ttl_s: float = 10.0  # unused leased tokens go back to the database after this
+    prefix_caching: PrefixCachingMode = PrefixCachingMode.ON
+    tenant_cache_share: float = 1.0  # most of the KV pool one tenant's cached prefixes may hold
 
     def __post_init__(self) -> None:
         if not self.host:
@@ -133,6 +142,8 @@ class Settings:
             raise ValueError(f"lease_tokens must be >= 1, got {self.lease_tokens}")
         if self.lease_ttl_s <= 0:
             raise ValueError(f"lease_ttl_s must be > 0, got {self.lease_ttl_s}")
+        if not 0 < self.tenant_cache_share <= 1:
+            raise ValueError(f"tenant_cache_share must be in (0, 1], got {self.tenant_cache_share}")
 
     @property
     def auth_mode(self) -> AuthMode:
@@ -238,6 +249,8 @@ _FIELDS: dict[str, _FieldSpec] = {
     "max_queued_tokens": _FieldSpec("WEIR_MAX_QUEUED_TOKENS", int),
     "lease_tokens": _FieldSpec("WEIR_LEASE_TOKENS", int),
     "lease_ttl_s": _FieldSpec("WEIR_LEASE_TTL_S", float),
+    "prefix_caching": _FieldSpec("WEIR_PREFIX_CACHING", PrefixCachingMode),
+    "tenant_cache_share": _FieldSpec("WEIR_TENANT_CACHE_SHARE", float),
 }
 
 
@@ -316,6 +329,21 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         choices=list(QueuePolicy),
         metavar="{fcfs,priority,fair}",
         help="waiting-queue order: fair = priority class, then per-tenant fair share (default fair)",
+    )
+    add(
+        "--prefix-caching",
+        dest="prefix_caching",
+        type=PrefixCachingMode,
+        choices=list(PrefixCachingMode),
+        metavar="{on,off}",
+        help="reuse the KV blocks of identical prefixes, scoped per tenant (default on)",
+    )
+    add(
+        "--tenant-cache-share",
+        dest="tenant_cache_share",
+        type=float,
+        metavar="F",
+        help="most of the KV pool (0-1] one tenant's cached prefixes may hold (default 1.0)",
     )
     add(
         "--admission",

@@ -98,3 +98,16 @@ def test_serve_refuses_an_unmigrated_database_and_names_the_command(tmp_path: Pa
     engine.dispose()
     with pytest.raises(MigrationRequiredError, match="weir db upgrade"):
         build_tenancy(Settings(data_dir=tmp_path, database_url=url))
+
+
+def test_prefix_caching_settings_reach_the_engine() -> None:
+    from gateway.settings import PrefixCachingMode
+
+    on = engine_config(Settings(max_model_len=64, tenant_cache_share=0.25), Path("/m"), "cpu")
+    assert on.cache.enable_prefix_caching and on.cache.tenant_cache_share == 0.25
+    off = engine_config(Settings(max_model_len=64, prefix_caching=PrefixCachingMode.OFF), Path("/m"), "cpu")
+    assert not off.cache.enable_prefix_caching
+    with pytest.raises(ValueError, match="tenant_cache_share"):
+        Settings(tenant_cache_share=0.0)
+    env = Settings.from_sources({}, {"WEIR_PREFIX_CACHING": "off", "WEIR_TENANT_CACHE_SHARE": "0.5"})
+    assert env.prefix_caching is PrefixCachingMode.OFF and env.tenant_cache_share == 0.5

@@ -22,7 +22,15 @@ import yaml
 
 from engine.config import QueuePolicy
 from gateway.cli import build_parser
-from gateway.settings import DTYPES, AdmissionMode, AuthMode, LogLevel, OtelExporter, Settings
+from gateway.settings import (
+    DTYPES,
+    AdmissionMode,
+    AuthMode,
+    LogLevel,
+    OtelExporter,
+    PrefixCachingMode,
+    Settings,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "weir"
@@ -584,6 +592,7 @@ def test_schema_enums_are_the_ones_settings_accepts() -> None:
         "auth": [m.value for m in AuthMode],
         "admission": [m.value for m in AdmissionMode],
         "queuePolicy": [m.value for m in QueuePolicy],
+        "prefixCaching": [m.value for m in PrefixCachingMode],
         "otelExporter": [m.value for m in OtelExporter],
         "logLevel": [m.value for m in LogLevel],
     }

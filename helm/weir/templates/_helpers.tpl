@@ -176,6 +176,8 @@ numbers are printed as integers. */}}
 {{- $pairs = append $pairs (list "WEIR_MAX_QUEUED_TOKENS" .Values.config.maxQueuedTokens) -}}
 {{- $pairs = append $pairs (list "WEIR_LEASE_TOKENS" .Values.config.leaseTokens) -}}
 {{- $pairs = append $pairs (list "WEIR_LEASE_TTL_S" .Values.config.leaseTtlS) -}}
+{{- $pairs = append $pairs (list "WEIR_PREFIX_CACHING" .Values.config.prefixCaching) -}}
+{{- $pairs = append $pairs (list "WEIR_TENANT_CACHE_SHARE" .Values.config.tenantCacheShare) -}}
 {{- $pairs = append $pairs (list "WEIR_OTEL_EXPORTER" .Values.config.otelExporter) -}}
 {{- $pairs = append $pairs (list "WEIR_OTEL_ENDPOINT" .Values.config.otelEndpoint) -}}
 {{- $pairs = append $pairs (list "WEIR_OTEL_SERVICE_NAME" .Values.config.otelServiceName) -}}
