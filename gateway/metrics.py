@@ -58,10 +58,10 @@ class _EngineStatsCollector(Collector):
             "weir_num_preemptions", "Sequences preempted by the scheduler.", value=s.num_preemptions
         )
         yield CounterMetricFamily(
-            "weir_prefix_cache_queries", "Prefix-cache block lookups.", value=s.prefix_cache_queries
+            "weir_prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", value=s.prefix_cache_queries
         )
         yield CounterMetricFamily(
-            "weir_prefix_cache_hits", "Prefix-cache block hits.", value=s.prefix_cache_hits
+            "weir_prefix_cache_hits", "Prompt tokens found in the prefix cache.", value=s.prefix_cache_hits
         )
 
 
