@@ -58,7 +58,9 @@ class _EngineStatsCollector(Collector):
             "weir_num_preemptions", "Sequences preempted by the scheduler.", value=s.num_preemptions
         )
         yield CounterMetricFamily(
-            "weir_prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", value=s.prefix_cache_queries
+            "weir_prefix_cache_queries",
+            "Prompt tokens looked up in the prefix cache.",
+            value=s.prefix_cache_queries,
         )
         yield CounterMetricFamily(
             "weir_prefix_cache_hits", "Prompt tokens found in the prefix cache.", value=s.prefix_cache_hits
