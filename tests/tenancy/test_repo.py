@@ -151,6 +151,8 @@ def test_no_plaintext_secret_anywhere_in_the_database(repo: TenancyRepo) -> None
     with repo.db.transaction() as session:
         for table in Base.metadata.sorted_tables:
             columns = [c for c in table.columns if isinstance(c.type, String | Text | JSON)]
+            if not columns:  # e.g. budget_buckets holds only numbers
+                continue
             for row in session.execute(select(*columns)):
                 for value in row:
                     text = str(value)
