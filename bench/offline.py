@@ -14,14 +14,13 @@ import enum
 import gc
 import json
 import platform
-import statistics
 import time
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from bench.flops import WorkItem, measure_peak_gemm_flops, request_flops
+from bench.stats import Distribution, LatencySummary
 
 
 class System(enum.Enum):
@@ -77,18 +76,6 @@ def load_requests(path: Path, tokenizer: Any, limit: int | None = None) -> list[
             ids = tokenizer.encode(row["prompt"])
         out.append(OfflineRequest(row["id"], tuple(int(t) for t in ids), int(row["max_tokens"])))
     return out
-
-
-def _percentiles(values: Sequence[float]) -> dict[str, float]:
-    if not values:
-        return {"p50": float("nan"), "p90": float("nan"), "p99": float("nan"), "mean": float("nan")}
-    qs = statistics.quantiles(values, n=100, method="inclusive") if len(values) > 1 else [values[0]] * 99
-    return {
-        "p50": qs[49] * 1e3,
-        "p90": qs[89] * 1e3,
-        "p99": qs[98] * 1e3,
-        "mean": statistics.fmean(values) * 1e3,
-    }
 
 
 # -- Weir ------------------------------------------------------------------------------------
@@ -257,8 +244,8 @@ def build_report(
             "output_tok_s": r.output_tok_s,
             "total_tok_s": r.total_tok_s,
             "x_roofline": r.wall_s / bound,
-            "ttft_ms": _percentiles(r.ttft_s),
-            "tpot_ms": _percentiles(r.tpot_s),
+            "ttft_ms": LatencySummary.of(t * 1e3 for t in r.ttft_s).to_json(),
+            "tpot_ms": LatencySummary.of(t * 1e3 for t in r.tpot_s).to_json(),
             "num_output_tokens": r.num_output_tokens,
         }
         for peer in (System.HF_STATIC.value, System.HF_CONTINUOUS.value):
@@ -289,9 +276,14 @@ def to_markdown(report: dict[str, Any]) -> str:
         lines.append(
             f"| {name} | {r['wall_s']:.1f} | {r['output_tok_s']:.1f} | {r['total_tok_s']:.1f} | {r['x_roofline']:.2f} "
             f"| {f'{vs_s:.2f}×' if vs_s else '—'} | {f'{vs_c:.2f}×' if vs_c else '—'} "
-            f"| {r['ttft_ms']['p50']:.0f} | {r['ttft_ms']['p99']:.0f} | {r['tpot_ms']['p50']:.1f} | {r['tpot_ms']['p99']:.1f} |"
+            f"| {_ms(r['ttft_ms']['p50'], 0)} | {_ms(r['ttft_ms']['p99'], 0)} "
+            f"| {_ms(r['tpot_ms']['p50'], 1)} | {_ms(r['tpot_ms']['p99'], 1)} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _ms(value: float | None, digits: int) -> str:
+    return "—" if value is None else f"{value:.{digits}f}"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -353,8 +345,8 @@ def offline_command(args: argparse.Namespace, model_path: str | None = None) -> 
     meta = {
         "workload": str(args.workload),
         "num_requests": len(reqs),
-        "prompt_tokens": _dist([len(r.prompt_token_ids) for r in reqs]),
-        "output_tokens": _dist([r.max_tokens for r in reqs]),
+        "prompt_tokens": Distribution.of(len(r.prompt_token_ids) for r in reqs).to_json(),
+        "output_tokens": Distribution.of(r.max_tokens for r in reqs).to_json(),
         "model": path,
         "dtype": args.dtype,
         "batch_size": args.batch_size,
@@ -372,21 +364,7 @@ def offline_command(args: argparse.Namespace, model_path: str | None = None) -> 
     return 0
 
 
-def _dist(values: list[int]) -> dict[str, float]:
-    qs = statistics.quantiles(values, n=100, method="inclusive") if len(values) > 1 else [values[0]] * 99
-    return {
-        "min": min(values),
-        "p50": qs[49],
-        "p90": qs[89],
-        "max": max(values),
-        "mean": statistics.fmean(values),
-    }
-
-
 def _cpus() -> int:
     import os
 
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
-__all__ = ["System", "RunResult", "add_arguments", "offline_command", "asdict"]
