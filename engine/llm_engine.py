@@ -317,6 +317,7 @@ class LLMEngine:
         logprobs: tuple | None = None,
         error: str | None = None,
     ) -> RequestOutput:
+        partial = self._output(req, token_ids, text, logprobs)
         choice = self._choices.pop(req.request_id)
         times = req.times
         times.finished_s = self.clock()
@@ -324,26 +325,20 @@ class LLMEngine:
         group.num_unfinished -= 1
         if group.num_unfinished == 0:
             del self._groups[choice.parent_id]
-        return RequestOutput(
-            request_id=choice.parent_id,
-            index=choice.index,
-            new_token_ids=token_ids,
-            new_text=text,
+        metrics = RequestMetrics(
+            arrival_s=times.arrival_s,
+            queue_s=times.queue_s,
+            ttft_s=times.ttft_s,
+            tpot_s=times.tpot_s,
+            e2e_s=times.e2e_s,
+            itl_s=tuple(times.itl_s),
+        )
+        return replace(
+            partial,
             finished=True,
             finish_reason=reason,
             stop_reason=stop_reason,
-            new_logprobs=logprobs,
-            num_prompt_tokens=req.num_prompt_tokens,
-            num_cached_tokens=req.num_cached_tokens,
-            num_output_tokens=req.num_output_tokens,
-            metrics=RequestMetrics(
-                arrival_s=times.arrival_s,
-                queue_s=times.queue_s,
-                ttft_s=times.ttft_s,
-                tpot_s=times.tpot_s,
-                e2e_s=times.e2e_s,
-                itl_s=tuple(times.itl_s),
-            ),
+            metrics=metrics,
             error=error,
         )
 

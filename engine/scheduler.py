@@ -345,7 +345,3 @@ class Scheduler:
         for req in expired:
             self.finish_request(req.request_id, RequestStatus.FINISHED_ABORTED)
         return expired
-
-    def waiting_tokens(self) -> int:
-        """Tokens still to prefill for all waiting requests (O(waiting))."""
-        return sum(r.num_remaining for r in self.waiting)
