@@ -20,6 +20,7 @@ class FairQueue(WaitingQueue):
     """Per-tenant FIFO queues picked by (priority of head, virtual counter, arrival of head)."""
 
     def __init__(self) -> None:
+        super().__init__()
         self._queues: dict[str, OrderedDict[str, Request]] = {}
         self.counters: dict[str, float] = {}
         self.weights: dict[str, float] = {}
@@ -44,15 +45,15 @@ class FairQueue(WaitingQueue):
         if not self._queues.get(tenant) and not self._running.get(tenant):
             self._active.discard(tenant)
 
-    def add(self, req: Request) -> None:
+    def _add(self, req: Request) -> None:
         # The latest request carries the tenant's current weight (an admin may have changed it).
         self.weights[req.tenant_id] = req.weight
         self._activate(req.tenant_id)
         self._queues.setdefault(req.tenant_id, OrderedDict())[req.request_id] = req
         self._len += 1
 
-    def prepend(self, req: Request) -> None:
-        self.add(req)
+    def _prepend(self, req: Request) -> None:
+        self._add(req)
         self._queues[req.tenant_id].move_to_end(req.request_id, last=False)
 
     def peek(self) -> Request | None:
@@ -67,7 +68,7 @@ class FairQueue(WaitingQueue):
                 best, best_key = head, key
         return best
 
-    def remove(self, req: Request) -> None:
+    def _remove(self, req: Request) -> None:
         q = self._queues.get(req.tenant_id)
         if q is not None and q.pop(req.request_id, None) is not None:
             self._len -= 1

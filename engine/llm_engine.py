@@ -345,9 +345,7 @@ class LLMEngine:
     # -- introspection ----------------------------------------------------------------------
 
     def stats(self) -> EngineStats:
-        by_prio = [0, 0, 0]
-        for r in self.scheduler.waiting:
-            by_prio[int(r.priority)] += r.num_remaining
+        by_prio = self.scheduler.waiting.waiting_tokens_by_priority
         return EngineStats(
             num_running=self.scheduler.num_running,
             num_waiting=self.scheduler.num_waiting,

@@ -17,23 +17,53 @@ from engine.request import Request
 
 
 class WaitingQueue(ABC):
-    """The engine's single waiting queue."""
+    """The engine's single waiting queue.
 
-    @abstractmethod
+    It also keeps the tokens waiting per priority class up to date in O(1) per add/remove, so
+    stats (read after every engine step) never walk the queue.
+    """
+
+    def __init__(self) -> None:
+        self._counted: dict[str, tuple[int, int]] = {}  # request id -> (priority, tokens) counted
+        self.waiting_tokens_by_priority = [0, 0, 0]
+
     def add(self, req: Request) -> None:
         """Enqueue a new request."""
+        self._count_in(req)
+        self._add(req)
 
-    @abstractmethod
     def prepend(self, req: Request) -> None:
         """Re-enqueue a preempted request ahead of others of its rank."""
+        self._count_in(req)
+        self._prepend(req)
+
+    def remove(self, req: Request) -> None:
+        """Remove a request (scheduled or aborted); O(1) or O(log n)."""
+        counted = self._counted.pop(req.request_id, None)
+        if counted is not None:
+            self.waiting_tokens_by_priority[counted[0]] -= counted[1]
+        self._remove(req)
+
+    def _count_in(self, req: Request) -> None:
+        old = self._counted.get(req.request_id)
+        if old is not None:
+            self.waiting_tokens_by_priority[old[0]] -= old[1]
+        entry = (int(req.priority), req.num_remaining)
+        self._counted[req.request_id] = entry
+        self.waiting_tokens_by_priority[entry[0]] += entry[1]
+
+    @abstractmethod
+    def _add(self, req: Request) -> None: ...
+
+    @abstractmethod
+    def _prepend(self, req: Request) -> None: ...
+
+    @abstractmethod
+    def _remove(self, req: Request) -> None: ...
 
     @abstractmethod
     def peek(self) -> Request | None:
         """The next candidate, without removing it."""
-
-    @abstractmethod
-    def remove(self, req: Request) -> None:
-        """Remove a request (scheduled or aborted); O(1) or O(log n)."""
 
     @abstractmethod
     def __len__(self) -> int: ...
@@ -63,19 +93,20 @@ class FCFSQueue(WaitingQueue):
     """First come, first served."""
 
     def __init__(self) -> None:
+        super().__init__()
         self._items: OrderedDict[str, Request] = OrderedDict()
 
-    def add(self, req: Request) -> None:
+    def _add(self, req: Request) -> None:
         self._items[req.request_id] = req
 
-    def prepend(self, req: Request) -> None:
+    def _prepend(self, req: Request) -> None:
         self._items[req.request_id] = req
         self._items.move_to_end(req.request_id, last=False)
 
     def peek(self) -> Request | None:
         return next(iter(self._items.values()), None)
 
-    def remove(self, req: Request) -> None:
+    def _remove(self, req: Request) -> None:
         self._items.pop(req.request_id, None)
 
     def __len__(self) -> int:
@@ -89,6 +120,7 @@ class PriorityQueue(WaitingQueue):
     """Priority class first, then arrival. A heap with lazy deletion."""
 
     def __init__(self) -> None:
+        super().__init__()
         self._heap: list[tuple[int, float, int, str]] = []
         self._live: dict[str, tuple[Request, int]] = {}  # id -> (request, seq of its live heap entry)
         self._seq = itertools.count()
@@ -98,10 +130,10 @@ class PriorityQueue(WaitingQueue):
         self._live[req.request_id] = (req, seq)
         heapq.heappush(self._heap, (int(req.priority), arrival, seq, req.request_id))
 
-    def add(self, req: Request) -> None:
+    def _add(self, req: Request) -> None:
         self._push(req, req.arrival_s)
 
-    def prepend(self, req: Request) -> None:
+    def _prepend(self, req: Request) -> None:
         self._push(req, float("-inf"))
 
     def peek(self) -> Request | None:
@@ -113,7 +145,7 @@ class PriorityQueue(WaitingQueue):
             heapq.heappop(self._heap)
         return None
 
-    def remove(self, req: Request) -> None:
+    def _remove(self, req: Request) -> None:
         self._live.pop(req.request_id, None)
 
     def __len__(self) -> int:
