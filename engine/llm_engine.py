@@ -7,6 +7,7 @@ thread; tests and the offline benchmark drive it directly.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections.abc import Callable
@@ -19,7 +20,7 @@ from engine.beam_group import BeamGroups
 from engine.block_hash import SHARED_SCOPE, CacheKeyRoot
 from engine.client import EngineRequest
 from engine.config import EngineConfig, ModelConfig
-from engine.errors import DEADLINE_EXCEEDED, InvalidRequestError
+from engine.errors import DEADLINE_EXCEEDED, ContextLengthError, InvalidRequestError
 from engine.kv_cache_manager import KVCacheManager
 from engine.output import EngineStats, RequestMetrics, RequestOutput, SchedulerOutput
 from engine.output_processor import OutputProcessor
@@ -75,8 +76,6 @@ class _RateMeter:
 
 def tokenizer_fingerprint(tokenizer: object) -> str:
     """A digest of the vocabulary and special tokens: a different tokenizer never shares a cache."""
-    import hashlib
-
     h = hashlib.sha256()
     vocab: dict[str, int] = getattr(tokenizer, "get_vocab", dict)()
     for tok, idx in sorted(vocab.items(), key=lambda kv: kv[1]):
@@ -144,8 +143,6 @@ class LLMEngine:
         if er.cache_scope == SHARED_SCOPE:
             raise InvalidRequestError("this cache scope is reserved", "cache_scope")
         if len(er.prompt_token_ids) + sp.max_tokens > self.max_model_len:
-            from engine.errors import ContextLengthError
-
             raise ContextLengthError(len(er.prompt_token_ids), sp.max_tokens, self.max_model_len)
         if er.request_id in self._groups or self.beams.is_active(er.request_id):
             raise InvalidRequestError(f"duplicate request id {er.request_id!r}", "request_id")
