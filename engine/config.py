@@ -107,15 +107,6 @@ class ModelConfig:
         emb = v * h * (1 if self.tie_word_embeddings else 2)
         return self.num_layers * per_layer + emb + h
 
-    def flops_per_token(self, context_len: int = 0) -> int:
-        """Forward FLOPs for one token: 2 * matmul params + attention over `context_len` keys."""
-        h, i = self.hidden_size, self.intermediate_size
-        q = self.num_heads * self.head_dim
-        kv = self.num_kv_heads * self.head_dim
-        matmul = self.num_layers * (h * q + 2 * h * kv + q * h + 3 * h * i) + self.vocab_size * h
-        attn = self.num_layers * 2 * 2 * self.num_heads * self.head_dim * context_len
-        return 2 * matmul + attn
-
 
 class BatchPolicy(enum.Enum):
     """How the scheduler forms batches over time."""
