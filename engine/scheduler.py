@@ -21,8 +21,8 @@ from engine.config import BatchPolicy, QueuePolicy, SchedulerConfig
 from engine.errors import ContextLengthError
 from engine.kv_cache_manager import KVCacheManager
 from engine.output import ScheduledRequest, SchedulerOutput
-from engine.request_queue import WaitingQueue, make_waiting_queue
 from engine.request import Request, RequestStatus
+from engine.request_queue import WaitingQueue, make_waiting_queue
 
 
 class Scheduler:
