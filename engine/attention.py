@@ -44,7 +44,12 @@ class AttentionMetadata:
 
 
 class AttentionBackend(Protocol):
-    """Writes this step's K/V into the cache, then attends over the paged context."""
+    """Writes this step's K/V into the cache, then attends over the paged context.
+
+    `uses_triton` tells the model whether the fused Triton path (and CUDA graphs) may be used.
+    """
+
+    uses_triton: bool
 
     def forward(
         self,
@@ -60,6 +65,8 @@ class AttentionBackend(Protocol):
 
 class TorchAttentionBackend:
     """The plain-torch path used on CPU, and the oracle the Triton kernels are tested against."""
+
+    uses_triton = False
 
     def forward(
         self,

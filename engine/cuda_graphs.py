@@ -13,7 +13,7 @@ batch is padded up to the nearest captured size:
   batches larger than the largest bucket, run eagerly.
 
 This requires a forward that reads no host-side metadata: the model's fused Triton path with
-`kernels.backend.TritonAttentionBackend`. `build_decode_graphs` decides whether to use graphs.
+`engine.attention_triton.TritonAttentionBackend`. `build_decode_graphs` decides whether to use graphs.
 """
 
 from __future__ import annotations

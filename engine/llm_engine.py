@@ -398,7 +398,7 @@ def build_engine(config: EngineConfig, clock: Callable[[], float] = time.monoton
 def _attention_backend(config: EngineConfig, device: torch.device):  # type: ignore[no-untyped-def]
     use_triton = config.use_triton if config.use_triton is not None else device.type == "cuda"
     if use_triton:
-        from kernels.backend import TritonAttentionBackend
+        from engine.attention_triton import TritonAttentionBackend
 
         return TritonAttentionBackend()
     from engine.attention import TorchAttentionBackend

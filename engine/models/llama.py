@@ -21,7 +21,6 @@ graph. The plain-torch path below is the CPU path and the numerical reference.
 from __future__ import annotations
 
 import re
-import sys
 from collections.abc import Iterable
 
 import torch
@@ -220,14 +219,8 @@ class LlamaDecoderLayer(nn.Module):
 
 
 def _triton_on_cuda(attn_backend: AttentionBackend, device: torch.device) -> bool:
-    # A TritonAttentionBackend instance implies its module is loaded; looking it up rather than
-    # importing it keeps triton unimported when attention runs through torch.
-    backend_module = sys.modules.get("kernels.backend")
-    return (
-        device.type == "cuda"
-        and backend_module is not None
-        and isinstance(attn_backend, backend_module.TritonAttentionBackend)
-    )
+    # Asking the backend rather than importing the Triton one keeps triton unimported on the torch path.
+    return device.type == "cuda" and attn_backend.uses_triton
 
 
 _LAYER_WEIGHT = re.compile(r"^model\.layers\.(\d+)\.(.+)$")

@@ -190,9 +190,9 @@ def test_engine_greedy_output_is_the_same_through_decode_graphs(tmp_path: Path) 
 @pytest.mark.gpu
 def test_cuda_graph_replay_matches_eager_forward(tmp_path: Path) -> None:
     """On CUDA: a replayed decode step gives the eager forward's hidden states."""
+    from engine.attention_triton import TritonAttentionBackend
     from engine.kv_tensors import allocate_kv_caches
     from engine.loader import load_model
-    from kernels.backend import TritonAttentionBackend
 
     cuda = torch.device("cuda")
     path = make_tiny_model(tmp_path, "qwen3", num_kv_heads=1)

@@ -16,10 +16,10 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from engine.attention import TorchAttentionBackend  # noqa: E402
+from engine.attention_triton import TritonAttentionBackend  # noqa: E402
 from engine.kv_tensors import allocate_kv_caches  # noqa: E402
 from engine.loader import load_model  # noqa: E402
 from engine.models.llama import LlamaForCausalLM  # noqa: E402
-from kernels.backend import TritonAttentionBackend  # noqa: E402
 from tests.engine.tiny_models import build_metadata, make_tiny_model  # noqa: E402
 
 BLOCK_SIZE = 16

@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
-import dataclasses
+from tests.kernels.interpret import kernel_device
 
-import pytest
-import torch
+DEVICE = kernel_device()  # before kernels.* is imported: TRITON_INTERPRET=1 without CUDA
 
-from engine.attention import TorchAttentionBackend
-from kernels.backend import TritonAttentionBackend
-from tests.kernels.steps import random_step
+import dataclasses  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from engine.attention import TorchAttentionBackend  # noqa: E402
+from engine.attention_triton import TritonAttentionBackend  # noqa: E402
+from tests.kernels.steps import random_step  # noqa: E402
+
+
+@pytest.fixture
+def device() -> torch.device:
+    return DEVICE
 
 
 @pytest.mark.parametrize("block_size", [16, 32])

@@ -1,5 +1,7 @@
 """The Triton attention backend: cache write + unified paged attention, two launches per layer.
 
+It lives in engine/ (not kernels/) so that kernels/ stays a leaf that imports nothing from engine/.
+
 It implements `engine.attention.AttentionBackend`. Unlike the torch path it reads only the
 device tensors of `AttentionMetadata` (never the host tuples, never `.item()`), so a decode
 step through it can be captured in a CUDA graph and replayed with new metadata values.
@@ -16,6 +18,8 @@ from kernels.reshape_and_cache import reshape_and_cache
 
 class TritonAttentionBackend:
     """Writes K/V with `reshape_and_cache`, then attends with `paged_attention`."""
+
+    uses_triton = True
 
     def forward(
         self,
