@@ -160,10 +160,14 @@ class UsageRecord(Base):
     """One row per request that reached the engine: completed, failed or cancelled."""
 
     __tablename__ = "usage_records"
-    __table_args__ = (Index("ix_usage_records_tenant_day", "tenant_id", "day"),)
+    __table_args__ = (
+        Index("ix_usage_records_tenant_day", "tenant_id", "day"),
+        # One record per request: a record replayed from the usage spool is stored once.
+        Index("ux_usage_records_request_tenant", "request_id", "tenant_id", unique=True),
+    )
 
     id: Mapped[int] = mapped_column(BigIntId, primary_key=True, autoincrement=True)
-    request_id: Mapped[str] = mapped_column(String(128), index=True)
+    request_id: Mapped[str] = mapped_column(String(128))
     # No cascades: billing history must not disappear with a tenant or a key.
     tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id"))
     key_id: Mapped[str | None] = mapped_column(ForeignKey("api_keys.id"))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Callable, Sequence
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -26,7 +26,7 @@ from tenancy.errors import (
     TenantNotFoundError,
 )
 from tenancy.keys import KeyHasher, generate_key
-from tenancy.models import AdminToken, ApiKey, Quota, Tenant, UsageRecord
+from tenancy.models import AdminToken, ApiKey, Quota, Tenant
 from tenancy.schemas import (
     ApiKeyView,
     AuditEventView,
@@ -41,7 +41,7 @@ from tenancy.schemas import (
     validate_quota,
     validate_tenant_name,
 )
-from tenancy.usage import daily_usage, daily_usage_query, usage_row
+from tenancy.usage import daily_usage, daily_usage_query, insert_usage_if_absent, usage_row
 
 _ADMIN_TOKEN_ROW = 1
 
@@ -361,7 +361,11 @@ class TenancyRepo:
         self.record_usages([record])
 
     def record_usages(self, records: Sequence[UsageRecordIn]) -> None:
-        """Write several usage records in one transaction (all or none)."""
+        """Write several usage records in one transaction (all or none).
+
+        Idempotent per (request_id, tenant): a record already stored is skipped, so replaying a
+        batch (the usage spool after an outage) stores each record once.
+        """
         if not records:
             return
         now = self.now()
@@ -373,7 +377,8 @@ class TenancyRepo:
                 missing = names - ids.keys()
                 if missing:
                     raise TenantNotFoundError(sorted(missing)[0])
-                session.execute(insert(UsageRecord), [usage_row(r, ids[r.tenant_id], now) for r in records])
+                rows = [usage_row(r, ids[r.tenant_id], now) for r in records]
+                session.execute(insert_usage_if_absent(self.db.backend), rows)
         except IntegrityError:
             # Tenants were checked above, so a key is unknown. Find which, in a fresh transaction
             # (PostgreSQL refuses further queries in the failed one).

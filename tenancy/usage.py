@@ -10,7 +10,8 @@ import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Select, case, func, select
+from sqlalchemy import Insert, Select, case, func, select
+from sqlalchemy.dialects import postgresql, sqlite
 
 from tenancy.enums import UsageStatus
 from tenancy.models import UsageRecord
@@ -35,6 +36,16 @@ def usage_row(record: UsageRecordIn, tenant_id: int, now: dt.datetime) -> dict[s
         "created_at": created_at,
         "day": created_at.astimezone(dt.UTC).date(),
     }
+
+
+def insert_usage_if_absent(backend: str) -> Insert:
+    """An INSERT of usage rows that skips a (request_id, tenant) already stored.
+
+    The usage writer replays its spool after a database outage or a crash, so the same record
+    may arrive twice; it is stored once. `backend` is `Database.backend`.
+    """
+    dialect_insert = postgresql.insert if backend == "postgresql" else sqlite.insert
+    return dialect_insert(UsageRecord).on_conflict_do_nothing(index_elements=["request_id", "tenant_id"])
 
 
 def _count(status: UsageStatus) -> Any:
