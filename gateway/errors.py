@@ -34,14 +34,20 @@ class WeirError(Exception):
         self.headers = dict(headers or {})
 
     def body(self) -> dict[str, dict[str, str | None]]:
+        # Messages may echo client input; a lone surrogate in it could not be encoded as UTF-8.
         return {
             "error": {
-                "message": self.message,
+                "message": printable(self.message),
                 "type": self.error_type,
-                "param": self.param,
+                "param": None if self.param is None else printable(self.param),
                 "code": self.code,
             }
         }
+
+
+def printable(text: str) -> str:
+    """`text` with anything UTF-8 cannot carry (lone surrogates) escaped as `\\udXXX`."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 class BadRequestError(WeirError):
@@ -65,6 +71,12 @@ class NotFoundError(WeirError):
     status_code = 404
     error_type = "invalid_request_error"
     default_code = "not_found"
+
+
+class RequestTimeoutError(WeirError):
+    status_code = 408
+    error_type = "invalid_request_error"
+    default_code = "request_timeout"
 
 
 class ConflictError(WeirError):

@@ -1,23 +1,25 @@
 """OpenAI request bodies parsed into typed, validated dataclasses.
 
-Unknown fields are ignored (OpenAI clients send extras); a known field of the wrong type is a 400
-naming the field. Value ranges that the engine also checks (temperature, top_p, n, ...) are left to
-`engine.request.SamplingParams`, which the routes build before anything reaches the engine.
+Unknown fields are ignored (OpenAI clients send extras); a known field of the wrong type or out of
+its bounds is a 400 naming the field. The fields and their bounds are declared once, in
+`gateway.openai_fields`, which `/openapi.json` is rendered from too. `engine.request.SamplingParams`
+checks the ranges again when the routes build it, before anything reaches the engine.
 """
 
 from __future__ import annotations
 
 import enum
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from engine.errors import InvalidRequestError
 from engine.request import Priority
+from gateway import openai_fields as f
 from gateway.errors import BadRequestError
+from gateway.json_body import loads_bounded
 
-MAX_LOGPROBS = 20
+MAX_LOGPROBS = f.MAX_LOGPROBS
 
 
 class Endpoint(enum.Enum):
@@ -102,11 +104,8 @@ class CompletionRequest:
 
 
 def decode_json_object(body: bytes) -> dict[str, Any]:
-    """The body as a JSON object, or a 400."""
-    try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise BadRequestError(f"request body is not valid JSON: {exc}", code="invalid_json") from None
+    """The body as a JSON object, or a 400 (also for too deep nesting and lone surrogates)."""
+    data = loads_bounded(body)
     if not isinstance(data, dict):
         raise BadRequestError("request body must be a JSON object", code="invalid_json")
     return data
@@ -121,40 +120,6 @@ class _Fields:
     def _bad(self, name: str, expected: str) -> BadRequestError:
         got = type(self.data[name]).__name__ if self.data[name] is not None else "null"
         return BadRequestError(f"'{name}' must be {expected}, got {got}", param=name, code="invalid_type")
-
-    def has(self, name: str) -> bool:
-        return self.data.get(name) is not None
-
-    def opt_integer(self, name: str) -> int | None:
-        value = self.data.get(name)
-        # JSON true/false are Python ints; reject them, and accept 3.0 as the integer 3.
-        if value is None:
-            return None
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise self._bad(name, "an integer")
-        return value
-
-    def integer(self, name: str, default: int) -> int:
-        value = self.opt_integer(name)
-        return default if value is None else value
-
-    def number(self, name: str, default: float) -> float:
-        value = self.data.get(name)
-        if value is None:
-            return default
-        if not isinstance(value, int | float) or isinstance(value, bool):
-            raise self._bad(name, "a number")
-        return float(value)
-
-    def boolean(self, name: str, default: bool) -> bool:
-        value = self.data.get(name)
-        if value is None:
-            return default
-        if not isinstance(value, bool):
-            raise self._bad(name, "a boolean")
-        return value
 
     def opt_string(self, name: str) -> str | None:
         value = self.data.get(name)
@@ -188,20 +153,35 @@ def _stop(fields: _Fields) -> tuple[str, ...]:
     value = fields.data.get("stop")
     if value is None:
         return ()
-    if isinstance(value, str):
-        return (value,)
-    if isinstance(value, list) and all(isinstance(s, str) for s in value):
-        return tuple(value)
-    raise fields._bad("stop", "a string or a list of strings")
+    stops = (value,) if isinstance(value, str) else value
+    if not isinstance(stops, list | tuple) or not all(isinstance(s, str) for s in stops):
+        raise fields._bad("stop", "a string or a list of strings")
+    if len(stops) > f.MAX_STOP_STRINGS:
+        raise BadRequestError(
+            f"'stop' may hold at most {f.MAX_STOP_STRINGS} strings, got {len(stops)}", param="stop"
+        )
+    for stop in stops:
+        if not 1 <= len(stop) <= f.MAX_STOP_CHARS:
+            raise BadRequestError(
+                f"each stop string must be 1-{f.MAX_STOP_CHARS} characters, got {len(stop)}", param="stop"
+            )
+    return tuple(stops)
 
 
-def _token_id_list(fields: _Fields, name: str) -> tuple[int, ...]:
+def _stop_token_ids(fields: _Fields) -> tuple[int, ...]:
+    name = "stop_token_ids"
     value = fields.data.get(name)
     if value is None:
         return ()
-    if isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value):
-        return tuple(value)
-    raise fields._bad(name, "a list of integers")
+    if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+        raise fields._bad(name, "a list of integers")
+    if len(value) > f.MAX_STOP_TOKEN_IDS:
+        raise BadRequestError(
+            f"'{name}' may hold at most {f.MAX_STOP_TOKEN_IDS} ids, got {len(value)}", param=name
+        )
+    if not all(0 <= t <= f.INT32_MAX for t in value):
+        raise BadRequestError(f"'{name}' must be token ids in [0, {f.INT32_MAX}]", param=name)
+    return tuple(value)
 
 
 def _priority(fields: _Fields) -> Priority | None:
@@ -224,7 +204,8 @@ def _priority(fields: _Fields) -> Priority | None:
 
 
 def _options(fields: _Fields, logprobs: int | None) -> GenerationOptions:
-    stream = fields.boolean("stream", False)
+    data = fields.data
+    stream = f.STREAM.read(data)
     stream_options = fields.object_or_none("stream_options")
     include_usage = False
     if stream_options is not None:
@@ -239,34 +220,32 @@ def _options(fields: _Fields, logprobs: int | None) -> GenerationOptions:
             )
         include_usage = bool(value)
     # max_completion_tokens is the newer name; it wins when both are sent.
-    max_tokens = fields.opt_integer("max_completion_tokens")
+    max_tokens = f.MAX_COMPLETION_TOKENS.read(data)
     if max_tokens is None:
-        max_tokens = fields.opt_integer("max_tokens")
-    if logprobs is not None and not 0 <= logprobs <= MAX_LOGPROBS:
-        raise BadRequestError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {logprobs}", param="logprobs")
+        max_tokens = f.MAX_TOKENS.read(data)
     return GenerationOptions(
         max_tokens=max_tokens,
-        temperature=fields.number("temperature", 1.0),
-        top_p=fields.number("top_p", 1.0),
-        n=fields.integer("n", 1),
+        temperature=f.TEMPERATURE.read(data),
+        top_p=f.TOP_P.read(data),
+        n=f.N.read(data) or 1,
         stop=_stop(fields),
-        stop_token_ids=_token_id_list(fields, "stop_token_ids"),
-        seed=fields.opt_integer("seed"),
-        presence_penalty=fields.number("presence_penalty", 0.0),
-        frequency_penalty=fields.number("frequency_penalty", 0.0),
-        top_k=fields.integer("top_k", -1),
-        min_p=fields.number("min_p", 0.0),
-        repetition_penalty=fields.number("repetition_penalty", 1.0),
-        ignore_eos=fields.boolean("ignore_eos", False),
-        skip_special_tokens=fields.boolean("skip_special_tokens", True),
+        stop_token_ids=_stop_token_ids(fields),
+        seed=f.SEED.read(data),
+        presence_penalty=f.PRESENCE_PENALTY.read(data),
+        frequency_penalty=f.FREQUENCY_PENALTY.read(data),
+        top_k=f.TOP_K.read(data) or -1,
+        min_p=f.MIN_P.read(data),
+        repetition_penalty=f.REPETITION_PENALTY.read(data),
+        ignore_eos=f.IGNORE_EOS.read(data),
+        skip_special_tokens=f.SKIP_SPECIAL_TOKENS.read(data),
         logprobs=logprobs,
         priority=_priority(fields),
-        user=fields.opt_string("user"),
+        user=f.USER.read(data),
         stream=stream,
         include_usage=include_usage,
-        use_beam_search=fields.boolean("use_beam_search", False),
-        beam_width=fields.opt_integer("beam_width"),
-        length_penalty=fields.number("length_penalty", 1.0),
+        use_beam_search=f.USE_BEAM_SEARCH.read(data),
+        beam_width=f.BEAM_WIDTH.read(data),
+        length_penalty=f.LENGTH_PENALTY.read(data),
     )
 
 
@@ -336,14 +315,10 @@ def parse_chat_request(data: Mapping[str, Any]) -> ChatCompletionRequest:
     model = fields.required_str("model")
     messages = _messages(fields)
     _reject_unsupported_common(fields)
-    logprobs_on = fields.boolean("logprobs", False)
-    top_logprobs = fields.opt_integer("top_logprobs")
+    logprobs_on = f.CHAT_LOGPROBS.read(data)
+    top_logprobs = f.TOP_LOGPROBS.read(data)
     if top_logprobs is not None and not logprobs_on:
         raise BadRequestError("'top_logprobs' requires 'logprobs': true", param="top_logprobs")
-    if top_logprobs is not None and not 0 <= top_logprobs <= MAX_LOGPROBS:
-        raise BadRequestError(
-            f"top_logprobs must be in [0, {MAX_LOGPROBS}], got {top_logprobs}", param="top_logprobs"
-        )
     logprobs = (top_logprobs or 0) if logprobs_on else None
     return ChatCompletionRequest(model=model, messages=messages, options=_options(fields, logprobs))
 
@@ -361,10 +336,17 @@ def _prompts(fields: _Fields) -> tuple[str | tuple[int, ...], ...]:
     if isinstance(value, list) and value:
         if is_ids(value):
             return (tuple(value),)
+        batch: tuple[str | tuple[int, ...], ...] | None = None
         if all(isinstance(p, str) for p in value):
-            return tuple(value)
-        if all(is_ids(p) and p for p in value):
-            return tuple(tuple(p) for p in value)
+            batch = tuple(value)
+        elif all(is_ids(p) and p for p in value):
+            batch = tuple(tuple(p) for p in value)
+        if batch is not None:
+            if len(batch) > f.MAX_PROMPTS:
+                raise BadRequestError(
+                    f"'prompt' may hold at most {f.MAX_PROMPTS} prompts, got {len(batch)}", param="prompt"
+                )
+            return batch
     raise BadRequestError(
         "'prompt' must be a string, a list of strings, a list of token ids or a list of token-id lists",
         param="prompt",
@@ -379,8 +361,8 @@ def parse_completion_request(data: Mapping[str, Any]) -> CompletionRequest:
     _reject_unsupported_common(fields)
     fields.reject_unsupported("echo", allowed=False)
     fields.reject_unsupported("suffix")
-    options = _options(fields, fields.opt_integer("logprobs"))
-    best_of = fields.opt_integer("best_of")
+    options = _options(fields, f.COMPLETION_LOGPROBS.read(data))
+    best_of = f.BEST_OF.read(data)
     if best_of is not None and best_of != options.n:
         raise BadRequestError(
             "'best_of' other than n is not supported", param="best_of", code="unsupported_parameter"

@@ -1,0 +1,188 @@
+"""The fields of the OpenAI request bodies, declared once, with their bounds.
+
+`gateway.protocol` validates bodies with these declarations and `gateway.openapi` renders the
+request schemas of `/openapi.json` from them, so the document states exactly what is enforced.
+The bounds are the "input bounds" of docs/security.md: everything that costs engine time has one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.api_fields import (
+    INT32_MAX,
+    SEED_MAX,
+    SEED_MIN,
+    BoolField,
+    IntField,
+    NumberField,
+    StringField,
+)
+
+MAX_LOGPROBS = 20
+MAX_N = 16  # choices per prompt, and beams per prompt with use_beam_search
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 512  # per stop string; each is matched against the tail of every sequence
+MAX_STOP_TOKEN_IDS = 64
+MAX_PROMPTS = 128  # prompts in one batched /v1/completions request
+MAX_USER_CHARS = 256
+
+MAX_TOKENS = IntField("max_tokens", 1, INT32_MAX, description="Prompt + max_tokens must fit the context.")
+MAX_COMPLETION_TOKENS = IntField(
+    "max_completion_tokens", 1, INT32_MAX, description="The newer name of max_tokens; wins over it."
+)
+TEMPERATURE = NumberField("temperature", 0.0, None, 1.0)
+TOP_P = NumberField("top_p", 0.0, 1.0, 1.0, exclusive_minimum=True)
+N = IntField("n", 1, MAX_N, default=1)
+SEED = IntField(
+    "seed", SEED_MIN, SEED_MAX, description="Same seed, same parameters: the same tokens. n > 1: seed + i."
+)
+PRESENCE_PENALTY = NumberField("presence_penalty", -2.0, 2.0, 0.0)
+FREQUENCY_PENALTY = NumberField("frequency_penalty", -2.0, 2.0, 0.0)
+TOP_K = IntField("top_k", -1, INT32_MAX, default=-1, description="Extension. -1 disables.", excluded=0)
+MIN_P = NumberField("min_p", 0.0, 1.0, 0.0, "Extension.")
+REPETITION_PENALTY = NumberField("repetition_penalty", 0.0, None, 1.0, "Extension.", exclusive_minimum=True)
+IGNORE_EOS = BoolField("ignore_eos", False, "Extension.")
+SKIP_SPECIAL_TOKENS = BoolField("skip_special_tokens", True, "Extension.")
+STREAM = BoolField("stream", False)
+USE_BEAM_SEARCH = BoolField("use_beam_search", False, "Extension: the n best of beam_width beams.")
+BEAM_WIDTH = IntField("beam_width", 1, MAX_N, description="Extension, with use_beam_search. Default: n.")
+LENGTH_PENALTY = NumberField("length_penalty", -10.0, 10.0, 1.0, "Extension, with use_beam_search.")
+USER = StringField("user", MAX_USER_CHARS)
+CHAT_LOGPROBS = BoolField("logprobs", False)
+TOP_LOGPROBS = IntField("top_logprobs", 0, MAX_LOGPROBS, description="Requires logprobs: true.")
+COMPLETION_LOGPROBS = IntField("logprobs", 0, MAX_LOGPROBS)
+BEST_OF = IntField("best_of", 1, MAX_N, description="Only equal to n is supported.")
+
+SCALAR_SAMPLING_FIELDS = (
+    MAX_TOKENS,
+    MAX_COMPLETION_TOKENS,
+    TEMPERATURE,
+    TOP_P,
+    N,
+    SEED,
+    PRESENCE_PENALTY,
+    FREQUENCY_PENALTY,
+    TOP_K,
+    MIN_P,
+    REPETITION_PENALTY,
+    IGNORE_EOS,
+    SKIP_SPECIAL_TOKENS,
+    STREAM,
+    USE_BEAM_SEARCH,
+    BEAM_WIDTH,
+    LENGTH_PENALTY,
+    USER,
+)
+
+PRIORITY_NAMES = ("interactive", "standard", "batch")
+ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+def _token_id(vocab_size: int | None) -> dict[str, Any]:
+    return {"type": "integer", "minimum": 0, "maximum": INT32_MAX if vocab_size is None else vocab_size - 1}
+
+
+def sampling_schema(vocab_size: int | None) -> dict[str, Any]:
+    """The properties both generation bodies share."""
+    stop_string = {"type": "string", "minLength": 1, "maxLength": MAX_STOP_CHARS}
+    return {
+        **{f.name: f.schema() for f in SCALAR_SAMPLING_FIELDS},
+        "stop": {
+            "oneOf": [
+                stop_string,
+                {"type": "array", "items": stop_string, "maxItems": MAX_STOP_STRINGS},
+                {"type": "null"},
+            ]
+        },
+        "stop_token_ids": {
+            "type": "array",
+            "items": _token_id(vocab_size),
+            "maxItems": MAX_STOP_TOKEN_IDS,
+            "description": "Extension.",
+        },
+        "stream_options": {
+            "type": ["object", "null"],
+            "properties": {"include_usage": {"type": "boolean"}},
+            "description": "Only with stream: true.",
+        },
+        "priority": {
+            "oneOf": [
+                {"type": "string", "enum": list(PRIORITY_NAMES)},
+                {"type": "integer", "minimum": 0, "maximum": len(PRIORITY_NAMES) - 1},
+            ],
+            "description": "Extension. May only lower the API key's priority class.",
+        },
+        "response_format": {
+            "type": "object",
+            "properties": {"type": {"const": "text"}},
+            "description": "Only text is supported.",
+        },
+        "logit_bias": {"type": "object", "maxProperties": 0, "description": "Not supported: empty only."},
+        "tools": {"type": "array", "maxItems": 0, "description": "Not supported: empty only."},
+    }
+
+
+def _model(models: list[str]) -> dict[str, Any]:
+    return {"type": "string", "enum": models} if models else {"type": "string", "minLength": 1}
+
+
+def chat_request_schema(models: list[str], vocab_size: int | None) -> dict[str, Any]:
+    """The JSON Schema of a `POST /v1/chat/completions` body."""
+    message = {
+        "type": "object",
+        "required": ["role"],
+        "properties": {
+            "role": {"type": "string", "enum": list(ROLES)},
+            "content": {
+                "oneOf": [
+                    {"type": "string"},
+                    {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "required": ["type", "text"],
+                            "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
+                        },
+                    },
+                    {"type": "null"},
+                ]
+            },
+            "name": {"type": "string"},
+        },
+    }
+    return {
+        "type": "object",
+        "required": ["model", "messages"],
+        "properties": {
+            "model": _model(models),
+            "messages": {"type": "array", "items": message, "minItems": 1},
+            CHAT_LOGPROBS.name: CHAT_LOGPROBS.schema(),
+            TOP_LOGPROBS.name: TOP_LOGPROBS.schema(),
+            **sampling_schema(vocab_size),
+        },
+    }
+
+
+def completion_request_schema(models: list[str], vocab_size: int | None) -> dict[str, Any]:
+    """The JSON Schema of a `POST /v1/completions` body."""
+    ids = {"type": "array", "items": _token_id(vocab_size), "minItems": 1}
+    return {
+        "type": "object",
+        "required": ["model", "prompt"],
+        "properties": {
+            "model": _model(models),
+            "prompt": {
+                "oneOf": [
+                    {"type": "string"},
+                    {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": MAX_PROMPTS},
+                    ids,
+                    {"type": "array", "items": ids, "minItems": 1, "maxItems": MAX_PROMPTS},
+                ]
+            },
+            COMPLETION_LOGPROBS.name: COMPLETION_LOGPROBS.schema(),
+            BEST_OF.name: BEST_OF.schema(),
+            "echo": {"const": False, "description": "Not supported: false only."},
+            **sampling_schema(vocab_size),
+        },
+    }
