@@ -85,9 +85,12 @@ def make_tiny_llama(out_dir: Path, tokenizer_dir: Path) -> Path:
     )
 
 
-def serve_command(args: argparse.Namespace, mode: Mode, port: int, data_dir: Path) -> list[str]:
-    """The `weir serve` command line of one run."""
+def serve_command(
+    args: argparse.Namespace, mode: Mode, port: int, data_dir: Path, metrics_port: int = 0
+) -> list[str]:
+    """The `weir serve` command line of one run (0: no metrics listener, /metrics with the admin token)."""
     cmd = [sys.executable, "-m", "gateway.cli", "serve", "--port", str(port), "--data-dir", str(data_dir)]
+    cmd += ["--metrics-port", str(metrics_port)]
     cmd += ["--auth", "keys", "--max-num-batched-tokens", str(args.max_num_batched_tokens)]
     cmd += ["--max-num-seqs", str(args.max_num_seqs), "--log-level", "warning", *mode.serve_flags]
     if args.model:
@@ -133,7 +136,9 @@ def run_mode(args: argparse.Namespace, mode: Mode) -> Path:
             _wait_ready(url, proc, args.start_timeout_s)
             bench = [token if a == "$WEIR_ADMIN_TOKEN" else a for a in bench_command(args, mode, url, out)]
             subprocess.run(bench, cwd=ROOT, env=env, check=True)
-            (out / "metrics.txt").write_text(httpx.get(url + "/metrics", timeout=10).text)
+            # /metrics names every tenant: on the API port it needs the admin token.
+            scrape = httpx.get(url + "/metrics", headers={"Authorization": f"Bearer {token}"}, timeout=10)
+            (out / "metrics.txt").write_text(scrape.raise_for_status().text)
         finally:
             proc.send_signal(signal.SIGTERM)
             try:

@@ -19,14 +19,14 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import BaseRoute, Route
+from starlette.routing import BaseRoute, Mount, Route
 
 from engine.client import EngineClient
 from engine.errors import EngineError
 from engine.request import Priority
 from gateway.accounting import Accountant, Admission, UsageSink, admit_all
 from gateway.body_limit import BodyLimitMiddleware
-from gateway.errors import InternalServerError, WeirError, error_response, from_engine_error
+from gateway.errors import InternalServerError, NotFoundError, WeirError, error_response, from_engine_error
 from gateway.metrics import GatewayMetrics
 from gateway.openapi import openapi_schema
 from gateway.routes.openai import Authenticate, OpenAIRoutes, ServedModel
@@ -39,6 +39,8 @@ from tenancy.context import QuotaLimits, TenantContext
 logger = logging.getLogger(__name__)
 
 Hook = Callable[[], Awaitable[None]]
+# (Authorization header, client address) -> None, or raises a WeirError (401/429).
+AdminCheck = Callable[[str | None, str], Awaitable[None]]
 
 ANONYMOUS_TENANT = TenantContext(
     tenant_id="default",
@@ -76,6 +78,7 @@ def create_app(
     extra_routes: Sequence[BaseRoute] = (),
     on_startup: Sequence[Hook] = (),
     on_shutdown: Sequence[Hook] = (),
+    metrics_auth: AdminCheck | None = None,
 ) -> Starlette:
     """Build the gateway app.
 
@@ -83,6 +86,9 @@ def create_app(
     `WeirError`; without one, auth mode `none` serves everyone as the default tenant and auth mode
     `keys` is refused. `tracer_provider` None builds one from the settings (none, console, otlp).
     `on_startup`/`on_shutdown` run in the lifespan (e.g. `engine.start`, `engine.shutdown`).
+    `/metrics` names every tenant, so on this (the API) port it answers only callers that
+    `metrics_auth` accepts (the admin token); without one it is not served here (404) and
+    Prometheus scrapes the metrics listener (gateway.metrics_server).
     """
     if authenticate is None:
         if settings.auth_mode is AuthMode.KEYS:
@@ -112,7 +118,6 @@ def create_app(
         tracer=tracer,
         state=state,
     )
-    schema = openapi_schema()
 
     async def health(request: Request) -> Response:
         h = engine.health()
@@ -129,6 +134,11 @@ def create_app(
         )
 
     async def metrics_endpoint(request: Request) -> Response:
+        if metrics_auth is None:
+            raise NotFoundError("/metrics is served on the metrics port")
+        await metrics_auth(
+            request.headers.get("authorization"), request.client.host if request.client else ""
+        )
         body, content_type = metrics.render()
         return Response(body, media_type=content_type)
 
@@ -177,6 +187,11 @@ def create_app(
         *openai_routes.routes(),
         *extra_routes,
     ]
+    schema = openapi_schema(
+        models=[name],
+        vocab_size=openai_routes.prompts.vocab_size,
+        mounted=[r.path for r in routes if isinstance(r, Route | Mount)],
+    )
     app = Starlette(
         routes=routes,
         middleware=[Middleware(BodyLimitMiddleware, max_body_bytes=settings.max_request_body_bytes)],

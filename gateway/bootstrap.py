@@ -23,6 +23,7 @@ from gateway.accounting import Outcome, UsageRecord, UsageSink
 from gateway.admission import build_admission
 from gateway.admission_metrics import AdmissionMetrics
 from gateway.app import create_app
+from gateway.metrics_server import MetricsListener
 from gateway.routes.openai import Authenticate
 from gateway.server import run_server
 from gateway.settings import AdmissionMode, AuthMode, LogLevel, PrefixCachingMode, Settings
@@ -133,7 +134,7 @@ def to_usage_record_in(record: UsageRecord) -> UsageRecordIn:
         model=record.model,
         status=UsageStatus(_STATUS_OF[record.outcome]),
         prompt_tokens=record.usage.prompt_tokens,
-        completion_tokens=record.usage.completion_tokens,
+        completion_tokens=record.usage.billed_completion_tokens,  # computed: every beam of a beam search
         cached_tokens=min(record.usage.cached_tokens, record.usage.prompt_tokens),
         ttft_ms=None if record.ttft_s is None else max(record.ttft_s, 0.0) * 1000,
         e2e_ms=record.duration_s * 1000,
@@ -218,6 +219,16 @@ def build_engine(settings: Settings) -> tuple[AsyncEngine, Path]:
     return AsyncEngine(config), model_path
 
 
+async def _start(listener: MetricsListener | None) -> None:
+    if listener is not None:
+        await listener.start()
+
+
+async def _stop(listener: MetricsListener | None) -> None:
+    if listener is not None:
+        await listener.stop()
+
+
 def serve(settings: Settings) -> int:
     """`weir serve`: load, wire, serve until SIGTERM; the exit status."""
     configure_logging(settings.log_level)
@@ -251,6 +262,13 @@ def serve(settings: Settings) -> int:
 
         # Before the /admin/v1 mount, whose catch-all would answer these paths with 404.
         extra_routes[:0] = prefix_cache_routes(engine, tenancy.admin_auth, engine.tokenizer)
+        # On the API port /metrics needs the admin token: it names every tenant and its traffic.
+        kwargs["metrics_auth"] = tenancy.admin_auth.authenticate_async
+    listener: MetricsListener | None = None
+    if settings.metrics_port:
+        # Started last (the engine is warm) and stopped last (the final scrape sees the drain).
+        startup_hooks.append(lambda: _start(listener))
+        shutdown_hooks.append(lambda: _stop(listener))
     app = create_app(
         settings,
         engine,
@@ -263,6 +281,8 @@ def serve(settings: Settings) -> int:
         on_shutdown=shutdown_hooks,
         **kwargs,
     )
+    if settings.metrics_port:
+        listener = MetricsListener(app.state.metrics, settings.host, settings.metrics_port)
     if admission is not None:
         admission.metrics = AdmissionMetrics(app.state.metrics.registry)
     from gateway.prefix_cache_metrics import PrefixCacheCollector

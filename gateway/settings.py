@@ -84,6 +84,7 @@ class Settings:
 
     host: str = "127.0.0.1"
     port: int = 8000
+    metrics_port: int = 9464  # /metrics for the operator's scraper, on `host`; 0: no separate listener
     data_dir: Path = field(default_factory=lambda: Path.home() / ".local" / "share" / "weir")
     cache_dir: Path = field(default_factory=lambda: Path.home() / ".cache" / "weir")
     model_path: Path | None = None  # None: the default SmolLM2, prepared into cache_dir if missing
@@ -110,6 +111,8 @@ class Settings:
     max_queued_tokens: int = 65_536  # 503 when the waiting prompt tokens would exceed it; 0: no bound
     lease_tokens: int = 4096  # largest chunk of a tenant's budget one replica leases (PostgreSQL)
     lease_ttl_s: float = 10.0  # unused leased tokens go back to the database after this
+    # Output tokens reserved per sequence for a request without max_tokens (tenants may override).
+    default_max_tokens_reservation: int = 1024
     prefix_caching: PrefixCachingMode = PrefixCachingMode.ON
     tenant_cache_share: float = 1.0  # most of the KV pool one tenant's cached prefixes may hold
 
@@ -118,6 +121,10 @@ class Settings:
             raise ValueError("host must not be empty")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
+        if not 0 <= self.metrics_port <= 65535:
+            raise ValueError(f"metrics_port must be in [0, 65535] (0: none), got {self.metrics_port}")
+        if self.metrics_port != 0 and self.metrics_port == self.port:
+            raise ValueError(f"metrics_port must differ from port, both are {self.port}")
         if self.dtype is not None and self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         for name in ("max_num_seqs", "max_num_batched_tokens"):
@@ -142,6 +149,10 @@ class Settings:
             raise ValueError(f"lease_tokens must be >= 1, got {self.lease_tokens}")
         if self.lease_ttl_s <= 0:
             raise ValueError(f"lease_ttl_s must be > 0, got {self.lease_ttl_s}")
+        if self.default_max_tokens_reservation < 1:
+            raise ValueError(
+                f"default_max_tokens_reservation must be >= 1, got {self.default_max_tokens_reservation}"
+            )
         if not 0 < self.tenant_cache_share <= 1:
             raise ValueError(f"tenant_cache_share must be in (0, 1], got {self.tenant_cache_share}")
 
@@ -223,6 +234,7 @@ class _FieldSpec:
 _FIELDS: dict[str, _FieldSpec] = {
     "host": _FieldSpec("WEIR_HOST", str),
     "port": _FieldSpec("WEIR_PORT", int),
+    "metrics_port": _FieldSpec("WEIR_METRICS_PORT", int),
     "data_dir": _FieldSpec("WEIR_DATA_DIR", _path),
     "cache_dir": _FieldSpec("WEIR_CACHE_DIR", _path),
     "model_path": _FieldSpec("WEIR_MODEL", _path),
@@ -249,6 +261,7 @@ _FIELDS: dict[str, _FieldSpec] = {
     "max_queued_tokens": _FieldSpec("WEIR_MAX_QUEUED_TOKENS", int),
     "lease_tokens": _FieldSpec("WEIR_LEASE_TOKENS", int),
     "lease_ttl_s": _FieldSpec("WEIR_LEASE_TTL_S", float),
+    "default_max_tokens_reservation": _FieldSpec("WEIR_DEFAULT_MAX_TOKENS_RESERVATION", int),
     "prefix_caching": _FieldSpec("WEIR_PREFIX_CACHING", PrefixCachingMode),
     "tenant_cache_share": _FieldSpec("WEIR_TENANT_CACHE_SHARE", float),
 }
@@ -259,6 +272,13 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add("--host", help="bind address (env WEIR_HOST; default 127.0.0.1)")
     add("--port", type=int, help="port; 0 picks a free one (env WEIR_PORT; default 8000)")
+    add(
+        "--metrics-port",
+        dest="metrics_port",
+        type=int,
+        help="port of the /metrics listener on the same host; 0: none, /metrics only on the API port "
+        "with the admin token (env WEIR_METRICS_PORT; default 9464)",
+    )
     add(
         "--data-dir",
         dest="data_dir",
@@ -371,6 +391,13 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="largest budget chunk a replica leases from PostgreSQL (default 4096)",
     )
     add("--lease-ttl-s", dest="lease_ttl_s", type=float, help="unused leases return after this (default 10)")
+    add(
+        "--default-max-tokens-reservation",
+        dest="default_max_tokens_reservation",
+        type=int,
+        help="output tokens reserved per sequence for a request without max_tokens; usage beyond it "
+        "is charged as debt (default 1024)",
+    )
     add(
         "--log-level",
         dest="log_level",

@@ -22,7 +22,7 @@ from engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from gateway.app import create_app
 from gateway.settings import Settings
 from tests.engine.tiny_models import make_tiny_model
-from tests.gateway.harness import serve_in_thread, wait_until
+from tests.gateway.harness import ADMIN_HEADERS, check_admin_token, serve_in_thread, wait_until
 
 MODEL = "tiny-llama"
 
@@ -54,6 +54,7 @@ def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealServer]:
         vocab_size=engine.model_config.vocab_size,
         on_startup=[engine.start],
         on_shutdown=[engine.shutdown],
+        metrics_auth=check_admin_token,
     )
     with serve_in_thread(app) as url:
         yield RealServer(engine, url)
@@ -185,11 +186,11 @@ def test_bench_report_agrees_with_the_server_metrics(real: RealServer, tmp_path:
         for i in range(6)
     ]
     trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    before = parse_server_metrics(httpx.get(real.url + "/metrics").text)
+    before = parse_server_metrics(httpx.get(real.url + "/metrics", headers=ADMIN_HEADERS).text)
     result = asyncio.run(
         run_serve(ServeConfig(url=real.url, workload=trace, out_dir=tmp_path / "out", api_key="local"))
     )
-    after = parse_server_metrics(httpx.get(real.url + "/metrics").text)
+    after = parse_server_metrics(httpx.get(real.url + "/metrics", headers=ADMIN_HEADERS).text)
     overall = result.report["overall"]
     assert overall["ok"] == 6 and overall["output_tokens"] == sum(6 + i for i in range(6))
     agreement = check_agreement(overall, after.minus(before))

@@ -13,12 +13,23 @@ import uvicorn
 from starlette.applications import Starlette
 
 from gateway.app import create_app
+from gateway.errors import AuthenticationError
 from gateway.settings import Settings
 from tests.gateway.fake_engine import FakeEngine
 from tests.gateway.tiny_tokenizer import build_tokenizer
 
 MODEL = "tiny-model"
 MAX_MODEL_LEN = 256
+
+
+ADMIN_TOKEN = "test-admin-token"
+ADMIN_HEADERS = {"authorization": f"Bearer {ADMIN_TOKEN}"}
+
+
+async def check_admin_token(authorization: str | None, client_addr: str) -> None:
+    """A `metrics_auth` for test apps: only `ADMIN_HEADERS` may read /metrics on the API port."""
+    if authorization != ADMIN_HEADERS["authorization"]:
+        raise AuthenticationError("admin token required")
 
 
 @functools.cache

@@ -30,7 +30,14 @@ from gateway.streaming import DEADLINE_EXCEEDED
 from tenancy.context import QuotaLimits, TenantContext
 from tenancy.quotas import LocalBudget
 from tests.gateway.fake_engine import FakeEngine
-from tests.gateway.harness import MODEL, make_app, serve_in_thread, wait_until
+from tests.gateway.harness import (
+    ADMIN_HEADERS,
+    MODEL,
+    check_admin_token,
+    make_app,
+    serve_in_thread,
+    wait_until,
+)
 
 START = 1_900_000_000.0
 
@@ -361,7 +368,7 @@ def served() -> Iterator[Served]:
         return tenants[authorization or ""]
 
     controller = AdmissionController(engine.stats, budget, AdmissionConfig(max_queue_time_s=0.2))
-    app = make_app(engine, authenticate=authenticate, admission=controller)
+    app = make_app(engine, authenticate=authenticate, admission=controller, metrics_auth=check_admin_token)
     controller.metrics = AdmissionMetrics(app.state.metrics.registry)
     with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=30) as client:
         yield Served(engine, budget, controller, client, app)
@@ -399,7 +406,7 @@ def test_http_deadline_is_503_and_the_reservation_is_refunded(served: Served) ->
     req = served.engine.requests[-1]
     assert req.deadline_s == pytest.approx(req.arrival_s + 0.2)
     assert served.controller.concurrency.in_flight("batchy") == 0
-    text = served.client.get("/metrics").text
+    text = served.client.get("/metrics", headers=ADMIN_HEADERS).text
     assert 'weir_admission_rejected_total{reason="deadline_exceeded",tenant="batchy"} 2.0' in text
 
 

@@ -12,7 +12,14 @@ from engine.request import Priority
 from gateway.metrics import GatewayMetrics
 from tenancy.context import QuotaLimits, TenantContext
 from tests.gateway.fake_engine import FakeEngine
-from tests.gateway.harness import MODEL, make_app, serve_in_thread, wait_until
+from tests.gateway.harness import (
+    ADMIN_HEADERS,
+    MODEL,
+    check_admin_token,
+    make_app,
+    serve_in_thread,
+    wait_until,
+)
 
 ACME = TenantContext("acme", "k1", Priority.STANDARD, 1.0, "acme", QuotaLimits())
 
@@ -25,14 +32,14 @@ def server() -> Iterator[tuple[FakeEngine, httpx.Client]]:
         return ACME
 
     with (
-        serve_in_thread(make_app(engine, authenticate=authenticate)) as url,
+        serve_in_thread(make_app(engine, authenticate=authenticate, metrics_auth=check_admin_token)) as url,
         httpx.Client(base_url=url) as client,
     ):
         yield engine, client
 
 
 def scrape(client: httpx.Client) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    text = client.get("/metrics").text
+    text = client.get("/metrics", headers=ADMIN_HEADERS).text
     samples = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
@@ -134,3 +141,21 @@ def test_registries_are_per_app() -> None:
     a, b = GatewayMetrics(FakeEngine().stats), GatewayMetrics(FakeEngine().stats)
     a.count_error(500)
     assert b'weir_request_errors_total{status="500"}' not in b.render()[0]
+
+
+def test_api_port_metrics_need_the_metrics_auth(server: tuple[FakeEngine, httpx.Client]) -> None:
+    # /metrics names every tenant: without the admin token it is a 401 with an OpenAI-shaped body.
+    _, client = server
+    for headers in ({}, {"authorization": "Bearer a-tenant-key"}):
+        r = client.get("/metrics", headers=headers)
+        assert r.status_code == 401
+        assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+        assert "acme" not in r.text
+    assert client.get("/metrics", headers=ADMIN_HEADERS).status_code == 200
+
+
+def test_without_metrics_auth_the_api_port_has_no_metrics() -> None:
+    with serve_in_thread(make_app(FakeEngine())) as url:
+        r = httpx.get(url + "/metrics", headers=ADMIN_HEADERS)
+    assert r.status_code == 404
+    assert set(r.json()["error"]) == {"message", "type", "param", "code"}

@@ -248,7 +248,7 @@ def test_deployment_shape() -> None:
     spec = _deployment()["spec"]["template"]["spec"]
     (server,) = spec["containers"]
     assert server["command"] == ["weir"]
-    assert [p["name"] for p in server["ports"]] == ["http"]
+    assert [p["name"] for p in server["ports"]] == ["http", "metrics"]
     assert {"startupProbe", "livenessProbe", "readinessProbe", "lifecycle", "resources"} <= set(server)
     assert {v["name"] for v in spec["volumes"]} >= {"data", "cache", "tmp"}
     assert {"nodeSelector", "tolerations", "terminationGracePeriodSeconds"} <= set(spec)
@@ -344,6 +344,56 @@ def test_probe_paths_are_routes_of_the_app() -> None:
     assert probes == {"startupProbe": "/ready", "livenessProbe": "/health", "readinessProbe": "/ready"}
     scraped = re.findall(r"path:\s*(/\S*)", _read(TEMPLATES / "servicemonitor.yaml"))
     assert scraped == ["/metrics"]
+
+
+# -- /metrics and /admin stay with the operator (issue 10, defect 7) --------------------------------
+
+
+def test_metrics_have_their_own_port_which_the_service_monitor_scrapes() -> None:
+    values = _values()
+    assert values["config"]["metricsPort"] == Settings().metrics_port == 9464
+    assert ("WEIR_METRICS_PORT", "metricsPort") in _config_env_pairs()
+    (service,) = _skeleton_docs("service.yaml")
+    assert [p["name"] for p in service["spec"]["ports"]] == ["http", "metrics"]
+    assert service["spec"]["ports"][1]["targetPort"] == "metrics"
+    (monitor,) = _skeleton_docs("servicemonitor.yaml")
+    assert [e["port"] for e in monitor["spec"]["endpoints"]] == ["metrics"]
+    # The metrics port is declared only when set, and a ServiceMonitor without it is refused.
+    for name in ("deployment.yaml", "service.yaml"):
+        text = _read(TEMPLATES / name)
+        assert text.index("{{- if .Values.config.metricsPort }}") < text.index("name: metrics"), name
+    validate = _read(HELPERS).split('define "weir.validate"')[1].split("{{- end -}}\n\n")[0]
+    assert "metrics.serviceMonitor needs config.metricsPort" in validate
+    assert "config.metricsPort must differ from config.port" in validate
+
+
+def test_ingress_routes_only_the_api_by_default() -> None:
+    values = _values()
+    assert values["ingress"]["publishAdmin"] is False
+    paths = [p["path"] for host in values["ingress"]["hosts"] for p in host["paths"]]
+    assert paths == ["/v1"]
+    text = _read(TEMPLATES / "ingress.yaml")
+    # Paths that would publish /metrics or /admin ("/" covers both) fail the render.
+    guard = text.split("{{- range .paths }}")[1].split("{{- end }}")[0]
+    for check in ('(eq .path "/")', '(hasPrefix "/metrics" .path)', '(hasPrefix "/admin" .path)', "fail"):
+        assert check in guard, check
+    # The one literal path is /admin/v1, inside the publishAdmin switch.
+    assert re.findall(r"- path: (/\S*)", text) == ["/admin/v1"]
+    admin = text.split("{{- if $.Values.ingress.publishAdmin }}")[1].split("{{- end }}")[0]
+    assert "- path: /admin/v1" in admin
+    # Every backend is the API port: the metrics port is never routed.
+    assert re.findall(r"port:\s*\n\s*name: (\w+)", text) == ["http", "http"]
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [("config.metricsPort", -1), ("config.metricsPort", 70000), ("ingress.publishAdmin", "yes")],
+)
+def test_schema_rejects_bad_exposure_values(path: str, value: Any) -> None:
+    values = copy.deepcopy(_values())
+    section, key = path.split(".")
+    values[section][key] = value
+    assert _schema_errors(_schema(), values)
 
 
 def _weir_args(text: str) -> Iterator[list[str]]:

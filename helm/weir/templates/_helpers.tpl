@@ -145,6 +145,13 @@ then stops the engine and writes the last usage records; the preStop sleep count
 {{- if and (gt (int64 .Values.replicaCount) 1) .Values.persistence.cache.enabled (not .Values.persistence.cache.existingClaim) (not (has "ReadWriteMany" .Values.persistence.cache.accessModes)) -}}
 {{- fail "replicaCount > 1 with persistence.cache needs accessModes [ReadWriteMany], an existingClaim, or persistence.cache.enabled false (each pod prepares its own copy)" -}}
 {{- end -}}
+{{- $metricsPort := int64 (.Values.config.metricsPort | default 0) -}}
+{{- if and $metricsPort (eq $metricsPort (int64 .Values.config.port)) -}}
+{{- fail "config.metricsPort must differ from config.port (0: no metrics port)" -}}
+{{- end -}}
+{{- if and .Values.metrics.serviceMonitor.enabled (not $metricsPort) -}}
+{{- fail "metrics.serviceMonitor needs config.metricsPort > 0: /metrics on the API port needs the admin token" -}}
+{{- end -}}
 {{- if and .Values.gpu.enabled (lt (int64 .Values.gpu.count) 1) -}}
 {{- fail "gpu.count must be >= 1 when gpu.enabled" -}}
 {{- end -}}
@@ -159,6 +166,7 @@ numbers are printed as integers. */}}
 {{- $device = "cuda" -}}
 {{- end -}}
 {{- $pairs := list -}}
+{{- $pairs = append $pairs (list "WEIR_METRICS_PORT" .Values.config.metricsPort) -}}
 {{- $pairs = append $pairs (list "WEIR_DATA_DIR" .Values.config.dataDir) -}}
 {{- $pairs = append $pairs (list "WEIR_CACHE_DIR" .Values.config.cacheDir) -}}
 {{- $pairs = append $pairs (list "WEIR_MODEL" .Values.config.model) -}}
@@ -176,6 +184,7 @@ numbers are printed as integers. */}}
 {{- $pairs = append $pairs (list "WEIR_MAX_QUEUED_TOKENS" .Values.config.maxQueuedTokens) -}}
 {{- $pairs = append $pairs (list "WEIR_LEASE_TOKENS" .Values.config.leaseTokens) -}}
 {{- $pairs = append $pairs (list "WEIR_LEASE_TTL_S" .Values.config.leaseTtlS) -}}
+{{- $pairs = append $pairs (list "WEIR_DEFAULT_MAX_TOKENS_RESERVATION" .Values.config.defaultMaxTokensReservation) -}}
 {{- $pairs = append $pairs (list "WEIR_PREFIX_CACHING" .Values.config.prefixCaching) -}}
 {{- $pairs = append $pairs (list "WEIR_TENANT_CACHE_SHARE" .Values.config.tenantCacheShare) -}}
 {{- $pairs = append $pairs (list "WEIR_OTEL_EXPORTER" .Values.config.otelExporter) -}}

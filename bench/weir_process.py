@@ -1,0 +1,106 @@
+"""A real `weir serve` in a child process on 127.0.0.1, for benchmarks and end-to-end tests.
+
+It gets its own data dir (a fresh SQLite database), a known admin token (WEIR_ADMIN_TOKEN in its
+environment, never on the command line), keys on, and a free API port and metrics port. Stopped
+with SIGTERM (a graceful drain), then killed if it does not exit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    """A port that was free on 127.0.0.1 a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class WeirProcess:
+    """A running `weir serve`."""
+
+    proc: subprocess.Popen[bytes]
+    url: str  # the API root, e.g. http://127.0.0.1:41234
+    metrics_url: str  # http://127.0.0.1:P/metrics on the metrics listener
+    admin_token: str
+    log_path: Path
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def admin_headers(self) -> dict[str, str]:
+        return {"authorization": f"Bearer {self.admin_token}"}
+
+
+def _wait_ready(url: str, proc: subprocess.Popen[bytes], timeout_s: float, log_path: Path) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = log_path.read_text(errors="replace")[-3000:]
+            raise RuntimeError(f"weir serve exited with {proc.returncode}:\n{tail}")
+        with contextlib.suppress(httpx.TransportError):
+            if httpx.get(url + "/ready", timeout=2).status_code == 200:
+                return
+        time.sleep(0.2)
+    raise RuntimeError(f"weir serve was not ready after {timeout_s:.0f}s; see {log_path}")
+
+
+@contextlib.contextmanager
+def run_weir(
+    model: Path,
+    data_dir: Path,
+    flags: Sequence[str] = (),
+    *,
+    log_path: Path | None = None,
+    start_timeout_s: float = 120.0,
+    stop_timeout_s: float = 60.0,
+) -> Iterator[WeirProcess]:
+    """Start `weir serve --model model` (keys on) and stop it on exit."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_path or data_dir / "server.log"
+    token = secrets.token_urlsafe(24)
+    port, metrics_port = free_port(), free_port()
+    cmd = [sys.executable, "-m", "gateway.cli", "serve", "--host", "127.0.0.1", "--port", str(port)]
+    cmd += ["--metrics-port", str(metrics_port), "--data-dir", str(data_dir), "--model", str(model)]
+    cmd += ["--auth", "keys", "--log-level", "warning", *flags]
+    env = {**os.environ, "WEIR_ADMIN_TOKEN": token, "PYTHONPATH": str(ROOT)}
+    url = f"http://127.0.0.1:{port}"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            _wait_ready(url, proc, start_timeout_s, log_path)
+            yield WeirProcess(proc, url, f"http://127.0.0.1:{metrics_port}/metrics", token, log_path)
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=stop_timeout_s)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(timeout=10)
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident set size of a process (Linux /proc), 0 when it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/statm").read_text().split()
+    except OSError:
+        return 0
+    return int(fields[1]) * os.sysconf("SC_PAGE_SIZE")
