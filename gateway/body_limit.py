@@ -1,24 +1,34 @@
-"""ASGI middleware that refuses request bodies over a size limit with a 413.
+"""ASGI middleware that bounds request bodies: over a size limit 413, too slow to arrive 408.
 
 A declared `Content-Length` over the limit is refused before anything is read; a body without
 one (chunked) is counted while it is read, and the read fails once it passes the limit.
+
+A client that trickles its body (slowloris) would hold a connection, a request slot and its
+buffers for as long as it likes: the whole body must arrive within `body_timeout_s` of the
+request's headers, or the read fails with a 408.
 """
 
 from __future__ import annotations
 
 import json
+import time
 
+import anyio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.errors import PayloadTooLargeError
+from gateway.errors import PayloadTooLargeError, RequestTimeoutError
+
+# 30 s for at most 8 MiB (the default body limit) is ~280 KB/s; a real client sends it at once.
+BODY_TIMEOUT_S = 30.0
 
 
 class BodyLimitMiddleware:
-    """Wraps an ASGI app; `max_body_bytes` applies to every HTTP request."""
+    """Wraps an ASGI app; `max_body_bytes` and `body_timeout_s` apply to every HTTP request."""
 
-    def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_body_bytes: int, body_timeout_s: float = BODY_TIMEOUT_S) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
+        self.body_timeout_s = body_timeout_s
 
     def _error(self) -> PayloadTooLargeError:
         return PayloadTooLargeError(f"request body is larger than {self.max_body_bytes} bytes")
@@ -39,15 +49,23 @@ class BodyLimitMiddleware:
                 break
         limit = self.max_body_bytes
         received = 0
+        body_done = False
+        deadline = time.monotonic() + self.body_timeout_s
 
         async def counting_receive() -> Message:
-            nonlocal received
-            message = await receive()
+            nonlocal received, body_done
+            if body_done:  # after the body only http.disconnect comes, whenever it comes
+                return await receive()
+            # Raised inside the endpoint's body read; the app's error handler answers 408 / 413.
+            with anyio.move_on_after(max(deadline - time.monotonic(), 0)) as scope:
+                message = await receive()
+            if scope.cancelled_caught:
+                raise RequestTimeoutError(f"the request body did not arrive within {self.body_timeout_s:g} s")
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > limit:
-                    # Raised inside the endpoint's body read; the app's error handler answers 413.
                     raise self._error()
+                body_done = not message.get("more_body", False)
             return message
 
         await self.app(scope, counting_receive, send)

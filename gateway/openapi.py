@@ -1,12 +1,25 @@
-"""The OpenAPI 3.1 description of the public API, served at `/openapi.json`.
+"""The OpenAPI 3.1 description of the whole API, served at `/openapi.json`.
 
-Hand-written (the handlers parse bodies themselves, so there is nothing to introspect). It lists
-the fields this server supports; OpenAI clients may send more, which are ignored.
+Every operation the app serves is listed, the admin ones included, with its security scheme
+(`bearer`: a tenant's API key; `admin_token`: the operator's). The generation request bodies are
+rendered from the field declarations the validator uses (`gateway.openai_fields`), with the
+served model names as the `model` enum, so that a client generating requests from this document
+(a fuzzer, an SDK generator) sends what the server accepts. OpenAI clients may send more fields,
+which are ignored.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Collection
 from typing import Any
+
+from gateway.openai_fields import chat_request_schema, completion_request_schema
+from gateway.openapi_admin import SCHEMAS as ADMIN_SCHEMAS
+from gateway.openapi_admin import ADMIN, admin_paths
+
+_PREFIX_CACHE = "/admin/v1/prefix-cache"
+_CONVERTER = re.compile(r"\{(\w+):\w+\}")  # Starlette's {name:path} is OpenAPI's {name}
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -24,44 +37,17 @@ _ERRORS = {
             400,
             "Invalid field (named in error.param), malformed JSON, or prompt + max_tokens beyond the context",
         ),
-        (401, "Missing or invalid API key"),
-        (403, "The API key may not use this model"),
-        (404, "Unknown model"),
+        (401, "Missing or invalid API key or admin token"),
+        (403, "The API key may not use this model or operation"),
+        (404, "Unknown model or resource"),
+        (408, "The request body was not received in time"),
+        (409, "Conflict with the current state (e.g. the tenant exists)"),
         (413, "Request body too large"),
-        (422, "Well-formed, but the model's chat template cannot render the messages"),
+        (422, "Well-formed, but a value is not acceptable (admin fields; chat template)"),
         (429, "Rate limit or budget exceeded"),
         (500, "Engine failure on this request"),
-        (503, "Engine unavailable or shutting down"),
+        (503, "Engine or database unavailable, or shutting down"),
     ]
-}
-
-_SAMPLING: dict[str, Any] = {
-    "max_tokens": {"type": "integer", "minimum": 1},
-    "max_completion_tokens": {"type": "integer", "minimum": 1, "description": "Wins over max_tokens."},
-    "temperature": {"type": "number", "minimum": 0, "default": 1},
-    "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1, "default": 1},
-    "n": {"type": "integer", "minimum": 1, "maximum": 16, "default": 1},
-    "stop": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "maxItems": 16}]},
-    "seed": {"type": "integer"},
-    "presence_penalty": {"type": "number", "minimum": -2, "maximum": 2, "default": 0},
-    "frequency_penalty": {"type": "number", "minimum": -2, "maximum": 2, "default": 0},
-    "user": {"type": "string"},
-    "stream": {"type": "boolean", "default": False},
-    "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}}},
-    "top_k": {"type": "integer", "description": "Extension. -1 disables.", "default": -1},
-    "min_p": {"type": "number", "minimum": 0, "maximum": 1, "description": "Extension.", "default": 0},
-    "repetition_penalty": {
-        "type": "number",
-        "exclusiveMinimum": 0,
-        "description": "Extension.",
-        "default": 1,
-    },
-    "ignore_eos": {"type": "boolean", "description": "Extension.", "default": False},
-    "stop_token_ids": {"type": "array", "items": {"type": "integer"}, "description": "Extension."},
-    "priority": {
-        "oneOf": [{"type": "string", "enum": ["interactive", "standard", "batch"]}, {"type": "integer"}],
-        "description": "Extension. May only lower the API key's priority class.",
-    },
 }
 
 _USAGE = {
@@ -87,54 +73,6 @@ _SCHEMAS: dict[str, Any] = {
                     "code": {"type": ["string", "null"]},
                 },
             }
-        },
-    },
-    "ChatMessage": {
-        "type": "object",
-        "required": ["role"],
-        "properties": {
-            "role": {"type": "string", "enum": ["system", "developer", "user", "assistant", "tool"]},
-            "content": {
-                "oneOf": [
-                    {"type": "string"},
-                    {
-                        "type": "array",
-                        "items": {
-                            "type": "object",
-                            "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
-                        },
-                    },
-                ]
-            },
-            "name": {"type": "string"},
-        },
-    },
-    "ChatCompletionRequest": {
-        "type": "object",
-        "required": ["model", "messages"],
-        "properties": {
-            "model": {"type": "string"},
-            "messages": {"type": "array", "items": _ref("ChatMessage"), "minItems": 1},
-            "logprobs": {"type": "boolean", "default": False},
-            "top_logprobs": {"type": "integer", "minimum": 0, "maximum": 20},
-            **_SAMPLING,
-        },
-    },
-    "CompletionRequest": {
-        "type": "object",
-        "required": ["model", "prompt"],
-        "properties": {
-            "model": {"type": "string"},
-            "prompt": {
-                "oneOf": [
-                    {"type": "string"},
-                    {"type": "array", "items": {"type": "string"}},
-                    {"type": "array", "items": {"type": "integer"}},
-                    {"type": "array", "items": {"type": "array", "items": {"type": "integer"}}},
-                ]
-            },
-            "logprobs": {"type": "integer", "minimum": 0, "maximum": 20},
-            **_SAMPLING,
         },
     },
     "Usage": _USAGE,
@@ -220,54 +158,119 @@ def _generation(summary: str, request: str, response: str) -> dict[str, Any]:
     }
 
 
-def openapi_schema(version: str = "0.1.0") -> dict[str, Any]:
-    """The document for `/openapi.json`."""
-    probe = {"200": {"description": "OK"}, "503": {"description": "Not alive / not ready"}}
+def openapi_schema(
+    version: str = "0.1.0",
+    *,
+    models: Collection[str] = (),
+    vocab_size: int | None = None,
+    mounted: Collection[str] | None = None,
+) -> dict[str, Any]:
+    """The document for `/openapi.json`.
+
+    `models`: the served model names (the `model` enum; empty: any string). `vocab_size`: bounds
+    token ids. `mounted`: the top-level paths the app serves (a route's or a mount's path); the
+    admin and usage operations are listed only where they are mounted; None lists them all.
+    """
+    probe = {
+        "200": {"description": "OK"},
+        "503": {"description": "Not alive / not ready"},
+    }
+    names = sorted(models)
+    paths: dict[str, Any] = {
+        "/v1/chat/completions": _generation("Chat completion", "ChatCompletionRequest", "ChatCompletion"),
+        "/v1/completions": _generation("Completion", "CompletionRequest", "Completion"),
+        "/v1/models": {
+            "get": {
+                "summary": "Models this API key may use",
+                "security": [{"bearer": []}],
+                "responses": {
+                    "200": _json(
+                        {
+                            "type": "object",
+                            "properties": {
+                                "object": {"const": "list"},
+                                "data": {"type": "array", "items": _ref("Model")},
+                            },
+                        },
+                        "The models",
+                    ),
+                    "401": _ERRORS["401"],
+                    "429": _ERRORS["429"],
+                    "503": _ERRORS["503"],
+                },
+            }
+        },
+        "/v1/models/{model}": {
+            "get": {
+                "summary": "One model",
+                "security": [{"bearer": []}],
+                "parameters": [
+                    {
+                        "name": "model",
+                        "in": "path",
+                        "required": True,
+                        "schema": {"type": "string", "enum": names} if names else {"type": "string"},
+                    }
+                ],
+                "responses": {
+                    "200": _json(_ref("Model"), "The model"),
+                    **{c: _ERRORS[c] for c in ("401", "403", "404", "429", "503")},
+                },
+            }
+        },
+        "/health": {"get": {"summary": "Liveness", "security": [], "responses": probe}},
+        "/ready": {
+            "get": {
+                "summary": "Readiness: model loaded and warm, not draining",
+                "security": [],
+                "responses": probe,
+            }
+        },
+        "/metrics": {
+            "get": {
+                "summary": "Prometheus metrics (names every tenant: the admin token, or the metrics port)",
+                "security": ADMIN,
+                "responses": {"200": {"description": "OK", "content": {"text/plain": {}}}},
+            }
+        },
+        "/openapi.json": {
+            "get": {
+                "summary": "This document",
+                "security": [],
+                "responses": {"200": {"description": "OK", "content": {"application/json": {}}}},
+            }
+        },
+    }
+    paths |= admin_paths(_ERRORS)
+    if mounted is not None:
+        prefixes = [_CONVERTER.sub(r"{\1}", m).rstrip("/") for m in mounted]
+        # The prefix-cache API is its own mount; /admin/v1's catch-all would answer it with 404.
+        paths = {
+            p: item
+            for p, item in paths.items()
+            if any(_under(p, m) for m in prefixes)
+            and (not _under(p, _PREFIX_CACHE) or _PREFIX_CACHE in prefixes)
+        }
+    schemas = {
+        **_SCHEMAS,
+        "ChatCompletionRequest": chat_request_schema(names, vocab_size),
+        "CompletionRequest": completion_request_schema(names, vocab_size),
+        **ADMIN_SCHEMAS,
+    }
     return {
         "openapi": "3.1.0",
         "info": {"title": "Weir", "version": version, "description": "OpenAI-compatible inference gateway."},
-        "paths": {
-            "/v1/chat/completions": _generation("Chat completion", "ChatCompletionRequest", "ChatCompletion"),
-            "/v1/completions": _generation("Completion", "CompletionRequest", "Completion"),
-            "/v1/models": {
-                "get": {
-                    "summary": "Models this API key may use",
-                    "security": [{"bearer": []}],
-                    "responses": {
-                        "200": _json(
-                            {
-                                "type": "object",
-                                "properties": {
-                                    "object": {"const": "list"},
-                                    "data": {"type": "array", "items": _ref("Model")},
-                                },
-                            },
-                            "The models",
-                        ),
-                        "401": _ERRORS["401"],
-                    },
-                }
-            },
-            "/v1/models/{model}": {
-                "get": {
-                    "summary": "One model",
-                    "security": [{"bearer": []}],
-                    "parameters": [
-                        {"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}
-                    ],
-                    "responses": {"200": _json(_ref("Model"), "The model"), "404": _ERRORS["404"]},
-                }
-            },
-            "/health": {"get": {"summary": "Liveness", "responses": probe}},
-            "/ready": {
-                "get": {"summary": "Readiness: model loaded and warm, not draining", "responses": probe}
-            },
-            "/metrics": {
-                "get": {"summary": "Prometheus metrics", "responses": {"200": {"description": "OK"}}}
-            },
-        },
+        "paths": paths,
         "components": {
-            "schemas": _SCHEMAS,
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "schemas": schemas,
+            "securitySchemes": {
+                "bearer": {"type": "http", "scheme": "bearer", "description": "A tenant's API key."},
+                "admin_token": {"type": "http", "scheme": "bearer", "description": "The admin token."},
+            },
         },
     }
+
+
+def _under(path: str, mounted: str) -> bool:
+    """Whether the documented `path` is the routed path `mounted` or lies under that mount."""
+    return path == mounted or path.startswith(mounted + "/")

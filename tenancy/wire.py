@@ -157,7 +157,10 @@ def parse_datetime(value: object, field: str) -> dt.datetime:
         raise FieldError(field, "must be an ISO 8601 time, e.g. 2030-01-01T00:00:00Z") from None
     if parsed.tzinfo is None:
         raise FieldError(field, "must include a time zone (e.g. a trailing Z)")
-    return parsed.astimezone(dt.UTC)
+    try:
+        return parsed.astimezone(dt.UTC)
+    except OverflowError:  # e.g. 0001-01-01T00:00:00+01:00 is before year 1 in UTC
+        raise FieldError(field, "must be a time between years 1 and 9999 in UTC") from None
 
 
 def parse_date(value: object, field: str) -> dt.date:

@@ -11,7 +11,6 @@ type or out of range is 422 with `param` naming the field.
 from __future__ import annotations
 
 import datetime as dt
-import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -32,6 +31,7 @@ from gateway.errors import (
     WeirError,
     error_response,
 )
+from gateway.json_body import loads_bounded
 from tenancy.enums import KeyScope
 from tenancy.errors import (
     FieldError,
@@ -60,6 +60,7 @@ from tenancy.wire import (
 )
 
 MAX_ADMIN_BODY_BYTES = 1 << 20
+_MAX_QUERY_INT = 2**63 - 1
 _NO_STORE = {"Cache-Control": "no-store"}  # responses may carry a key, shown only once
 
 Endpoint = Callable[[Request], Awaitable[Response]]
@@ -94,10 +95,7 @@ async def _body(request: Request) -> Any:
         raise PayloadTooLargeError(f"request body is larger than {MAX_ADMIN_BODY_BYTES} bytes")
     if not raw.strip():
         return None
-    try:
-        return json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        raise BadRequestError("request body is not valid JSON", code="invalid_json") from None
+    return loads_bounded(raw)  # 400 for invalid JSON, too deep nesting, lone surrogates
 
 
 def _tenant_param(request: Request) -> str:
@@ -125,9 +123,13 @@ def _int_query(request: Request, name: str, default: int | None) -> int | None:
     if value is None:
         return default
     try:
-        return int(value)
+        number = int(value)
     except ValueError:
         raise FieldError(name, "must be an integer") from None
+    # The database stores 64-bit integers; a larger one would overflow in the driver (500).
+    if not 0 <= number <= _MAX_QUERY_INT:
+        raise FieldError(name, f"must be an integer in [0, {_MAX_QUERY_INT}]")
+    return number
 
 
 class _AdminApi:

@@ -126,7 +126,9 @@ class OpenAIRoutes:
 
     def _check_model(self, name: str, tenant: TenantContext) -> None:
         if name != self.model.name:
-            raise NotFoundError(f"The model '{name}' does not exist", param="model", code="model_not_found")
+            # The name is client input: echo a bounded prefix of it (the error body escapes the rest).
+            shown = name if len(name) <= 256 else name[:256] + "..."
+            raise NotFoundError(f"The model '{shown}' does not exist", param="model", code="model_not_found")
         if tenant.quota.models and name not in tenant.quota.models:
             raise PermissionDeniedError(
                 f"this API key may not use the model '{name}'", param="model", code="model_not_allowed"

@@ -17,7 +17,6 @@ thread through `engine.client.PrefixCacheControl`.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -45,6 +44,7 @@ from gateway.errors import (
     WeirError,
     error_response,
 )
+from gateway.json_body import loads_bounded
 from gateway.protocol import ChatMessage, Role
 from gateway.tokenization import Tokenizer
 
@@ -123,10 +123,7 @@ async def _body(request: Request) -> dict[str, Any]:
         raise PayloadTooLargeError(f"request body is larger than {MAX_BODY_BYTES} bytes")
     if not raw.strip():
         return {}
-    try:
-        data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        raise BadRequestError("request body is not valid JSON", code="invalid_json") from None
+    data = loads_bounded(raw)  # 400 for invalid JSON, too deep nesting, lone surrogates
     if not isinstance(data, dict):
         raise BadRequestError("request body must be a JSON object", code="invalid_body")
     return data
@@ -235,6 +232,9 @@ class PrefixCacheRoutes:
                 isinstance(t, int) and not isinstance(t, bool) for t in ids
             ):
                 raise _invalid("token_ids", "must be a list of integers")
+            vocab_size = len(self.tokenizer)
+            if not all(0 <= t < vocab_size for t in ids):
+                raise _invalid("token_ids", f"must be token ids in [0, {vocab_size})")
             return ids
         if "text" in given:
             text = data["text"]

@@ -1,0 +1,226 @@
+"""The admin operations of `/openapi.json`: /admin/v1 (tenants, keys, quotas, usage, audit), the
+prefix-cache admin API, and the tenant's own /v1/usage.
+
+Enums, field lists and name patterns come from the tenancy module that validates them
+(`tenancy.wire`, `tenancy.schemas`, `tenancy.keys`), so the document cannot drift from them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine.request import Priority
+from tenancy.enums import KeyScope, TenantStatus
+from tenancy.keys import _PUBLIC_ID_RE
+from tenancy.schemas import _MAX_INT32, _MAX_INT64, _MAX_WEIGHT, _NAME_RE, _SCOPE_RE
+from tenancy.wire import QUOTA_FIELDS
+
+ADMIN: list[dict[str, list[str]]] = [{"admin_token": []}]
+MAX_QUERY_INT = 2**63 - 1
+
+_PRIORITY = {"type": "string", "enum": [p.name.lower() for p in Priority]}
+_TENANT_NAME = {"type": "string", "pattern": f"^{_NAME_RE.pattern}$"}
+_CACHE_SCOPE = {"type": "string", "pattern": f"^{_SCOPE_RE.pattern}$"}
+_WEIGHT = {"type": "number", "exclusiveMinimum": 0, "maximum": _MAX_WEIGHT}
+_DATE = {"type": "string", "format": "date"}
+_OBJECT = {"type": "object"}
+
+_LIMIT_MAX = {
+    "tokens_per_minute": _MAX_INT64,
+    "tokens_per_day": _MAX_INT64,
+}
+
+
+def _quota_schema() -> dict[str, Any]:
+    properties: dict[str, Any] = {}
+    for name in QUOTA_FIELDS:
+        if name == "models":
+            properties[name] = {
+                "type": ["array", "null"],
+                "items": {"type": "string", "minLength": 1, "maxLength": 256},
+                "uniqueItems": True,
+            }
+        else:
+            maximum = _LIMIT_MAX.get(name, _MAX_INT32)
+            properties[name] = {"type": ["integer", "null"], "minimum": 1, "maximum": maximum}
+    return {"type": "object", "additionalProperties": False, "properties": properties}
+
+
+SCHEMAS: dict[str, Any] = {
+    "Quota": _quota_schema(),
+    "TenantCreate": {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["name"],
+        "properties": {
+            "name": _TENANT_NAME,
+            "priority": _PRIORITY,
+            "weight": _WEIGHT,
+            "cache_scope": _CACHE_SCOPE,
+            "quota": {"$ref": "#/components/schemas/Quota"},
+        },
+    },
+    "TenantUpdate": {
+        "type": "object",
+        "additionalProperties": False,
+        "minProperties": 1,
+        "properties": {
+            "priority": _PRIORITY,
+            "weight": _WEIGHT,
+            "cache_scope": _CACHE_SCOPE,
+            "status": {"type": "string", "enum": [s.value for s in TenantStatus]},
+        },
+    },
+    "KeyCreate": {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "scopes": {
+                "type": "array",
+                "items": {"type": "string", "enum": [s.value for s in KeyScope]},
+                "minItems": 1,
+                "uniqueItems": True,
+            },
+            "expires_at": {"type": "string", "format": "date-time", "description": "In the future."},
+        },
+    },
+    "PrefixRegister": {
+        "type": "object",
+        "additionalProperties": False,
+        "description": "Exactly one of token_ids, text, messages.",
+        "properties": {
+            "token_ids": {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1},
+            "text": {"type": "string", "minLength": 1},
+            "messages": {"type": "array", "minItems": 1, "items": {"type": "object"}},
+            "add_special_tokens": {"type": "boolean"},
+            "name": {"type": "string", "minLength": 1},
+            "pin": {"type": "boolean"},
+        },
+    },
+    "PrefixFlush": {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "model_version": {"type": "string", "minLength": 1},
+            "tenant": {"type": "string", "minLength": 1},
+            "cache_scope": {"type": "string", "minLength": 1},
+            "include_pinned": {"type": "boolean"},
+        },
+    },
+}
+
+
+def _path(name: str, schema: dict[str, Any]) -> dict[str, Any]:
+    return {"name": name, "in": "path", "required": True, "schema": schema}
+
+
+def _query(name: str, schema: dict[str, Any]) -> dict[str, Any]:
+    return {"name": name, "in": "query", "required": False, "schema": schema}
+
+
+_TENANT = _path("name", _TENANT_NAME)
+_KEY_ID = _path("key_id", {"type": "string", "pattern": f"^{_PUBLIC_ID_RE.pattern}$"})
+_PREFIX_ID = _path("prefix_id", {"type": "string", "minLength": 1})
+_SINCE_UNTIL = [_query("since", _DATE), _query("until", _DATE)]
+
+
+def _op(
+    summary: str,
+    errors: dict[str, Any],
+    *,
+    ok: str = "200",
+    body: str | None = None,
+    parameters: list[dict[str, Any]] | None = None,
+    security: list[dict[str, list[str]]] = ADMIN,
+) -> dict[str, Any]:
+    codes = ("400", "401", "403", "404", "409", "413", "422", "429", "503")
+    op: dict[str, Any] = {
+        "summary": summary,
+        "security": security,
+        "responses": {
+            ok: {"description": "OK", "content": {"application/json": {"schema": _OBJECT}}},
+            **{c: errors[c] for c in codes},
+        },
+    }
+    if parameters:
+        op["parameters"] = parameters
+    if body is not None:
+        op["requestBody"] = {
+            "required": False,
+            "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{body}"}}},
+        }
+    return op
+
+
+def admin_paths(errors: dict[str, Any]) -> dict[str, Any]:
+    """The admin paths; `errors` maps status codes to the shared error responses."""
+    e = errors
+    paths: dict[str, Any] = {
+        "/admin/v1/tenants": {
+            "get": _op("List tenants", e),
+            "post": _op("Create a tenant", e, ok="201", body="TenantCreate"),
+        },
+        "/admin/v1/tenants/{name}": {
+            "get": _op("One tenant", e, parameters=[_TENANT]),
+            "patch": _op("Update a tenant", e, body="TenantUpdate", parameters=[_TENANT]),
+        },
+        "/admin/v1/tenants/{name}/suspend": {"post": _op("Suspend a tenant", e, parameters=[_TENANT])},
+        "/admin/v1/tenants/{name}/quota": {
+            "put": _op("Replace a tenant's quota", e, body="Quota", parameters=[_TENANT])
+        },
+        "/admin/v1/tenants/{name}/keys": {
+            "get": _op("A tenant's API keys (never the secrets)", e, parameters=[_TENANT]),
+            "post": _op(
+                "Issue an API key (the secret is shown once)",
+                e,
+                ok="201",
+                body="KeyCreate",
+                parameters=[_TENANT],
+            ),
+        },  # fmt: skip
+        "/admin/v1/tenants/{name}/usage": {
+            "get": _op("A tenant's usage per UTC day", e, parameters=[_TENANT, *_SINCE_UNTIL])
+        },
+        "/admin/v1/keys/{key_id}": {"delete": _op("Revoke a key", e, parameters=[_KEY_ID])},
+        "/admin/v1/keys/{key_id}/rotate": {
+            "post": _op("Rotate a key: a new secret, the old one revoked", e, ok="201", parameters=[_KEY_ID])
+        },
+        "/admin/v1/audit": {
+            "get": _op(
+                "Audit events, newest first",
+                e,
+                parameters=[
+                    _query("tenant", {"type": "string"}),
+                    _query("limit", {"type": "integer", "minimum": 0, "maximum": MAX_QUERY_INT}),
+                    _query("before", {"type": "integer", "minimum": 0, "maximum": MAX_QUERY_INT}),
+                ],
+            )
+        },
+        "/v1/usage": {
+            "get": _op(
+                "The calling tenant's own usage (API key with the usage scope)",
+                e,
+                parameters=[_query("tenant", {"type": "string"}), *_SINCE_UNTIL],
+                security=[{"bearer": []}],
+            )
+        },
+    }
+    base = "/admin/v1/prefix-cache"
+    paths |= {
+        f"{base}/stats": {"get": _op("Prefix cache totals, per tenant, per scope", e)},
+        f"{base}/tenants/{{name}}": {
+            "get": _op("One tenant's prefix-cache figures", e, parameters=[_path("name", {"type": "string"})])
+        },
+        f"{base}/prefixes": {
+            "get": _op("Registered shared prefixes", e),
+            "post": _op("Register (and compute) a shared prefix", e, ok="201", body="PrefixRegister"),
+        },
+        f"{base}/prefixes/{{prefix_id}}": {
+            "get": _op("One shared prefix", e, parameters=[_PREFIX_ID]),
+            "delete": _op("Unregister a shared prefix", e, parameters=[_PREFIX_ID]),
+        },
+        f"{base}/prefixes/{{prefix_id}}/pin": {"post": _op("Never evict it", e, parameters=[_PREFIX_ID])},
+        f"{base}/prefixes/{{prefix_id}}/unpin": {"post": _op("Evictable again", e, parameters=[_PREFIX_ID])},
+        f"{base}/flush": {"post": _op("Drop cached blocks", e, body="PrefixFlush")},
+    }  # fmt: skip
+    return paths
