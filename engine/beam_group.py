@@ -40,6 +40,7 @@ class _Group:
     beams: list[Request]  # live beam sequences, aligned with `search.live`
     results: dict[str, tuple[int, tuple[tuple[int, float], ...]]] = field(default_factory=dict)
     ids: itertools.count = field(default_factory=lambda: itertools.count(1))
+    num_computed_tokens: int = 0  # tokens sampled over all beams (one per live beam per step)
 
 
 class BeamGroups:
@@ -154,6 +155,7 @@ class BeamGroups:
     def _advance(self, group: _Group) -> list[RequestOutput]:
         tops = [group.results[b.request_id][1] for b in group.beams]
         group.results.clear()
+        group.num_computed_tokens += len(tops)
         choices = group.search.step(tops)
         if group.search.done:
             return self._end(group, None)
@@ -261,6 +263,7 @@ class BeamGroups:
                 num_prompt_tokens=len(er.prompt_token_ids),
                 num_cached_tokens=group.first.num_cached_tokens,
                 num_output_tokens=len(token_ids),
+                num_computed_output_tokens=group.num_computed_tokens,
                 metrics=metrics,
                 error=error,
             )

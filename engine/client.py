@@ -30,6 +30,9 @@ class EngineRequest:
     deadline_s: float | None = None  # monotonic time after which a still-waiting request is aborted
     model_version: str | None = None
     weight: float = 1.0  # the tenant's fair-share weight (QueuePolicy.FAIR); set by the server
+    # The client gave no max_tokens (it was filled in from the context left): admission reserves
+    # a bounded default instead of all of it, and settles on what is used.
+    max_tokens_defaulted: bool = False
 
 
 @dataclass(frozen=True)

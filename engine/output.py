@@ -81,6 +81,9 @@ class RequestOutput:
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
     num_output_tokens: int = 0
+    # Tokens sampled for the request over all its sequences, on finished outputs, where that is
+    # more than the choices return (beam search: every beam's tokens); 0 when not reported.
+    num_computed_output_tokens: int = 0
     metrics: RequestMetrics | None = None
     error: str | None = None
 

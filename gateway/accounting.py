@@ -39,15 +39,31 @@ class Outcome(enum.Enum):
 
 @dataclass(frozen=True)
 class Usage:
-    """Token counts of one HTTP request, over all its prompts and choices."""
+    """Token counts of one HTTP request, over all its prompts and choices.
+
+    `completion_tokens` counts the tokens returned, as OpenAI's `usage` does; what was computed,
+    and is billed, can be more: beam search decodes `beam_width` beams and returns `n` of them.
+    """
 
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0
+    computed_completion_tokens: int | None = None  # None: the same as completion_tokens
 
     @property
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
+
+    @property
+    def billed_completion_tokens(self) -> int:
+        """Output tokens computed for the request: what settlement and usage records charge."""
+        if self.computed_completion_tokens is None:
+            return self.completion_tokens
+        return max(self.completion_tokens, self.computed_completion_tokens)
+
+    @property
+    def billed_total_tokens(self) -> int:
+        return self.prompt_tokens + self.billed_completion_tokens
 
     def to_openai(self) -> dict[str, Any]:
         """The OpenAI `usage` object."""
@@ -117,6 +133,7 @@ class RequestTally:
         self.num_output_tokens = [0] * num_choices
         self.finish_reasons: list[str | None] = [None] * num_choices
         self.num_cached_tokens = [0] * len(self.requests)
+        self.num_computed_tokens = [0] * len(self.requests)  # as the engine reports it (beam search)
         self.metrics: list[RequestMetrics | None] = [None] * len(self.requests)
         self.first_output_s: list[float | None] = [None] * len(self.requests)
         self.last_output_s: list[float | None] = [None] * len(self.requests)
@@ -136,6 +153,8 @@ class RequestTally:
         if out.finished and self.finish_reasons[choice] is None:
             # The engine's own count wins: tokens held back for stop strings are still generated.
             self.num_output_tokens[choice] = max(self.num_output_tokens[choice], out.num_output_tokens)
+            computed = max(self.num_computed_tokens[prompt_index], out.num_computed_output_tokens)
+            self.num_computed_tokens[prompt_index] = computed
             self.finish_reasons[choice] = out.finish_reason.value if out.finish_reason else "stop"
             self.num_unfinished -= 1
             if out.index == 0 and out.metrics is not None:
@@ -163,10 +182,16 @@ class RequestTally:
         )
 
     def usage(self) -> Usage:
+        computed = None
+        if any(self.num_computed_tokens):
+            n = self.n
+            per_prompt = (sum(self.num_output_tokens[p * n : (p + 1) * n]) for p in range(len(self.requests)))
+            computed = sum(max(c, r) for c, r in zip(self.num_computed_tokens, per_prompt, strict=True))
         return Usage(
             prompt_tokens=sum(len(r.prompt_token_ids) for r in self.requests),
             completion_tokens=sum(self.num_output_tokens),
             cached_tokens=sum(self.num_cached_tokens),
+            computed_completion_tokens=computed,
         )
 
 

@@ -8,14 +8,21 @@ order, cheapest and least committal first:
    `max_queued_tokens` (503 `queue_full`), so nothing piles up without limit.
 3. SLO: an interactive request whose tenant has a TTFT objective is rejected at once when the
    predicted TTFT (`gateway.slo`) misses it (503 `slo_unattainable`) rather than waiting to miss.
-4. Budget: prompt + max_tokens (times n) is reserved from the tenant's tokens-per-minute bucket
-   and daily cap (429 `rate_limit_exceeded` with Retry-After and `x-ratelimit-*` headers, as
-   OpenAI sends them). Local budgets or database leases: any `tenancy.quotas.TokenBudget`.
+4. Budget: what the request may compute is reserved from the tenant's tokens-per-minute bucket
+   and daily cap: the prompt once, plus max_tokens for each sequence (each of the n choices, or
+   each of the beam_width beams of a beam search). A request without max_tokens reserves a
+   bounded default (the tenant's `default_max_tokens_reservation`, else the server's), not the
+   whole context, though it may still generate up to the context. 429 `rate_limit_exceeded` with
+   Retry-After and `x-ratelimit-*` headers, as OpenAI sends them; a request larger than the
+   tenant's whole budget can never be admitted, and gets a 400 `request_too_large` that clients
+   do not retry. Local budgets or database leases: any `tenancy.quotas.TokenBudget`.
 
 Admitted requests get a queue deadline (`max_queue_time_s` after arrival): the engine aborts them
 if they are still waiting then, and the client gets 503 `deadline_exceeded`. Settlement, when the
-request completes, fails or is cancelled, gives back the unused part of the reservation: a
-request that produced no token used nothing.
+request completes, fails or is cancelled, charges what was computed (`Usage.billed_total_tokens`):
+the unused part of the reservation goes back, and a request that used more than it reserved
+(no max_tokens) leaves the overshoot as debt on the tenant's bucket, which its next admissions
+wait out. A request that computed no token used nothing.
 
 The only queue is the engine's: this module decides yes or no at once and never holds requests.
 """
@@ -33,7 +40,7 @@ from engine.output import EngineStats
 from engine.request import Priority
 from gateway.accounting import Admitted, Outcome, UsageRecord
 from gateway.admission_metrics import AdmissionMetrics, RejectReason, SLOResult
-from gateway.errors import RateLimitError, ServiceUnavailableError
+from gateway.errors import BadRequestError, RateLimitError, ServiceUnavailableError
 from gateway.settings import Settings
 from gateway.slo import RecentAdmissions, predict_ttft
 from tenancy.context import QuotaLimits, TenantContext
@@ -55,8 +62,14 @@ class AdmissionConfig:
     max_queue_time_s: float | None = 300.0  # None: requests may wait in the queue indefinitely
     max_queued_tokens: int | None = 65_536  # None: no bound on waiting prompt tokens
     slo_margin: float = 1.0  # reject when predicted TTFT > ttft_slo * margin
+    # Output tokens reserved per sequence when a request gives no max_tokens (tenants may override).
+    default_max_tokens_reservation: int = 1024
 
     def __post_init__(self) -> None:
+        if self.default_max_tokens_reservation < 1:
+            raise ValueError(
+                f"default_max_tokens_reservation must be >= 1, got {self.default_max_tokens_reservation}"
+            )
         if self.max_queue_time_s is not None and self.max_queue_time_s <= 0:
             raise ValueError(f"max_queue_time_s must be > 0 or None, got {self.max_queue_time_s}")
         if self.max_queued_tokens is not None and self.max_queued_tokens < 1:
@@ -100,14 +113,45 @@ def rate_limit_error(denial: Denial) -> RateLimitError:
     return RateLimitError(denial.message, headers=headers)
 
 
-def num_reserved_tokens(requests: Sequence[EngineRequest]) -> int:
-    """What a request may use at most: each prompt plus max_tokens for each of its n choices."""
-    return sum(len(r.prompt_token_ids) + r.sampling_params.n * r.sampling_params.max_tokens for r in requests)
+def num_sequences(request: EngineRequest) -> int:
+    """Sequences the engine decodes for a request: its beams under beam search, else its n choices."""
+    params = request.sampling_params
+    return params.beam_width if params.use_beam_search else params.n
+
+
+def num_reserved_tokens(requests: Sequence[EngineRequest], default_max_tokens: int | None = None) -> int:
+    """What a request reserves: each prompt once, plus max_tokens for each sequence it decodes.
+
+    With `default_max_tokens`, a request whose max_tokens the client left out reserves at most that
+    many output tokens per sequence (it may use more; settlement charges the rest as debt).
+    """
+    total = 0
+    for r in requests:
+        max_tokens = r.sampling_params.max_tokens
+        if r.max_tokens_defaulted and default_max_tokens is not None:
+            max_tokens = min(max_tokens, default_max_tokens)
+        total += len(r.prompt_token_ids) + num_sequences(r) * max_tokens
+    return total
+
+
+def too_large_error(num_tokens: int, limit: int, per: str) -> BadRequestError:
+    """The 400 for a request that no wait can admit (a 429 would be retried by clients, in vain)."""
+    return BadRequestError(
+        f"Request too large: it may use {num_tokens} tokens (the prompt, plus max_tokens for each "
+        f"choice or beam) and this API key's limit is {limit} tokens per {per}. Reduce the prompt, "
+        "max_tokens, n or beam_width.",
+        param="max_tokens",
+        code="request_too_large",
+    )
 
 
 def num_queued_tokens(requests: Sequence[EngineRequest]) -> int:
-    """Prompt tokens the request adds to the waiting queue (each choice is prefilled on its own)."""
-    return sum(len(r.prompt_token_ids) * r.sampling_params.n for r in requests)
+    """Prompt tokens the request adds to the waiting queue (each choice is prefilled on its own; the
+    beams of a beam search share one prefill)."""
+    return sum(
+        len(r.prompt_token_ids) * (1 if r.sampling_params.use_beam_search else r.sampling_params.n)
+        for r in requests
+    )
 
 
 def met_slo(record: UsageRecord, quota: QuotaLimits, num_choices: int) -> bool:
@@ -213,8 +257,9 @@ class AdmissionController:
                         code="slo_unattainable",
                         headers=_retry_after(prediction.seconds - slo_s),
                     )
+        num_tokens = self._reservation(tenant, requests)
         try:
-            result = await self.budget.take(name, quota, num_reserved_tokens(requests))
+            result = await self.budget.take(name, quota, num_tokens)
         except Exception as exc:
             logger.exception("token budget of %s unavailable", name)
             self._reject(name, RejectReason.BUDGET_UNAVAILABLE)
@@ -224,10 +269,33 @@ class AdmissionController:
                 headers=_retry_after(1.0),
             ) from exc
         if isinstance(result, Denial):
-            reason = RejectReason.REQUEST_TOO_LARGE if result.request_too_large else _REASON_OF[result.limit]
-            self._reject(name, reason)
+            if result.request_too_large:
+                self._reject(name, RejectReason.REQUEST_TOO_LARGE)
+                per = "minute" if result.limit is LimitKind.TOKENS_PER_MINUTE else "day"
+                raise too_large_error(num_tokens, result.limit_value, per)
+            self._reject(name, _REASON_OF[result.limit])
             raise rate_limit_error(result)
         return result
+
+    def _reservation(self, tenant: TenantContext, requests: Sequence[EngineRequest]) -> int:
+        """Tokens to reserve; a defaulted max_tokens is reduced to fit the tenant's whole budget."""
+        quota = tenant.quota
+        default = quota.default_max_tokens_reservation or self.config.default_max_tokens_reservation
+        num_tokens = num_reserved_tokens(requests, default)
+        limits = [v for v in (quota.tokens_per_minute, quota.tokens_per_day) if v is not None]
+        if not limits or num_tokens <= min(limits):
+            return num_tokens
+        limit = min(limits)
+        per = "minute" if limit == quota.tokens_per_minute else "day"
+        if any(r.max_tokens_defaulted for r in requests):
+            # The client asked for no particular length: reserve what the budget can hold (at
+            # least one token per sequence); the rest, if used, is charged as debt.
+            floor = num_reserved_tokens(requests, 1)
+            if floor <= limit:
+                return limit
+            num_tokens = floor
+        self._reject(tenant.tenant_id, RejectReason.REQUEST_TOO_LARGE)
+        raise too_large_error(num_tokens, limit, per)
 
     def _settler(
         self, tenant: TenantContext, grant: Grant, deadline_s: float | None, num_choices: int
@@ -241,14 +309,14 @@ class AdmissionController:
             settled = True
             name = tenant.tenant_id
             self.concurrency.release(name)
-            # Nothing generated means nothing served (aborted in the queue, failed, cancelled early).
-            used = record.usage.total_tokens if record.usage.completion_tokens > 0 else 0
-            refund = max(0, grant.num_tokens - used)
-            self.budget.give_back(grant, refund)
+            # Nothing computed means nothing served (aborted in the queue, failed, cancelled early).
+            usage = record.usage
+            used = usage.billed_total_tokens if usage.billed_completion_tokens > 0 else 0
+            self.budget.settle(grant, used)
             if self.metrics is None:
                 return
             if not grant.unlimited:
-                self.metrics.count_tokens(name, refunded=refund)
+                self.metrics.count_tokens(name, refunded=max(0, grant.num_tokens - used))
             if record.outcome is Outcome.COMPLETED:
                 result = SLOResult.MET if met_slo(record, tenant.quota, num_choices) else SLOResult.MISSED
                 self.metrics.count_slo(name, result)
@@ -274,6 +342,7 @@ def build_admission(settings: Settings, stats: Callable[[], EngineStats]) -> Adm
     config = AdmissionConfig(
         max_queue_time_s=settings.max_queue_time_s or None,
         max_queued_tokens=settings.max_queued_tokens or None,
+        default_max_tokens_reservation=settings.default_max_tokens_reservation,
     )
     db = Database(settings.resolved_database_url)
     if db.backend == "sqlite":

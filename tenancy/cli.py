@@ -158,6 +158,8 @@ def _add_quota_options(parser: argparse.ArgumentParser) -> None:
                    help="an allowed model; repeat for several (omitted: every model)")  # fmt: skip
     g.add_argument("--ttft-slo-ms", type=int, metavar="MS")
     g.add_argument("--tpot-slo-ms", type=int, metavar="MS")
+    g.add_argument("--default-max-tokens-reservation", type=int, metavar="N",
+                   help="output tokens reserved for a request without max_tokens (omitted: the server's)")  # fmt: skip
 
 
 def _quota_from(args: argparse.Namespace) -> QuotaLimits:
@@ -170,6 +172,7 @@ def _quota_from(args: argparse.Namespace) -> QuotaLimits:
         models=tuple(args.models),
         ttft_slo_ms=args.ttft_slo_ms,
         tpot_slo_ms=args.tpot_slo_ms,
+        default_max_tokens_reservation=args.default_max_tokens_reservation,
     )
 
 

@@ -19,6 +19,8 @@ class QuotaLimits:
     models: tuple[str, ...] = ()  # empty: every model
     ttft_slo_ms: int | None = None
     tpot_slo_ms: int | None = None
+    # Output tokens reserved per sequence for a request without max_tokens; None: the server's.
+    default_max_tokens_reservation: int | None = None
 
 
 @dataclass(frozen=True)

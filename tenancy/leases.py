@@ -5,7 +5,9 @@ the daily count. A replica that runs out of leased tokens takes a new chunk with
 UPDATE that refills the bucket, checks `available >= chunk` (and the daily cap) and subtracts, all
 in one statement; the database serializes concurrent updates of the row, so two replicas can never
 both take the last chunk. Reservations are then served from the replica's local balance without
-touching the database; refunds go back into the balance.
+touching the database; refunds go back into the balance. A request that used more than it reserved
+is charged the overshoot: from the balance while it lasts, the rest as debt in the database row
+(its level goes below zero; the next lease waits until the refill has paid it off).
 
 Bound: every admitted token was leased first and leases are only granted from what the bucket
 holds, so replicas together admit at most the budget. A balance still held when the budget is
@@ -160,24 +162,34 @@ class LeaseStore:
         raise AssertionError("unreachable")
 
     def give_back(self, tenant: str, limits: QuotaLimits, tokens: int, day: int) -> None:
-        """Return unused leased tokens: to the bucket (up to its capacity) and to `day`'s count."""
-        if tokens <= 0:
+        """Return unused leased tokens: to the bucket (up to its capacity) and to `day`'s count.
+
+        Negative `tokens` charge debt: the level may go below zero and `day`'s count above the cap.
+        """
+        if tokens == 0:
             return
         now = self.clock()
         t = self._t.c
         tpm = limits.tokens_per_minute
         cap = float(tpm) if tpm is not None else UNLIMITED
         refunded = self._available(limits, now) + tokens
+        if tokens > 0:
+            day_used = case(
+                (t.day == day, case((t.day_used > tokens, t.day_used - tokens), else_=0)),
+                else_=t.day_used,
+            )
+            row_day: ColumnElement[int] | int = t.day
+        else:  # debt: counted on `day`, which starts afresh if the row is still on an older day
+            day_used = case((t.day == day, t.day_used - tokens), (t.day < day, -tokens), else_=t.day_used)
+            row_day = case((t.day < day, day), else_=t.day)
         stmt = (
             update(self._t)
             .where(t.tenant_id == self._tenant_pk(tenant))
             .values(
                 tokens=case((refunded > cap, cap), else_=refunded),
                 refilled_at=case((t.refilled_at < now, now), else_=t.refilled_at),
-                day_used=case(
-                    (t.day == day, case((t.day_used > tokens, t.day_used - tokens), else_=0)),
-                    else_=t.day_used,
-                ),
+                day=row_day,
+                day_used=day_used,
             )
         )
         with self.db.transaction() as session:
@@ -251,6 +263,8 @@ class LeasedBudget:
             if held.balance >= num_tokens:
                 held.balance -= num_tokens
                 return Grant(tenant_id, num_tokens, held.day)
+            if held.returns:  # debt and refunds first, so the lease below sees them
+                await self._flush(tenant_id, held, balance=False)
             need = num_tokens - held.balance
             want = max(need, self.chunk_for(limits))
             result = await asyncio.to_thread(self.store.lease, tenant_id, limits, want, need)
@@ -267,17 +281,29 @@ class LeasedBudget:
                 return _denial(limits, num_tokens, BucketState(0.0, 0), held.balance, now)
             return _denial(limits, need, result.state or BucketState(0.0, 0), held.balance, self.clock())
 
-    def give_back(self, grant: Grant, num_tokens: int) -> None:
-        if grant.unlimited or num_tokens <= 0:
+    def settle(self, grant: Grant, num_used: int) -> None:
+        if grant.unlimited:
             return
         held = self._held.get(grant.tenant_id)
         if held is None:
             return
-        num_tokens = min(num_tokens, grant.num_tokens)
-        if grant.day == held.day and self.clock() < held.expires_at:
-            held.balance += num_tokens  # the lease is live: reuse the tokens here
-        else:
-            held.returns.append((grant.day, num_tokens))
+        now = self.clock()
+        live = grant.day == held.day and now < held.expires_at
+        num_used = max(0, num_used)
+        if num_used < grant.num_tokens:
+            refund = grant.num_tokens - num_used
+            if live:
+                held.balance += refund  # the lease is live: reuse the tokens here
+            else:
+                held.returns.append((grant.day, refund))
+        elif num_used > grant.num_tokens:
+            overshoot = num_used - grant.num_tokens
+            if live:
+                from_balance = min(overshoot, held.balance)
+                held.balance -= from_balance
+                overshoot -= from_balance
+            if overshoot:
+                held.returns.append((day_of(now), -overshoot))  # debt, sent before the next lease
 
     async def _flush(self, tenant_id: str, held: _Held, *, balance: bool) -> None:
         """Send what is owed to the database: refunds, and the unused balance if `balance`."""

@@ -133,6 +133,8 @@ class Quota(Base):
     models: Mapped[list[str]] = mapped_column(JSON)  # empty list: every model
     ttft_slo_ms: Mapped[int | None] = mapped_column(Integer)
     tpot_slo_ms: Mapped[int | None] = mapped_column(Integer)
+    # Output tokens reserved per sequence for a request without max_tokens; NULL: the server's.
+    default_max_tokens_reservation: Mapped[int | None] = mapped_column(Integer)
     updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
 
     tenant: Mapped[Tenant] = relationship(back_populates="quota")

@@ -1,7 +1,9 @@
 """Token budgets of one replica: tokens-per-minute buckets, daily caps and concurrency caps.
 
-Admission reserves `prompt + max_tokens` tokens before a request runs; settlement gives back what
-the request did not use. A tenant's tokens-per-minute limit is a token bucket holding at most one
+Admission reserves `prompt + max_tokens` tokens before a request runs; settlement charges what the
+request used: it gives back what was not used, and charges what was used beyond the reservation
+as debt (the bucket's level goes below zero, so the tenant's next admissions wait until it is
+refilled; overshoot is never lost). A tenant's tokens-per-minute limit is a token bucket holding at most one
 minute of tokens and refilling continuously; the daily limit counts tokens per UTC day. Plain
 Python, no torch and no I/O: the clock is injected, so tests and hypothesis properties run on
 simulated time. `tenancy.leases` implements the same `TokenBudget` protocol over a shared
@@ -69,7 +71,7 @@ class Denial:
 
     limit: LimitKind
     limit_value: int  # the tenant's limit (tokens, or requests for MAX_CONCURRENT)
-    remaining: int  # tokens (or request slots) available now
+    remaining: int  # tokens (or request slots) available now; negative: debt (overshoot) still owed
     reset_s: float  # seconds until the limit is back to its full value
     retry_after_s: float | None
     message: str
@@ -80,7 +82,11 @@ class Denial:
 
 
 class TokenBucket:
-    """`capacity` tokens at most, refilled at `refill_per_s`; the level never goes below zero."""
+    """`capacity` tokens at most, refilled at `refill_per_s`.
+
+    `try_take` only takes what is there; `charge` may take the level below zero (debt, from a
+    request that used more than it reserved), which later reservations wait out.
+    """
 
     def __init__(self, capacity: float, refill_per_s: float, now: float) -> None:
         if capacity <= 0 or refill_per_s < 0:
@@ -107,6 +113,10 @@ class TokenBucket:
     def give(self, num_tokens: float, now: float) -> None:
         """Return tokens (a refund); the bucket never holds more than its capacity."""
         self._level = min(self.capacity, self.level(now) + max(0.0, num_tokens))
+
+    def charge(self, num_tokens: float, now: float) -> None:
+        """Take tokens whether or not they are there (overshoot): the level may go negative."""
+        self._level = self.level(now) - max(0.0, num_tokens)
 
     def seconds_until(self, num_tokens: float, now: float) -> float | None:
         """How long until `num_tokens` are available; None if they never can be."""
@@ -158,6 +168,11 @@ class DayCounter:
         if day == self.day:
             self.used = max(0, self.used - num_tokens)
 
+    def charge(self, num_tokens: int, now: float) -> None:
+        """Count tokens used beyond a reservation, today, even past the cap (debt)."""
+        self._roll(now)
+        self.used += max(0, num_tokens)
+
 
 def is_token_limited(limits: QuotaLimits) -> bool:
     """Whether the tenant has any token limit at all (else reservations are free)."""
@@ -207,13 +222,21 @@ class TenantAllowance:
             daily.try_take(num_tokens, now)
         return Grant(tenant_id, num_tokens, day_of(now))
 
-    def give(self, grant: Grant, num_tokens: int, now: float) -> None:
-        if num_tokens <= 0:
-            return
-        if self.bucket is not None:
-            self.bucket.give(num_tokens, now)
-        if self.daily is not None:
-            self.daily.give(num_tokens, grant.day, now)
+    def settle(self, grant: Grant, num_used: int, now: float) -> None:
+        """Charge `num_used` for `grant`: refund the unused part, or charge the overshoot as debt."""
+        num_used = max(0, num_used)
+        if num_used < grant.num_tokens:
+            refund = grant.num_tokens - num_used
+            if self.bucket is not None:
+                self.bucket.give(refund, now)
+            if self.daily is not None:
+                self.daily.give(refund, grant.day, now)
+        elif num_used > grant.num_tokens:
+            overshoot = num_used - grant.num_tokens
+            if self.bucket is not None:
+                self.bucket.charge(overshoot, now)
+            if self.daily is not None:
+                self.daily.charge(overshoot, now)
 
     def denial(self, kind: LimitKind, num_tokens: int, now: float, retry_after_s: float | None) -> Denial:
         if kind is LimitKind.TOKENS_PER_MINUTE and self.bucket is not None:
@@ -238,9 +261,14 @@ def make_denial(
             f"{limit} tokens per {per}. Reduce the prompt or max_tokens."
         )
     else:
+        owed = (
+            f" ({-remaining} owed by earlier requests that used more than they reserved)"
+            if remaining < 0
+            else ""
+        )
         message = (
-            f"Rate limit reached: tokens per {per}. Limit {limit}, remaining {remaining}, requested "
-            f"{requested}. Please try again in {retry_after_s:.1f}s."
+            f"Rate limit reached: tokens per {per}. Limit {limit}, remaining {max(0, remaining)}{owed}, "
+            f"requested {requested}. Please try again in {retry_after_s:.1f}s."
         )
     return Denial(kind, limit, remaining, reset_s, retry_after_s, message)
 
@@ -252,8 +280,8 @@ class TokenBudget(Protocol):
         """Reserve `num_tokens` for one request, or say why not."""
         ...
 
-    def give_back(self, grant: Grant, num_tokens: int) -> None:
-        """Return unused tokens of a grant (settlement). Never blocks; never raises."""
+    def settle(self, grant: Grant, num_used: int) -> None:
+        """Settle a grant with what the request used (refund or debt). Never blocks; never raises."""
         ...
 
     async def start(self) -> None:
@@ -295,12 +323,12 @@ class LocalBudget:
     async def take(self, tenant_id: str, limits: QuotaLimits, num_tokens: int) -> Grant | Denial:
         return self.try_take(tenant_id, limits, num_tokens)
 
-    def give_back(self, grant: Grant, num_tokens: int) -> None:
-        if grant.unlimited or num_tokens <= 0:
+    def settle(self, grant: Grant, num_used: int) -> None:
+        if grant.unlimited:
             return
         allowance = self._tenants.get(grant.tenant_id)
         if allowance is not None:
-            allowance.give(grant, min(num_tokens, grant.num_tokens), self.clock())
+            allowance.settle(grant, num_used, self.clock())
 
     async def start(self) -> None:
         return None

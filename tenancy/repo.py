@@ -63,6 +63,7 @@ def _quota_view(row: Quota | None) -> QuotaLimits:
         models=tuple(row.models),
         ttft_slo_ms=row.ttft_slo_ms,
         tpot_slo_ms=row.tpot_slo_ms,
+        default_max_tokens_reservation=row.default_max_tokens_reservation,
     )
 
 
@@ -101,6 +102,7 @@ def _quota_details(quota: QuotaLimits) -> dict[str, object]:
         "models": list(quota.models),
         "ttft_slo_ms": quota.ttft_slo_ms,
         "tpot_slo_ms": quota.tpot_slo_ms,
+        "default_max_tokens_reservation": quota.default_max_tokens_reservation,
     }
 
 
@@ -113,6 +115,7 @@ def _apply_quota(row: Quota, quota: QuotaLimits, now: dt.datetime) -> None:
     row.models = list(quota.models)
     row.ttft_slo_ms = quota.ttft_slo_ms
     row.tpot_slo_ms = quota.tpot_slo_ms
+    row.default_max_tokens_reservation = quota.default_max_tokens_reservation
     row.updated_at = now
 
 

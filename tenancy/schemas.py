@@ -68,6 +68,7 @@ def validate_quota(quota: QuotaLimits, prefix: str = "quota.") -> QuotaLimits:
     _check_limit(quota.max_output_tokens, prefix + "max_output_tokens", _MAX_INT32)
     _check_limit(quota.ttft_slo_ms, prefix + "ttft_slo_ms", _MAX_INT32)
     _check_limit(quota.tpot_slo_ms, prefix + "tpot_slo_ms", _MAX_INT32)
+    _check_limit(quota.default_max_tokens_reservation, prefix + "default_max_tokens_reservation", _MAX_INT32)
     if not isinstance(quota.models, tuple):
         raise FieldError(prefix + "models", "must be a list of model names")
     for model in quota.models:

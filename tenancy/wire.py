@@ -38,6 +38,7 @@ QUOTA_FIELDS = (
     "models",
     "ttft_slo_ms",
     "tpot_slo_ms",
+    "default_max_tokens_reservation",
 )
 _TENANT_FIELDS = ("name", "priority", "weight", "cache_scope", "quota")
 _UPDATE_FIELDS = ("priority", "weight", "cache_scope", "status")
@@ -120,6 +121,7 @@ def parse_quota(body: object, where: str = "quota") -> QuotaLimits:
 
 
 def parse_tenant_spec(body: object) -> TenantSpec:
+        default_max_tokens_reservation=limit("default_max_tokens_reservation"),
     """`{"name", "priority", "weight", "cache_scope", "quota": {...}}`; only `name` is required."""
     data = _object(body, _TENANT_FIELDS, "body")
     if "name" not in data:
@@ -222,6 +224,7 @@ def tenant_json(tenant: TenantView) -> JsonObject:
         "name": tenant.name,
         "status": tenant.status.value,
         "priority": tenant.priority.name.lower(),
+        "default_max_tokens_reservation": quota.default_max_tokens_reservation,
         "weight": tenant.weight,
         "cache_scope": tenant.cache_scope,
         "quota": quota_json(tenant.quota),

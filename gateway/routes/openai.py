@@ -37,7 +37,8 @@ from tenancy.context import TenantContext
 
 Authenticate = Callable[[str | None, str], Awaitable[TenantContext]]
 
-# OpenAI's legacy completions default; chat defaults to the rest of the context.
+# OpenAI's legacy completions default; chat defaults to the rest of the context (and admission
+# reserves a bounded default for it, see gateway.admission).
 DEFAULT_COMPLETION_MAX_TOKENS = 16
 
 
@@ -277,6 +278,7 @@ class OpenAIRoutes:
                     cache_scope=tenant.cache_scope,
                     arrival_s=arrival_s,
                     weight=tenant.weight,
+                    max_tokens_defaulted=options.max_tokens is None,
                 )
             )
         return tuple(requests)

@@ -24,7 +24,7 @@ from gateway.admission import (
     num_reserved_tokens,
 )
 from gateway.admission_metrics import AdmissionMetrics
-from gateway.errors import RateLimitError, ServiceUnavailableError, error_response
+from gateway.errors import BadRequestError, RateLimitError, ServiceUnavailableError, error_response
 from gateway.protocol import Endpoint
 from gateway.streaming import DEADLINE_EXCEEDED
 from tenancy.context import QuotaLimits, TenantContext
@@ -162,11 +162,17 @@ def test_over_budget_is_429_with_openai_headers(setup: Setup) -> None:
     admit(setup, acme, request(10, 140))  # Retry-After was enough
 
 
-def test_a_request_larger_than_the_limit_is_refused_without_retry_after(setup: Setup) -> None:
-    with pytest.raises(RateLimitError) as info:
+def test_a_request_larger_than_the_limit_is_a_400_that_clients_do_not_retry(setup: Setup) -> None:
+    # A 429 would be retried by the SDKs, in vain: no wait can admit it.
+    with pytest.raises(BadRequestError) as info:
         admit(setup, tenant(tokens_per_minute=100), request(10, 100))
+    assert info.value.status_code == 400 and info.value.code == "request_too_large"
+    assert info.value.param == "max_tokens"
     assert "retry-after" not in info.value.headers and "too large" in info.value.message
+    assert "110 tokens" in info.value.message and "100 tokens per minute" in info.value.message
     assert sample(setup, "weir_admission_rejected_total", reason="request_too_large") == 1
+    with pytest.raises(BadRequestError):  # also against the daily cap
+        admit(setup, tenant("daily", tokens_per_day=50), request(10, 41))
 
 
 def test_daily_cap_is_429_until_midnight(setup: Setup) -> None:
@@ -219,9 +225,11 @@ def test_concurrency_cap_is_per_tenant_and_released_at_settlement(setup: Setup) 
 
 def test_rejections_after_the_concurrency_check_release_the_slot(setup: Setup) -> None:
     acme = tenant(max_concurrent=1, tokens_per_minute=50)
-    with pytest.raises(RateLimitError):
+    with pytest.raises(BadRequestError):  # too large for the budget
         admit(setup, acme, request(10, 50))
     admit(setup, acme, request(10, 20))
+    with pytest.raises(RateLimitError):  # the concurrency cap
+        admit(setup, acme, request(10, 20))
 
 
 # -- queue bound, SLO, deadlines -----------------------------------------------------------------

@@ -53,7 +53,7 @@ def test_replicas_together_never_exceed_the_daily_budget(migrated: Database, rep
                 admitted += size
                 if rng.random() < 0.3:  # settle some with real usage below the reservation
                     used = rng.randint(0, size)
-                    replica.give_back(result, size - used)
+                    replica.settle(result, used)
                     admitted -= size - used
             else:
                 assert result.limit is LimitKind.TOKENS_PER_DAY
@@ -142,7 +142,7 @@ def test_unused_leases_return_on_expiry(migrated: Database, repo: TenancyRepo) -
         assert isinstance(grant, Grant) and a.held(tenant) == 90
         assert isinstance(await b.take(tenant, limits, 700), Grant)  # a's 90 are not available
         assert isinstance(await b.take(tenant, limits, 91), Denial)
-        a.give_back(grant, 10)  # live lease: back into a's balance
+        a.settle(grant, 0)  # live lease: back into a's balance
         assert a.held(tenant) == 100
         clock.now += 10.0
         await a.sweep()  # expired: a's balance goes back to the database
@@ -164,7 +164,7 @@ def test_refunds_after_expiry_are_returned_to_the_database(migrated: Database, r
         grant = await budget.take(tenant, limits, 100)
         assert isinstance(grant, Grant)
         clock.now += 6.0  # the request outlived its lease
-        budget.give_back(grant, 60)
+        budget.settle(grant, 40)
         assert budget.held(tenant) == 0
         await budget.sweep()
 
@@ -195,3 +195,32 @@ def test_unlimited_tenants_never_touch_the_database(migrated: Database, repo: Te
     grant = asyncio.run(budget.take(tenant, QuotaLimits(), 10**9))
     assert isinstance(grant, Grant) and grant.unlimited
     assert LeaseStore(migrated, Clock()).state(tenant, QuotaLimits()) is None
+
+
+def test_overshoot_is_charged_from_the_balance_then_as_debt_in_the_database(
+    migrated: Database, repo: TenancyRepo
+) -> None:
+    limits = QuotaLimits(tokens_per_minute=600, tokens_per_day=10_000)  # 10 tokens per second
+    tenant = _tenant(repo, limits)
+    clock = Clock()
+    a = _replica(migrated, clock, lease_tokens=75, lease_ttl_s=10.0)
+    b = _replica(migrated, clock, lease_tokens=75, lease_ttl_s=10.0)
+
+    async def run() -> None:
+        grant = await a.take(tenant, limits, 25)
+        assert isinstance(grant, Grant) and a.held(tenant) == 50
+        a.settle(grant, 25 + 30)  # 30 over: taken from a's live balance
+        assert a.held(tenant) == 20
+        a.settle(await a.take(tenant, limits, 20), 20 + 1_000)  # 1,000 over, nothing held: debt
+        assert a.held(tenant) == 0
+        # Until a flushes, the debt is only on a: b still leases from the shared bucket (600 - 150).
+        assert isinstance(await b.take(tenant, limits, 10), Grant)
+        # a flushes its debt before its next lease: the shared bucket is now in debt.
+        denial = await a.take(tenant, limits, 10)
+        assert isinstance(denial, Denial) and denial.limit is LimitKind.TOKENS_PER_MINUTE
+        assert denial.retry_after_s == pytest.approx((1_000 - 450 + 10) / 10)  # the debt is waited out
+
+    asyncio.run(run())
+    state = LeaseStore(migrated, clock).state(tenant, limits)
+    assert state is not None and state.tokens < 0
+    assert state.day_remaining == 10_000 - (75 + 75 + 1_000)  # both leases and the debt

@@ -37,7 +37,7 @@ def _tables(db: Database) -> set[str]:
 def test_scripts_are_found_next_to_the_package() -> None:
     assert (MIGRATIONS_DIR / "env.py").is_file()
     assert (MIGRATIONS_DIR / "script.py.mako").is_file()
-    assert head_revision() == "0003"
+    assert head_revision() == "0004"
 
 
 def test_upgrade_downgrade_round_trip(database: Database) -> None:
@@ -50,7 +50,11 @@ def test_upgrade_downgrade_round_trip(database: Database) -> None:
     assert _tables(database) == set()
     upgrade(database.engine)
     assert _tables(database) == TABLES
-    downgrade(database.engine)  # one step: 0003 -> 0002 drops the unique usage index
+    downgrade(database.engine)  # one step: 0004 -> 0003 drops the quota's default reservation
+    assert "default_max_tokens_reservation" not in {
+        c["name"] for c in inspect(database.engine).get_columns("quotas")
+    }
+    downgrade(database.engine)  # 0003 -> 0002 drops the unique usage index
     assert _tables(database) == TABLES
     assert "ux_usage_records_request_tenant" not in {
         i["name"] for i in inspect(database.engine).get_indexes("usage_records")

@@ -35,14 +35,19 @@ class Clock:
 
 @dataclass
 class Event:
-    """A change in net consumption: + on a grant, - on a refund."""
+    """A change in net consumption: + on a grant, - on a refund, + on an overshoot (debt)."""
 
     at: float
     tokens: int
+    overshoot: int = 0  # the part of `tokens` charged beyond a reservation
 
 
 class BudgetMachine(RuleBasedStateMachine):
-    """Reserve, settle and let time pass; the budget is never negative and never exceeded."""
+    """Reserve, settle (under or over the reservation) and let time pass.
+
+    The level never exceeds the capacity, goes below zero only by overshoot (debt), and admissions
+    in any window stay within a full bucket plus the refill plus the overshoot charged in it.
+    """
 
     @initialize(tpm=st.integers(1, 5_000), tpd=st.one_of(st.none(), st.integers(1, 20_000)))
     def setup(self, tpm: int, tpd: int | None) -> None:
@@ -81,47 +86,63 @@ class BudgetMachine(RuleBasedStateMachine):
                 assert (result.retry_after_s is None) == (num_tokens > self.limits.tokens_per_minute)
             else:
                 assert result.limit is LimitKind.TOKENS_PER_DAY
-            assert result.remaining >= 0 and result.reset_s >= 0
+            debt = sum(e.overshoot for e in self.events)
+            assert result.remaining >= -debt and result.reset_s >= 0  # negative only by debt
 
     @precondition(lambda self: bool(self.open))
     @rule(data=st.data())
     def settle(self, data: st.DataObject) -> None:
         grant = self.open.pop(data.draw(st.integers(0, len(self.open) - 1)))
-        used = data.draw(st.integers(0, grant.num_tokens))
+        used = data.draw(st.integers(0, 2 * grant.num_tokens))
         refund = grant.num_tokens - used
         before = self.allowance.bucket.level(self.clock.now)
-        self.budget.give_back(grant, refund)
+        self.budget.settle(grant, used)
         after = self.allowance.bucket.level(self.clock.now)
-        # The refund lands in the bucket, up to its capacity.
-        assert after == pytest.approx(min(self.limits.tokens_per_minute, before + refund))
-        if refund:
-            self.events.append(Event(self.clock.now, -refund))
-            if grant.day == int(self.clock.now // SECONDS_PER_DAY):  # later refunds are dropped
-                self.daily[grant.day] -= refund
+        today = int(self.clock.now // SECONDS_PER_DAY)
+        if refund >= 0:
+            # The refund lands in the bucket, up to its capacity: no refund creates tokens.
+            assert after == pytest.approx(min(self.limits.tokens_per_minute, before + refund))
+            assert after <= before + refund + 1e-6
+            if refund:
+                self.events.append(Event(self.clock.now, -refund))
+                if grant.day == today:  # later refunds are dropped
+                    self.daily[grant.day] -= refund
+        else:
+            # The overshoot is debt: charged in full, even below zero, and counted today.
+            assert after == pytest.approx(before + refund)
+            self.events.append(Event(self.clock.now, -refund, overshoot=-refund))
+            self.daily[today] = self.daily.get(today, 0) - refund
 
     @invariant()
-    def never_negative_never_above_capacity(self) -> None:
+    def never_above_capacity(self) -> None:
         level = self.allowance.bucket.level(self.clock.now)
-        assert -1e-6 <= level <= self.limits.tokens_per_minute + 1e-6
+        assert level <= self.limits.tokens_per_minute + 1e-6
+        debt = sum(e.overshoot for e in self.events)
+        assert level >= -debt - 1e-6  # below zero only by overshoot
         daily = self.allowance.daily
         if daily is not None:
-            assert 0 <= daily.used <= daily.cap
+            # Every settlement is counted: today's count is exactly the model's.
+            assert daily.used == self.daily.get(daily.day, 0)
 
     @invariant()
     def never_over_budget_in_any_window(self) -> None:
-        # Net consumption over (t0, t1] is at most a full bucket plus the refill over the window.
+        # Net consumption over (t0, t1] is at most a full bucket plus the refill over the window
+        # plus what was charged there beyond reservations.
         tpm = self.limits.tokens_per_minute
         for i, start in enumerate(self.events):
-            net = 0
+            net = overshoot = 0
             for end in self.events[i:]:
                 net += end.tokens
-                assert net <= tpm + tpm / 60.0 * (end.at - start.at) + 1e-6
+                overshoot += end.overshoot
+                assert net <= tpm + tpm / 60.0 * (end.at - start.at) + overshoot + 1e-6
 
     @invariant()
-    def never_over_the_daily_cap(self) -> None:
+    def never_over_the_daily_cap_but_by_overshoot(self) -> None:
         if self.limits.tokens_per_day is None:
             return
-        assert all(0 <= v <= self.limits.tokens_per_day for v in self.daily.values())
+        for day, count in self.daily.items():
+            overshoot = sum(e.overshoot for e in self.events if int(e.at // SECONDS_PER_DAY) == day)
+            assert 0 <= count <= self.limits.tokens_per_day + overshoot
 
 
 BudgetMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
@@ -160,7 +181,7 @@ def test_a_full_refund_restores_the_bucket(capacity: int, n: int, elapsed: float
     before = budget.allowance("t", limits).bucket.level(clock.now)
     grant = budget.try_take("t", limits, n)
     if isinstance(grant, Grant):
-        budget.give_back(grant, n)
+        budget.settle(grant, 0)
         assert budget.allowance("t", limits).bucket.level(clock.now) == pytest.approx(before)
 
 
@@ -187,7 +208,7 @@ def test_daily_cap_resets_at_utc_midnight_and_late_refunds_are_dropped() -> None
     assert isinstance(budget.try_take("t", limits, 101), Denial)
     clock.now += 11
     assert isinstance(budget.try_take("t", limits, 100), Grant)
-    budget.give_back(grant, 80)  # counted yesterday: must not lower today's count
+    budget.settle(grant, 0)  # counted yesterday: must not lower today's count
     assert isinstance(budget.try_take("t", limits, 1), Denial)
 
 
@@ -196,7 +217,7 @@ def test_unlimited_tenants_take_nothing_and_quota_changes_apply() -> None:
     budget = LocalBudget(clock)
     grant = budget.try_take("t", QuotaLimits(), 10**9)
     assert isinstance(grant, Grant) and grant.unlimited
-    budget.give_back(grant, 10**9)  # nothing to return to
+    budget.settle(grant, 0)  # nothing to return to
     small = QuotaLimits(tokens_per_minute=100)
     assert isinstance(budget.try_take("t", small, 100), Grant)
     assert isinstance(budget.try_take("t", small, 1), Denial)
@@ -232,3 +253,51 @@ def test_concurrency_never_exceeds_the_cap(cap: int, ops: list[bool]) -> None:
             limiter.release("t")
             held -= 1
         assert limiter.in_flight("t") == held <= cap
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    tpm=st.integers(1, 5_000),
+    tpd=st.integers(1, 50_000),
+    ops=st.lists(st.tuples(st.integers(1, 5_000), st.floats(0, 3)), max_size=30),
+)
+def test_tokens_charged_equal_the_sum_of_settlements(
+    tpm: int, tpd: int, ops: list[tuple[int, float]]
+) -> None:
+    """On a stopped clock nothing refills: the budget spent is exactly what was settled + held."""
+    budget = LocalBudget(Clock())
+    limits = QuotaLimits(tokens_per_minute=tpm, tokens_per_day=tpd)
+    open_grants: list[Grant] = []
+    settled = 0
+    for i, (size, usage) in enumerate(ops):
+        result = budget.try_take("t", limits, size)
+        if isinstance(result, Grant):
+            open_grants.append(result)
+        if open_grants and i % 2:  # settle the oldest with usage between 0 and 3x its reservation
+            grant = open_grants.pop(0)
+            used = int(grant.num_tokens * usage)
+            budget.settle(grant, used)
+            settled += used
+        held = sum(g.num_tokens for g in open_grants)
+        allowance = budget.allowance("t", limits)
+        assert allowance.bucket is not None and allowance.daily is not None
+        assert allowance.bucket.level(START) == pytest.approx(tpm - settled - held)
+        assert allowance.daily.used == settled + held
+
+
+def test_overshoot_is_debt_that_delays_the_next_admission() -> None:
+    clock = Clock()
+    budget = LocalBudget(clock)
+    limits = QuotaLimits(tokens_per_minute=600)  # 10 tokens per second
+    grant = budget.try_take("t", limits, 100)
+    assert isinstance(grant, Grant)
+    budget.settle(grant, 900)  # 800 more than reserved: the bucket is 300 in debt
+    assert budget.allowance("t", limits).bucket.level(clock.now) == pytest.approx(-300)
+    denial = budget.try_take("t", limits, 50)
+    assert isinstance(denial, Denial) and denial.limit is LimitKind.TOKENS_PER_MINUTE
+    assert denial.retry_after_s == pytest.approx(35.0)  # (300 debt + 50) / 10 per second
+    assert denial.remaining <= 0
+    clock.now += 34.9
+    assert isinstance(budget.try_take("t", limits, 50), Denial)
+    clock.now += 0.2
+    assert isinstance(budget.try_take("t", limits, 50), Grant)

@@ -35,6 +35,7 @@ QUOTA = QuotaLimits(
     models=("smollm2", "llama"),
     ttft_slo_ms=2000,
     tpot_slo_ms=50,
+    default_max_tokens_reservation=256,
 )
 
 

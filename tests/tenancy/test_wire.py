@@ -36,13 +36,14 @@ quotas = st.builds(
     models=st.lists(st.text(min_size=1, max_size=20), unique=True, max_size=4).map(tuple),
     ttft_slo_ms=limit,
     tpot_slo_ms=limit,
+    default_max_tokens_reservation=limit,
 )
 
 
 def test_quota_fields_are_exactly_the_issue_names() -> None:
     assert QUOTA_FIELDS == (
         "tokens_per_minute", "tokens_per_day", "max_concurrent", "max_prompt_tokens",
-        "max_output_tokens", "models", "ttft_slo_ms", "tpot_slo_ms",
+        "max_output_tokens", "models", "ttft_slo_ms", "tpot_slo_ms", "default_max_tokens_reservation",
     )  # fmt: skip
     assert tuple(quota_json(QuotaLimits())) == QUOTA_FIELDS
 
