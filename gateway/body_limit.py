@@ -1,4 +1,8 @@
-"""ASGI middleware that bounds request bodies: over a size limit 413, too slow to arrive 408.
+"""ASGI middleware that bounds requests: headers over a size limit 431, bodies over a size limit
+413, bodies too slow to arrive 408.
+
+uvicorn's h11 parser bounds headers that arrive slowly (`h11_max_incomplete_event_size`) but
+not headers that arrive at once; `max_header_bytes` bounds what reaches the app either way.
 
 A declared `Content-Length` over the limit is refused before anything is read; a body without
 one (chunked) is counted while it is read, and the read fails once it passes the limit.
@@ -16,19 +20,29 @@ import time
 import anyio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.errors import PayloadTooLargeError, RequestTimeoutError
+from gateway.errors import HeadersTooLargeError, PayloadTooLargeError, RequestTimeoutError, WeirError
 
 # 30 s for at most 8 MiB (the default body limit) is ~280 KB/s; a real client sends it at once.
 BODY_TIMEOUT_S = 30.0
+# The request line and headers, as uvicorn is configured (gateway.server); cookies and a bearer
+# key fit many times over.
+MAX_HEADER_BYTES = 16 * 1024
 
 
 class BodyLimitMiddleware:
     """Wraps an ASGI app; `max_body_bytes` and `body_timeout_s` apply to every HTTP request."""
 
-    def __init__(self, app: ASGIApp, max_body_bytes: int, body_timeout_s: float = BODY_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        max_body_bytes: int,
+        body_timeout_s: float = BODY_TIMEOUT_S,
+        max_header_bytes: int = MAX_HEADER_BYTES,
+    ) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.body_timeout_s = body_timeout_s
+        self.max_header_bytes = max_header_bytes
 
     def _error(self) -> PayloadTooLargeError:
         return PayloadTooLargeError(f"request body is larger than {self.max_body_bytes} bytes")
@@ -37,6 +51,11 @@ class BodyLimitMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        if sum(len(name) + len(value) + 4 for name, value in scope["headers"]) > self.max_header_bytes:
+            await self._refuse(
+                send, HeadersTooLargeError(f"request headers are larger than {self.max_header_bytes} bytes")
+            )
+            return
         for name, value in scope["headers"]:
             if name == b"content-length":
                 try:
@@ -44,7 +63,7 @@ class BodyLimitMiddleware:
                 except ValueError:
                     declared = -1
                 if declared > self.max_body_bytes:
-                    await self._refuse(send)
+                    await self._refuse(send, self._error())
                     return
                 break
         limit = self.max_body_bytes
@@ -70,8 +89,7 @@ class BodyLimitMiddleware:
 
         await self.app(scope, counting_receive, send)
 
-    async def _refuse(self, send: Send) -> None:
-        error = self._error()
+    async def _refuse(self, send: Send, error: WeirError) -> None:
         body = json.dumps(error.body()).encode()
         await send(
             {

@@ -91,6 +91,12 @@ class PayloadTooLargeError(WeirError):
     default_code = "payload_too_large"
 
 
+class HeadersTooLargeError(WeirError):
+    status_code = 431
+    error_type = "invalid_request_error"
+    default_code = "headers_too_large"
+
+
 class UnprocessableError(WeirError):
     status_code = 422
     error_type = "invalid_request_error"

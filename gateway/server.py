@@ -20,13 +20,13 @@ from types import FrameType
 import uvicorn
 from starlette.applications import Starlette
 
+from gateway.body_limit import MAX_HEADER_BYTES
 from gateway.settings import LogLevel, Settings
 from gateway.state import GatewayState
 
 logger = logging.getLogger(__name__)
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
-MAX_HEADER_BYTES = 16 * 1024
 KEEP_ALIVE_TIMEOUT_S = 5
 
 
@@ -71,9 +71,9 @@ def uvicorn_config(app: Starlette, settings: Settings) -> uvicorn.Config:
         access_log=settings.log_level is LogLevel.DEBUG,
         timeout_graceful_shutdown=math.ceil(settings.shutdown_grace_s),  # None would wait forever
         server_header=False,
-        # Input bounds (docs/security.md): the request line and headers together at most
-        # MAX_HEADER_BYTES, else the connection is closed with 431/400 before the app sees it;
-        # an idle keep-alive connection is closed after KEEP_ALIVE_TIMEOUT_S.
+        # Input bounds (docs/security.md): headers still arriving past MAX_HEADER_BYTES close the
+        # connection with a 400 before the app sees them (BodyLimitMiddleware answers 431 for
+        # those that arrive at once); an idle keep-alive connection closes after KEEP_ALIVE_TIMEOUT_S.
         h11_max_incomplete_event_size=MAX_HEADER_BYTES,
         timeout_keep_alive=KEEP_ALIVE_TIMEOUT_S,
     )

@@ -1,0 +1,59 @@
+"""The whole HTTP surface on a real uvicorn (127.0.0.1, ephemeral port): OpenAI routes over the
+fake engine, tenancy (SQLite, keys, admin API) as `weir serve` wires it, and the prefix-cache admin
+API over a fake engine control. Used by the hostile-input tests and the schema fuzzer."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from gateway.bootstrap import build_tenancy
+from gateway.routes.prefix_cache import prefix_cache_routes
+from gateway.settings import AuthMode, Settings
+from tests.gateway.fake_engine import FakeEngine
+from tests.gateway.harness import make_app, serve_in_thread, tokenizer
+from tests.gateway.routes.test_prefix_cache import FakeControl
+
+ADMIN_TOKEN = "admin-secret-for-tests"
+ADMIN = {"authorization": f"Bearer {ADMIN_TOKEN}"}
+TENANT = "fuzz-tenant"
+
+
+@dataclass
+class FullServer:
+    url: str
+    engine: FakeEngine
+    control: FakeControl
+    tenant_key: str
+
+    @property
+    def tenant(self) -> dict[str, str]:
+        return {"authorization": f"Bearer {self.tenant_key}"}
+
+
+@contextlib.contextmanager
+def serve_everything(data_dir: Path) -> Iterator[FullServer]:
+    """Serve the app with every route mounted; yields once a tenant and its key exist."""
+    settings = Settings(data_dir=data_dir, admin_token=ADMIN_TOKEN, auth=AuthMode.KEYS)
+    tenancy = build_tenancy(settings)
+    assert tenancy.admin_auth is not None
+    engine = FakeEngine()
+    control = FakeControl()
+    routes = [*prefix_cache_routes(control, tenancy.admin_auth, tokenizer()), *tenancy.routes]
+    app = make_app(
+        engine,
+        settings,
+        authenticate=tenancy.authenticate,
+        usage_sink=tenancy.usage_sink,
+        extra_routes=routes,
+        on_startup=[tenancy.start] if tenancy.start else [],
+        on_shutdown=[tenancy.close] if tenancy.close else [],
+    )
+    with serve_in_thread(app) as url, httpx.Client(base_url=url, headers=ADMIN, timeout=30) as admin:
+        assert admin.post("/admin/v1/tenants", json={"name": TENANT}).status_code == 201
+        key = admin.post(f"/admin/v1/tenants/{TENANT}/keys", json={}).json()["key"]
+        yield FullServer(url, engine, control, key)
