@@ -2,7 +2,15 @@
 
 Callers live on an asyncio loop; the engine thread owns the core. Commands (add, abort) cross
 into the thread through a queue; outputs cross back with `call_soon_threadsafe`, one batch
-per step. The thread sleeps when there is nothing to do.
+per step. The thread sleeps when there is nothing to do, and also when there is work it cannot
+schedule (it then wakes for a new command, or when a deadline or batch window passes), so it
+never spins.
+
+The engine survives itself: an exception that escapes a step (the scheduler, the output
+processing, beam bookkeeping) fails the requests in flight with `RetryableEngineError` (503)
+and restarts the loop on a clean scheduler and KV state (`LLMEngine.reset`); `health().ready` is
+False meanwhile. More than `max_restarts` restarts within `restart_window_s` mean the fault
+does not go away: the engine is then dead, as before.
 """
 
 from __future__ import annotations
@@ -18,7 +26,7 @@ from typing import Any, TypeVar
 
 from engine.client import EngineHealth, EngineRequest
 from engine.config import EngineConfig, ModelConfig
-from engine.errors import EngineDeadError
+from engine.errors import EngineDeadError, RetryableEngineError
 from engine.llm_engine import LLMEngine, build_engine
 from engine.output import EngineStats, RequestOutput
 from engine.prefix_cache_api import FlushResult, PrefixCacheStats, SharedPrefixInfo
@@ -30,6 +38,11 @@ T = TypeVar("T")
 
 # The prefix-cache snapshot that metrics read is refreshed at most this often (engine thread).
 PREFIX_SNAPSHOT_INTERVAL_S = 1.0
+# The longest the engine thread sleeps without a reason to wake (it refreshes stats then).
+IDLE_WAIT_S = 0.5
+# More restarts than this within the window and the engine is declared dead.
+MAX_RESTARTS = 5
+RESTART_WINDOW_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -56,7 +69,13 @@ class _Call:
 class AsyncEngine:
     """Runs an LLMEngine on a background thread and streams its outputs to asyncio callers."""
 
-    def __init__(self, config: EngineConfig | None = None, core: LLMEngine | None = None) -> None:
+    def __init__(
+        self,
+        config: EngineConfig | None = None,
+        core: LLMEngine | None = None,
+        max_restarts: int = MAX_RESTARTS,
+        restart_window_s: float = RESTART_WINDOW_S,
+    ) -> None:
         if core is None:
             if config is None:
                 raise ValueError("config or core is required")
@@ -72,6 +91,12 @@ class AsyncEngine:
         self._ready = False
         self._dead: BaseException | None = None
         self._stopping = False
+        self._restarting = False
+        self._restart_times: list[float] = []
+        self.max_restarts = max_restarts
+        self.restart_window_s = restart_window_s
+        self.num_steps = 0  # engine steps run by the thread
+        self.num_idle_waits = 0  # steps that scheduled nothing, after which the thread slept
 
     @property
     def tokenizer(self):  # type: ignore[no-untyped-def]
@@ -150,7 +175,9 @@ class AsyncEngine:
     def health(self) -> EngineHealth:
         alive = self._thread is not None and self._thread.is_alive() and self._dead is None
         detail = f"engine thread died: {self._dead}" if self._dead else ""
-        return EngineHealth(alive=alive, ready=alive and self._ready, detail=detail)
+        if alive and self._restarting:
+            detail = "engine restarting after an internal error"
+        return EngineHealth(alive=alive, ready=alive and self._ready and not self._restarting, detail=detail)
 
     # -- PrefixCacheControl -----------------------------------------------------------------
 
@@ -221,32 +248,86 @@ class AsyncEngine:
     # -- engine thread ----------------------------------------------------------------------
 
     def _run(self) -> None:
+        while True:
+            try:
+                self._loop()
+                break
+            except Exception as exc:  # something the step did not contain: restart clean
+                if not self._restart(exc):
+                    return
+            except BaseException as exc:  # the thread itself is being torn down
+                self._die(exc)
+                return
+        for rid in list(self._sinks):
+            self._deliver(self.core.abort(rid))
+        self._fail_calls(EngineDeadError("engine is shutting down"))
+
+    def _loop(self) -> None:
         core = self.core
-        try:
-            while True:
-                if not self._drain_commands():
-                    break
-                if not core.has_unfinished():
-                    self._stats = core.stats()
-                    self._refresh_prefix_stats()
-                    self._wake.wait(0.5)
-                    self._wake.clear()
-                    continue
-                outputs = core.step()
+        while True:
+            if not self._drain_commands():
+                return
+            if not core.has_unfinished():
                 self._stats = core.stats()
                 self._refresh_prefix_stats()
-                self._deliver(outputs)
-        except BaseException as exc:  # the loop itself broke: fail everyone, report dead
-            logger.exception("engine loop died")
-            self._dead = exc
+                self._sleep(IDLE_WAIT_S)
+                continue
+            outputs = core.step()
+            self.num_steps += 1
+            self._stats = core.stats()
+            self._refresh_prefix_stats()
+            self._deliver(outputs)
+            if core.last_step_idle:  # nothing schedulable: wait for a command, or for time to pass
+                self.num_idle_waits += 1
+                self._sleep(core.idle_timeout_s(IDLE_WAIT_S))
+
+    def _sleep(self, timeout_s: float) -> None:
+        # Commands are drained after the clear, so a wake-up set meanwhile is never lost.
+        self._wake.wait(timeout_s)
+        self._wake.clear()
+
+    def _restart(self, exc: Exception) -> bool:
+        """Fail the requests in flight (retryable), reset the core; False if the engine is dead now."""
+        logger.exception("engine loop failed; failing the requests in flight and restarting")
+        self._restarting = True
+        try:
+            failure = RetryableEngineError(
+                f"the engine restarted after an internal error ({type(exc).__name__}); retry the request"
+            )
             for add in list(self._sinks.values()):
-                add.loop.call_soon_threadsafe(add.sink.put_nowait, EngineDeadError(str(exc)))
+                add.loop.call_soon_threadsafe(add.sink.put_nowait, failure)
             self._sinks.clear()
-            self._fail_calls(EngineDeadError(str(exc)))
-            return
-        for rid in list(self._sinks):
-            self._deliver(core.abort(rid))
-        self._fail_calls(EngineDeadError("engine is shutting down"))
+            now = time.monotonic()
+            self._restart_times = [t for t in self._restart_times if now - t < self.restart_window_s]
+            self._restart_times.append(now)
+            if len(self._restart_times) > self.max_restarts:
+                logger.error(
+                    "the engine restarted %d times within %.0f s; giving up",
+                    len(self._restart_times),
+                    self.restart_window_s,
+                )
+                self._die(exc)
+                return False
+            if self.core.faults is not None:
+                self.core.faults.on_restart()
+            self.core.reset()
+            self._stats = self.core.stats()
+        except BaseException as fatal:  # the reset itself failed: nothing left to serve with
+            logger.exception("engine restart failed")
+            self._die(fatal)
+            return False
+        finally:
+            self._restarting = False
+        return True
+
+    def _die(self, exc: BaseException) -> None:
+        """The loop cannot go on: fail everyone and report dead."""
+        logger.error("engine loop died: %r", exc)
+        self._dead = exc
+        for add in list(self._sinks.values()):
+            add.loop.call_soon_threadsafe(add.sink.put_nowait, EngineDeadError(str(exc)))
+        self._sinks.clear()
+        self._fail_calls(EngineDeadError(str(exc)))
 
     def _refresh_prefix_stats(self) -> None:
         now = time.monotonic()

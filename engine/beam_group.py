@@ -14,6 +14,7 @@ logprobs are refused for it; `stop_token_ids` end a beam like the model's end to
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -25,6 +26,8 @@ from engine.errors import InvalidRequestError
 from engine.output import RequestMetrics, RequestOutput, TokenLogprob
 from engine.request import FinishReason, Request, RequestStatus
 from engine.scheduler import Scheduler
+
+logger = logging.getLogger("weir.engine")
 
 # The sampler reports at most this many alternatives per token.
 MAX_CANDIDATES = 20
@@ -143,13 +146,20 @@ class BeamGroups:
             group.first.times.first_token_s = self.clock()
 
     def advance(self) -> list[RequestOutput]:
-        """Advance every group whose live beams have all reported; outputs of groups that ended."""
+        """Advance every group whose live beams have all reported; outputs of groups that ended.
+
+        A group whose bookkeeping raises fails alone (FinishReason.ERROR); the others advance.
+        """
         outputs: list[RequestOutput] = []
         for group_id in [g for g, grp in self._groups.items() if grp.results]:
             group = self._groups[group_id]
-            ready = all(group.results.get(b.request_id, (-1, ()))[0] == b.num_tokens for b in group.beams)
-            if ready:
-                outputs.extend(self._advance(group))
+            try:
+                ready = all(group.results.get(b.request_id, (-1, ()))[0] == b.num_tokens for b in group.beams)
+                if ready:
+                    outputs.extend(self._advance(group))
+            except Exception as exc:
+                logger.exception("beam search request %s failed", group_id)
+                outputs.extend(self.fail(group_id, f"{type(exc).__name__}: {exc}"))
         return outputs
 
     def _advance(self, group: _Group) -> list[RequestOutput]:
@@ -212,6 +222,17 @@ class BeamGroups:
             return []
         return self._end(group, (reason, error))
 
+    def fail(self, request_id: str, error: str) -> list[RequestOutput]:
+        """End a group with FinishReason.ERROR, dropping every sequence of it, even half-made ones."""
+        group = self._groups.get(request_id)
+        if group is None:
+            return []
+        live = {b.request_id for b in group.beams}
+        for sequence_id in [s for s, g in self._group_of.items() if g == request_id and s not in live]:
+            self.scheduler.finish_request(sequence_id, RequestStatus.FINISHED_ERROR)
+            del self._group_of[sequence_id]
+        return self._end(group, (FinishReason.ERROR, error))
+
     def group_of(self, sequence_id: str) -> str | None:
         return self._group_of.get(sequence_id)
 
@@ -227,7 +248,6 @@ class BeamGroups:
             self._drop(beam, status)
         group.beams = []
         er = group.request
-        del self._groups[er.request_id]
         now = self.clock()
         times = group.first.times
         times.finished_s = now
@@ -269,6 +289,7 @@ class BeamGroups:
             )
 
         if early is not None:
+            del self._groups[er.request_id]
             return [output(i, (), early[0], error=early[1]) for i in range(sp.n)]
         outputs = []
         end_tokens = group.search.end_token_ids
@@ -279,4 +300,5 @@ class BeamGroups:
             outputs.append(
                 output(i, hyp.token_ids, FinishReason.STOP if ended else FinishReason.LENGTH, stop_reason)
             )
+        del self._groups[er.request_id]  # last: a group whose outputs failed can still be failed
         return outputs

@@ -43,3 +43,45 @@ class RequestFailedError(EngineError):
 
 
 DEADLINE_EXCEEDED = "deadline_exceeded"  # RequestOutput.error of a request aborted in the queue
+
+
+class KVCapacityError(ContextLengthError):
+    """A request can never fit the KV cache pool, even with nothing else running.
+
+    A 400 like `ContextLengthError`: the request is refused before it enters the queue, instead
+    of being admitted, preempted, and then never admitted again.
+    """
+
+    def __init__(
+        self,
+        num_prompt_tokens: int,
+        max_tokens: int,
+        num_sequences: int,
+        num_blocks_needed: int,
+        num_blocks_usable: int,
+        block_size: int,
+    ) -> None:
+        seqs = f" for {num_sequences} sequences" if num_sequences > 1 else ""
+        InvalidRequestError.__init__(
+            self,
+            f"This request can never fit the server's KV cache: {num_prompt_tokens} prompt tokens + "
+            f"{max_tokens} max_tokens{seqs} need {num_blocks_needed} blocks of {block_size} tokens, "
+            f"and the cache has {num_blocks_usable} blocks ({num_blocks_usable * block_size} tokens) for "
+            "one request. Please reduce the prompt, max_tokens, n or beam_width.",
+            param="max_tokens",
+        )
+        self.num_prompt_tokens = num_prompt_tokens
+        self.max_tokens = max_tokens
+        self.max_model_len = num_blocks_usable * block_size
+
+
+class RetryableEngineError(EngineError):
+    """The engine failed while running this request and recovered; the request may be retried.
+
+    The gateway answers 503 (code `ENGINE_RETRYABLE`), which the OpenAI clients retry.
+    """
+
+
+# RequestOutput.error of a request failed by an engine fault that did not stem from the request
+# (the model forward raised, or the engine loop restarted): the gateway answers 503, retryable.
+ENGINE_RETRYABLE = "engine_retryable"

@@ -3,10 +3,17 @@
 One `step()` = schedule -> run the model -> append sampled tokens -> detokenize and check
 stops -> free finished requests' blocks. `engine.async_engine` drives it from a background
 thread; tests and the offline benchmark drive it directly.
+
+Fault containment: a failure in one request's own work (its inputs, its sampling, its stop
+checks and detokenization, its beam bookkeeping) fails that request only. A failed model forward
+requeues the step's requests that have not streamed a token (once; their blocks are recomputed)
+and fails the others with `ENGINE_RETRYABLE`. `reset()` rebuilds the scheduler and KV state
+around the same weights when the async loop itself broke.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import logging
 import time
@@ -20,13 +27,21 @@ from engine.beam_group import BeamGroups
 from engine.block_hash import SHARED_SCOPE, CacheKeyRoot
 from engine.client import EngineRequest
 from engine.config import EngineConfig, ModelConfig
-from engine.errors import DEADLINE_EXCEEDED, ContextLengthError, InvalidRequestError
+from engine.errors import (
+    DEADLINE_EXCEEDED,
+    ENGINE_RETRYABLE,
+    ContextLengthError,
+    InvalidRequestError,
+    KVCapacityError,
+)
+from engine.faults import FaultInjector
 from engine.kv_cache_manager import KVCacheManager
 from engine.output import EngineStats, RequestMetrics, RequestOutput, SchedulerOutput
 from engine.output_processor import OutputProcessor
 from engine.prefix_cache_service import PrefixCacheService
-from engine.request import FinishReason, Request, RequestStatus
+from engine.request import FinishReason, Request, RequestStatus, check_seed, child_seed
 from engine.runner import ModelRunner
+from engine.sampler import SampleResult
 from engine.scheduler import Scheduler
 
 logger = logging.getLogger("weir.engine")
@@ -84,6 +99,26 @@ def tokenizer_fingerprint(tokenizer: object) -> str:
     return h.hexdigest()[:16]
 
 
+def _own_tokenizer(tokenizer: Any) -> Any:
+    """A private copy of the tokenizer for the engine thread.
+
+    A Hugging Face fast tokenizer is not safe to share between threads (its Rust object panics
+    with "Already borrowed" when one thread changes its truncation or padding while another
+    uses it); the gateway encodes on its threads, the engine thread decodes on its copy.
+    """
+    if tokenizer is None:
+        return None
+    try:
+        return copy.deepcopy(tokenizer)
+    except Exception:  # a tokenizer that cannot be copied is shared, as before
+        logger.warning("could not copy the tokenizer for the engine thread; sharing it", exc_info=True)
+        return tokenizer
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
 class LLMEngine:
     """Owns the scheduler, the KV cache manager and the model runner of one model version."""
 
@@ -95,13 +130,18 @@ class LLMEngine:
         runner: ModelRunner,
         num_blocks: int,
         clock: Callable[[], float] = time.monotonic,
+        faults: FaultInjector | None = None,
     ) -> None:
         self.config = config
         self.model_config = model_config
-        self.tokenizer = tokenizer
+        self.tokenizer = tokenizer  # the callers' (gateway threads); the engine thread has its own
+        self._engine_tokenizer = _own_tokenizer(tokenizer)
         self.runner = runner
         self.clock = clock
-        self.max_model_len = min(config.scheduler.max_model_len, model_config.max_model_len)
+        self.faults = faults  # tests only; None in production
+        if faults is not None:
+            runner.faults = faults
+        self._num_blocks = num_blocks
         tok_fp = tokenizer_fingerprint(tokenizer)
         rope_fp = model_config.rope.fingerprint()
         kv_dtype = config.cache.kv_dtype
@@ -109,24 +149,77 @@ class LLMEngine:
         def root_digest(scope: str) -> bytes:
             return CacheKeyRoot(config.model_version, tok_fp, rope_fp, kv_dtype, scope).digest()
 
-        self.kv = KVCacheManager(
-            num_blocks=num_blocks,
-            block_size=config.cache.block_size,
-            root_digest=root_digest,
-            enable_caching=config.cache.enable_prefix_caching,
-            tenant_cache_share=config.cache.tenant_cache_share,
-        )
-        self.scheduler = Scheduler(
-            replace(config.scheduler, max_model_len=self.max_model_len), self.kv, clock=clock
-        )
-        self._choices: dict[str, _Choice] = {}
-        self._groups: dict[str, _Group] = {}
-        self.beams = BeamGroups(self.scheduler, tokenizer, model_config.eos_token_ids, clock)
-        self.prefix_cache = PrefixCacheService(self.kv, config.model_version, model_config.vocab_size)
+        self._root_digest = root_digest
+        self.max_model_len = min(config.scheduler.max_model_len, model_config.max_model_len)
+        self._build_state()
+        capacity = self.num_blocks_per_request * self.kv.block_size
+        if capacity < self.max_model_len:
+            # A request as long as the context could never be admitted: the context is the pool.
+            logger.warning(
+                "the KV cache holds %d tokens for one request (%d blocks of %d, less the watermark), "
+                "less than max_model_len %d: max_model_len is capped to %d",
+                capacity,
+                self.num_blocks_per_request,
+                self.kv.block_size,
+                self.max_model_len,
+                capacity,
+            )
+            if capacity < 1:
+                raise ValueError(f"the KV cache holds {capacity} tokens for one request; it needs at least 1")
+            self.max_model_len = capacity
+            self._build_state()
         self.prefill_rate = _RateMeter()
         self.decode_rate = _RateMeter()
         self.num_prompt_tokens_total = 0
         self.num_generation_tokens_total = 0
+        self.num_restarts = 0
+        self.last_step_idle = False  # the last step scheduled nothing and changed nothing
+
+    def _build_state(self) -> None:
+        """A fresh scheduler, KV cache manager and request maps (the KV tensors are the runner's)."""
+        config = self.config
+        self.kv = KVCacheManager(
+            num_blocks=self._num_blocks,
+            block_size=config.cache.block_size,
+            root_digest=self._root_digest,
+            enable_caching=config.cache.enable_prefix_caching,
+            tenant_cache_share=config.cache.tenant_cache_share,
+        )
+        self.scheduler = Scheduler(
+            replace(config.scheduler, max_model_len=self.max_model_len), self.kv, clock=self.clock
+        )
+        self._choices: dict[str, _Choice] = {}
+        self._groups: dict[str, _Group] = {}
+        self.beams = BeamGroups(
+            self.scheduler, self._engine_tokenizer, self.model_config.eos_token_ids, self.clock
+        )
+        self.prefix_cache = PrefixCacheService(self.kv, config.model_version, self.model_config.vocab_size)
+
+    @property
+    def num_blocks_per_request(self) -> int:
+        """The most blocks one sequence may ever hold: the pool less the admission watermark."""
+        return self.kv.num_total_blocks - self.kv.watermark_blocks
+
+    def reset(self) -> None:
+        """Forget every request and rebuild the scheduler and KV state; weights and KV tensors stay.
+
+        For the async loop after an exception it could not contain: the old state may be
+        inconsistent, so nothing of it is trusted. Cumulative counters carry over (metrics are
+        monotonic) and registered shared prefixes are registered again (their blocks are
+        recomputed on first use).
+        """
+        old_kv, old_scheduler = self.kv, self.scheduler
+        self._build_state()
+        self.kv.totals, self.kv.by_tenant = old_kv.totals, old_kv.by_tenant
+        self.scheduler.num_preemptions = old_scheduler.num_preemptions
+        for prefix in old_kv.registry.prefixes():
+            try:
+                self.kv.registry.register(prefix.token_ids, prefix.name, prefix.pinned)
+            except Exception:  # a prefix that cannot come back is dropped, not the restart
+                logger.exception("could not register shared prefix %s again", prefix.prefix_id)
+        self.runner.forget_all()
+        self.num_restarts += 1
+        self.last_step_idle = False
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -142,8 +235,18 @@ class LLMEngine:
             self.beams.validate(er)
         if er.cache_scope == SHARED_SCOPE:
             raise InvalidRequestError("this cache scope is reserved", "cache_scope")
-        if len(er.prompt_token_ids) + sp.max_tokens > self.max_model_len:
-            raise ContextLengthError(len(er.prompt_token_ids), sp.max_tokens, self.max_model_len)
+        check_seed(sp.seed)  # SamplingParams checks it too; a second line of defence
+        num_prompt = len(er.prompt_token_ids)
+        if num_prompt + sp.max_tokens > self.max_model_len:
+            raise ContextLengthError(num_prompt, sp.max_tokens, self.max_model_len)
+        # Each sequence (a choice, a beam) may have to run alone, preempted and recomputed,
+        # so it must fit the pool by itself; if it cannot, it would never be admitted again.
+        needed = self.kv.blocks_for(num_prompt + sp.max_tokens)
+        if needed > self.num_blocks_per_request:
+            num_seqs = sp.beam_width if sp.use_beam_search else sp.n
+            raise KVCapacityError(
+                num_prompt, sp.max_tokens, num_seqs, needed, self.num_blocks_per_request, self.kv.block_size
+            )
         if er.request_id in self._groups or self.beams.is_active(er.request_id):
             raise InvalidRequestError(f"duplicate request id {er.request_id!r}", "request_id")
 
@@ -159,10 +262,25 @@ class LLMEngine:
             self.beams.add(er)
             return
         children: list[Request] = []
-        child_ids = []
+        child_ids: list[str] = []
+        try:
+            self._add_choices(er, children, child_ids)
+            self.scheduler.add_fork_group(children[0], children[1:])
+        except Exception:
+            for cid in child_ids:
+                self._choices.pop(cid, None)
+            self.runner.forget(tuple(child_ids))
+            raise
+        self._groups[er.request_id] = _Group(er, child_ids, len(child_ids))
+
+    def _add_choices(self, er: EngineRequest, children: list[Request], child_ids: list[str]) -> None:
+        sp = er.sampling_params
         for i in range(sp.n):
-            child_sp = sp if sp.n == 1 else replace(sp, n=1, seed=None if sp.seed is None else sp.seed + i)
+            child_sp = sp if sp.n == 1 else replace(sp, n=1, seed=child_seed(sp.seed, i))
             cid = er.request_id if sp.n == 1 else f"{er.request_id}#{i}"
+            child_ids.append(cid)
+            # The generator is built now: a seed it refuses fails this request here, alone.
+            self.runner.add_request(cid, child_sp.seed)
             req = Request(
                 request_id=cid,
                 prompt_token_ids=list(er.prompt_token_ids),
@@ -181,17 +299,9 @@ class LLMEngine:
                 er.request_id,
                 i,
                 OutputProcessor(
-                    self.tokenizer, req.prompt_token_ids, child_sp, self.model_config.eos_token_ids
+                    self._engine_tokenizer, req.prompt_token_ids, child_sp, self.model_config.eos_token_ids
                 ),
             )
-            child_ids.append(cid)
-        try:
-            self.scheduler.add_fork_group(children[0], children[1:])
-        except Exception:
-            for cid in child_ids:
-                self._choices.pop(cid, None)
-            raise
-        self._groups[er.request_id] = _Group(er, child_ids, len(child_ids))
 
     def abort(self, request_id: str) -> list[RequestOutput]:
         """Abort every choice of a request; its blocks are freed now."""
@@ -217,7 +327,48 @@ class LLMEngine:
     # -- stepping ---------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """Run one iteration and return the outputs it produced."""
+        """Run one iteration and return the outputs it produced.
+
+        Sets `last_step_idle` when nothing was scheduled and nothing preempted: only a new
+        request, an abort or time (see `idle_timeout_s`) can change the next decision.
+        """
+        outputs = self._expire()
+        if self.faults is not None:
+            self.faults.before_schedule()
+        out = self.scheduler.schedule()
+        self.last_step_idle = not out.scheduled and not out.preempted_ids and not outputs
+        if out.is_empty:
+            self.runner.forget(out.finished_ids)
+            return outputs
+        t0 = self.clock()
+        try:
+            result = self.runner.execute(out, self.scheduler.requests)
+        except Exception:  # the step as a whole failed: only its requests are affected
+            logger.exception("engine step failed; retrying or failing its %d requests", len(out.scheduled))
+            return outputs + self._recover_step(out)
+        elapsed = self.clock() - t0
+        for rid, error in result.failed.items():
+            outputs.extend(self._fail_request(rid, error))
+        self.scheduler.on_step_done(out)
+        self._measure(out, elapsed)
+        now = self.clock()
+        for rid, res in result.sampled.items():
+            req = self.scheduler.requests.get(rid)
+            if req is None:
+                continue
+            try:
+                outputs.extend(self._apply(req, res, now))
+            except Exception as exc:  # this request's stop checks / detokenization / beam state
+                logger.exception("processing the output of request %s failed", rid)
+                outputs.extend(self._fail_request(rid, _describe(exc)))
+        outputs.extend(self.beams.advance())
+        return outputs
+
+    def idle_timeout_s(self, default_s: float) -> float:
+        """How long the caller may sleep after an idle step before time alone changes anything."""
+        return self.scheduler.idle_timeout_s(default_s)
+
+    def _expire(self) -> list[RequestOutput]:
         expired: list[RequestOutput] = []
         for late in self.scheduler.expire_deadlines():
             group_id = self.beams.group_of(late.request_id)
@@ -225,45 +376,30 @@ class LLMEngine:
                 expired.extend(self.beams.abort(group_id, FinishReason.ABORT, DEADLINE_EXCEEDED))
             else:
                 expired.append(self._finish(late, FinishReason.ABORT, "", None, error=DEADLINE_EXCEEDED))
-        out = self.scheduler.schedule()
-        if out.is_empty:
-            self.runner.forget(out.finished_ids)
-            return expired
-        t0 = self.clock()
-        try:
-            results = self.runner.execute(out, self.scheduler.requests)
-        except Exception as exc:  # an engine failure fails only the requests of this step
-            logger.exception("engine step failed; failing its %d requests", len(out.scheduled))
-            return expired + self._fail_step(out, exc)
-        elapsed = self.clock() - t0
-        self.scheduler.on_step_done(out)
-        self._measure(out, elapsed)
-        now = self.clock()
-        outputs: list[RequestOutput] = expired
-        for rid, res in results.items():
-            req = self.scheduler.requests.get(rid)
-            if req is None:
-                continue
-            if self.beams.owns(rid):
-                self.beams.on_result(rid, res.logprob)
-                continue
-            req.output_token_ids.append(res.token_id)
-            times = req.times
-            if times.first_token_s is None:
-                times.first_token_s = now
-            times.token_s.append(now)
-            self.num_generation_tokens_total += 1
-            choice = self._choices[rid]
-            step = choice.processor.step(res.token_id)
-            new_text, reason, stop_reason = step.new_text, step.finish_reason, step.stop_reason
-            logprobs = (res.logprob,) if res.logprob is not None else None
-            if reason is not None:
-                self.scheduler.finish_request(rid, _STATUS_OF[reason])
-                outputs.append(self._finish(req, reason, new_text, stop_reason, (res.token_id,), logprobs))
-            else:
-                outputs.append(self._output(req, (res.token_id,), new_text, logprobs))
-        outputs.extend(self.beams.advance())
-        return outputs
+        return expired
+
+    def _apply(self, req: Request, res: SampleResult, now: float) -> list[RequestOutput]:
+        """Apply one sampled token to its request: append, detokenize, check stops, maybe finish."""
+        rid = req.request_id
+        if self.faults is not None:
+            self.faults.before_output(rid)
+        if self.beams.owns(rid):
+            self.beams.on_result(rid, res.logprob)
+            return []
+        choice = self._choices[rid]
+        step = choice.processor.step(res.token_id)
+        req.output_token_ids.append(res.token_id)
+        times = req.times
+        if times.first_token_s is None:
+            times.first_token_s = now
+        times.token_s.append(now)
+        self.num_generation_tokens_total += 1
+        new_text, reason, stop_reason = step.new_text, step.finish_reason, step.stop_reason
+        logprobs = (res.logprob,) if res.logprob is not None else None
+        if reason is not None:
+            self.scheduler.finish_request(rid, _STATUS_OF[reason])
+            return [self._finish(req, reason, new_text, stop_reason, (res.token_id,), logprobs)]
+        return [self._output(req, (res.token_id,), new_text, logprobs)]
 
     def _measure(self, out: SchedulerOutput, elapsed: float) -> None:
         prefill = sum(s.num_tokens for s in out.scheduled if s.num_tokens > 1 or not s.samples)
@@ -273,19 +409,34 @@ class LLMEngine:
         else:
             self.decode_rate.add(1, elapsed)
 
-    def _fail_step(self, out: SchedulerOutput, exc: Exception) -> list[RequestOutput]:
+    def _fail_request(self, request_id: str, error: str) -> list[RequestOutput]:
+        """Fail one scheduler request (a choice, or a beam: its whole group) with `error`."""
+        group_id = self.beams.group_of(request_id)
+        if group_id is not None:
+            return self.beams.fail(group_id, error)
+        req = self.scheduler.finish_request(request_id, RequestStatus.FINISHED_ERROR)
+        if req is None or request_id not in self._choices:
+            return []
+        return [self._finish(req, FinishReason.ERROR, "", None, error=error)]
+
+    def _recover_step(self, out: SchedulerOutput) -> list[RequestOutput]:
+        """The model forward (or something shared by the whole step) raised.
+
+        The KV written in this step is not trusted. A request that has not streamed a token is
+        requeued once and recomputes its blocks; the others fail with `ENGINE_RETRYABLE`
+        (the gateway answers 503, which clients retry).
+        """
         outs: list[RequestOutput] = []
-        error = f"{type(exc).__name__}: {exc}"
         for s in out.scheduled:
-            group_id = self.beams.group_of(s.request_id)
-            if group_id is not None:
-                outs.extend(self.beams.abort(group_id, FinishReason.ERROR, error))
+            req = self.scheduler.requests.get(s.request_id)
+            if req is None or req.status is not RequestStatus.RUNNING:
                 continue
-            req = self.scheduler.finish_request(s.request_id, RequestStatus.FINISHED_ERROR)
-            if req is not None:
-                outs.append(
-                    self._finish(req, FinishReason.ERROR, "", None, error=f"{type(exc).__name__}: {exc}")
-                )
+            streamed = req.num_output_tokens > 0 and not self.beams.owns(req.request_id)
+            if not streamed and req.num_retries == 0:
+                req.num_retries += 1
+                self.scheduler.requeue(req)
+            else:
+                outs.extend(self._fail_request(req.request_id, ENGINE_RETRYABLE))
         return outs
 
     def _output(
@@ -359,11 +510,19 @@ class LLMEngine:
             num_prompt_tokens_total=self.num_prompt_tokens_total,
             num_generation_tokens_total=self.num_generation_tokens_total,
             waiting_tokens_by_priority=tuple(by_prio),
+            num_restarts=self.num_restarts,
         )
 
 
-def build_engine(config: EngineConfig, clock: Callable[[], float] = time.monotonic) -> LLMEngine:
-    """Load the model and tokenizer, size the KV pool, and assemble an engine."""
+def build_engine(
+    config: EngineConfig,
+    clock: Callable[[], float] = time.monotonic,
+    faults: FaultInjector | None = None,
+) -> LLMEngine:
+    """Load the model and tokenizer, size the KV pool, and assemble an engine.
+
+    `faults` is for tests only (see `engine.faults`); nothing in production passes one.
+    """
     from transformers import AutoTokenizer
 
     from engine.kv_tensors import allocate_kv_caches, num_blocks_for
@@ -392,7 +551,7 @@ def build_engine(config: EngineConfig, clock: Callable[[], float] = time.monoton
     max_len = min(config.scheduler.max_model_len, model_config.max_model_len)
     graphs = build_decode_graphs(config, model, kv_caches, max_len, device)  # None on CPU
     runner = ModelRunner(model, kv_caches, config.cache.block_size, device, graphs=graphs)
-    return LLMEngine(config, model_config, tokenizer, runner, num_blocks, clock=clock)
+    return LLMEngine(config, model_config, tokenizer, runner, num_blocks, clock=clock, faults=faults)
 
 
 def _attention_backend(config: EngineConfig, device: torch.device):  # type: ignore[no-untyped-def]

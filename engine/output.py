@@ -107,6 +107,7 @@ class EngineStats:
     num_prompt_tokens_total: int = 0
     num_generation_tokens_total: int = 0
     waiting_tokens_by_priority: tuple[int, ...] = field(default=(0, 0, 0))
+    num_restarts: int = 0  # times the engine loop restarted after an exception it could not contain
 
     @property
     def kv_usage(self) -> float:

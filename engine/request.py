@@ -13,6 +13,33 @@ from dataclasses import dataclass, field
 
 from engine.errors import InvalidRequestError
 
+# The seeds a sampling generator accepts (torch.Generator.manual_seed): a signed or unsigned
+# 64-bit integer.
+SEED_MIN = -(2**63)
+SEED_MAX = 2**64 - 1
+_SEED_MODULUS = 2**64
+
+
+def check_seed(seed: object) -> None:
+    """Raise InvalidRequestError (param "seed") unless `seed` is None or a 64-bit integer."""
+    if seed is None:
+        return
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise InvalidRequestError(f"seed must be an integer, got {seed!r}", "seed")
+    if not SEED_MIN <= seed <= SEED_MAX:
+        raise InvalidRequestError(f"seed must be in [{SEED_MIN}, {SEED_MAX}], got {seed}", "seed")
+
+
+def child_seed(seed: int | None, index: int) -> int | None:
+    """The seed of choice `index` of an n>1 request: `seed + index`, wrapped into [0, 2**64).
+
+    Choice 0 keeps the request's seed, so n=1 and the first of n choices draw the same tokens;
+    the wrap keeps every child seed valid, whatever the parent's.
+    """
+    if seed is None or index == 0:
+        return seed
+    return (seed + index) % _SEED_MODULUS
+
 
 class Priority(enum.IntEnum):
     """Priority classes; lower value is served first."""
@@ -129,8 +156,7 @@ class SamplingParams:
                 raise InvalidRequestError(
                     f"beam_width must be in [1, 16], got {self.beam_width}", "beam_width"
                 )
-        if self.seed is not None and not isinstance(self.seed, int):
-            raise InvalidRequestError(f"seed must be an integer, got {self.seed!r}", "seed")
+        check_seed(self.seed)
 
     @property
     def is_greedy(self) -> bool:
@@ -188,6 +214,7 @@ class Request:
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at first admission
     status: RequestStatus = RequestStatus.WAITING
     num_preemptions: int = 0
+    num_retries: int = 0  # times requeued after a failed model forward (at most once)
     parent_id: str | None = None  # set for n>1 children and beams
     index: int = 0  # choice index within its parent
     times: RequestTimes = field(init=False)

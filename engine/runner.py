@@ -2,19 +2,43 @@
 
 The runner owns the KV cache tensors and the per-request sampling generators. It knows
 nothing about queues or policies: it executes exactly the step it is given.
+
+Fault containment: per-request work (gathering a request's input tokens, preparing its
+sampling, sampling its row) is isolated, so an exception for one request leaves it out of the
+step and reports it in `StepResult.failed`; the others run. What is shared by the whole step
+(block copies, the tensors, the model forward) raises to the caller, which decides for every
+request of the step.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 import torch
 
 from engine.attention import AttentionMetadata
 from engine.cuda_graphs import DecodeGraphs
-from engine.output import SchedulerOutput
+from engine.errors import InvalidRequestError
+from engine.faults import FaultInjector
+from engine.output import ScheduledRequest, SchedulerOutput
 from engine.request import Request
 from engine.sampler import Sampler, SampleResult, SamplingContext, make_generator
+
+logger = logging.getLogger("weir.engine")
+
+
+@dataclass
+class StepResult:
+    """What one executed step produced: a token per sampling request, or why a request failed."""
+
+    sampled: dict[str, SampleResult] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)  # request id -> error, for that request only
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
 
 
 class ModelRunner:
@@ -28,6 +52,7 @@ class ModelRunner:
         device: torch.device,
         sampler: Sampler | None = None,
         graphs: DecodeGraphs | None = None,
+        faults: FaultInjector | None = None,
     ) -> None:
         self.model = model
         self.graphs = graphs  # decode steps that fit a captured bucket replay a CUDA graph
@@ -35,10 +60,22 @@ class ModelRunner:
         self.block_size = block_size
         self.device = device
         self.sampler = sampler or Sampler()
+        self.faults = faults  # tests only; None in production
+        self.num_steps = 0
         self._generators: dict[str, torch.Generator | None] = {}
 
+    def add_request(self, request_id: str, seed: int | None) -> None:
+        """Build the request's sampling generator now, when it is added, not inside a step.
+
+        A seed the generator refuses fails this request alone, with InvalidRequestError.
+        """
+        try:
+            self._generators[request_id] = make_generator(seed, self.device)
+        except (RuntimeError, OverflowError, TypeError, ValueError) as exc:
+            raise InvalidRequestError(f"invalid seed {seed!r}: {exc}", "seed") from exc
+
     def _generator(self, req: Request) -> torch.Generator | None:
-        if req.request_id not in self._generators:
+        if req.request_id not in self._generators:  # a request added without add_request (tests)
             self._generators[req.request_id] = make_generator(req.sampling_params.seed, self.device)
         return self._generators[req.request_id]
 
@@ -46,12 +83,30 @@ class ModelRunner:
         for rid in request_ids:
             self._generators.pop(rid, None)
 
-    def prepare(
-        self, out: SchedulerOutput, requests: Mapping[str, Request]
-    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
-        """Flatten the step into input ids, positions and attention metadata.
+    def forget_all(self) -> None:
+        """Drop every generator (the engine was reset)."""
+        self._generators.clear()
 
-        Returns also the flat index of the last token of each sampling sequence.
+    @staticmethod
+    def _input_tokens(s: ScheduledRequest, req: Request) -> list[int]:
+        start, end = s.num_computed_tokens, s.num_computed_tokens + s.num_tokens
+        num_prompt = req.num_prompt_tokens
+        if end <= num_prompt:
+            ids = req.prompt_token_ids[start:end]
+        elif start >= num_prompt:
+            ids = req.output_token_ids[start - num_prompt : end - num_prompt]
+        else:
+            ids = req.prompt_token_ids[start:] + req.output_token_ids[: end - num_prompt]
+        if len(ids) != s.num_tokens:
+            raise RuntimeError(f"request has {len(ids)} tokens to feed, the step says {s.num_tokens}")
+        return ids
+
+    def prepare(
+        self, scheduled: Sequence[ScheduledRequest], inputs: Sequence[Sequence[int]]
+    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
+        """Flatten the step (`inputs[i]`: the tokens `scheduled[i]` feeds) into input ids, positions
+        and attention metadata. Returns also the flat index of the last token of each sampling
+        sequence.
         """
         bs = self.block_size
         token_ids: list[int] = []
@@ -60,19 +115,11 @@ class ModelRunner:
         query_start = [0]
         seq_lens: list[int] = []
         sample_rows: list[int] = []
-        max_blocks = max((len(s.block_ids) for s in out.scheduled), default=1)
+        max_blocks = max((len(s.block_ids) for s in scheduled), default=1)
         tables: list[list[int]] = []
-        for s in out.scheduled:
-            req = requests[s.request_id]
+        for s, ids_in in zip(scheduled, inputs, strict=True):
             start, end = s.num_computed_tokens, s.num_computed_tokens + s.num_tokens
-            num_prompt = req.num_prompt_tokens
-            if end <= num_prompt:
-                token_ids.extend(req.prompt_token_ids[start:end])
-            elif start >= num_prompt:
-                token_ids.extend(req.output_token_ids[start - num_prompt : end - num_prompt])
-            else:
-                token_ids.extend(req.prompt_token_ids[start:])
-                token_ids.extend(req.output_token_ids[: end - num_prompt])
+            token_ids.extend(ids_in)
             positions.extend(range(start, end))
             ids = s.block_ids
             slots.extend(ids[p // bs] * bs + p % bs for p in range(start, end))
@@ -89,7 +136,7 @@ class ModelRunner:
             block_tables=torch.tensor(tables, dtype=torch.int32, device=dev),
             query_start_loc_cpu=tuple(query_start),
             seq_lens_cpu=tuple(seq_lens),
-            max_query_len=max(s.num_tokens for s in out.scheduled),
+            max_query_len=max(s.num_tokens for s in scheduled),
             max_seq_len=max(seq_lens),
             block_size=bs,
         )
@@ -107,33 +154,91 @@ class ModelRunner:
             cache[:, dst] = cache[:, src]
 
     @torch.inference_mode()
-    def execute(self, out: SchedulerOutput, requests: Mapping[str, Request]) -> dict[str, SampleResult]:
-        """Run one step; returns the sampled token of every request whose chunk reached its end."""
+    def execute(self, out: SchedulerOutput, requests: Mapping[str, Request]) -> StepResult:
+        """Run one step: the sampled token of every request whose chunk reached its end.
+
+        A failure in one request's own work leaves it out (`StepResult.failed`); a failure of the
+        step as a whole (block copies, tensors, the forward) raises.
+        """
         self.forget(out.finished_ids)  # a preempted request keeps its generator: seeds reproduce
         self.copy_blocks(out.blocks_to_copy)
+        result = StepResult()
         if not out.scheduled:
-            return {}
-        input_ids, positions, metadata, sample_rows = self.prepare(out, requests)
+            return result
+        scheduled: list[ScheduledRequest] = []
+        inputs: list[list[int]] = []
+        for s in out.scheduled:
+            try:
+                inputs.append(self._input_tokens(s, requests[s.request_id]))
+            except Exception as exc:  # this request's inputs are broken, not the step's
+                logger.exception("preparing request %s failed", s.request_id)
+                result.failed[s.request_id] = _describe(exc)
+                continue
+            scheduled.append(s)
+        if not scheduled:
+            return result
+        self.num_steps += 1
+        input_ids, positions, metadata, sample_rows = self.prepare(scheduled, inputs)
+        if self.faults is not None:
+            self.faults.before_forward(self.num_steps)
         bucket = self.graphs.bucket_for(metadata, input_ids.shape[0]) if self.graphs is not None else None
         if self.graphs is not None and bucket is not None:
             hidden = self.graphs.run(input_ids, positions, metadata, bucket)  # [num_tokens, hidden]
         else:
             hidden = self.model(input_ids, positions, self.kv_caches, metadata)  # [num_tokens, hidden]
-        sampling = [s for s in out.scheduled if s.samples]
+        sampling: list[ScheduledRequest] = []
+        rows: list[int] = []
+        contexts: list[SamplingContext] = []
+        for s, row in zip([s for s in scheduled if s.samples], sample_rows, strict=True):
+            try:
+                contexts.append(self._context(requests[s.request_id]))
+            except Exception as exc:
+                logger.exception("preparing the sampling of request %s failed", s.request_id)
+                result.failed[s.request_id] = _describe(exc)
+                continue
+            sampling.append(s)
+            rows.append(row)
         if not sampling:
-            return {}
-        rows = torch.tensor(sample_rows, dtype=torch.int64, device=self.device)
-        logits = self.model.compute_logits(hidden.index_select(0, rows))  # type: ignore[operator]  # [num_sampling, vocab]
-        contexts = []
-        for s in sampling:
-            req = requests[s.request_id]
-            contexts.append(
-                SamplingContext(
-                    params=req.sampling_params,
-                    prompt_token_ids=req.prompt_token_ids,
-                    output_token_ids=req.output_token_ids,
-                    generator=self._generator(req),
-                )
-            )
-        results = self.sampler(logits, contexts)
-        return {s.request_id: r for s, r in zip(sampling, results, strict=True)}
+            return result
+        index = torch.tensor(rows, dtype=torch.int64, device=self.device)
+        logits = self.model.compute_logits(hidden.index_select(0, index))  # type: ignore[operator]  # [num_sampling, vocab]
+        self._sample(logits, sampling, contexts, result)
+        return result
+
+    def _context(self, req: Request) -> SamplingContext:
+        if self.faults is not None:
+            self.faults.before_sample(req.request_id)
+        return SamplingContext(
+            params=req.sampling_params,
+            prompt_token_ids=req.prompt_token_ids,
+            output_token_ids=req.output_token_ids,
+            generator=self._generator(req),
+        )
+
+    def _sample(
+        self,
+        logits: torch.Tensor,
+        sampling: Sequence[ScheduledRequest],
+        contexts: Sequence[SamplingContext],
+        result: StepResult,
+    ) -> None:
+        """Sample the batch at once; if that raises, row by row, so only the failing rows fail.
+
+        Row by row draws each seeded row from its own generator as the batch does, so the tokens
+        of the rows that succeed are the same either way.
+        """
+        try:
+            samples = self.sampler(logits, contexts)  # logits: [num_sampling, vocab]
+        except Exception:
+            logger.exception("batched sampling failed; sampling its %d rows one by one", len(contexts))
+        else:
+            result.sampled.update((s.request_id, r) for s, r in zip(sampling, samples, strict=True))
+            return
+        for i, (s, context) in enumerate(zip(sampling, contexts, strict=True)):
+            try:
+                (sample,) = self.sampler(logits[i : i + 1], [context])  # [1, vocab]
+            except Exception as exc:
+                logger.exception("sampling request %s failed", s.request_id)
+                result.failed[s.request_id] = _describe(exc)
+                continue
+            result.sampled[s.request_id] = sample

@@ -337,11 +337,54 @@ class Scheduler:
                 self._run_forks(req)
 
     def expire_deadlines(self) -> list[Request]:
-        """Abort waiting requests whose queue deadline has passed; their blocks are freed now."""
+        """Abort waiting requests whose queue deadline has passed; their blocks are freed now.
+
+        The queue deadline bounds the wait before a request first starts. A request that has
+        been scheduled once (and maybe streamed tokens) and was then preempted or requeued is
+        never expired as "waited in the queue".
+        """
         if not self._num_deadlines:
             return []
         now = self.clock()
-        expired = [r for r in self.waiting if r.deadline_s is not None and r.deadline_s <= now]
+        expired = [r for r in self.waiting if (d := _queued_deadline(r)) is not None and d <= now]
         for req in expired:
             self.finish_request(req.request_id, RequestStatus.FINISHED_ABORTED)
         return expired
+
+    def requeue(self, req: Request) -> None:
+        """Put a running request back at the front of the queue; it recomputes its blocks.
+
+        After a failed model forward: the blocks written in that step are not trusted.
+        """
+        self._preempt(req)
+
+    def idle_timeout_s(self, default_s: float) -> float:
+        """How long the engine may sleep after a step that scheduled nothing.
+
+        Only time changes what an idle scheduler decides: a queue deadline passing, or a static
+        or dynamic batch's wait ending. Anything else (a new request, an abort) wakes the engine.
+        """
+        now = self.clock()
+        timeout = default_s
+        if self._num_deadlines:
+            for req in self.waiting:
+                deadline = _queued_deadline(req)
+                if deadline is not None:
+                    timeout = min(timeout, deadline - now)
+        policy = self.config.batch_policy
+        head = self.waiting.peek() if policy is not BatchPolicy.CONTINUOUS else None
+        if head is not None:
+            window = (
+                self.config.static_max_wait_s
+                if policy is BatchPolicy.STATIC
+                else self.config.dynamic_window_s
+            )
+            timeout = min(timeout, head.arrival_s + window - now)
+        return max(0.0, timeout)
+
+
+def _queued_deadline(req: Request) -> float | None:
+    """The queue deadline of a request that has never been scheduled; None otherwise."""
+    if req.deadline_s is None or req.times.first_scheduled_s is not None:
+        return None
+    return req.deadline_s

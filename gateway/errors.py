@@ -9,7 +9,14 @@ from collections.abc import Mapping
 
 from starlette.responses import JSONResponse
 
-from engine.errors import ContextLengthError, EngineDeadError, InvalidRequestError, RequestFailedError
+from engine.errors import (
+    ENGINE_RETRYABLE,
+    ContextLengthError,
+    EngineDeadError,
+    InvalidRequestError,
+    RequestFailedError,
+    RetryableEngineError,
+)
 
 
 class WeirError(Exception):
@@ -131,6 +138,8 @@ def from_engine_error(exc: Exception) -> WeirError:
         return BadRequestError(exc.message, param=exc.param, code="invalid_value")
     if isinstance(exc, EngineDeadError):
         return ServiceUnavailableError(f"engine unavailable: {exc}", code="engine_unavailable")
+    if isinstance(exc, RetryableEngineError):
+        return ServiceUnavailableError(str(exc), code=ENGINE_RETRYABLE, headers={"Retry-After": "1"})
     if isinstance(exc, RequestFailedError):
         return InternalServerError(f"engine failed on this request: {exc}", code="engine_error")
     return InternalServerError("internal server error")

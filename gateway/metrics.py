@@ -58,6 +58,11 @@ class _EngineStatsCollector(Collector):
             "weir_num_preemptions", "Sequences preempted by the scheduler.", value=s.num_preemptions
         )
         yield CounterMetricFamily(
+            "weir_engine_restarts",
+            "Engine loop restarts after an exception it could not contain.",
+            value=s.num_restarts,
+        )
+        yield CounterMetricFamily(
             "weir_prefix_cache_queries",
             "Prompt tokens looked up in the prefix cache.",
             value=s.prefix_cache_queries,

@@ -19,7 +19,7 @@ import anyio
 from starlette.types import Receive, Scope, Send
 
 from engine.client import EngineClient, EngineRequest
-from engine.errors import DEADLINE_EXCEEDED, RequestFailedError
+from engine.errors import DEADLINE_EXCEEDED, ENGINE_RETRYABLE, RequestFailedError, RetryableEngineError
 from engine.output import RequestOutput
 from engine.request import FinishReason
 from gateway.accounting import Accountant, Outcome, RequestInfo, RequestTally, Settle
@@ -169,6 +169,8 @@ class GenerationResponse:
 
     def _check(self, out: RequestOutput) -> None:
         if out.finished and out.finish_reason is FinishReason.ERROR:
+            if out.error == ENGINE_RETRYABLE:  # an engine fault, not this request's: 503, retry
+                raise RetryableEngineError("the engine failed while running this request; retry it")
             raise RequestFailedError(out.error or "generation failed")
         if out.finished and out.error == DEADLINE_EXCEEDED:
             # Aborted in the queue: the server could not start it in time (503, not a short 200).
