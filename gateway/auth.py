@@ -7,8 +7,21 @@ API invalidates its cache at once; other replicas (and changes made with `weir a
 
 Every refusal of a key (missing, malformed, unknown, revoked, expired, wrong secret) is the same
 401 with the same message, so a caller learns nothing about which it was. A suspended tenant
-gets 403 (the key itself was fine). An address that keeps failing is answered 429 with
-Retry-After for the rest of the window, before any lookup is made.
+gets 403 (the key itself was fine).
+
+The failure throttle never refuses a valid key: the key is checked first, and only a failed
+attempt is counted and, past a limit, answered 429 (Retry-After) instead of 401. Failures are
+counted per presented key id (a wrong secret for a real id counts against that id) and, with a
+far higher bar, per client address. So a client without its key, or one guessing, cannot lock
+out the other tenants behind the same address (an ingress, a NAT, a load tool on the machine).
+
+A database that is locked or down never authenticates anyone it has not already: an uncached
+key gets 503 `database_unavailable` within `lookup_timeout_s`; cached keys keep being served.
+
+Revocation race: a lookup that started before a key or tenant change (revoke, rotate, suspend,
+update) must not put what it read into the cache after the change invalidated it. Every
+invalidation bumps a generation; a lookup caches its result only if the generation it read
+before querying is still current.
 
 `authenticate` is synchronous and may query the database on a cache miss; async code calls
 `authenticate_async`, which answers cache hits inline and runs only misses in the thread pool.
@@ -29,7 +42,13 @@ from cachetools import TTLCache
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.concurrency import run_in_threadpool
 
-from gateway.errors import AuthenticationError, PermissionDeniedError, RateLimitError
+from gateway.errors import (
+    AuthenticationError,
+    PermissionDeniedError,
+    RateLimitError,
+    WeirError,
+    from_database_error,
+)
 from tenancy.context import TenantContext
 from tenancy.enums import KeyScope, KeyState, TenantStatus
 from tenancy.keys import KeyHasher, ParsedKey, parse_key
@@ -45,20 +64,26 @@ _MAX_HEADER_LEN = 1024
 
 @dataclass(frozen=True)
 class AuthSettings:
-    """Auth cache and failure-throttle knobs."""
+    """Auth cache, failure-throttle and database-timeout knobs."""
 
     cache_ttl_s: float = 30.0  # how long another replica's revocation can take to apply here
     cache_max_keys: int = 10_000
-    max_failures: int = 20  # failed attempts per address per window before 429
+    # Failed attempts per window before 429: per presented key id (and per address for the
+    # admin token, which has no id), and per address for tenant keys, a far higher bar since
+    # every tenant behind one ingress or NAT shares it. A valid credential is never refused.
+    max_failures: int = 20
+    max_address_failures: int = 1000
     failure_window_s: float = 60.0
-    max_tracked_addresses: int = 100_000
+    max_tracked: int = 100_000  # key ids and addresses each; the oldest are forgotten past it
+    lookup_timeout_s: float = 1.0  # an uncached key waits at most this on a locked database
+    touch_timeout_s: float = 0.2  # writing last_used_at is best effort: it never holds a request
 
     def __post_init__(self) -> None:
-        for name in ("cache_ttl_s", "failure_window_s"):
+        for name in ("cache_ttl_s", "failure_window_s", "lookup_timeout_s", "touch_timeout_s"):
             value = getattr(self, name)
             if not math.isfinite(value) or value <= 0:
                 raise ValueError(f"{name} must be a positive number of seconds, got {value}")
-        for name in ("cache_max_keys", "max_failures", "max_tracked_addresses"):
+        for name in ("cache_max_keys", "max_failures", "max_address_failures", "max_tracked"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
@@ -70,9 +95,9 @@ class KeyStore(Protocol):
 
     def now(self) -> dt.datetime: ...
 
-    def lookup_key(self, key_id: str) -> KeyRecord | None: ...
+    def lookup_key(self, key_id: str, *, timeout_s: float | None = None) -> KeyRecord | None: ...
 
-    def touch_key(self, key_id: str, when: dt.datetime) -> None: ...
+    def touch_key(self, key_id: str, when: dt.datetime, *, timeout_s: float | None = None) -> None: ...
 
 
 class AdminTokenStore(Protocol):
@@ -95,10 +120,11 @@ def bearer_token(authorization: str | None) -> str | None:
 
 
 class FailureThrottle:
-    """Counts authentication failures per client address in fixed windows; 429 past the limit.
+    """Counts authentication failures per subject (a key id, an address) in fixed windows.
 
-    Memory is bounded: at most `max_tracked` addresses, each forgotten a window after its last
-    failure. Thread-safe.
+    Callers consult it only for attempts that already failed, so it can turn a 401 into a 429
+    but never refuses a valid credential. Memory is bounded: at most `max_tracked` subjects,
+    each forgotten a window after its first failure. Thread-safe.
     """
 
     def __init__(
@@ -119,36 +145,67 @@ class FailureThrottle:
     def from_settings(
         cls, settings: AuthSettings, *, timer: Callable[[], float] = time.monotonic
     ) -> FailureThrottle:
+        return cls(settings.max_failures, settings.failure_window_s, settings.max_tracked, timer=timer)
+
+    @classmethod
+    def for_addresses(
+        cls, settings: AuthSettings, *, timer: Callable[[], float] = time.monotonic
+    ) -> FailureThrottle:
+        """The per-address throttle of tenant keys (`max_address_failures`)."""
         return cls(
-            settings.max_failures, settings.failure_window_s, settings.max_tracked_addresses, timer=timer
+            settings.max_address_failures, settings.failure_window_s, settings.max_tracked, timer=timer
         )
 
-    def check(self, client_addr: str) -> None:
-        """Raise RateLimitError (429, Retry-After) if this address used up its failures."""
+    @property
+    def num_tracked(self) -> int:
+        """How many subjects are remembered now (bounded by `max_tracked`)."""
+        with self._lock:
+            return len(self._windows)
+
+    def check(self, subject: str) -> None:
+        """Raise RateLimitError (429, Retry-After) if this subject used up its failures."""
+        error = self.blocked(subject)
+        if error is not None:
+            raise error
+
+    def blocked(self, subject: str) -> RateLimitError | None:
+        """The 429 to answer while this subject has used up its failures; None otherwise."""
         now = self._timer()
         with self._lock:
-            window = self._windows.get(client_addr)
+            window = self._windows.get(subject)
         if window is None:
-            return
+            return None
         start, count = window
         remaining_s = start + self._window_s - now
-        if count >= self._max_failures and remaining_s > 0:
-            raise RateLimitError(
-                "Too many failed authentication attempts from this address; retry later.",
-                code="too_many_auth_failures",
-                # The epsilon keeps float noise (10.000000000000002) from announcing 11 s.
-                headers={"Retry-After": str(max(1, math.ceil(remaining_s - 1e-6)))},
-            )
+        if count < self._max_failures or remaining_s <= 0:
+            return None
+        return RateLimitError(
+            "Too many failed authentication attempts; retry later.",
+            code="too_many_auth_failures",
+            # The epsilon keeps float noise (10.000000000000002) from announcing 11 s.
+            headers={"Retry-After": str(max(1, math.ceil(remaining_s - 1e-6)))},
+        )
 
-    def record_failure(self, client_addr: str) -> None:
-        """Count one failed attempt from this address."""
+    def record_failure(self, subject: str) -> None:
+        """Count one failed attempt of this subject."""
         now = self._timer()
         with self._lock:
-            window = self._windows.get(client_addr)
+            window = self._windows.get(subject)
             if window is None or now >= window[0] + self._window_s:
-                self._windows[client_addr] = (now, 1)
+                self._windows[subject] = (now, 1)
             else:
-                self._windows[client_addr] = (window[0], window[1] + 1)
+                self._windows[subject] = (window[0], window[1] + 1)
+
+
+def refuse(error: AuthenticationError, subjects: list[tuple[FailureThrottle, str]]) -> WeirError:
+    """The answer to a failed attempt: 429 if any of its subjects is blocked, else count it, 401."""
+    for throttle, subject in subjects:
+        blocked = throttle.blocked(subject)
+        if blocked is not None:
+            return blocked
+    for throttle, subject in subjects:
+        throttle.record_failure(subject)
+    return error
 
 
 @dataclass(frozen=True)
@@ -158,7 +215,11 @@ class _Entry:
 
 
 class Authenticator:
-    """Tenant API key -> TenantContext, with a TTL cache and a per-address failure throttle."""
+    """Tenant API key -> TenantContext, with a TTL cache and a failure throttle.
+
+    `throttle` counts failures per key id, `address_throttle` per client address; both only
+    ever answer attempts that failed.
+    """
 
     def __init__(
         self,
@@ -166,70 +227,100 @@ class Authenticator:
         settings: AuthSettings | None = None,
         *,
         throttle: FailureThrottle | None = None,
+        address_throttle: FailureThrottle | None = None,
         timer: Callable[[], float] = time.monotonic,
     ) -> None:
         self._store = store
         self.settings = settings or AuthSettings()
         self.throttle = throttle or FailureThrottle.from_settings(self.settings, timer=timer)
+        self.address_throttle = address_throttle or FailureThrottle.for_addresses(self.settings, timer=timer)
         self._cache: TTLCache[str, _Entry] = TTLCache(
             self.settings.cache_max_keys, ttl=self.settings.cache_ttl_s, timer=timer
         )
+        # Ids looked up and not found: a retried unknown id costs no second query within the TTL.
+        self._unknown: TTLCache[str, bool] = TTLCache(
+            self.settings.cache_max_keys, ttl=self.settings.cache_ttl_s, timer=timer
+        )
+        self._generation = 0  # bumped by every invalidation (see the module docstring)
         self._lock = threading.Lock()
 
     def authenticate(
         self, authorization: str | None, client_addr: str, *, scope: KeyScope | None = None
     ) -> TenantContext:
-        """The caller's context, or raise 401 / 403 / 429. May query the database on a cache miss."""
-        parsed = self._precheck(authorization, client_addr)
-        entry = self._cached(parsed.key_id) if parsed is not None else None
-        if parsed is not None and entry is None:
-            entry = self._load(parsed)
-        return self._finish(parsed, entry, client_addr, scope)
+        """The caller's context, or raise 401 / 403 / 429 / 503. May query the database on a miss."""
+        parsed = self._parse(authorization)
+        found = self._cached(parsed.key_id) if parsed is not None else _MISS
+        if parsed is not None and found is _MISS:
+            found = self._load_or_unavailable(parsed)
+        return self._finish(parsed, found, client_addr, scope)
 
     async def authenticate_async(
         self, authorization: str | None, client_addr: str, *, scope: KeyScope | None = None
     ) -> TenantContext:
         """`authenticate` for async code: cache hits inline, misses in the thread pool."""
-        parsed = self._precheck(authorization, client_addr)
-        entry = self._cached(parsed.key_id) if parsed is not None else None
-        if parsed is not None and entry is None:
-            entry = await run_in_threadpool(self._load, parsed)
-        return self._finish(parsed, entry, client_addr, scope)
+        parsed = self._parse(authorization)
+        found = self._cached(parsed.key_id) if parsed is not None else _MISS
+        if parsed is not None and found is _MISS:
+            found = await run_in_threadpool(self._load_or_unavailable, parsed)
+        return self._finish(parsed, found, client_addr, scope)
 
     def invalidate(self, key_id: str) -> None:
         """Forget a cached key (after revocation or rotation) so the next request re-reads it."""
         with self._lock:
+            self._generation += 1
             self._cache.pop(key_id, None)
 
     def invalidate_tenant(self, tenant: str) -> None:
         """Forget every cached key of a tenant (after a suspension, quota or priority change)."""
         with self._lock:
+            self._generation += 1
             for key_id in [k for k, e in self._cache.items() if e.record.tenant.name == tenant]:
                 self._cache.pop(key_id, None)
 
     def clear(self) -> None:
         """Forget every cached key."""
         with self._lock:
+            self._generation += 1
             self._cache.clear()
+            self._unknown.clear()
 
-    def _precheck(self, authorization: str | None, client_addr: str) -> ParsedKey | None:
-        self.throttle.check(client_addr)
+    @staticmethod
+    def _parse(authorization: str | None) -> ParsedKey | None:
         token = bearer_token(authorization)
         return parse_key(token) if token is not None else None
 
-    def _cached(self, key_id: str) -> _Entry | None:
+    def _cached(self, key_id: str) -> _Entry | None | _Miss:
         with self._lock:
-            return self._cache.get(key_id)
+            entry = self._cache.get(key_id)
+            if entry is not None:
+                return entry
+            return None if key_id in self._unknown else _MISS
+
+    def _load_or_unavailable(self, parsed: ParsedKey) -> _Entry | None:
+        try:
+            return self._load(parsed)
+        except SQLAlchemyError as exc:
+            # Fail closed: nobody the cache does not already know is let in without the database.
+            log.warning("auth lookup of API key %s failed: %s", parsed.key_id, exc)
+            raise from_database_error(exc) from exc
 
     def _load(self, parsed: ParsedKey) -> _Entry | None:
-        record = self._store.lookup_key(parsed.key_id)
+        with self._lock:
+            generation = self._generation
+        record = self._store.lookup_key(parsed.key_id, timeout_s=self.settings.lookup_timeout_s)
         if record is None:
-            return None  # unknown ids are not cached; the throttle bounds how often they are tried
+            with self._lock:
+                if self._generation == generation:
+                    self._unknown[parsed.key_id] = True
+            return None
         entry = _Entry(
             record, record.tenant.context(record.view.id, tuple(s.value for s in record.view.scopes))
         )
         with self._lock:
-            self._cache[parsed.key_id] = entry
+            # An invalidation since the lookup began may have made what was read stale: use it
+            # for this request only (it started before the change), never cache it.
+            if self._generation == generation:
+                self._cache[parsed.key_id] = entry
         now = self._store.now()
         if (
             self._store.hasher.verify(parsed.key, record.secret_hash)
@@ -237,23 +328,30 @@ class Authenticator:
         ):
             # Written on cache misses only, so last_used_at is accurate to cache_ttl_s.
             try:
-                self._store.touch_key(parsed.key_id, now)
+                self._store.touch_key(parsed.key_id, now, timeout_s=self.settings.touch_timeout_s)
             except SQLAlchemyError:
                 log.warning("could not record the last use of API key %s", parsed.key_id, exc_info=True)
         return entry
 
     def _finish(
-        self, parsed: ParsedKey | None, entry: _Entry | None, client_addr: str, scope: KeyScope | None
+        self,
+        parsed: ParsedKey | None,
+        found: _Entry | None | _Miss,
+        client_addr: str,
+        scope: KeyScope | None,
     ) -> TenantContext:
         now = self._store.now()
+        entry = found if isinstance(found, _Entry) else None
         if (
             parsed is None
             or entry is None
             or not self._store.hasher.verify(parsed.key, entry.record.secret_hash)
             or entry.record.view.state(now) is not KeyState.ACTIVE
         ):
-            self.throttle.record_failure(client_addr)
-            raise AuthenticationError(INVALID_KEY_MESSAGE)
+            subjects = [(self.address_throttle, client_addr)]
+            if parsed is not None:
+                subjects.insert(0, (self.throttle, parsed.key_id))
+            raise refuse(AuthenticationError(INVALID_KEY_MESSAGE), subjects)
         if entry.record.tenant.status is TenantStatus.SUSPENDED:
             raise PermissionDeniedError(SUSPENDED_MESSAGE, code="tenant_suspended")
         if scope is not None and scope not in entry.record.view.scopes:
@@ -261,6 +359,13 @@ class Authenticator:
                 f"This API key does not have the '{scope.value}' scope.", code="missing_scope"
             )
         return entry.context
+
+
+class _Miss:
+    """Sentinel type: the key id is in neither cache, so the database must be asked."""
+
+
+_MISS = _Miss()
 
 
 class AdminAuthenticator:
@@ -288,19 +393,17 @@ class AdminAuthenticator:
         self._lock = threading.Lock()
 
     def authenticate(self, authorization: str | None, client_addr: str) -> None:
-        """Return if the header carries the admin token; raise 401 (or 429) otherwise."""
-        self.throttle.check(client_addr)
+        """Return if the header carries the admin token; raise 401 (429 past the limit) otherwise."""
         expected = self._expected_hash()
         if expected is _UNKNOWN:
-            expected = self._load()
+            expected = self._load_or_unavailable()
         self._finish(authorization, expected, client_addr)
 
     async def authenticate_async(self, authorization: str | None, client_addr: str) -> None:
         """`authenticate` for async code: the stored hash is loaded in the thread pool when stale."""
-        self.throttle.check(client_addr)
         expected = self._expected_hash()
         if expected is _UNKNOWN:
-            expected = await run_in_threadpool(self._load)
+            expected = await run_in_threadpool(self._load_or_unavailable)
         self._finish(authorization, expected, client_addr)
 
     def invalidate(self) -> None:
@@ -314,6 +417,13 @@ class AdminAuthenticator:
         with self._lock:
             return self._stored.get("hash", _UNKNOWN)
 
+    def _load_or_unavailable(self) -> str | None:
+        try:
+            return self._load()
+        except SQLAlchemyError as exc:
+            log.warning("reading the stored admin token hash failed: %s", exc)
+            raise from_database_error(exc) from exc
+
     def _load(self) -> str | None:
         stored = self._store.admin_token_hash()
         with self._lock:
@@ -323,8 +433,8 @@ class AdminAuthenticator:
     def _finish(self, authorization: str | None, expected: str | None, client_addr: str) -> None:
         token = bearer_token(authorization)
         if token is None or expected is None or not self._store.hasher.verify(token, expected):
-            self.throttle.record_failure(client_addr)
-            raise AuthenticationError(INVALID_ADMIN_MESSAGE, code="invalid_admin_token")
+            error = AuthenticationError(INVALID_ADMIN_MESSAGE, code="invalid_admin_token")
+            raise refuse(error, [(self.throttle, client_addr)])
 
 
 _UNKNOWN = "\0unknown"  # sentinel: the stored hash has not been read (None means none is stored)

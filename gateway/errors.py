@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from sqlalchemy.exc import DBAPIError, DisconnectionError, SQLAlchemyError
+from sqlalchemy.exc import TimeoutError as SQLAlchemyTimeoutError
 from starlette.responses import JSONResponse
 
 from engine.errors import (
@@ -16,6 +18,16 @@ from engine.errors import (
     InvalidRequestError,
     RequestFailedError,
     RetryableEngineError,
+)
+from tenancy.errors import (
+    CacheScopeConflictError,
+    FieldError,
+    KeyInactiveError,
+    KeyNotFoundError,
+    MigrationRequiredError,
+    TenancyError,
+    TenantExistsError,
+    TenantNotFoundError,
 )
 
 
@@ -143,6 +155,46 @@ def from_engine_error(exc: Exception) -> WeirError:
     if isinstance(exc, RequestFailedError):
         return InternalServerError(f"engine failed on this request: {exc}", code="engine_error")
     return InternalServerError("internal server error")
+
+
+class DatabaseUnavailableError(ServiceUnavailableError):
+    """The tenancy database is locked, slow or unreachable; retrying later can succeed."""
+
+    default_code = "database_unavailable"
+
+
+DATABASE_RETRY_AFTER_S = 1
+
+
+def from_database_error(exc: SQLAlchemyError) -> WeirError:
+    """The HTTP error for a database failure: 503 `database_unavailable`, never a 500.
+
+    Locks, timeouts and lost connections (every DBAPI error, the pool's TimeoutError) are
+    transient; anything else raised by SQLAlchemy is a bug and stays a 500.
+    """
+    if isinstance(exc, DBAPIError | SQLAlchemyTimeoutError | DisconnectionError):
+        return DatabaseUnavailableError(
+            "The database is unavailable; retry later.",
+            headers={"Retry-After": str(DATABASE_RETRY_AFTER_S)},
+        )
+    return InternalServerError("internal server error")
+
+
+def from_tenancy_error(exc: TenancyError) -> WeirError:
+    """The HTTP error for an error the tenancy layer raised on purpose."""
+    if isinstance(exc, FieldError):
+        if exc.field == "body":
+            return BadRequestError(exc.message, code="invalid_body")
+        return UnprocessableError(exc.message, param=exc.field, code="invalid_value")
+    if isinstance(exc, TenantNotFoundError | KeyNotFoundError):
+        return NotFoundError(exc.message)
+    if isinstance(exc, CacheScopeConflictError):
+        return ConflictError(exc.message, param=exc.field, code="cache_scope_conflict")
+    if isinstance(exc, TenantExistsError | KeyInactiveError):
+        return ConflictError(exc.message)
+    if isinstance(exc, MigrationRequiredError):
+        return ServiceUnavailableError(exc.message, code="database_not_migrated")
+    return BadRequestError(exc.message)
 
 
 def error_response(exc: WeirError) -> JSONResponse:

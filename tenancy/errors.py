@@ -1,6 +1,6 @@
 """Typed errors of the tenancy layer.
 
-The gateway maps them to HTTP errors (`gateway/routes/admin.py`); the CLI prints them. Nothing
+The gateway maps them to HTTP errors (`gateway/errors.py`); the CLI prints them. Nothing
 here knows about HTTP.
 """
 
@@ -37,6 +37,17 @@ class TenantExistsError(TenancyError):
     def __init__(self, name: str) -> None:
         super().__init__(f"tenant {name!r} already exists")
         self.name = name
+
+
+class CacheScopeConflictError(TenancyError):
+    """A tenant would join another tenant's prefix-cache scope without the admin asking to share.
+
+    `field` names the input that collides (`cache_scope` or `name`).
+    """
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class KeyNotFoundError(TenancyError):

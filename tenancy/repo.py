@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Callable, Sequence
 
-from sqlalchemy import select, update
+from sqlalchemy import or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -19,6 +19,7 @@ from tenancy.context import QuotaLimits
 from tenancy.db import Database
 from tenancy.enums import AuditAction, KeyScope, KeyState, TenantStatus
 from tenancy.errors import (
+    CacheScopeConflictError,
     FieldError,
     KeyInactiveError,
     KeyNotFoundError,
@@ -144,17 +145,73 @@ class TenancyRepo:
             raise TenantNotFoundError(name)
         return row
 
+    def _cache_scope(
+        self,
+        session: Session,
+        name: str,
+        requested: str | None,
+        share_with: str | None,
+        *,
+        new_tenant: bool,
+    ) -> str:
+        """The cache scope tenant `name` may take; `CacheScopeConflictError` on an accidental share.
+
+        A scope is private unless shared on purpose: it must not be another tenant's scope nor
+        another tenant's name (the default scope of that name), and a new tenant must not be
+        named after another tenant's scope. `share_with` joins that tenant's scope explicitly.
+        """
+        if share_with is not None:
+            partner = session.scalars(select(Tenant).where(Tenant.name == share_with)).one_or_none()
+            if partner is None:
+                raise FieldError("share_cache_scope_with", f"no tenant named {share_with!r}")
+            scope = partner.cache_scope
+        else:
+            scope = requested if requested is not None else name
+        hint = "; to share a scope on purpose, send share_cache_scope_with naming a tenant that uses it"
+        clashes = or_(Tenant.cache_scope == scope, Tenant.name == scope)
+        if new_tenant:
+            clashes = or_(clashes, Tenant.cache_scope == name)
+        query = (
+            select(Tenant.name, Tenant.cache_scope).where(Tenant.name != name, clashes).order_by(Tenant.name)
+        )
+        for other, other_scope in session.execute(query).tuples():
+            if share_with is not None and other_scope == scope:
+                continue  # the scope being joined on purpose
+            if other_scope == name and (other_scope != scope or requested is None):
+                # The default scope is the name: a tenant named after a scope would join it.
+                raise CacheScopeConflictError(
+                    "name",
+                    f"tenant name {name!r} is tenant {other!r}'s cache scope, which a tenant of that "
+                    f"name would join; choose another name, or send share_cache_scope_with: {other!r} "
+                    "to share it",
+                )
+            if other_scope == scope:
+                raise CacheScopeConflictError(
+                    "cache_scope", f"cache scope {scope!r} is already tenant {other!r}'s cache scope{hint}"
+                )
+            raise CacheScopeConflictError(
+                "cache_scope", f"cache scope {scope!r} is the name of tenant {other!r}{hint}"
+            )
+        return scope
+
     def create_tenant(self, spec: TenantSpec, *, actor: str) -> TenantView:
-        """Create a tenant with its quota; `TenantExistsError` if the name is taken."""
+        """Create a tenant with its quota.
+
+        `TenantExistsError` if the name is taken; `CacheScopeConflictError` if its cache scope would
+        be shared without `spec.share_cache_scope_with` asking for it.
+        """
         now = self.now()
         try:
             with self.db.transaction() as session:
+                scope = self._cache_scope(
+                    session, spec.name, spec.cache_scope, spec.share_cache_scope_with, new_tenant=True
+                )
                 row = Tenant(
                     name=spec.name,
                     status=TenantStatus.ACTIVE,
                     priority=spec.priority,
                     weight=spec.weight,
-                    cache_scope=spec.cache_scope if spec.cache_scope is not None else spec.name,
+                    cache_scope=scope,
                     created_at=now,
                     updated_at=now,
                 )
@@ -163,18 +220,21 @@ class TenancyRepo:
                 row.quota = quota
                 session.add(row)
                 session.flush()  # surfaces a duplicate name here, inside the transaction
+                details: dict[str, object] = {
+                    "priority": spec.priority.name.lower(),
+                    "weight": spec.weight,
+                    "cache_scope": row.cache_scope,
+                    "quota": _quota_details(spec.quota),
+                }
+                if spec.share_cache_scope_with is not None:
+                    details["share_cache_scope_with"] = spec.share_cache_scope_with
                 record_event(
                     session,
                     when=now,
                     actor=actor,
                     action=AuditAction.TENANT_CREATE,
                     tenant=spec.name,
-                    details={
-                        "priority": spec.priority.name.lower(),
-                        "weight": spec.weight,
-                        "cache_scope": row.cache_scope,
-                        "quota": _quota_details(spec.quota),
-                    },
+                    details=details,
                 )
                 return _tenant_view(row)
         except IntegrityError:
@@ -193,7 +253,10 @@ class TenancyRepo:
             return _tenant_view(self._tenant_row(session, name))
 
     def update_tenant(self, name: str, change: TenantUpdate, *, actor: str) -> TenantView:
-        """Change priority, weight, cache scope or status; fields left None are kept."""
+        """Change priority, weight, cache scope or status; fields left None are kept.
+
+        A new cache scope follows the rules of `create_tenant` (`CacheScopeConflictError`).
+        """
         now = self.now()
         with self.db.transaction() as session:
             row = self._tenant_row(session, name)
@@ -204,9 +267,15 @@ class TenancyRepo:
             if change.weight is not None and change.weight != row.weight:
                 row.weight = change.weight
                 details["weight"] = change.weight
-            if change.cache_scope is not None and change.cache_scope != row.cache_scope:
-                row.cache_scope = change.cache_scope
-                details["cache_scope"] = change.cache_scope
+            if change.cache_scope is not None or change.share_cache_scope_with is not None:
+                scope = self._cache_scope(
+                    session, name, change.cache_scope, change.share_cache_scope_with, new_tenant=False
+                )
+                if scope != row.cache_scope:
+                    row.cache_scope = scope
+                    details["cache_scope"] = scope
+                    if change.share_cache_scope_with is not None:
+                        details["share_cache_scope_with"] = change.share_cache_scope_with
             if change.status is not None and change.status != row.status:
                 row.status = change.status
                 details["status"] = change.status.value
@@ -343,18 +412,21 @@ class TenancyRepo:
             )
             return issued
 
-    def lookup_key(self, key_id: str) -> KeyRecord | None:
-        """Everything authentication needs about a key, in one query; None if unknown."""
-        with self.db.transaction() as session:
+    def lookup_key(self, key_id: str, *, timeout_s: float | None = None) -> KeyRecord | None:
+        """Everything authentication needs about a key, in one query; None if unknown.
+
+        `timeout_s` bounds the wait on a locked database (then an OperationalError is raised).
+        """
+        with self.db.transaction(timeout_s=timeout_s) as session:
             row = session.get(ApiKey, key_id)
             if row is None:
                 return None
             tenant = _tenant_view(row.tenant)
             return KeyRecord(view=_key_view(row, tenant.name), secret_hash=row.secret_hash, tenant=tenant)
 
-    def touch_key(self, key_id: str, when: dt.datetime) -> None:
+    def touch_key(self, key_id: str, when: dt.datetime, *, timeout_s: float | None = None) -> None:
         """Record that a key was used (called on auth-cache misses, not on every request)."""
-        with self.db.transaction() as session:
+        with self.db.transaction(timeout_s=timeout_s) as session:
             session.execute(update(ApiKey).where(ApiKey.id == key_id).values(last_used_at=when))
 
     # -- usage -----------------------------------------------------------------------------------

@@ -79,6 +79,18 @@ def validate_quota(quota: QuotaLimits, prefix: str = "quota.") -> QuotaLimits:
     return quota
 
 
+def _check_share(cache_scope: str | None, share_with: str | None, own_name: str | None) -> None:
+    if share_with is None:
+        return
+    validate_tenant_name(share_with, "share_cache_scope_with")
+    if cache_scope is not None:
+        raise FieldError(
+            "share_cache_scope_with", "give either cache_scope or share_cache_scope_with, not both"
+        )
+    if share_with == own_name:
+        raise FieldError("share_cache_scope_with", "must name another tenant")
+
+
 def _check_aware(value: dt.datetime | None, field_name: str) -> None:
     if value is not None and value.tzinfo is None:
         raise FieldError(field_name, "must include a time zone (e.g. 2030-01-01T00:00:00Z)")
@@ -93,6 +105,8 @@ class TenantSpec:
     weight: float = 1.0
     cache_scope: str | None = None  # None: the tenant's own name (nothing shared)
     quota: QuotaLimits = field(default_factory=QuotaLimits)
+    # Join this existing tenant's cache scope on purpose (audited); the only way to share one.
+    share_cache_scope_with: str | None = None
 
     def __post_init__(self) -> None:
         validate_tenant_name(self.name)
@@ -102,6 +116,7 @@ class TenantSpec:
         if self.cache_scope is not None:
             validate_cache_scope(self.cache_scope)
         validate_quota(self.quota)
+        _check_share(self.cache_scope, self.share_cache_scope_with, self.name)
 
 
 @dataclass(frozen=True)
@@ -112,6 +127,7 @@ class TenantUpdate:
     weight: float | None = None
     cache_scope: str | None = None
     status: TenantStatus | None = None
+    share_cache_scope_with: str | None = None  # join this tenant's cache scope on purpose
 
     def __post_init__(self) -> None:
         if self.priority is not None and not isinstance(self.priority, Priority):
@@ -122,8 +138,20 @@ class TenantUpdate:
             validate_cache_scope(self.cache_scope)
         if self.status is not None and not isinstance(self.status, TenantStatus):
             raise FieldError("status", "must be one of active, suspended")
-        if self.priority is None and self.weight is None and self.cache_scope is None and self.status is None:
-            raise FieldError("body", "give at least one of priority, weight, cache_scope, status")
+        _check_share(self.cache_scope, self.share_cache_scope_with, None)
+        if all(
+            value is None
+            for value in (
+                self.priority,
+                self.weight,
+                self.cache_scope,
+                self.status,
+                self.share_cache_scope_with,
+            )
+        ):
+            raise FieldError(
+                "body", "give at least one of priority, weight, cache_scope, share_cache_scope_with, status"
+            )
 
 
 @dataclass(frozen=True)

@@ -40,8 +40,8 @@ QUOTA_FIELDS = (
     "tpot_slo_ms",
     "default_max_tokens_reservation",
 )
-_TENANT_FIELDS = ("name", "priority", "weight", "cache_scope", "quota")
-_UPDATE_FIELDS = ("priority", "weight", "cache_scope", "status")
+_TENANT_FIELDS = ("name", "priority", "weight", "cache_scope", "share_cache_scope_with", "quota")
+_UPDATE_FIELDS = ("priority", "weight", "cache_scope", "share_cache_scope_with", "status")
 _KEY_FIELDS = ("scopes", "expires_at")
 
 
@@ -94,6 +94,11 @@ def _string(value: object, field: str) -> str:
     return value
 
 
+def _optional_string(data: Mapping[str, Any], field: str) -> str | None:
+    value = data.get(field)
+    return _string(value, field) if value is not None else None
+
+
 def parse_quota(body: object, where: str = "quota") -> QuotaLimits:
     """A quota object; absent or null fields mean unlimited, `models` absent means every model."""
     data = _object(body, QUOTA_FIELDS, where)
@@ -116,13 +121,16 @@ def parse_quota(body: object, where: str = "quota") -> QuotaLimits:
         models=tuple(models),
         ttft_slo_ms=limit("ttft_slo_ms"),
         tpot_slo_ms=limit("tpot_slo_ms"),
+        default_max_tokens_reservation=limit("default_max_tokens_reservation"),
     )
     return validate_quota(quota, prefix)
 
 
 def parse_tenant_spec(body: object) -> TenantSpec:
-        default_max_tokens_reservation=limit("default_max_tokens_reservation"),
-    """`{"name", "priority", "weight", "cache_scope", "quota": {...}}`; only `name` is required."""
+    """`{"name", "priority", "weight", "cache_scope" | "share_cache_scope_with", "quota": {...}}`.
+
+    Only `name` is required.
+    """
     data = _object(body, _TENANT_FIELDS, "body")
     if "name" not in data:
         raise FieldError("name", "is required")
@@ -133,11 +141,12 @@ def parse_tenant_spec(body: object) -> TenantSpec:
         weight=_number(data["weight"], "weight") if data.get("weight") is not None else 1.0,
         cache_scope=_string(cache_scope, "cache_scope") if cache_scope is not None else None,
         quota=parse_quota(data["quota"]) if data.get("quota") is not None else QuotaLimits(),
+        share_cache_scope_with=_optional_string(data, "share_cache_scope_with"),
     )
 
 
 def parse_tenant_update(body: object) -> TenantUpdate:
-    """A partial update: any of `priority`, `weight`, `cache_scope`, `status`."""
+    """A partial update: any of `priority`, `weight`, `cache_scope`, `share_cache_scope_with`, `status`."""
     data = _object(body, _UPDATE_FIELDS, "body")
     return TenantUpdate(
         priority=parse_priority(data["priority"]) if data.get("priority") is not None else None,
@@ -146,6 +155,7 @@ def parse_tenant_update(body: object) -> TenantUpdate:
         if data.get("cache_scope") is not None
         else None,
         status=parse_status(data["status"]) if data.get("status") is not None else None,
+        share_cache_scope_with=_optional_string(data, "share_cache_scope_with"),
     )
 
 
@@ -214,6 +224,7 @@ def quota_json(quota: QuotaLimits) -> JsonObject:
         "models": list(quota.models),
         "ttft_slo_ms": quota.ttft_slo_ms,
         "tpot_slo_ms": quota.tpot_slo_ms,
+        "default_max_tokens_reservation": quota.default_max_tokens_reservation,
     }
 
 
@@ -224,7 +235,6 @@ def tenant_json(tenant: TenantView) -> JsonObject:
         "name": tenant.name,
         "status": tenant.status.value,
         "priority": tenant.priority.name.lower(),
-        "default_max_tokens_reservation": quota.default_max_tokens_reservation,
         "weight": tenant.weight,
         "cache_scope": tenant.cache_scope,
         "quota": quota_json(tenant.quota),

@@ -11,9 +11,11 @@ type or out of range is 422 with `param` naming the field.
 from __future__ import annotations
 
 import datetime as dt
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from sqlalchemy.exc import SQLAlchemyError
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -21,27 +23,17 @@ from starlette.routing import BaseRoute, Mount, Route
 
 from gateway.auth import AdminAuthenticator, Authenticator
 from gateway.errors import (
-    BadRequestError,
-    ConflictError,
     NotFoundError,
     PayloadTooLargeError,
     PermissionDeniedError,
-    ServiceUnavailableError,
-    UnprocessableError,
     WeirError,
     error_response,
+    from_database_error,
+    from_tenancy_error,
 )
 from gateway.json_body import loads_bounded
 from tenancy.enums import KeyScope
-from tenancy.errors import (
-    FieldError,
-    KeyInactiveError,
-    KeyNotFoundError,
-    MigrationRequiredError,
-    TenancyError,
-    TenantExistsError,
-    TenantNotFoundError,
-)
+from tenancy.errors import FieldError, TenancyError
 from tenancy.keys import is_public_id
 from tenancy.repo import TenancyRepo
 from tenancy.schemas import validate_tenant_name
@@ -59,26 +51,13 @@ from tenancy.wire import (
     usage_json,
 )
 
+log = logging.getLogger(__name__)
+
 MAX_ADMIN_BODY_BYTES = 1 << 20
 _MAX_QUERY_INT = 2**63 - 1
 _NO_STORE = {"Cache-Control": "no-store"}  # responses may carry a key, shown only once
 
 Endpoint = Callable[[Request], Awaitable[Response]]
-
-
-def to_http_error(exc: TenancyError) -> WeirError:
-    """The HTTP error for a tenancy error."""
-    if isinstance(exc, FieldError):
-        if exc.field == "body":
-            return BadRequestError(exc.message, code="invalid_body")
-        return UnprocessableError(exc.message, param=exc.field, code="invalid_value")
-    if isinstance(exc, TenantNotFoundError | KeyNotFoundError):
-        return NotFoundError(exc.message)
-    if isinstance(exc, TenantExistsError | KeyInactiveError):
-        return ConflictError(exc.message)
-    if isinstance(exc, MigrationRequiredError):
-        return ServiceUnavailableError(exc.message, code="database_not_migrated")
-    return BadRequestError(exc.message)
 
 
 def _json(body: Any, status_code: int = 200) -> JSONResponse:
@@ -151,9 +130,12 @@ class _AdminApi:
                 await self.admin_auth.authenticate_async(request.headers.get("authorization"), addr)
                 return await handler(request, f"admin-api {addr}")
             except TenancyError as exc:
-                return error_response(to_http_error(exc))
+                return error_response(from_tenancy_error(exc))
             except WeirError as exc:
                 return error_response(exc)
+            except SQLAlchemyError as exc:
+                log.warning("admin %s %s: database error: %s", request.method, request.url.path, exc)
+                return error_response(from_database_error(exc))
 
         return endpoint
 
@@ -258,9 +240,12 @@ class _AdminApi:
             )
             return _json(usage_json(context.tenant_id, days))
         except TenancyError as exc:
-            return error_response(to_http_error(exc))
+            return error_response(from_tenancy_error(exc))
         except WeirError as exc:
             return error_response(exc)
+        except SQLAlchemyError as exc:
+            log.warning("GET /v1/usage: database error: %s", exc)
+            return error_response(from_database_error(exc))
 
 
 def admin_routes(

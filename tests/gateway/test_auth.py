@@ -1,9 +1,11 @@
-"""Tenant key and admin token authentication: sameness of refusals, cache, throttle."""
+"""Tenant key and admin token authentication: sameness of refusals, cache, throttle, races, outages."""
 
 from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import sqlite3
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,10 +13,16 @@ import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from sqlalchemy.exc import OperationalError
 
 from engine.request import Priority
 from gateway.auth import AdminAuthenticator, Authenticator, AuthSettings, FailureThrottle, bearer_token
-from gateway.errors import AuthenticationError, PermissionDeniedError, RateLimitError
+from gateway.errors import (
+    AuthenticationError,
+    DatabaseUnavailableError,
+    PermissionDeniedError,
+    RateLimitError,
+)
 from tenancy.context import QuotaLimits
 from tenancy.db import Database
 from tenancy.enums import KeyScope
@@ -50,9 +58,9 @@ class CountingRepo(TenancyRepo):
 
     lookups = 0
 
-    def lookup_key(self, key_id: str) -> KeyRecord | None:
+    def lookup_key(self, key_id: str, *, timeout_s: float | None = None) -> KeyRecord | None:
         self.lookups += 1
-        return super().lookup_key(key_id)
+        return super().lookup_key(key_id, timeout_s=timeout_s)
 
 
 @pytest.fixture
@@ -76,7 +84,9 @@ def repo(tmp_path: Path, clocks: Clocks) -> Iterator[CountingRepo]:
 @pytest.fixture
 def auth(repo: CountingRepo, clocks: Clocks) -> Authenticator:
     return Authenticator(
-        repo, AuthSettings(cache_ttl_s=30, max_failures=5, failure_window_s=60), timer=clocks.timer
+        repo,
+        AuthSettings(cache_ttl_s=30, max_failures=5, max_address_failures=12, failure_window_s=60),
+        timer=clocks.timer,
     )
 
 
@@ -182,22 +192,66 @@ def test_expiry_applies_even_to_a_cached_key(repo: CountingRepo, auth: Authentic
         auth.authenticate(_bearer(issued.key), ADDR)
 
 
-def test_repeated_failures_from_one_address_get_429(
+def test_a_valid_key_is_never_refused_because_of_other_clients_failures(
     repo: CountingRepo, auth: Authenticator, clocks: Clocks
 ) -> None:
-    issued = repo.issue_key("acme", KeySpec(), actor="t")
-    for _ in range(5):
-        with pytest.raises(AuthenticationError):
-            auth.authenticate(_bearer(generate_key().key), ADDR)
-    lookups = repo.lookups
-    with pytest.raises(RateLimitError) as info:
-        auth.authenticate(_bearer(issued.key), ADDR)  # even a good key, while the address is blocked
-    assert info.value.status_code == 429
-    assert 1 <= int(info.value.headers["Retry-After"]) <= 60
-    assert repo.lookups == lookups  # blocked before any database work
-    auth.authenticate(_bearer(issued.key), "198.51.100.1")  # other addresses are unaffected
+    """Defect 3: a load tool started without its key locked out every tenant on the machine."""
+    cached = repo.issue_key("acme", KeySpec(), actor="t")
+    uncached = repo.issue_key("globex", KeySpec(), actor="t")
+    auth.authenticate(_bearer(cached.key), ADDR)
+    answers = []
+    for i in range(30):  # past both the per-key and the per-address bar
+        header = None if i % 2 else _bearer(generate_key().key)
+        with pytest.raises((AuthenticationError, RateLimitError)) as info:
+            auth.authenticate(header, ADDR)
+        answers.append(info.value.status_code)
+    assert answers[:12] == [401] * 12 and set(answers[12:]) == {429}  # the address bar is 12
+    assert auth.authenticate(_bearer(cached.key), ADDR).tenant_id == "acme"
+    assert auth.authenticate(_bearer(uncached.key), ADDR).tenant_id == "globex"
+    with pytest.raises(RateLimitError) as blocked:
+        auth.authenticate(None, ADDR)
+    assert 1 <= int(blocked.value.headers["Retry-After"]) <= 60
+    assert blocked.value.body()["error"]["code"] == "too_many_auth_failures"
+    with pytest.raises(AuthenticationError):
+        auth.authenticate(None, "198.51.100.1")  # other addresses are unaffected: 401, not 429
     clocks.advance(60)
-    auth.authenticate(_bearer(issued.key), ADDR)
+    with pytest.raises(AuthenticationError):
+        auth.authenticate(None, ADDR)  # the window is over
+
+
+def test_wrong_secrets_count_against_the_key_id_not_the_key(repo: CountingRepo, auth: Authenticator) -> None:
+    issued = repo.issue_key("acme", KeySpec(), actor="t")
+    wrong = issued.key[:-4] + ("aaaa" if not issued.key.endswith("aaaa") else "bbbb")
+    answers = []
+    for i in range(7):  # from seven addresses: the per-address bar is never reached
+        with pytest.raises((AuthenticationError, RateLimitError)) as info:
+            auth.authenticate(_bearer(wrong), f"10.9.0.{i}")
+        answers.append(info.value.status_code)
+    assert answers == [401] * 5 + [429] * 2  # max_failures = 5 per key id
+    assert auth.authenticate(_bearer(issued.key), "10.9.0.1").key_id == issued.view.id
+    with pytest.raises(AuthenticationError):  # another id from the same address: its own count
+        auth.authenticate(_bearer(generate_key().key), "10.9.0.1")
+
+
+def test_an_unknown_id_is_looked_up_once_per_ttl(
+    repo: CountingRepo, auth: Authenticator, clocks: Clocks
+) -> None:
+    unknown = generate_key().key
+    for i in range(4):
+        with pytest.raises(AuthenticationError):
+            auth.authenticate(_bearer(unknown), f"10.8.0.{i}")
+    assert repo.lookups == 1
+    clocks.advance(31)
+    with pytest.raises(AuthenticationError):
+        auth.authenticate(_bearer(unknown), ADDR)
+    assert repo.lookups == 2
+
+
+def test_throttle_memory_is_bounded(clocks: Clocks) -> None:
+    throttle = FailureThrottle(3, 60, max_tracked=100, timer=clocks.timer)
+    for i in range(1000):
+        throttle.record_failure(f"subject-{i}")
+    assert throttle.num_tracked <= 100
 
 
 def test_async_variant(repo: CountingRepo, auth: Authenticator) -> None:
@@ -222,6 +276,10 @@ def test_auth_settings_validation() -> None:
         AuthSettings(cache_ttl_s=0)
     with pytest.raises(ValueError, match="max_failures"):
         AuthSettings(max_failures=0)
+    with pytest.raises(ValueError, match="max_address_failures"):
+        AuthSettings(max_address_failures=0)
+    with pytest.raises(ValueError, match="lookup_timeout_s"):
+        AuthSettings(lookup_timeout_s=float("nan"))
 
 
 # -- admin token -----------------------------------------------------------------------------------
@@ -252,7 +310,7 @@ def test_configured_admin_token_wins(repo: CountingRepo, clocks: Clocks) -> None
         admin.authenticate(_bearer(stored), ADDR)
 
 
-def test_admin_failures_are_throttled(repo: CountingRepo, clocks: Clocks) -> None:
+def test_admin_failures_are_throttled_but_never_the_token(repo: CountingRepo, clocks: Clocks) -> None:
     throttle = FailureThrottle(3, 60, timer=clocks.timer)
     admin = AdminAuthenticator(
         repo, "operator-chosen-token-0123456789", throttle=throttle, timer=clocks.timer
@@ -261,7 +319,8 @@ def test_admin_failures_are_throttled(repo: CountingRepo, clocks: Clocks) -> Non
         with pytest.raises(AuthenticationError):
             admin.authenticate(_bearer("guess"), ADDR)
     with pytest.raises(RateLimitError):
-        admin.authenticate(_bearer("operator-chosen-token-0123456789"), ADDR)
+        admin.authenticate(_bearer("guess"), ADDR)
+    admin.authenticate(_bearer("operator-chosen-token-0123456789"), ADDR)  # the real token passes
 
 
 # -- the throttle against a model -------------------------------------------------------------------
@@ -319,3 +378,155 @@ class ThrottleMachine(RuleBasedStateMachine):
 
 ThrottleMachine.TestCase.settings = settings(max_examples=40, stateful_step_count=30, deadline=None)
 test_throttle_state_machine = ThrottleMachine.TestCase
+
+
+# -- the revocation race ----------------------------------------------------------------------------
+
+
+class PausingRepo(CountingRepo):
+    """Holds the next `lookup_key` after it has read the row, until the test releases it."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.pause_next = False
+        self.read = threading.Event()
+        self.resume = threading.Event()
+
+    def lookup_key(self, key_id: str, *, timeout_s: float | None = None) -> KeyRecord | None:
+        record = super().lookup_key(key_id, timeout_s=timeout_s)
+        if self.pause_next:
+            self.pause_next = False
+            self.read.set()
+            assert self.resume.wait(30), "the test never released the lookup"
+        return record
+
+
+@pytest.fixture
+def pausing(tmp_path: Path, clocks: Clocks) -> Iterator[PausingRepo]:
+    db = Database(f"sqlite:///{tmp_path / 'race.db'}")
+    upgrade(db.engine)
+    repo = PausingRepo(db, KeyHasher(b"pepper"), clock=clocks.wall)
+    repo.create_tenant(TenantSpec("acme"), actor="t")
+    yield repo
+    db.dispose()
+
+
+def _paused_lookup(repo: PausingRepo, auth: Authenticator, key: str) -> list[object]:
+    """Start an authentication on a thread; return once its lookup has read the (active) row."""
+    results: list[object] = []
+
+    def run() -> None:
+        try:
+            results.append(auth.authenticate(_bearer(key), ADDR))
+        except Exception as exc:  # collected for the assertion in the test
+            results.append(exc)
+
+    repo.pause_next = True
+    thread = threading.Thread(target=run)
+    thread.start()
+    assert repo.read.wait(30)
+    results.append(thread)
+    return results
+
+
+@pytest.mark.parametrize("change", ["revoke", "suspend"])
+def test_a_lookup_that_started_before_a_change_does_not_cache_the_old_state(
+    pausing: PausingRepo, clocks: Clocks, change: str
+) -> None:
+    auth = Authenticator(pausing, AuthSettings(cache_ttl_s=30), timer=clocks.timer)
+    issued = pausing.issue_key("acme", KeySpec(), actor="t")
+    results = _paused_lookup(pausing, auth, issued.key)
+    # What the admin route does while the lookup is paused: change the database, then invalidate.
+    if change == "revoke":
+        pausing.revoke_key(issued.view.id, actor="t")
+        auth.invalidate(issued.view.id)
+    else:
+        pausing.suspend_tenant("acme", actor="t")
+        auth.invalidate_tenant("acme")
+    pausing.resume.set()
+    thread = results.pop()
+    assert isinstance(thread, threading.Thread)
+    thread.join(30)
+    # The paused request began before the change and may be served; the next one must not be.
+    assert results and getattr(results[0], "tenant_id", None) == "acme"
+    expected = AuthenticationError if change == "revoke" else PermissionDeniedError
+    with pytest.raises(expected):
+        auth.authenticate(_bearer(issued.key), ADDR)
+
+
+# -- the database unavailable -----------------------------------------------------------------------
+
+
+class BrokenRepo(CountingRepo):
+    """A database that answers nothing: every lookup fails as a locked or unreachable one does."""
+
+    broken = False
+
+    def lookup_key(self, key_id: str, *, timeout_s: float | None = None) -> KeyRecord | None:
+        if self.broken:
+            self.lookups += 1
+            raise OperationalError("SELECT ...", {}, sqlite3.OperationalError("database is locked"))
+        return super().lookup_key(key_id, timeout_s=timeout_s)
+
+    def admin_token_hash(self) -> str | None:
+        if self.broken:
+            raise OperationalError("SELECT ...", {}, sqlite3.OperationalError("database is locked"))
+        return super().admin_token_hash()
+
+
+@pytest.fixture
+def broken(tmp_path: Path, clocks: Clocks) -> Iterator[BrokenRepo]:
+    db = Database(f"sqlite:///{tmp_path / 'broken.db'}")
+    upgrade(db.engine)
+    repo = BrokenRepo(db, KeyHasher(b"pepper"), clock=clocks.wall)
+    repo.create_tenant(TenantSpec("acme"), actor="t")
+    yield repo
+    db.dispose()
+
+
+def test_an_unavailable_database_fails_closed_with_503(broken: BrokenRepo, clocks: Clocks) -> None:
+    auth = Authenticator(broken, AuthSettings(), timer=clocks.timer)
+    cached = broken.issue_key("acme", KeySpec(), actor="t")
+    uncached = broken.issue_key("acme", KeySpec(), actor="t")
+    auth.authenticate(_bearer(cached.key), ADDR)
+    broken.broken = True
+    for key in (uncached.key, generate_key().key):  # a valid key and an unknown one alike
+        with pytest.raises(DatabaseUnavailableError) as info:
+            asyncio.run(auth.authenticate_async(_bearer(key), ADDR))
+        assert info.value.status_code == 503 and info.value.headers["Retry-After"] == "1"
+        assert info.value.body()["error"]["code"] == "database_unavailable"
+    assert auth.authenticate(_bearer(cached.key), ADDR).tenant_id == "acme"  # served from the cache
+    with pytest.raises(AuthenticationError):  # no key at all needs no database: still 401
+        auth.authenticate(None, ADDR)
+    broken.broken = False
+    assert auth.authenticate(_bearer(uncached.key), ADDR).tenant_id == "acme"
+
+
+def test_an_unavailable_database_gives_503_for_the_stored_admin_token(
+    broken: BrokenRepo, clocks: Clocks
+) -> None:
+    token = generate_admin_token()
+    broken.store_admin_token(token, actor="t", replace=False)
+    admin = AdminAuthenticator(broken, None, timer=clocks.timer)
+    broken.broken = True
+    with pytest.raises(DatabaseUnavailableError):
+        admin.authenticate(_bearer(token), ADDR)
+    broken.broken = False
+    admin.authenticate(_bearer(token), ADDR)
+
+
+def test_the_lookup_waits_at_most_its_timeout_on_a_locked_database(
+    repo: CountingRepo, clocks: Clocks
+) -> None:
+    """A writer holding the database does not block an uncached key for the 5 s busy timeout."""
+    auth = Authenticator(repo, AuthSettings(touch_timeout_s=0.05), timer=clocks.timer)
+    issued = repo.issue_key("acme", KeySpec(), actor="t")
+    locker = sqlite3.connect(repo.db.url.database or "", isolation_level=None)
+    try:
+        locker.execute("BEGIN EXCLUSIVE")  # WAL: readers go on, writers wait
+        ctx = auth.authenticate(_bearer(issued.key), ADDR)  # the read works; touching is skipped
+        assert ctx.tenant_id == "acme"
+    finally:
+        locker.execute("ROLLBACK")
+        locker.close()
+    assert repo.get_key(issued.view.id).last_used_at is None  # the best-effort write gave up

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import datetime as dt
+import sqlite3
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from starlette.applications import Starlette
@@ -266,6 +268,134 @@ def test_repeated_admin_failures_are_throttled(tmp_path: Path) -> None:
             c.get("/admin/v1/tenants", headers={"Authorization": "Bearer nope"}).status_code for _ in range(4)
         ]
         assert codes == [401, 401, 401, 429]
-        blocked = c.get("/v1/usage")
+        blocked = c.get("/admin/v1/tenants", headers={"Authorization": "Bearer nope"})
         assert blocked.status_code == 429 and int(blocked.headers["retry-after"]) >= 1
+        assert blocked.json()["error"]["code"] == "too_many_auth_failures"
+        # Only failed attempts are refused: the real token still works from the same address.
+        real = c.get("/admin/v1/tenants", headers={"Authorization": "Bearer the-configured-admin-token"})
+        assert real.status_code == 200
+    db.dispose()
+
+
+# -- cache scopes (issue 10, defect 9) ---------------------------------------------------------------
+
+
+def _conflict(response: Any, param: str) -> None:
+    assert response.status_code == 409, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert (error["code"], error["param"], error["type"]) == (
+        "cache_scope_conflict", param, "invalid_request_error"
+    )  # fmt: skip
+    assert "share_cache_scope_with" in error["message"]  # says how to share on purpose
+
+
+def test_a_cache_scope_is_never_joined_by_accident(api: Api) -> None:
+    c, admin = api.client, api.admin
+    assert c.post("/admin/v1/tenants", json={"name": "tb"}, headers=admin).status_code == 201
+    # Another tenant's scope, by its name (tb's default scope is its name).
+    _conflict(
+        c.post("/admin/v1/tenants", json={"name": "ok2", "cache_scope": "tb"}, headers=admin), "cache_scope"
+    )
+    # A custom scope already in use.
+    assert (
+        c.post("/admin/v1/tenants", json={"name": "tc", "cache_scope": "team"}, headers=admin).status_code
+        == 201
+    )
+    _conflict(
+        c.post("/admin/v1/tenants", json={"name": "td", "cache_scope": "team"}, headers=admin), "cache_scope"
+    )
+    # A new tenant named after an existing custom scope would join it with its default scope.
+    _conflict(c.post("/admin/v1/tenants", json={"name": "team"}, headers=admin), "name")
+    # A scope named after an existing tenant that does not use it (yet): still that tenant's name.
+    assert c.patch("/admin/v1/tenants/tb", json={"cache_scope": "tb-own"}, headers=admin).status_code == 200
+    _conflict(
+        c.post("/admin/v1/tenants", json={"name": "te", "cache_scope": "tb"}, headers=admin), "cache_scope"
+    )
+    # Updates follow the same rules.
+    assert c.post("/admin/v1/tenants", json={"name": "tf"}, headers=admin).status_code == 201
+    _conflict(c.patch("/admin/v1/tenants/tf", json={"cache_scope": "team"}, headers=admin), "cache_scope")
+    _conflict(c.patch("/admin/v1/tenants/tf", json={"cache_scope": "tb-own"}, headers=admin), "cache_scope")
+    scopes = {t["name"]: t["cache_scope"] for t in c.get("/admin/v1/tenants", headers=admin).json()["data"]}
+    assert scopes == {"tb": "tb-own", "tc": "team", "tf": "tf"}  # nothing refused was written
+    actions = [e["action"] for e in c.get("/admin/v1/audit", headers=admin).json()["data"]]
+    assert actions.count("tenant.create") == 3 and actions.count("tenant.update") == 1
+
+
+def test_sharing_a_cache_scope_is_explicit_and_audited(api: Api) -> None:
+    c, admin = api.client, api.admin
+    c.post("/admin/v1/tenants", json={"name": "tb"}, headers=admin)
+    shared = c.post("/admin/v1/tenants", json={"name": "ok2", "share_cache_scope_with": "tb"}, headers=admin)
+    assert shared.status_code == 201 and shared.json()["cache_scope"] == "tb"
+    event = c.get("/admin/v1/audit", params={"tenant": "ok2"}, headers=admin).json()["data"][0]
+    assert event["action"] == "tenant.create"
+    assert event["details"]["cache_scope"] == "tb" and event["details"]["share_cache_scope_with"] == "tb"
+    # An existing tenant joins on purpose, then leaves for a private scope again.
+    c.post("/admin/v1/tenants", json={"name": "tg"}, headers=admin)
+    joined = c.patch("/admin/v1/tenants/tg", json={"share_cache_scope_with": "ok2"}, headers=admin)
+    assert joined.status_code == 200 and joined.json()["cache_scope"] == "tb"
+    event = c.get("/admin/v1/audit", params={"tenant": "tg"}, headers=admin).json()["data"][0]
+    assert event["details"] == {"cache_scope": "tb", "share_cache_scope_with": "ok2"}
+    left = c.patch("/admin/v1/tenants/tg", json={"cache_scope": "tg"}, headers=admin)
+    assert left.status_code == 200 and left.json()["cache_scope"] == "tg"
+    # A tenant named after a shared scope joins it only when asked to.
+    c.post("/admin/v1/tenants", json={"name": "th", "cache_scope": "crew"}, headers=admin)
+    _conflict(c.post("/admin/v1/tenants", json={"name": "crew"}, headers=admin), "name")
+    crew = c.post("/admin/v1/tenants", json={"name": "crew", "share_cache_scope_with": "th"}, headers=admin)
+    assert crew.status_code == 201 and crew.json()["cache_scope"] == "crew"
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"name": "x1", "cache_scope": "s", "share_cache_scope_with": "tb"}, "share_cache_scope_with"),
+        ({"name": "x1", "share_cache_scope_with": "nobody"}, "share_cache_scope_with"),
+        ({"name": "x1", "share_cache_scope_with": "x1"}, "share_cache_scope_with"),
+        ({"name": "x1", "share_cache_scope_with": 5}, "share_cache_scope_with"),
+        ({"name": "x1", "share_cache_scope_with": "Not A Name"}, "share_cache_scope_with"),
+    ],
+)
+def test_share_cache_scope_with_is_validated(api: Api, body: dict[str, object], param: str) -> None:
+    api.client.post("/admin/v1/tenants", json={"name": "tb"}, headers=api.admin)
+    response = api.client.post("/admin/v1/tenants", json=body, headers=api.admin)
+    assert response.status_code == 422 and response.json()["error"]["param"] == param
+
+
+# -- the database locked (issue 10, defect 6) -------------------------------------------------------
+
+
+def test_admin_writes_on_a_locked_database_answer_503(tmp_path: Path) -> None:
+    path = tmp_path / "weir.db"
+    db = Database(f"sqlite:///{path}", busy_timeout_ms=100)  # the default 5 s would only slow the test
+    upgrade(db.engine)
+    repo = TenancyRepo(db, KeyHasher())
+    authenticator = Authenticator(repo)
+    admin_auth = AdminAuthenticator(repo, "the-configured-admin-token")
+    headers = {"Authorization": "Bearer the-configured-admin-token"}
+    locker = sqlite3.connect(path, isolation_level=None)
+    with TestClient(Starlette(routes=admin_routes(repo, authenticator, admin_auth))) as c:
+        assert c.post("/admin/v1/tenants", json={"name": "acme"}, headers=headers).status_code == 201
+        locker.execute("BEGIN EXCLUSIVE")
+        try:
+            for method, path_, body in [
+                ("POST", "/admin/v1/tenants", {"name": "globex"}),
+                ("PATCH", "/admin/v1/tenants/acme", {"weight": 2}),
+                ("POST", "/admin/v1/tenants/acme/keys", {}),
+            ]:
+                response = c.request(method, path_, json=body, headers=headers)
+                assert response.status_code == 503, response.text
+                assert response.headers["retry-after"] == "1"
+                assert response.json() == {
+                    "error": {
+                        "message": "The database is unavailable; retry later.",
+                        "type": "server_error",
+                        "param": None,
+                        "code": "database_unavailable",
+                    }
+                }
+            assert c.get("/admin/v1/tenants", headers=headers).status_code == 200  # reads go on (WAL)
+        finally:
+            locker.execute("ROLLBACK")
+            locker.close()
+        assert c.post("/admin/v1/tenants", json={"name": "globex"}, headers=headers).status_code == 201
     db.dispose()
