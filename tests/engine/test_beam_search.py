@@ -217,3 +217,17 @@ def test_beam_search_survives_a_tight_pool(tiny: Path) -> None:
     assert _run(tight, "tight", prompt, params) == expected
     assert tight.scheduler.num_preemptions > 0
     assert tight.kv.num_free_blocks == tight.kv.num_total_blocks
+
+
+def test_a_beam_search_reports_the_tokens_computed_for_all_its_beams(tiny: Path) -> None:
+    # Billing charges what is computed: one token sampled after the prefill, then one per beam per
+    # step (no end token here, so every beam runs to max_tokens).
+    engine = _engine(tiny)
+    for width, n in ((1, 1), (4, 2)):
+        params = SamplingParams(max_tokens=8, use_beam_search=True, beam_width=width, n=n, ignore_eos=True)
+        engine.add_request(EngineRequest(f"w{width}", tuple(range(5, 20)), params))
+        finished = []
+        while engine.has_unfinished():
+            finished += [o for o in engine.step() if o.finished]
+        assert [o.num_output_tokens for o in finished] == [8] * n
+        assert [o.num_computed_output_tokens for o in finished] == [1 + 7 * width] * n

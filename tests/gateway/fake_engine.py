@@ -5,6 +5,8 @@ choice writes the same words (a function of the prompt); with a seed, a function
 prompt, choice); otherwise random. Stop strings are honoured with a hold-back, like the real
 detokenizer. KV blocks are counted per choice (`ceil(tokens / block_size)`) and returned on
 finish, on `abort` (at once) and when the stream is closed, so tests can assert they all come back.
+Beam search is not simulated beyond its cost: a finished beam search choice reports the tokens
+the real engine would have computed for all its beams (`num_computed_output_tokens`).
 """
 
 from __future__ import annotations
@@ -46,6 +48,12 @@ def _rng(request: EngineRequest, index: int) -> random.Random:
     else:
         return random.Random()
     return random.Random(int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little"))
+
+
+def num_beam_tokens(beam_width: int, num_tokens: int) -> int:
+    """Tokens the engine's beam group samples for `num_tokens` steps: one after the prefill, then
+    one per beam per step."""
+    return 0 if num_tokens == 0 else 1 + (num_tokens - 1) * beam_width
 
 
 def _holdback(text: str, stops: tuple[str, ...]) -> int:
@@ -243,6 +251,11 @@ class FakeEngine:
             num_prompt_tokens=prompt_len,
             num_cached_tokens=min(self.num_cached_tokens, prompt_len),
             num_output_tokens=choice.num_tokens,
+            num_computed_output_tokens=(
+                num_beam_tokens(params.beam_width, choice.num_tokens)
+                if finish is not None and params.use_beam_search
+                else 0
+            ),
             metrics=metrics,
             error="fake engine: injected error" if finish is FinishReason.ERROR else None,
         )

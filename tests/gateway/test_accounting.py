@@ -160,3 +160,24 @@ def test_tally_counts_choices_and_prefers_the_engine_token_count() -> None:
     assert tally.num_output_tokens == [1, 4, 1, 0]
     assert tally.finish_reasons == ["stop", "stop", None, None]
     assert tally.usage() == Usage(prompt_tokens=3, completion_tokens=6, cached_tokens=2)
+
+
+def test_tally_bills_what_a_beam_search_computed_and_reports_what_it_returned() -> None:
+    beam = SamplingParams(max_tokens=24, n=2, use_beam_search=True, beam_width=16)
+    requests = [EngineRequest("a", (1,) * 34, beam), EngineRequest("b", (2,) * 10, beam)]
+    tally = RequestTally(requests, 2)
+    for prompt, computed in ((0, 369), (1, 0)):  # the second reports nothing: its returned tokens count
+        for index in (0, 1):
+            tally.observe(
+                prompt,
+                RequestOutput(
+                    "x", index, (7,) * 24, "t", True, FinishReason.LENGTH,
+                    num_output_tokens=24, num_computed_output_tokens=computed,
+                ),
+            )  # fmt: skip
+    usage = tally.usage()
+    assert (usage.prompt_tokens, usage.completion_tokens) == (44, 96)  # OpenAI's usage: returned
+    assert usage.billed_completion_tokens == 369 + 48  # billed: computed over every beam
+    assert usage.billed_total_tokens == 44 + 417
+    assert usage.to_openai()["completion_tokens"] == 96
+    assert Usage(3, 5).billed_completion_tokens == 5  # nothing reported: the returned tokens
