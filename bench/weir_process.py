@@ -97,6 +97,31 @@ def run_weir(
                     proc.wait(timeout=10)
 
 
+def resolve_model(model: Path | None, work_dir: Path) -> Path:
+    """`model`, else a random 2-layer Llama (built once in work_dir) with SmolLM2's tokenizer."""
+    if model is not None:
+        return model
+    from bench.noisy_neighbor import make_tiny_llama
+    from engine.model_prepare import ensure_default_model
+    from gateway.settings import Settings
+
+    tokenizer_dir = ensure_default_model(Settings.from_environment().cache_dir, progress=False)
+    return make_tiny_llama(work_dir / "tiny-llama", tokenizer_dir)
+
+
+def scrape_gauges(metrics_url: str, names: Sequence[str]) -> dict[str, float]:
+    """The unlabelled samples `names` of one scrape of the metrics listener."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(metrics_url, timeout=10).raise_for_status().text
+    found: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in names and not sample.labels:
+                found[sample.name] = sample.value
+    return found
+
+
 def rss_bytes(pid: int) -> int:
     """Resident set size of a process (Linux /proc), 0 when it is gone."""
     try:
