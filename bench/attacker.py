@@ -1,0 +1,232 @@
+"""The attacker benchmark (issue 10): can one tenant hurt another's steady traffic?
+
+Starts `weir serve` on 127.0.0.1 (a random 2-layer Llama by default; keys on, admission on) with
+two tenants. The victim sends the same steady, bounded traffic (streamed chats at a fixed rate)
+in two phases: `alone`, then `attacked`, while the attacker loops every input of `bench.hostile`
+(huge seeds, a prompt that can never fit the KV pool, bogus keys from the same address,
+beam_width 16, no max_tokens, lone surrogates, deep JSON, /metrics without the token, cancels)
+from `--attackers` concurrent clients. `--rounds` repeats the pair (alone, attacked) and pools
+each phase's requests.
+
+The issue's target: the victim's success rate stays 100% and its TTFT p99 under attack stays
+within 1.2x of its p99 alone. The attacker's answers are counted per input, 5xx separately.
+
+Run: python -m bench.attacker --out bench-out/attacker [--model PATH] [--requests 120] [--rate 4]
+Writes summary.json and summary.md in --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.hostile import HOSTILE, StreamResult, Target, send, timed_stream
+from bench.stats import LatencySummary
+from bench.tenants import TenantSpec, create_tenants
+from bench.weir_process import WeirProcess, resolve_model, run_weir, scrape_gauges
+
+VICTIM, ATTACKER = "victim", "attacker"
+
+
+async def _victim(args: argparse.Namespace, server: WeirProcess, key: str, model: str) -> list[StreamResult]:
+    """`args.requests` streamed chats, one every 1/rate seconds (open loop), all awaited."""
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": "Steady traffic from a well-behaved tenant, please."}],
+        "max_tokens": args.max_tokens,
+        "stream": True,
+        "ignore_eos": True,
+    }
+    async with httpx.AsyncClient(timeout=args.timeout_s) as client:
+        tasks = []
+        start = time.monotonic()
+        for i in range(args.requests):
+            await asyncio.sleep(max(0.0, start + i / args.rate - time.monotonic()))
+            tasks.append(asyncio.create_task(timed_stream(client, server.url, key, body)))
+        return list(await asyncio.gather(*tasks))
+
+
+async def _attack(target: Target, stop: asyncio.Event, counts: dict[str, Counter[int]], offset: int) -> None:
+    """Loop every hostile input, in order, until `stop`."""
+    async with httpx.AsyncClient(timeout=120) as client:
+        i = offset
+        while not stop.is_set():
+            probe = HOSTILE[i % len(HOSTILE)]
+            counts[probe.name][await send(client, probe, target)] += 1
+            i += 1
+
+
+async def _phase(
+    args: argparse.Namespace, server: WeirProcess, keys: dict[str, str], model: str, attacked: bool
+) -> tuple[list[StreamResult], dict[str, Counter[int]]]:
+    counts: dict[str, Counter[int]] = defaultdict(Counter)
+    stop = asyncio.Event()
+    target = Target(server.url, model, keys[ATTACKER], args.kv_cache_tokens)
+    attackers = [
+        asyncio.create_task(_attack(target, stop, counts, offset=i * 3))
+        for i in range(args.attackers if attacked else 0)
+    ]
+    if attackers:
+        await asyncio.sleep(2.0)  # the attack is under way before the victim starts
+    try:
+        results = await _victim(args, server, keys[VICTIM], model)
+    finally:
+        stop.set()
+        for task in attackers:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    return results, counts
+
+
+def _phase_report(results: list[StreamResult]) -> dict[str, Any]:
+    ok = [r for r in results if r.status == 200 and r.complete and r.ttft_s is not None]
+    ttft = LatencySummary.of(r.ttft_s for r in ok if r.ttft_s is not None)
+    e2e = LatencySummary.of(r.e2e_s for r in ok)
+    statuses = Counter(r.status if r.status != 200 or r.complete else "200_incomplete" for r in results)
+    return {
+        "requests": len(results),
+        "ok": len(ok),
+        "success_rate": len(ok) / len(results) if results else 0.0,
+        "statuses": {str(k): v for k, v in sorted(statuses.items(), key=str)},
+        "ttft_ms": {k: None if v is None else round(v * 1000, 1) for k, v in ttft.to_json(6).items()},
+        "e2e_ms": {k: None if v is None else round(v * 1000, 1) for k, v in e2e.to_json(6).items()},
+    }
+
+
+def summarize(
+    alone: list[StreamResult],
+    attacked: list[StreamResult],
+    counts: dict[str, Counter[int]],
+    idle: dict[str, float],
+) -> dict[str, Any]:
+    """The JSON report, with the issue's two targets checked."""
+    a, b = _phase_report(alone), _phase_report(attacked)
+    p99_alone, p99_attacked = a["ttft_ms"]["p99"], b["ttft_ms"]["p99"]
+    ratio = p99_attacked / p99_alone if p99_alone and p99_attacked else None
+    attacker = {name: {str(k): v for k, v in sorted(c.items())} for name, c in sorted(counts.items())}
+    num_5xx = sum(v for c in counts.values() for k, v in c.items() if 500 <= k < 600)
+    return {
+        "alone": a,
+        "attacked": b,
+        "ttft_p99_ratio": None if ratio is None else round(ratio, 3),
+        "targets": {
+            "victim_success_100pct": b["success_rate"] == 1.0 and a["success_rate"] == 1.0,
+            "ttft_p99_within_1_2x": ratio is not None and ratio <= 1.2,
+            "attacker_5xx": num_5xx,
+        },
+        "attacker": attacker,
+        "idle_after": idle,
+    }
+
+
+def markdown(report: dict[str, Any], command: str) -> str:
+    """The Markdown summary."""
+    lines = [
+        "# Attacker benchmark",
+        "",
+        f"`{command}`",
+        "",
+        "| victim | requests | success | TTFT p50 ms | TTFT p99 ms | e2e p50 ms | e2e p99 ms |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for phase in ("alone", "attacked"):
+        p = report[phase]
+        lines.append(
+            f"| {phase} | {p['requests']} | {p['success_rate'] * 100:.1f}% | {p['ttft_ms']['p50']} | "
+            f"{p['ttft_ms']['p99']} | {p['e2e_ms']['p50']} | {p['e2e_ms']['p99']} |"
+        )
+    t = report["targets"]
+    lines += [
+        "",
+        f"TTFT p99 attacked / alone: **{report['ttft_p99_ratio']}** (target <= 1.2: "
+        f"{'met' if t['ttft_p99_within_1_2x'] else 'NOT met'}); victim success 100%: "
+        f"{'met' if t['victim_success_100pct'] else 'NOT met'}; attacker 5xx: {t['attacker_5xx']}.",
+        "",
+        "| attacker input | answers (status: count; 0 = cancelled by the client) |",
+        "|---|---|",
+    ]
+    for name, statuses in report["attacker"].items():
+        lines.append(f"| {name} | {', '.join(f'{k}: {v}' for k, v in statuses.items())} |")
+    return "\n".join(lines) + "\n"
+
+
+def _wait_idle(server: WeirProcess, timeout_s: float = 60) -> dict[str, float]:
+    names = ("weir_num_requests_running", "weir_num_requests_waiting")
+    names += ("weir_kv_cache_free_blocks", "weir_kv_cache_total_blocks")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        g = scrape_gauges(server.metrics_url, names)
+        idle = g[names[0]] == 0 and g[names[1]] == 0 and g[names[2]] == g[names[3]]
+        if idle or time.monotonic() > deadline:
+            return {**g, "idle": float(idle)}
+        time.sleep(0.5)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.attacker", description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, default=Path("bench-out/attacker"))
+    p.add_argument("--model", type=Path, default=None, help="default: a random 2-layer Llama")
+    p.add_argument("--requests", type=int, default=120, help="victim requests per phase and round")
+    p.add_argument("--rate", type=float, default=4.0, help="victim requests per second")
+    p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--attackers", type=int, default=4, help="concurrent attacker clients")
+    p.add_argument("--rounds", type=int, default=1, help="(alone, attacked) pairs, pooled per phase")
+    p.add_argument("--kv-cache-tokens", type=int, default=4096)
+    p.add_argument("--max-model-len", type=int, default=1024)
+    p.add_argument("--attacker-tokens-per-minute", type=int, default=2_000_000)
+    p.add_argument("--timeout-s", type=float, default=120.0)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import shlex
+    import sys
+
+    args = parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    command = shlex.join(["python", "-m", "bench.attacker", *(sys.argv[1:] if argv is None else argv)])
+    model = resolve_model(args.model, args.out)
+    flags = ["--kv-cache-tokens", str(args.kv_cache_tokens), "--max-model-len", str(args.max_model_len)]
+    flags += ["--device", "cpu"] if args.model is None else []
+    specs = [
+        TenantSpec(VICTIM, quota={"tokens_per_minute": 10_000_000}),
+        TenantSpec(ATTACKER, quota={"tokens_per_minute": args.attacker_tokens_per_minute}),
+    ]
+    alone: list[StreamResult] = []
+    attacked: list[StreamResult] = []
+    counts: dict[str, Counter[int]] = defaultdict(Counter)
+    with run_weir(model, args.out / "data", flags, log_path=args.out / "server.log") as server:
+
+        async def run() -> None:
+            async with httpx.AsyncClient(timeout=30) as client:
+                keys = await create_tenants(client, server.url, server.admin_token, specs)
+            warm = argparse.Namespace(**{**vars(args), "requests": 8})
+            await _victim(warm, server, keys[VICTIM], model.name)  # warm-up, not counted
+            for round_index in range(args.rounds):
+                for is_attacked in (False, True):
+                    print(f"round {round_index + 1}: {'attacked' if is_attacked else 'alone'}", flush=True)
+                    results, phase_counts = await _phase(args, server, keys, model.name, is_attacked)
+                    (attacked if is_attacked else alone).extend(results)
+                    for name, c in phase_counts.items():
+                        counts[name].update(c)
+
+        asyncio.run(run())
+        report = summarize(alone, attacked, counts, _wait_idle(server))
+    report["command"] = command
+    (args.out / "summary.json").write_text(json.dumps(report, indent=2) + "\n")
+    (args.out / "summary.md").write_text(markdown(report, command))
+    print(markdown(report, command), flush=True)
+    t = report["targets"]
+    return 0 if t["victim_success_100pct"] and t["ttft_p99_within_1_2x"] and t["attacker_5xx"] == 0 else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

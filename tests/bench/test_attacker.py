@@ -1,0 +1,36 @@
+"""bench.attacker's report: the victim's success rate and TTFT p99 ratio, the attacker's 5xx."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from bench.attacker import markdown, summarize
+from bench.hostile import StreamResult
+
+
+def _ok(ttft_s: float) -> StreamResult:
+    return StreamResult(200, True, ttft_s, ttft_s * 4, 0.0)
+
+
+def test_targets_are_checked() -> None:
+    alone = [_ok(0.1)] * 99 + [_ok(0.2)]
+    attacked = [_ok(0.1)] * 99 + [_ok(0.22)]
+    report = summarize(alone, attacked, {"seed_2_64": Counter({400: 3})}, {"idle": 1.0})
+    assert report["alone"]["success_rate"] == 1.0
+    assert report["ttft_p99_ratio"] is not None and 1.0 < report["ttft_p99_ratio"] <= 1.2
+    assert report["targets"] == {
+        "victim_success_100pct": True,
+        "ttft_p99_within_1_2x": True,
+        "attacker_5xx": 0,
+    }
+    assert "| seed_2_64 | 400: 3 |" in markdown(report, "python -m bench.attacker")
+
+
+def test_a_failed_victim_request_or_an_attacker_5xx_misses_the_target() -> None:
+    alone = [_ok(0.1)] * 10
+    attacked = [_ok(0.1)] * 9 + [StreamResult(200, False, 0.1, 0.5, 0.0)]  # an error event mid-stream
+    report = summarize(alone, attacked, {"never_fits": Counter({500: 1, 400: 2})}, {"idle": 1.0})
+    assert report["attacked"]["success_rate"] == 0.9
+    assert report["attacked"]["statuses"] == {"200": 9, "200_incomplete": 1}
+    assert report["targets"]["victim_success_100pct"] is False
+    assert report["targets"]["attacker_5xx"] == 1
