@@ -53,9 +53,16 @@ def parse_server_metrics(text: str) -> ServerMetrics:
     return ServerMetrics(tuple(samples))
 
 
-async def fetch_server_metrics(client: httpx.AsyncClient, server_root: str) -> ServerMetrics:
-    """GET {server_root}/metrics and parse it."""
-    resp = await client.get(f"{server_root}/metrics")
+async def fetch_server_metrics(
+    client: httpx.AsyncClient, server_root: str, admin_token: str | None = None
+) -> ServerMetrics:
+    """GET {server_root}/metrics and parse it.
+
+    `server_root` is Weir's metrics listener (`--metrics-port`, no token), or its API port with
+    `admin_token`: there /metrics answers only the admin token, since it names every tenant.
+    """
+    headers = {"authorization": f"Bearer {admin_token}"} if admin_token else None
+    resp = await client.get(f"{server_root}/metrics", headers=headers)
     resp.raise_for_status()
     return parse_server_metrics(resp.text)
 
