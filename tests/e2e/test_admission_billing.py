@@ -10,15 +10,18 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
+import httpx
 import openai
 import pytest
 
 from engine.request import Priority
 from gateway.accounting import UsageRecord
-from gateway.admission import AdmissionConfig, AdmissionController
+from gateway.admission import AdmissionConfig, AdmissionController, build_admission
 from gateway.admission_metrics import AdmissionMetrics
-from gateway.bootstrap import to_usage_record_in
+from gateway.bootstrap import build_tenancy, to_usage_record_in
+from gateway.settings import AuthMode, Settings
 from tenancy.context import QuotaLimits, TenantContext
 from tenancy.quotas import LocalBudget
 from tests.gateway.fake_engine import FakeEngine, num_beam_tokens
@@ -171,3 +174,39 @@ def test_a_request_that_can_never_fit_is_a_400_not_a_retried_429(fresh: Served) 
     assert isinstance(body, dict) and body["code"] == "request_too_large"
     assert "200 tokens per minute" in body["message"]
     assert "retry-after" not in info.value.response.headers
+
+
+def test_the_tenant_quota_field_reaches_admission_as_weir_serve_wires_it(tmp_path: Path) -> None:
+    """Admin API -> database -> auth cache -> admission: the tenant's own default reservation."""
+    settings = Settings(data_dir=tmp_path, admin_token="admin-secret", auth=AuthMode.KEYS)
+    tenancy = build_tenancy(settings)
+    engine = FakeEngine()
+    engine.eos_after = 4
+    admission = build_admission(settings, engine.stats)
+    app = make_app(
+        engine,
+        settings,
+        authenticate=tenancy.authenticate,
+        usage_sink=tenancy.usage_sink,
+        admission=admission,
+        extra_routes=tenancy.routes,
+        on_startup=[h for h in (tenancy.start, admission.start) if h is not None],
+        on_shutdown=[h for h in (admission.close, tenancy.close) if h is not None],
+    )
+    admission.metrics = AdmissionMetrics(app.state.metrics.registry)
+    headers = {"authorization": "Bearer admin-secret"}
+    quota = {"tokens_per_minute": 100, "default_max_tokens_reservation": 16}
+    with serve_in_thread(app) as url, httpx.Client(base_url=url, headers=headers) as admin:
+        r = admin.post("/admin/v1/tenants", json={"name": "lean", "quota": quota})
+        assert r.status_code == 201 and r.json()["quota"]["default_max_tokens_reservation"] == 16
+        key = admin.post("/admin/v1/tenants/lean/keys", json={}).json()["key"]
+        with openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0) as client:
+            r2 = client.chat.completions.create(model=MODEL, messages=MESSAGES)  # type: ignore[arg-type]
+        assert r2.usage is not None and r2.usage.completion_tokens == 4
+        reserved = [
+            s.value
+            for family in admission.metrics.reserved_tokens.collect()
+            for s in family.samples
+            if s.name.endswith("_total") and s.labels.get("tenant") == "lean"
+        ]
+        assert reserved == [r2.usage.prompt_tokens + 16]  # not the server's 1,024, not the context
