@@ -71,6 +71,10 @@ def uvicorn_config(app: Starlette, settings: Settings) -> uvicorn.Config:
         access_log=settings.log_level is LogLevel.DEBUG,
         timeout_graceful_shutdown=math.ceil(settings.shutdown_grace_s),  # None would wait forever
         server_header=False,
+        # X-Forwarded-* only from the configured proxies: uvicorn's own default trusts loopback,
+        # which let any local client pick the address it is throttled and logged as.
+        proxy_headers=bool(settings.forwarded_allow_ips),
+        forwarded_allow_ips=list(settings.forwarded_allow_ips),
         # Input bounds (docs/security.md): headers still arriving past MAX_HEADER_BYTES close the
         # connection with a 400 before the app sees them (BodyLimitMiddleware answers 431 for
         # those that arrive at once); an idle keep-alive connection closes after KEEP_ALIVE_TIMEOUT_S.

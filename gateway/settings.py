@@ -85,6 +85,9 @@ class Settings:
     host: str = "127.0.0.1"
     port: int = 8000
     metrics_port: int = 9464  # /metrics for the operator's scraper, on `host`; 0: no separate listener
+    # Proxies whose X-Forwarded-For / X-Forwarded-Proto are believed (IPs, CIDRs or "*"); empty:
+    # none, so the client address is the peer's and a client cannot choose whom it is counted as.
+    forwarded_allow_ips: tuple[str, ...] = ()
     data_dir: Path = field(default_factory=lambda: Path.home() / ".local" / "share" / "weir")
     cache_dir: Path = field(default_factory=lambda: Path.home() / ".cache" / "weir")
     model_path: Path | None = None  # None: the default SmolLM2, prepared into cache_dir if missing
@@ -119,6 +122,8 @@ class Settings:
     def __post_init__(self) -> None:
         if not self.host:
             raise ValueError("host must not be empty")
+        for entry in self.forwarded_allow_ips:
+            _check_forwarded_entry(entry)
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
         if not 0 <= self.metrics_port <= 65535:
@@ -224,6 +229,25 @@ def _path(value: str) -> Path:
     return Path(value).expanduser()
 
 
+def _check_forwarded_entry(entry: str) -> None:
+    if entry == "*":
+        return
+    try:
+        ipaddress.ip_network(entry, strict=False)
+    except ValueError:
+        raise ValueError(
+            f"forwarded_allow_ips: {entry!r} is not an IP address, a CIDR network or '*'"
+        ) from None
+
+
+def parse_forwarded_allow_ips(value: str) -> tuple[str, ...]:
+    """A comma-separated list of proxy addresses or networks (`10.0.0.0/8,192.168.1.7`), or `*`."""
+    entries = tuple(part.strip() for part in value.split(",") if part.strip())
+    for entry in entries:
+        _check_forwarded_entry(entry)
+    return entries
+
+
 @dataclass(frozen=True)
 class _FieldSpec:
     env: str
@@ -235,6 +259,7 @@ _FIELDS: dict[str, _FieldSpec] = {
     "host": _FieldSpec("WEIR_HOST", str),
     "port": _FieldSpec("WEIR_PORT", int),
     "metrics_port": _FieldSpec("WEIR_METRICS_PORT", int),
+    "forwarded_allow_ips": _FieldSpec("WEIR_FORWARDED_ALLOW_IPS", parse_forwarded_allow_ips),
     "data_dir": _FieldSpec("WEIR_DATA_DIR", _path),
     "cache_dir": _FieldSpec("WEIR_CACHE_DIR", _path),
     "model_path": _FieldSpec("WEIR_MODEL", _path),
@@ -272,6 +297,13 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add("--host", help="bind address (env WEIR_HOST; default 127.0.0.1)")
     add("--port", type=int, help="port; 0 picks a free one (env WEIR_PORT; default 8000)")
+    add(
+        "--forwarded-allow-ips",
+        dest="forwarded_allow_ips",
+        metavar="IPS",
+        help="comma-separated proxy IPs/CIDRs (or '*') whose X-Forwarded-For is trusted "
+        "(env WEIR_FORWARDED_ALLOW_IPS; default none: the peer address is the client's)",
+    )
     add(
         "--metrics-port",
         dest="metrics_port",

@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session, sessionmaker
 SQLITE_FILENAME = "weir.db"
 # How long an SQLite statement waits for a lock before "database is locked" (writers queue here).
 DEFAULT_BUSY_TIMEOUT_MS = 5000
+_CONNECT_BUSY_TIMEOUT_MS = 1000
 
 
 def sqlite_url_for(data_dir: Path) -> str:
@@ -35,6 +36,9 @@ def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
     if not isinstance(dbapi_connection, sqlite3.Connection):
         return
     cursor = dbapi_connection.cursor()
+    # Opening a connection on a locked file fails within this, not sqlite3's default 5 s: auth
+    # lookups on a fresh connection must stay bounded. Each checkout then sets the pool's default.
+    cursor.execute(f"PRAGMA busy_timeout={_CONNECT_BUSY_TIMEOUT_MS}")
     # SQLite ignores foreign keys unless asked, per connection.
     cursor.execute("PRAGMA foreign_keys=ON")
     # Readers (auth lookups) do not block the writer (usage records) and vice versa.

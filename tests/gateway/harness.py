@@ -46,9 +46,14 @@ def make_app(engine: FakeEngine, settings: Settings | None = None, **kwargs: Any
 
 
 @contextlib.contextmanager
-def serve_in_thread(app: Starlette) -> Iterator[str]:
-    """Serve `app` on an ephemeral port; yields the base URL, stops the server on exit."""
-    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
+def serve_in_thread(app: Starlette, config: uvicorn.Config | None = None) -> Iterator[str]:
+    """Serve `app` on an ephemeral port; yields the base URL, stops the server on exit.
+
+    `config`: e.g. `gateway.server.uvicorn_config` with host 127.0.0.1 and port 0, to serve as
+    `weir serve` does (forwarded headers, limits); by default a plain uvicorn configuration.
+    """
+    if config is None:
+        config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="uvicorn-test", daemon=True)
     thread.start()

@@ -28,3 +28,12 @@ def test_signal_starts_the_drain() -> None:
     server = DrainingServer(uvicorn_config(app, Settings()), state)
     server.handle_exit(signal.SIGTERM, None)
     assert state.draining and server.should_exit
+
+
+def test_forwarded_headers_are_trusted_only_from_configured_proxies() -> None:
+    """uvicorn's own default trusts X-Forwarded-For from loopback: any local client could choose
+    the address it is throttled as (issue 10, defect 3)."""
+    app = make_app(FakeEngine())
+    assert uvicorn_config(app, Settings()).proxy_headers is False
+    config = uvicorn_config(app, Settings(forwarded_allow_ips=("10.0.0.0/8", "192.168.1.7")))
+    assert config.proxy_headers is True and config.forwarded_allow_ips == ["10.0.0.0/8", "192.168.1.7"]

@@ -108,3 +108,16 @@ def test_model_name_and_dtype_resolution() -> None:
     assert Settings().resolved_dtype("cpu") == "float32"
     assert Settings().resolved_dtype("cuda") == "bfloat16"
     assert Settings(dtype="float16").resolved_dtype("cpu") == "float16"
+
+
+def test_forwarded_allow_ips() -> None:
+    assert Settings.from_sources({}, {}).forwarded_allow_ips == ()
+    assert Settings.from_sources({}, {"WEIR_FORWARDED_ALLOW_IPS": ""}).forwarded_allow_ips == ()
+    env = {"WEIR_FORWARDED_ALLOW_IPS": " 10.0.0.0/8, 192.168.1.7 ,"}
+    assert Settings.from_sources({}, env).forwarded_allow_ips == ("10.0.0.0/8", "192.168.1.7")
+    cli = {"forwarded_allow_ips": "*"}
+    assert Settings.from_sources(cli, env).forwarded_allow_ips == ("*",)
+    with pytest.raises(ValueError, match="forwarded_allow_ips"):
+        Settings.from_sources({"forwarded_allow_ips": "proxy.local"}, {})
+    with pytest.raises(ValueError, match="forwarded_allow_ips"):
+        Settings(forwarded_allow_ips=("not-an-ip",))

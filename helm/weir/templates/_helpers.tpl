@@ -167,6 +167,7 @@ numbers are printed as integers. */}}
 {{- end -}}
 {{- $pairs := list -}}
 {{- $pairs = append $pairs (list "WEIR_METRICS_PORT" .Values.config.metricsPort) -}}
+{{- $pairs = append $pairs (list "WEIR_FORWARDED_ALLOW_IPS" .Values.config.forwardedAllowIps) -}}
 {{- $pairs = append $pairs (list "WEIR_DATA_DIR" .Values.config.dataDir) -}}
 {{- $pairs = append $pairs (list "WEIR_CACHE_DIR" .Values.config.cacheDir) -}}
 {{- $pairs = append $pairs (list "WEIR_MODEL" .Values.config.model) -}}
