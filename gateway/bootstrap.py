@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from engine.config import EngineConfig
     from gateway.auth import AdminAuthenticator
     from tenancy.schemas import UsageRecordIn
+    from tenancy.usage_writer import UsageWriterStats
 
 logger = logging.getLogger("weir.serve")
 
@@ -107,6 +108,7 @@ class TenancyWiring:
     start: Callable[[], Awaitable[None]] | None = None
     close: Callable[[], Awaitable[None]] | None = None
     admin_auth: AdminAuthenticator | None = None  # also guards the prefix-cache admin routes
+    usage_stats: Callable[[], UsageWriterStats] | None = None  # the usage writer's, for metrics
 
 
 _STATUS_OF = {
@@ -174,13 +176,15 @@ def build_tenancy(settings: Settings) -> TenancyWiring:
         print(admin_token_banner(token), flush=True)  # shown once, never logged
     authenticator = Authenticator(repo)
     admin_auth = AdminAuthenticator(repo, settings.admin_token)
-    writer = UsageWriter(repo)
+    # Usage is billing data: records are fsync'd here before the database sees them, and
+    # replayed from here after an outage or a crash (tenancy/usage_writer.py).
+    writer = UsageWriter(repo, usage_spool_dir(settings))
 
     def sink(record: UsageRecord) -> None:
         writer.submit(to_usage_record_in(record))  # queued; written in batches on its own thread
 
     async def start() -> None:
-        writer.start()
+        await asyncio.to_thread(writer.start)  # opens the spool; replays what a crash left
 
     async def close() -> None:
         # After the requests settled (the lifespan waits): flush their usage, then close the pool.
@@ -196,7 +200,13 @@ def build_tenancy(settings: Settings) -> TenancyWiring:
         start=start,
         close=close,
         admin_auth=admin_auth,
+        usage_stats=writer.stats,
     )
+
+
+def usage_spool_dir(settings: Settings) -> Path:
+    """Where usage records wait for the database: inside the data directory, on local disk."""
+    return settings.data_dir / "usage-spool"
 
 
 def resolve_auth(settings: Settings, num_tenants: int) -> AuthMode:
@@ -288,4 +298,8 @@ def serve(settings: Settings) -> int:
     from gateway.prefix_cache_metrics import PrefixCacheCollector
 
     app.state.metrics.registry.register(PrefixCacheCollector(engine.prefix_cache_snapshot))
+    if tenancy.usage_stats is not None:
+        from gateway.usage_metrics import UsageRecordsCollector
+
+        app.state.metrics.registry.register(UsageRecordsCollector(tenancy.usage_stats))
     return run_server(app, settings)

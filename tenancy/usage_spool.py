@@ -76,12 +76,16 @@ class UsageSpool:
         self._reader: tuple[Path, BinaryIO] | None = None
         self._seq = 0
         self.num_corrupt = 0  # lines skipped because they did not decode
+        self._num_left = 0  # after close: the lines left on disk for the next start
 
     @property
     def num_pending(self) -> int:
         """Lines on disk not yet committed: records, plus corrupt lines not yet skipped."""
         with self._lock:
-            return sum(s.num_lines for s in self._segments) - self._num_lines_committed
+            return self._num_pending_locked() if self._segments else self._num_left
+
+    def _num_pending_locked(self) -> int:
+        return sum(s.num_lines for s in self._segments) - self._num_lines_committed
 
     # -- set-up and tear-down --------------------------------------------------------------------
 
@@ -109,13 +113,14 @@ class UsageSpool:
     def close(self) -> None:
         """Release the segments; delete them when every record is committed, else keep them."""
         with self._lock:
-            done = sum(s.num_lines for s in self._segments) == self._num_lines_committed
+            self._num_left = self._num_pending_locked()
             for segment in self._segments:
-                if done:
+                if self._num_left == 0:
                     segment.path.unlink(missing_ok=True)
                 segment.handle.close()  # releases the flock: the next start adopts what is left
             self._segments.clear()
             self._active = None
+            self._offset = self._num_lines_committed = 0
             if self._reader is not None:
                 self._reader[1].close()
                 self._reader = None

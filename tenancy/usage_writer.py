@@ -1,49 +1,95 @@
-"""Writes usage records in batches on a background thread, so the event loop never waits on SQL.
+"""Writes usage records to the database without losing them, and without the event loop waiting.
 
-The gateway's usage sink calls `submit` (non-blocking) once per finished request; a daemon
-thread writes a batch `flush_interval_s` after its first record, or at `max_batch` records,
-whichever comes first. A batch that fails is retried record by record, so one bad record (e.g. for a
-tenant deleted meanwhile) does not lose the others. `close` drains the queue at shutdown.
+The path of one record:
+1. `submit` (on the event loop) puts it in a bounded in-memory queue; it never blocks.
+2. The spool thread takes a batch (up to `max_batch` records, or what arrives within
+   `flush_interval_s` of the first one), appends it to the `UsageSpool` and fsyncs once.
+3. The database thread reads the spool in order and writes it in batches; the spool's cursor
+   moves only past a committed batch. While the database is unavailable (locked, unreachable,
+   timing out) the batch stays in the spool and is retried with backoff (at most `retry_max_s`
+   apart); new records are spooled behind it, so order is kept and memory stays bounded.
+4. A record the database refuses for good (e.g. its tenant was deleted) goes to
+   `rejected.jsonl` in the spool directory, with the reason, and is counted; the rest of its
+   batch is written.
+
+Records left in the spool by a crash, or by a stop while the database was down, are replayed
+by the next start before new ones. The repository skips a record already stored (unique
+request id per tenant), so a replay is idempotent.
+
+The guarantee (also in docs/operations.md): a record is on disk once the spool thread has
+fsync'd it, at most `flush_interval_s` plus one fsync after `submit`. A graceful stop loses
+nothing (the queue is spooled before the threads end, whatever the database's state); a crash
+of the process or the machine loses at most the records of that last window. A database outage
+of any length loses nothing while the disk has room. Only a full in-memory queue (the disk
+stalled for `max_queue` records) drops records, counted and logged.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
-from tenancy.errors import TenancyError
 from tenancy.repo import TenancyRepo
 from tenancy.schemas import UsageRecordIn
+from tenancy.usage_codec import encode_record
+from tenancy.usage_spool import UsageSpool
 
 log = logging.getLogger(__name__)
 
 _STOP = object()
+_JOIN_GRACE_S = 1.0
+REJECTED_FILENAME = "rejected.jsonl"
+_UNAVAILABLE = (OperationalError, InterfaceError, DisconnectionError, PoolTimeoutError)
 
 
-@dataclass
+@dataclass(frozen=True)
 class UsageWriterStats:
-    """Counters, for metrics and tests."""
+    """A snapshot of the writer's counters, for metrics and tests."""
 
-    num_written: int = 0
-    num_failed: int = 0  # refused by the database; logged
-    num_dropped: int = 0  # the queue was full; logged
+    num_pending: int  # accepted, not yet in the database: in memory or in the spool
+    num_spooled: int  # fsync'd to the spool by this process
+    num_written: int  # committed to the database (a record already there counts once more)
+    num_replayed: int  # of those, written while catching up (after a failed write, or left by a crash)
+    num_rejected: int  # refused by the database for good; kept in rejected.jsonl
+    num_dropped: int  # the in-memory queue was full, or the disk failed at stop: lost
+    num_corrupt: int  # spool lines that did not decode (a torn write at a crash)
+    database_available: bool  # False from a failed write until the next successful one
+
+
+def database_unavailable(exc: BaseException) -> bool:
+    """Whether an error means "try again later" (the database is down, locked or slow) rather
+    than "this record is refused". Looks through wrapping errors (`raise ... from`)."""
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            return False
+        if isinstance(seen, _UNAVAILABLE) or (isinstance(seen, DBAPIError) and seen.connection_invalidated):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 class UsageWriter:
-    """A bounded queue of usage records and the thread that writes them."""
+    """A bounded queue of usage records, the spool behind it, and the two threads that move them."""
 
     def __init__(
         self,
         repo: TenancyRepo,
+        spool_dir: Path,
         *,
         max_batch: int = 256,
         flush_interval_s: float = 0.5,
         max_queue: int = 100_000,
+        retry_max_s: float = 5.0,
+        segment_bytes: int = 4 << 20,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
@@ -51,37 +97,105 @@ class UsageWriter:
             raise ValueError(f"flush_interval_s must be > 0, got {flush_interval_s}")
         if max_queue < 1:
             raise ValueError(f"max_queue must be >= 1, got {max_queue}")
+        if retry_max_s < flush_interval_s:
+            raise ValueError(f"retry_max_s must be >= flush_interval_s, got {retry_max_s}")
         self._repo = repo
+        self._spool = UsageSpool(spool_dir, segment_bytes=segment_bytes)
+        self._rejected_path = spool_dir / REJECTED_FILENAME
         self._max_batch = max_batch
         self._flush_interval_s = flush_interval_s
+        self._retry_max_s = retry_max_s
         self._queue: queue.Queue[object] = queue.Queue(max_queue)
-        self._thread: threading.Thread | None = None
-        self.stats = UsageWriterStats()
+        self._spool_thread: threading.Thread | None = None
+        self._db_thread: threading.Thread | None = None
+        self._wake = threading.Event()  # new records spooled, or stopping
+        self._spool_done = threading.Event()  # the spool thread has spooled its last record
+        self._stopping = threading.Event()
+        self._stop_deadline = 0.0  # monotonic; set before _stopping
+        self._replaying = False  # records before the spool's end were not written first time
+        self._database_available = True
+        # Each counter has one writing thread: submit (event loop), spool thread, database thread.
+        self._num_submitted = 0
+        self._num_dropped = 0
+        self._num_spooled = 0
+        self._num_lost = 0  # the spool thread could not write them at stop
+        self._num_written = 0
+        self._num_replayed = 0
+        self._num_rejected = 0
+
+    @property
+    def spool_dir(self) -> Path:
+        return self._spool.directory
+
+    def stats(self) -> UsageWriterStats:
+        """The counters now (read from any thread)."""
+        in_memory = self._num_submitted - self._num_dropped - self._num_spooled - self._num_lost
+        return UsageWriterStats(
+            num_pending=max(in_memory, 0) + self._spool.num_pending,
+            num_spooled=self._num_spooled,
+            num_written=self._num_written,
+            num_replayed=self._num_replayed,
+            num_rejected=self._num_rejected,
+            num_dropped=self._num_dropped + self._num_lost,
+            num_corrupt=self._spool.num_corrupt,
+            database_available=self._database_available,
+        )
+
+    @property
+    def _started(self) -> bool:
+        return self._spool_thread is not None
 
     def start(self) -> None:
-        """Start the writer thread (idempotent)."""
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="weir-usage-writer", daemon=True)
-            self._thread.start()
+        """Open the spool (adopting records a previous process left) and start the threads.
+
+        Blocking file I/O: call it off the event loop. Raises OSError if the spool directory
+        cannot be used, so a bad data directory stops start-up instead of losing records later.
+        """
+        if self._started:
+            return
+        num_left = self._spool.open()
+        self._replaying = num_left > 0
+        self._spool_thread = threading.Thread(target=self._run_spool, name="weir-usage-spool", daemon=True)
+        self._db_thread = threading.Thread(target=self._run_database, name="weir-usage-db", daemon=True)
+        self._spool_thread.start()
+        self._db_thread.start()
 
     def submit(self, record: UsageRecordIn) -> None:
         """Queue one record; never blocks. When the queue is full the record is dropped and logged."""
         try:
             self._queue.put_nowait(record)
         except queue.Full:
-            self.stats.num_dropped += 1
+            self._num_dropped += 1
             log.error("usage queue full: dropped the usage record of request %s", record.request_id)
+        self._num_submitted += 1
 
     def close(self, timeout_s: float = 10.0) -> None:
-        """Write everything queued so far, then stop the thread."""
-        if self._thread is None:
-            self._drain_inline()
-            return
-        self._queue.put(_STOP)
-        self._thread.join(timeout_s)
-        self._thread = None
+        """Spool everything submitted, write what the database takes within `timeout_s`, stop.
 
-    def _run(self) -> None:
+        Records the database did not take in time stay in the spool for the next start.
+        """
+        if not self._started:
+            self.start()
+        spool_thread, db_thread = self._spool_thread, self._db_thread
+        if spool_thread is None or db_thread is None:
+            return
+        self._stop_deadline = time.monotonic() + timeout_s
+        self._stopping.set()
+        self._queue.put(_STOP)
+        spool_thread.join(max(self._stop_deadline - time.monotonic(), 0))
+        self._wake.set()
+        # A little past the deadline: a write that started before it may still be returning.
+        db_thread.join(max(self._stop_deadline - time.monotonic(), 0) + _JOIN_GRACE_S)
+        if db_thread.is_alive() or spool_thread.is_alive():
+            log.warning(
+                "usage writer: stopped with %d record(s) pending; they stay in %s for the next start",
+                self.stats().num_pending,
+                self._spool.directory,
+            )
+
+    # -- the spool thread ------------------------------------------------------------------------
+
+    def _run_spool(self) -> None:
         stop = False
         while not stop:
             batch: list[UsageRecordIn] = []
@@ -89,8 +203,8 @@ class UsageWriter:
                 item = self._queue.get(timeout=self._flush_interval_s)
             except queue.Empty:
                 continue
-            # Keep the batch open until the flush interval after its first record: at steady
-            # arrival rates a batch of one costs a whole transaction per request.
+            # Keep the batch open until the flush interval after its first record: one fsync
+            # per batch, not per request.
             deadline = time.monotonic() + self._flush_interval_s
             while True:
                 if item is _STOP:
@@ -104,32 +218,108 @@ class UsageWriter:
                     item = self._queue.get(timeout=remaining) if remaining > 0 else self._queue.get_nowait()
                 except queue.Empty:
                     break
-            self._write(batch)
-        self._drain_inline()  # anything submitted while stopping
+            self._spool_batch(batch, stopping=stop)
+        self._spool_done.set()
+        self._wake.set()
 
-    def _drain_inline(self) -> None:
-        batch: list[UsageRecordIn] = []
-        while True:
+    def _spool_batch(self, batch: list[UsageRecordIn], *, stopping: bool) -> None:
+        delay = self._flush_interval_s
+        while batch:
             try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            if isinstance(item, UsageRecordIn):
-                batch.append(item)
-        for start in range(0, len(batch), self._max_batch):
-            self._write(batch[start : start + self._max_batch])
+                self._spool.append(batch)
+            except OSError:
+                if stopping and time.monotonic() >= self._stop_deadline:
+                    log.critical("usage spool: could not write; LOST %d usage record(s) at stop", len(batch))
+                    self._num_lost += len(batch)
+                    return
+                log.exception(
+                    "usage spool: could not write %d record(s); retrying in %.1f s", len(batch), delay
+                )
+                self._pause(delay)
+                delay = min(delay * 2, self._retry_max_s)
+                continue
+            self._num_spooled += len(batch)
+            self._wake.set()
+            return
 
-    def _write(self, batch: list[UsageRecordIn]) -> None:
-        if not batch:
-            return
+    # -- the database thread ---------------------------------------------------------------------
+
+    def _run_database(self) -> None:
+        delay = self._flush_interval_s
         try:
-            self._repo.record_usages(batch)
-            self.stats.num_written += len(batch)
+            while True:
+                self._wake.clear()  # before reading: a record spooled after this sets it again
+                try:
+                    batch = self._spool.read(self._max_batch)
+                except OSError:
+                    log.exception("usage spool: could not read; retrying in %.1f s", self._retry_max_s)
+                    self._pause(self._retry_max_s)
+                    continue
+                if batch is None:  # caught up with the spool
+                    self._replaying = False
+                    if self._spool_done.is_set():
+                        return
+                    self._wake.wait(self._flush_interval_s)
+                    continue
+                if not self._write(list(batch.records)):
+                    self._replaying = True
+                    if self._stopping.is_set() and time.monotonic() + delay >= self._stop_deadline:
+                        return  # stopping and the database is still down: the spool keeps them
+                    self._pause(delay)
+                    delay = min(delay * 2, self._retry_max_s)
+                    continue
+                self._spool.commit(batch)
+                if self._replaying:
+                    self._num_replayed += len(batch.records)
+                delay = self._flush_interval_s
+        finally:
+            self._spool.close()
+
+    def _pause(self, delay_s: float) -> None:
+        """Sleep before a retry; cut short by a stop, but never past the stop's deadline."""
+        if not self._stopping.wait(delay_s):
             return
-        except (TenancyError, SQLAlchemyError):
-            if len(batch) == 1:
-                self.stats.num_failed += 1
-                log.exception("could not write the usage record of request %s", batch[0].request_id)
-                return
-        for record in batch:  # find the bad record(s); keep the rest
-            self._write([record])
+        time.sleep(min(delay_s, max(self._stop_deadline - time.monotonic(), 0.0)))
+
+    def _write(self, records: list[UsageRecordIn]) -> bool:
+        """Write records; False when the database is unavailable (the caller retries them all)."""
+        if not records:
+            return True
+        try:
+            self._repo.record_usages(records)
+        except Exception as exc:
+            if database_unavailable(exc):
+                if self._database_available:
+                    log.warning(
+                        "database unavailable (%s); usage records wait in the spool %s",
+                        type(exc).__name__,
+                        self._spool.directory,
+                    )
+                self._database_available = False
+                return False
+            if len(records) == 1:
+                self._reject(records[0], exc)
+                return True
+            for record in records:  # find the bad record(s); keep the rest
+                if not self._write([record]):
+                    return False
+            return True
+        if not self._database_available:
+            log.warning("database available again; replaying the usage spool")
+        self._database_available = True
+        self._num_written += len(records)
+        return True
+
+    def _reject(self, record: UsageRecordIn, exc: Exception) -> None:
+        self._num_rejected += 1
+        line = encode_record(record, error=f"{type(exc).__name__}: {exc}"[:500])
+        log.error("the database refused the usage record of request %s: %s", record.request_id, exc)
+        try:
+            fd = os.open(self._rejected_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            try:
+                os.write(fd, line)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError:
+            log.exception("could not keep the refused usage record in %s: %s", self._rejected_path, line)

@@ -1,53 +1,252 @@
-"""Batched background writing of usage records."""
+"""The usage writer: batched, spooled to disk first, nothing lost while the database is down.
+
+The database faults are real where it is cheap (a SQLite file locked by another connection, a
+process killed with SIGKILL) and injected where it must be quick (`FlakyRepo`).
+"""
 
 from __future__ import annotations
 
+import datetime as dt
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
 import pytest
+from sqlalchemy import func, select
+from sqlalchemy.exc import OperationalError
 
 from engine.request import FinishReason
+from tenancy.db import Database
 from tenancy.enums import UsageStatus
+from tenancy.models import UsageRecord
 from tenancy.repo import TenancyRepo
 from tenancy.schemas import TenantSpec, UsageRecordIn
-from tenancy.usage_writer import UsageWriter
+from tenancy.usage_spool import SEGMENT_GLOB
+from tenancy.usage_writer import REJECTED_FILENAME, UsageWriter, database_unavailable
+from tests.gateway.harness import wait_until
+
+WHEN = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.UTC)
 
 
 def _record(i: int, tenant: str = "acme", status: UsageStatus = UsageStatus.COMPLETED) -> UsageRecordIn:
     return UsageRecordIn(f"r{i}", tenant, None, "m", status, prompt_tokens=i, completion_tokens=1,
-                         finish_reason=FinishReason.STOP)  # fmt: skip
+                         finish_reason=FinishReason.STOP, created_at=WHEN)  # fmt: skip
 
 
-def test_records_are_written_in_batches_and_drained_on_close(repo: TenancyRepo) -> None:
+def _stored(repo: TenancyRepo) -> dict[str, int]:
+    """request_id -> number of rows."""
+    with repo.db.transaction() as session:
+        rows = session.execute(select(UsageRecord.request_id, func.count()).group_by(UsageRecord.request_id))
+        return {request_id: n for request_id, n in rows}
+
+
+class FlakyRepo:
+    """A repository whose usage writes fail like an unreachable database while `down` is set."""
+
+    def __init__(self, repo: TenancyRepo) -> None:
+        self.repo = repo
+        self.down = threading.Event()
+        self.num_failures = 0
+
+    def record_usages(self, records: Sequence[UsageRecordIn]) -> None:
+        if self.down.is_set():
+            self.num_failures += 1
+            raise OperationalError("INSERT", {}, ConnectionRefusedError("connection refused"))
+        self.repo.record_usages(records)
+
+
+@pytest.fixture
+def acme(repo: TenancyRepo) -> TenancyRepo:
     repo.create_tenant(TenantSpec("acme"), actor="t")
-    writer = UsageWriter(repo, max_batch=4, flush_interval_s=0.05)
+    return repo
+
+
+def test_records_are_written_in_batches_and_drained_on_close(acme: TenancyRepo, tmp_path: Path) -> None:
+    writer = UsageWriter(acme, tmp_path, max_batch=4, flush_interval_s=0.05)
     writer.start()
     for i in range(10):
         writer.submit(_record(i))
     writer.close()
-    [day] = repo.usage_by_day("acme")
+    [day] = acme.usage_by_day("acme")
     assert (day.num_requests, day.prompt_tokens) == (10, sum(range(10)))
-    assert writer.stats.num_written == 10
+    stats = writer.stats()
+    assert (stats.num_written, stats.num_spooled, stats.num_pending, stats.num_replayed) == (10, 10, 0, 0)
+    assert list(tmp_path.glob(SEGMENT_GLOB)) == []  # all committed: nothing left on disk
 
 
-def test_a_bad_record_does_not_lose_the_batch(repo: TenancyRepo) -> None:
-    repo.create_tenant(TenantSpec("acme"), actor="t")
-    writer = UsageWriter(repo, max_batch=100)
+def test_a_record_written_twice_is_stored_once(acme: TenancyRepo) -> None:
+    batch = [_record(i) for i in range(3)]
+    acme.record_usages(batch)
+    acme.record_usages(batch + [_record(3)])
+    assert _stored(acme) == {"r0": 1, "r1": 1, "r2": 1, "r3": 1}
+
+
+def test_a_refused_record_is_kept_aside_and_the_batch_is_written(acme: TenancyRepo, tmp_path: Path) -> None:
+    writer = UsageWriter(acme, tmp_path, max_batch=100)
     for i in range(5):
         writer.submit(_record(i, tenant="deleted" if i == 2 else "acme"))
-    writer.close()  # never started: drains inline
-    assert repo.usage_by_day("acme")[0].num_requests == 4
-    assert (writer.stats.num_written, writer.stats.num_failed) == (4, 1)
+    writer.close()  # never started: starts, drains, stops
+    assert acme.usage_by_day("acme")[0].num_requests == 4
+    stats = writer.stats()
+    assert (stats.num_written, stats.num_rejected, stats.num_pending) == (4, 1, 0)
+    [line] = (tmp_path / REJECTED_FILENAME).read_text().splitlines()
+    kept = json.loads(line)
+    assert kept["request_id"] == "r2" and "deleted" in kept["error"]
 
 
-def test_full_queue_drops_instead_of_blocking(repo: TenancyRepo) -> None:
-    repo.create_tenant(TenantSpec("acme"), actor="t")
-    writer = UsageWriter(repo, max_queue=2)
+def test_full_queue_drops_instead_of_blocking(acme: TenancyRepo, tmp_path: Path) -> None:
+    writer = UsageWriter(acme, tmp_path, max_queue=2)
     for i in range(3):
         writer.submit(_record(i))
-    assert writer.stats.num_dropped == 1
+    assert writer.stats().num_dropped == 1
     writer.close()
-    assert writer.stats.num_written == 2
+    assert writer.stats().num_written == 2
 
 
-def test_settings_are_validated(repo: TenancyRepo) -> None:
+def test_settings_are_validated(repo: TenancyRepo, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="max_batch"):
-        UsageWriter(repo, max_batch=0)
+        UsageWriter(repo, tmp_path, max_batch=0)
+    with pytest.raises(ValueError, match="retry_max_s"):
+        UsageWriter(repo, tmp_path, flush_interval_s=1.0, retry_max_s=0.5)
+
+
+def test_errors_that_mean_try_again_later() -> None:
+    refused = OperationalError("SELECT 1", {}, ConnectionRefusedError())
+    assert database_unavailable(refused)
+    try:
+        raise RuntimeError("wrapped") from refused
+    except RuntimeError as wrapped:
+        assert database_unavailable(wrapped)
+    assert not database_unavailable(ValueError("bad record"))
+
+
+def test_no_record_is_lost_while_the_database_is_down(acme: TenancyRepo, tmp_path: Path) -> None:
+    flaky = FlakyRepo(acme)
+    flaky.down.set()
+    writer = UsageWriter(flaky, tmp_path, max_batch=8, flush_interval_s=0.02, retry_max_s=0.05)  # type: ignore[arg-type]
+    writer.start()
+    for i in range(50):
+        writer.submit(_record(i))
+    assert wait_until(lambda: writer.stats().num_spooled == 50 and flaky.num_failures >= 3)
+    stats = writer.stats()
+    assert (stats.num_pending, stats.num_written, stats.database_available) == (50, 0, False)
+    flaky.down.clear()
+    assert wait_until(lambda: writer.stats().num_pending == 0)
+    writer.close()
+    assert _stored(acme) == {f"r{i}": 1 for i in range(50)}
+    stats = writer.stats()
+    assert stats.num_replayed == 50 and stats.database_available
+
+
+def test_a_stop_while_the_database_is_down_keeps_records_for_the_next_start(
+    acme: TenancyRepo, tmp_path: Path
+) -> None:
+    flaky = FlakyRepo(acme)
+    flaky.down.set()
+    writer = UsageWriter(flaky, tmp_path, flush_interval_s=0.02, retry_max_s=0.05)  # type: ignore[arg-type]
+    for i in range(20):
+        writer.submit(_record(i))
+    writer.close(timeout_s=0.5)
+    assert writer.stats().num_pending == 20 and _stored(acme) == {}
+    after = UsageWriter(acme, tmp_path, flush_interval_s=0.02)
+    after.start()
+    assert wait_until(lambda: after.stats().num_pending == 0)
+    after.close()
+    assert _stored(acme) == {f"r{i}": 1 for i in range(20)}
+    assert after.stats().num_replayed == 20
+    assert list(tmp_path.glob(SEGMENT_GLOB)) == []
+
+
+@pytest.mark.slow
+def test_a_locked_sqlite_file_delays_records_but_loses_none(tmp_path: Path) -> None:
+    """The defect as reported: the SQLite file locked (BEGIN EXCLUSIVE) by another connection."""
+    from tenancy.keys import KeyHasher
+    from tenancy.migrate import upgrade
+
+    path = tmp_path / "weir.db"
+    db = Database(f"sqlite:///{path}")
+    upgrade(db.engine)
+    repo = TenancyRepo(db, KeyHasher(b"pepper"))
+    repo.create_tenant(TenantSpec("acme"), actor="t")
+    writer = UsageWriter(repo, tmp_path / "spool", flush_interval_s=0.05, retry_max_s=0.2)
+    writer.start()
+    lock = sqlite3.connect(path, isolation_level=None)
+    lock.execute("BEGIN EXCLUSIVE")
+    try:
+        for i in range(30):
+            writer.submit(_record(i))
+        # The first write waits out SQLite's 5 s busy timeout, then finds the file locked.
+        assert wait_until(lambda: not writer.stats().database_available, 30)
+        assert writer.stats().num_pending == 30 and writer.stats().num_spooled == 30
+    finally:
+        lock.execute("ROLLBACK")
+        lock.close()
+    assert wait_until(lambda: writer.stats().num_pending == 0, 30)
+    writer.close()
+    assert _stored(repo) == {f"r{i}": 1 for i in range(30)}
+    db.dispose()
+
+
+_CHILD = """
+import datetime as dt, sys, time
+from pathlib import Path
+from tenancy.db import Database
+from tenancy.keys import KeyHasher
+from tenancy.repo import TenancyRepo
+from tenancy.usage_writer import UsageWriter
+from tests.tenancy.test_usage_writer import _record
+
+repo = TenancyRepo(Database(sys.argv[1]), KeyHasher(b"pepper"))
+writer = UsageWriter(repo, Path(sys.argv[2]), flush_interval_s=0.05)
+writer.start()
+for i in range(40):
+    writer.submit(_record(i))
+while writer.stats().num_spooled < 40:
+    time.sleep(0.01)
+print("SPOOLED", flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.slow
+def test_records_of_a_killed_process_are_replayed_once(tmp_path: Path) -> None:
+    """kill -9 while the database is locked: the next start writes every record, once."""
+    from tenancy.keys import KeyHasher
+    from tenancy.migrate import upgrade
+
+    path, spool = tmp_path / "weir.db", tmp_path / "spool"
+    url = f"sqlite:///{path}"
+    db = Database(url)
+    upgrade(db.engine)
+    repo = TenancyRepo(db, KeyHasher(b"pepper"))
+    repo.create_tenant(TenantSpec("acme"), actor="t")
+    repo.record_usages([_record(0), _record(1)])  # written before the crash: replayed, skipped
+    lock = sqlite3.connect(path, isolation_level=None)
+    lock.execute("BEGIN EXCLUSIVE")
+    child = subprocess.Popen(
+        [sys.executable, "-c", _CHILD, url, str(spool)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "SPOOLED"
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(30)
+        lock.execute("ROLLBACK")
+        lock.close()
+    assert sorted(_stored(repo)) == ["r0", "r1"]
+    writer = UsageWriter(repo, spool, flush_interval_s=0.05)
+    writer.start()
+    assert wait_until(lambda: writer.stats().num_pending == 0, 30)
+    writer.close()
+    assert _stored(repo) == {f"r{i}": 1 for i in range(40)}
+    assert writer.stats().num_replayed == 40
+    db.dispose()

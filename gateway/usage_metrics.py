@@ -1,0 +1,66 @@
+"""Prometheus metrics of the usage-record writer and its disk spool, read at scrape time.
+
+`weir_usage_records_pending` is the number to watch: records served and accepted but not yet in
+the database (in memory, or fsync'd in the spool while the database is down). It returns to 0
+when the database has caught up; `weir_usage_records_dropped_total` must stay 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from tenancy.usage_writer import UsageWriterStats
+
+
+class UsageRecordsCollector(Collector):
+    """Pending, spooled, written, replayed, rejected, dropped and corrupt usage records."""
+
+    def __init__(self, stats: Callable[[], UsageWriterStats]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterable[Metric]:
+        try:
+            s = self._stats()
+        except Exception:  # a broken writer must not break the scrape of everything else
+            return
+        yield GaugeMetricFamily(
+            "weir_usage_records_pending",
+            "Usage records accepted but not yet in the database (in memory or in the disk spool).",
+            value=s.num_pending,
+        )
+        yield GaugeMetricFamily(
+            "weir_usage_database_available",
+            "1 unless the last usage write found the database unavailable.",
+            value=1 if s.database_available else 0,
+        )
+        counters = (
+            ("weir_usage_records_spooled", "Usage records fsync'd to the disk spool.", s.num_spooled),
+            ("weir_usage_records_written", "Usage records committed to the database.", s.num_written),
+            (
+                "weir_usage_records_replayed",
+                "Usage records written from the spool after a database outage or a restart.",
+                s.num_replayed,
+            ),
+            (
+                "weir_usage_records_rejected",
+                "Usage records the database refused for good (kept in the spool's rejected.jsonl).",
+                s.num_rejected,
+            ),
+            (
+                "weir_usage_records_dropped",
+                "Usage records lost: the in-memory queue was full.",
+                s.num_dropped,
+            ),
+            (
+                "weir_usage_spool_corrupt_lines",
+                "Spool lines skipped because they did not decode (a torn write at a crash).",
+                s.num_corrupt,
+            ),
+        )
+        for name, documentation, value in counters:
+            yield CounterMetricFamily(name, documentation, value=value)
