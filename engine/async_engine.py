@@ -287,37 +287,38 @@ class AsyncEngine:
         self._wake.clear()
 
     def _restart(self, exc: Exception) -> bool:
-        """Fail the requests in flight (retryable), reset the core; False if the engine is dead now."""
-        logger.exception("engine loop failed; failing the requests in flight and restarting")
+        """Reset the core and fail the requests in flight (retryable); False if the engine is dead now."""
+        logger.exception("engine loop failed; restarting it and failing the requests in flight")
         self._restarting = True
-        try:
-            failure = RetryableEngineError(
-                f"the engine restarted after an internal error ({type(exc).__name__}); retry the request"
+        now = time.monotonic()
+        self._restart_times = [t for t in self._restart_times if now - t < self.restart_window_s]
+        self._restart_times.append(now)
+        if len(self._restart_times) > self.max_restarts:
+            logger.error(
+                "the engine restarted %d times within %.0f s; giving up",
+                len(self._restart_times),
+                self.restart_window_s,
             )
-            for add in list(self._sinks.values()):
-                add.loop.call_soon_threadsafe(add.sink.put_nowait, failure)
-            self._sinks.clear()
-            now = time.monotonic()
-            self._restart_times = [t for t in self._restart_times if now - t < self.restart_window_s]
-            self._restart_times.append(now)
-            if len(self._restart_times) > self.max_restarts:
-                logger.error(
-                    "the engine restarted %d times within %.0f s; giving up",
-                    len(self._restart_times),
-                    self.restart_window_s,
-                )
-                self._die(exc)
-                return False
+            self._restarting = False
+            self._die(exc)
+            return False
+        try:
             if self.core.faults is not None:
                 self.core.faults.on_restart()
             self.core.reset()
             self._stats = self.core.stats()
         except BaseException as fatal:  # the reset itself failed: nothing left to serve with
             logger.exception("engine restart failed")
+            self._restarting = False
             self._die(fatal)
             return False
-        finally:
-            self._restarting = False
+        self._restarting = False
+        failure = RetryableEngineError(
+            f"the engine restarted after an internal error ({type(exc).__name__}); retry the request"
+        )
+        for add in list(self._sinks.values()):
+            add.loop.call_soon_threadsafe(add.sink.put_nowait, failure)
+        self._sinks.clear()
         return True
 
     def _die(self, exc: BaseException) -> None:
