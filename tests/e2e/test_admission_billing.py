@@ -144,7 +144,8 @@ def test_a_default_chat_call_works_under_a_budget_smaller_than_the_context(fresh
     request = fresh.engine.requests[-1]
     assert request.sampling_params.max_tokens == MAX_MODEL_LEN - r.usage.prompt_tokens  # may run on
     assert fresh.reserved("small") == r.usage.prompt_tokens + DEFAULT_RESERVATION
-    assert fresh.level("small") == 200 - r.usage.total_tokens  # settled on what was used
+    # Settled on what was used (settlement follows the response's last byte: wait for it).
+    assert wait_until(lambda: fresh.level("small") == 200 - r.usage.total_tokens)
 
 
 def test_overshoot_becomes_debt_that_delays_the_next_call(fresh: Served) -> None:
@@ -153,7 +154,7 @@ def test_overshoot_becomes_debt_that_delays_the_next_call(fresh: Served) -> None
         assert r.usage is not None
         assert r.usage.total_tokens == MAX_MODEL_LEN  # ran to the end of the context
         debt = r.usage.total_tokens - 120
-        assert fresh.level("debtor") == -debt  # charged in full, not lost
+        assert wait_until(lambda: fresh.level("debtor") == -debt)  # charged in full, not lost
         with pytest.raises(openai.RateLimitError) as info:
             client.completions.create(model=MODEL, prompt=[5] * 9, max_tokens=1)
         # Retry-After waits out the debt and this request's 10 tokens, at 2 tokens per second.
