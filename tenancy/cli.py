@@ -49,6 +49,7 @@ class CliSettings(Protocol):
 
 SettingsFactory = Callable[[argparse.Namespace], CliSettings]
 Handler = Callable[[argparse.Namespace], int]
+_SHARE_HELP = "join this tenant's prefix-cache scope on purpose (audited); a scope is never shared otherwise"
 
 
 class CliError(Exception):
@@ -259,11 +260,19 @@ def _add_admin(
     )
     p.add_argument("--weight", type=float, default=1.0, help="fair-share weight (default 1)")
     p.add_argument("--cache-scope", help="prefix-cache scope (default: the tenant's name)")
+    p.add_argument("--share-cache-scope-with", metavar="TENANT", help=_SHARE_HELP)
     _add_quota_options(p)
     p.set_defaults(
         func=command(
             lambda b, a: b.create_tenant(
-                TenantSpec(a.name, a.priority, a.weight, a.cache_scope, quota=_quota_from(a))
+                TenantSpec(
+                    a.name,
+                    a.priority,
+                    a.weight,
+                    a.cache_scope,
+                    quota=_quota_from(a),
+                    share_cache_scope_with=a.share_cache_scope_with,
+                )
             )
         )
     )
@@ -277,10 +286,20 @@ def _add_admin(
     p.add_argument("--priority", type=_priority)
     p.add_argument("--weight", type=float)
     p.add_argument("--cache-scope")
+    p.add_argument("--share-cache-scope-with", metavar="TENANT", help=_SHARE_HELP)
     p.add_argument("--status", type=TenantStatus, choices=list(TenantStatus))
     p.set_defaults(
         func=command(
-            lambda b, a: b.update_tenant(a.name, TenantUpdate(a.priority, a.weight, a.cache_scope, a.status))
+            lambda b, a: b.update_tenant(
+                a.name,
+                TenantUpdate(
+                    a.priority,
+                    a.weight,
+                    a.cache_scope,
+                    a.status,
+                    share_cache_scope_with=a.share_cache_scope_with,
+                ),
+            )
         )
     )
     p = _admin_leaf(t_sub, "suspend", "suspend a tenant (its keys get 403)", conn)

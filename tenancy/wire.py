@@ -328,6 +328,8 @@ def tenant_spec_json(spec: TenantSpec) -> JsonObject:
     }
     if spec.cache_scope is not None:
         body["cache_scope"] = spec.cache_scope
+    if spec.share_cache_scope_with is not None:
+        body["share_cache_scope_with"] = spec.share_cache_scope_with
     return body
 
 
@@ -340,6 +342,8 @@ def tenant_update_json(change: TenantUpdate) -> JsonObject:
         body["weight"] = change.weight
     if change.cache_scope is not None:
         body["cache_scope"] = change.cache_scope
+    if change.share_cache_scope_with is not None:
+        body["share_cache_scope_with"] = change.share_cache_scope_with
     if change.status is not None:
         body["status"] = change.status.value
     return body

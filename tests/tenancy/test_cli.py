@@ -112,6 +112,24 @@ def test_admin_errors(where: list[str], capsys: pytest.CaptureFixture[str]) -> N
     assert code == 1 and "max_concurrent" in err
 
 
+def test_sharing_a_cache_scope_from_the_cli(where: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    def admin(*argv: str) -> tuple[int, str, str]:
+        return run(capsys, "admin", *argv, *where)
+
+    assert admin("tenants", "create", "tb")[0] == 0
+    code, _, err = admin("tenants", "create", "ok2", "--cache-scope", "tb")
+    assert code == 1 and "share_cache_scope_with" in err  # refused, and told how to share
+    code, out, err = admin("tenants", "create", "ok2", "--share-cache-scope-with", "tb")
+    assert code == 0, err
+    assert json.loads(out)["cache_scope"] == "tb"
+    assert admin("tenants", "create", "tc")[0] == 0
+    code, out, err = admin("tenants", "update", "tc", "--share-cache-scope-with", "tb")
+    assert code == 0, err
+    assert json.loads(out)["cache_scope"] == "tb"
+    code, out, _ = admin("audit", "--tenant", "tc", "--limit", "1")
+    assert json.loads(out)["data"][0]["details"]["share_cache_scope_with"] == "tb"
+
+
 def test_server_needs_a_token(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run(capsys, "admin", "tenants", "list", "--server", "http://127.0.0.1:9")
     assert code == 2 and "--admin-token" in err

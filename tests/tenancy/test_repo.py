@@ -14,6 +14,7 @@ from engine.request import FinishReason, Priority
 from tenancy.context import QuotaLimits
 from tenancy.enums import AuditAction, KeyScope, KeyState, TenantStatus, UsageStatus
 from tenancy.errors import (
+    CacheScopeConflictError,
     FieldError,
     KeyInactiveError,
     KeyNotFoundError,
@@ -353,3 +354,50 @@ def test_admin_token_stored_once_unless_replaced(repo: TenancyRepo) -> None:
     assert repo.admin_token_hash() == repo.hasher.hash("weir-admin-a")
     assert repo.store_admin_token("weir-admin-b", actor=ACTOR, replace=True)
     assert repo.admin_token_hash() == repo.hasher.hash("weir-admin-b")
+
+
+# -- cache scopes (issue 10, defect 9) --------------------------------------------------------------
+
+
+def test_cache_scopes_are_shared_only_on_purpose(repo: TenancyRepo) -> None:
+    _tenant(repo, "tb")
+    _tenant(repo, "tc", cache_scope="team")
+    refused = [
+        (TenantSpec("ok2", cache_scope="tb"), "cache_scope"),  # another tenant's (default) scope
+        (TenantSpec("td", cache_scope="team"), "cache_scope"),  # another tenant's custom scope
+        (TenantSpec("team"), "name"),  # named after a scope, whose default scope it would join
+        (TenantSpec("te", cache_scope="tc"), "cache_scope"),  # another tenant's name
+    ]
+    for spec, field in refused:
+        with pytest.raises(CacheScopeConflictError) as info:
+            repo.create_tenant(spec, actor=ACTOR)
+        assert info.value.field == field
+    with pytest.raises(CacheScopeConflictError):
+        repo.update_tenant("tb", TenantUpdate(cache_scope="team"), actor=ACTOR)
+    assert {t.name: t.cache_scope for t in repo.list_tenants()} == {"tb": "tb", "tc": "team"}
+
+    shared = repo.create_tenant(TenantSpec("ok2", share_cache_scope_with="tb"), actor=ACTOR)
+    assert shared.cache_scope == "tb"
+    team = repo.create_tenant(TenantSpec("team", share_cache_scope_with="tc"), actor=ACTOR)
+    assert team.cache_scope == "team"
+    assert (
+        repo.update_tenant("tb", TenantUpdate(share_cache_scope_with="tc"), actor=ACTOR).cache_scope == "team"
+    )
+    events = {e.tenant: e for e in repo.list_audit() if e.action is AuditAction.TENANT_CREATE}
+    assert events["ok2"].details["share_cache_scope_with"] == "tb"
+    update = repo.list_audit(tenant="tb", limit=1)[0]
+    assert update.action is AuditAction.TENANT_UPDATE
+    assert update.details == {"cache_scope": "team", "share_cache_scope_with": "tc"}
+    with pytest.raises(FieldError) as missing:
+        repo.create_tenant(TenantSpec("tf", share_cache_scope_with="nobody"), actor=ACTOR)
+    assert missing.value.field == "share_cache_scope_with"
+
+
+def test_lookups_take_a_timeout(repo: TenancyRepo) -> None:
+    """The auth path bounds its queries (SQLite busy timeout, PostgreSQL statement timeout)."""
+    _tenant(repo)
+    issued = repo.issue_key("acme", KeySpec(), actor=ACTOR)
+    record = repo.lookup_key(issued.view.id, timeout_s=0.5)
+    assert record is not None and record.tenant.name == "acme"
+    repo.touch_key(issued.view.id, START, timeout_s=0.5)
+    assert repo.get_key(issued.view.id).last_used_at == START
