@@ -21,6 +21,11 @@ MAX_QUERY_INT = 2**63 - 1
 _PRIORITY = {"type": "string", "enum": [p.name.lower() for p in Priority]}
 _TENANT_NAME = {"type": "string", "pattern": f"^{_NAME_RE.pattern}$"}
 _CACHE_SCOPE = {"type": "string", "pattern": f"^{_SCOPE_RE.pattern}$"}
+_SHARE_CACHE_SCOPE_WITH = {
+    **_TENANT_NAME,
+    "description": "Join this existing tenant's cache scope on purpose (audited); not with cache_scope. "
+    "A cache_scope that is another tenant's scope or name is refused (409 cache_scope_conflict).",
+}
 _WEIGHT = {"type": "number", "exclusiveMinimum": 0, "maximum": _MAX_WEIGHT}
 _DATE = {"type": "string", "format": "date"}
 _OBJECT = {"type": "object"}
@@ -57,6 +62,7 @@ SCHEMAS: dict[str, Any] = {
             "priority": _PRIORITY,
             "weight": _WEIGHT,
             "cache_scope": _CACHE_SCOPE,
+            "share_cache_scope_with": _SHARE_CACHE_SCOPE_WITH,
             "quota": {"$ref": "#/components/schemas/Quota"},
         },
     },
@@ -68,6 +74,7 @@ SCHEMAS: dict[str, Any] = {
             "priority": _PRIORITY,
             "weight": _WEIGHT,
             "cache_scope": _CACHE_SCOPE,
+            "share_cache_scope_with": _SHARE_CACHE_SCOPE_WITH,
             "status": {"type": "string", "enum": [s.value for s in TenantStatus]},
         },
     },
