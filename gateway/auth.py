@@ -329,8 +329,8 @@ class Authenticator:
             # Written on cache misses only, so last_used_at is accurate to cache_ttl_s.
             try:
                 self._store.touch_key(parsed.key_id, now, timeout_s=self.settings.touch_timeout_s)
-            except SQLAlchemyError:
-                log.warning("could not record the last use of API key %s", parsed.key_id, exc_info=True)
+            except SQLAlchemyError as exc:  # expected while the database is busy: one line, no trace
+                log.warning("could not record the last use of API key %s: %s", parsed.key_id, exc)
         return entry
 
     def _finish(
