@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
+import multiprocessing
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -54,35 +54,52 @@ async def _victim(args: argparse.Namespace, server: WeirProcess, key: str, model
         return list(await asyncio.gather(*tasks))
 
 
-async def _attack(target: Target, stop: asyncio.Event, counts: dict[str, Counter[int]], offset: int) -> None:
-    """Loop every hostile input, in order, until `stop`."""
-    async with httpx.AsyncClient(timeout=120) as client:
-        i = offset
-        while not stop.is_set():
-            probe = HOSTILE[i % len(HOSTILE)]
-            counts[probe.name][await send(client, probe, target)] += 1
-            i += 1
+async def _attack_loop(
+    target: Target, stop: Any, num_clients: int, names: tuple[str, ...]
+) -> dict[str, Counter[int]]:
+    counts: dict[str, Counter[int]] = defaultdict(Counter)
+    probes = [p for p in HOSTILE if p.name in names]
+
+    async def one(offset: int) -> None:
+        async with httpx.AsyncClient(timeout=120) as client:
+            i = offset
+            while not stop.is_set():
+                probe = probes[i % len(probes)]
+                counts[probe.name][await send(client, probe, target)] += 1
+                i += 1
+
+    await asyncio.gather(*(one(i * 3) for i in range(num_clients)))
+    return counts
+
+
+def _attacker_process(target: Target, stop: Any, num_clients: int, names: tuple[str, ...], out: Any) -> None:
+    """The attacker's own process: its client work never delays the victim's event loop."""
+    counts = asyncio.run(_attack_loop(target, stop, num_clients, names))
+    out.put({name: dict(c) for name, c in counts.items()})
 
 
 async def _phase(
     args: argparse.Namespace, server: WeirProcess, keys: dict[str, str], model: str, attacked: bool
 ) -> tuple[list[StreamResult], dict[str, Counter[int]]]:
     counts: dict[str, Counter[int]] = defaultdict(Counter)
-    stop = asyncio.Event()
+    if not attacked:
+        return await _victim(args, server, keys[VICTIM], model), counts
+    ctx = multiprocessing.get_context("spawn")
+    stop, out = ctx.Event(), ctx.Queue()
     target = Target(server.url, model, keys[ATTACKER], args.kv_cache_tokens)
-    attackers = [
-        asyncio.create_task(_attack(target, stop, counts, offset=i * 3))
-        for i in range(args.attackers if attacked else 0)
-    ]
-    if attackers:
-        await asyncio.sleep(2.0)  # the attack is under way before the victim starts
+    proc = ctx.Process(
+        target=_attacker_process, args=(target, stop, args.attackers, tuple(args.probes), out), daemon=True
+    )
+    proc.start()
     try:
+        await asyncio.sleep(3.0)  # the attack is under way before the victim starts
         results = await _victim(args, server, keys[VICTIM], model)
     finally:
         stop.set()
-        for task in attackers:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        found = await asyncio.to_thread(out.get, True, 180)
+        proc.join(timeout=30)
+    for name, c in found.items():
+        counts[name].update(c)
     return results, counts
 
 
@@ -178,10 +195,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rate", type=float, default=4.0, help="victim requests per second")
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--attackers", type=int, default=4, help="concurrent attacker clients")
+    p.add_argument(
+        "--probes",
+        type=lambda v: v.split(","),
+        default=[p.name for p in HOSTILE],
+        help=f"comma-separated inputs the attacker loops (default all: {','.join(p.name for p in HOSTILE)})",
+    )
     p.add_argument("--rounds", type=int, default=1, help="(alone, attacked) pairs, pooled per phase")
     p.add_argument("--kv-cache-tokens", type=int, default=4096)
     p.add_argument("--max-model-len", type=int, default=1024)
-    p.add_argument("--attacker-tokens-per-minute", type=int, default=2_000_000)
+    p.add_argument(
+        "--attacker-tokens-per-minute",
+        type=int,
+        default=30_000,
+        help="the attacker's budget (a modest tenant)",
+    )
     p.add_argument("--timeout-s", type=float, default=120.0)
     return p.parse_args(argv)
 
@@ -191,6 +219,9 @@ def main(argv: list[str] | None = None) -> int:
     import sys
 
     args = parse_args(argv)
+    unknown = set(args.probes) - {p.name for p in HOSTILE}
+    if unknown:
+        raise SystemExit(f"unknown --probes: {sorted(unknown)}")
     args.out.mkdir(parents=True, exist_ok=True)
     command = shlex.join(["python", "-m", "bench.attacker", *(sys.argv[1:] if argv is None else argv)])
     model = resolve_model(args.model, args.out)
