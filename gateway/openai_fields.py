@@ -102,7 +102,7 @@ def sampling_schema(vocab_size: int | None) -> dict[str, Any]:
             "description": "Extension.",
         },
         "stream_options": {
-            "type": ["object", "null"],
+            "type": "object",
             "properties": {"include_usage": {"type": "boolean"}},
             "description": "Only with stream: true.",
         },
@@ -120,6 +120,17 @@ def sampling_schema(vocab_size: int | None) -> dict[str, Any]:
         },
         "logit_bias": {"type": "object", "maxProperties": 0, "description": "Not supported: empty only."},
         "tools": {"type": "array", "maxItems": 0, "description": "Not supported: empty only."},
+    }
+
+
+def _dependencies() -> dict[str, Any]:
+    """Fields that only make sense with another one set (the validator refuses them otherwise)."""
+    return {
+        TOP_LOGPROBS.name: {
+            "properties": {CHAT_LOGPROBS.name: {"const": True}},
+            "required": [CHAT_LOGPROBS.name],
+        },
+        "stream_options": {"properties": {STREAM.name: {"const": True}}, "required": [STREAM.name]},
     }
 
 
@@ -154,6 +165,7 @@ def chat_request_schema(models: list[str], vocab_size: int | None) -> dict[str, 
     return {
         "type": "object",
         "required": ["model", "messages"],
+        "dependentSchemas": _dependencies(),
         "properties": {
             "model": _model(models),
             "messages": {"type": "array", "items": message, "minItems": 1},
@@ -170,12 +182,18 @@ def completion_request_schema(models: list[str], vocab_size: int | None) -> dict
     return {
         "type": "object",
         "required": ["model", "prompt"],
+        "dependentSchemas": {"stream_options": _dependencies()["stream_options"]},
         "properties": {
             "model": _model(models),
             "prompt": {
                 "oneOf": [
-                    {"type": "string"},
-                    {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": MAX_PROMPTS},
+                    {"type": "string", "minLength": 1},
+                    {
+                        "type": "array",
+                        "items": {"type": "string", "minLength": 1},
+                        "minItems": 1,
+                        "maxItems": MAX_PROMPTS,
+                    },
                     ids,
                     {"type": "array", "items": ids, "minItems": 1, "maxItems": MAX_PROMPTS},
                 ]

@@ -15,8 +15,8 @@ from collections.abc import Collection
 from typing import Any
 
 from gateway.openai_fields import chat_request_schema, completion_request_schema
-from gateway.openapi_admin import SCHEMAS as ADMIN_SCHEMAS
 from gateway.openapi_admin import ADMIN, admin_paths
+from gateway.openapi_admin import SCHEMAS as ADMIN_SCHEMAS
 
 _PREFIX_CACHE = "/admin/v1/prefix-cache"
 _CONVERTER = re.compile(r"\{(\w+):\w+\}")  # Starlette's {name:path} is OpenAPI's {name}

@@ -13,7 +13,7 @@ from engine.request import Priority
 from tenancy.enums import KeyScope, TenantStatus
 from tenancy.keys import _PUBLIC_ID_RE
 from tenancy.schemas import _MAX_INT32, _MAX_INT64, _MAX_WEIGHT, _NAME_RE, _SCOPE_RE
-from tenancy.wire import QUOTA_FIELDS
+from tenancy.wire import _TENANT_FIELDS, _UPDATE_FIELDS, QUOTA_FIELDS
 
 ADMIN: list[dict[str, list[str]]] = [{"admin_token": []}]
 MAX_QUERY_INT = 2**63 - 1
@@ -51,32 +51,32 @@ def _quota_schema() -> dict[str, Any]:
     return {"type": "object", "additionalProperties": False, "properties": properties}
 
 
+# The fields tenancy.wire accepts; one it adds later is documented as a plain string until
+# described here.
+_TEXT = {"type": "string"}
+_TENANT_PROPERTIES: dict[str, Any] = {
+    "name": _TENANT_NAME,
+    "priority": _PRIORITY,
+    "weight": _WEIGHT,
+    "cache_scope": _CACHE_SCOPE,
+    "share_cache_scope_with": {**_TENANT_NAME, "description": "Join this tenant's cache scope (audited)."},
+    "quota": {"$ref": "#/components/schemas/Quota"},
+    "status": {"type": "string", "enum": [s.value for s in TenantStatus]},
+}
+
 SCHEMAS: dict[str, Any] = {
     "Quota": _quota_schema(),
     "TenantCreate": {
         "type": "object",
         "additionalProperties": False,
         "required": ["name"],
-        "properties": {
-            "name": _TENANT_NAME,
-            "priority": _PRIORITY,
-            "weight": _WEIGHT,
-            "cache_scope": _CACHE_SCOPE,
-            "share_cache_scope_with": _SHARE_CACHE_SCOPE_WITH,
-            "quota": {"$ref": "#/components/schemas/Quota"},
-        },
+        "properties": {name: _TENANT_PROPERTIES.get(name, _TEXT) for name in _TENANT_FIELDS},
     },
     "TenantUpdate": {
         "type": "object",
         "additionalProperties": False,
         "minProperties": 1,
-        "properties": {
-            "priority": _PRIORITY,
-            "weight": _WEIGHT,
-            "cache_scope": _CACHE_SCOPE,
-            "share_cache_scope_with": _SHARE_CACHE_SCOPE_WITH,
-            "status": {"type": "string", "enum": [s.value for s in TenantStatus]},
-        },
+        "properties": {name: _TENANT_PROPERTIES.get(name, _TEXT) for name in _UPDATE_FIELDS},
     },
     "KeyCreate": {
         "type": "object",

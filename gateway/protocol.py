@@ -173,15 +173,30 @@ def _stop_token_ids(fields: _Fields) -> tuple[int, ...]:
     value = fields.data.get(name)
     if value is None:
         return ()
-    if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
-        raise fields._bad(name, "a list of integers")
-    if len(value) > f.MAX_STOP_TOKEN_IDS:
+    ids = _as_ids(value)
+    if ids is None:
+        raise BadRequestError(f"'{name}' must be a list of integers", param=name, code="invalid_type")
+    if len(ids) > f.MAX_STOP_TOKEN_IDS:
         raise BadRequestError(
             f"'{name}' may hold at most {f.MAX_STOP_TOKEN_IDS} ids, got {len(value)}", param=name
         )
-    if not all(0 <= t <= f.INT32_MAX for t in value):
+    if not all(0 <= t <= f.INT32_MAX for t in ids):
         raise BadRequestError(f"'{name}' must be token ids in [0, {f.INT32_MAX}]", param=name)
-    return tuple(value)
+    return ids
+
+
+def _as_ids(value: Any) -> tuple[int, ...] | None:
+    """A JSON list of integers as token ids (1.0 is the integer 1, true is not), else None."""
+    if not isinstance(value, list):
+        return None
+    ids = []
+    for t in value:
+        if isinstance(t, float) and t.is_integer():
+            t = int(t)
+        if not isinstance(t, int) or isinstance(t, bool):
+            return None
+        ids.append(t)
+    return tuple(ids)
 
 
 def _priority(fields: _Fields) -> Priority | None:
@@ -193,6 +208,8 @@ def _priority(fields: _Fields) -> Priority | None:
             return Priority.parse(value)
         except InvalidRequestError as exc:
             raise BadRequestError(exc.message, param="priority") from None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # JSON has one number type
     if isinstance(value, int) and not isinstance(value, bool):
         try:
             return Priority(value)
@@ -330,17 +347,17 @@ def _prompts(fields: _Fields) -> tuple[str | tuple[int, ...], ...]:
     if isinstance(value, str):
         return (value,)
 
-    def is_ids(v: Any) -> bool:
-        return isinstance(v, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in v)
-
     if isinstance(value, list) and value:
-        if is_ids(value):
-            return (tuple(value),)
+        single = _as_ids(value)
+        if single is not None:
+            return (single,)
         batch: tuple[str | tuple[int, ...], ...] | None = None
         if all(isinstance(p, str) for p in value):
             batch = tuple(value)
-        elif all(is_ids(p) and p for p in value):
-            batch = tuple(tuple(p) for p in value)
+        else:
+            lists = [_as_ids(p) for p in value]
+            if all(ids for ids in lists):
+                batch = tuple(ids for ids in lists if ids)
         if batch is not None:
             if len(batch) > f.MAX_PROMPTS:
                 raise BadRequestError(

@@ -41,7 +41,9 @@ def serve_everything(data_dir: Path) -> Iterator[FullServer]:
     settings = Settings(data_dir=data_dir, admin_token=ADMIN_TOKEN, auth=AuthMode.KEYS)
     tenancy = build_tenancy(settings)
     assert tenancy.admin_auth is not None
-    engine = FakeEngine()
+    # Room for the largest valid request (128 prompts x n=16 x the whole context): the fake
+    # engine fails what does not fit, the real one refuses it up front.
+    engine = FakeEngine(num_total_blocks=1 << 18)
     control = FakeControl()
     routes = [*prefix_cache_routes(control, tenancy.admin_auth, tokenizer()), *tenancy.routes]
     app = make_app(
