@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.errors import InvalidRequestError
-from engine.request import Priority
+from engine.request import Priority, SamplingParams
 from gateway import openai_fields as f
 from gateway.errors import BadRequestError
 from gateway.json_body import loads_bounded
@@ -83,6 +83,30 @@ class GenerationOptions:
     use_beam_search: bool = False  # vLLM's extension: return the n best of beam_width beams
     beam_width: int | None = None  # None: n
     length_penalty: float = 1.0
+
+    def sampling_params(self, max_tokens: int) -> SamplingParams:
+        """The engine's parameters for one prompt; `max_tokens` is resolved by the route
+        (the client's, or the endpoint's default within the context and the key's quota)."""
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            min_p=self.min_p,
+            repetition_penalty=self.repetition_penalty,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            seed=self.seed,
+            stop=self.stop,
+            stop_token_ids=self.stop_token_ids,
+            ignore_eos=self.ignore_eos,
+            logprobs=self.logprobs,
+            n=self.n,
+            skip_special_tokens=self.skip_special_tokens,
+            use_beam_search=self.use_beam_search,
+            beam_width=self.beam_width if self.beam_width is not None else self.n,
+            length_penalty=self.length_penalty,
+        )
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,6 @@ from starlette.types import Receive, Scope, Send
 
 from engine.client import EngineClient, EngineRequest
 from engine.errors import ContextLengthError
-from engine.request import SamplingParams
 from gateway.accounting import Accountant, Admission, Admitted, RequestInfo
 from gateway.errors import BadRequestError, NotFoundError, PermissionDeniedError, ServiceUnavailableError
 from gateway.protocol import (
@@ -248,26 +247,7 @@ class OpenAIRoutes:
                     max_tokens = min(max_tokens, quota.max_output_tokens)
             if max_tokens >= 1 and len(prompt) + max_tokens > max_model_len:
                 raise ContextLengthError(len(prompt), max_tokens, max_model_len)
-            params = SamplingParams(
-                max_tokens=max_tokens,
-                temperature=options.temperature,
-                top_p=options.top_p,
-                top_k=options.top_k,
-                min_p=options.min_p,
-                repetition_penalty=options.repetition_penalty,
-                presence_penalty=options.presence_penalty,
-                frequency_penalty=options.frequency_penalty,
-                seed=options.seed,
-                stop=options.stop,
-                stop_token_ids=options.stop_token_ids,
-                ignore_eos=options.ignore_eos,
-                logprobs=options.logprobs,
-                n=options.n,
-                skip_special_tokens=options.skip_special_tokens,
-                use_beam_search=options.use_beam_search,
-                beam_width=options.beam_width if options.beam_width is not None else options.n,
-                length_penalty=options.length_penalty,
-            )
+            params = options.sampling_params(max_tokens)
             requests.append(
                 EngineRequest(
                     request_id=response_id if len(prompts) == 1 else f"{response_id}-{i}",
