@@ -13,8 +13,6 @@ around the same weights when the async loop itself broke.
 
 from __future__ import annotations
 
-import copy
-import hashlib
 import logging
 import time
 from collections.abc import Callable
@@ -25,8 +23,10 @@ import torch
 
 from engine.beam_group import BeamGroups
 from engine.block_hash import SHARED_SCOPE, CacheKeyRoot
+from engine.choice_groups import ChoiceGroups
 from engine.client import EngineRequest
 from engine.config import EngineConfig, ModelConfig
+from engine.engine_tokenizer import own_tokenizer, tokenizer_fingerprint
 from engine.errors import (
     DEADLINE_EXCEEDED,
     ENGINE_RETRYABLE,
@@ -36,41 +36,14 @@ from engine.errors import (
 )
 from engine.faults import FaultInjector
 from engine.kv_cache_manager import KVCacheManager
-from engine.output import EngineStats, RequestMetrics, RequestOutput, SchedulerOutput
-from engine.output_processor import OutputProcessor
+from engine.output import EngineStats, RequestOutput, SchedulerOutput
 from engine.prefix_cache_service import PrefixCacheService
-from engine.request import FinishReason, Request, RequestStatus, check_seed, child_seed
+from engine.request import FinishReason, Request, RequestStatus, check_seed
 from engine.runner import ModelRunner
 from engine.sampler import SampleResult
 from engine.scheduler import Scheduler
 
 logger = logging.getLogger("weir.engine")
-
-
-_STATUS_OF = {
-    FinishReason.STOP: RequestStatus.FINISHED_STOPPED,
-    FinishReason.LENGTH: RequestStatus.FINISHED_LENGTH,
-    FinishReason.ABORT: RequestStatus.FINISHED_ABORTED,
-    FinishReason.ERROR: RequestStatus.FINISHED_ERROR,
-}
-
-
-@dataclass
-class _Choice:
-    """Engine-side state of one choice (sequence) of a request."""
-
-    parent_id: str
-    index: int
-    processor: OutputProcessor
-
-
-@dataclass
-class _Group:
-    """A caller's request and its `n` choices."""
-
-    request: EngineRequest
-    child_ids: list[str]
-    num_unfinished: int
 
 
 @dataclass
@@ -87,32 +60,6 @@ class _RateMeter:
         rate = units / seconds
         self.value = rate if self.samples == 0 else (1 - self.alpha) * self.value + self.alpha * rate
         self.samples += 1
-
-
-def tokenizer_fingerprint(tokenizer: object) -> str:
-    """A digest of the vocabulary and special tokens: a different tokenizer never shares a cache."""
-    h = hashlib.sha256()
-    vocab: dict[str, int] = getattr(tokenizer, "get_vocab", dict)()
-    for tok, idx in sorted(vocab.items(), key=lambda kv: kv[1]):
-        h.update(f"{idx}:{tok}\n".encode())
-    h.update(repr(getattr(tokenizer, "all_special_ids", [])).encode())
-    return h.hexdigest()[:16]
-
-
-def _own_tokenizer(tokenizer: Any) -> Any:
-    """A private copy of the tokenizer for the engine thread.
-
-    A Hugging Face fast tokenizer is not safe to share between threads (its Rust object panics
-    with "Already borrowed" when one thread changes its truncation or padding while another
-    uses it); the gateway encodes on its threads, the engine thread decodes on its copy.
-    """
-    if tokenizer is None:
-        return None
-    try:
-        return copy.deepcopy(tokenizer)
-    except Exception:  # a tokenizer that cannot be copied is shared, as before
-        logger.warning("could not copy the tokenizer for the engine thread; sharing it", exc_info=True)
-        return tokenizer
 
 
 def _describe(exc: BaseException) -> str:
@@ -135,7 +82,7 @@ class LLMEngine:
         self.config = config
         self.model_config = model_config
         self.tokenizer = tokenizer  # the callers' (gateway threads); the engine thread has its own
-        self._engine_tokenizer = _own_tokenizer(tokenizer)
+        self._engine_tokenizer = own_tokenizer(tokenizer)
         self.runner = runner
         self.clock = clock
         self.faults = faults  # tests only; None in production
@@ -188,8 +135,9 @@ class LLMEngine:
         self.scheduler = Scheduler(
             replace(config.scheduler, max_model_len=self.max_model_len), self.kv, clock=self.clock
         )
-        self._choices: dict[str, _Choice] = {}
-        self._groups: dict[str, _Group] = {}
+        self.choices = ChoiceGroups(
+            self.scheduler, self.runner, self._engine_tokenizer, self.model_config.eos_token_ids, self.clock
+        )
         self.beams = BeamGroups(
             self.scheduler, self._engine_tokenizer, self.model_config.eos_token_ids, self.clock
         )
@@ -247,7 +195,7 @@ class LLMEngine:
             raise KVCapacityError(
                 num_prompt, sp.max_tokens, num_seqs, needed, self.num_blocks_per_request, self.kv.block_size
             )
-        if er.request_id in self._groups or self.beams.is_active(er.request_id):
+        if self.is_active(er.request_id):
             raise InvalidRequestError(f"duplicate request id {er.request_id!r}", "request_id")
 
     def add_request(self, er: EngineRequest) -> None:
@@ -261,65 +209,17 @@ class LLMEngine:
         if sp.use_beam_search:
             self.beams.add(er)
             return
-        children: list[Request] = []
-        child_ids: list[str] = []
-        try:
-            self._add_choices(er, children, child_ids)
-            self.scheduler.add_fork_group(children[0], children[1:])
-        except Exception:
-            for cid in child_ids:
-                self._choices.pop(cid, None)
-            self.runner.forget(tuple(child_ids))
-            raise
-        self._groups[er.request_id] = _Group(er, child_ids, len(child_ids))
-
-    def _add_choices(self, er: EngineRequest, children: list[Request], child_ids: list[str]) -> None:
-        sp = er.sampling_params
-        for i in range(sp.n):
-            child_sp = sp if sp.n == 1 else replace(sp, n=1, seed=child_seed(sp.seed, i))
-            cid = er.request_id if sp.n == 1 else f"{er.request_id}#{i}"
-            child_ids.append(cid)
-            # The generator is built now: a seed it refuses fails this request here, alone.
-            self.runner.add_request(cid, child_sp.seed)
-            req = Request(
-                request_id=cid,
-                prompt_token_ids=list(er.prompt_token_ids),
-                sampling_params=child_sp,
-                tenant_id=er.tenant_id,
-                priority=er.priority,
-                cache_scope=er.cache_scope,
-                arrival_s=er.arrival_s,
-                deadline_s=er.deadline_s,
-                weight=er.weight,
-                parent_id=er.request_id,
-                index=i,
-            )
-            children.append(req)
-            self._choices[cid] = _Choice(
-                er.request_id,
-                i,
-                OutputProcessor(
-                    self._engine_tokenizer, req.prompt_token_ids, child_sp, self.model_config.eos_token_ids
-                ),
-            )
+        self.choices.add(er)
 
     def abort(self, request_id: str) -> list[RequestOutput]:
         """Abort every choice of a request; its blocks are freed now."""
         if self.beams.is_active(request_id):
             return self.beams.abort(request_id, FinishReason.ABORT)
-        group = self._groups.get(request_id)
-        if group is None:
-            return []
-        outs = []
-        for cid in group.child_ids:
-            req = self.scheduler.finish_request(cid, RequestStatus.FINISHED_ABORTED)
-            if req is not None:
-                outs.append(self._finish(req, FinishReason.ABORT, "", None))
-        return outs
+        return self.choices.abort(request_id)
 
     def is_active(self, request_id: str) -> bool:
         """Whether any choice of the request is still queued or running."""
-        return request_id in self._groups or self.beams.is_active(request_id)
+        return self.choices.is_active(request_id) or self.beams.is_active(request_id)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -375,7 +275,9 @@ class LLMEngine:
             if group_id is not None:
                 expired.extend(self.beams.abort(group_id, FinishReason.ABORT, DEADLINE_EXCEEDED))
             else:
-                expired.append(self._finish(late, FinishReason.ABORT, "", None, error=DEADLINE_EXCEEDED))
+                expired.append(
+                    self.choices.finish(late, FinishReason.ABORT, "", None, error=DEADLINE_EXCEEDED)
+                )
         return expired
 
     def _apply(self, req: Request, res: SampleResult, now: float) -> list[RequestOutput]:
@@ -386,20 +288,9 @@ class LLMEngine:
         if self.beams.owns(rid):
             self.beams.on_result(rid, res.logprob)
             return []
-        choice = self._choices[rid]
-        step = choice.processor.step(res.token_id)
-        req.output_token_ids.append(res.token_id)
-        times = req.times
-        if times.first_token_s is None:
-            times.first_token_s = now
-        times.token_s.append(now)
+        output = self.choices.on_token(req, res.token_id, res.logprob, now)
         self.num_generation_tokens_total += 1
-        new_text, reason, stop_reason = step.new_text, step.finish_reason, step.stop_reason
-        logprobs = (res.logprob,) if res.logprob is not None else None
-        if reason is not None:
-            self.scheduler.finish_request(rid, _STATUS_OF[reason])
-            return [self._finish(req, reason, new_text, stop_reason, (res.token_id,), logprobs)]
-        return [self._output(req, (res.token_id,), new_text, logprobs)]
+        return [output]
 
     def _measure(self, out: SchedulerOutput, elapsed: float) -> None:
         prefill = sum(s.num_tokens for s in out.scheduled if s.num_tokens > 1 or not s.samples)
@@ -414,10 +305,7 @@ class LLMEngine:
         group_id = self.beams.group_of(request_id)
         if group_id is not None:
             return self.beams.fail(group_id, error)
-        req = self.scheduler.finish_request(request_id, RequestStatus.FINISHED_ERROR)
-        if req is None or request_id not in self._choices:
-            return []
-        return [self._finish(req, FinishReason.ERROR, "", None, error=error)]
+        return self.choices.fail(request_id, error)
 
     def _recover_step(self, out: SchedulerOutput) -> list[RequestOutput]:
         """The model forward (or something shared by the whole step) raised.
@@ -438,57 +326,6 @@ class LLMEngine:
             else:
                 outs.extend(self._fail_request(req.request_id, ENGINE_RETRYABLE))
         return outs
-
-    def _output(
-        self, req: Request, token_ids: tuple[int, ...], text: str, logprobs: tuple | None = None
-    ) -> RequestOutput:
-        choice = self._choices[req.request_id]
-        return RequestOutput(
-            request_id=choice.parent_id,
-            index=choice.index,
-            new_token_ids=token_ids,
-            new_text=text,
-            finished=False,
-            new_logprobs=logprobs,
-            num_prompt_tokens=req.num_prompt_tokens,
-            num_cached_tokens=req.num_cached_tokens,
-            num_output_tokens=req.num_output_tokens,
-        )
-
-    def _finish(
-        self,
-        req: Request,
-        reason: FinishReason,
-        text: str,
-        stop_reason: str | int | None,
-        token_ids: tuple[int, ...] = (),
-        logprobs: tuple | None = None,
-        error: str | None = None,
-    ) -> RequestOutput:
-        partial = self._output(req, token_ids, text, logprobs)
-        choice = self._choices.pop(req.request_id)
-        times = req.times
-        times.finished_s = self.clock()
-        group = self._groups[choice.parent_id]
-        group.num_unfinished -= 1
-        if group.num_unfinished == 0:
-            del self._groups[choice.parent_id]
-        metrics = RequestMetrics(
-            arrival_s=times.arrival_s,
-            queue_s=times.queue_s,
-            ttft_s=times.ttft_s,
-            tpot_s=times.tpot_s,
-            e2e_s=times.e2e_s,
-            itl_s=tuple(times.itl_s),
-        )
-        return replace(
-            partial,
-            finished=True,
-            finish_reason=reason,
-            stop_reason=stop_reason,
-            metrics=metrics,
-            error=error,
-        )
 
     # -- introspection ----------------------------------------------------------------------
 
