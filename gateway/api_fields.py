@@ -159,3 +159,17 @@ def _finish(out: dict[str, Any], default: object, description: str) -> dict[str,
     if description:
         out["description"] = description
     return out
+
+
+def as_int_list(value: Any) -> tuple[int, ...] | None:
+    """A JSON list of integers (1.0 is the integer 1, as in JSON Schema; true is not), else None."""
+    if not isinstance(value, list):
+        return None
+    ids = []
+    for t in value:
+        if isinstance(t, float) and t.is_integer():
+            t = int(t)
+        if not isinstance(t, int) or isinstance(t, bool):
+            return None
+        ids.append(t)
+    return tuple(ids)

@@ -16,6 +16,7 @@ from typing import Any
 from engine.errors import InvalidRequestError
 from engine.request import Priority, SamplingParams
 from gateway import openai_fields as f
+from gateway.api_fields import as_int_list
 from gateway.errors import BadRequestError
 from gateway.json_body import loads_bounded
 
@@ -197,7 +198,7 @@ def _stop_token_ids(fields: _Fields) -> tuple[int, ...]:
     value = fields.data.get(name)
     if value is None:
         return ()
-    ids = _as_ids(value)
+    ids = as_int_list(value)
     if ids is None:
         raise BadRequestError(f"'{name}' must be a list of integers", param=name, code="invalid_type")
     if len(ids) > f.MAX_STOP_TOKEN_IDS:
@@ -207,20 +208,6 @@ def _stop_token_ids(fields: _Fields) -> tuple[int, ...]:
     if not all(0 <= t <= f.INT32_MAX for t in ids):
         raise BadRequestError(f"'{name}' must be token ids in [0, {f.INT32_MAX}]", param=name)
     return ids
-
-
-def _as_ids(value: Any) -> tuple[int, ...] | None:
-    """A JSON list of integers as token ids (1.0 is the integer 1, true is not), else None."""
-    if not isinstance(value, list):
-        return None
-    ids = []
-    for t in value:
-        if isinstance(t, float) and t.is_integer():
-            t = int(t)
-        if not isinstance(t, int) or isinstance(t, bool):
-            return None
-        ids.append(t)
-    return tuple(ids)
 
 
 def _priority(fields: _Fields) -> Priority | None:
@@ -372,14 +359,14 @@ def _prompts(fields: _Fields) -> tuple[str | tuple[int, ...], ...]:
         return (value,)
 
     if isinstance(value, list) and value:
-        single = _as_ids(value)
+        single = as_int_list(value)
         if single is not None:
             return (single,)
         batch: tuple[str | tuple[int, ...], ...] | None = None
         if all(isinstance(p, str) for p in value):
             batch = tuple(value)
         else:
-            lists = [_as_ids(p) for p in value]
+            lists = [as_int_list(p) for p in value]
             if all(ids for ids in lists):
                 batch = tuple(ids for ids in lists if ids)
         if batch is not None:
