@@ -224,8 +224,9 @@ class ModelRunner:
     ) -> None:
         """Sample the batch at once; if that raises, row by row, so only the failing rows fail.
 
-        Row by row draws each seeded row from its own generator as the batch does, so the tokens
-        of the rows that succeed are the same either way.
+        Row by row, a seeded row still draws from its own generator, and a greedy row is still
+        its argmax: the rows that succeed get the tokens they would have got in the batch
+        (unless the batch raised after drawing from their generators).
         """
         try:
             samples = self.sampler(logits, contexts)  # logits: [num_sampling, vocab]
