@@ -163,6 +163,37 @@ def test_a_stop_while_the_database_is_down_keeps_records_for_the_next_start(
     assert list(tmp_path.glob(SEGMENT_GLOB)) == []
 
 
+class StuckRepo:
+    """A repository whose usage writes hang until released: a very slow database."""
+
+    def __init__(self, repo: TenancyRepo) -> None:
+        self.repo = repo
+        self.release = threading.Event()
+        self.entered = threading.Event()
+
+    def record_usages(self, records: Sequence[UsageRecordIn]) -> None:
+        self.entered.set()
+        assert self.release.wait(30)
+        self.repo.record_usages(records)
+
+
+def test_a_slow_database_does_not_hold_records_in_memory(acme: TenancyRepo, tmp_path: Path) -> None:
+    """While a database call hangs, later records still reach the disk (the spool has its own thread)."""
+    stuck = StuckRepo(acme)
+    writer = UsageWriter(stuck, tmp_path, max_batch=4, flush_interval_s=0.02)  # type: ignore[arg-type]
+    writer.start()
+    writer.submit(_record(0))
+    assert stuck.entered.wait(10)  # the database thread is inside a write that does not return
+    for i in range(1, 30):
+        writer.submit(_record(i))
+    assert wait_until(lambda: writer.stats().num_spooled == 30)
+    assert writer.stats().num_pending == 30
+    stuck.release.set()
+    assert wait_until(lambda: writer.stats().num_pending == 0)
+    writer.close()
+    assert _stored(acme) == {f"r{i}": 1 for i in range(30)}
+
+
 @pytest.mark.slow
 def test_a_locked_sqlite_file_delays_records_but_loses_none(tmp_path: Path) -> None:
     """The defect as reported: the SQLite file locked (BEGIN EXCLUSIVE) by another connection."""
