@@ -63,7 +63,7 @@ class SpoolBatch:
 class UsageSpool:
     """Append-only, fsync'd segments of usage records in one directory."""
 
-    def __init__(self, directory: Path, *, segment_bytes: int = 4 << 20) -> None:
+    def __init__(self, directory: Path, *, segment_bytes: int = 1 << 20) -> None:
         if segment_bytes < 1:
             raise ValueError(f"segment_bytes must be >= 1, got {segment_bytes}")
         self.directory = directory

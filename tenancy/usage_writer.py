@@ -89,7 +89,7 @@ class UsageWriter:
         flush_interval_s: float = 0.5,
         max_queue: int = 100_000,
         retry_max_s: float = 5.0,
-        segment_bytes: int = 4 << 20,
+        segment_bytes: int = 1 << 20,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
