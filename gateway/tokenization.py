@@ -7,6 +7,7 @@ again, since the template already holds them.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -37,6 +38,10 @@ class PromptBuilder:
 
     def __init__(self, tokenizer: Tokenizer, vocab_size: int | None = None) -> None:
         self._tokenizer = tokenizer
+        # A fast tokenizer's Rust object is not safe to share between threads ("Already borrowed"
+        # when one thread changes truncation/padding while another encodes); the event loop and the
+        # worker threads that tokenize long prompts take turns. The engine thread has its own copy.
+        self._lock = threading.Lock()
         self.vocab_size = vocab_size if vocab_size is not None else len(tokenizer)
         # Bounded by the vocabulary, so a plain dict is enough.
         self._token_text: dict[int, str] = {}
@@ -44,9 +49,10 @@ class PromptBuilder:
     def render_chat(self, messages: Sequence[ChatMessage]) -> str:
         """The chat template applied to `messages`, ending with the assistant's turn."""
         try:
-            text = self._tokenizer.apply_chat_template(
-                [m.to_template() for m in messages], tokenize=False, add_generation_prompt=True
-            )
+            with self._lock:
+                text = self._tokenizer.apply_chat_template(
+                    [m.to_template() for m in messages], tokenize=False, add_generation_prompt=True
+                )
         except Exception as exc:  # the template is the model's Jinja code: any error is the caller's input
             raise UnprocessableError(
                 f"the chat template rejected the messages: {exc}", param="messages"
@@ -57,7 +63,9 @@ class PromptBuilder:
 
     def encode_chat(self, messages: Sequence[ChatMessage]) -> tuple[int, ...]:
         """Token ids of the rendered chat prompt."""
-        ids = self._tokenizer.encode(self.render_chat(messages), add_special_tokens=False)
+        text = self.render_chat(messages)
+        with self._lock:
+            ids = self._tokenizer.encode(text, add_special_tokens=False)
         if not ids:
             raise UnprocessableError("the messages produced an empty prompt", param="messages")
         return tuple(ids)
@@ -65,7 +73,8 @@ class PromptBuilder:
     def encode_prompt(self, prompt: str | tuple[int, ...], param: str = "prompt") -> tuple[int, ...]:
         """A completion prompt: text is encoded (with the model's special tokens); ids are checked."""
         if isinstance(prompt, str):
-            ids = tuple(self._tokenizer.encode(prompt, add_special_tokens=True))
+            with self._lock:
+                ids = tuple(self._tokenizer.encode(prompt, add_special_tokens=True))
             if not ids:
                 raise BadRequestError("the prompt is empty", param=param)
             return ids
@@ -101,6 +110,7 @@ class PromptBuilder:
         """The text of one token as logprobs report it (undecodable byte pieces show as U+FFFD)."""
         text = self._token_text.get(token_id)
         if text is None:
-            text = self._tokenizer.decode([token_id], skip_special_tokens=False)
+            with self._lock:
+                text = self._tokenizer.decode([token_id], skip_special_tokens=False)
             self._token_text[token_id] = text
         return text

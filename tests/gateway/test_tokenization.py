@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
+from typing import Any
 
 import pytest
 
@@ -73,3 +76,58 @@ def test_long_prompts_are_encoded_off_the_loop_with_the_same_result(builder: Pro
 def test_token_text_is_cached(builder: PromptBuilder) -> None:
     assert builder.token_text(word_token_id("gamma")) == "gamma"
     assert builder.token_text(word_token_id("gamma")) == "gamma"
+
+
+class _BorrowCheckingTokenizer:
+    """Raises like a fast tokenizer's Rust object does when two threads use it at once."""
+
+    def __init__(self) -> None:
+        self._in_use = threading.Lock()
+        self.calls = 0
+
+    def _use(self) -> None:
+        if not self._in_use.acquire(blocking=False):
+            raise RuntimeError("Already borrowed")
+        try:
+            self.calls += 1
+            time.sleep(0.002)  # widen the window in which a second thread would collide
+        finally:
+            self._in_use.release()
+
+    def apply_chat_template(self, conversation: Any, **kwargs: Any) -> Any:
+        self._use()
+        return "".join(m["content"] for m in conversation)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        self._use()
+        return [ord(c) % 100 for c in text] or [1]
+
+    def decode(self, token_ids: Any, skip_special_tokens: bool = False) -> str:
+        self._use()
+        return "x"
+
+    def __len__(self) -> int:
+        return 100
+
+
+def test_threads_take_turns_on_the_shared_tokenizer() -> None:
+    tokenizer = _BorrowCheckingTokenizer()
+    builder = PromptBuilder(tokenizer)
+    errors: list[BaseException] = []
+
+    def work(i: int) -> None:
+        try:
+            for j in range(10):
+                builder.encode_prompt(f"prompt {i} {j}")
+                builder.encode_chat([ChatMessage(Role.USER, f"hi {i} {j}")])
+                builder.token_text(i * 10 + j)
+        except BaseException as exc:  # collected and asserted on the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert tokenizer.calls == 8 * 10 * 4  # encode_prompt 1 + encode_chat 2 + token_text 1
