@@ -23,6 +23,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.errors import NotFoundError, error_response
+from gateway.header_timeout import HeaderTimeoutH11Protocol
 from gateway.metrics import GatewayMetrics
 
 logger = logging.getLogger(__name__)
@@ -76,6 +77,7 @@ class MetricsListener:
             log_level="warning",
             access_log=False,
             server_header=False,
+            http=HeaderTimeoutH11Protocol,
         )
         self._server = _QuietServer(config)
         self._sock = sock

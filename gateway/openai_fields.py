@@ -25,6 +25,10 @@ MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 512  # per stop string; each is matched against the tail of every sequence
 MAX_STOP_TOKEN_IDS = 64
 MAX_PROMPTS = 128  # prompts in one batched /v1/completions request
+# Whole-request bounds (all prompts together): the prompt tokens to prefill, and the sequences
+# (prompts x n, or prompts x beams) one request may put in the engine.
+MAX_REQUEST_PROMPT_TOKENS = 65536  # or the model's context, when that is longer
+MAX_REQUEST_SEQUENCES = 256
 MAX_USER_CHARS = 256
 
 MAX_TOKENS = IntField("max_tokens", 1, INT32_MAX, description="Prompt + max_tokens must fit the context.")

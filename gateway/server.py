@@ -21,6 +21,7 @@ import uvicorn
 from starlette.applications import Starlette
 
 from gateway.body_limit import MAX_HEADER_BYTES
+from gateway.header_timeout import HeaderTimeoutH11Protocol
 from gateway.settings import LogLevel, Settings
 from gateway.state import GatewayState
 
@@ -80,6 +81,8 @@ def uvicorn_config(app: Starlette, settings: Settings) -> uvicorn.Config:
         # those that arrive at once); an idle keep-alive connection closes after KEEP_ALIVE_TIMEOUT_S.
         h11_max_incomplete_event_size=MAX_HEADER_BYTES,
         timeout_keep_alive=KEEP_ALIVE_TIMEOUT_S,
+        # h11 always (never httptools, even if installed), with a deadline on slow headers.
+        http=HeaderTimeoutH11Protocol,
     )
 
 

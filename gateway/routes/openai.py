@@ -18,6 +18,7 @@ from starlette.types import Receive, Scope, Send
 
 from engine.client import EngineClient, EngineRequest
 from engine.errors import ContextLengthError
+from gateway import openai_fields as f
 from gateway.accounting import Accountant, Admission, Admitted, RequestInfo
 from gateway.errors import BadRequestError, NotFoundError, PermissionDeniedError, ServiceUnavailableError
 from gateway.protocol import (
@@ -220,6 +221,7 @@ class OpenAIRoutes:
             )
         priority = tenant.priority if options.priority is None else options.priority
         max_model_len = self.model.max_model_len
+        _check_request_bounds(endpoint, prompts, options, max_model_len)
         requests = []
         for i, prompt in enumerate(prompts):
             prompt_param = "messages" if endpoint is Endpoint.CHAT else "prompt"
@@ -262,3 +264,27 @@ class OpenAIRoutes:
                 )
             )
         return tuple(requests)
+
+
+def _check_request_bounds(
+    endpoint: Endpoint, prompts: Sequence[tuple[int, ...]], options: GenerationOptions, max_model_len: int
+) -> None:
+    """Bounds on the whole request: prompt tokens to prefill and sequences across all prompts."""
+    param = "messages" if endpoint is Endpoint.CHAT else "prompt"
+    total = sum(len(p) for p in prompts)
+    limit = max(f.MAX_REQUEST_PROMPT_TOKENS, max_model_len)
+    if total > limit:
+        raise BadRequestError(
+            f"the prompts hold {total} tokens together; one request may hold at most {limit}",
+            param=param,
+            code="prompt_too_long",
+        )
+    per_prompt = options.beam_width if options.use_beam_search and options.beam_width else options.n
+    sequences = len(prompts) * per_prompt
+    if sequences > f.MAX_REQUEST_SEQUENCES:
+        raise BadRequestError(
+            f"{len(prompts)} prompts x {per_prompt} sequences each = {sequences}; one request may run "
+            f"at most {f.MAX_REQUEST_SEQUENCES}",
+            param="beam_width" if options.use_beam_search else "n",
+            code="too_many_sequences",
+        )

@@ -21,6 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from gateway import openai_fields
 from gateway.body_limit import MAX_HEADER_BYTES, BodyLimitMiddleware
 from gateway.errors import WeirError, error_response
 from gateway.openai_fields import MAX_PROMPTS, MAX_STOP_CHARS, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS
@@ -180,6 +181,8 @@ def test_chat_bounds_are_400_naming_the_field(full: FullServer, fields: dict[str
         ({"prompt": "a", "logprobs": 21}, "logprobs"),
         ({"prompt": "a", "best_of": 17}, "best_of"),
         ({"prompt": "a", "n": 2, "best_of": 3}, "best_of"),
+        ({"prompt": ["a"] * 17, "n": 16}, "n"),  # 272 sequences > MAX_REQUEST_SEQUENCES
+        ({"prompt": ["a"] * 17, "use_beam_search": True, "beam_width": 16, "max_tokens": 2}, "beam_width"),
     ],
 )
 def test_completion_bounds_are_400_naming_the_field(
@@ -187,6 +190,22 @@ def test_completion_bounds_are_400_naming_the_field(
 ) -> None:
     r = httpx.post(f"{full.url}/v1/completions", json={"model": MODEL, **fields}, headers=full.tenant)
     assert_openai_error(r, 400, param)
+
+
+def test_the_prompt_tokens_of_a_whole_request_are_bounded(
+    full: FullServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(openai_fields, "MAX_REQUEST_PROMPT_TOKENS", 100)  # the context (256) is the floor
+    calls = full.engine.num_generate_calls
+    body = {"model": MODEL, "prompt": [[5] * 60] * 5, "max_tokens": 2}  # 300 tokens together
+    r = httpx.post(f"{full.url}/v1/completions", json=body, headers=full.tenant, timeout=30)
+    assert_openai_error(r, 400, "prompt")
+    assert full.engine.num_generate_calls == calls
+    body["prompt"] = [[5] * 60] * 4  # 240 tokens: fits
+    assert (
+        httpx.post(f"{full.url}/v1/completions", json=body, headers=full.tenant, timeout=30).status_code
+        == 200
+    )
 
 
 def test_a_long_token_id_prompt_is_one_prompt_not_a_batch(full: FullServer) -> None:
