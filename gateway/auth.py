@@ -52,7 +52,7 @@ from gateway.errors import (
 from tenancy.context import TenantContext
 from tenancy.enums import KeyScope, KeyState, TenantStatus
 from tenancy.keys import KeyHasher, ParsedKey, parse_key
-from tenancy.schemas import KeyRecord
+from tenancy.records import KeyRecord
 
 log = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from engine.async_engine import AsyncEngine
     from engine.config import EngineConfig
     from gateway.auth import AdminAuthenticator
-    from tenancy.schemas import UsageRecordIn
+    from tenancy.records import UsageRecordIn
     from tenancy.usage_writer import UsageWriterStats
 
 logger = logging.getLogger("weir.serve")
@@ -123,7 +123,7 @@ def to_usage_record_in(record: UsageRecord) -> UsageRecordIn:
     """The gateway's usage record as tenancy stores it (times in ms, one finish reason)."""
     from engine.request import FinishReason
     from tenancy.enums import UsageStatus
-    from tenancy.schemas import UsageRecordIn
+    from tenancy.records import UsageRecordIn
 
     try:
         finish: FinishReason | None = FinishReason(record.finish_reasons[0])
@@ -156,7 +156,7 @@ def build_tenancy(settings: Settings) -> TenancyWiring:
 
     from gateway.auth import AdminAuthenticator, Authenticator
     from gateway.routes.admin import admin_routes
-    from tenancy.bootstrap import admin_token_banner, ensure_admin_token
+    from tenancy.admin_token import admin_token_banner, ensure_admin_token
     from tenancy.db import Database
     from tenancy.enums import KeyScope
     from tenancy.keys import KeyHasher

@@ -2,7 +2,7 @@
 prefix-cache admin API, and the tenant's own /v1/usage.
 
 Enums, field lists and name patterns come from the tenancy module that validates them
-(`tenancy.wire`, `tenancy.schemas`, `tenancy.keys`), so the document cannot drift from them.
+(`tenancy.admin_codec`, `tenancy.records`, `tenancy.keys`), so the document cannot drift from them.
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from __future__ import annotations
 from typing import Any
 
 from engine.request import Priority
+from tenancy.admin_codec import _TENANT_FIELDS, _UPDATE_FIELDS, QUOTA_FIELDS
 from tenancy.enums import KeyScope, TenantStatus
 from tenancy.keys import _PUBLIC_ID_RE
-from tenancy.schemas import _MAX_INT32, _MAX_INT64, _MAX_WEIGHT, _NAME_RE, _SCOPE_RE
-from tenancy.wire import _TENANT_FIELDS, _UPDATE_FIELDS, QUOTA_FIELDS
+from tenancy.records import _MAX_INT32, _MAX_INT64, _MAX_WEIGHT, _NAME_RE, _SCOPE_RE
 
 ADMIN: list[dict[str, list[str]]] = [{"admin_token": []}]
 MAX_QUERY_INT = 2**63 - 1
@@ -51,7 +51,7 @@ def _quota_schema() -> dict[str, Any]:
     return {"type": "object", "additionalProperties": False, "properties": properties}
 
 
-# The fields tenancy.wire accepts; one it adds later is documented as a plain string until
+# The fields tenancy.admin_codec accepts; one it adds later is documented as a plain string until
 # described here.
 _TEXT = {"type": "string"}
 _TENANT_PROPERTIES: dict[str, Any] = {

@@ -14,11 +14,7 @@ from urllib.parse import quote
 
 import httpx
 
-from tenancy.context import QuotaLimits
-from tenancy.errors import TenancyError
-from tenancy.repo import TenancyRepo
-from tenancy.schemas import KeySpec, TenantSpec, TenantUpdate
-from tenancy.wire import (
+from tenancy.admin_codec import (
     JsonObject,
     audit_json,
     issued_key_json,
@@ -31,6 +27,10 @@ from tenancy.wire import (
     tenant_update_json,
     usage_json,
 )
+from tenancy.context import QuotaLimits
+from tenancy.errors import TenancyError
+from tenancy.records import KeySpec, TenantSpec, TenantUpdate
+from tenancy.repo import TenancyRepo
 
 CLI_ACTOR = "cli"
 

@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 from tenancy.enums import AuditAction
 from tenancy.errors import FieldError
 from tenancy.models import AuditEvent
-from tenancy.schemas import AuditEventView
+from tenancy.records import AuditEventView
 
 MAX_AUDIT_PAGE = 1000
 # Field names whose values must never reach the log, even by mistake.

@@ -20,16 +20,16 @@ from typing import Any, Protocol
 
 from engine.request import Priority
 from tenancy.admin_client import CLI_ACTOR, AdminBackend, DirectAdmin, HttpAdmin
-from tenancy.bootstrap import reset_admin_token
+from tenancy.admin_codec import JsonObject, parse_date, parse_datetime
+from tenancy.admin_token import reset_admin_token
 from tenancy.context import QuotaLimits
 from tenancy.db import Database, safe_url, sqlite_url_for
 from tenancy.enums import KeyScope, TenantStatus
 from tenancy.errors import FieldError, TenancyError
 from tenancy.keys import KeyHasher
 from tenancy.migrate import check_migrated, current_revision, downgrade, head_revision, upgrade
+from tenancy.records import KeySpec, TenantSpec, TenantUpdate
 from tenancy.repo import TenancyRepo, utc_now
-from tenancy.schemas import KeySpec, TenantSpec, TenantUpdate
-from tenancy.wire import JsonObject, parse_date, parse_datetime
 
 __all__ = ["CliSettings", "add_subcommands", "check_migrated", "main"]
 

@@ -190,7 +190,7 @@ class TenantAllowance:
 
     def update(self, limits: QuotaLimits, now: float) -> None:
         """Follow a quota change (the auth cache hands us the tenant's current limits)."""
-        # Limits are >= 1 (tenancy.schemas validates them); None means unlimited.
+        # Limits are >= 1 (tenancy.records validates them); None means unlimited.
         tpm, tpd = limits.tokens_per_minute, limits.tokens_per_day
         if tpm is None:
             self.bucket = None

@@ -28,7 +28,7 @@ from tenancy.errors import (
 )
 from tenancy.keys import KeyHasher, generate_key
 from tenancy.models import AdminToken, ApiKey, Quota, Tenant
-from tenancy.schemas import (
+from tenancy.records import (
     ApiKeyView,
     AuditEventView,
     DailyUsage,

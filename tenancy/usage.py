@@ -15,7 +15,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from tenancy.enums import UsageStatus
 from tenancy.models import UsageRecord
-from tenancy.schemas import DailyUsage, UsageRecordIn
+from tenancy.records import DailyUsage, UsageRecordIn
 
 
 def usage_row(record: UsageRecordIn, tenant_id: int, now: dt.datetime) -> dict[str, object]:

@@ -13,7 +13,7 @@ from typing import Any
 from engine.request import FinishReason
 from tenancy.enums import UsageStatus
 from tenancy.errors import TenancyError
-from tenancy.schemas import UsageRecordIn
+from tenancy.records import UsageRecordIn
 
 FORMAT_VERSION = 1
 

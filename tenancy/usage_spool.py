@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from tenancy.schemas import UsageRecordIn
+from tenancy.records import UsageRecordIn
 from tenancy.usage_codec import CorruptRecordError, decode_record, encode_record
 
 log = logging.getLogger(__name__)

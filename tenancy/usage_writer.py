@@ -37,8 +37,8 @@ from pathlib import Path
 from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
+from tenancy.records import UsageRecordIn
 from tenancy.repo import TenancyRepo
-from tenancy.schemas import UsageRecordIn
 from tenancy.usage_codec import encode_record
 from tenancy.usage_spool import UsageSpool
 

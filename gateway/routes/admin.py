@@ -32,12 +32,7 @@ from gateway.errors import (
     from_tenancy_error,
 )
 from gateway.json_body import loads_bounded
-from tenancy.enums import KeyScope
-from tenancy.errors import FieldError, TenancyError
-from tenancy.keys import is_public_id
-from tenancy.repo import TenancyRepo
-from tenancy.schemas import validate_tenant_name
-from tenancy.wire import (
+from tenancy.admin_codec import (
     audit_json,
     issued_key_json,
     key_json,
@@ -50,6 +45,11 @@ from tenancy.wire import (
     tenant_json,
     usage_json,
 )
+from tenancy.enums import KeyScope
+from tenancy.errors import FieldError, TenancyError
+from tenancy.keys import is_public_id
+from tenancy.records import validate_tenant_name
+from tenancy.repo import TenancyRepo
 
 log = logging.getLogger(__name__)
 

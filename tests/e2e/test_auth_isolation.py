@@ -31,8 +31,8 @@ from tenancy.db import Database
 from tenancy.enums import KeyScope
 from tenancy.keys import KeyHasher, generate_key
 from tenancy.migrate import upgrade
+from tenancy.records import KeyRecord
 from tenancy.repo import TenancyRepo
-from tenancy.schemas import KeyRecord
 from tests.gateway.fake_engine import FakeEngine
 from tests.gateway.harness import MODEL, make_app, serve_in_thread
 

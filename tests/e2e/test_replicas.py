@@ -22,8 +22,8 @@ from tenancy.db import Database
 from tenancy.keys import KeyHasher
 from tenancy.leases import LeaseStore
 from tenancy.migrate import upgrade
+from tenancy.records import KeySpec, TenantSpec
 from tenancy.repo import TenancyRepo
-from tenancy.schemas import KeySpec, TenantSpec
 from tests.gateway.harness import MODEL, wait_until
 
 pytestmark = pytest.mark.postgres

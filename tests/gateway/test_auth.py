@@ -28,8 +28,8 @@ from tenancy.db import Database
 from tenancy.enums import KeyScope
 from tenancy.keys import KeyHasher, generate_admin_token, generate_key
 from tenancy.migrate import upgrade
+from tenancy.records import KeyRecord, KeySpec, TenantSpec
 from tenancy.repo import TenancyRepo
-from tenancy.schemas import KeyRecord, KeySpec, TenantSpec
 
 START = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
 ADDR = "203.0.113.7"

@@ -13,8 +13,8 @@ from tenancy.context import QuotaLimits
 from tenancy.db import Database
 from tenancy.leases import LeasedBudget, LeaseStore
 from tenancy.quotas import SECONDS_PER_DAY, Denial, Grant, LimitKind
+from tenancy.records import TenantSpec
 from tenancy.repo import TenancyRepo
-from tenancy.schemas import TenantSpec
 
 START = 1_900_000_000.0
 

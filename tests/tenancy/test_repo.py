@@ -22,8 +22,8 @@ from tenancy.errors import (
     TenantNotFoundError,
 )
 from tenancy.models import Base
+from tenancy.records import KeySpec, TenantSpec, TenantUpdate, UsageRecordIn
 from tenancy.repo import TenancyRepo
-from tenancy.schemas import KeySpec, TenantSpec, TenantUpdate, UsageRecordIn
 from tests.tenancy.clock import START, FakeClock
 
 ACTOR = "test"

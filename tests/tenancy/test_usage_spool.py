@@ -20,7 +20,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from engine.request import FinishReason
 from tenancy.enums import UsageStatus
-from tenancy.schemas import UsageRecordIn
+from tenancy.records import UsageRecordIn
 from tenancy.usage_codec import CorruptRecordError, decode_record, encode_record
 from tenancy.usage_spool import SEGMENT_GLOB, UsageSpool
 

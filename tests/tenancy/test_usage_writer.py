@@ -25,8 +25,8 @@ from engine.request import FinishReason
 from tenancy.db import Database
 from tenancy.enums import UsageStatus
 from tenancy.models import UsageRecord
+from tenancy.records import TenantSpec, UsageRecordIn
 from tenancy.repo import TenancyRepo
-from tenancy.schemas import TenantSpec, UsageRecordIn
 from tenancy.usage_spool import SEGMENT_GLOB
 from tenancy.usage_writer import REJECTED_FILENAME, UsageWriter, database_unavailable
 from tests.gateway.harness import wait_until

@@ -15,13 +15,13 @@ from starlette.testclient import TestClient
 
 from gateway.auth import AdminAuthenticator, Authenticator, AuthSettings
 from gateway.routes.admin import admin_routes
-from tenancy.bootstrap import ensure_admin_token
+from tenancy.admin_token import ensure_admin_token
 from tenancy.db import Database
 from tenancy.enums import UsageStatus
 from tenancy.keys import KeyHasher, generate_key
 from tenancy.migrate import upgrade
+from tenancy.records import UsageRecordIn
 from tenancy.repo import TenancyRepo
-from tenancy.schemas import UsageRecordIn
 from tests.tenancy.clock import START, FakeClock
 
 QUIET = {"name": "quiet", "priority": "interactive", "weight": 1,

@@ -9,11 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from engine.request import Priority
-from tenancy.context import QuotaLimits
-from tenancy.enums import KeyScope, TenantStatus
-from tenancy.errors import FieldError
-from tenancy.schemas import TenantSpec, TenantUpdate
-from tenancy.wire import (
+from tenancy.admin_codec import (
     QUOTA_FIELDS,
     key_spec_json,
     parse_key_spec,
@@ -24,6 +20,10 @@ from tenancy.wire import (
     tenant_spec_json,
     tenant_update_json,
 )
+from tenancy.context import QuotaLimits
+from tenancy.enums import KeyScope, TenantStatus
+from tenancy.errors import FieldError
+from tenancy.records import TenantSpec, TenantUpdate
 
 limit = st.one_of(st.none(), st.integers(1, 2**31 - 1))
 quotas = st.builds(

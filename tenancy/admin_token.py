@@ -1,4 +1,4 @@
-"""First-start bootstrap of the admin token.
+"""The admin token outside the database: generated on first start, reset on demand, shown once.
 
 If no admin token is configured and none is stored, one is generated, only its hash is stored,
 and it is returned once so `weir serve` can print it to the console. It is never logged: the

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tenancy.bootstrap import admin_token_banner, ensure_admin_token, reset_admin_token
+from tenancy.admin_token import admin_token_banner, ensure_admin_token, reset_admin_token
 from tenancy.enums import AuditAction
 from tenancy.keys import ADMIN_TOKEN_PREFIX, parse_key
 from tenancy.repo import TenancyRepo

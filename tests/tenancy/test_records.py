@@ -11,7 +11,7 @@ from engine.request import Priority
 from tenancy.context import QuotaLimits
 from tenancy.enums import KeyScope, UsageStatus
 from tenancy.errors import FieldError
-from tenancy.schemas import KeySpec, TenantSpec, TenantUpdate, UsageRecordIn, validate_quota
+from tenancy.records import KeySpec, TenantSpec, TenantUpdate, UsageRecordIn, validate_quota
 
 
 @pytest.mark.parametrize("name", ["", "Acme", "-x", "a b", "a/b", "x" * 65, "é"])

@@ -15,7 +15,7 @@ from engine.request import Priority
 from tenancy.context import QuotaLimits
 from tenancy.enums import KeyScope, TenantStatus
 from tenancy.errors import FieldError
-from tenancy.schemas import (
+from tenancy.records import (
     ApiKeyView,
     AuditEventView,
     DailyUsage,
