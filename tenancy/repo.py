@@ -10,16 +10,16 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Callable, Sequence
 
-from sqlalchemy import or_, select, update
+from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from tenancy.audit import list_events, record_event
+from tenancy.cache_scopes import resolve_cache_scope
 from tenancy.context import QuotaLimits
 from tenancy.db import Database
 from tenancy.enums import AuditAction, KeyScope, KeyState, TenantStatus
 from tenancy.errors import (
-    CacheScopeConflictError,
     FieldError,
     KeyInactiveError,
     KeyNotFoundError,
@@ -42,6 +42,7 @@ from tenancy.records import (
     validate_quota,
     validate_tenant_name,
 )
+from tenancy.row_mapping import apply_quota, key_view, quota_details, tenant_view
 from tenancy.usage import daily_usage, daily_usage_query, insert_usage_if_absent, usage_row
 
 _ADMIN_TOKEN_ROW = 1
@@ -50,74 +51,6 @@ _ADMIN_TOKEN_ROW = 1
 def utc_now() -> dt.datetime:
     """The current time as an aware UTC datetime."""
     return dt.datetime.now(dt.UTC)
-
-
-def _quota_view(row: Quota | None) -> QuotaLimits:
-    if row is None:
-        return QuotaLimits()
-    return QuotaLimits(
-        tokens_per_minute=row.tokens_per_minute,
-        tokens_per_day=row.tokens_per_day,
-        max_concurrent=row.max_concurrent,
-        max_prompt_tokens=row.max_prompt_tokens,
-        max_output_tokens=row.max_output_tokens,
-        models=tuple(row.models),
-        ttft_slo_ms=row.ttft_slo_ms,
-        tpot_slo_ms=row.tpot_slo_ms,
-        default_max_tokens_reservation=row.default_max_tokens_reservation,
-    )
-
-
-def _tenant_view(row: Tenant) -> TenantView:
-    return TenantView(
-        name=row.name,
-        status=row.status,
-        priority=row.priority,
-        weight=row.weight,
-        cache_scope=row.cache_scope,
-        quota=_quota_view(row.quota),
-        created_at=row.created_at,
-        updated_at=row.updated_at,
-    )
-
-
-def _key_view(row: ApiKey, tenant_name: str) -> ApiKeyView:
-    return ApiKeyView(
-        id=row.id,
-        tenant=tenant_name,
-        scopes=tuple(KeyScope(s) for s in row.scopes),
-        created_at=row.created_at,
-        expires_at=row.expires_at,
-        revoked_at=row.revoked_at,
-        last_used_at=row.last_used_at,
-    )
-
-
-def _quota_details(quota: QuotaLimits) -> dict[str, object]:
-    return {
-        "tokens_per_minute": quota.tokens_per_minute,
-        "tokens_per_day": quota.tokens_per_day,
-        "max_concurrent": quota.max_concurrent,
-        "max_prompt_tokens": quota.max_prompt_tokens,
-        "max_output_tokens": quota.max_output_tokens,
-        "models": list(quota.models),
-        "ttft_slo_ms": quota.ttft_slo_ms,
-        "tpot_slo_ms": quota.tpot_slo_ms,
-        "default_max_tokens_reservation": quota.default_max_tokens_reservation,
-    }
-
-
-def _apply_quota(row: Quota, quota: QuotaLimits, now: dt.datetime) -> None:
-    row.tokens_per_minute = quota.tokens_per_minute
-    row.tokens_per_day = quota.tokens_per_day
-    row.max_concurrent = quota.max_concurrent
-    row.max_prompt_tokens = quota.max_prompt_tokens
-    row.max_output_tokens = quota.max_output_tokens
-    row.models = list(quota.models)
-    row.ttft_slo_ms = quota.ttft_slo_ms
-    row.tpot_slo_ms = quota.tpot_slo_ms
-    row.default_max_tokens_reservation = quota.default_max_tokens_reservation
-    row.updated_at = now
 
 
 class TenancyRepo:
@@ -145,55 +78,6 @@ class TenancyRepo:
             raise TenantNotFoundError(name)
         return row
 
-    def _cache_scope(
-        self,
-        session: Session,
-        name: str,
-        requested: str | None,
-        share_with: str | None,
-        *,
-        new_tenant: bool,
-    ) -> str:
-        """The cache scope tenant `name` may take; `CacheScopeConflictError` on an accidental share.
-
-        A scope is private unless shared on purpose: it must not be another tenant's scope nor
-        another tenant's name (the default scope of that name), and a new tenant must not be
-        named after another tenant's scope. `share_with` joins that tenant's scope explicitly.
-        """
-        if share_with is not None:
-            partner = session.scalars(select(Tenant).where(Tenant.name == share_with)).one_or_none()
-            if partner is None:
-                raise FieldError("share_cache_scope_with", f"no tenant named {share_with!r}")
-            scope = partner.cache_scope
-        else:
-            scope = requested if requested is not None else name
-        hint = "; to share a scope on purpose, send share_cache_scope_with naming a tenant that uses it"
-        clashes = or_(Tenant.cache_scope == scope, Tenant.name == scope)
-        if new_tenant:
-            clashes = or_(clashes, Tenant.cache_scope == name)
-        query = (
-            select(Tenant.name, Tenant.cache_scope).where(Tenant.name != name, clashes).order_by(Tenant.name)
-        )
-        for other, other_scope in session.execute(query).tuples():
-            if share_with is not None and other_scope == scope:
-                continue  # the scope being joined on purpose
-            if other_scope == name and (other_scope != scope or requested is None):
-                # The default scope is the name: a tenant named after a scope would join it.
-                raise CacheScopeConflictError(
-                    "name",
-                    f"tenant name {name!r} is tenant {other!r}'s cache scope, which a tenant of that "
-                    f"name would join; choose another name, or send share_cache_scope_with: {other!r} "
-                    "to share it",
-                )
-            if other_scope == scope:
-                raise CacheScopeConflictError(
-                    "cache_scope", f"cache scope {scope!r} is already tenant {other!r}'s cache scope{hint}"
-                )
-            raise CacheScopeConflictError(
-                "cache_scope", f"cache scope {scope!r} is the name of tenant {other!r}{hint}"
-            )
-        return scope
-
     def create_tenant(self, spec: TenantSpec, *, actor: str) -> TenantView:
         """Create a tenant with its quota.
 
@@ -203,7 +87,7 @@ class TenancyRepo:
         now = self.now()
         try:
             with self.db.transaction() as session:
-                scope = self._cache_scope(
+                scope = resolve_cache_scope(
                     session, spec.name, spec.cache_scope, spec.share_cache_scope_with, new_tenant=True
                 )
                 row = Tenant(
@@ -216,7 +100,7 @@ class TenancyRepo:
                     updated_at=now,
                 )
                 quota = Quota(tenant=row)
-                _apply_quota(quota, spec.quota, now)
+                apply_quota(quota, spec.quota, now)
                 row.quota = quota
                 session.add(row)
                 session.flush()  # surfaces a duplicate name here, inside the transaction
@@ -224,7 +108,7 @@ class TenancyRepo:
                     "priority": spec.priority.name.lower(),
                     "weight": spec.weight,
                     "cache_scope": row.cache_scope,
-                    "quota": _quota_details(spec.quota),
+                    "quota": quota_details(spec.quota),
                 }
                 if spec.share_cache_scope_with is not None:
                     details["share_cache_scope_with"] = spec.share_cache_scope_with
@@ -236,7 +120,7 @@ class TenancyRepo:
                     tenant=spec.name,
                     details=details,
                 )
-                return _tenant_view(row)
+                return tenant_view(row)
         except IntegrityError:
             raise TenantExistsError(spec.name) from None
 
@@ -244,13 +128,13 @@ class TenancyRepo:
         """Every tenant, by name."""
         with self.db.transaction() as session:
             return [
-                _tenant_view(row) for row in session.scalars(select(Tenant).order_by(Tenant.name)).unique()
+                tenant_view(row) for row in session.scalars(select(Tenant).order_by(Tenant.name)).unique()
             ]
 
     def get_tenant(self, name: str) -> TenantView:
         """One tenant; `TenantNotFoundError` if absent."""
         with self.db.transaction() as session:
-            return _tenant_view(self._tenant_row(session, name))
+            return tenant_view(self._tenant_row(session, name))
 
     def update_tenant(self, name: str, change: TenantUpdate, *, actor: str) -> TenantView:
         """Change priority, weight, cache scope or status; fields left None are kept.
@@ -268,7 +152,7 @@ class TenancyRepo:
                 row.weight = change.weight
                 details["weight"] = change.weight
             if change.cache_scope is not None or change.share_cache_scope_with is not None:
-                scope = self._cache_scope(
+                scope = resolve_cache_scope(
                     session, name, change.cache_scope, change.share_cache_scope_with, new_tenant=False
                 )
                 if scope != row.cache_scope:
@@ -287,7 +171,7 @@ class TenancyRepo:
                     else AuditAction.TENANT_UPDATE
                 )
                 record_event(session, when=now, actor=actor, action=action, tenant=name, details=details)
-            return _tenant_view(row)
+            return tenant_view(row)
 
     def suspend_tenant(self, name: str, *, actor: str) -> TenantView:
         """Suspend a tenant: its keys get 403 until it is set active again."""
@@ -301,7 +185,7 @@ class TenancyRepo:
             row = self._tenant_row(session, name)
             if row.quota is None:
                 row.quota = Quota(tenant=row)
-            _apply_quota(row.quota, quota, now)
+            apply_quota(row.quota, quota, now)
             row.updated_at = now
             record_event(
                 session,
@@ -309,9 +193,9 @@ class TenancyRepo:
                 actor=actor,
                 action=AuditAction.QUOTA_SET,
                 tenant=name,
-                details=_quota_details(quota),
+                details=quota_details(quota),
             )
-            return _tenant_view(row)
+            return tenant_view(row)
 
     # -- keys ------------------------------------------------------------------------------------
 
@@ -327,7 +211,7 @@ class TenancyRepo:
         )
         session.add(row)
         session.flush()
-        return IssuedKey(key=parsed.key, view=_key_view(row, tenant.name))
+        return IssuedKey(key=parsed.key, view=key_view(row, tenant.name))
 
     def issue_key(self, tenant: str, spec: KeySpec, *, actor: str) -> IssuedKey:
         """A new key for the tenant. The returned `IssuedKey.key` is the only copy of the secret."""
@@ -356,7 +240,7 @@ class TenancyRepo:
         with self.db.transaction() as session:
             row = self._tenant_row(session, tenant)
             query = select(ApiKey).where(ApiKey.tenant_id == row.id).order_by(ApiKey.created_at, ApiKey.id)
-            return [_key_view(k, tenant) for k in session.scalars(query).unique()]
+            return [key_view(k, tenant) for k in session.scalars(query).unique()]
 
     def _key_row(self, session: Session, key_id: str) -> ApiKey:
         row = session.get(ApiKey, key_id)
@@ -368,7 +252,7 @@ class TenancyRepo:
         """One key's metadata; `KeyNotFoundError` if absent."""
         with self.db.transaction() as session:
             row = self._key_row(session, key_id)
-            return _key_view(row, row.tenant.name)
+            return key_view(row, row.tenant.name)
 
     def revoke_key(self, key_id: str, *, actor: str) -> ApiKeyView:
         """Revoke a key for good. Revoking a revoked key changes nothing and logs nothing."""
@@ -385,7 +269,7 @@ class TenancyRepo:
                     tenant=row.tenant.name,
                     target=key_id,
                 )
-            return _key_view(row, row.tenant.name)
+            return key_view(row, row.tenant.name)
 
     def rotate_key(self, key_id: str, *, actor: str) -> IssuedKey:
         """Issue a replacement with the same scopes and expiry, and revoke the old key at once.
@@ -395,7 +279,7 @@ class TenancyRepo:
         now = self.now()
         with self.db.transaction() as session:
             old = self._key_row(session, key_id)
-            state = _key_view(old, old.tenant.name).state(now)
+            state = key_view(old, old.tenant.name).state(now)
             if state is not KeyState.ACTIVE:
                 raise KeyInactiveError(key_id, state.value)
             spec = KeySpec(scopes=tuple(KeyScope(s) for s in old.scopes), expires_at=old.expires_at)
@@ -421,8 +305,8 @@ class TenancyRepo:
             row = session.get(ApiKey, key_id)
             if row is None:
                 return None
-            tenant = _tenant_view(row.tenant)
-            return KeyRecord(view=_key_view(row, tenant.name), secret_hash=row.secret_hash, tenant=tenant)
+            tenant = tenant_view(row.tenant)
+            return KeyRecord(view=key_view(row, tenant.name), secret_hash=row.secret_hash, tenant=tenant)
 
     def touch_key(self, key_id: str, when: dt.datetime, *, timeout_s: float | None = None) -> None:
         """Record that a key was used (called on auth-cache misses, not on every request)."""
