@@ -1,26 +1,23 @@
-"""Percentiles and summaries, in plain Python (no numpy needed by the load generator)."""
+"""Percentile summaries over the standard library's `statistics` (no numpy needed by the load generator)."""
 
 from __future__ import annotations
 
-import math
+import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 
-def percentile(sorted_values: Sequence[float], q: float) -> float:
-    """The q-th percentile (0..100) of already sorted values, linear between closest ranks.
+def _p50_p90_p99(data: Sequence[float]) -> tuple[float, float, float]:
+    """p50, p90 and p99 of non-empty data, linear between closest ranks.
 
-    Same definition as numpy's default ("linear"), so figures compare with other tools'.
+    `statistics.quantiles(method="inclusive")` is numpy's default ("linear") definition, so figures
+    compare with other tools'. It wants two points; one point is every percentile of itself.
     """
-    if not sorted_values:
-        raise ValueError("sorted_values must not be empty")
-    if not 0.0 <= q <= 100.0:
-        raise ValueError("q must be in [0, 100]")
-    pos = (len(sorted_values) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(sorted_values) - 1)
-    frac = pos - lo
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * frac
+    if len(data) == 1:
+        only = float(data[0])
+        return only, only, only
+    cuts = statistics.quantiles(data, n=100, method="inclusive")  # cuts[k - 1] is the k-th percentile
+    return cuts[49], cuts[89], cuts[98]
 
 
 @dataclass(frozen=True)
@@ -39,13 +36,8 @@ class LatencySummary:
         data = sorted(values)
         if not data:
             return cls(None, None, None, None, 0)
-        return cls(
-            p50=percentile(data, 50),
-            p90=percentile(data, 90),
-            p99=percentile(data, 99),
-            mean=math.fsum(data) / len(data),
-            count=len(data),
-        )
+        p50, p90, p99 = _p50_p90_p99(data)
+        return cls(p50=p50, p90=p90, p99=p99, mean=statistics.fmean(data), count=len(data))
 
     def to_json(self, digits: int = 3) -> dict[str, float | None]:
         """The report's `{"p50", "p90", "p99", "mean"}` object."""
@@ -75,14 +67,9 @@ class Distribution:
         data = sorted(values)
         if not data:
             return cls(0, None, None, None, None, None, None)
+        p50, p90, p99 = _p50_p90_p99(data)
         return cls(
-            count=len(data),
-            min=data[0],
-            p50=percentile(data, 50),
-            p90=percentile(data, 90),
-            p99=percentile(data, 99),
-            max=data[-1],
-            mean=math.fsum(data) / len(data),
+            count=len(data), min=data[0], p50=p50, p90=p90, p99=p99, max=data[-1], mean=statistics.fmean(data)
         )
 
     def to_json(self, digits: int = 2) -> dict[str, float | int | None]:
