@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import signal
 
+from starlette.testclient import TestClient
+
 from gateway.server import DrainingServer, uvicorn_config
 from gateway.settings import LogLevel, Settings
-from gateway.state import GatewayState
 from tests.gateway.fake_engine import FakeEngine
-from tests.gateway.harness import make_app
+from tests.gateway.harness import MODEL, make_app
 
 
 def test_uvicorn_config() -> None:
@@ -21,13 +22,19 @@ def test_uvicorn_config() -> None:
     assert uvicorn_config(app, Settings(shutdown_grace_s=0)).timeout_graceful_shutdown == 0
 
 
-def test_signal_starts_the_drain() -> None:
+def test_a_signal_drains_the_app_it_serves() -> None:
     app = make_app(FakeEngine())
-    state = app.state.gateway
-    assert isinstance(state, GatewayState)
-    server = DrainingServer(uvicorn_config(app, Settings()), state)
+    client = TestClient(app)
+    assert client.get("/ready").status_code == 200
+    server = DrainingServer(uvicorn_config(app, Settings()), app.state.gateway)
     server.handle_exit(signal.SIGTERM, None)
-    assert state.draining and server.should_exit
+    assert server.should_exit
+    ready = client.get("/ready")
+    assert ready.status_code == 503 and ready.json() == {"status": "draining"}
+    refused = client.post(
+        "/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+    )
+    assert refused.status_code == 503 and refused.json()["error"]["code"] == "shutting_down"
 
 
 def test_forwarded_headers_are_trusted_only_from_configured_proxies() -> None:
