@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.engine_loop import run_until_done
 from bench.flops import WorkItem, measure_peak_gemm_flops, request_flops
 from bench.stats import Distribution, LatencySummary
 
@@ -117,14 +118,13 @@ def run_weir(
         engine.add_request(EngineRequest(r.request_id, r.prompt_token_ids, params, arrival_s=t0))
     ttft, tpot = [], []
     num_out = 0
-    while engine.has_unfinished():
-        for o in engine.step():
-            num_out += len(o.new_token_ids)
-            if o.finished and o.metrics is not None:
-                if o.metrics.ttft_s is not None:
-                    ttft.append(o.metrics.ttft_s)
-                if o.metrics.tpot_s is not None:
-                    tpot.append(o.metrics.tpot_s)
+    for o in run_until_done(engine):
+        num_out += len(o.new_token_ids)
+        if o.finished and o.metrics is not None:
+            if o.metrics.ttft_s is not None:
+                ttft.append(o.metrics.ttft_s)
+            if o.metrics.tpot_s is not None:
+                tpot.append(o.metrics.tpot_s)
     wall = time.monotonic() - t0
     return RunResult(system.value, wall, sum(len(r.prompt_token_ids) for r in reqs), num_out, ttft, tpot)
 
