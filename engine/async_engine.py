@@ -20,16 +20,16 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from engine.client import EngineHealth, EngineRequest
+from engine.client import EngineHealth, EngineRequest, PrefixCacheControl
 from engine.config import EngineConfig, ModelConfig
 from engine.errors import EngineDeadError, RetryableEngineError
 from engine.llm_engine import LLMEngine, build_engine
 from engine.output import EngineStats, RequestOutput
-from engine.prefix_cache_api import FlushResult, PrefixCacheStats, SharedPrefixInfo
+from engine.prefix_cache_admin import AsyncPrefixCache, PrefixCacheAdmin
 from engine.request import SamplingParams
 
 logger = logging.getLogger("weir.engine")
@@ -88,6 +88,10 @@ class AsyncEngine:
         self._stats = core.stats()
         self._prefix_stats = core.prefix_cache.stats()
         self._prefix_stats_at = time.monotonic()
+        # The prefix cache's admin facade: each call runs on the engine thread.
+        self.prefix_cache: PrefixCacheControl = AsyncPrefixCache(
+            self._on_prefix_cache_admin, self.generate, lambda: self._prefix_stats
+        )
         self._ready = False
         self._dead: BaseException | None = None
         self._stopping = False
@@ -179,7 +183,7 @@ class AsyncEngine:
             detail = "engine restarting after an internal error"
         return EngineHealth(alive=alive, ready=alive and self._ready and not self._restarting, detail=detail)
 
-    # -- PrefixCacheControl -----------------------------------------------------------------
+    # -- prefix cache: calls that run on the engine thread ------------------------------------
 
     async def _call(self, fn: Callable[[LLMEngine], T]) -> T:
         """Run `fn(core)` on the engine thread (directly when the thread is not running)."""
@@ -193,57 +197,9 @@ class AsyncEngine:
         self._wake.set()
         return await future
 
-    async def prefix_cache_stats(self) -> PrefixCacheStats:
-        """Fresh prefix-cache stats: totals, per tenant, per scope."""
-        return await self._call(lambda core: core.prefix_cache.stats())
-
-    def prefix_cache_snapshot(self) -> PrefixCacheStats:
-        """The stats as of at most `PREFIX_SNAPSHOT_INTERVAL_S` ago, without waiting (for metrics)."""
-        return self._prefix_stats
-
-    async def register_shared_prefix(
-        self, token_ids: Sequence[int], name: str = "", pin: bool = False
-    ) -> SharedPrefixInfo:
-        """Register a shared prefix and compute its blocks; returns once they are cached."""
-        ids = list(token_ids)
-        info = await self._call(lambda core: core.prefix_cache.register(ids, name, pin))
-        return await self._warm(info.prefix_id)
-
-    async def _warm(self, prefix_id: str) -> SharedPrefixInfo:
-        warmup = await self._call(lambda core: core.prefix_cache.warmup_request(prefix_id))
-        if warmup is not None:
-            async for _ in self.generate(warmup):
-                pass
-        return await self._call(lambda core: core.prefix_cache.get(prefix_id))
-
-    async def list_shared_prefixes(self) -> tuple[SharedPrefixInfo, ...]:
-        return await self._call(lambda core: core.prefix_cache.list_prefixes())
-
-    async def get_shared_prefix(self, prefix_id: str) -> SharedPrefixInfo:
-        return await self._call(lambda core: core.prefix_cache.get(prefix_id))
-
-    async def pin_shared_prefix(self, prefix_id: str) -> SharedPrefixInfo:
-        """Pin a prefix (recomputing blocks evicted meanwhile): its blocks are never evicted."""
-        await self._call(lambda core: core.prefix_cache.pin(prefix_id))
-        return await self._warm(prefix_id)
-
-    async def unpin_shared_prefix(self, prefix_id: str) -> SharedPrefixInfo:
-        return await self._call(lambda core: core.prefix_cache.unpin(prefix_id))
-
-    async def unregister_shared_prefix(self, prefix_id: str) -> SharedPrefixInfo:
-        return await self._call(lambda core: core.prefix_cache.unregister(prefix_id))
-
-    async def flush_prefix_cache(
-        self,
-        model_version: str | None = None,
-        tenant_id: str | None = None,
-        cache_scope: str | None = None,
-        include_pinned: bool = False,
-    ) -> FlushResult:
-        """Forget cached blocks of this model version, of one tenant, or of one scope."""
-        return await self._call(
-            lambda core: core.prefix_cache.flush(model_version, tenant_id, cache_scope, include_pinned)
-        )
+    def _on_prefix_cache_admin(self, fn: Callable[[PrefixCacheAdmin], T]) -> Awaitable[T]:
+        """Run `fn` on the engine thread with the core's prefix-cache admin (as of that moment)."""
+        return self._call(lambda core: fn(core.prefix_cache))
 
     # -- engine thread ----------------------------------------------------------------------
 

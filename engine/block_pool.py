@@ -113,7 +113,8 @@ class BlockPool:
         self.cached_blocks_by_scope: dict[str, int] = {}
         # Free, cached, unpinned blocks of each scope, oldest first (block id -> block).
         self._scope_free: dict[str, OrderedDict[int, Block]] = {}
-        # Hashes pinned by shared prefixes (how many pins each), whether cached yet or not.
+        # Hashes pinned by shared prefixes (how many pins each), whether cached yet or not: the
+        # only pin count (engine.shared_prefixes reads it for its budget).
         self._pins: dict[bytes, int] = {}
         self.num_pinned_blocks = 0  # cached blocks whose hash is pinned
 
@@ -275,6 +276,11 @@ class BlockPool:
 
     def is_pinned(self, block_hash: bytes) -> bool:
         return block_hash in self._pins
+
+    @property
+    def num_pinned_hashes(self) -> int:
+        """Distinct hashes pinned, whether their blocks are cached yet or not (the pin budget)."""
+        return len(self._pins)
 
     def flush(self, match: Callable[[Block], bool] | None = None, include_pinned: bool = False) -> int:
         """Forget the hashes of cached blocks (all, or those `match` accepts); O(cached blocks).

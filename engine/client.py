@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from engine.output import EngineStats, RequestOutput
-from engine.prefix_cache_api import FlushResult, PrefixCacheStats, SharedPrefixInfo
+from engine.prefix_cache_types import FlushResult, PrefixCacheStats, SharedPrefixInfo
 from engine.request import Priority, SamplingParams
 
 
@@ -28,7 +28,6 @@ class EngineRequest:
     cache_scope: str = "default"  # set by the server from the API key, never by the client
     arrival_s: float = field(default_factory=time.monotonic)
     deadline_s: float | None = None  # monotonic time after which a still-waiting request is aborted
-    model_version: str | None = None
     weight: float = 1.0  # the tenant's fair-share weight (QueuePolicy.FAIR); set by the server
     # The client gave no max_tokens (it was filled in from the context left): admission reserves
     # a bounded default instead of all of it, and settles on what is used.
@@ -49,7 +48,8 @@ class EngineClient(Protocol):
     """What the gateway may ask of an engine."""
 
     def generate(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
-        """Queue a request and stream its outputs; raises InvalidRequestError before queueing."""
+        """Queue a request and stream its outputs; an invalid request raises InvalidRequestError
+        before any output. Closing the stream early aborts the request unless `abort` already did."""
         ...
 
     async def abort(self, request_id: str) -> None:
@@ -65,39 +65,37 @@ class EngineClient(Protocol):
         ...
 
 
-@runtime_checkable
 class PrefixCacheControl(Protocol):
-    """What the admin API may ask of an engine's prefix cache (see `engine.prefix_cache_api`).
+    """What the admin API may ask of an engine's prefix cache, as one object (`AsyncEngine.prefix_cache`).
 
     Separate from `EngineClient`: engines without a prefix cache (and gateway fakes) need not
-    implement it. Unknown prefix ids raise `UnknownPrefixError`; bad input `InvalidRequestError`.
+    have one. Unknown prefix ids raise `UnknownPrefixError`; a prefix the engine cannot take
+    `InvalidPrefixError` (`PinCapacityError` past the pin budget); see `engine.prefix_cache_types`.
     """
 
-    async def prefix_cache_stats(self) -> PrefixCacheStats:
+    async def stats(self) -> PrefixCacheStats:
         """Fresh stats: totals, per tenant (hit rate, cached tokens, evictions), per scope."""
         ...
 
-    def prefix_cache_snapshot(self) -> PrefixCacheStats:
+    def snapshot(self) -> PrefixCacheStats:
         """Recent stats without waiting on the engine (for metrics scrapes)."""
         ...
 
-    async def register_shared_prefix(
-        self, token_ids: Sequence[int], name: str = "", pin: bool = False
-    ) -> SharedPrefixInfo:
+    async def register(self, token_ids: Sequence[int], name: str = "", pin: bool = False) -> SharedPrefixInfo:
         """Register a prefix in the shared scope and compute its blocks."""
         ...
 
-    async def list_shared_prefixes(self) -> tuple[SharedPrefixInfo, ...]: ...
+    async def list_prefixes(self) -> tuple[SharedPrefixInfo, ...]: ...
 
-    async def get_shared_prefix(self, prefix_id: str) -> SharedPrefixInfo: ...
+    async def get(self, prefix_id: str) -> SharedPrefixInfo: ...
 
-    async def pin_shared_prefix(self, prefix_id: str) -> SharedPrefixInfo: ...
+    async def pin(self, prefix_id: str) -> SharedPrefixInfo: ...
 
-    async def unpin_shared_prefix(self, prefix_id: str) -> SharedPrefixInfo: ...
+    async def unpin(self, prefix_id: str) -> SharedPrefixInfo: ...
 
-    async def unregister_shared_prefix(self, prefix_id: str) -> SharedPrefixInfo: ...
+    async def unregister(self, prefix_id: str) -> SharedPrefixInfo: ...
 
-    async def flush_prefix_cache(
+    async def flush(
         self,
         model_version: str | None = None,
         tenant_id: str | None = None,

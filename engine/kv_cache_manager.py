@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 
 from engine.block_hash import SHARED_SCOPE, hash_blocks
 from engine.block_pool import Block, BlockPool
-from engine.prefix_registry import PrefixRegistry
 from engine.request import Request
+from engine.shared_prefixes import SharedPrefixRegistry
 
 # Pinned shared prefixes may hold at most this share of the pool.
 MAX_PINNED_SHARE = 0.5
@@ -67,7 +67,7 @@ class KVCacheManager:
         self._roots: dict[str, bytes] = {}
         self.watermark_blocks = int(watermark * num_blocks)
         self.max_cached_blocks_per_scope = max(1, int(tenant_cache_share * self.pool.num_usable_blocks))
-        self.registry = PrefixRegistry(
+        self.shared_prefixes = SharedPrefixRegistry(
             self.pool,
             block_size,
             root_digest(SHARED_SCOPE),
@@ -124,7 +124,7 @@ class KVCacheManager:
         """
         st = self._state(req.request_id)
         if st.hashes is None:
-            st.hashes = self.registry.match(req.prompt_token_ids) if self.enable_caching else []
+            st.hashes = self.shared_prefixes.match(req.prompt_token_ids) if self.enable_caching else []
             st.num_shared = len(st.hashes)
         hashes = st.hashes
         num_full = req.num_tokens // self.block_size
@@ -305,7 +305,7 @@ class KVCacheManager:
         if num_full >= pst.num_shared:
             cst.hashes = parent_hashes[:num_full]
             cst.num_shared = pst.num_shared
-        # else: the cut falls inside a shared prefix: the child matches the registry afresh.
+        # else: the cut falls inside a shared prefix: the child matches the shared prefixes afresh.
         cst.num_cached = min(pst.num_cached, num_full)
 
     def free(self, req: Request, keep_hashes: bool = False) -> None:

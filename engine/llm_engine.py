@@ -37,7 +37,7 @@ from engine.errors import (
 from engine.faults import FaultInjector
 from engine.kv_cache_manager import KVCacheManager
 from engine.output import EngineStats, RequestOutput, SchedulerOutput
-from engine.prefix_cache_service import PrefixCacheService
+from engine.prefix_cache_admin import PrefixCacheAdmin
 from engine.request import FinishReason, Request, RequestStatus, check_seed
 from engine.runner import ModelRunner
 from engine.sampler import SampleResult
@@ -141,7 +141,7 @@ class LLMEngine:
         self.beams = BeamGroups(
             self.scheduler, self._engine_tokenizer, self.model_config.eos_token_ids, self.clock
         )
-        self.prefix_cache = PrefixCacheService(self.kv, config.model_version, self.model_config.vocab_size)
+        self.prefix_cache = PrefixCacheAdmin(self.kv, config.model_version, self.model_config.vocab_size)
 
     @property
     def num_blocks_per_request(self) -> int:
@@ -160,9 +160,9 @@ class LLMEngine:
         self._build_state()
         self.kv.totals, self.kv.by_tenant = old_kv.totals, old_kv.by_tenant
         self.scheduler.num_preemptions = old_scheduler.num_preemptions
-        for prefix in old_kv.registry.prefixes():
+        for prefix in old_kv.shared_prefixes.prefixes():
             try:
-                self.kv.registry.register(prefix.token_ids, prefix.name, prefix.pinned)
+                self.kv.shared_prefixes.register(prefix.token_ids, prefix.name, prefix.pinned)
             except Exception:  # a prefix that cannot come back is dropped, not the restart
                 logger.exception("could not register shared prefix %s again", prefix.prefix_id)
         self.runner.forget_all()

@@ -1,6 +1,6 @@
 """Prometheus metrics of the prefix cache, per tenant and per scope, read at scrape time.
 
-The numbers come from `PrefixCacheControl.prefix_cache_snapshot()`, a copy the engine thread
+The numbers come from `PrefixCacheControl.snapshot()`, a copy the engine thread
 refreshes about once a second, so a scrape never waits on the engine.
 """
 
@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from engine.prefix_cache_api import PrefixCacheStats
+from engine.prefix_cache_types import PrefixCacheStats
 
 
 class PrefixCacheCollector(Collector):

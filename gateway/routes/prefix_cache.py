@@ -12,7 +12,7 @@
 
 Body errors follow the rest of the admin API: a body that is not a JSON object is 400; a field that
 is unknown, of the wrong type or out of range is 422 naming it. Everything runs on the engine
-thread through `engine.client.PrefixCacheControl`.
+thread through the engine's prefix-cache facade (`engine.client.PrefixCacheControl`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from starlette.routing import BaseRoute, Mount, Route
 
 from engine.client import PrefixCacheControl
 from engine.errors import EngineDeadError, InvalidRequestError
-from engine.prefix_cache_api import (
+from engine.prefix_cache_types import (
     PinCapacityError,
     PrefixCacheStats,
     SharedPrefixInfo,
@@ -154,12 +154,12 @@ def _bool(data: Mapping[str, Any], name: str, default: bool) -> bool:
 
 
 class PrefixCacheRoutes:
-    """The endpoints, sharing the engine control, the admin authenticator and the tokenizer."""
+    """The endpoints, sharing the engine's prefix-cache facade, the admin authenticator and the tokenizer."""
 
     def __init__(
-        self, engine: PrefixCacheControl, admin_auth: AdminAuthenticator, tokenizer: Tokenizer
+        self, control: PrefixCacheControl, admin_auth: AdminAuthenticator, tokenizer: Tokenizer
     ) -> None:
-        self.engine = engine
+        self.control = control
         self.admin_auth = admin_auth
         self.tokenizer = tokenizer
 
@@ -209,11 +209,11 @@ class PrefixCacheRoutes:
     # -- stats --------------------------------------------------------------------------------------
 
     async def stats(self, request: Request) -> Response:
-        return _json(stats_json(await self.engine.prefix_cache_stats()))
+        return _json(stats_json(await self.control.stats()))
 
     async def tenant(self, request: Request) -> Response:
         name = request.path_params["name"]
-        stats = await self.engine.prefix_cache_stats()
+        stats = await self.control.stats()
         for t in stats.tenants:
             if t.tenant_id == name:
                 return _json(tenant_json(t))
@@ -272,33 +272,31 @@ class PrefixCacheRoutes:
         name = _opt_str(data, "name") or ""
         pin = _bool(data, "pin", False)
         token_ids = self._token_ids(data)
-        info = await self.engine.register_shared_prefix(token_ids, name=name, pin=pin)
+        info = await self.control.register(token_ids, name=name, pin=pin)
         return _json(prefix_json(info), 201)
 
     async def list_prefixes(self, request: Request) -> Response:
-        prefixes = await self.engine.list_shared_prefixes()
+        prefixes = await self.control.list_prefixes()
         return _json({"object": "list", "data": [prefix_json(p) for p in prefixes]})
 
     async def get_prefix(self, request: Request) -> Response:
-        return _json(prefix_json(await self.engine.get_shared_prefix(request.path_params["prefix_id"])))
+        return _json(prefix_json(await self.control.get(request.path_params["prefix_id"])))
 
     async def unregister(self, request: Request) -> Response:
-        return _json(
-            prefix_json(await self.engine.unregister_shared_prefix(request.path_params["prefix_id"]))
-        )
+        return _json(prefix_json(await self.control.unregister(request.path_params["prefix_id"])))
 
     async def pin(self, request: Request) -> Response:
-        return _json(prefix_json(await self.engine.pin_shared_prefix(request.path_params["prefix_id"])))
+        return _json(prefix_json(await self.control.pin(request.path_params["prefix_id"])))
 
     async def unpin(self, request: Request) -> Response:
-        return _json(prefix_json(await self.engine.unpin_shared_prefix(request.path_params["prefix_id"])))
+        return _json(prefix_json(await self.control.unpin(request.path_params["prefix_id"])))
 
     # -- flush --------------------------------------------------------------------------------------
 
     async def flush(self, request: Request) -> Response:
         data = await _body(request)
         _check_fields(data, _FLUSH_FIELDS)
-        result = await self.engine.flush_prefix_cache(
+        result = await self.control.flush(
             model_version=_opt_str(data, "model_version"),
             tenant_id=_opt_str(data, "tenant"),
             cache_scope=_opt_str(data, "cache_scope"),
@@ -317,7 +315,7 @@ class PrefixCacheRoutes:
 
 
 def prefix_cache_routes(
-    engine: PrefixCacheControl, admin_auth: AdminAuthenticator, tokenizer: Tokenizer
+    control: PrefixCacheControl, admin_auth: AdminAuthenticator, tokenizer: Tokenizer
 ) -> list[BaseRoute]:
     """The `/admin/v1/prefix-cache` mount; place it before the `/admin/v1` catch-all."""
-    return PrefixCacheRoutes(engine, admin_auth, tokenizer).routes()
+    return PrefixCacheRoutes(control, admin_auth, tokenizer).routes()

@@ -14,9 +14,8 @@ import httpx
 from gateway.bootstrap import build_tenancy
 from gateway.routes.prefix_cache import prefix_cache_routes
 from gateway.settings import AuthMode, Settings
-from tests.gateway.fake_engine import FakeEngine
+from tests.gateway.fake_engine import FakeEngine, FakePrefixCache
 from tests.gateway.harness import make_app, serve_in_thread, tokenizer
-from tests.gateway.routes.test_prefix_cache import FakeControl
 
 ADMIN_TOKEN = "admin-secret-for-tests"
 ADMIN = {"authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -27,7 +26,7 @@ TENANT = "fuzz-tenant"
 class FullServer:
     url: str
     engine: FakeEngine
-    control: FakeControl
+    control: FakePrefixCache
     tenant_key: str
 
     @property
@@ -44,7 +43,7 @@ def serve_everything(data_dir: Path) -> Iterator[FullServer]:
     # Room for the largest valid request (128 prompts x n=16 x the whole context): the fake
     # engine fails what does not fit, the real one refuses it up front.
     engine = FakeEngine(num_total_blocks=1 << 18)
-    control = FakeControl()
+    control = FakePrefixCache()
     routes = [*prefix_cache_routes(control, tenancy.admin_auth, tokenizer()), *tenancy.routes]
     app = make_app(
         engine,

@@ -182,3 +182,17 @@ class BlockPoolMachine(RuleBasedStateMachine):
 
 TestBlockPoolMachine = BlockPoolMachine.TestCase
 TestBlockPoolMachine.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+
+
+def test_pins_are_counted_per_hash_and_the_last_unpin_releases() -> None:
+    pool = BlockPool(3)
+    pool.pin(b"p")
+    pool.pin(b"p")
+    pool.pin(b"q")
+    assert pool.num_pinned_hashes == 2
+    pool.unpin(b"p")
+    assert pool.is_pinned(b"p") and pool.num_pinned_hashes == 2
+    pool.unpin(b"p")
+    assert not pool.is_pinned(b"p") and pool.num_pinned_hashes == 1
+    with pytest.raises(ValueError):
+        pool.unpin(b"p")

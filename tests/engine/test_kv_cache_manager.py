@@ -107,7 +107,7 @@ def test_tenants_do_not_share_blocks_in_one_pool() -> None:
 def test_shared_prefix_is_shared_and_what_follows_stays_private() -> None:
     kv = _kv()
     system = list(range(100, 108))  # 4 full blocks
-    kv.registry.register(system, "sys")
+    kv.shared_prefixes.register(system, "sys")
     a = _req("a1", system + [1, 2, 3, 4], "a")
     _admit(kv, a)
     _compute_all(kv, a)
@@ -130,7 +130,7 @@ def test_shared_prefix_is_shared_and_what_follows_stays_private() -> None:
 def test_pinned_shared_prefix_survives_a_flood() -> None:
     kv = _kv(num_blocks=21)
     system = list(range(100, 108))
-    prefix = kv.registry.register(system, "sys", pin=True)
+    prefix = kv.shared_prefixes.register(system, "sys", pin=True)
     warm = _req("w", system, "<admin>")
     _admit(kv, warm)
     _compute_all(kv, warm)
@@ -142,7 +142,7 @@ def test_pinned_shared_prefix_survives_a_flood() -> None:
         _compute_all(kv, r)
         kv.free(r)
     assert all(kv.pool.lookup(h) is not None for h in prefix.hashes)
-    kv.registry.unpin(prefix.prefix_id)
+    kv.shared_prefixes.unpin(prefix.prefix_id)
     assert kv.pool.num_pinned_blocks == 0 and kv.num_free_blocks == kv.num_total_blocks
 
 
@@ -328,17 +328,17 @@ class KVMachine(RuleBasedStateMachine):
     @rule(prompt=st.lists(st.integers(1, 3), min_size=BS, max_size=3 * BS), pin=st.booleans())
     def register(self, prompt: list[int], pin: bool) -> None:
         try:
-            self.kv.registry.register(prompt, pin=pin)
+            self.kv.shared_prefixes.register(prompt, pin=pin)
         except ValueError:
             pass  # pin capacity
 
-    @precondition(lambda self: len(self.kv.registry))
+    @precondition(lambda self: len(self.kv.shared_prefixes))
     @rule(data=st.data(), action=st.sampled_from(("pin", "unpin", "unregister")))
     def change_prefix(self, data: st.DataObject, action: str) -> None:
-        prefixes = self.kv.registry.prefixes()
+        prefixes = self.kv.shared_prefixes.prefixes()
         prefix = data.draw(st.sampled_from(prefixes))
         try:
-            getattr(self.kv.registry, action)(prefix.prefix_id)
+            getattr(self.kv.shared_prefixes, action)(prefix.prefix_id)
         except ValueError:
             pass
 
@@ -389,8 +389,8 @@ class KVMachine(RuleBasedStateMachine):
     def teardown(self) -> None:
         for req in self.live.values():
             self.kv.free(req)
-        for prefix in self.kv.registry.prefixes():
-            self.kv.registry.unregister(prefix.prefix_id)
+        for prefix in self.kv.shared_prefixes.prefixes():
+            self.kv.shared_prefixes.unregister(prefix.prefix_id)
         pool = self.kv.pool
         assert pool.num_free_blocks == pool.num_usable_blocks, "blocks leaked"
         assert all(b.ref_cnt == 0 for b in pool.blocks[1:])

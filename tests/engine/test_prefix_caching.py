@@ -111,16 +111,14 @@ def test_the_shared_scope_cannot_be_named_by_a_request(tiny: Path) -> None:
 
 def test_a_registered_shared_prefix_is_shared_and_the_rest_stays_private(tiny: Path) -> None:
     engine = _engine(tiny)
-    service = engine.prefix_cache
+    admin = engine.prefix_cache
     system = tuple(range(100, 124))  # 6 full blocks
-    info = service.register(system, "sys", pin=True)
-    warm = service.warmup_request(info.prefix_id)
+    info = admin.register(system, "sys", pin=True)
+    warm = admin.warmup_request(info.prefix_id)
     assert warm is not None
     engine.add_request(warm)
     _drain(engine)
-    assert (
-        service.get(info.prefix_id).num_cached_blocks == 6 and service.warmup_request(info.prefix_id) is None
-    )
+    assert admin.get(info.prefix_id).num_cached_blocks == 6 and admin.warmup_request(info.prefix_id) is None
     params = SamplingParams(max_tokens=2, temperature=0.0)
     question = tuple(range(200, 216))
     engine.add_request(EngineRequest("a", system + question, params, tenant_id="a", cache_scope="a"))
@@ -129,14 +127,14 @@ def test_a_registered_shared_prefix_is_shared_and_the_rest_stays_private(tiny: P
     assert _drain(engine)[("b", 0)][-1].num_cached_tokens == 24  # not a's 12 question tokens
     engine.add_request(EngineRequest("a2", system + question, params, tenant_id="a", cache_scope="a"))
     assert _drain(engine)[("a2", 0)][-1].num_cached_tokens == 36
-    stats = service.stats()
+    stats = admin.stats()
     assert stats.num_pinned_blocks == 6
     assert {s.cache_scope: s.num_cached_blocks for s in stats.scopes}[SHARED_SCOPE] == 6
     # Flushing tenant a forgets its continuation, not the pinned shared prefix.
-    assert service.flush(tenant_id="a").num_blocks_flushed >= 4
+    assert admin.flush(tenant_id="a").num_blocks_flushed >= 4
     engine.add_request(EngineRequest("a3", system + question, params, tenant_id="a", cache_scope="a"))
     assert _drain(engine)[("a3", 0)][-1].num_cached_tokens == 24
-    assert service.flush(model_version="other").model_version_matched is False
+    assert admin.flush(model_version="other").model_version_matched is False
 
 
 def test_n4_forks_share_the_prompt_blocks_and_match_four_seeded_requests(tiny: Path) -> None:

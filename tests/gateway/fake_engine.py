@@ -15,12 +15,23 @@ import asyncio
 import hashlib
 import random
 import time
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from engine.client import EngineHealth, EngineRequest
 from engine.errors import EngineDeadError, RequestFailedError
 from engine.output import EngineStats, RequestMetrics, RequestOutput, TokenLogprob
+from engine.prefix_cache_types import (
+    FlushResult,
+    InvalidPrefixError,
+    PinCapacityError,
+    PrefixCacheStats,
+    ScopeCacheStats,
+    SharedPrefixInfo,
+    TenantCacheStats,
+    UnknownPrefixError,
+)
 from engine.request import FinishReason
 from tests.gateway.tiny_tokenizer import SPECIAL_TOKENS, WORDS
 
@@ -116,7 +127,6 @@ class FakeEngine:
         return EngineStats(
             num_running=len(self._blocks),
             num_waiting=0,
-            num_swapped=0,
             num_total_blocks=self.num_total_blocks,
             num_free_blocks=self.num_free_blocks,
             block_size=self.block_size,
@@ -259,3 +269,75 @@ class FakeEngine:
             metrics=metrics,
             error="fake engine: injected error" if finish is FinishReason.ERROR else None,
         )
+
+
+class FakePrefixCache:
+    """A `PrefixCacheControl` double: records calls; a tiny registry of prefixes p0, p1, ..."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+        self.prefixes: dict[str, SharedPrefixInfo] = {}
+        self.dead = False
+        self.max_pinned = 2
+
+    def _check(self) -> None:
+        if self.dead:
+            raise EngineDeadError("stopped")
+
+    async def stats(self) -> PrefixCacheStats:
+        self._check()
+        return self.snapshot()
+
+    def snapshot(self) -> PrefixCacheStats:
+        tenant = TenantCacheStats("acme", "acme", 3, 300, 240, 10, 160, 2)
+        return PrefixCacheStats(
+            enabled=True, model_version="v1", block_size=16, num_total_blocks=100, num_free_blocks=60,
+            num_cached_blocks=30, num_pinned_blocks=4, num_queries=5, num_queried_tokens=500,
+            num_hit_tokens=300, num_evictions=7, num_flushed=1, max_cached_blocks_per_scope=50,
+            tenants=(tenant,), scopes=(ScopeCacheStats("acme", 10, 2), ScopeCacheStats("<shared>", 4, 0)),
+        )  # fmt: skip
+
+    async def register(self, token_ids: Sequence[int], name: str = "", pin: bool = False) -> SharedPrefixInfo:
+        self._check()
+        self.calls.append(("register", (list(token_ids), name, pin)))
+        if len(token_ids) < 4:
+            raise InvalidPrefixError("too short", "token_ids")
+        if pin and sum(p.pinned for p in self.prefixes.values()) >= self.max_pinned:
+            raise PinCapacityError(3, self.max_pinned)
+        pid = f"p{len(self.prefixes)}"
+        info = SharedPrefixInfo(pid, name or pid, len(token_ids), len(token_ids) // 4 * 4, len(token_ids) // 4,
+                                len(token_ids) // 4, pin, time.time())  # fmt: skip
+        self.prefixes[pid] = info
+        return info
+
+    async def list_prefixes(self) -> tuple[SharedPrefixInfo, ...]:
+        return tuple(self.prefixes.values())
+
+    def _get(self, prefix_id: str) -> SharedPrefixInfo:
+        if prefix_id not in self.prefixes:
+            raise UnknownPrefixError(prefix_id)
+        return self.prefixes[prefix_id]
+
+    async def get(self, prefix_id: str) -> SharedPrefixInfo:
+        return self._get(prefix_id)
+
+    async def pin(self, prefix_id: str) -> SharedPrefixInfo:
+        self.prefixes[prefix_id] = replace(self._get(prefix_id), pinned=True)
+        return self.prefixes[prefix_id]
+
+    async def unpin(self, prefix_id: str) -> SharedPrefixInfo:
+        self.prefixes[prefix_id] = replace(self._get(prefix_id), pinned=False)
+        return self.prefixes[prefix_id]
+
+    async def unregister(self, prefix_id: str) -> SharedPrefixInfo:
+        return self.prefixes.pop(self._get(prefix_id).prefix_id)
+
+    async def flush(
+        self,
+        model_version: str | None = None,
+        tenant_id: str | None = None,
+        cache_scope: str | None = None,
+        include_pinned: bool = False,
+    ) -> FlushResult:
+        self.calls.append(("flush", (model_version, tenant_id, cache_scope, include_pinned)))
+        return FlushResult(5, model_version in (None, "v1"))

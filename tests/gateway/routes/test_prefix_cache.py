@@ -2,30 +2,18 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator, Sequence
-from dataclasses import replace
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
-from engine.client import PrefixCacheControl
-from engine.errors import EngineDeadError, InvalidRequestError
-from engine.prefix_cache_api import (
-    FlushResult,
-    PinCapacityError,
-    PrefixCacheStats,
-    ScopeCacheStats,
-    SharedPrefixInfo,
-    TenantCacheStats,
-    UnknownPrefixError,
-)
 from gateway.auth import AdminAuthenticator, AuthSettings, FailureThrottle
 from gateway.prefix_cache_metrics import PrefixCacheCollector
 from gateway.routes.prefix_cache import prefix_cache_routes
 from tenancy.keys import KeyHasher
+from tests.gateway.fake_engine import FakePrefixCache
 from tests.gateway.harness import tokenizer
 
 TOKEN = "the-admin-token-0123456789"
@@ -40,84 +28,9 @@ class _Store:
         return None
 
 
-class FakeControl:
-    """Records calls; a tiny registry keyed by the token ids."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, Any]] = []
-        self.prefixes: dict[str, SharedPrefixInfo] = {}
-        self.dead = False
-        self.max_pinned = 2
-
-    def _check(self) -> None:
-        if self.dead:
-            raise EngineDeadError("stopped")
-
-    async def prefix_cache_stats(self) -> PrefixCacheStats:
-        self._check()
-        return self.prefix_cache_snapshot()
-
-    def prefix_cache_snapshot(self) -> PrefixCacheStats:
-        tenant = TenantCacheStats("acme", "acme", 3, 300, 240, 10, 160, 2)
-        return PrefixCacheStats(
-            enabled=True, model_version="v1", block_size=16, num_total_blocks=100, num_free_blocks=60,
-            num_cached_blocks=30, num_pinned_blocks=4, num_queries=5, num_queried_tokens=500,
-            num_hit_tokens=300, num_evictions=7, num_flushed=1, max_cached_blocks_per_scope=50,
-            tenants=(tenant,), scopes=(ScopeCacheStats("acme", 10, 2), ScopeCacheStats("<shared>", 4, 0)),
-        )  # fmt: skip
-
-    async def register_shared_prefix(
-        self, token_ids: Sequence[int], name: str = "", pin: bool = False
-    ) -> SharedPrefixInfo:
-        self._check()
-        self.calls.append(("register", (list(token_ids), name, pin)))
-        if len(token_ids) < 4:
-            raise InvalidRequestError("too short", "token_ids")
-        if pin and sum(p.pinned for p in self.prefixes.values()) >= self.max_pinned:
-            raise PinCapacityError(3, self.max_pinned)
-        pid = f"p{len(self.prefixes)}"
-        info = SharedPrefixInfo(pid, name or pid, len(token_ids), len(token_ids) // 4 * 4, len(token_ids) // 4,
-                                len(token_ids) // 4, pin, time.time())  # fmt: skip
-        self.prefixes[pid] = info
-        return info
-
-    async def list_shared_prefixes(self) -> tuple[SharedPrefixInfo, ...]:
-        return tuple(self.prefixes.values())
-
-    def _get(self, prefix_id: str) -> SharedPrefixInfo:
-        if prefix_id not in self.prefixes:
-            raise UnknownPrefixError(prefix_id)
-        return self.prefixes[prefix_id]
-
-    async def get_shared_prefix(self, prefix_id: str) -> SharedPrefixInfo:
-        return self._get(prefix_id)
-
-    async def pin_shared_prefix(self, prefix_id: str) -> SharedPrefixInfo:
-        self.prefixes[prefix_id] = replace(self._get(prefix_id), pinned=True)
-        return self.prefixes[prefix_id]
-
-    async def unpin_shared_prefix(self, prefix_id: str) -> SharedPrefixInfo:
-        self.prefixes[prefix_id] = replace(self._get(prefix_id), pinned=False)
-        return self.prefixes[prefix_id]
-
-    async def unregister_shared_prefix(self, prefix_id: str) -> SharedPrefixInfo:
-        return self.prefixes.pop(self._get(prefix_id).prefix_id)
-
-    async def flush_prefix_cache(
-        self,
-        model_version: str | None = None,
-        tenant_id: str | None = None,
-        cache_scope: str | None = None,
-        include_pinned: bool = False,
-    ) -> FlushResult:
-        self.calls.append(("flush", (model_version, tenant_id, cache_scope, include_pinned)))
-        return FlushResult(5, model_version in (None, "v1"))
-
-
 @pytest.fixture
-def api() -> Iterator[tuple[TestClient, FakeControl]]:
-    control = FakeControl()
-    assert isinstance(control, PrefixCacheControl)
+def api() -> Iterator[tuple[TestClient, FakePrefixCache]]:
+    control = FakePrefixCache()
     throttle = FailureThrottle.from_settings(AuthSettings(max_failures=10_000))
     auth = AdminAuthenticator(_Store(), TOKEN, throttle=throttle)
     app = Starlette(routes=prefix_cache_routes(control, auth, tokenizer()))
@@ -125,7 +38,7 @@ def api() -> Iterator[tuple[TestClient, FakeControl]]:
         yield client, control
 
 
-def test_every_endpoint_needs_the_admin_token(api: tuple[TestClient, FakeControl]) -> None:
+def test_every_endpoint_needs_the_admin_token(api: tuple[TestClient, FakePrefixCache]) -> None:
     client, control = api
     for method, path in (
         ("GET", "/stats"),
@@ -146,7 +59,7 @@ def test_every_endpoint_needs_the_admin_token(api: tuple[TestClient, FakeControl
     assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
 
 
-def test_stats_overall_and_per_tenant(api: tuple[TestClient, FakeControl]) -> None:
+def test_stats_overall_and_per_tenant(api: tuple[TestClient, FakePrefixCache]) -> None:
     client, _ = api
     body = client.get(BASE + "/stats", headers=ADMIN).json()
     assert body["object"] == "prefix_cache.stats"
@@ -161,7 +74,7 @@ def test_stats_overall_and_per_tenant(api: tuple[TestClient, FakeControl]) -> No
     assert unseen["tenant"] == "globex" and unseen["queries"] == 0 and unseen["hit_rate"] == 0.0
 
 
-def test_register_from_token_ids_text_or_messages(api: tuple[TestClient, FakeControl]) -> None:
+def test_register_from_token_ids_text_or_messages(api: tuple[TestClient, FakePrefixCache]) -> None:
     client, control = api
     r = client.post(
         BASE + "/prefixes", json={"token_ids": [5, 6, 7, 8, 9], "name": "sys", "pin": True}, headers=ADMIN
@@ -198,7 +111,7 @@ def test_register_from_token_ids_text_or_messages(api: tuple[TestClient, FakeCon
     ],
 )
 def test_register_body_errors_name_the_field(
-    api: tuple[TestClient, FakeControl], body: dict[str, Any], status: int, param: str
+    api: tuple[TestClient, FakePrefixCache], body: dict[str, Any], status: int, param: str
 ) -> None:
     client, _ = api
     r = client.post(BASE + "/prefixes", json=body, headers=ADMIN)
@@ -206,7 +119,9 @@ def test_register_body_errors_name_the_field(
     assert r.json()["error"]["param"] == param
 
 
-def test_bad_json_unknown_prefix_pin_capacity_and_a_dead_engine(api: tuple[TestClient, FakeControl]) -> None:
+def test_bad_json_unknown_prefix_pin_capacity_and_a_dead_engine(
+    api: tuple[TestClient, FakePrefixCache],
+) -> None:
     client, control = api
     assert client.post(BASE + "/prefixes", content=b"[1,2]", headers=ADMIN).status_code == 400
     assert client.post(BASE + "/prefixes", content=b"{", headers=ADMIN).status_code == 400
@@ -224,7 +139,7 @@ def test_bad_json_unknown_prefix_pin_capacity_and_a_dead_engine(api: tuple[TestC
     assert client.get(BASE + "/stats", headers=ADMIN).status_code == 503
 
 
-def test_flush_by_model_version_tenant_or_scope(api: tuple[TestClient, FakeControl]) -> None:
+def test_flush_by_model_version_tenant_or_scope(api: tuple[TestClient, FakePrefixCache]) -> None:
     client, control = api
     for body, args in (
         ({}, (None, None, None, False)),
@@ -245,7 +160,7 @@ def test_metrics_per_tenant_and_scope() -> None:
     from prometheus_client import CollectorRegistry, generate_latest
 
     registry = CollectorRegistry()
-    registry.register(PrefixCacheCollector(FakeControl().prefix_cache_snapshot))
+    registry.register(PrefixCacheCollector(FakePrefixCache().snapshot))
     text = generate_latest(registry).decode()
     assert 'weir_prefix_cache_tenant_hit_tokens_total{tenant="acme"} 240.0' in text
     assert 'weir_prefix_cache_tenant_queried_tokens_total{tenant="acme"} 300.0' in text

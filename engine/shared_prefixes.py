@@ -3,8 +3,8 @@
 A registered prefix is hashed from the shared root (`block_hash.SHARED_SCOPE`), so its blocks
 are one set of cache entries that every tenant's request beginning with it can reference. Only
 its full blocks are shared; a request's tokens after them chain from the tenant's own root
-again (see `block_hash`). A pinned prefix's blocks are never evicted: the pins live in the
-block pool by hash, so blocks computed later are pinned the moment they are cached.
+again (see `block_hash`). A pinned prefix's blocks are never evicted: the pins are counted in
+the block pool only (by hash), so blocks computed later are pinned the moment they are cached.
 
 Matching a prompt costs one hash per matched block and stops at the first block that belongs
 to no registered prefix. Plain Python, no torch.
@@ -16,10 +16,14 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from engine.block_hash import hash_block
+from engine.block_hash import hash_block, hash_blocks
 from engine.block_pool import BlockPool
-from engine.errors import InvalidRequestError
-from engine.prefix_cache_api import PinCapacityError, SharedPrefixInfo, UnknownPrefixError
+from engine.prefix_cache_types import (
+    InvalidPrefixError,
+    PinCapacityError,
+    SharedPrefixInfo,
+    UnknownPrefixError,
+)
 
 MAX_PREFIXES = 1024
 
@@ -37,7 +41,7 @@ class SharedPrefix:
     created_at: float
 
 
-class PrefixRegistry:
+class SharedPrefixRegistry:
     """The registered shared prefixes of one engine (one model version)."""
 
     def __init__(self, pool: BlockPool, block_size: int, shared_root: bytes, max_pinned_blocks: int) -> None:
@@ -48,31 +52,20 @@ class PrefixRegistry:
         self._prefixes: dict[str, SharedPrefix] = {}
         self._boundaries: dict[bytes, int] = {}  # hash of a prefix's last full block -> how many prefixes
         self._members: dict[bytes, int] = {}  # hash of any block of any prefix -> how many prefixes
-        self._pinned_hashes: dict[bytes, int] = {}  # hash -> pinned prefixes holding it
         self._max_blocks = 0
 
     def __len__(self) -> int:
         return len(self._prefixes)
 
-    def hashes_of(self, token_ids: Sequence[int]) -> list[bytes]:
-        """Shared-root chain hashes of the full blocks of `token_ids`."""
-        bs = self.block_size
-        out: list[bytes] = []
-        prev = self.shared_root
-        for i in range(len(token_ids) // bs):
-            prev = hash_block(prev, token_ids[i * bs : (i + 1) * bs])
-            out.append(prev)
-        return out
-
     def register(self, token_ids: Sequence[int], name: str = "", pin: bool = False) -> SharedPrefix:
         """Register (idempotently: the id is a digest of the full blocks) and optionally pin."""
         if len(token_ids) < self.block_size:
-            raise InvalidRequestError(
+            raise InvalidPrefixError(
                 f"a shared prefix needs at least one full block ({self.block_size} tokens), "
                 f"got {len(token_ids)}",
                 param="token_ids",
             )
-        hashes = self.hashes_of(token_ids)
+        hashes = hash_blocks(self.shared_root, token_ids, self.block_size)
         prefix_id = hashes[-1].hex()[:24]
         existing = self._prefixes.get(prefix_id)
         if existing is not None:
@@ -80,7 +73,7 @@ class PrefixRegistry:
                 self.pin(prefix_id)
             return existing
         if len(self._prefixes) >= MAX_PREFIXES:
-            raise InvalidRequestError(f"at most {MAX_PREFIXES} shared prefixes", param="token_ids")
+            raise InvalidPrefixError(f"at most {MAX_PREFIXES} shared prefixes", param="token_ids")
         if pin:
             self._check_pin_capacity(hashes)
         num_shared = len(hashes) * self.block_size
@@ -124,8 +117,8 @@ class PrefixRegistry:
         return sorted(self._prefixes.values(), key=lambda p: (p.created_at, p.prefix_id))
 
     def _check_pin_capacity(self, hashes: Sequence[bytes]) -> None:
-        new = sum(1 for h in set(hashes) if h not in self._pinned_hashes)
-        total = len(self._pinned_hashes) + new
+        new = sum(1 for h in set(hashes) if not self.pool.is_pinned(h))
+        total = self.pool.num_pinned_hashes + new
         if total > self.max_pinned_blocks:
             raise PinCapacityError(total, self.max_pinned_blocks)
 
@@ -136,7 +129,6 @@ class PrefixRegistry:
             return prefix
         self._check_pin_capacity(prefix.hashes)
         for h in prefix.hashes:
-            _inc(self._pinned_hashes, h)
             self.pool.pin(h)
         prefix.pinned = True
         return prefix
@@ -147,7 +139,6 @@ class PrefixRegistry:
         if not prefix.pinned:
             return prefix
         for h in prefix.hashes:
-            _dec(self._pinned_hashes, h)
             self.pool.unpin(h)
         prefix.pinned = False
         return prefix

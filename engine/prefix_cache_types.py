@@ -1,7 +1,8 @@
-"""Typed values of the prefix-cache control API (stats, shared prefixes, flushes).
+"""The types of the prefix-cache admin API: its errors and its results (stats, shared prefixes, flushes).
 
-The engine returns these from its control methods (`engine.client.PrefixCacheControl`); the
-admin routes turn them into JSON. Plain frozen dataclasses, no torch.
+The engine raises and returns these from its admin facade (`engine.client.PrefixCacheControl`);
+`gateway.errors` maps the errors to HTTP and the admin routes turn the results into JSON.
+Plain frozen dataclasses, no torch.
 """
 
 from __future__ import annotations
@@ -19,7 +20,15 @@ class UnknownPrefixError(EngineError):
         self.prefix_id = prefix_id
 
 
-class PinCapacityError(InvalidRequestError):
+class InvalidPrefixError(InvalidRequestError):
+    """A shared prefix the engine cannot take (too short or long, bad token ids, caching off).
+
+    Its own type, so the admin API answers it as it answers its other field errors (422), while
+    an `InvalidRequestError` from the OpenAI routes stays a 400.
+    """
+
+
+class PinCapacityError(InvalidPrefixError):
     """Pinning would hold more of the KV pool than pinned prefixes may take."""
 
     def __init__(self, num_blocks: int, max_blocks: int) -> None:

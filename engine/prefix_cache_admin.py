@@ -1,20 +1,24 @@
-"""The engine-side control API of the prefix cache: stats, shared prefixes, flushes.
+"""The prefix cache's admin facade: stats, shared prefixes and flushes, on both sides of the engine thread.
 
-Every method runs on the engine thread (`engine.async_engine` sends them through its command
-queue), so it may touch the KV cache manager directly. Results are typed snapshots from
-`engine.prefix_cache_api`. Plain Python, no torch.
+`PrefixCacheAdmin` does the work on the engine thread, where it may touch the KV cache manager
+directly (`LLMEngine.prefix_cache`). `AsyncPrefixCache` is what callers on the event loop hold
+(`AsyncEngine.prefix_cache`, an `engine.client.PrefixCacheControl`): each of its calls runs the
+matching `PrefixCacheAdmin` method on the engine thread. Results and errors are the types of
+`engine.prefix_cache_types`. Plain Python, no torch.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Protocol, TypeVar
 
 from engine.client import EngineRequest
 from engine.errors import InvalidRequestError
 from engine.kv_cache_manager import KVCacheManager
-from engine.prefix_cache_api import (
+from engine.prefix_cache_types import (
     FlushResult,
+    InvalidPrefixError,
     PrefixCacheStats,
     ScopeCacheStats,
     SharedPrefixInfo,
@@ -22,11 +26,13 @@ from engine.prefix_cache_api import (
 )
 from engine.request import Priority, SamplingParams
 
+T = TypeVar("T")
+
 ADMIN_TENANT = "<admin>"  # tenant and scope of the requests that compute registered prefixes
 
 
-class PrefixCacheService:
-    """Stats and administration of one engine's prefix cache."""
+class PrefixCacheAdmin:
+    """Stats and administration of one engine's prefix cache; runs on the engine thread."""
 
     def __init__(self, kv: KVCacheManager, model_version: str, vocab_size: int) -> None:
         self.kv = kv
@@ -86,18 +92,17 @@ class PrefixCacheService:
     def register(self, token_ids: Sequence[int], name: str = "", pin: bool = False) -> SharedPrefixInfo:
         """Register a shared prefix (idempotent) and optionally pin it; see `warmup_request`."""
         if not self.kv.enable_caching:
-            raise InvalidRequestError("prefix caching is disabled on this engine", "token_ids")
+            raise InvalidPrefixError("prefix caching is disabled on this engine", "token_ids")
         if any(not isinstance(t, int) or not 0 <= t < self.vocab_size for t in token_ids):
-            raise InvalidRequestError(f"token ids must be in [0, {self.vocab_size})", "token_ids")
+            raise InvalidPrefixError(f"token ids must be in [0, {self.vocab_size})", "token_ids")
         if len(token_ids) + 1 > self.kv.num_total_blocks * self.kv.block_size:
-            raise InvalidRequestError("the prefix does not fit the KV cache", "token_ids")
-        registry = self.kv.registry
-        return registry.info(registry.register(list(token_ids), name, pin))
+            raise InvalidPrefixError("the prefix does not fit the KV cache", "token_ids")
+        prefixes = self.kv.shared_prefixes
+        return prefixes.info(prefixes.register(list(token_ids), name, pin))
 
     def warmup_request(self, prefix_id: str) -> EngineRequest | None:
         """A request that computes the prefix's missing blocks, or None when all are cached."""
-        registry = self.kv.registry
-        prefix = registry.get(prefix_id)
+        prefix = self.kv.shared_prefixes.get(prefix_id)
         if all(self.kv.pool.lookup(h) is not None for h in prefix.hashes):
             return None
         return EngineRequest(
@@ -110,26 +115,25 @@ class PrefixCacheService:
         )
 
     def list_prefixes(self) -> tuple[SharedPrefixInfo, ...]:
-        registry = self.kv.registry
-        return tuple(registry.info(p) for p in registry.prefixes())
+        prefixes = self.kv.shared_prefixes
+        return tuple(prefixes.info(p) for p in prefixes.prefixes())
 
     def get(self, prefix_id: str) -> SharedPrefixInfo:
-        registry = self.kv.registry
-        return registry.info(registry.get(prefix_id))
+        prefixes = self.kv.shared_prefixes
+        return prefixes.info(prefixes.get(prefix_id))
 
     def pin(self, prefix_id: str) -> SharedPrefixInfo:
-        registry = self.kv.registry
-        return registry.info(registry.pin(prefix_id))
+        prefixes = self.kv.shared_prefixes
+        return prefixes.info(prefixes.pin(prefix_id))
 
     def unpin(self, prefix_id: str) -> SharedPrefixInfo:
-        registry = self.kv.registry
-        return registry.info(registry.unpin(prefix_id))
+        prefixes = self.kv.shared_prefixes
+        return prefixes.info(prefixes.unpin(prefix_id))
 
     def unregister(self, prefix_id: str) -> SharedPrefixInfo:
         """Forget a prefix; its blocks stay cached (evictable) until evicted or flushed."""
-        registry = self.kv.registry
-        prefix = registry.unregister(prefix_id)
-        return registry.info(prefix)
+        prefixes = self.kv.shared_prefixes
+        return prefixes.info(prefixes.unregister(prefix_id))
 
     # -- flushes ----------------------------------------------------------------------------------
 
@@ -152,3 +156,80 @@ class PrefixCacheService:
         if cache_scope is not None:
             scopes = (scopes or set()) | {cache_scope}
         return FlushResult(self.kv.flush(scopes, include_pinned=include_pinned))
+
+
+class RunOnEngineThread(Protocol):
+    """Runs `fn(admin)` on the engine thread and resolves with its result (or its exception)."""
+
+    def __call__(self, fn: Callable[[PrefixCacheAdmin], T]) -> Awaitable[T]: ...
+
+
+class AsyncPrefixCache:
+    """The `PrefixCacheControl` of an engine running on another thread (see the module docstring).
+
+    Registering or pinning a prefix also computes its missing blocks, with a request of its own,
+    so the call returns once they are cached.
+    """
+
+    def __init__(
+        self,
+        on_engine_thread: RunOnEngineThread,
+        generate: Callable[[EngineRequest], AsyncIterator[object]],
+        snapshot: Callable[[], PrefixCacheStats],
+    ) -> None:
+        self._run = on_engine_thread
+        self._generate = generate
+        self._snapshot = snapshot
+
+    async def stats(self) -> PrefixCacheStats:
+        """Fresh stats: totals, per tenant, per scope."""
+        return await self._run(lambda admin: admin.stats())
+
+    def snapshot(self) -> PrefixCacheStats:
+        """The stats the engine thread copied last (about once a second), without waiting."""
+        return self._snapshot()
+
+    async def register(self, token_ids: Sequence[int], name: str = "", pin: bool = False) -> SharedPrefixInfo:
+        """Register a shared prefix and compute its blocks; returns once they are cached."""
+        ids = list(token_ids)
+        info = await self._run(lambda admin: admin.register(ids, name, pin))
+        return await self._warm(info.prefix_id)
+
+    async def _warm(self, prefix_id: str) -> SharedPrefixInfo:
+        warmup = await self._run(lambda admin: admin.warmup_request(prefix_id))
+        if warmup is not None:
+            try:
+                async for _ in self._generate(warmup):
+                    pass
+            except InvalidRequestError as exc:  # the engine refuses the prefix's own request
+                raise InvalidPrefixError(exc.message, exc.param) from exc
+        return await self._run(lambda admin: admin.get(prefix_id))
+
+    async def list_prefixes(self) -> tuple[SharedPrefixInfo, ...]:
+        return await self._run(lambda admin: admin.list_prefixes())
+
+    async def get(self, prefix_id: str) -> SharedPrefixInfo:
+        return await self._run(lambda admin: admin.get(prefix_id))
+
+    async def pin(self, prefix_id: str) -> SharedPrefixInfo:
+        """Pin a prefix (recomputing blocks evicted meanwhile): its blocks are never evicted."""
+        await self._run(lambda admin: admin.pin(prefix_id))
+        return await self._warm(prefix_id)
+
+    async def unpin(self, prefix_id: str) -> SharedPrefixInfo:
+        return await self._run(lambda admin: admin.unpin(prefix_id))
+
+    async def unregister(self, prefix_id: str) -> SharedPrefixInfo:
+        return await self._run(lambda admin: admin.unregister(prefix_id))
+
+    async def flush(
+        self,
+        model_version: str | None = None,
+        tenant_id: str | None = None,
+        cache_scope: str | None = None,
+        include_pinned: bool = False,
+    ) -> FlushResult:
+        """Forget cached blocks of this model version, of one tenant, or of one scope."""
+        return await self._run(
+            lambda admin: admin.flush(model_version, tenant_id, cache_scope, include_pinned)
+        )

@@ -6,16 +6,15 @@ import pytest
 
 from engine.block_hash import SHARED_SCOPE, CacheKeyRoot
 from engine.block_pool import BlockPool
-from engine.errors import InvalidRequestError
-from engine.prefix_cache_api import PinCapacityError, UnknownPrefixError
-from engine.prefix_registry import PrefixRegistry
+from engine.prefix_cache_types import InvalidPrefixError, PinCapacityError, UnknownPrefixError
+from engine.shared_prefixes import SharedPrefixRegistry
 
 BS = 4
 
 
-def _registry(num_blocks: int = 17, max_pinned: int = 4) -> PrefixRegistry:
+def _registry(num_blocks: int = 17, max_pinned: int = 4) -> SharedPrefixRegistry:
     root = CacheKeyRoot("m", "t", "r", "float32", SHARED_SCOPE).digest()
-    return PrefixRegistry(BlockPool(num_blocks), BS, root, max_pinned_blocks=max_pinned)
+    return SharedPrefixRegistry(BlockPool(num_blocks), BS, root, max_pinned_blocks=max_pinned)
 
 
 def test_registration_is_idempotent_and_keeps_full_blocks_only() -> None:
@@ -26,7 +25,7 @@ def test_registration_is_idempotent_and_keeps_full_blocks_only() -> None:
     assert a.token_ids == tuple(range(8)) and len(a.hashes) == 2
     info = reg.info(a)
     assert (info.num_tokens, info.num_shared_tokens, info.num_blocks, info.num_cached_blocks) == (10, 8, 2, 0)
-    with pytest.raises(InvalidRequestError):
+    with pytest.raises(InvalidPrefixError):
         reg.register([1, 2, 3])  # shorter than a block
 
 
@@ -61,3 +60,17 @@ def test_pins_reach_the_pool_and_respect_the_pinned_budget() -> None:
     reg.unregister(b.prefix_id)
     reg.unregister(c.prefix_id)
     assert not any(reg.pool.is_pinned(h) for h in a.hashes + c.hashes)
+
+
+def test_the_pin_budget_reads_the_pools_one_pin_count() -> None:
+    reg = _registry(max_pinned=4)
+    a = reg.register(list(range(12)), pin=True)  # 3 blocks
+    reg.register(list(range(8)), pin=True)  # nested in a: its 2 hashes are pinned twice
+    assert reg.pool.num_pinned_hashes == 3
+    reg.unpin(a.prefix_id)  # the nested prefix still holds its 2
+    assert reg.pool.num_pinned_hashes == 2
+    assert reg.pool.is_pinned(a.hashes[1]) and not reg.pool.is_pinned(a.hashes[2])
+    reg.register(list(range(50, 58)), pin=True)  # 2 more: the whole budget of 4
+    with pytest.raises(PinCapacityError):
+        reg.register(list(range(60, 64)), pin=True)
+    assert reg.pool.num_pinned_hashes == 4

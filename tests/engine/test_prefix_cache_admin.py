@@ -1,4 +1,4 @@
-"""The prefix-cache control API through AsyncEngine: calls run on the engine thread, results are typed."""
+"""The prefix cache's admin facade (`AsyncEngine.prefix_cache`): calls run on the engine thread, results are typed."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from engine.async_engine import AsyncEngine
-from engine.client import EngineRequest, PrefixCacheControl
+from engine.client import EngineRequest
 from engine.config import CacheConfig, EngineConfig, SchedulerConfig
-from engine.errors import EngineDeadError, InvalidRequestError
+from engine.errors import EngineDeadError
 from engine.llm_engine import build_engine
-from engine.prefix_cache_api import PinCapacityError, UnknownPrefixError
+from engine.prefix_cache_types import InvalidPrefixError, PinCapacityError, UnknownPrefixError
 from engine.request import SamplingParams
 from tests.engine.tiny_models import make_tiny_model
 
@@ -48,47 +48,45 @@ async def _complete(engine: AsyncEngine, rid: str, prompt: tuple[int, ...], tena
 
 def test_control_calls_on_a_running_engine(tiny: Path) -> None:
     engine = _async_engine(tiny)
-    assert isinstance(engine, PrefixCacheControl)
+    control = engine.prefix_cache
 
     async def scenario() -> None:
         await engine.start(warmup=False)
         try:
             system = tuple(range(50, 70))  # 5 blocks
-            info = await engine.register_shared_prefix(system, name="sys", pin=True)
+            info = await control.register(system, name="sys", pin=True)
             assert (info.name, info.num_blocks, info.num_cached_blocks, info.pinned) == ("sys", 5, 5, True)
-            assert await engine.register_shared_prefix(system) == info  # idempotent
+            assert await control.register(system) == info  # idempotent
             assert await _complete(engine, "a", system + (7, 8, 9, 10, 11), "acme") == 20
             assert await _complete(engine, "b", system + (7, 8, 9, 10, 11), "globex") == 20
             assert await _complete(engine, "a2", system + (7, 8, 9, 10, 11), "acme") == 24
-            stats = await engine.prefix_cache_stats()
+            stats = await control.stats()
             assert stats.model_version == "v7" and stats.num_pinned_blocks == 5
             tenants = {t.tenant_id: t for t in stats.tenants}
             assert tenants["acme"].num_hit_tokens == 44 and tenants["globex"].num_hit_tokens == 20
             assert tenants["acme"].num_cached_blocks >= 1 and stats.max_cached_blocks_per_scope == 31
-            assert [p.prefix_id for p in await engine.list_shared_prefixes()] == [info.prefix_id]
-            unpinned = await engine.unpin_shared_prefix(info.prefix_id)
-            assert not unpinned.pinned and (await engine.prefix_cache_stats()).num_pinned_blocks == 0
-            flushed = await engine.flush_prefix_cache(model_version="v7")
+            assert [p.prefix_id for p in await control.list_prefixes()] == [info.prefix_id]
+            unpinned = await control.unpin(info.prefix_id)
+            assert not unpinned.pinned and (await control.stats()).num_pinned_blocks == 0
+            flushed = await control.flush(model_version="v7")
             assert flushed.model_version_matched and flushed.num_blocks_flushed >= 6
-            assert (await engine.get_shared_prefix(info.prefix_id)).num_cached_blocks == 0
-            repinned = await engine.pin_shared_prefix(info.prefix_id)  # recomputed, then held
+            assert (await control.get(info.prefix_id)).num_cached_blocks == 0
+            repinned = await control.pin(info.prefix_id)  # recomputed, then held
             assert repinned.pinned and repinned.num_cached_blocks == 5
-            assert (await engine.flush_prefix_cache(model_version="v6")).model_version_matched is False
+            assert (await control.flush(model_version="v6")).model_version_matched is False
             with pytest.raises(UnknownPrefixError):
-                await engine.pin_shared_prefix("nope")
-            with pytest.raises(InvalidRequestError):
-                await engine.register_shared_prefix((1, 2))
+                await control.pin("nope")
+            with pytest.raises(InvalidPrefixError):
+                await control.register((1, 2))
             with pytest.raises(PinCapacityError):
-                await engine.register_shared_prefix(
-                    tuple(range(100, 228)), pin=True
-                )  # 32 blocks > half the pool
-            await engine.unregister_shared_prefix(info.prefix_id)
-            assert await engine.list_shared_prefixes() == ()
+                await control.register(tuple(range(100, 228)), pin=True)  # 32 blocks > half the pool
+            await control.unregister(info.prefix_id)
+            assert await control.list_prefixes() == ()
         finally:
             await engine.shutdown()
         with pytest.raises(EngineDeadError):
-            await engine.prefix_cache_stats()
+            await control.stats()
 
     asyncio.run(scenario())
-    snapshot = engine.prefix_cache_snapshot()
+    snapshot = control.snapshot()
     assert snapshot.model_version == "v7" and snapshot.enabled
