@@ -4,13 +4,12 @@ The templates are Go templates, so they are checked as text: every `.Values` pat
 exists in values.yaml, every `include` names a defined helper, blocks are balanced, and what
 they hand to Weir (WEIR_* variables, `weir` flags, probe paths) is what the code accepts. Where
 a template's literal parts form YAML, its skeleton (actions removed) must parse.
+values.schema.json: test_values_schema.py.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
-import json
 import re
 import tomllib
 from collections.abc import Iterator
@@ -19,26 +18,22 @@ from typing import Any
 
 import pytest
 import yaml
-from jsonschema import Draft7Validator
 
-from engine.config import QueuePolicy
 from gateway.cli import build_parser
-from gateway.settings import (
-    DTYPES,
-    AdmissionMode,
-    AuthMode,
-    LogLevel,
-    OtelExporter,
-    PrefixCachingMode,
-    Settings,
+from gateway.settings import Settings
+from tests.helm.chart_files import (
+    CHART,
+    COMMENT,
+    HELPERS,
+    ROOT,
+    TEMPLATES,
+    chart_values,
+    lookup,
+    read,
+    template_files,
+    templates,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "helm" / "weir"
-TEMPLATES = CHART / "templates"
-HELPERS = TEMPLATES / "_helpers.tpl"
-
-COMMENT = re.compile(r"\{\{-?\s*/\*.*?\*/\s*-?\}\}", re.S)
 ACTION = re.compile(r"\{\{-?\s*(.*?)\s*-?\}\}", re.S)
 VALUES_PATH = re.compile(r"\.Values((?:\.[A-Za-z_][A-Za-z0-9_]*)+)")
 INCLUDE = re.compile(r"\b(?:include|template)\s+\"([^\"]+)\"")
@@ -49,39 +44,8 @@ OPENERS = frozenset({"if", "range", "with", "define", "block"})
 ALLOWED_OTHER_ENV = frozenset({"HOME"})
 
 
-def _read(path: Path) -> str:
-    return path.read_text(encoding="utf-8")
-
-
-def _template_files() -> list[Path]:
-    return sorted(p for p in TEMPLATES.iterdir() if p.is_file())
-
-
-def _templates() -> dict[str, str]:
-    """Template name -> text with template comments removed."""
-    return {p.name: COMMENT.sub("", _read(p)) for p in _template_files()}
-
-
-def _values() -> dict[str, Any]:
-    values = yaml.safe_load(_read(CHART / "values.yaml"))
-    assert isinstance(values, dict)
-    return values
-
-
-def _lookup(values: dict[str, Any], dotted: str) -> Any:
-    """The value at a dotted path; KeyError naming the first missing part."""
-    node: Any = values
-    walked: list[str] = []
-    for part in dotted.split("."):
-        walked.append(part)
-        if not isinstance(node, dict) or part not in node:
-            raise KeyError(".".join(walked))
-        node = node[part]
-    return node
-
-
 def _settings_env_names() -> set[str]:
-    return set(re.findall(r"\"(WEIR_[A-Z0-9_]+)\"", _read(ROOT / "gateway" / "settings.py")))
+    return set(re.findall(r"\"(WEIR_[A-Z0-9_]+)\"", read(ROOT / "gateway" / "settings.py")))
 
 
 def _camel_to_env(key: str) -> str:
@@ -92,19 +56,19 @@ def _camel_to_env(key: str) -> str:
 
 
 def test_chart_yaml_has_required_fields() -> None:
-    chart = yaml.safe_load(_read(CHART / "Chart.yaml"))
+    chart = yaml.safe_load(read(CHART / "Chart.yaml"))
     assert chart["apiVersion"] == "v2"
     assert chart["name"] == "weir" == CHART.name
     assert chart["type"] == "application"
     assert re.fullmatch(r"\d+\.\d+\.\d+(?:[-+][0-9A-Za-z.-]+)?", str(chart["version"]))
     assert chart["description"]
     # The default image tag is the appVersion: keep it the project's version.
-    project = tomllib.loads(_read(ROOT / "pyproject.toml"))["project"]
+    project = tomllib.loads(read(ROOT / "pyproject.toml"))["project"]
     assert chart["appVersion"] == project["version"]
 
 
 def test_values_yaml_has_the_groups_templates_need() -> None:
-    values = _values()
+    values = chart_values()
     for key in (
         "replicaCount",
         "image",
@@ -129,48 +93,48 @@ def test_values_yaml_has_the_groups_templates_need() -> None:
 
 
 def test_every_values_path_in_templates_exists_in_values_yaml() -> None:
-    values = _values()
+    values = chart_values()
     missing = []
-    for name, text in _templates().items():
+    for name, text in templates().items():
         for match in VALUES_PATH.finditer(text):
             dotted = match.group(1).lstrip(".")
             try:
-                _lookup(values, dotted)
+                lookup(values, dotted)
             except KeyError as exc:
                 missing.append(f"{name}: .Values.{dotted} (no {exc.args[0]})")
     assert not missing, "\n".join(missing)
 
 
 def test_every_values_key_is_read_by_some_template() -> None:
-    used = {m.group(1).lstrip(".") for text in _templates().values() for m in VALUES_PATH.finditer(text)}
-    values = _values()
+    used = {m.group(1).lstrip(".") for text in templates().values() for m in VALUES_PATH.finditer(text)}
+    values = chart_values()
     unused = [key for key in values if not any(u == key or u.startswith(key + ".") for u in used)]
     unused += [f"config.{key}" for key in values["config"] if not any(u == f"config.{key}" for u in used)]
     assert not unused, f"values nobody reads: {unused}"
 
 
 def _defined_helpers() -> set[str]:
-    return set(DEFINE.findall(COMMENT.sub("", _read(HELPERS))))
+    return set(DEFINE.findall(COMMENT.sub("", read(HELPERS))))
 
 
 def test_every_include_names_a_helper_defined_in_helpers_tpl() -> None:
     defined = _defined_helpers()
     undefined = [
         f"{name}: {ref}"
-        for name, text in _templates().items()
+        for name, text in templates().items()
         for ref in INCLUDE.findall(text)
         if ref not in defined
     ]
     assert not undefined, undefined
     # No other file defines helpers, and none is defined twice.
-    for name, text in _templates().items():
+    for name, text in templates().items():
         names = DEFINE.findall(text)
         assert name == HELPERS.name or not names, f"{name} defines {names}"
         assert len(names) == len(set(names)), names
 
 
 def test_every_helper_is_used() -> None:
-    used = {ref for text in _templates().values() for ref in INCLUDE.findall(text)}
+    used = {ref for text in templates().values() for ref in INCLUDE.findall(text)}
     assert _defined_helpers() - used == set()
 
 
@@ -206,9 +170,9 @@ def test_block_counter_finds_unbalanced_templates() -> None:
     assert block_errors('{{ define "x" }}{{ else }}{{ end }}') == ["line 1: else outside if/with/range"]
 
 
-@pytest.mark.parametrize("path", _template_files(), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", template_files(), ids=lambda p: p.name)
 def test_template_blocks_are_balanced(path: Path) -> None:
-    assert block_errors(_read(path)) == []
+    assert block_errors(read(path)) == []
 
 
 # -- the YAML skeleton ------------------------------------------------------------------------------
@@ -225,12 +189,12 @@ def skeleton(text: str) -> str:
 
 
 def _skeleton_docs(name: str) -> list[dict[str, Any]]:
-    docs = [doc for doc in yaml.safe_load_all(skeleton(_read(TEMPLATES / name))) if doc is not None]
+    docs = [doc for doc in yaml.safe_load_all(skeleton(read(TEMPLATES / name))) if doc is not None]
     assert all(isinstance(doc, dict) for doc in docs), name
     return docs
 
 
-@pytest.mark.parametrize("path", [p for p in _template_files() if p.suffix == ".yaml"], ids=lambda p: p.name)
+@pytest.mark.parametrize("path", [p for p in template_files() if p.suffix == ".yaml"], ids=lambda p: p.name)
 def test_template_skeleton_is_yaml_with_kind(path: Path) -> None:
     docs = _skeleton_docs(path.name)
     assert docs
@@ -261,7 +225,7 @@ def test_deployment_shape() -> None:
 def test_env_names_are_ones_settings_reads() -> None:
     known = _settings_env_names()
     assert {"WEIR_PORT", "WEIR_ADMIN_TOKEN", "WEIR_KEY_PEPPER", "WEIR_DATABASE_URL"} <= known
-    texts = {**_templates(), "values.yaml": _read(CHART / "values.yaml")}
+    texts = {**templates(), "values.yaml": read(CHART / "values.yaml")}
     unknown = {
         f"{name}: {env}" for name, text in texts.items() for env in WEIR_ENV.findall(text) if env not in known
     }
@@ -271,7 +235,7 @@ def test_env_names_are_ones_settings_reads() -> None:
 def test_literal_env_entries_are_known() -> None:
     known = _settings_env_names() | ALLOWED_OTHER_ENV
     for name in ("deployment.yaml", "migrate-job.yaml", "_helpers.tpl"):
-        entries = re.findall(r"-\s+name:\s+([A-Za-z_][A-Za-z0-9_]*)\s*$", _read(TEMPLATES / name), re.M)
+        entries = re.findall(r"-\s+name:\s+([A-Za-z_][A-Za-z0-9_]*)\s*$", read(TEMPLATES / name), re.M)
         # Container names (weir, migrate) and volume names (data, cache, tmp) are lowercase.
         env_names = [e for e in entries if e.isupper()]
         assert set(env_names) <= known, (name, set(env_names) - known)
@@ -279,7 +243,7 @@ def test_literal_env_entries_are_known() -> None:
 
 def test_every_setting_can_be_set_through_the_chart() -> None:
     # Host and port are flags of the container's args; everything else is a variable.
-    text = "".join(_templates().values())
+    text = "".join(templates().values())
     missing = _settings_env_names() - {"WEIR_HOST", "WEIR_PORT"} - set(WEIR_ENV.findall(text))
     assert not missing, f"settings the chart cannot set: {sorted(missing)}"
 
@@ -287,7 +251,7 @@ def test_every_setting_can_be_set_through_the_chart() -> None:
 def _config_env_pairs() -> list[tuple[str, str]]:
     """(variable, config key) pairs of the weir.configEnv helper; `$device` stands for
     `.Values.config.device` (which defaults to cuda with gpu.enabled)."""
-    helper = _read(HELPERS)
+    helper = read(HELPERS)
     pairs = []
     for env, key, var in re.findall(
         r"\(list \"(WEIR_[A-Z0-9_]+)\" (?:\.Values\.config\.([A-Za-z]+)|\$([A-Za-z]+))\)", helper
@@ -303,12 +267,12 @@ def test_config_keys_map_to_the_variable_of_the_same_name() -> None:
     assert pairs
     for env, key in pairs:
         assert env == _camel_to_env(key), (key, env)
-    assert {key for _, key in pairs} == set(_values()["config"]) - {"host", "port"}
+    assert {key for _, key in pairs} == set(chart_values()["config"]) - {"host", "port"}
 
 
 def test_default_config_is_accepted_by_settings() -> None:
     """The variables the chart sets by default (and host/port flags) make valid Settings."""
-    config = _values()["config"]
+    config = chart_values()["config"]
     env = {}
     for name, key in _config_env_pairs():
         value = config[key]
@@ -323,7 +287,7 @@ def test_default_config_is_accepted_by_settings() -> None:
 
 
 def test_secret_keys_default_to_the_variable_names() -> None:
-    keys = _values()["secrets"]["keys"]
+    keys = chart_values()["secrets"]["keys"]
     assert keys == {
         "adminToken": "WEIR_ADMIN_TOKEN",
         "keyPepper": "WEIR_KEY_PEPPER",
@@ -332,7 +296,7 @@ def test_secret_keys_default_to_the_variable_names() -> None:
 
 
 def _app_routes() -> set[str]:
-    return set(re.findall(r"Route\(\"(/[^\"]*)\"", _read(ROOT / "gateway" / "app.py")))
+    return set(re.findall(r"Route\(\"(/[^\"]*)\"", read(ROOT / "gateway" / "app.py")))
 
 
 def test_probe_paths_are_routes_of_the_app() -> None:
@@ -343,7 +307,7 @@ def test_probe_paths_are_routes_of_the_app() -> None:
         kind: server[kind]["httpGet"]["path"] for kind in ("startupProbe", "livenessProbe", "readinessProbe")
     }
     assert probes == {"startupProbe": "/ready", "livenessProbe": "/health", "readinessProbe": "/ready"}
-    scraped = re.findall(r"path:\s*(/\S*)", _read(TEMPLATES / "servicemonitor.yaml"))
+    scraped = re.findall(r"path:\s*(/\S*)", read(TEMPLATES / "servicemonitor.yaml"))
     assert scraped == ["/metrics"]
 
 
@@ -351,7 +315,7 @@ def test_probe_paths_are_routes_of_the_app() -> None:
 
 
 def test_metrics_have_their_own_port_which_the_service_monitor_scrapes() -> None:
-    values = _values()
+    values = chart_values()
     assert values["config"]["metricsPort"] == Settings().metrics_port == 9464
     assert ("WEIR_METRICS_PORT", "metricsPort") in _config_env_pairs()
     (service,) = _skeleton_docs("service.yaml")
@@ -361,19 +325,19 @@ def test_metrics_have_their_own_port_which_the_service_monitor_scrapes() -> None
     assert [e["port"] for e in monitor["spec"]["endpoints"]] == ["metrics"]
     # The metrics port is declared only when set, and a ServiceMonitor without it is refused.
     for name in ("deployment.yaml", "service.yaml"):
-        text = _read(TEMPLATES / name)
+        text = read(TEMPLATES / name)
         assert text.index("{{- if .Values.config.metricsPort }}") < text.index("name: metrics"), name
-    validate = _read(HELPERS).split('define "weir.validate"')[1].split("{{- end -}}\n\n")[0]
+    validate = read(HELPERS).split('define "weir.validate"')[1].split("{{- end -}}\n\n")[0]
     assert "metrics.serviceMonitor needs config.metricsPort" in validate
     assert "config.metricsPort must differ from config.port" in validate
 
 
 def test_ingress_routes_only_the_api_by_default() -> None:
-    values = _values()
+    values = chart_values()
     assert values["ingress"]["publishAdmin"] is False
     paths = [p["path"] for host in values["ingress"]["hosts"] for p in host["paths"]]
     assert paths == ["/v1"]
-    text = _read(TEMPLATES / "ingress.yaml")
+    text = read(TEMPLATES / "ingress.yaml")
     # Paths that would publish /metrics or /admin ("/" covers both) fail the render.
     guard = text.split("{{- range .paths }}")[1].split("{{- end }}")[0]
     for check in ('(eq .path "/")', '(hasPrefix "/metrics" .path)', '(hasPrefix "/admin" .path)', "fail"):
@@ -384,17 +348,6 @@ def test_ingress_routes_only_the_api_by_default() -> None:
     assert "- path: /admin/v1" in admin
     # Every backend is the API port: the metrics port is never routed.
     assert re.findall(r"port:\s*\n\s*name: (\w+)", text) == ["http", "http"]
-
-
-@pytest.mark.parametrize(
-    ("path", "value"),
-    [("config.metricsPort", -1), ("config.metricsPort", 70000), ("ingress.publishAdmin", "yes")],
-)
-def test_schema_rejects_bad_exposure_values(path: str, value: Any) -> None:
-    values = copy.deepcopy(_values())
-    section, key = path.split(".")
-    values[section][key] = value
-    assert list(_schema_errors(_schema(), values)) == [path]
 
 
 def _weir_args(text: str) -> Iterator[list[str]]:
@@ -410,7 +363,7 @@ def _resolve(item: str, values: dict[str, Any]) -> str:
         return item
     found = VALUES_PATH.search(item)
     assert found, item
-    value = _lookup(values, found.group(1).lstrip("."))
+    value = lookup(values, found.group(1).lstrip("."))
     return str(int(value)) if isinstance(value, (int, float)) else str(value)
 
 
@@ -444,8 +397,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     ids=["deployment", "migrate-job"],
 )
 def test_container_args_are_accepted_by_weir(name: str, commands: list[list[str]]) -> None:
-    values = _values()
-    argvs = [[_resolve(item, values) for item in items] for items in _weir_args(_read(TEMPLATES / name))]
+    values = chart_values()
+    argvs = [[_resolve(item, values) for item in items] for items in _weir_args(read(TEMPLATES / name))]
     assert [_split(argv)[0] for argv in argvs] == commands
     for argv in argvs:
         words, options = _split(argv)
@@ -455,23 +408,23 @@ def test_container_args_are_accepted_by_weir(name: str, commands: list[list[str]
 
 
 def test_serve_args_bind_every_interface_on_the_container_port() -> None:
-    (serve,) = [items for items in _weir_args(_read(TEMPLATES / "deployment.yaml")) if items[0] == "serve"]
-    argv = [_resolve(item, _values()) for item in serve]
+    (serve,) = [items for items in _weir_args(read(TEMPLATES / "deployment.yaml")) if items[0] == "serve"]
+    argv = [_resolve(item, chart_values()) for item in serve]
     args = _parse(argv)
     assert args.host == "0.0.0.0"
-    assert args.port == _values()["config"]["port"]
-    assert _values()["extraArgs"] == []
+    assert args.port == chart_values()["config"]["port"]
+    assert chart_values()["extraArgs"] == []
 
 
 # -- rollout, shutdown and the optional objects -------------------------------------------------------
 
 
 def test_shutdown_timing_defaults() -> None:
-    values = _values()
+    values = chart_values()
     grace = values["config"]["shutdownGraceS"]
     assert values["shutdown"]["preStopSleepSeconds"] > 0
     assert values["shutdown"]["terminationGracePeriodSeconds"] is None  # derived by the helper
-    helper = _read(HELPERS)
+    helper = read(HELPERS)
     # preStop + ceil(grace) + 5 is the floor (checked), +10 more when derived.
     assert "add (int64 .Values.shutdown.preStopSleepSeconds) $grace 5" in helper
     assert "add $needed 10" in helper
@@ -482,11 +435,11 @@ def test_shutdown_timing_defaults() -> None:
 
 
 def test_optional_objects_are_guarded() -> None:
-    texts = _templates()
+    texts = templates()
     assert re.match(
         r"\s*\{\{- if eq \(include \"weir.createSecret\" \.\) \"true\" \}\}", texts["secret.yaml"]
     )
-    assert "existingSecret" in _read(HELPERS).split('define "weir.createSecret"')[1].split("end -}}")[0]
+    assert "existingSecret" in read(HELPERS).split('define "weir.createSecret"')[1].split("end -}}")[0]
     assert (
         texts["pdb.yaml"]
         .lstrip()
@@ -499,90 +452,12 @@ def test_optional_objects_are_guarded() -> None:
     job = texts["migrate-job.yaml"]
     assert 'eq (include "weir.isPostgres" .) "true"' in job
     assert job.count("helm.sh/hook: pre-install,pre-upgrade") == 2  # the Job and its URL Secret
-    assert "nvidia.com/gpu" == _values()["gpu"]["resourceName"]
+    assert "nvidia.com/gpu" == chart_values()["gpu"]["resourceName"]
     assert ".Values.gpu.resourceName" in texts["deployment.yaml"]
 
 
 def test_readme_documents_every_value_the_templates_read() -> None:
-    readme = _read(CHART / "README.md")
-    used = {m.group(1).lstrip(".") for text in _templates().values() for m in VALUES_PATH.finditer(text)}
+    readme = read(CHART / "README.md")
+    used = {m.group(1).lstrip(".") for text in templates().values() for m in VALUES_PATH.finditer(text)}
     undocumented = sorted(path for path in used if f"`{path}`" not in readme)
     assert not undocumented, undocumented
-
-
-# -- values.schema.json -----------------------------------------------------------------------------
-
-
-def _schema() -> dict[str, Any]:
-    schema = json.loads(_read(CHART / "values.schema.json"))
-    assert isinstance(schema, dict)
-    return schema
-
-
-def _schema_errors(schema: dict[str, Any], value: Any) -> dict[str, str]:
-    """Validation errors of `value`: dotted path (`<root>` for the top) -> message.
-
-    jsonschema's draft-07 `integer` accepts an integral float, as Helm (which reads every number
-    as a float) needs.
-    """
-    return {
-        ".".join(str(part) for part in error.absolute_path) or "<root>": error.message
-        for error in Draft7Validator(schema).iter_errors(value)
-    }
-
-
-def test_schema_is_a_valid_draft_07_schema() -> None:
-    schema = _schema()
-    assert schema["$schema"] == "http://json-schema.org/draft-07/schema#"
-    Draft7Validator.check_schema(schema)  # raises SchemaError naming the bad keyword
-
-
-def test_values_yaml_satisfies_the_schema() -> None:
-    assert _schema_errors(_schema(), _values()) == {}
-    values = copy.deepcopy(_values())
-    values["replicaCount"] = 2.0  # how Helm reads `--set replicaCount=2`
-    assert _schema_errors(_schema(), values) == {}
-
-
-@pytest.mark.parametrize(
-    ("path", "value"),
-    [
-        ("config.dtype", "bf16"),
-        ("config.queuePolicy", "lifo"),
-        ("config.maxNumSeqs", 0),
-        ("config.leaseTtlS", 0),
-        ("config.port", 70000),
-        ("config.kvCacheToken", 4096),  # a typo of kvCacheTokens
-        ("database.type", "mysql"),
-        ("persistence.cache.accessModes", ["ReadWriteSometimes"]),
-        ("shutdown.preStopSleepSeconds", -1),
-        ("replicaCount", 1.5),
-    ],
-)
-def test_schema_rejects_bad_values(path: str, value: Any) -> None:
-    values = copy.deepcopy(_values())
-    *parents, last = path.split(".")
-    node = values
-    for part in parents:
-        node = node[part]
-    node[last] = value
-    errors = _schema_errors(_schema(), values)
-    # Refused for this value, at its path (a list item: below it; a misspelt key: at its parent).
-    assert errors and all(path.startswith(where) or where.startswith(path) for where in errors), errors
-
-
-def test_schema_enums_are_the_ones_settings_accepts() -> None:
-    config = _schema()["properties"]["config"]["properties"]
-    expected = {
-        "dtype": DTYPES,
-        "auth": [m.value for m in AuthMode],
-        "admission": [m.value for m in AdmissionMode],
-        "queuePolicy": [m.value for m in QueuePolicy],
-        "prefixCaching": [m.value for m in PrefixCachingMode],
-        "otelExporter": [m.value for m in OtelExporter],
-        "logLevel": [m.value for m in LogLevel],
-    }
-    for key, allowed in expected.items():
-        assert config[key]["enum"] == ["", *allowed], key
-    # Every config value has a schema, and nothing else does.
-    assert set(config) == set(_values()["config"])
