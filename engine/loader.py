@@ -222,6 +222,7 @@ def load_model(
     device: torch.device,
     attn_backend: AttentionBackend,
     max_model_len: int | None = None,
+    pack_linear: bool = False,
 ) -> tuple[nn.Module, ModelConfig]:
     """Build our model for the folder at `path` and load its weights in `dtype` on `device`.
 
@@ -229,11 +230,19 @@ def load_model(
     exactly that many positions): lower it to save memory, or raise it past
     max_position_embeddings for RoPE scalings that extrapolate (dynamic NTK). It may not pass a
     sliding window, since we attend over the full context.
+
+    `pack_linear` takes the CPU fast path (pre-packed oneDNN weights, see
+    engine/models/packed_linear.py); ModelLoadError where this build cannot pack `dtype` on `device`.
     """
     from engine.models import get_model_class
+    from engine.models.packed_linear import packing_supported
 
     if dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise ModelLoadError(f"dtype must be float32, bfloat16 or float16, got {dtype}")
+    if pack_linear and not packing_supported(dtype, device):
+        raise ModelLoadError(
+            f"pre-packed linear weights need a CPU and float32 or bfloat16, not {dtype} on {device}"
+        )
     path = Path(path)
     config = load_model_config(path)
     if max_model_len is not None:
@@ -251,6 +260,8 @@ def load_model(
             config, dtype=dtype, device=device, attn_backend=attn_backend
         )
         model.load_weights(iter_safetensors(files))
+        if pack_linear:
+            model.pack_linear_weights()
     except ValueError as exc:
         if isinstance(exc, ModelLoadError):
             raise

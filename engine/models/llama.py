@@ -29,6 +29,7 @@ from torch import nn
 
 from engine.attention import AttentionBackend, AttentionMetadata
 from engine.config import ModelConfig
+from engine.models.packed_linear import PackedLinear, pack_linear_layers
 from engine.rope import RotaryEmbedding
 
 
@@ -261,6 +262,25 @@ class LlamaForCausalLM(nn.Module):
             if config.tie_word_embeddings
             else _empty_param((config.vocab_size, config.hidden_size), dtype, self.device)
         )
+        self.packed_head: PackedLinear | None = None  # set by pack_linear_weights
+
+    @property
+    def is_packed(self) -> bool:
+        """Whether `pack_linear_weights` has run (the CPU fast path)."""
+        return self.packed_head is not None
+
+    def pack_linear_weights(self) -> None:
+        """The CPU fast path: every projection and the LM head pre-packed for oneDNN.
+
+        Call once, after `load_weights` (which is refused afterwards: the plain projection
+        weights are gone). See engine/models/packed_linear.py for why and when it is faster.
+        """
+        if self.is_packed:
+            return
+        pack_linear_layers(self, Linear)
+        # [vocab, hidden]: tied, the embedding table stays as well, since tokens are looked up in it
+        self.packed_head = PackedLinear(self.embed_tokens if self.lm_head is None else self.lm_head, None)
+        self.lm_head = None
 
     def forward(
         self,
@@ -295,6 +315,8 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, vocab] float32
         """Logits of the rows the sampler needs (usually each sequence's last token)."""
+        if self.packed_head is not None:
+            return self.packed_head(hidden).float()
         weight = self.embed_tokens if self.lm_head is None else self.lm_head
         return F.linear(hidden, weight).float()
 
@@ -343,6 +365,8 @@ class LlamaForCausalLM(nn.Module):
         Raises ValueError naming the tensor on a shape mismatch, an unexpected tensor, or a
         tensor the model needs that the checkpoint lacks.
         """
+        if self.is_packed:
+            raise ValueError("load_weights after pack_linear_weights: build a fresh model instead")
         targets = self._weight_targets()
         missing = set(targets)
         for name, tensor in weights:

@@ -1,0 +1,141 @@
+"""The CPU fast path (pre-packed oneDNN linear weights) against the plain `F.linear` path.
+
+Per layer: PackedLinear equals F.linear within fp32 rounding at every row count. Per model:
+the packed model gives the plain model's logits (fp32 tolerance) and the same greedy tokens on
+prompt chunks, decode steps and a mixed step, on tiny random models and on SmolLM2. The engine
+tests (tests/engine/test_llm_engine.py) run the packed path, the CPU default, against HF's
+greedy `generate`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.attention import TorchAttentionBackend
+from engine.config import EngineConfig
+from engine.loader import ModelLoadError, load_model
+from engine.models.llama import Linear, LlamaForCausalLM
+from engine.models.packed_linear import PackedLinear, pack_linear_layers, packing_supported
+from tests.engine.models.test_llama import Runner, _block_table, _prompt
+from tests.engine.tiny_models import make_tiny_model
+
+CPU = torch.device("cpu")
+pytestmark = pytest.mark.skipif(not packing_supported(torch.float32, CPU), reason="no oneDNN in this torch")
+
+CASES = {
+    "llama_gqa": {"num_kv_heads": 2},
+    "llama_tied_biases": {"tie": True, "extra_config": {"attention_bias": True, "mlp_bias": True}},
+    "qwen2": {"arch": "qwen2", "num_kv_heads": 2},
+    "qwen3": {"arch": "qwen3", "num_kv_heads": 1, "head_dim": 32, "tie": True},
+}
+
+
+@pytest.mark.parametrize("rows", [1, 2, 7, 32, 129])
+@pytest.mark.parametrize("bias", [False, True])
+def test_packed_linear_equals_f_linear(rows: int, bias: bool) -> None:
+    gen = torch.Generator().manual_seed(rows)
+    weight = torch.randn(96, 80, generator=gen)
+    b = torch.randn(96, generator=gen) if bias else None
+    x = torch.randn(rows, 80, generator=gen)
+    layer = PackedLinear(weight, b)
+    with torch.inference_mode():
+        torch.testing.assert_close(layer(x), F.linear(x, weight, b), atol=1e-5, rtol=1e-5)
+        # leading dimensions and a non-contiguous input (a column slice, like a split of qkv)
+        wide = torch.randn(2, rows, 160, generator=gen)[..., ::2]
+        torch.testing.assert_close(layer(wide), F.linear(wide, weight, b), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(not packing_supported(torch.bfloat16, CPU), reason="no oneDNN bf16 on this CPU")
+def test_packed_linear_bfloat16_tracks_f_linear() -> None:
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(64, 48, generator=gen).bfloat16()
+    x = torch.randn(8, 48, generator=gen).bfloat16()
+    out = PackedLinear(weight, None)(x)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), F.linear(x, weight).float(), atol=5e-2, rtol=2e-2)
+
+
+def test_packing_is_cpu_float32_or_bfloat16_only() -> None:
+    assert not packing_supported(torch.float16, CPU)
+    assert not packing_supported(torch.float32, torch.device("cuda"))
+    with pytest.raises(ValueError, match="cannot pack"):
+        PackedLinear(torch.zeros(4, 4, dtype=torch.float16), None)
+    with pytest.raises(ValueError, match="cpu_packed_linear"):
+        EngineConfig(model_path="m", dtype="float16", cpu_packed_linear=True)
+    with pytest.raises(ValueError, match="cpu_packed_linear"):
+        EngineConfig(model_path="m", device="cuda", cpu_packed_linear=True)
+    EngineConfig(model_path="m", device="cuda", cpu_packed_linear=False)  # off is always allowed
+
+
+def test_packing_replaces_every_projection_and_refuses_reloading(tmp_path: Path) -> None:
+    path = make_tiny_model(tmp_path, num_kv_heads=2)
+    with pytest.raises(ModelLoadError, match="pre-packed"):
+        load_model(path, torch.float16, CPU, TorchAttentionBackend(), pack_linear=True)
+    model, config = load_model(path, torch.float32, CPU, TorchAttentionBackend(), pack_linear=True)
+    assert isinstance(model, LlamaForCausalLM) and model.is_packed
+    assert not any(isinstance(m, Linear) for m in model.modules())
+    packed = [m for m in model.modules() if isinstance(m, PackedLinear)]
+    assert len(packed) == 4 * config.num_layers + 1  # qkv, o, gate_up, down per layer, LM head
+    assert pack_linear_layers(model, Linear) == 0
+    with pytest.raises(ValueError, match="pack_linear_weights"):
+        model.load_weights([("model.norm.weight", torch.ones(config.hidden_size))])
+
+
+@pytest.fixture(scope="module", params=sorted(CASES))
+def tiny(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp(request.param), **CASES[request.param])
+
+
+def _both(path: Path) -> tuple[Runner, Runner, int]:
+    plain, config = load_model(path, torch.float32, CPU, TorchAttentionBackend())
+    packed, _ = load_model(path, torch.float32, CPU, TorchAttentionBackend(), pack_linear=True)
+    assert isinstance(plain, LlamaForCausalLM) and isinstance(packed, LlamaForCausalLM)
+    return Runner(plain, config), Runner(packed, config), config.vocab_size
+
+
+def _assert_same(plain: list[torch.Tensor], packed: list[torch.Tensor], atol: float = 1e-5) -> None:
+    for a, b in zip(plain, packed, strict=True):
+        torch.testing.assert_close(b, a, atol=atol, rtol=1e-5)
+        assert b.argmax(-1).tolist() == a.argmax(-1).tolist()
+
+
+def test_packed_model_equals_plain_model(tiny: Path) -> None:
+    plain, packed, vocab = _both(tiny)
+    prompts = [_prompt(s, n, vocab) for s, n in ((1, 23), (2, 9), (3, 14))]
+    tables = [_block_table(i, len(p) + 4) for i, p in enumerate(prompts)]
+    seq = list(prompts[0])
+    for done in range(0, len(seq), 8):  # sequence 0: its prompt in chunks of 8
+        chunk = seq[done : done + 8]
+        last = packed.step([chunk], [tables[0]], [done])
+        _assert_same(plain.step([chunk], [tables[0]], [done]), last)
+    for _ in range(3):  # greedy decode steps
+        seq.append(int(last[0][-1].argmax()))
+        last = packed.step([seq[-1:]], [tables[0]], [len(seq) - 1])
+        _assert_same(plain.step([seq[-1:]], [tables[0]], [len(seq) - 1]), last)
+    # a mixed step: one decode row and two whole prompts
+    seq.append(int(last[0][-1].argmax()))
+    new = [seq[-1:], prompts[1], prompts[2]]
+    _assert_same(
+        plain.step(new, tables, [len(seq) - 1, 0, 0]), packed.step(new, tables, [len(seq) - 1, 0, 0])
+    )
+
+
+@pytest.mark.slow
+def test_real_smollm2_packed_equals_plain(smollm2_dir: Path) -> None:
+    """SmolLM2-135M in fp32: a 40-token prompt in chunks, then 8 greedy decode steps of 1 and 4 sequences."""
+    plain, packed, vocab = _both(smollm2_dir)
+    prompts = [_prompt(s, 40, vocab) for s in range(4)]
+    tables = [_block_table(i, 48) for i in range(4)]
+    last = packed.step(prompts, tables, [0] * 4)
+    _assert_same(plain.step(prompts, tables, [0] * 4), last, atol=2e-3)
+    seqs = [list(p) for p in prompts]
+    for _ in range(8):
+        for s, logits in zip(seqs, last, strict=True):
+            s.append(int(logits[-1].argmax()))
+        n = len(seqs[0])
+        last = packed.step([s[-1:] for s in seqs], tables, [n - 1] * 4)
+        _assert_same(plain.step([s[-1:] for s in seqs], tables, [n - 1] * 4), last, atol=2e-3)
