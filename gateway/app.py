@@ -15,18 +15,16 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 from opentelemetry.sdk.trace import TracerProvider
 from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 
 from engine.client import EngineClient
-from engine.errors import EngineError
 from engine.request import Priority
 from gateway.accounting import Accountant, Admission, UsageSink, admit_all
 from gateway.body_limit import BodyLimitMiddleware
-from gateway.errors import InternalServerError, NotFoundError, WeirError, error_response, from_engine_error
+from gateway.errors import NotFoundError, exception_handlers
 from gateway.metrics import GatewayMetrics
 from gateway.openapi import openapi_schema
 from gateway.routes.openai import Authenticate, OpenAIRoutes, ServedModel
@@ -74,17 +72,20 @@ def create_app(
     authenticate: Authenticate | None = None,
     admission: Admission = admit_all,
     usage_sink: UsageSink | None = None,
+    metrics: GatewayMetrics | None = None,
     tracer_provider: TracerProvider | None = None,
     extra_routes: Sequence[BaseRoute] = (),
     on_startup: Sequence[Hook] = (),
     on_shutdown: Sequence[Hook] = (),
     metrics_auth: AdminCheck | None = None,
 ) -> Starlette:
-    """Build the gateway app.
+    """Build the gateway app from collaborators built beforehand.
 
     `authenticate` maps (Authorization header, client address) to a tenant or raises a
     `WeirError`; without one, auth mode `none` serves everyone as the default tenant and auth mode
-    `keys` is refused. `tracer_provider` None builds one from the settings (none, console, otlp).
+    `keys` is refused. `metrics` None builds a registry of the gateway's own metrics only (the
+    server passes one with the admission, prefix-cache and usage collectors on it).
+    `tracer_provider` None builds one from the settings (none, console, otlp).
     `on_startup`/`on_shutdown` run in the lifespan (e.g. `engine.start`, `engine.shutdown`).
     `/metrics` names every tenant, so on this (the API) port it answers only callers that
     `metrics_auth` accepts (the admin token); without one it is not served here (404) and
@@ -96,28 +97,53 @@ def create_app(
         authenticate = authenticate_anonymous
     name = model_name or settings.model_name()
     state = GatewayState()
-    metrics = GatewayMetrics(engine.stats)
-    if tracer_provider is None:
-        tracer_provider = build_tracer_provider(
-            settings.otel_exporter, settings.otel_endpoint, settings.otel_service_name
-        )
-    tracer = RequestTracer(tracer_provider)
-    served = ServedModel(
-        name=name,
-        max_model_len=max_model_len,
-        created=int(time.time()),
-        fingerprint=model_fingerprint(name, max_model_len, settings.resolved_dtype(settings.device or "cpu")),
+    metrics = metrics if metrics is not None else GatewayMetrics(engine.stats)
+    tracer = RequestTracer(
+        tracer_provider
+        or build_tracer_provider(settings.otel_exporter, settings.otel_endpoint, settings.otel_service_name)
     )
+    fingerprint = model_fingerprint(name, max_model_len, settings.resolved_dtype(settings.device or "cpu"))
     openai_routes = OpenAIRoutes(
         engine=engine,
         prompts=PromptBuilder(tokenizer, vocab_size),
-        model=served,
+        model=ServedModel(name, max_model_len, created=int(time.time()), fingerprint=fingerprint),
         authenticate=authenticate,
         admission=admission,
         accountant=Accountant(metrics, usage_sink),
         tracer=tracer,
         state=state,
     )
+
+    async def openapi(request: Request) -> Response:
+        return JSONResponse(schema)
+
+    routes: list[BaseRoute] = [
+        *_operations_routes(engine, state, metrics, metrics_auth),
+        Route("/openapi.json", openapi, methods=["GET"]),
+        *openai_routes.routes(),
+        *extra_routes,
+    ]
+    schema = openapi_schema(
+        models=[name],
+        vocab_size=openai_routes.prompts.vocab_size,
+        mounted=[r.path for r in routes if isinstance(r, Route | Mount)],
+    )
+    app = Starlette(
+        routes=routes,
+        middleware=[Middleware(BodyLimitMiddleware, max_body_bytes=settings.max_request_body_bytes)],
+        exception_handlers=exception_handlers(metrics.count_error),
+        lifespan=_lifespan(state, tracer, on_startup, on_shutdown),
+    )
+    app.state.gateway = state
+    app.state.metrics = metrics
+    app.state.tracer = tracer
+    return app
+
+
+def _operations_routes(
+    engine: EngineClient, state: GatewayState, metrics: GatewayMetrics, metrics_auth: AdminCheck | None
+) -> list[BaseRoute]:
+    """`/health` (the engine lives), `/ready` (it serves and we are not draining), `/metrics`."""
 
     async def health(request: Request) -> Response:
         h = engine.health()
@@ -142,26 +168,17 @@ def create_app(
         body, content_type = metrics.render()
         return Response(body, media_type=content_type)
 
-    async def openapi(request: Request) -> Response:
-        return JSONResponse(schema)
+    return [
+        Route("/health", health, methods=["GET"]),
+        Route("/ready", ready, methods=["GET"]),
+        Route("/metrics", metrics_endpoint, methods=["GET"]),
+    ]
 
-    async def on_weir_error(request: Request, exc: Exception) -> Response:
-        error = exc if isinstance(exc, WeirError) else from_engine_error(exc)
-        metrics.count_error(error.status_code)
-        return error_response(error)
 
-    async def on_http_exception(request: Request, exc: Exception) -> Response:
-        status = exc.status_code if isinstance(exc, HTTPException) else 500
-        error = WeirError(exc.detail if isinstance(exc, HTTPException) else "error", code=str(status))
-        error.status_code = status
-        error.error_type = "invalid_request_error" if status < 500 else "server_error"
-        metrics.count_error(status)
-        return error_response(error)
-
-    async def on_unexpected(request: Request, exc: Exception) -> Response:
-        logger.exception("unhandled error on %s", request.url.path, exc_info=exc)
-        metrics.count_error(500)
-        return error_response(InternalServerError("internal server error"))
+def _lifespan(
+    state: GatewayState, tracer: RequestTracer, on_startup: Sequence[Hook], on_shutdown: Sequence[Hook]
+) -> Callable[[Starlette], contextlib.AbstractAsyncContextManager[None]]:
+    """Start hooks in order; at shutdown wait for requests to settle, then the stop hooks."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -179,31 +196,4 @@ def create_app(
                     logger.exception("shutdown hook failed")
             tracer.shutdown()
 
-    routes: list[BaseRoute] = [
-        Route("/health", health, methods=["GET"]),
-        Route("/ready", ready, methods=["GET"]),
-        Route("/metrics", metrics_endpoint, methods=["GET"]),
-        Route("/openapi.json", openapi, methods=["GET"]),
-        *openai_routes.routes(),
-        *extra_routes,
-    ]
-    schema = openapi_schema(
-        models=[name],
-        vocab_size=openai_routes.prompts.vocab_size,
-        mounted=[r.path for r in routes if isinstance(r, Route | Mount)],
-    )
-    app = Starlette(
-        routes=routes,
-        middleware=[Middleware(BodyLimitMiddleware, max_body_bytes=settings.max_request_body_bytes)],
-        exception_handlers={
-            WeirError: on_weir_error,
-            EngineError: on_weir_error,
-            HTTPException: on_http_exception,
-            Exception: on_unexpected,
-        },
-        lifespan=lifespan,
-    )
-    app.state.gateway = state
-    app.state.metrics = metrics
-    app.state.tracer = tracer
-    return app
+    return lifespan

@@ -5,20 +5,25 @@ Every error body is OpenAI-shaped: `{"error": {"message", "type", "param", "code
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import logging
+from collections.abc import Awaitable, Callable, Mapping
 
 from sqlalchemy.exc import DBAPIError, DisconnectionError, SQLAlchemyError
 from sqlalchemy.exc import TimeoutError as SQLAlchemyTimeoutError
-from starlette.responses import JSONResponse
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
 
 from engine.errors import (
     ENGINE_RETRYABLE,
     ContextLengthError,
     EngineDeadError,
+    EngineError,
     InvalidRequestError,
     RequestFailedError,
     RetryableEngineError,
 )
+from engine.prefix_cache_types import InvalidPrefixError, PinCapacityError, UnknownPrefixError
 from tenancy.errors import (
     CacheScopeConflictError,
     FieldError,
@@ -29,6 +34,8 @@ from tenancy.errors import (
     TenantExistsError,
     TenantNotFoundError,
 )
+
+logger = logging.getLogger(__name__)
 
 
 class WeirError(Exception):
@@ -140,10 +147,25 @@ class ServiceUnavailableError(WeirError):
     default_code = "service_unavailable"
 
 
+class HTTPStatusError(WeirError):
+    """An error Starlette raised itself (no such route, method not allowed), by its status."""
+
+    def __init__(self, status_code: int, message: str) -> None:
+        super().__init__(message, code=str(status_code))
+        self.status_code = status_code
+        self.error_type = "invalid_request_error" if status_code < 500 else "server_error"
+
+
 def from_engine_error(exc: Exception) -> WeirError:
     """Translate an engine exception into the gateway's error of the same kind."""
     if isinstance(exc, WeirError):
         return exc
+    if isinstance(exc, UnknownPrefixError):
+        return NotFoundError(str(exc), code="prefix_not_found")
+    if isinstance(exc, PinCapacityError):
+        return ConflictError(exc.message, param=exc.param, code="pin_capacity")
+    if isinstance(exc, InvalidPrefixError):  # an admin field, like the admin API's others
+        return UnprocessableError(exc.message, param=exc.param, code="invalid_value")
     if isinstance(exc, ContextLengthError):
         return BadRequestError(exc.message, param=exc.param, code="context_length_exceeded")
     if isinstance(exc, InvalidRequestError):
@@ -200,3 +222,59 @@ def from_tenancy_error(exc: TenancyError) -> WeirError:
 def error_response(exc: WeirError) -> JSONResponse:
     """The HTTP response for an error, with its headers (e.g. Retry-After)."""
     return JSONResponse(exc.body(), status_code=exc.status_code, headers=exc.headers)
+
+
+# The failure kinds a route may raise and that have an HTTP answer of their own.
+KNOWN_ERRORS: tuple[type[Exception], ...] = (
+    WeirError,
+    HTTPException,
+    EngineError,
+    TenancyError,
+    SQLAlchemyError,
+)
+
+
+def to_http_error(exc: BaseException) -> WeirError:
+    """The one mapping from an exception to the HTTP error it is answered with.
+
+    Engine (prefix-cache control included), tenancy, database, admission (a `WeirError` already)
+    and Starlette's own errors; anything else is a 500 that says nothing about the cause.
+    """
+    if isinstance(exc, WeirError):
+        return exc
+    if isinstance(exc, HTTPException):
+        return HTTPStatusError(exc.status_code, exc.detail)
+    if isinstance(exc, EngineError):
+        return from_engine_error(exc)
+    if isinstance(exc, TenancyError):
+        return from_tenancy_error(exc)
+    if isinstance(exc, SQLAlchemyError):
+        return from_database_error(exc)
+    return InternalServerError("internal server error")
+
+
+ExceptionHandler = Callable[[Request, Exception], Awaitable[Response]]
+
+
+def exception_handlers(count: Callable[[int], None] | None = None) -> dict[type[Exception], ExceptionHandler]:
+    """Starlette exception handlers that answer every error through `to_http_error`.
+
+    `count` (the error metric) sees the status of each one. An exception of no known kind is
+    logged with its traceback and answered 500; Starlette then re-raises it to the server.
+    """
+
+    async def on_error(request: Request, exc: Exception) -> Response:
+        error = to_http_error(exc)
+        if isinstance(exc, SQLAlchemyError):
+            logger.warning("%s %s: database error: %s", request.method, request.url.path, exc)
+        if count is not None:
+            count(error.status_code)
+        return error_response(error)
+
+    async def on_unexpected(request: Request, exc: Exception) -> Response:
+        logger.exception("unhandled error on %s", request.url.path, exc_info=exc)
+        return await on_error(request, exc)
+
+    handlers: dict[type[Exception], ExceptionHandler] = {kind: on_error for kind in KNOWN_ERRORS}
+    handlers[Exception] = on_unexpected
+    return handlers

@@ -5,17 +5,16 @@ invalidate this replica's auth cache at once; other replicas see them within the
 Repository calls are synchronous and run in the thread pool.
 
 Body errors: a body that is not a JSON object is 400; a field that is unknown, of the wrong
-type or out of range is 422 with `param` naming the field.
+type or out of range is 422 with `param` naming the field. Errors are raised, and answered (and
+counted) by the app's handlers, `gateway.errors.exception_handlers`.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from sqlalchemy.exc import SQLAlchemyError
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -26,10 +25,6 @@ from gateway.errors import (
     NotFoundError,
     PayloadTooLargeError,
     PermissionDeniedError,
-    WeirError,
-    error_response,
-    from_database_error,
-    from_tenancy_error,
 )
 from gateway.json_body import loads_bounded
 from tenancy.admin_codec import (
@@ -46,12 +41,10 @@ from tenancy.admin_codec import (
     usage_json,
 )
 from tenancy.enums import KeyScope
-from tenancy.errors import FieldError, TenancyError
+from tenancy.errors import FieldError
 from tenancy.keys import is_public_id
 from tenancy.records import validate_tenant_name
 from tenancy.repo import TenancyRepo
-
-log = logging.getLogger(__name__)
 
 MAX_ADMIN_BODY_BYTES = 1 << 20
 _MAX_QUERY_INT = 2**63 - 1
@@ -122,20 +115,12 @@ class _AdminApi:
         self.admin_auth = admin_auth
 
     def admin(self, handler: Callable[[Request, str], Awaitable[Response]]) -> Endpoint:
-        """Wrap an admin endpoint: check the admin token, map errors; the handler gets the actor."""
+        """Wrap an admin endpoint: check the admin token; the handler gets the actor."""
 
         async def endpoint(request: Request) -> Response:
-            try:
-                addr = _client_addr(request)
-                await self.admin_auth.authenticate_async(request.headers.get("authorization"), addr)
-                return await handler(request, f"admin-api {addr}")
-            except TenancyError as exc:
-                return error_response(from_tenancy_error(exc))
-            except WeirError as exc:
-                return error_response(exc)
-            except SQLAlchemyError as exc:
-                log.warning("admin %s %s: database error: %s", request.method, request.url.path, exc)
-                return error_response(from_database_error(exc))
+            addr = _client_addr(request)
+            await self.admin_auth.authenticate_async(request.headers.get("authorization"), addr)
+            return await handler(request, f"admin-api {addr}")
 
         return endpoint
 
@@ -225,27 +210,17 @@ class _AdminApi:
 
     async def own_usage(self, request: Request) -> Response:
         """GET /v1/usage: the calling tenant's usage, and only its own."""
-        try:
-            context = await self.auth.authenticate_async(
-                request.headers.get("authorization"), _client_addr(request), scope=KeyScope.USAGE
-            )
-            asked = request.query_params.get("tenant")
-            if asked is not None and asked != context.tenant_id:
-                raise PermissionDeniedError(
-                    "An API key can only read its own tenant's usage.", param="tenant"
-                )
-            since, until = _date_query(request, "since"), _date_query(request, "until")
-            days = await run_in_threadpool(
-                lambda: self.repo.usage_by_day(context.tenant_id, since=since, until=until)
-            )
-            return _json(usage_json(context.tenant_id, days))
-        except TenancyError as exc:
-            return error_response(from_tenancy_error(exc))
-        except WeirError as exc:
-            return error_response(exc)
-        except SQLAlchemyError as exc:
-            log.warning("GET /v1/usage: database error: %s", exc)
-            return error_response(from_database_error(exc))
+        context = await self.auth.authenticate_async(
+            request.headers.get("authorization"), _client_addr(request), scope=KeyScope.USAGE
+        )
+        asked = request.query_params.get("tenant")
+        if asked is not None and asked != context.tenant_id:
+            raise PermissionDeniedError("An API key can only read its own tenant's usage.", param="tenant")
+        since, until = _date_query(request, "since"), _date_query(request, "until")
+        days = await run_in_threadpool(
+            lambda: self.repo.usage_by_day(context.tenant_id, since=since, until=until)
+        )
+        return _json(usage_json(context.tenant_id, days))
 
 
 def admin_routes(

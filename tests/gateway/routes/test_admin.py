@@ -14,6 +14,7 @@ from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
 from gateway.auth import AdminAuthenticator, Authenticator, AuthSettings
+from gateway.errors import exception_handlers
 from gateway.routes.admin import admin_routes
 from tenancy.admin_token import ensure_admin_token
 from tenancy.db import Database
@@ -22,6 +23,8 @@ from tenancy.keys import KeyHasher, generate_key
 from tenancy.migrate import upgrade
 from tenancy.records import UsageRecordIn
 from tenancy.repo import TenancyRepo
+from tests.gateway.fake_engine import FakeEngine
+from tests.gateway.harness import make_app
 from tests.tenancy.clock import START, FakeClock
 
 QUIET = {"name": "quiet", "priority": "interactive", "weight": 1,
@@ -42,6 +45,13 @@ class Api:
         return response.json()["id"], {"Authorization": f"Bearer {response.json()['key']}"}
 
 
+def _app(repo: TenancyRepo, authenticator: Authenticator, admin_auth: AdminAuthenticator) -> Starlette:
+    """The admin routes in an app that answers their errors as the gateway's does."""
+    return Starlette(
+        routes=admin_routes(repo, authenticator, admin_auth), exception_handlers=exception_handlers()
+    )
+
+
 @pytest.fixture
 def api(tmp_path: Path) -> Iterator[Api]:
     db = Database(f"sqlite:///{tmp_path / 'weir.db'}")
@@ -53,8 +63,7 @@ def api(tmp_path: Path) -> Iterator[Api]:
     # A generous throttle: the matrix below fails many times from the test client's address.
     authenticator = Authenticator(repo, AuthSettings(max_failures=10_000))
     admin_auth = AdminAuthenticator(repo, None, throttle=authenticator.throttle)
-    app = Starlette(routes=admin_routes(repo, authenticator, admin_auth))
-    with TestClient(app) as client:
+    with TestClient(_app(repo, authenticator, admin_auth)) as client:
         yield Api(client, repo, clock, {"Authorization": f"Bearer {token}"})
     db.dispose()
 
@@ -263,7 +272,7 @@ def test_repeated_admin_failures_are_throttled(tmp_path: Path) -> None:
     repo = TenancyRepo(db, KeyHasher())
     authenticator = Authenticator(repo, AuthSettings(max_failures=3))
     admin_auth = AdminAuthenticator(repo, "the-configured-admin-token", throttle=authenticator.throttle)
-    with TestClient(Starlette(routes=admin_routes(repo, authenticator, admin_auth))) as c:
+    with TestClient(_app(repo, authenticator, admin_auth)) as c:
         codes = [
             c.get("/admin/v1/tenants", headers={"Authorization": "Bearer nope"}).status_code for _ in range(4)
         ]
@@ -373,7 +382,7 @@ def test_admin_writes_on_a_locked_database_answer_503(tmp_path: Path) -> None:
     admin_auth = AdminAuthenticator(repo, "the-configured-admin-token")
     headers = {"Authorization": "Bearer the-configured-admin-token"}
     locker = sqlite3.connect(path, isolation_level=None)
-    with TestClient(Starlette(routes=admin_routes(repo, authenticator, admin_auth))) as c:
+    with TestClient(_app(repo, authenticator, admin_auth)) as c:
         assert c.post("/admin/v1/tenants", json={"name": "acme"}, headers=headers).status_code == 201
         locker.execute("BEGIN EXCLUSIVE")
         try:
@@ -398,4 +407,27 @@ def test_admin_writes_on_a_locked_database_answer_503(tmp_path: Path) -> None:
             locker.execute("ROLLBACK")
             locker.close()
         assert c.post("/admin/v1/tenants", json={"name": "globex"}, headers=headers).status_code == 201
+    db.dispose()
+
+
+def test_admin_errors_are_counted_in_the_error_metric(tmp_path: Path) -> None:
+    db = Database(f"sqlite:///{tmp_path / 'weir.db'}")
+    upgrade(db.engine)
+    repo = TenancyRepo(db, KeyHasher())
+    authenticator = Authenticator(repo)
+    admin_auth = AdminAuthenticator(repo, "the-configured-admin-token")
+    headers = {"Authorization": "Bearer the-configured-admin-token"}
+    app = make_app(FakeEngine(), extra_routes=admin_routes(repo, authenticator, admin_auth))
+    with TestClient(app) as c:
+        assert c.get("/admin/v1/tenants", headers={"Authorization": "Bearer nope"}).status_code == 401
+        assert c.get("/admin/v1/tenants/ghost", headers=headers).status_code == 404  # tenancy error
+        assert c.post("/admin/v1/tenants", json={"name": 5}, headers=headers).status_code == 422
+        assert c.get("/v1/usage", headers={"Authorization": "Bearer nope"}).status_code == 401
+    errors = {
+        s.labels["status"]: s.value
+        for family in app.state.metrics.errors.collect()
+        for s in family.samples
+        if s.name.endswith("_total")
+    }
+    assert errors == {"401": 2.0, "404": 1.0, "422": 1.0}
     db.dispose()
