@@ -11,8 +11,10 @@
     POST   /admin/v1/prefix-cache/flush                 {} | {"model_version"} | {"tenant"} | {"cache_scope"}
 
 Body errors follow the rest of the admin API: a body that is not a JSON object is 400; a field that
-is unknown, of the wrong type or out of range is 422 naming it. Everything runs on the engine
-thread through the engine's prefix-cache facade (`engine.client.PrefixCacheControl`).
+is unknown, of the wrong type or out of range is 422 naming it. Every error, the engine's included
+(unknown prefix 404, pin budget 409, refused prefix 422), is raised to the app's one mapper in
+`gateway.errors`, which answers and counts it. Everything runs on the engine thread through the
+engine's prefix-cache facade (`engine.client.PrefixCacheControl`).
 """
 
 from __future__ import annotations
@@ -25,25 +27,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 
 from engine.client import PrefixCacheControl
-from engine.errors import EngineDeadError, InvalidRequestError
-from engine.prefix_cache_types import (
-    PinCapacityError,
-    PrefixCacheStats,
-    SharedPrefixInfo,
-    TenantCacheStats,
-    UnknownPrefixError,
-)
+from engine.prefix_cache_types import PrefixCacheStats, SharedPrefixInfo, TenantCacheStats
 from gateway.auth import AdminAuthenticator
-from gateway.errors import (
-    BadRequestError,
-    ConflictError,
-    NotFoundError,
-    PayloadTooLargeError,
-    ServiceUnavailableError,
-    UnprocessableError,
-    WeirError,
-    error_response,
-)
+from gateway.errors import BadRequestError, NotFoundError, PayloadTooLargeError, UnprocessableError
 from gateway.json_body import loads_bounded
 from gateway.protocol import ChatMessage, Role
 from gateway.tokenization import Tokenizer
@@ -164,25 +150,13 @@ class PrefixCacheRoutes:
         self.tokenizer = tokenizer
 
     def admin(self, handler: Handler) -> Handler:
-        """Check the admin token first, then map errors to the OpenAI-shaped body."""
+        """Check the admin token first. Errors are raised, never answered here: the app's one
+        mapper (`gateway.errors.to_http_error`) answers and counts them, like every route's."""
 
         async def endpoint(request: Request) -> Response:
             addr = request.client.host if request.client is not None else "unknown"
-            try:
-                await self.admin_auth.authenticate_async(request.headers.get("authorization"), addr)
-                return await handler(request)
-            except WeirError as exc:
-                return error_response(exc)
-            except UnknownPrefixError as exc:
-                return error_response(NotFoundError(str(exc), code="prefix_not_found"))
-            except PinCapacityError as exc:
-                return error_response(ConflictError(exc.message, param=exc.param, code="pin_capacity"))
-            except InvalidRequestError as exc:
-                return error_response(UnprocessableError(exc.message, param=exc.param, code="invalid_value"))
-            except EngineDeadError as exc:
-                return error_response(
-                    ServiceUnavailableError(f"engine unavailable: {exc}", code="engine_unavailable")
-                )
+            await self.admin_auth.authenticate_async(request.headers.get("authorization"), addr)
+            return await handler(request)
 
         return endpoint
 

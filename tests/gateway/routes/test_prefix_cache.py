@@ -6,15 +6,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
 from gateway.auth import AdminAuthenticator, AuthSettings, FailureThrottle
 from gateway.prefix_cache_metrics import PrefixCacheCollector
 from gateway.routes.prefix_cache import prefix_cache_routes
 from tenancy.keys import KeyHasher
-from tests.gateway.fake_engine import FakePrefixCache
-from tests.gateway.harness import tokenizer
+from tests.gateway.fake_engine import FakeEngine, FakePrefixCache
+from tests.gateway.harness import make_app, tokenizer
 
 TOKEN = "the-admin-token-0123456789"
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
@@ -33,9 +32,15 @@ def api() -> Iterator[tuple[TestClient, FakePrefixCache]]:
     control = FakePrefixCache()
     throttle = FailureThrottle.from_settings(AuthSettings(max_failures=10_000))
     auth = AdminAuthenticator(_Store(), TOKEN, throttle=throttle)
-    app = Starlette(routes=prefix_cache_routes(control, auth, tokenizer()))
+    # The whole app, so errors go through its one mapper and its error metric, as when served.
+    app = make_app(FakeEngine(), extra_routes=prefix_cache_routes(control, auth, tokenizer()))
     with TestClient(app) as client:
         yield client, control
+
+
+def _num_errors(client: TestClient, status: int) -> float:
+    registry = client.app.state.metrics.registry  # type: ignore[attr-defined]
+    return registry.get_sample_value("weir_request_errors_total", {"status": str(status)}) or 0.0
 
 
 def test_every_endpoint_needs_the_admin_token(api: tuple[TestClient, FakePrefixCache]) -> None:
@@ -55,6 +60,7 @@ def test_every_endpoint_needs_the_admin_token(api: tuple[TestClient, FakePrefixC
             assert r.status_code == 401, (method, path)
             assert r.json()["error"]["code"] == "invalid_admin_token"
     assert not control.calls
+    assert _num_errors(client, 401) == 16
     r = client.get(BASE + "/nope", headers=ADMIN)
     assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
 
@@ -137,6 +143,13 @@ def test_bad_json_unknown_prefix_pin_capacity_and_a_dead_engine(
     assert client.delete(BASE + "/prefixes/p0", headers=ADMIN).json()["id"] == "p0"
     control.dead = True
     assert client.get(BASE + "/stats", headers=ADMIN).status_code == 503
+    # Every error was answered by the app's one mapper and counted, like any route's.
+    assert {status: _num_errors(client, status) for status in (400, 404, 409, 503)} == {
+        400: 2,
+        404: 3,
+        409: 1,
+        503: 1,
+    }
 
 
 def test_flush_by_model_version_tenant_or_scope(api: tuple[TestClient, FakePrefixCache]) -> None:
