@@ -47,7 +47,7 @@ fuzz: install
 # 127.0.0.1; RSS growth and latency percentiles per minute in bench-out/soak/summary.{json,md}.
 SOAK_ARGS ?=
 soak: install
-	$(BIN)/python -m bench.soak --out bench-out/soak --duration-s 600 $(SOAK_ARGS)
+	$(BIN)/python -m bench.experiments.soak --out bench-out/soak --duration-s 600 $(SOAK_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

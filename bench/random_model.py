@@ -1,4 +1,4 @@
-"""A random Llama-shaped model for benchmarks: 8 layers, hidden 512, GQA, a real tokenizer."""
+"""Random Llama-shaped models for benchmarks (default 8 layers, hidden 512, GQA), with a real tokenizer."""
 
 from __future__ import annotations
 
@@ -48,3 +48,14 @@ def make_random_llama(
     tok.save_pretrained(tmp)
     tmp.rename(out_dir)
     return out_dir
+
+
+def make_tiny_llama(out_dir: Path, tokenizer_dir: Path) -> Path:
+    """Save (once) a random 2-layer, hidden-256 Llama with a real tokenizer.
+
+    On a small, shared CPU this model keeps engine steps short enough for a 2 s TTFT objective
+    to be meaningful.
+    """
+    return make_random_llama(
+        out_dir, tokenizer_dir, num_layers=2, hidden_size=256, num_heads=4, num_kv_heads=2
+    )

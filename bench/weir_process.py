@@ -101,7 +101,7 @@ def resolve_model(model: Path | None, work_dir: Path) -> Path:
     """`model`, else a random 2-layer Llama (built once in work_dir) with SmolLM2's tokenizer."""
     if model is not None:
         return model
-    from bench.noisy_neighbor import make_tiny_llama
+    from bench.random_model import make_tiny_llama
     from engine.model_prepare import ensure_default_model
     from gateway.settings import Settings
 

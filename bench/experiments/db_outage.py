@@ -1,4 +1,4 @@
-"""`python -m bench.db_outage --out DIR`: usage records across a database outage under load.
+"""`python -m bench.experiments.db_outage --out DIR`: usage records across a database outage under load.
 
 The gateway as `weir serve` wires it (keys on, SQLite, admission, the usage writer and its spool)
 runs over the null engine in a child process (`bench.overhead_server`) on 127.0.0.1. A bounded
@@ -193,7 +193,9 @@ def _default_model() -> Path:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run and print the figures; 1 if any record was lost, 2 on bad flags or a failed start."""
-    p = argparse.ArgumentParser(prog="python -m bench.db_outage", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m bench.experiments.db_outage", description=__doc__.split("\n")[0]
+    )
     p.add_argument("--out", type=Path, default=Path("bench-out/db-outage"), help="output directory")
     p.add_argument(
         "--model", type=Path, help="model folder whose tokenizer is served (default: the default model)"
@@ -218,7 +220,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             concurrency=args.concurrency,
             max_requests=args.max_requests,
             command=redacted_command(
-                ["python", "-m", "bench.db_outage", *(argv if argv is not None else sys.argv[1:])]
+                ["python", "-m", "bench.experiments.db_outage", *(argv if argv is not None else sys.argv[1:])]
             ),
         )
         report = run_outage(config)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.prefix_cache import add_arguments, mann_whitney_p, run, to_markdown
+from bench.experiments.prefix_cache import add_arguments, mann_whitney_p, run, to_markdown
 from tests.engine.tiny_models import make_tiny_model
 
 

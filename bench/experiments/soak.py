@@ -9,7 +9,7 @@ percentiles of the well-behaved streams, and the RSS; at the end, the RSS growth
 the first minute, so warm-up allocations do not count) and whether the server went back to idle
 (every KV block free, nothing running or waiting).
 
-Run: python -m bench.soak --out bench-out/soak [--duration-s 600] [--model PATH]
+Run: python -m bench.experiments.soak --out bench-out/soak [--duration-s 600] [--model PATH]
 Writes summary.json and summary.md in --out.
 """
 
@@ -218,7 +218,7 @@ def _wait_idle(server: WeirProcess, timeout_s: float = 60) -> dict[str, float]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m bench.experiments.soak", description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=Path("bench-out/soak"))
     p.add_argument("--duration-s", type=float, default=600.0)
     p.add_argument(

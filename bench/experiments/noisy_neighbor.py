@@ -12,7 +12,7 @@ issue's targets:
 - `noisy` is held to its budget within 5%: tokens served <= 1.05 x (a full minute's bucket plus
   the refill over the arrival span of the trace).
 
-Run: python -m bench.noisy_neighbor --out bench-out/noisy [--model PATH] [--limit N] [--rate-scale X]
+Run: python -m bench.experiments.noisy_neighbor --out bench-out/noisy [--model PATH] [--limit N] [--rate-scale X]
 """
 
 from __future__ import annotations
@@ -33,7 +33,9 @@ from typing import Any
 
 import httpx
 
-ROOT = Path(__file__).resolve().parents[1]
+from bench.random_model import make_tiny_llama
+
+ROOT = Path(__file__).resolve().parents[2]
 WORKLOADS = ROOT.parent / "shared" / "workloads"
 QUIET, NOISY = "quiet", "noisy"
 
@@ -70,19 +72,6 @@ def _wait_ready(url: str, proc: subprocess.Popen[bytes], timeout_s: float) -> No
             pass
         time.sleep(0.5)
     raise RuntimeError(f"weir serve was not ready after {timeout_s:.0f}s")
-
-
-def make_tiny_llama(out_dir: Path, tokenizer_dir: Path) -> Path:
-    """Save (once) a random 2-layer, hidden-256 Llama with a real tokenizer.
-
-    On a small, shared CPU this model keeps engine steps short enough for a 2 s TTFT objective
-    to be meaningful.
-    """
-    from bench.random_model import make_random_llama
-
-    return make_random_llama(
-        out_dir, tokenizer_dir, num_layers=2, hidden_size=256, num_heads=4, num_kv_heads=2
-    )
 
 
 def serve_command(
@@ -232,7 +221,9 @@ def render(summary: dict[str, Any], modes: list[str]) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m bench.noisy_neighbor", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m bench.experiments.noisy_neighbor", description=__doc__.split("\n")[0]
+    )
     p.add_argument("--out", type=Path, required=True, help="output folder (one sub-folder per run)")
     p.add_argument("--model", type=Path, help="model folder (default: weir's prepared SmolLM2)")
     p.add_argument(

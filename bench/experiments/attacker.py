@@ -11,7 +11,7 @@ each phase's requests.
 The issue's target: the victim's success rate stays 100% and its TTFT p99 under attack stays
 within 1.2x of its p99 alone. The attacker's answers are counted per input, 5xx separately.
 
-Run: python -m bench.attacker --out bench-out/attacker [--model PATH] [--requests 120] [--rate 4]
+Run: python -m bench.experiments.attacker --out bench-out/attacker [--model PATH] [--requests 120] [--rate 4]
 Writes summary.json and summary.md in --out.
 """
 
@@ -188,7 +188,9 @@ def _wait_idle(server: WeirProcess, timeout_s: float = 60) -> dict[str, float]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench.attacker", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="python -m bench.experiments.attacker", description=__doc__.splitlines()[0]
+    )
     p.add_argument("--out", type=Path, default=Path("bench-out/attacker"))
     p.add_argument("--model", type=Path, default=None, help="default: a random 2-layer Llama")
     p.add_argument("--requests", type=int, default=120, help="victim requests per phase and round")
@@ -223,7 +225,9 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         raise SystemExit(f"unknown --probes: {sorted(unknown)}")
     args.out.mkdir(parents=True, exist_ok=True)
-    command = shlex.join(["python", "-m", "bench.attacker", *(sys.argv[1:] if argv is None else argv)])
+    command = shlex.join(
+        ["python", "-m", "bench.experiments.attacker", *(sys.argv[1:] if argv is None else argv)]
+    )
     model = resolve_model(args.model, args.out)
     flags = ["--kv-cache-tokens", str(args.kv_cache_tokens), "--max-model-len", str(args.max_model_len)]
     flags += ["--device", "cpu"] if args.model is None else []

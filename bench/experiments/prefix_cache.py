@@ -1,7 +1,7 @@
 """Prefix-cache benchmark: one workload replayed with the cache on and off, in one run, plus a
 cross-tenant timing probe.
 
-    python -m bench.prefix_cache --model PATH [--workload prefix.jsonl] [--out report.json]
+    python -m bench.experiments.prefix_cache --model PATH [--workload prefix.jsonl] [--out report.json]
 
 The engine is driven directly (no HTTP): requests join at their trace arrival times (open loop,
 `--time-scale` stretches them), and TTFT is the engine's own arrival-to-first-token time. Both
@@ -27,14 +27,18 @@ import platform
 import random
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.engine_loop import run_until_done
 from bench.stats import LatencySummary
+from engine.output import SchedulerOutput
+from engine.request import Request
+from engine.runner import ModelRunner, StepResult
 
-DEFAULT_WORKLOAD = Path(__file__).resolve().parents[1] / ".." / "shared" / "workloads" / "prefix.jsonl"
+DEFAULT_WORKLOAD = Path(__file__).resolve().parents[2] / ".." / "shared" / "workloads" / "prefix.jsonl"
 
 
 @dataclass(frozen=True)
@@ -90,31 +94,59 @@ def load_trace(path: Path, tokenizer: Any, limit: int | None) -> list[TracedRequ
     return out
 
 
-def build(args: argparse.Namespace, caching: bool) -> Any:
-    """An LLMEngine with this run's configuration."""
+class PrefillCountingRunner(ModelRunner):
+    """The engine's model runner, also counting the prompt positions it feeds the model.
+
+    That count is the prefill work actually done: positions the prefix cache supplied are never
+    fed. Built from a loaded runner: the same model, KV tensors, sampler and CUDA graphs.
+    """
+
+    def __init__(self, loaded: ModelRunner) -> None:
+        super().__init__(
+            loaded.model,
+            loaded.kv_caches,
+            loaded.block_size,
+            loaded.device,
+            sampler=loaded.sampler,
+            graphs=loaded.graphs,
+        )
+        self.num_prefill_tokens = 0
+
+    def execute(self, out: SchedulerOutput, requests: Mapping[str, Request]) -> StepResult:
+        for s in out.scheduled:
+            end = min(s.num_computed_tokens + s.num_tokens, requests[s.request_id].num_prompt_tokens)
+            self.num_prefill_tokens += max(0, end - s.num_computed_tokens)
+        return super().execute(out, requests)
+
+
+def build(args: argparse.Namespace, caching: bool) -> tuple[Any, PrefillCountingRunner]:
+    """An LLMEngine with this run's configuration, and its runner (a `PrefillCountingRunner`)."""
     from engine.config import CacheConfig, EngineConfig, SchedulerConfig
-    from engine.llm_engine import build_engine
+    from engine.llm_engine import LLMEngine, build_engine
 
     block_size = 16
-    return build_engine(
-        EngineConfig(
-            model_path=args.model,
-            dtype=args.dtype,
-            device=args.device,
-            cache=CacheConfig(
-                block_size=block_size,
-                num_blocks=args.kv_cache_tokens // block_size + 1,
-                kv_dtype=args.dtype,
-                enable_prefix_caching=caching,
-                tenant_cache_share=args.tenant_cache_share,
-            ),
-            scheduler=SchedulerConfig(
-                max_num_batched_tokens=args.max_num_batched_tokens,
-                max_num_seqs=args.max_num_seqs,
-                max_model_len=4096,
-            ),
-        )
+    num_blocks = args.kv_cache_tokens // block_size + 1
+    config = EngineConfig(
+        model_path=args.model,
+        dtype=args.dtype,
+        device=args.device,
+        cache=CacheConfig(
+            block_size=block_size,
+            num_blocks=num_blocks,
+            kv_dtype=args.dtype,
+            enable_prefix_caching=caching,
+            tenant_cache_share=args.tenant_cache_share,
+        ),
+        scheduler=SchedulerConfig(
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            max_num_seqs=args.max_num_seqs,
+            max_model_len=4096,
+        ),
     )
+    loaded = build_engine(config)  # loads the model, sizes the KV tensors, captures graphs
+    runner = PrefillCountingRunner(loaded.runner)
+    engine = LLMEngine(config, loaded.model_config, loaded.tokenizer, runner, num_blocks)
+    return engine, runner
 
 
 def _params(max_tokens: int) -> Any:
@@ -123,51 +155,39 @@ def _params(max_tokens: int) -> Any:
     return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
 
 
-def replay(engine: Any, trace: Sequence[TracedRequest], caching: bool, time_scale: float) -> RunResult:
+def replay(
+    engine: Any,
+    runner: PrefillCountingRunner,
+    trace: Sequence[TracedRequest],
+    caching: bool,
+    time_scale: float,
+) -> RunResult:
     """Open-loop replay: each request joins at its arrival time; step while there is work."""
     from engine.client import EngineRequest
 
     result = RunResult(caching, 0.0)
-    execute = engine.runner.execute
-
-    def counting(out: Any, requests: Any) -> Any:
-        # Prompt positions fed to the model this step: prefill work actually done.
-        for s in out.scheduled:
-            end = min(s.num_computed_tokens + s.num_tokens, requests[s.request_id].num_prompt_tokens)
-            result.num_prefill_tokens += max(0, end - s.num_computed_tokens)
-        return execute(out, requests)
-
-    engine.runner.execute = counting
+    prefill_before = runner.num_prefill_tokens
     t0 = time.monotonic()
-    pending = list(trace)
-    i = 0
-    while i < len(pending) or engine.has_unfinished():
-        now = time.monotonic()
-        while i < len(pending) and t0 + pending[i].t * time_scale <= now:
-            r = pending[i]
-            arrival = t0 + r.t * time_scale
-            er = EngineRequest(
-                r.request_id,
-                r.prompt_token_ids,
-                _params(r.max_tokens),
-                r.tenant,
-                cache_scope=r.tenant,
-                arrival_s=arrival,
-            )
-            engine.add_request(er)
-            result.num_prompt_tokens += len(r.prompt_token_ids)
-            i += 1
-        if not engine.has_unfinished():
-            time.sleep(max(0.0, t0 + pending[i].t * time_scale - time.monotonic()))
-            continue
-        for out in engine.step():
-            result.num_output_tokens += len(out.new_token_ids)
-            if out.finished:
-                result.num_cached_tokens += out.num_cached_tokens
-                if out.metrics is not None and out.metrics.ttft_s is not None:
-                    result.ttft_s.append(out.metrics.ttft_s)
+    arrivals = [
+        EngineRequest(
+            r.request_id,
+            r.prompt_token_ids,
+            _params(r.max_tokens),
+            r.tenant,
+            cache_scope=r.tenant,
+            arrival_s=t0 + r.t * time_scale,
+        )
+        for r in trace
+    ]
+    result.num_prompt_tokens = sum(len(r.prompt_token_ids) for r in trace)
+    for out in run_until_done(engine, arrivals):
+        result.num_output_tokens += len(out.new_token_ids)
+        if out.finished:
+            result.num_cached_tokens += out.num_cached_tokens
+            if out.metrics is not None and out.metrics.ttft_s is not None:
+                result.ttft_s.append(out.metrics.ttft_s)
     result.wall_s = time.monotonic() - t0
-    engine.runner.execute = execute
+    result.num_prefill_tokens = runner.num_prefill_tokens - prefill_before
     return result
 
 
@@ -177,34 +197,23 @@ def _ttft_alone(engine: Any, rid: str, prompt: Sequence[int], tenant: str) -> tu
 
     engine.add_request(EngineRequest(rid, tuple(prompt), _params(1), tenant, cache_scope=tenant))
     ttft, cached = math.nan, -1
-    while engine.has_unfinished():
-        for out in engine.step():
-            if out.finished and out.metrics is not None and out.metrics.ttft_s is not None:
-                ttft, cached = out.metrics.ttft_s, out.num_cached_tokens
+    for out in run_until_done(engine):
+        if out.finished and out.metrics is not None and out.metrics.ttft_s is not None:
+            ttft, cached = out.metrics.ttft_s, out.num_cached_tokens
     return ttft, cached
 
 
 def mann_whitney_p(a: Sequence[float], b: Sequence[float]) -> float:
-    """Two-sided p-value of the Mann-Whitney U test (normal approximation, ties averaged)."""
-    values = sorted([(x, 0) for x in a] + [(x, 1) for x in b])
-    ranks = [0.0] * len(values)
-    i = 0
-    while i < len(values):
-        j = i
-        while j + 1 < len(values) and values[j + 1][0] == values[i][0]:
-            j += 1
-        for k in range(i, j + 1):
-            ranks[k] = (i + j) / 2 + 1
-        i = j + 1
-    n1, n2 = len(a), len(b)
-    r1 = sum(r for r, (_, g) in zip(ranks, values, strict=True) if g == 0)
-    u = r1 - n1 * (n1 + 1) / 2
-    mean = n1 * n2 / 2
-    sd = math.sqrt(n1 * n2 * (n1 + n2 + 1) / 12)
-    if sd == 0:
+    """Two-sided p-value of the Mann-Whitney U test (normal approximation, continuity correction).
+
+    The asymptotic method at every sample size, as this report has always given; ties also
+    correct the variance (scipy's standard), which untied timings never need.
+    """
+    from scipy.stats import mannwhitneyu
+
+    if not a or not b or len(set(a) | set(b)) < 2:  # nothing to compare, or all tied: no evidence
         return 1.0
-    z = (abs(u - mean) - 0.5) / sd
-    return max(0.0, min(1.0, math.erfc(max(z, 0.0) / math.sqrt(2))))
+    return float(mannwhitneyu(a, b, alternative="two-sided", method="asymptotic").pvalue)
 
 
 def timing_probe(engine: Any, trace: Sequence[TracedRequest], trials: int, seed: int = 0) -> dict[str, Any]:
@@ -260,13 +269,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     runs: dict[str, RunResult] = {}
     probe: dict[str, Any] = {}
     for caching in (False, True):  # the cold run first, so neither profits from a warmer machine
-        engine = build(args, caching)
+        engine, runner = build(args, caching)
         _ttft_alone(engine, "warmup", trace[0].prompt_token_ids[:64], "<warmup>")
         engine.prefix_cache.flush(include_pinned=True)
-        runs["on" if caching else "off"] = replay(engine, trace, caching, args.time_scale)
+        runs["on" if caching else "off"] = replay(engine, runner, trace, caching, args.time_scale)
         if caching and args.probe_trials:
             probe = timing_probe(engine, trace, args.probe_trials)
-        del engine
+        del engine, runner
         gc.collect()
     on, off = runs["on"], runs["off"]
     p50_on = LatencySummary.of(on.ttft_s).p50 or math.nan
@@ -352,7 +361,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m bench.prefix_cache", description=__doc__.split("\n\n")[0]
+        prog="python -m bench.experiments.prefix_cache", description=__doc__.split("\n\n")[0]
     )
     add_arguments(parser)
     args = parser.parse_args(argv)

@@ -1,10 +1,10 @@
-"""bench.attacker's report: the victim's success rate and TTFT p99 ratio, the attacker's 5xx."""
+"""bench.experiments.attacker's report: the victim's success rate and TTFT p99 ratio, the attacker's 5xx."""
 
 from __future__ import annotations
 
 from collections import Counter
 
-from bench.attacker import markdown, summarize
+from bench.experiments.attacker import markdown, summarize
 from bench.hostile import StreamResult
 
 
@@ -23,7 +23,7 @@ def test_targets_are_checked() -> None:
         "ttft_p99_within_1_2x": True,
         "attacker_5xx": 0,
     }
-    assert "| seed_2_64 | 400: 3 |" in markdown(report, "python -m bench.attacker")
+    assert "| seed_2_64 | 400: 3 |" in markdown(report, "python -m bench.experiments.attacker")
 
 
 def test_a_failed_victim_request_or_an_attacker_5xx_misses_the_target() -> None:
