@@ -368,7 +368,9 @@ def build_engine(
     dtype = getattr(torch, config.dtype)
     device = torch.device(config.device)
     attn = _attention_backend(config, device)
-    model, model_config = load_model(config.model_path, dtype=dtype, device=device, attn_backend=attn)
+    model, model_config = load_model(
+        config.model_path, dtype=dtype, device=device, attn_backend=attn, pack_linear=_pack_linear(config)
+    )
     tokenizer = AutoTokenizer.from_pretrained(config.model_path, local_files_only=True)
     kv_dtype = getattr(torch, config.cache.kv_dtype)
     num_blocks = num_blocks_for(config.cache, model_config, kv_dtype, device)
@@ -389,6 +391,15 @@ def build_engine(
     graphs = build_decode_graphs(config, model, kv_caches, max_len, device)  # None on CPU
     runner = ModelRunner(model, kv_caches, config.cache.block_size, device, graphs=graphs)
     return LLMEngine(config, model_config, tokenizer, runner, num_blocks, clock=clock, faults=faults)
+
+
+def _pack_linear(config: EngineConfig) -> bool:
+    """The CPU fast path (pre-packed linear weights): as configured, else wherever it is supported."""
+    if config.cpu_packed_linear is not None:
+        return config.cpu_packed_linear
+    from engine.models.packed_linear import packing_supported
+
+    return packing_supported(getattr(torch, config.dtype), torch.device(config.device))
 
 
 def _attention_backend(config: EngineConfig, device: torch.device):  # type: ignore[no-untyped-def]
