@@ -18,6 +18,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from gateway.bootstrap import build_tenancy
+from gateway.metrics import GatewayMetrics
 from gateway.settings import AuthMode, Settings
 from gateway.usage_metrics import UsageRecordsCollector
 from tests.gateway.fake_engine import FakeEngine
@@ -44,17 +45,20 @@ def served(tmp_path: Path) -> Iterator[Served]:
     settings = Settings(data_dir=tmp_path, admin_token="admin-secret", auth=AuthMode.KEYS)
     tenancy = build_tenancy(settings)
     assert tenancy.usage_stats is not None
+    engine = FakeEngine()
+    # As `weir serve` does: the usage collector is on the registry before the app is built.
+    metrics = GatewayMetrics(engine.stats, collectors=[UsageRecordsCollector(tenancy.usage_stats)])
     app = make_app(
-        FakeEngine(),
+        engine,
         settings,
         authenticate=tenancy.authenticate,
         usage_sink=tenancy.usage_sink,
+        metrics=metrics,
         extra_routes=tenancy.routes,
         on_startup=[tenancy.start] if tenancy.start else [],
         on_shutdown=[tenancy.close] if tenancy.close else [],
     )
-    registry = app.state.metrics.registry
-    registry.register(UsageRecordsCollector(tenancy.usage_stats))  # as `weir serve` does
+    registry = metrics.registry
     with serve_in_thread(app) as url:
         with httpx.Client(base_url=url, headers=ADMIN) as admin:
             assert admin.post("/admin/v1/tenants", json={"name": "acme"}).status_code == 201
@@ -77,7 +81,8 @@ def test_usage_records_survive_a_locked_database(served: Served) -> None:
     with openai.OpenAI(base_url=served.url + "/v1", api_key=served.key, max_retries=0) as client:
         warm = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2)  # type: ignore[arg-type]
         ids.append(warm.id)  # the key is cached from here on
-        assert wait_until(lambda: _pending(served) == 0)
+        # Its record is submitted just after the response, so wait for the row, not only the gauge.
+        assert wait_until(lambda: _rows(served.database) == {warm.id: 1} and _pending(served) == 0, 30)
 
         def tenant_traffic(worker: int) -> None:
             try:
