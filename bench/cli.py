@@ -226,7 +226,7 @@ def gen_command(args: argparse.Namespace) -> int:
 
 
 def _add_overhead(subparsers: Any) -> None:
-    from bench.gateway_overhead import add_arguments
+    from bench.overhead_command import add_arguments
 
     p = subparsers.add_parser("overhead", help="time the gateway adds per request, over a zero-cost engine")
     add_arguments(p)

@@ -8,16 +8,8 @@ from pathlib import Path
 import pytest
 
 from bench.cli import main
-from bench.gateway_overhead import (
-    AuthSetup,
-    LoadClient,
-    OverheadConfig,
-    PhaseResult,
-    Scenario,
-    build_report,
-    format_markdown,
-    run_overhead,
-)
+from bench.gateway_overhead import AuthSetup, LoadClient, OverheadConfig, PhaseResult, Scenario
+from bench.overhead_command import build_report, format_markdown, run_overhead
 from tests.gateway.tiny_tokenizer import build_tokenizer
 
 SUMMARY_KEYS = {"p50", "p90", "p99", "mean"}
