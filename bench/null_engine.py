@@ -53,7 +53,6 @@ class NullEngine:
         return EngineStats(
             num_running=self._num_running,
             num_waiting=0,
-            num_swapped=0,
             num_total_blocks=1024,
             num_free_blocks=1024 - min(self._num_running, 1024),
             block_size=self.block_size,

@@ -83,7 +83,9 @@ class AsyncEngine:
         self.core = core
         self._commands: queue.SimpleQueue[_Add | _Abort | _Call | None] = queue.SimpleQueue()
         self._wake = threading.Event()
-        self._sinks: dict[str, _Add] = {}
+        self._sinks: dict[str, _Add] = {}  # engine thread: where each request's outputs go
+        # Event loop side: the streams `generate` has open and not yet aborted, by request id.
+        self._open: dict[str, asyncio.Queue[RequestOutput | BaseException]] = {}
         self._thread: threading.Thread | None = None
         self._stats = core.stats()
         self._prefix_stats = core.prefix_cache.stats()
@@ -147,12 +149,18 @@ class AsyncEngine:
     # -- EngineClient -----------------------------------------------------------------------
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
-        """Queue a request and stream its outputs; validation errors raise before queueing."""
+        """Queue a request and stream its outputs.
+
+        The engine thread validates it (the state validation reads is that thread's): an invalid
+        request raises from the first iteration, before any output. Closing the stream before its
+        last output aborts the request, unless `abort` was called for it already.
+        """
         if self._dead is not None or self._stopping:
             raise EngineDeadError(str(self._dead) if self._dead else "engine is shutting down")
-        self.core.validate(request)
         loop = asyncio.get_running_loop()
         sink: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+        rid = request.request_id
+        self._open.setdefault(rid, sink)  # a duplicate id is refused by the engine; the first stream keeps it
         self._commands.put(_Add(request, sink, loop))
         self._wake.set()
         remaining = request.sampling_params.n
@@ -160,16 +168,23 @@ class AsyncEngine:
             while remaining:
                 item = await sink.get()
                 if isinstance(item, BaseException):
+                    remaining = 0  # refused or failed: nothing is left to abort
                     raise item
                 if item.finished:
                     remaining -= 1
                 yield item
         finally:
-            if remaining:
-                self._commands.put(_Abort(request.request_id))
-                self._wake.set()
+            if self._open.get(rid) is sink:
+                del self._open[rid]
+                if remaining:
+                    self._send_abort(rid)
 
     async def abort(self, request_id: str) -> None:
+        """Abort a request streaming from `generate`; it is sent to the engine once, whoever asks first."""
+        if self._open.pop(request_id, None) is not None:
+            self._send_abort(request_id)
+
+    def _send_abort(self, request_id: str) -> None:
         self._commands.put(_Abort(request_id))
         self._wake.set()
 

@@ -2,14 +2,14 @@
 
 The choices share the request's prompt: the first computes it, the others fork from it
 (copy-on-write) and compute only the last prompt token for their own sample. Each choice has
-its own `OutputProcessor` (detokenization and stop checks) and its own seed (`child_seed`), and
-finishes on its own; the request is done when all its choices are. Beam search requests live in
-`engine.beam_group` instead.
+its own `OutputProcessor` (detokenization and stop checks, `Request.checker`) and its own seed
+(`child_seed`), and finishes on its own; the request is done when all its choices are. Beam search
+requests live in `engine.beam_group` instead.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -18,23 +18,7 @@ from engine.output import RequestMetrics, RequestOutput, TokenLogprob
 from engine.output_processor import OutputProcessor
 from engine.request import FinishReason, Request, RequestStatus, child_seed
 from engine.runner import ModelRunner
-from engine.scheduler import Scheduler
-
-STATUS_OF = {
-    FinishReason.STOP: RequestStatus.FINISHED_STOPPED,
-    FinishReason.LENGTH: RequestStatus.FINISHED_LENGTH,
-    FinishReason.ABORT: RequestStatus.FINISHED_ABORTED,
-    FinishReason.ERROR: RequestStatus.FINISHED_ERROR,
-}
-
-
-@dataclass
-class _Choice:
-    """Engine-side state of one choice (sequence) of a request."""
-
-    parent_id: str
-    index: int
-    processor: OutputProcessor
+from engine.scheduler import AppendedToken, Scheduler
 
 
 @dataclass
@@ -55,23 +39,16 @@ class ChoiceGroups:
         runner: ModelRunner,
         tokenizer: Any,
         eos_token_ids: Sequence[int],
-        clock: Callable[[], float],
     ) -> None:
         self.scheduler = scheduler
         self.runner = runner
         self.tokenizer = tokenizer  # the engine thread's own copy
         self.eos_token_ids = tuple(eos_token_ids)
-        self.clock = clock
-        self._choices: dict[str, _Choice] = {}
         self._groups: dict[str, _Group] = {}
 
     def is_active(self, request_id: str) -> bool:
         """Whether any choice of the request is still queued or running."""
         return request_id in self._groups
-
-    def owns(self, sequence_id: str) -> bool:
-        """Whether a scheduler request is a choice of some request here."""
-        return sequence_id in self._choices
 
     def add(self, er: EngineRequest) -> None:
         """Queue a validated request as its `n` choices; nothing stays behind if this raises."""
@@ -81,8 +58,6 @@ class ChoiceGroups:
             self._add_choices(er, children, child_ids)
             self.scheduler.add_fork_group(children[0], children[1:])
         except Exception:
-            for cid in child_ids:
-                self._choices.pop(cid, None)
             self.runner.forget(tuple(child_ids))
             raise
         self._groups[er.request_id] = _Group(er, child_ids, len(child_ids))
@@ -107,29 +82,18 @@ class ChoiceGroups:
                 weight=er.weight,
                 parent_id=er.request_id,
                 index=i,
+                checker=OutputProcessor(self.tokenizer, er.prompt_token_ids, child_sp, self.eos_token_ids),
             )
             children.append(req)
-            processor = OutputProcessor(self.tokenizer, req.prompt_token_ids, child_sp, self.eos_token_ids)
-            self._choices[cid] = _Choice(er.request_id, i, processor)
 
-    def on_token(
-        self, req: Request, token_id: int, logprob: TokenLogprob | None, now: float
-    ) -> RequestOutput:
-        """Apply one sampled token to a choice: detokenize, check stops, append, maybe finish."""
-        rid = req.request_id
-        step = self._choices[rid].processor.step(token_id)
-        req.output_token_ids.append(token_id)
-        times = req.times
-        if times.first_token_s is None:
-            times.first_token_s = now
-        times.token_s.append(now)
+    def output(self, appended: AppendedToken, logprob: TokenLogprob | None) -> RequestOutput:
+        """The output of a token the scheduler appended to a choice (its last if it ended the choice)."""
+        req, delta = appended.request, appended.delta
         logprobs = (logprob,) if logprob is not None else None
-        if step.finish_reason is not None:
-            self.scheduler.finish_request(rid, STATUS_OF[step.finish_reason])
-            return self.finish(
-                req, step.finish_reason, step.new_text, step.stop_reason, (token_id,), logprobs
-            )
-        return self._output(req, (token_id,), step.new_text, logprobs)
+        token_ids = (appended.token_id,)
+        if delta.finish_reason is not None:
+            return self.finish(req, delta.finish_reason, delta.text, delta.stop_reason, token_ids, logprobs)
+        return self._output(req, token_ids, delta.text, logprobs)
 
     def abort(self, request_id: str) -> list[RequestOutput]:
         """Abort every choice of a request; their blocks are freed now."""
@@ -146,17 +110,16 @@ class ChoiceGroups:
     def fail(self, sequence_id: str, error: str) -> list[RequestOutput]:
         """Fail one choice with FinishReason.ERROR; the request's other choices go on."""
         req = self.scheduler.finish_request(sequence_id, RequestStatus.FINISHED_ERROR)
-        if req is None or sequence_id not in self._choices:
+        if req is None or req.caller_id not in self._groups:
             return []
         return [self.finish(req, FinishReason.ERROR, "", None, error=error)]
 
     def _output(
         self, req: Request, token_ids: tuple[int, ...], text: str, logprobs: tuple | None = None
     ) -> RequestOutput:
-        choice = self._choices[req.request_id]
         return RequestOutput(
-            request_id=choice.parent_id,
-            index=choice.index,
+            request_id=req.caller_id,
+            index=req.index,
             new_token_ids=token_ids,
             new_text=text,
             finished=False,
@@ -178,13 +141,11 @@ class ChoiceGroups:
     ) -> RequestOutput:
         """The last output of a choice the scheduler has already finished."""
         partial = self._output(req, token_ids, text, logprobs)
-        choice = self._choices.pop(req.request_id)
         times = req.times
-        times.finished_s = self.clock()
-        group = self._groups[choice.parent_id]
+        group = self._groups[req.caller_id]
         group.num_unfinished -= 1
         if group.num_unfinished == 0:
-            del self._groups[choice.parent_id]
+            del self._groups[req.caller_id]
         metrics = RequestMetrics(
             arrival_s=times.arrival_s,
             queue_s=times.queue_s,

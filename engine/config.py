@@ -124,13 +124,6 @@ class QueuePolicy(enum.Enum):
     FAIR = "fair"
 
 
-class PreemptionMode(enum.Enum):
-    """What happens to a preempted request's KV blocks."""
-
-    RECOMPUTE = "recompute"
-    SWAP = "swap"
-
-
 @dataclass(frozen=True)
 class CacheConfig:
     """Paged KV cache geometry. Either `num_blocks` or `memory_budget_bytes` sizes the pool."""
@@ -140,7 +133,6 @@ class CacheConfig:
     memory_budget_bytes: int | None = None
     kv_dtype: str = "float32"
     enable_prefix_caching: bool = True
-    num_host_blocks: int = 0
     tenant_cache_share: float = 1.0  # max share of the pool one tenant's cached blocks may hold
 
     def __post_init__(self) -> None:
@@ -152,8 +144,6 @@ class CacheConfig:
             raise ValueError(f"memory_budget_bytes must be >= 1, got {self.memory_budget_bytes}")
         if self.kv_dtype not in ("float32", "float16", "bfloat16"):
             raise ValueError(f"kv_dtype must be float32, float16 or bfloat16, got {self.kv_dtype!r}")
-        if self.num_host_blocks < 0:
-            raise ValueError(f"num_host_blocks must be >= 0, got {self.num_host_blocks}")
         if not 0 < self.tenant_cache_share <= 1:
             raise ValueError(f"tenant_cache_share must be in (0, 1], got {self.tenant_cache_share}")
 
@@ -167,7 +157,6 @@ class SchedulerConfig:
     max_model_len: int = 2048
     batch_policy: BatchPolicy = BatchPolicy.CONTINUOUS
     queue_policy: QueuePolicy = QueuePolicy.FCFS
-    preemption_mode: PreemptionMode = PreemptionMode.RECOMPUTE
     static_batch_size: int = 8
     dynamic_window_s: float = 0.05
     static_max_wait_s: float = 1.0  # static batching fires a partial batch after this wait
@@ -195,7 +184,6 @@ class EngineConfig:
     model_version: str = "default"
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
-    seed: int = 0
     use_triton: bool | None = None  # None: on CUDA only
     use_cuda_graphs: bool | None = None  # None: on CUDA only
     # None: on CPU in float32/bfloat16 where oneDNN can pack (engine/models/packed_linear.py)

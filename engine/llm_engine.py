@@ -38,7 +38,7 @@ from engine.faults import FaultInjector
 from engine.kv_cache_manager import KVCacheManager
 from engine.output import EngineStats, RequestOutput, SchedulerOutput
 from engine.prefix_cache_admin import PrefixCacheAdmin
-from engine.request import FinishReason, Request, RequestStatus, check_seed
+from engine.request import FinishReason, RequestStatus, check_seed
 from engine.runner import ModelRunner
 from engine.sampler import SampleResult
 from engine.scheduler import Scheduler
@@ -136,7 +136,7 @@ class LLMEngine:
             replace(config.scheduler, max_model_len=self.max_model_len), self.kv, clock=self.clock
         )
         self.choices = ChoiceGroups(
-            self.scheduler, self.runner, self._engine_tokenizer, self.model_config.eos_token_ids, self.clock
+            self.scheduler, self.runner, self._engine_tokenizer, self.model_config.eos_token_ids
         )
         self.beams = BeamGroups(
             self.scheduler, self._engine_tokenizer, self.model_config.eos_token_ids, self.clock
@@ -249,18 +249,27 @@ class LLMEngine:
         elapsed = self.clock() - t0
         for rid, error in result.failed.items():
             outputs.extend(self._fail_request(rid, error))
-        self.scheduler.on_step_done(out)
         self._measure(out, elapsed)
-        now = self.clock()
+        tokens: dict[str, SampleResult] = {}
+        beam_results: dict[str, SampleResult] = {}
         for rid, res in result.sampled.items():
-            req = self.scheduler.requests.get(rid)
-            if req is None:
-                continue
             try:
-                outputs.extend(self._apply(req, res, now))
-            except Exception as exc:  # this request's stop checks / detokenization / beam state
+                if self.faults is not None:
+                    self.faults.before_output(rid)
+            except Exception as exc:
                 logger.exception("processing the output of request %s failed", rid)
                 outputs.extend(self._fail_request(rid, _describe(exc)))
+                continue
+            (beam_results if self.beams.owns(rid) else tokens)[rid] = res
+        update = self.scheduler.update_from_output(out, {rid: res.token_id for rid, res in tokens.items()})
+        for rid, error in update.failed.items():
+            outputs.extend(self._fail_request(rid, error))
+        for appended in update.appended:
+            outputs.append(self.choices.output(appended, tokens[appended.request.request_id].logprob))
+        self.num_generation_tokens_total += len(update.appended)
+        for rid, res in beam_results.items():
+            if rid in self.scheduler.requests:  # not failed with its group meanwhile
+                self.beams.on_result(rid, res.logprob)
         outputs.extend(self.beams.advance())
         return outputs
 
@@ -279,18 +288,6 @@ class LLMEngine:
                     self.choices.finish(late, FinishReason.ABORT, "", None, error=DEADLINE_EXCEEDED)
                 )
         return expired
-
-    def _apply(self, req: Request, res: SampleResult, now: float) -> list[RequestOutput]:
-        """Apply one sampled token to its request: append, detokenize, check stops, maybe finish."""
-        rid = req.request_id
-        if self.faults is not None:
-            self.faults.before_output(rid)
-        if self.beams.owns(rid):
-            self.beams.on_result(rid, res.logprob)
-            return []
-        output = self.choices.on_token(req, res.token_id, res.logprob, now)
-        self.num_generation_tokens_total += 1
-        return [output]
 
     def _measure(self, out: SchedulerOutput, elapsed: float) -> None:
         prefill = sum(s.num_tokens for s in out.scheduled if s.num_tokens > 1 or not s.samples)
@@ -334,7 +331,6 @@ class LLMEngine:
         return EngineStats(
             num_running=self.scheduler.num_running,
             num_waiting=self.scheduler.num_waiting,
-            num_swapped=0,
             num_total_blocks=self.kv.num_total_blocks,
             num_free_blocks=self.kv.num_free_blocks,
             block_size=self.kv.block_size,

@@ -29,8 +29,6 @@ class SchedulerOutput:
     preempted_ids: tuple[str, ...] = ()
     finished_ids: tuple[str, ...] = ()  # finished/aborted since the last step; blocks already freed
     blocks_to_copy: tuple[tuple[int, int], ...] = ()  # (src, dst) copy-on-write
-    blocks_to_swap_out: tuple[tuple[int, int], ...] = ()  # (device block, host block)
-    blocks_to_swap_in: tuple[tuple[int, int], ...] = ()  # (host block, device block)
 
     @property
     def num_tokens(self) -> int:
@@ -38,7 +36,7 @@ class SchedulerOutput:
 
     @property
     def is_empty(self) -> bool:
-        return not self.scheduled and not self.blocks_to_copy and not self.blocks_to_swap_out
+        return not self.scheduled and not self.blocks_to_copy
 
 
 @dataclass(frozen=True)
@@ -80,7 +78,7 @@ class RequestOutput:
     new_logprobs: tuple[TokenLogprob, ...] | None = None
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
-    num_output_tokens: int = 0
+    num_output_tokens: int = 0  # tokens generated for this choice so far: the count usage bills
     # Tokens sampled for the request over all its sequences, on finished outputs, where that is
     # more than the choices return (beam search: every beam's tokens); 0 when not reported.
     num_computed_output_tokens: int = 0
@@ -94,7 +92,6 @@ class EngineStats:
 
     num_running: int
     num_waiting: int
-    num_swapped: int
     num_total_blocks: int
     num_free_blocks: int
     block_size: int

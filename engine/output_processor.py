@@ -3,7 +3,7 @@
 The engine loop owns one `OutputProcessor` per request (per choice when n > 1) and calls `step`
 once per sampled token. It combines the incremental detokenizer (byte-correct text) with the stop
 checker (EOS, stop token ids, stop strings, max_tokens), so the text it returns is exactly what
-the client may see: concatenating every `StepOutput.new_text` gives the final text.
+the client may see: concatenating every `TokenDelta.text` gives the final text.
 
 The text of a stop token (EOS or one of `stop_token_ids`) is left out unless
 `include_stop_str_in_output`, like a stop string; with `skip_special_tokens` it is empty anyway.
@@ -12,24 +12,10 @@ The text of a stop token (EOS or one of `stop_token_ids`) is left out unless
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from engine.detokenizer import IncrementalDetokenizer, TokenizerLike
-from engine.request import FinishReason, SamplingParams
+from engine.request import FinishReason, SamplingParams, TokenDelta
 from engine.stop_checker import StopChecker
-
-
-@dataclass(frozen=True)
-class StepOutput:
-    """What one token adds: new text to stream, and why the request ended if it did."""
-
-    new_text: str
-    finish_reason: FinishReason | None = None
-    stop_reason: str | int | None = None  # the stop string or stop token id; None for EOS/length
-
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
 
 
 class OutputProcessor:
@@ -80,7 +66,7 @@ class OutputProcessor:
         """All text streamed so far (the final text once finished)."""
         return "".join(self._pieces)
 
-    def step(self, token_id: int) -> StepOutput:
+    def step(self, token_id: int) -> TokenDelta:
         """Account one sampled token. Raises RuntimeError once the request has finished.
 
         With several tokens per step (speculative decoding) call it for each in order and stop at
@@ -94,7 +80,7 @@ class OutputProcessor:
         self._stop_reason = decision.stop_reason
         if decision.text:
             self._pieces.append(decision.text)
-        return StepOutput(decision.text, decision.finish_reason, decision.stop_reason)
+        return decision
 
     def _detokenize(self, token_id: int) -> str:
         detokenizer = self._detokenizer

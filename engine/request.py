@@ -10,6 +10,7 @@ import enum
 import math
 import time
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from engine.errors import InvalidRequestError
 
@@ -64,7 +65,6 @@ class RequestStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
     PREEMPTED = "preempted"
-    SWAPPED = "swapped"
     FINISHED_STOPPED = "finished_stopped"
     FINISHED_LENGTH = "finished_length"
     FINISHED_ABORTED = "finished_aborted"
@@ -90,6 +90,41 @@ class FinishReason(enum.Enum):
     LENGTH = "length"
     ABORT = "abort"
     ERROR = "error"
+
+    @property
+    def status(self) -> RequestStatus:
+        """The finished status a request ending for this reason takes."""
+        return _STATUS_OF[self]
+
+
+_STATUS_OF = {
+    FinishReason.STOP: RequestStatus.FINISHED_STOPPED,
+    FinishReason.LENGTH: RequestStatus.FINISHED_LENGTH,
+    FinishReason.ABORT: RequestStatus.FINISHED_ABORTED,
+    FinishReason.ERROR: RequestStatus.FINISHED_ERROR,
+}
+
+
+@dataclass(frozen=True)
+class TokenDelta:
+    """What one sampled token adds to a sequence: the text safe to stream now, and why the
+    sequence ended if it did (`stop_reason`: the stop string or stop token id; None for EOS and
+    length)."""
+
+    text: str
+    finish_reason: FinishReason | None = None
+    stop_reason: str | int | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+class TokenChecker(Protocol):
+    """Turns a sequence's sampled tokens into text and decides when it stops, one token at a time
+    (`engine.output_processor.OutputProcessor`)."""
+
+    def step(self, token_id: int) -> TokenDelta: ...
 
 
 @dataclass(frozen=True)
@@ -215,8 +250,10 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     num_preemptions: int = 0
     num_retries: int = 0  # times requeued after a failed model forward (at most once)
-    parent_id: str | None = None  # set for n>1 children and beams
+    parent_id: str | None = None  # the caller's request id (choices and beams); None: the request itself
     index: int = 0  # choice index within its parent
+    # Detokenizer and stop checks of a sampled sequence; None for a beam (its group appends tokens).
+    checker: TokenChecker | None = field(default=None, repr=False, compare=False)
     times: RequestTimes = field(init=False)
 
     def __post_init__(self) -> None:
@@ -254,3 +291,24 @@ class Request:
     def num_remaining(self) -> int:
         """Tokens still to be fed to the model before the next sample."""
         return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def caller_id(self) -> str:
+        """The id of the caller's request this sequence belongs to."""
+        return self.parent_id if self.parent_id is not None else self.request_id
+
+    def append_token(self, token_id: int, now: float) -> TokenDelta:
+        """Append one sampled token after its stop checks; the caller finishes the request if it ended.
+
+        Raises (and appends nothing) if the checks fail, e.g. the detokenizer.
+        """
+        if self.checker is None:
+            raise RuntimeError(
+                f"request {self.request_id} has no token checker: its owner appends its tokens"
+            )
+        delta = self.checker.step(token_id)
+        self.output_token_ids.append(token_id)
+        if self.times.first_token_s is None:
+            self.times.first_token_s = now
+        self.times.token_s.append(now)
+        return delta

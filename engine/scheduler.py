@@ -14,15 +14,36 @@ computing the prompt again; beam search forks running beams the same way.
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 from engine.config import BatchPolicy, QueuePolicy, SchedulerConfig
 from engine.errors import ContextLengthError
 from engine.kv_cache_manager import KVCacheManager
 from engine.output import ScheduledRequest, SchedulerOutput
-from engine.request import Request, RequestStatus
+from engine.request import Request, RequestStatus, TokenDelta
 from engine.request_queue import WaitingQueue, make_waiting_queue
+
+logger = logging.getLogger("weir.engine")
+
+
+@dataclass(frozen=True)
+class AppendedToken:
+    """A token appended to a request by `Scheduler.update_from_output`, with what it added."""
+
+    request: Request
+    token_id: int
+    delta: TokenDelta
+
+
+@dataclass
+class StepUpdate:
+    """What `Scheduler.update_from_output` did: tokens appended (in order), requests it could not update."""
+
+    appended: list[AppendedToken] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)  # request id -> error, for that request only
 
 
 class Scheduler:
@@ -86,11 +107,12 @@ class Scheduler:
         self.requests[child.request_id] = child
         self._start_running(child)
 
-    def _start_running(self, req: Request) -> None:
+    def _start_running(self, req: Request, stamp: bool = True) -> None:
+        """Move `req` to the running set; `stamp`: it is scheduled now (see `RequestTimes`)."""
         req.status = RequestStatus.RUNNING
         self.running[req.request_id] = req
         self.waiting.on_running(req, +1)
-        if req.times.first_scheduled_s is None:
+        if stamp and req.times.first_scheduled_s is None:
             req.times.first_scheduled_s = self.clock()
 
     def _run_forks(self, parent: Request) -> None:
@@ -130,6 +152,7 @@ class Scheduler:
                 del self._pending_forks[parent_id]
             req.status = status
             self._finished_ids.append(request_id)
+            req.times.finished_s = self.clock()
             return req
         if request_id in self._pending_forks:
             self._release_forks(req)
@@ -142,6 +165,7 @@ class Scheduler:
         req.status = status
         self.kv.free(req)
         self._finished_ids.append(request_id)
+        req.times.finished_s = self.clock()
         return req
 
     @property
@@ -270,9 +294,7 @@ class Scheduler:
                 self.kv.record_lookup(req, num_cached)
             req.num_computed_tokens = num_cached
             self.kv.mark_inflight(req)
-            req.status = RequestStatus.RUNNING
-            self.running[req.request_id] = req
-            self.waiting.on_running(req, +1)
+            self._start_running(req, stamp=False)  # schedule() stamps it once it feeds tokens
             num_new = min(req.num_remaining, budget, chunk_cap)
             if num_new > 0:
                 scheduled[req.request_id] = num_new
@@ -324,8 +346,15 @@ class Scheduler:
 
     # -- after the step ---------------------------------------------------------------------
 
-    def on_step_done(self, out: SchedulerOutput) -> None:
-        """Advance computed tokens and register full blocks in the prefix cache."""
+    def update_from_output(self, out: SchedulerOutput, sampled: Mapping[str, int]) -> StepUpdate:
+        """Apply an executed step to its requests: the one place a step's results change them.
+
+        Every scheduled request still here advances `num_computed_tokens` and caches its full
+        blocks (a parent whose prompt is now computed starts its forks). Then each token of
+        `sampled` (request id -> token id; sequences with a `checker`, not beams, whose group
+        appends their tokens) is appended after its stop checks, and a request that ended is
+        finished and its blocks freed. A request whose checks raise is left for the caller to fail.
+        """
         for s in out.scheduled:
             req = self.requests.get(s.request_id)
             if req is None:
@@ -335,6 +364,22 @@ class Scheduler:
             self.waiting.on_tokens_served(req, s.num_tokens)
             if self._pending_forks and req.num_computed_tokens >= req.num_prompt_tokens:
                 self._run_forks(req)
+        update = StepUpdate()
+        now = self.clock()
+        for rid, token_id in sampled.items():
+            req = self.requests.get(rid)
+            if req is None:
+                continue
+            try:
+                delta = req.append_token(token_id, now)
+            except Exception as exc:  # this request's detokenization or stop checks
+                logger.exception("processing the output of request %s failed", rid)
+                update.failed[rid] = f"{type(exc).__name__}: {exc}"
+                continue
+            if delta.finish_reason is not None:
+                self.finish_request(rid, delta.finish_reason.status)
+            update.appended.append(AppendedToken(req, token_id, delta))
+        return update
 
     def expire_deadlines(self) -> list[Request]:
         """Abort waiting requests whose queue deadline has passed; their blocks are freed now.

@@ -15,22 +15,7 @@ depend on how the text was split into tokens.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from engine.request import FinishReason, SamplingParams
-
-
-@dataclass(frozen=True)
-class StopDecision:
-    """The outcome of one token: text safe to stream now, and the finish reason if it ended."""
-
-    text: str
-    finish_reason: FinishReason | None = None
-    stop_reason: str | int | None = None
-
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
+from engine.request import FinishReason, SamplingParams, TokenDelta
 
 
 class StopChecker:
@@ -63,7 +48,7 @@ class StopChecker:
         """Whether the request ends with this token whatever its text (stop token or max_tokens)."""
         return self.is_stop_token(token_id) or self._num_output_tokens + 1 >= self._params.max_tokens
 
-    def step(self, token_id: int, new_text: str) -> StopDecision:
+    def step(self, token_id: int, new_text: str) -> TokenDelta:
         """Account one output token whose decoded text is `new_text`; decide whether to stop.
 
         When the token is a stop token, `new_text` is whatever the caller wants streamed for it
@@ -81,20 +66,20 @@ class StopChecker:
             start, stop = match
             end = start + len(stop) if self._params.include_stop_str_in_output else start
             self._finished = True
-            return StopDecision(buffer[:end], FinishReason.STOP, stop)
+            return TokenDelta(buffer[:end], FinishReason.STOP, stop)
 
         if self.is_stop_token(token_id):
             self._finished = True
             # A stop token id reports itself; EOS is the natural end and reports None.
             reason = token_id if token_id in self._stop_token_ids else None
-            return StopDecision(buffer, FinishReason.STOP, reason)
+            return TokenDelta(buffer, FinishReason.STOP, reason)
         if self._num_output_tokens >= self._params.max_tokens:
             self._finished = True
-            return StopDecision(buffer, FinishReason.LENGTH, None)
+            return TokenDelta(buffer, FinishReason.LENGTH, None)
 
         held = self._held_length(buffer)
         self._held = buffer[len(buffer) - held :] if held else ""
-        return StopDecision(buffer[: len(buffer) - held])
+        return TokenDelta(buffer[: len(buffer) - held])
 
     def _find_stop(self, buffer: str) -> tuple[int, str] | None:
         """The (start, stop string) of the match that ends first in `buffer`, if any."""

@@ -147,12 +147,11 @@ class RequestTally:
             if self.first_output_s[prompt_index] is None:
                 self.first_output_s[prompt_index] = now
             self.last_output_s[prompt_index] = now
-            self.num_output_tokens[choice] += len(out.new_token_ids)
+        # The engine counts a choice's tokens where it produces them; every output carries the count.
+        self.num_output_tokens[choice] = out.num_output_tokens
         if out.num_cached_tokens:
             self.num_cached_tokens[prompt_index] = out.num_cached_tokens
         if out.finished and self.finish_reasons[choice] is None:
-            # The engine's own count wins: tokens held back for stop strings are still generated.
-            self.num_output_tokens[choice] = max(self.num_output_tokens[choice], out.num_output_tokens)
             computed = max(self.num_computed_tokens[prompt_index], out.num_computed_output_tokens)
             self.num_computed_tokens[prompt_index] = computed
             self.finish_reasons[choice] = out.finish_reason.value if out.finish_reason else "stop"

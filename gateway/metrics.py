@@ -40,9 +40,6 @@ class _EngineStatsCollector(Collector):
             "weir_num_requests_waiting", "Sequences in the waiting queue.", value=s.num_waiting
         )
         yield GaugeMetricFamily(
-            "weir_num_requests_swapped", "Sequences swapped to host memory.", value=s.num_swapped
-        )
-        yield GaugeMetricFamily(
             "weir_kv_cache_usage_ratio", "Share of KV blocks in use (0-1).", value=s.kv_usage
         )
         yield GaugeMetricFamily("weir_kv_cache_free_blocks", "Free KV blocks.", value=s.num_free_blocks)

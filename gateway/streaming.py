@@ -259,6 +259,7 @@ class GenerationResponse:
         outcome = self._outcome
         if outcome is None:
             outcome = Outcome.CLIENT_DISCONNECTED if self._disconnected else Outcome.CANCELLED
+        # The one abort of each unfinished engine request: closing its stream below sends none.
         for i, request in enumerate(job.requests):
             if not self.tally.prompt_finished(i):
                 try:

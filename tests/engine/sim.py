@@ -1,5 +1,8 @@
 """A torch-free simulation of the engine loop, for scheduler and policy tests.
 
+It drives the real request lifecycle (`Scheduler.update_from_output`) with a fake model in place
+of the runner; only the model differs from `LLMEngine.step`.
+
 The "model" is a deterministic function of the token prefix, so any correct schedule
 (chunked, preempted, reordered) must produce exactly the same tokens.
 """
@@ -7,11 +10,13 @@ The "model" is a deterministic function of the token prefix, so any correct sche
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from engine.block_hash import CacheKeyRoot
 from engine.config import SchedulerConfig
 from engine.kv_cache_manager import KVCacheManager
-from engine.request import Priority, Request, RequestStatus, SamplingParams
+from engine.output_processor import OutputProcessor
+from engine.request import Priority, Request, SamplingParams
 from engine.scheduler import Scheduler
 
 
@@ -21,6 +26,14 @@ def next_token(tokens: list[int]) -> int:
     for t in tokens:
         h = (h * 31 + t) % 1_000_003
     return h % 1000
+
+
+def sim_request(rid: str, prompt: list[int], max_tokens: int, **kwargs: Any) -> Request:
+    """A greedy request that ends at `max_tokens` (no tokenizer, no end tokens), as the sim serves."""
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+    req = Request(rid, list(prompt), params, **kwargs)
+    req.checker = OutputProcessor(None, req.prompt_token_ids, params, eos_token_ids=())
+    return req
 
 
 @dataclass
@@ -64,10 +77,10 @@ class Sim:
         tenant: str = "t",
         priority: Priority = Priority.STANDARD,
     ) -> Request:
-        req = Request(
+        req = sim_request(
             rid,
-            list(prompt),
-            SamplingParams(max_tokens=max_tokens, temperature=0.0),
+            prompt,
+            max_tokens,
             tenant_id=tenant,
             priority=priority,
             cache_scope=tenant,
@@ -90,13 +103,10 @@ class Sim:
             self.served[req.tenant_id] = self.served.get(req.tenant_id, 0) + s.num_tokens
             if s.samples:
                 sampled[s.request_id] = next_token(req.all_token_ids)
-        self.sched.on_step_done(out)
-        for rid, tok in sampled.items():
-            req = self.sched.requests[rid]
-            req.output_token_ids.append(tok)
-            self.outputs[rid].append(tok)
-            if req.num_output_tokens >= req.sampling_params.max_tokens:
-                self.sched.finish_request(rid, RequestStatus.FINISHED_LENGTH)
+        update = self.sched.update_from_output(out, sampled)
+        assert not update.failed, update.failed
+        for appended in update.appended:
+            self.outputs[appended.request.request_id].append(appended.token_id)
         self.clock.now += 0.01
 
     def run(self, max_steps: int = 10_000) -> None:

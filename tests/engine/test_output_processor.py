@@ -6,12 +6,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.output_processor import OutputProcessor, StepOutput
-from engine.request import FinishReason, SamplingParams
+from engine.output_processor import OutputProcessor
+from engine.request import FinishReason, SamplingParams, TokenDelta
 from tests.engine.multibyte_tokenizer import byte_level_tokenizer
 
 
-def feed(processor: OutputProcessor, token_ids: list[int]) -> list[StepOutput]:
+def feed(processor: OutputProcessor, token_ids: list[int]) -> list[TokenDelta]:
     outputs = []
     for token_id in token_ids:
         outputs.append(processor.step(token_id))
@@ -33,8 +33,8 @@ def test_streams_multibyte_text_without_replacement_characters() -> None:
     text = "Hello 日本語 😀 world 👍🏽 café"
     processor = make(SamplingParams(max_tokens=100))
     outputs = feed(processor, encode(text))
-    assert all("\ufffd" not in o.new_text for o in outputs)
-    assert "".join(o.new_text for o in outputs) == text == processor.output_text
+    assert all("\ufffd" not in o.text for o in outputs)
+    assert "".join(o.text for o in outputs) == text == processor.output_text
     assert not processor.finished and processor.num_output_tokens == len(encode(text))
 
 
@@ -108,7 +108,7 @@ def test_step_after_finish_raises() -> None:
 
 def test_without_tokenizer_text_is_empty() -> None:
     processor = OutputProcessor(None, [1, 2], SamplingParams(max_tokens=2), (0,))
-    assert processor.step(5) == StepOutput("")
+    assert processor.step(5) == TokenDelta("")
     assert processor.step(0).finish_reason is FinishReason.STOP  # EOS is a token decision
     with pytest.raises(ValueError, match="stop strings"):
         OutputProcessor(None, [1], SamplingParams(stop=("x",)), (0,))
@@ -127,7 +127,7 @@ def test_streamed_text_equals_final_text_and_full_decode(text: str, stops: list[
     params = SamplingParams(max_tokens=len(ids), stop=tuple(stops), include_stop_str_in_output=include)
     processor = make(params, prompt="Hi")
     outputs = feed(processor, ids)
-    streamed = "".join(o.new_text for o in outputs)
+    streamed = "".join(o.text for o in outputs)
     assert streamed == processor.output_text
     assert "\ufffd" not in streamed
     assert outputs[-1].finished

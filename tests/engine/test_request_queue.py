@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from engine.config import QueuePolicy, SchedulerConfig
 from engine.request import Priority, Request, RequestStatus, SamplingParams
 from engine.request_queue import FairQueue, make_waiting_queue
-from tests.engine.sim import Sim, reference_output
+from tests.engine.sim import Sim, reference_output, sim_request
 
 
 def _req(i: int, prio: int, length: int, tenant: str = "t") -> Request:
@@ -83,10 +83,10 @@ class Workload:
 
     def add(self, tenant: str, weight: float = 1.0, prompt_len: int = 12, max_tokens: int = 12) -> Request:
         self.count += 1
-        req = Request(
+        req = sim_request(
             f"{tenant}-{self.count}",
             [self.count % 50 + 1] * prompt_len,
-            SamplingParams(max_tokens=max_tokens, temperature=0.0),
+            max_tokens,
             tenant_id=tenant,
             cache_scope=tenant,
             arrival_s=self.sim.clock.now,

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from engine.config import BatchPolicy, QueuePolicy, SchedulerConfig
 from engine.errors import ContextLengthError
 from engine.request import Priority, RequestStatus
-from tests.engine.sim import Sim, reference_output
+from tests.engine.sim import Sim, reference_output, sim_request
 
 PROMPTS = [list(range(1, n + 1)) for n in (1, 3, 17, 40, 9, 64, 5, 33)]
 
@@ -176,14 +176,7 @@ def test_without_caching_identical_prompts_run_side_by_side() -> None:
 
 
 def _fork_group(sim: Sim, prompt: list[int], n: int, max_tokens: int) -> list:
-    from engine.request import Request, SamplingParams
-
-    reqs = [
-        Request(
-            f"g#{i}", list(prompt), SamplingParams(max_tokens=max_tokens, temperature=0.0), cache_scope="t"
-        )
-        for i in range(n)
-    ]
+    reqs = [sim_request(f"g#{i}", prompt, max_tokens, cache_scope="t") for i in range(n)]
     sim.sched.add_fork_group(reqs[0], reqs[1:])
     for r in reqs:
         sim.outputs[r.request_id] = []
@@ -250,13 +243,8 @@ def test_tenant_cap_holds_in_the_scheduler() -> None:
 
 
 def test_deadline_bookkeeping_of_forks_balances() -> None:
-    from engine.request import Request, SamplingParams
-
     sim = Sim(SchedulerConfig(max_num_batched_tokens=256, max_num_seqs=8, max_model_len=256))
-    reqs = [
-        Request(f"d#{i}", list(range(9)), SamplingParams(max_tokens=2, temperature=0.0), deadline_s=100.0)
-        for i in range(3)
-    ]
+    reqs = [sim_request(f"d#{i}", list(range(9)), 2, deadline_s=100.0) for i in range(3)]
     sim.sched.add_fork_group(reqs[0], reqs[1:])
     for r in reqs:
         sim.outputs[r.request_id] = []

@@ -6,14 +6,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.request import FinishReason, SamplingParams
-from engine.stop_checker import StopChecker, StopDecision
+from engine.request import FinishReason, SamplingParams, TokenDelta
+from engine.stop_checker import StopChecker
 
 EOS = 2
 WORD = 7  # any ordinary token id
 
 
-def run(checker: StopChecker, pieces: list[str], token_ids: list[int] | None = None) -> list[StopDecision]:
+def run(checker: StopChecker, pieces: list[str], token_ids: list[int] | None = None) -> list[TokenDelta]:
     """Feed pieces until the checker finishes; return the decisions made."""
     ids = token_ids or [WORD] * len(pieces)
     decisions = []
@@ -24,7 +24,7 @@ def run(checker: StopChecker, pieces: list[str], token_ids: list[int] | None = N
     return decisions
 
 
-def streamed(decisions: list[StopDecision]) -> str:
+def streamed(decisions: list[TokenDelta]) -> str:
     return "".join(d.text for d in decisions)
 
 

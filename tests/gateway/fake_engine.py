@@ -127,7 +127,6 @@ class FakeEngine:
         return EngineStats(
             num_running=len(self._blocks),
             num_waiting=0,
-            num_swapped=0,
             num_total_blocks=self.num_total_blocks,
             num_free_blocks=self.num_free_blocks,
             block_size=self.block_size,

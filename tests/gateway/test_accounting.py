@@ -138,24 +138,29 @@ def test_a_failing_sink_does_not_fail_the_request() -> None:
     assert record.request_id == "r"
 
 
-def test_tally_counts_choices_and_prefers_the_engine_token_count() -> None:
+def test_tally_counts_choices_with_the_engine_token_count() -> None:
+    """The engine counts each choice's tokens; the tally reads that count and never counts again."""
     requests = [
         EngineRequest("a", (1, 2), SamplingParams(max_tokens=9, n=2)),
         EngineRequest("b", (3,), SamplingParams()),
     ]
     tally = RequestTally(requests, 2)
 
-    def out(index: int, finished: bool = False, num_output: int = 0) -> RequestOutput:
+    def out(
+        index: int, num_output: int, token_ids: tuple[int, ...] = (7,), finished: bool = False
+    ) -> RequestOutput:
         reason = FinishReason.STOP if finished else None
         return RequestOutput(
-            "a", index, (7,), "x", finished, reason, num_output_tokens=num_output, num_cached_tokens=1
+            "a", index, token_ids, "x", finished, reason, num_output_tokens=num_output, num_cached_tokens=1
         )
 
-    assert tally.observe(0, out(1)) == 1
-    assert tally.observe(1, out(0)) == 2
-    assert tally.observe(0, out(1, finished=True, num_output=4)) == 1  # 2 seen, 2 held back for a stop string
+    assert tally.observe(0, out(1, 1)) == 1
+    assert tally.observe(1, out(0, 1)) == 2
+    assert tally.observe(0, out(1, 2)) == 1
+    # A last output that carries no token (a stop string cut away, an abort) keeps the engine's count.
+    assert tally.observe(0, out(1, 4, token_ids=(), finished=True)) == 1
     assert not tally.prompt_finished(0)
-    tally.observe(0, out(0, finished=True))
+    tally.observe(0, out(0, 1, finished=True))
     assert tally.prompt_finished(0)
     assert tally.num_output_tokens == [1, 4, 1, 0]
     assert tally.finish_reasons == ["stop", "stop", None, None]

@@ -86,7 +86,7 @@ def record(t: TenantContext, prompt: int, completion: int, **kw: Any) -> UsageRe
 
 def stats(**kw: Any) -> EngineStats:
     values: dict[str, Any] = dict(
-        num_running=0, num_waiting=0, num_swapped=0, num_total_blocks=100, num_free_blocks=100, block_size=16
+        num_running=0, num_waiting=0, num_total_blocks=100, num_free_blocks=100, block_size=16
     )
     values.update(kw)
     return EngineStats(**values)
