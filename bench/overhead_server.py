@@ -101,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     from gateway.admission_metrics import AdmissionMetrics
     from gateway.app import create_app
     from gateway.bootstrap import build_tenancy
+    from gateway.metrics import GatewayMetrics
     from gateway.server import run_server
     from gateway.settings import AdmissionMode, AuthMode, LogLevel, Settings
     from tenancy.keys import generate_admin_token
@@ -138,8 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     if tenancy.close is not None:
         shutdown.append(tenancy.close)
     kwargs: dict[str, Any] = {}
-    admission = build_admission(settings, engine.stats) if settings.admission is AdmissionMode.ON else None
-    if admission is not None:
+    metrics = GatewayMetrics(engine.stats)
+    if settings.admission is AdmissionMode.ON:
+        admission = build_admission(settings, engine.stats, AdmissionMetrics(metrics.registry))
         startup.append(admission.start)
         shutdown.append(admission.close)
         kwargs["admission"] = admission
@@ -153,13 +155,12 @@ def main(argv: list[str] | None = None) -> int:
         max_model_len=MAX_MODEL_LEN,
         model_name=MODEL_NAME,
         vocab_size=len(tokenizer),
+        metrics=metrics,
         extra_routes=[*tenancy.routes, timings.route()],
         on_startup=startup,
         on_shutdown=shutdown,
         **kwargs,
     )
-    if admission is not None:
-        admission.metrics = AdmissionMetrics(app.state.metrics.registry)
     timed = TimedApp(app, timings)
     print(json.dumps({"port": port, "admin_token": admin_token}), flush=True)
     return run_server(timed, settings, sock)  # type: ignore[arg-type]

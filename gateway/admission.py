@@ -181,7 +181,7 @@ class AdmissionController:
         self.stats = stats
         self.budget = budget
         self.config = config or AdmissionConfig()
-        self.metrics = metrics  # attached after the app (and its registry) exists
+        self.metrics = metrics
         self.clock = clock
         self.concurrency = ConcurrencyLimiter()
         self._recent = RecentAdmissions()
@@ -331,7 +331,9 @@ class AdmissionController:
         return settle
 
 
-def build_admission(settings: Settings, stats: Callable[[], EngineStats]) -> AdmissionController:
+def build_admission(
+    settings: Settings, stats: Callable[[], EngineStats], metrics: AdmissionMetrics | None = None
+) -> AdmissionController:
     """The admission of `weir serve`: leases from PostgreSQL, in-process budgets on SQLite.
 
     SQLite means one replica (see `tenancy.leases`), whose own buckets are exact and cost no
@@ -347,10 +349,10 @@ def build_admission(settings: Settings, stats: Callable[[], EngineStats]) -> Adm
     db = Database(settings.resolved_database_url)
     if db.backend == "sqlite":
         db.dispose()
-        return AdmissionController(stats, LocalBudget(), config)
+        return AdmissionController(stats, LocalBudget(), config, metrics=metrics)
     from tenancy.leases import LeasedBudget, LeaseStore
 
     budget = LeasedBudget(
         LeaseStore(db), lease_tokens=settings.lease_tokens, lease_ttl_s=settings.lease_ttl_s
     )
-    return AdmissionController(stats, budget, config, closers=(db.dispose,))
+    return AdmissionController(stats, budget, config, metrics=metrics, closers=(db.dispose,))

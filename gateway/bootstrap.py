@@ -23,12 +23,15 @@ from gateway.accounting import Outcome, UsageRecord, UsageSink
 from gateway.admission import build_admission
 from gateway.admission_metrics import AdmissionMetrics
 from gateway.app import create_app
+from gateway.metrics import GatewayMetrics
 from gateway.metrics_server import MetricsListener
 from gateway.routes.openai import Authenticate
 from gateway.server import run_server
 from gateway.settings import AdmissionMode, AuthMode, LogLevel, PrefixCachingMode, Settings
 
 if TYPE_CHECKING:
+    from prometheus_client.registry import Collector
+
     from engine.async_engine import AsyncEngine
     from engine.config import EngineConfig
     from gateway.auth import AdminAuthenticator
@@ -229,18 +232,24 @@ def build_engine(settings: Settings) -> tuple[AsyncEngine, Path]:
     return AsyncEngine(config), model_path
 
 
-async def _start(listener: MetricsListener | None) -> None:
-    if listener is not None:
-        await listener.start()
+def build_metrics(engine: AsyncEngine, tenancy: TenancyWiring) -> GatewayMetrics:
+    """The app's registry, complete before anything uses it: the gateway's own metrics, the
+    engine's prefix cache and, with tenancy, the usage-record writer."""
+    from gateway.prefix_cache_metrics import PrefixCacheCollector
+    from gateway.usage_metrics import UsageRecordsCollector
 
-
-async def _stop(listener: MetricsListener | None) -> None:
-    if listener is not None:
-        await listener.stop()
+    collectors: list[Collector] = [PrefixCacheCollector(engine.prefix_cache.snapshot)]
+    if tenancy.usage_stats is not None:
+        collectors.append(UsageRecordsCollector(tenancy.usage_stats))
+    return GatewayMetrics(engine.stats, collectors=collectors)
 
 
 def serve(settings: Settings) -> int:
-    """`weir serve`: load, wire, serve until SIGTERM; the exit status."""
+    """`weir serve`: load, wire, serve until SIGTERM; the exit status.
+
+    Every collaborator is built before the app and passed in: the metrics registry first, then
+    admission (counting into it) and the metrics listener (serving it).
+    """
     configure_logging(settings.log_level)
     tenancy = build_tenancy(settings)
     auth = resolve_auth(settings, tenancy.num_tenants)
@@ -251,6 +260,7 @@ def serve(settings: Settings) -> int:
             settings.host,
         )
     engine, model_path = build_engine(settings)
+    metrics = build_metrics(engine, tenancy)
     startup_hooks: list[Callable[[], Awaitable[None]]] = [engine.start]
     shutdown_hooks: list[Callable[[], Awaitable[None]]] = [engine.shutdown]
     if tenancy.start is not None:
@@ -258,8 +268,8 @@ def serve(settings: Settings) -> int:
     if tenancy.close is not None:
         shutdown_hooks.append(tenancy.close)
     kwargs: dict[str, Any] = {}
-    admission = build_admission(settings, engine.stats) if settings.admission is AdmissionMode.ON else None
-    if admission is not None:
+    if settings.admission is AdmissionMode.ON:
+        admission = build_admission(settings, engine.stats, AdmissionMetrics(metrics.registry))
         startup_hooks.append(admission.start)
         shutdown_hooks.append(admission.close)  # after requests settled: unused leases go back
         kwargs["admission"] = admission
@@ -274,11 +284,11 @@ def serve(settings: Settings) -> int:
         extra_routes[:0] = prefix_cache_routes(engine.prefix_cache, tenancy.admin_auth, engine.tokenizer)
         # On the API port /metrics needs the admin token: it names every tenant and its traffic.
         kwargs["metrics_auth"] = tenancy.admin_auth.authenticate_async
-    listener: MetricsListener | None = None
     if settings.metrics_port:
         # Started last (the engine is warm) and stopped last (the final scrape sees the drain).
-        startup_hooks.append(lambda: _start(listener))
-        shutdown_hooks.append(lambda: _stop(listener))
+        listener = MetricsListener(metrics, settings.host, settings.metrics_port)
+        startup_hooks.append(listener.start)
+        shutdown_hooks.append(listener.stop)
     app = create_app(
         settings,
         engine,
@@ -286,20 +296,10 @@ def serve(settings: Settings) -> int:
         max_model_len=engine.max_model_len,
         model_name=settings.model_name(model_path),
         vocab_size=engine.model_config.vocab_size,
+        metrics=metrics,
         extra_routes=extra_routes,
         on_startup=startup_hooks,
         on_shutdown=shutdown_hooks,
         **kwargs,
     )
-    if settings.metrics_port:
-        listener = MetricsListener(app.state.metrics, settings.host, settings.metrics_port)
-    if admission is not None:
-        admission.metrics = AdmissionMetrics(app.state.metrics.registry)
-    from gateway.prefix_cache_metrics import PrefixCacheCollector
-
-    app.state.metrics.registry.register(PrefixCacheCollector(engine.prefix_cache.snapshot))
-    if tenancy.usage_stats is not None:
-        from gateway.usage_metrics import UsageRecordsCollector
-
-        app.state.metrics.registry.register(UsageRecordsCollector(tenancy.usage_stats))
     return run_server(app, settings)

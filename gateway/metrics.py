@@ -3,6 +3,11 @@
 Latency histograms and token counters are fed by accounting when a request ends; engine load
 gauges (running, waiting, KV usage, prefix-cache hit rate, preemptions) are read from
 `EngineClient.stats()` at scrape time, so the request path pays nothing for them.
+
+The registry is built first and handed to everything that adds to it: the per-concept metrics
+(`gateway.admission_metrics.AdmissionMetrics(registry)`) and the scrape-time collectors
+(`gateway.prefix_cache_metrics`, `gateway.usage_metrics`, passed as `collectors`), so the app, the
+admission controller and the metrics listener all receive a registry that is complete.
 """
 
 from __future__ import annotations
@@ -72,7 +77,12 @@ class _EngineStatsCollector(Collector):
 class GatewayMetrics:
     """The metrics of one gateway app. `model` and `tenant` label everything per request."""
 
-    def __init__(self, stats: Callable[[], EngineStats], registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self,
+        stats: Callable[[], EngineStats],
+        registry: CollectorRegistry | None = None,
+        collectors: Sequence[Collector] = (),
+    ) -> None:
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
         r = self.registry
         self.ttft = Histogram(
@@ -124,6 +134,8 @@ class GatewayMetrics:
             "weir_request_errors", "Requests answered with an error, by HTTP status.", ("status",), registry=r
         )
         r.register(_EngineStatsCollector(stats))
+        for collector in collectors:
+            r.register(collector)
 
     def observe_latency(
         self,

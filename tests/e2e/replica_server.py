@@ -14,6 +14,7 @@ import sys
 from gateway.admission import build_admission
 from gateway.admission_metrics import AdmissionMetrics
 from gateway.bootstrap import build_tenancy
+from gateway.metrics import GatewayMetrics
 from gateway.server import run_server
 from gateway.settings import AuthMode, LogLevel, Settings
 from tests.gateway.fake_engine import FakeEngine
@@ -44,18 +45,19 @@ def main() -> int:
     )
     engine = FakeEngine(token_delay_s=args.token_delay_s)
     tenancy = build_tenancy(settings)
-    admission = build_admission(settings, engine.stats)
+    metrics = GatewayMetrics(engine.stats)
+    admission = build_admission(settings, engine.stats, AdmissionMetrics(metrics.registry))
     app = make_app(
         engine,
         settings,
         authenticate=tenancy.authenticate,
         usage_sink=tenancy.usage_sink,
         admission=admission,
+        metrics=metrics,
         extra_routes=tenancy.routes,
         on_startup=[h for h in (tenancy.start, admission.start) if h is not None],
         on_shutdown=[h for h in (admission.close, tenancy.close) if h is not None],
     )
-    admission.metrics = AdmissionMetrics(app.state.metrics.registry)
     print(f"PORT {port}", flush=True)
     return run_server(app, settings, sock)
 

@@ -21,6 +21,7 @@ from gateway.accounting import UsageRecord
 from gateway.admission import AdmissionConfig, AdmissionController, build_admission
 from gateway.admission_metrics import AdmissionMetrics
 from gateway.bootstrap import build_tenancy, to_usage_record_in
+from gateway.metrics import GatewayMetrics
 from gateway.settings import AuthMode, Settings
 from tenancy.context import QuotaLimits, TenantContext
 from tenancy.quotas import LocalBudget
@@ -79,8 +80,12 @@ def served() -> Iterator[Served]:
     engine = FakeEngine()
     clock = Clock()
     budget = LocalBudget(clock)
+    metrics = GatewayMetrics(engine.stats)
     controller = AdmissionController(
-        engine.stats, budget, AdmissionConfig(default_max_tokens_reservation=DEFAULT_RESERVATION)
+        engine.stats,
+        budget,
+        AdmissionConfig(default_max_tokens_reservation=DEFAULT_RESERVATION),
+        metrics=AdmissionMetrics(metrics.registry),
     )
     records: list[UsageRecord] = []
 
@@ -88,8 +93,9 @@ def served() -> Iterator[Served]:
         name = (authorization or "").removeprefix("Bearer ")
         return TenantContext(name, f"key-{name}", Priority.STANDARD, 1.0, name, TENANTS[name])
 
-    app = make_app(engine, authenticate=authenticate, admission=controller, usage_sink=records.append)
-    controller.metrics = AdmissionMetrics(app.state.metrics.registry)
+    app = make_app(
+        engine, authenticate=authenticate, admission=controller, usage_sink=records.append, metrics=metrics
+    )
     with serve_in_thread(app) as url:
         yield Served(engine, clock, budget, controller, url, records)
 
@@ -183,18 +189,19 @@ def test_the_tenant_quota_field_reaches_admission_as_weir_serve_wires_it(tmp_pat
     tenancy = build_tenancy(settings)
     engine = FakeEngine()
     engine.eos_after = 4
-    admission = build_admission(settings, engine.stats)
+    metrics = GatewayMetrics(engine.stats)
+    admission = build_admission(settings, engine.stats, AdmissionMetrics(metrics.registry))
     app = make_app(
         engine,
         settings,
         authenticate=tenancy.authenticate,
         usage_sink=tenancy.usage_sink,
         admission=admission,
+        metrics=metrics,
         extra_routes=tenancy.routes,
         on_startup=[h for h in (tenancy.start, admission.start) if h is not None],
         on_shutdown=[h for h in (admission.close, tenancy.close) if h is not None],
     )
-    admission.metrics = AdmissionMetrics(app.state.metrics.registry)
     headers = {"authorization": "Bearer admin-secret"}
     quota = {"tokens_per_minute": 100, "default_max_tokens_reservation": 16}
     with serve_in_thread(app) as url, httpx.Client(base_url=url, headers=headers) as admin:

@@ -25,6 +25,7 @@ from gateway.admission import (
 )
 from gateway.admission_metrics import AdmissionMetrics
 from gateway.errors import BadRequestError, RateLimitError, ServiceUnavailableError, error_response
+from gateway.metrics import GatewayMetrics
 from gateway.protocol import Endpoint
 from gateway.streaming import DEADLINE_EXCEEDED
 from tenancy.context import QuotaLimits, TenantContext
@@ -463,9 +464,20 @@ def served() -> Iterator[Served]:
     async def authenticate(authorization: str | None, client: str) -> TenantContext:
         return tenants[authorization or ""]
 
-    controller = AdmissionController(engine.stats, budget, AdmissionConfig(max_queue_time_s=0.2))
-    app = make_app(engine, authenticate=authenticate, admission=controller, metrics_auth=check_admin_token)
-    controller.metrics = AdmissionMetrics(app.state.metrics.registry)
+    metrics = GatewayMetrics(engine.stats)
+    controller = AdmissionController(
+        engine.stats,
+        budget,
+        AdmissionConfig(max_queue_time_s=0.2),
+        metrics=AdmissionMetrics(metrics.registry),
+    )
+    app = make_app(
+        engine,
+        authenticate=authenticate,
+        admission=controller,
+        metrics=metrics,
+        metrics_auth=check_admin_token,
+    )
     with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=30) as client:
         yield Served(engine, budget, controller, client, app)
 
