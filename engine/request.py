@@ -150,6 +150,7 @@ class SamplingParams:
     use_beam_search: bool = False
     beam_width: int = 1
     length_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit in [-100, 100])
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
@@ -192,6 +193,14 @@ class SamplingParams:
                     f"beam_width must be in [1, 16], got {self.beam_width}", "beam_width"
                 )
         check_seed(self.seed)
+        if len(self.logit_bias) > 300 or not all(
+            isinstance(t, int) and t >= 0 and -100 <= b <= 100 for t, b in self.logit_bias
+        ):
+            raise InvalidRequestError(
+                "logit_bias must be at most 300 token ids with biases in [-100, 100]", "logit_bias"
+            )
+        if self.logit_bias and self.use_beam_search:
+            raise InvalidRequestError("logit_bias is not supported with beam search", "logit_bias")
 
     @property
     def is_greedy(self) -> bool:

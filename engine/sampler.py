@@ -1,10 +1,10 @@
-"""Logits -> token ids: greedy, temperature, top-k / top-p / min-p, penalties, seeds, logprobs.
+"""Logits -> token ids: greedy, temperature, top-k / top-p / min-p, penalties, logit bias, seeds, logprobs.
 
 One `Sampler` call handles a whole batch. The work is split by what each row needs:
 
 - rows that are greedy with no penalty cost one `argmax` over the batch (the CPU hot path);
-- rows with a repetition / presence / frequency penalty get their logits adjusted first, batched
-  over those rows only;
+- rows with a repetition / presence / frequency penalty or a logit bias get their logits adjusted
+  first, batched over those rows only (the bias is added last, so -100 bans a token, greedy or not);
 - rows that sample are scaled by temperature, filtered (top-k, then top-p over what top-k kept,
   then min-p) and drawn by inverting the cumulative distribution with one uniform number per
   row. A seeded row draws its number from its own generator, so its tokens do not depend on which
@@ -77,6 +77,10 @@ def _has_penalty(params: SamplingParams) -> bool:
     )
 
 
+def _adjusts_logits(params: SamplingParams) -> bool:
+    return _has_penalty(params) or bool(params.logit_bias)
+
+
 def _token_counts(rows: Sequence[Sequence[int]], vocab_size: int, device: torch.device) -> torch.Tensor:
     """How many times each token occurs in each row, as a [len(rows), vocab_size] float tensor."""
     width = max((len(r) for r in rows), default=0)
@@ -113,6 +117,36 @@ def apply_penalties(logits: torch.Tensor, contexts: Sequence[SamplingContext]) -
     pres = torch.tensor([c.params.presence_penalty for c in contexts], dtype=logits.dtype, device=device)
     out -= freq[:, None] * output_counts + pres[:, None] * (output_counts > 0).to(logits.dtype)
     return out
+
+
+def apply_logit_bias(logits: torch.Tensor, contexts: Sequence[SamplingContext]) -> torch.Tensor:
+    """Add each row's `logit_bias` to its logits in place ([len(contexts), vocab]) and return them.
+
+    Token ids beyond the logits (the model's vocabulary) are ignored, as OpenAI ignores unknown ids.
+    """
+    vocab_size = logits.shape[-1]
+    rows, ids, biases = [], [], []
+    for row, context in enumerate(contexts):
+        for token_id, bias in context.params.logit_bias:
+            if token_id < vocab_size:
+                rows.append(row)
+                ids.append(token_id)
+                biases.append(bias)
+    if rows:
+        index = (torch.tensor(rows, device=logits.device), torch.tensor(ids, device=logits.device))
+        logits.index_put_(
+            index, torch.tensor(biases, dtype=logits.dtype, device=logits.device), accumulate=True
+        )
+    return logits
+
+
+def _adjust(logits: torch.Tensor, contexts: Sequence[SamplingContext]) -> torch.Tensor:
+    """Penalised and biased copies of `logits` rows ([len(contexts), vocab])."""
+    if any(_has_penalty(c.params) for c in contexts):
+        out = apply_penalties(logits, contexts)
+    else:
+        out = logits.clone()
+    return apply_logit_bias(out, contexts)
 
 
 def _nucleus_threshold(
@@ -202,17 +236,17 @@ class Sampler:
             raise ValueError(f"logits must be [{len(contexts)}, vocab], got {tuple(logits.shape)}")
         if not contexts:
             return []
-        penalty_rows = [i for i, c in enumerate(contexts) if _has_penalty(c.params)]
+        penalty_rows = [i for i, c in enumerate(contexts) if _adjusts_logits(c.params)]
         sample_rows = [i for i, c in enumerate(contexts) if not _is_greedy(c.params)]
 
         num_rows = len(contexts)
         work = logits
         if len(penalty_rows) == num_rows:
-            work = apply_penalties(logits, contexts)
+            work = _adjust(logits, contexts)
         elif penalty_rows:
             index = torch.tensor(penalty_rows, device=logits.device)
             work = logits.clone()
-            work[index] = apply_penalties(logits[index], [contexts[i] for i in penalty_rows])
+            work[index] = _adjust(logits[index], [contexts[i] for i in penalty_rows])
         if len(sample_rows) == num_rows:
             token_ids = self._sample(work, contexts)  # [N]; no greedy row, no gather/scatter
         else:

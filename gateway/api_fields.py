@@ -8,6 +8,7 @@ the ones the gateway enforces, by construction (tests/gateway/test_openapi.py ch
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -61,7 +62,7 @@ class IntField:
             raise _out_of_range(self.name, value, bounds)
         return value
 
-    def schema(self) -> dict[str, Any]:
+    def schema(self, vocab_size: int | None = None) -> dict[str, Any]:
         out: dict[str, Any] = {"type": "integer", "minimum": self.minimum, "maximum": self.maximum}
         if self.excluded is not None:
             out["not"] = {"const": self.excluded}
@@ -97,7 +98,7 @@ class NumberField:
             raise _out_of_range(self.name, value, f"a finite number in {low}, {high}")
         return number
 
-    def schema(self) -> dict[str, Any]:
+    def schema(self, vocab_size: int | None = None) -> dict[str, Any]:
         out: dict[str, Any] = {"type": "number"}
         out["exclusiveMinimum" if self.exclusive_minimum else "minimum"] = self.minimum
         if self.maximum is not None:
@@ -121,7 +122,7 @@ class BoolField:
             raise _wrong_type(self.name, "a boolean", value)
         return value
 
-    def schema(self) -> dict[str, Any]:
+    def schema(self, vocab_size: int | None = None) -> dict[str, Any]:
         return _finish({"type": "boolean"}, self.default, self.description)
 
 
@@ -146,10 +147,120 @@ class StringField:
             )
         return value
 
-    def schema(self) -> dict[str, Any]:
+    def schema(self, vocab_size: int | None = None) -> dict[str, Any]:
         out: dict[str, Any] = {"type": "string", "maxLength": self.max_length}
         if self.min_length:
             out["minLength"] = self.min_length
+        return _finish(out, None, self.description)
+
+
+@dataclass(frozen=True)
+class StopField:
+    """A string or a list of strings, each `1..max_chars` long, at most `max_items` of them."""
+
+    name: str
+    max_items: int
+    max_chars: int
+    description: str = ""
+
+    def read(self, data: Mapping[str, Any]) -> tuple[str, ...]:
+        value = data.get(self.name)
+        if value is None:
+            return ()
+        stops = (value,) if isinstance(value, str) else value
+        if not isinstance(stops, list | tuple) or not all(isinstance(s, str) for s in stops):
+            raise _wrong_type(self.name, "a string or a list of strings", value)
+        if len(stops) > self.max_items:
+            raise BadRequestError(
+                f"'{self.name}' may hold at most {self.max_items} strings, got {len(stops)}", param=self.name
+            )
+        for stop in stops:
+            if not 1 <= len(stop) <= self.max_chars:
+                raise BadRequestError(
+                    f"each stop string must be 1-{self.max_chars} characters, got {len(stop)}",
+                    param=self.name,
+                )
+        return tuple(stops)
+
+    def schema(self, vocab_size: int | None = None) -> dict[str, Any]:
+        one = {"type": "string", "minLength": 1, "maxLength": self.max_chars}
+        alternatives = [one, {"type": "array", "items": one, "maxItems": self.max_items}, {"type": "null"}]
+        return _finish({"oneOf": alternatives}, None, self.description)
+
+
+def token_id_schema(vocab_size: int | None) -> dict[str, Any]:
+    """A token id: below the vocabulary size when the server knows it."""
+    return {"type": "integer", "minimum": 0, "maximum": INT32_MAX if vocab_size is None else vocab_size - 1}
+
+
+@dataclass(frozen=True)
+class TokenIdsField:
+    """A list of at most `max_items` token ids."""
+
+    name: str
+    max_items: int
+    description: str = ""
+
+    def read(self, data: Mapping[str, Any]) -> tuple[int, ...]:
+        value = data.get(self.name)
+        if value is None:
+            return ()
+        ids = as_int_list(value)
+        if ids is None:
+            raise BadRequestError(
+                f"'{self.name}' must be a list of integers", param=self.name, code="invalid_type"
+            )
+        if len(ids) > self.max_items:
+            raise BadRequestError(
+                f"'{self.name}' may hold at most {self.max_items} ids, got {len(ids)}", param=self.name
+            )
+        if not all(0 <= t <= INT32_MAX for t in ids):
+            raise BadRequestError(f"'{self.name}' must be token ids in [0, {INT32_MAX}]", param=self.name)
+        return ids
+
+    def schema(self, vocab_size: int | None = None) -> dict[str, Any]:
+        out = {"type": "array", "items": token_id_schema(vocab_size), "maxItems": self.max_items}
+        return _finish(out, None, self.description)
+
+
+@dataclass(frozen=True)
+class TokenBiasField:
+    """OpenAI's `logit_bias`: a map of token id (a decimal string: JSON keys are strings) to a
+    number in [minimum, maximum], at most `max_items` entries; read as (token id, bias) pairs."""
+
+    name: str
+    max_items: int
+    minimum: float
+    maximum: float
+    description: str = ""
+    # Token ids as JSON keys: no sign, no leading zero, at most 9 digits (beyond any vocabulary).
+    key_pattern: str = "^(0|[1-9][0-9]{0,8})$"
+
+    def read(self, data: Mapping[str, Any]) -> tuple[tuple[int, float], ...]:
+        value = data.get(self.name)
+        if value is None:
+            return ()
+        if not isinstance(value, dict):
+            raise _wrong_type(self.name, "an object mapping token ids to numbers", value)
+        if len(value) > self.max_items:
+            raise _out_of_range(self.name, f"{len(value)} entries", f"at most {self.max_items} entries")
+        pairs = []
+        for key, bias in value.items():
+            if not re.fullmatch(self.key_pattern, key):
+                shown = key if len(key) <= 32 else key[:32] + "..."
+                raise _out_of_range(self.name, f"the key {shown!r}", "keyed by token ids (decimal strings)")
+            pairs.append(
+                (int(key), NumberField(self.name, self.minimum, self.maximum, 0.0).read({self.name: bias}))
+            )
+        return tuple(pairs)
+
+    def schema(self, vocab_size: int | None = None) -> dict[str, Any]:
+        out = {
+            "type": "object",
+            "maxProperties": self.max_items,
+            "propertyNames": {"pattern": self.key_pattern},
+            "additionalProperties": {"type": "number", "minimum": self.minimum, "maximum": self.maximum},
+        }
         return _finish(out, None, self.description)
 
 

@@ -1,7 +1,10 @@
 """The fields of the OpenAI request bodies, declared once, with their bounds.
 
-`gateway.protocol` validates bodies with these declarations and `gateway.openapi` renders the
-request schemas of `/openapi.json` from them, so the document states exactly what is enforced.
+`gateway.protocol` validates bodies with these declarations, `gateway.openapi` renders the
+request schemas of `/openapi.json` from them, so the document states exactly what is enforced,
+and the fields of `SAMPLING_FIELDS` become the `engine.request.SamplingParams` keywords of the
+same name. Adding a sampling parameter is one declaration here, listed in `SAMPLING_FIELDS`, plus
+its field on `SamplingParams` and its use in `engine.sampler`.
 The bounds are the "input bounds" of docs/security.md: everything that costs engine time has one.
 """
 
@@ -16,7 +19,11 @@ from gateway.api_fields import (
     BoolField,
     IntField,
     NumberField,
+    StopField,
     StringField,
+    TokenBiasField,
+    TokenIdsField,
+    token_id_schema,
 )
 
 MAX_LOGPROBS = 20
@@ -30,6 +37,7 @@ MAX_PROMPTS = 128  # prompts in one batched /v1/completions request
 MAX_REQUEST_PROMPT_TOKENS = 65536  # or the model's context, when that is longer
 MAX_REQUEST_SEQUENCES = 256
 MAX_USER_CHARS = 256
+MAX_LOGIT_BIAS = 300  # entries, as OpenAI allows
 
 MAX_TOKENS = IntField("max_tokens", 1, INT32_MAX, description="Prompt + max_tokens must fit the context.")
 MAX_COMPLETION_TOKENS = IntField(
@@ -57,10 +65,19 @@ CHAT_LOGPROBS = BoolField("logprobs", False)
 TOP_LOGPROBS = IntField("top_logprobs", 0, MAX_LOGPROBS, description="Requires logprobs: true.")
 COMPLETION_LOGPROBS = IntField("logprobs", 0, MAX_LOGPROBS)
 BEST_OF = IntField("best_of", 1, MAX_N, description="Only equal to n is supported.")
+STOP = StopField("stop", MAX_STOP_STRINGS, MAX_STOP_CHARS)
+STOP_TOKEN_IDS = TokenIdsField("stop_token_ids", MAX_STOP_TOKEN_IDS, "Extension.")
+LOGIT_BIAS = TokenBiasField(
+    "logit_bias",
+    MAX_LOGIT_BIAS,
+    -100.0,
+    100.0,
+    "Added to the token's logit before sampling: -100 bans it, 100 all but forces it. "
+    "Ids beyond the model's vocabulary are ignored.",
+)
 
-SCALAR_SAMPLING_FIELDS = (
-    MAX_TOKENS,
-    MAX_COMPLETION_TOKENS,
+# Read into `SamplingParams` keywords of the same name (both endpoints).
+SAMPLING_FIELDS = (
     TEMPERATURE,
     TOP_P,
     N,
@@ -72,39 +89,23 @@ SCALAR_SAMPLING_FIELDS = (
     REPETITION_PENALTY,
     IGNORE_EOS,
     SKIP_SPECIAL_TOKENS,
-    STREAM,
     USE_BEAM_SEARCH,
-    BEAM_WIDTH,
     LENGTH_PENALTY,
-    USER,
+    STOP,
+    STOP_TOKEN_IDS,
+    LOGIT_BIAS,
 )
+# Read by the gateway itself (max_tokens is resolved per prompt, beam_width defaults to n).
+GATEWAY_FIELDS = (MAX_TOKENS, MAX_COMPLETION_TOKENS, STREAM, BEAM_WIDTH, USER)
 
 PRIORITY_NAMES = ("interactive", "standard", "batch")
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
-def _token_id(vocab_size: int | None) -> dict[str, Any]:
-    return {"type": "integer", "minimum": 0, "maximum": INT32_MAX if vocab_size is None else vocab_size - 1}
-
-
 def sampling_schema(vocab_size: int | None) -> dict[str, Any]:
     """The properties both generation bodies share."""
-    stop_string = {"type": "string", "minLength": 1, "maxLength": MAX_STOP_CHARS}
     return {
-        **{f.name: f.schema() for f in SCALAR_SAMPLING_FIELDS},
-        "stop": {
-            "oneOf": [
-                stop_string,
-                {"type": "array", "items": stop_string, "maxItems": MAX_STOP_STRINGS},
-                {"type": "null"},
-            ]
-        },
-        "stop_token_ids": {
-            "type": "array",
-            "items": _token_id(vocab_size),
-            "maxItems": MAX_STOP_TOKEN_IDS,
-            "description": "Extension.",
-        },
+        **{f.name: f.schema(vocab_size) for f in (*SAMPLING_FIELDS, *GATEWAY_FIELDS)},
         "stream_options": {
             "type": "object",
             "properties": {"include_usage": {"type": "boolean"}},
@@ -122,7 +123,6 @@ def sampling_schema(vocab_size: int | None) -> dict[str, Any]:
             "properties": {"type": {"const": "text"}},
             "description": "Only text is supported.",
         },
-        "logit_bias": {"type": "object", "maxProperties": 0, "description": "Not supported: empty only."},
         "tools": {"type": "array", "maxItems": 0, "description": "Not supported: empty only."},
     }
 
@@ -182,7 +182,7 @@ def chat_request_schema(models: list[str], vocab_size: int | None) -> dict[str, 
 
 def completion_request_schema(models: list[str], vocab_size: int | None) -> dict[str, Any]:
     """The JSON Schema of a `POST /v1/completions` body."""
-    ids = {"type": "array", "items": _token_id(vocab_size), "minItems": 1}
+    ids = {"type": "array", "items": token_id_schema(vocab_size), "minItems": 1}
     return {
         "type": "object",
         "required": ["model", "prompt"],

@@ -2,7 +2,8 @@
 
 Unknown fields are ignored (OpenAI clients send extras); a known field of the wrong type or out of
 its bounds is a 400 naming the field. The fields and their bounds are declared once, in
-`gateway.openai_fields`, which `/openapi.json` is rendered from too. `engine.request.SamplingParams`
+`gateway.openai_fields`, which `/openapi.json` is rendered from too; the sampling fields are read
+into `SamplingParams` keywords by name, with no copy here. `engine.request.SamplingParams`
 checks the ranges again when the routes build it, before anything reaches the engine.
 """
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from engine.errors import InvalidRequestError
@@ -63,50 +64,29 @@ class GenerationOptions:
     """The sampling and output fields shared by both endpoints, as the client sent them."""
 
     max_tokens: int | None  # None: the endpoint's default
-    temperature: float = 1.0
-    top_p: float = 1.0
-    n: int = 1
-    stop: tuple[str, ...] = ()
-    stop_token_ids: tuple[int, ...] = ()
-    seed: int | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    top_k: int = -1
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
-    ignore_eos: bool = False
-    skip_special_tokens: bool = True
+    # `SamplingParams` keyword -> value, one per field of `openai_fields.SAMPLING_FIELDS`.
+    sampling: Mapping[str, Any] = field(default_factory=dict)
     logprobs: int | None = None  # top alternatives per token; 0: the sampled token only; None: off
+    beam_width: int | None = None  # None: n
     priority: Priority | None = None
     user: str | None = None
     stream: bool = False
     include_usage: bool = False
-    use_beam_search: bool = False  # vLLM's extension: return the n best of beam_width beams
-    beam_width: int | None = None  # None: n
-    length_penalty: float = 1.0
+
+    @property
+    def n(self) -> int:
+        return int(self.sampling.get(f.N.name, 1))
+
+    @property
+    def use_beam_search(self) -> bool:
+        return bool(self.sampling.get(f.USE_BEAM_SEARCH.name, False))
 
     def sampling_params(self, max_tokens: int) -> SamplingParams:
         """The engine's parameters for one prompt; `max_tokens` is resolved by the route
         (the client's, or the endpoint's default within the context and the key's quota)."""
+        beam_width = self.beam_width if self.beam_width is not None else self.n
         return SamplingParams(
-            max_tokens=max_tokens,
-            temperature=self.temperature,
-            top_p=self.top_p,
-            top_k=self.top_k,
-            min_p=self.min_p,
-            repetition_penalty=self.repetition_penalty,
-            presence_penalty=self.presence_penalty,
-            frequency_penalty=self.frequency_penalty,
-            seed=self.seed,
-            stop=self.stop,
-            stop_token_ids=self.stop_token_ids,
-            ignore_eos=self.ignore_eos,
-            logprobs=self.logprobs,
-            n=self.n,
-            skip_special_tokens=self.skip_special_tokens,
-            use_beam_search=self.use_beam_search,
-            beam_width=self.beam_width if self.beam_width is not None else self.n,
-            length_penalty=self.length_penalty,
+            max_tokens=max_tokens, logprobs=self.logprobs, beam_width=beam_width, **self.sampling
         )
 
 
@@ -174,42 +154,6 @@ class _Fields:
         )
 
 
-def _stop(fields: _Fields) -> tuple[str, ...]:
-    value = fields.data.get("stop")
-    if value is None:
-        return ()
-    stops = (value,) if isinstance(value, str) else value
-    if not isinstance(stops, list | tuple) or not all(isinstance(s, str) for s in stops):
-        raise fields._bad("stop", "a string or a list of strings")
-    if len(stops) > f.MAX_STOP_STRINGS:
-        raise BadRequestError(
-            f"'stop' may hold at most {f.MAX_STOP_STRINGS} strings, got {len(stops)}", param="stop"
-        )
-    for stop in stops:
-        if not 1 <= len(stop) <= f.MAX_STOP_CHARS:
-            raise BadRequestError(
-                f"each stop string must be 1-{f.MAX_STOP_CHARS} characters, got {len(stop)}", param="stop"
-            )
-    return tuple(stops)
-
-
-def _stop_token_ids(fields: _Fields) -> tuple[int, ...]:
-    name = "stop_token_ids"
-    value = fields.data.get(name)
-    if value is None:
-        return ()
-    ids = as_int_list(value)
-    if ids is None:
-        raise BadRequestError(f"'{name}' must be a list of integers", param=name, code="invalid_type")
-    if len(ids) > f.MAX_STOP_TOKEN_IDS:
-        raise BadRequestError(
-            f"'{name}' may hold at most {f.MAX_STOP_TOKEN_IDS} ids, got {len(value)}", param=name
-        )
-    if not all(0 <= t <= f.INT32_MAX for t in ids):
-        raise BadRequestError(f"'{name}' must be token ids in [0, {f.INT32_MAX}]", param=name)
-    return ids
-
-
 def _priority(fields: _Fields) -> Priority | None:
     value = fields.data.get("priority")
     if value is None:
@@ -253,27 +197,13 @@ def _options(fields: _Fields, logprobs: int | None) -> GenerationOptions:
         max_tokens = f.MAX_TOKENS.read(data)
     return GenerationOptions(
         max_tokens=max_tokens,
-        temperature=f.TEMPERATURE.read(data),
-        top_p=f.TOP_P.read(data),
-        n=f.N.read(data) or 1,
-        stop=_stop(fields),
-        stop_token_ids=_stop_token_ids(fields),
-        seed=f.SEED.read(data),
-        presence_penalty=f.PRESENCE_PENALTY.read(data),
-        frequency_penalty=f.FREQUENCY_PENALTY.read(data),
-        top_k=f.TOP_K.read(data) or -1,
-        min_p=f.MIN_P.read(data),
-        repetition_penalty=f.REPETITION_PENALTY.read(data),
-        ignore_eos=f.IGNORE_EOS.read(data),
-        skip_special_tokens=f.SKIP_SPECIAL_TOKENS.read(data),
+        sampling={spec.name: spec.read(data) for spec in f.SAMPLING_FIELDS},
         logprobs=logprobs,
+        beam_width=f.BEAM_WIDTH.read(data),
         priority=_priority(fields),
         user=f.USER.read(data),
         stream=stream,
         include_usage=include_usage,
-        use_beam_search=f.USE_BEAM_SEARCH.read(data),
-        beam_width=f.BEAM_WIDTH.read(data),
-        length_penalty=f.LENGTH_PENALTY.read(data),
     )
 
 
@@ -325,7 +255,6 @@ def _messages(fields: _Fields) -> tuple[ChatMessage, ...]:
 
 
 def _reject_unsupported_common(fields: _Fields) -> None:
-    fields.reject_unsupported("logit_bias")
     fields.reject_unsupported("tools")
     fields.reject_unsupported("functions")
     response_format = fields.object_or_none("response_format")

@@ -162,7 +162,8 @@ def test_prefix_registration_with_token_ids_outside_the_vocabulary_is_4xx(full: 
         ({"temperature": 10**400}, "temperature"),
         ({"length_penalty": 1e9}, "length_penalty"),
         ({"user": "u" * 257}, "user"),
-        ({"logit_bias": {"1": 5}}, "logit_bias"),
+        ({"logit_bias": {"1": 101}}, "logit_bias"),
+        ({"logit_bias": {str(i): 1 for i in range(301)}}, "logit_bias"),
     ],
 )
 def test_chat_bounds_are_400_naming_the_field(full: FullServer, fields: dict[str, Any], param: str) -> None:

@@ -127,6 +127,17 @@ def test_logprobs_are_returned(client: openai.OpenAI) -> None:
         assert item.top_logprobs[0].logprob >= item.logprob - 1e-6  # greedy picks the best
 
 
+def test_logit_bias_forces_and_bans_tokens(client: openai.OpenAI, real: RealServer) -> None:
+    tokenizer = real.engine.tokenizer
+    river = tokenizer.encode(" river", add_special_tokens=False)[0]
+    lake = tokenizer.encode(" lake", add_special_tokens=False)[0]
+    kwargs = dict(model=MODEL, prompt="Paged attention", max_tokens=3, temperature=0)
+    forced = client.completions.create(logit_bias={str(river): 100, str(lake): 99}, **kwargs)
+    assert forced.choices[0].text == tokenizer.decode([river] * 3)
+    banned = client.completions.create(logit_bias={str(river): -100, str(lake): 99}, **kwargs)
+    assert banned.choices[0].text == tokenizer.decode([lake] * 3)
+
+
 def test_bad_requests_are_refused_with_openai_errors(client: openai.OpenAI, real: RealServer) -> None:
     with pytest.raises(openai.BadRequestError) as exc:
         client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=10_000)

@@ -16,6 +16,7 @@ from engine.sampler import (
     SampleResult,
     SamplingContext,
     apply_filters,
+    apply_logit_bias,
     apply_penalties,
     make_generator,
 )
@@ -255,6 +256,44 @@ def test_greedy_with_penalty_changes_the_choice() -> None:
     params = SamplingParams(temperature=0.0, repetition_penalty=2.0)
     penalised = Sampler()(logits, [ctx(params, prompt=(5,), output=(0,))])
     assert plain[0].token_id == 0 and penalised[0].token_id == 1
+
+
+def test_a_large_positive_logit_bias_forces_the_token_under_greedy() -> None:
+    logits = random_logits(2, seed=7)
+    worst = int(logits[0].argmin())
+    params = SamplingParams(temperature=0.0, logit_bias=((worst, 100.0),))
+    results = Sampler()(logits, [ctx(params), ctx(SamplingParams(temperature=0.0))])
+    assert results[0].token_id == worst
+    assert results[1].token_id == int(logits[1].argmax())  # the other row is untouched
+
+
+def test_a_minus_100_logit_bias_bans_the_token_greedy_or_sampled() -> None:
+    logits = torch.zeros(1, VOCAB)
+    logits[0, 3] = 8.0  # the model's clear favourite
+    greedy = Sampler()(logits, [ctx(SamplingParams(temperature=0.0, logit_bias=((3, -100.0),)))])
+    assert greedy[0].token_id != 3
+    sampler = Sampler(seed=0)
+    params = SamplingParams(temperature=1.0, seed=1, logit_bias=((3, -100.0),))
+    drawn = {sampler(logits, [ctx(params)])[0].token_id for _ in range(50)}
+    assert 3 not in drawn
+
+
+def test_logit_bias_adds_to_penalised_logits_and_ignores_ids_beyond_the_vocabulary() -> None:
+    logits = torch.tensor([[2.0, -1.0, 0.5]])
+    contexts = [ctx(SamplingParams(logit_bias=((1, 5.0), (2, -0.5), (1, 1.0), (99, 3.0))), prompt=(0,))]
+    assert apply_logit_bias(logits.clone(), contexts).tolist() == [[2.0, 5.0, 0.0]]
+    params = SamplingParams(temperature=0.0, repetition_penalty=2.0, logit_bias=((0, 0.5),))
+    # The penalty halves token 0 (seen in the prompt) to 1.0, the bias brings it to 1.5: still first.
+    assert Sampler()(logits, [ctx(params, prompt=(0,))])[0].token_id == 0
+
+
+def test_logit_bias_bounds() -> None:
+    with pytest.raises(ValueError):
+        SamplingParams(logit_bias=((1, 101.0),))
+    with pytest.raises(ValueError):
+        SamplingParams(logit_bias=tuple((i, 1.0) for i in range(301)))
+    with pytest.raises(ValueError):
+        SamplingParams(use_beam_search=True, beam_width=2, logit_bias=((1, 1.0),))
 
 
 def test_logprobs_match_log_softmax_of_raw_logits_and_are_sorted() -> None:

@@ -14,7 +14,7 @@ from starlette.testclient import TestClient
 from gateway.api_fields import BoolField, IntField, NumberField, StringField
 from gateway.bootstrap import build_tenancy
 from gateway.errors import BadRequestError
-from gateway.openai_fields import SCALAR_SAMPLING_FIELDS
+from gateway.openai_fields import GATEWAY_FIELDS, LOGIT_BIAS, MAX_LOGIT_BIAS, SAMPLING_FIELDS
 from gateway.openapi import openapi_schema
 from gateway.protocol import parse_chat_request
 from gateway.routes.prefix_cache import prefix_cache_routes
@@ -35,7 +35,14 @@ def _accepts(name: str, value: Any) -> bool:
     return True
 
 
-@pytest.mark.parametrize("spec", SCALAR_SAMPLING_FIELDS, ids=lambda s: s.name)
+SCALAR_FIELDS = [
+    spec
+    for spec in (*SAMPLING_FIELDS, *GATEWAY_FIELDS)
+    if isinstance(spec, IntField | NumberField | BoolField | StringField)
+]
+
+
+@pytest.mark.parametrize("spec", SCALAR_FIELDS, ids=lambda s: s.name)
 def test_documented_bounds_are_the_enforced_ones(
     spec: IntField | NumberField | BoolField | StringField,
 ) -> None:
@@ -60,6 +67,28 @@ def test_documented_bounds_are_the_enforced_ones(
         assert _accepts(spec.name, "u" * spec.max_length) and not _accepts(
             spec.name, "u" * (spec.max_length + 1)
         )
+
+
+def test_every_sampling_field_is_documented_in_both_bodies() -> None:
+    schemas = openapi_schema(models=["m"])["components"]["schemas"]
+    for body in ("ChatCompletionRequest", "CompletionRequest"):
+        for spec in (*SAMPLING_FIELDS, *GATEWAY_FIELDS):
+            assert schemas[body]["properties"][spec.name] == spec.schema(), (body, spec.name)
+
+
+def test_logit_bias_is_documented_with_the_bounds_the_validator_enforces() -> None:
+    documented = openapi_schema(models=["m"])["components"]["schemas"]["ChatCompletionRequest"]["properties"][
+        "logit_bias"
+    ]
+    assert documented["maxProperties"] == MAX_LOGIT_BIAS
+    assert documented["additionalProperties"] == {"type": "number", "minimum": -100.0, "maximum": 100.0}
+    assert documented["propertyNames"] == {"pattern": LOGIT_BIAS.key_pattern}
+    assert _accepts("logit_bias", {"0": -100, "999999999": 100})
+    assert _accepts("logit_bias", {str(i): 1 for i in range(MAX_LOGIT_BIAS)})
+    assert not _accepts("logit_bias", {str(i): 1 for i in range(MAX_LOGIT_BIAS + 1)})
+    assert not _accepts("logit_bias", {"1": 100.5}) and not _accepts("logit_bias", {"1": -100.5})
+    assert not _accepts("logit_bias", {"1000000000": 1}) and not _accepts("logit_bias", {"01": 1})
+    assert not _accepts("logit_bias", {"1": True}) and not _accepts("logit_bias", ["1"])
 
 
 def test_the_seed_range_is_the_generators() -> None:

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from engine.request import Priority
+from engine.request import Priority, SamplingParams
 from gateway.errors import BadRequestError
 from gateway.protocol import (
     Role,
@@ -27,9 +27,9 @@ def test_minimal_chat_defaults() -> None:
     assert req.model == "m"
     assert req.messages[0].role is Role.USER and req.messages[0].content == "hi"
     o = req.options
-    assert (o.max_tokens, o.temperature, o.top_p, o.n, o.stop, o.logprobs, o.stream) == (
-        None, 1.0, 1.0, 1, (), None, False,
-    )  # fmt: skip
+    assert (o.max_tokens, o.n, o.logprobs, o.stream) == (None, 1, None, False)
+    # Every sampling field the client left out takes the engine's own default.
+    assert o.sampling_params(16) == SamplingParams(max_tokens=16)
 
 
 def test_all_supported_chat_fields() -> None:
@@ -38,15 +38,18 @@ def test_all_supported_chat_fields() -> None:
             max_tokens=5, temperature=0.5, top_p=0.9, n=2, stop="x", seed=3, presence_penalty=0.1,
             frequency_penalty=0.2, logprobs=True, top_logprobs=3, user="u", stream=True,
             stream_options={"include_usage": True}, top_k=4, min_p=0.05, repetition_penalty=1.1,
-            ignore_eos=True, priority="batch",
+            ignore_eos=True, priority="batch", logit_bias={"7": -100, "9": 2.5},
         )
     )  # fmt: skip
     o = req.options
-    assert o.max_tokens == 5 and o.temperature == 0.5 and o.top_p == 0.9 and o.n == 2
-    assert o.stop == ("x",) and o.seed == 3 and o.presence_penalty == 0.1 and o.frequency_penalty == 0.2
+    assert o.max_tokens == 5 and o.n == 2
     assert o.logprobs == 3 and o.user == "u" and o.stream and o.include_usage
-    assert o.top_k == 4 and o.min_p == 0.05 and o.repetition_penalty == 1.1 and o.ignore_eos
     assert o.priority is Priority.BATCH
+    p = o.sampling_params(5)
+    assert p.temperature == 0.5 and p.top_p == 0.9 and p.n == 2 and p.beam_width == 2
+    assert p.stop == ("x",) and p.seed == 3 and p.presence_penalty == 0.1 and p.frequency_penalty == 0.2
+    assert p.top_k == 4 and p.min_p == 0.05 and p.repetition_penalty == 1.1 and p.ignore_eos
+    assert p.logprobs == 3 and p.logit_bias == ((7, -100.0), (9, 2.5))
 
 
 def test_max_completion_tokens_wins() -> None:
@@ -90,7 +93,13 @@ def test_logprobs_without_top_logprobs_means_sampled_token_only() -> None:
         ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
         ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content[0].type"),
         ({"tools": [{"type": "function"}]}, "tools"),
-        ({"logit_bias": {"5": 1}}, "logit_bias"),
+        ({"logit_bias": {"5": 101}}, "logit_bias"),
+        ({"logit_bias": {"5": "1"}}, "logit_bias"),
+        ({"logit_bias": {"-5": 1}}, "logit_bias"),
+        ({"logit_bias": {"05": 1}}, "logit_bias"),
+        ({"logit_bias": {"1e3": 1}}, "logit_bias"),
+        ({"logit_bias": [5]}, "logit_bias"),
+        ({"logit_bias": {str(i): 1 for i in range(301)}}, "logit_bias"),
         ({"response_format": {"type": "json_object"}}, "response_format"),
     ],
 )

@@ -83,6 +83,7 @@ def test_engine_request_fields(live: Live) -> None:
         **CHAT, "max_tokens": 7, "temperature": 0.3, "top_p": 0.8, "top_k": 5, "min_p": 0.1, "seed": 9,
         "repetition_penalty": 1.2, "presence_penalty": 0.5, "frequency_penalty": -0.5, "stop": ["x", "y"],
         "ignore_eos": True, "n": 2, "logprobs": True, "top_logprobs": 3, "priority": "batch",
+        "logit_bias": {"12": 100, "3": -100},
     }  # fmt: skip
     assert post(live, "/v1/chat/completions", body).status_code == 200
     (req,) = live.engine.requests
@@ -90,11 +91,19 @@ def test_engine_request_fields(live: Live) -> None:
     assert (sp.max_tokens, sp.temperature, sp.top_p, sp.top_k, sp.min_p, sp.seed) == (7, 0.3, 0.8, 5, 0.1, 9)
     assert (sp.repetition_penalty, sp.presence_penalty, sp.frequency_penalty) == (1.2, 0.5, -0.5)
     assert sp.stop == ("x", "y") and sp.ignore_eos and sp.n == 2 and sp.logprobs == 3
+    assert sp.logit_bias == ((12, 100.0), (3, -100.0))
     assert req.priority is Priority.BATCH
     assert req.request_id.startswith("chatcmpl-")
     assert req.tenant_id == "default" and req.cache_scope == "default"
     expected = tokenizer().apply_chat_template(CHAT["messages"], tokenize=False, add_generation_prompt=True)
     assert list(req.prompt_token_ids) == tokenizer().encode(expected, add_special_tokens=False)
+
+
+def test_logit_bias_with_beam_search_is_a_400_naming_it(live: Live) -> None:
+    body = {**CHAT, "max_tokens": 2, "use_beam_search": True, "n": 2, "logit_bias": {"1": 5}}
+    r = post(live, "/v1/chat/completions", body)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "logit_bias"
+    assert live.engine.requests == []
 
 
 def test_default_max_tokens(live: Live) -> None:
