@@ -130,7 +130,13 @@ def create_app(
     )
     app = Starlette(
         routes=routes,
-        middleware=[Middleware(BodyLimitMiddleware, max_body_bytes=settings.max_request_body_bytes)],
+        middleware=[
+            Middleware(
+                BodyLimitMiddleware,
+                max_body_bytes=settings.max_request_body_bytes,
+                count_error=metrics.count_error,
+            )
+        ],
         exception_handlers=exception_handlers(metrics.count_error),
         lifespan=_lifespan(state, tracer, on_startup, on_shutdown),
     )

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 
 import anyio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -38,8 +39,10 @@ class BodyLimitMiddleware:
         max_body_bytes: int,
         body_timeout_s: float = BODY_TIMEOUT_S,
         max_header_bytes: int = MAX_HEADER_BYTES,
+        count_error: Callable[[int], None] | None = None,
     ) -> None:
         self.app = app
+        self.count_error = count_error  # the error metric; errors raised later reach the app's handlers
         self.max_body_bytes = max_body_bytes
         self.body_timeout_s = body_timeout_s
         self.max_header_bytes = max_header_bytes
@@ -90,6 +93,8 @@ class BodyLimitMiddleware:
         await self.app(scope, counting_receive, send)
 
     async def _refuse(self, send: Send, error: WeirError) -> None:
+        if self.count_error is not None:
+            self.count_error(error.status_code)
         body = json.dumps(error.body()).encode()
         await send(
             {

@@ -104,6 +104,15 @@ def test_errors_are_counted_by_status(server: tuple[FakeEngine, httpx.Client]) -
     assert value(scrape(client), "weir_request_errors_total", status="404") == before + 1
 
 
+def test_requests_refused_before_the_app_are_counted_too(server: tuple[FakeEngine, httpx.Client]) -> None:
+    engine, client = server
+    before = value(scrape(client), "weir_request_errors_total", status="431")
+    # Refused by the body-limit middleware from the headers alone, before any route runs.
+    r = client.get("/v1/models", headers={"x-padding": "a" * 20_000})
+    assert r.status_code == 431
+    assert value(scrape(client), "weir_request_errors_total", status="431") == before + 1
+
+
 def test_aborted_choices_count_as_abort() -> None:
     from engine.client import EngineRequest
     from engine.request import SamplingParams
