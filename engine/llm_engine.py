@@ -1,8 +1,9 @@
 """The synchronous engine core: add requests, step, get outputs.
 
-One `step()` = schedule -> run the model -> append sampled tokens -> detokenize and check
-stops -> free finished requests' blocks. `engine.async_engine` drives it from a background
-thread; tests and the offline benchmark drive it directly.
+One `step()` = schedule -> run the model -> `Scheduler.update_from_output` (advance, append
+sampled tokens after detokenizing and checking stops, free finished requests' blocks) -> the
+callers' outputs. `engine.async_engine` drives it from a background thread; tests and the
+offline benchmark drive it directly.
 
 Fault containment: a failure in one request's own work (its inputs, its sampling, its stop
 checks and detokenization, its beam bookkeeping) fails that request only. A failed model forward
