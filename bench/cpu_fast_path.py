@@ -1,0 +1,239 @@
+"""`python -m bench.cpu_fast_path --model DIR`: the CPU fast path against the plain one, in one run.
+
+Three measurements, all in the same process so that they share the machine's state:
+
+1. `linear`: each of the model's GEMM shapes (fused qkv, o, fused gate/up, down, LM head) at
+   several row counts, `F.linear` against the pre-packed oneDNN weight
+   (engine/models/packed_linear.py), one call of each in turn, median of the repetitions.
+2. `weight_read`: the time to read every weight of the model once (a `sum` over each tensor,
+   which on CPU is bound by memory bandwidth), the floor of a decode step at batch 1.
+3. `decode`: whole engine decode steps (schedule, forward, logits, sampling) of the plain and
+   the packed engine, `--steps` steps of one then of the other, alternating which goes first,
+   `--reps` times: on a shared, noisy machine both see the same noise. Reported as medians (and
+   minima) and as the ratio plain / packed, next to the weight-read time and batch-B / batch-1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from bench.decode_bench import BLOCK_SIZE, _cdiv
+from engine.client import EngineRequest
+from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from engine.llm_engine import LLMEngine, build_engine
+from engine.loader import load_model_config
+from engine.models.packed_linear import PackedLinear
+from engine.request import SamplingParams
+
+
+def gemm_shapes(config: ModelConfig) -> dict[str, tuple[int, int]]:
+    """(out_features, in_features) of each linear layer as the loader builds them (fused qkv, gate/up)."""
+    q, kv = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+    h, i = config.hidden_size, config.intermediate_size
+    return {
+        "qkv": (q + 2 * kv, h),
+        "o": (h, q),
+        "gate_up": (2 * i, h),
+        "down": (h, i),
+        "lm_head": (config.vocab_size, h),
+    }
+
+
+def _median_pair(first: Callable[[], object], second: Callable[[], object], reps: int) -> tuple[float, float]:
+    """Median seconds of each of two calls, timed one after the other `reps` times."""
+    first()
+    second()
+    a, b = [], []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        first()
+        t1 = time.perf_counter()
+        second()
+        b.append(time.perf_counter() - t1)
+        a.append(t1 - t0)
+    return statistics.median(a), statistics.median(b)
+
+
+def measure_linear(
+    config: ModelConfig, rows: Sequence[int], dtype: torch.dtype, budget_flop: float = 3e9
+) -> list[dict[str, Any]]:
+    """F.linear vs the packed weight, per shape and row count (µs, median)."""
+    gen = torch.Generator().manual_seed(0)
+    out = []
+    with torch.inference_mode():
+        for name, (n, k) in gemm_shapes(config).items():
+            weight = (torch.randn(n, k, generator=gen) * 0.02).to(dtype)
+            packed = PackedLinear(weight, None)
+            for m in rows:
+                x = torch.randn(m, k, generator=gen).to(dtype)
+                reps = max(5, min(200, int(budget_flop / (2 * m * n * k + 1e6))))
+                plain_s, packed_s = _median_pair(partial(F.linear, x, weight), partial(packed, x), reps)
+                out.append(
+                    {
+                        "shape": name,
+                        "n_k": [n, k],
+                        "rows": m,
+                        "f_linear_us": round(plain_s * 1e6, 1),
+                        "packed_us": round(packed_s * 1e6, 1),
+                        "speedup": round(plain_s / packed_s, 2),
+                        "reps": reps,
+                    }
+                )
+    return out
+
+
+def measure_weight_read(net: torch.nn.Module, reps: int) -> dict[str, Any]:
+    """Seconds to read every parameter once (median of `reps` passes), and the implied bytes/s."""
+    params = [p for p in net.parameters() if p.is_floating_point()]
+    num_bytes = sum(p.numel() * p.element_size() for p in params)
+    times = []
+    with torch.inference_mode():
+        for _ in range(reps + 1):
+            t0 = time.perf_counter()
+            for p in params:
+                p.sum()
+            times.append(time.perf_counter() - t0)
+    seconds = statistics.median(times[1:])  # the first pass warms up
+    return {
+        "bytes": num_bytes,
+        "ms": round(seconds * 1e3, 2),
+        "gb_per_s": round(num_bytes / seconds / 1e9, 1),
+    }
+
+
+def build_cpu_engine(
+    model: Path, dtype: str, packed: bool, max_num_seqs: int, max_model_len: int
+) -> LLMEngine:
+    """A CPU engine with the fast path on or off (prefix caching off: every step does its work)."""
+    config = EngineConfig(
+        model_path=str(model),
+        dtype=dtype,
+        device="cpu",
+        cache=CacheConfig(
+            block_size=BLOCK_SIZE,
+            num_blocks=2 + max_num_seqs * _cdiv(max_model_len, BLOCK_SIZE),
+            kv_dtype=dtype,
+            enable_prefix_caching=False,
+        ),
+        scheduler=SchedulerConfig(
+            max_num_batched_tokens=4096, max_num_seqs=max_num_seqs, max_model_len=max_model_len
+        ),
+        cpu_packed_linear=packed,
+    )
+    return build_engine(config)
+
+
+def _start_decoding(engine: LLMEngine, batch: int, context_len: int, max_tokens: int) -> list[str]:
+    gen = torch.Generator().manual_seed(batch)
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    ids = [f"b{batch}-{i}" for i in range(batch)]
+    for rid in ids:
+        prompt = torch.randint(0, engine.model_config.vocab_size, (context_len,), generator=gen).tolist()
+        engine.add_request(EngineRequest(rid, tuple(prompt), params))
+    reqs = [engine.scheduler.requests[rid] for rid in ids]
+    while any(r.num_output_tokens == 0 for r in reqs):  # prefill
+        engine.step()
+    engine.step()  # every sequence decoding from here on
+    return ids
+
+
+def _time_steps(engine: LLMEngine, num_steps: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(num_steps):
+        engine.step()
+    return (time.perf_counter() - t0) / num_steps
+
+
+def measure_decode(
+    engines: dict[str, LLMEngine], batches: Sequence[int], context_len: int, num_steps: int, reps: int
+) -> list[dict[str, Any]]:
+    """Median decode step (ms) of each engine per batch size, the engines interleaved."""
+    rows = []
+    names = list(engines)
+    for batch in batches:
+        ids = {
+            name: _start_decoding(eng, batch, context_len, 2 * reps * num_steps + 8)
+            for name, eng in engines.items()
+        }
+        times: dict[str, list[float]] = {name: [] for name in names}
+        for rep in range(reps):
+            for name in names if rep % 2 == 0 else reversed(names):
+                times[name].append(_time_steps(engines[name], num_steps))
+        row: dict[str, Any] = {"batch": batch, "context_len": context_len, "steps": num_steps, "reps": reps}
+        for name in names:
+            row[f"{name}_ms"] = round(statistics.median(times[name]) * 1e3, 2)
+            row[f"{name}_min_ms"] = round(min(times[name]) * 1e3, 2)
+        rows.append(row)
+        for name, eng in engines.items():
+            for rid in ids[name]:
+                eng.abort(rid)
+    return rows
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Every section the arguments ask for, as one JSON-ready dict."""
+    dtype = getattr(torch, args.dtype)
+    config = load_model_config(args.model)
+    report: dict[str, Any] = {
+        "model": str(args.model),
+        "dtype": args.dtype,
+        "threads": torch.get_num_threads(),
+    }
+    if args.linear_rows:
+        report["linear"] = measure_linear(config, args.linear_rows, dtype)
+    if not args.batches:
+        return report
+    max_len = args.context_len + 2 * args.reps * args.steps + 64
+    top = max(args.batches)
+    engines = {
+        "plain": build_cpu_engine(args.model, args.dtype, False, top, max_len),
+        "packed": build_cpu_engine(args.model, args.dtype, True, top, max_len),
+    }
+    if not getattr(engines["packed"].runner.model, "is_packed", False):
+        raise RuntimeError("the packed engine did not pack its linear weights")
+    report["weight_read"] = measure_weight_read(engines["plain"].runner.model, args.reps)
+    report["decode"] = measure_decode(engines, args.batches, args.context_len, args.steps, args.reps)
+    read_ms = report["weight_read"]["ms"]
+    base = report["decode"][0]
+    for row in report["decode"]:
+        row["plain_over_packed"] = round(row["plain_ms"] / row["packed_ms"], 2)
+        row["packed_over_weight_read"] = round(row["packed_ms"] / read_ms, 2)
+        row["packed_over_first_batch"] = round(row["packed_ms"] / base["packed_ms"], 2)
+    return report
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.cpu_fast_path", description=__doc__.splitlines()[0])
+    p.add_argument("--model", type=Path, required=True, help="a prepared model folder")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--linear-rows", type=int, nargs="*", default=[1, 8, 32, 128, 512])
+    p.add_argument("--batches", type=int, nargs="*", default=[1, 8])
+    p.add_argument("--context-len", type=int, default=128, help="prompt tokens of each decoding sequence")
+    p.add_argument("--steps", type=int, default=4, help="decode steps per timed block")
+    p.add_argument("--reps", type=int, default=8, help="timed blocks per engine and batch size")
+    p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    p.add_argument("--out", type=Path, help="also write the JSON report here")
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    report = run(args)
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

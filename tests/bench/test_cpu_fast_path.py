@@ -1,0 +1,51 @@
+"""bench.cpu_fast_path on a tiny model: every section runs, and its shapes are the model's own."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from bench.cpu_fast_path import gemm_shapes, main
+from engine.attention import TorchAttentionBackend
+from engine.loader import load_model
+from engine.models.llama import Linear, LlamaForCausalLM
+from engine.models.packed_linear import packing_supported
+from tests.engine.tiny_models import make_tiny_model
+
+pytestmark = pytest.mark.skipif(
+    not packing_supported(torch.float32, torch.device("cpu")), reason="no oneDNN in this torch"
+)
+
+
+def test_gemm_shapes_are_the_loaded_layers(tmp_path: Path) -> None:
+    path = make_tiny_model(tmp_path, "qwen3", num_kv_heads=1, head_dim=32)
+    model, config = load_model(path, torch.float32, torch.device("cpu"), TorchAttentionBackend())
+    assert isinstance(model, LlamaForCausalLM)
+    attn, mlp = model.layers[0].self_attn, model.layers[0].mlp
+    layers = {"qkv": attn.qkv_proj, "o": attn.o_proj, "gate_up": mlp.gate_up_proj, "down": mlp.down_proj}
+    shapes = gemm_shapes(config)
+    for name, layer in layers.items():
+        assert isinstance(layer, Linear)
+        assert shapes[name] == tuple(layer.weight.shape), name
+    assert shapes["lm_head"] == tuple(model.embed_tokens.shape)
+
+
+def test_one_run_reports_linear_weight_read_and_interleaved_decode(tmp_path: Path) -> None:
+    path = make_tiny_model(tmp_path / "model", "llama", num_kv_heads=2)
+    out = tmp_path / "report.json"
+    argv = ["--model", str(path), "--linear-rows", "1", "4", "--batches", "1", "3"]
+    assert main([*argv, "--context-len", "20", "--steps", "2", "--reps", "2", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert {(r["shape"], r["rows"]) for r in report["linear"]} == {
+        (s, m) for s in ("qkv", "o", "gate_up", "down", "lm_head") for m in (1, 4)
+    }
+    assert all(r["f_linear_us"] > 0 and r["packed_us"] > 0 for r in report["linear"])
+    assert report["weight_read"]["bytes"] > 0 and report["weight_read"]["ms"] > 0
+    assert [r["batch"] for r in report["decode"]] == [1, 3]
+    for row in report["decode"]:
+        assert row["plain_ms"] > 0 and row["packed_ms"] > 0
+        assert row["plain_over_packed"] == pytest.approx(row["plain_ms"] / row["packed_ms"], abs=0.01)
+    assert report["decode"][0]["packed_over_first_batch"] == 1.0
