@@ -1,16 +1,16 @@
 """`python -m bench.cpu_fast_path --model DIR`: the CPU fast path against the plain one, in one run.
 
-Three measurements, all in the same process so that they share the machine's state:
+Two measurements, both in the same process so that they share the machine's state:
 
 1. `linear`: each of the model's GEMM shapes (fused qkv, o, fused gate/up, down, LM head) at
    several row counts, `F.linear` against the pre-packed oneDNN weight
    (engine/models/packed_linear.py), one call of each in turn, median of the repetitions.
-2. `weight_read`: the time to read every weight of the model once (a `sum` over each tensor,
-   which on CPU is bound by memory bandwidth), the floor of a decode step at batch 1.
-3. `decode`: whole engine decode steps (schedule, forward, logits, sampling) of the plain and
-   the packed engine, `--steps` steps of one then of the other, alternating which goes first,
-   `--reps` times: on a shared, noisy machine both see the same noise. Reported as medians (and
-   minima) and as the ratio plain / packed, next to the weight-read time and batch-B / batch-1.
+2. `decode`: whole engine decode steps (schedule, forward, logits, sampling) of the plain and
+   the packed engine, `--steps` steps of each, and one read of every weight of the model (a
+   `sum` over each tensor, bound by memory bandwidth on CPU: the floor of a decode step at
+   batch 1), in an order that alternates, `--reps` times: on a shared, noisy machine all three
+   see the same noise. Reported as medians (and minima), as the ratio plain / packed, packed /
+   weight read, and packed at batch B / packed at the first batch size.
 """
 
 from __future__ import annotations
@@ -93,23 +93,17 @@ def measure_linear(
     return out
 
 
-def measure_weight_read(net: torch.nn.Module, reps: int) -> dict[str, Any]:
-    """Seconds to read every parameter once (median of `reps` passes), and the implied bytes/s."""
-    params = [p for p in net.parameters() if p.is_floating_point()]
-    num_bytes = sum(p.numel() * p.element_size() for p in params)
-    times = []
-    with torch.inference_mode():
-        for _ in range(reps + 1):
-            t0 = time.perf_counter()
-            for p in params:
+class WeightReader:
+    """Reads every floating-point parameter of a model once per call (`sum`, bandwidth-bound on CPU)."""
+
+    def __init__(self, net: torch.nn.Module):
+        self.params = [p for p in net.parameters() if p.is_floating_point()]
+        self.num_bytes = sum(p.numel() * p.element_size() for p in self.params)
+
+    def __call__(self) -> None:
+        with torch.inference_mode():
+            for p in self.params:
                 p.sum()
-            times.append(time.perf_counter() - t0)
-    seconds = statistics.median(times[1:])  # the first pass warms up
-    return {
-        "bytes": num_bytes,
-        "ms": round(seconds * 1e3, 2),
-        "gb_per_s": round(num_bytes / seconds / 1e9, 1),
-    }
 
 
 def build_cpu_engine(
@@ -156,20 +150,34 @@ def _time_steps(engine: LLMEngine, num_steps: int) -> float:
 
 
 def measure_decode(
-    engines: dict[str, LLMEngine], batches: Sequence[int], context_len: int, num_steps: int, reps: int
+    engines: dict[str, LLMEngine],
+    read_weights: WeightReader,
+    batches: Sequence[int],
+    context_len: int,
+    num_steps: int,
+    reps: int,
 ) -> list[dict[str, Any]]:
-    """Median decode step (ms) of each engine per batch size, the engines interleaved."""
+    """Median decode step (ms) of each engine per batch size, and of one read of every weight.
+
+    Each repetition times `num_steps` steps of each engine and one weight-read pass, in an order
+    that alternates, so that all three see the same load on a shared machine.
+    """
     rows = []
-    names = list(engines)
     for batch in batches:
         ids = {
             name: _start_decoding(eng, batch, context_len, 2 * reps * num_steps + 8)
             for name, eng in engines.items()
         }
+        contestants: dict[str, Callable[[], float]] = {
+            name: partial(_time_steps, eng, num_steps) for name, eng in engines.items()
+        }
+        contestants["weight_read"] = partial(_time_call, read_weights)
+        names = list(contestants)
+        read_weights()  # warm-up
         times: dict[str, list[float]] = {name: [] for name in names}
         for rep in range(reps):
             for name in names if rep % 2 == 0 else reversed(names):
-                times[name].append(_time_steps(engines[name], num_steps))
+                times[name].append(contestants[name]())
         row: dict[str, Any] = {"batch": batch, "context_len": context_len, "steps": num_steps, "reps": reps}
         for name in names:
             row[f"{name}_ms"] = round(statistics.median(times[name]) * 1e3, 2)
@@ -179,6 +187,12 @@ def measure_decode(
             for rid in ids[name]:
                 eng.abort(rid)
     return rows
+
+
+def _time_call(fn: Callable[[], object]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -202,13 +216,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
     if not getattr(engines["packed"].runner.model, "is_packed", False):
         raise RuntimeError("the packed engine did not pack its linear weights")
-    report["weight_read"] = measure_weight_read(engines["plain"].runner.model, args.reps)
-    report["decode"] = measure_decode(engines, args.batches, args.context_len, args.steps, args.reps)
-    read_ms = report["weight_read"]["ms"]
+    read_weights = WeightReader(engines["plain"].runner.model)
+    report["weight_bytes"] = read_weights.num_bytes
+    report["decode"] = measure_decode(
+        engines, read_weights, args.batches, args.context_len, args.steps, args.reps
+    )
     base = report["decode"][0]
     for row in report["decode"]:
+        row["weight_read_gb_per_s"] = round(read_weights.num_bytes / row["weight_read_ms"] / 1e6, 1)
         row["plain_over_packed"] = round(row["plain_ms"] / row["packed_ms"], 2)
-        row["packed_over_weight_read"] = round(row["packed_ms"] / read_ms, 2)
+        row["packed_over_weight_read"] = round(row["packed_ms"] / row["weight_read_ms"], 2)
         row["packed_over_first_batch"] = round(row["packed_ms"] / base["packed_ms"], 2)
     return report
 
