@@ -1,14 +1,13 @@
 """The CPU fast path for linear layers: weights reordered once into oneDNN's blocked layout.
 
-`F.linear` on CPU hands the weight to the GEMM in its plain row-major layout on every call, and
-at the row counts of decode steps (a few to a few dozen tokens) the GEMM spends much of its time
-re-laying it out. oneDNN can take the weight already reordered
-(`torch.ops.mkldnn._reorder_linear_weight`, once, at load) and multiply against it directly
+`F.linear` on CPU passes the weight to the GEMM in its plain row-major layout on every call.
+oneDNN can instead take a weight reordered once, at load, into its own blocked layout
+(`torch.ops.mkldnn._reorder_linear_weight`) and multiply against it directly
 (`torch.ops.mkldnn._linear_pointwise`). Measured on SmolLM2-135M's shapes (docs/benchmarks.md,
-"CPU fast path"): 1.5-7x faster per GEMM at 2-128 rows, about even at 1 row for the small
-matrices and faster for the large ones, 1.2-2x at 512 rows; so it is used at every row count
-and the plain weight is dropped (no extra memory, except for a tied LM head, whose matrix is
-also the embedding table).
+"CPU fast path"): 1.1-3.3x faster per GEMM at 8-128 rows, 1.1-1.3x at 512; at 1 row about even
+for the small matrices (o_proj 0.8x) and 1.7-2x for gate/up and the LM head. A whole decode step
+is faster at every batch size, so it is used at every row count and the plain weight is dropped
+(no extra memory, except for a tied LM head, whose matrix is also the embedding table).
 
 Results differ from `F.linear` by rounding only (another summation order): ~1e-6 in fp32.
 """
