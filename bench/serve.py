@@ -13,7 +13,6 @@ import httpx
 from bench.arrivals import ArrivalSpec
 from bench.loadgen import BodyOptions, LoadOptions, LoadResult, plan_requests, run_load, server_root
 from bench.metadata import git_commit
-from bench.plots import write_plots
 from bench.records import write_records
 from bench.report import SLO, RunInfo, build_report, render_markdown
 from bench.tenants import TenantSetupError, create_tenants, keys_from_file, load_tenants
@@ -153,6 +152,8 @@ def write_outputs(out_dir: Path, report: dict[str, Any], load: LoadResult) -> li
     """report.json, report.md, requests.jsonl and the plots."""
     out_dir.mkdir(parents=True, exist_ok=True)
     write_records(load.records, out_dir / REQUESTS_JSONL)
+    from bench.plots import write_plots  # matplotlib (the `bench` extra) only when plotting
+
     plots = write_plots(
         load.records, out_dir, title=f"{report['metadata']['model']} - {report['metadata']['workload']}"
     )

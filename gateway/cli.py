@@ -1,28 +1,20 @@
 """The `weir` console script: serve, model prepare, generate, db, admin, bench.
 
-Subcommands owned by other packages are added when their module is present, so a partial
-checkout still runs `weir serve`.
+Each package adds its own subcommands (engine.cli_generate, tenancy.cli, bench.cli); they are
+all part of this distribution, so they are imported like any other module.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 from collections.abc import Sequence
-from types import ModuleType
 
+from bench import cli as bench_cli
+from bench.offline import add_arguments as add_offline_arguments
+from engine import cli_generate
 from gateway.settings import Settings, add_serve_arguments
-
-
-def _optional_module(name: str) -> ModuleType | None:
-    """The module, or None when it does not exist (an error inside it still raises)."""
-    try:
-        return importlib.import_module(name)
-    except ModuleNotFoundError as exc:
-        if exc.name is not None and (name == exc.name or name.startswith(exc.name + ".")):
-            return None
-        raise
+from tenancy import cli as tenancy_cli
 
 
 def _settings(cli: argparse.Namespace | dict[str, object]) -> Settings:
@@ -82,29 +74,21 @@ def build_parser() -> argparse.ArgumentParser:
     prepare.add_argument("--quiet", action="store_true", help="no progress bar")
     prepare.set_defaults(func=_model_prepare)
 
-    generate = _optional_module("engine.cli_generate")
-    if generate is not None:
-        generate.add_subcommand(sub)
-        gen_parser = sub.choices["generate"]
-        gen_parser.add_argument("--cache-dir", dest="cache_dir", help="where the default model is prepared")
-        # The engine's handler takes (args, model_path); the model is resolved here.
-        gen_parser.set_defaults(generate_func=gen_parser.get_default("func"), func=_generate)
+    cli_generate.add_subcommand(sub)
+    gen_parser = sub.choices["generate"]
+    gen_parser.add_argument("--cache-dir", dest="cache_dir", help="where the default model is prepared")
+    # The engine's handler takes (args, model_path); the model is resolved here.
+    gen_parser.set_defaults(generate_func=gen_parser.get_default("func"), func=_generate)
 
-    tenancy_cli = _optional_module("tenancy.cli")
-    if tenancy_cli is not None:
-        tenancy_cli.add_subcommands(sub, lambda args: Settings.from_environment())
+    tenancy_cli.add_subcommands(sub, lambda args: Settings.from_environment())
 
-    bench_cli = _optional_module("bench.cli")
-    if bench_cli is not None:
-        bench = sub.add_parser("bench", help="serving benchmarks")
-        bench_sub = bench.add_subparsers(dest="bench_command", required=True, metavar="ACTION")
-        bench_cli.add_subcommands(bench_sub)
-        from bench.offline import add_arguments as add_offline_arguments
-
-        offline = bench_sub.add_parser("offline", help="the engine alone vs Hugging Face, in one run")
-        add_offline_arguments(offline)
-        offline.add_argument("--cache-dir", dest="cache_dir", help="where the default model is prepared")
-        offline.set_defaults(func=_bench_offline)
+    bench = sub.add_parser("bench", help="serving benchmarks")
+    bench_sub = bench.add_subparsers(dest="bench_command", required=True, metavar="ACTION")
+    bench_cli.add_subcommands(bench_sub)
+    offline = bench_sub.add_parser("offline", help="the engine alone vs Hugging Face, in one run")
+    add_offline_arguments(offline)
+    offline.add_argument("--cache-dir", dest="cache_dir", help="where the default model is prepared")
+    offline.set_defaults(func=_bench_offline)
     return parser
 
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
 import signal
+import subprocess
 import sys
-import types
 from pathlib import Path
 
 import pytest
@@ -65,17 +66,19 @@ def test_generate_gets_the_resolved_model_path(monkeypatch: pytest.MonkeyPatch) 
     assert calls == ["/models/tiny"]
 
 
-def test_optional_module(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert cli._optional_module("gateway.no_such_module") is None
-    broken = types.ModuleType("weir_broken_for_test")
-    monkeypatch.setitem(sys.modules, "weir_broken_for_test", broken)
-    assert cli._optional_module("weir_broken_for_test") is broken
-    # A module that exists but fails to import its own dependency must not be hidden.
-    monkeypatch.setattr(
-        cli.importlib, "import_module", lambda name: (_ for _ in ()).throw(ModuleNotFoundError(name="dep"))
-    )
-    with pytest.raises(ModuleNotFoundError):
-        cli._optional_module("gateway.something")
+def test_every_package_adds_its_subcommands() -> None:
+    parser = cli.build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    assert {"serve", "model", "generate", "bench", "db", "admin"} <= set(sub.choices)
+    bench = next(a for a in sub.choices["bench"]._actions if isinstance(a, argparse._SubParsersAction))
+    assert {"serve", "offline", "overhead", "compare", "gen"} <= set(bench.choices)
+
+
+def test_the_cli_does_not_import_plotting() -> None:
+    # matplotlib is in the optional `bench` extra; `weir serve` must start without it.
+    code = "import sys, gateway.cli; print('matplotlib' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
 
 
 def test_sigterm_handlers_are_restored_after_serving() -> None:
