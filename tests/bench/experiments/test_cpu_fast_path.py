@@ -1,4 +1,4 @@
-"""bench.cpu_fast_path on a tiny model: every section runs, and its shapes are the model's own."""
+"""bench.experiments.cpu_fast_path on a tiny model: every section runs, and its shapes are the model's own."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.cpu_fast_path import gemm_shapes, main
+from bench.experiments.cpu_fast_path import gemm_shapes, main
 from engine.attention import TorchAttentionBackend
 from engine.loader import load_model
 from engine.models.llama import Linear, LlamaForCausalLM

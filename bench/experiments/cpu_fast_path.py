@@ -1,4 +1,4 @@
-"""`python -m bench.cpu_fast_path --model DIR`: the CPU fast path against the plain one, in one run.
+"""`python -m bench.experiments.cpu_fast_path --model DIR`: the CPU fast path against the plain one, in one run.
 
 Two measurements, both in the same process so that they share the machine's state:
 
@@ -231,7 +231,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.cpu_fast_path", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="python -m bench.experiments.cpu_fast_path", description=__doc__.splitlines()[0]
+    )
     p.add_argument("--model", type=Path, required=True, help="a prepared model folder")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--linear-rows", type=int, nargs="*", default=[1, 8, 32, 128, 512])
