@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Protocol
 
 from engine.output import EngineStats, RequestOutput
 from engine.prefix_cache_types import FlushResult, PrefixCacheStats, SharedPrefixInfo
@@ -43,7 +43,6 @@ class EngineHealth:
     detail: str = ""
 
 
-@runtime_checkable
 class EngineClient(Protocol):
     """What the gateway may ask of an engine."""
 

@@ -67,7 +67,7 @@ def test_implements_the_engine_client_protocol(implementation: type) -> None:
     assert protocol_mismatches(implementation, EngineClient) == []
 
 
-def test_the_check_catches_a_drifted_double_that_isinstance_accepts() -> None:
+def test_the_check_catches_a_drifted_double() -> None:
     class Drifted:
         def generate(self, request: object, extra: int) -> object:  # an extra required argument
             return iter(())
@@ -81,7 +81,6 @@ def test_the_check_catches_a_drifted_double_that_isinstance_accepts() -> None:
         def health(self) -> object:
             return None
 
-    assert isinstance(Drifted(), EngineClient)  # the names are all there
     problems = protocol_mismatches(Drifted, EngineClient)
     assert [p.split(":")[0] for p in problems] == ["generate", "abort"]
     assert "extra" in problems[0] and problems[1] == "abort: plain, declared awaited"
