@@ -24,6 +24,7 @@ from engine.client import EngineClient
 from engine.request import Priority
 from gateway.accounting import Accountant, Admission, UsageSink, admit_all
 from gateway.body_limit import BodyLimitMiddleware
+from gateway.error_tarpit import DEFAULT_LIMITS, ErrorTarpitMiddleware, TarpitLimits
 from gateway.errors import NotFoundError, exception_handlers
 from gateway.metrics import GatewayMetrics
 from gateway.openapi import openapi_schema
@@ -78,6 +79,7 @@ def create_app(
     on_startup: Sequence[Hook] = (),
     on_shutdown: Sequence[Hook] = (),
     metrics_auth: AdminCheck | None = None,
+    error_tarpit: TarpitLimits | None = DEFAULT_LIMITS,
 ) -> Starlette:
     """Build the gateway app from collaborators built beforehand.
 
@@ -90,6 +92,8 @@ def create_app(
     `/metrics` names every tenant, so on this (the API) port it answers only callers that
     `metrics_auth` accepts (the admin token); without one it is not served here (404) and
     Prometheus scrapes the metrics listener (gateway.metrics_server).
+    `error_tarpit` delays the 4xx answers of a client in a tight error loop (gateway.error_tarpit);
+    None turns it off.
     """
     if authenticate is None:
         if settings.auth_mode is AuthMode.KEYS:
@@ -128,14 +132,16 @@ def create_app(
         vocab_size=openai_routes.prompts.vocab_size,
         mounted=[r.path for r in routes if isinstance(r, Route | Mount)],
     )
+    tarpit = [] if error_tarpit is None else [Middleware(ErrorTarpitMiddleware, error_tarpit)]
     app = Starlette(
         routes=routes,
         middleware=[
+            *tarpit,  # outermost: it also sees the body limit's refusals
             Middleware(
                 BodyLimitMiddleware,
                 max_body_bytes=settings.max_request_body_bytes,
                 count_error=metrics.count_error,
-            )
+            ),
         ],
         exception_handlers=exception_handlers(metrics.count_error),
         lifespan=_lifespan(state, tracer, on_startup, on_shutdown),
