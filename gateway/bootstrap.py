@@ -27,7 +27,15 @@ from gateway.metrics import GatewayMetrics
 from gateway.metrics_server import MetricsListener
 from gateway.routes.openai import Authenticate
 from gateway.server import run_server
-from gateway.settings import AdmissionMode, AuthMode, LogLevel, PrefixCachingMode, Settings
+from gateway.settings import (
+    AdmissionMode,
+    AttentionBackend,
+    AuthMode,
+    CudaGraphsMode,
+    LogLevel,
+    PrefixCachingMode,
+    Settings,
+)
 
 if TYPE_CHECKING:
     from prometheus_client.registry import Collector
@@ -80,6 +88,7 @@ def engine_config(settings: Settings, model_path: Path, device: str) -> EngineCo
     if settings.kv_cache_tokens is not None:
         num_blocks = math.ceil(settings.kv_cache_tokens / block_size) + _RESERVED_BLOCKS
     max_model_len = settings.max_model_len or load_model_config(model_path).max_model_len
+    use_triton, use_cuda_graphs = _kernel_choices(settings, device)
     return EngineConfig(
         model_path=str(model_path),
         dtype=dtype,
@@ -97,7 +106,25 @@ def engine_config(settings: Settings, model_path: Path, device: str) -> EngineCo
             max_model_len=max_model_len,
             queue_policy=settings.queue_policy,
         ),
+        use_triton=use_triton,
+        use_cuda_graphs=use_cuda_graphs,
     )
+
+
+def _kernel_choices(settings: Settings, device: str) -> tuple[bool | None, bool | None]:
+    """EngineConfig's use_triton and use_cuda_graphs (None: the engine's auto); explicit choices
+    the device cannot honour are refused here, naming the flag, rather than ignored."""
+    cuda = device.startswith("cuda")
+    backend, graphs = settings.attention_backend, settings.cuda_graphs
+    if backend is AttentionBackend.TRITON and not cuda:
+        raise ValueError(f"--attention-backend triton needs a CUDA device, got device {device!r}")
+    if graphs is CudaGraphsMode.ON and not cuda:
+        raise ValueError(f"--cuda-graphs on needs a CUDA device, got device {device!r}")
+    if graphs is CudaGraphsMode.ON and backend is AttentionBackend.TORCH:
+        raise ValueError("--cuda-graphs on needs the Triton attention backend, got --attention-backend torch")
+    use_triton = None if backend is AttentionBackend.AUTO else backend is AttentionBackend.TRITON
+    use_cuda_graphs = None if graphs is CudaGraphsMode.AUTO else graphs is CudaGraphsMode.ON
+    return use_triton, use_cuda_graphs
 
 
 @dataclass

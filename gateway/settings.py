@@ -43,6 +43,22 @@ class PrefixCachingMode(enum.Enum):
     OFF = "off"
 
 
+class AttentionBackend(enum.Enum):
+    """AUTO: Triton on CUDA, torch elsewhere. TRITON needs CUDA (refused at start-up without it)."""
+
+    AUTO = "auto"
+    TORCH = "torch"
+    TRITON = "triton"
+
+
+class CudaGraphsMode(enum.Enum):
+    """AUTO: capture decode graphs on CUDA with the Triton path. ON needs both (refused without)."""
+
+    AUTO = "auto"
+    ON = "on"
+    OFF = "off"
+
+
 class AdmissionMode(enum.Enum):
     """ON: token budgets, SLO-aware rejection and the queue bound (gateway.admission). OFF: admit all."""
 
@@ -118,6 +134,8 @@ class Settings:
     default_max_tokens_reservation: int = 1024
     prefix_caching: PrefixCachingMode = PrefixCachingMode.ON
     tenant_cache_share: float = 1.0  # most of the KV pool one tenant's cached prefixes may hold
+    attention_backend: AttentionBackend = AttentionBackend.AUTO
+    cuda_graphs: CudaGraphsMode = CudaGraphsMode.AUTO
 
     def __post_init__(self) -> None:
         if not self.host:
@@ -289,6 +307,8 @@ _FIELDS: dict[str, _FieldSpec] = {
     "default_max_tokens_reservation": _FieldSpec("WEIR_DEFAULT_MAX_TOKENS_RESERVATION", int),
     "prefix_caching": _FieldSpec("WEIR_PREFIX_CACHING", PrefixCachingMode),
     "tenant_cache_share": _FieldSpec("WEIR_TENANT_CACHE_SHARE", float),
+    "attention_backend": _FieldSpec("WEIR_ATTENTION_BACKEND", AttentionBackend),
+    "cuda_graphs": _FieldSpec("WEIR_CUDA_GRAPHS", CudaGraphsMode),
 }
 
 
@@ -389,6 +409,22 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         choices=list(PrefixCachingMode),
         metavar="{on,off}",
         help="reuse the KV blocks of identical prefixes, scoped per tenant (default on)",
+    )
+    add(
+        "--attention-backend",
+        dest="attention_backend",
+        type=AttentionBackend,
+        choices=list(AttentionBackend),
+        metavar="{auto,torch,triton}",
+        help="attention kernels: auto = triton on CUDA, torch elsewhere; triton needs CUDA (default auto)",
+    )
+    add(
+        "--cuda-graphs",
+        dest="cuda_graphs",
+        type=CudaGraphsMode,
+        choices=list(CudaGraphsMode),
+        metavar="{auto,on,off}",
+        help="replay decode steps as CUDA graphs: auto = on CUDA with triton; on needs both (default auto)",
     )
     add(
         "--tenant-cache-share",

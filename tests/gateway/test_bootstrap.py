@@ -111,3 +111,33 @@ def test_prefix_caching_settings_reach_the_engine() -> None:
         Settings(tenant_cache_share=0.0)
     env = Settings.from_sources({}, {"WEIR_PREFIX_CACHING": "off", "WEIR_TENANT_CACHE_SHARE": "0.5"})
     assert env.prefix_caching is PrefixCachingMode.OFF and env.tenant_cache_share == 0.5
+
+
+def test_kernel_settings_reach_the_engine_and_cpu_refuses_cuda_only_choices() -> None:
+    from gateway.settings import AttentionBackend, CudaGraphsMode
+
+    auto = engine_config(Settings(max_model_len=64), Path("/m"), "cpu")
+    assert (auto.use_triton, auto.use_cuda_graphs) == (None, None)  # the engine's auto: on CUDA only
+    env = Settings.from_sources(
+        {}, {"WEIR_ATTENTION_BACKEND": "torch", "WEIR_CUDA_GRAPHS": "off", "WEIR_MAX_MODEL_LEN": "64"}
+    )
+    fallback = engine_config(env, Path("/m"), "cuda")
+    assert (fallback.use_triton, fallback.use_cuda_graphs) == (False, False)
+    forced = Settings(
+        max_model_len=64, attention_backend=AttentionBackend.TRITON, cuda_graphs=CudaGraphsMode.ON
+    )
+    assert (
+        engine_config(forced, Path("/m"), "cuda:0").use_triton,
+        engine_config(forced, Path("/m"), "cuda").use_cuda_graphs,
+    ) == (True, True)
+    with pytest.raises(ValueError, match="--attention-backend triton needs a CUDA device"):
+        engine_config(
+            Settings(max_model_len=64, attention_backend=AttentionBackend.TRITON), Path("/m"), "cpu"
+        )
+    with pytest.raises(ValueError, match="--cuda-graphs on needs a CUDA device"):
+        engine_config(Settings(max_model_len=64, cuda_graphs=CudaGraphsMode.ON), Path("/m"), "cpu")
+    torch_graphs = Settings(
+        max_model_len=64, attention_backend=AttentionBackend.TORCH, cuda_graphs=CudaGraphsMode.ON
+    )
+    with pytest.raises(ValueError, match="--cuda-graphs on needs the Triton"):
+        engine_config(torch_graphs, Path("/m"), "cuda")

@@ -86,6 +86,8 @@ def test_secrets_are_not_command_line_flags_and_not_in_repr() -> None:
         ({"WEIR_SHUTDOWN_GRACE_S": "-1"}, "shutdown_grace_s"),
         ({"WEIR_OTEL_EXPORTER": "jaeger"}, "WEIR_OTEL_EXPORTER"),
         ({"WEIR_MAX_REQUEST_BODY_BYTES": "10"}, "max_request_body_bytes"),
+        ({"WEIR_ATTENTION_BACKEND": "cuda"}, "WEIR_ATTENTION_BACKEND"),
+        ({"WEIR_CUDA_GRAPHS": "yes"}, "WEIR_CUDA_GRAPHS"),
     ],
 )
 def test_invalid_values_name_the_field(env: dict[str, str], field: str) -> None:
@@ -121,3 +123,22 @@ def test_forwarded_allow_ips() -> None:
         Settings.from_sources({"forwarded_allow_ips": "proxy.local"}, {})
     with pytest.raises(ValueError, match="forwarded_allow_ips"):
         Settings(forwarded_allow_ips=("not-an-ip",))
+
+
+def test_kernel_fallback_flags_and_env() -> None:
+    from gateway.settings import AttentionBackend, CudaGraphsMode
+
+    assert (Settings().attention_backend, Settings().cuda_graphs) == (
+        AttentionBackend.AUTO,
+        CudaGraphsMode.AUTO,
+    )
+    args = parse(["--attention-backend", "torch", "--cuda-graphs", "off"])
+    s = Settings.from_sources(args, {"WEIR_ATTENTION_BACKEND": "triton", "WEIR_CUDA_GRAPHS": "on"})
+    assert (s.attention_backend, s.cuda_graphs) == (
+        AttentionBackend.TORCH,
+        CudaGraphsMode.OFF,
+    )  # the flag wins
+    env = Settings.from_sources({}, {"WEIR_ATTENTION_BACKEND": "triton", "WEIR_CUDA_GRAPHS": "on"})
+    assert (env.attention_backend, env.cuda_graphs) == (AttentionBackend.TRITON, CudaGraphsMode.ON)
+    with pytest.raises(SystemExit):
+        parse(["--attention-backend", "cuda"])

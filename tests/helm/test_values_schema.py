@@ -12,7 +12,16 @@ import pytest
 from jsonschema import Draft7Validator
 
 from engine.config import QueuePolicy
-from gateway.settings import DTYPES, AdmissionMode, AuthMode, LogLevel, OtelExporter, PrefixCachingMode
+from gateway.settings import (
+    DTYPES,
+    AdmissionMode,
+    AttentionBackend,
+    AuthMode,
+    CudaGraphsMode,
+    LogLevel,
+    OtelExporter,
+    PrefixCachingMode,
+)
 from tests.helm.chart_files import CHART, chart_values, read
 
 
@@ -82,6 +91,8 @@ def test_schema_enums_are_the_ones_settings_accepts() -> None:
         "admission": [m.value for m in AdmissionMode],
         "queuePolicy": [m.value for m in QueuePolicy],
         "prefixCaching": [m.value for m in PrefixCachingMode],
+        "attentionBackend": [m.value for m in AttentionBackend],
+        "cudaGraphs": [m.value for m in CudaGraphsMode],
         "otelExporter": [m.value for m in OtelExporter],
         "logLevel": [m.value for m in LogLevel],
     }

@@ -188,6 +188,8 @@ numbers are printed as integers. */}}
 {{- $pairs = append $pairs (list "WEIR_DEFAULT_MAX_TOKENS_RESERVATION" .Values.config.defaultMaxTokensReservation) -}}
 {{- $pairs = append $pairs (list "WEIR_PREFIX_CACHING" .Values.config.prefixCaching) -}}
 {{- $pairs = append $pairs (list "WEIR_TENANT_CACHE_SHARE" .Values.config.tenantCacheShare) -}}
+{{- $pairs = append $pairs (list "WEIR_ATTENTION_BACKEND" .Values.config.attentionBackend) -}}
+{{- $pairs = append $pairs (list "WEIR_CUDA_GRAPHS" .Values.config.cudaGraphs) -}}
 {{- $pairs = append $pairs (list "WEIR_OTEL_EXPORTER" .Values.config.otelExporter) -}}
 {{- $pairs = append $pairs (list "WEIR_OTEL_ENDPOINT" .Values.config.otelEndpoint) -}}
 {{- $pairs = append $pairs (list "WEIR_OTEL_SERVICE_NAME" .Values.config.otelServiceName) -}}
