@@ -111,17 +111,23 @@ def engine_config(settings: Settings, model_path: Path, device: str) -> EngineCo
     )
 
 
+class KernelChoiceError(ValueError):
+    """An explicit --attention-backend / --cuda-graphs choice this device cannot honour."""
+
+
 def _kernel_choices(settings: Settings, device: str) -> tuple[bool | None, bool | None]:
     """EngineConfig's use_triton and use_cuda_graphs (None: the engine's auto); explicit choices
     the device cannot honour are refused here, naming the flag, rather than ignored."""
     cuda = device.startswith("cuda")
     backend, graphs = settings.attention_backend, settings.cuda_graphs
     if backend is AttentionBackend.TRITON and not cuda:
-        raise ValueError(f"--attention-backend triton needs a CUDA device, got device {device!r}")
+        raise KernelChoiceError(f"--attention-backend triton needs a CUDA device, got device {device!r}")
     if graphs is CudaGraphsMode.ON and not cuda:
-        raise ValueError(f"--cuda-graphs on needs a CUDA device, got device {device!r}")
+        raise KernelChoiceError(f"--cuda-graphs on needs a CUDA device, got device {device!r}")
     if graphs is CudaGraphsMode.ON and backend is AttentionBackend.TORCH:
-        raise ValueError("--cuda-graphs on needs the Triton attention backend, got --attention-backend torch")
+        raise KernelChoiceError(
+            "--cuda-graphs on needs the Triton attention backend, got --attention-backend torch"
+        )
     use_triton = None if backend is AttentionBackend.AUTO else backend is AttentionBackend.TRITON
     use_cuda_graphs = None if graphs is CudaGraphsMode.AUTO else graphs is CudaGraphsMode.ON
     return use_triton, use_cuda_graphs

@@ -27,9 +27,14 @@ def _settings(cli: argparse.Namespace | dict[str, object]) -> Settings:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from gateway.bootstrap import serve
+    from gateway.bootstrap import KernelChoiceError, serve
 
-    return serve(_settings(args))
+    settings = _settings(args)
+    try:
+        return serve(settings)
+    except KernelChoiceError as exc:  # names the flag; known only once the device is resolved
+        print(f"weir: {exc}", file=sys.stderr)
+        return 2
 
 
 def _model_prepare(args: argparse.Namespace) -> int:

@@ -11,6 +11,7 @@ import pytest
 from engine.request import FinishReason
 from gateway.accounting import Outcome, Usage, UsageRecord
 from gateway.bootstrap import (
+    KernelChoiceError,
     build_tenancy,
     engine_config,
     resolve_auth,
@@ -130,7 +131,7 @@ def test_kernel_settings_reach_the_engine_and_cpu_refuses_cuda_only_choices() ->
         engine_config(forced, Path("/m"), "cuda:0").use_triton,
         engine_config(forced, Path("/m"), "cuda").use_cuda_graphs,
     ) == (True, True)
-    with pytest.raises(ValueError, match="--attention-backend triton needs a CUDA device"):
+    with pytest.raises(KernelChoiceError, match="--attention-backend triton needs a CUDA device"):
         engine_config(
             Settings(max_model_len=64, attention_backend=AttentionBackend.TRITON), Path("/m"), "cpu"
         )
