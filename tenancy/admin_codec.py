@@ -215,17 +215,7 @@ def _time(value: dt.datetime | None) -> str | None:
 
 def quota_json(quota: QuotaLimits) -> JsonObject:
     """The quota object, every field present (null: unlimited)."""
-    return {
-        "tokens_per_minute": quota.tokens_per_minute,
-        "tokens_per_day": quota.tokens_per_day,
-        "max_concurrent": quota.max_concurrent,
-        "max_prompt_tokens": quota.max_prompt_tokens,
-        "max_output_tokens": quota.max_output_tokens,
-        "models": list(quota.models),
-        "ttft_slo_ms": quota.ttft_slo_ms,
-        "tpot_slo_ms": quota.tpot_slo_ms,
-        "default_max_tokens_reservation": quota.default_max_tokens_reservation,
-    }
+    return quota.as_dict()
 
 
 def tenant_json(tenant: TenantView) -> JsonObject:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from engine.request import Priority
 
@@ -21,6 +21,10 @@ class QuotaLimits:
     tpot_slo_ms: int | None = None
     # Output tokens reserved per sequence for a request without max_tokens; None: the server's.
     default_max_tokens_reservation: int | None = None
+
+    def as_dict(self) -> dict[str, object]:
+        """Every field by name (None: unlimited), `models` as a list: the admin API's and the audit log's form."""
+        return {f.name: list(v) if isinstance(v := getattr(self, f.name), tuple) else v for f in fields(self)}
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ from tenancy.records import (
     validate_quota,
     validate_tenant_name,
 )
-from tenancy.row_mapping import apply_quota, key_view, quota_details, tenant_view
+from tenancy.row_mapping import apply_quota, key_view, tenant_view
 from tenancy.usage import daily_usage, daily_usage_query, insert_usage_if_absent, usage_row
 
 _ADMIN_TOKEN_ROW = 1
@@ -108,7 +108,7 @@ class TenancyRepo:
                     "priority": spec.priority.name.lower(),
                     "weight": spec.weight,
                     "cache_scope": row.cache_scope,
-                    "quota": quota_details(spec.quota),
+                    "quota": spec.quota.as_dict(),
                 }
                 if spec.share_cache_scope_with is not None:
                     details["share_cache_scope_with"] = spec.share_cache_scope_with
@@ -193,7 +193,7 @@ class TenancyRepo:
                 actor=actor,
                 action=AuditAction.QUOTA_SET,
                 tenant=name,
-                details=quota_details(quota),
+                details=quota.as_dict(),
             )
             return tenant_view(row)
 

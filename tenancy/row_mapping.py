@@ -58,21 +58,6 @@ def key_view(row: ApiKey, tenant_name: str) -> ApiKeyView:
     )
 
 
-def quota_details(quota: QuotaLimits) -> dict[str, object]:
-    """A quota as the audit log records it."""
-    return {
-        "tokens_per_minute": quota.tokens_per_minute,
-        "tokens_per_day": quota.tokens_per_day,
-        "max_concurrent": quota.max_concurrent,
-        "max_prompt_tokens": quota.max_prompt_tokens,
-        "max_output_tokens": quota.max_output_tokens,
-        "models": list(quota.models),
-        "ttft_slo_ms": quota.ttft_slo_ms,
-        "tpot_slo_ms": quota.tpot_slo_ms,
-        "default_max_tokens_reservation": quota.default_max_tokens_reservation,
-    }
-
-
 def apply_quota(row: Quota, quota: QuotaLimits, now: dt.datetime) -> None:
     """Overwrite every limit of a quota row (None: unlimited)."""
     row.tokens_per_minute = quota.tokens_per_minute
