@@ -111,18 +111,7 @@ class BeamGroups:
             use_beam_search=False,
             beam_width=1,
         )
-        first = Request(
-            request_id=f"{er.request_id}#b0",
-            prompt_token_ids=list(er.prompt_token_ids),
-            sampling_params=beam_params,
-            tenant_id=er.tenant_id,
-            priority=er.priority,
-            cache_scope=er.cache_scope,
-            arrival_s=er.arrival_s,
-            deadline_s=er.deadline_s,
-            weight=er.weight,
-            parent_id=er.request_id,
-        )
+        first = er.to_request(f"{er.request_id}#b0", beam_params)
         self.scheduler.add_request(first)
         self._groups[er.request_id] = _Group(er, search, first, [first])
         self._group_of[first.request_id] = er.request_id

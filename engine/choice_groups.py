@@ -70,17 +70,9 @@ class ChoiceGroups:
             child_ids.append(cid)
             # The generator is built now: a seed it refuses fails this request here, alone.
             self.runner.add_request(cid, child_sp.seed)
-            req = Request(
-                request_id=cid,
-                prompt_token_ids=list(er.prompt_token_ids),
-                sampling_params=child_sp,
-                tenant_id=er.tenant_id,
-                priority=er.priority,
-                cache_scope=er.cache_scope,
-                arrival_s=er.arrival_s,
-                deadline_s=er.deadline_s,
-                weight=er.weight,
-                parent_id=er.request_id,
+            req = er.to_request(
+                cid,
+                child_sp,
                 index=i,
                 checker=OutputProcessor(self.tokenizer, er.prompt_token_ids, child_sp, self.eos_token_ids),
             )

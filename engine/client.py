@@ -13,7 +13,7 @@ from typing import Protocol
 
 from engine.output import EngineStats, RequestOutput
 from engine.prefix_cache_types import FlushResult, PrefixCacheStats, SharedPrefixInfo
-from engine.request import Priority, SamplingParams
+from engine.request import Priority, Request, SamplingParams, TokenChecker
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,29 @@ class EngineRequest:
     # The client gave no max_tokens (it was filled in from the context left): admission reserves
     # a bounded default instead of all of it, and settles on what is used.
     max_tokens_defaulted: bool = False
+
+    def to_request(
+        self,
+        request_id: str,
+        sampling_params: SamplingParams,
+        index: int = 0,
+        checker: TokenChecker | None = None,
+    ) -> Request:
+        """One engine-side sequence of this request (a choice, or a beam group's first beam)."""
+        return Request(
+            request_id=request_id,
+            prompt_token_ids=list(self.prompt_token_ids),
+            sampling_params=sampling_params,
+            tenant_id=self.tenant_id,
+            priority=self.priority,
+            cache_scope=self.cache_scope,
+            arrival_s=self.arrival_s,
+            deadline_s=self.deadline_s,
+            weight=self.weight,
+            parent_id=self.request_id,
+            index=index,
+            checker=checker,
+        )
 
 
 @dataclass(frozen=True)
