@@ -161,6 +161,9 @@ class SchedulerConfig:
     dynamic_window_s: float = 0.05
     static_max_wait_s: float = 1.0  # static batching fires a partial batch after this wait
     long_prefill_threshold: int = 0  # >0: a prefill chunk is capped at this many tokens per step
+    # None: every step may feed max_num_batched_tokens; else the budget follows this target step
+    # time and the measured cost per token (engine/step_budget.py), up to max_num_batched_tokens.
+    target_step_s: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_num_batched_tokens", "max_num_seqs", "max_model_len", "static_batch_size"):
@@ -172,6 +175,8 @@ class SchedulerConfig:
             raise ValueError(f"dynamic_window_s must be >= 0, got {self.dynamic_window_s}")
         if self.long_prefill_threshold < 0:
             raise ValueError(f"long_prefill_threshold must be >= 0, got {self.long_prefill_threshold}")
+        if self.target_step_s is not None and not 0 < self.target_step_s < float("inf"):
+            raise ValueError(f"target_step_s must be > 0 and finite, got {self.target_step_s}")
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ from engine.prefix_cache_admin import PrefixCacheAdmin
 from engine.request import FinishReason, RequestStatus, check_seed
 from engine.runner import ModelRunner
 from engine.sampler import SampleResult
-from engine.scheduler import Scheduler
+from engine.scheduler import Scheduler, make_step_budget
 
 logger = logging.getLogger("weir.engine")
 
@@ -99,6 +99,8 @@ class LLMEngine:
 
         self._root_digest = root_digest
         self.max_model_len = min(config.scheduler.max_model_len, model_config.max_model_len)
+        # Outlives the scheduler (reset rebuilds it): the cost per token is the machine's, not its state's.
+        self.step_budget = make_step_budget(config.scheduler)
         self._build_state()
         capacity = self.num_blocks_per_request * self.kv.block_size
         if capacity < self.max_model_len:
@@ -134,7 +136,10 @@ class LLMEngine:
             tenant_cache_share=config.cache.tenant_cache_share,
         )
         self.scheduler = Scheduler(
-            replace(config.scheduler, max_model_len=self.max_model_len), self.kv, clock=self.clock
+            replace(config.scheduler, max_model_len=self.max_model_len),
+            self.kv,
+            clock=self.clock,
+            step_budget=self.step_budget,
         )
         self.choices = ChoiceGroups(
             self.scheduler, self.runner, self._engine_tokenizer, self.model_config.eos_token_ids
@@ -233,6 +238,7 @@ class LLMEngine:
         Sets `last_step_idle` when nothing was scheduled and nothing preempted: only a new
         request, an abort or time (see `idle_timeout_s`) can change the next decision.
         """
+        step_start = self.clock()
         outputs = self._expire()
         if self.faults is not None:
             self.faults.before_schedule()
@@ -272,6 +278,8 @@ class LLMEngine:
             if rid in self.scheduler.requests:  # not failed with its group meanwhile
                 self.beams.on_result(rid, res.logprob)
         outputs.extend(self.beams.advance())
+        # The whole step (schedule, forward, outputs) is what a running request waits between tokens.
+        self.step_budget.observe(out.num_tokens, self.clock() - step_start)
         return outputs
 
     def idle_timeout_s(self, default_s: float) -> float:
@@ -345,6 +353,7 @@ class LLMEngine:
             num_generation_tokens_total=self.num_generation_tokens_total,
             waiting_tokens_by_priority=tuple(by_prio),
             num_restarts=self.num_restarts,
+            step_budget=self.step_budget.stats(),
         )
 
 

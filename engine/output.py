@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine.request import FinishReason
+from engine.step_budget import StepBudgetStats
 
 
 @dataclass(frozen=True)
@@ -105,6 +106,7 @@ class EngineStats:
     num_generation_tokens_total: int = 0
     waiting_tokens_by_priority: tuple[int, ...] = field(default=(0, 0, 0))
     num_restarts: int = 0  # times the engine loop restarted after an exception it could not contain
+    step_budget: StepBudgetStats | None = None  # the scheduler's token budget and fitted step cost
 
     @property
     def kv_usage(self) -> float:

@@ -25,6 +25,7 @@ from engine.kv_cache_manager import KVCacheManager
 from engine.output import ScheduledRequest, SchedulerOutput
 from engine.request import Request, RequestStatus, TokenDelta
 from engine.request_queue import WaitingQueue, make_waiting_queue
+from engine.step_budget import StepBudget, StepBudgetConfig
 
 logger = logging.getLogger("weir.engine")
 
@@ -55,8 +56,11 @@ class Scheduler:
         kv: KVCacheManager,
         clock: Callable[[], float] = time.monotonic,
         queue: WaitingQueue | None = None,
+        step_budget: StepBudget | None = None,
     ) -> None:
         self.config = config
+        # The token budget of each step: fixed, or following a target step time (engine/step_budget.py).
+        self.step_budget = step_budget if step_budget is not None else make_step_budget(config)
         self.kv = kv
         self.clock = clock
         self.waiting: WaitingQueue = queue if queue is not None else make_waiting_queue(config.queue_policy)
@@ -183,16 +187,15 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         """Decide the next step."""
-        budget = self.config.max_num_batched_tokens
-        if self.config.long_prefill_threshold:
-            chunk_cap = self.config.long_prefill_threshold
-        else:
-            chunk_cap = budget
         scheduled: dict[str, int] = {}
         preempted: list[str] = []
 
         decodes = [r for r in self.running.values() if r.num_remaining == 1]
         prefills = [r for r in self.running.values() if r.num_remaining > 1]
+        # Prefill chunks go out in running (admission) order, then to the waiting queue's head:
+        # the earliest prompt takes what the budget allows first, and finishes first.
+        budget = self.step_budget.budget(len(decodes), bool(prefills) or bool(len(self.waiting)))
+        chunk_cap = self.config.long_prefill_threshold or budget
         for req in decodes + prefills:
             if budget <= 0:
                 break
@@ -426,6 +429,13 @@ class Scheduler:
             )
             timeout = min(timeout, head.arrival_s + window - now)
         return max(0.0, timeout)
+
+
+def make_step_budget(config: SchedulerConfig) -> StepBudget:
+    """The step budget of `config`: fixed at `max_num_batched_tokens` unless a target step time is set."""
+    return StepBudget(
+        StepBudgetConfig(max_tokens=config.max_num_batched_tokens, target_step_s=config.target_step_s)
+    )
 
 
 def _queued_deadline(req: Request) -> float | None:

@@ -20,6 +20,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 from engine.output import EngineStats
+from gateway.step_budget_metrics import step_budget_metrics
 
 # Seconds. Wide enough for a 135M model on two CPU cores and for a GPU.
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
@@ -72,6 +73,7 @@ class _EngineStatsCollector(Collector):
         yield CounterMetricFamily(
             "weir_prefix_cache_hits", "Prompt tokens found in the prefix cache.", value=s.prefix_cache_hits
         )
+        yield from step_budget_metrics(s.step_budget)
 
 
 class GatewayMetrics:

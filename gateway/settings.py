@@ -113,6 +113,9 @@ class Settings:
     kv_cache_tokens: int | None = None  # caps the KV pool; None: sized from memory
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
+    # None: every step may feed max_num_batched_tokens; else the per-step token budget follows this
+    # target step time and the measured cost per token (engine/step_budget.py).
+    target_step_ms: float | None = None
     max_model_len: int | None = None  # None: the model's own context length
     database_url: str | None = None  # None: SQLite file in data_dir
     admin_token: str | None = field(default=None, repr=False)
@@ -153,6 +156,8 @@ class Settings:
         for name in ("max_num_seqs", "max_num_batched_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.target_step_ms is not None and not 0 < self.target_step_ms < float("inf"):
+            raise ValueError(f"target_step_ms must be > 0 and finite, got {self.target_step_ms}")
         for name in ("kv_cache_tokens", "max_model_len"):
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -288,6 +293,7 @@ _FIELDS: dict[str, _FieldSpec] = {
     "max_num_seqs": _FieldSpec("WEIR_MAX_NUM_SEQS", int),
     "max_num_batched_tokens": _FieldSpec("WEIR_MAX_NUM_BATCHED_TOKENS", int),
     "max_model_len": _FieldSpec("WEIR_MAX_MODEL_LEN", int),
+    "target_step_ms": _FieldSpec("WEIR_TARGET_STEP_MS", float),
     "database_url": _FieldSpec("WEIR_DATABASE_URL", str),
     "admin_token": _FieldSpec("WEIR_ADMIN_TOKEN", str, cli=False),
     "key_pepper": _FieldSpec("WEIR_KEY_PEPPER", str, cli=False),
@@ -362,6 +368,14 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         dest="max_num_batched_tokens",
         type=int,
         help="most tokens in one engine step (default 2048)",
+    )
+    add(
+        "--target-step-ms",
+        dest="target_step_ms",
+        type=float,
+        metavar="MS",
+        help="target engine step time: the per-step token budget follows it and the measured cost per "
+        "token, up to --max-num-batched-tokens (env WEIR_TARGET_STEP_MS; default none: fixed budget)",
     )
     add("--max-model-len", dest="max_model_len", type=int, help="cap the context length")
     add("--database-url", dest="database_url", help="SQLAlchemy URL (default: SQLite in the data dir)")

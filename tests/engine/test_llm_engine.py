@@ -135,6 +135,28 @@ def test_chunked_prefill_gives_the_same_tokens(llama_gqa: Path, gqa_reference, c
     assert _run_all(engine, prompts, SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0)) == gqa_reference
 
 
+def test_a_target_step_time_keeps_the_tokens_and_reports_its_budget(llama_gqa: Path, gqa_reference) -> None:  # type: ignore[no-untyped-def]
+    # A 2 ms target on a tiny model: the budget follows the measured cost, the chunks change,
+    # the tokens must not.
+    engine = build_engine(
+        EngineConfig(
+            model_path=str(llama_gqa),
+            cache=CacheConfig(num_blocks=400),
+            scheduler=SchedulerConfig(
+                max_num_batched_tokens=512, max_num_seqs=16, max_model_len=512, target_step_s=0.002
+            ),
+        )
+    )
+    prompts = _prompts(engine.model_config.vocab_size)
+    assert _run_all(engine, prompts, SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0)) == gqa_reference
+    stats = engine.stats().step_budget
+    assert stats is not None and stats.target_step_s == 0.002 and 1 <= stats.token_budget <= 512
+    assert engine.step_budget.model.num_observed == engine.runner.num_steps  # every step fed back
+    assert engine.scheduler.step_budget is engine.step_budget
+    engine.reset()
+    assert engine.scheduler.step_budget is engine.step_budget  # the fitted cost outlives a reset
+
+
 def test_preemption_gives_the_same_tokens(llama_gqa: Path) -> None:
     # Small blocks and long outputs: decodes outgrow the pool after admission, forcing preemption.
     params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)

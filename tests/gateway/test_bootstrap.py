@@ -142,3 +142,9 @@ def test_kernel_settings_reach_the_engine_and_cpu_refuses_cuda_only_choices() ->
     )
     with pytest.raises(ValueError, match="--cuda-graphs on needs the Triton"):
         engine_config(torch_graphs, Path("/m"), "cuda")
+
+
+def test_target_step_ms_reaches_the_scheduler_in_seconds() -> None:
+    assert engine_config(Settings(max_model_len=64), Path("/m"), "cpu").scheduler.target_step_s is None
+    config = engine_config(Settings(max_model_len=64, target_step_ms=200), Path("/m"), "cpu")
+    assert config.scheduler.target_step_s == pytest.approx(0.2)

@@ -142,3 +142,13 @@ def test_kernel_fallback_flags_and_env() -> None:
     assert (env.attention_backend, env.cuda_graphs) == (AttentionBackend.TRITON, CudaGraphsMode.ON)
     with pytest.raises(SystemExit):
         parse(["--attention-backend", "cuda"])
+
+
+def test_target_step_ms_flag_and_env() -> None:
+    assert Settings().target_step_ms is None  # no target: the fixed --max-num-batched-tokens
+    assert Settings.from_sources(parse(["--target-step-ms", "200"]), {}).target_step_ms == 200.0
+    assert Settings.from_sources({}, {"WEIR_TARGET_STEP_MS": "150.5"}).target_step_ms == 150.5
+    with pytest.raises(ValueError, match="target_step_ms"):
+        Settings.from_sources({}, {"WEIR_TARGET_STEP_MS": "0"})
+    with pytest.raises(ValueError, match="WEIR_TARGET_STEP_MS"):
+        Settings.from_sources({}, {"WEIR_TARGET_STEP_MS": "fast"})

@@ -1,0 +1,277 @@
+"""The step budget controller on a simulated clock: step time = a + b * tokens, with seeded noise.
+
+Nothing here measures real time: every "second" is computed by the fake cost model.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import hypothesis.strategies as st
+import pytest
+from hypothesis import given, settings
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+from engine.config import QueuePolicy, SchedulerConfig
+from engine.step_budget import StepBudget, StepBudgetConfig, StepCostModel
+from tests.engine.sim import Sim, reference_output
+
+
+@dataclass
+class FakeCost:
+    """A machine whose step takes `a + b * tokens` seconds, times a seeded noise factor."""
+
+    a: float
+    b: float
+    noise: float = 0.03
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        self.rng = random.Random(self.seed)
+
+    def seconds(self, num_tokens: int) -> float:
+        return (self.a + self.b * num_tokens) * (1.0 + self.rng.uniform(-self.noise, self.noise))
+
+
+def _drive(ctrl: StepBudget, cost: FakeCost, num_steps: int, num_decodes: int = 4) -> list[tuple[int, float]]:
+    """Steps that always have prefill work: each uses its whole budget. Returns (tokens, seconds)."""
+    trace = []
+    for _ in range(num_steps):
+        tokens = ctrl.budget(num_decodes, has_prefill_work=True)
+        seconds = cost.seconds(tokens)
+        ctrl.observe(tokens, seconds)
+        trace.append((tokens, seconds))
+    return trace
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_converges_to_the_target_step_time(seed: int) -> None:
+    # A 2-core CPU: 40 ms a step, 2 ms per token; 200 ms target -> 80 tokens.
+    ctrl = StepBudget(StepBudgetConfig(max_tokens=2048, target_step_s=0.2))
+    cost = FakeCost(a=0.04, b=0.002, seed=seed)
+    trace = _drive(ctrl, cost, 60)
+    settled = [s for _, s in trace[15:]]  # N = 15 steps to converge
+    assert abs(_mean(settled) - 0.2) < 0.01
+    assert all(abs(s - 0.2) < 0.03 for s in settled)  # noise is 3% of a step; the budget 6 tokens
+    assert all(abs(t - 80) <= 12 for t, _ in trace[15:])
+    fitted = ctrl.stats().cost
+    assert fitted is not None and fitted.per_token_s == pytest.approx(0.002, rel=0.25)
+
+
+def test_adapts_when_the_cost_per_token_changes() -> None:
+    ctrl = StepBudget(StepBudgetConfig(max_tokens=2048, target_step_s=0.2))
+    cost = FakeCost(a=0.04, b=0.002, seed=3)
+    _drive(ctrl, cost, 40)
+    cost.b = 0.004  # the machine got busy: every token now costs twice as much -> 40 tokens
+    trace = _drive(ctrl, cost, 60)
+    assert trace[0][1] > 0.3  # the first step after the change overshoots
+    settled = trace[20:]
+    assert abs(_mean([s for _, s in settled]) - 0.2) < 0.01
+    assert all(abs(t - 40) <= 8 for t, _ in settled)
+    cost.b, cost.a = 0.0005, 0.01  # a faster machine: (0.2 - 0.01) / 0.0005 = 380 tokens
+    trace = _drive(ctrl, cost, 60)
+    assert all(abs(t - 380) <= 40 for t, _ in trace[20:])
+
+
+def test_a_fast_machine_gets_the_maximum_and_a_slow_one_the_floor() -> None:
+    fast = StepBudget(StepBudgetConfig(max_tokens=512, target_step_s=0.05))
+    _drive(fast, FakeCost(a=0.005, b=1e-6), 30)
+    assert fast.budget(8, True) == 512
+    slow = StepBudget(StepBudgetConfig(max_tokens=512, target_step_s=0.05, min_prefill_chunk=16))
+    _drive(slow, FakeCost(a=0.08, b=0.01), 30)  # a decode step alone misses the target
+    assert slow.budget(8, True) == 8 + 16  # every decode, plus the minimum prefill chunk
+    assert slow.budget(8, False) == 8
+
+
+def test_without_a_target_the_budget_is_fixed_and_the_cost_is_still_fitted() -> None:
+    ctrl = StepBudget(StepBudgetConfig(max_tokens=2048))
+    cost = FakeCost(a=0.04, b=0.002, seed=4)
+    for tokens in [8, 500, 8, 8, 1000, 8, 300] * 3:
+        assert ctrl.budget(8, True) == 2048
+        ctrl.observe(tokens, cost.seconds(tokens))
+    stats = ctrl.stats()
+    assert stats.token_budget == 2048 and stats.target_step_s is None
+    assert stats.cost is not None and stats.cost.per_token_s == pytest.approx(0.002, rel=0.1)
+
+
+def test_the_slope_stands_while_every_step_has_the_same_size() -> None:
+    model = StepCostModel(forgetting=0.9, ridge=32.0**2)
+    cost = FakeCost(a=0.04, b=0.002, noise=0.0)
+    for tokens in (64, 128, 256, 8, 400):
+        model.observe(tokens, cost.seconds(tokens))
+    for _ in range(300):  # decodes only, on a machine whose overhead grew: the slope is unknown to them
+        model.observe(8, 0.06 + 0.002 * 8)
+    fitted = model.cost
+    assert fitted is not None
+    assert fitted.per_token_s == pytest.approx(0.002, rel=0.05)
+    assert fitted.overhead_s == pytest.approx(0.06, rel=0.05)
+
+
+def test_probe_before_the_cost_is_known() -> None:
+    ctrl = StepBudget(StepBudgetConfig(max_tokens=1000, target_step_s=0.1, initial_tokens=64))
+    assert ctrl.stats().cost is None
+    assert ctrl.budget(0, True) == 64
+    ctrl.observe(64, 0.2)
+    assert ctrl.budget(0, True) == 128
+    ctrl.observe(128, 0.3)  # a size 64 tokens away: the slope is known now
+    assert ctrl.stats().cost is not None
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_tokens": 8, "target_step_s": 0.0}, "target_step_s"),
+        ({"max_tokens": 8, "target_step_s": float("inf")}, "target_step_s"),
+        ({"max_tokens": 8, "min_prefill_chunk": 0}, "min_prefill_chunk"),
+        ({"max_tokens": 8, "forgetting": 1.0}, "forgetting"),
+        ({"max_tokens": 8, "initial_tokens": 0}, "initial_tokens"),
+    ],
+)
+def test_bad_config_names_the_field(kwargs: dict, field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        StepBudgetConfig(**kwargs)
+    if field == "target_step_s":
+        with pytest.raises(ValueError, match=field):
+            SchedulerConfig(target_step_s=kwargs["target_step_s"])
+
+
+class StepBudgetMachine(RuleBasedStateMachine):
+    """Whatever the machine does (any step costs, even a target below a step's overhead), every
+    budget leaves room for each decode and, when prefill waits, the minimum prefill chunk."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ctrl = StepBudget(StepBudgetConfig(max_tokens=256, target_step_s=0.1, min_prefill_chunk=16))
+
+    @rule(
+        tokens=st.integers(0, 300),
+        seconds=st.one_of(st.floats(-1.0, 30.0), st.sampled_from([float("nan"), float("inf")])),
+    )
+    def observe(self, tokens: int, seconds: float) -> None:
+        self.ctrl.observe(tokens, seconds)
+
+    @rule(num_decodes=st.integers(0, 300), prefill=st.booleans())
+    def budget(self, num_decodes: int, prefill: bool) -> None:
+        budget = self.ctrl.budget(num_decodes, prefill)
+        assert 0 <= budget <= 256
+        assert budget >= min(256, num_decodes + (16 if prefill else 0))
+        assert budget >= 1 or not (num_decodes or prefill)
+
+    @invariant()
+    def fitted_cost_is_sane(self) -> None:
+        cost = self.ctrl.stats().cost
+        if cost is not None:
+            assert cost.per_token_s > 0 and cost.overhead_s >= 0
+
+
+TestStepBudgetMachine = StepBudgetMachine.TestCase
+TestStepBudgetMachine.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+
+
+# -- in the scheduler -------------------------------------------------------------------------
+
+
+def _serve(sim: Sim, cost: FakeCost, max_steps: int = 5_000) -> list[tuple[int, float]]:
+    """Run the sim to the end on the fake cost model; returns each step's budget and simulated seconds."""
+    ctrl = sim.sched.step_budget
+    times = []
+    for _ in range(max_steps):
+        if not sim.sched.has_unfinished():
+            return times
+        sim.step()
+        out = sim.steps[-1]
+        seconds = cost.seconds(out.num_tokens)
+        assert out.num_tokens <= ctrl.last_budget  # the budget is applied
+        ctrl.observe(out.num_tokens, seconds)
+        sim.clock.now += seconds
+        times.append((ctrl.last_budget, seconds))
+    raise AssertionError("simulation did not finish")
+
+
+def test_scheduler_applies_the_budget_and_keeps_the_tokens() -> None:
+    config = SchedulerConfig(
+        max_num_batched_tokens=2048, max_num_seqs=8, max_model_len=512, target_step_s=0.2
+    )
+    sim = Sim(config, num_blocks=400, caching=False)
+    prompts = {f"r{i}": [(7 * i + j) % 50 + 1 for j in range(120)] for i in range(16)}
+    for rid, prompt in prompts.items():
+        sim.add(rid, prompt, max_tokens=24)
+    times = _serve(sim, FakeCost(a=0.04, b=0.002, seed=5))
+    for rid, prompt in prompts.items():
+        assert sim.outputs[rid] == reference_output(prompt, 24)
+    steps = list(zip(times, sim.steps, strict=True))[10:]  # past the probe
+    full = [s for (budget, s), out in steps if out.num_tokens == budget]
+    assert len(full) > 10  # steps with prefill work use the whole budget, and take the target time
+    assert all(abs(s - 0.2) < 0.03 for s in full)
+    # A step never feeds more than about 80 tokens (0.2 s): a fixed budget of 2048 would have fed
+    # all 8 prompts (960 tokens, 1.96 s) in the first step.
+    assert max(out.num_tokens for _, out in steps) <= 100
+    assert max(s for (_, s), _ in steps) < 0.23
+
+
+def test_the_earliest_prompt_gets_the_budget_first() -> None:
+    config = SchedulerConfig(
+        max_num_batched_tokens=2048, max_num_seqs=8, max_model_len=512, target_step_s=0.2
+    )
+    sim = Sim(config, num_blocks=400, caching=False)
+    for rid in ("a", "b", "c"):
+        sim.add(rid, list(range(1, 301)), max_tokens=2)
+    _serve(sim, FakeCost(a=0.04, b=0.002, seed=6))
+    first_token = {}
+    for step, out in enumerate(sim.steps):
+        prefilling = [s for s in out.scheduled if s.num_computed_tokens < 300]
+        assert [s.request_id for s in prefilling] == sorted(s.request_id for s in prefilling)
+        # every chunk but the last completes its prompt: the budget is not sliced across prompts
+        assert all(s.num_computed_tokens + s.num_tokens == 300 for s in prefilling[:-1])
+        for s in out.scheduled:
+            if s.samples:
+                first_token.setdefault(s.request_id, step)
+    assert first_token["a"] < first_token["b"] < first_token["c"]
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    prompt_lens=st.lists(st.integers(1, 200), min_size=1, max_size=10),
+    overhead=st.floats(0.001, 0.5),
+    per_token=st.floats(1e-5, 0.05),
+    target=st.floats(0.01, 0.5),
+    seed=st.integers(0, 1000),
+)
+def test_no_waiting_request_starves(
+    prompt_lens: list[int], overhead: float, per_token: float, target: float, seed: int
+) -> None:
+    config = SchedulerConfig(
+        max_num_batched_tokens=512,
+        max_num_seqs=4,
+        max_model_len=512,
+        target_step_s=target,
+        queue_policy=QueuePolicy.FCFS,
+    )
+    sim = Sim(config, num_blocks=600, caching=False)
+    prompts = {f"r{i}": [(i + j) % 90 + 1 for j in range(n)] for i, n in enumerate(prompt_lens)}
+    for rid, prompt in prompts.items():
+        sim.add(rid, prompt, max_tokens=5)
+    cost = FakeCost(a=overhead, b=per_token, seed=seed)
+    ctrl = sim.sched.step_budget
+    for _ in range(5_000):
+        if not sim.sched.has_unfinished():
+            break
+        prefill_waits = any(r.num_remaining > 1 for r in sim.sched.running.values()) or (
+            len(sim.sched.waiting) > 0 and sim.sched.num_running < config.max_num_seqs
+        )
+        sim.step()
+        out = sim.steps[-1]
+        if prefill_waits:  # however slow the machine, some prompt moves forward every step
+            assert any(s.num_computed_tokens < len(prompts[s.request_id]) for s in out.scheduled)
+        seconds = cost.seconds(out.num_tokens)
+        ctrl.observe(out.num_tokens, seconds)
+        sim.clock.now += seconds
+    assert not sim.sched.has_unfinished()
+    for rid, prompt in prompts.items():
+        assert sim.outputs[rid] == reference_output(prompt, 5)
