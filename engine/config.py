@@ -7,6 +7,9 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 
+# The weight dtypes the engine runs (EngineConfig.dtype); model versions are checked against it.
+ENGINE_DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16")
+
 
 class RopeScalingType(enum.Enum):
     """The RoPE scaling schemes the Llama family uses (HF `rope_scaling.rope_type`)."""
@@ -195,7 +198,7 @@ class EngineConfig:
     cpu_packed_linear: bool | None = None
 
     def __post_init__(self) -> None:
-        if self.dtype not in ("float32", "float16", "bfloat16"):
+        if self.dtype not in ENGINE_DTYPES:
             raise ValueError(f"dtype must be float32, float16 or bfloat16, got {self.dtype!r}")
         if not self.model_path:
             raise ValueError("model_path must not be empty")

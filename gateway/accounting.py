@@ -91,6 +91,8 @@ class UsageRecord:
     duration_s: float  # arrival to settlement
     ttft_s: float | None = None  # of the first prompt; None when no token came
     user: str | None = None
+    # The id (name@version) of the model version that generated every token; None: not known.
+    model_version: str | None = None
 
 
 Settle = Callable[[UsageRecord], None]

@@ -179,6 +179,7 @@ def to_usage_record_in(record: UsageRecord) -> UsageRecordIn:
         e2e_ms=record.duration_s * 1000,
         finish_reason=finish,
         created_at=dt.datetime.fromtimestamp(record.created_at, tz=dt.UTC),
+        model_version=record.model_version,
     )
 
 

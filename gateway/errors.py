@@ -27,9 +27,12 @@ from engine.prefix_cache_types import InvalidPrefixError, PinCapacityError, Unkn
 from tenancy.errors import (
     CacheScopeConflictError,
     FieldError,
+    InvalidModelTransitionError,
     KeyInactiveError,
     KeyNotFoundError,
     MigrationRequiredError,
+    ModelVersionExistsError,
+    ModelVersionNotFoundError,
     TenancyError,
     TenantExistsError,
     TenantNotFoundError,
@@ -210,6 +213,12 @@ def from_tenancy_error(exc: TenancyError) -> WeirError:
         return UnprocessableError(exc.message, param=exc.field, code="invalid_value")
     if isinstance(exc, TenantNotFoundError | KeyNotFoundError):
         return NotFoundError(exc.message)
+    if isinstance(exc, ModelVersionNotFoundError):
+        return NotFoundError(exc.message, code="model_version_not_found")
+    if isinstance(exc, ModelVersionExistsError):
+        return ConflictError(exc.message, code="model_version_exists")
+    if isinstance(exc, InvalidModelTransitionError):
+        return ConflictError(exc.message, param="state", code="invalid_model_transition")
     if isinstance(exc, CacheScopeConflictError):
         return ConflictError(exc.message, param=exc.field, code="cache_scope_conflict")
     if isinstance(exc, TenantExistsError | KeyInactiveError):

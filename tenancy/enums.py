@@ -53,3 +53,7 @@ class AuditAction(enum.StrEnum):
     KEY_REVOKE = "key.revoke"
     KEY_ROTATE = "key.rotate"
     ADMIN_TOKEN_SET = "admin_token.set"
+    MODEL_REGISTER = "model.register"
+    MODEL_STATE = "model.state"
+    MODEL_TRAFFIC = "model.traffic"
+    MODEL_ROLLBACK = "model.rollback"

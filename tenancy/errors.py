@@ -78,3 +78,41 @@ class MigrationRequiredError(TenancyError):
         )
         self.current = current
         self.head = head
+
+
+class ModelVersionNotFoundError(TenancyError):
+    """No such model version (or, with `version` None, no version at all of this model name)."""
+
+    def __init__(self, name: str, version: str | None = None) -> None:
+        if version is None:
+            super().__init__(f"model {name!r} has no registered version")
+        else:
+            super().__init__(f"model {name!r} has no version {version!r}")
+        self.name = name
+        self.version = version
+
+
+class ModelVersionExistsError(TenancyError):
+    """This (model name, version) is already registered; versions are never overwritten."""
+
+    def __init__(self, name: str, version: str) -> None:
+        super().__init__(f"model {name!r} already has a version {version!r}")
+        self.name = name
+        self.version = version
+
+
+class InvalidModelTransitionError(TenancyError):
+    """A model version cannot move from its state to the one asked for; names the allowed moves."""
+
+    def __init__(
+        self, name: str, version: str, current: str, new: str, allowed: list[str], *, why: str | None = None
+    ) -> None:
+        moves = ", ".join(allowed) if allowed else "none"
+        because = why if why is not None else f"from {current} it can become: {moves}"
+        super().__init__(
+            f"model {name!r} version {version!r} is {current}; it cannot become {new} ({because})"
+        )
+        self.name = name
+        self.version = version
+        self.current = current
+        self.new = new

@@ -25,15 +25,24 @@ from sqlalchemy import (
     MetaData,
     String,
     TypeDecorator,
+    UniqueConstraint,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 from engine.request import FinishReason, Priority
 from tenancy.enums import AuditAction, TenantStatus, UsageStatus
+from tenancy.model_version_records import (
+    MAX_NAME_LEN,
+    MAX_PATH_LEN,
+    MAX_REASON_LEN,
+    MAX_VERSION_LEN,
+    ModelVersionState,
+)
 
 NAME_LEN = 64
 KEY_ID_LEN = 32
 HASH_LEN = 64
+MODEL_VERSION_ID_LEN = MAX_NAME_LEN + 1 + MAX_VERSION_LEN  # name@version
 
 # Deterministic constraint names, so migrations can drop and alter them on every backend.
 NAMING_CONVENTION = {
@@ -173,7 +182,10 @@ class UsageRecord(Base):
     # No cascades: billing history must not disappear with a tenant or a key.
     tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id"))
     key_id: Mapped[str | None] = mapped_column(ForeignKey("api_keys.id"))
-    model: Mapped[str] = mapped_column(String(256))  # the model version that served it
+    model: Mapped[str] = mapped_column(String(256))  # the model name the client asked for
+    # The id (name@version) of the model version that generated the tokens; NULL before 0005
+    # and for requests that never reached a version.
+    model_version: Mapped[str | None] = mapped_column(String(MODEL_VERSION_ID_LEN))
     prompt_tokens: Mapped[int] = mapped_column(Integer)
     completion_tokens: Mapped[int] = mapped_column(Integer)
     cached_tokens: Mapped[int] = mapped_column(Integer)  # prompt tokens served from the prefix cache
@@ -226,3 +238,39 @@ class BudgetBucket(Base):
     refilled_at: Mapped[float] = mapped_column(Float)
     day: Mapped[int] = mapped_column(Integer)
     day_used: Mapped[int] = mapped_column(BigInteger)
+
+
+class ModelVersion(Base):
+    """One registered version of a model: where its weights are, how to run it, its state.
+
+    Rows are never deleted (a retired version stays, for the audit trail and usage records that
+    name it). The version's public id is `name@version` (`tenancy.model_version_records`).
+    """
+
+    __tablename__ = "model_versions"
+    __table_args__ = (UniqueConstraint("name", "version"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(MAX_NAME_LEN))
+    version: Mapped[str] = mapped_column(String(MAX_VERSION_LEN))
+    path: Mapped[str] = mapped_column(String(MAX_PATH_LEN))
+    tokenizer: Mapped[str | None] = mapped_column(String(MAX_PATH_LEN))  # NULL: the weights folder's
+    dtype: Mapped[str | None] = mapped_column(String(16))  # NULL: the server's
+    kv_cache_tokens: Mapped[int | None] = mapped_column(Integer)  # NULL: the server's KV budget
+    state: Mapped[ModelVersionState] = mapped_column(_str_enum(ModelVersionState, 16))
+    failure_reason: Mapped[str | None] = mapped_column(String(MAX_REASON_LEN))
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
+    updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
+    updated_by: Mapped[str] = mapped_column(String(128))
+
+
+class ModelTraffic(Base):
+    """A model name's traffic plan: split (version -> percent) and pins (tenant -> version)."""
+
+    __tablename__ = "model_traffic"
+
+    name: Mapped[str] = mapped_column(String(MAX_NAME_LEN), primary_key=True)
+    split: Mapped[dict[str, int]] = mapped_column(JSON)
+    pins: Mapped[dict[str, str]] = mapped_column(JSON)
+    updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
+    updated_by: Mapped[str] = mapped_column(String(128))

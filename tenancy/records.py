@@ -22,6 +22,7 @@ _SCOPE_RE = re.compile(r"[A-Za-z0-9._:/-]{1,128}")
 _MAX_INT32 = 2**31 - 1
 _MAX_INT64 = 2**63 - 1
 _MAX_WEIGHT = 1e6
+_MODEL_VERSION_LEN = 193  # a model version id, name@version (tenancy.model_version_records)
 
 
 def validate_tenant_name(name: object, field_name: str = "name") -> str:
@@ -247,7 +248,7 @@ class UsageRecordIn:
     request_id: str
     tenant_id: str  # the tenant's name, as in TenantContext.tenant_id
     key_id: str | None
-    model: str  # the model version that served the request
+    model: str  # the model name the client asked for
     status: UsageStatus
     prompt_tokens: int
     completion_tokens: int
@@ -256,6 +257,8 @@ class UsageRecordIn:
     e2e_ms: float | None = None
     finish_reason: FinishReason | None = None
     created_at: dt.datetime | None = None  # None: now
+    # The id (name@version) of the model version that generated the tokens; None: not known.
+    model_version: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.request_id, str) or not 1 <= len(self.request_id) <= 128:
@@ -263,6 +266,10 @@ class UsageRecordIn:
         validate_tenant_name(self.tenant_id, "tenant_id")
         if not isinstance(self.model, str) or not 1 <= len(self.model) <= 256:
             raise FieldError("model", "must be a string of 1-256 characters")
+        if self.model_version is not None and (
+            not isinstance(self.model_version, str) or not 1 <= len(self.model_version) <= _MODEL_VERSION_LEN
+        ):
+            raise FieldError("model_version", f"must be a string of 1-{_MODEL_VERSION_LEN} characters or None")
         if not isinstance(self.status, UsageStatus):
             raise FieldError("status", "must be a UsageStatus")
         for name in ("prompt_tokens", "completion_tokens", "cached_tokens"):

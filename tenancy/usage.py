@@ -26,6 +26,7 @@ def usage_row(record: UsageRecordIn, tenant_id: int, now: dt.datetime) -> dict[s
         "tenant_id": tenant_id,
         "key_id": record.key_id,
         "model": record.model,
+        "model_version": record.model_version,
         "prompt_tokens": record.prompt_tokens,
         "completion_tokens": record.completion_tokens,
         "cached_tokens": record.cached_tokens,

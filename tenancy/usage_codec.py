@@ -38,6 +38,7 @@ def record_json(record: UsageRecordIn, **extra: str) -> dict[str, Any]:
         "e2e_ms": record.e2e_ms,
         "finish_reason": None if record.finish_reason is None else record.finish_reason.value,
         "created_at": None if record.created_at is None else record.created_at.isoformat(),
+        "model_version": record.model_version,
         **extra,
     }
 
@@ -68,6 +69,8 @@ def decode_record(line: bytes) -> UsageRecordIn:
             e2e_ms=obj["e2e_ms"],
             finish_reason=None if finish is None else FinishReason(finish),
             created_at=None if created_at is None else dt.datetime.fromisoformat(created_at),
+            # Absent in lines spooled before model versions existed.
+            model_version=obj.get("model_version"),
         )
     except CorruptRecordError:
         raise

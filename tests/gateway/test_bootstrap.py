@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime as dt
 from pathlib import Path
 
@@ -70,6 +71,9 @@ def test_usage_record_conversion() -> None:
         and cut.ttft_ms is None
     )
     assert to_usage_record_in(record(Outcome.FAILED, (), None)).status is UsageStatus.FAILED
+    assert r.model_version is None  # no version known: the column stays NULL
+    served = dataclasses.replace(record(Outcome.COMPLETED, ("stop",), 0.1), model_version="m@v2")
+    assert to_usage_record_in(served).model_version == "m@v2"
 
 
 def test_tenancy_wiring_on_a_fresh_sqlite(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -27,6 +27,8 @@ TABLES = {
     "audit_events",
     "admin_tokens",
     "budget_buckets",
+    "model_versions",
+    "model_traffic",
 }
 
 
@@ -37,7 +39,7 @@ def _tables(db: Database) -> set[str]:
 def test_scripts_are_found_next_to_the_package() -> None:
     assert (MIGRATIONS_DIR / "env.py").is_file()
     assert (MIGRATIONS_DIR / "script.py.mako").is_file()
-    assert head_revision() == "0004"
+    assert head_revision() == "0005"
 
 
 def test_upgrade_downgrade_round_trip(database: Database) -> None:
@@ -50,17 +52,24 @@ def test_upgrade_downgrade_round_trip(database: Database) -> None:
     assert _tables(database) == set()
     upgrade(database.engine)
     assert _tables(database) == TABLES
-    downgrade(database.engine)  # one step: 0004 -> 0003 drops the quota's default reservation
+    usage_indexes = {i["name"] for i in inspect(database.engine).get_indexes("usage_records")}
+    downgrade(database.engine)  # one step: 0005 -> 0004 drops the model versions and the usage column
+    assert _tables(database) == TABLES - {"model_versions", "model_traffic"}
+    assert "model_version" not in {c["name"] for c in inspect(database.engine).get_columns("usage_records")}
+    # SQLite rebuilds the table to drop a column: its indexes and foreign keys must survive.
+    assert {i["name"] for i in inspect(database.engine).get_indexes("usage_records")} == usage_indexes
+    assert len(inspect(database.engine).get_foreign_keys("usage_records")) == 2
+    downgrade(database.engine)  # 0004 -> 0003 drops the quota's default reservation
     assert "default_max_tokens_reservation" not in {
         c["name"] for c in inspect(database.engine).get_columns("quotas")
     }
     downgrade(database.engine)  # 0003 -> 0002 drops the unique usage index
-    assert _tables(database) == TABLES
+    assert _tables(database) == TABLES - {"model_versions", "model_traffic"}
     assert "ux_usage_records_request_tenant" not in {
         i["name"] for i in inspect(database.engine).get_indexes("usage_records")
     }
     downgrade(database.engine)  # 0002 -> 0001 drops the budget buckets
-    assert _tables(database) == TABLES - {"budget_buckets"}
+    assert _tables(database) == TABLES - {"budget_buckets", "model_versions", "model_traffic"}
     downgrade(database.engine)  # 0001 -> base
     assert _tables(database) == set()
 

@@ -1,0 +1,319 @@
+"""The model-version repository: registered versions, their states and each name's traffic plan.
+
+Each public method is one transaction, and every change writes its audit event in the same
+transaction (like `TenancyRepo`). The server (its fleet of engines) and the CLI both go through
+here; a change made directly on the database is picked up by a server at its next start.
+Records, states and the transition table live in `tenancy.model_version_records` and are
+re-exported here, so callers import one module.
+"""
+
+from __future__ import annotations
+
+import builtins
+import datetime as dt
+from collections.abc import Callable
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from tenancy.audit import record_event
+from tenancy.db import Database
+from tenancy.enums import AuditAction
+from tenancy.errors import (
+    FieldError,
+    InvalidModelTransitionError,
+    ModelVersionExistsError,
+    ModelVersionNotFoundError,
+)
+from tenancy.model_version_records import (
+    ALLOWED_TRANSITIONS,
+    MAX_REASON_LEN,
+    ModelVersionSpec,
+    ModelVersionState,
+    ModelVersionView,
+    TrafficPlan,
+    can_transition,
+    check_transition,
+    validate_model_name,
+    validate_version_label,
+    version_id,
+)
+from tenancy.models import ModelTraffic, ModelVersion
+from tenancy.repo import utc_now
+
+__all__ = [
+    "ALLOWED_TRANSITIONS",
+    "InvalidModelTransitionError",
+    "ModelVersionExistsError",
+    "ModelVersionNotFoundError",
+    "ModelVersionRepo",
+    "ModelVersionSpec",
+    "ModelVersionState",
+    "ModelVersionView",
+    "TrafficPlan",
+    "can_transition",
+    "version_id",
+]
+
+_ACTOR_LEN = 128
+
+
+def version_view(row: ModelVersion) -> ModelVersionView:
+    """A model-version row, detached."""
+    return ModelVersionView(
+        id=version_id(row.name, row.version),
+        name=row.name,
+        version=row.version,
+        path=row.path,
+        tokenizer=row.tokenizer,
+        dtype=row.dtype,
+        kv_cache_tokens=row.kv_cache_tokens,
+        state=row.state,
+        failure_reason=row.failure_reason,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+        updated_by=row.updated_by,
+    )
+
+
+def _plan(name: str, row: ModelTraffic | None) -> TrafficPlan:
+    if row is None:
+        return TrafficPlan(name=name, split={}, pins={})
+    return TrafficPlan(name=name, split=dict(row.split), pins=dict(row.pins))
+
+
+class ModelVersionRepo:
+    """Model versions and traffic plans over one `Database`.
+
+    `actor` arguments name who acted (e.g. `admin-api 10.0.0.7`, `cli`) for the audit log and
+    the version's `updated_by`.
+    """
+
+    def __init__(self, db: Database, *, clock: Callable[[], dt.datetime] = utc_now) -> None:
+        self.db = db
+        self._clock = clock
+
+    # -- versions --------------------------------------------------------------------------------
+
+    def _row(self, session: Session, name: str, version: str, *, lock: bool = False) -> ModelVersion:
+        query = select(ModelVersion).where(ModelVersion.name == name, ModelVersion.version == version)
+        if lock:
+            query = query.with_for_update()  # PostgreSQL: two state changes of one row queue up
+        row = session.scalars(query).one_or_none()
+        if row is None:
+            raise ModelVersionNotFoundError(name, version)
+        return row
+
+    def _versions_of(self, session: Session, name: str) -> set[str]:
+        return set(session.scalars(select(ModelVersion.version).where(ModelVersion.name == name)))
+
+    def register(self, spec: ModelVersionSpec, *, actor: str) -> ModelVersionView:
+        """Record a new version in state `registered`; `ModelVersionExistsError` if it exists."""
+        if not isinstance(spec, ModelVersionSpec):
+            raise FieldError("body", "must be a ModelVersionSpec")
+        now = self._clock()
+        try:
+            with self.db.transaction() as session:
+                row = ModelVersion(
+                    name=spec.name,
+                    version=spec.version,
+                    path=spec.path,
+                    tokenizer=spec.tokenizer,
+                    dtype=spec.dtype,
+                    kv_cache_tokens=spec.kv_cache_tokens,
+                    state=ModelVersionState.REGISTERED,
+                    failure_reason=None,
+                    created_at=now,
+                    updated_at=now,
+                    updated_by=actor[:_ACTOR_LEN],
+                )
+                session.add(row)
+                session.flush()  # surfaces a duplicate (name, version) here
+                record_event(
+                    session,
+                    when=now,
+                    actor=actor,
+                    action=AuditAction.MODEL_REGISTER,
+                    target=spec.id,
+                    details={
+                        "path": spec.path,
+                        "tokenizer": spec.tokenizer,
+                        "dtype": spec.dtype,
+                        "kv_cache_tokens": spec.kv_cache_tokens,
+                    },
+                )
+                return version_view(row)
+        except IntegrityError:
+            raise ModelVersionExistsError(spec.name, spec.version) from None
+
+    def get(self, name: str, version: str) -> ModelVersionView:
+        """One version; `ModelVersionNotFoundError` if absent."""
+        validate_model_name(name)
+        validate_version_label(version)
+        with self.db.transaction() as session:
+            return version_view(self._row(session, name, version))
+
+    def list(self, name: str | None = None) -> builtins.list[ModelVersionView]:
+        """Every version (of one model name, if given), by name then registration order."""
+        query = select(ModelVersion).order_by(ModelVersion.name, ModelVersion.id)
+        if name is not None:
+            validate_model_name(name)
+            query = query.where(ModelVersion.name == name)
+        with self.db.transaction() as session:
+            return [version_view(row) for row in session.scalars(query)]
+
+    def set_state(
+        self,
+        name: str,
+        version: str,
+        state: ModelVersionState,
+        *,
+        reason: str | None = None,
+        actor: str,
+    ) -> ModelVersionView:
+        """Move a version along an allowed edge (`InvalidModelTransitionError` otherwise).
+
+        `reason` is kept as the failure reason when the new state is `failed` (truncated to
+        2000 characters); a successful load (`ready`) clears an old one.
+        """
+        if not isinstance(state, ModelVersionState):
+            raise FieldError("state", f"must be one of {', '.join(s.value for s in ModelVersionState)}")
+        if reason is not None and not isinstance(reason, str):
+            raise FieldError("reason", "must be a string or None")
+        now = self._clock()
+        with self.db.transaction() as session:
+            row = self._row(session, name, version, lock=True)
+            check_transition(name, version, row.state, state)
+            self._move(session, row, state, now, actor, reason)
+            return version_view(row)
+
+    # -- traffic ---------------------------------------------------------------------------------
+
+    def get_traffic(self, name: str) -> TrafficPlan:
+        """A model name's plan (empty when none was set); `ModelVersionNotFoundError` if the
+        name has no version."""
+        validate_model_name(name)
+        with self.db.transaction() as session:
+            if not self._versions_of(session, name):
+                raise ModelVersionNotFoundError(name)
+            return _plan(name, session.get(ModelTraffic, name))
+
+    def list_traffic(self) -> dict[str, TrafficPlan]:
+        """Every stored plan, by model name."""
+        with self.db.transaction() as session:
+            rows = session.scalars(select(ModelTraffic).order_by(ModelTraffic.name))
+            return {row.name: _plan(row.name, row) for row in rows}
+
+    def _store_plan(self, session: Session, plan: TrafficPlan, now: dt.datetime, actor: str) -> None:
+        known = self._versions_of(session, plan.name)
+        if not known:
+            raise ModelVersionNotFoundError(plan.name)
+        for version in sorted(plan.split):
+            if version not in known:
+                raise FieldError(f"split.{version}", f"model {plan.name!r} has no version {version!r}")
+        for tenant, version in sorted(plan.pins.items()):
+            if version not in known:
+                raise FieldError(f"pins.{tenant}", f"model {plan.name!r} has no version {version!r}")
+        row = session.get(ModelTraffic, plan.name, with_for_update=True)
+        if row is None:
+            row = ModelTraffic(name=plan.name)
+            session.add(row)
+        row.split = dict(plan.split)
+        row.pins = dict(plan.pins)
+        row.updated_at = now
+        row.updated_by = actor[:_ACTOR_LEN]
+
+    def set_traffic(self, plan: TrafficPlan, *, actor: str) -> TrafficPlan:
+        """Replace a model name's plan. Every version it names must exist (`FieldError` naming
+        the entry otherwise); their states are the server's business."""
+        if not isinstance(plan, TrafficPlan):
+            raise FieldError("body", "must be a TrafficPlan")
+        now = self._clock()
+        with self.db.transaction() as session:
+            self._store_plan(session, plan, now, actor)
+            record_event(
+                session,
+                when=now,
+                actor=actor,
+                action=AuditAction.MODEL_TRAFFIC,
+                target=plan.name,
+                details={"split": dict(plan.split), "pins": dict(plan.pins)},
+            )
+        return plan
+
+    def rollback(self, name: str, to: str, *, actor: str) -> tuple[TrafficPlan, builtins.list[str]]:
+        """Send all of a name's unpinned traffic back to version `to`, in one transaction.
+
+        `to` must be ready, or draining (it becomes ready again). Every other version that had
+        a share of the split and is ready becomes draining; pins to those versions are removed
+        (their tenants follow the split, so `to`); other pins stay. Returns the new plan and the
+        versions drained.
+        """
+        validate_model_name(name)
+        validate_version_label(to, "to")
+        now = self._clock()
+        with self.db.transaction() as session:
+            target = self._row(session, name, to, lock=True)
+            if target.state is ModelVersionState.DRAINING:
+                self._move(session, target, ModelVersionState.READY, now, actor)
+            elif target.state is not ModelVersionState.READY:
+                # A rollback never loads: that is the server's `load`, with its warm-up.
+                raise InvalidModelTransitionError(
+                    name,
+                    to,
+                    target.state.value,
+                    ModelVersionState.READY.value,
+                    [],
+                    why="a rollback goes back to a ready or draining version; load it first",
+                )
+            old = _plan(name, session.get(ModelTraffic, name))
+            drained: builtins.list[str] = []
+            for version, percent in sorted(old.split.items()):
+                if version == to or percent == 0:
+                    continue
+                row = self._row(session, name, version, lock=True)
+                if row.state is ModelVersionState.READY:
+                    self._move(session, row, ModelVersionState.DRAINING, now, actor)
+                    drained.append(version)
+            pins = {t: v for t, v in old.pins.items() if v not in drained}
+            plan = TrafficPlan(name=name, split={to: 100}, pins=pins)
+            self._store_plan(session, plan, now, actor)
+            record_event(
+                session,
+                when=now,
+                actor=actor,
+                action=AuditAction.MODEL_ROLLBACK,
+                target=name,
+                details={"to": to, "drained": drained, "split": dict(plan.split), "pins": pins},
+            )
+        return plan, drained
+
+    def _move(
+        self,
+        session: Session,
+        row: ModelVersion,
+        state: ModelVersionState,
+        now: dt.datetime,
+        actor: str,
+        reason: str | None = None,
+    ) -> None:
+        previous = row.state
+        row.state = state
+        if state is ModelVersionState.FAILED:
+            row.failure_reason = (reason or "unknown failure")[:MAX_REASON_LEN]
+        elif state is ModelVersionState.READY:
+            row.failure_reason = None
+        row.updated_at = now
+        row.updated_by = actor[:_ACTOR_LEN]
+        details: dict[str, object] = {"from": previous.value, "to": state.value}
+        if state is ModelVersionState.FAILED:
+            details["reason"] = row.failure_reason
+        record_event(
+            session,
+            when=now,
+            actor=actor,
+            action=AuditAction.MODEL_STATE,
+            target=version_id(row.name, row.version),
+            details=details,
+        )
