@@ -192,7 +192,7 @@ def build_tenancy(settings: Settings) -> TenancyWiring:
     """
     from sqlalchemy import inspect
 
-    from gateway.auth import AdminAuthenticator, Authenticator
+    from gateway.auth import AdminAuthenticator, Authenticator, AuthSettings
     from gateway.routes.admin import admin_routes
     from tenancy.admin_token import admin_token_banner, ensure_admin_token
     from tenancy.db import Database
@@ -212,7 +212,7 @@ def build_tenancy(settings: Settings) -> TenancyWiring:
     token = ensure_admin_token(repo, settings.admin_token)
     if token is not None:
         print(admin_token_banner(token), flush=True)  # shown once, never logged
-    authenticator = Authenticator(repo)
+    authenticator = Authenticator(repo, AuthSettings(cache_ttl_s=settings.auth_cache_ttl_s))
     admin_auth = AdminAuthenticator(repo, settings.admin_token)
     # Usage is billing data: records are fsync'd here before the database sees them, and
     # replayed from here after an outage or a crash (tenancy/usage_writer.py).

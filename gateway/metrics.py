@@ -46,12 +46,16 @@ class _EngineStatsCollector(Collector):
             "weir_num_requests_waiting", "Sequences in the waiting queue.", value=s.num_waiting
         )
         yield GaugeMetricFamily(
+            "weir_num_waiting_tokens", "Prompt tokens waiting for prefill.", value=s.num_waiting_tokens
+        )
+        yield GaugeMetricFamily(
             "weir_kv_cache_usage_ratio", "Share of KV blocks in use (0-1).", value=s.kv_usage
         )
         yield GaugeMetricFamily("weir_kv_cache_free_blocks", "Free KV blocks.", value=s.num_free_blocks)
         yield GaugeMetricFamily(
             "weir_kv_cache_total_blocks", "KV blocks in the pool.", value=s.num_total_blocks
         )
+        yield GaugeMetricFamily("weir_kv_cache_block_size", "Tokens per KV block.", value=s.block_size)
         yield GaugeMetricFamily(
             "weir_prefix_cache_hit_rate",
             "Prefix-cache hits over queries (0-1).",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import enum
 import ipaddress
+import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
@@ -133,6 +134,9 @@ class Settings:
     max_queued_tokens: int = 65_536  # 503 when the waiting prompt tokens would exceed it; 0: no bound
     lease_tokens: int = 4096  # largest chunk of a tenant's budget one replica leases (PostgreSQL)
     lease_ttl_s: float = 10.0  # unused leased tokens go back to the database after this
+    # An API-key lookup is cached this long per replica: a key revoked (or a tenant changed)
+    # through another replica is refused here within it.
+    auth_cache_ttl_s: float = 30.0
     # Output tokens reserved per sequence for a request without max_tokens (tenants may override).
     default_max_tokens_reservation: int = 1024
     prefix_caching: PrefixCachingMode = PrefixCachingMode.ON
@@ -177,6 +181,8 @@ class Settings:
             raise ValueError(f"lease_tokens must be >= 1, got {self.lease_tokens}")
         if self.lease_ttl_s <= 0:
             raise ValueError(f"lease_ttl_s must be > 0, got {self.lease_ttl_s}")
+        if not math.isfinite(self.auth_cache_ttl_s) or self.auth_cache_ttl_s <= 0:
+            raise ValueError(f"auth_cache_ttl_s must be > 0, got {self.auth_cache_ttl_s}")
         if self.default_max_tokens_reservation < 1:
             raise ValueError(
                 f"default_max_tokens_reservation must be >= 1, got {self.default_max_tokens_reservation}"
@@ -310,6 +316,7 @@ _FIELDS: dict[str, _FieldSpec] = {
     "max_queued_tokens": _FieldSpec("WEIR_MAX_QUEUED_TOKENS", int),
     "lease_tokens": _FieldSpec("WEIR_LEASE_TOKENS", int),
     "lease_ttl_s": _FieldSpec("WEIR_LEASE_TTL_S", float),
+    "auth_cache_ttl_s": _FieldSpec("WEIR_AUTH_CACHE_TTL_S", float),
     "default_max_tokens_reservation": _FieldSpec("WEIR_DEFAULT_MAX_TOKENS_RESERVATION", int),
     "prefix_caching": _FieldSpec("WEIR_PREFIX_CACHING", PrefixCachingMode),
     "tenant_cache_share": _FieldSpec("WEIR_TENANT_CACHE_SHARE", float),
@@ -473,6 +480,13 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="largest budget chunk a replica leases from PostgreSQL (default 4096)",
     )
     add("--lease-ttl-s", dest="lease_ttl_s", type=float, help="unused leases return after this (default 10)")
+    add(
+        "--auth-cache-ttl-s",
+        dest="auth_cache_ttl_s",
+        type=float,
+        help="API-key lookups are cached this long: a revocation on another replica applies within it "
+        "(env WEIR_AUTH_CACHE_TTL_S; default 30)",
+    )
     add(
         "--default-max-tokens-reservation",
         dest="default_max_tokens_reservation",

@@ -61,24 +61,29 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- if eq .Values.database.type "postgresql" -}}true{{- end -}}
 {{- end -}}
 
-{{/* "true" when the chart creates the Secret: some secret value given, no existingSecret. */}}
-{{- define "weir.createSecret" -}}
-{{- if and (not .Values.secrets.existingSecret) (or .Values.secrets.adminToken .Values.secrets.keyPepper .Values.secrets.databaseUrl) -}}true{{- end -}}
+{{/* The largest number of server pods: maxReplicas with the autoscaler, else replicaCount. */}}
+{{- define "weir.maxReplicas" -}}
+{{- if .Values.autoscaling.enabled -}}
+{{- int64 .Values.autoscaling.maxReplicas -}}
+{{- else -}}
+{{- int64 .Values.replicaCount -}}
+{{- end -}}
 {{- end -}}
 
-{{/* "true" when the pods read a Secret at all (an existing one, or the chart's). */}}
-{{- define "weir.usesSecret" -}}
-{{- if or .Values.secrets.existingSecret (include "weir.createSecret" .) -}}true{{- end -}}
+{{/* Name of the ConfigMap holding the WEIR_* settings. */}}
+{{- define "weir.configMapName" -}}
+{{- printf "%s-config" (include "weir.fullname" .) | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
-{{/* Name of the Secret the pods read. */}}
-{{- define "weir.secretName" -}}
-{{- default (include "weir.fullname" .) .Values.secrets.existingSecret -}}
+{{/* Name of the endpoint picker's objects (Deployment, Service, ConfigMap, account). */}}
+{{- define "weir.eppName" -}}
+{{- printf "%s-epp" (include "weir.fullname" .) | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
-{{/* The short-lived Secret holding only the database URL for the migration hook Job. */}}
-{{- define "weir.migrateSecretName" -}}
-{{- printf "%s-migrate" (include "weir.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{/* Labels that select the endpoint picker's pods. */}}
+{{- define "weir.eppSelectorLabels" -}}
+app.kubernetes.io/name: {{ include "weir.name" . }}-epp
+app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
 {{/* Claim names: an existing claim, else the chart's. */}}
@@ -128,22 +133,22 @@ then stops the engine and writes the last usage records; the preStop sleep count
 {{- fail (printf "database.type must be sqlite or postgresql, got %q" .Values.database.type) -}}
 {{- end -}}
 {{- if include "weir.isPostgres" . -}}
-{{- if not (or .Values.secrets.existingSecret .Values.secrets.databaseUrl) -}}
-{{- fail "database.type postgresql needs secrets.databaseUrl or a secrets.existingSecret holding WEIR_DATABASE_URL" -}}
-{{- end -}}
-{{- if and .Values.secrets.databaseUrl (not .Values.secrets.existingSecret) (not (hasPrefix "postgresql" .Values.secrets.databaseUrl)) -}}
-{{- fail "secrets.databaseUrl must be a PostgreSQL URL (postgresql+psycopg://USER:PASSWORD@HOST:5432/DB)" -}}
+{{- if not .Values.secrets.existingSecret -}}
+{{- fail (printf "database.type postgresql needs secrets.existingSecret: a Secret holding %s (the chart never renders secret values)" .Values.secrets.keys.databaseUrl) -}}
 {{- end -}}
 {{- else -}}
 {{- if gt (int64 .Values.replicaCount) 1 -}}
 {{- fail "replicaCount > 1 needs database.type postgresql: SQLite is one file on a ReadWriteOnce volume and keeps token budgets in one process" -}}
 {{- end -}}
-{{- if and .Values.secrets.databaseUrl (not .Values.secrets.existingSecret) -}}
-{{- fail "secrets.databaseUrl is set but database.type is sqlite: set database.type postgresql" -}}
+{{- if .Values.autoscaling.enabled -}}
+{{- fail "autoscaling needs database.type postgresql: replicas share token budgets through it" -}}
 {{- end -}}
 {{- end -}}
-{{- if and (gt (int64 .Values.replicaCount) 1) .Values.persistence.cache.enabled (not .Values.persistence.cache.existingClaim) (not (has "ReadWriteMany" .Values.persistence.cache.accessModes)) -}}
-{{- fail "replicaCount > 1 with persistence.cache needs accessModes [ReadWriteMany], an existingClaim, or persistence.cache.enabled false (each pod prepares its own copy)" -}}
+{{- if and .Values.autoscaling.enabled (lt (int64 .Values.autoscaling.maxReplicas) (int64 .Values.autoscaling.minReplicas)) -}}
+{{- fail "autoscaling.maxReplicas must be >= autoscaling.minReplicas" -}}
+{{- end -}}
+{{- if and (gt (int64 (include "weir.maxReplicas" .)) 1) .Values.persistence.cache.enabled (not .Values.persistence.cache.existingClaim) (not (has "ReadWriteMany" .Values.persistence.cache.accessModes)) -}}
+{{- fail "several replicas (replicaCount or autoscaling.maxReplicas > 1) with persistence.cache need accessModes [ReadWriteMany], an existingClaim, or persistence.cache.enabled false (each pod prepares its own copy)" -}}
 {{- end -}}
 {{- $metricsPort := int64 (.Values.config.metricsPort | default 0) -}}
 {{- if and $metricsPort (eq $metricsPort (int64 .Values.config.port)) -}}
@@ -152,12 +157,16 @@ then stops the engine and writes the last usage records; the preStop sleep count
 {{- if and .Values.metrics.serviceMonitor.enabled (not $metricsPort) -}}
 {{- fail "metrics.serviceMonitor needs config.metricsPort > 0: /metrics on the API port needs the admin token" -}}
 {{- end -}}
+{{- if and .Values.inferenceGateway.enabled (not $metricsPort) -}}
+{{- fail "inferenceGateway needs config.metricsPort > 0: the endpoint picker scrapes Weir's metrics there" -}}
+{{- end -}}
 {{- if and .Values.gpu.enabled (lt (int64 .Values.gpu.count) 1) -}}
 {{- fail "gpu.count must be >= 1 when gpu.enabled" -}}
 {{- end -}}
 {{- end -}}
 
-{{/* The config block as WEIR_* variables; null and "" are left out so Weir's defaults apply.
+{{/* The config block as WEIR_* variables, the ConfigMap's data; null and "" are left out so
+Weir's defaults apply.
 Helm reads numbers in values files as floats, and 8388608 would print as 8.388608e+06: whole
 numbers are printed as integers. */}}
 {{- define "weir.configEnv" -}}
@@ -186,6 +195,7 @@ numbers are printed as integers. */}}
 {{- $pairs = append $pairs (list "WEIR_MAX_QUEUED_TOKENS" .Values.config.maxQueuedTokens) -}}
 {{- $pairs = append $pairs (list "WEIR_LEASE_TOKENS" .Values.config.leaseTokens) -}}
 {{- $pairs = append $pairs (list "WEIR_LEASE_TTL_S" .Values.config.leaseTtlS) -}}
+{{- $pairs = append $pairs (list "WEIR_AUTH_CACHE_TTL_S" .Values.config.authCacheTtlS) -}}
 {{- $pairs = append $pairs (list "WEIR_DEFAULT_MAX_TOKENS_RESERVATION" .Values.config.defaultMaxTokensReservation) -}}
 {{- $pairs = append $pairs (list "WEIR_PREFIX_CACHING" .Values.config.prefixCaching) -}}
 {{- $pairs = append $pairs (list "WEIR_TENANT_CACHE_SHARE" .Values.config.tenantCacheShare) -}}
@@ -197,7 +207,7 @@ numbers are printed as integers. */}}
 {{- $pairs = append $pairs (list "WEIR_SHUTDOWN_GRACE_S" .Values.config.shutdownGraceS) -}}
 {{- $pairs = append $pairs (list "WEIR_MAX_REQUEST_BODY_BYTES" .Values.config.maxRequestBodyBytes) -}}
 {{- $pairs = append $pairs (list "WEIR_LOG_LEVEL" .Values.config.logLevel) -}}
-{{- $env := list -}}
+{{- $env := dict -}}
 {{- range $pairs -}}
 {{- $value := index . 1 -}}
 {{- if not (or (kindIs "invalid" $value) (eq (toString $value) "")) -}}
@@ -206,39 +216,34 @@ numbers are printed as integers. */}}
 {{- $value = int64 $value -}}
 {{- end -}}
 {{- end -}}
-{{- $env = append $env (dict "name" (index . 0) "value" (toString $value)) -}}
+{{- $_ := set $env (index . 0) (toString $value) -}}
 {{- end -}}
 {{- end -}}
 {{- toYaml $env -}}
 {{- end -}}
 
-{{/* WEIR_ADMIN_TOKEN, WEIR_KEY_PEPPER and WEIR_DATABASE_URL from the Secret. From the chart's
-own Secret only the values given are read; from an existing one all three, as optional keys,
-except the database URL with PostgreSQL, which must be there. */}}
+{{/* WEIR_ADMIN_TOKEN, WEIR_KEY_PEPPER and WEIR_DATABASE_URL from secrets.existingSecret, by
+reference; the first two as optional keys, the database URL required with PostgreSQL. */}}
 {{- define "weir.secretEnv" -}}
-{{- $secret := include "weir.secretName" . -}}
-{{- $existing := .Values.secrets.existingSecret -}}
-{{- if or $existing .Values.secrets.adminToken }}
+{{- with .Values.secrets.existingSecret }}
 - name: WEIR_ADMIN_TOKEN
   valueFrom:
     secretKeyRef:
-      name: {{ $secret }}
-      key: {{ .Values.secrets.keys.adminToken }}
+      name: {{ . }}
+      key: {{ $.Values.secrets.keys.adminToken }}
       optional: true
-{{- end }}
-{{- if or $existing .Values.secrets.keyPepper }}
 - name: WEIR_KEY_PEPPER
   valueFrom:
     secretKeyRef:
-      name: {{ $secret }}
-      key: {{ .Values.secrets.keys.keyPepper }}
+      name: {{ . }}
+      key: {{ $.Values.secrets.keys.keyPepper }}
       optional: true
-{{- end }}
-{{- if or (and $existing (include "weir.isPostgres" .)) .Values.secrets.databaseUrl }}
+{{- if include "weir.isPostgres" $ }}
 - name: WEIR_DATABASE_URL
   valueFrom:
     secretKeyRef:
-      name: {{ $secret }}
-      key: {{ .Values.secrets.keys.databaseUrl }}
+      name: {{ . }}
+      key: {{ $.Values.secrets.keys.databaseUrl }}
+{{- end }}
 {{- end }}
 {{- end -}}
