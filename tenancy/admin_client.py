@@ -35,8 +35,8 @@ from tenancy.repo import TenancyRepo
 CLI_ACTOR = "cli"
 
 
-def _seg(value: str) -> str:
-    # Path segments come from the command line: quote them so nothing can change the route.
+def path_segment(value: str) -> str:
+    """A URL path segment from user input, quoted so nothing in it can change the route."""
     return quote(value, safe="")
 
 
@@ -130,10 +130,22 @@ class HttpAdmin:
     def close(self) -> None:
         self.client.close()
 
-    def _call(
-        self, method: str, path: str, *, json: Any = None, params: dict[str, str] | None = None
+    def call(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: dict[str, str] | None = None,
+        timeout_s: float | None = None,
     ) -> JsonObject:
-        response = self.client.request(method, "/admin/v1" + path, json=json, params=params)
+        """One admin request (`path` under /admin/v1); the answer's JSON object, or
+        `AdminApiError` with the server's message. `timeout_s` None: the client's timeout."""
+        url = "/admin/v1" + path
+        if timeout_s is None:
+            response = self.client.request(method, url, json=json, params=params)
+        else:
+            response = self.client.request(method, url, json=json, params=params, timeout=timeout_s)
         try:
             body = response.json()
         except ValueError:
@@ -148,34 +160,34 @@ class HttpAdmin:
         return body
 
     def create_tenant(self, spec: TenantSpec) -> JsonObject:
-        return self._call("POST", "/tenants", json=tenant_spec_json(spec))
+        return self.call("POST", "/tenants", json=tenant_spec_json(spec))
 
     def list_tenants(self) -> JsonObject:
-        return self._call("GET", "/tenants")
+        return self.call("GET", "/tenants")
 
     def get_tenant(self, name: str) -> JsonObject:
-        return self._call("GET", f"/tenants/{_seg(name)}")
+        return self.call("GET", f"/tenants/{path_segment(name)}")
 
     def update_tenant(self, name: str, change: TenantUpdate) -> JsonObject:
-        return self._call("PATCH", f"/tenants/{_seg(name)}", json=tenant_update_json(change))
+        return self.call("PATCH", f"/tenants/{path_segment(name)}", json=tenant_update_json(change))
 
     def suspend_tenant(self, name: str) -> JsonObject:
-        return self._call("POST", f"/tenants/{_seg(name)}/suspend")
+        return self.call("POST", f"/tenants/{path_segment(name)}/suspend")
 
     def set_quota(self, name: str, quota: QuotaLimits) -> JsonObject:
-        return self._call("PUT", f"/tenants/{_seg(name)}/quota", json=quota_json(quota))
+        return self.call("PUT", f"/tenants/{path_segment(name)}/quota", json=quota_json(quota))
 
     def issue_key(self, tenant: str, spec: KeySpec) -> JsonObject:
-        return self._call("POST", f"/tenants/{_seg(tenant)}/keys", json=key_spec_json(spec))
+        return self.call("POST", f"/tenants/{path_segment(tenant)}/keys", json=key_spec_json(spec))
 
     def list_keys(self, tenant: str) -> JsonObject:
-        return self._call("GET", f"/tenants/{_seg(tenant)}/keys")
+        return self.call("GET", f"/tenants/{path_segment(tenant)}/keys")
 
     def revoke_key(self, key_id: str) -> JsonObject:
-        return self._call("DELETE", f"/keys/{_seg(key_id)}")
+        return self.call("DELETE", f"/keys/{path_segment(key_id)}")
 
     def rotate_key(self, key_id: str) -> JsonObject:
-        return self._call("POST", f"/keys/{_seg(key_id)}/rotate")
+        return self.call("POST", f"/keys/{path_segment(key_id)}/rotate")
 
     def usage(self, tenant: str, since: dt.date | None, until: dt.date | None) -> JsonObject:
         params = {}
@@ -183,10 +195,10 @@ class HttpAdmin:
             params["since"] = since.isoformat()
         if until is not None:
             params["until"] = until.isoformat()
-        return self._call("GET", f"/tenants/{_seg(tenant)}/usage", params=params)
+        return self.call("GET", f"/tenants/{path_segment(tenant)}/usage", params=params)
 
     def audit(self, tenant: str | None, limit: int) -> JsonObject:
         params = {"limit": str(limit)}
         if tenant is not None:
             params["tenant"] = tenant
-        return self._call("GET", "/audit", params=params)
+        return self.call("GET", "/audit", params=params)

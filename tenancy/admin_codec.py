@@ -48,7 +48,8 @@ _KEY_FIELDS = ("scopes", "expires_at")
 # -- parsing -------------------------------------------------------------------------------------
 
 
-def _object(body: object, allowed: Sequence[str], where: str) -> Mapping[str, Any]:
+def parse_object(body: object, allowed: Sequence[str], where: str) -> Mapping[str, Any]:
+    """A JSON object with only `allowed` fields; `where` names it in errors (`body` at the top)."""
     if not isinstance(body, Mapping):
         raise FieldError(where, "must be a JSON object")
     for name in body:
@@ -78,7 +79,8 @@ def _number(value: object, field: str) -> float:
     return float(value)
 
 
-def _optional_int(value: object, field: str) -> int | None:
+def parse_optional_int(value: object, field: str) -> int | None:
+    """An integer or null (an integral float such as 1e6 counts: JSON has one number type)."""
     if value is None:
         return None
     if isinstance(value, float) and value.is_integer():
@@ -101,7 +103,7 @@ def _optional_string(data: Mapping[str, Any], field: str) -> str | None:
 
 def parse_quota(body: object, where: str = "quota") -> QuotaLimits:
     """A quota object; absent or null fields mean unlimited, `models` absent means every model."""
-    data = _object(body, QUOTA_FIELDS, where)
+    data = parse_object(body, QUOTA_FIELDS, where)
     prefix = "" if where == "body" else where + "."
     models = data.get("models", [])
     if models is None:
@@ -110,7 +112,7 @@ def parse_quota(body: object, where: str = "quota") -> QuotaLimits:
         raise FieldError(f"{prefix}models", "must be a list of model names")
 
     def limit(name: str) -> int | None:
-        return _optional_int(data.get(name), prefix + name)
+        return parse_optional_int(data.get(name), prefix + name)
 
     quota = QuotaLimits(
         tokens_per_minute=limit("tokens_per_minute"),
@@ -131,7 +133,7 @@ def parse_tenant_spec(body: object) -> TenantSpec:
 
     Only `name` is required.
     """
-    data = _object(body, _TENANT_FIELDS, "body")
+    data = parse_object(body, _TENANT_FIELDS, "body")
     if "name" not in data:
         raise FieldError("name", "is required")
     cache_scope = data.get("cache_scope")
@@ -147,7 +149,7 @@ def parse_tenant_spec(body: object) -> TenantSpec:
 
 def parse_tenant_update(body: object) -> TenantUpdate:
     """A partial update: any of `priority`, `weight`, `cache_scope`, `share_cache_scope_with`, `status`."""
-    data = _object(body, _UPDATE_FIELDS, "body")
+    data = parse_object(body, _UPDATE_FIELDS, "body")
     return TenantUpdate(
         priority=parse_priority(data["priority"]) if data.get("priority") is not None else None,
         weight=_number(data["weight"], "weight") if data.get("weight") is not None else None,
@@ -187,7 +189,7 @@ def parse_date(value: object, field: str) -> dt.date:
 
 def parse_key_spec(body: object) -> KeySpec:
     """`{"scopes": [...], "expires_at": "..."}`, both optional (all scopes, no expiry)."""
-    data = _object(body if body is not None else {}, _KEY_FIELDS, "body")
+    data = parse_object(body if body is not None else {}, _KEY_FIELDS, "body")
     raw_scopes = data.get("scopes")
     if raw_scopes is None:
         scopes = tuple(KeyScope)
@@ -209,7 +211,8 @@ def parse_key_spec(body: object) -> KeySpec:
 # -- rendering -----------------------------------------------------------------------------------
 
 
-def _time(value: dt.datetime | None) -> str | None:
+def time_json(value: dt.datetime | None) -> str | None:
+    """A time as the admin API writes it: ISO 8601 in UTC with a trailing Z."""
     return None if value is None else value.astimezone(dt.UTC).isoformat().replace("+00:00", "Z")
 
 
@@ -228,8 +231,8 @@ def tenant_json(tenant: TenantView) -> JsonObject:
         "weight": tenant.weight,
         "cache_scope": tenant.cache_scope,
         "quota": quota_json(tenant.quota),
-        "created_at": _time(tenant.created_at),
-        "updated_at": _time(tenant.updated_at),
+        "created_at": time_json(tenant.created_at),
+        "updated_at": time_json(tenant.updated_at),
     }
 
 
@@ -242,10 +245,10 @@ def key_json(key: ApiKeyView, now: dt.datetime) -> JsonObject:
         "tenant": key.tenant,
         "scopes": [s.value for s in key.scopes],
         "state": key.state(now).value,
-        "created_at": _time(key.created_at),
-        "expires_at": _time(key.expires_at),
-        "revoked_at": _time(key.revoked_at),
-        "last_used_at": _time(key.last_used_at),
+        "created_at": time_json(key.created_at),
+        "expires_at": time_json(key.expires_at),
+        "revoked_at": time_json(key.revoked_at),
+        "last_used_at": time_json(key.last_used_at),
     }
 
 
@@ -294,7 +297,7 @@ def audit_json(event: AuditEventView) -> JsonObject:
     return {
         "object": "audit_event",
         "id": event.id,
-        "created_at": _time(event.created_at),
+        "created_at": time_json(event.created_at),
         "actor": event.actor,
         "action": event.action.value,
         "tenant": event.tenant,
@@ -341,4 +344,4 @@ def tenant_update_json(change: TenantUpdate) -> JsonObject:
 
 def key_spec_json(spec: KeySpec) -> JsonObject:
     """The request body of POST /admin/v1/tenants/{name}/keys for this spec."""
-    return {"scopes": [s.value for s in spec.scopes], "expires_at": _time(spec.expires_at)}
+    return {"scopes": [s.value for s in spec.scopes], "expires_at": time_json(spec.expires_at)}

@@ -11,88 +11,45 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from engine.request import Priority
-from tenancy.admin_client import CLI_ACTOR, AdminBackend, DirectAdmin, HttpAdmin
+from tenancy.admin_client import CLI_ACTOR, AdminBackend, DirectAdmin
 from tenancy.admin_codec import JsonObject, parse_date, parse_datetime
 from tenancy.admin_token import reset_admin_token
+from tenancy.cli_support import (
+    CliSettings,
+    Handler,
+    SettingsFactory,
+    SettingsOf,
+    connection_parser,
+    guard,
+    open_backend,
+    print_json,
+)
+from tenancy.cli_support import database_url as _database_url
 from tenancy.context import QuotaLimits
-from tenancy.db import Database, safe_url, sqlite_url_for
+from tenancy.db import Database, safe_url
 from tenancy.enums import KeyScope, TenantStatus
-from tenancy.errors import FieldError, TenancyError
+from tenancy.errors import FieldError
 from tenancy.keys import KeyHasher
 from tenancy.migrate import check_migrated, current_revision, downgrade, head_revision, upgrade
+from tenancy.model_cli import add_model_commands
 from tenancy.records import KeySpec, TenantSpec, TenantUpdate
 from tenancy.repo import TenancyRepo, utc_now
 
 __all__ = ["CliSettings", "add_subcommands", "check_migrated", "main"]
 
-
-class CliSettings(Protocol):
-    """What the commands need from the server settings (`gateway.settings.Settings` fits)."""
-
-    @property
-    def resolved_database_url(self) -> str: ...
-
-    @property
-    def key_pepper(self) -> str | None: ...
-
-    @property
-    def admin_token(self) -> str | None: ...
-
-
-SettingsFactory = Callable[[argparse.Namespace], CliSettings]
-Handler = Callable[[argparse.Namespace], int]
 _SHARE_HELP = "join this tenant's prefix-cache scope on purpose (audited); a scope is never shared otherwise"
-
-
-class CliError(Exception):
-    """A usage problem the CLI reports in one line (exit status 2)."""
-
-
-def _database_url(args: argparse.Namespace, settings: CliSettings | None) -> str:
-    if args.database_url:
-        return str(args.database_url)
-    if args.data_dir:
-        return sqlite_url_for(Path(args.data_dir))
-    if settings is not None:
-        return settings.resolved_database_url
-    raise CliError("no database given: pass --database-url URL or --data-dir DIR")
-
-
-def _print(obj: JsonObject) -> None:
-    json.dump(obj, sys.stdout, indent=2)
-    sys.stdout.write("\n")
-
-
-def _guard(handler: Handler) -> Handler:
-    """Turn expected failures into a one-line message and an exit status."""
-
-    def run(args: argparse.Namespace) -> int:
-        try:
-            return handler(args)
-        except CliError as exc:
-            print(f"weir: {exc}", file=sys.stderr)
-            return 2
-        except TenancyError as exc:
-            print(f"weir: {exc.message}", file=sys.stderr)
-            return 1
-
-    return run
 
 
 # -- weir db ---------------------------------------------------------------------------------------
 
 
-def _add_db(
-    subparsers: argparse._SubParsersAction, settings_of: Callable[[argparse.Namespace], CliSettings | None]
-) -> None:
+def _add_db(subparsers: argparse._SubParsersAction, settings_of: SettingsOf) -> None:
     db = subparsers.add_parser("db", help="database schema migrations (Alembic)")
     db_sub = db.add_subparsers(dest="db_command", metavar="{upgrade,downgrade,current}", required=True)
 
@@ -132,7 +89,7 @@ def _add_db(
         _add_database_options(p)
         if default_rev is not None:
             p.add_argument("--revision", default=default_rev, help=f"target revision (default {default_rev})")
-        p.set_defaults(func=_guard(handler))
+        p.set_defaults(func=guard(handler))
 
 
 def _add_database_options(parser: argparse.ArgumentParser) -> None:
@@ -202,53 +159,31 @@ def _admin_leaf(
     return parent.add_parser(name, help=help_text, parents=[conn])
 
 
-def _add_admin(
-    subparsers: argparse._SubParsersAction, settings_of: Callable[[argparse.Namespace], CliSettings | None]
-) -> None:
-    conn = argparse.ArgumentParser(add_help=False)
-    g = conn.add_argument_group("where (default: the database from the settings)")
-    g.add_argument("--database-url", dest="database_url", help="SQLAlchemy URL of the database")
-    g.add_argument("--data-dir", dest="data_dir", help="use the SQLite database in this data directory")
-    g.add_argument(
-        "--server", dest="server", metavar="URL", help="talk to a running server's admin API instead"
-    )
-    g.add_argument(
-        "--admin-token", dest="admin_token", help="admin token for --server (default: WEIR_ADMIN_TOKEN)"
-    )
+def _add_admin(subparsers: argparse._SubParsersAction, settings_of: SettingsOf) -> None:
+    conn = connection_parser()
 
     @contextmanager
     def backend(args: argparse.Namespace) -> Iterator[AdminBackend]:
         settings = settings_of(args)
-        if args.server:
-            if args.database_url or args.data_dir:
-                raise CliError("give either --server or a database, not both")
-            token = args.admin_token or (settings.admin_token if settings is not None else None)
-            if not token:
-                raise CliError("--server needs --admin-token (or WEIR_ADMIN_TOKEN)")
-            http = HttpAdmin.connect(args.server, token)
-            try:
-                yield http
-            finally:
-                http.close()
-            return
-        database = Database(_database_url(args, settings))
-        try:
-            check_migrated(database.engine)
-            pepper = settings.key_pepper if settings is not None else None
-            yield DirectAdmin(TenancyRepo(database, KeyHasher.from_pepper(pepper)))
-        finally:
-            database.dispose()
+        pepper = settings.key_pepper if settings is not None else None
+
+        def direct(database: Database) -> AdminBackend:
+            return DirectAdmin(TenancyRepo(database, KeyHasher.from_pepper(pepper)))
+
+        with open_backend(args, settings, direct, lambda server: server) as chosen:
+            yield chosen
 
     def command(op: Callable[[AdminBackend, argparse.Namespace], JsonObject]) -> Handler:
         def run(args: argparse.Namespace) -> int:
             with backend(args) as b:
-                _print(op(b, args))
+                print_json(op(b, args))
             return 0
 
-        return _guard(run)
+        return guard(run)
 
-    admin = subparsers.add_parser("admin", help="tenants, API keys, quotas, usage and the audit log")
+    admin = subparsers.add_parser("admin", help="tenants, API keys, quotas, usage, the audit log, models")
     admin_sub = admin.add_subparsers(dest="admin_command", required=True)
+    add_model_commands(admin_sub, conn, settings_of)
 
     # tenants
     tenants = admin_sub.add_parser("tenants", help="create, list, show, update, suspend tenants")
@@ -368,7 +303,7 @@ def _add_admin(
             )
         return 0
 
-    p.set_defaults(func=_guard(do_reset))
+    p.set_defaults(func=guard(do_reset))
 
 
 def _date(value: str) -> dt.date:
