@@ -269,7 +269,9 @@ class UsageRecordIn:
         if self.model_version is not None and (
             not isinstance(self.model_version, str) or not 1 <= len(self.model_version) <= _MODEL_VERSION_LEN
         ):
-            raise FieldError("model_version", f"must be a string of 1-{_MODEL_VERSION_LEN} characters or None")
+            raise FieldError(
+                "model_version", f"must be a string of 1-{_MODEL_VERSION_LEN} characters or None"
+            )
         if not isinstance(self.status, UsageStatus):
             raise FieldError("status", "must be a UsageStatus")
         for name in ("prompt_tokens", "completion_tokens", "cached_tokens"):
