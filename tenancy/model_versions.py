@@ -12,8 +12,9 @@ from __future__ import annotations
 import builtins
 import datetime as dt
 from collections.abc import Callable
+from typing import Any, cast
 
-from sqlalchemy import select
+from sqlalchemy import CursorResult, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -298,14 +299,31 @@ class ModelVersionRepo:
         actor: str,
         reason: str | None = None,
     ) -> None:
+        """Apply one checked move as a compare-and-set on the state just read.
+
+        SQLite's driver reads outside the write transaction, so another writer may have moved
+        the version between our read and this write; the `state = previous` condition then
+        matches nothing and the move is refused, never applied on top of the other one.
+        """
         previous = row.state
-        row.state = state
+        values: dict[str, object] = {"state": state, "updated_at": now, "updated_by": actor[:_ACTOR_LEN]}
         if state is ModelVersionState.FAILED:
-            row.failure_reason = (reason or "unknown failure")[:MAX_REASON_LEN]
+            values["failure_reason"] = (reason or "unknown failure")[:MAX_REASON_LEN]
         elif state is ModelVersionState.READY:
-            row.failure_reason = None
-        row.updated_at = now
-        row.updated_by = actor[:_ACTOR_LEN]
+            values["failure_reason"] = None
+        moved = session.execute(
+            update(ModelVersion)
+            .where(ModelVersion.id == row.id, ModelVersion.state == previous)
+            .values(**values)
+            .execution_options(synchronize_session=False)
+        )
+        if cast(CursorResult[Any], moved).rowcount != 1:
+            current = session.scalars(select(ModelVersion.state).where(ModelVersion.id == row.id)).one()
+            check_transition(row.name, row.version, current, state)  # raises unless allowed now
+            raise InvalidModelTransitionError(
+                row.name, row.version, current.value, state.value, [], why="it was moved concurrently; retry"
+            )
+        session.refresh(row)
         details: dict[str, object] = {"from": previous.value, "to": state.value}
         if state is ModelVersionState.FAILED:
             details["reason"] = row.failure_reason

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import datetime as dt
+
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import inspect
+from sqlalchemy import inspect, text
+from sqlalchemy.exc import IntegrityError
 
 from tenancy.db import Database, safe_url
 from tenancy.errors import MigrationRequiredError
@@ -19,6 +22,7 @@ from tenancy.migrate import (
 )
 from tenancy.models import Base
 
+WHEN = dt.datetime(2030, 1, 1, 12, 0)  # naive UTC, as the columns store it on SQLite
 TABLES = {
     "tenants",
     "quotas",
@@ -98,3 +102,50 @@ def test_messages_mask_the_database_password() -> None:
     shown = safe_url("postgresql+psycopg://weir:hunter2@db.internal:5432/weir")
     assert "hunter2" not in shown
     assert "db.internal" in shown
+
+
+def test_usage_rows_survive_0005_up_and_down(database: Database) -> None:
+    """0005 adds a column to usage_records (SQLite rebuilds the table to drop it): rows stay."""
+    upgrade(database.engine, "0004")
+    with database.engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO tenants (id, name, status, priority, weight, cache_scope, created_at, updated_at) "
+                "VALUES (1, 'acme', 'active', 'standard', 1.0, 'acme', :t, :t)"
+            ),
+            {"t": WHEN},
+        )
+        conn.execute(
+            text(
+                "INSERT INTO usage_records (request_id, tenant_id, key_id, model, prompt_tokens, "
+                "completion_tokens, cached_tokens, status, created_at, day) "
+                "VALUES ('r1', 1, NULL, 'smol', 5, 7, 0, 'completed', :t, :d)"
+            ),
+            {"t": WHEN, "d": WHEN.date()},
+        )
+    upgrade(database.engine)
+    with database.engine.begin() as conn:
+        rows = conn.execute(text("SELECT request_id, model, model_version FROM usage_records")).all()
+        assert [tuple(r) for r in rows] == [("r1", "smol", None)]  # written before versions existed
+        conn.execute(
+            text(
+                "INSERT INTO usage_records (request_id, tenant_id, key_id, model, model_version, prompt_tokens, "
+                "completion_tokens, cached_tokens, status, created_at, day) "
+                "VALUES ('r2', 1, NULL, 'smol', 'smol@v2', 1, 1, 0, 'completed', :t, :d)"
+            ),
+            {"t": WHEN, "d": WHEN.date()},
+        )
+    downgrade(database.engine)
+    with database.engine.connect() as conn:
+        rows = conn.execute(text("SELECT request_id, completion_tokens FROM usage_records ORDER BY id")).all()
+    assert [tuple(r) for r in rows] == [("r1", 7), ("r2", 1)]
+    with database.engine.begin() as conn, pytest.raises(IntegrityError):
+        # The unique (request_id, tenant_id) index came back with the rebuilt table.
+        conn.execute(
+            text(
+                "INSERT INTO usage_records (request_id, tenant_id, key_id, model, prompt_tokens, "
+                "completion_tokens, cached_tokens, status, created_at, day) "
+                "VALUES ('r1', 1, NULL, 'smol', 1, 1, 0, 'completed', :t, :d)"
+            ),
+            {"t": WHEN, "d": WHEN.date()},
+        )

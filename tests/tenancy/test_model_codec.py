@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tenancy.errors import FieldError
 from tenancy.model_codec import (
@@ -197,3 +199,52 @@ def test_an_answer_in_another_shape_is_refused() -> None:
         parse_models_json({"data": {}, "traffic": {}})
     with pytest.raises(FieldError):
         parse_traffic_json({"split": {"v1": 100}, "pins": {}})  # no name
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
+    max_leaves=12,
+)
+SPEC_LIKE = st.fixed_dictionaries(
+    {"name": JSON | st.just("smol"), "version": JSON | st.just("v1"), "path": JSON | st.just("/w")},
+    optional={"dtype": JSON, "kv_cache_tokens": JSON, "tokenizer": JSON, "state": JSON},
+)
+PLAN_LIKE = st.fixed_dictionaries(
+    {},
+    optional={
+        "split": st.dictionaries(st.text(max_size=8), JSON, max_size=4) | JSON,
+        "pins": st.dictionaries(st.text(max_size=8), JSON, max_size=4) | JSON,
+    },
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(JSON, SPEC_LIKE))
+def test_any_register_body_parses_or_is_a_field_error(body: object) -> None:
+    try:
+        spec = parse_spec(body)
+    except FieldError:
+        return
+    assert parse_spec(spec_json(spec)) == spec
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(JSON, PLAN_LIKE), st.text(max_size=12))
+def test_any_traffic_body_parses_or_is_a_field_error(body: object, name: str) -> None:
+    try:
+        plan = parse_traffic(name, body)
+    except FieldError:
+        return
+    assert not plan.split or sum(plan.split.values()) == 100
+    assert parse_traffic(name, traffic_body_json(plan)) == plan
+
+
+@settings(max_examples=200, deadline=None)
+@given(JSON)
+def test_any_answer_parses_or_is_a_field_error(obj: object) -> None:
+    for parse in (parse_version_json, parse_models_json, parse_traffic_json, parse_rollback):
+        try:
+            parse(obj)
+        except FieldError:
+            pass

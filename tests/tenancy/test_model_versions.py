@@ -4,13 +4,15 @@ audit events, and a state machine over random sequences of admin actions."""
 from __future__ import annotations
 
 import tempfile
+import threading
 from pathlib import Path
 
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
+from sqlalchemy.exc import OperationalError
 
 from tenancy.audit import list_events
 from tenancy.db import Database
@@ -351,3 +353,48 @@ def test_model_version_state_machine() -> None:
     run_state_machine_as_test(
         ModelVersionMachine, settings=settings(max_examples=40, stateful_step_count=25, deadline=None)
     )
+
+
+def test_two_concurrent_moves_of_one_version_never_both_apply(models: ModelVersionRepo) -> None:
+    """A state change holds the row (FOR UPDATE on PostgreSQL; SQLite's single writer): when
+    another transaction moves the version first, this one is refused, never applied on top."""
+    _ready(models, "v1")
+    other = models.db.engine.connect()
+    transaction = other.begin()
+    if models.db.backend == "postgresql":
+        other.execute(text("SELECT id FROM model_versions WHERE version = 'v1' FOR UPDATE"))
+    other.execute(text("UPDATE model_versions SET state = 'draining' WHERE version = 'v1'"))
+    outcome: list[BaseException | None] = []
+
+    def move() -> None:
+        try:
+            models.set_state("smol", "v1", S.DRAINING, actor="second")
+            outcome.append(None)
+        except (InvalidModelTransitionError, OperationalError) as exc:
+            outcome.append(exc)
+
+    worker = threading.Thread(target=move)
+    worker.start()
+    if models.db.backend == "postgresql":
+        _wait_for_a_lock_wait(models.db)
+    transaction.commit()
+    other.close()
+    worker.join(timeout=30)
+    assert len(outcome) == 1 and outcome[0] is not None  # refused: the move was already made
+    assert models.get("smol", "v1").state is S.DRAINING
+    assert [e[2] for e in _audit(models) if e[0] is AuditAction.MODEL_STATE][-1] == {
+        "from": "loading",
+        "to": "ready",
+    }
+
+
+def _wait_for_a_lock_wait(db: Database) -> None:
+    # Bounded in count, not time: the worker's SELECT ... FOR UPDATE shows up as waiting on a lock.
+    with db.engine.connect() as conn:
+        for _ in range(2000):
+            waiting = conn.execute(
+                text("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")
+            ).scalar_one()
+            if waiting:
+                return
+            threading.Event().wait(0.005)
