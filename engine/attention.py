@@ -13,6 +13,7 @@ from typing import Protocol
 import torch
 
 from kernels import reference
+from kernels.decode_attention import DecodePlan, decode_attention, plan_decode
 
 
 @dataclass(frozen=True)
@@ -64,9 +65,24 @@ class AttentionBackend(Protocol):
 
 
 class TorchAttentionBackend:
-    """The plain-torch path used on CPU, and the oracle the Triton kernels are tested against."""
+    """The plain-torch path used on CPU, and the oracle the Triton kernels are tested against.
+
+    `fused_decode`: a decode-only step goes through `kernels.decode_attention`, whose plan (block
+    index, padding mask) is built on the first layer of the step and reused by the others.
+    """
 
     uses_triton = False
+
+    def __init__(self, fused_decode: bool = True) -> None:
+        self.fused_decode = fused_decode
+        self._plan_metadata: AttentionMetadata | None = None  # the step `_plan` belongs to
+        self._plan: DecodePlan | None = None
+
+    def _decode_plan(self, metadata: AttentionMetadata) -> DecodePlan:
+        if self._plan is None or self._plan_metadata is not metadata:
+            self._plan = plan_decode(metadata.block_tables, metadata.seq_lens_cpu, metadata.block_size)
+            self._plan_metadata = metadata
+        return self._plan
 
     def forward(
         self,
@@ -78,6 +94,8 @@ class TorchAttentionBackend:
         scale: float,
     ) -> torch.Tensor:
         reference.write_kv(key, value, kv_cache, metadata.slot_mapping)
+        if self.fused_decode and metadata.is_decode_only:
+            return decode_attention(query, kv_cache, self._decode_plan(metadata), scale)
         return reference.paged_attention(
             query,
             kv_cache,
