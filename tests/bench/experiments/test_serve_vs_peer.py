@@ -1,0 +1,94 @@
+"""bench.experiments.serve_vs_peer: guidellm's report parsed, variants parsed, ratios, and a peer
+started by a tool script is stopped by its PID (a fake tool: no guidellm, no peer build)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+import pytest
+
+from bench.experiments.serve_vs_peer import (
+    ServeFigures,
+    markdown,
+    parse_args,
+    parse_guidellm,
+    parse_variant,
+    ratios,
+    run_peer,
+)
+
+
+def _summary(median: float, mean: float, p99: float) -> dict:
+    return {"successful": {"mean": mean, "median": median, "percentiles": {"p50": median, "p99": p99}}}
+
+
+def test_parse_guidellm_reads_the_issue_figures() -> None:
+    report = {
+        "benchmarks": [
+            {
+                "metrics": {
+                    "request_totals": {"successful": 47, "errored": 1, "incomplete": 0, "total": 48},
+                    "output_tokens_per_second": _summary(40.0, 42.1, 60.0),
+                    "inter_token_latency_ms": _summary(152.0, 160.0, 400.0),
+                    "time_to_first_token_ms": _summary(2468.0, 2000.0, 5000.0),
+                }
+            }
+        ]
+    }
+    got = parse_guidellm("weir", report, 91.23)
+    assert got == ServeFigures("weir", 42.1, 152.0, 400.0, 2468.0, 5000.0, 47, 1, 91.2)
+
+
+def test_variants_split_flags_and_environment() -> None:
+    assert parse_variant("weir=") == ("weir", [], {})
+    assert parse_variant("step200=--target-step-ms 200") == ("step200", ["--target-step-ms", "200"], {})
+    assert parse_variant("t1=OMP_NUM_THREADS=1 --target-step-ms 150") == (
+        "t1",
+        ["--target-step-ms", "150"],
+        {"OMP_NUM_THREADS": "1"},
+    )
+    with pytest.raises(argparse.ArgumentTypeError, match="NAME=FLAGS"):
+        parse_variant("=--x")
+    args = parse_args(["--peers", "--weir", "a=", "b=--target-step-ms 200"])
+    assert args.peers == [] and [v[0] for v in args.weir] == ["a", "b"]
+
+
+def test_ratios_and_table() -> None:
+    peer = ServeFigures("tserve", 32.6, 194.0, 300.0, 1341.0, 3000.0, 48, 0, 100.0)
+    weir = ServeFigures(
+        "weir", 65.2, 97.0, 150.0, 1341.0, 2000.0, 48, 0, 60.0, {"weir_scheduler_token_budget": 80.0}
+    )
+    assert ratios(weir, peer) == {"output_tok_s": 2.0, "itl_p50": 0.5, "ttft_p50": 1.0}
+    text = markdown([peer, weir], ["weir"], "cmd")
+    assert "| weir / tserve | 2.0 | 0.5 | 1.0 |" in text
+    assert "token budget 80" in text
+
+
+def test_a_peer_is_stopped_by_the_pid_its_script_prints(tmp_path: Path) -> None:
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    pid_file = tmp_path / "peer.pid"
+    (tools / "peer-tserve.sh").write_text(
+        f'#!/usr/bin/env bash\nsetsid sleep 300 >/dev/null 2>&1 &\necho $! > {pid_file}\necho "$! /models/smol"\n'
+    )
+    args = argparse.Namespace(tools=tools, peer_start_timeout_s=30.0)
+    with run_peer(args, "tserve") as (url, model):
+        assert url.startswith("http://127.0.0.1:") and model == "/models/smol"
+        pid = int(pid_file.read_text())
+        os.kill(pid, 0)  # running
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+def test_a_peer_that_does_not_start_is_an_error_naming_it(tmp_path: Path) -> None:
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    (tools / "peer-llama.sh").write_text("#!/usr/bin/env bash\necho 'build failed' >&2\nexit 1\n")
+    args = argparse.Namespace(tools=tools, peer_start_timeout_s=30.0)
+    with (
+        pytest.raises(RuntimeError, match="llama-q4 did not start: build failed"),
+        run_peer(args, "llama-q4"),
+    ):
+        pass
