@@ -190,6 +190,7 @@ class EngineConfig:
     dtype: str = "float32"
     device: str = "cpu"
     model_version: str = "default"
+    tokenizer_path: str | None = None  # None: the tokenizer in model_path
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     use_triton: bool | None = None  # None: on CUDA only

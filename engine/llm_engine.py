@@ -377,7 +377,7 @@ def build_engine(
     model, model_config = load_model(
         config.model_path, dtype=dtype, device=device, attn_backend=attn, pack_linear=_pack_linear(config)
     )
-    tokenizer = AutoTokenizer.from_pretrained(config.model_path, local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(config.tokenizer_path or config.model_path, local_files_only=True)
     kv_dtype = getattr(torch, config.cache.kv_dtype)
     num_blocks = num_blocks_for(config.cache, model_config, kv_dtype, device)
     kv_caches = allocate_kv_caches(model_config, num_blocks, config.cache.block_size, kv_dtype, device)

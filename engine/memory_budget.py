@@ -62,7 +62,9 @@ class VersionFootprint:
 class MemoryBudgetError(EngineError):
     """A reservation that does not fit the budget; the message gives needed vs free."""
 
-    def __init__(self, owner: str, needed_bytes: int, free_bytes: int, total_bytes: int, what: str = "") -> None:
+    def __init__(
+        self, owner: str, needed_bytes: int, free_bytes: int, total_bytes: int, what: str = ""
+    ) -> None:
         need = what or f"{needed_bytes} bytes"
         super().__init__(
             f"{owner} does not fit the memory budget: it needs {need}, but only {free_bytes} of "

@@ -207,6 +207,7 @@ class RequestInfo:
     user: str | None
     created_at: float  # epoch seconds
     arrival_s: float  # monotonic
+    model_version: str | None = None  # the id (name@version) of the version routed to
 
 
 class Accountant:
@@ -242,6 +243,7 @@ class Accountant:
             duration_s=time.monotonic() - info.arrival_s,
             ttft_s=tally.latencies(0).ttft_s if tally.requests else None,
             user=info.user,
+            model_version=info.model_version,
         )
         try:
             self._observe(info, tally, usage, reasons, span)

@@ -1,16 +1,15 @@
-"""The app factory: one Starlette app around one engine, with its own metrics and tracer.
+"""The app factory: one Starlette app around a fleet of model versions (or one engine), with its
+own metrics and tracer.
 
-Everything the app needs is passed in (engine, tokenizer, hooks); nothing is global, so tests
-build as many apps as they like, each with a fake engine, a stub authenticator and an in-memory
-span exporter.
+Everything the app needs is passed in (engine or fleet, tokenizer, hooks); nothing is global, so
+tests build as many apps as they like, each with a fake engine, a stub authenticator and an
+in-memory span exporter.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 from opentelemetry.sdk.trace import TracerProvider
@@ -26,12 +25,14 @@ from gateway.accounting import Accountant, Admission, UsageSink, admit_all
 from gateway.body_limit import BodyLimitMiddleware
 from gateway.error_tarpit import DEFAULT_LIMITS, ErrorTarpitMiddleware, TarpitLimits
 from gateway.errors import NotFoundError, exception_handlers
+from gateway.fleet_types import model_fingerprint
 from gateway.metrics import GatewayMetrics
+from gateway.model_fleet import ModelFleet, single_engine_fleet
 from gateway.openapi import openapi_schema
-from gateway.routes.openai import Authenticate, OpenAIRoutes, ServedModel
+from gateway.routes.openai import Authenticate, OpenAIRoutes
 from gateway.settings import AuthMode, Settings
 from gateway.state import GatewayState
-from gateway.tokenization import PromptBuilder, Tokenizer
+from gateway.tokenization import Tokenizer
 from gateway.tracing import RequestTracer, build_tracer_provider
 from tenancy.context import QuotaLimits, TenantContext
 
@@ -56,18 +57,15 @@ async def authenticate_anonymous(authorization: str | None, client_addr: str) ->
     return ANONYMOUS_TENANT
 
 
-def model_fingerprint(name: str, max_model_len: int, extra: str = "") -> str:
-    """A `system_fingerprint` that changes when the served model or its configuration does."""
-    digest = hashlib.sha256(f"{name}|{max_model_len}|{extra}".encode()).hexdigest()
-    return f"fp_{digest[:10]}"
+__all__ = ["ANONYMOUS_TENANT", "authenticate_anonymous", "create_app", "model_fingerprint"]
 
 
 def create_app(
     settings: Settings,
-    engine: EngineClient,
-    tokenizer: Tokenizer,
+    engine: EngineClient | None,
+    tokenizer: Tokenizer | None,
     *,
-    max_model_len: int,
+    max_model_len: int | None = None,
     model_name: str | None = None,
     vocab_size: int | None = None,
     authenticate: Authenticate | None = None,
@@ -80,8 +78,12 @@ def create_app(
     on_shutdown: Sequence[Hook] = (),
     metrics_auth: AdminCheck | None = None,
     error_tarpit: TarpitLimits | None = DEFAULT_LIMITS,
+    fleet: ModelFleet | None = None,
 ) -> Starlette:
     """Build the gateway app from collaborators built beforehand.
+
+    `fleet` serves every model version it holds (`weir serve`); without one, `engine`,
+    `tokenizer` and `max_model_len` are served as the one version `default` of `model_name`.
 
     `authenticate` maps (Authorization header, client address) to a tenant or raises a
     `WeirError`; without one, auth mode `none` serves everyone as the default tenant and auth mode
@@ -99,18 +101,29 @@ def create_app(
         if settings.auth_mode is AuthMode.KEYS:
             raise ValueError("authenticate is required when auth mode is 'keys'")
         authenticate = authenticate_anonymous
-    name = model_name or settings.model_name()
+    if fleet is None:
+        if engine is None or tokenizer is None or max_model_len is None:
+            raise ValueError("engine, tokenizer and max_model_len are required without a fleet")
+        name = model_name or settings.model_name()
+        fingerprint = model_fingerprint(
+            name, max_model_len, settings.resolved_dtype(settings.device or "cpu")
+        )
+        fleet = single_engine_fleet(
+            name,
+            engine,
+            tokenizer,
+            max_model_len=max_model_len,
+            vocab_size=vocab_size,
+            fingerprint=fingerprint,
+        )
     state = GatewayState()
-    metrics = metrics if metrics is not None else GatewayMetrics(engine.stats)
+    metrics = metrics if metrics is not None else GatewayMetrics(fleet.stats)
     tracer = RequestTracer(
         tracer_provider
         or build_tracer_provider(settings.otel_exporter, settings.otel_endpoint, settings.otel_service_name)
     )
-    fingerprint = model_fingerprint(name, max_model_len, settings.resolved_dtype(settings.device or "cpu"))
     openai_routes = OpenAIRoutes(
-        engine=engine,
-        prompts=PromptBuilder(tokenizer, vocab_size),
-        model=ServedModel(name, max_model_len, created=int(time.time()), fingerprint=fingerprint),
+        fleet=fleet,
         authenticate=authenticate,
         admission=admission,
         accountant=Accountant(metrics, usage_sink),
@@ -122,14 +135,17 @@ def create_app(
         return JSONResponse(schema)
 
     routes: list[BaseRoute] = [
-        *_operations_routes(engine, state, metrics, metrics_auth),
+        *_operations_routes(fleet, state, metrics, metrics_auth),
         Route("/openapi.json", openapi, methods=["GET"]),
         *openai_routes.routes(),
         *extra_routes,
     ]
+    primary = fleet.primary()
     schema = openapi_schema(
-        models=[name],
-        vocab_size=openai_routes.prompts.vocab_size,
+        models=[m.name for m in fleet.served_models()],
+        vocab_size=primary.prompts.vocab_size
+        if primary is not None and primary.prompts is not None
+        else None,
         mounted=[r.path for r in routes if isinstance(r, Route | Mount)],
     )
     tarpit = [] if error_tarpit is None else [Middleware(ErrorTarpitMiddleware, error_tarpit)]
@@ -147,15 +163,16 @@ def create_app(
         lifespan=_lifespan(state, tracer, on_startup, on_shutdown),
     )
     app.state.gateway = state
+    app.state.fleet = fleet
     app.state.metrics = metrics
     app.state.tracer = tracer
     return app
 
 
 def _operations_routes(
-    engine: EngineClient, state: GatewayState, metrics: GatewayMetrics, metrics_auth: AdminCheck | None
+    engine: ModelFleet, state: GatewayState, metrics: GatewayMetrics, metrics_auth: AdminCheck | None
 ) -> list[BaseRoute]:
-    """`/health` (the engine lives), `/ready` (it serves and we are not draining), `/metrics`."""
+    """`/health` (an engine lives), `/ready` (a version serves and we are not draining), `/metrics`."""
 
     async def health(request: Request) -> Response:
         h = engine.health()

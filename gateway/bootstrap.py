@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from starlette.applications import Starlette
 from starlette.routing import BaseRoute
 
 from gateway.accounting import Outcome, UsageRecord, UsageSink
@@ -40,9 +41,11 @@ from gateway.settings import (
 if TYPE_CHECKING:
     from prometheus_client.registry import Collector
 
-    from engine.async_engine import AsyncEngine
     from engine.config import EngineConfig
     from gateway.auth import AdminAuthenticator
+    from gateway.model_fleet import ModelFleet
+    from gateway.model_rollout import ModelRollout
+    from tenancy.model_versions import ModelVersionRepo
     from tenancy.records import UsageRecordIn
     from tenancy.usage_writer import UsageWriterStats
 
@@ -146,6 +149,7 @@ class TenancyWiring:
     close: Callable[[], Awaitable[None]] | None = None
     admin_auth: AdminAuthenticator | None = None  # also guards the prefix-cache admin routes
     usage_stats: Callable[[], UsageWriterStats] | None = None  # the usage writer's, for metrics
+    model_versions: ModelVersionRepo | None = None  # the model-version records (gateway.model_rollout)
 
 
 _STATUS_OF = {
@@ -199,6 +203,7 @@ def build_tenancy(settings: Settings) -> TenancyWiring:
     from tenancy.enums import KeyScope
     from tenancy.keys import KeyHasher
     from tenancy.migrate import check_migrated, upgrade
+    from tenancy.model_versions import ModelVersionRepo
     from tenancy.repo import TenancyRepo
     from tenancy.usage_writer import UsageWriter
 
@@ -239,6 +244,7 @@ def build_tenancy(settings: Settings) -> TenancyWiring:
         close=close,
         admin_auth=admin_auth,
         usage_stats=writer.stats,
+        model_versions=ModelVersionRepo(db),
     )
 
 
@@ -256,36 +262,65 @@ def resolve_auth(settings: Settings, num_tenants: int) -> AuthMode:
     return mode
 
 
-def build_engine(settings: Settings) -> tuple[AsyncEngine, Path]:
-    """Load the model (blocking) into a not yet started AsyncEngine."""
-    from engine.async_engine import AsyncEngine
-
-    model_path = resolve_model_path(settings)
-    device = resolve_device(settings)
-    config = engine_config(settings, model_path, device)
-    logger.info("loading %s on %s (%s)", model_path, device, config.dtype)
-    return AsyncEngine(config), model_path
-
-
-def build_metrics(engine: AsyncEngine, tenancy: TenancyWiring) -> GatewayMetrics:
-    """The app's registry, complete before anything uses it: the gateway's own metrics, the
-    engine's prefix cache and, with tenancy, the usage-record writer."""
+def build_metrics(fleet: ModelFleet, tenancy: TenancyWiring, default_name: str) -> GatewayMetrics:
+    """The app's registry, complete before anything uses it: the gateway's own metrics, every
+    engine's load (labelled by model version), the serving version's prefix cache and, with
+    tenancy, the usage-record writer."""
+    from gateway.fleet_setup import primary_prefix_stats
+    from gateway.metrics import FleetStatsCollector
     from gateway.prefix_cache_metrics import PrefixCacheCollector
     from gateway.usage_metrics import UsageRecordsCollector
 
-    collectors: list[Collector] = [PrefixCacheCollector(engine.prefix_cache.snapshot)]
+    collectors: list[Collector] = [
+        FleetStatsCollector(fleet.stats_by_version),
+        PrefixCacheCollector(functools.partial(primary_prefix_stats, fleet, default_name)),
+    ]
     if tenancy.usage_stats is not None:
         collectors.append(UsageRecordsCollector(tenancy.usage_stats))
-    return GatewayMetrics(engine.stats, collectors=collectors)
+    return GatewayMetrics(None, collectors=collectors)
+
+
+def start_fleet(settings: Settings, tenancy: TenancyWiring) -> tuple[ModelFleet, ModelRollout, str]:
+    """Build the fleet and load, before the server listens: the `--model` version (registered if
+    absent) and every version recorded as ready, with their split and pins. Returns the fleet,
+    its rollout control and the default model name."""
+    from gateway.fleet_setup import build_fleet, check_startup_record, startup_spec
+    from gateway.model_rollout import ModelRollout
+    from tenancy.errors import ModelVersionNotFoundError
+
+    model_path = resolve_model_path(settings)
+    device = resolve_device(settings)
+    engine_config(settings, model_path, device)  # an impossible kernel choice stops here, naming its flag
+    fleet = build_fleet(settings, device, functools.partial(engine_config, settings, device=device))
+    spec = startup_spec(settings, model_path)
+    assert tenancy.model_versions is not None
+    rollout = ModelRollout(fleet, tenancy.model_versions)
+    try:
+        recorded = tenancy.model_versions.get(spec.name, spec.version).path
+    except ModelVersionNotFoundError:
+        recorded = None
+    check_startup_record(spec, recorded)
+    # Loads warm up with a generation, which needs an event loop: a short-lived one here, so a
+    # model that cannot load stops `weir serve` before it listens, as before.
+    asyncio.run(rollout.start(spec))
+    return fleet, rollout, spec.name
 
 
 def serve(settings: Settings) -> int:
-    """`weir serve`: load, wire, serve until SIGTERM; the exit status.
-
-    Every collaborator is built before the app and passed in: the metrics registry first, then
-    admission (counting into it) and the metrics listener (serving it).
-    """
+    """`weir serve`: load, wire, serve until SIGTERM; the exit status."""
     configure_logging(settings.log_level)
+    return run_server(build_server_app(settings), settings)
+
+
+def build_server_app(settings: Settings) -> Starlette:
+    """Everything `weir serve` serves, loaded and warm (end-to-end tests serve it in a thread).
+
+    Every collaborator is built before the app and passed in: the fleet of model versions (loaded
+    and warm), the metrics registry, then admission (counting into it) and the metrics listener.
+    """
+    from gateway.fleet_setup import prefix_cache_target
+    from gateway.routes.models_admin import models_admin_routes
+
     tenancy = build_tenancy(settings)
     auth = resolve_auth(settings, tenancy.num_tenants)
     if auth is AuthMode.NONE:
@@ -294,17 +329,17 @@ def serve(settings: Settings) -> int:
             "(a fresh install on %s). Pass --auth keys to require API keys.",
             settings.host,
         )
-    engine, model_path = build_engine(settings)
-    metrics = build_metrics(engine, tenancy)
-    startup_hooks: list[Callable[[], Awaitable[None]]] = [engine.start]
-    shutdown_hooks: list[Callable[[], Awaitable[None]]] = [engine.shutdown]
+    fleet, rollout, default_name = start_fleet(settings, tenancy)
+    metrics = build_metrics(fleet, tenancy, default_name)
+    startup_hooks: list[Callable[[], Awaitable[None]]] = []
+    shutdown_hooks: list[Callable[[], Awaitable[None]]] = [fleet.shutdown]
     if tenancy.start is not None:
         startup_hooks.append(tenancy.start)
     if tenancy.close is not None:
         shutdown_hooks.append(tenancy.close)
     kwargs: dict[str, Any] = {}
     if settings.admission is AdmissionMode.ON:
-        admission = build_admission(settings, engine.stats, AdmissionMetrics(metrics.registry))
+        admission = build_admission(settings, fleet.stats, AdmissionMetrics(metrics.registry))
         startup_hooks.append(admission.start)
         shutdown_hooks.append(admission.close)  # after requests settled: unused leases go back
         kwargs["admission"] = admission
@@ -316,7 +351,11 @@ def serve(settings: Settings) -> int:
         from gateway.routes.prefix_cache import prefix_cache_routes
 
         # Before the /admin/v1 mount, whose catch-all would answer these paths with 404.
-        extra_routes[:0] = prefix_cache_routes(engine.prefix_cache, tenancy.admin_auth, engine.tokenizer)
+        select = functools.partial(prefix_cache_target, fleet, default_name)
+        extra_routes[:0] = [
+            *prefix_cache_routes(None, tenancy.admin_auth, None, select),
+            *models_admin_routes(rollout, tenancy.admin_auth),
+        ]
         # On the API port /metrics needs the admin token: it names every tenant and its traffic.
         kwargs["metrics_auth"] = tenancy.admin_auth.authenticate_async
     if settings.metrics_port:
@@ -324,17 +363,14 @@ def serve(settings: Settings) -> int:
         listener = MetricsListener(metrics, settings.host, settings.metrics_port)
         startup_hooks.append(listener.start)
         shutdown_hooks.append(listener.stop)
-    app = create_app(
+    return create_app(
         settings,
-        engine,
-        engine.tokenizer,
-        max_model_len=engine.max_model_len,
-        model_name=settings.model_name(model_path),
-        vocab_size=engine.model_config.vocab_size,
+        None,
+        None,
+        fleet=fleet,
         metrics=metrics,
         extra_routes=extra_routes,
         on_startup=startup_hooks,
         on_shutdown=shutdown_hooks,
         **kwargs,
     )
-    return run_server(app, settings)

@@ -28,13 +28,18 @@ def _settings(cli: argparse.Namespace | dict[str, object]) -> Settings:
 
 def _serve(args: argparse.Namespace) -> int:
     from gateway.bootstrap import KernelChoiceError, serve
+    from gateway.fleet_setup import StartupModelError
+    from gateway.model_rollout import StartupLoadError
 
     settings = _settings(args)
     try:
         return serve(settings)
-    except KernelChoiceError as exc:  # names the flag; known only once the device is resolved
+    except (KernelChoiceError, StartupModelError) as exc:  # names the flag or the clash
         print(f"weir: {exc}", file=sys.stderr)
         return 2
+    except StartupLoadError as exc:  # the --model version did not load: the reason, not a traceback
+        print(f"weir: {exc}", file=sys.stderr)
+        return 1
 
 
 def _model_prepare(args: argparse.Namespace) -> int:

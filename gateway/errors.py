@@ -278,7 +278,12 @@ def exception_handlers(count: Callable[[int], None] | None = None) -> dict[type[
             logger.warning("%s %s: database error: %s", request.method, request.url.path, exc)
         if count is not None:
             count(error.status_code)
-        return error_response(error)
+        response = error_response(error)
+        # A generation request routed to a model version before it failed names that version too.
+        version = getattr(request.state, "model_version", None)
+        if version is not None:
+            response.headers["x-weir-model-version"] = version
+        return response
 
     async def on_unexpected(request: Request, exc: Exception) -> Response:
         logger.exception("unhandled error on %s", request.url.path, exc_info=exc)

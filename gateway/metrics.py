@@ -12,7 +12,7 @@ admission controller and the metrics listener all receive a registry that is com
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -80,12 +80,34 @@ class _EngineStatsCollector(Collector):
         yield from step_budget_metrics(s.step_budget)
 
 
+class FleetStatsCollector(Collector):
+    """The same engine-load metrics for several engines, one sample per `model_version` label."""
+
+    def __init__(self, stats_by_version: Callable[[], Mapping[str, EngineStats]]) -> None:
+        self._stats_by_version = stats_by_version
+
+    def collect(self) -> Iterable[Metric]:
+        try:
+            snapshots = self._stats_by_version()
+        except Exception:
+            return
+        merged: dict[str, Metric] = {}
+        for version_id, snapshot in sorted(snapshots.items()):
+            for family in _EngineStatsCollector(lambda s=snapshot: s).collect():  # type: ignore[misc]
+                out = merged.get(family.name)
+                if out is None:
+                    out = merged[family.name] = Metric(family.name, family.documentation, family.type)
+                for sample in family.samples:
+                    out.add_sample(sample.name, {**sample.labels, "model_version": version_id}, sample.value)
+        yield from merged.values()
+
+
 class GatewayMetrics:
     """The metrics of one gateway app. `model` and `tenant` label everything per request."""
 
     def __init__(
         self,
-        stats: Callable[[], EngineStats],
+        stats: Callable[[], EngineStats] | None,
         registry: CollectorRegistry | None = None,
         collectors: Sequence[Collector] = (),
     ) -> None:
@@ -139,7 +161,8 @@ class GatewayMetrics:
         self.errors = Counter(
             "weir_request_errors", "Requests answered with an error, by HTTP status.", ("status",), registry=r
         )
-        r.register(_EngineStatsCollector(stats))
+        if stats is not None:  # None: the engines' load comes from a FleetStatsCollector in `collectors`
+            r.register(_EngineStatsCollector(stats))
         for collector in collectors:
             r.register(collector)
 

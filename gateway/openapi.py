@@ -19,6 +19,7 @@ from gateway.openapi_admin import ADMIN, admin_paths
 from gateway.openapi_admin import SCHEMAS as ADMIN_SCHEMAS
 
 _PREFIX_CACHE = "/admin/v1/prefix-cache"
+_MODELS = "/admin/v1/models"  # the model-version routes, mounted only with a fleet that loads
 _CONVERTER = re.compile(r"\{(\w+):\w+\}")  # Starlette's {name:path} is OpenAPI's {name}
 
 
@@ -250,6 +251,7 @@ def openapi_schema(
             for p, item in paths.items()
             if any(_under(p, m) for m in prefixes)
             and (not _under(p, _PREFIX_CACHE) or _PREFIX_CACHE in prefixes)
+            and (not _under(p, _MODELS) or _MODELS in prefixes)
         }
     schemas = {
         **_SCHEMAS,

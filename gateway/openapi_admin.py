@@ -1,5 +1,5 @@
 """The admin operations of `/openapi.json`: /admin/v1 (tenants, keys, quotas, usage, audit), the
-prefix-cache admin API, and the tenant's own /v1/usage.
+model versions and their rollouts, the prefix-cache admin API, and the tenant's own /v1/usage.
 
 Enums, field lists and name patterns come from the tenancy module that validates them
 (`tenancy.admin_codec`, `tenancy.records`, `tenancy.keys`), so the document cannot drift from them.
@@ -9,10 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from engine.config import ENGINE_DTYPES
 from engine.request import Priority
 from tenancy.admin_codec import _TENANT_FIELDS, _UPDATE_FIELDS, QUOTA_FIELDS
 from tenancy.enums import KeyScope, TenantStatus
 from tenancy.keys import _PUBLIC_ID_RE
+from tenancy.model_version_records import _NAME_RE as _MODEL_NAME_RE
+from tenancy.model_version_records import _VERSION_RE, MAX_KV_CACHE_TOKENS, MAX_PATH_LEN
 from tenancy.records import _MAX_INT32, _MAX_INT64, _MAX_WEIGHT, _NAME_RE, _SCOPE_RE
 
 ADMIN: list[dict[str, list[str]]] = [{"admin_token": []}]
@@ -104,6 +107,41 @@ SCHEMAS: dict[str, Any] = {
             "pin": {"type": "boolean"},
         },
     },
+    "ModelVersionCreate": {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["name", "version", "path"],
+        "properties": {
+            "name": {"type": "string", "pattern": f"^{_MODEL_NAME_RE.pattern}$"},
+            "version": {"type": "string", "pattern": f"^{_VERSION_RE.pattern}$"},
+            "path": {"type": "string", "minLength": 1, "maxLength": MAX_PATH_LEN},
+            "tokenizer": {"type": ["string", "null"], "minLength": 1, "maxLength": MAX_PATH_LEN},
+            "dtype": {"type": ["string", "null"], "enum": [*ENGINE_DTYPES, None]},
+            "kv_cache_tokens": {"type": ["integer", "null"], "minimum": 1, "maximum": MAX_KV_CACHE_TOKENS},
+        },
+    },
+    "ModelTraffic": {
+        "type": "object",
+        "additionalProperties": False,
+        "description": "The whole plan: split percents sum to 100 (or empty); pins send a tenant to one "
+        "version. Every version with a share or a pin must be ready (409 otherwise).",
+        "properties": {
+            "split": {
+                "type": "object",
+                "additionalProperties": {"type": "integer", "minimum": 0, "maximum": 100},
+            },
+            "pins": {
+                "type": "object",
+                "additionalProperties": {"type": "string", "pattern": f"^{_VERSION_RE.pattern}$"},
+            },
+        },
+    },
+    "ModelRollback": {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["to"],
+        "properties": {"to": {"type": "string", "pattern": f"^{_VERSION_RE.pattern}$"}},
+    },
     "PrefixFlush": {
         "type": "object",
         "additionalProperties": False,
@@ -128,6 +166,10 @@ def _query(name: str, schema: dict[str, Any]) -> dict[str, Any]:
 _TENANT = _path("name", _TENANT_NAME)
 _KEY_ID = _path("key_id", {"type": "string", "pattern": f"^{_PUBLIC_ID_RE.pattern}$"})
 _PREFIX_ID = _path("prefix_id", {"type": "string", "minLength": 1})
+_MODEL = _path("name", {"type": "string", "pattern": f"^{_MODEL_NAME_RE.pattern}$"})
+_VERSION = _path("version", {"type": "string", "pattern": f"^{_VERSION_RE.pattern}$"})
+# Which loaded version a prefix-cache call acts on; default: the default model's serving version.
+_SELECT = [_query("model", {"type": "string"}), _query("version", {"type": "string"})]
 _SINCE_UNTIL = [_query("since", _DATE), _query("until", _DATE)]
 
 
@@ -212,22 +254,43 @@ def admin_paths(errors: dict[str, Any]) -> dict[str, Any]:
             )
         },
     }
+    models = "/admin/v1/models"
+    version = f"{models}/{{name}}/versions/{{version}}"
+    paths |= {
+        models: {
+            "get": _op("Every model version: state, traffic share, pins, in flight, KV use; every plan", e),
+            "post": _op("Register a model version", e, ok="201", body="ModelVersionCreate"),
+        },
+        f"{version}/load": {
+            "post": _op("Load and warm up (ready), or 422 with the reason (failed)", e, parameters=[_MODEL, _VERSION])
+        },
+        f"{version}/drain": {"post": _op("No new requests; in-flight ones finish", e, parameters=[_MODEL, _VERSION])},
+        f"{version}/retire": {
+            "post": _op("After the drain: unload, free its memory and cached blocks", e, parameters=[_MODEL, _VERSION])
+        },
+        f"{models}/{{name}}/traffic": {
+            "put": _op("Replace the split and pins", e, body="ModelTraffic", parameters=[_MODEL])
+        },
+        f"{models}/{{name}}/rollback": {
+            "post": _op("All traffic back to one version; the others drain", e, body="ModelRollback", parameters=[_MODEL])
+        },
+    }  # fmt: skip
     base = "/admin/v1/prefix-cache"
     paths |= {
-        f"{base}/stats": {"get": _op("Prefix cache totals, per tenant, per scope", e)},
+        f"{base}/stats": {"get": _op("Prefix cache totals, per tenant, per scope", e, parameters=_SELECT)},
         f"{base}/tenants/{{name}}": {
-            "get": _op("One tenant's prefix-cache figures", e, parameters=[_path("name", {"type": "string"})])
+            "get": _op("One tenant's prefix-cache figures", e, parameters=[_path("name", {"type": "string"}), *_SELECT])
         },
         f"{base}/prefixes": {
-            "get": _op("Registered shared prefixes", e),
-            "post": _op("Register (and compute) a shared prefix", e, ok="201", body="PrefixRegister"),
+            "get": _op("Registered shared prefixes", e, parameters=_SELECT),
+            "post": _op("Register (and compute) a shared prefix", e, ok="201", body="PrefixRegister", parameters=_SELECT),
         },
         f"{base}/prefixes/{{prefix_id}}": {
-            "get": _op("One shared prefix", e, parameters=[_PREFIX_ID]),
-            "delete": _op("Unregister a shared prefix", e, parameters=[_PREFIX_ID]),
+            "get": _op("One shared prefix", e, parameters=[_PREFIX_ID, *_SELECT]),
+            "delete": _op("Unregister a shared prefix", e, parameters=[_PREFIX_ID, *_SELECT]),
         },
-        f"{base}/prefixes/{{prefix_id}}/pin": {"post": _op("Never evict it", e, parameters=[_PREFIX_ID])},
-        f"{base}/prefixes/{{prefix_id}}/unpin": {"post": _op("Evictable again", e, parameters=[_PREFIX_ID])},
-        f"{base}/flush": {"post": _op("Drop cached blocks", e, body="PrefixFlush")},
+        f"{base}/prefixes/{{prefix_id}}/pin": {"post": _op("Never evict it", e, parameters=[_PREFIX_ID, *_SELECT])},
+        f"{base}/prefixes/{{prefix_id}}/unpin": {"post": _op("Evictable again", e, parameters=[_PREFIX_ID, *_SELECT])},
+        f"{base}/flush": {"post": _op("Drop cached blocks", e, body="PrefixFlush", parameters=_SELECT)},
     }  # fmt: skip
     return paths

@@ -11,6 +11,7 @@ import enum
 import ipaddress
 import math
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -20,6 +21,8 @@ from engine.config import QueuePolicy
 
 DTYPES = ("float32", "float16", "bfloat16")
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+# A model version label (tenancy.model_version_records checks the same form for stored versions).
+_VERSION_LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
 class OtelExporter(enum.Enum):
@@ -112,6 +115,10 @@ class Settings:
     device: str | None = None  # None: cuda when available, else cpu
     dtype: str | None = None  # None: float32 on CPU, bfloat16 on CUDA
     kv_cache_tokens: int | None = None  # caps the KV pool; None: sized from memory
+    # The memory every loaded model version's weights + KV pool must fit in together; None: 90% of
+    # the device memory free at start (CUDA) or 80% of the machine's available memory (CPU).
+    memory_budget_mib: int | None = None
+    model_version: str = "default"  # the version label `--model` is registered and served as
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     # None: every step may feed max_num_batched_tokens; else the per-step token budget follows this
@@ -162,7 +169,7 @@ class Settings:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.target_step_ms is not None and not 0 < self.target_step_ms < float("inf"):
             raise ValueError(f"target_step_ms must be > 0 and finite, got {self.target_step_ms}")
-        for name in ("kv_cache_tokens", "max_model_len"):
+        for name in ("kv_cache_tokens", "max_model_len", "memory_budget_mib"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
@@ -172,6 +179,10 @@ class Settings:
             raise ValueError(f"max_request_body_bytes must be >= 1024, got {self.max_request_body_bytes}")
         if self.served_model_name is not None and not self.served_model_name.strip():
             raise ValueError("served_model_name must not be blank")
+        if not _VERSION_LABEL.fullmatch(self.model_version):
+            raise ValueError(
+                f"model_version must be 1-64 characters of A-Z, a-z, 0-9, '.', '_' or '-', got {self.model_version!r}"
+            )
         if self.database_url is not None and not self.database_url:
             raise ValueError("database_url must not be empty")
         for name in ("max_queue_time_s", "max_queued_tokens"):
@@ -296,6 +307,8 @@ _FIELDS: dict[str, _FieldSpec] = {
     "device": _FieldSpec("WEIR_DEVICE", str),
     "dtype": _FieldSpec("WEIR_DTYPE", str),
     "kv_cache_tokens": _FieldSpec("WEIR_KV_CACHE_TOKENS", int),
+    "memory_budget_mib": _FieldSpec("WEIR_MEMORY_BUDGET_MIB", int),
+    "model_version": _FieldSpec("WEIR_MODEL_VERSION", str),
     "max_num_seqs": _FieldSpec("WEIR_MAX_NUM_SEQS", int),
     "max_num_batched_tokens": _FieldSpec("WEIR_MAX_NUM_BATCHED_TOKENS", int),
     "max_model_len": _FieldSpec("WEIR_MAX_MODEL_LEN", int),
@@ -364,10 +377,24 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="a Hugging Face model folder (env WEIR_MODEL; default: SmolLM2-135M-Instruct, prepared if missing)",
     )
     add("--served-model-name", dest="served_model_name", help="the name clients use in `model`")
+    add(
+        "--model-version",
+        dest="model_version",
+        metavar="LABEL",
+        help="the version label --model is registered and served as (env WEIR_MODEL_VERSION; default 'default')",
+    )
     add("--device", help="cpu or cuda (env WEIR_DEVICE; default: cuda when available)")
     add("--dtype", choices=DTYPES, help="weights and KV dtype (default float32 on CPU, bfloat16 on CUDA)")
     add(
         "--kv-cache-tokens", dest="kv_cache_tokens", type=int, metavar="N", help="cap the KV pool at N tokens"
+    )
+    add(
+        "--memory-budget-mib",
+        dest="memory_budget_mib",
+        type=int,
+        metavar="MIB",
+        help="memory all loaded model versions (weights + KV pools) must fit in together (env "
+        "WEIR_MEMORY_BUDGET_MIB; default 90%% of free CUDA memory, or 80%% of available RAM on CPU)",
     )
     add("--max-num-seqs", dest="max_num_seqs", type=int, help="most sequences in one batch (default 64)")
     add(

@@ -111,6 +111,10 @@ class GenerationJob:
     settle: Settle
     accountant: Accountant
     state: GatewayState
+    headers: tuple[tuple[str, str], ...] = ()  # on every answer (e.g. the model version that served it)
+
+    def raw_headers(self, base: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+        return base + [(k.lower().encode(), v.encode()) for k, v in self.headers]
 
 
 class GenerationResponse:
@@ -182,7 +186,9 @@ class GenerationResponse:
     async def _send_error(self, send: Send, error: WeirError) -> None:
         self._outcome, self._error = Outcome.FAILED, error.message
         self.job.accountant.metrics.count_error(error.status_code)
-        headers = _JSON_HEADERS + [(k.lower().encode(), v.encode()) for k, v in error.headers.items()]
+        headers = self.job.raw_headers(_JSON_HEADERS) + [
+            (k.lower().encode(), v.encode()) for k, v in error.headers.items()
+        ]
         await send({"type": "http.response.start", "status": error.status_code, "headers": headers})
         await send({"type": "http.response.body", "body": encode_json(error.body())})
 
@@ -205,7 +211,7 @@ class GenerationResponse:
             await self._send_error(send, self._log_error(exc))
             return
         body = encode_json(job.formatter.response(choices, self.tally.usage()))
-        await send({"type": "http.response.start", "status": 200, "headers": _JSON_HEADERS})
+        await send({"type": "http.response.start", "status": 200, "headers": job.raw_headers(_JSON_HEADERS)})
         await send({"type": "http.response.body", "body": body})
         self._outcome = Outcome.COMPLETED
 
@@ -223,7 +229,7 @@ class GenerationResponse:
         except Exception as exc:
             await self._send_error(send, self._log_error(exc))
             return
-        await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+        await send({"type": "http.response.start", "status": 200, "headers": job.raw_headers(_SSE_HEADERS)})
         self._streaming = True
         pending = formatter.start_chunks(len(job.requests) * job.n)
         try:

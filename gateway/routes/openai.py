@@ -9,18 +9,19 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import Receive, Scope, Send
 
-from engine.client import EngineClient, EngineRequest
+from engine.client import EngineRequest
 from engine.errors import ContextLengthError
 from gateway import openai_fields as f
-from gateway.accounting import Accountant, Admission, Admitted, RequestInfo
+from gateway.accounting import Accountant, Admission, Admitted, RequestInfo, Settle, UsageRecord
 from gateway.errors import BadRequestError, NotFoundError, PermissionDeniedError, ServiceUnavailableError
+from gateway.fleet_types import ServedModel
+from gateway.model_fleet import Lease, ModelFleet
 from gateway.protocol import (
     Endpoint,
     GenerationOptions,
@@ -31,7 +32,6 @@ from gateway.protocol import (
 from gateway.responses import ChatFormatter, CompletionFormatter, ResponseFormatter
 from gateway.state import GatewayState
 from gateway.streaming import GenerationJob, GenerationResponse
-from gateway.tokenization import PromptBuilder
 from gateway.tracing import RequestTracer
 from tenancy.context import TenantContext
 
@@ -40,26 +40,6 @@ Authenticate = Callable[[str | None, str], Awaitable[TenantContext]]
 # OpenAI's legacy completions default; chat defaults to the rest of the context (and admission
 # reserves a bounded default for it, see gateway.admission).
 DEFAULT_COMPLETION_MAX_TOKENS = 16
-
-
-@dataclass(frozen=True)
-class ServedModel:
-    """The model this gateway serves, as clients see it."""
-
-    name: str
-    max_model_len: int
-    created: int  # epoch seconds, for /v1/models
-    fingerprint: str  # system_fingerprint: changes when the served weights or config change
-
-    def card(self) -> dict[str, object]:
-        """The /v1/models entry."""
-        return {
-            "id": self.name,
-            "object": "model",
-            "created": self.created,
-            "owned_by": "weir",
-            "max_model_len": self.max_model_len,
-        }
 
 
 class _Started(Response):
@@ -73,24 +53,26 @@ class _Started(Response):
         await self.inner(scope, receive, send)
 
 
+__all__ = ["Authenticate", "OpenAIRoutes", "ServedModel", "VERSION_HEADER"]
+
+# Every answer of a routed request names the version that generated all of its tokens.
+VERSION_HEADER = "x-weir-model-version"
+
+
 class OpenAIRoutes:
-    """Handlers of the `/v1` API for one served model."""
+    """Handlers of the `/v1` API over the fleet of model versions (`gateway.model_fleet`)."""
 
     def __init__(
         self,
         *,
-        engine: EngineClient,
-        prompts: PromptBuilder,
-        model: ServedModel,
+        fleet: ModelFleet,
         authenticate: Authenticate,
         admission: Admission,
         accountant: Accountant,
         tracer: RequestTracer,
         state: GatewayState,
     ) -> None:
-        self.engine = engine
-        self.prompts = prompts
-        self.model = model
+        self.fleet = fleet
         self.authenticate = authenticate
         self.admission = admission
         self.accountant = accountant
@@ -111,13 +93,19 @@ class OpenAIRoutes:
 
     async def list_models(self, request: Request) -> Response:
         tenant = await self._tenant(request)
-        allowed = not tenant.quota.models or self.model.name in tenant.quota.models
-        return JSONResponse({"object": "list", "data": [self.model.card()] if allowed else []})
+        allowed = [
+            m.card()
+            for m in self.fleet.served_models()
+            if not tenant.quota.models or m.name in tenant.quota.models
+        ]
+        return JSONResponse({"object": "list", "data": allowed})
 
     async def retrieve_model(self, request: Request) -> Response:
         tenant = await self._tenant(request)
-        self._check_model(request.path_params["model"], tenant)
-        return JSONResponse(self.model.card())
+        name = request.path_params["model"]
+        self._check_model(name, tenant)
+        served = next(m for m in self.fleet.served_models() if m.name == name)
+        return JSONResponse(served.card())
 
     async def chat_completions(self, request: Request) -> Response:
         return await self._generate(request, Endpoint.CHAT)
@@ -126,7 +114,7 @@ class OpenAIRoutes:
         return await self._generate(request, Endpoint.COMPLETIONS)
 
     def _check_model(self, name: str, tenant: TenantContext) -> None:
-        if name != self.model.name:
+        if not self.fleet.serves(name):
             # The name is client input: echo a bounded prefix of it (the error body escapes the rest).
             shown = name if len(name) <= 256 else name[:256] + "..."
             raise NotFoundError(f"The model '{shown}' does not exist", param="model", code="model_not_found")
@@ -135,29 +123,49 @@ class OpenAIRoutes:
                 f"this API key may not use the model '{name}'", param="model", code="model_not_allowed"
             )
 
+    def _route(self, request: Request, model: str, tenant: TenantContext, response_id: str) -> Lease:
+        """Check the name, then pick the version that serves this request for its whole life.
+
+        The version is noted on the request, so an error answered after this point names it too
+        (`gateway.errors` adds the header).
+        """
+        self._check_model(model, tenant)
+        lease = self.fleet.route(model, tenant.tenant_id, response_id)
+        request.state.model_version = lease.version.spec.version
+        return lease
+
     async def _generate(self, request: Request, endpoint: Endpoint) -> Response:
         arrival_s = time.monotonic()
         span = self.tracer.start_request(
             f"POST {request.url.path}", request.headers, {"http.route": request.url.path}
         )
+        lease: Lease | None = None
         try:
             if self.state.draining:
                 raise ServiceUnavailableError("the server is shutting down", code="shutting_down")
             tenant = await self._tenant(request)
             body = decode_json_object(await request.body())
+            prefix = "chatcmpl-" if endpoint is Endpoint.CHAT else "cmpl-"
+            response_id = prefix + uuid.uuid4().hex
             if endpoint is Endpoint.CHAT:
                 chat = parse_chat_request(body)
                 model, options = chat.model, chat.options
-                self._check_model(model, tenant)
-                prompts: Sequence[tuple[int, ...]] = (await self.prompts.encode_chat_async(chat.messages),)
+                lease = self._route(request, model, tenant, response_id)
+                prompt_builder = lease.version.prompts
+                assert prompt_builder is not None  # a routed version is loaded
+                prompts: Sequence[tuple[int, ...]] = (await prompt_builder.encode_chat_async(chat.messages),)
             else:
                 completion = parse_completion_request(body)
                 model, options = completion.model, completion.options
-                self._check_model(model, tenant)
-                prompts = await self.prompts.encode_prompts_async(completion.prompts)
-            prefix = "chatcmpl-" if endpoint is Endpoint.CHAT else "cmpl-"
-            response_id = prefix + uuid.uuid4().hex
-            requests = self._engine_requests(response_id, endpoint, prompts, options, tenant, arrival_s)
+                lease = self._route(request, model, tenant, response_id)
+                prompt_builder = lease.version.prompts
+                assert prompt_builder is not None
+                prompts = await prompt_builder.encode_prompts_async(completion.prompts)
+            served = lease.version.served
+            assert served is not None
+            requests = self._engine_requests(
+                response_id, endpoint, prompts, options, tenant, arrival_s, served.max_model_len
+            )
             span.set_attributes(
                 {
                     "weir.request_id": response_id,
@@ -172,9 +180,13 @@ class OpenAIRoutes:
             else:
                 settle = admitted
         except Exception as exc:
+            if lease is not None:
+                lease.release()
             span.end(str(exc))
             raise
-        info = RequestInfo(response_id, endpoint, model, tenant, options.user, time.time(), arrival_s)
+        info = RequestInfo(
+            response_id, endpoint, model, tenant, options.user, time.time(), arrival_s, lease.version.id
+        )
         formatter_type: type[ResponseFormatter] = (
             ChatFormatter if endpoint is Endpoint.CHAT else CompletionFormatter
         )
@@ -182,22 +194,23 @@ class OpenAIRoutes:
             response_id,
             int(info.created_at),
             model,
-            self.model.fingerprint,
-            self.prompts.token_text,
+            served.fingerprint,
+            prompt_builder.token_text,
             logprobs=options.logprobs is not None,
             include_usage=options.include_usage,
         )
         job = GenerationJob(
-            engine=self.engine,
+            engine=lease.engine,
             requests=requests,
             n=options.n,
             stream=options.stream,
             formatter=formatter,
             info=info,
             span=span,
-            settle=settle,
+            settle=_releasing(settle, lease),
             accountant=self.accountant,
             state=self.state,
+            headers=((VERSION_HEADER, lease.version.spec.version),),
         )
         return _Started(GenerationResponse(job))
 
@@ -209,6 +222,7 @@ class OpenAIRoutes:
         options: GenerationOptions,
         tenant: TenantContext,
         arrival_s: float,
+        max_model_len: int,
     ) -> tuple[EngineRequest, ...]:
         quota = tenant.quota
         # A client may lower its priority below its tenant's class, never raise it.
@@ -220,7 +234,6 @@ class OpenAIRoutes:
                 code="priority_not_allowed",
             )
         priority = tenant.priority if options.priority is None else options.priority
-        max_model_len = self.model.max_model_len
         _check_request_bounds(endpoint, prompts, options, max_model_len)
         requests = []
         for i, prompt in enumerate(prompts):
@@ -264,6 +277,18 @@ class OpenAIRoutes:
                 )
             )
         return tuple(requests)
+
+
+def _releasing(settle: Settle, lease: Lease) -> Settle:
+    """`settle`, then the request's hold on its version (a drain waits for it)."""
+
+    def settle_and_release(record: UsageRecord) -> None:
+        try:
+            settle(record)
+        finally:
+            lease.release()
+
+    return settle_and_release
 
 
 def _check_request_bounds(

@@ -10,6 +10,10 @@
     POST   /admin/v1/prefix-cache/prefixes/{id}/unpin
     POST   /admin/v1/prefix-cache/flush                 {} | {"model_version"} | {"tenant"} | {"cache_scope"}
 
+Each call acts on one loaded model version's cache: `?model=NAME&version=LABEL` names it; by
+default, the default model's serving version (`weir serve` passes `select`; an app around one
+engine has just that one).
+
 Body errors follow the rest of the admin API: a body that is not a JSON object is 400; a field that
 is unknown, of the wrong type or out of range is 422 naming it. Every error, the engine's included
 (unknown prefix 404, pin budget 409, refused prefix 422), is raised to the app's one mapper in
@@ -20,6 +24,7 @@ engine's prefix-cache facade (`engine.client.PrefixCacheControl`).
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.requests import Request
@@ -139,15 +144,47 @@ def _bool(data: Mapping[str, Any], name: str, default: bool) -> bool:
     return value
 
 
+@dataclass(frozen=True)
+class PrefixCacheTarget:
+    """The prefix cache one admin call acts on, with the tokenizer of its model version."""
+
+    control: PrefixCacheControl
+    tokenizer: Tokenizer
+
+
+# (model name or None, version label or None) -> the target; raises NotFoundError for neither.
+SelectTarget = Callable[[str | None, str | None], PrefixCacheTarget]
+
+
+def _target(request: Request) -> PrefixCacheTarget:
+    target: PrefixCacheTarget = request.state.prefix_cache_target
+    return target
+
+
 class PrefixCacheRoutes:
-    """The endpoints, sharing the engine's prefix-cache facade, the admin authenticator and the tokenizer."""
+    """The endpoints, sharing an engine's prefix-cache facade, the admin authenticator and the tokenizer.
+
+    With `select`, each call may name a model version with the query parameters `model` and
+    `version` (default: the default model's serving version); without, the one `control` serves.
+    """
 
     def __init__(
-        self, control: PrefixCacheControl, admin_auth: AdminAuthenticator, tokenizer: Tokenizer
+        self,
+        control: PrefixCacheControl | None,
+        admin_auth: AdminAuthenticator,
+        tokenizer: Tokenizer | None,
+        select: SelectTarget | None = None,
     ) -> None:
-        self.control = control
+        if select is None:
+            if control is None or tokenizer is None:
+                raise ValueError("control and tokenizer are required without select")
+            fixed = PrefixCacheTarget(control, tokenizer)
+
+            def select(model: str | None, version: str | None) -> PrefixCacheTarget:
+                return fixed
+
+        self.select = select
         self.admin_auth = admin_auth
-        self.tokenizer = tokenizer
 
     def admin(self, handler: Handler) -> Handler:
         """Check the admin token first. Errors are raised, never answered here: the app's one
@@ -156,6 +193,8 @@ class PrefixCacheRoutes:
         async def endpoint(request: Request) -> Response:
             addr = request.client.host if request.client is not None else "unknown"
             await self.admin_auth.authenticate_async(request.headers.get("authorization"), addr)
+            params = request.query_params
+            request.state.prefix_cache_target = self.select(params.get("model"), params.get("version"))
             return await handler(request)
 
         return endpoint
@@ -183,11 +222,11 @@ class PrefixCacheRoutes:
     # -- stats --------------------------------------------------------------------------------------
 
     async def stats(self, request: Request) -> Response:
-        return _json(stats_json(await self.control.stats()))
+        return _json(stats_json(await _target(request).control.stats()))
 
     async def tenant(self, request: Request) -> Response:
         name = request.path_params["name"]
-        stats = await self.control.stats()
+        stats = await _target(request).control.stats()
         for t in stats.tenants:
             if t.tenant_id == name:
                 return _json(tenant_json(t))
@@ -196,7 +235,7 @@ class PrefixCacheRoutes:
 
     # -- shared prefixes ----------------------------------------------------------------------------
 
-    def _token_ids(self, data: Mapping[str, Any]) -> list[int]:
+    def _token_ids(self, data: Mapping[str, Any], tokenizer: Tokenizer) -> list[int]:
         given = [name for name in ("token_ids", "text", "messages") if data.get(name) is not None]
         if len(given) != 1:
             raise _invalid("token_ids", "or 'text' or 'messages': give exactly one")
@@ -206,7 +245,7 @@ class PrefixCacheRoutes:
                 isinstance(t, int) and not isinstance(t, bool) for t in ids
             ):
                 raise _invalid("token_ids", "must be a list of integers")
-            vocab_size = len(self.tokenizer)
+            vocab_size = len(tokenizer)
             if not all(0 <= t < vocab_size for t in ids):
                 raise _invalid("token_ids", f"must be token ids in [0, {vocab_size})")
             return ids
@@ -215,12 +254,10 @@ class PrefixCacheRoutes:
             if not isinstance(text, str) or not text:
                 raise _invalid("text", "must be a non-empty string")
             # The default matches /v1/completions, which encodes text with the special tokens.
-            return list(
-                self.tokenizer.encode(text, add_special_tokens=_bool(data, "add_special_tokens", True))
-            )
-        return self._render_messages(data["messages"])
+            return list(tokenizer.encode(text, add_special_tokens=_bool(data, "add_special_tokens", True)))
+        return self._render_messages(data["messages"], tokenizer)
 
-    def _render_messages(self, value: Any) -> list[int]:
+    def _render_messages(self, value: Any, tokenizer: Tokenizer) -> list[int]:
         """Messages rendered as the start of a chat (no assistant turn), as /v1/chat/completions begins."""
         if not isinstance(value, list) or not value:
             raise _invalid("messages", "must be a non-empty list of messages")
@@ -235,42 +272,42 @@ class PrefixCacheRoutes:
                 raise _invalid(f"{param}.role", "is not a known role") from None
             messages.append(ChatMessage(role, item["content"]).to_template())
         try:
-            text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
+            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
         except Exception as exc:  # the template is the model's Jinja code
             raise _invalid("messages", f"were rejected by the chat template: {exc}") from None
-        return list(self.tokenizer.encode(str(text), add_special_tokens=False))
+        return list(tokenizer.encode(str(text), add_special_tokens=False))
 
     async def register(self, request: Request) -> Response:
         data = await _body(request)
         _check_fields(data, _REGISTER_FIELDS)
         name = _opt_str(data, "name") or ""
         pin = _bool(data, "pin", False)
-        token_ids = self._token_ids(data)
-        info = await self.control.register(token_ids, name=name, pin=pin)
+        token_ids = self._token_ids(data, _target(request).tokenizer)
+        info = await _target(request).control.register(token_ids, name=name, pin=pin)
         return _json(prefix_json(info), 201)
 
     async def list_prefixes(self, request: Request) -> Response:
-        prefixes = await self.control.list_prefixes()
+        prefixes = await _target(request).control.list_prefixes()
         return _json({"object": "list", "data": [prefix_json(p) for p in prefixes]})
 
     async def get_prefix(self, request: Request) -> Response:
-        return _json(prefix_json(await self.control.get(request.path_params["prefix_id"])))
+        return _json(prefix_json(await _target(request).control.get(request.path_params["prefix_id"])))
 
     async def unregister(self, request: Request) -> Response:
-        return _json(prefix_json(await self.control.unregister(request.path_params["prefix_id"])))
+        return _json(prefix_json(await _target(request).control.unregister(request.path_params["prefix_id"])))
 
     async def pin(self, request: Request) -> Response:
-        return _json(prefix_json(await self.control.pin(request.path_params["prefix_id"])))
+        return _json(prefix_json(await _target(request).control.pin(request.path_params["prefix_id"])))
 
     async def unpin(self, request: Request) -> Response:
-        return _json(prefix_json(await self.control.unpin(request.path_params["prefix_id"])))
+        return _json(prefix_json(await _target(request).control.unpin(request.path_params["prefix_id"])))
 
     # -- flush --------------------------------------------------------------------------------------
 
     async def flush(self, request: Request) -> Response:
         data = await _body(request)
         _check_fields(data, _FLUSH_FIELDS)
-        result = await self.control.flush(
+        result = await _target(request).control.flush(
             model_version=_opt_str(data, "model_version"),
             tenant_id=_opt_str(data, "tenant"),
             cache_scope=_opt_str(data, "cache_scope"),
@@ -289,7 +326,10 @@ class PrefixCacheRoutes:
 
 
 def prefix_cache_routes(
-    control: PrefixCacheControl, admin_auth: AdminAuthenticator, tokenizer: Tokenizer
+    control: PrefixCacheControl | None,
+    admin_auth: AdminAuthenticator,
+    tokenizer: Tokenizer | None,
+    select: SelectTarget | None = None,
 ) -> list[BaseRoute]:
     """The `/admin/v1/prefix-cache` mount; place it before the `/admin/v1` catch-all."""
-    return PrefixCacheRoutes(control, admin_auth, tokenizer).routes()
+    return PrefixCacheRoutes(control, admin_auth, tokenizer, select).routes()

@@ -184,6 +184,8 @@ numbers are printed as integers. */}}
 {{- $pairs = append $pairs (list "WEIR_DEVICE" $device) -}}
 {{- $pairs = append $pairs (list "WEIR_DTYPE" .Values.config.dtype) -}}
 {{- $pairs = append $pairs (list "WEIR_KV_CACHE_TOKENS" .Values.config.kvCacheTokens) -}}
+{{- $pairs = append $pairs (list "WEIR_MEMORY_BUDGET_MIB" .Values.config.memoryBudgetMib) -}}
+{{- $pairs = append $pairs (list "WEIR_MODEL_VERSION" .Values.config.modelVersion) -}}
 {{- $pairs = append $pairs (list "WEIR_MAX_NUM_SEQS" .Values.config.maxNumSeqs) -}}
 {{- $pairs = append $pairs (list "WEIR_MAX_NUM_BATCHED_TOKENS" .Values.config.maxNumBatchedTokens) -}}
 {{- $pairs = append $pairs (list "WEIR_TARGET_STEP_MS" .Values.config.targetStepMs) -}}

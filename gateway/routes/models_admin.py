@@ -1,0 +1,159 @@
+"""The model-version admin API under /admin/v1/models (admin bearer token).
+
+    GET  /admin/v1/models                                      every version with state, share, in flight, KV use
+    POST /admin/v1/models                                      register {"name", "version", "path", ...}: 201
+    POST /admin/v1/models/{name}/versions/{version}/load       load + warm up: 200 ready, else 422 with the reason
+    PUT  /admin/v1/models/{name}/traffic                       {"split": {...}, "pins": {...}}
+    POST /admin/v1/models/{name}/versions/{version}/drain      no new requests; in-flight ones finish
+    POST /admin/v1/models/{name}/versions/{version}/retire     after the drain: unload, free memory and blocks
+    POST /admin/v1/models/{name}/rollback                      {"to": "<version>"}: split back, drain the others
+
+Bodies and answers are `tenancy.model_codec`'s (the `weir admin models` client reads the same
+shapes). Every change is audited by the repository. A retire's answer also carries the budget
+released and the memory measured as freed, in `x-weir-memory-released-bytes` and
+`x-weir-memory-freed-bytes` (the version object's fields are fixed by the codec).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Route
+
+from gateway.auth import AdminAuthenticator
+from gateway.errors import NotFoundError, PayloadTooLargeError, UnprocessableError
+from gateway.json_body import loads_bounded
+from gateway.model_rollout import ModelRollout, VersionStatus
+from tenancy.errors import FieldError
+from tenancy.model_codec import (
+    VersionRuntime,
+    models_json,
+    parse_rollback,
+    parse_spec,
+    parse_traffic,
+    traffic_json,
+    version_json,
+)
+from tenancy.model_version_records import validate_model_name, validate_version_label
+
+MAX_BODY_BYTES = 1 << 20
+_NO_STORE = {"Cache-Control": "no-store"}
+
+Handler = Callable[[Request, str], Awaitable[Response]]
+
+
+def _json(body: Any, status_code: int = 200, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(body, status_code=status_code, headers={**_NO_STORE, **(headers or {})})
+
+
+async def _body(request: Request) -> Any:
+    raw = await request.body()
+    if len(raw) > MAX_BODY_BYTES:
+        raise PayloadTooLargeError(f"request body is larger than {MAX_BODY_BYTES} bytes")
+    return loads_bounded(raw) if raw.strip() else {}
+
+
+def _name(request: Request) -> str:
+    name = request.path_params["name"]
+    try:
+        return validate_model_name(name)
+    except FieldError:
+        raise NotFoundError(
+            f"model {name!r} has no registered version", code="model_version_not_found"
+        ) from None
+
+
+def _version(request: Request) -> str:
+    version = request.path_params["version"]
+    try:
+        return validate_version_label(version)
+    except FieldError:
+        raise NotFoundError(f"no model version {version!r}", code="model_version_not_found") from None
+
+
+def status_json(status: VersionStatus) -> dict[str, Any]:
+    """A version object: the record with the runtime's state, share, pins, in-flight and KV use."""
+    view = dataclasses.replace(status.record, state=status.state, failure_reason=status.failure_reason)
+    body = version_json(view, None, VersionRuntime(in_flight=status.in_flight, kv_usage=status.kv_usage))
+    body["traffic_percent"] = status.traffic_percent
+    body["pinned_tenants"] = list(status.pinned_tenants)
+    return body
+
+
+class ModelsAdminRoutes:
+    """The endpoints over one `ModelRollout`, behind the admin token."""
+
+    def __init__(self, rollout: ModelRollout, admin_auth: AdminAuthenticator) -> None:
+        self.rollout = rollout
+        self.admin_auth = admin_auth
+
+    def admin(self, handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+        async def endpoint(request: Request) -> Response:
+            addr = request.client.host if request.client is not None else "unknown"
+            await self.admin_auth.authenticate_async(request.headers.get("authorization"), addr)
+            return await handler(request, f"admin-api {addr}")
+
+        return endpoint
+
+    def routes(self) -> list[BaseRoute]:
+        a = self.admin
+        base = "/admin/v1/models"
+        version = base + "/{name}/versions/{version}"
+        return [
+            Route(base, a(self.list_models), methods=["GET"]),
+            Route(base, a(self.register), methods=["POST"]),
+            Route(version + "/load", a(self.load), methods=["POST"]),
+            Route(version + "/drain", a(self.drain), methods=["POST"]),
+            Route(version + "/retire", a(self.retire), methods=["POST"]),
+            Route(base + "/{name}/traffic", a(self.set_traffic), methods=["PUT"]),
+            Route(base + "/{name}/rollback", a(self.rollback), methods=["POST"]),
+        ]
+
+    async def list_models(self, request: Request, actor: str) -> Response:
+        statuses, plans = await self.rollout.list()
+        body = models_json([], plans)
+        body["data"] = [status_json(s) for s in statuses]
+        return _json(body)
+
+    async def register(self, request: Request, actor: str) -> Response:
+        spec = parse_spec(await _body(request))
+        return _json(status_json(await self.rollout.register(spec, actor)), 201)
+
+    async def load(self, request: Request, actor: str) -> Response:
+        status = await self.rollout.load(_name(request), _version(request), actor)
+        if status.failure_reason is not None or status.state.value != "ready":
+            raise UnprocessableError(
+                f"loading model version {status.record.id} failed: {status.failure_reason}",
+                param="path",
+                code="model_load_failed",
+            )
+        return _json(status_json(status))
+
+    async def set_traffic(self, request: Request, actor: str) -> Response:
+        plan = parse_traffic(_name(request), await _body(request))
+        return _json(traffic_json(await self.rollout.set_traffic(plan, actor)))
+
+    async def drain(self, request: Request, actor: str) -> Response:
+        return _json(status_json(await self.rollout.drain(_name(request), _version(request), actor)))
+
+    async def retire(self, request: Request, actor: str) -> Response:
+        status = await self.rollout.retire(_name(request), _version(request), actor)
+        headers = {}
+        if status.retire is not None:
+            headers["x-weir-memory-released-bytes"] = str(status.retire.released_budget_bytes)
+            if status.retire.freed_bytes is not None:
+                headers["x-weir-memory-freed-bytes"] = str(status.retire.freed_bytes)
+        return _json(status_json(status), headers=headers)
+
+    async def rollback(self, request: Request, actor: str) -> Response:
+        to = parse_rollback(await _body(request))
+        return _json(traffic_json(await self.rollout.rollback(_name(request), to, actor)))
+
+
+def models_admin_routes(rollout: ModelRollout, admin_auth: AdminAuthenticator) -> list[BaseRoute]:
+    """The `/admin/v1/models` routes; place them before the `/admin/v1` catch-all."""
+    return ModelsAdminRoutes(rollout, admin_auth).routes()
