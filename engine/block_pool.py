@@ -8,6 +8,9 @@ blocks before it evicts anything, and then evicts the least recently freed cache
 Each scope also keeps its free cached blocks in LRU order, so a scope over its cap gives up its
 own oldest block in O(1) without scanning the pool. Pinned blocks (shared prefixes an admin
 pinned) stay out of the free queue while unreferenced: they are never evicted.
+
+The host tier (engine/host_kv_tier.py) is a second BlockPool: it shares this pool's pin counts
+(`pins`, `pin_followers`) and hears of every eviction (`on_evict`), to demote the block.
 Plain Python, no torch.
 """
 
@@ -97,7 +100,12 @@ class BlockPool:
     Block 0 is reserved as the null block (padding target in block tables) and never handed out.
     """
 
-    def __init__(self, num_blocks: int, enable_caching: bool = True) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        enable_caching: bool = True,
+        pins: dict[bytes, int] | None = None,
+    ) -> None:
         if num_blocks < 2:
             raise ValueError(f"num_blocks must be >= 2 (one is the null block), got {num_blocks}")
         self.num_blocks = num_blocks
@@ -115,8 +123,24 @@ class BlockPool:
         self._scope_free: dict[str, OrderedDict[int, Block]] = {}
         # Hashes pinned by shared prefixes (how many pins each), whether cached yet or not: the
         # only pin count (engine.shared_prefixes reads it for its budget).
-        self._pins: dict[bytes, int] = {}
+        # A lower tier (the host pool) shares this dict: one pin count for both tiers.
+        self._pins: dict[bytes, int] = pins if pins is not None else {}
         self.num_pinned_blocks = 0  # cached blocks whose hash is pinned
+        # Tiers below this one (the host pool): pins and unpins mark their blocks too.
+        self.pin_followers: list[BlockPool] = []
+        # Called with a cached block about to lose its hash to an eviction (the host tier demotes it).
+        self.on_evict: Callable[[Block], None] | None = None
+
+    def follower(self, num_blocks: int) -> BlockPool:
+        """A pool for a lower tier (the host pool) that shares this pool's pin counts: a hash pinned
+        here is pinned there too, so its block is never evicted from either tier."""
+        pool = BlockPool(num_blocks, self.enable_caching, pins=self._pins)
+        self.pin_followers.append(pool)
+        return pool
+
+    def owns(self, block: Block) -> bool:
+        """Whether `block` is one of this pool's blocks (O(1))."""
+        return 0 <= block.block_id < self.num_blocks and self.blocks[block.block_id] is block
 
     @property
     def num_usable_blocks(self) -> int:
@@ -139,6 +163,8 @@ class BlockPool:
         for _ in range(num):
             block = self.free_queue.popleft()
             if block.block_hash is not None:
+                if self.on_evict is not None:
+                    self.on_evict(block)
                 self._count_eviction(block)
                 self._uncache(block)
             block.ref_cnt = 1
@@ -214,6 +240,8 @@ class BlockPool:
         if not od:
             return False
         _, block = od.popitem(last=False)
+        if self.on_evict is not None:
+            self.on_evict(block)
         self._count_eviction(block)
         self._uncache(block)
         self.free_queue.remove(block)
@@ -250,6 +278,10 @@ class BlockPool:
     def pin(self, block_hash: bytes) -> None:
         """Never evict the block cached (now or later) under `block_hash`; pins are counted."""
         self._pins[block_hash] = self._pins.get(block_hash, 0) + 1
+        for pool in (self, *self.pin_followers):
+            pool._mark_pinned(block_hash)
+
+    def _mark_pinned(self, block_hash: bytes) -> None:
         block = self.cached.get(block_hash)
         if block is not None and not block.pinned:
             if block.ref_cnt == 0:
@@ -267,6 +299,10 @@ class BlockPool:
             self._pins[block_hash] = count - 1
             return
         del self._pins[block_hash]
+        for pool in (self, *self.pin_followers):
+            pool._mark_unpinned(block_hash)
+
+    def _mark_unpinned(self, block_hash: bytes) -> None:
         block = self.cached.get(block_hash)
         if block is not None and block.pinned:
             block.pinned = False

@@ -127,6 +127,14 @@ class QueuePolicy(enum.Enum):
     FAIR = "fair"
 
 
+class PreemptionMode(enum.Enum):
+    """How a preempted request gives back its KV blocks (engine/swap_policy.py decides under AUTO)."""
+
+    AUTO = "auto"  # swap or recompute, whichever the measured cost model says is cheaper
+    SWAP = "swap"  # swap to the host pool whenever it has room (tests, benchmarks)
+    RECOMPUTE = "recompute"  # always drop the blocks and recompute them
+
+
 @dataclass(frozen=True)
 class CacheConfig:
     """Paged KV cache geometry. Either `num_blocks` or `memory_budget_bytes` sizes the pool."""
@@ -137,8 +145,13 @@ class CacheConfig:
     kv_dtype: str = "float32"
     enable_prefix_caching: bool = True
     tenant_cache_share: float = 1.0  # max share of the pool one tenant's cached blocks may hold
+    # Host-memory KV pool (engine/host_kv_tier.py): swapped requests and demoted prefix blocks.
+    host_num_blocks: int = 0  # 0: no host tier
+    preemption_mode: PreemptionMode = PreemptionMode.AUTO
 
     def __post_init__(self) -> None:
+        if self.host_num_blocks < 0:
+            raise ValueError(f"host_num_blocks must be >= 0, got {self.host_num_blocks}")
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two >= 1, got {self.block_size}")
         if self.num_blocks is not None and self.num_blocks < 1:

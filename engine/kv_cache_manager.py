@@ -12,6 +12,9 @@ the (src, dst) pairs of copy-on-write.
   cap it evicts its own least recently used free block (O(1)), else leaves the block uncached.
 - Fork: a child references its parent's computed blocks. Before a request writes into a block
   that is shared (ref count > 1) or cached (immutable), the block is copied to a fresh one.
+- Host tier (optional, `engine.host_kv_tier`): a lookup continues into the host pool, whose hits
+  are promoted (copied into device blocks at allocation); `preempt` swaps a victim's blocks to
+  the host or drops them, as `engine.swap_policy` decides, and `swap_in` brings them back.
 """
 
 from __future__ import annotations
@@ -21,8 +24,12 @@ from dataclasses import dataclass, field
 
 from engine.block_hash import SHARED_SCOPE, hash_blocks
 from engine.block_pool import Block, BlockPool
+from engine.config import PreemptionMode
+from engine.host_kv_tier import HostKVTier
+from engine.kv_swap import KVTransfers
 from engine.request import Request
 from engine.shared_prefixes import SharedPrefixRegistry
+from engine.swap_policy import SwapPolicy
 
 # Pinned shared prefixes may hold at most this share of the pool.
 MAX_PINNED_SHARE = 0.5
@@ -59,9 +66,16 @@ class KVCacheManager:
         enable_caching: bool = True,
         watermark: float = 0.01,
         tenant_cache_share: float = 1.0,
+        host_num_blocks: int = 0,
+        swap_policy: SwapPolicy | None = None,  # the host tier's swap-or-recompute cost model
     ) -> None:
         self.block_size = block_size
         self.pool = BlockPool(num_blocks, enable_caching)
+        # The host tier: swapped requests and demoted prefix blocks (None: preemption recomputes).
+        self.host = None
+        if host_num_blocks:
+            policy = swap_policy if swap_policy is not None else SwapPolicy(block_bytes=1)
+            self.host = HostKVTier(host_num_blocks, self.pool, block_size, policy, tenant_cache_share)
         self.enable_caching = enable_caching
         self._root_digest = root_digest
         self._roots: dict[str, bytes] = {}
@@ -146,13 +160,18 @@ class KVCacheManager:
     def get_computed_blocks(self, req: Request) -> tuple[list[Block], int]:
         """Longest cached prefix of a request that holds no blocks yet: (blocks, tokens).
 
-        At least the last token is always left to compute, so its logits exist.
+        A block missing on the device may be found in the host tier: such a hit is a host block,
+        promoted (copied to a device block) by `allocate_slots`. At least the last token is
+        always left to compute, so its logits exist.
         """
         if not self.enable_caching or self.blocks(req.request_id):
             return [], 0
         hits: list[Block] = []
+        host = self.host
         for h in self.hashes(req):
             block = self.pool.lookup(h)
+            if block is None and host is not None:
+                block = host.lookup(h)
             if block is None:
                 break
             hits.append(block)
@@ -198,7 +217,12 @@ class KVCacheManager:
         need_new = max(0, self.blocks_for(num_total_tokens) - have)
         if st is not None and st.blocks:
             need_new += len(self._cow_indices(req, st, num_total_tokens))
-        revived = sum(1 for b in computed if b.ref_cnt == 0 and not b.pinned)
+        revived = 0
+        for b in computed:
+            if self.host is not None and self.host.owns(b):
+                revived += 1  # a host hit takes a fresh device block
+            elif b.ref_cnt == 0 and not b.pinned:
+                revived += 1
         reserve = self.watermark_blocks if watermark else 0
         return need_new + revived <= self.pool.num_free_blocks - reserve
 
@@ -227,13 +251,40 @@ class KVCacheManager:
                 blocks[i] = dst
                 self.pool.free([src])
         if computed:
-            self.pool.touch(computed)
-            blocks.extend(computed)
+            self._take_hits(req, computed)
             st.num_cached = len(blocks)
         need_new = self.blocks_for(num_total_tokens) - len(blocks)
         if need_new > 0:
             blocks.extend(self.pool.allocate(need_new))
         return True
+
+    def _take_hits(self, req: Request, computed: list[Block]) -> None:
+        """Reference prefix hits; promote the host ones into fresh device blocks, cached again."""
+        host = self.host
+        on_host = [b for b in computed if host is not None and host.owns(b)]
+        if host is None or not on_host:
+            self.pool.touch(computed)
+            self._state(req.request_id).blocks.extend(computed)
+            return
+        self.pool.touch([b for b in computed if not host.owns(b)])
+        host.hold(on_host)  # before any device allocation, whose evictions may demote into the host
+        table = self._state(req.request_id).blocks
+        for b in computed:
+            if host.owns(b):
+                (dst,) = self.pool.allocate(1)
+                host.promote(b, dst, req.request_id)
+                if b.block_hash is not None:
+                    self._cache_block(dst, b.block_hash, b.cache_scope or "")
+                b = dst
+            table.append(b)
+
+    def _cache_block(self, block: Block, block_hash: bytes, scope: str) -> None:
+        """Register a device block in the prefix cache, within its scope's cap (else leave it uncached)."""
+        pool = self.pool
+        if scope != SHARED_SCOPE and pool.num_cached_blocks(scope) >= self.max_cached_blocks_per_scope:
+            if not pool.evict_lru_of_scope(scope):
+                return  # the scope's whole share is in use: leave this block uncached
+        pool.cache(block, block_hash, scope)
 
     def mark_inflight(self, req: Request) -> None:
         """Record the full prompt blocks `req` will compute, unless another request already is."""
@@ -267,7 +318,6 @@ class KVCacheManager:
             return
         hashes = self.hashes(req)
         pool = self.pool
-        cap = self.max_cached_blocks_per_scope
         for i in range(st.num_cached, num_full):
             h = hashes[i]
             if st.inflight and self._inflight.get(h) == req.request_id:
@@ -275,12 +325,8 @@ class KVCacheManager:
             block = st.blocks[i]
             if block.block_hash is not None or h in pool.cached:
                 continue
-            scope = SHARED_SCOPE if i < st.num_shared else req.cache_scope
             # The shared scope holds only admin-registered prefixes: it has no cap.
-            if scope != SHARED_SCOPE and pool.num_cached_blocks(scope) >= cap:
-                if not pool.evict_lru_of_scope(scope):
-                    continue  # the scope's whole share is in use: leave this block uncached
-            pool.cache(block, h, scope)
+            self._cache_block(block, h, SHARED_SCOPE if i < st.num_shared else req.cache_scope)
         st.num_cached = num_full
 
     # -- forks and frees --------------------------------------------------------------------------
@@ -309,7 +355,11 @@ class KVCacheManager:
         cst.num_cached = min(pst.num_cached, num_full)
 
     def free(self, req: Request, keep_hashes: bool = False) -> None:
-        """Return all of a request's blocks, tail first (so tails are evicted first)."""
+        """Return all of a request's blocks, tail first (so tails are evicted first).
+
+        Without `keep_hashes` the request is gone: a swapped-out request's host blocks go too."""
+        if self.host is not None and not keep_hashes:
+            self.host.drop(req.request_id)  # it ended while swapped out
         st = self._reqs.get(req.request_id)
         if st is None:
             return
@@ -331,7 +381,62 @@ class KVCacheManager:
     # -- admin ------------------------------------------------------------------------------------
 
     def flush(self, scopes: set[str] | None = None, include_pinned: bool = False) -> int:
-        """Forget cached blocks (of `scopes`, or all); returns how many."""
+        """Forget cached blocks (of `scopes`, or all) in both tiers; returns how many."""
+        pools = [self.pool] if self.host is None else [self.pool, self.host.pool]
         if scopes is None:
-            return self.pool.flush(include_pinned=include_pinned)
-        return self.pool.flush(lambda b: b.cache_scope in scopes, include_pinned=include_pinned)
+            return sum(p.flush(include_pinned=include_pinned) for p in pools)
+        return sum(p.flush(lambda b: b.cache_scope in scopes, include_pinned=include_pinned) for p in pools)
+
+    # -- preemption: swap or recompute --------------------------------------------------------------
+
+    def preempt(self, req: Request, allow_swap: bool = True) -> PreemptionMode:
+        """Give back a running request's blocks: swapped to the host tier (if it has one and its
+        cost model says so) or freed to recompute; the caller resets a recomputing request."""
+        mode = PreemptionMode.RECOMPUTE
+        blocks = self.blocks(req.request_id)[: self.blocks_for(req.num_computed_tokens)]
+        if allow_swap and self.host is not None and blocks:
+            # A copy-on-write decided this step for a block being swapped out has not run: copy its source.
+            cow_src = {dst: src for src, dst in self._copies}
+            sources = [cow_src.get(b.block_id, b.block_id) for b in blocks]
+            num_cached = self._state(req.request_id).num_cached
+            mode = self.host.preempt(req.request_id, blocks, sources, req.num_computed_tokens, num_cached)
+        self.free(req, keep_hashes=True)  # a swapped request's record stays until it ends
+        return mode
+
+    def is_swapped(self, request_id: str) -> bool:
+        return self.host is not None and request_id in self.host.records
+
+    def swap_in(self, req: Request, watermark: bool = False) -> bool:
+        """Bring a swapped-out request's blocks back to the device, with room for its whole known
+        sequence; restores `num_computed_tokens`. False (nothing changed) if blocks are short."""
+        if self.host is None:
+            raise ValueError(f"request {req.request_id!r} is not swapped out")
+        reserve = self.watermark_blocks if watermark else 0
+        back = self.host.swap_in(req.request_id, self.blocks_for(req.num_tokens), reserve, self._cache_block)
+        if back is None:
+            return False
+        table, record = back
+        st = self._state(req.request_id)
+        st.blocks = table
+        st.num_cached = record.num_cached
+        req.num_computed_tokens = record.num_computed_tokens
+        return True
+
+    def drop_swapped(self, req: Request) -> None:
+        """Forget a swapped-out request's host copy; it recomputes from the start."""
+        if self.host is not None:
+            self.host.drop(req.request_id)
+
+    def take_transfers(self) -> KVTransfers:
+        """The device <-> host copies decided since the last call, for this step's runner."""
+        return self.host.take() if self.host is not None else KVTransfers()
+
+    def forget_transfers(self, transfers: KVTransfers) -> None:
+        """A step failed with these copies: the blocks they were to fill, in either tier, lose
+        their hashes (their contents are not trusted). O(cached blocks); failures only."""
+        if self.host is None:
+            return
+        self.host.forget_copied(transfers)
+        filled = {dst for _, dst in transfers.swap_in}
+        if filled:
+            self.pool.flush(lambda b: b.block_id in filled, include_pinned=True)

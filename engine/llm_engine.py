@@ -36,6 +36,7 @@ from engine.errors import (
     KVCapacityError,
 )
 from engine.faults import FaultInjector
+from engine.host_kv_tensors import HostKVCopier
 from engine.kv_cache_manager import KVCacheManager
 from engine.output import EngineStats, RequestOutput, SchedulerOutput
 from engine.prefix_cache_admin import PrefixCacheAdmin
@@ -43,6 +44,7 @@ from engine.request import FinishReason, RequestStatus, check_seed
 from engine.runner import ModelRunner
 from engine.sampler import SampleResult
 from engine.scheduler import Scheduler, make_step_budget
+from engine.swap_policy import SwapPolicy
 
 logger = logging.getLogger("weir.engine")
 
@@ -90,6 +92,8 @@ class LLMEngine:
         if faults is not None:
             runner.faults = faults
         self._num_blocks = num_blocks
+        if config.cache.host_num_blocks and runner.host_kv is None:
+            raise ValueError("cache.host_num_blocks is set but the runner has no host KV cache")
         tok_fp = tokenizer_fingerprint(tokenizer)
         rope_fp = model_config.rope.fingerprint()
         kv_dtype = config.cache.kv_dtype
@@ -134,7 +138,11 @@ class LLMEngine:
             root_digest=self._root_digest,
             enable_caching=config.cache.enable_prefix_caching,
             tenant_cache_share=config.cache.tenant_cache_share,
+            host_num_blocks=config.cache.host_num_blocks,
+            swap_policy=self._swap_policy(),
         )
+        if self.kv.host is not None and self.runner.host_kv is not None:
+            self.kv.host.copy_bytes_per_s = self.runner.host_kv.copy_bytes_per_s
         self.scheduler = Scheduler(
             replace(config.scheduler, max_model_len=self.max_model_len),
             self.kv,
@@ -148,6 +156,19 @@ class LLMEngine:
             self.scheduler, self._engine_tokenizer, self.model_config.eos_token_ids, self.clock
         )
         self.prefix_cache = PrefixCacheAdmin(self.kv, config.model_version, self.model_config.vocab_size)
+
+    def _swap_policy(self) -> SwapPolicy:
+        """Swap or recompute, from the copy bandwidth measured at start-up and the prefill rate
+        measured as the engine runs (read at each preemption)."""
+        mc, cache = self.model_config, self.config.cache
+        block_bytes = cache.block_size * mc.kv_bytes_per_token(getattr(torch, cache.kv_dtype).itemsize)
+        host_kv = self.runner.host_kv
+        return SwapPolicy(
+            block_bytes=block_bytes,
+            copy_bytes_per_s=host_kv.copy_bytes_per_s if host_kv is not None else 0.0,
+            prefill_tokens_per_s=lambda: self.prefill_rate.value,
+            mode=cache.preemption_mode,
+        )
 
     @property
     def num_blocks_per_request(self) -> int:
@@ -165,6 +186,8 @@ class LLMEngine:
         old_kv, old_scheduler = self.kv, self.scheduler
         self._build_state()
         self.kv.totals, self.kv.by_tenant = old_kv.totals, old_kv.by_tenant
+        if old_kv.host is not None and self.kv.host is not None:
+            self.kv.host.carry_counters(old_kv.host)
         self.scheduler.num_preemptions = old_scheduler.num_preemptions
         for prefix in old_kv.shared_prefixes.prefixes():
             try:
@@ -331,6 +354,7 @@ class LLMEngine:
                 self.scheduler.requeue(req)
             else:
                 outs.extend(self._fail_request(req.request_id, ENGINE_RETRYABLE))
+        self.scheduler.discard_swaps(out)  # the step's swaps may not have run: recompute instead
         return outs
 
     # -- introspection ----------------------------------------------------------------------
@@ -354,6 +378,7 @@ class LLMEngine:
             waiting_tokens_by_priority=tuple(by_prio),
             num_restarts=self.num_restarts,
             step_budget=self.step_budget.stats(),
+            host_kv=self.kv.host.stats() if self.kv.host is not None else None,
         )
 
 
@@ -381,6 +406,7 @@ def build_engine(
     kv_dtype = getattr(torch, config.cache.kv_dtype)
     num_blocks = num_blocks_for(config.cache, model_config, kv_dtype, device)
     kv_caches = allocate_kv_caches(model_config, num_blocks, config.cache.block_size, kv_dtype, device)
+    host_kv = _host_kv(config, model_config, kv_caches, kv_dtype, device)
     capacity = (num_blocks - 1) * config.cache.block_size
     per_token = model_config.kv_bytes_per_token(kv_dtype.itemsize)
     logger.info(
@@ -395,8 +421,35 @@ def build_engine(
 
     max_len = min(config.scheduler.max_model_len, model_config.max_model_len)
     graphs = build_decode_graphs(config, model, kv_caches, max_len, device)  # None on CPU
-    runner = ModelRunner(model, kv_caches, config.cache.block_size, device, graphs=graphs)
+    runner = ModelRunner(model, kv_caches, config.cache.block_size, device, graphs=graphs, host_kv=host_kv)
     return LLMEngine(config, model_config, tokenizer, runner, num_blocks, clock=clock, faults=faults)
+
+
+def _host_kv(
+    config: EngineConfig,
+    model_config: ModelConfig,
+    kv_caches: list[torch.Tensor],
+    kv_dtype: torch.dtype,
+    device: torch.device,
+) -> HostKVCopier | None:
+    """The host KV tier's tensors (pinned on CUDA), with the copy bandwidth measured now."""
+    num_host = config.cache.host_num_blocks
+    if not num_host:
+        return None
+    from engine.host_kv_tensors import allocate_host_kv_caches, measure_copy_bandwidth
+
+    host_caches = allocate_host_kv_caches(
+        model_config, num_host + 1, config.cache.block_size, kv_dtype, device
+    )
+    copier = HostKVCopier(kv_caches, host_caches, device)
+    copier.copy_bytes_per_s = measure_copy_bandwidth(copier)  # copies blocks still zero both ways
+    logger.info(
+        "host KV tier: %d blocks (%.1f MiB), copy bandwidth %.2f GB/s measured",
+        num_host,
+        num_host * sum(c[:, 0].numel() * c.element_size() for c in host_caches) / 2**20,
+        copier.copy_bytes_per_s / 1e9,
+    )
+    return copier
 
 
 def _pack_linear(config: EngineConfig) -> bool:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engine.host_kv_tier import HostKVStats
+from engine.kv_swap import NO_TRANSFERS, KVTransfers
 from engine.request import FinishReason
 from engine.step_budget import StepBudgetStats
 
@@ -30,6 +32,7 @@ class SchedulerOutput:
     preempted_ids: tuple[str, ...] = ()
     finished_ids: tuple[str, ...] = ()  # finished/aborted since the last step; blocks already freed
     blocks_to_copy: tuple[tuple[int, int], ...] = ()  # (src, dst) copy-on-write
+    swaps: KVTransfers = NO_TRANSFERS  # device <-> host copies: swap-out before, swap-in after the COW
 
     @property
     def num_tokens(self) -> int:
@@ -37,7 +40,7 @@ class SchedulerOutput:
 
     @property
     def is_empty(self) -> bool:
-        return not self.scheduled and not self.blocks_to_copy
+        return not self.scheduled and not self.blocks_to_copy and self.swaps.is_empty
 
 
 @dataclass(frozen=True)
@@ -107,6 +110,7 @@ class EngineStats:
     waiting_tokens_by_priority: tuple[int, ...] = field(default=(0, 0, 0))
     num_restarts: int = 0  # times the engine loop restarted after an exception it could not contain
     step_budget: StepBudgetStats | None = None  # the scheduler's token budget and fitted step cost
+    host_kv: HostKVStats | None = None  # the host KV tier; None: it is off
 
     @property
     def kv_usage(self) -> float:

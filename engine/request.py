@@ -64,7 +64,8 @@ class RequestStatus(enum.Enum):
 
     WAITING = "waiting"
     RUNNING = "running"
-    PREEMPTED = "preempted"
+    PREEMPTED = "preempted"  # its blocks were dropped: it recomputes them when admitted again
+    SWAPPED = "swapped"  # its blocks are in the host tier: swapped in when admitted again
     FINISHED_STOPPED = "finished_stopped"
     FINISHED_LENGTH = "finished_length"
     FINISHED_ABORTED = "finished_aborted"

@@ -22,6 +22,7 @@ from engine.attention import AttentionMetadata
 from engine.cuda_graphs import DecodeGraphs
 from engine.errors import InvalidRequestError
 from engine.faults import FaultInjector
+from engine.host_kv_tensors import HostKVCopier
 from engine.output import ScheduledRequest, SchedulerOutput
 from engine.request import Request
 from engine.sampler import Sampler, SampleResult, SamplingContext, make_generator
@@ -53,8 +54,10 @@ class ModelRunner:
         sampler: Sampler | None = None,
         graphs: DecodeGraphs | None = None,
         faults: FaultInjector | None = None,
+        host_kv: HostKVCopier | None = None,
     ) -> None:
         self.model = model
+        self.host_kv = host_kv  # the host KV tier's tensors; None: no swapping
         self.graphs = graphs  # decode steps that fit a captured bucket replay a CUDA graph
         self.kv_caches = kv_caches
         self.block_size = block_size
@@ -153,6 +156,17 @@ class ModelRunner:
         for cache in self.kv_caches:
             cache[:, dst] = cache[:, src]
 
+    def transfer_blocks(self, out: SchedulerOutput) -> None:
+        """The step's block copies in their order (engine/kv_swap.py): swap-out, COW, swap-in."""
+        swaps = out.swaps
+        if not swaps.is_empty and self.host_kv is None:
+            raise RuntimeError("the step swaps blocks but this runner has no host KV cache")
+        if self.host_kv is not None:
+            self.host_kv.swap_out(swaps.swap_out)
+        self.copy_blocks(out.blocks_to_copy)
+        if self.host_kv is not None:
+            self.host_kv.swap_in(swaps.swap_in)
+
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput, requests: Mapping[str, Request]) -> StepResult:
         """Run one step: the sampled token of every request whose chunk reached its end.
@@ -161,7 +175,7 @@ class ModelRunner:
         step as a whole (block copies, tensors, the forward) raises.
         """
         self.forget(out.finished_ids)  # a preempted request keeps its generator: seeds reproduce
-        self.copy_blocks(out.blocks_to_copy)
+        self.transfer_blocks(out)
         result = StepResult()
         if not out.scheduled:
             return result

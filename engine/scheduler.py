@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from engine.config import BatchPolicy, QueuePolicy, SchedulerConfig
+from engine.config import BatchPolicy, PreemptionMode, QueuePolicy, SchedulerConfig
 from engine.errors import ContextLengthError
 from engine.kv_cache_manager import KVCacheManager
 from engine.output import ScheduledRequest, SchedulerOutput
@@ -233,6 +233,7 @@ class Scheduler:
             preempted_ids=tuple(preempted),
             finished_ids=tuple(self._finished_ids),
             blocks_to_copy=self.kv.take_copies(),
+            swaps=self.kv.take_transfers(),
         )
         self._finished_ids = []
         now = self.clock()
@@ -272,8 +273,10 @@ class Scheduler:
             req = self.waiting.peek()
             if req is None:
                 break
-            computed, num_cached = self.kv.get_computed_blocks(req)
-            if may_hold and self.kv.inflight_owner(req, num_cached) is not None:
+            # A swapped-out request comes back with its blocks from the host tier.
+            swapped = req.status is RequestStatus.SWAPPED
+            computed, num_cached = ([], 0) if swapped else self.kv.get_computed_blocks(req)
+            if not swapped and may_hold and self.kv.inflight_owner(req, num_cached) is not None:
                 self.waiting.remove(req)
                 held.append(req)
                 self.num_held_back += 1
@@ -283,7 +286,11 @@ class Scheduler:
             if len(self.running) + min(self.num_seats(req), max_seqs) > max_seqs:
                 break  # the request's forks need seats too
             # Admission reserves blocks for the whole known sequence, so a prompt never stalls.
-            if not self.kv.allocate_slots(req, req.num_tokens, computed, watermark=True):
+            if swapped:
+                fits = self.kv.swap_in(req, watermark=True)
+            else:
+                fits = self.kv.allocate_slots(req, req.num_tokens, computed, watermark=True)
+            if not fits:
                 victim = self._lower_class_victim(req)
                 if victim is None:
                     break
@@ -292,11 +299,12 @@ class Scheduler:
                 budget += scheduled.pop(victim.request_id, 0)
                 continue
             self.waiting.remove(req)
-            if req.num_preemptions == 0:
-                req.num_cached_tokens = num_cached
-                self.kv.record_lookup(req, num_cached)
-            req.num_computed_tokens = num_cached
-            self.kv.mark_inflight(req)
+            if not swapped:
+                if req.num_preemptions == 0:
+                    req.num_cached_tokens = num_cached
+                    self.kv.record_lookup(req, num_cached)
+                req.num_computed_tokens = num_cached
+                self.kv.mark_inflight(req)
             self._start_running(req, stamp=False)  # schedule() stamps it once it feeds tokens
             num_new = min(req.num_remaining, budget, chunk_cap)
             if num_new > 0:
@@ -336,14 +344,17 @@ class Scheduler:
     def _pick_victim(self) -> Request:
         return max(self.running.values(), key=self.waiting.victim_key)
 
-    def _preempt(self, req: Request) -> None:
-        """Recompute preemption: drop the KV blocks, go back to the front of the queue."""
+    def _preempt(self, req: Request, allow_swap: bool = True) -> None:
+        """Swap the KV blocks to the host tier or drop them (the KV manager's cost model picks),
+        and go back to the front of the queue."""
         del self.running[req.request_id]
         self.waiting.on_running(req, -1)
-        self.kv.free(req, keep_hashes=True)
-        req.num_computed_tokens = 0
+        if self.kv.preempt(req, allow_swap) is PreemptionMode.SWAP:
+            req.status = RequestStatus.SWAPPED  # keeps num_computed_tokens; swapped in before it runs
+        else:
+            req.num_computed_tokens = 0
+            req.status = RequestStatus.PREEMPTED
         req.num_preemptions += 1
-        req.status = RequestStatus.PREEMPTED
         self.num_preemptions += 1
         self.waiting.prepend(req)
 
@@ -404,7 +415,21 @@ class Scheduler:
 
         After a failed model forward: the blocks written in that step are not trusted.
         """
-        self._preempt(req)
+        self._preempt(req, allow_swap=False)
+
+    def discard_swaps(self, out: SchedulerOutput) -> None:
+        """`out`'s step failed: its copies may not have run. Its swapped-out victims and the
+        requests its swap-ins filled recompute instead; the blocks it filled lose their hashes."""
+        for rid in (*out.preempted_ids, *out.swaps.swapped_in_ids) if not out.swaps.is_empty else ():
+            req = self.requests.get(rid)
+            if req is not None and req.status is RequestStatus.SWAPPED:
+                self.kv.drop_swapped(req)
+                req.num_computed_tokens = 0
+                req.status = RequestStatus.PREEMPTED
+            elif req is not None and req.status is RequestStatus.RUNNING and rid in out.swaps.swapped_in_ids:
+                self._preempt(req, allow_swap=False)
+        if not out.swaps.is_empty:
+            self.kv.forget_transfers(out.swaps)
 
     def idle_timeout_s(self, default_s: float) -> float:
         """How long the engine may sleep after a step that scheduled nothing.

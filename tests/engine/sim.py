@@ -53,6 +53,7 @@ class Sim:
     block_size: int = 4
     caching: bool = True
     tenant_cache_share: float = 1.0
+    host_num_blocks: int = 0  # the host KV tier (swapping, demotions); 0: none
     clock: SimClock = field(default_factory=SimClock)
 
     def __post_init__(self) -> None:
@@ -63,6 +64,7 @@ class Sim:
             enable_caching=self.caching,
             watermark=0.0,
             tenant_cache_share=self.tenant_cache_share,
+            host_num_blocks=self.host_num_blocks,
         )
         self.sched = Scheduler(self.config, self.kv, clock=self.clock)
         self.outputs: dict[str, list[int]] = {}
