@@ -102,6 +102,7 @@ def engine_config(settings: Settings, model_path: Path, device: str) -> EngineCo
             kv_dtype=dtype,
             enable_prefix_caching=settings.prefix_caching is PrefixCachingMode.ON,
             tenant_cache_share=settings.tenant_cache_share,
+            host_num_blocks=math.ceil(settings.host_kv_cache_tokens / block_size),
         ),
         scheduler=SchedulerConfig(
             max_num_batched_tokens=settings.max_num_batched_tokens,

@@ -20,6 +20,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 from engine.output import EngineStats
+from gateway.host_kv_metrics import host_kv_metrics
 from gateway.step_budget_metrics import step_budget_metrics
 
 # Seconds. Wide enough for a 135M model on two CPU cores and for a GPU.
@@ -78,6 +79,7 @@ class _EngineStatsCollector(Collector):
             "weir_prefix_cache_hits", "Prompt tokens found in the prefix cache.", value=s.prefix_cache_hits
         )
         yield from step_budget_metrics(s.step_budget)
+        yield from host_kv_metrics(s)
 
 
 class FleetStatsCollector(Collector):

@@ -115,6 +115,8 @@ class Settings:
     device: str | None = None  # None: cuda when available, else cpu
     dtype: str | None = None  # None: float32 on CPU, bfloat16 on CUDA
     kv_cache_tokens: int | None = None  # caps the KV pool; None: sized from memory
+    # Host-memory KV tier per model version (swapped requests, demoted prefix blocks); 0: none.
+    host_kv_cache_tokens: int = 0
     # The memory every loaded model version's weights + KV pool must fit in together; None: 90% of
     # the device memory free at start (CUDA) or 80% of the machine's available memory (CPU).
     memory_budget_mib: int | None = None
@@ -169,6 +171,10 @@ class Settings:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.target_step_ms is not None and not 0 < self.target_step_ms < float("inf"):
             raise ValueError(f"target_step_ms must be > 0 and finite, got {self.target_step_ms}")
+        if self.host_kv_cache_tokens < 0:
+            raise ValueError(
+                f"host_kv_cache_tokens must be >= 0 (0: no host tier), got {self.host_kv_cache_tokens}"
+            )
         for name in ("kv_cache_tokens", "max_model_len", "memory_budget_mib"):
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -307,6 +313,7 @@ _FIELDS: dict[str, _FieldSpec] = {
     "device": _FieldSpec("WEIR_DEVICE", str),
     "dtype": _FieldSpec("WEIR_DTYPE", str),
     "kv_cache_tokens": _FieldSpec("WEIR_KV_CACHE_TOKENS", int),
+    "host_kv_cache_tokens": _FieldSpec("WEIR_HOST_KV_CACHE_TOKENS", int),
     "memory_budget_mib": _FieldSpec("WEIR_MEMORY_BUDGET_MIB", int),
     "model_version": _FieldSpec("WEIR_MODEL_VERSION", str),
     "max_num_seqs": _FieldSpec("WEIR_MAX_NUM_SEQS", int),
@@ -387,6 +394,14 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     add("--dtype", choices=DTYPES, help="weights and KV dtype (default float32 on CPU, bfloat16 on CUDA)")
     add(
         "--kv-cache-tokens", dest="kv_cache_tokens", type=int, metavar="N", help="cap the KV pool at N tokens"
+    )
+    add(
+        "--host-kv-cache-tokens",
+        dest="host_kv_cache_tokens",
+        type=int,
+        metavar="N",
+        help="host-memory KV tier of N tokens (pinned on CUDA): preempted requests swap there and "
+        "evicted prefix blocks are demoted there (env WEIR_HOST_KV_CACHE_TOKENS; default 0: none)",
     )
     add(
         "--memory-budget-mib",

@@ -34,6 +34,9 @@ def test_engine_config_from_settings() -> None:
     assert config.scheduler.max_model_len == 1024
     assert engine_config(Settings(max_model_len=64), Path("/m"), "cuda").dtype == "bfloat16"
     assert engine_config(Settings(max_model_len=64), Path("/m"), "cpu").cache.num_blocks is None
+    assert config.cache.host_num_blocks == 0  # no host tier by default
+    host = engine_config(Settings(max_model_len=64, host_kv_cache_tokens=1000), Path("/m"), "cpu")
+    assert host.cache.host_num_blocks == 63  # ceil(1000 / 16): the host pool has no reserved block
 
 
 def test_explicit_model_path_is_used_as_is() -> None:

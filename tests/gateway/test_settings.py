@@ -152,3 +152,13 @@ def test_target_step_ms_flag_and_env() -> None:
         Settings.from_sources({}, {"WEIR_TARGET_STEP_MS": "0"})
     with pytest.raises(ValueError, match="WEIR_TARGET_STEP_MS"):
         Settings.from_sources({}, {"WEIR_TARGET_STEP_MS": "fast"})
+
+
+def test_host_kv_cache_tokens_flag_and_env() -> None:
+    assert Settings().host_kv_cache_tokens == 0  # no host tier unless asked for
+    assert Settings.from_sources(parse(["--host-kv-cache-tokens", "32768"]), {}).host_kv_cache_tokens == 32768
+    assert Settings.from_sources({}, {"WEIR_HOST_KV_CACHE_TOKENS": "4096"}).host_kv_cache_tokens == 4096
+    with pytest.raises(ValueError, match="host_kv_cache_tokens"):
+        Settings.from_sources({}, {"WEIR_HOST_KV_CACHE_TOKENS": "-1"})
+    with pytest.raises(ValueError, match="WEIR_HOST_KV_CACHE_TOKENS"):
+        Settings.from_sources({}, {"WEIR_HOST_KV_CACHE_TOKENS": "lots"})

@@ -184,6 +184,7 @@ numbers are printed as integers. */}}
 {{- $pairs = append $pairs (list "WEIR_DEVICE" $device) -}}
 {{- $pairs = append $pairs (list "WEIR_DTYPE" .Values.config.dtype) -}}
 {{- $pairs = append $pairs (list "WEIR_KV_CACHE_TOKENS" .Values.config.kvCacheTokens) -}}
+{{- $pairs = append $pairs (list "WEIR_HOST_KV_CACHE_TOKENS" .Values.config.hostKvCacheTokens) -}}
 {{- $pairs = append $pairs (list "WEIR_MEMORY_BUDGET_MIB" .Values.config.memoryBudgetMib) -}}
 {{- $pairs = append $pairs (list "WEIR_MODEL_VERSION" .Values.config.modelVersion) -}}
 {{- $pairs = append $pairs (list "WEIR_MAX_NUM_SEQS" .Values.config.maxNumSeqs) -}}
