@@ -15,7 +15,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,8 +71,10 @@ def run_weir(
     log_path: Path | None = None,
     start_timeout_s: float = 120.0,
     stop_timeout_s: float = 60.0,
+    env: Mapping[str, str] | None = None,
 ) -> Iterator[WeirProcess]:
-    """Start `weir serve --model model` (keys on) and stop it on exit."""
+    """Start `weir serve --model model` (keys on) and stop it on exit; `env` adds variables
+    (e.g. WEIR_KEY_PEPPER, which has no flag)."""
     data_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_path or data_dir / "server.log"
     token = secrets.token_urlsafe(24)
@@ -80,7 +82,7 @@ def run_weir(
     cmd = [sys.executable, "-m", "gateway.cli", "serve", "--host", "127.0.0.1", "--port", str(port)]
     cmd += ["--metrics-port", str(metrics_port), "--data-dir", str(data_dir), "--model", str(model)]
     cmd += ["--auth", "keys", "--log-level", "warning", *flags]
-    env = {**os.environ, "WEIR_ADMIN_TOKEN": token, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, **(env or {}), "WEIR_ADMIN_TOKEN": token, "PYTHONPATH": str(ROOT)}
     url = f"http://127.0.0.1:{port}"
     with log_path.open("wb") as log:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
