@@ -140,3 +140,18 @@ def containers(pod_owner: Manifest) -> Iterator[dict[str, Any]]:
     spec = pod_owner.doc["spec"]["template"]["spec"]
     yield from spec.get("initContainers", [])
     yield from spec["containers"]
+
+
+def picker_config(manifests: tuple[Manifest, ...] | list[Manifest]) -> dict[str, Any]:
+    """The endpoint picker's EndpointPickerConfig, parsed from its rendered ConfigMap."""
+    (config_map,) = [m for m in manifests if m.kind == "ConfigMap" and m.name.endswith("-epp")]
+    config = yaml.safe_load(config_map.doc["data"]["weir-plugins.yaml"])
+    assert isinstance(config, dict)
+    return config
+
+
+def picker_metric_names(config: dict[str, Any]) -> dict[str, str]:
+    """The "weir" engine config of the picker's core-metrics-extractor: spec field -> metric name."""
+    (extractor,) = [p for p in config["plugins"] if p["type"] == "core-metrics-extractor"]
+    (engine,) = [e for e in extractor["parameters"]["engineConfigs"] if e["name"] == "weir"]
+    return {k: v for k, v in engine.items() if k.endswith("Spec")}

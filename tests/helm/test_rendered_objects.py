@@ -10,7 +10,6 @@ import re
 from typing import Any
 
 import pytest
-import yaml
 
 from gateway.cli import build_parser
 from gateway.settings import Settings
@@ -19,6 +18,8 @@ from tests.helm.rendering import (
     Manifest,
     containers,
     only,
+    picker_config,
+    picker_metric_names,
     profile_names,
     profile_values,
     render,
@@ -224,19 +225,6 @@ def test_the_autoscaler_scales_the_server_on_a_metric_weir_exports() -> None:
 # -- the Inference Gateway --------------------------------------------------------------------------
 
 
-def _picker_config(manifests: tuple[Manifest, ...]) -> dict[str, Any]:
-    config = yaml.safe_load(only(manifests, "ConfigMap", "weir-epp").doc["data"]["weir-plugins.yaml"])
-    assert isinstance(config, dict)
-    return config
-
-
-def picker_metric_names(config: dict[str, Any]) -> dict[str, str]:
-    """The "weir" engine config of the picker's core-metrics-extractor: spec field -> metric name."""
-    (extractor,) = [p for p in config["plugins"] if p["type"] == "core-metrics-extractor"]
-    (engine,) = [e for e in extractor["parameters"]["engineConfigs"] if e["name"] == "weir"]
-    return {k: v for k, v in engine.items() if k.endswith("Spec")}
-
-
 def test_the_pool_selects_the_server_pods_and_names_the_picker() -> None:
     manifests = render_profile("inference-gateway")
     pool = only(manifests, "InferencePool").doc["spec"]
@@ -260,7 +248,7 @@ def test_the_pool_selects_the_server_pods_and_names_the_picker() -> None:
 
 
 def test_the_picker_scrapes_the_metrics_port_for_weirs_metric_names() -> None:
-    config = _picker_config(render_profile("inference-gateway"))
+    config = picker_config(render_profile("inference-gateway"))
     assert config["kind"] == "EndpointPickerConfig"
     (source,) = [p for p in config["plugins"] if p["type"] == "metrics-data-source"]
     assert source["parameters"]["port"] == 9464 and source["parameters"]["path"] == "/metrics"
