@@ -270,10 +270,12 @@ def build_metrics(fleet: ModelFleet, tenancy: TenancyWiring, default_name: str) 
     from gateway.fleet_setup import primary_prefix_stats
     from gateway.metrics import FleetStatsCollector
     from gateway.prefix_cache_metrics import PrefixCacheCollector
+    from gateway.server_load_metrics import ServerLoadCollector
     from gateway.usage_metrics import UsageRecordsCollector
 
     collectors: list[Collector] = [
         FleetStatsCollector(fleet.stats_by_version),
+        ServerLoadCollector(fleet.stats),  # the pod's total, for routers and autoscalers
         PrefixCacheCollector(functools.partial(primary_prefix_stats, fleet, default_name)),
     ]
     if tenancy.usage_stats is not None:

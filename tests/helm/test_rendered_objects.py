@@ -217,7 +217,7 @@ def test_the_autoscaler_scales_the_server_on_a_metric_weir_exports() -> None:
     hpa = only(manifests, "HorizontalPodAutoscaler").doc["spec"]
     assert hpa["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "weir"}
     (metric,) = hpa["metrics"]
-    assert metric["pods"]["metric"]["name"] in {"weir_num_waiting_tokens", "weir_num_requests_waiting"}
+    assert metric["pods"]["metric"]["name"] in {"weir_server_waiting_tokens", "weir_server_requests_waiting"}
     assert "replicas" not in _server("inference-gateway").doc["spec"]  # the HPA owns the count
     assert only(manifests, "PodDisruptionBudget").doc["spec"]["maxUnavailable"] == 1
 
@@ -253,11 +253,11 @@ def test_the_picker_scrapes_the_metrics_port_for_weirs_metric_names() -> None:
     (source,) = [p for p in config["plugins"] if p["type"] == "metrics-data-source"]
     assert source["parameters"]["port"] == 9464 and source["parameters"]["path"] == "/metrics"
     assert picker_metric_names(config) == {
-        "queuedRequestsSpec": "weir_num_requests_waiting",
-        "runningRequestsSpec": "weir_num_requests_running",
-        "kvUsageSpec": "weir_kv_cache_usage_ratio",
-        "cacheBlockSizeSpec": "weir_kv_cache_block_size",
-        "cacheNumBlocksSpec": "weir_kv_cache_total_blocks",
+        "queuedRequestsSpec": "weir_server_requests_waiting",
+        "runningRequestsSpec": "weir_server_requests_running",
+        "kvUsageSpec": "weir_server_kv_cache_usage_ratio",
+        "cacheBlockSizeSpec": "weir_server_kv_cache_block_size",
+        "cacheNumBlocksSpec": "weir_server_kv_cache_total_blocks",
     }
     # Every plugin a scheduling profile refers to is declared.
     declared = {p.get("name", p["type"]) for p in config["plugins"]}
