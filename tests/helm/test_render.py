@@ -20,6 +20,7 @@ from tests.helm.rendering import (
     kube_versions,
     kubernetes_errors,
     lint,
+    only,
     profile_names,
     profile_values,
     render,
@@ -181,6 +182,18 @@ def test_values_that_cannot_work_fail_rendering_with_a_message(values: dict[str,
     with pytest.raises(helm_python.HelmRenderError) as raised:
         render(values)
     assert message in str(raised.value)
+
+
+def test_the_kubelet_sleep_action_exists_only_from_kubernetes_1_30() -> None:
+    """Why weir.validate refuses shutdown.nativeSleep on a cluster below 1.30: the preStop `sleep`
+    action is not in the older schemas. (That `fail` is not testable here: Helm renders with its
+    own Kubernetes version, which is newer, and lint mode only logs a template's `fail`.)"""
+    (floor, newest) = kube_versions()
+    deployment = only(render({"shutdown": {"nativeSleep": True}}), "Deployment")
+    (server,) = deployment.doc["spec"]["template"]["spec"]["containers"]
+    assert server["lifecycle"]["preStop"] == {"sleep": {"seconds": 10}}
+    assert kubernetes_errors(deployment, newest) is None
+    assert "sleep" in str(kubernetes_errors(deployment, floor))
 
 
 def test_lint_reports_a_broken_value_as_an_error() -> None:

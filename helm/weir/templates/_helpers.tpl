@@ -160,6 +160,9 @@ then stops the engine and writes the last usage records; the preStop sleep count
 {{- if and .Values.inferenceGateway.enabled (not $metricsPort) -}}
 {{- fail "inferenceGateway needs config.metricsPort > 0: the endpoint picker scrapes Weir's metrics there" -}}
 {{- end -}}
+{{- if and .Values.shutdown.nativeSleep (semverCompare "<1.30-0" .Capabilities.KubeVersion.Version) -}}
+{{- fail (printf "shutdown.nativeSleep needs Kubernetes 1.30+ (the preStop sleep action), this cluster is %s: set it false" .Capabilities.KubeVersion.Version) -}}
+{{- end -}}
 {{- if and .Values.gpu.enabled (lt (int64 .Values.gpu.count) 1) -}}
 {{- fail "gpu.count must be >= 1 when gpu.enabled" -}}
 {{- end -}}
