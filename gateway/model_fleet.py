@@ -112,6 +112,15 @@ class NoModelVersionError(ServiceUnavailableError):
     default_code = "model_version_unavailable"
 
 
+def _alive(engine: EngineClient | None) -> bool:
+    if engine is None:
+        return False
+    try:
+        return engine.health().alive
+    except Exception:
+        return False
+
+
 class ModelFleet:
     """Every model version of this server and the engine of each loaded one (see the module doc)."""
 
@@ -142,8 +151,15 @@ class ModelFleet:
         return self._plans.get(name, RoutePlan())
 
     def routable(self, name: str) -> list[FleetVersion]:
-        """The versions of `name` that take new requests, in the order they became ready."""
-        ready = [v for v in self._versions.values() if v.spec.name == name and v.state is State.READY]
+        """The versions of `name` that take new requests, in the order they became ready.
+
+        A version whose engine died (its loop gave up restarting) takes none: its crash stays its
+        own, the others keep serving its share."""
+        ready = [
+            v
+            for v in self._versions.values()
+            if v.spec.name == name and v.state is State.READY and _alive(v.engine)
+        ]
         return sorted(ready, key=lambda v: v.ready_seq)
 
     def served_models(self) -> list[ServedModel]:

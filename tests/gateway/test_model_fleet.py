@@ -155,3 +155,13 @@ def test_a_retired_version_loads_again_and_a_ready_one_cannot_load_twice(fleet: 
     fleet.drain("m@v1")
     asyncio.run(fleet.retire("m@v1"))
     assert asyncio.run(fleet.load(spec("v1"))).state is State.READY
+
+
+def test_a_dead_version_engine_takes_no_requests_and_the_others_serve_its_share(fleet: ModelFleet) -> None:
+    for v in ("v1", "v2"):
+        asyncio.run(fleet.load(spec(v)))
+    fleet.set_plan("m", RoutePlan(split={"v1": 50, "v2": 50}, pins={"acme": "v1"}))
+    assert isinstance(fleet.factory, Factory)
+    fleet.factory.built["m@v1"].alive = False  # its loop gave up restarting
+    assert {fleet.route("m", "acme", f"r{i}").version.id for i in range(20)} == {"m@v2"}
+    assert fleet.health().alive and fleet.health().ready
