@@ -162,3 +162,15 @@ def test_host_kv_cache_tokens_flag_and_env() -> None:
         Settings.from_sources({}, {"WEIR_HOST_KV_CACHE_TOKENS": "-1"})
     with pytest.raises(ValueError, match="WEIR_HOST_KV_CACHE_TOKENS"):
         Settings.from_sources({}, {"WEIR_HOST_KV_CACHE_TOKENS": "lots"})
+
+
+def test_model_version_and_memory_budget_flags_and_env() -> None:
+    assert (Settings().model_version, Settings().memory_budget_mib) == ("default", None)
+    s = Settings.from_sources(parse(["--model-version", "v2", "--memory-budget-mib", "4096"]), {})
+    assert (s.model_version, s.memory_budget_mib) == ("v2", 4096)
+    env = Settings.from_sources({}, {"WEIR_MODEL_VERSION": "2024-06.1", "WEIR_MEMORY_BUDGET_MIB": "512"})
+    assert (env.model_version, env.memory_budget_mib) == ("2024-06.1", 512)
+    with pytest.raises(ValueError, match="model_version"):
+        Settings(model_version="v 2")
+    with pytest.raises(ValueError, match="memory_budget_mib"):
+        Settings(memory_budget_mib=0)

@@ -79,6 +79,13 @@ def test_register_load_traffic_drain_retire_and_rollback(api: TestClient) -> Non
     assert int(retired.headers["x-weir-memory-released-bytes"]) > 0
     after = api.post("/v1/completions", json={"model": "m", "prompt": "hello", "max_tokens": 2})
     assert after.headers["x-weir-model-version"] == "v1"
+    # An error after routing names the version too (the context is the routed version's).
+    too_long = api.post("/v1/completions", json={"model": "m", "prompt": "hello", "max_tokens": 100_000})
+    assert too_long.status_code == 400 and too_long.headers["x-weir-model-version"] == "v1"
+    # ... and one before routing (an unknown model) names none.
+    assert (
+        "x-weir-model-version" not in api.post("/v1/completions", json={"model": "x", "prompt": "a"}).headers
+    )
 
 
 def test_a_failed_load_is_422_naming_the_reason_and_the_version_is_failed(api: TestClient) -> None:
