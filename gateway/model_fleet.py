@@ -151,15 +151,8 @@ class ModelFleet:
         return self._plans.get(name, RoutePlan())
 
     def routable(self, name: str) -> list[FleetVersion]:
-        """The versions of `name` that take new requests, in the order they became ready.
-
-        A version whose engine died (its loop gave up restarting) takes none: its crash stays its
-        own, the others keep serving its share."""
-        ready = [
-            v
-            for v in self._versions.values()
-            if v.spec.name == name and v.state is State.READY and _alive(v.engine)
-        ]
+        """The versions of `name` that take new requests, in the order they became ready."""
+        ready = [v for v in self._versions.values() if v.spec.name == name and v.state is State.READY]
         return sorted(ready, key=lambda v: v.ready_seq)
 
     def served_models(self) -> list[ServedModel]:
@@ -238,7 +231,10 @@ class ModelFleet:
 
     def route(self, name: str, tenant_id: str, request_id: str) -> Lease:
         """The version that serves a new request of model `name`, counted in flight."""
-        ready = self.routable(name)
+        # A version whose engine died (its loop gave up restarting) takes none while another lives:
+        # its crash stays its own and the others serve its share. With none alive, the engine's own
+        # error answers (503 engine_unavailable), as with one engine.
+        ready = [v for v in self.routable(name) if _alive(v.engine)] or self.routable(name)
         label = choose_version(self.plan(name), [v.spec.version for v in ready], tenant_id, request_id)
         chosen = next((v for v in ready if v.spec.version == label), None)
         if chosen is None or chosen.engine is None:
