@@ -119,6 +119,8 @@ class ChoiceGroups:
             num_prompt_tokens=req.num_prompt_tokens,
             num_cached_tokens=req.num_cached_tokens,
             num_output_tokens=req.num_output_tokens,
+            num_draft_tokens=req.spec.num_drafted,
+            num_accepted_draft_tokens=req.spec.num_accepted,
         )
 
     def finish(

@@ -7,6 +7,8 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 
+from engine.spec_decode.config import SpeculativeConfig
+
 # The weight dtypes the engine runs (EngineConfig.dtype); model versions are checked against it.
 ENGINE_DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16")
 
@@ -210,6 +212,7 @@ class EngineConfig:
     use_cuda_graphs: bool | None = None  # None: on CUDA only
     # None: on CPU in float32/bfloat16 where oneDNN can pack (engine/models/packed_linear.py)
     cpu_packed_linear: bool | None = None
+    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)  # off by default
 
     def __post_init__(self) -> None:
         if self.dtype not in ENGINE_DTYPES:

@@ -354,6 +354,29 @@ class KVCacheManager:
         # else: the cut falls inside a shared prefix: the child matches the shared prefixes afresh.
         cst.num_cached = min(pst.num_cached, num_full)
 
+    def truncate(self, req: Request, num_tokens: int) -> int:
+        """Keep only the blocks holding the first `num_tokens` tokens; free the rest, tail first.
+
+        After speculative verification: slots reserved for draft tokens that were rejected (or
+        never proposed) are given back. Blocks beyond `num_tokens` are never cached (only computed
+        tokens are), so nothing is unregistered. Returns how many blocks were freed.
+        """
+        st = self._reqs.get(req.request_id)
+        keep = self.blocks_for(num_tokens)
+        if st is None or len(st.blocks) <= keep:
+            return 0
+        if num_tokens < req.num_computed_tokens:
+            raise ValueError(
+                f"cannot truncate {req.request_id} below its {req.num_computed_tokens} computed tokens"
+            )
+        dropped = st.blocks[keep:]
+        del st.blocks[keep:]
+        if self._copies:
+            gone = {b.block_id for b in dropped}
+            self._copies = [c for c in self._copies if c[1] not in gone]
+        self.pool.free(reversed(dropped))
+        return len(dropped)
+
     def free(self, req: Request, keep_hashes: bool = False) -> None:
         """Return all of a request's blocks, tail first (so tails are evicted first).
 

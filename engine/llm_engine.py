@@ -44,6 +44,10 @@ from engine.request import FinishReason, RequestStatus, check_seed
 from engine.runner import ModelRunner
 from engine.sampler import SampleResult
 from engine.scheduler import Scheduler, make_step_budget
+from engine.spec_decode import engine_step as spec_step
+from engine.spec_decode.drafter import Drafter
+from engine.spec_decode.policy import SpeculationPolicy
+from engine.spec_decode.tally import SpeculationCounters
 from engine.swap_policy import SwapPolicy
 
 logger = logging.getLogger("weir.engine")
@@ -81,8 +85,11 @@ class LLMEngine:
         num_blocks: int,
         clock: Callable[[], float] = time.monotonic,
         faults: FaultInjector | None = None,
+        drafter: Drafter | None = None,
     ) -> None:
         self.config = config
+        self.drafter = drafter  # speculative decoding's proposer; None: no speculation
+        self.spec_counters = SpeculationCounters()  # monotonic: kept across reset()
         self.model_config = model_config
         self.tokenizer = tokenizer  # the callers' (gateway threads); the engine thread has its own
         self._engine_tokenizer = own_tokenizer(tokenizer)
@@ -156,6 +163,9 @@ class LLMEngine:
             self.scheduler, self._engine_tokenizer, self.model_config.eos_token_ids, self.clock
         )
         self.prefix_cache = PrefixCacheAdmin(self.kv, config.model_version, self.model_config.vocab_size)
+        if self.drafter is not None:
+            self.scheduler.speculation = SpeculationPolicy(config.speculative, self.spec_counters)
+            self.drafter.forget_all()
 
     def _swap_policy(self) -> SwapPolicy:
         """Swap or recompute, from the copy bandwidth measured at start-up and the prefill rate
@@ -270,9 +280,10 @@ class LLMEngine:
         if out.is_empty:
             self.runner.forget(out.finished_ids)
             return outputs
+        drafts = spec_step.propose(self.drafter, out, self.scheduler.requests)
         t0 = self.clock()
         try:
-            result = self.runner.execute(out, self.scheduler.requests)
+            result = self.runner.execute(out, self.scheduler.requests, drafts)
         except Exception:  # the step as a whole failed: only its requests are affected
             logger.exception("engine step failed; retrying or failing its %d requests", len(out.scheduled))
             return outputs + self._recover_step(out)
@@ -291,18 +302,23 @@ class LLMEngine:
                 outputs.extend(self._fail_request(rid, _describe(exc)))
                 continue
             (beam_results if self.beams.owns(rid) else tokens)[rid] = res
-        update = self.scheduler.update_from_output(out, {rid: res.token_id for rid, res in tokens.items()})
+        verified = spec_step.verdicts(result, tokens)
+        update = self.scheduler.update_from_output(
+            out, {rid: res.token_id for rid, res in tokens.items()}, verified
+        )
         for rid, error in update.failed.items():
             outputs.extend(self._fail_request(rid, error))
-        for appended in update.appended:
-            outputs.append(self.choices.output(appended, tokens[appended.request.request_id].logprob))
+        for appended, res in zip(
+            update.appended, spec_step.appended_results(update.appended, result, tokens), strict=True
+        ):
+            outputs.append(self.choices.output(appended, res.logprob))
         self.num_generation_tokens_total += len(update.appended)
         for rid, res in beam_results.items():
             if rid in self.scheduler.requests:  # not failed with its group meanwhile
                 self.beams.on_result(rid, res.logprob)
         outputs.extend(self.beams.advance())
         # The whole step (schedule, forward, outputs) is what a running request waits between tokens.
-        self.step_budget.observe(out.num_tokens, self.clock() - step_start)
+        self.step_budget.observe(spec_step.num_tokens_fed(out, result), self.clock() - step_start)
         return outputs
 
     def idle_timeout_s(self, default_s: float) -> float:
@@ -379,6 +395,9 @@ class LLMEngine:
             num_restarts=self.num_restarts,
             step_budget=self.step_budget.stats(),
             host_kv=self.kv.host.stats() if self.kv.host is not None else None,
+            num_spec_draft_tokens_total=self.spec_counters.num_drafted,
+            num_spec_accepted_tokens_total=self.spec_counters.num_accepted,
+            num_spec_emitted_tokens_total=self.spec_counters.num_emitted,
         )
 
 
@@ -402,7 +421,9 @@ def build_engine(
     model, model_config = load_model(
         config.model_path, dtype=dtype, device=device, attn_backend=attn, pack_linear=_pack_linear(config)
     )
-    tokenizer = AutoTokenizer.from_pretrained(config.tokenizer_path or config.model_path, local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(
+        config.tokenizer_path or config.model_path, local_files_only=True
+    )
     kv_dtype = getattr(torch, config.cache.kv_dtype)
     num_blocks = num_blocks_for(config.cache, model_config, kv_dtype, device)
     kv_caches = allocate_kv_caches(model_config, num_blocks, config.cache.block_size, kv_dtype, device)
@@ -422,7 +443,12 @@ def build_engine(
     max_len = min(config.scheduler.max_model_len, model_config.max_model_len)
     graphs = build_decode_graphs(config, model, kv_caches, max_len, device)  # None on CPU
     runner = ModelRunner(model, kv_caches, config.cache.block_size, device, graphs=graphs, host_kv=host_kv)
-    return LLMEngine(config, model_config, tokenizer, runner, num_blocks, clock=clock, faults=faults)
+    from engine.spec_decode.factory import build_drafter
+
+    drafter = build_drafter(config, model_config, tokenizer, runner, num_blocks, attn, _pack_linear(config))
+    return LLMEngine(
+        config, model_config, tokenizer, runner, num_blocks, clock=clock, faults=faults, drafter=drafter
+    )
 
 
 def _host_kv(

@@ -19,6 +19,9 @@ class ScheduledRequest:
     num_computed_tokens: int  # position of the first token fed this step
     block_ids: tuple[int, ...]  # the request's block table after allocation for this step
     samples: bool  # True when this chunk reaches the end of the known tokens: sample a token
+    # Speculative decoding: blocks are allocated for this many draft tokens after the chunk; the
+    # drafter fills up to that many, the runner verifies them (engine.spec_decode).
+    num_spec_slots: int = 0
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,9 @@ class RequestOutput:
     num_computed_output_tokens: int = 0
     metrics: RequestMetrics | None = None
     error: str | None = None
+    # Speculative decoding of this choice so far: draft tokens verified, and of them accepted.
+    num_draft_tokens: int = 0
+    num_accepted_draft_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -111,6 +117,10 @@ class EngineStats:
     num_restarts: int = 0  # times the engine loop restarted after an exception it could not contain
     step_budget: StepBudgetStats | None = None  # the scheduler's token budget and fitted step cost
     host_kv: HostKVStats | None = None  # the host KV tier; None: it is off
+    # Speculative decoding totals: draft tokens verified, accepted, and tokens emitted by verify steps.
+    num_spec_draft_tokens_total: int = 0
+    num_spec_accepted_tokens_total: int = 0
+    num_spec_emitted_tokens_total: int = 0
 
     @property
     def kv_usage(self) -> float:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from engine.errors import InvalidRequestError
+from engine.spec_decode.tally import SpeculationTally
 
 # The seeds a sampling generator accepts (torch.Generator.manual_seed): a signed or unsigned
 # 64-bit integer.
@@ -152,6 +153,9 @@ class SamplingParams:
     beam_width: int = 1
     length_penalty: float = 1.0
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit in [-100, 100])
+    # Speculative decoding for this request: None follows the server; False opts out; True asks
+    # for it (refused with beam search, which never speculates).
+    speculative: bool | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
@@ -202,6 +206,11 @@ class SamplingParams:
             )
         if self.logit_bias and self.use_beam_search:
             raise InvalidRequestError("logit_bias is not supported with beam search", "logit_bias")
+        if self.speculative and self.use_beam_search:
+            raise InvalidRequestError(
+                "speculative decoding is not supported with beam search; omit speculative or set it to false",
+                "speculative",
+            )
 
     @property
     def is_greedy(self) -> bool:
@@ -264,6 +273,7 @@ class Request:
     index: int = 0  # choice index within its parent
     # Detokenizer and stop checks of a sampled sequence; None for a beam (its group appends tokens).
     checker: TokenChecker | None = field(default=None, repr=False, compare=False)
+    spec: SpeculationTally = field(default_factory=SpeculationTally, repr=False, compare=False)
     times: RequestTimes = field(init=False)
 
     def __post_init__(self) -> None:

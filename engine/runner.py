@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -26,6 +26,8 @@ from engine.host_kv_tensors import HostKVCopier
 from engine.output import ScheduledRequest, SchedulerOutput
 from engine.request import Request
 from engine.sampler import Sampler, SampleResult, SamplingContext, make_generator
+from engine.spec_decode.drafter import Draft
+from engine.spec_decode.verifier import Verification, Verifier
 
 logger = logging.getLogger("weir.engine")
 
@@ -36,6 +38,8 @@ class StepResult:
 
     sampled: dict[str, SampleResult] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)  # request id -> error, for that request only
+    # Requests that verified drafts: their accepted drafts (`sampled` holds the token after them).
+    verified: dict[str, Verification] = field(default_factory=dict)
 
 
 def _describe(exc: BaseException) -> str:
@@ -63,6 +67,7 @@ class ModelRunner:
         self.block_size = block_size
         self.device = device
         self.sampler = sampler or Sampler()
+        self.verifier = Verifier(self.sampler)
         self.faults = faults  # tests only; None in production
         self.num_steps = 0
         self._generators: dict[str, torch.Generator | None] = {}
@@ -76,6 +81,10 @@ class ModelRunner:
             self._generators[request_id] = make_generator(seed, self.device)
         except (RuntimeError, OverflowError, TypeError, ValueError) as exc:
             raise InvalidRequestError(f"invalid seed {seed!r}: {exc}", "seed") from exc
+
+    def generator_for(self, req: Request) -> torch.Generator | None:
+        """The request's sampling generator (None when unseeded); a draft model draws from it too."""
+        return self._generator(req)
 
     def _generator(self, req: Request) -> torch.Generator | None:
         if req.request_id not in self._generators:  # a request added without add_request (tests)
@@ -168,11 +177,19 @@ class ModelRunner:
             self.host_kv.swap_in(swaps.swap_in)
 
     @torch.inference_mode()
-    def execute(self, out: SchedulerOutput, requests: Mapping[str, Request]) -> StepResult:
+    def execute(
+        self,
+        out: SchedulerOutput,
+        requests: Mapping[str, Request],
+        drafts: Mapping[str, Draft] | None = None,
+    ) -> StepResult:
         """Run one step: the sampled token of every request whose chunk reached its end.
 
         A failure in one request's own work leaves it out (`StepResult.failed`); a failure of the
-        step as a whole (block copies, tensors, the forward) raises.
+        step as a whole (block copies, tensors, the forward) raises. A request with a draft
+        (speculative decoding, within its `num_spec_slots`) feeds its draft tokens after its own
+        and is verified over all of their rows (`StepResult.verified`); such steps have q_len > 1
+        and so never replay a decode CUDA graph.
         """
         self.forget(out.finished_ids)  # a preempted request keeps its generator: seeds reproduce
         self.transfer_blocks(out)
@@ -183,11 +200,16 @@ class ModelRunner:
         inputs: list[list[int]] = []
         for s in out.scheduled:
             try:
-                inputs.append(self._input_tokens(s, requests[s.request_id]))
+                ids = self._input_tokens(s, requests[s.request_id])
             except Exception as exc:  # this request's inputs are broken, not the step's
                 logger.exception("preparing request %s failed", s.request_id)
                 result.failed[s.request_id] = _describe(exc)
                 continue
+            draft = drafts.get(s.request_id) if drafts else None
+            if draft is not None and 0 < len(draft.token_ids) <= s.num_spec_slots and s.samples:
+                ids = ids + list(draft.token_ids)
+                s = replace(s, num_tokens=s.num_tokens + len(draft.token_ids))
+            inputs.append(ids)
             scheduled.append(s)
         if not scheduled:
             return result
@@ -203,21 +225,48 @@ class ModelRunner:
         sampling: list[ScheduledRequest] = []
         rows: list[int] = []
         contexts: list[SamplingContext] = []
+        spec_rows: list[int] = []  # rows of requests verifying drafts, each request's back to back
+        spec: list[tuple[str, SamplingContext, Draft]] = []
         for s, row in zip([s for s in scheduled if s.samples], sample_rows, strict=True):
             try:
-                contexts.append(self._context(requests[s.request_id]))
+                context = self._context(requests[s.request_id])
             except Exception as exc:
                 logger.exception("preparing the sampling of request %s failed", s.request_id)
                 result.failed[s.request_id] = _describe(exc)
                 continue
+            draft = drafts.get(s.request_id) if drafts else None
+            if draft is not None and s.num_tokens > len(draft.token_ids) > 0:
+                spec_rows.extend(range(row - len(draft.token_ids), row + 1))
+                spec.append((s.request_id, context, draft))
+                continue
+            contexts.append(context)
             sampling.append(s)
             rows.append(row)
-        if not sampling:
+        if not sampling and not spec:
             return result
-        index = torch.tensor(rows, dtype=torch.int64, device=self.device)
-        logits = self.model.compute_logits(hidden.index_select(0, index))  # type: ignore[operator]  # [num_sampling, vocab]
-        self._sample(logits, sampling, contexts, result)
+        index = torch.tensor(rows + spec_rows, dtype=torch.int64, device=self.device)
+        logits = self.model.compute_logits(hidden.index_select(0, index))  # type: ignore[operator]  # [num_rows, vocab]
+        if sampling:
+            self._sample(logits[: len(rows)], sampling, contexts, result)
+        if spec:
+            self._verify(logits[len(rows) :], spec, result)
         return result
+
+    def _verify(
+        self, logits: torch.Tensor, spec: Sequence[tuple[str, SamplingContext, Draft]], result: StepResult
+    ) -> None:
+        """Verify the drafts (`logits` [sum(m + 1), vocab], in `spec` order); a failure fails
+        only the requests of the drafts (all of them: their rows are verified together)."""
+        try:
+            verified = self.verifier.verify(logits, [c for _, c, _ in spec], [d for _, _, d in spec])
+        except Exception as exc:
+            logger.exception("verifying the drafts of %d requests failed", len(spec))
+            for rid, _, _ in spec:
+                result.failed[rid] = _describe(exc)
+            return
+        for (rid, _, _), v in zip(spec, verified, strict=True):
+            result.verified[rid] = v
+            result.sampled[rid] = v.sampled
 
     def _context(self, req: Request) -> SamplingContext:
         if self.faults is not None:

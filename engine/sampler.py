@@ -71,6 +71,11 @@ def _is_greedy(params: SamplingParams) -> bool:
     return params.is_greedy or params.temperature < _MIN_TEMPERATURE
 
 
+def samples_greedily(params: SamplingParams) -> bool:
+    """Whether the sampler takes the argmax for a row with these parameters."""
+    return _is_greedy(params)
+
+
 def _has_penalty(params: SamplingParams) -> bool:
     return (
         params.repetition_penalty != 1.0 or params.presence_penalty != 0.0 or params.frequency_penalty != 0.0
@@ -236,18 +241,9 @@ class Sampler:
             raise ValueError(f"logits must be [{len(contexts)}, vocab], got {tuple(logits.shape)}")
         if not contexts:
             return []
-        penalty_rows = [i for i, c in enumerate(contexts) if _adjusts_logits(c.params)]
         sample_rows = [i for i, c in enumerate(contexts) if not _is_greedy(c.params)]
-
-        num_rows = len(contexts)
-        work = logits
-        if len(penalty_rows) == num_rows:
-            work = _adjust(logits, contexts)
-        elif penalty_rows:
-            index = torch.tensor(penalty_rows, device=logits.device)
-            work = logits.clone()
-            work[index] = _adjust(logits[index], [contexts[i] for i in penalty_rows])
-        if len(sample_rows) == num_rows:
+        work = self._adjusted(logits, contexts)
+        if len(sample_rows) == len(contexts):
             token_ids = self._sample(work, contexts)  # [N]; no greedy row, no gather/scatter
         else:
             # One argmax for the whole batch; sampled rows overwrite their entry.
@@ -257,11 +253,46 @@ class Sampler:
                 token_ids[index] = self._sample(work[index], [contexts[i] for i in sample_rows])
 
         ids = token_ids.tolist()
-        logprobs = self._logprobs(logits, token_ids, contexts)
+        logprobs = self.logprobs(logits, token_ids, contexts)
         return [SampleResult(token_id=ids[i], logprob=logprobs[i]) for i in range(len(contexts))]
 
-    def _sample(self, logits: torch.Tensor, contexts: Sequence[SamplingContext]) -> torch.Tensor:
-        """Draw one token per row of `logits` [rows, vocab] from its filtered distribution."""
+    @staticmethod
+    def _adjusted(logits: torch.Tensor, contexts: Sequence[SamplingContext]) -> torch.Tensor:
+        """`logits` with penalties and logit bias applied to the rows that have them ([N, vocab])."""
+        penalty_rows = [i for i, c in enumerate(contexts) if _adjusts_logits(c.params)]
+        if len(penalty_rows) == len(contexts):
+            return _adjust(logits, contexts)
+        if not penalty_rows:
+            return logits
+        index = torch.tensor(penalty_rows, device=logits.device)
+        work = logits.clone()
+        work[index] = _adjust(logits[index], [contexts[i] for i in penalty_rows])
+        return work
+
+    def distribution(self, logits: torch.Tensor, contexts: Sequence[SamplingContext]) -> torch.Tensor:
+        """The exact distribution `__call__` draws each row from ([N, vocab], rows sum to 1).
+
+        Penalties, logit bias, temperature, top-k, top-p and min-p are applied as when sampling;
+        a greedy row is a point mass on its argmax. Speculative verification reads p (and a
+        draft model's q) from here, so it tests drafts against what sampling would have done.
+        """
+        if logits.dim() != 2 or logits.shape[0] != len(contexts):
+            raise ValueError(f"logits must be [{len(contexts)}, vocab], got {tuple(logits.shape)}")
+        work = self._adjusted(logits, contexts)
+        probs = torch.zeros_like(work, dtype=torch.float32)  # [N, vocab]
+        greedy = [i for i, c in enumerate(contexts) if _is_greedy(c.params)]
+        sampled = [i for i, c in enumerate(contexts) if not _is_greedy(c.params)]
+        if greedy:
+            index = torch.tensor(greedy, device=logits.device)
+            probs[index, work[index].argmax(dim=-1)] = 1.0
+        if sampled:
+            index = torch.tensor(sampled, device=logits.device)
+            probs[index] = self._filtered_probs(work[index], [contexts[i] for i in sampled]).float()
+        return probs
+
+    @staticmethod
+    def _filtered_probs(logits: torch.Tensor, contexts: Sequence[SamplingContext]) -> torch.Tensor:
+        """Temperature, then top-k / top-p / min-p, then softmax, row by row ([rows, vocab])."""
         device = logits.device
         vocab_size = logits.shape[-1]
         temperature = torch.tensor(
@@ -275,12 +306,21 @@ class Sampler:
         top_p = torch.tensor([c.params.top_p for c in contexts], dtype=logits.dtype, device=device)
         min_p = torch.tensor([c.params.min_p for c in contexts], dtype=logits.dtype, device=device)
         scaled = logits / temperature[:, None]  # [rows, vocab]
-        probs = apply_filters(scaled, top_k, top_p, min_p).softmax(dim=-1)  # [rows, vocab]
+        return apply_filters(scaled, top_k, top_p, min_p).softmax(dim=-1)  # [rows, vocab]
 
+    def uniform(self, contexts: Sequence[SamplingContext], device: torch.device) -> torch.Tensor:
+        """One uniform number in [0, 1) per row ([rows, 1]): a seeded row's from its own generator."""
         uniform = torch.rand(len(contexts), 1, generator=self._shared_generator(device), device=device)
         for row, context in enumerate(contexts):
             if context.generator is not None:
                 uniform[row] = torch.rand(1, generator=context.generator, device=device)
+        return uniform
+
+    def draw(self, probs: torch.Tensor, contexts: Sequence[SamplingContext]) -> torch.Tensor:
+        """One token per row of `probs` [rows, vocab] (rows need not be normalised), by inverting
+        the cumulative distribution with `uniform`'s numbers. Returns [rows] long."""
+        vocab_size = probs.shape[-1]
+        uniform = self.uniform(contexts, probs.device)  # [rows, 1]
         cdf = probs.cumsum(dim=-1)  # [rows, vocab]
         # The first index whose cumulative mass exceeds u: an excluded token adds no mass, so it
         # can never be that index.
@@ -289,8 +329,12 @@ class Sampler:
         chosen_prob = probs.gather(1, token_ids)  # [rows, 1]
         return torch.where(chosen_prob > 0, token_ids, probs.argmax(dim=-1, keepdim=True))[:, 0]
 
+    def _sample(self, logits: torch.Tensor, contexts: Sequence[SamplingContext]) -> torch.Tensor:
+        """Draw one token per row of `logits` [rows, vocab] from its filtered distribution."""
+        return self.draw(self._filtered_probs(logits, contexts), contexts)
+
     @staticmethod
-    def _logprobs(
+    def logprobs(
         logits: torch.Tensor, token_ids: torch.Tensor, contexts: Sequence[SamplingContext]
     ) -> list[TokenLogprob | None]:
         """Model logprobs of the chosen tokens and top alternatives, for rows that asked."""

@@ -25,6 +25,8 @@ from engine.kv_cache_manager import KVCacheManager
 from engine.output import ScheduledRequest, SchedulerOutput
 from engine.request import Request, RequestStatus, TokenDelta
 from engine.request_queue import WaitingQueue, make_waiting_queue
+from engine.spec_decode.policy import SpeculationPolicy
+from engine.spec_decode.tally import VerifiedDraft
 from engine.step_budget import StepBudget, StepBudgetConfig
 
 logger = logging.getLogger("weir.engine")
@@ -72,6 +74,7 @@ class Scheduler:
         self.num_preemptions = 0
         self.num_held_back = 0  # admissions deferred because the same block was being computed
         self._num_deadlines = 0  # requests with a queue deadline, so steps without any skip the scan
+        self.speculation: SpeculationPolicy | None = None  # set by the engine when it speculates
 
     # -- queue management -------------------------------------------------------------------
 
@@ -196,17 +199,25 @@ class Scheduler:
         # the earliest prompt takes what the budget allows first, and finishes first.
         budget = self.step_budget.budget(len(decodes), bool(prefills) or bool(len(self.waiting)))
         chunk_cap = self.config.long_prefill_threshold or budget
+        spec = self.speculation
+        spec_ok = spec is not None and spec.step_allows(len(decodes))
+        spec_slots: dict[str, int] = {}  # decode id -> draft slots allocated after its token
         for req in decodes + prefills:
             if budget <= 0:
                 break
             if req.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
             num_new = min(req.num_remaining, budget, chunk_cap if req.num_remaining > 1 else 1)
+            if spec is not None and (k := spec.reserve(req, self.kv, spec_ok, num_new, budget)):
+                scheduled[req.request_id], spec_slots[req.request_id] = num_new, k
+                budget -= num_new + k
+                continue
             while not self.kv.allocate_slots(req, req.num_computed_tokens + num_new):
                 victim = self._pick_victim()
                 self._preempt(victim)
                 preempted.append(victim.request_id)
                 scheduled.pop(victim.request_id, None)
+                spec_slots.pop(victim.request_id, None)
                 if victim is req:
                     break
             else:
@@ -227,6 +238,7 @@ class Scheduler:
                     num_computed_tokens=self.requests[rid].num_computed_tokens,
                     block_ids=self.kv.block_ids(rid),
                     samples=self.requests[rid].num_computed_tokens + n == self.requests[rid].num_tokens,
+                    num_spec_slots=spec_slots.get(rid, 0),
                 )
                 for rid, n in scheduled.items()
             ),
@@ -360,7 +372,12 @@ class Scheduler:
 
     # -- after the step ---------------------------------------------------------------------
 
-    def update_from_output(self, out: SchedulerOutput, sampled: Mapping[str, int]) -> StepUpdate:
+    def update_from_output(
+        self,
+        out: SchedulerOutput,
+        sampled: Mapping[str, int],
+        verified: Mapping[str, VerifiedDraft] | None = None,
+    ) -> StepUpdate:
         """Apply an executed step to its requests: the one place a step's results change them.
 
         Every scheduled request still here advances `num_computed_tokens` and caches its full
@@ -368,6 +385,10 @@ class Scheduler:
         `sampled` (request id -> token id; sequences with a `checker`, not beams, whose group
         appends their tokens) is appended after its stop checks, and a request that ended is
         finished and its blocks freed. A request whose checks raise is left for the caller to fail.
+
+        `verified` (speculation): accepted drafts are appended (and checked) before the sampled
+        token, each counted as computed; then rejected slots are truncated and only then are full
+        blocks cached, so a draft token is never hashed into the prefix cache.
         """
         for s in out.scheduled:
             req = self.requests.get(s.request_id)
@@ -384,15 +405,22 @@ class Scheduler:
             req = self.requests.get(rid)
             if req is None:
                 continue
-            try:
-                delta = req.append_token(token_id, now)
-            except Exception as exc:  # this request's detokenization or stop checks
-                logger.exception("processing the output of request %s failed", rid)
-                update.failed[rid] = f"{type(exc).__name__}: {exc}"
-                continue
-            if delta.finish_reason is not None:
-                self.finish_request(rid, delta.finish_reason.status)
-            update.appended.append(AppendedToken(req, token_id, delta))
+            accepted = verified[rid].accepted if verified and rid in verified else ()
+            for i, tok in enumerate((*accepted, token_id)):
+                try:
+                    delta = req.append_token(tok, now)
+                except Exception as exc:  # this request's detokenization or stop checks
+                    logger.exception("processing the output of request %s failed", rid)
+                    update.failed[rid] = f"{type(exc).__name__}: {exc}"
+                    break
+                req.num_computed_tokens += i < len(accepted)  # an accepted draft's KV is cached
+                if delta.finish_reason is not None:
+                    self.finish_request(rid, delta.finish_reason.status)
+                update.appended.append(AppendedToken(req, tok, delta))
+                if delta.finish_reason is not None:
+                    break
+        if self.speculation is not None:  # counts, then rejected slots truncated, then caching
+            self.speculation.after_step(out, verified or {}, [a.request for a in update.appended], self.kv)
         return update
 
     def expire_deadlines(self) -> list[Request]:

@@ -19,6 +19,9 @@ TORCH_FREE = (
     "engine.output",
     "engine.errors",
     "engine.client",
+    "engine.spec_decode.config",
+    "engine.spec_decode.policy",
+    "engine.spec_decode.tally",
 )
 
 

@@ -1,0 +1,70 @@
+"""Counts of speculative decoding, per request and for the engine. Plain Python, no torch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Weight of the latest verify step in a request's running mean of accepted tokens per step.
+ACCEPTANCE_EMA_ALPHA = 0.5
+
+
+@dataclass(frozen=True)
+class VerifiedDraft:
+    """What verification decided for one request in one step, as the scheduler applies it.
+
+    `accepted` are the draft tokens kept, in order; the token sampled after them (the correction
+    or the bonus token) is the step's ordinary sampled token.
+    """
+
+    num_drafted: int
+    accepted: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.accepted) > self.num_drafted:
+            raise ValueError(f"{len(self.accepted)} tokens accepted of {self.num_drafted} drafted")
+
+
+@dataclass
+class SpeculationTally:
+    """One sequence's speculation so far (a field of `Request`, changed by the scheduler only)."""
+
+    num_drafted: int = 0  # draft tokens verified
+    num_accepted: int = 0  # of them, accepted
+    num_emitted: int = 0  # tokens appended by verify steps (accepted + one per step, stops cut)
+    num_verify_steps: int = 0
+    # Running mean of accepted tokens per verify step; None before the first one.
+    recent_accepted: float | None = None
+
+    def observe(self, num_drafted: int, num_accepted: int, num_emitted: int) -> None:
+        self.num_drafted += num_drafted
+        self.num_accepted += num_accepted
+        self.num_emitted += num_emitted
+        self.num_verify_steps += 1
+        previous = self.recent_accepted
+        a = ACCEPTANCE_EMA_ALPHA
+        self.recent_accepted = num_accepted if previous is None else (1 - a) * previous + a * num_accepted
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.num_accepted / self.num_drafted if self.num_drafted else 0.0
+
+
+@dataclass
+class SpeculationCounters:
+    """The engine's totals since start (monotonic: they survive an engine reset)."""
+
+    num_drafted: int = 0
+    num_accepted: int = 0
+    num_emitted: int = 0
+    num_verify_steps: int = 0
+    num_steps_off_by_batch: int = 0  # steps with decodes where the batch rule switched speculation off
+
+    def add(self, num_drafted: int, num_accepted: int, num_emitted: int) -> None:
+        self.num_drafted += num_drafted
+        self.num_accepted += num_accepted
+        self.num_emitted += num_emitted
+        self.num_verify_steps += 1
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.num_accepted / self.num_drafted if self.num_drafted else 0.0
