@@ -49,6 +49,9 @@ class Usage:
     completion_tokens: int
     cached_tokens: int = 0
     computed_completion_tokens: int | None = None  # None: the same as completion_tokens
+    # Speculative decoding: draft tokens verified for the request, and of them accepted.
+    draft_tokens: int = 0
+    accepted_draft_tokens: int = 0
 
     @property
     def total_tokens(self) -> int:
@@ -72,6 +75,18 @@ class Usage:
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.total_tokens,
             "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+            **self._speculation(),
+        }
+
+    def _speculation(self) -> dict[str, Any]:
+        """OpenAI's prediction counts, for a request that speculated: drafted = accepted + rejected."""
+        if not self.draft_tokens:
+            return {}
+        return {
+            "completion_tokens_details": {
+                "accepted_prediction_tokens": self.accepted_draft_tokens,
+                "rejected_prediction_tokens": self.draft_tokens - self.accepted_draft_tokens,
+            }
         }
 
 
@@ -136,6 +151,8 @@ class RequestTally:
         self.finish_reasons: list[str | None] = [None] * num_choices
         self.num_cached_tokens = [0] * len(self.requests)
         self.num_computed_tokens = [0] * len(self.requests)  # as the engine reports it (beam search)
+        self.num_draft_tokens = [0] * num_choices  # speculative decoding, per choice, as reported
+        self.num_accepted_draft_tokens = [0] * num_choices
         self.metrics: list[RequestMetrics | None] = [None] * len(self.requests)
         self.first_output_s: list[float | None] = [None] * len(self.requests)
         self.last_output_s: list[float | None] = [None] * len(self.requests)
@@ -151,6 +168,10 @@ class RequestTally:
             self.last_output_s[prompt_index] = now
         # The engine counts a choice's tokens where it produces them; every output carries the count.
         self.num_output_tokens[choice] = out.num_output_tokens
+        self.num_draft_tokens[choice] = max(self.num_draft_tokens[choice], out.num_draft_tokens)
+        self.num_accepted_draft_tokens[choice] = max(
+            self.num_accepted_draft_tokens[choice], out.num_accepted_draft_tokens
+        )
         if out.num_cached_tokens:
             self.num_cached_tokens[prompt_index] = out.num_cached_tokens
         if out.finished and self.finish_reasons[choice] is None:
@@ -193,6 +214,8 @@ class RequestTally:
             completion_tokens=sum(self.num_output_tokens),
             cached_tokens=sum(self.num_cached_tokens),
             computed_completion_tokens=computed,
+            draft_tokens=sum(self.num_draft_tokens),
+            accepted_draft_tokens=sum(self.num_accepted_draft_tokens),
         )
 
 

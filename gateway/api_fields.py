@@ -127,6 +127,23 @@ class BoolField:
 
 
 @dataclass(frozen=True)
+class OptionalBoolField:
+    """A JSON boolean that may be left out: None then, so the server's default applies."""
+
+    name: str
+    description: str = ""
+
+    def read(self, data: Mapping[str, Any]) -> bool | None:
+        value = data.get(self.name)
+        if value is not None and not isinstance(value, bool):
+            raise _wrong_type(self.name, "a boolean", value)
+        return value
+
+    def schema(self, vocab_size: int | None = None) -> dict[str, Any]:
+        return _finish({"type": "boolean"}, None, self.description)
+
+
+@dataclass(frozen=True)
 class StringField:
     """A string of at most `max_length` characters (`min_length` at least)."""
 

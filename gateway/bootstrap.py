@@ -84,6 +84,7 @@ def engine_config(settings: Settings, model_path: Path, device: str) -> EngineCo
     """The EngineConfig for these settings."""
     from engine.config import CacheConfig, EngineConfig, SchedulerConfig
     from engine.loader import load_model_config
+    from engine.spec_decode.config import SpeculativeConfig
 
     dtype = settings.resolved_dtype(device)
     block_size = CacheConfig().block_size
@@ -113,6 +114,7 @@ def engine_config(settings: Settings, model_path: Path, device: str) -> EngineCo
         ),
         use_triton=use_triton,
         use_cuda_graphs=use_cuda_graphs,
+        speculative=SpeculativeConfig.parse(settings.speculative, settings.num_speculative_tokens),
     )
 
 

@@ -21,6 +21,7 @@ from prometheus_client.registry import Collector
 
 from engine.output import EngineStats
 from gateway.host_kv_metrics import host_kv_metrics
+from gateway.spec_decode_metrics import spec_decode_metrics
 from gateway.step_budget_metrics import step_budget_metrics
 
 # Seconds. Wide enough for a 135M model on two CPU cores and for a GPU.
@@ -80,6 +81,7 @@ class _EngineStatsCollector(Collector):
         )
         yield from step_budget_metrics(s.step_budget)
         yield from host_kv_metrics(s)
+        yield from spec_decode_metrics(s)
 
 
 class FleetStatsCollector(Collector):

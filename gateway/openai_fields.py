@@ -19,6 +19,7 @@ from gateway.api_fields import (
     BoolField,
     IntField,
     NumberField,
+    OptionalBoolField,
     StopField,
     StringField,
     TokenBiasField,
@@ -60,6 +61,11 @@ STREAM = BoolField("stream", False)
 USE_BEAM_SEARCH = BoolField("use_beam_search", False, "Extension: the n best of beam_width beams.")
 BEAM_WIDTH = IntField("beam_width", 1, MAX_N, description="Extension, with use_beam_search. Default: n.")
 LENGTH_PENALTY = NumberField("length_penalty", -10.0, 10.0, 1.0, "Extension, with use_beam_search.")
+SPECULATIVE = OptionalBoolField(
+    "speculative",
+    "Extension. false: no speculative decoding for this request; true: speculate where the server "
+    "does (refused with use_beam_search). Left out: the server's setting.",
+)
 USER = StringField("user", MAX_USER_CHARS)
 CHAT_LOGPROBS = BoolField("logprobs", False)
 TOP_LOGPROBS = IntField("top_logprobs", 0, MAX_LOGPROBS, description="Requires logprobs: true.")
@@ -94,6 +100,7 @@ SAMPLING_FIELDS = (
     STOP,
     STOP_TOKEN_IDS,
     LOGIT_BIAS,
+    SPECULATIVE,
 )
 # Read by the gateway itself (max_tokens is resolved per prompt, beam_width defaults to n).
 GATEWAY_FIELDS = (MAX_TOKENS, MAX_COMPLETION_TOKENS, STREAM, BEAM_WIDTH, USER)

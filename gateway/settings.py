@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.config import QueuePolicy
+from engine.spec_decode.config import SpeculativeConfig
 
 DTYPES = ("float32", "float16", "bfloat16")
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -126,6 +127,8 @@ class Settings:
     # None: every step may feed max_num_batched_tokens; else the per-step token budget follows this
     # target step time and the measured cost per token (engine/step_budget.py).
     target_step_ms: float | None = None
+    speculative: str = "off"  # off | ngram | draft:<path> (engine/spec_decode)
+    num_speculative_tokens: int = 4  # k: most draft tokens verified per request and step
     max_model_len: int | None = None  # None: the model's own context length
     database_url: str | None = None  # None: SQLite file in data_dir
     admin_token: str | None = field(default=None, repr=False)
@@ -171,6 +174,7 @@ class Settings:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.target_step_ms is not None and not 0 < self.target_step_ms < float("inf"):
             raise ValueError(f"target_step_ms must be > 0 and finite, got {self.target_step_ms}")
+        SpeculativeConfig.parse(self.speculative, self.num_speculative_tokens)  # ValueError names it
         if self.host_kv_cache_tokens < 0:
             raise ValueError(
                 f"host_kv_cache_tokens must be >= 0 (0: no host tier), got {self.host_kv_cache_tokens}"
@@ -320,6 +324,8 @@ _FIELDS: dict[str, _FieldSpec] = {
     "max_num_batched_tokens": _FieldSpec("WEIR_MAX_NUM_BATCHED_TOKENS", int),
     "max_model_len": _FieldSpec("WEIR_MAX_MODEL_LEN", int),
     "target_step_ms": _FieldSpec("WEIR_TARGET_STEP_MS", float),
+    "speculative": _FieldSpec("WEIR_SPECULATIVE", str),
+    "num_speculative_tokens": _FieldSpec("WEIR_NUM_SPECULATIVE_TOKENS", int),
     "database_url": _FieldSpec("WEIR_DATABASE_URL", str),
     "admin_token": _FieldSpec("WEIR_ADMIN_TOKEN", str, cli=False),
     "key_pepper": _FieldSpec("WEIR_KEY_PEPPER", str, cli=False),
@@ -425,6 +431,20 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="MS",
         help="target engine step time: the per-step token budget follows it and the measured cost per "
         "token, up to --max-num-batched-tokens (env WEIR_TARGET_STEP_MS; default none: fixed budget)",
+    )
+    add(
+        "--speculative",
+        metavar="{off,ngram,draft:PATH}",
+        help="speculative decoding: ngram = prompt lookup, draft:PATH = a small model with the same "
+        "tokenizer (env WEIR_SPECULATIVE; default off)",
+    )
+    add(
+        "--num-speculative-tokens",
+        dest="num_speculative_tokens",
+        type=int,
+        metavar="K",
+        help="most draft tokens verified per request and step, lowered while acceptance is low "
+        "(env WEIR_NUM_SPECULATIVE_TOKENS; default 4)",
     )
     add("--max-model-len", dest="max_model_len", type=int, help="cap the context length")
     add("--database-url", dest="database_url", help="SQLAlchemy URL (default: SQLite in the data dir)")

@@ -174,3 +174,18 @@ def test_model_version_and_memory_budget_flags_and_env() -> None:
         Settings(model_version="v 2")
     with pytest.raises(ValueError, match="memory_budget_mib"):
         Settings(memory_budget_mib=0)
+
+
+def test_speculative_decoding_settings() -> None:
+    assert (Settings().speculative, Settings().num_speculative_tokens) == ("off", 4)
+    env = Settings.from_sources({}, {"WEIR_SPECULATIVE": "ngram", "WEIR_NUM_SPECULATIVE_TOKENS": "6"})
+    assert (env.speculative, env.num_speculative_tokens) == ("ngram", 6)
+    args = parse(["--speculative", "draft:/models/small", "--num-speculative-tokens", "3"])
+    cli = Settings.from_sources(args, {"WEIR_SPECULATIVE": "ngram"})
+    assert (cli.speculative, cli.num_speculative_tokens) == ("draft:/models/small", 3)
+    with pytest.raises(ValueError, match="speculative must be off, ngram or draft:<path>"):
+        Settings(speculative="medusa")
+    with pytest.raises(ValueError, match="draft:<path> needs the draft model's path"):
+        Settings(speculative="draft:")
+    with pytest.raises(ValueError, match="num_speculative_tokens must be in"):
+        Settings(speculative="ngram", num_speculative_tokens=0)

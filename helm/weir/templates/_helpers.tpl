@@ -193,6 +193,8 @@ numbers are printed as integers. */}}
 {{- $pairs = append $pairs (list "WEIR_MAX_NUM_SEQS" .Values.config.maxNumSeqs) -}}
 {{- $pairs = append $pairs (list "WEIR_MAX_NUM_BATCHED_TOKENS" .Values.config.maxNumBatchedTokens) -}}
 {{- $pairs = append $pairs (list "WEIR_TARGET_STEP_MS" .Values.config.targetStepMs) -}}
+{{- $pairs = append $pairs (list "WEIR_SPECULATIVE" .Values.config.speculative) -}}
+{{- $pairs = append $pairs (list "WEIR_NUM_SPECULATIVE_TOKENS" .Values.config.numSpeculativeTokens) -}}
 {{- $pairs = append $pairs (list "WEIR_MAX_MODEL_LEN" .Values.config.maxModelLen) -}}
 {{- $pairs = append $pairs (list "WEIR_AUTH" .Values.config.auth) -}}
 {{- $pairs = append $pairs (list "WEIR_ADMISSION" .Values.config.admission) -}}
