@@ -109,6 +109,7 @@ def run_weir(
                 static_batch_size=args.batch_size,
                 static_max_wait_s=0.0,
                 dynamic_window_s=args.dynamic_window_s,
+                target_step_s=args.target_step_ms / 1e3 if args.target_step_ms else None,
             ),
         )
     )
@@ -306,6 +307,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--max-num-batched-tokens", type=int, default=1024)
     p.add_argument("--dynamic-window-s", type=float, default=0.05)
+    p.add_argument(
+        "--target-step-ms",
+        type=float,
+        default=None,
+        help="Weir's step budget follows this target step time (engine/step_budget.py); default: fixed",
+    )
     p.add_argument("--kv-budget-mib", type=int, default=2048)
     p.add_argument("--out", type=Path, default=Path("bench-out/offline"))
     p.set_defaults(func=offline_command)
@@ -351,6 +358,7 @@ def offline_command(args: argparse.Namespace, model_path: str | None = None) -> 
         "batch_size": args.batch_size,
         "max_num_seqs": args.max_num_seqs,
         "max_num_batched_tokens": args.max_num_batched_tokens,
+        "target_step_ms": args.target_step_ms,
         "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": _cpus()},
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
     }
