@@ -37,6 +37,7 @@ from bench.stats import LatencySummary
 from engine.output import SchedulerOutput
 from engine.request import Request
 from engine.runner import ModelRunner, StepResult
+from engine.spec_decode.drafter import Draft
 
 DEFAULT_WORKLOAD = Path(__file__).resolve().parents[2] / ".." / "shared" / "workloads" / "prefix.jsonl"
 
@@ -112,11 +113,16 @@ class PrefillCountingRunner(ModelRunner):
         )
         self.num_prefill_tokens = 0
 
-    def execute(self, out: SchedulerOutput, requests: Mapping[str, Request]) -> StepResult:
+    def execute(
+        self,
+        out: SchedulerOutput,
+        requests: Mapping[str, Request],
+        drafts: Mapping[str, Draft] | None = None,
+    ) -> StepResult:
         for s in out.scheduled:
             end = min(s.num_computed_tokens + s.num_tokens, requests[s.request_id].num_prompt_tokens)
             self.num_prefill_tokens += max(0, end - s.num_computed_tokens)
-        return super().execute(out, requests)
+        return super().execute(out, requests, drafts)
 
 
 def build(args: argparse.Namespace, caching: bool) -> tuple[Any, PrefillCountingRunner]:

@@ -142,9 +142,9 @@ def test_n4_forks_share_the_prompt_blocks_and_match_four_seeded_requests(tiny: P
     steps: list[SchedulerOutput] = []
     execute = engine.runner.execute
 
-    def recording(out: SchedulerOutput, requests):  # type: ignore[no-untyped-def]
+    def recording(out: SchedulerOutput, requests, drafts=None):  # type: ignore[no-untyped-def]
         steps.append(out)
-        return execute(out, requests)
+        return execute(out, requests, drafts)
 
     engine.runner.execute = recording  # type: ignore[method-assign]
     prompt = tuple(range(30, 57))  # 27 tokens: 6 full blocks + 3 in a partial block
