@@ -90,7 +90,9 @@ def run_copy(
                 outputs[arm][i] = tokens
                 if len(tokens) > 1 and last > first:
                     rates[arm].append((len(tokens) - 1) / (last - first))
-                    print(f"copy {arm} prompt {i}: {len(tokens)} tokens, {rates[arm][-1]:.1f} tok/s", flush=True)
+                    print(
+                        f"copy {arm} prompt {i}: {len(tokens)} tokens, {rates[arm][-1]:.1f} tok/s", flush=True
+                    )
                 if arm == "on":
                     drafted += engine.spec_counters.num_drafted - before[0]
                     accepted += engine.spec_counters.num_accepted - before[1]
@@ -119,7 +121,9 @@ def _one(engine: LLMEngine, rid: str, ids: list[int], max_tokens: int) -> tuple[
     return tokens, first, last
 
 
-def run_mixed(engine: LLMEngine, drafter: Drafter, workload: Path, tokenizer: Any, limit: int, reps: int) -> dict[str, Any]:
+def run_mixed(
+    engine: LLMEngine, drafter: Drafter, workload: Path, tokenizer: Any, limit: int, reps: int
+) -> dict[str, Any]:
     reqs = load_requests(workload, tokenizer, limit)
     rates: dict[str, list[float]] = {"on": [], "off": []}
     for rep in range(reps):
@@ -132,7 +136,12 @@ def run_mixed(engine: LLMEngine, drafter: Drafter, workload: Path, tokenizer: An
             num_out = sum(len(o.new_token_ids) for o in run_until_done(engine))
             rates[arm].append(num_out / (time.perf_counter() - t0))
     on, off = statistics.median(rates["on"]), statistics.median(rates["off"])
-    return {"output_tok_s_on": rates["on"], "output_tok_s_off": rates["off"], "ratio": on / off, "requests": len(reqs)}
+    return {
+        "output_tok_s_on": rates["on"],
+        "output_tok_s_off": rates["off"],
+        "ratio": on / off,
+        "requests": len(reqs),
+    }
 
 
 @torch.inference_mode()
@@ -148,7 +157,13 @@ def run_crossover(engine: LLMEngine, k: int, context: int, reps: int) -> dict[st
         for _ in range(reps):
             for width in (1, 1 + k):
                 steps = [
-                    ScheduledRequest(f"x{i}", width, context, tuple(range(1 + i * blocks_per_seq, 1 + (i + 1) * blocks_per_seq)), True)
+                    ScheduledRequest(
+                        f"x{i}",
+                        width,
+                        context,
+                        tuple(range(1 + i * blocks_per_seq, 1 + (i + 1) * blocks_per_seq)),
+                        True,
+                    )
                     for i in range(batch)
                 ]
                 inputs = [[7] * width for _ in range(batch)]
@@ -158,10 +173,18 @@ def run_crossover(engine: LLMEngine, k: int, context: int, reps: int) -> dict[st
                 runner.model.compute_logits(hidden)  # type: ignore[operator]
                 times[width].append(time.perf_counter() - t0)
         decode, verify = min(times[1]), min(times[1 + k])
-        rows.append({"batch": batch, "decode_ms": decode * 1e3, "verify_ms": verify * 1e3, "ratio": verify / decode})
+        rows.append(
+            {"batch": batch, "decode_ms": decode * 1e3, "verify_ms": verify * 1e3, "ratio": verify / decode}
+        )
     fits = [r["batch"] for r in rows if r["ratio"] <= 2.0]
     best = max(fits) if fits else 0
-    return {"k": k, "context": context, "rows": rows, "crossover_batch": best, "max_verify_tokens": best * (1 + k)}
+    return {
+        "k": k,
+        "context": context,
+        "rows": rows,
+        "crossover_batch": best,
+        "max_verify_tokens": best * (1 + k),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -188,13 +211,21 @@ def main(argv: list[str] | None = None) -> int:
     )
     drafter = engine.drafter
     assert drafter is not None
-    report: dict[str, Any] = {"speculative": spec.describe(), "k": args.k, "torch_threads": torch.get_num_threads()}
+    report: dict[str, Any] = {
+        "speculative": spec.describe(),
+        "k": args.k,
+        "torch_threads": torch.get_num_threads(),
+    }
     parts = args.parts.split(",")
     if "copy" in parts:
-        report["copy"] = run_copy(engine, drafter, engine.tokenizer, args.reps, args.copy_max_tokens, args.copy_prompts)
+        report["copy"] = run_copy(
+            engine, drafter, engine.tokenizer, args.reps, args.copy_max_tokens, args.copy_prompts
+        )
         print(json.dumps(report["copy"]), flush=True)
     if "mixed" in parts:
-        report["mixed"] = run_mixed(engine, drafter, args.mixed, engine.tokenizer, args.mixed_limit, args.reps)
+        report["mixed"] = run_mixed(
+            engine, drafter, args.mixed, engine.tokenizer, args.mixed_limit, args.reps
+        )
         print(json.dumps(report["mixed"]), flush=True)
     if "crossover" in parts:
         report["crossover"] = run_crossover(engine, args.k, args.crossover_context, max(3, args.reps))
