@@ -46,6 +46,7 @@ def test_the_burst_and_the_chat_on_a_tiny_model(tiny: Path, tmp_path: Path) -> N
     assert main(argv) == 0
     report = json.loads(out.read_text())
     runs = {r["engine"]: r for r in report["burst"]["runs"]}
+    assert set(report["burst"]["median_output_tokens_per_s"]) == set(runs)
     assert set(runs) == {"swap", "recompute", "unconstrained"}
     for run in runs.values():
         assert run["completed"] == run["requests"] == 12
