@@ -19,14 +19,17 @@ on a side stream:
 
 from __future__ import annotations
 
+import logging
 import statistics
 import time
 from dataclasses import dataclass, field
 
 import torch
 
-from engine.config import ModelConfig
+from engine.config import EngineConfig, ModelConfig
 from engine.kv_tensors import kv_cache_shape
+
+logger = logging.getLogger("weir.engine")
 
 
 def allocate_host_kv_caches(
@@ -164,3 +167,29 @@ def measure_copy_bandwidth(copier: HostKVCopier, num_blocks: int = 8, repeats: i
         elapsed = time.perf_counter() - t0
         rates.append(2 * n * block_bytes / max(elapsed, 1e-9))
     return statistics.median(rates)
+
+
+def build_host_kv(
+    config: EngineConfig,
+    model_config: ModelConfig,
+    kv_caches: list[torch.Tensor],
+    kv_dtype: torch.dtype,
+    device: torch.device,
+) -> HostKVCopier | None:
+    """The host KV tier's tensors (pinned on CUDA) with the copy bandwidth measured now; None
+    when `config.cache.host_num_blocks` is 0."""
+    num_host = config.cache.host_num_blocks
+    if not num_host:
+        return None
+    host_caches = allocate_host_kv_caches(
+        model_config, num_host + 1, config.cache.block_size, kv_dtype, device
+    )
+    copier = HostKVCopier(kv_caches, host_caches, device)
+    copier.copy_bytes_per_s = measure_copy_bandwidth(copier)  # copies blocks still zero both ways
+    logger.info(
+        "host KV tier: %d blocks (%.1f MiB), copy bandwidth %.2f GB/s measured",
+        num_host,
+        num_host * sum(c[:, 0].numel() * c.element_size() for c in host_caches) / 2**20,
+        copier.copy_bytes_per_s / 1e9,
+    )
+    return copier

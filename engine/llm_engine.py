@@ -36,7 +36,7 @@ from engine.errors import (
     KVCapacityError,
 )
 from engine.faults import FaultInjector
-from engine.host_kv_tensors import HostKVCopier
+from engine.host_kv_tensors import build_host_kv
 from engine.kv_cache_manager import KVCacheManager
 from engine.output import EngineStats, RequestOutput, SchedulerOutput
 from engine.prefix_cache_admin import PrefixCacheAdmin
@@ -427,7 +427,7 @@ def build_engine(
     kv_dtype = getattr(torch, config.cache.kv_dtype)
     num_blocks = num_blocks_for(config.cache, model_config, kv_dtype, device)
     kv_caches = allocate_kv_caches(model_config, num_blocks, config.cache.block_size, kv_dtype, device)
-    host_kv = _host_kv(config, model_config, kv_caches, kv_dtype, device)
+    host_kv = build_host_kv(config, model_config, kv_caches, kv_dtype, device)  # None: no host tier
     capacity = (num_blocks - 1) * config.cache.block_size
     per_token = model_config.kv_bytes_per_token(kv_dtype.itemsize)
     logger.info(
@@ -449,33 +449,6 @@ def build_engine(
     return LLMEngine(
         config, model_config, tokenizer, runner, num_blocks, clock=clock, faults=faults, drafter=drafter
     )
-
-
-def _host_kv(
-    config: EngineConfig,
-    model_config: ModelConfig,
-    kv_caches: list[torch.Tensor],
-    kv_dtype: torch.dtype,
-    device: torch.device,
-) -> HostKVCopier | None:
-    """The host KV tier's tensors (pinned on CUDA), with the copy bandwidth measured now."""
-    num_host = config.cache.host_num_blocks
-    if not num_host:
-        return None
-    from engine.host_kv_tensors import allocate_host_kv_caches, measure_copy_bandwidth
-
-    host_caches = allocate_host_kv_caches(
-        model_config, num_host + 1, config.cache.block_size, kv_dtype, device
-    )
-    copier = HostKVCopier(kv_caches, host_caches, device)
-    copier.copy_bytes_per_s = measure_copy_bandwidth(copier)  # copies blocks still zero both ways
-    logger.info(
-        "host KV tier: %d blocks (%.1f MiB), copy bandwidth %.2f GB/s measured",
-        num_host,
-        num_host * sum(c[:, 0].numel() * c.element_size() for c in host_caches) / 2**20,
-        copier.copy_bytes_per_s / 1e9,
-    )
-    return copier
 
 
 def _pack_linear(config: EngineConfig) -> bool:
