@@ -2,9 +2,10 @@
 
 On a tiny random Llama (GQA) in fp32: the same tokens, greedy and seeded, with forced swapping
 (a tiny device pool), forced recompute and neither; greedy tokens as transformers' generate with
-swapping; a prefix demoted to the host and hit again is promoted and gives the same tokens, and
-never for another tenant; a swapped request that streamed tokens is never expired as queued;
-a failed step's swaps are discarded. One test runs SmolLM2 (slow).
+swapping; the same tokens when swapping under speculative decoding; a prefix demoted to the host
+and hit again is promoted and gives the same tokens, and never for another tenant; a swapped
+request that streamed tokens is never expired as queued; a failed step's swaps are discarded.
+One test runs SmolLM2 (slow).
 """
 
 from __future__ import annotations
@@ -128,6 +129,23 @@ def test_greedy_with_swapping_matches_transformers_generate(tiny: Path) -> None:
     reference = _hf_greedy(tiny, prompts, 24)
     for i in range(len(prompts)):
         assert ours[f"r{i}"][: len(reference[i])] == reference[i], f"prompt {i}"
+
+
+def test_swapping_with_speculative_decoding_gives_the_same_tokens(tiny: Path) -> None:
+    from dataclasses import replace
+
+    from engine.spec_decode.config import SpeculativeConfig, SpeculativeMethod
+
+    plain = _engine(tiny, num_blocks=400)
+    prompts = [p * 3 for p in _prompts(plain.model_config.vocab_size)]  # repeats: the n-gram drafter proposes
+    reference = _run(plain, prompts, [GREEDY] * len(prompts))
+    base = _engine(tiny, num_blocks=60, host=300, mode=PreemptionMode.SWAP).config
+    config = replace(base, speculative=SpeculativeConfig(method=SpeculativeMethod.NGRAM))
+    speculating = build_engine(config)
+    assert _run(speculating, prompts, [GREEDY] * len(prompts)) == reference
+    stats = speculating.stats()
+    assert stats.host_kv is not None and stats.host_kv.num_swap_preemptions > 0
+    assert stats.num_spec_draft_tokens_total > 0  # drafts were verified between the swaps
 
 
 def _one(engine: LLMEngine, rid: str, prompt: list[int], tenant: str) -> tuple[list[int], int]:
