@@ -111,9 +111,16 @@ def run_guidellm(
     cmd = ["bash", str(args.tools / "guidellm.sh"), base_url, str(args.model), str(out)]
     t0 = time.monotonic()
     with (args.out / f"{system}.guidellm.log").open("wb") as log:
-        subprocess.run(
-            cmd, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=args.run_timeout_s, check=True
-        )
+        # its own session: on timeout the whole group goes (guidellm's worker processes too)
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            returncode = proc.wait(timeout=args.run_timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise
+    if returncode != 0:
+        raise subprocess.CalledProcessError(returncode, cmd)
     figures = parse_guidellm(system, json.loads((out / "benchmarks.json").read_text()), time.monotonic() - t0)
     print(f"{system}: {figures}", flush=True)
     return figures

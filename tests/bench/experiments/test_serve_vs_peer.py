@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,7 @@ from bench.experiments.serve_vs_peer import (
     parse_guidellm,
     parse_variant,
     ratios,
+    run_guidellm,
     run_peer,
 )
 
@@ -78,8 +81,7 @@ def test_a_peer_is_stopped_by_the_pid_its_script_prints(tmp_path: Path) -> None:
         assert url.startswith("http://127.0.0.1:") and model == "/models/smol"
         pid = int(pid_file.read_text())
         os.kill(pid, 0)  # running
-    with pytest.raises(ProcessLookupError):
-        os.kill(pid, 0)
+    _assert_gone(pid)
 
 
 def test_a_peer_that_does_not_start_is_an_error_naming_it(tmp_path: Path) -> None:
@@ -92,3 +94,37 @@ def test_a_peer_that_does_not_start_is_an_error_naming_it(tmp_path: Path) -> Non
         run_peer(args, "llama-q4"),
     ):
         pass
+
+
+def test_a_guidellm_run_past_its_bound_is_stopped_with_its_children(tmp_path: Path) -> None:
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    pid_file = tmp_path / "child.pid"
+    (tools / "guidellm.sh").write_text(f"#!/usr/bin/env bash\nsleep 300 &\necho $! > {pid_file}\nwait\n")
+    args = argparse.Namespace(
+        tools=tools,
+        out=tmp_path / "out",
+        model=tmp_path,
+        requests=1,
+        streams=1,
+        prompt_tokens=8,
+        max_tokens=4,
+        run_timeout_s=1.0,
+    )
+    args.out.mkdir()
+    with pytest.raises(subprocess.TimeoutExpired):
+        run_guidellm(args, "slow", "http://127.0.0.1:9", "m", None)
+    _assert_gone(int(pid_file.read_text()))
+
+
+def _assert_gone(pid: int) -> None:
+    """Killed, and reaped by init shortly after (a zombie still answers signal 0)."""
+    for _ in range(100):
+        try:
+            os.kill(pid, 0)
+            if "State:\tZ" in Path(f"/proc/{pid}/status").read_text():
+                return
+        except (ProcessLookupError, FileNotFoundError):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"process {pid} is still running")
