@@ -276,7 +276,8 @@ class ModelFleet:
         if entry.state in (State.READY, State.DRAINING, State.LOADING):
             raise ValueError(f"model version {spec.id} is {entry.state.value}; it cannot be loaded")
         if self.factory is None or self.budget is None:
-            raise ValueError("this server cannot load model versions (no engine factory)")
+            entry.state, entry.failure_reason = State.FAILED, "this server cannot load model versions"
+            return entry
         entry.state, entry.failure_reason = State.LOADING, None
         engine: ManagedEngine | None = None
         try:

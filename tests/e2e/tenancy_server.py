@@ -13,10 +13,13 @@ import httpx
 
 from gateway.bootstrap import build_tenancy
 from gateway.error_tarpit import TarpitLimits
+from gateway.model_fleet import single_engine_fleet
+from gateway.model_rollout import ModelRollout
+from gateway.routes.models_admin import models_admin_routes
 from gateway.routes.prefix_cache import prefix_cache_routes
 from gateway.settings import AuthMode, Settings
 from tests.gateway.fake_engine import FakeEngine, FakePrefixCache
-from tests.gateway.harness import make_app, serve_in_thread, tokenizer
+from tests.gateway.harness import MAX_MODEL_LEN, MODEL, make_app, serve_in_thread, tokenizer
 
 ADMIN_TOKEN = "admin-secret-for-tests"
 ADMIN = {"authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -45,10 +48,22 @@ def serve_everything(data_dir: Path) -> Iterator[FullServer]:
     # engine fails what does not fit, the real one refuses it up front.
     engine = FakeEngine(num_total_blocks=1 << 18)
     control = FakePrefixCache()
-    routes = [*prefix_cache_routes(control, tenancy.admin_auth, tokenizer()), *tenancy.routes]
+    # The model-version routes over a fleet of the fake engine (one that cannot load others: a
+    # load answers 422 with the reason, like a failed one).
+    fleet = single_engine_fleet(
+        MODEL, engine, tokenizer(), max_model_len=MAX_MODEL_LEN, vocab_size=None, fingerprint="fp_test"
+    )
+    assert tenancy.model_versions is not None
+    rollout = ModelRollout(fleet, tenancy.model_versions)
+    routes = [
+        *prefix_cache_routes(control, tenancy.admin_auth, tokenizer()),
+        *models_admin_routes(rollout, tenancy.admin_auth),
+        *tenancy.routes,
+    ]
     app = make_app(
         engine,
         settings,
+        fleet=fleet,
         authenticate=tenancy.authenticate,
         usage_sink=tenancy.usage_sink,
         extra_routes=routes,

@@ -14,9 +14,12 @@ from starlette.testclient import TestClient
 from gateway.api_fields import BoolField, IntField, NumberField, StringField
 from gateway.bootstrap import build_tenancy
 from gateway.errors import BadRequestError
+from gateway.model_fleet import ModelFleet
+from gateway.model_rollout import ModelRollout
 from gateway.openai_fields import GATEWAY_FIELDS, LOGIT_BIAS, MAX_LOGIT_BIAS, SAMPLING_FIELDS
 from gateway.openapi import openapi_schema
 from gateway.protocol import parse_chat_request
+from gateway.routes.models_admin import models_admin_routes
 from gateway.routes.prefix_cache import prefix_cache_routes
 from gateway.settings import AuthMode, Settings
 from tests.e2e.tenancy_server import serve_everything
@@ -125,7 +128,13 @@ def test_every_served_operation_is_documented_and_nothing_else(tmp_path: Path) -
     # The same app, built the same way, to list its routes.
     tenancy = build_tenancy(Settings(data_dir=tmp_path, admin_token="x" * 20, auth=AuthMode.KEYS))
     assert tenancy.admin_auth is not None
-    routes = [*prefix_cache_routes(FakePrefixCache(), tenancy.admin_auth, tokenizer()), *tenancy.routes]
+    assert tenancy.model_versions is not None
+    rollout = ModelRollout(ModelFleet(), tenancy.model_versions)
+    routes = [
+        *prefix_cache_routes(FakePrefixCache(), tenancy.admin_auth, tokenizer()),
+        *models_admin_routes(rollout, tenancy.admin_auth),
+        *tenancy.routes,
+    ]
     app = make_app(FakeEngine(), extra_routes=routes)
     assert _routed(app.routes) == documented
     assert {"bearer", "admin_token"} <= set(doc["components"]["securitySchemes"])
