@@ -13,7 +13,7 @@ state before it (the target is <= 1.5x), the time from the load call to the firs
 v2 (and the load call alone), and the memory of the server process (RSS) around the load and the
 retire, with the retire answer's own figures.
 
-Run: python -m bench.experiments.rollout --out bench-out/rollout [--rate 1] [--steady-s 60]
+Run: python -m bench.experiments.rollout --out bench-out/rollout [--rate 0.25] [--steady-s 170]
 Writes summary.json and summary.md in --out. Bounded: at most --max-requests requests.
 """
 
@@ -36,6 +36,7 @@ from bench.weir_process import ROOT, WeirProcess, rss_bytes, run_weir
 from bench.workloads import RequestKind, WorkloadRequest, load_trace
 
 MODEL = "smollm2"
+_SETTLE_S = 5.0  # the steady state after the switch starts this long after the retire answered
 DEFAULT_TRACE = ROOT.parent / "shared" / "workloads" / "mixed.jsonl"  # ../shared from the repository root
 
 
@@ -169,9 +170,7 @@ def summarize(
     ]
     # After the switch (v2 alone), the same steady traffic again: on a shared machine the load of
     # other processes drifts, so the switch is compared with the steady state on both sides.
-    after = [
-        r.ttft_s for r in ok if r.started_s > marks["switch_end"] + args.warmup_s and r.ttft_s is not None
-    ]
+    after = [r.ttft_s for r in ok if r.started_s > marks["switch_end"] + _SETTLE_S and r.ttft_s is not None]
     steady_s = LatencySummary.of(t * 1000 for t in steady)
     switch_s = LatencySummary.of(t * 1000 for t in switch)
     after_s = LatencySummary.of(t * 1000 for t in after)
@@ -264,8 +263,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=16, help="cap on each request's max_tokens")
     parser.add_argument("--max-requests", type=int, default=600)
     parser.add_argument("--kv-cache-tokens", type=int, default=16384)
-    parser.add_argument("--warmup-s", type=float, default=10.0)
-    parser.add_argument("--steady-s", type=float, default=70.0)
+    # The first minute or two of a fresh CPU server is slow (first-time kernel set-up per shape):
+    # the steady state is measured after it.
+    parser.add_argument("--warmup-s", type=float, default=100.0)
+    parser.add_argument("--steady-s", type=float, default=170.0)
     parser.add_argument("--step-s", type=float, default=30.0)
     parser.add_argument("--tail-s", type=float, default=70.0)
     parser.add_argument("--timeout-s", type=float, default=300.0)
