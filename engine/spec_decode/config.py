@@ -5,10 +5,11 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-# Verify tokens of one step (decodes x (1 + k)) up to which the target's forward still costs about
-# what one decode token costs on this repository's CPU reference machine (bench/experiments/
-# spec_decode_bench.py measures it; docs/benchmarks.md has the figures).
-DEFAULT_MAX_VERIFY_TOKENS = 32
+# Verify tokens of one step (decodes x (1 + k)) up to which verifying stays cheap: measured with
+# bench/experiments/spec_decode.py (crossover) for SmolLM2 on this repository's 2-core CPU, a verify
+# forward costs <= 2x a decode forward up to 2 decodes (1.05x at 1, 1.38x at 2, 2.31x at 4), so
+# 2 x (1 + 4). docs/benchmarks.md has the figures; other machines should measure their own.
+DEFAULT_MAX_VERIFY_TOKENS = 10
 MAX_SPECULATIVE_TOKENS = 16
 
 
