@@ -13,7 +13,7 @@ state before it (the target is <= 1.5x), the time from the load call to the firs
 v2 (and the load call alone), and the memory of the server process (RSS) around the load and the
 retire, with the retire answer's own figures.
 
-Run: python -m bench.experiments.rollout --out bench-out/rollout [--rate 0.25] [--steady-s 170]
+Run: python -m bench.experiments.rollout --out bench-out/rollout [--rate 0.25] [--steady-s 80]
 Writes summary.json and summary.md in --out. Bounded: at most --max-requests requests.
 """
 
@@ -263,12 +263,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=16, help="cap on each request's max_tokens")
     parser.add_argument("--max-requests", type=int, default=600)
     parser.add_argument("--kv-cache-tokens", type=int, default=16384)
-    # The first minute or two of a fresh CPU server is slow (first-time kernel set-up per shape):
-    # the steady state is measured after it.
-    parser.add_argument("--warmup-s", type=float, default=100.0)
-    parser.add_argument("--steady-s", type=float, default=170.0)
-    parser.add_argument("--step-s", type=float, default=30.0)
-    parser.add_argument("--tail-s", type=float, default=70.0)
+    parser.add_argument("--warmup-s", type=float, default=10.0)
+    parser.add_argument("--steady-s", type=float, default=80.0)
+    parser.add_argument("--step-s", type=float, default=25.0)
+    parser.add_argument("--tail-s", type=float, default=50.0)
     parser.add_argument("--timeout-s", type=float, default=300.0)
     args = parser.parse_args(argv)
     if args.model is None:
