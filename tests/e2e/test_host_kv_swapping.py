@@ -15,12 +15,10 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.async_engine import AsyncEngine
 from engine.config import CacheConfig, EngineConfig, PreemptionMode, SchedulerConfig
-from gateway.app import create_app
-from gateway.settings import Settings
+from tests.e2e.real_engine_server import serve_engine
 from tests.engine.tiny_models import make_tiny_model
-from tests.gateway.harness import ADMIN_HEADERS, check_admin_token, serve_in_thread
+from tests.gateway.harness import ADMIN_HEADERS
 
 MODEL = "tiny-llama"
 PROMPTS = [f"The scheduler runs decode tokens first, request {i}, then chunked prefill." for i in range(6)]
@@ -28,31 +26,18 @@ PROMPTS = [f"The scheduler runs decode tokens first, request {i}, then chunked p
 
 @contextmanager
 def _serve(path: Path, num_blocks: int, host_num_blocks: int) -> Iterator[str]:
-    engine = AsyncEngine(
-        EngineConfig(
-            model_path=str(path),
-            cache=CacheConfig(
-                num_blocks=num_blocks,
-                block_size=16,
-                host_num_blocks=host_num_blocks,
-                preemption_mode=PreemptionMode.SWAP,
-            ),
-            scheduler=SchedulerConfig(max_num_batched_tokens=256, max_num_seqs=16, max_model_len=512),
-        )
+    config = EngineConfig(
+        model_path=str(path),
+        cache=CacheConfig(
+            num_blocks=num_blocks,
+            block_size=16,
+            host_num_blocks=host_num_blocks,
+            preemption_mode=PreemptionMode.SWAP,
+        ),
+        scheduler=SchedulerConfig(max_num_batched_tokens=256, max_num_seqs=16, max_model_len=512),
     )
-    app = create_app(
-        Settings(),
-        engine,
-        engine.tokenizer,
-        max_model_len=engine.max_model_len,
-        model_name=MODEL,
-        vocab_size=engine.model_config.vocab_size,
-        on_startup=[engine.start],
-        on_shutdown=[engine.shutdown],
-        metrics_auth=check_admin_token,
-    )
-    with serve_in_thread(app) as url:
-        yield url
+    with serve_engine(config, MODEL) as served:
+        yield served.url
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -17,20 +16,12 @@ import openai
 import pytest
 
 from bench.server_metrics import check_agreement, parse_server_metrics
-from engine.async_engine import AsyncEngine
 from engine.config import CacheConfig, EngineConfig, SchedulerConfig
-from gateway.app import create_app
-from gateway.settings import Settings
+from tests.e2e.real_engine_server import RealServer, serve_engine
 from tests.engine.tiny_models import make_tiny_model
-from tests.gateway.harness import ADMIN_HEADERS, check_admin_token, serve_in_thread, wait_until
+from tests.gateway.harness import ADMIN_HEADERS, wait_until
 
 MODEL = "tiny-llama"
-
-
-@dataclass
-class RealServer:
-    engine: AsyncEngine
-    url: str
 
 
 @pytest.fixture(scope="module")
@@ -38,26 +29,13 @@ def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealServer]:
     path = make_tiny_model(
         tmp_path_factory.mktemp("tiny-e2e"), arch="llama", num_kv_heads=2, max_position_embeddings=512
     )
-    engine = AsyncEngine(
-        EngineConfig(
-            model_path=str(path),
-            cache=CacheConfig(num_blocks=256, block_size=16),
-            scheduler=SchedulerConfig(max_num_batched_tokens=256, max_num_seqs=16, max_model_len=512),
-        )
+    config = EngineConfig(
+        model_path=str(path),
+        cache=CacheConfig(num_blocks=256, block_size=16),
+        scheduler=SchedulerConfig(max_num_batched_tokens=256, max_num_seqs=16, max_model_len=512),
     )
-    app = create_app(
-        Settings(),
-        engine,
-        engine.tokenizer,
-        max_model_len=engine.max_model_len,
-        model_name=MODEL,
-        vocab_size=engine.model_config.vocab_size,
-        on_startup=[engine.start],
-        on_shutdown=[engine.shutdown],
-        metrics_auth=check_admin_token,
-    )
-    with serve_in_thread(app) as url:
-        yield RealServer(engine, url)
+    with serve_engine(config, MODEL) as served:
+        yield served
 
 
 @pytest.fixture

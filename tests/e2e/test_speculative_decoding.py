@@ -13,13 +13,11 @@ import httpx
 import openai
 import pytest
 
-from engine.async_engine import AsyncEngine
 from engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from engine.spec_decode.config import SpeculativeConfig, SpeculativeMethod
-from gateway.app import create_app
-from gateway.settings import Settings
+from tests.e2e.real_engine_server import serve_engine
 from tests.engine.tiny_models import make_tiny_model
-from tests.gateway.harness import ADMIN_HEADERS, check_admin_token, serve_in_thread
+from tests.gateway.harness import ADMIN_HEADERS
 
 MODEL = "tiny-llama"
 # A prompt that repeats itself, so the n-gram drafter finds something to propose.
@@ -32,27 +30,14 @@ class Served:
 
 
 def _serve(path: Path, spec: SpeculativeConfig) -> Iterator[Served]:
-    engine = AsyncEngine(
-        EngineConfig(
-            model_path=str(path),
-            cache=CacheConfig(num_blocks=256, block_size=16),
-            scheduler=SchedulerConfig(max_num_batched_tokens=256, max_num_seqs=16, max_model_len=512),
-            speculative=spec,
-        )
+    config = EngineConfig(
+        model_path=str(path),
+        cache=CacheConfig(num_blocks=256, block_size=16),
+        scheduler=SchedulerConfig(max_num_batched_tokens=256, max_num_seqs=16, max_model_len=512),
+        speculative=spec,
     )
-    app = create_app(
-        Settings(),
-        engine,
-        engine.tokenizer,
-        max_model_len=engine.max_model_len,
-        model_name=MODEL,
-        vocab_size=engine.model_config.vocab_size,
-        on_startup=[engine.start],
-        on_shutdown=[engine.shutdown],
-        metrics_auth=check_admin_token,
-    )
-    with serve_in_thread(app) as url:
-        yield Served(url)
+    with serve_engine(config, MODEL) as served:
+        yield Served(served.url)
 
 
 @pytest.fixture(scope="module")
