@@ -13,7 +13,8 @@ from collections.abc import Sequence
 from bench import cli as bench_cli
 from bench.offline import add_arguments as add_offline_arguments
 from engine import cli_generate
-from gateway.settings import Settings, add_serve_arguments
+from gateway.serve_flags import add_serve_arguments
+from gateway.settings import Settings
 from tenancy import cli as tenancy_cli
 
 

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.settings import AuthMode, LogLevel, OtelExporter, Settings, add_serve_arguments
+from gateway.serve_flags import add_serve_arguments
+from gateway.settings import AuthMode, LogLevel, OtelExporter, Settings
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
