@@ -20,6 +20,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
+from engine.block_hash import SHARED_SCOPE
+
 
 @dataclass(eq=False)
 class Block:
@@ -229,6 +231,14 @@ class BlockPool:
         """Free (evictable) cached blocks of `scope`."""
         od = self._scope_free.get(scope)
         return len(od) if od else 0
+
+    def room_in_scope(self, scope: str, cap: int) -> bool:
+        """Whether one more block may be cached under `scope` with at most `cap` cached blocks per
+        scope (the shared scope, admin-registered prefixes only, has no cap). At the cap the scope
+        gives up its own least recently freed block (O(1)); False if it has none free."""
+        if scope == SHARED_SCOPE or self.num_cached_blocks(scope) < cap:
+            return True
+        return self.evict_lru_of_scope(scope)
 
     def evict_lru_of_scope(self, scope: str) -> bool:
         """Evict the least recently freed cached block of `scope` in O(1); False if it has none.

@@ -26,7 +26,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from engine.block_hash import SHARED_SCOPE
 from engine.block_pool import Block, BlockPool
 from engine.config import PreemptionMode
 from engine.kv_swap import KVTransfers
@@ -138,10 +137,7 @@ class HostKVTier:
     def _new_cached_block(self, block_hash: bytes, scope: str) -> Block | None:
         """A referenced host block cached under `block_hash` (None if the scope's cap or the pool forbids)."""
         pool = self.pool
-        if scope != SHARED_SCOPE and pool.num_cached_blocks(scope) >= self.max_cached_blocks_per_scope:
-            if not pool.evict_lru_of_scope(scope):
-                return None
-        if pool.num_free_blocks == 0:
+        if not pool.room_in_scope(scope, self.max_cached_blocks_per_scope) or pool.num_free_blocks == 0:
             return None
         (hb,) = pool.allocate(1)
         pool.cache(hb, block_hash, scope)

@@ -280,11 +280,8 @@ class KVCacheManager:
 
     def _cache_block(self, block: Block, block_hash: bytes, scope: str) -> None:
         """Register a device block in the prefix cache, within its scope's cap (else leave it uncached)."""
-        pool = self.pool
-        if scope != SHARED_SCOPE and pool.num_cached_blocks(scope) >= self.max_cached_blocks_per_scope:
-            if not pool.evict_lru_of_scope(scope):
-                return  # the scope's whole share is in use: leave this block uncached
-        pool.cache(block, block_hash, scope)
+        if self.pool.room_in_scope(scope, self.max_cached_blocks_per_scope):
+            self.pool.cache(block, block_hash, scope)  # else the scope's whole share is in use
 
     def mark_inflight(self, req: Request) -> None:
         """Record the full prompt blocks `req` will compute, unless another request already is."""

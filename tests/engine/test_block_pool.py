@@ -7,6 +7,7 @@ import pytest
 from hypothesis import settings
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, rule
 
+from engine.block_hash import SHARED_SCOPE
 from engine.block_pool import Block, BlockPool, FreeBlockQueue
 
 
@@ -80,6 +81,19 @@ def test_scope_lru_eviction_is_its_own_oldest_block_and_moves_it_to_the_head() -
     assert pool.evictions_by_scope == {"x": 1} and pool.num_cached_blocks("x") == 2
     assert pool.allocate(1)[0] is blocks[0]  # the evicted block is reused first
     assert not pool.evict_lru_of_scope("z")
+
+
+def test_room_in_scope_evicts_the_scopes_own_oldest_block_at_its_cap() -> None:
+    pool = BlockPool(6)
+    a, b, c = pool.allocate(3)
+    pool.cache(a, b"a", "x")
+    pool.cache(b, b"b", "x")
+    assert pool.room_in_scope("x", cap=3) and pool.num_evictions == 0  # under the cap
+    assert not pool.room_in_scope("x", cap=2)  # at the cap, every block in use
+    pool.free([a])
+    assert pool.room_in_scope("x", cap=2) and pool.lookup(b"a") is None  # its own LRU block went
+    pool.cache(c, b"c", SHARED_SCOPE)
+    assert pool.room_in_scope(SHARED_SCOPE, cap=1)  # the shared scope has no cap
 
 
 def test_pinned_blocks_are_never_evicted_until_unpinned() -> None:
