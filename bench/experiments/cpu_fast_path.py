@@ -29,10 +29,11 @@ import torch
 import torch.nn.functional as F
 
 from bench.decode_bench import BLOCK_SIZE, _cdiv
+from engine.attention import TorchAttentionBackend
 from engine.client import EngineRequest
 from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from engine.llm_engine import LLMEngine, build_engine
-from engine.loader import load_model_config
+from engine.loader import load_model, load_model_config
 from engine.models.packed_linear import PackedLinear
 from engine.request import SamplingParams
 
@@ -94,7 +95,11 @@ def measure_linear(
 
 
 class WeightReader:
-    """Reads every floating-point parameter of a model once per call (`sum`, bandwidth-bound on CPU)."""
+    """Reads every floating-point parameter of a model once per call (`sum`, bandwidth-bound on CPU).
+
+    Give it a plain (unpacked) model: a packed model's linear weights are opaque oneDNN tensors,
+    not parameters, so its parameters are only a small part of its weights.
+    """
 
     def __init__(self, net: torch.nn.Module):
         self.params = [p for p in net.parameters() if p.is_floating_point()]
@@ -104,6 +109,12 @@ class WeightReader:
         with torch.inference_mode():
             for p in self.params:
                 p.sum()
+
+
+def plain_weight_reader(model: Path, dtype: str) -> WeightReader:
+    """A WeightReader of every weight of the model folder, loaded once more in the plain layout."""
+    net, _ = load_model(model, getattr(torch, dtype), torch.device("cpu"), TorchAttentionBackend())
+    return WeightReader(net)
 
 
 def build_cpu_engine(

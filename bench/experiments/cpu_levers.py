@@ -9,7 +9,8 @@ and off in the same process, so all variants share the machine's state:
   per layer, grouped queries without repeating K/V), 2 threads;
 - `unfused_1thread`, `fused_1thread`: the same with `torch.set_num_threads(1)`: the engine
   thread alone on one core, leaving the other to the event loop, tokenizers and other processes;
-- `weight_read`: one read of every weight (a `sum` per tensor), the floor of a decode step.
+- `weight_read`: one read of every weight (a `sum` per tensor, over a plain copy of the model as
+  in `cpu_fast_path`), the floor of a decode step.
 
 Each repetition times `--steps` decode steps of every variant in an order that alternates
 (forwards, then backwards), `--reps` times; medians and minima are reported, with ratios to
@@ -34,6 +35,7 @@ from bench.experiments.cpu_fast_path import (
     _time_call,
     _time_steps,
     build_cpu_engine,
+    plain_weight_reader,
 )
 from engine.attention import TorchAttentionBackend
 from engine.llm_engine import LLMEngine
@@ -114,7 +116,7 @@ def measure(
 def run(args: argparse.Namespace) -> dict[str, Any]:
     max_len = args.context_len + 6 * args.reps * args.steps + 64
     engine = build_cpu_engine(args.model, args.dtype, True, max(args.batches), max_len)
-    read_weights = WeightReader(engine.runner.model)
+    read_weights = plain_weight_reader(args.model, args.dtype)  # the packed engine's are not parameters
     threads = args.threads or torch.get_num_threads()
     rows = [
         measure(engine, read_weights, b, args.context_len, args.steps, args.reps, threads)

@@ -31,3 +31,17 @@ def test_one_run_times_every_variant_and_restores_the_threads(tmp_path: Path) ->
         for name in ("unfused", "fused", "unfused_1thread", "fused_1thread", "weight_read"):
             assert row[f"{name}_ms"] > 0 and row[f"{name}_min_ms"] <= row[f"{name}_ms"]
         assert row["unfused_over_fused"] == pytest.approx(row["unfused_ms"] / row["fused_ms"], abs=0.01)
+
+
+def test_the_weight_read_covers_every_weight_not_only_the_unpacked_parameters(tmp_path: Path) -> None:
+    from safetensors import safe_open
+
+    path = make_tiny_model(tmp_path / "model", "llama", num_kv_heads=2)
+    out = tmp_path / "levers.json"
+    argv = ["--model", str(path), "--batches", "1", "--context-len", "8", "--steps", "1", "--reps", "1"]
+    assert main([*argv, "--out", str(out)]) == 0
+    stored = 0
+    for file in path.glob("*.safetensors"):
+        with safe_open(str(file), "pt") as f:
+            stored += sum(f.get_tensor(k).numel() * f.get_tensor(k).element_size() for k in f.keys())
+    assert json.loads(out.read_text())["weight_bytes"] == stored
