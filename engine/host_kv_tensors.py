@@ -91,14 +91,12 @@ class HostKVCopier:
         self.finish_pending()
         if not pairs:
             return
-        host_ids = torch.tensor([h for _, h in pairs], dtype=torch.int64)  # [n]
+        dev_ids, host_ids = _block_ids(pairs)
         if self._stream is None:
-            dev_ids = torch.tensor([d for d, _ in pairs], dtype=torch.int64)  # [n]
-            for dev, host in zip(self.device_caches, self.host_caches, strict=True):
-                host.index_copy_(1, host_ids, dev.index_select(1, dev_ids))
+            _copy_blocks(self.device_caches, dev_ids, self.host_caches, host_ids)
             return
         compute = torch.cuda.current_stream(self.device)
-        dev_ids = torch.tensor([d for d, _ in pairs], dtype=torch.int64, device=self.device)  # [n]
+        dev_ids = dev_ids.to(self.device)
         self._stream.wait_stream(compute)  # the blocks hold what the last step wrote
         gathered = torch.cuda.Event()
         done = torch.cuda.Event()
@@ -121,14 +119,12 @@ class HostKVCopier:
             return
         if any(h in self._pending_ids for h, _ in pairs):
             self.finish_pending()  # a block swapped out earlier in this step is read back now
-        host_ids = torch.tensor([h for h, _ in pairs], dtype=torch.int64)  # [n]
+        host_ids, dev_ids = _block_ids(pairs)
         if self._stream is None:
-            dev_ids = torch.tensor([d for _, d in pairs], dtype=torch.int64)  # [n]
-            for dev, host in zip(self.device_caches, self.host_caches, strict=True):
-                dev.index_copy_(1, dev_ids, host.index_select(1, host_ids))
+            _copy_blocks(self.host_caches, host_ids, self.device_caches, dev_ids)
             return
         compute = torch.cuda.current_stream(self.device)
-        dev_ids = torch.tensor([d for _, d in pairs], dtype=torch.int64, device=self.device)  # [n]
+        dev_ids = dev_ids.to(self.device)
         self._stream.wait_stream(compute)  # after this step's copy-on-write copies
         with torch.cuda.stream(self._stream):
             for dev, host in zip(self.device_caches, self.host_caches, strict=True):
@@ -145,6 +141,20 @@ class HostKVCopier:
         if self._stream is not None:
             self._stream.synchronize()
         self.finish_pending()
+
+
+def _block_ids(pairs: tuple[tuple[int, int], ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (source, destination) block ids of `pairs`, as two int64 CPU tensors [n]."""
+    ids = torch.tensor(pairs, dtype=torch.int64)  # [n, 2]
+    return ids[:, 0].contiguous(), ids[:, 1].contiguous()
+
+
+def _copy_blocks(
+    src: list[torch.Tensor], src_ids: torch.Tensor, dst: list[torch.Tensor], dst_ids: torch.Tensor
+) -> None:
+    """Synchronous copy of blocks `src_ids` of each layer's `src` cache into blocks `dst_ids` of `dst`."""
+    for s, d in zip(src, dst, strict=True):
+        d.index_copy_(1, dst_ids, s.index_select(1, src_ids))
 
 
 def measure_copy_bandwidth(copier: HostKVCopier, num_blocks: int = 8, repeats: int = 3) -> float:
