@@ -329,10 +329,13 @@ class ModelFleet:
         return entry
 
     async def wait_drained(self, vid: str, timeout_s: float | None = None) -> bool:
-        """Wait until no request is in flight on `vid`; False on timeout."""
+        """Wait until no request is in flight on draining `vid`; False on timeout, or as soon as
+        it is no longer draining (a rollback made it ready again: its requests need not end)."""
         entry = self._need(vid)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while entry.in_flight > 0:
+            if entry.state is not State.DRAINING:
+                return False
             if deadline is not None and time.monotonic() >= deadline:
                 return False
             await asyncio.sleep(_RETIRE_POLL_S)
@@ -341,9 +344,8 @@ class ModelFleet:
     async def retire(self, vid: str) -> RetireResult:
         """After its drain completes: flush its cached blocks, stop its engine, free its memory."""
         entry = self._need(vid)
-        if entry.state is not State.DRAINING:
+        if entry.state is not State.DRAINING or not await self.wait_drained(vid):
             raise ValueError(f"model version {vid} is {entry.state.value}; drain it before retiring it")
-        await self.wait_drained(vid)
         before = self._probe()
         engine, entry.engine, entry.prompts, entry.served = entry.engine, None, None, None
         entry.tokenizer = None

@@ -137,15 +137,17 @@ class ModelRollout:
             return self.status(record)
 
     async def retire(self, name: str, version: str, actor: str) -> VersionStatus:
-        """After its drain completes: unload it, flush its cached blocks, free its memory."""
+        """After its drain completes: unload it, flush its cached blocks, free its memory.
+
+        The wait for its requests in flight (a stream may run for minutes, or a client may stop
+        reading) holds no lock: every other admin change, a rollback above all, goes on meanwhile.
+        The retire itself then checks the state again under the lock.
+        """
+        record = _draining(await asyncio.to_thread(self.repo.get, name, version))
+        if self.fleet.get(record.id) is not None:
+            await self.fleet.wait_drained(record.id)  # returns early if a rollback undrains it
         async with self._lock:
-            record = await asyncio.to_thread(self.repo.get, name, version)
-            if record.state is not State.DRAINING:
-                raise ConflictError(
-                    f"model {name!r} version {version!r} is {record.state.value}; drain it before retiring it",
-                    param="state",
-                    code="invalid_model_transition",
-                )
+            record = _draining(await asyncio.to_thread(self.repo.get, name, version))
             entry = self.fleet.get(record.id)
             result = None
             if entry is not None and entry.state is State.DRAINING:
@@ -213,3 +215,15 @@ class ModelRollout:
         self, record: ModelVersionView, state: ModelVersionState, reason: str | None, actor: str
     ) -> ModelVersionView:
         return self.repo.set_state(record.name, record.version, state, reason=reason, actor=actor)
+
+
+def _draining(record: ModelVersionView) -> ModelVersionView:
+    """`record`, if it may be retired (409 otherwise)."""
+    if record.state is not State.DRAINING:
+        raise ConflictError(
+            f"model {record.name!r} version {record.version!r} is {record.state.value}; "
+            "drain it before retiring it",
+            param="state",
+            code="invalid_model_transition",
+        )
+    return record
