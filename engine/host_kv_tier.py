@@ -3,7 +3,7 @@
 The host pool is a `BlockPool` of its own (same block layout as the device pool; its block 0 is
 unused like the device's null block) that shares the device pool's pin counts. It holds:
 
-- **Swapped requests.** `swap_out` copies a preempted request's computed blocks to host blocks
+- **Swapped requests.** `preempt` copies a preempted request's computed blocks to host blocks
   and keeps them, one reference each, in a `SwappedKV` record until `swap_in` copies them back
   (or the request ends: `drop`). A block the host tier already caches under the same hash is
   referenced, not copied again; a cached block copied now is cached on the host as well.
@@ -153,48 +153,42 @@ class HostKVTier:
         num_computed_tokens: int,
         num_cached: int,
     ) -> PreemptionMode:
-        """Swap a victim's computed `blocks` out (see `swap_out`) if the cost model prefers it and
+        """Swap a victim's computed `blocks` out (see `_swap_out`) if the cost model prefers it and
         the host has room; the caller frees the device blocks either way. Never for a request
         whose blocks this step's host -> device copies fill: those copies run after the swap-out's."""
+        # The host block already caching each block's hash (referenced, not copied again), or None.
+        reused = [self.pool.lookup(b.block_hash) if b.block_hash is not None else None for b in blocks]
+        num_out = sum(1 for hb in reused if hb is None)
+        num_revived = sum(1 for hb in reused if hb is not None and hb.ref_cnt == 0 and not hb.pinned)
         num_leading = next((i for i, b in enumerate(blocks) if b.block_hash is None), len(blocks))
         costs = PreemptionCosts(
-            num_blocks_out=sum(
-                1 for b in blocks if b.block_hash is None or b.block_hash not in self.pool.cached
-            ),
+            num_blocks_out=num_out,
             num_blocks_in=sum(1 for b in blocks if b.block_hash is None),
             num_recompute_tokens=max(0, num_computed_tokens - num_leading * self.block_size),
         )
-        may_swap = not self.filled_this_step(request_id) and self.can_swap_out(blocks)
+        # The host pool must have room; never for a request this step's swap-ins fill (see above).
+        may_swap = (
+            not self.filled_this_step(request_id) and num_out + num_revived <= self.pool.num_free_blocks
+        )
         mode = self.swap_policy.choose(costs, may_swap).mode
         if mode is PreemptionMode.SWAP:
-            self.swap_out(request_id, blocks, source_ids, num_computed_tokens, num_cached)
+            self._swap_out(request_id, blocks, reused, source_ids, num_computed_tokens, num_cached)
         return mode
 
-    def can_swap_out(self, blocks: list[Block]) -> bool:
-        """Whether the host pool can take these device blocks now."""
-        need = 0
-        revived = 0
-        for b in blocks:
-            hb = self.pool.lookup(b.block_hash) if b.block_hash is not None else None
-            if hb is None:
-                need += 1
-            elif hb.ref_cnt == 0 and not hb.pinned:
-                revived += 1
-        return need + revived <= self.pool.num_free_blocks
-
-    def swap_out(
+    def _swap_out(
         self,
         request_id: str,
         blocks: list[Block],
+        reused: list[Block | None],
         source_ids: list[int],
         num_computed_tokens: int,
         num_cached: int,
     ) -> None:
         """Keep `blocks` (a request's computed blocks; `source_ids[i]`: the device block holding
-        `blocks[i]`'s content now) on the host; the caller checked `can_swap_out` and frees them."""
+        `blocks[i]`'s content now; `reused[i]`: the host block caching its hash, if any) on the
+        host; `preempt` checked the room, and the caller frees the device blocks."""
         if request_id in self.records:
             raise ValueError(f"request {request_id!r} is already swapped out")
-        reused = [self.pool.lookup(b.block_hash) if b.block_hash is not None else None for b in blocks]
         self.pool.touch([hb for hb in reused if hb is not None])
         host_blocks: list[Block] = []
         for block, src, hb in zip(blocks, source_ids, reused, strict=True):
