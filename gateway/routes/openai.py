@@ -179,7 +179,7 @@ class OpenAIRoutes:
                 settle, requests = admitted.settle, admitted.requests
             else:
                 settle = admitted
-        except Exception as exc:
+        except BaseException as exc:  # cancelled too (e.g. waiting in admission): the lease goes back
             if lease is not None:
                 lease.release()
             span.end(str(exc))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import httpx
@@ -230,3 +231,30 @@ def test_the_cache_scope_comes_from_the_key_never_the_body(quota_server: Any) ->
     r = client.post("/v1/completions", json=body, headers={"Authorization": "Bearer short"})
     assert r.status_code == 200, r.text
     assert engine.requests[-1].cache_scope == "acme-scope" and engine.requests[-1].tenant_id == "acme"
+
+
+def test_a_request_cancelled_in_admission_gives_its_model_version_back() -> None:
+    # A request holds its version from routing on (a retire waits for it): cancelled while it
+    # waited in admission (a server shutting down, a disconnect some servers cancel on), it must
+    # not hold the version for ever.
+    entered = asyncio.Event()
+
+    async def waiting_admission(tenant: TenantContext, requests: Any) -> Any:
+        entered.set()
+        await asyncio.Event().wait()
+
+    app = make_app(FakeEngine(), admission=waiting_admission)
+    version = app.state.fleet.versions()[0]
+
+    async def scenario() -> None:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            call = asyncio.create_task(client.post("/v1/chat/completions", json=CHAT))
+            await asyncio.wait_for(entered.wait(), 5)
+            assert version.in_flight == 1
+            call.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await call
+        assert version.in_flight == 0
+
+    asyncio.run(scenario())
