@@ -11,6 +11,9 @@ tokens it has not seen (the whole prompt the first time, then the last sampled t
 accepted drafts it did not write itself), then one token per further draft, batched over the
 requests still drafting. After a preemption, or when the blocks it wrote through changed (a swap
 to the host tier and back, a copy-on-write), it starts again from 0.
+The first forward of a step feeds at most `max_feed_tokens` tokens over all requests (the
+scheduler's chunk): a request further behind (a long prompt) is fed a chunk without drafting and
+drafts once caught up, so one long prompt never stalls a step the scheduler sized.
 Draft KV that went stale in a shared or copied block can only lower the acceptance rate: the
 target verifies every token, so the output never depends on the draft's correctness.
 
@@ -63,10 +66,19 @@ class DraftModelDrafter:
     request's sampling generator, so a seeded request's drafts are reproducible too.
     """
 
-    def __init__(self, draft: ModelRunner, target: ModelRunner, sampler: Sampler | None = None) -> None:
+    def __init__(
+        self,
+        draft: ModelRunner,
+        target: ModelRunner,
+        sampler: Sampler | None = None,
+        max_feed_tokens: int = 2048,
+    ) -> None:
+        if max_feed_tokens < 1:
+            raise ValueError(f"max_feed_tokens must be >= 1, got {max_feed_tokens}")
         self.draft = draft
         self.target = target
         self.sampler = sampler or target.sampler
+        self.max_feed_tokens = max_feed_tokens
         self._kv: dict[str, _DraftKV] = {}
 
     def forget_all(self) -> None:
@@ -98,11 +110,20 @@ class DraftModelDrafter:
         rows: list[_Row] = []
         inputs: list[list[int]] = []
         steps: list[ScheduledRequest] = []
+        catch_up: list[tuple[Request, ScheduledRequest]] = []  # fed only: too far behind to draft
+        left = self.max_feed_tokens
         for s in out.scheduled:
             req = requests.get(s.request_id)
             if req is None or s.num_spec_slots == 0:
                 continue
             start = self._num_valid(req, s.block_ids)
+            behind = req.num_tokens - start
+            if behind > left:
+                if left:
+                    catch_up.append((req, ScheduledRequest(s.request_id, left, start, s.block_ids, False)))
+                    left = 0
+                continue
+            left -= behind
             context = SamplingContext(
                 req.sampling_params,
                 req.prompt_token_ids,
@@ -111,10 +132,16 @@ class DraftModelDrafter:
             )
             rows.append(_Row(req, s, s.num_spec_slots, context, [], []))
             inputs.append(req.all_token_ids[start:])
-            steps.append(ScheduledRequest(s.request_id, req.num_tokens - start, start, s.block_ids, True))
+            steps.append(ScheduledRequest(s.request_id, behind, start, s.block_ids, True))
+        for req, c in catch_up:
+            steps.append(c)
+            inputs.append(req.all_token_ids[c.num_computed_tokens : c.num_computed_tokens + c.num_tokens])
+        self._forward(rows, steps, inputs)
+        for req, c in catch_up:
+            end = c.num_computed_tokens + c.num_tokens
+            self._kv[req.request_id] = _DraftKV(req.num_preemptions, end, end, (), c.block_ids)
         if not rows:
             return {}
-        self._forward(rows, steps, inputs)
         for _ in range(max(r.num_wanted for r in rows) - 1):
             live = [r for r in rows if len(r.tokens) < r.num_wanted]
             steps = [
@@ -145,10 +172,15 @@ class DraftModelDrafter:
     def _forward(
         self, rows: Sequence[_Row], steps: Sequence[ScheduledRequest], inputs: Sequence[Sequence[int]]
     ) -> None:
-        """One draft forward over `rows`: each gets its next draft token (and its q row)."""
+        """One draft forward over `steps` (those of `rows` first, then any that only feed KV): each
+        row gets its next draft token (and its q row)."""
+        if not steps:
+            return
         runner = self.draft
         input_ids, positions, metadata, sample_rows = runner.prepare(steps, inputs)
         hidden = runner.model(input_ids, positions, runner.kv_caches, metadata)  # [num_tokens, hidden]
+        if not rows:
+            return
         index = torch.tensor(sample_rows, dtype=torch.int64, device=runner.device)
         logits = runner.model.compute_logits(hidden.index_select(0, index)).float()  # type: ignore[operator]  # [rows, vocab]
         contexts = [

@@ -72,4 +72,5 @@ def build_drafter(
     kv_dtype = getattr(torch, config.cache.kv_dtype)
     kv_caches = allocate_kv_caches(draft_config, num_blocks, config.cache.block_size, kv_dtype, device)
     draft = ModelRunner(model, kv_caches, config.cache.block_size, device)
-    return DraftModelDrafter(draft, target)
+    chunk = config.scheduler.long_prefill_threshold or config.scheduler.max_num_batched_tokens
+    return DraftModelDrafter(draft, target, max_feed_tokens=chunk)

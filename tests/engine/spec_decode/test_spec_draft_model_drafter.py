@@ -4,12 +4,16 @@ batch mixes; sampled requests are reproducible with a seed; an incompatible draf
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from engine.output import ScheduledRequest
 from engine.request import SamplingParams
 from engine.spec_decode.config import SpeculativeConfig, SpeculativeMethod
+from engine.spec_decode.draft_model_drafter import DraftModelDrafter
 from engine.spec_decode.factory import DraftModelMismatchError
 from tests.engine.test_spec_decode_engine import GREEDY, OFF, copy_prompts, engine_for, run, tokens
 from tests.engine.tiny_models import make_tiny_model
@@ -76,3 +80,24 @@ def test_a_draft_with_a_shorter_context_is_refused(target: Path, tmp_path: Path)
     short = make_tiny_model(tmp_path / "short", max_position_embeddings=128)
     with pytest.raises(DraftModelMismatchError, match="context of 128 tokens"):
         engine_for(target, draft_config(short))
+
+
+def test_a_long_prompt_catches_the_draft_up_in_chunks(target: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The draft's first forward of a step feeds at most the scheduler's chunk: a long prompt's draft
+    KV is filled over several steps, not in one forward that stalls everyone's step."""
+    prompts = [copy_prompts(1, seed=4)[0] + list(range(3, 200)), copy_prompts(2, seed=5)[1]]
+    plain = tokens(run(engine_for(target, OFF, budget=16), prompts, GREEDY, arrive_every=4))
+    engine = engine_for(target, draft_config(target), budget=16)
+    drafter = engine.drafter
+    assert isinstance(drafter, DraftModelDrafter)
+    prepare = drafter.draft.prepare
+    fed: list[int] = []
+
+    def recording(steps: Sequence[ScheduledRequest], inputs: Sequence[Sequence[int]]) -> Any:
+        fed.append(sum(s.num_tokens for s in steps))
+        return prepare(steps, inputs)
+
+    monkeypatch.setattr(drafter.draft, "prepare", recording)
+    assert tokens(run(engine, prompts, GREEDY, arrive_every=4)) == plain
+    assert engine.stats().num_spec_draft_tokens_total > 0
+    assert max(fed) <= 16
