@@ -15,18 +15,17 @@ from __future__ import annotations
 import hypothesis.strategies as st
 import pytest
 from hypothesis import settings
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import invariant, precondition, rule
 
 from engine.block_hash import SHARED_SCOPE, CacheKeyRoot
 from engine.block_pool import BlockPool
 from engine.config import PreemptionMode
 from engine.host_kv_tier import HostKVTier
 from engine.kv_cache_manager import KVCacheManager
-from engine.request import Request, SamplingParams
+from engine.request import Request
 from engine.swap_policy import SwapPolicy
-
-BS = 2
-SCOPES = ("a", "b")
+from tests.engine.kv_machine import BS, SCOPES, KVMachineBase, assert_ref_counts
+from tests.engine.kv_machine import make_request as _req
 
 
 def _kv(num_blocks: int = 33, host: int = 16, share: float = 1.0, mode: PreemptionMode = PreemptionMode.SWAP):
@@ -39,10 +38,6 @@ def _kv(num_blocks: int = 33, host: int = 16, share: float = 1.0, mode: Preempti
         host_num_blocks=host,
         swap_policy=SwapPolicy(block_bytes=1, mode=mode),
     )
-
-
-def _req(rid: str, prompt: list[int], scope: str = "a") -> Request:
-    return Request(rid, list(prompt), SamplingParams(max_tokens=64), tenant_id=scope, cache_scope=scope)
 
 
 def _run(kv: KVCacheManager, req: Request) -> None:
@@ -154,7 +149,7 @@ tokens = st.lists(st.integers(1, 2), min_size=1, max_size=9)
 MODES = (PreemptionMode.SWAP, PreemptionMode.RECOMPUTE, PreemptionMode.AUTO)
 
 
-class TwoTierMachine(RuleBasedStateMachine):
+class TwoTierMachine(KVMachineBase):
     """Random request lifecycles over a 9-block device pool and an 8-block host pool."""
 
     def __init__(self) -> None:
@@ -173,10 +168,6 @@ class TwoTierMachine(RuleBasedStateMachine):
     def tier(self) -> HostKVTier:
         assert self.kv.host is not None
         return self.kv.host
-
-    def _new_id(self) -> str:
-        self.next_id += 1
-        return f"r{self.next_id}"
 
     # -- the step boundary: the runner's copies, then the content checks --------------------------
 
@@ -209,12 +200,6 @@ class TwoTierMachine(RuleBasedStateMachine):
                 if h in self.expected:
                     assert content[block.block_id] == self.expected[h], "a cached block holds other tokens"
 
-    def _record_cached(self, req: Request) -> None:
-        for i, block in enumerate(self.kv.blocks(req.request_id)):
-            h = block.block_hash
-            if h is not None and h not in self.expected and (i + 1) * BS <= req.num_computed_tokens:
-                self.expected[h] = [req.token_at(p) for p in range(i * BS, (i + 1) * BS)]
-
     def _admit(self, req: Request) -> bool:
         computed, num_hit = self.kv.get_computed_blocks(req)
         if not self.kv.allocate_slots(req, req.num_tokens, computed):
@@ -222,9 +207,6 @@ class TwoTierMachine(RuleBasedStateMachine):
         req.num_computed_tokens = num_hit
         self.live[req.request_id] = req
         return True
-
-    def _pick(self, data: st.DataObject, group: dict[str, Request]) -> Request:
-        return group[data.draw(st.sampled_from(sorted(group)))]
 
     # -- rules --------------------------------------------------------------------------------------
 
@@ -253,23 +235,6 @@ class TwoTierMachine(RuleBasedStateMachine):
         req.num_computed_tokens += num_new
         self.kv.cache_full_blocks(req)
         self._record_cached(req)
-
-    @precondition(lambda self: self.live)
-    @rule(data=st.data(), extra=st.lists(st.integers(1, 3), max_size=3))
-    def fork(self, data: st.DataObject, extra: list[int]) -> None:
-        parent = self._pick(data, self.live)
-        if parent.num_computed_tokens == 0:
-            return
-        cut = data.draw(st.integers(1, parent.num_computed_tokens))
-        prefix = parent.all_token_ids[:cut]
-        child = _req(self._new_id(), prefix + extra, parent.cache_scope)
-        child.num_computed_tokens = min(cut, child.num_tokens)
-        if child.num_computed_tokens == child.num_tokens:
-            child.num_computed_tokens -= 1
-            if child.num_computed_tokens == 0:
-                return
-        self.kv.fork(parent, child)
-        self.live[child.request_id] = child
 
     @precondition(lambda self: self.live)
     @rule(data=st.data(), mode=st.sampled_from(MODES))
@@ -366,51 +331,22 @@ class TwoTierMachine(RuleBasedStateMachine):
     def flush(self, scope: str | None, pinned: bool) -> None:
         self.kv.flush({scope} if scope is not None else None, include_pinned=pinned)
 
-    @rule(prompt=st.lists(st.integers(1, 3), min_size=BS, max_size=3 * BS), pin=st.booleans())
-    def register(self, prompt: list[int], pin: bool) -> None:
-        try:
-            self.kv.shared_prefixes.register(prompt, pin=pin)
-        except ValueError:
-            pass  # pin capacity
-
-    @precondition(lambda self: len(self.kv.shared_prefixes))
-    @rule(data=st.data(), action=st.sampled_from(("pin", "unpin", "unregister")))
-    def change_prefix(self, data: st.DataObject, action: str) -> None:
-        prefix = data.draw(st.sampled_from(self.kv.shared_prefixes.prefixes()))
-        try:
-            getattr(self.kv.shared_prefixes, action)(prefix.prefix_id)
-        except ValueError:
-            pass
-
     # -- invariants ---------------------------------------------------------------------------------
 
     @invariant()
     def device_ref_counts_match_tables(self) -> None:
-        refs: dict[int, int] = {}
-        for rid in self.live:
-            for block in self.kv.blocks(rid):
-                refs[block.block_id] = refs.get(block.block_id, 0) + 1
+        assert_ref_counts(self.kv.pool, (block for rid in self.live for block in self.kv.blocks(rid)))
         for rid in (*self.swapped, *self.preempted):
             assert self.kv.blocks(rid) == []
-        pool = self.kv.pool
-        for block in pool.blocks[1:]:
-            assert block.ref_cnt == refs.get(block.block_id, 0)
-            assert pool.free_queue.contains(block) == (block.ref_cnt == 0 and not block.pinned)
 
     @invariant()
     def host_ref_counts_match_records_and_the_step(self) -> None:
         tier = self.tier
         assert set(tier.records) == set(self.swapped)
-        refs: dict[int, int] = {}
-        for record in tier.records.values():
-            for block in record.host_blocks:
-                refs[block.block_id] = refs.get(block.block_id, 0) + 1
-        for block in tier._plan.held:
-            refs[block.block_id] = refs.get(block.block_id, 0) + 1
         pool = tier.pool
-        for block in pool.blocks[1:]:
-            assert block.ref_cnt == refs.get(block.block_id, 0)
-            assert pool.free_queue.contains(block) == (block.ref_cnt == 0 and not block.pinned)
+        assert_ref_counts(
+            pool, [*(b for r in tier.records.values() for b in r.host_blocks), *tier._plan.held]
+        )
         assert pool.num_free_blocks == sum(1 for b in pool.blocks[1:] if b.ref_cnt == 0 and not b.pinned)
 
     @invariant()

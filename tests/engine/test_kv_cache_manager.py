@@ -12,14 +12,12 @@ from __future__ import annotations
 import hypothesis.strategies as st
 import pytest
 from hypothesis import settings
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import invariant, precondition, rule
 
 from engine.block_hash import SHARED_SCOPE, CacheKeyRoot
 from engine.kv_cache_manager import KVCacheManager
 from engine.request import Request, SamplingParams
-
-BS = 2
-SCOPES = ("a", "b")
+from tests.engine.kv_machine import BS, SCOPES, KVMachineBase, assert_ref_counts
 
 
 def _root(
@@ -195,7 +193,7 @@ def test_fork_shares_blocks_and_copies_the_partial_block_on_write() -> None:
 tokens = st.lists(st.integers(1, 3), min_size=1, max_size=9)
 
 
-class KVMachine(RuleBasedStateMachine):
+class KVMachine(KVMachineBase):
     """Random request lifecycles over a 12-block pool with caps, shared prefixes and forks."""
 
     def __init__(self) -> None:
@@ -210,21 +208,11 @@ class KVMachine(RuleBasedStateMachine):
 
     # -- helpers ----------------------------------------------------------------------------------
 
-    def _new_id(self) -> str:
-        self.next_id += 1
-        return f"r{self.next_id}"
-
     def _check_hits(self, req: Request, num_hit: int) -> None:
         for p in range(num_hit):
             block = self.kv.blocks(req.request_id)[p // BS]
             assert block.cache_scope in (req.cache_scope, SHARED_SCOPE)
             assert self.content[block.block_id][p % BS] == req.token_at(p), "a hit holds other tokens"
-
-    def _record_cached(self, req: Request) -> None:
-        for i, block in enumerate(self.kv.blocks(req.request_id)):
-            h = block.block_hash
-            if h is not None and h not in self.expected and (i + 1) * BS <= req.num_computed_tokens:
-                self.expected[h] = [req.token_at(p) for p in range(i * BS, (i + 1) * BS)]
 
     def _admit(self, req: Request) -> bool:
         computed, num_hit = self.kv.get_computed_blocks(req)
@@ -276,24 +264,6 @@ class KVMachine(RuleBasedStateMachine):
         self._record_cached(req)
 
     @precondition(lambda self: self.live)
-    @rule(data=st.data(), extra=st.lists(st.integers(1, 3), max_size=3))
-    def fork(self, data: st.DataObject, extra: list[int]) -> None:
-        rid = data.draw(st.sampled_from(sorted(self.live)))
-        parent = self.live[rid]
-        if parent.num_computed_tokens == 0:
-            return
-        cut = data.draw(st.integers(1, parent.num_computed_tokens))
-        tokens_ = parent.all_token_ids[:cut]
-        child = _req(self._new_id(), tokens_ + extra if extra else tokens_, parent.cache_scope)
-        child.num_computed_tokens = min(cut, child.num_tokens)
-        if child.num_computed_tokens == child.num_tokens:
-            child.num_computed_tokens -= 1  # a fork always has a token left to feed
-            if child.num_computed_tokens == 0:
-                return
-        self.kv.fork(parent, child)
-        self.live[child.request_id] = child
-
-    @precondition(lambda self: self.live)
     @rule(data=st.data())
     def free(self, data: st.DataObject) -> None:
         rid = data.draw(st.sampled_from(sorted(self.live)))
@@ -325,35 +295,12 @@ class KVMachine(RuleBasedStateMachine):
             assert self.content[hits[p // BS].block_id][p % BS] == req.token_at(p)
         self.kv.free(req)
 
-    @rule(prompt=st.lists(st.integers(1, 3), min_size=BS, max_size=3 * BS), pin=st.booleans())
-    def register(self, prompt: list[int], pin: bool) -> None:
-        try:
-            self.kv.shared_prefixes.register(prompt, pin=pin)
-        except ValueError:
-            pass  # pin capacity
-
-    @precondition(lambda self: len(self.kv.shared_prefixes))
-    @rule(data=st.data(), action=st.sampled_from(("pin", "unpin", "unregister")))
-    def change_prefix(self, data: st.DataObject, action: str) -> None:
-        prefixes = self.kv.shared_prefixes.prefixes()
-        prefix = data.draw(st.sampled_from(prefixes))
-        try:
-            getattr(self.kv.shared_prefixes, action)(prefix.prefix_id)
-        except ValueError:
-            pass
-
     # -- invariants ---------------------------------------------------------------------------------
 
     @invariant()
     def ref_counts_match_references(self) -> None:
-        refs: dict[int, int] = {}
-        for rid in self.live:
-            for block in self.kv.blocks(rid):
-                refs[block.block_id] = refs.get(block.block_id, 0) + 1
         pool = self.kv.pool
-        for block in pool.blocks[1:]:
-            assert block.ref_cnt == refs.get(block.block_id, 0)
-            assert pool.free_queue.contains(block) == (block.ref_cnt == 0 and not block.pinned)
+        assert_ref_counts(pool, (block for rid in self.live for block in self.kv.blocks(rid)))
         assert pool.num_free_blocks == sum(1 for b in pool.blocks[1:] if b.ref_cnt == 0 and not b.pinned)
         assert len(list(pool.free_queue)) == pool.num_free_blocks
 
