@@ -11,12 +11,12 @@ scrape time. With one version they equal its own gauges.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterator
 
 from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 
 from engine.output import EngineStats
+from gateway.metrics import SnapshotCollector
 
 # The names the Helm chart's endpoint-picker config and autoscaler read (docs/kubernetes.md).
 SERVER_REQUESTS_WAITING = "weir_server_requests_waiting"
@@ -27,40 +27,38 @@ SERVER_KV_CACHE_BLOCK_SIZE = "weir_server_kv_cache_block_size"
 SERVER_KV_CACHE_TOTAL_BLOCKS = "weir_server_kv_cache_total_blocks"
 
 
-class ServerLoadCollector(Collector):
-    """Pod-level load gauges from the server's combined engine snapshot."""
+def server_load_metrics(s: EngineStats) -> Iterator[Metric]:
+    """The pod-level load gauges of the server's combined engine snapshot."""
+    yield GaugeMetricFamily(
+        SERVER_REQUESTS_WAITING, "Sequences waiting, all model versions together.", value=s.num_waiting
+    )
+    yield GaugeMetricFamily(
+        SERVER_REQUESTS_RUNNING, "Sequences running, all model versions together.", value=s.num_running
+    )
+    yield GaugeMetricFamily(
+        SERVER_WAITING_TOKENS,
+        "Tokens the waiting sequences still need computed, all model versions together.",
+        value=s.num_waiting_tokens,
+    )
+    yield GaugeMetricFamily(
+        SERVER_KV_CACHE_USAGE_RATIO,
+        "Share of the server's KV blocks in use (0-1), all model versions together.",
+        value=s.kv_usage,
+    )
+    yield GaugeMetricFamily(
+        SERVER_KV_CACHE_BLOCK_SIZE,
+        "Tokens per KV block (of the first loaded version).",
+        value=s.block_size,
+    )
+    yield GaugeMetricFamily(
+        SERVER_KV_CACHE_TOTAL_BLOCKS,
+        "KV blocks of the server, all model versions together.",
+        value=s.num_total_blocks,
+    )
+
+
+class ServerLoadCollector(SnapshotCollector[EngineStats]):
+    """Pod-level load gauges, read from the server's combined engine snapshot at scrape time."""
 
     def __init__(self, stats: Callable[[], EngineStats]) -> None:
-        self._stats = stats
-
-    def collect(self) -> Iterable[Metric]:
-        try:
-            s = self._stats()
-        except Exception:  # a broken engine must not break the scrape of everything else
-            return
-        yield GaugeMetricFamily(
-            SERVER_REQUESTS_WAITING, "Sequences waiting, all model versions together.", value=s.num_waiting
-        )
-        yield GaugeMetricFamily(
-            SERVER_REQUESTS_RUNNING, "Sequences running, all model versions together.", value=s.num_running
-        )
-        yield GaugeMetricFamily(
-            SERVER_WAITING_TOKENS,
-            "Tokens the waiting sequences still need computed, all model versions together.",
-            value=s.num_waiting_tokens,
-        )
-        yield GaugeMetricFamily(
-            SERVER_KV_CACHE_USAGE_RATIO,
-            "Share of the server's KV blocks in use (0-1), all model versions together.",
-            value=s.kv_usage,
-        )
-        yield GaugeMetricFamily(
-            SERVER_KV_CACHE_BLOCK_SIZE,
-            "Tokens per KV block (of the first loaded version).",
-            value=s.block_size,
-        )
-        yield GaugeMetricFamily(
-            SERVER_KV_CACHE_TOTAL_BLOCKS,
-            "KV blocks of the server, all model versions together.",
-            value=s.num_total_blocks,
-        )
+        super().__init__(stats, server_load_metrics)
