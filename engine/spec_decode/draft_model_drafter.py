@@ -59,6 +59,12 @@ class _Row:
     probs: list[torch.Tensor]
 
 
+def _fed_tokens(req: Request, step: ScheduledRequest) -> list[int]:
+    """The tokens of `req` that `step` feeds."""
+    start = step.num_computed_tokens
+    return req.all_token_ids[start : start + step.num_tokens]
+
+
 class DraftModelDrafter:
     """A `Drafter` running a small model on its own KV tensors and the target's block tables.
 
@@ -110,19 +116,22 @@ class DraftModelDrafter:
         rows: list[_Row] = []
         inputs: list[list[int]] = []
         steps: list[ScheduledRequest] = []
-        catch_up: list[tuple[Request, ScheduledRequest]] = []  # fed only: too far behind to draft
-        left = self.max_feed_tokens
+        wanted: list[tuple[int, int, Request, ScheduledRequest]] = []  # (tokens behind, first one, ...)
         for s in out.scheduled:
             req = requests.get(s.request_id)
-            if req is None or s.num_spec_slots == 0:
-                continue
-            start = self._num_valid(req, s.block_ids)
-            behind = req.num_tokens - start
-            if behind > left:
+            if req is not None and s.num_spec_slots:
+                start = self._num_valid(req, s.block_ids)
+                wanted.append((req.num_tokens - start, start, req, s))
+        # Fewest behind first: a request that drafted last step is one or two tokens behind, so
+        # another's catch-up never costs it its drafts.
+        wanted.sort(key=lambda w: w[0])
+        left = self.max_feed_tokens
+        catch_up: tuple[Request, ScheduledRequest] | None = None  # fed only: too far behind to draft
+        for behind, start, req, s in wanted:
+            if behind > left:  # so are the rest: the first is fed what is left, without drafting
                 if left:
-                    catch_up.append((req, ScheduledRequest(s.request_id, left, start, s.block_ids, False)))
-                    left = 0
-                continue
+                    catch_up = (req, ScheduledRequest(s.request_id, left, start, s.block_ids, False))
+                break
             left -= behind
             context = SamplingContext(
                 req.sampling_params,
@@ -131,15 +140,16 @@ class DraftModelDrafter:
                 self.target.generator_for(req),
             )
             rows.append(_Row(req, s, s.num_spec_slots, context, [], []))
-            inputs.append(req.all_token_ids[start:])
             steps.append(ScheduledRequest(s.request_id, behind, start, s.block_ids, True))
-        for req, c in catch_up:
-            steps.append(c)
-            inputs.append(req.all_token_ids[c.num_computed_tokens : c.num_computed_tokens + c.num_tokens])
+            inputs.append(_fed_tokens(req, steps[-1]))
+        if catch_up is not None:
+            steps.append(catch_up[1])
+            inputs.append(_fed_tokens(*catch_up))
         self._forward(rows, steps, inputs)
-        for req, c in catch_up:
+        if catch_up is not None:
+            late, c = catch_up
             end = c.num_computed_tokens + c.num_tokens
-            self._kv[req.request_id] = _DraftKV(req.num_preemptions, end, end, (), c.block_ids)
+            self._kv[late.request_id] = _DraftKV(late.num_preemptions, end, end, (), c.block_ids)
         if not rows:
             return {}
         for _ in range(max(r.num_wanted for r in rows) - 1):
