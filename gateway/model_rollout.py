@@ -102,11 +102,18 @@ class ModelRollout:
         return self.status(record)
 
     async def load(self, name: str, version: str, actor: str) -> VersionStatus:
-        """Load and warm up; the status is ready, or failed with the reason."""
+        """Load and warm up; the status is ready, or failed with the reason.
+
+        Only the move to `loading` takes the lock: from there the transition table refuses a
+        second load, a drain or a retire of the version and `set_traffic` any share of it, so
+        the load itself (minutes for large weights) holds up no other admin change, a rollback
+        above all.
+        """
         async with self._lock:
             record = await asyncio.to_thread(self.repo.get, name, version)
-            await self._load(record, actor)
-            return self.status(await asyncio.to_thread(self.repo.get, name, version))
+            record = await asyncio.to_thread(self._set, record, State.LOADING, None, actor)
+        await self._load(record, actor, mark=False)
+        return self.status(await asyncio.to_thread(self.repo.get, name, version))
 
     async def set_traffic(self, plan: TrafficPlan, actor: str) -> TrafficPlan:
         """Store and apply a split and pins; every version with a share or a pin must be ready."""

@@ -1,32 +1,49 @@
-"""The rollout operations over a real repository (SQLite) and a fleet of fake engines: a retire
-that waits for a long request holds up no other admin change, and a rollback while it waits
-turns it into a 409 with the version ready again."""
+"""The rollout operations over a real repository (SQLite) and a fleet of fake engines: neither a
+long load nor a retire that waits for a long request holds up other admin changes; a rollback
+while a retire waits turns it into a 409 with the version ready again; a second load of a version
+being loaded is a 409."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
 
 import pytest
 
-from engine.memory_budget import MemoryBudget
+from engine.memory_budget import MemoryBudget, VersionFootprint
 from gateway.errors import ConflictError
+from gateway.fleet_types import BuiltEngine
 from gateway.model_fleet import ModelFleet
 from gateway.model_rollout import ModelRollout
 from tenancy.db import Database
+from tenancy.errors import InvalidModelTransitionError
 from tenancy.migrate import upgrade
-from tenancy.model_version_records import ModelVersionState, TrafficPlan
+from tenancy.model_version_records import ModelVersionSpec, ModelVersionState, TrafficPlan
 from tenancy.model_versions import ModelVersionRepo
 from tests.gateway.test_model_fleet import MIB, Factory, spec
 
 State = ModelVersionState
 
 
+class SlowFactory(Factory):
+    """Builds of a version whose path is "slow" wait until `go` is set (large weights)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.go = threading.Event()
+
+    def build(self, spec: ModelVersionSpec, footprint: VersionFootprint, model_version: str) -> BuiltEngine:
+        if spec.path == "slow":
+            assert self.go.wait(10)
+        return super().build(spec, footprint, model_version)
+
+
 @pytest.fixture
 def rollout(tmp_path: Path) -> ModelRollout:
     db = Database(f"sqlite:///{tmp_path / 'weir.db'}")
     upgrade(db.engine)
-    return ModelRollout(ModelFleet(Factory(), MemoryBudget(8 * MIB)), ModelVersionRepo(db))
+    return ModelRollout(ModelFleet(SlowFactory(), MemoryBudget(8 * MIB)), ModelVersionRepo(db))
 
 
 async def _two_ready_versions(rollout: ModelRollout) -> None:
@@ -65,5 +82,25 @@ def test_a_rollback_while_a_retire_waits_answers_the_retire_with_409(rollout: Mo
         entry = rollout.fleet.get("m@v2")
         assert entry is not None and entry.state is State.READY and entry.engine is not None
         lease.release()
+
+    asyncio.run(scenario())
+
+
+def test_a_long_load_holds_up_no_other_admin_change_and_a_second_load_is_refused(
+    rollout: ModelRollout,
+) -> None:
+    async def scenario() -> None:
+        await _two_ready_versions(rollout)
+        await rollout.register(spec("v3", path="slow"), "test")
+        load = asyncio.create_task(rollout.load("m", "v3", "test"))
+        await asyncio.sleep(0.05)
+        assert not load.done()
+        with pytest.raises(InvalidModelTransitionError):  # 409
+            await asyncio.wait_for(rollout.load("m", "v3", "test"), 2)
+        await asyncio.wait_for(rollout.drain("m", "v2", "test"), 2)
+        assert (await asyncio.wait_for(rollout.rollback("m", "v1", "test"), 2)).split == {"v1": 100}
+        assert isinstance(rollout.fleet.factory, SlowFactory)
+        rollout.fleet.factory.go.set()
+        assert (await asyncio.wait_for(load, 5)).state is State.READY
 
     asyncio.run(scenario())
