@@ -150,6 +150,7 @@ class StreamResult:
     ttft_s: float | None
     e2e_s: float
     started_s: float  # time.monotonic() at the start
+    model_version: str | None = None  # the answer's x-weir-model-version header
 
 
 async def timed_stream(
@@ -159,12 +160,14 @@ async def timed_stream(
     start = time.monotonic()
     ttft: float | None = None
     done = False
+    version: str | None = None
     try:
         headers = {"authorization": f"Bearer {key}"}
         async with client.stream("POST", url + "/v1/chat/completions", json=body, headers=headers) as r:
+            version = r.headers.get("x-weir-model-version")
             if r.status_code != 200:
                 await r.aread()
-                return StreamResult(r.status_code, False, None, time.monotonic() - start, start)
+                return StreamResult(r.status_code, False, None, time.monotonic() - start, start, version)
             decoder = SSEDecoder()
             async for line in r.aiter_lines():
                 data = decoder.feed(line)
@@ -174,8 +177,8 @@ async def timed_stream(
                     done = True
                 elif ttft is None and parse_chunk(data).has_content:
                     ttft = time.monotonic() - start
-            return StreamResult(200, done, ttft, time.monotonic() - start, start)
+            return StreamResult(200, done, ttft, time.monotonic() - start, start, version)
     except ChunkError:  # an error event inside the stream: the request failed after its 200
-        return StreamResult(200, False, ttft, time.monotonic() - start, start)
+        return StreamResult(200, False, ttft, time.monotonic() - start, start, version)
     except httpx.TransportError:
-        return StreamResult(TRANSPORT_ERROR, False, None, time.monotonic() - start, start)
+        return StreamResult(TRANSPORT_ERROR, False, None, time.monotonic() - start, start, version)

@@ -29,7 +29,7 @@ from typing import Any
 
 import httpx
 
-from bench.sse import DONE, ChunkError, SSEDecoder, parse_chunk
+from bench.hostile import timed_stream
 from bench.stats import LatencySummary
 from bench.tenants import TenantSpec, create_tenants
 from bench.weir_process import ROOT, WeirProcess, rss_bytes, run_weir
@@ -50,28 +50,8 @@ class Record:
 
 
 async def _stream(client: httpx.AsyncClient, url: str, key: str, body: dict[str, Any]) -> Record:
-    start = time.monotonic()
-    ttft: float | None = None
-    version: str | None = None
-    try:
-        headers = {"authorization": f"Bearer {key}"}
-        async with client.stream("POST", url + "/v1/chat/completions", json=body, headers=headers) as r:
-            version = r.headers.get("x-weir-model-version")
-            if r.status_code != 200:
-                await r.aread()
-                return Record(start, r.status_code, False, None, version)
-            decoder, done = SSEDecoder(), False
-            async for line in r.aiter_lines():
-                data = decoder.feed(line)
-                if data is None:
-                    continue
-                if data == DONE:
-                    done = True
-                elif ttft is None and parse_chunk(data).has_content:
-                    ttft = time.monotonic() - start
-            return Record(start, 200, done, ttft, version)
-    except (ChunkError, httpx.HTTPError):
-        return Record(start, 0, False, ttft, version)
+    r = await timed_stream(client, url, key, body)
+    return Record(r.started_s, r.status, r.complete, r.ttft_s, r.model_version)
 
 
 def _body(req: WorkloadRequest, max_tokens: int) -> dict[str, Any]:
