@@ -25,46 +25,35 @@ class VerifiedDraft:
 
 
 @dataclass
-class SpeculationTally:
-    """One sequence's speculation so far (a field of `Request`, changed by the scheduler only)."""
+class SpeculationCounts:
+    """Token counts of verify steps."""
 
     num_drafted: int = 0  # draft tokens verified
     num_accepted: int = 0  # of them, accepted
     num_emitted: int = 0  # tokens appended by verify steps (accepted + one per step, stops cut)
-    num_verify_steps: int = 0
-    # Running mean of accepted tokens per verify step; None before the first one.
-    recent_accepted: float | None = None
-
-    def observe(self, num_drafted: int, num_accepted: int, num_emitted: int) -> None:
-        self.num_drafted += num_drafted
-        self.num_accepted += num_accepted
-        self.num_emitted += num_emitted
-        self.num_verify_steps += 1
-        previous = self.recent_accepted
-        a = ACCEPTANCE_EMA_ALPHA
-        self.recent_accepted = num_accepted if previous is None else (1 - a) * previous + a * num_accepted
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.num_accepted / self.num_drafted if self.num_drafted else 0.0
-
-
-@dataclass
-class SpeculationCounters:
-    """The engine's totals since start (monotonic: they survive an engine reset)."""
-
-    num_drafted: int = 0
-    num_accepted: int = 0
-    num_emitted: int = 0
-    num_verify_steps: int = 0
-    num_steps_off_by_batch: int = 0  # steps with decodes where the batch rule switched speculation off
 
     def add(self, num_drafted: int, num_accepted: int, num_emitted: int) -> None:
         self.num_drafted += num_drafted
         self.num_accepted += num_accepted
         self.num_emitted += num_emitted
-        self.num_verify_steps += 1
 
-    @property
-    def acceptance_rate(self) -> float:
-        return self.num_accepted / self.num_drafted if self.num_drafted else 0.0
+
+@dataclass
+class SpeculationTally(SpeculationCounts):
+    """One sequence's speculation so far (a field of `Request`, changed by the scheduler only)."""
+
+    # Running mean of accepted tokens per verify step; None before the first one.
+    recent_accepted: float | None = None
+
+    def observe(self, num_drafted: int, num_accepted: int, num_emitted: int) -> None:
+        self.add(num_drafted, num_accepted, num_emitted)
+        previous = self.recent_accepted
+        a = ACCEPTANCE_EMA_ALPHA
+        self.recent_accepted = num_accepted if previous is None else (1 - a) * previous + a * num_accepted
+
+
+@dataclass
+class SpeculationCounters(SpeculationCounts):
+    """The engine's totals since start (monotonic: they survive an engine reset)."""
+
+    num_steps_off_by_batch: int = 0  # steps with decodes where the batch rule switched speculation off
