@@ -190,6 +190,10 @@ class DatabaseUnavailableError(ServiceUnavailableError):
 
 DATABASE_RETRY_AFTER_S = 1
 
+# Every answer of a routed generation request, an error included, names the model version that
+# served it (`gateway.routes.openai` notes it on `request.state.model_version`).
+MODEL_VERSION_HEADER = "x-weir-model-version"
+
 
 def from_database_error(exc: SQLAlchemyError) -> WeirError:
     """The HTTP error for a database failure: 503 `database_unavailable`, never a 500.
@@ -279,10 +283,9 @@ def exception_handlers(count: Callable[[int], None] | None = None) -> dict[type[
         if count is not None:
             count(error.status_code)
         response = error_response(error)
-        # A generation request routed to a model version before it failed names that version too.
         version = getattr(request.state, "model_version", None)
         if version is not None:
-            response.headers["x-weir-model-version"] = version
+            response.headers[MODEL_VERSION_HEADER] = version
         return response
 
     async def on_unexpected(request: Request, exc: Exception) -> Response:

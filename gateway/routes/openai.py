@@ -19,8 +19,13 @@ from engine.client import EngineRequest
 from engine.errors import ContextLengthError
 from gateway import openai_fields as f
 from gateway.accounting import Accountant, Admission, Admitted, RequestInfo, Settle, UsageRecord
-from gateway.errors import BadRequestError, NotFoundError, PermissionDeniedError, ServiceUnavailableError
-from gateway.fleet_types import ServedModel
+from gateway.errors import (
+    MODEL_VERSION_HEADER,
+    BadRequestError,
+    NotFoundError,
+    PermissionDeniedError,
+    ServiceUnavailableError,
+)
 from gateway.model_fleet import Lease, ModelFleet
 from gateway.protocol import (
     Endpoint,
@@ -51,12 +56,6 @@ class _Started(Response):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self.inner(scope, receive, send)
-
-
-__all__ = ["Authenticate", "OpenAIRoutes", "ServedModel", "VERSION_HEADER"]
-
-# Every answer of a routed request names the version that generated all of its tokens.
-VERSION_HEADER = "x-weir-model-version"
 
 
 class OpenAIRoutes:
@@ -210,7 +209,7 @@ class OpenAIRoutes:
             settle=_releasing(settle, lease),
             accountant=self.accountant,
             state=self.state,
-            headers=((VERSION_HEADER, lease.version.spec.version),),
+            headers=((MODEL_VERSION_HEADER, lease.version.spec.version),),
         )
         return _Started(GenerationResponse(job))
 
