@@ -157,6 +157,10 @@ class Settings:
     cuda_graphs: CudaGraphsMode = CudaGraphsMode.AUTO
 
     def __post_init__(self) -> None:
+        for f in fields(self):  # NaN passes every range check below (each comparison is False)
+            value = getattr(self, f.name)
+            if isinstance(value, float) and math.isnan(value):
+                raise ValueError(f"{f.name} must be a number, got nan")
         if not self.host:
             raise ValueError("host must not be empty")
         for entry in self.forwarded_allow_ips:

@@ -96,6 +96,14 @@ def test_invalid_values_name_the_field(env: dict[str, str], field: str) -> None:
         Settings.from_sources({}, env)
 
 
+@pytest.mark.parametrize(
+    "var", ["WEIR_MAX_QUEUE_TIME_S", "WEIR_LEASE_TTL_S", "WEIR_SHUTDOWN_GRACE_S", "WEIR_TARGET_STEP_MS"]
+)
+def test_nan_is_refused_not_taken_for_no_limit(var: str) -> None:
+    with pytest.raises(ValueError, match=var.removeprefix("WEIR_").lower()):
+        Settings.from_sources({}, {var: "nan"})
+
+
 def test_auth_mode_defaults() -> None:
     assert Settings().auth_mode is AuthMode.NONE  # fresh local install
     assert Settings(host="0.0.0.0").auth_mode is AuthMode.KEYS
