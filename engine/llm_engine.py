@@ -43,11 +43,12 @@ from engine.prefix_cache_admin import PrefixCacheAdmin
 from engine.request import FinishReason, RequestStatus, check_seed
 from engine.runner import ModelRunner
 from engine.sampler import SampleResult
-from engine.scheduler import Scheduler, make_step_budget
+from engine.scheduler import Scheduler
 from engine.spec_decode import engine_step as spec_step
 from engine.spec_decode.drafter import Drafter
 from engine.spec_decode.policy import SpeculationPolicy
 from engine.spec_decode.tally import SpeculationCounters
+from engine.step_budget import make_step_budget
 from engine.swap_policy import SwapPolicy
 
 logger = logging.getLogger("weir.engine")

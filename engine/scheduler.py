@@ -27,7 +27,7 @@ from engine.request import Request, RequestStatus, TokenDelta
 from engine.request_queue import WaitingQueue, make_waiting_queue
 from engine.spec_decode.policy import SpeculationPolicy
 from engine.spec_decode.tally import VerifiedDraft
-from engine.step_budget import StepBudget, StepBudgetConfig
+from engine.step_budget import StepBudget, make_step_budget
 
 logger = logging.getLogger("weir.engine")
 
@@ -414,10 +414,9 @@ class Scheduler:
                     update.failed[rid] = f"{type(exc).__name__}: {exc}"
                     break
                 req.num_computed_tokens += i < len(accepted)  # an accepted draft's KV is cached
-                if delta.finish_reason is not None:
-                    self.finish_request(rid, delta.finish_reason.status)
                 update.appended.append(AppendedToken(req, tok, delta))
                 if delta.finish_reason is not None:
+                    self.finish_request(rid, delta.finish_reason.status)
                     break
         if self.speculation is not None:  # counts, then rejected slots truncated, then caching
             self.speculation.after_step(out, verified or {}, [a.request for a in update.appended], self.kv)
@@ -482,13 +481,6 @@ class Scheduler:
             )
             timeout = min(timeout, head.arrival_s + window - now)
         return max(0.0, timeout)
-
-
-def make_step_budget(config: SchedulerConfig) -> StepBudget:
-    """The step budget of `config`: fixed at `max_num_batched_tokens` unless a target step time is set."""
-    return StepBudget(
-        StepBudgetConfig(max_tokens=config.max_num_batched_tokens, target_step_s=config.target_step_s)
-    )
 
 
 def _queued_deadline(req: Request) -> float | None:

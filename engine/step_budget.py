@@ -28,6 +28,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from engine.config import SchedulerConfig
+
 # A slope below this (s/token) is treated as "tokens are free": the budget goes to the maximum.
 _MIN_SLOPE_S = 1e-9
 
@@ -157,3 +159,10 @@ class StepBudget:
 
     def stats(self) -> StepBudgetStats:
         return StepBudgetStats(self.last_budget, self.config.target_step_s, self.model.cost)
+
+
+def make_step_budget(config: SchedulerConfig) -> StepBudget:
+    """The step budget of `config`: fixed at `max_num_batched_tokens` unless a target step time is set."""
+    return StepBudget(
+        StepBudgetConfig(max_tokens=config.max_num_batched_tokens, target_step_s=config.target_step_s)
+    )
