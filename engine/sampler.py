@@ -100,6 +100,18 @@ def _token_counts(rows: Sequence[Sequence[int]], vocab_size: int, device: torch.
     return counts[:, :vocab_size]
 
 
+def _prompt_counts(
+    contexts: Sequence[SamplingContext], vocab_size: int, device: torch.device
+) -> torch.Tensor:
+    """`_token_counts` of each row's prompt, each prompt list counted once: a verify step's rows of
+    one request share its prompt, which may be the longest sequence of the batch."""
+    first: dict[int, int] = {}  # id of a prompt list -> its row among the distinct ones
+    rows = [first.setdefault(id(c.prompt_token_ids), len(first)) for c in contexts]
+    distinct = list({id(c.prompt_token_ids): c.prompt_token_ids for c in contexts}.values())
+    counts = _token_counts(distinct, vocab_size, device)  # [len(distinct), vocab]
+    return counts if len(distinct) == len(contexts) else counts[torch.tensor(rows, device=device)]
+
+
 def apply_penalties(logits: torch.Tensor, contexts: Sequence[SamplingContext]) -> torch.Tensor:
     """Return penalised copies of `logits` rows ([len(contexts), vocab]), one row per context.
 
@@ -114,7 +126,7 @@ def apply_penalties(logits: torch.Tensor, contexts: Sequence[SamplingContext]) -
     rep = torch.tensor([c.params.repetition_penalty for c in contexts], dtype=logits.dtype, device=device)
     output_counts = _token_counts([c.output_token_ids for c in contexts], vocab_size, device)  # [rows, vocab]
     if bool((rep != 1.0).any()):
-        prompt_counts = _token_counts([c.prompt_token_ids for c in contexts], vocab_size, device)
+        prompt_counts = _prompt_counts(contexts, vocab_size, device)
         seen = (prompt_counts + output_counts) > 0  # [rows, vocab]
         penalised = torch.where(out > 0, out / rep[:, None], out * rep[:, None])
         out = torch.where(seen, penalised, out)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import engine.sampler as sampler_module
 from engine.request import SamplingParams
 from engine.sampler import (
     Sampler,
@@ -345,3 +347,24 @@ def test_seeded_sampling_on_cuda_is_batch_independent() -> None:
 
     alone = draw(logits[:1], 0)
     assert draw(torch.cat([logits[1:3], logits[:1]]), 2) == alone
+
+
+def test_a_prompt_shared_by_rows_is_counted_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A verify step's m + 1 rows of one request share its prompt list: the repetition penalty
+    counts it once, not once per row (a long prompt would cost every step m + 1 passes)."""
+    prompt = list(range(40)) * 25  # 1000 tokens
+    base = ctx(SamplingParams(repetition_penalty=1.5), prompt=prompt, output=(7,))
+    rows = [replace(base, output_token_ids=[7, *range(i)]) for i in range(5)]
+    separate = [ctx(base.params, prompt=prompt, output=r.output_token_ids) for r in rows]
+    logits = random_logits(5)
+    expected = apply_penalties(logits, separate)
+    counted: list[int] = []
+    token_counts = sampler_module._token_counts
+
+    def recording(seqs: Sequence[Sequence[int]], vocab_size: int, device: torch.device) -> torch.Tensor:
+        counted.append(sum(len(s) for s in seqs))
+        return token_counts(seqs, vocab_size, device)
+
+    monkeypatch.setattr(sampler_module, "_token_counts", recording)
+    assert torch.equal(apply_penalties(logits, rows), expected)
+    assert sum(counted) < 2 * len(prompt)
