@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -40,10 +41,11 @@ class SlowFactory(Factory):
 
 
 @pytest.fixture
-def rollout(tmp_path: Path) -> ModelRollout:
+def rollout(tmp_path: Path) -> Iterator[ModelRollout]:
     db = Database(f"sqlite:///{tmp_path / 'weir.db'}")
     upgrade(db.engine)
-    return ModelRollout(ModelFleet(SlowFactory(), MemoryBudget(8 * MIB)), ModelVersionRepo(db))
+    yield ModelRollout(ModelFleet(SlowFactory(), MemoryBudget(8 * MIB)), ModelVersionRepo(db))
+    db.dispose()
 
 
 async def _two_ready_versions(rollout: ModelRollout) -> None:
