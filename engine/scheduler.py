@@ -213,6 +213,13 @@ class Scheduler:
                 budget -= num_new + k
                 continue
             while not self.kv.allocate_slots(req, req.num_computed_tokens + num_new):
+                if spec_slots:  # the draft slots reserved so far go before anyone is preempted
+                    for rid, k in spec_slots.items():
+                        held = self.requests[rid]
+                        self.kv.truncate(held, held.num_computed_tokens + scheduled[rid])
+                        budget += k
+                    spec_slots.clear()
+                    continue
                 victim = self._pick_victim()
                 self._preempt(victim)
                 preempted.append(victim.request_id)

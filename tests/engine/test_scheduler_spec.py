@@ -83,6 +83,25 @@ def test_rejected_drafts_roll_back_and_are_never_cached() -> None:
     assert (req.spec.num_drafted, req.spec.num_accepted, req.spec.num_emitted) == (3, 1, 2)
 
 
+def test_a_short_pool_drops_draft_slots_before_it_preempts_anyone() -> None:
+    kv = _kv(num_blocks=4)  # 3 usable blocks
+    scheduler = _scheduler(kv)
+    a = _request("a", [1, 2, 3], 20)  # its next token fits its block; its draft slots need another
+    b = _request("b", [5, 6, 7, 8], 20)  # its next token needs a new block
+    scheduler.add_request(a)
+    scheduler.add_request(b)
+    out = scheduler.schedule()  # both prompts: one block each
+    scheduler.update_from_output(out, {"a": 4, "b": 9})
+    assert kv.num_free_blocks == 1
+    out = scheduler.schedule()  # a's drafts would take the last block b's token needs
+    assert not out.preempted_ids and scheduler.num_preemptions == 0
+    assert {s.request_id: (s.num_tokens, s.num_spec_slots) for s in out.scheduled} == {
+        "a": (1, 0),
+        "b": (1, 0),
+    }
+    assert len(kv.blocks("a")) == 1 and len(kv.blocks("b")) == 2
+
+
 def test_no_draft_slots_when_one_token_is_left_or_opted_out() -> None:
     kv = _kv()
     scheduler = _scheduler(kv)
