@@ -7,9 +7,11 @@ Rules, in order:
   (decodes x (1 + k)) speculates for nobody, because past that the forward is no longer
   memory-bound and verifying drafts costs more than it saves. Seeded sampled requests are
   exempt, so that their draws, and so their tokens, do not depend on the load;
-- adaptive k: a request gets one slot more than its running mean of accepted tokens per verify
-  step (rounded up), at least 1 and at most k. It starts at k; while its drafts are rejected it
-  falls towards 1, and it climbs back as they are accepted.
+- adaptive k: a request gets one slot more than its running mean of accepted tokens per step
+  with slots (rounded up), at least 1 and at most k. It starts at k; while its drafts are rejected,
+  or its slots get no draft (the n-gram drafter finds no match), it falls towards 1, and it climbs
+  back as drafts are accepted. Slots are taken from the step's token budget before drafting, so a
+  request that never drafts holds one slot per step, not k.
 """
 
 from __future__ import annotations
@@ -85,6 +87,8 @@ class SpeculationPolicy:
                 self.counters.add(v.num_drafted, len(v.accepted), num_emitted[rid])
         for s in out.scheduled:
             held = by_id.get(s.request_id)
+            if s.num_spec_slots and held is not None and s.request_id not in verified:
+                held.spec.fold(0)  # slots that got no draft: as many accepted as a full rejection
             if s.num_spec_slots and held is not None and not held.is_finished:
                 kv.truncate(held, held.num_tokens)
                 kv.cache_full_blocks(held)

@@ -42,11 +42,16 @@ class SpeculationCounts:
 class SpeculationTally(SpeculationCounts):
     """One sequence's speculation so far (a field of `Request`, changed by the scheduler only)."""
 
-    # Running mean of accepted tokens per verify step; None before the first one.
+    # Running mean of accepted tokens per step with draft slots; None before the first one.
     recent_accepted: float | None = None
 
     def observe(self, num_drafted: int, num_accepted: int, num_emitted: int) -> None:
+        """A verify step."""
         self.add(num_drafted, num_accepted, num_emitted)
+        self.fold(num_accepted)
+
+    def fold(self, num_accepted: int) -> None:
+        """Fold one step's accepted drafts into the running mean (0 for slots that got no draft)."""
         previous = self.recent_accepted
         a = ACCEPTANCE_EMA_ALPHA
         self.recent_accepted = num_accepted if previous is None else (1 - a) * previous + a * num_accepted
