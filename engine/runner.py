@@ -198,6 +198,7 @@ class ModelRunner:
             return result
         scheduled: list[ScheduledRequest] = []
         inputs: list[list[int]] = []
+        fed: dict[str, Draft] = {}  # the drafts fed after their request's tokens, to verify
         for s in out.scheduled:
             try:
                 ids = self._input_tokens(s, requests[s.request_id])
@@ -209,6 +210,7 @@ class ModelRunner:
             if draft is not None and 0 < len(draft.token_ids) <= s.num_spec_slots and s.samples:
                 ids = ids + list(draft.token_ids)
                 s = replace(s, num_tokens=s.num_tokens + len(draft.token_ids))
+                fed[s.request_id] = draft
             inputs.append(ids)
             scheduled.append(s)
         if not scheduled:
@@ -234,8 +236,8 @@ class ModelRunner:
                 logger.exception("preparing the sampling of request %s failed", s.request_id)
                 result.failed[s.request_id] = _describe(exc)
                 continue
-            draft = drafts.get(s.request_id) if drafts else None
-            if draft is not None and s.num_tokens > len(draft.token_ids) > 0:
+            draft = fed.get(s.request_id)
+            if draft is not None:
                 spec_rows.extend(range(row - len(draft.token_ids), row + 1))
                 spec.append((s.request_id, context, draft))
                 continue

@@ -13,6 +13,7 @@ from engine.attention import AttentionMetadata
 from engine.output import ScheduledRequest, SchedulerOutput
 from engine.request import Request, SamplingParams
 from engine.runner import ModelRunner
+from engine.spec_decode.drafter import Draft
 
 VOCAB = 64
 BLOCK_SIZE = 4
@@ -81,6 +82,15 @@ def test_only_chunks_that_reach_the_end_of_the_known_tokens_sample() -> None:
     result = runner.execute(SchedulerOutput((ScheduledRequest("r", 4, 0, (1,), samples=False),)), {"r": req})
     assert result.sampled == {} and result.failed == {}
     assert model.calls[0][0] == [1, 2, 3, 4]
+
+
+def test_a_draft_beyond_the_requests_slots_is_neither_fed_nor_verified() -> None:
+    runner, model = _runner()
+    req = _request("r", list(range(10, 20)))  # a prompt chunk: no draft slots
+    out = SchedulerOutput((ScheduledRequest("r", 6, 4, (1, 2, 3), samples=True),))
+    result = runner.execute(out, {"r": req}, {"r": Draft((99,))})
+    assert model.calls[0][0] == list(range(14, 20))
+    assert result.verified == {} and result.sampled["r"].token_id == 20
 
 
 def test_a_request_with_broken_inputs_fails_alone() -> None:
