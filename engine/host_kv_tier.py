@@ -6,7 +6,10 @@ unused like the device's null block) that shares the device pool's pin counts. I
 - **Swapped requests.** `preempt` copies a preempted request's computed blocks to host blocks
   and keeps them, one reference each, in a `SwappedKV` record until `swap_in` copies them back
   (or the request ends: `drop`). A block the host tier already caches under the same hash is
-  referenced, not copied again; a cached block copied now is cached on the host as well.
+  referenced, not copied again; a cached block copied now is cached on the host as well. The
+  blocks allocated for a scope's swapped requests stay within its share of the host pool (the
+  `tenant_cache_share` that caps cached blocks), so one tenant cannot fill it: past that, its
+  victims recompute.
 - **Demoted prefix blocks.** A cached device block about to be evicted (`BlockPool.on_evict`) is
   copied to a host block cached under the same hash and scope (free, in the host LRU), if the
   scope is under its host cap (the same share of the host pool as on the device) and a block can
@@ -39,6 +42,8 @@ class SwappedKV:
     host_blocks: list[Block]
     num_computed_tokens: int
     num_cached: int  # leading blocks that were registered in the prefix cache
+    scope: str  # the request's cache scope
+    num_charged: int  # host blocks allocated for it (the others were there): its scope's charge
 
 
 @dataclass(frozen=True)
@@ -89,6 +94,8 @@ class HostKVTier:
         device.on_evict = self.demote
         self.max_cached_blocks_per_scope = max(1, int(tenant_cache_share * self.pool.num_usable_blocks))
         self.records: dict[str, SwappedKV] = {}
+        # Host blocks allocated for each scope's swapped requests: at most its share of the pool.
+        self.swapped_blocks_by_scope: dict[str, int] = {}
         self.copy_bytes_per_s = 0.0
         self.num_blocks_swapped_out = 0
         self.num_blocks_swapped_in = 0
@@ -152,10 +159,12 @@ class HostKVTier:
         source_ids: list[int],
         num_computed_tokens: int,
         num_cached: int,
+        scope: str,
     ) -> PreemptionMode:
         """Swap a victim's computed `blocks` out (see `_swap_out`) if the cost model prefers it and
-        the host has room; the caller frees the device blocks either way. Never for a request
-        whose blocks this step's host -> device copies fill: those copies run after the swap-out's."""
+        the host has room within its `scope`'s share; the caller frees the device blocks either
+        way. Never for a request whose blocks this step's host -> device copies fill: those
+        copies run after the swap-out's."""
         # The host block already caching each block's hash (referenced, not copied again), or None.
         reused = [self.pool.lookup(b.block_hash) if b.block_hash is not None else None for b in blocks]
         num_out = sum(1 for hb in reused if hb is None)
@@ -166,13 +175,17 @@ class HostKVTier:
             num_blocks_in=sum(1 for b in blocks if b.block_hash is None),
             num_recompute_tokens=max(0, num_computed_tokens - num_leading * self.block_size),
         )
-        # The host pool must have room; never for a request this step's swap-ins fill (see above).
+        # The host pool must have room, and a scope's swapped requests at most its share of it (so
+        # one tenant cannot fill it); never for a request this step's swap-ins fill (see above).
         may_swap = (
-            not self.filled_this_step(request_id) and num_out + num_revived <= self.pool.num_free_blocks
+            not self.filled_this_step(request_id)
+            and num_out + num_revived <= self.pool.num_free_blocks
+            and self.swapped_blocks_by_scope.get(scope, 0) + num_out <= self.max_cached_blocks_per_scope
         )
         mode = self.swap_policy.choose(costs, may_swap).mode
         if mode is PreemptionMode.SWAP:
-            self._swap_out(request_id, blocks, reused, source_ids, num_computed_tokens, num_cached)
+            record = SwappedKV([], num_computed_tokens, num_cached, scope, num_out)
+            self._swap_out(request_id, blocks, reused, source_ids, record)
         return mode
 
     def _swap_out(
@@ -181,16 +194,15 @@ class HostKVTier:
         blocks: list[Block],
         reused: list[Block | None],
         source_ids: list[int],
-        num_computed_tokens: int,
-        num_cached: int,
+        record: SwappedKV,
     ) -> None:
         """Keep `blocks` (a request's computed blocks; `source_ids[i]`: the device block holding
         `blocks[i]`'s content now; `reused[i]`: the host block caching its hash, if any) on the
-        host; `preempt` checked the room, and the caller frees the device blocks."""
+        host in `record`; `preempt` checked the room, and the caller frees the device blocks."""
         if request_id in self.records:
             raise ValueError(f"request {request_id!r} is already swapped out")
         self.pool.touch([hb for hb in reused if hb is not None])
-        host_blocks: list[Block] = []
+        host_blocks = record.host_blocks
         for block, src, hb in zip(blocks, source_ids, reused, strict=True):
             if hb is None:
                 if block.block_hash is not None:
@@ -200,7 +212,10 @@ class HostKVTier:
                 self._plan.swap_out.append((src, hb.block_id))
                 self.num_blocks_swapped_out += 1
             host_blocks.append(hb)
-        self.records[request_id] = SwappedKV(host_blocks, num_computed_tokens, num_cached)
+        self.records[request_id] = record
+        if record.num_charged:
+            by_scope = self.swapped_blocks_by_scope
+            by_scope[record.scope] = by_scope.get(record.scope, 0) + record.num_charged
         self.num_swap_preemptions += 1
 
     def swap_in(
@@ -237,16 +252,25 @@ class HostKVTier:
             table.append(d)
         if num_blocks > len(table):
             table.extend(device.allocate(num_blocks - len(table)))
-        del self.records[request_id]
+        self._forget_record(request_id)
         self._plan.held.extend(record.host_blocks)  # their references, released once the copies are taken
         self._plan.filled_ids[request_id] = None
         return table, record
 
     def drop(self, request_id: str) -> None:
         """Forget a swapped request's record (it ended while swapped); its host blocks are freed."""
-        record = self.records.pop(request_id, None)
+        record = self._forget_record(request_id)
         if record is not None:
             self.pool.free(reversed(record.host_blocks))
+
+    def _forget_record(self, request_id: str) -> SwappedKV | None:
+        """Remove a swapped request's record and its scope's charge (its host blocks stay held)."""
+        record = self.records.pop(request_id, None)
+        if record is not None and record.num_charged:
+            left = self.swapped_blocks_by_scope.pop(record.scope) - record.num_charged
+            if left:
+                self.swapped_blocks_by_scope[record.scope] = left
+        return record
 
     # -- the step plan ----------------------------------------------------------------------------
 

@@ -419,7 +419,9 @@ class KVCacheManager:
             cow_src = {dst: src for src, dst in self._copies}
             sources = [cow_src.get(b.block_id, b.block_id) for b in blocks]
             num_cached = self._state(req.request_id).num_cached
-            mode = self.host.preempt(req.request_id, blocks, sources, req.num_computed_tokens, num_cached)
+            mode = self.host.preempt(
+                req.request_id, blocks, sources, req.num_computed_tokens, num_cached, req.cache_scope
+            )
         self.free(req, keep_hashes=True)  # a swapped request's record stays until it ends
         return mode
 

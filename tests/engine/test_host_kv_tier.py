@@ -75,6 +75,19 @@ def test_a_victim_swaps_only_when_the_host_has_room_else_it_recomputes() -> None
     assert not kv.is_swapped("r")
 
 
+def test_a_tenants_swapped_requests_hold_at_most_its_share_of_the_host_pool() -> None:
+    kv = _kv(host=8, share=0.5)  # 4 host blocks per scope
+    first, second = _req("a1", list(range(1, 8))), _req("a2", list(range(11, 18)))  # 4 blocks each
+    other = _req("b1", list(range(1, 8)), scope="b")
+    for req in (first, second, other):
+        _run(kv, req)
+    assert kv.preempt(first) is PreemptionMode.SWAP
+    assert kv.preempt(second) is PreemptionMode.RECOMPUTE  # the host has room, but not a's share
+    assert kv.preempt(other) is PreemptionMode.SWAP  # another tenant still swaps
+    kv.drop_swapped(first)
+    assert kv.host is not None and kv.host.swapped_blocks_by_scope == {"b": 4}
+
+
 def test_a_request_filled_by_this_steps_swap_in_is_never_swapped_out_in_it() -> None:
     kv = _kv()
     req = _req("r", list(range(1, 8)))
@@ -348,6 +361,15 @@ class TwoTierMachine(KVMachineBase):
             pool, [*(b for r in tier.records.values() for b in r.host_blocks), *tier._plan.held]
         )
         assert pool.num_free_blocks == sum(1 for b in pool.blocks[1:] if b.ref_cnt == 0 and not b.pinned)
+
+    @invariant()
+    def swapped_requests_keep_their_scopes_share(self) -> None:
+        charged: dict[str, int] = {}
+        for record in self.tier.records.values():
+            if record.num_charged:
+                charged[record.scope] = charged.get(record.scope, 0) + record.num_charged
+        assert self.tier.swapped_blocks_by_scope == charged
+        assert all(n <= self.tier.max_cached_blocks_per_scope for n in charged.values())
 
     @invariant()
     def both_tiers_keep_caps_and_pins(self) -> None:
