@@ -13,7 +13,7 @@ from typing import Protocol
 import torch
 
 from kernels import reference
-from kernels.decode_attention import DecodePlan, decode_attention, plan_decode
+from kernels.decode_attention import StepPlan, decode_attention, mixed_attention, plan_step
 
 
 @dataclass(frozen=True)
@@ -67,8 +67,10 @@ class AttentionBackend(Protocol):
 class TorchAttentionBackend:
     """The plain-torch path used on CPU, and the oracle the Triton kernels are tested against.
 
-    `fused_decode`: a decode-only step goes through `kernels.decode_attention`, whose plan (block
-    index, padding mask) is built on the first layer of the step and reused by the others.
+    `fused_decode`: every step's decode rows go through `kernels.decode_attention` (grouped by
+    context length so one long sequence does not pad the others), whose plan is built on the first
+    layer of the step and reused by the others; prefill chunks take the oracle's per-sequence path.
+    Off: the whole step goes through `kernels.reference.paged_attention`.
     """
 
     uses_triton = False
@@ -76,11 +78,16 @@ class TorchAttentionBackend:
     def __init__(self, fused_decode: bool = True) -> None:
         self.fused_decode = fused_decode
         self._plan_metadata: AttentionMetadata | None = None  # the step `_plan` belongs to
-        self._plan: DecodePlan | None = None
+        self._plan: StepPlan | None = None
 
-    def _decode_plan(self, metadata: AttentionMetadata) -> DecodePlan:
+    def _step_plan(self, metadata: AttentionMetadata) -> StepPlan:
         if self._plan is None or self._plan_metadata is not metadata:
-            self._plan = plan_decode(metadata.block_tables, metadata.seq_lens_cpu, metadata.block_size)
+            self._plan = plan_step(
+                metadata.block_tables,
+                metadata.query_start_loc_cpu,
+                metadata.seq_lens_cpu,
+                metadata.block_size,
+            )
             self._plan_metadata = metadata
         return self._plan
 
@@ -94,13 +101,24 @@ class TorchAttentionBackend:
         scale: float,
     ) -> torch.Tensor:
         reference.write_kv(key, value, kv_cache, metadata.slot_mapping)
-        if self.fused_decode and metadata.is_decode_only:
-            return decode_attention(query, kv_cache, self._decode_plan(metadata), scale)
-        return reference.paged_attention(
+        if not self.fused_decode:
+            return reference.paged_attention(
+                query,
+                kv_cache,
+                metadata.block_tables,
+                metadata.query_start_loc_cpu,
+                metadata.seq_lens_cpu,
+                scale,
+            )
+        plan = self._step_plan(metadata)
+        if plan.decode is not None and plan.decode.num_seqs == query.shape[0]:  # decode-only
+            return decode_attention(query, kv_cache, plan.decode, scale)
+        return mixed_attention(
             query,
             kv_cache,
             metadata.block_tables,
             metadata.query_start_loc_cpu,
             metadata.seq_lens_cpu,
+            plan,
             scale,
         )

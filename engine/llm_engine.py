@@ -319,7 +319,9 @@ class LLMEngine:
                 self.beams.on_result(rid, res.logprob)
         outputs.extend(self.beams.advance())
         # The whole step (schedule, forward, outputs) is what a running request waits between tokens.
-        self.step_budget.observe(spec_step.num_tokens_fed(out, result), self.clock() - step_start)
+        self.step_budget.observe(
+            spec_step.num_tokens_fed(out, result), self.clock() - step_start, out.num_decodes
+        )
         return outputs
 
     def idle_timeout_s(self, default_s: float) -> float:

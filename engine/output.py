@@ -42,6 +42,11 @@ class SchedulerOutput:
         return sum(s.num_tokens for s in self.scheduled)
 
     @property
+    def num_decodes(self) -> int:
+        """Rows feeding a single token (decodes; the step budget costs them apart from prefill)."""
+        return sum(1 for s in self.scheduled if s.num_tokens == 1)
+
+    @property
     def is_empty(self) -> bool:
         return not self.scheduled and not self.blocks_to_copy and self.swaps.is_empty
 

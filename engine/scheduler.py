@@ -288,7 +288,9 @@ class Scheduler:
         # would leave it out until the whole batch ends, so there duplicates are computed.
         may_hold = not group and self.kv.enable_caching
         held: list[Request] = []
-        while len(self.running) < max_seqs and (budget > 0 or group):
+        # A target step time also caps how many run at once (StepBudget.admits): past it, requests wait.
+        admits = self.step_budget.admits
+        while len(self.running) < max_seqs and (group or (budget > 0 and admits(len(self.running)))):
             req = self.waiting.peek()
             if req is None:
                 break

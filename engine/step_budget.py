@@ -1,26 +1,42 @@
-"""The scheduler's per-step token budget, derived from a target step time.
+"""The scheduler's per-step token budget and running cap, derived from a target step time.
 
 A fixed `max_num_batched_tokens` cannot be right on both a GPU and a CPU: on two CPU cores a
 2,048-token prefill step takes seconds, and every running request waits for it between two of
 its tokens. With a target step time the budget follows from this machine's measured cost:
 
-    step time ~ a + b * tokens            (fitted online, exponential forgetting)
-    budget    = floor((target - a) / b)   clamped to [floor, max_num_batched_tokens]
+    step time ~ a + c * decodes + b * prefill tokens    (fitted online, exponential forgetting)
+    budget    = decodes + floor((target - a - c * decodes) / b)
+                clamped to [floor, max_num_batched_tokens]
     floor     = decodes this step + min_prefill_chunk (when prefill work exists)
+    running  <= max(1, floor((target - a - b * min_prefill_chunk) / c))   (admission cap)
 
-- `a` (overhead per step: the weight read of a decode step, Python, sampling) and `b` (cost per
-  token) come from a weighted least-squares fit of the observed (tokens, seconds) of past steps;
-  each new step multiplies the old weights by `forgetting`, so the fit follows a machine whose
-  load changes. The slope is shrunk towards its previous value (a ridge term of
-  `min_prefill_chunk**2` token^2): while the recent steps all had the same size (decodes only)
-  the data say nothing about `b`, and the old value stands; only `a` follows the mean.
+- `a` (overhead per step: the weight read, Python, sampling), `c` (one decode row: its token,
+  its attention over its whole context, its logits and output) and `b` (one prefill token) come
+  from a weighted least-squares fit of the observed steps; each new step multiplies the old
+  weights by `forgetting`, so the fit follows a machine whose load changes. The slopes are
+  shrunk towards their previous values (ridge terms of `min_prefill_chunk**2` token^2 and 4
+  rows^2): while the recent steps all had the same shape the data say nothing about a slope,
+  and the old value stands; only `a` follows the mean. A decode row costs more than a prefill
+  token on a CPU (measured: ~5 ms vs ~1.7 ms for SmolLM2 with ~200-token contexts), which one
+  slope for both would miss.
+- The admission cap: decodes alone can overrun the target (64 running chats on two cores take
+  ~0.5 s a step), and no token budget can shorten a step below its decodes. So a sequence is
+  admitted only while a step of every running decode plus the minimum prefill chunk fits the
+  target; past that, requests wait in the queue (TTFT) instead of slowing every running stream
+  (ITL). One sequence always runs, whatever the target.
+- The margin: the fit predicts a step's mean time, but the target is a bound every step should
+  keep. The budget and the cap plan for `target / (1 + margin)`, the margin being twice the
+  recent RMS overrun (actual / predicted - 1 when positive), at most 25%: a machine whose steps
+  vary more gets smaller steps. A steady machine (±3% jitter) plans ~3% under the target.
 - Before the slope is known (no two steps of different enough sizes yet) the budget probes:
-  `initial_tokens`, then twice the largest step seen, up to the maximum.
+  `initial_tokens`, then twice the largest step seen, up to the maximum; nothing is capped.
+  After, the budget still never exceeds twice the largest step measured: a fit whose slope
+  dropped towards zero would otherwise jump to the maximum, a step of seconds on a CPU.
 - The floor means a running request always gets its decode token, and a waiting prompt always
   gets at least `min_prefill_chunk` tokens: nothing starves, whatever the target.
 
-Without a target (`target_step_s` None) the budget is `max_num_batched_tokens`, as before; the
-cost model is still fitted, for `/metrics`. Plain Python, no torch.
+Without a target (`target_step_s` None) the budget is `max_num_batched_tokens` and nothing is
+capped, as before; the cost model is still fitted, for `/metrics`. Plain Python, no torch.
 """
 
 from __future__ import annotations
@@ -32,6 +48,8 @@ from engine.config import SchedulerConfig
 
 # A slope below this (s/token) is treated as "tokens are free": the budget goes to the maximum.
 _MIN_SLOPE_S = 1e-9
+_MAX_MARGIN = 0.25  # the budget plans for at least target / 1.25
+_MISS_FORGETTING = 0.95  # weight kept by each past step's miss per new step
 
 
 @dataclass(frozen=True)
@@ -61,77 +79,145 @@ class StepBudgetConfig:
 
 @dataclass(frozen=True)
 class StepCost:
-    """The fitted cost of a step: `overhead_s + per_token_s * tokens`."""
+    """The fitted cost of a step: `overhead_s + per_decode_s * decodes + per_token_s * prefill tokens`."""
 
     overhead_s: float
-    per_token_s: float
+    per_token_s: float  # one prefill (or draft) token
+    per_decode_s: float  # one decode row: its token, its attention over its context, its logits
 
-    def seconds(self, num_tokens: int) -> float:
-        return self.overhead_s + self.per_token_s * num_tokens
+    def seconds(self, num_tokens: int, num_decodes: int = 0) -> float:
+        """A step of `num_tokens` tokens, `num_decodes` of them decode rows."""
+        return (
+            self.overhead_s + self.per_decode_s * num_decodes + self.per_token_s * (num_tokens - num_decodes)
+        )
+
+
+def _solve3(m: list[list[float]], v: list[float]) -> list[float] | None:
+    """Gaussian elimination with partial pivoting; None when `m` is singular."""
+    a = [row[:] + [v[i]] for i, row in enumerate(m)]
+    for col in range(3):
+        pivot = max(range(col, 3), key=lambda r: abs(a[r][col]))
+        if abs(a[pivot][col]) < 1e-300:
+            return None
+        a[col], a[pivot] = a[pivot], a[col]
+        for r in range(col + 1, 3):
+            f = a[r][col] / a[col][col]
+            for c in range(col, 4):
+                a[r][c] -= f * a[col][c]
+    x = [0.0, 0.0, 0.0]
+    for r in (2, 1, 0):
+        x[r] = (a[r][3] - sum(a[r][c] * x[c] for c in range(r + 1, 3))) / a[r][r]
+    return x
 
 
 class StepCostModel:
-    """Online weighted least squares of step seconds on step tokens, with exponential forgetting.
+    """Online weighted least squares of step seconds on (1, decode rows, prefill tokens), with
+    exponential forgetting and a ridge towards the previous fit.
 
-    Keeps five weighted sums; `observe` is O(1). `cost` is None until two steps of different
-    enough sizes have been seen (the slope is not identified before).
+    Until the cost per token is identified (two steps of sizes at least `sqrt(ridge)` tokens
+    apart, in weighted spread) `cost` is None. From then on each step re-solves the 3x3 normal
+    equations with `ridge` (token^2) on the prefill slope and `decode_ridge` (rows^2) on the
+    decode slope, both pulled towards their last values: a slope the recent steps say nothing
+    about (every step the same size) stands, and only the overhead follows the mean. The decode
+    slope starts at the first fitted cost per token. `observe` is O(1).
     """
 
-    def __init__(self, forgetting: float, ridge: float) -> None:
+    def __init__(self, forgetting: float, ridge: float, decode_ridge: float = 4.0) -> None:
         self._forgetting = forgetting
-        self._ridge = ridge  # token^2; pulls the slope towards its previous value
-        self._w = self._x = self._xx = self._y = self._xy = 0.0
-        self._slope: float | None = None
+        self._ridge = ridge
+        self._decode_ridge = decode_ridge
+        self._xtx = [[0.0] * 3 for _ in range(3)]  # weighted sums of x x^T, x = (1, decodes, prefill)
+        self._xty = [0.0, 0.0, 0.0]
+        self._theta: list[float] | None = None  # (overhead, per decode, per prefill token)
         self.num_observed = 0
         self.max_tokens_seen = 0
 
-    def observe(self, num_tokens: int, seconds: float) -> None:
+    def observe(self, num_tokens: int, seconds: float, num_decodes: int = 0) -> None:
         """Add one executed step. Steps without tokens or without a positive duration are ignored."""
         if num_tokens <= 0 or not (seconds > 0 and math.isfinite(seconds)):
             return
+        num_decodes = min(max(num_decodes, 0), num_tokens)
         f = self._forgetting
-        x, y = float(num_tokens), seconds
-        self._w = f * self._w + 1.0
-        self._x = f * self._x + x
-        self._xx = f * self._xx + x * x
-        self._y = f * self._y + y
-        self._xy = f * self._xy + x * y
+        x = (1.0, float(num_decodes), float(num_tokens - num_decodes))
+        for i in range(3):
+            self._xty[i] = f * self._xty[i] + x[i] * seconds
+            for j in range(3):
+                self._xtx[i][j] = f * self._xtx[i][j] + x[i] * x[j]
         self.num_observed += 1
         self.max_tokens_seen = max(self.max_tokens_seen, num_tokens)
-        sxx = max(0.0, self._xx - self._x * self._x / self._w)  # weighted spread of the sizes
-        sxy = self._xy - self._x * self._y / self._w
-        if self._slope is None:
-            if sxx >= self._ridge:
-                self._slope = sxy / sxx
+        if self._theta is None:
+            self._theta = self._first_fit()
         else:
-            self._slope = (sxy + self._ridge * self._slope) / (sxx + self._ridge)
+            self._theta = self._refit(self._theta)
+
+    def _first_fit(self) -> list[float] | None:
+        """One slope for every token (the sizes of the steps so far), once their spread is enough."""
+        xtx, xty = self._xtx, self._xty
+        w = xtx[0][0]
+        sx = xtx[0][1] + xtx[0][2]
+        sxx = xtx[1][1] + 2 * xtx[1][2] + xtx[2][2]
+        sy, sxy = xty[0], xty[1] + xty[2]
+        spread = max(0.0, sxx - sx * sx / w)
+        if spread < self._ridge:
+            return None
+        slope = (sxy - sx * sy / w) / spread
+        return [(sy - slope * sx) / w, slope, slope]
+
+    def _refit(self, prior: list[float]) -> list[float]:
+        ridge = (0.0, self._decode_ridge, self._ridge)
+        m = [[self._xtx[i][j] + (ridge[i] if i == j else 0.0) for j in range(3)] for i in range(3)]
+        v = [self._xty[i] + ridge[i] * prior[i] for i in range(3)]
+        theta = _solve3(m, v)
+        return prior if theta is None or not all(math.isfinite(t) for t in theta) else theta
 
     @property
     def cost(self) -> StepCost | None:
         """The current fit, or None while the cost per token is unknown."""
-        if self._slope is None:
+        if self._theta is None:
             return None
-        slope = max(self._slope, _MIN_SLOPE_S)
-        overhead = max(0.0, (self._y - slope * self._x) / self._w)
-        return StepCost(overhead_s=overhead, per_token_s=slope)
+        _, per_decode, per_token = self._theta
+        per_token = max(per_token, _MIN_SLOPE_S)
+        per_decode = max(per_decode, 0.0)
+        # the overhead that fits the weighted means with the clamped slopes
+        w = self._xtx[0][0]
+        overhead = (self._xty[0] - per_decode * self._xtx[0][1] - per_token * self._xtx[0][2]) / w
+        return StepCost(overhead_s=max(0.0, overhead), per_token_s=per_token, per_decode_s=per_decode)
 
 
 @dataclass(frozen=True)
 class StepBudgetStats:
-    """What `/metrics` shows: the last budget, the target, and the fitted cost (None: not yet known)."""
+    """What `/metrics` shows: the last budget, the target, the running cap (None: none) and the
+    fitted cost (None: not yet known)."""
 
     token_budget: int
     target_step_s: float | None
     cost: StepCost | None
+    max_running: int | None = None
+    margin: float = 0.0
 
 
 class StepBudget:
-    """Chooses each step's token budget (see the module docstring for the rule)."""
+    """Chooses each step's token budget and whether one more sequence may run (module docstring)."""
 
     def __init__(self, config: StepBudgetConfig) -> None:
         self.config = config
         self.model = StepCostModel(config.forgetting, ridge=float(config.min_prefill_chunk) ** 2)
         self.last_budget = config.max_tokens
+        self._miss_sq = 0.0  # exponentially weighted sum of max(0, actual / predicted - 1)^2
+        self._miss_w = 0.0
+
+    @property
+    def margin(self) -> float:
+        """How much slower than predicted a step may run: twice the recent relative overrun (RMS),
+        at most `_MAX_MARGIN`. The budget plans for `target / (1 + margin)`, so that a step that
+        runs slow by the usual spread still ends within the target."""
+        if self._miss_w <= 0:
+            return 0.0
+        return min(_MAX_MARGIN, 2.0 * math.sqrt(self._miss_sq / self._miss_w))
+
+    def _planned_s(self) -> float | None:
+        target = self.config.target_step_s
+        return None if target is None else target / (1.0 + self.margin)
 
     def budget(self, num_decodes: int, has_prefill_work: bool) -> int:
         """Tokens the next step may feed: `num_decodes` running decodes, and prefill if any waits."""
@@ -140,25 +226,56 @@ class StepBudget:
             chosen = cfg.max_tokens
         else:
             floor = num_decodes + (cfg.min_prefill_chunk if has_prefill_work else 0)
-            chosen = min(cfg.max_tokens, max(floor, self._fitted(cfg.target_step_s)))
+            planned = cfg.target_step_s / (1.0 + self.margin)
+            chosen = min(cfg.max_tokens, max(floor, self._fitted(planned, num_decodes)))
         self.last_budget = chosen
         return chosen
 
-    def _fitted(self, target_s: float) -> int:
+    def _fitted(self, target_s: float, num_decodes: int) -> int:
         cost = self.model.cost
         if cost is None:  # probe: grow until two step sizes tell the slope
             return max(self.config.initial_tokens, 2 * self.model.max_tokens_seen)
-        spare = target_s - cost.overhead_s
+        spare = target_s - cost.seconds(num_decodes, num_decodes)
         if spare <= 0:
             return 0
-        return int(min(spare / cost.per_token_s, float(self.config.max_tokens)))
+        # never more than twice the largest step measured: a fit is not trusted far outside its data
+        reach = max(self.config.initial_tokens, 2 * self.model.max_tokens_seen)
+        return int(min(num_decodes + spare / cost.per_token_s, float(self.config.max_tokens), float(reach)))
 
-    def observe(self, num_tokens: int, seconds: float) -> None:
-        """Feed back one executed step: the tokens it computed and how long it took."""
-        self.model.observe(num_tokens, seconds)
+    def max_running(self) -> int | None:
+        """How many sequences may run at once so that a step of all their decodes plus the minimum
+        prefill chunk fits the target (at least 1); None without a target or a fitted cost."""
+        cfg, cost, planned = self.config, self.model.cost, self._planned_s()
+        if planned is None or cost is None:
+            return None
+        spare = planned - cost.overhead_s - cost.per_token_s * cfg.min_prefill_chunk
+        if cost.per_decode_s <= 0:
+            return None if spare > 0 else 1
+        return max(1, min(1 << 30, int(spare / cost.per_decode_s))) if spare > 0 else 1
+
+    def admits(self, num_running: int) -> bool:
+        """May one more sequence start running beside `num_running`? Always when none runs."""
+        cap = self.max_running()
+        return num_running == 0 or cap is None or num_running < cap
+
+    def observe(self, num_tokens: int, seconds: float, num_decodes: int = 0) -> None:
+        """Feed back one executed step: the tokens it computed (`num_decodes` of them decode rows)
+        and how long it took."""
+        cost = self.model.cost
+        if cost is not None and num_tokens > 0 and seconds > 0 and math.isfinite(seconds):
+            predicted = cost.seconds(num_tokens, min(max(num_decodes, 0), num_tokens))
+            if predicted > 0:
+                # overruns only (a step faster than predicted risks nothing); one stall counts as 100% at most
+                miss = min(max(seconds / predicted - 1.0, 0.0), 1.0)
+                f = _MISS_FORGETTING
+                self._miss_sq = f * self._miss_sq + miss * miss
+                self._miss_w = f * self._miss_w + 1.0
+        self.model.observe(num_tokens, seconds, num_decodes)
 
     def stats(self) -> StepBudgetStats:
-        return StepBudgetStats(self.last_budget, self.config.target_step_s, self.model.cost)
+        return StepBudgetStats(
+            self.last_budget, self.config.target_step_s, self.model.cost, self.max_running(), self.margin
+        )
 
 
 def make_step_budget(config: SchedulerConfig) -> StepBudget:

@@ -2,8 +2,13 @@
 
 - `weir_scheduler_token_budget`: the token budget of the last scheduled step.
 - `weir_scheduler_target_step_seconds`: the target step time; 0 when none is set (fixed budget).
-- `weir_scheduler_step_cost_per_token_seconds`, `weir_scheduler_step_overhead_seconds`: the fitted
-  `step time ~ overhead + cost per token * tokens`; absent until the engine has measured it.
+- `weir_scheduler_step_cost_per_token_seconds`, `weir_scheduler_step_cost_per_decode_seconds`,
+  `weir_scheduler_step_overhead_seconds`: the fitted `step time ~ overhead + cost per decode *
+  decodes + cost per token * prefill tokens`; absent until the engine has measured it.
+- `weir_scheduler_step_margin`: the relative slack the budget plans under the target (twice the
+  recent RMS miss of the fitted step time).
+- `weir_scheduler_max_running`: how many sequences the target step time lets run at once;
+  absent without a target or before the cost is measured (then only `--max-num-seqs` caps).
 """
 
 from __future__ import annotations
@@ -29,12 +34,29 @@ def step_budget_metrics(stats: StepBudgetStats | None) -> Iterator[Metric]:
         "Target engine step time the token budget follows; 0: none (fixed budget).",
         value=stats.target_step_s or 0.0,
     )
+    yield GaugeMetricFamily(
+        "weir_scheduler_step_margin",
+        "Relative slack under the target the budget plans for (twice the recent RMS miss of the fit).",
+        value=stats.margin,
+    )
+    if stats.max_running is not None:
+        yield GaugeMetricFamily(
+            "weir_scheduler_max_running",
+            "Sequences the target step time lets run at once (every decode plus a minimum prefill chunk fits).",
+            value=stats.max_running,
+        )
     if stats.cost is None:
         return
     yield GaugeMetricFamily(
         "weir_scheduler_step_cost_per_token_seconds",
-        "Fitted engine step cost per scheduled token (step time ~ overhead + cost * tokens).",
+        "Fitted engine step cost per prefill token (step time ~ overhead + decode cost * decodes"
+        " + token cost * prefill tokens).",
         value=stats.cost.per_token_s,
+    )
+    yield GaugeMetricFamily(
+        "weir_scheduler_step_cost_per_decode_seconds",
+        "Fitted engine step cost per decode row (its token, attention over its context, logits).",
+        value=stats.cost.per_decode_s,
     )
     yield GaugeMetricFamily(
         "weir_scheduler_step_overhead_seconds",

@@ -49,15 +49,33 @@ def paged_attention(
     one sequence at a time through scaled_dot_product_attention with an offset causal mask.
     """
     out = torch.empty_like(query)
-    decode_rows: list[int] = []
-    for i, seq_len in enumerate(seq_lens):
+    lens = [query_start_loc[i + 1] - query_start_loc[i] for i in range(len(seq_lens))]
+    prefill_rows = [i for i, n in enumerate(lens) if n > 1]
+    decode_rows = [i for i, n in enumerate(lens) if n == 1]
+    prefill_attention_into(out, query, kv_cache, block_tables, query_start_loc, seq_lens, prefill_rows, scale)
+    if decode_rows:
+        out_rows = _decode_attention(
+            query, kv_cache, block_tables, query_start_loc, seq_lens, decode_rows, scale
+        )
+        for row, i in enumerate(decode_rows):
+            out[query_start_loc[i]] = out_rows[row]
+    return out
+
+
+def prefill_attention_into(
+    out: torch.Tensor,  # [num_tokens, num_heads, head_dim], written at the rows' tokens
+    query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+    kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
+    block_tables: torch.Tensor,  # [num_seqs, max_blocks] int32
+    query_start_loc: Sequence[int],
+    seq_lens: Sequence[int],
+    rows: Sequence[int],  # sequences with more than one new token
+    scale: float,
+) -> None:
+    """Causal attention of each listed sequence's chunk over its paged context, one SDPA each."""
+    for i in rows:
         start, end = query_start_loc[i], query_start_loc[i + 1]
-        q_len = end - start
-        if q_len == 0:
-            continue
-        if q_len == 1:
-            decode_rows.append(i)
-            continue
+        q_len, seq_len = end - start, seq_lens[i]
         k, v = gather_kv(kv_cache, block_tables[i], seq_len)
         q = query[start:end].transpose(0, 1)  # [num_heads, q_len, head_dim]
         k = k.transpose(0, 1)  # [num_kv_heads, seq_len, head_dim]
@@ -74,13 +92,6 @@ def paged_attention(
                 q.to(k.dtype), k, v, attn_mask=mask, scale=scale, enable_gqa=True
             )
         out[start:end] = o.transpose(0, 1).to(out.dtype)
-    if decode_rows:
-        out_rows = _decode_attention(
-            query, kv_cache, block_tables, query_start_loc, seq_lens, decode_rows, scale
-        )
-        for row, i in enumerate(decode_rows):
-            out[query_start_loc[i]] = out_rows[row]
-    return out
 
 
 def _decode_attention(

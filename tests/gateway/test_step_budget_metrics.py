@@ -26,11 +26,15 @@ def _stats(step_budget: StepBudgetStats | None) -> EngineStats:
 
 
 def test_the_budget_the_target_and_the_fitted_cost_are_gauges() -> None:
-    got = _scrape(_stats(StepBudgetStats(80, 0.2, StepCost(overhead_s=0.04, per_token_s=0.002))))
+    cost = StepCost(overhead_s=0.04, per_token_s=0.002, per_decode_s=0.005)
+    got = _scrape(_stats(StepBudgetStats(80, 0.2, cost, max_running=22, margin=0.06)))
     assert got["weir_scheduler_token_budget"] == 80
     assert got["weir_scheduler_target_step_seconds"] == 0.2
     assert got["weir_scheduler_step_cost_per_token_seconds"] == 0.002
+    assert got["weir_scheduler_step_cost_per_decode_seconds"] == 0.005
     assert got["weir_scheduler_step_overhead_seconds"] == 0.04
+    assert got["weir_scheduler_max_running"] == 22
+    assert got["weir_scheduler_step_margin"] == 0.06
 
 
 def test_a_fixed_budget_shows_target_zero_and_no_cost_before_it_is_measured() -> None:
@@ -38,6 +42,7 @@ def test_a_fixed_budget_shows_target_zero_and_no_cost_before_it_is_measured() ->
     assert got["weir_scheduler_token_budget"] == 2048
     assert got["weir_scheduler_target_step_seconds"] == 0.0
     assert "weir_scheduler_step_cost_per_token_seconds" not in got
+    assert "weir_scheduler_max_running" not in got  # no target: only --max-num-seqs caps
 
 
 def test_an_engine_without_a_step_budget_adds_no_gauges() -> None:
