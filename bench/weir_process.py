@@ -112,14 +112,19 @@ def resolve_model(model: Path | None, work_dir: Path) -> Path:
 
 
 def scrape_gauges(metrics_url: str, names: Sequence[str]) -> dict[str, float]:
-    """The unlabelled samples `names` of one scrape of the metrics listener."""
+    """The samples `names` of one scrape of the metrics listener (see `parse_gauges`)."""
+    return parse_gauges(httpx.get(metrics_url, timeout=10).raise_for_status().text, names)
+
+
+def parse_gauges(text: str, names: Sequence[str]) -> dict[str, float]:
+    """The samples `names` of a Prometheus text page: unlabelled ones, or labelled only by
+    `model_version` (per-engine gauges; with several versions loaded, the last one read)."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    text = httpx.get(metrics_url, timeout=10).raise_for_status().text
     found: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name in names and not sample.labels:
+            if sample.name in names and set(sample.labels) <= {"model_version"}:
                 found[sample.name] = sample.value
     return found
 

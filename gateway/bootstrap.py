@@ -110,7 +110,7 @@ def engine_config(settings: Settings, model_path: Path, device: str) -> EngineCo
             max_num_seqs=settings.max_num_seqs,
             max_model_len=max_model_len,
             queue_policy=settings.queue_policy,
-            target_step_s=settings.target_step_ms / 1000 if settings.target_step_ms is not None else None,
+            target_step_s=settings.resolved_target_step_s(device),
         ),
         use_triton=use_triton,
         use_cuda_graphs=use_cuda_graphs,

@@ -91,8 +91,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         "--target-step-ms",
         type=float,
         metavar="MS",
-        help="target engine step time: the per-step token budget follows it and the measured cost per "
-        "token, up to --max-num-batched-tokens (env WEIR_TARGET_STEP_MS; default none: fixed budget)",
+        help="target engine step time: the per-step token budget (up to --max-num-batched-tokens) and "
+        "how many sequences run at once follow it and the measured costs (env WEIR_TARGET_STEP_MS; "
+        "default 500 on CPU, none on an accelerator; 0: none, a fixed budget)",
     )
     add(
         "--speculative",

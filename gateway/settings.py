@@ -95,6 +95,11 @@ def _xdg_dir(env: Mapping[str, str], var: str, fallback: str) -> Path:
     return (Path(base) if base else Path.home() / fallback) / "weir"
 
 
+# The default target step on CPU (docs/benchmarks.md, issue 13): on two cores it beat the fixed
+# 2,048-token budget on throughput, TTFT and ITL at once in the guidellm comparison.
+CPU_TARGET_STEP_MS = 500.0
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything `weir serve` needs, resolved and validated.
@@ -124,8 +129,9 @@ class Settings:
     model_version: str = "default"  # the version label `--model` is registered and served as
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
-    # None: every step may feed max_num_batched_tokens; else the per-step token budget follows this
-    # target step time and the measured cost per token (engine/step_budget.py).
+    # The per-step token budget and running cap follow this target step time and the measured
+    # costs (engine/step_budget.py). None: CPU_TARGET_STEP_MS on CPU, none on an accelerator;
+    # 0: none (every step may feed max_num_batched_tokens).
     target_step_ms: float | None = None
     speculative: str = "off"  # off | ngram | draft:<path> (engine/spec_decode)
     num_speculative_tokens: int = 4  # k: most draft tokens verified per request and step
@@ -176,8 +182,8 @@ class Settings:
         for name in ("max_num_seqs", "max_num_batched_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.target_step_ms is not None and not 0 < self.target_step_ms < float("inf"):
-            raise ValueError(f"target_step_ms must be > 0 and finite, got {self.target_step_ms}")
+        if self.target_step_ms is not None and not 0 <= self.target_step_ms < float("inf"):
+            raise ValueError(f"target_step_ms must be >= 0 (0: none) and finite, got {self.target_step_ms}")
         SpeculativeConfig.parse(self.speculative, self.num_speculative_tokens)  # ValueError names it
         if self.host_kv_cache_tokens < 0:
             raise ValueError(
@@ -241,6 +247,14 @@ class Settings:
         if self.dtype is not None:
             return self.dtype
         return "float32" if device == "cpu" else "bfloat16"
+
+    def resolved_target_step_s(self, device: str) -> float | None:
+        """The target step time in seconds, None for a fixed budget: `target_step_ms` (0: none),
+        defaulting to CPU_TARGET_STEP_MS on CPU and none on an accelerator."""
+        ms = self.target_step_ms
+        if ms is None:
+            ms = CPU_TARGET_STEP_MS if device == "cpu" else 0.0
+        return ms / 1000 if ms > 0 else None
 
     @classmethod
     def from_sources(cls, cli: Mapping[str, Any] | argparse.Namespace, env: Mapping[str, str]) -> Settings:

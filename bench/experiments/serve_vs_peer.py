@@ -48,6 +48,9 @@ STEP_BUDGET_GAUGES = (
     "weir_scheduler_target_step_seconds",
     "weir_scheduler_step_cost_per_token_seconds",
     "weir_scheduler_step_overhead_seconds",
+    "weir_scheduler_step_cost_per_decode_seconds",
+    "weir_scheduler_max_running",
+    "weir_scheduler_step_margin",
 )
 
 
@@ -233,7 +236,10 @@ def markdown(rows: Sequence[ServeFigures], weir_names: Sequence[str], command: s
                 f"\n{r.system} after the run: token budget {g.get('weir_scheduler_token_budget', 0):.0f}, "
                 f"target {g.get('weir_scheduler_target_step_seconds', 0) * 1e3:.0f} ms, fitted "
                 f"{g.get('weir_scheduler_step_overhead_seconds', 0) * 1e3:.1f} ms + "
-                f"{g.get('weir_scheduler_step_cost_per_token_seconds', 0) * 1e3:.2f} ms/token"
+                f"{g.get('weir_scheduler_step_cost_per_decode_seconds', 0) * 1e3:.2f} ms/decode + "
+                f"{g.get('weir_scheduler_step_cost_per_token_seconds', 0) * 1e3:.2f} ms/prefill token, "
+                f"margin {g.get('weir_scheduler_step_margin', 0):.0%}, running cap "
+                f"{g.get('weir_scheduler_max_running', 0):.0f}"
             )
     peers = [r for r in rows if r.system not in weir_names]
     weirs = [r for r in rows if r.system in weir_names]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gateway.serve_flags import add_serve_arguments
-from gateway.settings import AuthMode, LogLevel, OtelExporter, Settings
+from gateway.settings import CPU_TARGET_STEP_MS, AuthMode, LogLevel, OtelExporter, Settings
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -154,11 +154,18 @@ def test_kernel_fallback_flags_and_env() -> None:
 
 
 def test_target_step_ms_flag_and_env() -> None:
-    assert Settings().target_step_ms is None  # no target: the fixed --max-num-batched-tokens
+    default = Settings()
+    assert default.target_step_ms is None  # the device's default
+    assert default.resolved_target_step_s("cpu") == CPU_TARGET_STEP_MS / 1000
+    assert default.resolved_target_step_s("cuda") is None  # a GPU keeps the fixed budget
     assert Settings.from_sources(parse(["--target-step-ms", "200"]), {}).target_step_ms == 200.0
-    assert Settings.from_sources({}, {"WEIR_TARGET_STEP_MS": "150.5"}).target_step_ms == 150.5
+    assert (
+        Settings.from_sources({}, {"WEIR_TARGET_STEP_MS": "150.5"}).resolved_target_step_s("cuda") == 0.1505
+    )
+    off = Settings.from_sources({}, {"WEIR_TARGET_STEP_MS": "0"})  # 0: none, the fixed budget
+    assert off.resolved_target_step_s("cpu") is None and off.resolved_target_step_s("cuda") is None
     with pytest.raises(ValueError, match="target_step_ms"):
-        Settings.from_sources({}, {"WEIR_TARGET_STEP_MS": "0"})
+        Settings.from_sources({}, {"WEIR_TARGET_STEP_MS": "-5"})
     with pytest.raises(ValueError, match="WEIR_TARGET_STEP_MS"):
         Settings.from_sources({}, {"WEIR_TARGET_STEP_MS": "fast"})
 
