@@ -23,8 +23,16 @@ _LOGPROB_FLOOR = -9999.0
 SSE_DONE = b"data: [DONE]\n\n"
 
 
+# Characters str.splitlines() (and so httpx's `aiter_lines`, which guidellm and many SSE clients
+# read streams with) takes for line breaks that JSON leaves raw: written raw inside a `data:`
+# line they cut the event in two (JSONDecodeError in the client). JSON escapes all the others
+# (\n, \r, \x0b, \x0c, \x1c-\x1e are below 0x20).
+_LINE_BREAKS_JSON_LEAVES_RAW = {0x85: "\\u0085", 0x2028: "\\u2028", 0x2029: "\\u2029"}
+
+
 def _dumps(obj: Any) -> str:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+    text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+    return text.translate(_LINE_BREAKS_JSON_LEAVES_RAW)
 
 
 def _logprob(value: float) -> float:

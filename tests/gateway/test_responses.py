@@ -96,3 +96,19 @@ def test_completion_chunks_and_logprobs() -> None:
 def test_error_event_and_done() -> None:
     assert event(sse_error(ServiceUnavailableError("down")))["error"]["message"] == "down"  # type: ignore[index]
     assert SSE_DONE == b"data: [DONE]\n\n"
+
+
+def test_text_with_unicode_line_breaks_stays_one_sse_line() -> None:
+    # A model can emit U+2028, U+2029 or NEL; httpx's aiter_lines (guidellm's reader) splits on
+    # them as str.splitlines() does, so written raw they cut the event (JSONDecodeError seen live).
+    text = "a\u2028b\u2029c\x85d\x0be\x1cf\r\ng"
+    chunks = [
+        *CompletionFormatter("cmpl-1", 1, "m", "fp", names).output_chunks(0, out(text)),
+        *ChatFormatter("chatcmpl-1", 1, "m", "fp", names).output_chunks(0, out(text)),
+    ]
+    for chunk in chunks:
+        lines = chunk.decode().splitlines()
+        assert lines[0].startswith("data: ") and lines[1:] == [""]  # one data line, then the blank
+        body = json.loads(lines[0][len("data: ") :])
+        choice = body["choices"][0]
+        assert choice.get("text", choice.get("delta", {}).get("content")) == text  # the text is intact
