@@ -239,7 +239,7 @@ def markdown(rows: Sequence[ServeFigures], weir_names: Sequence[str], command: s
                 f"{g.get('weir_scheduler_step_cost_per_decode_seconds', 0) * 1e3:.2f} ms/decode + "
                 f"{g.get('weir_scheduler_step_cost_per_token_seconds', 0) * 1e3:.2f} ms/prefill token, "
                 f"margin {g.get('weir_scheduler_step_margin', 0):.0%}, running cap "
-                f"{g.get('weir_scheduler_max_running', 0):.0f}"
+                + (f"{g['weir_scheduler_max_running']:.0f}" if "weir_scheduler_max_running" in g else "none")
             )
     peers = [r for r in rows if r.system not in weir_names]
     weirs = [r for r in rows if r.system in weir_names]
