@@ -93,7 +93,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="MS",
         help="target engine step time: the per-step token budget (up to --max-num-batched-tokens) and "
         "how many sequences run at once follow it and the measured costs (env WEIR_TARGET_STEP_MS; "
-        "default 500 on CPU, none on an accelerator; 0: none, a fixed budget)",
+        "default 800 on CPU, none on an accelerator; 0: none, a fixed budget)",
     )
     add(
         "--speculative",

@@ -95,9 +95,9 @@ def _xdg_dir(env: Mapping[str, str], var: str, fallback: str) -> Path:
     return (Path(base) if base else Path.home() / fallback) / "weir"
 
 
-# The default target step on CPU (docs/benchmarks.md, issue 13): on two cores it beat the fixed
-# 2,048-token budget on throughput, TTFT and ITL at once in the guidellm comparison.
-CPU_TARGET_STEP_MS = 500.0
+# The default target step on CPU (docs/benchmarks.md, issue 13): on two cores, of 500/800/1,200
+# ms in one guidellm run it gave the best throughput and ITL with TTFT still under the peer's.
+CPU_TARGET_STEP_MS = 800.0
 
 
 @dataclass(frozen=True)

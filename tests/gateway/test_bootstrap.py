@@ -153,7 +153,7 @@ def test_kernel_settings_reach_the_engine_and_cpu_refuses_cuda_only_choices() ->
 
 def test_target_step_ms_reaches_the_scheduler_in_seconds() -> None:
     # default: a target on CPU, the fixed budget on an accelerator; 0 turns it off anywhere
-    assert engine_config(Settings(max_model_len=64), Path("/m"), "cpu").scheduler.target_step_s == 0.5
+    assert engine_config(Settings(max_model_len=64), Path("/m"), "cpu").scheduler.target_step_s == 0.8
     assert engine_config(Settings(max_model_len=64), Path("/m"), "cuda").scheduler.target_step_s is None
     off = Settings(max_model_len=64, target_step_ms=0)
     assert engine_config(off, Path("/m"), "cpu").scheduler.target_step_s is None
