@@ -49,3 +49,20 @@ def test_one_run_reports_linear_weight_read_and_interleaved_decode(tmp_path: Pat
         assert row["plain_ms"] > 0 and row["packed_ms"] > 0 and row["weight_read_ms"] > 0
         assert row["plain_over_packed"] == pytest.approx(row["plain_ms"] / row["packed_ms"], abs=0.01)
     assert report["decode"][0]["packed_over_first_batch"] == 1.0
+
+
+def test_no_plain_times_the_packed_engine_against_a_full_weight_read(tmp_path: Path) -> None:
+    path = make_tiny_model(tmp_path / "model", "llama", num_kv_heads=2)
+    out, out_plain = tmp_path / "alone.json", tmp_path / "both.json"
+    argv = ["--model", str(path), "--linear-rows", "--batches", "1", "2", "--context-len", "12"]
+    assert main([*argv, "--steps", "2", "--reps", "2", "--no-plain", "--out", str(out)]) == 0
+    assert main([*argv, "--steps", "1", "--reps", "1", "--out", str(out_plain)]) == 0
+    alone, both = json.loads(out.read_text()), json.loads(out_plain.read_text())
+    assert "linear" not in alone
+    assert alone["weight_bytes"] == both["weight_bytes"]  # the same weights read, from its own copy
+    for row in alone["decode"]:
+        assert "plain_ms" not in row and "plain_over_packed" not in row
+        assert row["packed_ms"] > 0 and row["weight_read_ms"] > 0
+        assert row["packed_over_weight_read"] == pytest.approx(
+            row["packed_ms"] / row["weight_read_ms"], abs=0.01
+        )
