@@ -205,14 +205,22 @@ def _serve(sim: Sim, cost: FakeCost, max_steps: int = 5_000) -> list[tuple[int, 
     raise AssertionError("simulation did not finish")
 
 
-def test_scheduler_applies_the_budget_and_keeps_the_tokens() -> None:
+def _loaded_sim(
+    max_num_seqs: int, target_s: float, num_prompts: int, prompt_len: int, max_tokens: int
+) -> tuple[Sim, dict[str, list[int]]]:
+    """A scheduler under a target step time with `num_prompts` distinct prompts queued at once."""
     config = SchedulerConfig(
-        max_num_batched_tokens=2048, max_num_seqs=8, max_model_len=512, target_step_s=0.2
+        max_num_batched_tokens=2048, max_num_seqs=max_num_seqs, max_model_len=512, target_step_s=target_s
     )
-    sim = Sim(config, num_blocks=400, caching=False)
-    prompts = {f"r{i}": [(7 * i + j) % 50 + 1 for j in range(120)] for i in range(16)}
+    sim = Sim(config, num_blocks=50 * num_prompts, caching=False)
+    prompts = {f"r{i}": [(7 * i + j) % 50 + 1 for j in range(prompt_len)] for i in range(num_prompts)}
     for rid, prompt in prompts.items():
-        sim.add(rid, prompt, max_tokens=24)
+        sim.add(rid, prompt, max_tokens=max_tokens)
+    return sim, prompts
+
+
+def test_scheduler_applies_the_budget_and_keeps_the_tokens() -> None:
+    sim, prompts = _loaded_sim(max_num_seqs=8, target_s=0.2, num_prompts=16, prompt_len=120, max_tokens=24)
     times = _serve(sim, FakeCost(a=0.04, b=0.002, seed=5))
     for rid, prompt in prompts.items():
         assert sim.outputs[rid] == reference_output(prompt, 24)
@@ -326,29 +334,11 @@ def test_one_sequence_always_runs_and_no_target_caps_nothing() -> None:
 def test_running_decodes_stay_within_the_target_under_overload() -> None:
     # 40 requests at once, decodes costlier than prefill tokens: without the cap all 32 seats
     # would run and a decode step alone would take 0.035 + 32 * 0.006 = 0.23 s > 0.15 s.
-    config = SchedulerConfig(
-        max_num_batched_tokens=2048, max_num_seqs=32, max_model_len=512, target_step_s=0.15
-    )
-    sim = Sim(config, num_blocks=2000, caching=False)
-    prompts = {f"r{i}": [(3 * i + j) % 50 + 1 for j in range(60)] for i in range(40)}
-    for rid, prompt in prompts.items():
-        sim.add(rid, prompt, max_tokens=30)
-    cost = FakeCost(a=0.035, b=0.0017, c=0.006, seed=10)
-    ctrl = sim.sched.step_budget
-    times = []
-    for _ in range(5_000):
-        if not sim.sched.has_unfinished():
-            break
-        sim.step()
-        out = sim.steps[-1]
-        seconds = cost.seconds(out.num_tokens, out.num_decodes)
-        ctrl.observe(out.num_tokens, seconds, out.num_decodes)
-        sim.clock.now += seconds
-        times.append((seconds, sim.sched.num_running))
-    assert not sim.sched.has_unfinished()
+    sim, prompts = _loaded_sim(max_num_seqs=32, target_s=0.15, num_prompts=40, prompt_len=60, max_tokens=30)
+    times = _serve(sim, FakeCost(a=0.035, b=0.0017, c=0.006, seed=10))
     for rid, prompt in prompts.items():
         assert sim.outputs[rid] == reference_output(prompt, 30)
-    settled = times[40:]
+    settled = [(s, len(out.scheduled)) for (_, s), out in zip(times, sim.steps, strict=True)][40:]
     assert max(n for _, n in settled) < 32  # the cap, not the seats, bounds the batch
     assert sum(s for s, _ in settled) / len(settled) < 0.16
     assert sorted(s for s, _ in settled)[int(0.95 * len(settled))] < 0.18
