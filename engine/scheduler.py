@@ -288,12 +288,14 @@ class Scheduler:
         # would leave it out until the whole batch ends, so there duplicates are computed.
         may_hold = not group and self.kv.enable_caching
         held: list[Request] = []
-        admits = self.step_budget.admits  # a target step time also caps how many run at once
-        while len(self.running) < max_seqs and (budget > 0 or group):
+        # A target step time also caps how many run at once (StepBudget.admits): past it, requests wait.
+        admits = self.step_budget.admits
+        while len(self.running) < max_seqs and (group or (budget > 0 and admits(len(self.running)))):
             req = self.waiting.peek()
             if req is None:
                 break
-            swapped = req.status is RequestStatus.SWAPPED  # back with its blocks from the host tier
+            # A swapped-out request comes back with its blocks from the host tier.
+            swapped = req.status is RequestStatus.SWAPPED
             computed, num_cached = ([], 0) if swapped else self.kv.get_computed_blocks(req)
             if not swapped and may_hold and self.kv.inflight_owner(req, num_cached) is not None:
                 self.waiting.remove(req)
@@ -304,11 +306,8 @@ class Scheduler:
                 continue
             if len(self.running) + min(self.num_seats(req), max_seqs) > max_seqs:
                 break  # the request's forks need seats too
-            # Admission reserves blocks for the whole known sequence, so a prompt never stalls. Past
-            # the running cap, as when blocks are short, only a lower class's seat makes room.
-            if not group and not admits(len(self.running)):
-                fits = False
-            elif swapped:
+            # Admission reserves blocks for the whole known sequence, so a prompt never stalls.
+            if swapped:
                 fits = self.kv.swap_in(req, watermark=True)
             else:
                 fits = self.kv.allocate_slots(req, req.num_tokens, computed, watermark=True)

@@ -15,7 +15,6 @@ from hypothesis import given, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from engine.config import QueuePolicy, SchedulerConfig
-from engine.request import Priority
 from engine.step_budget import StepBudget, StepBudgetConfig, StepCostModel
 from tests.engine.sim import Sim, reference_output
 
@@ -343,50 +342,3 @@ def test_running_decodes_stay_within_the_target_under_overload() -> None:
     assert max(n for _, n in settled) < 32  # the cap, not the seats, bounds the batch
     assert sum(s for s, _ in settled) / len(settled) < 0.16
     assert sorted(s for s, _ in settled)[int(0.95 * len(settled))] < 0.18
-
-
-def test_past_the_running_cap_a_higher_class_displaces_a_lower_one() -> None:
-    # The cap is full of batch-class decodes; an interactive request arrives. As with a short
-    # block pool, it takes a batch request's seat (the victim is preempted and resumes later)
-    # instead of waiting for one to finish; the batch requests queued behind it keep waiting.
-    config = SchedulerConfig(
-        max_num_batched_tokens=2048,
-        max_num_seqs=32,
-        max_model_len=512,
-        target_step_s=0.15,
-        queue_policy=QueuePolicy.PRIORITY,
-    )
-    sim = Sim(config, num_blocks=2000, caching=False)
-    prompts = {f"b{i}": [(5 * i + j) % 50 + 1 for j in range(60)] for i in range(40)}
-    for rid, prompt in prompts.items():
-        sim.add(rid, prompt, max_tokens=60, priority=Priority.BATCH)
-    cost = FakeCost(a=0.035, b=0.0017, c=0.006, seed=11)
-    ctrl = sim.sched.step_budget
-
-    def step() -> None:
-        sim.step()
-        out = sim.steps[-1]
-        seconds = cost.seconds(out.num_tokens, out.num_decodes)
-        ctrl.observe(out.num_tokens, seconds, out.num_decodes)
-        sim.clock.now += seconds
-
-    for _ in range(40):  # the cap settles below the 32 seats, with batch requests waiting
-        step()
-    cap = ctrl.max_running()
-    assert cap is not None and sim.sched.num_running >= cap and len(sim.sched.waiting) > 0
-    preempted_before = sim.sched.num_preemptions
-    sim.add("vip", list(range(1, 41)), max_tokens=5, priority=Priority.INTERACTIVE)
-    step()
-    out = sim.steps[-1]
-    assert "vip" in {s.request_id for s in out.scheduled}
-    # batch requests gave up their seats until the running count was under the cap again
-    assert sim.sched.num_preemptions > preempted_before and out.preempted_ids
-    assert all(rid.startswith("b") for rid in out.preempted_ids)
-    assert sim.sched.num_running <= max(cap, ctrl.max_running() or 0)
-    for _ in range(5_000):
-        if not sim.sched.has_unfinished():
-            break
-        step()
-    assert sim.outputs["vip"] == reference_output(list(range(1, 41)), 5)
-    for rid, prompt in prompts.items():  # the displaced one resumed: nothing lost
-        assert sim.outputs[rid] == reference_output(prompt, 60)
