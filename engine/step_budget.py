@@ -221,25 +221,25 @@ class StepBudget:
 
     def budget(self, num_decodes: int, has_prefill_work: bool) -> int:
         """Tokens the next step may feed: `num_decodes` running decodes, and prefill if any waits."""
-        cfg = self.config
-        if cfg.target_step_s is None:
+        cfg, planned = self.config, self._planned_s()
+        if planned is None:
             chosen = cfg.max_tokens
         else:
             floor = num_decodes + (cfg.min_prefill_chunk if has_prefill_work else 0)
-            planned = cfg.target_step_s / (1.0 + self.margin)
             chosen = min(cfg.max_tokens, max(floor, self._fitted(planned, num_decodes)))
         self.last_budget = chosen
         return chosen
 
     def _fitted(self, target_s: float, num_decodes: int) -> int:
+        # Twice the largest step measured: the probe before the slope is known, and the bound after
+        # (a fit is not trusted far outside its data).
+        reach = max(self.config.initial_tokens, 2 * self.model.max_tokens_seen)
         cost = self.model.cost
-        if cost is None:  # probe: grow until two step sizes tell the slope
-            return max(self.config.initial_tokens, 2 * self.model.max_tokens_seen)
+        if cost is None:
+            return reach
         spare = target_s - cost.seconds(num_decodes, num_decodes)
         if spare <= 0:
             return 0
-        # never more than twice the largest step measured: a fit is not trusted far outside its data
-        reach = max(self.config.initial_tokens, 2 * self.model.max_tokens_seen)
         return int(min(num_decodes + spare / cost.per_token_s, float(self.config.max_tokens), float(reach)))
 
     def max_running(self) -> int | None:
@@ -249,9 +249,11 @@ class StepBudget:
         if planned is None or cost is None:
             return None
         spare = planned - cost.overhead_s - cost.per_token_s * cfg.min_prefill_chunk
+        if spare <= 0:
+            return 1
         if cost.per_decode_s <= 0:
-            return None if spare > 0 else 1
-        return max(1, min(1 << 30, int(spare / cost.per_decode_s))) if spare > 0 else 1
+            return None  # decodes cost nothing measurable: only --max-num-seqs caps
+        return max(1, int(min(spare / cost.per_decode_s, 1 << 30)))
 
     def admits(self, num_running: int) -> bool:
         """May one more sequence start running beside `num_running`? Always when none runs."""
@@ -261,15 +263,16 @@ class StepBudget:
     def observe(self, num_tokens: int, seconds: float, num_decodes: int = 0) -> None:
         """Feed back one executed step: the tokens it computed (`num_decodes` of them decode rows)
         and how long it took."""
+        if num_tokens <= 0 or not (seconds > 0 and math.isfinite(seconds)):
+            return  # as the cost model ignores it
+        num_decodes = min(max(num_decodes, 0), num_tokens)
         cost = self.model.cost
-        if cost is not None and num_tokens > 0 and seconds > 0 and math.isfinite(seconds):
-            predicted = cost.seconds(num_tokens, min(max(num_decodes, 0), num_tokens))
-            if predicted > 0:
-                # overruns only (a step faster than predicted risks nothing); one stall counts as 100% at most
-                miss = min(max(seconds / predicted - 1.0, 0.0), 1.0)
-                f = _MISS_FORGETTING
-                self._miss_sq = f * self._miss_sq + miss * miss
-                self._miss_w = f * self._miss_w + 1.0
+        predicted = cost.seconds(num_tokens, num_decodes) if cost is not None else 0.0
+        if predicted > 0:
+            # overruns only (a step faster than predicted risks nothing); one stall counts as 100% at most
+            miss = min(max(seconds / predicted - 1.0, 0.0), 1.0)
+            self._miss_sq = _MISS_FORGETTING * self._miss_sq + miss * miss
+            self._miss_w = _MISS_FORGETTING * self._miss_w + 1.0
         self.model.observe(num_tokens, seconds, num_decodes)
 
     def stats(self) -> StepBudgetStats:

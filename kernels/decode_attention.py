@@ -42,7 +42,7 @@ class DecodeGroup:
     """Sequences attended in one padded batch."""
 
     rows: torch.Tensor | None  # [n] int64: which of the plan's sequences; None: all, in order
-    block_index: torch.Tensor  # [n * max_blocks] int64, rows padded with their own first block
+    block_index: torch.Tensor  # [n * max_blocks] int64, short rows padded as their table is (block 0)
     mask: torch.Tensor | None  # [n, 1, 1, padded_len] bool; None when no row is padded
     num_seqs: int
     padded_len: int  # max_blocks * block_size

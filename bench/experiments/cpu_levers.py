@@ -5,8 +5,8 @@ and off in the same process, so all variants share the machine's state:
 
 - `unfused`: decode attention through `kernels.reference.paged_attention` (per layer: the block
   index, two gathers, the mask, one scatter per row), 2 intra-op threads;
-- `fused`: the decode-only path of `kernels.decode_attention` (plan once per step, one gather
-  per layer, grouped queries without repeating K/V), 2 threads;
+- `fused`: `kernels.decode_attention` (plan once per step, one gather per layer and group of
+  similar context lengths, grouped queries without repeating K/V), 2 threads;
 - `unfused_1thread`, `fused_1thread`: the same with `torch.set_num_threads(1)`: the engine
   thread alone on one core, leaving the other to the event loop, tokenizers and other processes;
 - `weight_read`: one read of every weight (a `sum` per tensor, over a plain copy of the model as
