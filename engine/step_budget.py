@@ -129,6 +129,9 @@ class StepCostModel:
         self._xtx = [[0.0] * 3 for _ in range(3)]  # weighted sums of x x^T, x = (1, decodes, prefill)
         self._xty = [0.0, 0.0, 0.0]
         self._theta: list[float] | None = None  # (overhead, per decode, per prefill token)
+        # The current fit with its slopes clamped to >= 0, None while the cost per token is unknown;
+        # set once per observed step (the scheduler reads it several times a step).
+        self.cost: StepCost | None = None
         self.num_observed = 0
         self.max_tokens_seen = 0
 
@@ -149,6 +152,7 @@ class StepCostModel:
             self._theta = self._first_fit()
         else:
             self._theta = self._refit(self._theta)
+        self.cost = self._clamped_cost()
 
     def _first_fit(self) -> list[float] | None:
         """One slope for every token (the sizes of the steps so far), once their spread is enough."""
@@ -170,9 +174,7 @@ class StepCostModel:
         theta = _solve3(m, v)
         return prior if theta is None or not all(math.isfinite(t) for t in theta) else theta
 
-    @property
-    def cost(self) -> StepCost | None:
-        """The current fit, or None while the cost per token is unknown."""
+    def _clamped_cost(self) -> StepCost | None:
         if self._theta is None:
             return None
         _, per_decode, per_token = self._theta
