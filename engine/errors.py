@@ -49,7 +49,9 @@ class KVCapacityError(ContextLengthError):
     """A request can never fit the KV cache pool, even with nothing else running.
 
     A 400 like `ContextLengthError`: the request is refused before it enters the queue, instead
-    of being admitted, preempted, and then never admitted again.
+    of being admitted, preempted, and then never admitted again. `param` is `max_tokens` when one
+    sequence alone is too long, `n` or `beam_width` when each sequence fits but the group (whose
+    sequences run together, sharing the prompt's full blocks) does not.
     """
 
     def __init__(
@@ -60,6 +62,7 @@ class KVCapacityError(ContextLengthError):
         num_blocks_needed: int,
         num_blocks_usable: int,
         block_size: int,
+        param: str = "max_tokens",
     ) -> None:
         seqs = f" for {num_sequences} sequences" if num_sequences > 1 else ""
         InvalidRequestError.__init__(
@@ -68,11 +71,13 @@ class KVCapacityError(ContextLengthError):
             f"{max_tokens} max_tokens{seqs} need {num_blocks_needed} blocks of {block_size} tokens, "
             f"and the cache has {num_blocks_usable} blocks ({num_blocks_usable * block_size} tokens) for "
             "one request. Please reduce the prompt, max_tokens, n or beam_width.",
-            param="max_tokens",
+            param=param,
         )
         self.num_prompt_tokens = num_prompt_tokens
         self.max_tokens = max_tokens
         self.max_model_len = num_blocks_usable * block_size
+        self.num_sequences = num_sequences
+        self.num_blocks_needed = num_blocks_needed
 
 
 class RetryableEngineError(EngineError):

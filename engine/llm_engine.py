@@ -227,16 +227,37 @@ class LLMEngine:
         num_prompt = len(er.prompt_token_ids)
         if num_prompt + sp.max_tokens > self.max_model_len:
             raise ContextLengthError(num_prompt, sp.max_tokens, self.max_model_len)
-        # Each sequence (a choice, a beam) may have to run alone, preempted and recomputed,
-        # so it must fit the pool by itself; if it cannot, it would never be admitted again.
-        needed = self.kv.blocks_for(num_prompt + sp.max_tokens)
-        if needed > self.num_blocks_per_request:
-            num_seqs = sp.beam_width if sp.use_beam_search else sp.n
-            raise KVCapacityError(
-                num_prompt, sp.max_tokens, num_seqs, needed, self.num_blocks_per_request, self.kv.block_size
-            )
+        self._check_kv_capacity(er)
         if self.is_active(er.request_id):
             raise InvalidRequestError(f"duplicate request id {er.request_id!r}", "request_id")
+
+    def _check_kv_capacity(self, er: EngineRequest) -> None:
+        """Refuse a request whose sequences, alone or together, can never fit the pool."""
+        sp = er.sampling_params
+        num_prompt = len(er.prompt_token_ids)
+        num_seqs = sp.beam_width if sp.use_beam_search else sp.n
+        usable, block_size = self.num_blocks_per_request, self.kv.block_size
+        # Each sequence (a choice, a beam) may have to run alone, preempted and recomputed,
+        # so it must fit the pool by itself; if it cannot, it would never be admitted again.
+        per_sequence = self.kv.blocks_for(num_prompt + sp.max_tokens)
+        if per_sequence > usable:
+            raise KVCapacityError(num_prompt, sp.max_tokens, num_seqs, per_sequence, usable, block_size)
+        # The sequences of a group run together: the beams of a search advance in lockstep, the
+        # choices fork from one prefill. Forks share the prompt's full blocks (copy-on-write);
+        # the partial last block and every block of output are each sequence's own. A group
+        # larger than the pool would be admitted, preempted and recomputed without end.
+        shared = num_prompt // block_size
+        needed = shared + num_seqs * (per_sequence - shared)
+        if needed > usable:
+            raise KVCapacityError(
+                num_prompt,
+                sp.max_tokens,
+                num_seqs,
+                needed,
+                usable,
+                block_size,
+                param="beam_width" if sp.use_beam_search else "n",
+            )
 
     def add_request(self, er: EngineRequest) -> None:
         """Validate and queue a request (and its n choices).

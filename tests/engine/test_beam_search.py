@@ -103,11 +103,14 @@ def _engine(path: Path, num_blocks: int = 400) -> LLMEngine:
 def _run(
     engine: LLMEngine, rid: str, prompt: list[int], params: SamplingParams
 ) -> dict[int, tuple[list[int], FinishReason | None]]:
+    """Run `rid` (and whatever else the engine holds) to the end; `rid`'s choices by index."""
     engine.add_request(EngineRequest(rid, tuple(prompt), params))
     tokens: dict[int, list[int]] = {}
     reasons: dict[int, FinishReason | None] = {}
     while engine.has_unfinished():
         for o in engine.step():
+            if o.request_id != rid:
+                continue
             tokens.setdefault(o.index, []).extend(o.new_token_ids)
             if o.finished:
                 reasons[o.index] = o.finish_reason
@@ -209,11 +212,18 @@ def test_beam_search_aborts_and_refuses_what_it_does_not_support(tiny: Path) -> 
 
 
 def test_beam_search_survives_a_tight_pool(tiny: Path) -> None:
-    """Beams preempted for lack of blocks recompute (mostly from the cache) and still finish right."""
+    """Beams preempted for lack of blocks recompute (mostly from the cache) and still finish right.
+
+    The group alone fits the pool (5 shared prompt blocks + 4 beams x 4 own = 21 blocks, issue 21
+    item 3); a rival request competing for the same pool forces the preemptions.
+    """
     params = SamplingParams(max_tokens=12, use_beam_search=True, beam_width=4, n=2, ignore_eos=True)
     prompt = list(range(60, 81))
     expected = _run(_engine(tiny), "roomy", prompt, params)
-    tight = _engine(tiny, num_blocks=12)
+    tight = _engine(tiny, num_blocks=22)
+    assert tight.num_blocks_per_request == 21
+    rival = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
+    tight.add_request(EngineRequest("rival", tuple(range(100, 140)), rival))
     assert _run(tight, "tight", prompt, params) == expected
     assert tight.scheduler.num_preemptions > 0
     assert tight.kv.num_free_blocks == tight.kv.num_total_blocks

@@ -160,6 +160,45 @@ def test_validate_refuses_what_can_never_fit_the_pool(tiny: Path) -> None:
     _assert_idle(engine)
 
 
+def _pool_of_1024_tokens(path: Path) -> LLMEngine:
+    """Issue 21 item 3's pool: 1,024 tokens (64 usable blocks of 16), no watermark."""
+    engine = _engine(path, num_blocks=65, max_model_len=1024)
+    assert engine.num_blocks_per_request == 64 and engine.max_model_len == 1024
+    return engine
+
+
+@pytest.mark.parametrize(
+    ("group", "param"),
+    [({"n": 16}, "n"), ({"n": 2, "use_beam_search": True, "beam_width": 16}, "beam_width")],
+)
+def test_a_group_that_can_never_fit_the_pool_is_refused_naming_its_width(
+    long_context: Path, group: dict, param: str
+) -> None:
+    """Issue 21 item 3: each of 16 sequences of a 960-token prompt fits the pool (61 blocks), the
+    group does not (60 shared prompt blocks + 16 own = 76 > 64); it was admitted and preempted
+    without end."""
+    engine = _pool_of_1024_tokens(long_context)
+    params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True, **group)
+    with pytest.raises(KVCapacityError) as info:
+        engine.add_request(EngineRequest("wide", tuple([5] * 960), params))
+    assert info.value.param == param
+    assert info.value.num_sequences == 16 and info.value.num_blocks_needed == 76
+    assert all(str(x) in info.value.message for x in (960, 16, 76, 64)), info.value.message
+    _assert_idle(engine)
+
+
+def test_a_group_that_fills_the_pool_exactly_is_admitted_and_finishes(long_context: Path) -> None:
+    """The bound counts the prompt's full blocks once: 60 shared + 4 x 1 own = 64 blocks fits."""
+    engine = _pool_of_1024_tokens(long_context)
+    params = SamplingParams(max_tokens=16, temperature=1.0, seed=1, ignore_eos=True, n=4)
+    engine.add_request(EngineRequest("fits", tuple([5] * 960), params))
+    outs = _drain(engine, max_steps=200)
+    for i in range(4):
+        assert outs[("fits", i)][-1].finish_reason is FinishReason.LENGTH
+        assert len(_tokens(outs[("fits", i)])) == 16
+    _assert_idle(engine)
+
+
 def test_an_unschedulable_request_makes_the_step_idle_not_busy(tiny: Path) -> None:
     """A waiting request that cannot be admitted (forced in, past validation) leaves the step idle:
     the engine may sleep until a command arrives instead of stepping again at once."""
