@@ -22,12 +22,15 @@ class InvalidRequestError(EngineError, ValueError):
 class ContextLengthError(InvalidRequestError):
     """Prompt plus requested output does not fit the model's context."""
 
-    def __init__(self, num_prompt_tokens: int, max_tokens: int, max_model_len: int) -> None:
+    def __init__(
+        self, num_prompt_tokens: int, max_tokens: int, max_model_len: int, prompt_param: str = "prompt"
+    ) -> None:
+        # `prompt_param`: the body field that holds the prompt (`messages` for a chat).
         super().__init__(
             f"This model's maximum context length is {max_model_len} tokens. However, you requested "
             f"{num_prompt_tokens + max_tokens} tokens ({num_prompt_tokens} in the prompt, "
             f"{max_tokens} for the completion). Please reduce the prompt or max_tokens.",
-            param="max_tokens" if num_prompt_tokens < max_model_len else "messages",
+            param="max_tokens" if num_prompt_tokens < max_model_len else prompt_param,
         )
         self.num_prompt_tokens = num_prompt_tokens
         self.max_tokens = max_tokens

@@ -215,7 +215,9 @@ def from_tenancy_error(exc: TenancyError) -> WeirError:
         if exc.field == "body":
             return BadRequestError(exc.message, code="invalid_body")
         return UnprocessableError(exc.message, param=exc.field, code="invalid_value")
-    if isinstance(exc, TenantNotFoundError | KeyNotFoundError):
+    if isinstance(exc, TenantNotFoundError):
+        return NotFoundError(exc.message, param=exc.field)
+    if isinstance(exc, KeyNotFoundError):
         return NotFoundError(exc.message)
     if isinstance(exc, ModelVersionNotFoundError):
         return NotFoundError(exc.message, code="model_version_not_found")

@@ -37,7 +37,7 @@ from gateway.errors import ServiceUnavailableError
 from gateway.fleet_types import EngineFactory, ManagedEngine, ServedModel, model_fingerprint
 from gateway.tokenization import PromptBuilder, Tokenizer
 from gateway.traffic_router import RoutePlan, choose_version
-from tenancy.model_version_records import ModelVersionSpec, ModelVersionState
+from tenancy.model_version_records import ModelVersionSpec, ModelVersionState, version_id
 
 logger = logging.getLogger("weir.fleet")
 
@@ -161,10 +161,22 @@ class ModelFleet:
         ready = [v for v in self._versions.values() if v.spec.name == name and v.state is State.READY]
         return sorted(ready, key=lambda v: v.ready_seq)
 
-    def served_models(self) -> list[ServedModel]:
-        """One entry per model name with a ready version (that of the version ready last)."""
+    def served_models(self, tenant_id: str | None = None) -> list[ServedModel]:
+        """One entry per model name with a ready version: the card of the version that serves
+        `tenant_id` (see `serving`), never that of a version pinned to another tenant."""
         names = sorted({v.spec.name for v in self._versions.values() if v.state is State.READY})
-        return [m for m in (self.routable(n)[-1].served for n in names) if m is not None]
+        chosen = (self.serving(n, tenant_id) for n in names)
+        return [v.served for v in chosen if v is not None and v.served is not None]
+
+    def serving(self, name: str, tenant_id: str | None = None) -> FleetVersion | None:
+        """The version `tenant_id`'s requests of `name` go to: its pin while that version is
+        ready, else the one most of the unpinned traffic goes to (`primary`)."""
+        pinned = self.plan(name).pins.get(tenant_id) if tenant_id is not None else None
+        if pinned is not None:
+            entry = self._versions.get(version_id(name, pinned))
+            if entry is not None and entry.state is State.READY:
+                return entry
+        return self.primary(name)
 
     def serves(self, name: str) -> bool:
         return bool(self.routable(name))

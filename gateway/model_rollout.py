@@ -20,6 +20,7 @@ from gateway.errors import ConflictError
 from gateway.model_fleet import FleetVersion, ModelFleet, RetireResult
 from gateway.traffic_router import RoutePlan
 from tenancy.errors import ModelVersionExistsError
+from tenancy.model_version_records import check_transition
 from tenancy.model_versions import (
     ModelVersionRepo,
     ModelVersionSpec,
@@ -69,11 +70,14 @@ class ModelRollout:
                 await asyncio.to_thread(self.repo.register, startup, actor=STARTUP_ACTOR)
             except ModelVersionExistsError:
                 pass
-        records = await asyncio.to_thread(self.repo.list)
-        for record in records:
+        records = []
+        for record in await asyncio.to_thread(self.repo.list):
             if record.state is State.DRAINING:
-                # Its in-flight requests ended with the old process: the drain is complete.
-                await asyncio.to_thread(self._set, record, State.RETIRED, None, STARTUP_ACTOR)
+                # Its in-flight requests ended with the old process: the drain is complete. The
+                # fleet is filled from the moved record, never the stale one (a version the
+                # database calls retired must not be known as draining here: its next load failed).
+                record = await asyncio.to_thread(self._set, record, State.RETIRED, None, STARTUP_ACTOR)
+            records.append(record)
         for record in records:
             is_startup = startup is not None and record.id == startup.id
             if record.state is State.READY:
@@ -89,8 +93,8 @@ class ModelRollout:
                 if entry.state is not State.READY and is_startup:
                     raise StartupLoadError(f"could not load {record.id}: {entry.failure_reason}")
             else:
-                self.fleet.register(record.spec).state = record.state
-                self.fleet.register(record.spec).failure_reason = record.failure_reason
+                entry = self.fleet.register(record.spec)
+                entry.state, entry.failure_reason = record.state, record.failure_reason
         for name, plan in (await asyncio.to_thread(self.repo.list_traffic)).items():
             self.fleet.set_plan(name, RoutePlan(plan.split, plan.pins))
 
@@ -111,6 +115,9 @@ class ModelRollout:
         """
         async with self._lock:
             record = await asyncio.to_thread(self.repo.get, name, version)
+            check_transition(name, version, record.state, State.LOADING)  # the records' 409 first
+            _loadable(record, self.fleet.get(record.id))
+            await self._hold_current_traffic(name, actor)
             record = await asyncio.to_thread(self._set, record, State.LOADING, None, actor)
         await self._load(record, actor, mark=False)
         return self.status(await asyncio.to_thread(self.repo.get, name, version))
@@ -208,10 +215,32 @@ class ModelRollout:
 
     # -- internals --------------------------------------------------------------------------------
 
+    async def _hold_current_traffic(self, name: str, actor: str) -> None:
+        """Before a load: store the plan that routes `name` as it is routed now, if none does.
+
+        Without a share for any ready version, the router sends everything to the version ready
+        last: a version loaded now would take every request the moment it is ready. Storing the
+        current choice (100% to the version serving now; the pins kept) makes the new version
+        take nothing until an operator sets its share, and survives a restart.
+        """
+        plan = self.fleet.plan(name)
+        serving = self.fleet.primary(name)
+        if serving is None or any(plan.split.get(v.spec.version, 0) > 0 for v in self.fleet.routable(name)):
+            return
+        held = TrafficPlan(name=name, split={serving.spec.version: 100}, pins=dict(plan.pins))
+        stored = await asyncio.to_thread(self.repo.set_traffic, held, actor=actor)
+        self.fleet.set_plan(name, RoutePlan(stored.split, stored.pins))
+        logger.info("%s: traffic held on %s while another version loads", name, serving.id)
+
     async def _load(self, record: ModelVersionView, actor: str, mark: bool = True) -> FleetVersion:
         if mark:
-            await asyncio.to_thread(self._set, record, State.LOADING, None, actor)
-        entry = await self.fleet.load(record.spec)
+            record = await asyncio.to_thread(self._set, record, State.LOADING, None, actor)
+        try:
+            entry = await self.fleet.load(record.spec)
+        except Exception as exc:
+            # Never leave the record in `loading` (no edge leads out of it but ready or failed).
+            await asyncio.to_thread(self._set, record, State.FAILED, f"{type(exc).__name__}: {exc}", actor)
+            raise
         if entry.state is State.READY:
             await asyncio.to_thread(self._set, record, State.READY, None, actor)
         else:
@@ -222,6 +251,18 @@ class ModelRollout:
         self, record: ModelVersionView, state: ModelVersionState, reason: str | None, actor: str
     ) -> ModelVersionView:
         return self.repo.set_state(record.name, record.version, state, reason=reason, actor=actor)
+
+
+def _loadable(record: ModelVersionView, entry: FleetVersion | None) -> None:
+    """409 unless this server may load `record`'s version: the database's state (the transition
+    table) and the fleet's (a version it serves, drains or loads now) must both allow it."""
+    if entry is not None and entry.state in (State.READY, State.DRAINING, State.LOADING):
+        raise ConflictError(
+            f"model {record.name!r} version {record.version!r} is {entry.state.value} on this server "
+            f"(recorded as {record.state.value}); it cannot be loaded",
+            param="state",
+            code="invalid_model_transition",
+        )
 
 
 def _draining(record: ModelVersionView) -> ModelVersionView:

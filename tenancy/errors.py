@@ -24,11 +24,14 @@ class FieldError(TenancyError, ValueError):
 
 
 class TenantNotFoundError(TenancyError):
-    """No tenant has this name."""
+    """No tenant has this name. `field` names the input that named it, when it was a field
+    of a larger body (a traffic plan's pins)."""
 
-    def __init__(self, name: str) -> None:
-        super().__init__(f"tenant {name!r} not found")
+    def __init__(self, name: str, field: str | None = None, why: str = "") -> None:
+        where = f"{field}: " if field is not None else ""
+        super().__init__(f"{where}tenant {name!r} not found{why}")
         self.name = name
+        self.field = field
 
 
 class TenantExistsError(TenancyError):

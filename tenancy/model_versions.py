@@ -26,6 +26,7 @@ from tenancy.errors import (
     InvalidModelTransitionError,
     ModelVersionExistsError,
     ModelVersionNotFoundError,
+    TenantNotFoundError,
 )
 from tenancy.model_version_records import (
     ALLOWED_TRANSITIONS,
@@ -40,7 +41,7 @@ from tenancy.model_version_records import (
     validate_version_label,
     version_id,
 )
-from tenancy.models import ModelTraffic, ModelVersion
+from tenancy.models import ModelTraffic, ModelVersion, Tenant
 from tenancy.repo import utc_now
 
 __all__ = [
@@ -225,14 +226,27 @@ class ModelVersionRepo:
         row.updated_at = now
         row.updated_by = actor[:_ACTOR_LEN]
 
+    def _check_pinned_tenants(self, session: Session, plan: TrafficPlan) -> None:
+        """A pin names an existing tenant (`TenantNotFoundError` naming the pin otherwise): a pin
+        to a misspelt name would route nobody and be kept silently. Checked when a plan is set,
+        not when a rollback rewrites one (its pins were checked when they were set)."""
+        if not plan.pins:
+            return
+        known = set(session.scalars(select(Tenant.name).where(Tenant.name.in_(sorted(plan.pins)))))
+        for tenant in sorted(plan.pins):
+            if tenant not in known:
+                raise TenantNotFoundError(tenant, f"pins.{tenant}", "; pin only tenants that exist")
+
     def set_traffic(self, plan: TrafficPlan, *, actor: str) -> TrafficPlan:
         """Replace a model name's plan. Every version it names must exist (`FieldError` naming
-        the entry otherwise); their states are the server's business."""
+        the entry otherwise), and every pinned tenant (`TenantNotFoundError`); the versions'
+        states are the server's business."""
         if not isinstance(plan, TrafficPlan):
             raise FieldError("body", "must be a TrafficPlan")
         now = self._clock()
         with self.db.transaction() as session:
             self._store_plan(session, plan, now, actor)
+            self._check_pinned_tenants(session, plan)  # after the versions: their errors come first
             record_event(
                 session,
                 when=now,

@@ -94,7 +94,7 @@ class OpenAIRoutes:
         tenant = await self._tenant(request)
         allowed = [
             m.card()
-            for m in self.fleet.served_models()
+            for m in self.fleet.served_models(tenant.tenant_id)
             if not tenant.quota.models or m.name in tenant.quota.models
         ]
         return JSONResponse({"object": "list", "data": allowed})
@@ -103,7 +103,7 @@ class OpenAIRoutes:
         tenant = await self._tenant(request)
         name = request.path_params["model"]
         self._check_model(name, tenant)
-        served = next(m for m in self.fleet.served_models() if m.name == name)
+        served = next(m for m in self.fleet.served_models(tenant.tenant_id) if m.name == name)
         return JSONResponse(served.card())
 
     async def chat_completions(self, request: Request) -> Response:
@@ -260,7 +260,7 @@ class OpenAIRoutes:
                 if quota.max_output_tokens is not None:
                     max_tokens = min(max_tokens, quota.max_output_tokens)
             if max_tokens >= 1 and len(prompt) + max_tokens > max_model_len:
-                raise ContextLengthError(len(prompt), max_tokens, max_model_len)
+                raise ContextLengthError(len(prompt), max_tokens, max_model_len, prompt_param)
             params = options.sampling_params(max_tokens)
             requests.append(
                 EngineRequest(

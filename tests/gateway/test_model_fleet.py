@@ -105,6 +105,24 @@ def test_routing_follows_pins_and_split_and_never_picks_a_draining_version(fleet
     assert not fleet.serves("m") and fleet.served_models() == []
 
 
+def test_each_tenant_sees_the_card_of_the_version_that_serves_it(fleet: ModelFleet) -> None:
+    """Issue 21 item 5: every tenant saw the card of the version ready last, here v1 (loaded
+    again after v2 and pinned to acme), though only acme is served by it."""
+    asyncio.run(fleet.load(spec("v2", kv=256)))
+    asyncio.run(fleet.load(spec("v1", kv=1024)))  # ready last
+    fleet.set_plan("m", RoutePlan(split={"v2": 100}, pins={"acme": "v1"}))
+    v1, v2 = fleet.get("m@v1"), fleet.get("m@v2")
+    assert v1 is not None and v2 is not None and v1.served is not None and v2.served is not None
+    assert v1.served.fingerprint != v2.served.fingerprint
+    assert fleet.served_models("acme") == [v1.served]
+    assert fleet.served_models("other") == [v2.served]
+    assert fleet.served_models() == [v2.served]  # no tenant: the unpinned traffic's version
+    for tenant, served in (("acme", v1), ("other", v2)):
+        assert fleet.route("m", tenant, "r").version is served  # the card is what routes
+    fleet.drain("m@v1")  # a pin to a version that takes no requests: the split's
+    assert fleet.served_models("acme") == [v2.served]
+
+
 def test_different_names_are_served_side_by_side(fleet: ModelFleet) -> None:
     asyncio.run(fleet.load(spec("v1", name="alpha")))
     asyncio.run(fleet.load(spec("v1", name="beta")))

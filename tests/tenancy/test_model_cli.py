@@ -15,9 +15,12 @@ from tenancy.admin_client import HttpAdmin
 from tenancy.audit import list_events
 from tenancy.cli_support import CliError
 from tenancy.db import Database, sqlite_url_for
+from tenancy.keys import KeyHasher
 from tenancy.migrate import upgrade
 from tenancy.model_cli import parse_pins, parse_split
 from tenancy.model_versions import ModelVersionRepo, ModelVersionState
+from tenancy.records import TenantSpec
+from tenancy.repo import TenancyRepo
 from tests.tenancy.model_admin_app import model_admin_app
 
 TOKEN = "weir-admin-cli-test-token-0123456789"
@@ -51,6 +54,9 @@ def where(
     assert run(capsys, "db", "upgrade", "--data-dir", str(data))[0] == 0
     db = Database(sqlite_url_for(data))
     repo = ModelVersionRepo(db)
+    tenants = TenancyRepo(db, KeyHasher(b"pepper"))
+    for name in ("acme", "beta"):  # what the plans pin
+        tenants.create_tenant(TenantSpec(name), actor="test")
     if request.param == "direct":
         yield Where("direct", ["--data-dir", str(data)], repo)
     else:

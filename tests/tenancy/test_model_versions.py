@@ -17,7 +17,8 @@ from sqlalchemy.exc import OperationalError
 from tenancy.audit import list_events
 from tenancy.db import Database
 from tenancy.enums import AuditAction
-from tenancy.errors import FieldError
+from tenancy.errors import FieldError, TenantNotFoundError
+from tenancy.keys import KeyHasher
 from tenancy.model_versions import (
     ALLOWED_TRANSITIONS,
     InvalidModelTransitionError,
@@ -29,6 +30,8 @@ from tenancy.model_versions import (
     TrafficPlan,
 )
 from tenancy.models import Base, ModelVersion
+from tenancy.records import TenantSpec
+from tenancy.repo import TenancyRepo
 from tests.tenancy.clock import START, FakeClock
 
 S = ModelVersionState
@@ -46,7 +49,14 @@ PATH_TO = {
 
 @pytest.fixture
 def models(migrated: Database, clock: FakeClock) -> ModelVersionRepo:
+    _tenants(migrated, "acme", "beta", "gamma")  # what the plans below pin
     return ModelVersionRepo(migrated, clock=clock)
+
+
+def _tenants(db: Database, *names: str) -> None:
+    repo = TenancyRepo(db, KeyHasher(b"test-pepper"))
+    for name in names:
+        repo.create_tenant(TenantSpec(name), actor=ACTOR)
 
 
 def _spec(version: str = "v1", name: str = "smol") -> ModelVersionSpec:
@@ -59,8 +69,10 @@ def _walk(models: ModelVersionRepo, name: str, version: str, state: S) -> None:
 
 
 def _audit(models: ModelVersionRepo) -> list[tuple[AuditAction, str | None, dict[str, object]]]:
+    """The model events (the fixture's tenants are created first; theirs are left out)."""
     with models.db.transaction() as session:
-        return [(e.action, e.target, e.details) for e in reversed(list_events(session, limit=1000))]
+        events = reversed(list_events(session, limit=1000))
+        return [(e.action, e.target, e.details) for e in events if e.action is not AuditAction.TENANT_CREATE]
 
 
 def test_register_get_and_list(models: ModelVersionRepo, clock: FakeClock) -> None:
@@ -177,6 +189,9 @@ def test_traffic_plans_name_only_existing_versions(models: ModelVersionRepo, clo
     with pytest.raises(FieldError) as info:
         models.set_traffic(TrafficPlan("smol", {"v1": 100}, {"acme": "v9"}), actor=ACTOR)
     assert info.value.field == "pins.acme"
+    with pytest.raises(TenantNotFoundError) as missing:  # issue 21 item 5: was stored silently
+        models.set_traffic(TrafficPlan("smol", {"v1": 100}, {"acme": "v1", "acne": "v2"}), actor=ACTOR)
+    assert missing.value.field == "pins.acne" and "'acne' not found" in missing.value.message
     assert models.get_traffic("smol") == plan  # refused plans change nothing
     assert models.list_traffic() == {"smol": plan}
     models.set_traffic(TrafficPlan("smol", {}, {}), actor=ACTOR)  # clearing is a plan too
@@ -245,6 +260,7 @@ def test_actor_and_reason_are_bounded(models: ModelVersionRepo) -> None:
 NAMES = ("m1", "m2")
 VERSIONS = ("v1", "v2", "v3")
 TENANTS = ("acme", "beta")
+EXISTING_TENANTS = {"acme"}  # a pin to beta is refused
 
 
 class ModelVersionMachine(RuleBasedStateMachine):
@@ -260,6 +276,7 @@ class ModelVersionMachine(RuleBasedStateMachine):
         self.tmp = tempfile.TemporaryDirectory()
         self.db = Database(f"sqlite:///{Path(self.tmp.name) / 'weir.db'}")
         Base.metadata.create_all(self.db.engine)
+        _tenants(self.db, *EXISTING_TENANTS)
         self.repo = ModelVersionRepo(self.db, clock=FakeClock())
         self.states: dict[tuple[str, str], S] = {}
         self.plans: dict[str, TrafficPlan] = {}
@@ -309,7 +326,10 @@ class ModelVersionMachine(RuleBasedStateMachine):
         except FieldError:
             assert not plan.versions() <= known
             return
-        assert plan.versions() <= known
+        except TenantNotFoundError:
+            assert plan.versions() <= known and not set(plan.pins) <= EXISTING_TENANTS
+            return
+        assert plan.versions() <= known and set(plan.pins) <= EXISTING_TENANTS
         self.plans[name] = plan
 
     @rule(name=st.sampled_from(NAMES), to=st.sampled_from(VERSIONS))

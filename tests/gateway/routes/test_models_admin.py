@@ -16,9 +16,12 @@ from gateway.model_fleet import ModelFleet
 from gateway.model_rollout import ModelRollout
 from gateway.routes.models_admin import models_admin_routes
 from tenancy.db import Database
+from tenancy.keys import KeyHasher
 from tenancy.migrate import upgrade
 from tenancy.model_codec import parse_models_json, parse_traffic_json, parse_version_json
 from tenancy.model_versions import ModelVersionRepo
+from tenancy.records import TenantSpec
+from tenancy.repo import TenancyRepo
 from tests.gateway.harness import make_app
 from tests.gateway.routes.test_prefix_cache import ADMIN, TOKEN, _Store
 from tests.gateway.test_model_fleet import MIB, Factory
@@ -30,6 +33,7 @@ BASE = "/admin/v1/models"
 def api(tmp_path: Path) -> Iterator[TestClient]:
     db = Database(f"sqlite:///{tmp_path / 'weir.db'}")
     upgrade(db.engine)
+    TenancyRepo(db, KeyHasher(b"pepper")).create_tenant(TenantSpec("acme"), actor="test")  # pinned below
     fleet = ModelFleet(Factory(), MemoryBudget(8 * MIB))
     rollout = ModelRollout(fleet, ModelVersionRepo(db))
     auth = AdminAuthenticator(
@@ -109,3 +113,18 @@ def test_errors_name_the_field_or_the_state(api: TestClient) -> None:
     assert api.post(BASE, json={"name": "m", "version": "v1", "path": "ok"}, headers=ADMIN).status_code == 409
     # A model with no ready version: 404 on the OpenAI routes (the name is not served).
     assert api.post("/v1/completions", json={"model": "m", "prompt": "x"}).status_code == 404
+
+
+def test_a_pin_to_a_tenant_that_does_not_exist_is_a_404_naming_it(api: TestClient) -> None:
+    """Issue 21 item 5: pins to misspelt or unknown tenants were stored and routed nobody."""
+    _register(api, "v1")
+    assert api.post(f"{BASE}/m/versions/v1/load", headers=ADMIN).status_code == 200
+    refused = api.put(
+        f"{BASE}/m/traffic", json={"split": {"v1": 100}, "pins": {"acnme": "v1"}}, headers=ADMIN
+    )
+    assert refused.status_code == 404, refused.text
+    error = refused.json()["error"]
+    assert error["param"] == "pins.acnme" and "'acnme' not found" in error["message"], error
+    assert api.get(BASE, headers=ADMIN).json()["traffic"] == {}  # nothing stored
+    kept = api.put(f"{BASE}/m/traffic", json={"split": {"v1": 100}, "pins": {"acme": "v1"}}, headers=ADMIN)
+    assert kept.status_code == 200 and kept.json()["pins"] == {"acme": "v1"}

@@ -79,6 +79,25 @@ def test_context_length_error_carries_the_counts(live: Live) -> None:
     assert "300 tokens (200 in the prompt, 100 for the completion)" in error["message"]
 
 
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/v1/completions", {"model": MODEL, "prompt": [1] * MAX_MODEL_LEN, "max_tokens": 1}, "prompt"),
+        ("/v1/completions", {"model": MODEL, "prompt": [1] * MAX_MODEL_LEN}, "prompt"),  # default max_tokens
+        ("/v1/completions", {"model": MODEL, "prompt": [1] * 200, "max_tokens": 100}, "max_tokens"),
+        ("/v1/chat/completions", {**CHAT, "max_tokens": MAX_MODEL_LEN}, "max_tokens"),
+    ],
+)
+def test_a_context_length_error_names_the_field_of_its_endpoint(
+    live: Live, path: str, body: dict[str, Any], param: str
+) -> None:
+    """Issue 21 item 5: a completion's prompt at the context length was blamed on `messages`."""
+    r = post(live, path, body)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["code"] == "context_length_exceeded" and error["param"] == param, error
+
+
 def test_engine_request_fields(live: Live) -> None:
     body = {
         **CHAT, "max_tokens": 7, "temperature": 0.3, "top_p": 0.8, "top_k": 5, "min_p": 0.1, "seed": 9,
