@@ -16,6 +16,7 @@ does not go away: the engine is then dead, as before.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import queue
 import threading
@@ -42,6 +43,8 @@ PREFIX_SNAPSHOT_INTERVAL_S = 1.0
 IDLE_WAIT_S = 0.5
 # More restarts than this within the window and the engine is declared dead.
 MAX_RESTARTS = 5
+# Abort reports of streams closed early that no `abort` call has read yet (others' callers): bounded.
+MAX_ABORT_REPORTS = 4096
 RESTART_WINDOW_S = 60.0
 
 
@@ -54,7 +57,11 @@ class _Add:
 
 @dataclass(frozen=True)
 class _Abort:
+    """Abort a request; `future` (when set) receives the prompt tokens it had computed."""
+
     request_id: str
+    future: asyncio.Future[int | None] | None = None
+    loop: asyncio.AbstractEventLoop | None = None
 
 
 @dataclass(frozen=True)
@@ -86,6 +93,9 @@ class AsyncEngine:
         self._sinks: dict[str, _Add] = {}  # engine thread: where each request's outputs go
         # Event loop side: the streams `generate` has open and not yet aborted, by request id.
         self._open: dict[str, asyncio.Queue[RequestOutput | BaseException]] = {}
+        self._abort_reports: collections.OrderedDict[str, asyncio.Future[int | None]] = (
+            collections.OrderedDict()
+        )
         self._thread: threading.Thread | None = None
         self._stats = core.stats()
         self._prefix_stats = core.prefix_cache.stats()
@@ -177,16 +187,35 @@ class AsyncEngine:
             if self._open.get(rid) is sink:
                 del self._open[rid]
                 if remaining:
-                    self._send_abort(rid)
+                    # Closed early (or its task cancelled): the caller's `abort` reads the report.
+                    self._abort_reports[rid] = self._send_abort(rid, loop)
+                    while len(self._abort_reports) > MAX_ABORT_REPORTS:
+                        self._abort_reports.popitem(last=False)
 
-    async def abort(self, request_id: str) -> None:
-        """Abort a request streaming from `generate`; it is sent to the engine once, whoever asks first."""
+    async def abort(self, request_id: str) -> int | None:
+        """Abort a request streaming from `generate`; it is sent to the engine once, whoever asks first.
+
+        Returns the prompt tokens the engine had computed for it (prefix-cache hits included),
+        which are billed though no token came; None when it was not running here (unknown, ended
+        already) or the engine is not running.
+        """
+        loop = asyncio.get_running_loop()
         if self._open.pop(request_id, None) is not None:
-            self._send_abort(request_id)
+            report = self._send_abort(request_id, loop)
+        else:
+            pending = self._abort_reports.pop(request_id, None)
+            if pending is None:
+                return None
+            report = pending
+        if self._thread is None or self._dead is not None:
+            return None  # nobody drains the command; `_fail_calls` answers the ones queued at death
+        return await report
 
-    def _send_abort(self, request_id: str) -> None:
-        self._commands.put(_Abort(request_id))
+    def _send_abort(self, request_id: str, loop: asyncio.AbstractEventLoop) -> asyncio.Future[int | None]:
+        future: asyncio.Future[int | None] = loop.create_future()
+        self._commands.put(_Abort(request_id, future, loop))
         self._wake.set()
+        return future
 
     def stats(self) -> EngineStats:
         return self._stats
@@ -316,6 +345,8 @@ class AsyncEngine:
                 return
             if isinstance(cmd, _Call):
                 cmd.loop.call_soon_threadsafe(_resolve, cmd.future, None, exc)
+            elif isinstance(cmd, _Abort) and cmd.future is not None and cmd.loop is not None:
+                cmd.loop.call_soon_threadsafe(_resolve, cmd.future, None, None)
 
     def _drain_commands(self) -> bool:
         while True:
@@ -341,7 +372,11 @@ class AsyncEngine:
                     continue
                 self._sinks[cmd.request.request_id] = cmd
             else:
-                self._deliver(self.core.abort(cmd.request_id))
+                outputs = self.core.abort(cmd.request_id)
+                self._deliver(outputs)
+                if cmd.future is not None and cmd.loop is not None:
+                    computed = max((o.num_computed_prompt_tokens for o in outputs), default=None)
+                    cmd.loop.call_soon_threadsafe(_resolve, cmd.future, computed, None)
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
         by_sink: dict[str, list[RequestOutput]] = {}

@@ -250,6 +250,11 @@ class BeamGroups:
             e2e_s=times.e2e_s,
         )
         sp = er.sampling_params
+        num_prompt = len(er.prompt_token_ids)
+        # Once a beam sampled, the prompt was computed; before, the first sequence holds the progress.
+        computed_prompt = (
+            num_prompt if group.num_computed_tokens else min(group.first.num_computed_tokens, num_prompt)
+        )
 
         def output(
             index: int,
@@ -269,10 +274,11 @@ class BeamGroups:
                 finished=True,
                 finish_reason=reason,
                 stop_reason=stop_reason,
-                num_prompt_tokens=len(er.prompt_token_ids),
+                num_prompt_tokens=num_prompt,
                 num_cached_tokens=group.first.num_cached_tokens,
                 num_output_tokens=len(token_ids),
                 num_computed_output_tokens=group.num_computed_tokens,
+                num_computed_prompt_tokens=computed_prompt,
                 metrics=metrics,
                 error=error,
             )

@@ -155,4 +155,5 @@ class ChoiceGroups:
             stop_reason=stop_reason,
             metrics=metrics,
             error=error,
+            num_computed_prompt_tokens=min(req.num_computed_tokens, req.num_prompt_tokens),
         )

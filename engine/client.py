@@ -74,8 +74,11 @@ class EngineClient(Protocol):
         before any output. Closing the stream early aborts the request unless `abort` already did."""
         ...
 
-    async def abort(self, request_id: str) -> None:
-        """Stop a request at once and free its KV blocks. Unknown ids are ignored."""
+    async def abort(self, request_id: str) -> int | None:
+        """Stop a request at once and free its KV blocks. Unknown ids are ignored.
+
+        Returns the prompt tokens computed for it before the abort (billed: the work was done),
+        or None when the engine does not know (the request had ended, or was never here)."""
         ...
 
     def stats(self) -> EngineStats:

@@ -94,6 +94,10 @@ class RequestOutput:
     # Tokens sampled for the request over all its sequences, on finished outputs, where that is
     # more than the choices return (beam search: every beam's tokens); 0 when not reported.
     num_computed_output_tokens: int = 0
+    # Prompt tokens whose KV this choice had (computed, or found in the prefix cache) when it
+    # finished: the whole prompt once it produced a token, less when it was aborted or failed
+    # during its prefill (billed all the same: the work was done). 0 when not reported.
+    num_computed_prompt_tokens: int = 0
     metrics: RequestMetrics | None = None
     error: str | None = None
     # Speculative decoding of this choice so far: draft tokens verified, and of them accepted.

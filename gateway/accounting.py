@@ -15,7 +15,7 @@ import enum
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from engine.client import EngineRequest
@@ -43,12 +43,16 @@ class Usage:
 
     `completion_tokens` counts the tokens returned, as OpenAI's `usage` does; what was computed,
     and is billed, can be more: beam search decodes `beam_width` beams and returns `n` of them.
+    `computed_prompt_tokens` is the prompt work done (a request cancelled during its prefill is
+    billed the part computed, prefix-cache hits included, though no token came).
     """
 
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0
     computed_completion_tokens: int | None = None  # None: the same as completion_tokens
+    # None: the whole prompt when an output token came, else nothing (no report of the work).
+    computed_prompt_tokens: int | None = None
     # Speculative decoding: draft tokens verified for the request, and of them accepted.
     draft_tokens: int = 0
     accepted_draft_tokens: int = 0
@@ -65,8 +69,15 @@ class Usage:
         return max(self.completion_tokens, self.computed_completion_tokens)
 
     @property
+    def billed_prompt_tokens(self) -> int:
+        """Prompt tokens computed for the request: what settlement and usage records charge."""
+        if self.computed_prompt_tokens is not None:
+            return min(self.computed_prompt_tokens, self.prompt_tokens)
+        return self.prompt_tokens if self.billed_completion_tokens > 0 else 0
+
+    @property
     def billed_total_tokens(self) -> int:
-        return self.prompt_tokens + self.billed_completion_tokens
+        return self.billed_prompt_tokens + self.billed_completion_tokens
 
     def to_openai(self) -> dict[str, Any]:
         """The OpenAI `usage` object."""
@@ -151,6 +162,8 @@ class RequestTally:
         self.finish_reasons: list[str | None] = [None] * num_choices
         self.num_cached_tokens = [0] * len(self.requests)
         self.num_computed_tokens = [0] * len(self.requests)  # as the engine reports it (beam search)
+        # Prompt tokens the engine reported computed when the client cancelled, per prompt.
+        self.num_computed_prompt_tokens = [0] * len(self.requests)
         self.num_draft_tokens = [0] * num_choices  # speculative decoding, per choice, as reported
         self.num_accepted_draft_tokens = [0] * num_choices
         self.metrics: list[RequestMetrics | None] = [None] * len(self.requests)
@@ -183,6 +196,22 @@ class RequestTally:
                 self.metrics[prompt_index] = out.metrics
         return choice
 
+    def note_computed_prompt(self, prompt_index: int, num_tokens: int) -> None:
+        """The engine computed `num_tokens` of this prompt before the client cancelled it (its
+        abort's report). Not noted for failures or queue deadlines: the server's, not billed."""
+        self.num_computed_prompt_tokens[prompt_index] = max(
+            self.num_computed_prompt_tokens[prompt_index], num_tokens
+        )
+
+    def _computed_prompt(self, prompt_index: int) -> int:
+        """A prompt's billed tokens: all of it once any of its choices produced, else the report."""
+        num_prompt = len(self.requests[prompt_index].prompt_token_ids)
+        n = self.n
+        produced = any(self.num_output_tokens[prompt_index * n : (prompt_index + 1) * n])
+        if produced or self.num_computed_tokens[prompt_index]:
+            return num_prompt
+        return min(self.num_computed_prompt_tokens[prompt_index], num_prompt)
+
     def prompt_finished(self, prompt_index: int) -> bool:
         """Whether every choice of one engine request has finished."""
         start = prompt_index * self.n
@@ -209,7 +238,7 @@ class RequestTally:
             n = self.n
             per_prompt = (sum(self.num_output_tokens[p * n : (p + 1) * n]) for p in range(len(self.requests)))
             computed = sum(max(c, r) for c, r in zip(self.num_computed_tokens, per_prompt, strict=True))
-        return Usage(
+        usage = Usage(
             prompt_tokens=sum(len(r.prompt_token_ids) for r in self.requests),
             completion_tokens=sum(self.num_output_tokens),
             cached_tokens=sum(self.num_cached_tokens),
@@ -217,6 +246,10 @@ class RequestTally:
             draft_tokens=sum(self.num_draft_tokens),
             accepted_draft_tokens=sum(self.num_accepted_draft_tokens),
         )
+        computed_prompt = sum(self._computed_prompt(p) for p in range(len(self.requests)))
+        if computed_prompt == usage.billed_prompt_tokens:  # what the usage says without it
+            return usage
+        return replace(usage, computed_prompt_tokens=computed_prompt)
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,9 @@ if they are still waiting then, and the client gets 503 `deadline_exceeded`. Set
 request completes, fails or is cancelled, charges what was computed (`Usage.billed_total_tokens`):
 the unused part of the reservation goes back, and a request that used more than it reserved
 (no max_tokens) leaves the overshoot as debt on the tenant's bucket, which its next admissions
-wait out. A request that computed no token used nothing.
+wait out. A request cancelled before its first token is charged the prompt tokens the engine had
+computed for it (cached ones included, as for a completed request); one that computed nothing
+(aborted in the queue, refused) used nothing.
 
 The only queue is the engine's: this module decides yes or no at once and never holds requests.
 """
@@ -309,9 +311,10 @@ class AdmissionController:
             settled = True
             name = tenant.tenant_id
             self.concurrency.release(name)
-            # Nothing computed means nothing served (aborted in the queue, failed, cancelled early).
+            # What was computed: a request cancelled during its prefill pays for the prefill
+            # (engine-reported); one that computed nothing (aborted in the queue) pays nothing.
             usage = record.usage
-            used = usage.billed_total_tokens if usage.billed_completion_tokens > 0 else 0
+            used = usage.billed_total_tokens
             self.budget.settle(grant, used)
             if self.metrics is None:
                 return

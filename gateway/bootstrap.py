@@ -179,9 +179,9 @@ def to_usage_record_in(record: UsageRecord) -> UsageRecordIn:
         key_id=record.key_id,
         model=record.model,
         status=UsageStatus(_STATUS_OF[record.outcome]),
-        prompt_tokens=record.usage.prompt_tokens,
+        prompt_tokens=record.usage.billed_prompt_tokens,  # computed: a prefill cut short, only its part
         completion_tokens=record.usage.billed_completion_tokens,  # computed: every beam of a beam search
-        cached_tokens=min(record.usage.cached_tokens, record.usage.prompt_tokens),
+        cached_tokens=min(record.usage.cached_tokens, record.usage.billed_prompt_tokens),
         ttft_ms=None if record.ttft_s is None else max(record.ttft_s, 0.0) * 1000,
         e2e_ms=record.duration_s * 1000,
         finish_reason=finish,

@@ -38,6 +38,8 @@ _SSE_HEADERS = [
 _JSON_HEADERS = [(b"content-type", b"application/json")]
 _END = object()
 _CUT_STREAM_SEND_S = 1.0
+# How long a cleanup waits for the engine's abort report (one engine step, normally).
+_ABORT_REPORT_S = 10.0
 
 
 async def _pump(queue: asyncio.Queue[object], index: int, iterator: AsyncIterator[RequestOutput]) -> None:
@@ -266,10 +268,16 @@ class GenerationResponse:
         if outcome is None:
             outcome = Outcome.CLIENT_DISCONNECTED if self._disconnected else Outcome.CANCELLED
         # The one abort of each unfinished engine request: closing its stream below sends none.
+        # Its answer is the prefill the engine computed for it: billed, though no token came, when
+        # the client cancelled (not when the server did).
         for i, request in enumerate(job.requests):
             if not self.tally.prompt_finished(i):
                 try:
-                    await job.engine.abort(request.request_id)
+                    computed = None
+                    with anyio.move_on_after(_ABORT_REPORT_S):  # a stalled engine must not hold this
+                        computed = await job.engine.abort(request.request_id)
+                    if computed is not None and outcome is Outcome.CLIENT_DISCONNECTED:
+                        self.tally.note_computed_prompt(i, computed)
                 except Exception:
                     logger.exception("abort of %s failed", request.request_id)
         if self._outputs is not None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -150,5 +151,35 @@ def test_a_duplicate_id_is_refused_and_the_first_stream_still_aborts(tiny: Path)
         assert info.value.param == "request_id"
         await first.aclose()
         assert await _poll(lambda: _idle(core) and recorded.aborts == ["twin"])
+
+    _run(tiny, body)
+
+
+def test_an_abort_reports_the_prompt_tokens_computed(tiny: Path) -> None:
+    """Issue 21 item 4: the gateway bills a prefill its client cancelled; the engine says how much."""
+    core = build_engine(
+        EngineConfig(
+            model_path=str(tiny),
+            cache=CacheConfig(block_size=16, num_blocks=64),
+            scheduler=SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=8, max_model_len=256),
+        )
+    )
+    core.add_request(EngineRequest("mid", tuple([5] * 200), replace(LONG, n=2, max_tokens=8)))
+    assert core.step() == []  # one chunk of the prefill, no token yet
+    outs = core.abort("mid")
+    assert sorted(o.num_computed_prompt_tokens for o in outs) == [0, 64]  # the fork had not started
+    assert all(o.finished and o.finish_reason is FinishReason.ABORT for o in outs)
+
+    async def body(engine: AsyncEngine, core: LLMEngine, recorded: _Recorded) -> None:
+        stream = engine.generate(EngineRequest("running", (5, 6, 7), LONG))
+        assert (await stream.__anext__()).new_token_ids
+        assert await engine.abort("running") == 3  # the whole prompt
+        cut = engine.generate(EngineRequest("closed", (5, 6, 7, 8), LONG))
+        await cut.__anext__()
+        await cut.aclose()  # its own abort; the caller's abort reads the report
+        assert await engine.abort("closed") == 4
+        assert await engine.abort("closed") is None  # read once
+        assert await engine.abort("never") is None
+        assert await _poll(lambda: _idle(core))
 
     _run(tiny, body)
