@@ -126,6 +126,19 @@ UsageSink = Callable[[UsageRecord], None]
 
 
 @dataclass(frozen=True)
+class UsageJournal:
+    """Provisional usage records of a stream, so a crash of the server still bills it.
+
+    `begin` is awaited before the stream's first byte and returns once its record is on disk;
+    `progress` queues an updated one as the stream goes. The final record (the `UsageSink`'s)
+    replaces them; after a crash the last one written is the bill (`tenancy.usage_writer`).
+    """
+
+    begin: Callable[[UsageRecord], Awaitable[None]]
+    progress: UsageSink
+
+
+@dataclass(frozen=True)
 class Admitted:
     """An admission's answer when it adjusts the requests (e.g. sets their queue deadline).
 
@@ -269,9 +282,51 @@ class RequestInfo:
 class Accountant:
     """Settles a finished request: metrics, trace phases, usage record, admission settle."""
 
-    def __init__(self, metrics: GatewayMetrics, usage_sink: UsageSink | None = None) -> None:
+    def __init__(
+        self,
+        metrics: GatewayMetrics,
+        usage_sink: UsageSink | None = None,
+        journal: UsageJournal | None = None,
+    ) -> None:
         self.metrics = metrics
         self.usage_sink = usage_sink
+        self.journal = journal
+
+    async def begin(self, info: RequestInfo, tally: RequestTally) -> None:
+        """Before a stream's first byte: its provisional record (what it is about to deliver, as
+        cancelled) on disk. Billing trouble is logged, never fails the request."""
+        if self.journal is None:
+            return
+        try:
+            await self.journal.begin(self._record(info, tally, Outcome.CANCELLED))
+        except Exception:
+            logger.exception("could not write the provisional usage record of %s", info.request_id)
+
+    def progress(self, info: RequestInfo, tally: RequestTally) -> None:
+        """A stream's provisional record, updated to what it has delivered so far."""
+        if self.journal is None:
+            return
+        try:
+            self.journal.progress(self._record(info, tally, Outcome.CANCELLED))
+        except Exception:
+            logger.exception("could not queue the provisional usage record of %s", info.request_id)
+
+    def _record(self, info: RequestInfo, tally: RequestTally, outcome: Outcome) -> UsageRecord:
+        return UsageRecord(
+            request_id=info.request_id,
+            tenant_id=info.tenant.tenant_id,
+            key_id=info.tenant.key_id,
+            model=info.model,
+            endpoint=info.endpoint,
+            usage=tally.usage(),
+            outcome=outcome,
+            finish_reasons=tuple(r if r is not None else "abort" for r in tally.finish_reasons),
+            created_at=info.created_at,
+            duration_s=time.monotonic() - info.arrival_s,
+            ttft_s=tally.latencies(0).ttft_s if tally.requests else None,
+            user=info.user,
+            model_version=info.model_version,
+        )
 
     def finish(
         self,
@@ -283,24 +338,8 @@ class Accountant:
         error_message: str | None = None,
     ) -> UsageRecord:
         """Record everything about one ended request. Never raises."""
-        usage = tally.usage()
-        tenant = info.tenant.tenant_id
-        reasons = tuple(r if r is not None else "abort" for r in tally.finish_reasons)
-        record = UsageRecord(
-            request_id=info.request_id,
-            tenant_id=tenant,
-            key_id=info.tenant.key_id,
-            model=info.model,
-            endpoint=info.endpoint,
-            usage=usage,
-            outcome=outcome,
-            finish_reasons=reasons,
-            created_at=info.created_at,
-            duration_s=time.monotonic() - info.arrival_s,
-            ttft_s=tally.latencies(0).ttft_s if tally.requests else None,
-            user=info.user,
-            model_version=info.model_version,
-        )
+        record = self._record(info, tally, outcome)
+        usage, reasons = record.usage, record.finish_reasons
         try:
             self._observe(info, tally, usage, reasons, span)
             span.set_attributes({"weir.outcome": outcome.value})

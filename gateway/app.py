@@ -21,7 +21,7 @@ from starlette.routing import BaseRoute, Mount, Route
 
 from engine.client import EngineClient
 from engine.request import Priority
-from gateway.accounting import Accountant, Admission, UsageSink, admit_all
+from gateway.accounting import Accountant, Admission, UsageJournal, UsageSink, admit_all
 from gateway.body_limit import BodyLimitMiddleware
 from gateway.error_tarpit import DEFAULT_LIMITS, ErrorTarpitMiddleware, TarpitLimits
 from gateway.errors import NotFoundError, exception_handlers
@@ -71,6 +71,7 @@ def create_app(
     authenticate: Authenticate | None = None,
     admission: Admission = admit_all,
     usage_sink: UsageSink | None = None,
+    usage_journal: UsageJournal | None = None,
     metrics: GatewayMetrics | None = None,
     tracer_provider: TracerProvider | None = None,
     extra_routes: Sequence[BaseRoute] = (),
@@ -126,7 +127,7 @@ def create_app(
         fleet=fleet,
         authenticate=authenticate,
         admission=admission,
-        accountant=Accountant(metrics, usage_sink),
+        accountant=Accountant(metrics, usage_sink, usage_journal),
         tracer=tracer,
         state=state,
     )

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from starlette.applications import Starlette
 from starlette.routing import BaseRoute
 
-from gateway.accounting import Outcome, UsageRecord, UsageSink
+from gateway.accounting import Outcome, UsageJournal, UsageRecord, UsageSink
 from gateway.admission import build_admission
 from gateway.admission_metrics import AdmissionMetrics
 from gateway.app import create_app
@@ -146,6 +146,7 @@ class TenancyWiring:
 
     authenticate: Authenticate | None = None
     usage_sink: UsageSink | None = None
+    usage_journal: UsageJournal | None = None  # streams' provisional records (billed after a crash)
     routes: list[BaseRoute] = field(default_factory=list)
     num_tenants: int = 0
     start: Callable[[], Awaitable[None]] | None = None
@@ -229,6 +230,10 @@ def build_tenancy(settings: Settings) -> TenancyWiring:
     def sink(record: UsageRecord) -> None:
         writer.submit(to_usage_record_in(record))  # queued; written in batches on its own thread
 
+    async def begin(record: UsageRecord) -> None:
+        # On disk before the stream's first byte; bounded, so a stalled disk cannot hold streams.
+        await asyncio.wait_for(asyncio.wrap_future(writer.submit_durable(to_usage_record_in(record))), 5.0)
+
     async def start() -> None:
         await asyncio.to_thread(writer.start)  # opens the spool; replays what a crash left
 
@@ -241,6 +246,7 @@ def build_tenancy(settings: Settings) -> TenancyWiring:
         # The OpenAI routes need the inference scope; a usage-only key may only read its usage.
         authenticate=functools.partial(authenticator.authenticate_async, scope=KeyScope.INFERENCE),
         usage_sink=sink,
+        usage_journal=UsageJournal(begin=begin, progress=sink),
         routes=admin_routes(repo, authenticator, admin_auth),
         num_tenants=len(repo.list_tenants()),
         start=start,
@@ -351,6 +357,7 @@ def build_server_app(settings: Settings) -> Starlette:
     if auth is AuthMode.KEYS:
         kwargs["authenticate"] = tenancy.authenticate
         kwargs["usage_sink"] = tenancy.usage_sink
+        kwargs["usage_journal"] = tenancy.usage_journal
     extra_routes = list(tenancy.routes)
     if tenancy.admin_auth is not None:
         from gateway.routes.prefix_cache import prefix_cache_routes

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
@@ -38,6 +39,9 @@ _SSE_HEADERS = [
 _JSON_HEADERS = [(b"content-type", b"application/json")]
 _END = object()
 _CUT_STREAM_SEND_S = 1.0
+# A stream's provisional usage record is updated at most this often (the usage writer's batch
+# window): a crash leaves at most about this much of a stream unbilled.
+USAGE_PROGRESS_INTERVAL_S = 0.5
 # How long a cleanup waits for the engine's abort report (one engine step, normally).
 _ABORT_REPORT_S = 10.0
 
@@ -231,6 +235,10 @@ class GenerationResponse:
         except Exception as exc:
             await self._send_error(send, self._log_error(exc))
             return
+        # Billed even if the server dies mid-stream: a provisional record on disk before the first
+        # byte, updated as the stream goes (the final record replaces it).
+        await job.accountant.begin(job.info, self.tally)
+        progress_at = time.monotonic()
         await send({"type": "http.response.start", "status": 200, "headers": job.raw_headers(_SSE_HEADERS)})
         self._streaming = True
         pending = formatter.start_chunks(len(job.requests) * job.n)
@@ -246,6 +254,9 @@ class GenerationResponse:
                         await send(
                             {"type": "http.response.body", "body": b"".join(chunks), "more_body": True}
                         )
+                        if time.monotonic() - progress_at >= USAGE_PROGRESS_INTERVAL_S:
+                            progress_at = time.monotonic()
+                            job.accountant.progress(job.info, self.tally)
             tail = formatter.usage_chunk(self.tally.usage()) if formatter.include_usage else b""
             self._outcome = Outcome.COMPLETED
         except Exception as exc:

@@ -43,7 +43,7 @@ from tenancy.records import (
     validate_tenant_name,
 )
 from tenancy.row_mapping import apply_quota, key_view, tenant_view
-from tenancy.usage import daily_usage, daily_usage_query, insert_usage_if_absent, usage_row
+from tenancy.usage import daily_usage, daily_usage_query, latest_per_request, upsert_usage, usage_row
 
 _ADMIN_TOKEN_ROW = 1
 
@@ -322,8 +322,9 @@ class TenancyRepo:
     def record_usages(self, records: Sequence[UsageRecordIn]) -> None:
         """Write several usage records in one transaction (all or none).
 
-        Idempotent per (request_id, tenant): a record already stored is skipped, so replaying a
-        batch (the usage spool after an outage) stores each record once.
+        One row per (request_id, tenant): a later record replaces the stored one (a stream's
+        provisional records, then its final one), so replaying the spool in order after an
+        outage or a crash stores each request once, in its latest state.
         """
         if not records:
             return
@@ -336,8 +337,8 @@ class TenancyRepo:
                 missing = names - ids.keys()
                 if missing:
                     raise TenantNotFoundError(sorted(missing)[0])
-                rows = [usage_row(r, ids[r.tenant_id], now) for r in records]
-                session.execute(insert_usage_if_absent(self.db.backend), rows)
+                rows = latest_per_request([usage_row(r, ids[r.tenant_id], now) for r in records])
+                session.execute(upsert_usage(self.db.backend), rows)
         except IntegrityError:
             # Tenants were checked above, so a key is unknown. Find which, in a fresh transaction
             # (PostgreSQL refuses further queries in the failed one).

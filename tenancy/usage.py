@@ -39,14 +39,43 @@ def usage_row(record: UsageRecordIn, tenant_id: int, now: dt.datetime) -> dict[s
     }
 
 
-def insert_usage_if_absent(backend: str) -> Insert:
-    """An INSERT of usage rows that skips a (request_id, tenant) already stored.
+def upsert_usage(backend: str) -> Insert:
+    """An INSERT of usage rows where a later record of a (request_id, tenant) replaces the stored one.
 
-    The usage writer replays its spool after a database outage or a crash, so the same record
-    may arrive twice; it is stored once. `backend` is `Database.backend`.
+    A stream writes provisional records (before its first byte, then as it goes) and its final
+    one; the usage writer replays its spool in order after an outage or a crash, so the last
+    record written for a request is its latest state, and replaying a batch again is harmless.
+    A statement must not name one key twice (`latest_per_request` first). `backend` is
+    `Database.backend`.
     """
     dialect_insert = postgresql.insert if backend == "postgresql" else sqlite.insert
-    return dialect_insert(UsageRecord).on_conflict_do_nothing(index_elements=["request_id", "tenant_id"])
+    stmt = dialect_insert(UsageRecord)
+    return stmt.on_conflict_do_update(
+        index_elements=["request_id", "tenant_id"], set_={c: stmt.excluded[c] for c in _UPDATED_COLUMNS}
+    )
+
+
+# Everything a later record of the same request may change (not its identity or its day).
+_UPDATED_COLUMNS = (
+    "key_id",
+    "model",
+    "model_version",
+    "prompt_tokens",
+    "completion_tokens",
+    "cached_tokens",
+    "ttft_ms",
+    "e2e_ms",
+    "status",
+    "finish_reason",
+)
+
+
+def latest_per_request(rows: Sequence[dict[str, object]]) -> list[dict[str, object]]:
+    """The last row of each (request_id, tenant_id), in the order of their first appearance."""
+    latest: dict[tuple[object, object], dict[str, object]] = {}
+    for row in rows:
+        latest[(row["request_id"], row["tenant_id"])] = row
+    return list(latest.values())
 
 
 def _count(status: UsageStatus) -> Any:

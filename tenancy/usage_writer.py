@@ -13,8 +13,12 @@ The path of one record:
    batch is written.
 
 Records left in the spool by a crash, or by a stop while the database was down, are replayed
-by the next start before new ones. The repository skips a record already stored (unique
-request id per tenant), so a replay is idempotent.
+by the next start before new ones. A request may have several records (a stream's provisional
+ones, written before its first byte and as it goes, then its final one); the repository keeps
+the last written per request id and tenant, and the spool is replayed in order, so a replay
+is idempotent and ends on the latest state: a stream cut by a crash is billed from its last
+provisional record. `submit_durable` queues a record that is fsync'd at once (the stream's
+first record, before its first byte), not at the end of a batch window.
 
 The guarantee (also in docs/operations.md): a record is on disk once the spool thread has
 fsync'd it, at most `flush_interval_s` plus one fsync after `submit`. A graceful stop loses
@@ -26,6 +30,7 @@ stalled for `max_queue` records) drops records, counted and logged.
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import os
 import queue
@@ -48,6 +53,14 @@ _STOP = object()
 _JOIN_GRACE_S = 1.0
 REJECTED_FILENAME = "rejected.jsonl"
 _UNAVAILABLE = (OperationalError, InterfaceError, DisconnectionError, PoolTimeoutError)
+
+
+@dataclass(frozen=True)
+class _Durable:
+    """A record queued with `submit_durable`: its future completes once it is on disk."""
+
+    record: UsageRecordIn
+    future: concurrent.futures.Future[None]
 
 
 @dataclass(frozen=True)
@@ -162,11 +175,24 @@ class UsageWriter:
 
     def submit(self, record: UsageRecordIn) -> None:
         """Queue one record; never blocks. When the queue is full the record is dropped and logged."""
+        self._put(record, record)
+
+    def submit_durable(self, record: UsageRecordIn) -> concurrent.futures.Future[None]:
+        """Queue one record that must reach the disk now (a stream's record before its first
+        byte); the future completes once it is fsync'd, without waiting for a batch to fill.
+        It fails if the record was dropped or could not be written."""
+        durable = _Durable(record, concurrent.futures.Future())
+        self._put(durable, record)
+        return durable.future
+
+    def _put(self, item: object, record: UsageRecordIn) -> None:
         try:
-            self._queue.put_nowait(record)
+            self._queue.put_nowait(item)
         except queue.Full:
             self._num_dropped += 1
             log.error("usage queue full: dropped the usage record of request %s", record.request_id)
+            if isinstance(item, _Durable):
+                item.future.set_exception(OSError("the usage queue is full"))
         self._num_submitted += 1
 
     def close(self, timeout_s: float = 10.0) -> None:
@@ -199,18 +225,23 @@ class UsageWriter:
         stop = False
         while not stop:
             batch: list[UsageRecordIn] = []
+            waiting: list[concurrent.futures.Future[None]] = []  # durable records of this batch
             try:
                 item = self._queue.get(timeout=self._flush_interval_s)
             except queue.Empty:
                 continue
             # Keep the batch open until the flush interval after its first record: one fsync
-            # per batch, not per request.
+            # per batch, not per request. A durable record closes it at once (with what is queued).
             deadline = time.monotonic() + self._flush_interval_s
             while True:
                 if item is _STOP:
                     stop = True
                 elif isinstance(item, UsageRecordIn):
                     batch.append(item)
+                elif isinstance(item, _Durable):
+                    batch.append(item.record)
+                    waiting.append(item.future)
+                    deadline = time.monotonic()
                 if stop or len(batch) >= self._max_batch:
                     break
                 remaining = deadline - time.monotonic()
@@ -218,11 +249,16 @@ class UsageWriter:
                     item = self._queue.get(timeout=remaining) if remaining > 0 else self._queue.get_nowait()
                 except queue.Empty:
                     break
-            self._spool_batch(batch, stopping=stop)
+            written = self._spool_batch(batch, stopping=stop)
+            for future in waiting:
+                if written:
+                    future.set_result(None)
+                else:
+                    future.set_exception(OSError("the usage record could not be spooled"))
         self._spool_done.set()
         self._wake.set()
 
-    def _spool_batch(self, batch: list[UsageRecordIn], *, stopping: bool) -> None:
+    def _spool_batch(self, batch: list[UsageRecordIn], *, stopping: bool) -> bool:
         delay = self._flush_interval_s
         while batch:
             try:
@@ -231,7 +267,7 @@ class UsageWriter:
                 if stopping and time.monotonic() >= self._stop_deadline:
                     log.critical("usage spool: could not write; LOST %d usage record(s) at stop", len(batch))
                     self._num_lost += len(batch)
-                    return
+                    return False
                 log.exception(
                     "usage spool: could not write %d record(s); retrying in %.1f s", len(batch), delay
                 )
@@ -240,7 +276,8 @@ class UsageWriter:
                 continue
             self._num_spooled += len(batch)
             self._wake.set()
-            return
+            return True
+        return True
 
     # -- the database thread ---------------------------------------------------------------------
 

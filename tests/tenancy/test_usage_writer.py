@@ -6,6 +6,7 @@ process killed with SIGKILL) and injected where it must be quick (`FlakyRepo`).
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import os
@@ -85,6 +86,36 @@ def test_a_record_written_twice_is_stored_once(acme: TenancyRepo) -> None:
     acme.record_usages(batch)
     acme.record_usages(batch + [_record(3)])
     assert _stored(acme) == {"r0": 1, "r1": 1, "r2": 1, "r3": 1}
+
+
+def test_a_later_record_of_a_request_replaces_the_stored_one(acme: TenancyRepo) -> None:
+    """Issue 21 item 4: a stream's provisional records, then its final one; the last one wins,
+    in one batch or across batches, and replaying them all again ends on the same row."""
+    provisional = [
+        dataclasses.replace(_record(7, status=UsageStatus.CANCELLED), completion_tokens=n, finish_reason=None)
+        for n in (1, 9)
+    ]
+    final = dataclasses.replace(_record(7), completion_tokens=12)
+    acme.record_usages(provisional[:1])
+    acme.record_usages(provisional[1:] + [final])  # one statement never names a key twice
+    acme.record_usages(provisional + [final])  # a replay of the spool, in order
+    [day] = acme.usage_by_day("acme")
+    assert (day.num_requests, day.num_completed, day.completion_tokens) == (1, 1, 12)
+    acme.record_usages(provisional)  # a crash after the provisional ones: they are the bill
+    [day] = acme.usage_by_day("acme")
+    assert (day.num_requests, day.num_cancelled, day.completion_tokens) == (1, 1, 9)
+
+
+def test_a_durable_record_is_on_disk_when_its_future_completes(acme: TenancyRepo, tmp_path: Path) -> None:
+    writer = UsageWriter(acme, tmp_path, flush_interval_s=60.0, retry_max_s=60.0)  # batches never fill
+    writer.start()
+    try:
+        writer.submit_durable(_record(1)).result(timeout=30)  # not held for the 60 s window
+        lines = b"".join(p.read_bytes() for p in tmp_path.glob(SEGMENT_GLOB))
+        assert b'"r1"' in lines
+    finally:
+        writer.close()
+    assert _stored(acme) == {"r1": 1}
 
 
 def test_a_refused_record_is_kept_aside_and_the_batch_is_written(acme: TenancyRepo, tmp_path: Path) -> None:
