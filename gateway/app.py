@@ -29,10 +29,12 @@ from gateway.fleet_types import model_fingerprint
 from gateway.metrics import GatewayMetrics
 from gateway.model_fleet import ModelFleet, single_engine_fleet
 from gateway.openapi import openapi_schema
+from gateway.prompt_limits import PromptLimits
 from gateway.routes.openai import Authenticate, OpenAIRoutes
 from gateway.settings import AuthMode, Settings
 from gateway.state import GatewayState
 from gateway.tokenization import Tokenizer
+from gateway.tokenizer_pool import TokenizerPool
 from gateway.tracing import RequestTracer, build_tracer_provider
 from tenancy.context import QuotaLimits, TenantContext
 
@@ -129,6 +131,8 @@ def create_app(
         accountant=Accountant(metrics, usage_sink),
         tracer=tracer,
         state=state,
+        tokenizer_pool=TokenizerPool(settings.tokenizer_workers, settings.tokenizer_tenant_share),
+        prompt_limits=PromptLimits(settings.max_chat_messages, settings.prompt_chars_per_token),
     )
 
     async def openapi(request: Request) -> Response:
