@@ -152,7 +152,10 @@ def create_app(
         else None,
         mounted=[r.path for r in routes if isinstance(r, Route | Mount)],
     )
-    tarpit = [] if error_tarpit is None else [Middleware(ErrorTarpitMiddleware, error_tarpit)]
+    # Only a request whose key was verified counts its errors against that key (issue 21).
+    tarpit = (
+        [] if error_tarpit is None else [Middleware(ErrorTarpitMiddleware, error_tarpit, proof_required=True)]
+    )
     app = Starlette(
         routes=routes,
         middleware=[

@@ -19,6 +19,7 @@ from engine.client import EngineRequest
 from engine.errors import ContextLengthError
 from gateway import openai_fields as f
 from gateway.accounting import Accountant, Admission, Admitted, RequestInfo, Settle, UsageRecord
+from gateway.error_tarpit import mark_key_proved
 from gateway.errors import (
     MODEL_VERSION_HEADER,
     BadRequestError,
@@ -95,7 +96,9 @@ class OpenAIRoutes:
 
     async def _tenant(self, request: Request) -> TenantContext:
         client = request.client.host if request.client else ""
-        return await self.authenticate(request.headers.get("authorization"), client)
+        tenant = await self.authenticate(request.headers.get("authorization"), client)
+        mark_key_proved(request.state)  # its errors may now count against its key (gateway.error_tarpit)
+        return tenant
 
     async def list_models(self, request: Request) -> Response:
         tenant = await self._tenant(request)
