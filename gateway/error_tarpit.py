@@ -24,7 +24,8 @@ What is delayed, and whose count it is:
   (the presented credential was refused, so its key id proves nothing and might be someone
   else's, or a fresh random one each time), is counted per client connection (address and
   port, bar `max_errors`) and per client address (bar `max_address_errors`, higher: an ingress
-  or a NAT puts many clients behind one address); its wait is the longer of the two. Only such
+  or a NAT puts many clients behind one address; its waits grow up to `max_address_delay_s`, so
+  a flood over many connections from one address is slowed as a whole); the longer wait applies. Only such
   requests' errors are slowed by these counts: a valid key behind the same address is never
   delayed by them.
 - The count is a sliding window of `NUM_SLOTS` slots of `window_s / NUM_SLOTS` each: a client
@@ -55,6 +56,9 @@ from tenancy.keys import parse_key
 MAX_ERRORS = 20
 # Per client address, for errors without a proved key: many clients may share one address.
 MAX_ADDRESS_ERRORS = 10 * MAX_ERRORS
+# ... and their wait may grow past MAX_DELAY_S: a 1 s cap lets 200 connections from one address
+# still send 200 requests/s; with 10 s they settle near 30/s (issue 21).
+MAX_ADDRESS_DELAY_S = 10.0
 WINDOW_S = 10.0
 # Each error over the bar waits this much more, up to MAX_DELAY_S: 20 errors over it wait 1 s.
 DELAY_STEP_S = 0.05
@@ -77,6 +81,7 @@ class TarpitLimits:
     max_delay_s: float = MAX_DELAY_S
     max_tracked: int = MAX_TRACKED
     max_address_errors: int | None = None  # None: MAX_ADDRESS_ERRORS, and never below max_errors
+    max_address_delay_s: float | None = None  # None: MAX_ADDRESS_DELAY_S, and never below max_delay_s
 
     def __post_init__(self) -> None:
         for name in ("window_s", "delay_step_s", "max_delay_s"):
@@ -88,6 +93,9 @@ class TarpitLimits:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_address_errors is not None and self.max_address_errors < 1:
             raise ValueError(f"max_address_errors must be >= 1, got {self.max_address_errors}")
+        value = self.max_address_delay_s
+        if value is not None and (not math.isfinite(value) or value <= 0):
+            raise ValueError(f"max_address_delay_s must be a positive number of seconds, got {value}")
 
     @property
     def address_bar(self) -> int:
@@ -95,11 +103,18 @@ class TarpitLimits:
         bar = self.max_address_errors if self.max_address_errors is not None else MAX_ADDRESS_ERRORS
         return max(bar, self.max_errors)
 
-    def delay_s(self, num_errors: int, bar: int | None = None) -> float:
+    @property
+    def address_max_delay_s(self) -> float:
+        """The longest wait of an error answer counted per address."""
+        cap = self.max_address_delay_s if self.max_address_delay_s is not None else MAX_ADDRESS_DELAY_S
+        return max(cap, self.max_delay_s)
+
+    def delay_s(self, num_errors: int, bar: int | None = None, max_delay_s: float | None = None) -> float:
         """The wait before an error answer, given the client's errors in the window (this one
-        included) and its bar (`max_errors` unless given)."""
+        included), its bar (`max_errors` unless given) and cap (`max_delay_s` unless given)."""
         excess = num_errors - (self.max_errors if bar is None else bar)
-        return 0.0 if excess <= 0 else min(self.max_delay_s, excess * self.delay_step_s)
+        cap = self.max_delay_s if max_delay_s is None else max_delay_s
+        return 0.0 if excess <= 0 else min(cap, excess * self.delay_step_s)
 
 
 DEFAULT_LIMITS = TarpitLimits()
@@ -141,15 +156,15 @@ class ErrorCounts:
     def __len__(self) -> int:
         return len(self._counts)
 
-    def record(self, subject: str, bar: int | None = None) -> float:
-        """Count one error for `subject`; the delay its answer gets (past `bar`, default `max_errors`)."""
+    def record(self, subject: str, bar: int | None = None, max_delay_s: float | None = None) -> float:
+        """Count one error for `subject`; the delay its answer gets (see `TarpitLimits.delay_s`)."""
         slot = math.floor(self._timer() / self._slot_s)
         count = self._counts.get(subject)
         if count is None:
             count = _SlidingCount(slot)
         num_errors = count.add(slot)
         self._counts[subject] = count  # (re)set: forgotten a window after its last error
-        return self.limits.delay_s(num_errors, bar)
+        return self.limits.delay_s(num_errors, bar, max_delay_s)
 
 
 def mark_key_proved(state: Any) -> None:
@@ -237,7 +252,8 @@ class ErrorTarpitMiddleware:
         if key_id is not None:
             return self.errors.record(f"key:{key_id}")
         # Not proved: the connection's bar, and the address's higher one; the longer wait.
+        limits = self.errors.limits
         return max(
             self.errors.record(connection_subject(scope)),
-            self.errors.record(address_subject(scope), self.errors.limits.address_bar),
+            self.errors.record(address_subject(scope), limits.address_bar, limits.address_max_delay_s),
         )

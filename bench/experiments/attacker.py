@@ -62,7 +62,7 @@ async def _victim(args: argparse.Namespace, server: WeirProcess, key: str, model
 
 
 async def _attack_loop(
-    target: Target, stop: Any, num_clients: int, names: tuple[str, ...]
+    target: Target, stop: Any, num_clients: int, names: tuple[str, ...], started: Any = None
 ) -> dict[str, Counter[int]]:
     counts: dict[str, Counter[int]] = defaultdict(Counter)
     probes = [p for p in (*HOSTILE, *FLOODS) if p.name in names]
@@ -73,15 +73,19 @@ async def _attack_loop(
             while not stop.is_set():
                 probe = probes[i % len(probes)]
                 counts[probe.name][await send(client, probe, target)] += 1
+                if started is not None and not started.is_set():
+                    started.set()
                 i += 1
 
     await asyncio.gather(*(one(i * 3) for i in range(num_clients)))
     return counts
 
 
-def _attacker_process(target: Target, stop: Any, num_clients: int, names: tuple[str, ...], out: Any) -> None:
+def _attacker_process(
+    target: Target, stop: Any, num_clients: int, names: tuple[str, ...], out: Any, started: Any = None
+) -> None:
     """The attacker's own process: its client work never delays the victim's event loop."""
-    counts = asyncio.run(_attack_loop(target, stop, num_clients, names))
+    counts = asyncio.run(_attack_loop(target, stop, num_clients, names, started))
     out.put({name: dict(c) for name, c in counts.items()})
 
 
@@ -92,14 +96,19 @@ async def _phase(
     if not attacked:
         return await _victim(args, server, keys[VICTIM], model), counts
     ctx = multiprocessing.get_context("spawn")
-    stop, out = ctx.Event(), ctx.Queue()
+    stop, out, started = ctx.Event(), ctx.Queue(), ctx.Event()
     victim = parse_key(keys[VICTIM])
     target = Target(server.url, model, keys[ATTACKER], args.kv_cache_tokens, victim.key_id if victim else "")
     names = (args.flood,) if args.flood else tuple(args.probes)
-    proc = ctx.Process(target=_attacker_process, args=(target, stop, args.attackers, names, out), daemon=True)
+    proc = ctx.Process(
+        target=_attacker_process, args=(target, stop, args.attackers, names, out, started), daemon=True
+    )
     proc.start()
     try:
-        await asyncio.sleep(3.0)  # the attack is under way before the victim starts
+        # The attack is under way before the victim starts: a spawned process takes seconds to
+        # import, so wait for its first answer, then let it build up.
+        await asyncio.to_thread(started.wait, 120)
+        await asyncio.sleep(3.0)
         results = await _victim(args, server, keys[VICTIM], model)
     finally:
         stop.set()

@@ -272,3 +272,7 @@ def test_a_connection_is_slowed_before_its_address(tarpit: ErrorTarpitMiddleware
     assert sleeps.delays == []
     assert _call(tarpit, 404, None, "10.0.0.5") == 404  # the address's bar is passed
     assert sleeps.delays == pytest.approx([0.1])
+    # Past it, the address's waits grow beyond a key's cap (many connections, one sender).
+    _errors(tarpit, 9, None, "10.0.0.5")
+    assert sleeps.delays[-1] == pytest.approx(1.0) and sleeps.delays[-1] > LIMITS.max_delay_s
+    assert LIMITS.address_max_delay_s == 10.0
