@@ -2,7 +2,8 @@
 
 `HOSTILE` lists one `Probe` per defect input (huge seeds, a prompt that can never fit the KV
 pool, bogus keys from the same address, beam_width 16, no max_tokens, lone surrogates, deep
-JSON, /metrics without the admin token, a stream cancelled after its first chunk). `send`
+JSON, /metrics without the admin token, a stream cancelled after its first chunk); `FLOODS` the
+floods of issue 21 (a new random key id each request; unknown paths with the victim's key id). `send`
 sends one and returns the HTTP status (0: a cancel by the client, -1: a transport error), so a
 benchmark can loop them and count 5xx. `timed_stream` is the well-behaved request whose time to
 first token the benchmarks measure.
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 import httpx
 
 from bench.sse import DONE, ChunkError, SSEDecoder, parse_chunk
+from tenancy.keys import KEY_PREFIX, generate_key
 
 CANCELLED = 0
 TRANSPORT_ERROR = -1
@@ -30,6 +32,7 @@ class Target:
     model: str
     key: str
     kv_cache_tokens: int  # the pool a can-never-fit prompt must exceed
+    victim_key_id: str = ""  # the victim's public key id, for the flood that presents it
 
     @property
     def auth(self) -> dict[str, str]:
@@ -119,6 +122,26 @@ HOSTILE: tuple[Probe, ...] = (
         ),
         stream_then_cancel=True,
     ),
+)
+
+
+def _random_key_id(t: Target) -> tuple[str, dict[str, str], bytes]:
+    # A well-formed key with a new random id each time: no cache can have seen it.
+    headers = {**t.auth, "authorization": f"Bearer {generate_key().key}"}
+    return "/v1/chat/completions", headers, _CHAT.replace("{model}", t.model).encode() + b"}"
+
+
+def _unknown_path_victim_id(t: Target) -> tuple[str, dict[str, str], bytes]:
+    # The victim's public key id (it is in logs and usage records) with a secret of our own.
+    secret = generate_key().key.rsplit("-", 1)[1]
+    headers = {**t.auth, "authorization": f"Bearer {KEY_PREFIX}{t.victim_key_id}-{secret}"}
+    return "/v1/no-such-path", headers, b"{}"
+
+
+# The floods of issue 21 (item 2), each sent from many connections at once.
+FLOODS: tuple[Probe, ...] = (
+    Probe("random_key_ids", "21.2", _random_key_id),
+    Probe("unknown_paths_victim_id", "21.2", _unknown_path_victim_id),
 )
 
 

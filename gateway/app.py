@@ -29,10 +29,12 @@ from gateway.fleet_types import model_fingerprint
 from gateway.metrics import GatewayMetrics
 from gateway.model_fleet import ModelFleet, single_engine_fleet
 from gateway.openapi import openapi_schema
+from gateway.prompt_limits import PromptLimits
 from gateway.routes.openai import Authenticate, OpenAIRoutes
 from gateway.settings import AuthMode, Settings
 from gateway.state import GatewayState
 from gateway.tokenization import Tokenizer
+from gateway.tokenizer_pool import TokenizerPool
 from gateway.tracing import RequestTracer, build_tracer_provider
 from tenancy.context import QuotaLimits, TenantContext
 
@@ -130,6 +132,8 @@ def create_app(
         accountant=Accountant(metrics, usage_sink, usage_journal),
         tracer=tracer,
         state=state,
+        tokenizer_pool=TokenizerPool(settings.tokenizer_workers, settings.tokenizer_tenant_share),
+        prompt_limits=PromptLimits(settings.max_chat_messages, settings.prompt_chars_per_token),
     )
 
     async def openapi(request: Request) -> Response:
@@ -149,7 +153,10 @@ def create_app(
         else None,
         mounted=[r.path for r in routes if isinstance(r, Route | Mount)],
     )
-    tarpit = [] if error_tarpit is None else [Middleware(ErrorTarpitMiddleware, error_tarpit)]
+    # Only a request whose key was verified counts its errors against that key (issue 21).
+    tarpit = (
+        [] if error_tarpit is None else [Middleware(ErrorTarpitMiddleware, error_tarpit, proof_required=True)]
+    )
     app = Starlette(
         routes=routes,
         middleware=[

@@ -15,6 +15,15 @@ counted per presented key id (a wrong secret for a real id counts against that i
 far higher bar, per client address. So a client without its key, or one guessing, cannot lock
 out the other tenants behind the same address (an ingress, a NAT, a load tool on the machine).
 
+Unknown key ids are paid for by their sender (issue 21): an id looked up and not found is
+remembered (a negative TTL cache), and once one client address has had `max_unknown_lookups`
+such lookups in the failure window, or all addresses together `max_total_unknown_lookups`, a
+further uncached id is first checked against the set of every stored key id (one query, held
+for `known_ids_refresh_s` and re-read at most that often), so a flood of random ids costs at most
+one query per `known_ids_refresh_s`, not one each. A valid key is still never refused: its id is
+in the set (a key issued on another replica less than `known_ids_refresh_s` ago may be refused
+once).
+
 A database that is locked or down never authenticates anyone it has not already: an uncached
 key gets 503 `database_unavailable` within `lookup_timeout_s`; cached keys keep being served.
 
@@ -75,15 +84,33 @@ class AuthSettings:
     max_address_failures: int = 1000
     failure_window_s: float = 60.0
     max_tracked: int = 100_000  # key ids and addresses each; the oldest are forgotten past it
+    # Lookups of ids that were not found, per window, before uncached ids are checked against the
+    # set of stored ids instead of one query each: per client address, and for all together.
+    max_unknown_lookups: int = 20
+    max_total_unknown_lookups: int = 200
+    known_ids_refresh_s: float = 1.0  # the set of stored ids is re-read at most this often
     lookup_timeout_s: float = 1.0  # an uncached key waits at most this on a locked database
     touch_timeout_s: float = 0.2  # writing last_used_at is best effort: it never holds a request
 
     def __post_init__(self) -> None:
-        for name in ("cache_ttl_s", "failure_window_s", "lookup_timeout_s", "touch_timeout_s"):
+        for name in (
+            "cache_ttl_s",
+            "failure_window_s",
+            "lookup_timeout_s",
+            "touch_timeout_s",
+            "known_ids_refresh_s",
+        ):
             value = getattr(self, name)
             if not math.isfinite(value) or value <= 0:
                 raise ValueError(f"{name} must be a positive number of seconds, got {value}")
-        for name in ("cache_max_keys", "max_failures", "max_address_failures", "max_tracked"):
+        for name in (
+            "cache_max_keys",
+            "max_failures",
+            "max_address_failures",
+            "max_tracked",
+            "max_unknown_lookups",
+            "max_total_unknown_lookups",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
@@ -96,6 +123,8 @@ class KeyStore(Protocol):
     def now(self) -> dt.datetime: ...
 
     def lookup_key(self, key_id: str, *, timeout_s: float | None = None) -> KeyRecord | None: ...
+
+    def key_ids(self, *, timeout_s: float | None = None) -> frozenset[str]: ...
 
     def touch_key(self, key_id: str, when: dt.datetime, *, timeout_s: float | None = None) -> None: ...
 
@@ -241,6 +270,19 @@ class Authenticator:
         self._unknown: TTLCache[str, bool] = TTLCache(
             self.settings.cache_max_keys, ttl=self.settings.cache_ttl_s, timer=timer
         )
+        # Lookups that found nothing, per client address and in total (see the module docstring).
+        settings = self.settings
+        self._unknown_lookups = FailureThrottle(
+            settings.max_unknown_lookups, settings.failure_window_s, settings.max_tracked, timer=timer
+        )
+        self._total_unknown_lookups = FailureThrottle(
+            settings.max_total_unknown_lookups, settings.failure_window_s, 1, timer=timer
+        )
+        self._known_ids: TTLCache[str, frozenset[str]] = TTLCache(
+            1, ttl=settings.known_ids_refresh_s, timer=timer
+        )
+        self._known_ids_lock = threading.Lock()  # one reader of the set at a time, the rest wait
+        self.num_unknown_lookups = 0  # ids looked up and not found (a flood shows here)
         self._generation = 0  # bumped by every invalidation (see the module docstring)
         self._lock = threading.Lock()
 
@@ -251,7 +293,7 @@ class Authenticator:
         parsed = self._parse(authorization)
         found = self._cached(parsed.key_id) if parsed is not None else _MISS
         if parsed is not None and found is _MISS:
-            found = self._load_or_unavailable(parsed)
+            found = self._load_or_unavailable(parsed, client_addr)
         return self._finish(parsed, found, client_addr, scope)
 
     async def authenticate_async(
@@ -261,7 +303,7 @@ class Authenticator:
         parsed = self._parse(authorization)
         found = self._cached(parsed.key_id) if parsed is not None else _MISS
         if parsed is not None and found is _MISS:
-            found = await run_in_threadpool(self._load_or_unavailable, parsed)
+            found = await run_in_threadpool(self._load_or_unavailable, parsed, client_addr)
         return self._finish(parsed, found, client_addr, scope)
 
     def invalidate(self, key_id: str) -> None:
@@ -296,13 +338,37 @@ class Authenticator:
                 return entry
             return None if key_id in self._unknown else _MISS
 
-    def _load_or_unavailable(self, parsed: ParsedKey) -> _Entry | None:
+    def _load_or_unavailable(self, parsed: ParsedKey, client_addr: str) -> _Entry | None:
         try:
-            return self._load(parsed)
+            if self._flooded(client_addr) and parsed.key_id not in self._stored_key_ids():
+                return None  # unknown, answered from the set of stored ids: no query of its own
+            entry = self._load(parsed)
+            if entry is None:
+                with self._lock:
+                    self.num_unknown_lookups += 1
+                self._unknown_lookups.record_failure(client_addr)
+                self._total_unknown_lookups.record_failure("")
+            return entry
         except SQLAlchemyError as exc:
             # Fail closed: nobody the cache does not already know is let in without the database.
             log.warning("auth lookup of API key %s failed: %s", parsed.key_id, exc)
             raise from_database_error(exc) from exc
+
+    def _flooded(self, client_addr: str) -> bool:
+        """Whether this address, or everyone, has used up the lookups of unknown ids."""
+        return (
+            self._unknown_lookups.blocked(client_addr) is not None
+            or self._total_unknown_lookups.blocked("") is not None
+        )
+
+    def _stored_key_ids(self) -> frozenset[str]:
+        """Every stored key id, re-read at most once per `known_ids_refresh_s`."""
+        with self._known_ids_lock:
+            ids = self._known_ids.get("ids")
+            if ids is None:
+                ids = self._store.key_ids(timeout_s=self.settings.lookup_timeout_s)
+                self._known_ids["ids"] = ids
+            return ids
 
     def _load(self, parsed: ParsedKey) -> _Entry | None:
         with self._lock:

@@ -38,6 +38,8 @@ MAX_PROMPTS = 128  # prompts in one batched /v1/completions request
 MAX_REQUEST_PROMPT_TOKENS = 65536  # or the model's context, when that is longer
 MAX_REQUEST_SEQUENCES = 256
 MAX_USER_CHARS = 256
+# Messages in one chat, and content parts across them; `--max-chat-messages` may set another bound.
+DEFAULT_MAX_CHAT_MESSAGES = 2048
 MAX_LOGIT_BIAS = 300  # entries, as OpenAI allows
 
 MAX_TOKENS = IntField("max_tokens", 1, INT32_MAX, description="Prompt + max_tokens must fit the context.")

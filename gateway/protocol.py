@@ -207,12 +207,20 @@ def _options(fields: _Fields, logprobs: int | None) -> GenerationOptions:
     )
 
 
-def _message_content(value: Any, param: str) -> str:
+def _message_content(value: Any, param: str, max_parts: int) -> tuple[str, int]:
+    """The content as text, and how many content parts it had."""
     if value is None:
-        return ""
+        return "", 0
     if isinstance(value, str):
-        return value
+        return value, 0
     if isinstance(value, list):
+        if len(value) > max_parts:
+            raise BadRequestError(
+                f"'{param}' may hold at most {max_parts} content parts (with those of the messages "
+                f"before it), got {len(value)}",
+                param=param,
+                code="too_many_messages",
+            )
         parts = []
         for i, part in enumerate(value):
             if not isinstance(part, dict) or not isinstance(part.get("type"), str):
@@ -226,16 +234,24 @@ def _message_content(value: Any, param: str) -> str:
             if not isinstance(part.get("text"), str):
                 raise BadRequestError(f"'{param}[{i}].text' must be a string", param=f"{param}[{i}].text")
             parts.append(part["text"])
-        return "".join(parts)
+        return "".join(parts), len(value)
     raise BadRequestError(f"'{param}' must be a string or a list of content parts", param=param)
 
 
-def _messages(fields: _Fields) -> tuple[ChatMessage, ...]:
+def _messages(fields: _Fields, max_messages: int) -> tuple[ChatMessage, ...]:
     value = fields.data.get("messages")
     if value is None:
         raise BadRequestError("'messages' is required", param="messages", code="missing_required_parameter")
     if not isinstance(value, list) or not value:
         raise BadRequestError("'messages' must be a non-empty list of messages", param="messages")
+    # Counted before any message is read: 250,000 empty messages cost seconds to read and render.
+    if len(value) > max_messages:
+        raise BadRequestError(
+            f"'messages' may hold at most {max_messages} messages, got {len(value)}",
+            param="messages",
+            code="too_many_messages",
+        )
+    parts_left = max_messages  # content parts, across all messages
     messages = []
     for i, item in enumerate(value):
         param = f"messages[{i}]"
@@ -250,7 +266,9 @@ def _messages(fields: _Fields) -> tuple[ChatMessage, ...]:
         name = item.get("name")
         if name is not None and not isinstance(name, str):
             raise BadRequestError(f"'{param}.name' must be a string", param=f"{param}.name")
-        messages.append(ChatMessage(role, _message_content(item.get("content"), f"{param}.content"), name))
+        content, num_parts = _message_content(item.get("content"), f"{param}.content", parts_left)
+        parts_left -= num_parts
+        messages.append(ChatMessage(role, content, name))
     return tuple(messages)
 
 
@@ -266,11 +284,13 @@ def _reject_unsupported_common(fields: _Fields) -> None:
         )
 
 
-def parse_chat_request(data: Mapping[str, Any]) -> ChatCompletionRequest:
-    """Validate a chat completion body."""
+def parse_chat_request(
+    data: Mapping[str, Any], max_messages: int = f.DEFAULT_MAX_CHAT_MESSAGES
+) -> ChatCompletionRequest:
+    """Validate a chat completion body of at most `max_messages` messages (and content parts)."""
     fields = _Fields(data)
     model = fields.required_str("model")
-    messages = _messages(fields)
+    messages = _messages(fields, max_messages)
     _reject_unsupported_common(fields)
     logprobs_on = f.CHAT_LOGPROBS.read(data)
     top_logprobs = f.TOP_LOGPROBS.read(data)
@@ -280,7 +300,21 @@ def parse_chat_request(data: Mapping[str, Any]) -> ChatCompletionRequest:
     return ChatCompletionRequest(model=model, messages=messages, options=_options(fields, logprobs))
 
 
-def _prompts(fields: _Fields) -> tuple[str | tuple[int, ...], ...]:
+def _too_many_ids(num_ids: int, max_ids: int) -> BadRequestError:
+    return BadRequestError(
+        f"the prompts hold {num_ids} token ids together; one request may hold at most {max_ids}",
+        param="prompt",
+        code="prompt_too_long",
+    )
+
+
+def _too_many_prompts(num_prompts: int) -> BadRequestError:
+    return BadRequestError(
+        f"'prompt' may hold at most {f.MAX_PROMPTS} prompts, got {num_prompts}", param="prompt"
+    )
+
+
+def _prompts(fields: _Fields, max_ids: int) -> tuple[str | tuple[int, ...], ...]:
     value = fields.data.get("prompt")
     if value is None:
         raise BadRequestError("'prompt' is required", param="prompt", code="missing_required_parameter")
@@ -288,6 +322,14 @@ def _prompts(fields: _Fields) -> tuple[str | tuple[int, ...], ...]:
         return (value,)
 
     if isinstance(value, list) and value:
+        # Counted before the ids are read, so a list of millions costs no scan.
+        if len(value) > max_ids:
+            raise _too_many_ids(len(value), max_ids)
+        if len(value) > f.MAX_PROMPTS and all(isinstance(p, list) for p in value):
+            raise _too_many_prompts(len(value))
+        num_ids = sum(len(p) for p in value if isinstance(p, list))
+        if num_ids > max_ids:
+            raise _too_many_ids(num_ids, max_ids)
         single = as_int_list(value)
         if single is not None:
             return (single,)
@@ -300,9 +342,7 @@ def _prompts(fields: _Fields) -> tuple[str | tuple[int, ...], ...]:
                 batch = tuple(ids for ids in lists if ids)
         if batch is not None:
             if len(batch) > f.MAX_PROMPTS:
-                raise BadRequestError(
-                    f"'prompt' may hold at most {f.MAX_PROMPTS} prompts, got {len(batch)}", param="prompt"
-                )
+                raise _too_many_prompts(len(batch))
             return batch
     raise BadRequestError(
         "'prompt' must be a string, a list of strings, a list of token ids or a list of token-id lists",
@@ -310,11 +350,13 @@ def _prompts(fields: _Fields) -> tuple[str | tuple[int, ...], ...]:
     )
 
 
-def parse_completion_request(data: Mapping[str, Any]) -> CompletionRequest:
-    """Validate a (legacy) completion body."""
+def parse_completion_request(
+    data: Mapping[str, Any], max_prompt_ids: int = f.MAX_REQUEST_PROMPT_TOKENS
+) -> CompletionRequest:
+    """Validate a (legacy) completion body holding at most `max_prompt_ids` token ids in all."""
     fields = _Fields(data)
     model = fields.required_str("model")
-    prompts = _prompts(fields)
+    prompts = _prompts(fields, max_prompt_ids)
     _reject_unsupported_common(fields)
     fields.reject_unsupported("echo", allowed=False)
     fields.reject_unsupported("suffix")

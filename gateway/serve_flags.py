@@ -150,6 +150,33 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="F",
         help="most of the KV pool (0-1] one tenant's cached prefixes may hold (default 1.0)",
     )
+    add(
+        "--max-chat-messages",
+        type=int,
+        metavar="N",
+        help="messages in one chat, and content parts across them, refused above this before any "
+        "template runs (env WEIR_MAX_CHAT_MESSAGES; default 2048)",
+    )
+    add(
+        "--prompt-chars-per-token",
+        type=int,
+        metavar="N",
+        help="a text prompt longer than N x the context in characters is refused untokenized "
+        "(env WEIR_PROMPT_CHARS_PER_TOKEN; default: the model's longest token)",
+    )
+    add(
+        "--tokenizer-workers",
+        type=int,
+        metavar="N",
+        help="threads that render chat templates and tokenize prompts (env WEIR_TOKENIZER_WORKERS; default 4)",
+    )
+    add(
+        "--tokenizer-tenant-share",
+        type=float,
+        metavar="F",
+        help="most of the tokenizer threads (0-1] one tenant may hold at once "
+        "(env WEIR_TOKENIZER_TENANT_SHARE; default 0.5)",
+    )
     choice(
         "--admission",
         AdmissionMode,

@@ -19,6 +19,7 @@ from typing import Any
 
 from engine.config import QueuePolicy
 from engine.spec_decode.config import SpeculativeConfig
+from gateway.openai_fields import DEFAULT_MAX_CHAT_MESSAGES
 
 DTYPES = ("float32", "float16", "bfloat16")
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -161,6 +162,15 @@ class Settings:
     tenant_cache_share: float = 1.0  # most of the KV pool one tenant's cached prefixes may hold
     attention_backend: AttentionBackend = AttentionBackend.AUTO
     cuda_graphs: CudaGraphsMode = CudaGraphsMode.AUTO
+    # Input bounds checked before any chat template or tokenizer runs (gateway.prompt_limits).
+    max_chat_messages: int = DEFAULT_MAX_CHAT_MESSAGES  # messages, and content parts across them
+    # A text prompt of more than this x max_model_len characters is refused untokenized; None: the
+    # model's longest token (no token covers more characters, for byte-level BPE).
+    prompt_chars_per_token: int | None = None
+    # Threads that render chat templates and tokenize prompts (gateway.tokenizer_pool), and the
+    # share of them one tenant may hold at a time.
+    tokenizer_workers: int = 4
+    tokenizer_tenant_share: float = 0.5
 
     def __post_init__(self) -> None:
         for f in fields(self):  # NaN passes every range check below (each comparison is False)
@@ -220,6 +230,13 @@ class Settings:
             )
         if not 0 < self.tenant_cache_share <= 1:
             raise ValueError(f"tenant_cache_share must be in (0, 1], got {self.tenant_cache_share}")
+        for name in ("max_chat_messages", "tokenizer_workers"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.prompt_chars_per_token is not None and self.prompt_chars_per_token < 1:
+            raise ValueError(f"prompt_chars_per_token must be >= 1, got {self.prompt_chars_per_token}")
+        if not 0 < self.tokenizer_tenant_share <= 1:
+            raise ValueError(f"tokenizer_tenant_share must be in (0, 1], got {self.tokenizer_tenant_share}")
 
     @property
     def auth_mode(self) -> AuthMode:
@@ -366,4 +383,8 @@ _FIELDS: dict[str, _FieldSpec] = {
     "tenant_cache_share": _FieldSpec("WEIR_TENANT_CACHE_SHARE", float),
     "attention_backend": _FieldSpec("WEIR_ATTENTION_BACKEND", AttentionBackend),
     "cuda_graphs": _FieldSpec("WEIR_CUDA_GRAPHS", CudaGraphsMode),
+    "max_chat_messages": _FieldSpec("WEIR_MAX_CHAT_MESSAGES", int),
+    "prompt_chars_per_token": _FieldSpec("WEIR_PROMPT_CHARS_PER_TOKEN", int),
+    "tokenizer_workers": _FieldSpec("WEIR_TOKENIZER_WORKERS", int),
+    "tokenizer_tenant_share": _FieldSpec("WEIR_TOKENIZER_TENANT_SHARE", float),
 }

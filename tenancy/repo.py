@@ -308,6 +308,11 @@ class TenancyRepo:
             tenant = tenant_view(row.tenant)
             return KeyRecord(view=key_view(row, tenant.name), secret_hash=row.secret_hash, tenant=tenant)
 
+    def key_ids(self, *, timeout_s: float | None = None) -> frozenset[str]:
+        """The id of every key stored (any state): one query, no secrets read."""
+        with self.db.transaction(timeout_s=timeout_s) as session:
+            return frozenset(session.scalars(select(ApiKey.id)))
+
     def touch_key(self, key_id: str, when: dt.datetime, *, timeout_s: float | None = None) -> None:
         """Record that a key was used (called on auth-cache misses, not on every request)."""
         with self.db.transaction(timeout_s=timeout_s) as session:

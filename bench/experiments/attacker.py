@@ -11,7 +11,13 @@ each phase's requests.
 The issue's target: the victim's success rate stays 100% and its TTFT p99 under attack stays
 within 1.2x of its p99 alone. The attacker's answers are counted per input, 5xx separately.
 
+`--flood NAME` (issue 21) replaces the hostile inputs by one flood from `--attackers` concurrent
+connections (200 in the issue): `random_key_ids` (a well-formed key with a new random id each
+request) or `unknown_paths_victim_id` (unknown paths presenting the victim's public key id). Its
+target: the victim's TTFT p50 within 1.5x of its p50 alone.
+
 Run: python -m bench.experiments.attacker --out bench-out/attacker [--model PATH] [--requests 120] [--rate 4]
+     python -m bench.experiments.attacker --flood random_key_ids --attackers 200 --out bench-out/flood
 Writes summary.json and summary.md in --out.
 """
 
@@ -28,10 +34,11 @@ from typing import Any
 
 import httpx
 
-from bench.hostile import HOSTILE, StreamResult, Target, send, timed_stream
+from bench.hostile import FLOODS, HOSTILE, StreamResult, Target, send, timed_stream
 from bench.stats import LatencySummary
 from bench.tenants import TenantSpec, create_tenants
 from bench.weir_process import WeirProcess, resolve_model, run_weir, scrape_gauges
+from tenancy.keys import parse_key
 
 VICTIM, ATTACKER = "victim", "attacker"
 
@@ -55,10 +62,10 @@ async def _victim(args: argparse.Namespace, server: WeirProcess, key: str, model
 
 
 async def _attack_loop(
-    target: Target, stop: Any, num_clients: int, names: tuple[str, ...]
+    target: Target, stop: Any, num_clients: int, names: tuple[str, ...], started: Any = None
 ) -> dict[str, Counter[int]]:
     counts: dict[str, Counter[int]] = defaultdict(Counter)
-    probes = [p for p in HOSTILE if p.name in names]
+    probes = [p for p in (*HOSTILE, *FLOODS) if p.name in names]
 
     async def one(offset: int) -> None:
         async with httpx.AsyncClient(timeout=120) as client:
@@ -66,15 +73,19 @@ async def _attack_loop(
             while not stop.is_set():
                 probe = probes[i % len(probes)]
                 counts[probe.name][await send(client, probe, target)] += 1
+                if started is not None and not started.is_set():
+                    started.set()
                 i += 1
 
     await asyncio.gather(*(one(i * 3) for i in range(num_clients)))
     return counts
 
 
-def _attacker_process(target: Target, stop: Any, num_clients: int, names: tuple[str, ...], out: Any) -> None:
+def _attacker_process(
+    target: Target, stop: Any, num_clients: int, names: tuple[str, ...], out: Any, started: Any = None
+) -> None:
     """The attacker's own process: its client work never delays the victim's event loop."""
-    counts = asyncio.run(_attack_loop(target, stop, num_clients, names))
+    counts = asyncio.run(_attack_loop(target, stop, num_clients, names, started))
     out.put({name: dict(c) for name, c in counts.items()})
 
 
@@ -85,14 +96,19 @@ async def _phase(
     if not attacked:
         return await _victim(args, server, keys[VICTIM], model), counts
     ctx = multiprocessing.get_context("spawn")
-    stop, out = ctx.Event(), ctx.Queue()
-    target = Target(server.url, model, keys[ATTACKER], args.kv_cache_tokens)
+    stop, out, started = ctx.Event(), ctx.Queue(), ctx.Event()
+    victim = parse_key(keys[VICTIM])
+    target = Target(server.url, model, keys[ATTACKER], args.kv_cache_tokens, victim.key_id if victim else "")
+    names = (args.flood,) if args.flood else tuple(args.probes)
     proc = ctx.Process(
-        target=_attacker_process, args=(target, stop, args.attackers, tuple(args.probes), out), daemon=True
+        target=_attacker_process, args=(target, stop, args.attackers, names, out, started), daemon=True
     )
     proc.start()
     try:
-        await asyncio.sleep(3.0)  # the attack is under way before the victim starts
+        # The attack is under way before the victim starts: a spawned process takes seconds to
+        # import, so wait for its first answer, then let it build up.
+        await asyncio.to_thread(started.wait, 120)
+        await asyncio.sleep(3.0)
         results = await _victim(args, server, keys[VICTIM], model)
     finally:
         stop.set()
@@ -123,25 +139,35 @@ def summarize(
     attacked: list[StreamResult],
     counts: dict[str, Counter[int]],
     idle: dict[str, float],
+    flood: str | None = None,
 ) -> dict[str, Any]:
-    """The JSON report, with the issue's two targets checked."""
+    """The JSON report, with the issue's targets checked (a flood's: TTFT p50 within 1.5x)."""
     a, b = _phase_report(alone), _phase_report(attacked)
-    p99_alone, p99_attacked = a["ttft_ms"]["p99"], b["ttft_ms"]["p99"]
-    ratio = p99_attacked / p99_alone if p99_alone and p99_attacked else None
+    ratio = _ratio(a["ttft_ms"]["p99"], b["ttft_ms"]["p99"])
+    p50_ratio = _ratio(a["ttft_ms"]["p50"], b["ttft_ms"]["p50"])
     attacker = {name: {str(k): v for k, v in sorted(c.items())} for name, c in sorted(counts.items())}
     num_5xx = sum(v for c in counts.values() for k, v in c.items() if 500 <= k < 600)
+    targets: dict[str, Any] = {
+        "victim_success_100pct": b["success_rate"] == 1.0 and a["success_rate"] == 1.0,
+        "ttft_p99_within_1_2x": ratio is not None and ratio <= 1.2,
+        "attacker_5xx": num_5xx,
+    }
+    if flood is not None:
+        targets["ttft_p50_within_1_5x"] = p50_ratio is not None and p50_ratio <= 1.5
     return {
         "alone": a,
         "attacked": b,
+        "flood": flood,
         "ttft_p99_ratio": None if ratio is None else round(ratio, 3),
-        "targets": {
-            "victim_success_100pct": b["success_rate"] == 1.0 and a["success_rate"] == 1.0,
-            "ttft_p99_within_1_2x": ratio is not None and ratio <= 1.2,
-            "attacker_5xx": num_5xx,
-        },
+        "ttft_p50_ratio": None if p50_ratio is None else round(p50_ratio, 3),
+        "targets": targets,
         "attacker": attacker,
         "idle_after": idle,
     }
+
+
+def _ratio(alone: float | None, attacked: float | None) -> float | None:
+    return attacked / alone if alone and attacked else None
 
 
 def markdown(report: dict[str, Any], command: str) -> str:
@@ -166,6 +192,14 @@ def markdown(report: dict[str, Any], command: str) -> str:
         f"TTFT p99 attacked / alone: **{report['ttft_p99_ratio']}** (target <= 1.2: "
         f"{'met' if t['ttft_p99_within_1_2x'] else 'NOT met'}); victim success 100%: "
         f"{'met' if t['victim_success_100pct'] else 'NOT met'}; attacker 5xx: {t['attacker_5xx']}.",
+    ]
+    if report.get("flood"):
+        lines += [
+            "",
+            f"Flood `{report['flood']}`: TTFT p50 attacked / alone: **{report['ttft_p50_ratio']}** "
+            f"(target <= 1.5: {'met' if t['ttft_p50_within_1_5x'] else 'NOT met'}).",
+        ]
+    lines += [
         "",
         "| attacker input | answers (status: count; 0 = cancelled by the client) |",
         "|---|---|",
@@ -202,6 +236,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=lambda v: v.split(","),
         default=[p.name for p in HOSTILE],
         help=f"comma-separated inputs the attacker loops (default all: {','.join(p.name for p in HOSTILE)})",
+    )
+    p.add_argument(
+        "--flood",
+        choices=[f.name for f in FLOODS],
+        default=None,
+        help="loop this flood of issue 21 from --attackers connections instead of --probes",
     )
     p.add_argument("--rounds", type=int, default=1, help="(alone, attacked) pairs, pooled per phase")
     p.add_argument("--kv-cache-tokens", type=int, default=4096)
@@ -254,12 +294,14 @@ def main(argv: list[str] | None = None) -> int:
                         counts[name].update(c)
 
         asyncio.run(run())
-        report = summarize(alone, attacked, counts, _wait_idle(server))
+        report = summarize(alone, attacked, counts, _wait_idle(server), args.flood)
     report["command"] = command
     (args.out / "summary.json").write_text(json.dumps(report, indent=2) + "\n")
     (args.out / "summary.md").write_text(markdown(report, command))
     print(markdown(report, command), flush=True)
     t = report["targets"]
+    if args.flood:  # a flood's target is the p50 (the issue's figure); its p99 is reported
+        return 0 if t["victim_success_100pct"] and t["ttft_p50_within_1_5x"] and t["attacker_5xx"] == 0 else 1
     return 0 if t["victim_success_100pct"] and t["ttft_p99_within_1_2x"] and t["attacker_5xx"] == 0 else 1
 
 

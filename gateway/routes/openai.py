@@ -19,6 +19,7 @@ from engine.client import EngineRequest
 from engine.errors import ContextLengthError
 from gateway import openai_fields as f
 from gateway.accounting import Accountant, Admission, Admitted, RequestInfo, Settle, UsageRecord
+from gateway.error_tarpit import mark_key_proved
 from gateway.errors import (
     MODEL_VERSION_HEADER,
     BadRequestError,
@@ -27,6 +28,7 @@ from gateway.errors import (
     ServiceUnavailableError,
 )
 from gateway.model_fleet import Lease, ModelFleet
+from gateway.prompt_limits import PromptLimits, check_chat_size, check_prompt_sizes, max_request_prompt_tokens
 from gateway.protocol import (
     Endpoint,
     GenerationOptions,
@@ -37,6 +39,8 @@ from gateway.protocol import (
 from gateway.responses import ChatFormatter, CompletionFormatter, ResponseFormatter
 from gateway.state import GatewayState
 from gateway.streaming import GenerationJob, GenerationResponse
+from gateway.tokenization import PromptBuilder
+from gateway.tokenizer_pool import TokenizerPool
 from gateway.tracing import RequestTracer
 from tenancy.context import TenantContext
 
@@ -70,8 +74,12 @@ class OpenAIRoutes:
         accountant: Accountant,
         tracer: RequestTracer,
         state: GatewayState,
+        tokenizer_pool: TokenizerPool,
+        prompt_limits: PromptLimits,
     ) -> None:
         self.fleet = fleet
+        self.tokenizer_pool = tokenizer_pool
+        self.prompt_limits = prompt_limits
         self.authenticate = authenticate
         self.admission = admission
         self.accountant = accountant
@@ -88,7 +96,9 @@ class OpenAIRoutes:
 
     async def _tenant(self, request: Request) -> TenantContext:
         client = request.client.host if request.client else ""
-        return await self.authenticate(request.headers.get("authorization"), client)
+        tenant = await self.authenticate(request.headers.get("authorization"), client)
+        mark_key_proved(request.state)  # its errors may now count against its key (gateway.error_tarpit)
+        return tenant
 
     async def list_models(self, request: Request) -> Response:
         tenant = await self._tenant(request)
@@ -111,6 +121,14 @@ class OpenAIRoutes:
 
     async def completions(self, request: Request) -> Response:
         return await self._generate(request, Endpoint.COMPLETIONS)
+
+    def _chars_per_token(self, prompt_builder: PromptBuilder) -> int:
+        return self.prompt_limits.resolved_chars_per_token(prompt_builder.max_token_chars)
+
+    def _max_prompt_ids(self) -> int:
+        """Token ids one completion request may hold, for any model served (its own bound comes later)."""
+        longest = max((m.max_model_len for m in self.fleet.served_models()), default=0)
+        return max_request_prompt_tokens(longest)
 
     def _check_model(self, name: str, tenant: TenantContext) -> None:
         if not self.fleet.serves(name):
@@ -146,22 +164,32 @@ class OpenAIRoutes:
             body = decode_json_object(await request.body())
             prefix = "chatcmpl-" if endpoint is Endpoint.CHAT else "cmpl-"
             response_id = prefix + uuid.uuid4().hex
+            # Sizes and counts are checked before anything reads, renders or tokenizes the prompts,
+            # which then happens on the tokenizer pool, within the tenant's share of it.
             if endpoint is Endpoint.CHAT:
-                chat = parse_chat_request(body)
+                chat = parse_chat_request(body, self.prompt_limits.max_chat_messages)
                 model, options = chat.model, chat.options
                 lease = self._route(request, model, tenant, response_id)
-                prompt_builder = lease.version.prompts
-                assert prompt_builder is not None  # a routed version is loaded
-                prompts: Sequence[tuple[int, ...]] = (await prompt_builder.encode_chat_async(chat.messages),)
+                prompt_builder, served = lease.version.prompts, lease.version.served
+                assert prompt_builder is not None and served is not None  # a routed version is loaded
+                check_chat_size(chat.messages, served.max_model_len, self._chars_per_token(prompt_builder))
+                prompts: Sequence[tuple[int, ...]] = (
+                    await prompt_builder.encode_chat_async(
+                        chat.messages, self.tokenizer_pool, tenant.tenant_id
+                    ),
+                )
             else:
-                completion = parse_completion_request(body)
+                completion = parse_completion_request(body, self._max_prompt_ids())
                 model, options = completion.model, completion.options
                 lease = self._route(request, model, tenant, response_id)
-                prompt_builder = lease.version.prompts
-                assert prompt_builder is not None
-                prompts = await prompt_builder.encode_prompts_async(completion.prompts)
-            served = lease.version.served
-            assert served is not None
+                prompt_builder, served = lease.version.prompts, lease.version.served
+                assert prompt_builder is not None and served is not None
+                check_prompt_sizes(
+                    completion.prompts, served.max_model_len, self._chars_per_token(prompt_builder)
+                )
+                prompts = await prompt_builder.encode_prompts_async(
+                    completion.prompts, self.tokenizer_pool, tenant.tenant_id
+                )
             requests = self._engine_requests(
                 response_id, endpoint, prompts, options, tenant, arrival_s, served.max_model_len
             )
@@ -296,7 +324,7 @@ def _check_request_bounds(
     """Bounds on the whole request: prompt tokens to prefill and sequences across all prompts."""
     param = "messages" if endpoint is Endpoint.CHAT else "prompt"
     total = sum(len(p) for p in prompts)
-    limit = max(f.MAX_REQUEST_PROMPT_TOKENS, max_model_len)
+    limit = max_request_prompt_tokens(max_model_len)
     if total > limit:
         raise BadRequestError(
             f"the prompts hold {total} tokens together; one request may hold at most {limit}",

@@ -36,3 +36,22 @@ def test_a_refusal_keeps_its_status_and_version() -> None:
     )
     result = _run(transport)
     assert (result.status, result.complete, result.model_version) == (503, False, "v1")
+
+
+def test_the_floods_present_new_key_ids_or_the_victims() -> None:
+    from bench.hostile import FLOODS, Target
+    from tenancy.keys import parse_key
+
+    target = Target("http://127.0.0.1:1", "m", "sk-weir-x", 64, victim_key_id="v" * 16)
+    random_ids, victim_id = FLOODS
+    ids = set()
+    for _ in range(5):
+        path, headers, _body = random_ids.build(target)
+        parsed = parse_key(headers["authorization"].removeprefix("Bearer "))
+        assert path == "/v1/chat/completions" and parsed is not None
+        ids.add(parsed.key_id)
+    assert len(ids) == 5
+    path, headers, _body = victim_id.build(target)
+    assert path == "/v1/no-such-path" and headers["authorization"].startswith(
+        "Bearer sk-weir-" + "v" * 16 + "-"
+    )

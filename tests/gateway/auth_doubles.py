@@ -45,10 +45,15 @@ class CountingRepo(TenancyRepo):
     """Counts database lookups, to show the cache keeps them off the hot path."""
 
     lookups = 0
+    id_scans = 0  # reads of the set of every key id
 
     def lookup_key(self, key_id: str, *, timeout_s: float | None = None) -> KeyRecord | None:
         self.lookups += 1
         return super().lookup_key(key_id, timeout_s=timeout_s)
+
+    def key_ids(self, *, timeout_s: float | None = None) -> frozenset[str]:
+        self.id_scans += 1
+        return super().key_ids(timeout_s=timeout_s)
 
 
 R = TypeVar("R", bound=TenancyRepo)

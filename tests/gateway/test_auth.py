@@ -206,6 +206,38 @@ def test_an_unknown_id_is_looked_up_once_per_ttl(
     assert repo.lookups == 2
 
 
+def test_a_flood_of_random_key_ids_costs_no_query_each(repo: CountingRepo, clocks: Clocks) -> None:
+    """Issue 21: 200 connections each sending a new random key id cost a database lookup each."""
+    auth = Authenticator(
+        repo,
+        AuthSettings(max_unknown_lookups=5, max_total_unknown_lookups=8, max_address_failures=10_000),
+        timer=clocks.timer,
+    )
+    uncached = repo.issue_key("globex", KeySpec(), actor="t")
+    for _ in range(100):
+        with pytest.raises(AuthenticationError):
+            asyncio.run(auth.authenticate_async(bearer(generate_key().key), ADDR))
+    # Five lookups, then every further id answered from the set of stored ids, read once.
+    assert (repo.lookups, repo.id_scans) == (5, 1)
+    # A valid key the cache does not hold, from the flooding address, is still served.
+    assert auth.authenticate(bearer(uncached.key), ADDR).tenant_id == "globex"
+    assert repo.lookups == 6
+    # Other addresses: their own lookups, until all together reach the total bound.
+    for i in range(10):
+        with pytest.raises(AuthenticationError):
+            auth.authenticate(bearer(generate_key().key), f"10.7.0.{i}")
+    assert repo.lookups == 6 + 3
+    clocks.advance(1)  # the set of stored ids is re-read at most once per known_ids_refresh_s
+    for _ in range(50):
+        with pytest.raises(AuthenticationError):
+            auth.authenticate(bearer(generate_key().key), ADDR)
+    assert (repo.lookups, repo.id_scans) == (9, 2)
+    clocks.advance(60)  # the window is over: ids are looked up one by one again
+    with pytest.raises(AuthenticationError):
+        auth.authenticate(bearer(generate_key().key), ADDR)
+    assert repo.lookups == 10
+
+
 def test_throttle_memory_is_bounded(clocks: Clocks) -> None:
     throttle = FailureThrottle(3, 60, max_tracked=100, timer=clocks.timer)
     for i in range(1000):

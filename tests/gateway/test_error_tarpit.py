@@ -234,3 +234,45 @@ def test_a_flooding_key_is_slowed_and_another_key_is_not_over_http(clock: Clock,
         with pytest.raises(openai.BadRequestError):
             victim.chat.completions.create(model=MODEL, messages=messages, seed=2**64, max_tokens=2)
         assert sleeps.delays == pytest.approx([0.1, 0.2])
+
+
+def test_errors_that_never_proved_a_key_do_not_count_against_it(clock: Clock, sleeps: Sleeps) -> None:
+    """Issue 21: unknown paths sent with the victim's (public) key id slowed the victim's own errors."""
+    configured = create_app(Settings(), FakeEngine(), tokenizer(), max_model_len=64, error_tarpit=LIMITS)
+    (tarpit,) = [m for m in configured.user_middleware if m.cls is ErrorTarpitMiddleware]
+    # The app's own tarpit configuration, with the test's clock and sleep.
+    app = ErrorTarpitMiddleware(
+        make_app(FakeEngine(), error_tarpit=None),
+        *tarpit.args,
+        **{**tarpit.kwargs, "timer": clock, "sleep": sleeps},
+    )
+    messages: list[Any] = [{"role": "user", "content": "hi"}]
+    with serve_in_thread(app) as url:  # type: ignore[arg-type]
+        with httpx.Client(base_url=url, headers={"authorization": f"Bearer {KEY_B}"}) as attacker:
+            for _ in range(LIMITS.max_errors + 2):  # one connection, the victim's key id
+                assert attacker.get("/v1/no-such-path").status_code == 404
+        assert sleeps.delays == pytest.approx([0.1, 0.2])  # the sender's connection pays
+        victim = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY_B, max_retries=0)
+        with pytest.raises(openai.BadRequestError):
+            victim.chat.completions.create(model=MODEL, messages=messages, seed=2**64, max_tokens=2)
+        assert sleeps.delays == pytest.approx([0.1, 0.2])  # the victim's own error did not wait
+
+
+def test_a_connection_is_slowed_before_its_address(tarpit: ErrorTarpitMiddleware, sleeps: Sleeps) -> None:
+    bar = LIMITS.address_bar
+    assert bar > LIMITS.max_errors
+    for port in range(bar):  # a new connection each time: each under its own bar
+        transport = httpx.ASGITransport(app=tarpit, client=("10.0.0.5", 2000 + port))
+
+        async def get(transport: httpx.ASGITransport = transport) -> int:
+            async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+                return (await client.get("/status/404")).status_code
+
+        assert asyncio.run(get()) == 404
+    assert sleeps.delays == []
+    assert _call(tarpit, 404, None, "10.0.0.5") == 404  # the address's bar is passed
+    assert sleeps.delays == pytest.approx([0.1])
+    # Past it, the address's waits grow beyond a key's cap (many connections, one sender).
+    _errors(tarpit, 9, None, "10.0.0.5")
+    assert sleeps.delays[-1] == pytest.approx(1.0) and sleeps.delays[-1] > LIMITS.max_delay_s
+    assert LIMITS.address_max_delay_s == 10.0

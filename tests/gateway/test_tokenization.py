@@ -11,9 +11,12 @@ import pytest
 
 from gateway.errors import BadRequestError, UnprocessableError
 from gateway.protocol import ChatMessage, Role
-from gateway.tokenization import INLINE_TOKENIZE_CHARS, PromptBuilder
+from gateway.tokenization import PromptBuilder
 from tests.gateway.harness import tokenizer
 from tests.gateway.tiny_tokenizer import word_token_id
+
+# Long enough to have been tokenized on a worker thread before issue 21 (now every prompt is).
+INLINE_TOKENIZE_CHARS = 4096
 
 
 @pytest.fixture(scope="module")
@@ -131,3 +134,69 @@ def test_threads_take_turns_on_the_shared_tokenizer() -> None:
         t.join()
     assert errors == []
     assert tokenizer.calls == 8 * 10 * 4  # encode_prompt 1 + encode_chat 2 + token_text 1
+
+
+class _GatedTokenizer:
+    """Records the thread of every call; `encode` of a text starting with "slow" waits for `gate`.
+
+    Copies (one per pool worker) share the record and the gate, as copies of one model's
+    tokenizer share its vocabulary.
+    """
+
+    def __init__(self) -> None:
+        self.threads: list[int] = []
+        self.done: list[str] = []
+        self.gate = threading.Event()
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _GatedTokenizer:
+        twin = _GatedTokenizer.__new__(_GatedTokenizer)
+        twin.threads, twin.done, twin.gate = self.threads, self.done, self.gate
+        return twin
+
+    def apply_chat_template(self, conversation: Any, **kwargs: Any) -> Any:
+        self.threads.append(threading.get_ident())
+        return "".join(m["content"] for m in conversation)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        self.threads.append(threading.get_ident())
+        if text.startswith("slow"):
+            self.gate.wait(30)  # a hang guard; the test opens it
+        self.done.append(text[:4])
+        return [1] * len(text.split())
+
+    def decode(self, token_ids: Any, skip_special_tokens: bool = False) -> str:
+        return "x"
+
+    def __len__(self) -> int:
+        return 100
+
+
+def test_no_prompt_is_tokenized_or_rendered_on_the_event_loop() -> None:
+    tok = _GatedTokenizer()
+    builder = PromptBuilder(tok)
+
+    async def main() -> int:
+        await builder.encode_prompts_async(["hi"])  # short: it used to run inline
+        await builder.encode_chat_async([ChatMessage(Role.USER, "hi")])
+        return threading.get_ident()
+
+    loop_thread = asyncio.run(main())
+    assert len(tok.threads) == 3 and loop_thread not in tok.threads
+
+
+def test_a_long_tokenization_does_not_hold_up_another_prompt() -> None:
+    tok = _GatedTokenizer()
+    builder = PromptBuilder(tok)
+
+    async def main() -> None:
+        slow = asyncio.ensure_future(builder.encode_prompts_async(["slow " * 2000]))
+        while not tok.threads:  # the slow one has started on its worker
+            await asyncio.sleep(0.001)
+        # Its own tokenizer copy: no lock shared with the one tokenizing the slow prompt.
+        assert await builder.encode_chat_async([ChatMessage(Role.USER, "fast")]) == (1,)
+        assert tok.done == ["fast"]
+        tok.gate.set()
+        await slow
+
+    asyncio.run(main())
+    assert tok.done == ["fast", "slow"]

@@ -34,3 +34,15 @@ def test_a_failed_victim_request_or_an_attacker_5xx_misses_the_target() -> None:
     assert report["attacked"]["statuses"] == {"200": 9, "200_incomplete": 1}
     assert report["targets"]["victim_success_100pct"] is False
     assert report["targets"]["attacker_5xx"] == 1
+
+
+def test_a_flood_reports_the_victims_ttft_p50_against_alone() -> None:
+    alone = [_ok(0.1)] * 10
+    attacked = [_ok(0.14)] * 10
+    report = summarize(
+        alone, attacked, {"random_key_ids": Counter({401: 500})}, {"idle": 1.0}, "random_key_ids"
+    )
+    assert report["ttft_p50_ratio"] == 1.4 and report["targets"]["ttft_p50_within_1_5x"] is True
+    assert "Flood `random_key_ids`: TTFT p50 attacked / alone: **1.4**" in markdown(report, "cmd")
+    slowed = summarize(alone, [_ok(0.2)] * 10, {}, {"idle": 1.0}, "unknown_paths_victim_id")
+    assert slowed["targets"]["ttft_p50_within_1_5x"] is False

@@ -1,0 +1,104 @@
+"""The worker threads that render chat templates, tokenize prompts and check token ids.
+
+Nothing that grows with a prompt runs on the event loop: every prompt of every request is
+tokenized here, on one of `num_workers` threads. One tenant holds at most `max_per_tenant` of
+them at a time; its further jobs wait in its own line, and a freed worker goes to the next tenant
+in turn that is under its share. So one tenant's huge prompts queue behind each other, not in
+front of everyone else's (issue 21).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from typing import TypeVar
+
+import anyio
+import anyio.to_thread
+
+T = TypeVar("T")
+
+
+class TokenizerPool:
+    """A bounded pool of worker threads with a per-tenant share of them."""
+
+    def __init__(self, num_workers: int, tenant_share: float = 0.5) -> None:
+        if num_workers < 1:
+            raise ValueError(f"num_workers must be >= 1, got {num_workers}")
+        if not 0 < tenant_share <= 1:
+            raise ValueError(f"tenant_share must be in (0, 1], got {tenant_share}")
+        self.num_workers = num_workers
+        self.max_per_tenant = max(1, int(num_workers * tenant_share))
+        # Its own limiter: tokenization never takes the threads anyio lends everything else.
+        self._limiter = anyio.CapacityLimiter(num_workers)
+        self._num_busy = 0
+        self._busy: dict[str, int] = {}
+        # Tenants with jobs waiting, in turn order; each with its waiters, oldest first.
+        self._waiting: OrderedDict[str, deque[anyio.Event]] = OrderedDict()
+
+    @property
+    def num_busy(self) -> int:
+        """Workers running a job now."""
+        return self._num_busy
+
+    def num_waiting(self, tenant_id: str | None = None) -> int:
+        """Jobs waiting for a worker (of one tenant, or of all)."""
+        if tenant_id is not None:
+            return len(self._waiting.get(tenant_id, ()))
+        return sum(len(q) for q in self._waiting.values())
+
+    async def run(self, tenant_id: str, fn: Callable[..., T], *args: object) -> T:
+        """`fn(*args)` on a worker thread, once `tenant_id` may have one."""
+        await self._acquire(tenant_id)
+        try:
+            # Not abandoned on cancellation: the worker is given back once the thread is done.
+            return await anyio.to_thread.run_sync(fn, *args, limiter=self._limiter)
+        finally:
+            self._release(tenant_id)
+
+    def _grantable(self, tenant_id: str) -> bool:
+        return self._num_busy < self.num_workers and self._busy.get(tenant_id, 0) < self.max_per_tenant
+
+    def _grant(self, tenant_id: str) -> None:
+        self._num_busy += 1
+        self._busy[tenant_id] = self._busy.get(tenant_id, 0) + 1
+
+    async def _acquire(self, tenant_id: str) -> None:
+        # After every grant and release no waiter is grantable, so a grantable newcomer jumps no one.
+        if self._grantable(tenant_id):
+            self._grant(tenant_id)
+            return
+        granted = anyio.Event()
+        self._waiting.setdefault(tenant_id, deque()).append(granted)
+        try:
+            await granted.wait()
+        except BaseException:
+            if granted.is_set():  # granted, then cancelled before it could run: give it back
+                self._release(tenant_id)
+            else:
+                line = self._waiting[tenant_id]
+                line.remove(granted)
+                if not line:
+                    del self._waiting[tenant_id]
+            raise
+
+    def _release(self, tenant_id: str) -> None:
+        self._num_busy -= 1
+        left = self._busy[tenant_id] - 1
+        if left:
+            self._busy[tenant_id] = left
+        else:
+            del self._busy[tenant_id]
+        self._dispatch()
+
+    def _dispatch(self) -> None:
+        """Hand free workers to waiting tenants under their share, in turn."""
+        while self._num_busy < self.num_workers:
+            tenant_id = next((t for t in self._waiting if self._grantable(t)), None)
+            if tenant_id is None:
+                return
+            line = self._waiting.pop(tenant_id)
+            self._grant(tenant_id)
+            line.popleft().set()
+            if line:  # back of the turn order
+                self._waiting[tenant_id] = line
