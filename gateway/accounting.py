@@ -147,6 +147,8 @@ class Admitted:
 
     settle: Settle
     requests: tuple[EngineRequest, ...]
+    # Headers every answer to the request carries (OpenAI's `x-ratelimit-*`), streamed or not.
+    headers: tuple[tuple[str, str], ...] = ()
 
 
 Admission = Callable[[TenantContext, Sequence[EngineRequest]], Awaitable[Settle | Admitted]]

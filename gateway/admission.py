@@ -46,7 +46,8 @@ from gateway.errors import BadRequestError, RateLimitError, ServiceUnavailableEr
 from gateway.settings import Settings
 from gateway.slo import RecentAdmissions, predict_ttft
 from tenancy.context import QuotaLimits, TenantContext
-from tenancy.quotas import ConcurrencyLimiter, Denial, Grant, LimitKind, LocalBudget, TokenBudget
+from tenancy.principal_budgets import PrincipalBudgets, RateWindow, Reservation
+from tenancy.quotas import ConcurrencyLimiter, Denial, LimitKind, LocalBudget, TokenBudget
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +55,7 @@ _REASON_OF = {
     LimitKind.TOKENS_PER_MINUTE: RejectReason.TOKENS_PER_MINUTE,
     LimitKind.TOKENS_PER_DAY: RejectReason.TOKENS_PER_DAY,
     LimitKind.MAX_CONCURRENT: RejectReason.MAX_CONCURRENT,
+    LimitKind.REQUESTS_PER_MINUTE: RejectReason.REQUESTS_PER_MINUTE,
 }
 
 
@@ -100,10 +102,23 @@ def _retry_after(seconds: float) -> dict[str, str]:
     return {"retry-after": str(max(1, math.ceil(seconds))), "retry-after-ms": str(math.ceil(seconds * 1000))}
 
 
+def rate_limit_headers(requests: RateWindow | None, tokens: RateWindow | None) -> dict[str, str]:
+    """OpenAI's `x-ratelimit-*` headers for the windows that exist (a missing limit sends none)."""
+    headers: dict[str, str] = {}
+    for unit, window in (("requests", requests), ("tokens", tokens)):
+        if window is not None:
+            headers[f"x-ratelimit-limit-{unit}"] = str(window.limit)
+            headers[f"x-ratelimit-remaining-{unit}"] = str(max(0, window.remaining))
+            headers[f"x-ratelimit-reset-{unit}"] = format_duration(window.reset_s)
+    return headers
+
+
 def rate_limit_error(denial: Denial) -> RateLimitError:
-    """The 429 for a denial, with Retry-After and the `x-ratelimit-*-tokens` headers."""
+    """The 429 for a denial, with Retry-After and the `x-ratelimit-*` headers of the refusing limit."""
     if denial.limit is LimitKind.MAX_CONCURRENT:
         headers = {"x-ratelimit-limit-requests": str(denial.limit_value)}
+    elif denial.limit is LimitKind.REQUESTS_PER_MINUTE:
+        headers = rate_limit_headers(RateWindow(denial.limit_value, denial.remaining, denial.reset_s), None)
     else:
         headers = {
             "x-ratelimit-limit-tokens": str(denial.limit_value),
@@ -173,7 +188,7 @@ class AdmissionController:
     def __init__(
         self,
         stats: Callable[[], EngineStats],
-        budget: TokenBudget,
+        budget: TokenBudget | PrincipalBudgets,
         config: AdmissionConfig | None = None,
         *,
         metrics: AdmissionMetrics | None = None,
@@ -181,22 +196,33 @@ class AdmissionController:
         closers: Sequence[Callable[[], None]] = (),
     ) -> None:
         self.stats = stats
-        self.budget = budget
+        # A plain TokenBudget is the tenant's tokens; keys and request counts are then in-process.
+        self.budgets = budget if isinstance(budget, PrincipalBudgets) else PrincipalBudgets(budget)
         self.config = config or AdmissionConfig()
         self.metrics = metrics
         self.clock = clock
         self.concurrency = ConcurrencyLimiter()
+        self.key_concurrency = ConcurrencyLimiter()  # per key, with the key's own cap
         self._recent = RecentAdmissions()
         self._closers = tuple(closers)
 
+    @property
+    def budget(self) -> TokenBudget:
+        """The tenant's token budget."""
+        return self.budgets.tenant_tokens
+
+    @budget.setter
+    def budget(self, budget: TokenBudget) -> None:
+        self.budgets.tenant_tokens = budget
+
     async def start(self) -> None:
-        """Lifespan start: the budget's background work (lease expiry)."""
-        await self.budget.start()
+        """Lifespan start: the budgets' background work (lease expiry)."""
+        await self.budgets.start()
 
     async def close(self) -> None:
         """Lifespan end, after requests settled: return leased budget, then release resources."""
         try:
-            await self.budget.close()
+            await self.budgets.close()
         finally:
             for close in self._closers:
                 close()
@@ -211,11 +237,18 @@ class AdmissionController:
         if denial is not None:
             self._reject(name, RejectReason.MAX_CONCURRENT)
             raise rate_limit_error(denial)
+        denial = self.key_concurrency.try_acquire(tenant.key_id, tenant.key_quota)
+        if denial is not None:
+            self.concurrency.release(name)
+            self._reject(name, RejectReason.MAX_CONCURRENT)
+            raise rate_limit_error(denial)
         try:
-            grant = await self._check_and_reserve(tenant, requests)
+            reservation = await self._check_and_reserve(tenant, requests)
         except BaseException:
             self.concurrency.release(name)
+            self.key_concurrency.release(tenant.key_id)
             raise
+        grant = reservation.tenant_tokens
         priority = requests[0].priority if requests else tenant.priority
         self._recent.add(priority, num_queued_tokens(requests))
         if self.metrics is not None:
@@ -226,9 +259,15 @@ class AdmissionController:
             deadline_s = requests[0].arrival_s + self.config.max_queue_time_s
             requests = [replace(r, deadline_s=r.arrival_s + self.config.max_queue_time_s) for r in requests]
         num_choices = sum(r.sampling_params.n for r in requests)
-        return Admitted(self._settler(tenant, grant, deadline_s, num_choices), tuple(requests))
+        return Admitted(
+            self._settler(tenant, reservation, deadline_s, num_choices),
+            tuple(requests),
+            headers=tuple(rate_limit_headers(reservation.requests, reservation.tokens).items()),
+        )
 
-    async def _check_and_reserve(self, tenant: TenantContext, requests: Sequence[EngineRequest]) -> Grant:
+    async def _check_and_reserve(
+        self, tenant: TenantContext, requests: Sequence[EngineRequest]
+    ) -> Reservation:
         name, quota = tenant.tenant_id, tenant.quota
         stats = self.stats()
         self._recent.observe(stats)
@@ -261,7 +300,7 @@ class AdmissionController:
                     )
         num_tokens = self._reservation(tenant, requests)
         try:
-            result = await self.budget.take(name, quota, num_tokens)
+            result = await self.budgets.take(tenant, num_tokens)
         except Exception as exc:
             logger.exception("token budget of %s unavailable", name)
             self._reject(name, RejectReason.BUDGET_UNAVAILABLE)
@@ -280,8 +319,8 @@ class AdmissionController:
         return result
 
     def _reservation(self, tenant: TenantContext, requests: Sequence[EngineRequest]) -> int:
-        """Tokens to reserve; a defaulted max_tokens is reduced to fit the tenant's whole budget."""
-        quota = tenant.quota
+        """Tokens to reserve; a defaulted max_tokens is reduced to fit the tenant's and key's whole budgets."""
+        quota = tenant.limits  # the tighter of the tenant's and the key's
         default = quota.default_max_tokens_reservation or self.config.default_max_tokens_reservation
         num_tokens = num_reserved_tokens(requests, default)
         limits = [v for v in (quota.tokens_per_minute, quota.tokens_per_day) if v is not None]
@@ -300,9 +339,10 @@ class AdmissionController:
         raise too_large_error(num_tokens, limit, per)
 
     def _settler(
-        self, tenant: TenantContext, grant: Grant, deadline_s: float | None, num_choices: int
+        self, tenant: TenantContext, reservation: Reservation, deadline_s: float | None, num_choices: int
     ) -> Callable[[UsageRecord], None]:
         settled = False
+        grant = reservation.tenant_tokens
 
         def settle(record: UsageRecord) -> None:
             nonlocal settled
@@ -311,11 +351,12 @@ class AdmissionController:
             settled = True
             name = tenant.tenant_id
             self.concurrency.release(name)
+            self.key_concurrency.release(tenant.key_id)
             # What was computed: a request cancelled during its prefill pays for the prefill
             # (engine-reported); one that computed nothing (aborted in the queue) pays nothing.
             usage = record.usage
             used = usage.billed_total_tokens
-            self.budget.settle(grant, used)
+            self.budgets.settle(reservation, used)
             if self.metrics is None:
                 return
             if not grant.unlimited:
@@ -352,10 +393,18 @@ def build_admission(
     db = Database(settings.resolved_database_url)
     if db.backend == "sqlite":
         db.dispose()
-        return AdmissionController(stats, LocalBudget(), config, metrics=metrics)
-    from tenancy.leases import LeasedBudget, LeaseStore
+        return AdmissionController(stats, PrincipalBudgets(LocalBudget()), config, metrics=metrics)
+    from tenancy.leases import LeasedBudget, LeaseStore, SubjectRows
 
-    budget = LeasedBudget(
-        LeaseStore(db), lease_tokens=settings.lease_tokens, lease_ttl_s=settings.lease_ttl_s
+    def leased(rows: SubjectRows | None = None) -> LeasedBudget:
+        return LeasedBudget(
+            LeaseStore(db, rows=rows), lease_tokens=settings.lease_tokens, lease_ttl_s=settings.lease_ttl_s
+        )
+
+    budgets = PrincipalBudgets(
+        tenant_tokens=leased(),
+        key_tokens=leased(SubjectRows("key:tokens:")),
+        tenant_requests=leased(SubjectRows("tenant:requests:")),
+        key_requests=leased(SubjectRows("key:requests:")),
     )
-    return AdmissionController(stats, budget, config, metrics=metrics, closers=(db.dispose,))
+    return AdmissionController(stats, budgets, config, metrics=metrics, closers=(db.dispose,))

@@ -21,6 +21,7 @@ class RejectReason(enum.Enum):
     TOKENS_PER_MINUTE = "tokens_per_minute"
     TOKENS_PER_DAY = "tokens_per_day"
     MAX_CONCURRENT = "max_concurrent"
+    REQUESTS_PER_MINUTE = "requests_per_minute"
     REQUEST_TOO_LARGE = "request_too_large"
     QUEUE_FULL = "queue_full"
     SLO_UNATTAINABLE = "slo_unattainable"

@@ -380,7 +380,10 @@ class Authenticator:
                     self._unknown[parsed.key_id] = True
             return None
         entry = _Entry(
-            record, record.tenant.context(record.view.id, tuple(s.value for s in record.view.scopes))
+            record,
+            record.tenant.context(
+                record.view.id, tuple(s.value for s in record.view.scopes), record.view.limits
+            ),
         )
         with self._lock:
             # An invalidation since the lookup began may have made what was read stale: use it

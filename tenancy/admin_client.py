@@ -27,7 +27,7 @@ from tenancy.admin_codec import (
     tenant_update_json,
     usage_json,
 )
-from tenancy.context import QuotaLimits
+from tenancy.context import QuotaLimits, key_limits_dict
 from tenancy.errors import TenancyError
 from tenancy.records import KeySpec, TenantSpec, TenantUpdate
 from tenancy.repo import TenancyRepo
@@ -61,6 +61,7 @@ class AdminBackend(Protocol):
     def list_keys(self, tenant: str) -> JsonObject: ...
     def revoke_key(self, key_id: str) -> JsonObject: ...
     def rotate_key(self, key_id: str) -> JsonObject: ...
+    def set_key_limits(self, key_id: str, limits: QuotaLimits) -> JsonObject: ...
     def usage(self, tenant: str, since: dt.date | None, until: dt.date | None) -> JsonObject: ...
     def audit(self, tenant: str | None, limit: int) -> JsonObject: ...
 
@@ -102,6 +103,9 @@ class DirectAdmin:
 
     def rotate_key(self, key_id: str) -> JsonObject:
         return issued_key_json(self.repo.rotate_key(key_id, actor=self.actor), self.repo.now())
+
+    def set_key_limits(self, key_id: str, limits: QuotaLimits) -> JsonObject:
+        return key_json(self.repo.set_key_limits(key_id, limits, actor=self.actor), self.repo.now())
 
     def usage(self, tenant: str, since: dt.date | None, until: dt.date | None) -> JsonObject:
         return usage_json(tenant, self.repo.usage_by_day(tenant, since=since, until=until))
@@ -188,6 +192,9 @@ class HttpAdmin:
 
     def rotate_key(self, key_id: str) -> JsonObject:
         return self.call("POST", f"/keys/{path_segment(key_id)}/rotate")
+
+    def set_key_limits(self, key_id: str, limits: QuotaLimits) -> JsonObject:
+        return self.call("PUT", f"/keys/{path_segment(key_id)}/limits", json=key_limits_dict(limits))
 
     def usage(self, tenant: str, since: dt.date | None, until: dt.date | None) -> JsonObject:
         params = {}

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from engine.request import Priority
-from tenancy.context import QuotaLimits
+from tenancy.context import QuotaLimits, key_limits_dict
 from tenancy.enums import KeyScope, TenantStatus
 from tenancy.errors import FieldError
 from tenancy.records import (
@@ -31,6 +31,7 @@ JsonObject = dict[str, Any]
 
 QUOTA_FIELDS = (
     "tokens_per_minute",
+    "requests_per_minute",
     "tokens_per_day",
     "max_concurrent",
     "max_prompt_tokens",
@@ -116,6 +117,7 @@ def parse_quota(body: object, where: str = "quota") -> QuotaLimits:
 
     quota = QuotaLimits(
         tokens_per_minute=limit("tokens_per_minute"),
+        requests_per_minute=limit("requests_per_minute"),
         tokens_per_day=limit("tokens_per_day"),
         max_concurrent=limit("max_concurrent"),
         max_prompt_tokens=limit("max_prompt_tokens"),
@@ -249,6 +251,7 @@ def key_json(key: ApiKeyView, now: dt.datetime) -> JsonObject:
         "expires_at": time_json(key.expires_at),
         "revoked_at": time_json(key.revoked_at),
         "last_used_at": time_json(key.last_used_at),
+        "limits": key_limits_dict(key.limits),
     }
 
 

@@ -106,6 +106,7 @@ def _add_quota_options(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("quota (omitted: unlimited)")
     for flag in (
         "tokens-per-minute",
+        "requests-per-minute",
         "tokens-per-day",
         "max-concurrent",
         "max-prompt-tokens",
@@ -123,6 +124,7 @@ def _add_quota_options(parser: argparse.ArgumentParser) -> None:
 def _quota_from(args: argparse.Namespace) -> QuotaLimits:
     return QuotaLimits(
         tokens_per_minute=args.tokens_per_minute,
+        requests_per_minute=args.requests_per_minute,
         tokens_per_day=args.tokens_per_day,
         max_concurrent=args.max_concurrent,
         max_prompt_tokens=args.max_prompt_tokens,
@@ -131,6 +133,33 @@ def _quota_from(args: argparse.Namespace) -> QuotaLimits:
         ttft_slo_ms=args.ttft_slo_ms,
         tpot_slo_ms=args.tpot_slo_ms,
         default_max_tokens_reservation=args.default_max_tokens_reservation,
+    )
+
+
+def _add_key_limit_options(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("the key's own limits (omitted: its tenant's; the tighter applies)")
+    for flag in (
+        "requests-per-minute",
+        "tokens-per-minute",
+        "tokens-per-day",
+        "max-concurrent",
+        "max-prompt-tokens",
+        "max-output-tokens",
+    ):
+        g.add_argument(f"--{flag}", type=int, metavar="N")
+    g.add_argument("--model", dest="models", action="append", default=[], metavar="NAME",
+                   help="an allowed model, one of the tenant's; repeat for several (omitted: the tenant's)")  # fmt: skip
+
+
+def _key_limits_from(args: argparse.Namespace) -> QuotaLimits:
+    return QuotaLimits(
+        requests_per_minute=args.requests_per_minute,
+        tokens_per_minute=args.tokens_per_minute,
+        tokens_per_day=args.tokens_per_day,
+        max_concurrent=args.max_concurrent,
+        max_prompt_tokens=args.max_prompt_tokens,
+        max_output_tokens=args.max_output_tokens,
+        models=tuple(args.models),
     )
 
 
@@ -242,7 +271,7 @@ def _add_admin(subparsers: argparse._SubParsersAction, settings_of: SettingsOf) 
     p.set_defaults(func=command(lambda b, a: b.suspend_tenant(a.name)))
 
     # keys
-    keys = admin_sub.add_parser("keys", help="issue, list, revoke, rotate API keys")
+    keys = admin_sub.add_parser("keys", help="issue, list, revoke, rotate API keys; set their limits")
     k_sub = keys.add_subparsers(dest="keys_command", required=True)
     p = _admin_leaf(k_sub, "issue", "issue a key; the key is printed only this once", conn)
     p.add_argument("tenant")
@@ -261,6 +290,10 @@ def _add_admin(subparsers: argparse._SubParsersAction, settings_of: SettingsOf) 
     p = _admin_leaf(k_sub, "rotate", "issue a replacement key and revoke the old one", conn)
     p.add_argument("key_id")
     p.set_defaults(func=command(lambda b, a: b.rotate_key(a.key_id)))
+    p = _admin_leaf(k_sub, "limits", "replace a key's own limits (omitted: its tenant's)", conn)
+    p.add_argument("key_id")
+    _add_key_limit_options(p)
+    p.set_defaults(func=command(lambda b, a: b.set_key_limits(a.key_id, _key_limits_from(a))))
 
     # quota
     quota = admin_sub.add_parser("quota", help="set a tenant's quota")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields, replace
 
 from engine.request import Priority
 
@@ -12,6 +12,7 @@ class QuotaLimits:
     """A tenant's limits; None means unlimited."""
 
     tokens_per_minute: int | None = None
+    requests_per_minute: int | None = None
     tokens_per_day: int | None = None
     max_concurrent: int | None = None
     max_prompt_tokens: int | None = None
@@ -38,3 +39,66 @@ class TenantContext:
     cache_scope: str  # prefix-cache scope; the tenant by default
     quota: QuotaLimits
     scopes: tuple[str, ...] = ()
+    # The key's own limits, nested in the tenant's: the tighter of `quota` and `key_quota` applies.
+    key_quota: QuotaLimits = field(default_factory=QuotaLimits)
+
+    def allows_model(self, name: str) -> bool:
+        """Whether both the tenant and the key may use the model `name` (an empty list: any)."""
+        return all(not q.models or name in q.models for q in (self.quota, self.key_quota))
+
+    @property
+    def limits(self) -> QuotaLimits:
+        """The per-request bounds that apply (prompt and output sizes): the tighter of tenant and key.
+
+        Budgets (tokens and requests per minute, tokens per day, concurrency) are not merged here:
+        the tenant's and the key's are counted apart, each against its own limit.
+        """
+        return narrowest(self.quota, self.key_quota)
+
+
+def _tighter(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else min(a, b)
+
+
+# The limits an API key may set: budgets and request bounds (SLOs and reservations are the tenant's).
+KEY_LIMIT_FIELDS = (
+    "requests_per_minute",
+    "tokens_per_minute",
+    "tokens_per_day",
+    "max_concurrent",
+    "max_prompt_tokens",
+    "max_output_tokens",
+    "models",
+)
+
+
+def key_limits_dict(limits: QuotaLimits) -> dict[str, object]:
+    """A key's own limits by name (None: the tenant's): the admin API's and the audit log's form."""
+    full = limits.as_dict()
+    return {name: full[name] for name in KEY_LIMIT_FIELDS}
+
+
+def narrowest(tenant: QuotaLimits, key: QuotaLimits) -> QuotaLimits:
+    """The tenant's limits narrowed by its key's: each numeric limit the smaller of the two.
+
+    `models` is the tenant's list when the key names none, the key's when the tenant names none,
+    else their intersection (which may be empty: see `TenantContext.allows_model`).
+    """
+    if key == QuotaLimits():
+        return tenant
+    if not key.models:
+        models = tenant.models
+    elif not tenant.models:
+        models = key.models
+    else:
+        models = tuple(m for m in key.models if m in tenant.models)
+    return replace(
+        tenant,
+        requests_per_minute=_tighter(tenant.requests_per_minute, key.requests_per_minute),
+        tokens_per_minute=_tighter(tenant.tokens_per_minute, key.tokens_per_minute),
+        tokens_per_day=_tighter(tenant.tokens_per_day, key.tokens_per_day),
+        max_concurrent=_tighter(tenant.max_concurrent, key.max_concurrent),
+        max_prompt_tokens=_tighter(tenant.max_prompt_tokens, key.max_prompt_tokens),
+        max_output_tokens=_tighter(tenant.max_output_tokens, key.max_output_tokens),
+        models=models,
+    )

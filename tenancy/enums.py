@@ -52,6 +52,7 @@ class AuditAction(enum.StrEnum):
     KEY_ISSUE = "key.issue"
     KEY_REVOKE = "key.revoke"
     KEY_ROTATE = "key.rotate"
+    KEY_LIMITS_SET = "key.limits"
     ADMIN_TOKEN_SET = "admin_token.set"
     MODEL_REGISTER = "model.register"
     MODEL_STATE = "model.state"

@@ -30,15 +30,15 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Protocol, cast
 
-from sqlalchemy import ColumnElement, Table, case, insert, literal, select, update
+from sqlalchemy import ColumnElement, Executable, Table, case, insert, literal, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from tenancy.context import QuotaLimits
 from tenancy.db import Database
-from tenancy.models import BudgetBucket, Tenant
+from tenancy.models import BudgetBucket, PrincipalBucket, Tenant
 from tenancy.quotas import (
     Clock,
     Denial,
@@ -71,21 +71,73 @@ class LeaseResult:
     granted: int
     day: int
     state: BucketState | None = None
+    level: float | None = None  # the shared bucket's level right after a grant (rate-limit headers)
+
+
+class BucketRows(Protocol):
+    """Which table holds a principal's bucket row, and how its row is found and created."""
+
+    table: Table
+
+    def where(self, name: str) -> ColumnElement[bool]:
+        """The condition that picks `name`'s row."""
+        ...
+
+    def create(self, name: str, cap: float, now: float) -> Executable:
+        """An INSERT of `name`'s row with a full bucket (a no-op when the principal is unknown)."""
+        ...
+
+
+class TenantTokenRows:
+    """A tenant's token budget: its `budget_buckets` row, keyed by the tenant's integer id."""
+
+    def __init__(self) -> None:
+        self.table = cast(Table, BudgetBucket.__table__)
+
+    def _pk(self, tenant: str) -> ColumnElement[int]:
+        # A subquery rather than a cached id: a tenant deleted and created again gets a new id.
+        return select(Tenant.id).where(Tenant.name == tenant).scalar_subquery()
+
+    def where(self, name: str) -> ColumnElement[bool]:
+        return self.table.c.tenant_id == self._pk(name)
+
+    def create(self, name: str, cap: float, now: float) -> Executable:
+        rows = select(Tenant.id, literal(cap), literal(now), literal(day_of(now)), literal(0)).where(
+            Tenant.name == name
+        )
+        return insert(self.table).from_select(["tenant_id", "tokens", "refilled_at", "day", "day_used"], rows)
+
+
+class SubjectRows:
+    """Any other budget: a `principal_buckets` row named `<prefix><name>` (e.g. `key:<id>:tokens`)."""
+
+    def __init__(self, prefix: str) -> None:
+        self.table = cast(Table, PrincipalBucket.__table__)
+        self.prefix = prefix
+
+    def where(self, name: str) -> ColumnElement[bool]:
+        return self.table.c.subject == self.prefix + name
+
+    def create(self, name: str, cap: float, now: float) -> Executable:
+        return insert(self.table).values(
+            subject=self.prefix + name, tokens=cap, refilled_at=now, day=day_of(now), day_used=0
+        )
 
 
 class LeaseStore:
-    """The database side: atomic conditional UPDATEs on `budget_buckets`. Blocking; run in a thread."""
+    """The database side: atomic conditional UPDATEs on one bucket row. Blocking; run in a thread.
 
-    def __init__(self, db: Database, clock: Clock = time.time) -> None:
+    `rows` says which: a tenant's tokens (`budget_buckets`, the default) or another principal's
+    budget (`principal_buckets`: a key's tokens, a tenant's or a key's requests).
+    """
+
+    def __init__(self, db: Database, clock: Clock = time.time, rows: BucketRows | None = None) -> None:
         self.db = db
         self.clock = clock
-        self._t = cast(Table, BudgetBucket.__table__)
+        self.rows: BucketRows = rows if rows is not None else TenantTokenRows()
+        self._t = self.rows.table
 
     # -- SQL pieces ------------------------------------------------------------------------
-
-    def _tenant_pk(self, tenant: str) -> ColumnElement[int]:
-        # A subquery rather than a cached id: a tenant deleted and created again gets a new id.
-        return select(Tenant.id).where(Tenant.name == tenant).scalar_subquery()
 
     def _available(self, limits: QuotaLimits, now: float) -> ColumnElement[float]:
         t = self._t.c
@@ -103,7 +155,10 @@ class LeaseStore:
 
     # -- operations ------------------------------------------------------------------------
 
-    def _try_take(self, session: Session, tenant: str, limits: QuotaLimits, n: int, now: float) -> bool:
+    def _try_take(
+        self, session: Session, tenant: str, limits: QuotaLimits, n: int, now: float
+    ) -> float | None:
+        """Take `n` tokens; the bucket's level after the take, or None when refused."""
         t = self._t.c
         today = day_of(now)
         available = self._available(limits, now)
@@ -111,25 +166,23 @@ class LeaseStore:
         day_cap = float(limits.tokens_per_day) if limits.tokens_per_day is not None else UNLIMITED
         stmt = (
             update(self._t)
-            .where(t.tenant_id == self._tenant_pk(tenant), available >= n, used + n <= day_cap)
+            .where(self.rows.where(tenant), available >= n, used + n <= day_cap)
             .values(
                 tokens=available - n,
                 refilled_at=case((t.refilled_at < now, now), else_=t.refilled_at),
                 day=case((t.day >= today, t.day), else_=today),
                 day_used=used + n,
             )
+            .returning(t.tokens)
         )
-        return session.execute(stmt).rowcount == 1  # type: ignore[attr-defined]
+        row = session.execute(stmt).first()
+        return None if row is None else float(row[0])
 
     def _create(self, tenant: str, limits: QuotaLimits, now: float) -> None:
         """The tenant's row, starting with a full bucket; a concurrent creation wins harmlessly."""
         cap = float(limits.tokens_per_minute) if limits.tokens_per_minute is not None else UNLIMITED
-        rows = select(Tenant.id, literal(cap), literal(now), literal(day_of(now)), literal(0)).where(
-            Tenant.name == tenant
-        )
-        stmt = insert(self._t).from_select(["tenant_id", "tokens", "refilled_at", "day", "day_used"], rows)
         with contextlib.suppress(IntegrityError), self.db.transaction() as session:
-            session.execute(stmt)
+            session.execute(self.rows.create(tenant, cap, now))
 
     def state(self, tenant: str, limits: QuotaLimits) -> BucketState | None:
         """The tenant's budget now, or None when it has no row (yet)."""
@@ -137,7 +190,7 @@ class LeaseStore:
         with self.db.transaction() as session:
             row = session.execute(
                 select(self._available(limits, now), self._used_today(day_of(now))).where(
-                    self._t.c.tenant_id == self._tenant_pk(tenant)
+                    self.rows.where(tenant)
                 )
             ).first()
         if row is None:
@@ -153,8 +206,9 @@ class LeaseStore:
         for attempt in range(2):
             with self.db.transaction() as session:
                 for n in sizes:
-                    if self._try_take(session, tenant, limits, n, now):
-                        return LeaseResult(n, day_of(now))
+                    level = self._try_take(session, tenant, limits, n, now)
+                    if level is not None:
+                        return LeaseResult(n, day_of(now), level=level)
             state = self.state(tenant, limits)
             if state is not None or attempt:
                 return LeaseResult(0, day_of(now), state or BucketState(0.0, 0))
@@ -184,7 +238,7 @@ class LeaseStore:
             row_day = case((t.day < day, day), else_=t.day)
         stmt = (
             update(self._t)
-            .where(t.tenant_id == self._tenant_pk(tenant))
+            .where(self.rows.where(tenant))
             .values(
                 tokens=case((refunded > cap, cap), else_=refunded),
                 refilled_at=case((t.refilled_at < now, now), else_=t.refilled_at),
@@ -205,6 +259,8 @@ class _Held:
     day: int = -1
     expires_at: float = 0.0
     returns: list[tuple[int, int]] = field(default_factory=list)  # (day, tokens) owed to the database
+    shared_level: float = 0.0  # the shared bucket's level when this replica last leased
+    shared_at: float = 0.0  # when that was
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
@@ -262,7 +318,7 @@ class LeasedBudget:
                 await self._flush(tenant_id, held, balance=True)
             if held.balance >= num_tokens:
                 held.balance -= num_tokens
-                return Grant(tenant_id, num_tokens, held.day)
+                return self._grant(tenant_id, held, num_tokens, now)
             if held.returns:  # debt and refunds first, so the lease below sees them
                 await self._flush(tenant_id, held, balance=False)
             need = num_tokens - held.balance
@@ -275,11 +331,25 @@ class LeasedBudget:
                 held.day = result.day
                 now = self.clock()
                 held.expires_at = now + min(self.lease_ttl_s, seconds_to_midnight(now))
+                if result.level is not None:
+                    held.shared_level, held.shared_at = result.level, now
                 if held.balance >= num_tokens:
                     held.balance -= num_tokens
-                    return Grant(tenant_id, num_tokens, held.day)
+                    return self._grant(tenant_id, held, num_tokens, now)
                 return _denial(limits, num_tokens, BucketState(0.0, 0), held.balance, now)
             return _denial(limits, need, result.state or BucketState(0.0, 0), held.balance, self.clock())
+
+    def _grant(self, tenant_id: str, held: _Held, num_tokens: int, now: float) -> Grant:
+        """A grant from the balance, with the estimated tokens-per-minute level for the headers."""
+        tpm = held.limits.tokens_per_minute
+        if tpm is None:
+            return Grant(tenant_id, num_tokens, held.day)
+        rate = tpm / 60.0
+        shared = min(float(tpm), held.shared_level + max(0.0, now - held.shared_at) * rate)
+        remaining = max(0.0, min(float(tpm), shared + held.balance))
+        return Grant(
+            tenant_id, num_tokens, held.day, remaining=int(remaining), reset_s=(tpm - remaining) / rate
+        )
 
     def settle(self, grant: Grant, num_used: int) -> None:
         if grant.unlimited:

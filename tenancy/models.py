@@ -42,6 +42,8 @@ from tenancy.model_version_records import (
 NAME_LEN = 64
 KEY_ID_LEN = 32
 HASH_LEN = 64
+USER_LEN = 256  # the request's `user` field as stored (gateway.api_fields bounds it)
+PRINCIPAL_LEN = 96  # a budget bucket's subject: "key:<id>:tokens"
 MODEL_VERSION_ID_LEN = MAX_NAME_LEN + 1 + MAX_VERSION_LEN  # name@version
 
 # Deterministic constraint names, so migrations can drop and alter them on every backend.
@@ -140,6 +142,7 @@ class Quota(Base):
     max_prompt_tokens: Mapped[int | None] = mapped_column(Integer)
     max_output_tokens: Mapped[int | None] = mapped_column(Integer)
     models: Mapped[list[str]] = mapped_column(JSON)  # empty list: every model
+    requests_per_minute: Mapped[int | None] = mapped_column(BigInteger)  # added by 0006
     ttft_slo_ms: Mapped[int | None] = mapped_column(Integer)
     tpot_slo_ms: Mapped[int | None] = mapped_column(Integer)
     # Output tokens reserved per sequence for a request without max_tokens; NULL: the server's.
@@ -165,6 +168,31 @@ class ApiKey(Base):
     last_used_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
 
     tenant: Mapped[Tenant] = relationship(lazy="joined")
+    limits: Mapped[KeyLimit | None] = relationship(
+        back_populates="key", uselist=False, lazy="joined", cascade="all, delete-orphan"
+    )
+
+
+class KeyLimit(Base):
+    """An API key's own limits, nested in its tenant's (the tighter applies); NULL: the tenant's.
+
+    No row: the key has no limits of its own. Kept apart from `api_keys` like `quotas` is from
+    `tenants`, so a key's budget rows and its limits change without touching the key.
+    """
+
+    __tablename__ = "key_limits"
+
+    key_id: Mapped[str] = mapped_column(ForeignKey("api_keys.id", ondelete="CASCADE"), primary_key=True)
+    requests_per_minute: Mapped[int | None] = mapped_column(BigInteger)
+    tokens_per_minute: Mapped[int | None] = mapped_column(BigInteger)
+    tokens_per_day: Mapped[int | None] = mapped_column(BigInteger)
+    max_concurrent: Mapped[int | None] = mapped_column(Integer)
+    max_prompt_tokens: Mapped[int | None] = mapped_column(Integer)
+    max_output_tokens: Mapped[int | None] = mapped_column(Integer)
+    models: Mapped[list[str]] = mapped_column(JSON)  # empty list: the tenant's models
+    updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
+
+    key: Mapped[ApiKey] = relationship(back_populates="limits")
 
 
 class UsageRecord(Base):
@@ -196,6 +224,8 @@ class UsageRecord(Base):
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
     # The UTC day of created_at, stored so per-day reports group portably and use the index.
     day: Mapped[dt.date] = mapped_column(Date)
+    # The request's `user` field (the client's end user), bounded; NULL: not given (or before 0006).
+    user: Mapped[str | None] = mapped_column(String(USER_LEN))
 
 
 class AuditEvent(Base):
@@ -234,6 +264,24 @@ class BudgetBucket(Base):
     __tablename__ = "budget_buckets"
 
     tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True)
+    tokens: Mapped[float] = mapped_column(Float)
+    refilled_at: Mapped[float] = mapped_column(Float)
+    day: Mapped[int] = mapped_column(Integer)
+    day_used: Mapped[int] = mapped_column(BigInteger)
+
+
+class PrincipalBucket(Base):
+    """A budget shared by the replicas, like `BudgetBucket`, for any principal and unit.
+
+    `subject` names what is limited and in what unit: `key:<key id>:tokens`,
+    `key:<key id>:requests`, `tenant:<name>:requests` (`tenancy.leases.BucketRows`). The tenant's
+    token budget keeps its `budget_buckets` row. No foreign key: a subject outlives nothing it
+    names (keys are revoked, never deleted), and a row of a deleted tenant is merely unused.
+    """
+
+    __tablename__ = "principal_buckets"
+
+    subject: Mapped[str] = mapped_column(String(PRINCIPAL_LEN), primary_key=True)
     tokens: Mapped[float] = mapped_column(Float)
     refilled_at: Mapped[float] = mapped_column(Float)
     day: Mapped[int] = mapped_column(Integer)

@@ -46,6 +46,7 @@ class LimitKind(enum.Enum):
     TOKENS_PER_MINUTE = "tokens_per_minute"
     TOKENS_PER_DAY = "tokens_per_day"
     MAX_CONCURRENT = "max_concurrent"
+    REQUESTS_PER_MINUTE = "requests_per_minute"
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,12 @@ class Grant:
     num_tokens: int
     day: int
     unlimited: bool = False
+    # The tokens-per-minute bucket after the take, for the `x-ratelimit-*` headers (None: no such
+    # limit): tokens left, and seconds until it is full again. Exact for `LocalBudget`; an
+    # estimate for `LeasedBudget` (the shared level when last leased, refilled since, plus the
+    # replica's balance).
+    remaining: int | None = None
+    reset_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -220,7 +227,12 @@ class TenantAllowance:
             bucket.try_take(num_tokens, now)
         if daily is not None:
             daily.try_take(num_tokens, now)
-        return Grant(tenant_id, num_tokens, day_of(now))
+        if bucket is None:
+            return Grant(tenant_id, num_tokens, day_of(now))
+        remaining = math.floor(bucket.level(now))
+        return Grant(
+            tenant_id, num_tokens, day_of(now), remaining=remaining, reset_s=bucket.seconds_until_full(now)
+        )
 
     def settle(self, grant: Grant, num_used: int, now: float) -> None:
         """Charge `num_used` for `grant`: refund the unused part, or charge the overshoot as debt."""

@@ -22,7 +22,8 @@ _SCOPE_RE = re.compile(r"[A-Za-z0-9._:/-]{1,128}")
 _MAX_INT32 = 2**31 - 1
 _MAX_INT64 = 2**63 - 1
 _MAX_WEIGHT = 1e6
-_MODEL_VERSION_LEN = 193  # a model version id, name@version (tenancy.model_version_records)
+_MODEL_VERSION_LEN = 193
+_USER_LEN = 256  # tenancy.models.USER_LEN  # a model version id, name@version (tenancy.model_version_records)
 
 
 def validate_tenant_name(name: object, field_name: str = "name") -> str:
@@ -63,6 +64,7 @@ def _check_limit(value: int | None, field_name: str, upper: int) -> None:
 def validate_quota(quota: QuotaLimits, prefix: str = "quota.") -> QuotaLimits:
     """Check a quota's ranges (QuotaLimits itself does not validate); return it unchanged."""
     _check_limit(quota.tokens_per_minute, prefix + "tokens_per_minute", _MAX_INT64)
+    _check_limit(quota.requests_per_minute, prefix + "requests_per_minute", _MAX_INT64)
     _check_limit(quota.tokens_per_day, prefix + "tokens_per_day", _MAX_INT64)
     _check_limit(quota.max_concurrent, prefix + "max_concurrent", _MAX_INT32)
     _check_limit(quota.max_prompt_tokens, prefix + "max_prompt_tokens", _MAX_INT32)
@@ -78,6 +80,24 @@ def validate_quota(quota: QuotaLimits, prefix: str = "quota.") -> QuotaLimits:
     if len(set(quota.models)) != len(quota.models):
         raise FieldError(prefix + "models", "must not repeat a model")
     return quota
+
+
+def validate_key_limits(limits: QuotaLimits, tenant: QuotaLimits, prefix: str = "limits.") -> QuotaLimits:
+    """Check a key's own limits: ranges, only the fields a key may set, and models within its tenant's.
+
+    Numeric limits wider than the tenant's are accepted (the tighter applies at run time, and the
+    tenant's may be lowered later); a model outside a tenant's list could never be used, so it is
+    refused here.
+    """
+    validate_quota(limits, prefix)
+    for name in ("ttft_slo_ms", "tpot_slo_ms", "default_max_tokens_reservation"):
+        if getattr(limits, name) is not None:
+            raise FieldError(prefix + name, "is a tenant setting; a key cannot set it")
+    if tenant.models:
+        outside = [m for m in limits.models if m not in tenant.models]
+        if outside:
+            raise FieldError(prefix + "models", f"not allowed to the key's tenant: {', '.join(outside)}")
+    return limits
 
 
 def _check_share(cache_scope: str | None, share_with: str | None, own_name: str | None) -> None:
@@ -185,8 +205,10 @@ class TenantView:
     created_at: dt.datetime
     updated_at: dt.datetime
 
-    def context(self, key_id: str, scopes: tuple[str, ...]) -> TenantContext:
-        """The TenantContext of a request made with one of this tenant's keys."""
+    def context(
+        self, key_id: str, scopes: tuple[str, ...], key_quota: QuotaLimits | None = None
+    ) -> TenantContext:
+        """The TenantContext of a request made with one of this tenant's keys (and its own limits)."""
         return TenantContext(
             tenant_id=self.name,
             key_id=key_id,
@@ -195,6 +217,7 @@ class TenantView:
             cache_scope=self.cache_scope,
             quota=self.quota,
             scopes=scopes,
+            key_quota=key_quota if key_quota is not None else QuotaLimits(),
         )
 
 
@@ -209,6 +232,7 @@ class ApiKeyView:
     expires_at: dt.datetime | None
     revoked_at: dt.datetime | None
     last_used_at: dt.datetime | None
+    limits: QuotaLimits = field(default_factory=QuotaLimits)  # the key's own, nested in the tenant's
 
     @property
     def prefix(self) -> str:
@@ -259,6 +283,7 @@ class UsageRecordIn:
     created_at: dt.datetime | None = None  # None: now
     # The id (name@version) of the model version that generated the tokens; None: not known.
     model_version: str | None = None
+    user: str | None = None  # the request's `user` field (the client's end user), at most 256 chars
 
     def __post_init__(self) -> None:
         if not isinstance(self.request_id, str) or not 1 <= len(self.request_id) <= 128:
@@ -272,6 +297,8 @@ class UsageRecordIn:
             raise FieldError(
                 "model_version", f"must be a string of 1-{_MODEL_VERSION_LEN} characters or None"
             )
+        if self.user is not None and (not isinstance(self.user, str) or len(self.user) > _USER_LEN):
+            raise FieldError("user", f"must be a string of at most {_USER_LEN} characters or None")
         if not isinstance(self.status, UsageStatus):
             raise FieldError("status", "must be a UsageStatus")
         for name in ("prompt_tokens", "completion_tokens", "cached_tokens"):

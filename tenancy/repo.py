@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 
 from tenancy.audit import list_events, record_event
 from tenancy.cache_scopes import resolve_cache_scope
-from tenancy.context import QuotaLimits
+from tenancy.context import QuotaLimits, key_limits_dict
 from tenancy.db import Database
 from tenancy.enums import AuditAction, KeyScope, KeyState, TenantStatus
 from tenancy.errors import (
@@ -27,7 +27,7 @@ from tenancy.errors import (
     TenantNotFoundError,
 )
 from tenancy.keys import KeyHasher, generate_key
-from tenancy.models import AdminToken, ApiKey, Quota, Tenant
+from tenancy.models import AdminToken, ApiKey, KeyLimit, Quota, Tenant
 from tenancy.records import (
     ApiKeyView,
     AuditEventView,
@@ -39,10 +39,18 @@ from tenancy.records import (
     TenantUpdate,
     TenantView,
     UsageRecordIn,
+    validate_key_limits,
     validate_quota,
     validate_tenant_name,
 )
-from tenancy.row_mapping import apply_quota, key_view, tenant_view
+from tenancy.row_mapping import (
+    apply_key_limits,
+    apply_quota,
+    key_limits_view,
+    key_view,
+    quota_view,
+    tenant_view,
+)
 from tenancy.usage import daily_usage, daily_usage_query, latest_per_request, upsert_usage, usage_row
 
 _ADMIN_TOKEN_ROW = 1
@@ -271,8 +279,30 @@ class TenancyRepo:
                 )
             return key_view(row, row.tenant.name)
 
+    def set_key_limits(self, key_id: str, limits: QuotaLimits, *, actor: str) -> ApiKeyView:
+        """Replace a key's own limits (fields left None: the tenant's); audited with old and new."""
+        now = self.now()
+        with self.db.transaction() as session:
+            row = self._key_row(session, key_id)
+            validate_key_limits(limits, quota_view(row.tenant.quota))
+            before = key_limits_view(row.limits)
+            if row.limits is None:
+                row.limits = KeyLimit(key_id=key_id)
+            apply_key_limits(row.limits, limits, now)
+            record_event(
+                session,
+                when=now,
+                actor=actor,
+                action=AuditAction.KEY_LIMITS_SET,
+                tenant=row.tenant.name,
+                target=key_id,
+                details={"limits": key_limits_dict(limits), "previous": key_limits_dict(before)},
+            )
+            session.flush()
+            return key_view(row, row.tenant.name)
+
     def rotate_key(self, key_id: str, *, actor: str) -> IssuedKey:
-        """Issue a replacement with the same scopes and expiry, and revoke the old key at once.
+        """Issue a replacement with the same scopes, expiry and limits; revoke the old key at once.
 
         For a rollout without a gap, issue a second key, switch clients, then revoke the first.
         """
@@ -284,6 +314,12 @@ class TenancyRepo:
                 raise KeyInactiveError(key_id, state.value)
             spec = KeySpec(scopes=tuple(KeyScope(s) for s in old.scopes), expires_at=old.expires_at)
             issued = self._new_key(session, old.tenant, spec, now)
+            if old.limits is not None:
+                new = self._key_row(session, issued.view.id)
+                new.limits = KeyLimit(key_id=new.id)
+                apply_key_limits(new.limits, key_limits_view(old.limits), now)
+                session.flush()
+                issued = IssuedKey(key=issued.key, view=key_view(new, old.tenant.name))
             old.revoked_at = now
             record_event(
                 session,

@@ -10,7 +10,7 @@ import datetime as dt
 
 from tenancy.context import QuotaLimits
 from tenancy.enums import KeyScope
-from tenancy.models import ApiKey, Quota, Tenant
+from tenancy.models import ApiKey, KeyLimit, Quota, Tenant
 from tenancy.records import ApiKeyView, TenantView
 
 
@@ -20,6 +20,7 @@ def quota_view(row: Quota | None) -> QuotaLimits:
         return QuotaLimits()
     return QuotaLimits(
         tokens_per_minute=row.tokens_per_minute,
+        requests_per_minute=row.requests_per_minute,
         tokens_per_day=row.tokens_per_day,
         max_concurrent=row.max_concurrent,
         max_prompt_tokens=row.max_prompt_tokens,
@@ -55,12 +56,41 @@ def key_view(row: ApiKey, tenant_name: str) -> ApiKeyView:
         expires_at=row.expires_at,
         revoked_at=row.revoked_at,
         last_used_at=row.last_used_at,
+        limits=key_limits_view(row.limits),
     )
+
+
+def key_limits_view(row: KeyLimit | None) -> QuotaLimits:
+    """A key's own limits (no row: none of its own)."""
+    if row is None:
+        return QuotaLimits()
+    return QuotaLimits(
+        requests_per_minute=row.requests_per_minute,
+        tokens_per_minute=row.tokens_per_minute,
+        tokens_per_day=row.tokens_per_day,
+        max_concurrent=row.max_concurrent,
+        max_prompt_tokens=row.max_prompt_tokens,
+        max_output_tokens=row.max_output_tokens,
+        models=tuple(row.models),
+    )
+
+
+def apply_key_limits(row: KeyLimit, limits: QuotaLimits, now: dt.datetime) -> None:
+    """Overwrite every limit of a key's row (None: the tenant's)."""
+    row.requests_per_minute = limits.requests_per_minute
+    row.tokens_per_minute = limits.tokens_per_minute
+    row.tokens_per_day = limits.tokens_per_day
+    row.max_concurrent = limits.max_concurrent
+    row.max_prompt_tokens = limits.max_prompt_tokens
+    row.max_output_tokens = limits.max_output_tokens
+    row.models = list(limits.models)
+    row.updated_at = now
 
 
 def apply_quota(row: Quota, quota: QuotaLimits, now: dt.datetime) -> None:
     """Overwrite every limit of a quota row (None: unlimited)."""
     row.tokens_per_minute = quota.tokens_per_minute
+    row.requests_per_minute = quota.requests_per_minute
     row.tokens_per_day = quota.tokens_per_day
     row.max_concurrent = quota.max_concurrent
     row.max_prompt_tokens = quota.max_prompt_tokens

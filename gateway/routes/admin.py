@@ -42,6 +42,7 @@ from tenancy.admin_codec import (
 )
 from tenancy.enums import KeyScope
 from tenancy.errors import FieldError
+from tenancy.key_limits_api import parse_key_limits
 from tenancy.keys import is_public_id
 from tenancy.records import validate_tenant_name
 from tenancy.repo import TenancyRepo
@@ -179,6 +180,17 @@ class _AdminApi:
         self.auth.invalidate(key_id)
         return _json(key_json(key, self.repo.now()))
 
+    async def get_key(self, request: Request, actor: str) -> Response:
+        key = await run_in_threadpool(self.repo.get_key, _key_param(request))
+        return _json(key_json(key, self.repo.now()))
+
+    async def set_key_limits(self, request: Request, actor: str) -> Response:
+        key_id = _key_param(request)
+        limits = parse_key_limits(await _body(request))
+        key = await run_in_threadpool(lambda: self.repo.set_key_limits(key_id, limits, actor=actor))
+        self.auth.invalidate(key_id)
+        return _json(key_json(key, self.repo.now()))
+
     async def rotate_key(self, request: Request, actor: str) -> Response:
         key_id = _key_param(request)
         issued = await run_in_threadpool(lambda: self.repo.rotate_key(key_id, actor=actor))
@@ -243,6 +255,8 @@ def admin_routes(
                 Route("/tenants/{name}/keys", a(api.list_keys), methods=["GET"]),
                 Route("/tenants/{name}/usage", a(api.tenant_usage), methods=["GET"]),
                 Route("/keys/{key_id}", a(api.revoke_key), methods=["DELETE"]),
+                Route("/keys/{key_id}", a(api.get_key), methods=["GET"]),
+                Route("/keys/{key_id}/limits", a(api.set_key_limits), methods=["PUT"]),
                 Route("/keys/{key_id}/rotate", a(api.rotate_key), methods=["POST"]),
                 Route("/audit", a(api.audit), methods=["GET"]),
                 Route("/{path:path}", a(api.unknown), methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),

@@ -103,9 +103,7 @@ class OpenAIRoutes:
     async def list_models(self, request: Request) -> Response:
         tenant = await self._tenant(request)
         allowed = [
-            m.card()
-            for m in self.fleet.served_models(tenant.tenant_id)
-            if not tenant.quota.models or m.name in tenant.quota.models
+            m.card() for m in self.fleet.served_models(tenant.tenant_id) if tenant.allows_model(m.name)
         ]
         return JSONResponse({"object": "list", "data": allowed})
 
@@ -135,7 +133,7 @@ class OpenAIRoutes:
             # The name is client input: echo a bounded prefix of it (the error body escapes the rest).
             shown = name if len(name) <= 256 else name[:256] + "..."
             raise NotFoundError(f"The model '{shown}' does not exist", param="model", code="model_not_found")
-        if tenant.quota.models and name not in tenant.quota.models:
+        if not tenant.allows_model(name):
             raise PermissionDeniedError(
                 f"this API key may not use the model '{name}'", param="model", code="model_not_allowed"
             )
@@ -202,8 +200,9 @@ class OpenAIRoutes:
             )
             with span.child("admission"):
                 admitted = await self.admission(tenant, requests)
+            extra_headers: tuple[tuple[str, str], ...] = ()
             if isinstance(admitted, Admitted):
-                settle, requests = admitted.settle, admitted.requests
+                settle, requests, extra_headers = admitted.settle, admitted.requests, admitted.headers
             else:
                 settle = admitted
         except BaseException as exc:  # cancelled too (e.g. waiting in admission): the lease goes back
@@ -237,7 +236,7 @@ class OpenAIRoutes:
             settle=_releasing(settle, lease),
             accountant=self.accountant,
             state=self.state,
-            headers=((MODEL_VERSION_HEADER, lease.version.spec.version),),
+            headers=((MODEL_VERSION_HEADER, lease.version.spec.version), *extra_headers),
         )
         return _Started(GenerationResponse(job))
 
@@ -251,7 +250,7 @@ class OpenAIRoutes:
         arrival_s: float,
         max_model_len: int,
     ) -> tuple[EngineRequest, ...]:
-        quota = tenant.quota
+        quota = tenant.limits  # the tighter of the tenant's and the key's
         # A client may lower its priority below its tenant's class, never raise it.
         if options.priority is not None and options.priority < tenant.priority:
             raise PermissionDeniedError(

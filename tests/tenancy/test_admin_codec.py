@@ -42,8 +42,8 @@ quotas = st.builds(
 
 def test_quota_fields_are_exactly_the_issue_names() -> None:
     assert QUOTA_FIELDS == (
-        "tokens_per_minute", "tokens_per_day", "max_concurrent", "max_prompt_tokens",
-        "max_output_tokens", "models", "ttft_slo_ms", "tpot_slo_ms", "default_max_tokens_reservation",
+        "tokens_per_minute", "requests_per_minute", "tokens_per_day", "max_concurrent",
+        "max_prompt_tokens", "max_output_tokens", "models", "ttft_slo_ms", "tpot_slo_ms", "default_max_tokens_reservation",
     )  # fmt: skip
     assert tuple(quota_json(QuotaLimits())) == QUOTA_FIELDS
 

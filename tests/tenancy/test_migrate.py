@@ -25,6 +25,8 @@ from tenancy.models import Base
 WHEN = dt.datetime(2030, 1, 1, 12, 0)  # naive UTC, as the columns store it on SQLite
 TABLES = {
     "tenants",
+    "key_limits",
+    "principal_buckets",
     "quotas",
     "api_keys",
     "usage_records",
@@ -43,7 +45,7 @@ def _tables(db: Database) -> set[str]:
 def test_scripts_are_found_next_to_the_package() -> None:
     assert (MIGRATIONS_DIR / "env.py").is_file()
     assert (MIGRATIONS_DIR / "script.py.mako").is_file()
-    assert head_revision() == "0005"
+    assert head_revision() == "0006"
 
 
 def test_upgrade_downgrade_round_trip(database: Database) -> None:
@@ -57,8 +59,19 @@ def test_upgrade_downgrade_round_trip(database: Database) -> None:
     upgrade(database.engine)
     assert _tables(database) == TABLES
     usage_indexes = {i["name"] for i in inspect(database.engine).get_indexes("usage_records")}
-    downgrade(database.engine)  # one step: 0005 -> 0004 drops the model versions and the usage column
-    assert _tables(database) == TABLES - {"model_versions", "model_traffic"}
+    downgrade(database.engine)  # one step: 0006 -> 0005 drops key limits, principal buckets, user, rpm
+    assert _tables(database) == TABLES - {"key_limits", "principal_buckets"}
+    assert "user" not in {c["name"] for c in inspect(database.engine).get_columns("usage_records")}
+    assert "requests_per_minute" not in {c["name"] for c in inspect(database.engine).get_columns("quotas")}
+    assert {i["name"] for i in inspect(database.engine).get_indexes("usage_records")} == usage_indexes
+    assert len(inspect(database.engine).get_foreign_keys("usage_records")) == 2
+    downgrade(database.engine)  # 0005 -> 0004 drops the model versions and the usage column
+    assert _tables(database) == TABLES - {
+        "model_versions",
+        "model_traffic",
+        "key_limits",
+        "principal_buckets",
+    }
     assert "model_version" not in {c["name"] for c in inspect(database.engine).get_columns("usage_records")}
     # SQLite rebuilds the table to drop a column: its indexes and foreign keys must survive.
     assert {i["name"] for i in inspect(database.engine).get_indexes("usage_records")} == usage_indexes
@@ -68,12 +81,23 @@ def test_upgrade_downgrade_round_trip(database: Database) -> None:
         c["name"] for c in inspect(database.engine).get_columns("quotas")
     }
     downgrade(database.engine)  # 0003 -> 0002 drops the unique usage index
-    assert _tables(database) == TABLES - {"model_versions", "model_traffic"}
+    assert _tables(database) == TABLES - {
+        "model_versions",
+        "model_traffic",
+        "key_limits",
+        "principal_buckets",
+    }
     assert "ux_usage_records_request_tenant" not in {
         i["name"] for i in inspect(database.engine).get_indexes("usage_records")
     }
     downgrade(database.engine)  # 0002 -> 0001 drops the budget buckets
-    assert _tables(database) == TABLES - {"budget_buckets", "model_versions", "model_traffic"}
+    assert _tables(database) == TABLES - {
+        "budget_buckets",
+        "model_versions",
+        "model_traffic",
+        "key_limits",
+        "principal_buckets",
+    }
     downgrade(database.engine)  # 0001 -> base
     assert _tables(database) == set()
 
@@ -149,3 +173,56 @@ def test_usage_rows_survive_0005_up_and_down(database: Database) -> None:
             ),
             {"t": WHEN, "d": WHEN.date()},
         )
+
+
+_POPULATE_0005 = [
+    "INSERT INTO tenants (id, name, status, priority, weight, cache_scope, created_at, updated_at) "
+    "VALUES (1, 'acme', 'active', 'standard', 1.0, 'acme', :t, :t)",
+    "INSERT INTO quotas (tenant_id, tokens_per_minute, tokens_per_day, max_concurrent, max_prompt_tokens, "
+    "max_output_tokens, models, ttft_slo_ms, tpot_slo_ms, default_max_tokens_reservation, updated_at) "
+    "VALUES (1, 1000, 50000, 4, 2048, 512, '[\"smol\"]', 500, NULL, 64, :t)",
+    "INSERT INTO api_keys (id, tenant_id, secret_hash, scopes, created_at, expires_at, revoked_at, last_used_at) "
+    "VALUES ('k1', 1, 'h', '[\"inference\"]', :t, NULL, NULL, :t)",
+    "INSERT INTO usage_records (request_id, tenant_id, key_id, model, model_version, prompt_tokens, "
+    "completion_tokens, cached_tokens, ttft_ms, e2e_ms, status, finish_reason, created_at, day) "
+    "VALUES ('r1', 1, 'k1', 'smol', 'smol@v1', 5, 7, 2, 1.5, 9.0, 'completed', 'stop', :t, :d)",
+    "INSERT INTO audit_events (created_at, actor, action, tenant, target, details) "
+    "VALUES (:t, 'cli', 'key.issue', 'acme', 'k1', '{}')",
+    "INSERT INTO budget_buckets (tenant_id, tokens, refilled_at, day, day_used) VALUES (1, 12.5, 100.0, 3, 77)",
+    "INSERT INTO model_versions (id, name, version, path, tokenizer, dtype, kv_cache_tokens, state, "
+    "failure_reason, created_at, updated_at, updated_by) "
+    "VALUES (1, 'smol', 'v1', '/w', NULL, NULL, NULL, 'active', NULL, :t, :t, 'cli')",
+]
+_SNAPSHOT_TABLES = (
+    "tenants", "quotas", "api_keys", "usage_records", "audit_events", "budget_buckets", "model_versions",
+)  # fmt: skip
+
+
+def _snapshot(database: Database) -> dict[str, list[dict[str, object]]]:
+    """Every row of the tables of 0005, the columns of 0005 only, as the database returns them."""
+    out: dict[str, list[dict[str, object]]] = {}
+    with database.engine.connect() as conn:
+        for table in _SNAPSHOT_TABLES:
+            rows = conn.execute(text(f"SELECT * FROM {table} ORDER BY 1")).mappings().all()
+            out[table] = [
+                {k: v for k, v in r.items() if k not in {"user", "requests_per_minute"}} for r in rows
+            ]
+    return out
+
+
+def test_a_populated_0005_database_upgrades_to_0006_and_back_with_nothing_lost(database: Database) -> None:
+    """Today's data (every table of 0005 holding rows) survives 0006 up, and down again."""
+    upgrade(database.engine, "0005")
+    with database.engine.begin() as conn:
+        for stmt in _POPULATE_0005:
+            conn.execute(text(stmt), {"t": WHEN, "d": WHEN.date()})
+    before = _snapshot(database)
+    assert all(before[t] for t in _SNAPSHOT_TABLES)
+    upgrade(database.engine)
+    assert _snapshot(database) == before
+    with database.engine.connect() as conn:
+        assert conn.execute(text('SELECT "user" FROM usage_records')).scalar_one() is None
+        assert conn.execute(text("SELECT requests_per_minute FROM quotas")).scalar_one() is None
+        assert conn.execute(text("SELECT count(*) FROM key_limits")).scalar_one() == 0
+    downgrade(database.engine, "0005")
+    assert _snapshot(database) == before
