@@ -13,6 +13,7 @@ from engine.config import ENGINE_DTYPES
 from engine.request import Priority
 from tenancy.admin_codec import _TENANT_FIELDS, _UPDATE_FIELDS, QUOTA_FIELDS
 from tenancy.enums import KeyScope, TenantStatus
+from tenancy.key_limits_api import key_limits_schema
 from tenancy.keys import _PUBLIC_ID_RE
 from tenancy.model_version_records import _NAME_RE as _MODEL_NAME_RE
 from tenancy.model_version_records import _VERSION_RE, MAX_KV_CACHE_TOKENS, MAX_PATH_LEN
@@ -34,6 +35,7 @@ _DATE = {"type": "string", "format": "date"}
 _OBJECT = {"type": "object"}
 
 _LIMIT_MAX = {
+    "requests_per_minute": _MAX_INT64,
     "tokens_per_minute": _MAX_INT64,
     "tokens_per_day": _MAX_INT64,
 }
@@ -69,6 +71,7 @@ _TENANT_PROPERTIES: dict[str, Any] = {
 
 SCHEMAS: dict[str, Any] = {
     "Quota": _quota_schema(),
+    "KeyLimits": key_limits_schema(),
     "TenantCreate": {
         "type": "object",
         "additionalProperties": False,
@@ -230,7 +233,18 @@ def admin_paths(errors: dict[str, Any]) -> dict[str, Any]:
         "/admin/v1/tenants/{name}/usage": {
             "get": _op("A tenant's usage per UTC day", e, parameters=[_TENANT, *_SINCE_UNTIL])
         },
-        "/admin/v1/keys/{key_id}": {"delete": _op("Revoke a key", e, parameters=[_KEY_ID])},
+        "/admin/v1/keys/{key_id}": {
+            "get": _op("One key, with its own limits (never the secret)", e, parameters=[_KEY_ID]),
+            "delete": _op("Revoke a key", e, parameters=[_KEY_ID]),
+        },
+        "/admin/v1/keys/{key_id}/limits": {
+            "put": _op(
+                "Replace a key's own limits, nested in its tenant's (the tighter applies)",
+                e,
+                body="KeyLimits",
+                parameters=[_KEY_ID],
+            )
+        },
         "/admin/v1/keys/{key_id}/rotate": {
             "post": _op("Rotate a key: a new secret, the old one revoked", e, ok="201", parameters=[_KEY_ID])
         },
