@@ -288,6 +288,7 @@ class Scheduler:
         # would leave it out until the whole batch ends, so there duplicates are computed.
         may_hold = not group and self.kv.enable_caching
         held: list[Request] = []
+        displaced: list[Request] = []  # preempted for a higher class during this admission
         # A target step time also caps how many run at once (StepBudget.admits): past it, requests wait.
         admits = self.step_budget.admits
         while len(self.running) < max_seqs and (group or (budget > 0 and admits(len(self.running)))):
@@ -318,6 +319,10 @@ class Scheduler:
                 self._preempt(victim)
                 preempted.append(victim.request_id)  # SchedulerOutput lists every preemption
                 budget += scheduled.pop(victim.request_id, 0)
+                # A victim sits out the rest of this admission: back at the head of its queue, it
+                # would be admitted again and displaced again by `req`, for ever (issue 29).
+                self.waiting.remove(victim)
+                displaced.append(victim)
                 continue
             self.waiting.remove(req)
             if not swapped:
@@ -332,6 +337,8 @@ class Scheduler:
                 scheduled[req.request_id] = num_new
                 budget -= num_new
         for req in reversed(held):
+            self.waiting.prepend(req)
+        for req in reversed(displaced):
             self.waiting.prepend(req)
         return budget
 

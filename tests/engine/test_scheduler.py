@@ -101,6 +101,32 @@ def test_priority_preempts_lower_class_when_blocks_are_short() -> None:
     assert sim.outputs["batch"] == reference_output(list(range(12)), 12)
 
 
+def test_one_tenants_displaced_batch_request_is_not_readmitted_in_the_same_step() -> None:
+    """Issue 29: under the fair queue a tenant's victim went back to the head of its own FIFO, was
+    admitted again and displaced again by the same interactive request, inside one `schedule()`,
+    for ever (the engine thread spun at 100% and no step ever ended)."""
+    config = SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=4, queue_policy=QueuePolicy.FAIR)
+    sim = Sim(config, num_blocks=6, caching=False)
+    sim.add("batch", list(range(12)), max_tokens=12, priority=Priority.BATCH)
+    sim.step()
+    sim.add("interactive", list(range(12)), max_tokens=12, priority=Priority.INTERACTIVE)
+    preempt = sim.kv.preempt
+    calls = []
+
+    def counted(req, allow_swap=True):  # type: ignore[no-untyped-def]
+        calls.append(req.request_id)
+        assert len(calls) < 10, f"one step preempted without end: {calls}"
+        return preempt(req, allow_swap)
+
+    sim.kv.preempt = counted  # type: ignore[method-assign]
+    sim.step()
+    assert calls == ["batch"]
+    assert [s.request_id for s in sim.steps[-1].scheduled] == ["interactive"]
+    sim.run()
+    assert sim.outputs["batch"] == reference_output(list(range(12)), 12)
+    assert sim.outputs["interactive"] == reference_output(list(range(12)), 12)
+
+
 def test_static_batch_waits_for_a_full_batch() -> None:
     config = SchedulerConfig(batch_policy=BatchPolicy.STATIC, static_batch_size=3, static_max_wait_s=100)
     sim = Sim(config)
