@@ -18,7 +18,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.constraints import CompiledConstraint, ConstraintKind
+import torch
+
+from engine.constraints import CompiledConstraint, ConstraintError, ConstraintKind, allowed_tokens
 from engine.engine_tokenizer import tokenizer_fingerprint
 from engine.errors import InvalidRequestError
 
@@ -113,7 +115,14 @@ class GrammarBackend:
                 f"'{spec.param}' could not be compiled as a {spec.kind.value} constraint: {message}",
                 spec.param,
             ) from None
-        return CompiledConstraint(spec.kind, grammar)
+        compiled = CompiledConstraint(spec.kind, grammar)
+        try:  # a grammar with no way to start (`root ::= root`) is the request's error, not the engine's
+            allowed_tokens([compiled.matcher()], self.vocab_size, torch.device("cpu"))
+        except ConstraintError:
+            raise InvalidRequestError(
+                f"'{spec.param}' admits no output: its grammar has no first token", spec.param
+            ) from None
+        return compiled
 
     def _compile(self, spec: ConstraintSpec) -> Any:
         compiler = self._compiler

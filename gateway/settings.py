@@ -161,6 +161,10 @@ class Settings:
     tenant_cache_share: float = 1.0  # most of the KV pool one tenant's cached prefixes may hold
     attention_backend: AttentionBackend = AttentionBackend.AUTO
     cuda_graphs: CudaGraphsMode = CudaGraphsMode.AUTO
+    # Structured outputs / tool calls (gateway.grammar): a grammar that does not compile within
+    # this time is refused (400); compiles run on this many worker threads.
+    grammar_compile_timeout_s: float = 5.0
+    grammar_compile_workers: int = 2
 
     def __post_init__(self) -> None:
         for f in fields(self):  # NaN passes every range check below (each comparison is False)
@@ -173,6 +177,10 @@ class Settings:
             _check_forwarded_entry(entry)
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
+        if not self.grammar_compile_timeout_s > 0:
+            raise ValueError(f"grammar_compile_timeout_s must be > 0, got {self.grammar_compile_timeout_s}")
+        if self.grammar_compile_workers < 1:
+            raise ValueError(f"grammar_compile_workers must be >= 1, got {self.grammar_compile_workers}")
         if not 0 <= self.metrics_port <= 65535:
             raise ValueError(f"metrics_port must be in [0, 65535] (0: none), got {self.metrics_port}")
         if self.metrics_port != 0 and self.metrics_port == self.port:
@@ -366,4 +374,6 @@ _FIELDS: dict[str, _FieldSpec] = {
     "tenant_cache_share": _FieldSpec("WEIR_TENANT_CACHE_SHARE", float),
     "attention_backend": _FieldSpec("WEIR_ATTENTION_BACKEND", AttentionBackend),
     "cuda_graphs": _FieldSpec("WEIR_CUDA_GRAPHS", CudaGraphsMode),
+    "grammar_compile_timeout_s": _FieldSpec("WEIR_GRAMMAR_COMPILE_TIMEOUT_S", float),
+    "grammar_compile_workers": _FieldSpec("WEIR_GRAMMAR_COMPILE_WORKERS", int),
 }

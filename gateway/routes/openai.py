@@ -16,7 +16,9 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import Receive, Scope, Send
 
 from engine.client import EngineRequest
+from engine.constraints import CompiledConstraint
 from engine.errors import ContextLengthError
+from engine.grammar import ConstraintSpec
 from gateway import openai_fields as f
 from gateway.accounting import Accountant, Admission, Admitted, RequestInfo, Settle, UsageRecord
 from gateway.errors import (
@@ -26,6 +28,7 @@ from gateway.errors import (
     PermissionDeniedError,
     ServiceUnavailableError,
 )
+from gateway.grammar import GrammarService
 from gateway.model_fleet import Lease, ModelFleet
 from gateway.protocol import (
     Endpoint,
@@ -37,6 +40,7 @@ from gateway.protocol import (
 from gateway.responses import ChatFormatter, CompletionFormatter, ResponseFormatter
 from gateway.state import GatewayState
 from gateway.streaming import GenerationJob, GenerationResponse
+from gateway.tool_calls import ToolsRequest
 from gateway.tracing import RequestTracer
 from tenancy.context import TenantContext
 
@@ -70,7 +74,9 @@ class OpenAIRoutes:
         accountant: Accountant,
         tracer: RequestTracer,
         state: GatewayState,
+        grammars: GrammarService | None = None,
     ) -> None:
+        self.grammars = grammars if grammars is not None else GrammarService()
         self.fleet = fleet
         self.authenticate = authenticate
         self.admission = admission
@@ -139,6 +145,7 @@ class OpenAIRoutes:
             f"POST {request.url.path}", request.headers, {"http.route": request.url.path}
         )
         lease: Lease | None = None
+        tools: ToolsRequest | None = None
         try:
             if self.state.draining:
                 raise ServiceUnavailableError("the server is shutting down", code="shutting_down")
@@ -152,7 +159,10 @@ class OpenAIRoutes:
                 lease = self._route(request, model, tenant, response_id)
                 prompt_builder = lease.version.prompts
                 assert prompt_builder is not None  # a routed version is loaded
-                prompts: Sequence[tuple[int, ...]] = (await prompt_builder.encode_chat_async(chat.messages),)
+                tools = chat.tools
+                prompts: Sequence[tuple[int, ...]] = (
+                    await prompt_builder.encode_chat_async(chat.prompt_messages()),
+                )
             else:
                 completion = parse_completion_request(body)
                 model, options = completion.model, completion.options
@@ -162,8 +172,9 @@ class OpenAIRoutes:
                 prompts = await prompt_builder.encode_prompts_async(completion.prompts)
             served = lease.version.served
             assert served is not None
+            constraint = await self._compile(options.constraint, lease, prompt_builder.vocab_size)
             requests = self._engine_requests(
-                response_id, endpoint, prompts, options, tenant, arrival_s, served.max_model_len
+                response_id, endpoint, prompts, options, tenant, arrival_s, served.max_model_len, constraint
             )
             span.set_attributes(
                 {
@@ -197,6 +208,7 @@ class OpenAIRoutes:
             prompt_builder.token_text,
             logprobs=options.logprobs is not None,
             include_usage=options.include_usage,
+            tools=tools,
         )
         job = GenerationJob(
             engine=lease.engine,
@@ -213,6 +225,18 @@ class OpenAIRoutes:
         )
         return _Started(GenerationResponse(job))
 
+    async def _compile(
+        self, spec: ConstraintSpec | None, lease: Lease, vocab_size: int
+    ) -> CompiledConstraint | None:
+        """The request's grammar, compiled for the version's tokenizer on the grammar workers."""
+        if spec is None:
+            return None
+        tokenizer = lease.version.tokenizer
+        if tokenizer is None:
+            raise ServiceUnavailableError("the model version has no tokenizer loaded", code="model_not_ready")
+        eos = getattr(tokenizer, "eos_token_id", None)
+        return await self.grammars.compile(spec, tokenizer, vocab_size, [eos] if isinstance(eos, int) else [])
+
     def _engine_requests(
         self,
         response_id: str,
@@ -222,6 +246,7 @@ class OpenAIRoutes:
         tenant: TenantContext,
         arrival_s: float,
         max_model_len: int,
+        constraint: CompiledConstraint | None = None,
     ) -> tuple[EngineRequest, ...]:
         quota = tenant.quota
         # A client may lower its priority below its tenant's class, never raise it.
@@ -273,6 +298,7 @@ class OpenAIRoutes:
                     arrival_s=arrival_s,
                     weight=tenant.weight,
                     max_tokens_defaulted=options.max_tokens is None,
+                    constraint=constraint,
                 )
             )
         return tuple(requests)
