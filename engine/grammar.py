@@ -77,6 +77,17 @@ class ConstraintSpec:
         return cls(ConstraintKind.TOOL_CALLS, canonical_json(schema), param)
 
 
+# xgrammar 0.2.9 writes the characters of a string with minLength / maxLength as this class,
+# which admits raw control characters (invalid JSON; found by the property test in
+# tests/engine/test_constraints.py). Its plain strings already exclude U+0000-U+001F.
+_LOOSE_STRING_CHARACTER = r"[^\"\\\r\n]"
+_STRICT_STRING_CHARACTER = r"[^\"\\\x00-\x1f]"
+
+
+def _json_strings_without_controls(ebnf: str) -> str:
+    return ebnf.replace(_LOOSE_STRING_CHARACTER, _STRICT_STRING_CHARACTER)
+
+
 def _choice_grammar(choices: list[str]) -> str:
     # A JSON string literal is also an EBNF string literal in xgrammar's syntax (same escapes).
     return "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
@@ -128,9 +139,14 @@ class GrammarBackend:
         compiler = self._compiler
         match spec.kind:
             case ConstraintKind.JSON_SCHEMA | ConstraintKind.JSON_OBJECT | ConstraintKind.TOOL_CALLS:
+                import xgrammar
+
                 # No free whitespace between tokens: a small model given the choice drifts into
                 # runs of spaces and newlines until max_tokens.
-                return compiler.compile_json_schema(spec.source, any_whitespace=False, strict_mode=True)
+                grammar = xgrammar.Grammar.from_json_schema(
+                    spec.source, any_whitespace=False, strict_mode=True
+                )
+                return compiler.compile_grammar(_json_strings_without_controls(str(grammar)))
             case ConstraintKind.REGEX:
                 return compiler.compile_regex(spec.source)
             case ConstraintKind.CHOICE:

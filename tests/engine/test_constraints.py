@@ -17,6 +17,8 @@ from typing import Any
 import jsonschema
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
 from engine.client import EngineRequest
@@ -53,6 +55,11 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def backend(tiny: Path) -> GrammarBackend:
     engine = _engine(tiny)
     return GrammarBackend(engine.tokenizer, engine.model_config.vocab_size, engine.model_config.eos_token_ids)
+
+
+@pytest.fixture(scope="module")
+def shared_engine(tiny: Path) -> LLMEngine:
+    return _engine(tiny)
 
 
 @pytest.fixture(scope="module")
@@ -142,6 +149,21 @@ def test_each_kind_accepts_its_language_and_refuses_the_rest(
     matcher = compiled.matcher()
     with pytest.raises(ConstraintError):
         for token in tokenizer.encode(refused, add_special_tokens=False):
+            matcher.accept(token)
+
+
+@pytest.mark.parametrize("schema", [{"type": "string", "maxLength": 6}, {"type": "string", "minLength": 1}])
+def test_strings_with_a_length_admit_no_raw_control_character(
+    backend: GrammarBackend, tokenizer: Any, schema: dict[str, Any]
+) -> None:
+    """xgrammar 0.2.9 lets these through (invalid JSON); the backend's grammar does not."""
+    compiled = backend.compile(ConstraintSpec.json_schema(schema, "response_format"))
+    control = tokenizer.convert_tokens_to_ids(tokenizer.convert_ids_to_tokens(tokenizer.encode("\x03")))
+    matcher = compiled.matcher()
+    for token in tokenizer.encode('"a', add_special_tokens=False):
+        matcher.accept(token)
+    with pytest.raises(ConstraintError):
+        for token in control:
             matcher.accept(token)
 
 
@@ -334,3 +356,59 @@ def test_beam_search_with_a_constraint_is_refused(tiny: Path, backend: GrammarBa
         _engine(tiny).add_request(
             _constrained("r", compiled, use_beam_search=True, beam_width=2, temperature=0.0)
         )
+
+
+# -- property: generated schemas -------------------------------------------------------------
+
+_LEAVES = st.sampled_from(
+    [
+        {"type": "boolean"},
+        {"type": "null"},
+        {"type": "integer", "minimum": -50, "maximum": 50},
+        {"type": "string", "maxLength": 6},
+        {"enum": ["red", "green", 3, None]},
+        {"const": "fixed"},
+    ]
+)
+_NAMES = st.text(alphabet="abcdefgh_", min_size=1, max_size=6)
+
+
+def _composite(children: st.SearchStrategy[dict[str, Any]]) -> st.SearchStrategy[dict[str, Any]]:
+    objects = st.dictionaries(_NAMES, children, min_size=1, max_size=3).flatmap(
+        lambda props: st.sets(st.sampled_from(sorted(props))).map(
+            lambda required: {
+                "type": "object",
+                "properties": props,
+                "required": sorted(required),
+                "additionalProperties": False,
+            }
+        )
+    )
+    arrays = children.map(lambda items: {"type": "array", "items": items, "maxItems": 3})
+    return objects | arrays
+
+
+SCHEMAS = st.recursive(_LEAVES, _composite, max_leaves=6)
+
+
+@settings(max_examples=8, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(schema=SCHEMAS, seed=st.integers(0, 2**16))
+def test_generated_schemas_give_outputs_that_validate(
+    tiny: Path, backend: GrammarBackend, shared_engine: LLMEngine, schema: dict[str, Any], seed: int
+) -> None:
+    """Greedy and sampled outputs that finish with `stop` parse and validate, whatever the schema."""
+    compiled = backend.compile(ConstraintSpec.json_schema(schema, "response_format"))
+    rid = f"p{seed}-{abs(hash(json.dumps(schema)))}"
+    results = _run(
+        shared_engine,
+        [
+            _constrained(rid + "g", compiled, temperature=0.0, max_tokens=48),
+            _constrained(rid + "s", compiled, temperature=1.0, seed=seed, max_tokens=48),
+        ],
+    )
+    for _tokens, text, reason, error in results.values():
+        assert error is None
+        if reason is FinishReason.STOP:
+            jsonschema.validate(json.loads(text), schema)
+        else:
+            assert reason is FinishReason.LENGTH
