@@ -170,7 +170,11 @@ def parse_tool_fields(data: Mapping[str, Any]) -> ToolFields:
     try:
         return ToolFields.model_validate(given)
     except ValidationError as exc:
-        raise validation_error(exc, "") from None
+        # `param` is the body field (`tools`), as for the other top-level fields; the message
+        # names the path inside it.
+        error = validation_error(exc, "")
+        field = (error.param or "tools").split(".")[0].split("[")[0]
+        raise BadRequestError(error.message, param=field, code="invalid_value") from None
 
 
 def parse_tool_calls(value: Any, param: str) -> tuple[ToolCall, ...]:

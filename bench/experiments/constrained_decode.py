@@ -44,16 +44,25 @@ def main() -> None:
             scheduler=SchedulerConfig(max_num_batched_tokens=512, max_num_seqs=16, max_model_len=1024),
         )
     )
-    backend = GrammarBackend(engine.tokenizer, engine.model_config.vocab_size, engine.model_config.eos_token_ids)
+    backend = GrammarBackend(
+        engine.tokenizer, engine.model_config.vocab_size, engine.model_config.eos_token_ids
+    )
     compiled = backend.compile(ConstraintSpec.json_schema(SCHEMA, "response_format"))
-    prompt = tuple(engine.tokenizer.encode("Write a long story about a lighthouse keeper as JSON with a title."))
+    prompt = tuple(
+        engine.tokenizer.encode("Write a long story about a lighthouse keeper as JSON with a title.")
+    )
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     _run(engine, [EngineRequest("warmup", prompt, SamplingParams(max_tokens=4, temperature=0.0))])
     for batch in (1, 8):
         for label, constraint in (("unconstrained", None), ("constrained", compiled)):
-            reqs = [EngineRequest(f"{label}-{batch}-{i}", prompt, params, constraint=constraint) for i in range(batch)]
+            reqs = [
+                EngineRequest(f"{label}-{batch}-{i}", prompt, params, constraint=constraint)
+                for i in range(batch)
+            ]
             tokens, seconds = _run(engine, reqs)
-            print(f"batch {batch} {label:13s} {tokens} tokens in {seconds:.2f} s: {tokens / seconds:.1f} tok/s")
+            print(
+                f"batch {batch} {label:13s} {tokens} tokens in {seconds:.2f} s: {tokens / seconds:.1f} tok/s"
+            )
 
 
 if __name__ == "__main__":

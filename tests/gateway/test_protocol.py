@@ -92,7 +92,7 @@ def test_logprobs_without_top_logprobs_means_sampled_token_only() -> None:
         ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
         ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
         ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content[0].type"),
-        ({"tools": [{"type": "function"}]}, "tools[0].function"),
+        ({"tools": [{"type": "function"}]}, "tools"),
         ({"logit_bias": {"5": 101}}, "logit_bias"),
         ({"logit_bias": {"5": "1"}}, "logit_bias"),
         ({"logit_bias": {"-5": 1}}, "logit_bias"),
