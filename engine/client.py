@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from engine.constraints import CompiledConstraint
 from engine.output import EngineStats, RequestOutput
 from engine.prefix_cache_types import FlushResult, PrefixCacheStats, SharedPrefixInfo
 from engine.request import Priority, Request, SamplingParams, TokenChecker
@@ -32,6 +33,9 @@ class EngineRequest:
     # The client gave no max_tokens (it was filled in from the context left): admission reserves
     # a bounded default instead of all of it, and settles on what is used.
     max_tokens_defaulted: bool = False
+    # A grammar compiled by the gateway (structured outputs, tool calls): each sequence of the
+    # request gets its own matcher of it. Immutable, so it crosses the thread boundary as is.
+    constraint: CompiledConstraint | None = field(default=None, compare=False)
 
     def to_request(
         self,
@@ -54,6 +58,7 @@ class EngineRequest:
             parent_id=self.request_id,
             index=index,
             checker=checker,
+            constraint=self.constraint.matcher() if self.constraint is not None else None,
         )
 
 

@@ -220,6 +220,10 @@ class LLMEngine:
             raise InvalidRequestError(f"prompt token ids must be in [0, {vocab})", "prompt")
         sp = er.sampling_params
         if sp.use_beam_search:
+            if er.constraint is not None:
+                raise InvalidRequestError(
+                    "structured outputs and tools are not supported with beam search", "use_beam_search"
+                )
             self.beams.validate(er)
         if er.cache_scope == SHARED_SCOPE:
             raise InvalidRequestError("this cache scope is reserved", "cache_scope")

@@ -10,10 +10,13 @@ import enum
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from engine.errors import InvalidRequestError
 from engine.spec_decode.tally import SpeculationTally
+
+if TYPE_CHECKING:
+    from engine.constraints import TokenConstraint
 
 # The seeds a sampling generator accepts (torch.Generator.manual_seed): a signed or unsigned
 # 64-bit integer.
@@ -273,6 +276,9 @@ class Request:
     index: int = 0  # choice index within its parent
     # Detokenizer and stop checks of a sampled sequence; None for a beam (its group appends tokens).
     checker: TokenChecker | None = field(default=None, repr=False, compare=False)
+    # The grammar matcher of a constrained sequence (`engine.constraints`); it advances with each
+    # appended token and lives here, so preemption and host swap keep its state with the tokens.
+    constraint: TokenConstraint | None = field(default=None, repr=False, compare=False)
     spec: SpeculationTally = field(default_factory=SpeculationTally, repr=False, compare=False)
     times: RequestTimes = field(init=False)
 
@@ -320,13 +326,19 @@ class Request:
     def append_token(self, token_id: int, now: float) -> TokenDelta:
         """Append one sampled token after its stop checks; the caller finishes the request if it ended.
 
-        Raises (and appends nothing) if the checks fail, e.g. the detokenizer.
+        Raises (and appends nothing) if the checks fail, e.g. the detokenizer, or if the
+        sequence's constraint refuses the token (`ConstraintError`). A constraint whose grammar has
+        ended ends the sequence (`stop`) even when its stop token is not one the checks stop on.
         """
         if self.checker is None:
             raise RuntimeError(
                 f"request {self.request_id} has no token checker: its owner appends its tokens"
             )
+        if self.constraint is not None:
+            self.constraint.accept(token_id)
         delta = self.checker.step(token_id)
+        if self.constraint is not None and self.constraint.is_terminated and delta.finish_reason is None:
+            delta = TokenDelta(delta.text, FinishReason.STOP, token_id)
         self.output_token_ids.append(token_id)
         if self.times.first_token_s is None:
             self.times.first_token_s = now

@@ -278,6 +278,7 @@ class ModelRunner:
             prompt_token_ids=req.prompt_token_ids,
             output_token_ids=req.output_token_ids,
             generator=self._generator(req),
+            constraint=req.constraint,
         )
 
     def _sample(

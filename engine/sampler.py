@@ -19,8 +19,13 @@ is a cumulative sum and a binary search.
 Filters keep ties: top-k keeps every token whose logit equals the k-th largest, top-p keeps every
 token whose probability equals the smallest one kept. The result is a pure function of the row.
 
-Logprobs are those of the model: `log_softmax` of the raw logits, before penalties, temperature
-and filters, like the OpenAI API reports them. A temperature below `_MIN_TEMPERATURE` is greedy,
+A row with a constraint (`engine.constraints`: JSON Schema, regex, grammar, tool calls) has the
+tokens its grammar does not admit masked to -inf after penalties and logit bias and before
+temperature and the filters, so no bias or sampling setting can pick a token the grammar refuses.
+
+Logprobs are those of the model: `log_softmax` of the raw logits, before penalties, the
+constraint's mask, temperature and filters, like the OpenAI API reports them (so a constrained
+row's top alternatives may name tokens the grammar did not allow). A temperature below `_MIN_TEMPERATURE` is greedy,
 because dividing by it would overflow float32.
 """
 
@@ -31,6 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.constraints import TokenConstraint, allowed_tokens
 from engine.output import TokenLogprob
 from engine.request import SamplingParams
 
@@ -48,6 +54,8 @@ class SamplingContext:
     prompt_token_ids: Sequence[int]
     output_token_ids: Sequence[int]
     generator: torch.Generator | None  # per-request, seeded; None when params.seed is None
+    # The sequence's grammar matcher (structured outputs, tool calls); None: unconstrained.
+    constraint: TokenConstraint | None = None
 
 
 @dataclass(frozen=True)
@@ -166,6 +174,22 @@ def _adjust(logits: torch.Tensor, contexts: Sequence[SamplingContext]) -> torch.
     return apply_logit_bias(out, contexts)
 
 
+def _masked(work: torch.Tensor, logits: torch.Tensor, contexts: Sequence[SamplingContext]) -> torch.Tensor:
+    """`work` ([N, vocab]) with each constrained row's refused tokens at -inf; `work` is copied
+    first when it is still the caller's `logits`. Raises ConstraintError if a grammar admits no
+    token (the runner then samples row by row, so only that row fails)."""
+    rows = [i for i, c in enumerate(contexts) if c.constraint is not None]
+    if not rows:
+        return work
+    constraints = [c.constraint for c in contexts if c.constraint is not None]
+    allowed = allowed_tokens(constraints, work.shape[-1], work.device)  # [rows, vocab]
+    if work is logits:
+        work = logits.clone()
+    index = torch.tensor(rows, device=work.device)
+    work[index] = work[index].masked_fill(~allowed, float("-inf"))
+    return work
+
+
 def _nucleus_threshold(
     sorted_logits: torch.Tensor, log_norm: torch.Tensor, top_p: torch.Tensor
 ) -> torch.Tensor:
@@ -270,16 +294,18 @@ class Sampler:
 
     @staticmethod
     def _adjusted(logits: torch.Tensor, contexts: Sequence[SamplingContext]) -> torch.Tensor:
-        """`logits` with penalties and logit bias applied to the rows that have them ([N, vocab])."""
+        """`logits` with penalties and logit bias applied to the rows that have them, then the
+        tokens each constrained row's grammar refuses masked to -inf ([N, vocab])."""
         penalty_rows = [i for i, c in enumerate(contexts) if _adjusts_logits(c.params)]
         if len(penalty_rows) == len(contexts):
-            return _adjust(logits, contexts)
-        if not penalty_rows:
-            return logits
-        index = torch.tensor(penalty_rows, device=logits.device)
-        work = logits.clone()
-        work[index] = _adjust(logits[index], [contexts[i] for i in penalty_rows])
-        return work
+            work = _adjust(logits, contexts)
+        elif not penalty_rows:
+            work = logits
+        else:
+            index = torch.tensor(penalty_rows, device=logits.device)
+            work = logits.clone()
+            work[index] = _adjust(logits[index], [contexts[i] for i in penalty_rows])
+        return _masked(work, logits, contexts)
 
     def distribution(self, logits: torch.Tensor, contexts: Sequence[SamplingContext]) -> torch.Tensor:
         """The exact distribution `__call__` draws each row from ([N, vocab], rows sum to 1).

@@ -26,6 +26,7 @@ from gateway.body_limit import BodyLimitMiddleware
 from gateway.error_tarpit import DEFAULT_LIMITS, ErrorTarpitMiddleware, TarpitLimits
 from gateway.errors import NotFoundError, exception_handlers
 from gateway.fleet_types import model_fingerprint
+from gateway.grammar import GrammarLimits, GrammarService
 from gateway.metrics import GatewayMetrics
 from gateway.model_fleet import ModelFleet, single_engine_fleet
 from gateway.openapi import openapi_schema
@@ -134,6 +135,13 @@ def create_app(
         state=state,
         tokenizer_pool=TokenizerPool(settings.tokenizer_workers, settings.tokenizer_tenant_share),
         prompt_limits=PromptLimits(settings.max_chat_messages, settings.prompt_chars_per_token),
+        grammars=GrammarService(
+            GrammarLimits(
+                compile_timeout_s=settings.grammar_compile_timeout_s,
+                num_workers=settings.grammar_compile_workers,
+            ),
+            metrics.registry,
+        ),
     )
 
     async def openapi(request: Request) -> Response:

@@ -10,6 +10,7 @@ which are ignored.
 
 from __future__ import annotations
 
+import copy
 import re
 from collections.abc import Collection
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 from gateway.openai_fields import chat_request_schema, completion_request_schema
 from gateway.openapi_admin import ADMIN, admin_paths
 from gateway.openapi_admin import SCHEMAS as ADMIN_SCHEMAS
+from gateway.structured_bodies import openapi_properties
 
 _PREFIX_CACHE = "/admin/v1/prefix-cache"
 _MODELS = "/admin/v1/models"  # the model-version routes, mounted only with a fleet that loads
@@ -159,6 +161,21 @@ def _generation(summary: str, request: str, response: str) -> dict[str, Any]:
     }
 
 
+def _add_structured_fields(schemas: dict[str, Any]) -> None:
+    """Structured outputs and tools (declared as pydantic models) on the generation bodies."""
+    chat, completion, message, defs = openapi_properties()
+    chat_body, completion_body = schemas["ChatCompletionRequest"], schemas["CompletionRequest"]
+    chat_body["properties"].update(chat)
+    completion_body["properties"].update(completion)
+    chat_body["properties"]["messages"]["items"]["properties"].update(message)
+    schemas.update(defs)
+    schemas["ChatCompletion"] = copy.deepcopy(schemas["ChatCompletion"])  # not the module's own
+    choice = schemas["ChatCompletion"]["properties"]["choices"]["items"]["properties"]
+    choice["message"]["properties"]["content"] = {"type": ["string", "null"]}
+    choice["message"]["properties"]["tool_calls"] = message["tool_calls"]
+    choice["finish_reason"]["enum"] = ["stop", "length", "abort", "tool_calls"]
+
+
 def openapi_schema(
     version: str = "0.1.0",
     *,
@@ -259,6 +276,7 @@ def openapi_schema(
         "CompletionRequest": completion_request_schema(names, vocab_size),
         **ADMIN_SCHEMAS,
     }
+    _add_structured_fields(schemas)
     return {
         "openapi": "3.1.0",
         "info": {"title": "Weir", "version": version, "description": "OpenAI-compatible inference gateway."},

@@ -11,15 +11,18 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from engine.errors import InvalidRequestError
+from engine.grammar import ConstraintSpec
 from engine.request import Priority, SamplingParams
 from gateway import openai_fields as f
+from gateway import structured_bodies as sb
 from gateway.api_fields import as_int_list
 from gateway.errors import BadRequestError
 from gateway.json_body import loads_bounded
+from gateway.tool_calls import ToolsRequest, calls_schema, render_calls, tools_prompt, tools_request
 
 MAX_LOGPROBS = f.MAX_LOGPROBS
 
@@ -43,19 +46,31 @@ class Role(enum.Enum):
 
 @dataclass(frozen=True)
 class ChatMessage:
-    """One message, its content flattened to text."""
+    """One message, its content flattened to text; an assistant's calls, a tool answer's call id."""
 
     role: Role
     content: str
     name: str | None = None
+    tool_calls: tuple[sb.ToolCall, ...] = ()
+    tool_call_id: str | None = None
 
     def to_template(self) -> dict[str, str]:
-        """The dict a Hugging Face chat template expects."""
+        """The dict a Hugging Face chat template expects.
+
+        An assistant's earlier calls are written into its content in the format the model is
+        asked to call tools in (`gateway.tool_calls`), since templates without tool support
+        (SmolLM2's) would drop them.
+        """
         # Templates written before OpenAI renamed the role only know `system`.
         role = Role.SYSTEM if self.role is Role.DEVELOPER else self.role
-        message = {"role": role.value, "content": self.content}
+        content = self.content
+        if self.tool_calls:
+            content = (content + "\n" if content else "") + render_calls(self.tool_calls)
+        message = {"role": role.value, "content": content}
         if self.name is not None:
             message["name"] = self.name
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
         return message
 
 
@@ -72,6 +87,9 @@ class GenerationOptions:
     user: str | None = None
     stream: bool = False
     include_usage: bool = False
+    # What the answer is constrained to (`response_format`, `structured_outputs`, a forced tool
+    # call); compiled by the route (`gateway.grammar`) before the request is queued.
+    constraint: ConstraintSpec | None = None
 
     @property
     def n(self) -> int:
@@ -97,6 +115,17 @@ class ChatCompletionRequest:
     model: str
     messages: tuple[ChatMessage, ...]
     options: GenerationOptions
+    tools: ToolsRequest | None = None  # None: no tools, or tool_choice "none"
+
+    def prompt_messages(self) -> tuple[ChatMessage, ...]:
+        """The messages to render: with tools, their offer joins (or becomes) the system message."""
+        if self.tools is None:
+            return self.messages
+        offer = tools_prompt(self.tools)
+        first = self.messages[0]
+        if first.role in (Role.SYSTEM, Role.DEVELOPER):
+            return (replace(first, content=f"{first.content}\n\n{offer}"), *self.messages[1:])
+        return (ChatMessage(Role.SYSTEM, offer), *self.messages)
 
 
 @dataclass(frozen=True)
@@ -266,22 +295,46 @@ def _messages(fields: _Fields, max_messages: int) -> tuple[ChatMessage, ...]:
         name = item.get("name")
         if name is not None and not isinstance(name, str):
             raise BadRequestError(f"'{param}.name' must be a string", param=f"{param}.name")
+        calls: tuple[sb.ToolCall, ...] = ()
+        if role is Role.ASSISTANT and item.get("tool_calls"):
+            calls = sb.parse_tool_calls(item["tool_calls"], f"{param}.tool_calls")
+        call_id = item.get("tool_call_id") if role is Role.TOOL else None
+        if call_id is not None and not isinstance(call_id, str):
+            raise BadRequestError(f"'{param}.tool_call_id' must be a string", param=f"{param}.tool_call_id")
         content, num_parts = _message_content(item.get("content"), f"{param}.content", parts_left)
         parts_left -= num_parts
-        messages.append(ChatMessage(role, content, name))
+        messages.append(ChatMessage(role, content, name, calls, call_id))
     return tuple(messages)
 
 
-def _reject_unsupported_common(fields: _Fields) -> None:
-    fields.reject_unsupported("tools")
-    fields.reject_unsupported("functions")
-    response_format = fields.object_or_none("response_format")
-    if response_format is not None and response_format.get("type", "text") != "text":
+def _reject_legacy_functions(fields: _Fields) -> None:
+    for name in ("functions", "function_call"):
+        if fields.data.get(name) is not None:
+            raise BadRequestError(
+                f"'{name}' (the legacy function calling fields) is not supported; use 'tools' and 'tool_choice'",
+                param=name,
+                code="unsupported_parameter",
+            )
+
+
+def _constraint(fields: _Fields) -> ConstraintSpec | None:
+    """`response_format` / `structured_outputs` as what the engine constrains the answer to."""
+    return sb.constraint_of(
+        sb.parse_response_format(fields.data.get("response_format")),
+        sb.parse_structured_outputs(fields.data.get("structured_outputs")),
+    )
+
+
+def _with_constraint(options: GenerationOptions, spec: ConstraintSpec | None) -> GenerationOptions:
+    if spec is None:
+        return options
+    if options.use_beam_search:
         raise BadRequestError(
-            "only response_format type 'text' is supported",
-            param="response_format",
+            "structured outputs and tool calls are not supported with beam search",
+            param=spec.param.split(".")[0],
             code="unsupported_parameter",
         )
+    return replace(options, constraint=spec)
 
 
 def parse_chat_request(
@@ -291,13 +344,23 @@ def parse_chat_request(
     fields = _Fields(data)
     model = fields.required_str("model")
     messages = _messages(fields, max_messages)
-    _reject_unsupported_common(fields)
+    _reject_legacy_functions(fields)
+    spec = _constraint(fields)
+    tools = tools_request(sb.parse_tool_fields(data))
+    if tools is not None and tools.constrained:
+        if spec is not None:
+            raise BadRequestError(
+                "a required or named 'tool_choice' cannot be combined with 'response_format'",
+                param="tool_choice",
+            )
+        spec = ConstraintSpec.tool_calls(calls_schema(tools), "tools")
     logprobs_on = f.CHAT_LOGPROBS.read(data)
     top_logprobs = f.TOP_LOGPROBS.read(data)
     if top_logprobs is not None and not logprobs_on:
         raise BadRequestError("'top_logprobs' requires 'logprobs': true", param="top_logprobs")
     logprobs = (top_logprobs or 0) if logprobs_on else None
-    return ChatCompletionRequest(model=model, messages=messages, options=_options(fields, logprobs))
+    options = _with_constraint(_options(fields, logprobs), spec)
+    return ChatCompletionRequest(model=model, messages=messages, options=options, tools=tools)
 
 
 def _too_many_ids(num_ids: int, max_ids: int) -> BadRequestError:
@@ -357,10 +420,12 @@ def parse_completion_request(
     fields = _Fields(data)
     model = fields.required_str("model")
     prompts = _prompts(fields, max_prompt_ids)
-    _reject_unsupported_common(fields)
+    fields.reject_unsupported("tools")
+    _reject_legacy_functions(fields)
+    spec = _constraint(fields)
     fields.reject_unsupported("echo", allowed=False)
     fields.reject_unsupported("suffix")
-    options = _options(fields, f.COMPLETION_LOGPROBS.read(data))
+    options = _with_constraint(_options(fields, f.COMPLETION_LOGPROBS.read(data)), spec)
     best_of = f.BEST_OF.read(data)
     if best_of is not None and best_of != options.n:
         raise BadRequestError(

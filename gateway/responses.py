@@ -17,6 +17,7 @@ from engine.output import RequestOutput, TokenLogprob
 from gateway.accounting import Usage
 from gateway.errors import WeirError
 from gateway.protocol import Endpoint
+from gateway.tool_calls import ParsedCall, ToolCallParser, ToolsRequest
 
 # JSON has no -Infinity; OpenAI reports impossible tokens with this floor.
 _LOGPROB_FLOOR = -9999.0
@@ -77,8 +78,10 @@ class ResponseFormatter:
         *,
         logprobs: bool = False,
         include_usage: bool = False,
+        tools: ToolsRequest | None = None,
     ) -> None:
         self.response_id = response_id
+        self.tools = tools  # chat only: answers are parsed for tool calls
         self.created = created
         self.model = model
         self.fingerprint = fingerprint
@@ -160,42 +163,107 @@ class ChatFormatter(ResponseFormatter):
             )
         ]
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._parsers: dict[int, ToolCallParser] = {}  # per streamed choice, with tools
+
+    def _parser(self, choice: int) -> ToolCallParser | None:
+        if self.tools is None:
+            return None
+        parser = self._parsers.get(choice)
+        if parser is None:
+            parser = self._parsers[choice] = ToolCallParser(self.tools)
+        return parser
+
+    def _call_chunks(self, choice: int, calls: Sequence[ParsedCall]) -> list[bytes]:
+        """Streamed calls as OpenAI sends them: id, type and name first, then the arguments."""
+        chunks = []
+        for i, call in enumerate(calls):
+            head = {
+                "index": i,
+                "id": call.id,
+                "type": "function",
+                "function": {"name": call.name, "arguments": ""},
+            }
+            body = {"index": i, "function": {"arguments": call.arguments}}
+            for delta in (head, body):
+                chunks.append(
+                    self._chunk(
+                        [
+                            {
+                                "index": choice,
+                                "delta": {"tool_calls": [delta]},
+                                "logprobs": None,
+                                "finish_reason": None,
+                            }
+                        ]
+                    )
+                )
+        return chunks
+
     def output_chunks(self, choice: int, out: RequestOutput) -> list[bytes]:
         chunks = []
+        parser = self._parser(choice)
+        text = out.new_text if parser is None else parser.feed(out.new_text)
+        calls: list[ParsedCall] = []
+        if parser is not None and out.finished:
+            rest, calls = parser.finish()
+            text += rest
         logprobs = self._logprobs(out.new_logprobs) if self.logprobs and out.new_logprobs else None
-        if out.new_text or logprobs is not None:
+        if text or logprobs is not None:
             chunks.append(
                 self._chunk(
                     [
                         {
                             "index": choice,
-                            "delta": {"content": out.new_text},
+                            "delta": {"content": text},
                             "logprobs": logprobs,
                             "finish_reason": None,
                         }
                     ]
                 )
             )
+        chunks += self._call_chunks(choice, calls)
         if out.finished:
             reason = out.finish_reason.value if out.finish_reason else "stop"
+            if calls and reason == "stop":
+                reason = "tool_calls"
             chunks.append(
                 self._chunk([{"index": choice, "delta": {}, "logprobs": None, "finish_reason": reason}])
             )
         return chunks
 
+    def _message(self, state: ChoiceState) -> tuple[dict[str, Any], str | None]:
+        """A choice's message and finish reason; with tools, its calls parsed out of the text."""
+        reason = state.finish_reason
+        if self.tools is None:
+            return {"role": "assistant", "content": state.text, "refusal": None}, reason
+        parser = ToolCallParser(self.tools)
+        content = parser.feed(state.text)
+        rest, calls = parser.finish()
+        content += rest
+        message: dict[str, Any] = {"role": "assistant", "content": content or None, "refusal": None}
+        if calls:
+            message["tool_calls"] = [c.to_openai() for c in calls]
+            if reason == "stop":
+                reason = "tool_calls"
+        else:
+            message["content"] = content
+        return message, reason
+
     def response(self, choices: Sequence[ChoiceState], usage: Usage) -> dict[str, Any]:
-        return self._full(
-            [
+        entries = []
+        for i, c in enumerate(choices):
+            message, reason = self._message(c)
+            entries.append(
                 {
                     "index": i,
-                    "message": {"role": "assistant", "content": c.text, "refusal": None},
+                    "message": message,
                     "logprobs": self._logprobs(c.logprobs) if self.logprobs else None,
-                    "finish_reason": c.finish_reason,
+                    "finish_reason": reason,
                 }
-                for i, c in enumerate(choices)
-            ],
-            usage,
-        )
+            )
+        return self._full(entries, usage)
 
 
 class CompletionFormatter(ResponseFormatter):

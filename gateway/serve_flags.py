@@ -145,6 +145,19 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="replay decode steps as CUDA graphs: auto = on CUDA with triton; on needs both (default auto)",
     )
     add(
+        "--grammar-compile-timeout-s",
+        type=float,
+        metavar="S",
+        help="a structured-output or tool grammar that does not compile within S seconds is refused "
+        "with 400 (env WEIR_GRAMMAR_COMPILE_TIMEOUT_S; default 5)",
+    )
+    add(
+        "--grammar-compile-workers",
+        type=int,
+        metavar="N",
+        help="worker threads that compile grammars (env WEIR_GRAMMAR_COMPILE_WORKERS; default 2)",
+    )
+    add(
         "--tenant-cache-share",
         type=float,
         metavar="F",

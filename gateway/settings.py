@@ -171,6 +171,10 @@ class Settings:
     # share of them one tenant may hold at a time.
     tokenizer_workers: int = 4
     tokenizer_tenant_share: float = 0.5
+    # Structured outputs / tool calls (gateway.grammar): a grammar that does not compile within
+    # this time is refused (400); compiles run on this many worker threads.
+    grammar_compile_timeout_s: float = 5.0
+    grammar_compile_workers: int = 2
 
     def __post_init__(self) -> None:
         for f in fields(self):  # NaN passes every range check below (each comparison is False)
@@ -183,6 +187,10 @@ class Settings:
             _check_forwarded_entry(entry)
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
+        if not self.grammar_compile_timeout_s > 0:
+            raise ValueError(f"grammar_compile_timeout_s must be > 0, got {self.grammar_compile_timeout_s}")
+        if self.grammar_compile_workers < 1:
+            raise ValueError(f"grammar_compile_workers must be >= 1, got {self.grammar_compile_workers}")
         if not 0 <= self.metrics_port <= 65535:
             raise ValueError(f"metrics_port must be in [0, 65535] (0: none), got {self.metrics_port}")
         if self.metrics_port != 0 and self.metrics_port == self.port:
@@ -387,4 +395,6 @@ _FIELDS: dict[str, _FieldSpec] = {
     "prompt_chars_per_token": _FieldSpec("WEIR_PROMPT_CHARS_PER_TOKEN", int),
     "tokenizer_workers": _FieldSpec("WEIR_TOKENIZER_WORKERS", int),
     "tokenizer_tenant_share": _FieldSpec("WEIR_TOKENIZER_TENANT_SHARE", float),
+    "grammar_compile_timeout_s": _FieldSpec("WEIR_GRAMMAR_COMPILE_TIMEOUT_S", float),
+    "grammar_compile_workers": _FieldSpec("WEIR_GRAMMAR_COMPILE_WORKERS", int),
 }

@@ -44,7 +44,8 @@ class SpeculationPolicy:
     def num_slots(self, req: Request, step_allows: bool, budget: int) -> int:
         """Draft slots for decode `req` this step, within `budget` extra tokens (0: no speculation)."""
         sp = req.sampling_params
-        if sp.use_beam_search or sp.speculative is False or req.checker is None:
+        # A constrained sequence is not speculated: drafts would need the matcher rolled back.
+        if sp.use_beam_search or sp.speculative is False or req.checker is None or req.constraint is not None:
             return 0
         exempt = sp.seed is not None and not sp.is_greedy
         if not step_allows and not exempt:

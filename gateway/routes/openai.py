@@ -16,7 +16,9 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import Receive, Scope, Send
 
 from engine.client import EngineRequest
+from engine.constraints import CompiledConstraint
 from engine.errors import ContextLengthError
+from engine.grammar import ConstraintSpec
 from gateway import openai_fields as f
 from gateway.accounting import Accountant, Admission, Admitted, RequestInfo, Settle, UsageRecord
 from gateway.error_tarpit import mark_key_proved
@@ -27,6 +29,7 @@ from gateway.errors import (
     PermissionDeniedError,
     ServiceUnavailableError,
 )
+from gateway.grammar import GrammarService
 from gateway.model_fleet import Lease, ModelFleet
 from gateway.prompt_limits import PromptLimits, check_chat_size, check_prompt_sizes, max_request_prompt_tokens
 from gateway.protocol import (
@@ -41,6 +44,7 @@ from gateway.state import GatewayState
 from gateway.streaming import GenerationJob, GenerationResponse
 from gateway.tokenization import PromptBuilder
 from gateway.tokenizer_pool import TokenizerPool
+from gateway.tool_calls import ToolsRequest
 from gateway.tracing import RequestTracer
 from tenancy.context import TenantContext
 
@@ -76,7 +80,9 @@ class OpenAIRoutes:
         state: GatewayState,
         tokenizer_pool: TokenizerPool,
         prompt_limits: PromptLimits,
+        grammars: GrammarService | None = None,
     ) -> None:
+        self.grammars = grammars if grammars is not None else GrammarService()
         self.fleet = fleet
         self.tokenizer_pool = tokenizer_pool
         self.prompt_limits = prompt_limits
@@ -155,6 +161,7 @@ class OpenAIRoutes:
             f"POST {request.url.path}", request.headers, {"http.route": request.url.path}
         )
         lease: Lease | None = None
+        tools: ToolsRequest | None = None
         try:
             if self.state.draining:
                 raise ServiceUnavailableError("the server is shutting down", code="shutting_down")
@@ -170,11 +177,11 @@ class OpenAIRoutes:
                 lease = self._route(request, model, tenant, response_id)
                 prompt_builder, served = lease.version.prompts, lease.version.served
                 assert prompt_builder is not None and served is not None  # a routed version is loaded
-                check_chat_size(chat.messages, served.max_model_len, self._chars_per_token(prompt_builder))
+                tools = chat.tools
+                messages = chat.prompt_messages()
+                check_chat_size(messages, served.max_model_len, self._chars_per_token(prompt_builder))
                 prompts: Sequence[tuple[int, ...]] = (
-                    await prompt_builder.encode_chat_async(
-                        chat.messages, self.tokenizer_pool, tenant.tenant_id
-                    ),
+                    await prompt_builder.encode_chat_async(messages, self.tokenizer_pool, tenant.tenant_id),
                 )
             else:
                 completion = parse_completion_request(body, self._max_prompt_ids())
@@ -188,8 +195,9 @@ class OpenAIRoutes:
                 prompts = await prompt_builder.encode_prompts_async(
                     completion.prompts, self.tokenizer_pool, tenant.tenant_id
                 )
+            constraint = await self._compile(options.constraint, lease, prompt_builder.vocab_size)
             requests = self._engine_requests(
-                response_id, endpoint, prompts, options, tenant, arrival_s, served.max_model_len
+                response_id, endpoint, prompts, options, tenant, arrival_s, served.max_model_len, constraint
             )
             span.set_attributes(
                 {
@@ -224,6 +232,7 @@ class OpenAIRoutes:
             prompt_builder.token_text,
             logprobs=options.logprobs is not None,
             include_usage=options.include_usage,
+            tools=tools,
         )
         job = GenerationJob(
             engine=lease.engine,
@@ -240,6 +249,18 @@ class OpenAIRoutes:
         )
         return _Started(GenerationResponse(job))
 
+    async def _compile(
+        self, spec: ConstraintSpec | None, lease: Lease, vocab_size: int
+    ) -> CompiledConstraint | None:
+        """The request's grammar, compiled for the version's tokenizer on the grammar workers."""
+        if spec is None:
+            return None
+        tokenizer = lease.version.tokenizer
+        if tokenizer is None:
+            raise ServiceUnavailableError("the model version has no tokenizer loaded", code="model_not_ready")
+        eos = getattr(tokenizer, "eos_token_id", None)
+        return await self.grammars.compile(spec, tokenizer, vocab_size, [eos] if isinstance(eos, int) else [])
+
     def _engine_requests(
         self,
         response_id: str,
@@ -249,6 +270,7 @@ class OpenAIRoutes:
         tenant: TenantContext,
         arrival_s: float,
         max_model_len: int,
+        constraint: CompiledConstraint | None = None,
     ) -> tuple[EngineRequest, ...]:
         quota = tenant.limits  # the tighter of the tenant's and the key's
         # A client may lower its priority below its tenant's class, never raise it.
@@ -300,6 +322,7 @@ class OpenAIRoutes:
                     arrival_s=arrival_s,
                     weight=tenant.weight,
                     max_tokens_defaulted=options.max_tokens is None,
+                    constraint=constraint,
                 )
             )
         return tuple(requests)

@@ -100,7 +100,7 @@ def test_logprobs_without_top_logprobs_means_sampled_token_only() -> None:
         ({"logit_bias": {"1e3": 1}}, "logit_bias"),
         ({"logit_bias": [5]}, "logit_bias"),
         ({"logit_bias": {str(i): 1 for i in range(301)}}, "logit_bias"),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"response_format": {"type": "xml"}}, "response_format"),
     ],
 )
 def test_wrong_chat_fields_name_the_param(fields: dict[str, Any], param: str) -> None:

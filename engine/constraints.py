@@ -1,0 +1,127 @@
+"""Constrained decoding: a compiled grammar, and the per-sequence matcher that masks its tokens.
+
+A `CompiledConstraint` is a grammar compiled for one tokenizer and vocabulary (JSON Schema, any
+JSON, a regex, a list of choices, an EBNF grammar or a tool-call grammar). It is immutable and
+shared: the gateway compiles it off the engine thread (`gateway.grammar`), caches it and hands
+it over in `EngineRequest.constraint`. Each sequence (each choice of an n>1 request) gets its own
+`TokenConstraint`, a matcher that lives on the `Request`, so its state survives preemption and
+host swap with the tokens it has accepted: a recompute replays the prompt and output through the
+model, never through the matcher.
+
+The sampler asks the matcher which tokens may come next (`allowed`) and masks the others before
+penalties' effects, temperature, top-k, top-p and min-p pick among them; `Request.append_token`
+advances it with the token that was kept. A grammar that admits no token, or a token it
+refuses, raises `ConstraintError`: the engine fails that sequence alone and frees its blocks.
+
+The backend is xgrammar (docs/decisions.md has the measurements behind the choice); nothing
+outside this module and `gateway.grammar` imports it.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from engine.errors import EngineError
+
+_BITS = 32  # xgrammar packs a mask as int32 words, token i is bit i % 32 of word i // 32
+
+
+class ConstraintKind(enum.Enum):
+    """What a constraint was compiled from (a metrics label and a log field)."""
+
+    JSON_SCHEMA = "json_schema"
+    JSON_OBJECT = "json_object"
+    REGEX = "regex"
+    CHOICE = "choice"
+    GRAMMAR = "grammar"
+    TOOL_CALLS = "tool_calls"
+
+
+class ConstraintError(EngineError):
+    """A sequence's grammar admits no next token, or refused the token chosen."""
+
+
+@dataclass(frozen=True)
+class CompiledConstraint:
+    """A grammar compiled for one tokenizer; immutable and thread-safe, shared by requests.
+
+    `grammar` is the backend's compiled object (an `xgrammar.CompiledGrammar`); `key` is the
+    digest the gateway cached it under, for logs.
+    """
+
+    kind: ConstraintKind
+    grammar: Any
+    key: str = ""
+
+    def matcher(self) -> TokenConstraint:
+        """A fresh matcher at the start of the grammar, for one sequence."""
+        return TokenConstraint(self)
+
+
+class TokenConstraint:
+    """The grammar state of one sequence: which tokens may come next; advanced token by token."""
+
+    def __init__(self, compiled: CompiledConstraint) -> None:
+        import xgrammar
+
+        self.compiled = compiled
+        self._matcher = xgrammar.GrammarMatcher(compiled.grammar)
+        self.vocab_size: int = compiled.grammar.tokenizer_info.vocab_size
+        self.num_accepted = 0
+
+    @property
+    def kind(self) -> ConstraintKind:
+        return self.compiled.kind
+
+    @property
+    def is_terminated(self) -> bool:
+        """Whether the grammar has accepted its stop token: nothing may follow."""
+        return bool(self._matcher.is_terminated())
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        """Write the allowed next tokens into row `row` of `bitmask` ([rows, ceil(vocab / 32)] int32)."""
+        self._matcher.fill_next_token_bitmask(bitmask, row)
+
+    def accept(self, token_id: int) -> None:
+        """Advance past `token_id`; raise ConstraintError (state unchanged) if the grammar refuses it."""
+        if self.is_terminated or not self._matcher.accept_token(token_id):
+            raise ConstraintError(
+                f"the {self.kind.value} constraint does not admit token {token_id} after "
+                f"{self.num_accepted} tokens"
+            )
+        self.num_accepted += 1
+
+
+def allowed_tokens(
+    constraints: Sequence[TokenConstraint], vocab_size: int, device: torch.device
+) -> torch.Tensor:
+    """The tokens each matcher admits next, as a bool mask [len(constraints), vocab_size].
+
+    Tokens beyond a grammar's vocabulary are not admitted. Raises ConstraintError if a matcher
+    admits none (the caller fails that row alone).
+    """
+    num_words = max((c.vocab_size + _BITS - 1) // _BITS for c in constraints)
+    bitmask = torch.full((len(constraints), num_words), -1, dtype=torch.int32)  # [rows, words]
+    for row, constraint in enumerate(constraints):
+        constraint.fill_bitmask(bitmask, row)
+    shifts = torch.arange(_BITS, dtype=torch.int32)
+    bits = (bitmask[:, :, None] >> shifts) & 1  # [rows, words, 32]
+    allowed = bits.reshape(len(constraints), -1).bool()  # [rows, words * 32]
+    if allowed.shape[1] < vocab_size:
+        pad = torch.zeros(len(constraints), vocab_size - allowed.shape[1], dtype=torch.bool)
+        allowed = torch.cat([allowed, pad], dim=1)
+    allowed = allowed[:, :vocab_size]  # [rows, vocab]
+    for row, constraint in enumerate(constraints):
+        allowed[row, constraint.vocab_size :] = False
+    empty = (~allowed.any(dim=-1)).nonzero()
+    if empty.numel():
+        constraint = constraints[int(empty[0, 0])]
+        raise ConstraintError(
+            f"the {constraint.kind.value} constraint admits no token after {constraint.num_accepted} tokens"
+        )
+    return allowed.to(device)
