@@ -182,9 +182,18 @@ class SchedulerConfig:
     # None: every step may feed max_num_batched_tokens; else the budget follows this target step
     # time and the measured cost per token (engine/step_budget.py), up to max_num_batched_tokens.
     target_step_s: float | None = None
+    # Steps in a row that feed no token while work exists before the stall watchdog acts
+    # (engine/stall_watchdog.py): it logs the scheduler's state, counts a stall and preempts.
+    max_stalled_steps: int = 64
 
     def __post_init__(self) -> None:
-        for name in ("max_num_batched_tokens", "max_num_seqs", "max_model_len", "static_batch_size"):
+        for name in (
+            "max_num_batched_tokens",
+            "max_num_seqs",
+            "max_model_len",
+            "static_batch_size",
+            "max_stalled_steps",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.static_max_wait_s < 0:

@@ -48,6 +48,7 @@ from engine.spec_decode import engine_step as spec_step
 from engine.spec_decode.drafter import Drafter
 from engine.spec_decode.policy import SpeculationPolicy
 from engine.spec_decode.tally import SpeculationCounters
+from engine.stall_watchdog import StallWatchdog
 from engine.step_budget import make_step_budget
 from engine.swap_policy import SwapPolicy
 
@@ -113,6 +114,8 @@ class LLMEngine:
         self.max_model_len = min(config.scheduler.max_model_len, model_config.max_model_len)
         # Outlives the scheduler (reset rebuilds it): the cost per token is the machine's, not its state's.
         self.step_budget = make_step_budget(config.scheduler)
+        # Outlives the scheduler too: its stall count is monotonic, like the restarts.
+        self.watchdog = StallWatchdog(config.scheduler.max_stalled_steps)
         self._build_state()
         capacity = self.num_blocks_per_request * self.kv.block_size
         if capacity < self.max_model_len:
@@ -301,7 +304,10 @@ class LLMEngine:
         outputs = self._expire()
         if self.faults is not None:
             self.faults.before_schedule()
+        has_work = self.scheduler.has_work()
         out = self.scheduler.schedule()
+        if self.watchdog.observe(out.num_tokens, has_work):
+            self._break_stall()
         self.last_step_idle = not out.scheduled and not out.preempted_ids and not outputs
         if out.is_empty:
             self.runner.forget(out.finished_ids)
@@ -365,6 +371,19 @@ class LLMEngine:
                 )
         return expired
 
+    def _break_stall(self) -> None:
+        """The watchdog saw `max_stalled_steps` steps without a token while work existed: say so
+        loudly, with the state that explains it, and preempt to break it."""
+        state = self.scheduler.describe()
+        victim = self.scheduler.break_stall()
+        logger.error(
+            "engine stall: %d steps fed no token while work existed (stall #%d); preempted %s\n%s",
+            self.watchdog.max_stalled_steps,
+            self.watchdog.num_stalls,
+            victim.request_id if victim is not None else "nobody (nothing runs)",
+            state,
+        )
+
     def _measure(self, out: SchedulerOutput, elapsed: float) -> None:
         prefill = sum(s.num_tokens for s in out.scheduled if s.num_tokens > 1 or not s.samples)
         self.num_prompt_tokens_total += prefill
@@ -421,6 +440,7 @@ class LLMEngine:
             num_generation_tokens_total=self.num_generation_tokens_total,
             waiting_tokens_by_priority=tuple(by_prio),
             num_restarts=self.num_restarts,
+            num_stalls=self.watchdog.num_stalls,
             step_budget=self.step_budget.stats(),
             host_kv=self.kv.host.stats() if self.kv.host is not None else None,
             num_spec_draft_tokens_total=self.spec_counters.num_drafted,

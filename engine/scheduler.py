@@ -362,6 +362,37 @@ class Scheduler:
             self.waiting.prepend(victim)
         return budget
 
+    def has_work(self) -> bool:
+        """Whether a step should feed tokens: requests run, or (continuous batching) wait to be admitted.
+
+        Static and dynamic batches may rightly wait for their window with nothing running."""
+        if self.running:
+            return True
+        return bool(len(self.waiting)) and self.config.batch_policy is BatchPolicy.CONTINUOUS
+
+    def describe(self) -> str:
+        """The scheduler's state in one line per running request, for the stall watchdog's log."""
+        lines = [
+            f"running {len(self.running)}, waiting {len(self.waiting)}, free blocks "
+            f"{self.kv.num_free_blocks}/{self.kv.num_total_blocks}, budget {self.step_budget.last_budget}, "
+            f"running cap {self.step_budget.max_running()}, pending forks {len(self._fork_parent)}"
+        ]
+        for req in self.running.values():
+            lines.append(
+                f"  {req.request_id}: {req.status.name} computed {req.num_computed_tokens}/{req.num_tokens} "
+                f"(prompt {req.num_prompt_tokens}), blocks {len(self.kv.blocks(req.request_id))}, "
+                f"class {req.priority.name}, preempted {req.num_preemptions}x"
+            )
+        return "\n".join(lines)
+
+    def break_stall(self) -> Request | None:
+        """Preempt the lowest-ranked running request (it recomputes), so the waiting ones get its blocks."""
+        if not self.running:
+            return None
+        victim = self._pick_victim()
+        self._preempt(victim, allow_swap=False)
+        return victim
+
     def _lower_class_victim(self, req: Request) -> Request | None:
         """A running request of a strictly lower priority class that `req` may displace."""
         if self.config.queue_policy is QueuePolicy.FCFS or not self.running:

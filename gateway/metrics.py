@@ -81,6 +81,11 @@ def engine_load_metrics(s: EngineStats) -> Iterator[Metric]:
         value=s.num_restarts,
     )
     yield CounterMetricFamily(
+        "weir_engine_stalls",
+        "Stalls: steps in a row that fed no token while work existed; each was logged and broken by a preemption.",
+        value=s.num_stalls,
+    )
+    yield CounterMetricFamily(
         "weir_prefix_cache_queries",
         "Prompt tokens looked up in the prefix cache.",
         value=s.prefix_cache_queries,
