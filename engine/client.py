@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from engine.lora_types import AdapterRef
 from engine.output import EngineStats, RequestOutput
 from engine.prefix_cache_types import FlushResult, PrefixCacheStats, SharedPrefixInfo
 from engine.request import Priority, Request, SamplingParams, TokenChecker
@@ -32,6 +33,10 @@ class EngineRequest:
     # The client gave no max_tokens (it was filled in from the context left): admission reserves
     # a bounded default instead of all of it, and settles on what is used.
     max_tokens_defaulted: bool = False
+    # The LoRA adapter to run through (the gateway resolves `model` to it); None: the base model.
+    adapter_name: str | None = None
+    # Filled in by the engine when it accepts the request: the adapter's weights digest.
+    adapter_fingerprint: str = ""
 
     def to_request(
         self,
@@ -51,6 +56,7 @@ class EngineRequest:
             arrival_s=self.arrival_s,
             deadline_s=self.deadline_s,
             weight=self.weight,
+            adapter=AdapterRef(self.adapter_name, self.adapter_fingerprint) if self.adapter_name else None,
             parent_id=self.request_id,
             index=index,
             checker=checker,
