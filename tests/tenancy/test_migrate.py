@@ -33,6 +33,7 @@ TABLES = {
     "budget_buckets",
     "model_versions",
     "model_traffic",
+    "lora_adapters",
 }
 
 
@@ -43,7 +44,7 @@ def _tables(db: Database) -> set[str]:
 def test_scripts_are_found_next_to_the_package() -> None:
     assert (MIGRATIONS_DIR / "env.py").is_file()
     assert (MIGRATIONS_DIR / "script.py.mako").is_file()
-    assert head_revision() == "0005"
+    assert head_revision() == "0006"
 
 
 def test_upgrade_downgrade_round_trip(database: Database) -> None:
@@ -57,8 +58,12 @@ def test_upgrade_downgrade_round_trip(database: Database) -> None:
     upgrade(database.engine)
     assert _tables(database) == TABLES
     usage_indexes = {i["name"] for i in inspect(database.engine).get_indexes("usage_records")}
+    downgrade(database.engine)  # 0006 -> 0005 drops the LoRA adapters and the usage column
+    assert _tables(database) == TABLES - {"lora_adapters"}
+    assert "adapter" not in {c["name"] for c in inspect(database.engine).get_columns("usage_records")}
+    assert {i["name"] for i in inspect(database.engine).get_indexes("usage_records")} == usage_indexes
     downgrade(database.engine)  # one step: 0005 -> 0004 drops the model versions and the usage column
-    assert _tables(database) == TABLES - {"model_versions", "model_traffic"}
+    assert _tables(database) == TABLES - {"model_versions", "model_traffic", "lora_adapters"}
     assert "model_version" not in {c["name"] for c in inspect(database.engine).get_columns("usage_records")}
     # SQLite rebuilds the table to drop a column: its indexes and foreign keys must survive.
     assert {i["name"] for i in inspect(database.engine).get_indexes("usage_records")} == usage_indexes
@@ -68,12 +73,17 @@ def test_upgrade_downgrade_round_trip(database: Database) -> None:
         c["name"] for c in inspect(database.engine).get_columns("quotas")
     }
     downgrade(database.engine)  # 0003 -> 0002 drops the unique usage index
-    assert _tables(database) == TABLES - {"model_versions", "model_traffic"}
+    assert _tables(database) == TABLES - {"model_versions", "model_traffic", "lora_adapters"}
     assert "ux_usage_records_request_tenant" not in {
         i["name"] for i in inspect(database.engine).get_indexes("usage_records")
     }
     downgrade(database.engine)  # 0002 -> 0001 drops the budget buckets
-    assert _tables(database) == TABLES - {"budget_buckets", "model_versions", "model_traffic"}
+    assert _tables(database) == TABLES - {
+        "budget_buckets",
+        "model_versions",
+        "model_traffic",
+        "lora_adapters",
+    }
     downgrade(database.engine)  # 0001 -> base
     assert _tables(database) == set()
 
@@ -123,7 +133,7 @@ def test_usage_rows_survive_0005_up_and_down(database: Database) -> None:
             ),
             {"t": WHEN, "d": WHEN.date()},
         )
-    upgrade(database.engine)
+    upgrade(database.engine, "0005")
     with database.engine.begin() as conn:
         rows = conn.execute(text("SELECT request_id, model, model_version FROM usage_records")).all()
         assert [tuple(r) for r in rows] == [("r1", "smol", None)]  # written before versions existed
