@@ -259,6 +259,8 @@ class UsageRecordIn:
     created_at: dt.datetime | None = None  # None: now
     # The id (name@version) of the model version that generated the tokens; None: not known.
     model_version: str | None = None
+    # The LoRA adapter the request ran through (its name); None: the base model.
+    adapter: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.request_id, str) or not 1 <= len(self.request_id) <= 128:
@@ -272,6 +274,10 @@ class UsageRecordIn:
             raise FieldError(
                 "model_version", f"must be a string of 1-{_MODEL_VERSION_LEN} characters or None"
             )
+        if self.adapter is not None and (
+            not isinstance(self.adapter, str) or not 1 <= len(self.adapter) <= 128
+        ):
+            raise FieldError("adapter", "must be a string of 1-128 characters or None")
         if not isinstance(self.status, UsageStatus):
             raise FieldError("status", "must be a UsageStatus")
         for name in ("prompt_tokens", "completion_tokens", "cached_tokens"):

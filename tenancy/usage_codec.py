@@ -39,6 +39,7 @@ def record_json(record: UsageRecordIn, **extra: str) -> dict[str, Any]:
         "finish_reason": None if record.finish_reason is None else record.finish_reason.value,
         "created_at": None if record.created_at is None else record.created_at.isoformat(),
         "model_version": record.model_version,
+        "adapter": record.adapter,
         **extra,
     }
 
@@ -71,6 +72,7 @@ def decode_record(line: bytes) -> UsageRecordIn:
             created_at=None if created_at is None else dt.datetime.fromisoformat(created_at),
             # Absent in lines spooled before model versions existed.
             model_version=obj.get("model_version"),
+            adapter=obj.get("adapter"),  # absent in lines spooled before adapters existed
         )
     except CorruptRecordError:
         raise
