@@ -38,7 +38,7 @@ from engine.errors import (
 from engine.faults import FaultInjector
 from engine.host_kv_tensors import build_host_kv
 from engine.kv_cache_manager import KVCacheManager
-from engine.lora_adapter import AdapterLoadError
+from engine.lora_adapter import AdapterLoadError, LoraAdapter, load_adapter
 from engine.lora_manager import AdapterInUseError, LoraManager, UnknownAdapterError
 from engine.lora_types import AdapterInfo
 from engine.output import EngineStats, RequestOutput, SchedulerOutput
@@ -298,6 +298,21 @@ class LLMEngine:
         if lora.has(name):
             self._check_unused(name)
         return lora.load(name, path)
+
+    def read_adapter(self, name: str, path: str) -> LoraAdapter:
+        """Read and check an adapter without holding it (safe off the engine thread: touches no
+        engine state); `add_adapter` then holds it."""
+        lora = self._lora()
+        return load_adapter(
+            name, path, lora.config.adapter_dir, self.model_config, lora.config.max_rank, lora.base_models
+        )
+
+    def add_adapter(self, adapter: LoraAdapter) -> AdapterInfo:
+        """Hold an adapter `read_adapter` checked (replacing one of its name, only while unused)."""
+        lora = self._lora()
+        if lora.has(adapter.name):
+            self._check_unused(adapter.name)
+        return lora.add(adapter)
 
     def unload_adapter(self, name: str) -> AdapterInfo:
         """Forget an adapter; AdapterInUseError while a request through it is queued or running."""

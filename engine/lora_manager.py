@@ -93,6 +93,10 @@ class LoraManager:
 
     def add(self, adapter: LoraAdapter) -> AdapterInfo:
         """Hold an already checked adapter (replacing one of the same name)."""
+        if len(self._adapters) >= self.config.max_adapters and adapter.name not in self._adapters:
+            raise AdapterLoadError(
+                f"{self.config.max_adapters} adapters are loaded already; unload one first"
+            )
         if adapter.rank > self.config.max_rank:
             raise AdapterLoadError(
                 f"adapter rank {adapter.rank} is over the configured maximum {self.config.max_rank}"

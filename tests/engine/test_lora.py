@@ -273,3 +273,49 @@ def test_real_default_model_through_an_adapter_matches_the_merged_model(
     assert ours[: len(prompts)] == reference
     assert ours[len(prompts)] == hf_greedy(load_hf_model(smollm2_dir), [prompts[1]], MAX_TOKENS)[0]
     assert reference != hf_greedy(load_hf_model(smollm2_dir), prompts, MAX_TOKENS)
+
+
+def test_load_and_unload_under_streaming_load_fail_and_truncate_nothing(setup) -> None:  # type: ignore[no-untyped-def]
+    import asyncio
+
+    from engine.async_engine import AsyncEngine
+
+    base, adapter_dir = setup
+    prompts = _prompts(320, seed=21, lengths=(6, 11, 19, 25, 8, 14))
+    names: list[str | None] = ["a", "b", None, "a", "c", "b"]
+    reference = _run(_engine(base, adapter_dir), list(zip(prompts, names, strict=True)), GREEDY_LONG)
+    core = _engine(base, adapter_dir)
+
+    async def main() -> None:
+        engine = AsyncEngine(core=core)
+        await engine.start(warmup=False)
+
+        async def stream(i: int) -> list[int]:
+            er = EngineRequest(f"s{i}", tuple(prompts[i]), GREEDY_LONG, adapter_name=names[i])
+            return [t async for out in engine.generate(er) for t in out.new_token_ids]
+
+        try:
+            tasks = [asyncio.create_task(stream(i)) for i in range(len(prompts))]
+            await asyncio.sleep(0)
+            # While they stream: load a new adapter, unload an unused one, try an used one.
+            assert (await engine.load_adapter("a-copy", "a")).fingerprint == core.runner.lora.info(
+                "a"
+            ).fingerprint  # type: ignore[union-attr]
+            await engine.unload_adapter("d")
+            try:  # refused while a stream through it is queued or running (they may be done)
+                await engine.unload_adapter("a")
+                await engine.load_adapter("a", "a")
+            except AdapterInUseError:
+                pass
+            results = await asyncio.gather(*tasks)
+            assert results == reference
+            assert all(len(r) == GREEDY_LONG.max_tokens for r in results)
+            # The copy serves as the original does.
+            er = EngineRequest("copy", tuple(prompts[0]), GREEDY_LONG, adapter_name="a-copy")
+            assert [t async for out in engine.generate(er) for t in out.new_token_ids] == reference[0]
+            await engine.unload_adapter("a")  # unused now
+            assert {i.name for i in await engine.adapters()} == {"a-copy", "b", "c"}
+        finally:
+            await engine.shutdown()
+
+    asyncio.run(main())
