@@ -29,6 +29,7 @@ from engine.client import EngineHealth, EngineRequest, PrefixCacheControl
 from engine.config import EngineConfig, ModelConfig
 from engine.errors import EngineDeadError, RetryableEngineError
 from engine.llm_engine import LLMEngine, build_engine
+from engine.lora_types import AdapterInfo
 from engine.output import EngineStats, RequestOutput
 from engine.prefix_cache_admin import AsyncPrefixCache, PrefixCacheAdmin
 from engine.request import SamplingParams
@@ -240,6 +241,21 @@ class AsyncEngine:
         self._commands.put(_Call(fn, future, loop))
         self._wake.set()
         return await future
+
+    # -- LoRA adapters ------------------------------------------------------------------------
+
+    async def load_adapter(self, name: str, path: str) -> AdapterInfo:
+        """Read and check the adapter on a worker thread, then hold it on the engine thread, so
+        steps never wait on the disk. Raises AdapterLoadError, AdapterInUseError."""
+        adapter = await asyncio.to_thread(self.core.read_adapter, name, path)
+        return await self._call(lambda core: core.add_adapter(adapter))
+
+    async def unload_adapter(self, name: str) -> AdapterInfo:
+        """Forget an adapter; AdapterInUseError while a request through it is queued or running."""
+        return await self._call(lambda core: core.unload_adapter(name))
+
+    async def adapters(self) -> tuple[AdapterInfo, ...]:
+        return await self._call(lambda core: core.adapters())
 
     def _on_prefix_cache_admin(self, fn: Callable[[PrefixCacheAdmin], T]) -> Awaitable[T]:
         """Run `fn` on the engine thread with the core's prefix-cache admin (as of that moment)."""

@@ -2,7 +2,8 @@
 
 hash(block i) = blake2b(hash(block i-1) || token ids of block i || extra keys of block i).
 The root's extra keys pin everything that changes what a cached K/V means: model version,
-tokenizer, RoPE configuration, KV dtype and the cache scope (tenant, or the shared scope).
+tokenizer, RoPE configuration, KV dtype, the cache scope (tenant, or the shared scope) and the
+LoRA adapter (its name and weights digest; empty for the base model).
 A block computed under any other value of these can never be found.
 
 A request whose prompt begins with a registered shared prefix chains its first blocks from the
@@ -32,6 +33,7 @@ class CacheKeyRoot:
     rope_fingerprint: str
     kv_dtype: str
     cache_scope: str
+    adapter: str = ""  # AdapterRef.cache_key; "" for the base model
 
     def digest(self) -> bytes:
         """The root of every hash chain under these keys (32 bytes)."""
@@ -42,6 +44,7 @@ class CacheKeyRoot:
             self.rope_fingerprint,
             self.kv_dtype,
             self.cache_scope,
+            self.adapter,
         ):
             data = part.encode()
             # Length-prefixed, so ("ab", "c") and ("a", "bc") never collide.

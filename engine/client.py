@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from engine.constraints import CompiledConstraint
+from engine.lora_types import AdapterRef
 from engine.output import EngineStats, RequestOutput
 from engine.prefix_cache_types import FlushResult, PrefixCacheStats, SharedPrefixInfo
 from engine.request import Priority, Request, SamplingParams, TokenChecker
@@ -36,6 +37,10 @@ class EngineRequest:
     # A grammar compiled by the gateway (structured outputs, tool calls): each sequence of the
     # request gets its own matcher of it. Immutable, so it crosses the thread boundary as is.
     constraint: CompiledConstraint | None = field(default=None, compare=False)
+    # The LoRA adapter to run through (the gateway resolves `model` to it); None: the base model.
+    adapter_name: str | None = None
+    # Filled in by the engine when it accepts the request: the adapter's weights digest.
+    adapter_fingerprint: str = ""
 
     def to_request(
         self,
@@ -55,6 +60,7 @@ class EngineRequest:
             arrival_s=self.arrival_s,
             deadline_s=self.deadline_s,
             weight=self.weight,
+            adapter=AdapterRef(self.adapter_name, self.adapter_fingerprint) if self.adapter_name else None,
             parent_id=self.request_id,
             index=index,
             checker=checker,

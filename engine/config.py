@@ -207,6 +207,32 @@ class SchedulerConfig:
 
 
 @dataclass(frozen=True)
+class LoraConfig:
+    """LoRA adapters (engine/lora_manager.py): `num_slots` device slots of rank up to `max_rank`.
+
+    `num_slots` 0: no adapters. Adapters are read only from under `adapter_dir` (None: no
+    directory is allowed, so none can be loaded from disk).
+    """
+
+    num_slots: int = 0
+    max_rank: int = 16
+    adapter_dir: str | None = None
+    max_adapters: int = 64  # adapters held in host memory (loaded), in slots or not
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.num_slots <= 64:
+            raise ValueError(f"num_slots must be in [0, 64], got {self.num_slots}")
+        if not 1 <= self.max_rank <= 256:
+            raise ValueError(f"max_rank must be in [1, 256], got {self.max_rank}")
+        if self.max_adapters < 1:
+            raise ValueError(f"max_adapters must be >= 1, got {self.max_adapters}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.num_slots > 0
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     """Everything the engine needs to start."""
 
@@ -222,6 +248,7 @@ class EngineConfig:
     # None: on CPU in float32/bfloat16 where oneDNN can pack (engine/models/packed_linear.py)
     cpu_packed_linear: bool | None = None
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)  # off by default
+    lora: LoraConfig = field(default_factory=LoraConfig)  # off by default
 
     def __post_init__(self) -> None:
         if self.dtype not in ENGINE_DTYPES:

@@ -62,7 +62,7 @@ class KVCacheManager:
         self,
         num_blocks: int,
         block_size: int,
-        root_digest: Callable[[str], bytes],
+        root_digest: Callable[..., bytes],  # (cache scope[, adapter cache key]) -> root
         enable_caching: bool = True,
         watermark: float = 0.01,
         tenant_cache_share: float = 1.0,
@@ -78,7 +78,7 @@ class KVCacheManager:
             self.host = HostKVTier(host_num_blocks, self.pool, block_size, policy, tenant_cache_share)
         self.enable_caching = enable_caching
         self._root_digest = root_digest
-        self._roots: dict[str, bytes] = {}
+        self._roots: dict[tuple[str, str], bytes] = {}
         self.watermark_blocks = int(watermark * num_blocks)
         self.max_cached_blocks_per_scope = max(1, int(tenant_cache_share * self.pool.num_usable_blocks))
         self.shared_prefixes = SharedPrefixRegistry(
@@ -118,10 +118,12 @@ class KVCacheManager:
 
     # -- hashing and lookup ---------------------------------------------------------------------
 
-    def _root(self, scope: str) -> bytes:
-        root = self._roots.get(scope)
+    def _root(self, scope: str, adapter: str = "") -> bytes:
+        """The chain root of a scope, through an adapter (its cache key; "" for the base model)."""
+        root = self._roots.get((scope, adapter))
         if root is None:
-            root = self._roots[scope] = self._root_digest(scope)
+            digest = self._root_digest(scope, adapter) if adapter else self._root_digest(scope)
+            root = self._roots[(scope, adapter)] = digest
         return root
 
     def _state(self, request_id: str) -> _ReqKV:
@@ -138,14 +140,16 @@ class KVCacheManager:
         """
         st = self._state(req.request_id)
         if st.hashes is None:
-            st.hashes = self.shared_prefixes.match(req.prompt_token_ids) if self.enable_caching else []
+            # Shared prefixes hold base-model KV: a request through an adapter never chains from them.
+            shared = self.enable_caching and req.adapter is None
+            st.hashes = self.shared_prefixes.match(req.prompt_token_ids) if shared else []
             st.num_shared = len(st.hashes)
         hashes = st.hashes
         num_full = req.num_tokens // self.block_size
         if len(hashes) < num_full:
             start = len(hashes)
             tokens = req.all_token_ids[: num_full * self.block_size]
-            root = self._root(req.cache_scope)
+            root = self._root(req.cache_scope, req.adapter.cache_key if req.adapter is not None else "")
             if start == 0:
                 hashes.extend(hash_blocks(root, tokens, self.block_size))
             else:

@@ -38,6 +38,9 @@ from engine.errors import (
 from engine.faults import FaultInjector
 from engine.host_kv_tensors import build_host_kv
 from engine.kv_cache_manager import KVCacheManager
+from engine.lora_adapter import AdapterLoadError, LoraAdapter, load_adapter
+from engine.lora_manager import AdapterInUseError, LoraManager, UnknownAdapterError
+from engine.lora_types import AdapterInfo
 from engine.output import EngineStats, RequestOutput, SchedulerOutput
 from engine.prefix_cache_admin import PrefixCacheAdmin
 from engine.request import FinishReason, RequestStatus, check_seed
@@ -107,8 +110,8 @@ class LLMEngine:
         rope_fp = model_config.rope.fingerprint()
         kv_dtype = config.cache.kv_dtype
 
-        def root_digest(scope: str) -> bytes:
-            return CacheKeyRoot(config.model_version, tok_fp, rope_fp, kv_dtype, scope).digest()
+        def root_digest(scope: str, adapter: str = "") -> bytes:
+            return CacheKeyRoot(config.model_version, tok_fp, rope_fp, kv_dtype, scope, adapter).digest()
 
         self._root_digest = root_digest
         self.max_model_len = min(config.scheduler.max_model_len, model_config.max_model_len)
@@ -230,6 +233,10 @@ class LLMEngine:
             self.beams.validate(er)
         if er.cache_scope == SHARED_SCOPE:
             raise InvalidRequestError("this cache scope is reserved", "cache_scope")
+        if er.adapter_name is not None:
+            lora = self.runner.lora
+            if lora is None or not lora.has(er.adapter_name):
+                raise UnknownAdapterError(er.adapter_name)
         check_seed(sp.seed)  # SamplingParams checks it too; a second line of defence
         num_prompt = len(er.prompt_token_ids)
         if num_prompt + sp.max_tokens > self.max_model_len:
@@ -273,11 +280,65 @@ class LLMEngine:
         fork from it (copy-on-write) and compute only the last prompt token for their own sample.
         """
         self.validate(er)
+        if er.adapter_name is not None and self.runner.lora is not None:
+            ref = self.runner.lora.ref(er.adapter_name)
+            er = replace(er, adapter_fingerprint=ref.fingerprint)
         sp = er.sampling_params
         if sp.use_beam_search:
             self.beams.add(er)
             return
         self.choices.add(er)
+
+    # -- LoRA adapters ----------------------------------------------------------------------
+
+    def _lora(self) -> LoraManager:
+        if self.runner.lora is None:
+            raise AdapterLoadError("LoRA is not enabled on this engine (lora.num_slots is 0)")
+        return self.runner.lora
+
+    def load_adapter(self, name: str, path: str) -> AdapterInfo:
+        """Read, check and hold a PEFT adapter (AdapterLoadError if refused).
+
+        Loading a name that is already loaded replaces it, only while no request uses it.
+        """
+        lora = self._lora()
+        if lora.has(name):
+            self._check_unused(name)
+        return lora.load(name, path)
+
+    def read_adapter(self, name: str, path: str) -> LoraAdapter:
+        """Read and check an adapter without holding it (safe off the engine thread: touches no
+        engine state); `add_adapter` then holds it."""
+        lora = self._lora()
+        return load_adapter(
+            name, path, lora.config.adapter_dir, self.model_config, lora.config.max_rank, lora.base_models
+        )
+
+    def add_adapter(self, adapter: LoraAdapter) -> AdapterInfo:
+        """Hold an adapter `read_adapter` checked (replacing one of its name, only while unused)."""
+        lora = self._lora()
+        if lora.has(adapter.name):
+            self._check_unused(adapter.name)
+        return lora.add(adapter)
+
+    def unload_adapter(self, name: str) -> AdapterInfo:
+        """Forget an adapter; AdapterInUseError while a request through it is queued or running."""
+        lora = self._lora()
+        if not lora.has(name):
+            raise UnknownAdapterError(name)
+        self._check_unused(name)
+        return lora.remove(name)
+
+    def _check_unused(self, name: str) -> None:
+        users = sum(
+            1 for r in self.scheduler.requests.values() if r.adapter is not None and r.adapter.name == name
+        )
+        if users:
+            raise AdapterInUseError(f"adapter {name!r} is used by {users} queued or running request(s)")
+
+    def adapters(self) -> tuple[AdapterInfo, ...]:
+        """Every loaded adapter, with its slot and counters."""
+        return self.runner.lora.infos() if self.runner.lora is not None else ()
 
     def abort(self, request_id: str) -> list[RequestOutput]:
         """Abort every choice of a request; its blocks are freed now."""
@@ -490,7 +551,21 @@ def build_engine(
 
     max_len = min(config.scheduler.max_model_len, model_config.max_model_len)
     graphs = build_decode_graphs(config, model, kv_caches, max_len, device)  # None on CPU
-    runner = ModelRunner(model, kv_caches, config.cache.block_size, device, graphs=graphs, host_kv=host_kv)
+    lora = None
+    if config.lora.enabled:
+        from pathlib import Path
+
+        names = frozenset({str(config.model_path), Path(config.model_path).name, config.model_version})
+        lora = LoraManager(config.lora, model, model_config, dtype, device, base_models=names)
+        logger.info(
+            "LoRA: %d slots of rank <= %d (%.1f MiB)",
+            config.lora.num_slots,
+            config.lora.max_rank,
+            lora.slot_bytes / 2**20,
+        )
+    runner = ModelRunner(
+        model, kv_caches, config.cache.block_size, device, graphs=graphs, host_kv=host_kv, lora=lora
+    )
     from engine.spec_decode.factory import build_drafter
 
     drafter = build_drafter(config, model_config, tokenizer, runner, num_blocks, attn, _pack_linear(config))

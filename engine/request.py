@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from engine.errors import InvalidRequestError
+from engine.lora_types import AdapterRef
 from engine.spec_decode.tally import SpeculationTally
 
 if TYPE_CHECKING:
@@ -266,6 +267,7 @@ class Request:
     arrival_s: float = field(default_factory=time.monotonic)
     deadline_s: float | None = None
     weight: float = 1.0  # the tenant's fair-share weight
+    adapter: AdapterRef | None = None  # the LoRA adapter it runs through; None: the base model
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at first admission

@@ -23,6 +23,7 @@ from engine.cuda_graphs import DecodeGraphs
 from engine.errors import InvalidRequestError
 from engine.faults import FaultInjector
 from engine.host_kv_tensors import HostKVCopier
+from engine.lora_manager import LoraManager
 from engine.output import ScheduledRequest, SchedulerOutput
 from engine.request import Request
 from engine.sampler import Sampler, SampleResult, SamplingContext, make_generator
@@ -46,6 +47,10 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+def _adapter_name(req: Request) -> str | None:
+    return req.adapter.name if req.adapter is not None else None
+
+
 class ModelRunner:
     """Executes steps of one model on one device."""
 
@@ -59,8 +64,10 @@ class ModelRunner:
         graphs: DecodeGraphs | None = None,
         faults: FaultInjector | None = None,
         host_kv: HostKVCopier | None = None,
+        lora: LoraManager | None = None,
     ) -> None:
         self.model = model
+        self.lora = lora  # the LoRA adapters and slots; None: no adapters
         self.host_kv = host_kv  # the host KV tier's tensors; None: no swapping
         self.graphs = graphs  # decode steps that fit a captured bucket replay a CUDA graph
         self.kv_caches = kv_caches
@@ -216,14 +223,9 @@ class ModelRunner:
         if not scheduled:
             return result
         self.num_steps += 1
-        input_ids, positions, metadata, sample_rows = self.prepare(scheduled, inputs)
         if self.faults is not None:
             self.faults.before_forward(self.num_steps)
-        bucket = self.graphs.bucket_for(metadata, input_ids.shape[0]) if self.graphs is not None else None
-        if self.graphs is not None and bucket is not None:
-            hidden = self.graphs.run(input_ids, positions, metadata, bucket)  # [num_tokens, hidden]
-        else:
-            hidden = self.model(input_ids, positions, self.kv_caches, metadata)  # [num_tokens, hidden]
+        scheduled, inputs, hidden, sample_rows = self._run_model(scheduled, inputs, requests)
         sampling: list[ScheduledRequest] = []
         rows: list[int] = []
         contexts: list[SamplingContext] = []
@@ -253,6 +255,56 @@ class ModelRunner:
         if spec:
             self._verify(logits[len(rows) :], spec, result)
         return result
+
+    def _run_model(
+        self,
+        scheduled: list[ScheduledRequest],
+        inputs: list[list[int]],
+        requests: Mapping[str, Request],
+    ) -> tuple[list[ScheduledRequest], list[list[int]], torch.Tensor, list[int]]:
+        """The forward of the step: (its requests, their inputs, hidden [num_tokens, hidden], the
+        sample rows), the requests reordered when the step needs more adapters than there are
+        LoRA slots and so runs as several forwards, each with at most that many adapters."""
+        if self.lora is None:
+            hidden, sample_rows = self._forward(scheduled, inputs, None)
+            return scheduled, inputs, hidden, sample_rows
+        names = [_adapter_name(requests[s.request_id]) for s in scheduled]
+        groups = self.lora.split(names)
+        if len(groups) == 1:
+            hidden, sample_rows = self._forward(scheduled, inputs, names)
+            return scheduled, inputs, hidden, sample_rows
+        order = [i for group in groups for i in group]
+        hiddens: list[torch.Tensor] = []
+        rows: list[int] = []
+        offset = 0
+        for group in groups:
+            part, part_rows = self._forward(
+                [scheduled[i] for i in group], [inputs[i] for i in group], [names[i] for i in group]
+            )
+            hiddens.append(part)
+            rows.extend(offset + r for r in part_rows)
+            offset += part.shape[0]
+        return [scheduled[i] for i in order], [inputs[i] for i in order], torch.cat(hiddens), rows
+
+    def _forward(
+        self,
+        scheduled: Sequence[ScheduledRequest],
+        inputs: Sequence[Sequence[int]],
+        adapters: Sequence[str | None] | None,
+    ) -> tuple[torch.Tensor, list[int]]:
+        input_ids, positions, metadata, sample_rows = self.prepare(scheduled, inputs)
+        lora = None
+        if self.lora is not None and adapters is not None:
+            lora = self.lora.step(adapters, [len(ids) for ids in inputs])
+        if lora is not None:  # never a CUDA graph: the graphs were captured without LoRA
+            hidden = self.model(input_ids, positions, self.kv_caches, metadata, lora=lora)
+            return hidden, sample_rows  # [num_tokens, hidden]
+        bucket = self.graphs.bucket_for(metadata, input_ids.shape[0]) if self.graphs is not None else None
+        if self.graphs is not None and bucket is not None:
+            hidden = self.graphs.run(input_ids, positions, metadata, bucket)  # [num_tokens, hidden]
+        else:
+            hidden = self.model(input_ids, positions, self.kv_caches, metadata)  # [num_tokens, hidden]
+        return hidden, sample_rows
 
     def _verify(
         self, logits: torch.Tensor, spec: Sequence[tuple[str, SamplingContext, Draft]], result: StepResult

@@ -58,3 +58,5 @@ class AuditAction(enum.StrEnum):
     MODEL_STATE = "model.state"
     MODEL_TRAFFIC = "model.traffic"
     MODEL_ROLLBACK = "model.rollback"
+    ADAPTER_REGISTER = "adapter.register"
+    ADAPTER_STATE = "adapter.state"

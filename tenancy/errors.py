@@ -119,3 +119,30 @@ class InvalidModelTransitionError(TenancyError):
         self.version = version
         self.current = current
         self.new = new
+
+
+class AdapterNotFoundError(TenancyError):
+    """No such adapter, or one the asking tenant may not call: the message is the same."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"adapter {name!r} does not exist")
+        self.name = name
+
+
+class AdapterExistsError(TenancyError):
+    """An adapter of this name is already registered (names are unique across the server)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"adapter {name!r} is already registered")
+        self.name = name
+
+
+class InvalidAdapterTransitionError(TenancyError):
+    """An adapter cannot move from its state to the one asked for."""
+
+    def __init__(self, name: str, current: str, new: str, allowed: list[str]) -> None:
+        moves = ", ".join(allowed) if allowed else "none"
+        super().__init__(f"adapter {name!r} is {current}; it cannot become {new} (from {current}: {moves})")
+        self.name = name
+        self.current = current
+        self.new = new

@@ -30,6 +30,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 from engine.request import FinishReason, Priority
+from tenancy.adapter_records import MAX_ADAPTER_NAME_LEN, AdapterState
 from tenancy.enums import AuditAction, TenantStatus, UsageStatus
 from tenancy.model_version_records import (
     MAX_NAME_LEN,
@@ -214,6 +215,8 @@ class UsageRecord(Base):
     # The id (name@version) of the model version that generated the tokens; NULL before 0005
     # and for requests that never reached a version.
     model_version: Mapped[str | None] = mapped_column(String(MODEL_VERSION_ID_LEN))
+    # The LoRA adapter the request ran through; NULL for the base model and before 0006.
+    adapter: Mapped[str | None] = mapped_column(String(MAX_ADAPTER_NAME_LEN))
     prompt_tokens: Mapped[int] = mapped_column(Integer)
     completion_tokens: Mapped[int] = mapped_column(Integer)
     cached_tokens: Mapped[int] = mapped_column(Integer)  # prompt tokens served from the prefix cache
@@ -322,3 +325,25 @@ class ModelTraffic(Base):
     pins: Mapped[dict[str, str]] = mapped_column(JSON)
     updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
     updated_by: Mapped[str] = mapped_column(String(128))
+
+
+class LoraAdapter(Base):
+    """A registered LoRA adapter of one base model version: its folder, owner and state.
+
+    Rows are never deleted (usage records name them). `owner_tenant_id` NULL: public.
+    """
+
+    __tablename__ = "lora_adapters"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(MAX_ADAPTER_NAME_LEN), unique=True)
+    model_version: Mapped[str] = mapped_column(String(MODEL_VERSION_ID_LEN))
+    path: Mapped[str] = mapped_column(String(MAX_PATH_LEN))
+    owner_tenant_id: Mapped[int | None] = mapped_column(ForeignKey("tenants.id"))
+    state: Mapped[AdapterState] = mapped_column(_str_enum(AdapterState, 16))
+    failure_reason: Mapped[str | None] = mapped_column(String(MAX_REASON_LEN))
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
+    updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
+    updated_by: Mapped[str] = mapped_column(String(128))
+
+    owner: Mapped[Tenant | None] = relationship(lazy="joined")

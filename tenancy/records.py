@@ -284,6 +284,8 @@ class UsageRecordIn:
     # The id (name@version) of the model version that generated the tokens; None: not known.
     model_version: str | None = None
     user: str | None = None  # the request's `user` field (the client's end user), at most 256 chars
+    # The LoRA adapter the request ran through (its name); None: the base model.
+    adapter: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.request_id, str) or not 1 <= len(self.request_id) <= 128:
@@ -299,6 +301,10 @@ class UsageRecordIn:
             )
         if self.user is not None and (not isinstance(self.user, str) or len(self.user) > _USER_LEN):
             raise FieldError("user", f"must be a string of at most {_USER_LEN} characters or None")
+        if self.adapter is not None and (
+            not isinstance(self.adapter, str) or not 1 <= len(self.adapter) <= 128
+        ):
+            raise FieldError("adapter", "must be a string of 1-128 characters or None")
         if not isinstance(self.status, UsageStatus):
             raise FieldError("status", "must be a UsageStatus")
         for name in ("prompt_tokens", "completion_tokens", "cached_tokens"):

@@ -40,6 +40,7 @@ def record_json(record: UsageRecordIn, **extra: str) -> dict[str, Any]:
         "created_at": None if record.created_at is None else record.created_at.isoformat(),
         "model_version": record.model_version,
         "user": record.user,
+        "adapter": record.adapter,
         **extra,
     }
 
@@ -73,6 +74,7 @@ def decode_record(line: bytes) -> UsageRecordIn:
             # Absent in lines spooled before model versions existed.
             model_version=obj.get("model_version"),
             user=obj.get("user"),  # absent in lines spooled before issue 25
+            adapter=obj.get("adapter"),  # absent in lines spooled before adapters existed
         )
     except CorruptRecordError:
         raise

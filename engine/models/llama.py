@@ -21,7 +21,7 @@ graph. The plain-torch path below is the CPU path and the numerical reference.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -29,6 +29,7 @@ from torch import nn
 
 from engine.attention import AttentionBackend, AttentionMetadata
 from engine.config import ModelConfig
+from engine.models.lora import LoraStep, ProjectionLora, build_projection_loras
 from engine.models.packed_linear import PackedLinear, pack_linear_layers
 from engine.rope import RotaryEmbedding
 
@@ -100,6 +101,20 @@ class LlamaAttention(nn.Module):
         self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps, dtype, device) if config.qk_norm else None
         self.rotary = rotary
         self.attn_backend = attn_backend
+        self.qkv_lora: ProjectionLora | None = None  # set by LlamaForCausalLM.enable_lora
+        self.o_lora: ProjectionLora | None = None
+
+    def _qkv(self, hidden: torch.Tensor, lora: LoraStep | None) -> torch.Tensor:
+        qkv = self.qkv_proj(hidden)  # [num_tokens, q_size + 2 * kv_size]
+        if lora is not None and self.qkv_lora is not None:
+            lora.apply(qkv, hidden, self.qkv_lora)
+        return qkv
+
+    def _o(self, out: torch.Tensor, lora: LoraStep | None) -> torch.Tensor:
+        y = self.o_proj(out)  # [num_tokens, hidden]
+        if lora is not None and self.o_lora is not None:
+            lora.apply(y, out, self.o_lora)
+        return y
 
     def forward(
         self,
@@ -107,9 +122,10 @@ class LlamaAttention(nn.Module):
         positions: torch.Tensor,  # [num_tokens] int64
         kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
         attn_metadata: AttentionMetadata,
+        lora: LoraStep | None = None,
     ) -> torch.Tensor:  # [num_tokens, hidden]
         num_tokens = hidden.shape[0]
-        qkv = self.qkv_proj(hidden)  # [num_tokens, q_size + 2 * kv_size]
+        qkv = self._qkv(hidden, lora)  # [num_tokens, q_size + 2 * kv_size]
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(num_tokens, self.num_heads, self.head_dim)
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
@@ -119,7 +135,7 @@ class LlamaAttention(nn.Module):
             k = self.k_norm(k)
         q, k = self.rotary.apply(q, k, positions)
         out = self.attn_backend.forward(q, k, v, kv_cache, attn_metadata, self.scale)
-        return self.o_proj(out.reshape(num_tokens, self.q_size))
+        return self._o(out.reshape(num_tokens, self.q_size), lora)
 
     def forward_fused(
         self,
@@ -127,12 +143,13 @@ class LlamaAttention(nn.Module):
         positions: torch.Tensor,  # [num_tokens] int64
         kv_cache: torch.Tensor,
         attn_metadata: AttentionMetadata,
+        lora: LoraStep | None = None,
     ) -> torch.Tensor:  # [num_tokens, hidden]
         """As `forward`, with RoPE applied in place by the Triton kernel on views of the qkv output."""
         from kernels.rotary import apply_rotary_
 
         num_tokens = hidden.shape[0]
-        qkv = self.qkv_proj(hidden)  # [num_tokens, q_size + 2 * kv_size]
+        qkv = self._qkv(hidden, lora)  # [num_tokens, q_size + 2 * kv_size]
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(num_tokens, self.num_heads, self.head_dim)
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
@@ -142,7 +159,7 @@ class LlamaAttention(nn.Module):
             k = self.k_norm(k)
         apply_rotary_(q, k, self.rotary.cos, self.rotary.sin, positions)
         out = self.attn_backend.forward(q, k, v, kv_cache, attn_metadata, self.scale)
-        return self.o_proj(out.reshape(num_tokens, self.q_size))
+        return self._o(out.reshape(num_tokens, self.q_size), lora)
 
 
 class LlamaMLP(nn.Module):
@@ -155,16 +172,30 @@ class LlamaMLP(nn.Module):
             config.hidden_size, 2 * config.intermediate_size, config.mlp_bias, dtype, device
         )
         self.down_proj = Linear(config.intermediate_size, config.hidden_size, config.mlp_bias, dtype, device)
+        self.gate_up_lora: ProjectionLora | None = None  # set by LlamaForCausalLM.enable_lora
+        self.down_lora: ProjectionLora | None = None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)  # [num_tokens, intermediate]
-        return self.down_proj(F.silu(gate) * up)
+    def _gate_up(self, x: torch.Tensor, lora: LoraStep | None) -> torch.Tensor:
+        y = self.gate_up_proj(x)  # [num_tokens, 2 * intermediate]
+        if lora is not None and self.gate_up_lora is not None:
+            lora.apply(y, x, self.gate_up_lora)
+        return y
 
-    def forward_fused(self, x: torch.Tensor) -> torch.Tensor:
+    def _down(self, x: torch.Tensor, lora: LoraStep | None) -> torch.Tensor:
+        y = self.down_proj(x)  # [num_tokens, hidden]
+        if lora is not None and self.down_lora is not None:
+            lora.apply(y, x, self.down_lora)
+        return y
+
+    def forward(self, x: torch.Tensor, lora: LoraStep | None = None) -> torch.Tensor:
+        gate, up = self._gate_up(x, lora).split(self.intermediate_size, dim=-1)  # [num_tokens, intermediate]
+        return self._down(F.silu(gate) * up, lora)
+
+    def forward_fused(self, x: torch.Tensor, lora: LoraStep | None = None) -> torch.Tensor:
         """As `forward`, with silu(gate) * up in one Triton kernel."""
         from kernels.silu_mul import silu_mul
 
-        return self.down_proj(silu_mul(self.gate_up_proj(x)))  # silu_mul: [num_tokens, intermediate]
+        return self._down(silu_mul(self._gate_up(x, lora)), lora)  # silu_mul: [num_tokens, intermediate]
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -190,9 +221,12 @@ class LlamaDecoderLayer(nn.Module):
         positions: torch.Tensor,
         kv_cache: torch.Tensor,
         attn_metadata: AttentionMetadata,
+        lora: LoraStep | None = None,
     ) -> torch.Tensor:
-        hidden = hidden + self.self_attn(self.input_layernorm(hidden), positions, kv_cache, attn_metadata)
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+        hidden = hidden + self.self_attn(
+            self.input_layernorm(hidden), positions, kv_cache, attn_metadata, lora
+        )
+        return hidden + self.mlp(self.post_attention_layernorm(hidden), lora)
 
     def forward_fused(
         self,
@@ -201,6 +235,7 @@ class LlamaDecoderLayer(nn.Module):
         positions: torch.Tensor,
         kv_cache: torch.Tensor,
         attn_metadata: AttentionMetadata,
+        lora: LoraStep | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:  # (this layer's MLP output, residual stream before it)
         """As `forward`, with each residual add fused into the RMSNorm that follows it.
 
@@ -214,9 +249,9 @@ class LlamaDecoderLayer(nn.Module):
             normed = rms_norm(hidden, ln1.weight, ln1.eps)
         else:
             normed, residual = fused_add_rms_norm(hidden, residual, ln1.weight, ln1.eps)
-        attn_out = self.self_attn.forward_fused(normed, positions, kv_cache, attn_metadata)
+        attn_out = self.self_attn.forward_fused(normed, positions, kv_cache, attn_metadata, lora)
         normed, residual = fused_add_rms_norm(attn_out, residual, ln2.weight, ln2.eps)
-        return self.mlp.forward_fused(normed), residual
+        return self.mlp.forward_fused(normed, lora), residual
 
 
 def _triton_on_cuda(attn_backend: AttentionBackend, device: torch.device) -> bool:
@@ -263,6 +298,49 @@ class LlamaForCausalLM(nn.Module):
             else _empty_param((config.vocab_size, config.hidden_size), dtype, self.device)
         )
         self.packed_head: PackedLinear | None = None  # set by pack_linear_weights
+        self.num_lora_slots = 0  # set by enable_lora
+
+    def enable_lora(self, num_slots: int, max_rank: int) -> int:
+        """Give every projection `num_slots` LoRA slots of rank up to `max_rank` (all zero).
+
+        Returns the bytes the slots take. The base weights are untouched (packed or not): the
+        delta is added after each base projection (engine/models/lora.py).
+        """
+        num_bytes = 0
+        for layer in self.layers:
+            assert isinstance(layer, LlamaDecoderLayer)
+            loras = build_projection_loras(self.config, num_slots, max_rank, self.dtype, self.device)
+            attn, mlp = layer.self_attn, layer.mlp
+            attn.qkv_lora, attn.o_lora = loras["qkv"], loras["o"]
+            mlp.gate_up_lora, mlp.down_lora = loras["gate_up"], loras["down"]
+            num_bytes += sum(p.num_bytes for p in loras.values())
+        self.num_lora_slots = num_slots
+        return num_bytes
+
+    def _projection_loras(self, layer: LlamaDecoderLayer) -> list[ProjectionLora]:
+        attn, mlp = layer.self_attn, layer.mlp
+        loras = [attn.qkv_lora, attn.o_lora, mlp.gate_up_lora, mlp.down_lora]
+        if any(p is None for p in loras):
+            raise RuntimeError("LoRA is not enabled on this model (enable_lora)")
+        return [p for p in loras if p is not None]
+
+    def set_lora_slot(
+        self,
+        slot: int,
+        weights: Mapping[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] | None,
+        scaling: float = 1.0,
+    ) -> None:
+        """Copy an adapter's factors ((layer, target) -> (A, B)) into `slot`; None clears it."""
+        if not 0 <= slot < self.num_lora_slots:
+            raise ValueError(f"slot must be in [0, {self.num_lora_slots}), got {slot}")
+        for i, layer in enumerate(self.layers):
+            assert isinstance(layer, LlamaDecoderLayer)
+            for proj in self._projection_loras(layer):
+                if weights is None:
+                    proj.clear_slot(slot)
+                    continue
+                factors = {t: weights[(i, t)] for t in proj.targets if (i, t) in weights}
+                proj.set_slot(slot, factors, scaling)
 
     @property
     def is_packed(self) -> bool:
@@ -288,13 +366,17 @@ class LlamaForCausalLM(nn.Module):
         positions: torch.Tensor,  # [num_tokens] int64
         kv_caches: list[torch.Tensor],  # per layer [2, num_blocks, block_size, num_kv_heads, head_dim]
         attn_metadata: AttentionMetadata,
+        lora: LoraStep | None = None,
     ) -> torch.Tensor:  # [num_tokens, hidden]
-        """Final-norm hidden states of every token of the step; K/V are written to the caches."""
+        """Final-norm hidden states of every token of the step; K/V are written to the caches.
+
+        `lora`: the adapter slot of each token (None: no token of the step uses an adapter).
+        """
         hidden = F.embedding(input_ids, self.embed_tokens)  # [num_tokens, hidden]
         if self.fused_kernels:
-            return self._forward_fused(hidden, positions, kv_caches, attn_metadata)
+            return self._forward_fused(hidden, positions, kv_caches, attn_metadata, lora)
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            hidden = layer(hidden, positions, kv_cache, attn_metadata)
+            hidden = layer(hidden, positions, kv_cache, attn_metadata, lora)
         return self.norm(hidden)
 
     def _forward_fused(
@@ -303,12 +385,13 @@ class LlamaForCausalLM(nn.Module):
         positions: torch.Tensor,
         kv_caches: list[torch.Tensor],
         attn_metadata: AttentionMetadata,
+        lora: LoraStep | None = None,
     ) -> torch.Tensor:  # [num_tokens, hidden]
         from kernels.rms_norm import fused_add_rms_norm
 
         residual: torch.Tensor | None = None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            hidden, residual = layer.forward_fused(hidden, residual, positions, kv_cache, attn_metadata)
+            hidden, residual = layer.forward_fused(hidden, residual, positions, kv_cache, attn_metadata, lora)
         assert residual is not None  # ModelConfig guarantees num_layers >= 1
         hidden, _ = fused_add_rms_norm(hidden, residual, self.norm.weight, self.norm.eps)
         return hidden

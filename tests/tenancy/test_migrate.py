@@ -35,6 +35,7 @@ TABLES = {
     "budget_buckets",
     "model_versions",
     "model_traffic",
+    "lora_adapters",
 }
 
 
@@ -45,7 +46,7 @@ def _tables(db: Database) -> set[str]:
 def test_scripts_are_found_next_to_the_package() -> None:
     assert (MIGRATIONS_DIR / "env.py").is_file()
     assert (MIGRATIONS_DIR / "script.py.mako").is_file()
-    assert head_revision() == "0006"
+    assert head_revision() == "0007"
 
 
 def test_upgrade_downgrade_round_trip(database: Database) -> None:
@@ -59,8 +60,12 @@ def test_upgrade_downgrade_round_trip(database: Database) -> None:
     upgrade(database.engine)
     assert _tables(database) == TABLES
     usage_indexes = {i["name"] for i in inspect(database.engine).get_indexes("usage_records")}
-    downgrade(database.engine)  # one step: 0006 -> 0005 drops key limits, principal buckets, user, rpm
-    assert _tables(database) == TABLES - {"key_limits", "principal_buckets"}
+    downgrade(database.engine)  # one step: 0007 -> 0006 drops the LoRA adapters and the usage column
+    assert _tables(database) == TABLES - {"lora_adapters"}
+    assert "adapter" not in {c["name"] for c in inspect(database.engine).get_columns("usage_records")}
+    assert {i["name"] for i in inspect(database.engine).get_indexes("usage_records")} == usage_indexes
+    downgrade(database.engine)  # 0006 -> 0005 drops key limits, principal buckets, user, rpm
+    assert _tables(database) == TABLES - {"key_limits", "principal_buckets", "lora_adapters"}
     assert "user" not in {c["name"] for c in inspect(database.engine).get_columns("usage_records")}
     assert "requests_per_minute" not in {c["name"] for c in inspect(database.engine).get_columns("quotas")}
     assert {i["name"] for i in inspect(database.engine).get_indexes("usage_records")} == usage_indexes
@@ -71,6 +76,7 @@ def test_upgrade_downgrade_round_trip(database: Database) -> None:
         "model_traffic",
         "key_limits",
         "principal_buckets",
+        "lora_adapters",
     }
     assert "model_version" not in {c["name"] for c in inspect(database.engine).get_columns("usage_records")}
     # SQLite rebuilds the table to drop a column: its indexes and foreign keys must survive.
@@ -86,6 +92,7 @@ def test_upgrade_downgrade_round_trip(database: Database) -> None:
         "model_traffic",
         "key_limits",
         "principal_buckets",
+        "lora_adapters",
     }
     assert "ux_usage_records_request_tenant" not in {
         i["name"] for i in inspect(database.engine).get_indexes("usage_records")
@@ -97,6 +104,7 @@ def test_upgrade_downgrade_round_trip(database: Database) -> None:
         "model_traffic",
         "key_limits",
         "principal_buckets",
+        "lora_adapters",
     }
     downgrade(database.engine)  # 0001 -> base
     assert _tables(database) == set()
@@ -147,7 +155,7 @@ def test_usage_rows_survive_0005_up_and_down(database: Database) -> None:
             ),
             {"t": WHEN, "d": WHEN.date()},
         )
-    upgrade(database.engine)
+    upgrade(database.engine, "0005")
     with database.engine.begin() as conn:
         rows = conn.execute(text("SELECT request_id, model, model_version FROM usage_records")).all()
         assert [tuple(r) for r in rows] == [("r1", "smol", None)]  # written before versions existed
@@ -205,13 +213,14 @@ def _snapshot(database: Database) -> dict[str, list[dict[str, object]]]:
         for table in _SNAPSHOT_TABLES:
             rows = conn.execute(text(f"SELECT * FROM {table} ORDER BY 1")).mappings().all()
             out[table] = [
-                {k: v for k, v in r.items() if k not in {"user", "requests_per_minute"}} for r in rows
+                {k: v for k, v in r.items() if k not in {"user", "requests_per_minute", "adapter"}}
+                for r in rows
             ]
     return out
 
 
-def test_a_populated_0005_database_upgrades_to_0006_and_back_with_nothing_lost(database: Database) -> None:
-    """Today's data (every table of 0005 holding rows) survives 0006 up, and down again."""
+def test_a_populated_0005_database_upgrades_to_head_and_back_with_nothing_lost(database: Database) -> None:
+    """Today's data (every table of 0005 holding rows) survives 0006 and 0007 up, and down again."""
     upgrade(database.engine, "0005")
     with database.engine.begin() as conn:
         for stmt in _POPULATE_0005:
@@ -224,5 +233,6 @@ def test_a_populated_0005_database_upgrades_to_0006_and_back_with_nothing_lost(d
         assert conn.execute(text('SELECT "user" FROM usage_records')).scalar_one() is None
         assert conn.execute(text("SELECT requests_per_minute FROM quotas")).scalar_one() is None
         assert conn.execute(text("SELECT count(*) FROM key_limits")).scalar_one() == 0
+        assert conn.execute(text("SELECT adapter FROM usage_records")).scalar_one() is None
     downgrade(database.engine, "0005")
     assert _snapshot(database) == before

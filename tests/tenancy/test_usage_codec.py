@@ -64,3 +64,18 @@ def test_the_usage_row_stores_the_model_version(repo: TenancyRepo) -> None:
         rows = session.execute(select(UsageRecord.request_id, UsageRecord.model_version)).tuples()
         stored = {request_id: version for request_id, version in rows}
     assert stored == {"req-1": "smol@v2", "r2": None}
+
+
+def test_the_adapter_survives_the_spool_and_is_stored(repo: TenancyRepo) -> None:
+    record = dataclasses.replace(_record("smol@v2"), adapter="acme-support")
+    line = encode_record(record)
+    assert decode_record(line) == record
+    old = json.loads(line)
+    del old["adapter"]  # spooled before adapters existed
+    assert decode_record(json.dumps(old).encode()).adapter is None
+    repo.create_tenant(TenantSpec(name="acme"), actor="test")
+    repo.record_usages([record, dataclasses.replace(_record(None), request_id="r2")])
+    with repo.db.transaction() as session:
+        rows = session.execute(select(UsageRecord.request_id, UsageRecord.adapter)).tuples()
+        stored = {request_id: adapter for request_id, adapter in rows}
+    assert stored == {"req-1": "acme-support", "r2": None}

@@ -1,0 +1,87 @@
+"""The LoRA adapter repository: register per base version, states with audit, survives a
+restart (a new repo on the same database), private adapters invisible to other tenants."""
+
+from __future__ import annotations
+
+import pytest
+
+from tenancy.adapter_records import AdapterSpec, AdapterState
+from tenancy.adapters import AdapterRepo
+from tenancy.audit import list_events
+from tenancy.db import Database
+from tenancy.enums import AuditAction
+from tenancy.errors import (
+    AdapterExistsError,
+    AdapterNotFoundError,
+    FieldError,
+    InvalidAdapterTransitionError,
+    ModelVersionNotFoundError,
+    TenantNotFoundError,
+)
+from tenancy.keys import KeyHasher
+from tenancy.model_versions import ModelVersionRepo, ModelVersionSpec
+from tenancy.records import TenantSpec
+from tenancy.repo import TenancyRepo
+from tests.tenancy.clock import FakeClock
+
+ACTOR = "cli test"
+
+
+@pytest.fixture
+def adapters(migrated: Database, clock: FakeClock) -> AdapterRepo:
+    tenants = TenancyRepo(migrated, KeyHasher(b"test-pepper"))
+    for name in ("acme", "beta"):
+        tenants.create_tenant(TenantSpec(name), actor=ACTOR)
+    ModelVersionRepo(migrated, clock=clock).register(
+        ModelVersionSpec("smol", "v1", "/models/smol"), actor=ACTOR
+    )
+    return AdapterRepo(migrated, clock=clock)
+
+
+def test_register_load_and_survive_a_restart(adapters: AdapterRepo, migrated: Database) -> None:
+    view = adapters.register(AdapterSpec("acme-support", "smol@v1", "acme/support", "acme"), actor=ACTOR)
+    assert view.state is AdapterState.REGISTERED and view.owner_tenant == "acme"
+    adapters.register(AdapterSpec("summarizer", "smol@v1", "public/sum"), actor=ACTOR)
+    adapters.set_state("acme-support", AdapterState.LOADED, actor=ACTOR)
+    adapters.set_state("summarizer", AdapterState.LOADED, actor=ACTOR)
+    restarted = AdapterRepo(migrated)
+    assert [a.name for a in restarted.list(state=AdapterState.LOADED)] == ["acme-support", "summarizer"]
+    assert [a.name for a in restarted.list(model_version="smol@v2")] == []
+    restarted.set_state("acme-support", AdapterState.UNLOADED, actor=ACTOR)
+    assert restarted.get("acme-support").state is AdapterState.UNLOADED
+    with migrated.transaction() as session:
+        actions = [e.action for e in list_events(session, tenant="acme")]
+    assert actions[:3] == [AuditAction.ADAPTER_STATE, AuditAction.ADAPTER_STATE, AuditAction.ADAPTER_REGISTER]
+
+
+def test_private_adapters_do_not_exist_for_other_tenants(adapters: AdapterRepo) -> None:
+    adapters.register(AdapterSpec("acme-support", "smol@v1", "acme/support", "acme"), actor=ACTOR)
+    adapters.register(AdapterSpec("summarizer", "smol@v1", "public/sum"), actor=ACTOR)
+    for name in ("acme-support", "summarizer"):
+        adapters.set_state(name, AdapterState.LOADED, actor=ACTOR)
+    assert [a.name for a in adapters.visible_to("acme")] == ["acme-support", "summarizer"]
+    assert [a.name for a in adapters.visible_to("beta")] == ["summarizer"]
+    assert adapters.resolve("acme-support", "acme").name == "acme-support"
+    with pytest.raises(AdapterNotFoundError) as private:
+        adapters.resolve("acme-support", "beta")
+    with pytest.raises(AdapterNotFoundError) as missing:
+        adapters.resolve("acme-nothing", "beta")
+    assert str(private.value) == str(missing.value).replace("acme-nothing", "acme-support")
+
+
+def test_refusals(adapters: AdapterRepo) -> None:
+    adapters.register(AdapterSpec("a", "smol@v1", "a"), actor=ACTOR)
+    with pytest.raises(AdapterExistsError):
+        adapters.register(AdapterSpec("a", "smol@v1", "b"), actor=ACTOR)
+    with pytest.raises(ModelVersionNotFoundError):
+        adapters.register(AdapterSpec("b", "smol@v9", "b"), actor=ACTOR)
+    with pytest.raises(TenantNotFoundError):
+        adapters.register(AdapterSpec("c", "smol@v1", "c", "nobody"), actor=ACTOR)
+    with pytest.raises(InvalidAdapterTransitionError, match="registered; it cannot become unloaded"):
+        adapters.set_state("a", AdapterState.UNLOADED, actor=ACTOR)
+    with pytest.raises(FieldError):
+        AdapterSpec("smol@v1", "smol@v1", "x")  # '@' would read as a model version
+    with pytest.raises(FieldError):
+        AdapterSpec("x", "smol", "x")
+    failed = adapters.set_state("a", AdapterState.FAILED, reason="NaN in layer 3", actor=ACTOR)
+    assert failed.failure_reason == "NaN in layer 3"
