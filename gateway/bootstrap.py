@@ -42,11 +42,12 @@ if TYPE_CHECKING:
     from prometheus_client.registry import Collector
 
     from engine.config import EngineConfig
-    from gateway.auth import AdminAuthenticator
+    from gateway.auth import AdminAuthenticator, Authenticator
     from gateway.model_fleet import ModelFleet
     from gateway.model_rollout import ModelRollout
     from tenancy.model_versions import ModelVersionRepo
     from tenancy.records import UsageRecordIn
+    from tenancy.repo import TenancyRepo
     from tenancy.usage_writer import UsageWriterStats
 
 logger = logging.getLogger("weir.serve")
@@ -154,6 +155,9 @@ class TenancyWiring:
     admin_auth: AdminAuthenticator | None = None  # also guards the prefix-cache admin routes
     usage_stats: Callable[[], UsageWriterStats] | None = None  # the usage writer's, for metrics
     model_versions: ModelVersionRepo | None = None  # the model-version records (gateway.model_rollout)
+    # The admin console (/admin/ui) calls these in-process, as the admin API does.
+    repo: TenancyRepo | None = None
+    authenticator: Authenticator | None = None
 
 
 _STATUS_OF = {
@@ -255,6 +259,8 @@ def build_tenancy(settings: Settings) -> TenancyWiring:
         admin_auth=admin_auth,
         usage_stats=writer.stats,
         model_versions=ModelVersionRepo(db),
+        repo=repo,
+        authenticator=authenticator,
     )
 
 
@@ -369,6 +375,14 @@ def build_server_app(settings: Settings) -> Starlette:
             *prefix_cache_routes(None, tenancy.admin_auth, None, select),
             *models_admin_routes(rollout, tenancy.admin_auth),
         ]
+        if tenancy.repo is not None and tenancy.authenticator is not None:
+            from gateway.console.routes import ConsoleDeps, console_routes
+
+            extra_routes += console_routes(
+                ConsoleDeps(
+                    tenancy.repo, tenancy.authenticator, tenancy.admin_auth, fleet.stats_by_version, rollout
+                )
+            )
         # On the API port /metrics needs the admin token: it names every tenant and its traffic.
         kwargs["metrics_auth"] = tenancy.admin_auth.authenticate_async
     if settings.metrics_port:

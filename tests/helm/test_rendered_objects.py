@@ -167,7 +167,7 @@ def test_metrics_and_admin_are_never_routed_by_default(profile: str) -> None:
     manifests = render_profile(profile)
     for prefix in _routed_paths(manifests):
         assert prefix == "/v1", prefix
-        for private in ("/metrics", "/admin/v1/tenants", "/admin/v1"):
+        for private in ("/metrics", "/admin/v1/tenants", "/admin/v1", "/admin/ui", "/admin/ui/login"):
             assert not _covers(prefix, private), (prefix, private)
     # Every Ingress backend is the API port, never the metrics port.
     for m in manifests:
@@ -181,7 +181,11 @@ def test_admin_is_routed_only_when_asked() -> None:
         **profile_values("ingress"),
         "ingress": {**profile_values("ingress")["ingress"], "publishAdmin": True},
     }
-    assert sorted(set(_routed_paths(render(values)))) == ["/admin/v1", "/v1"]
+    routed = sorted(set(_routed_paths(render(values))))
+    assert routed == ["/admin/v1", "/v1"]
+    # Publishing the admin API does not publish the browser console (issue 26): reach /admin/ui
+    # with `kubectl port-forward`, where its session cookie stays on a private origin.
+    assert not any(_covers(prefix, "/admin/ui/login") for prefix in routed)
 
 
 @pytest.mark.parametrize("profile", PROFILES)
