@@ -1,10 +1,10 @@
 """The EngineClient the gateway uses: the engine core stepping in a background thread.
 
 Callers live on an asyncio loop; the engine thread owns the core. Commands (add, abort) cross
-into the thread through a queue; outputs cross back with `call_soon_threadsafe`, one batch
-per step. The thread sleeps when there is nothing to do, and also when there is work it cannot
-schedule (it then wakes for a new command, or when a deadline or batch window passes), so it
-never spins.
+into the thread through a queue; outputs cross back with one `call_soon_threadsafe` per event
+loop per step (not one per request), and are put into the streams on the loop side. The thread
+sleeps when there is nothing to do, and also when there is work it cannot schedule (it then
+wakes for a new command, or when a deadline or batch window passes), so it never spins.
 
 The engine survives itself: an exception that escapes a step (the scheduler, the output
 processing, beam bookkeeping) fails the requests in flight with `RetryableEngineError` (503)
@@ -21,7 +21,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -49,10 +49,15 @@ MAX_ABORT_REPORTS = 4096
 RESTART_WINDOW_S = 60.0
 
 
+_Sink = asyncio.Queue[RequestOutput | BaseException]
+# One stream's share of a hand-off: its sink and what goes into it, in order.
+_SinkBatch = tuple[_Sink, Sequence[RequestOutput | BaseException]]
+
+
 @dataclass(frozen=True)
 class _Add:
     request: EngineRequest
-    sink: asyncio.Queue[RequestOutput | BaseException]
+    sink: _Sink
     loop: asyncio.AbstractEventLoop
 
 
@@ -332,18 +337,14 @@ class AsyncEngine:
         failure = RetryableEngineError(
             f"the engine restarted after an internal error ({type(exc).__name__}); retry the request"
         )
-        for add in list(self._sinks.values()):
-            add.loop.call_soon_threadsafe(add.sink.put_nowait, failure)
-        self._sinks.clear()
+        self._fail_sinks(failure)
         return True
 
     def _die(self, exc: BaseException) -> None:
         """The loop cannot go on: fail everyone and report dead."""
         logger.error("engine loop died: %r", exc)
         self._dead = exc
-        for add in list(self._sinks.values()):
-            add.loop.call_soon_threadsafe(add.sink.put_nowait, EngineDeadError(str(exc)))
-        self._sinks.clear()
+        self._fail_sinks(EngineDeadError(str(exc)))
         self._fail_calls(EngineDeadError(str(exc)))
 
     def _refresh_prefix_stats(self) -> None:
@@ -395,16 +396,46 @@ class AsyncEngine:
                     cmd.loop.call_soon_threadsafe(_resolve, cmd.future, computed, None)
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
+        """Hand a step's outputs to their streams: one `call_soon_threadsafe` per event loop.
+
+        Each thread-safe call takes a lock and writes to the loop's self-pipe, and the loop then
+        wakes and runs one callback; once per request per step, that is per-token work on both
+        threads. The outputs are grouped here by request (order kept) and by loop, and put into
+        the per-request sinks by one callback on the loop side.
+        """
+        if not outputs:
+            return
         by_sink: dict[str, list[RequestOutput]] = {}
         for out in outputs:
-            by_sink.setdefault(out.request_id, []).append(out)
+            outs = by_sink.get(out.request_id)
+            if outs is None:
+                by_sink[out.request_id] = [out]
+            else:
+                outs.append(out)
+        batches: dict[asyncio.AbstractEventLoop, list[_SinkBatch]] = {}
+        sinks, is_active = self._sinks, self.core.is_active
         for rid, outs in by_sink.items():
-            add = self._sinks.get(rid)
+            add = sinks.get(rid)
             if add is None:
                 continue
-            add.loop.call_soon_threadsafe(_put_all, add.sink, outs)
-            if not self.core.is_active(rid):
-                del self._sinks[rid]
+            batch = batches.get(add.loop)
+            if batch is None:
+                batches[add.loop] = [(add.sink, outs)]
+            else:
+                batch.append((add.sink, outs))
+            if not is_active(rid):
+                del sinks[rid]
+        for loop, batch in batches.items():
+            loop.call_soon_threadsafe(_dispatch, batch)
+
+    def _fail_sinks(self, exc: BaseException) -> None:
+        """Fail every stream in flight with `exc`: one callback per event loop."""
+        batches: dict[asyncio.AbstractEventLoop, list[_SinkBatch]] = {}
+        for add in self._sinks.values():
+            batches.setdefault(add.loop, []).append((add.sink, [exc]))
+        self._sinks.clear()
+        for loop, batch in batches.items():
+            loop.call_soon_threadsafe(_dispatch, batch)
 
 
 def _resolve(future: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:
@@ -416,6 +447,8 @@ def _resolve(future: asyncio.Future[Any], result: Any, exc: BaseException | None
         future.set_result(result)
 
 
-def _put_all(sink: asyncio.Queue[RequestOutput | BaseException], outs: list[RequestOutput]) -> None:
-    for o in outs:
-        sink.put_nowait(o)
+def _dispatch(batch: list[_SinkBatch]) -> None:
+    """Loop side of `_deliver`: put each stream's outputs (or its failure) into its sink, in order."""
+    for sink, items in batch:
+        for item in items:
+            sink.put_nowait(item)

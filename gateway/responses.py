@@ -2,7 +2,9 @@
 
 A formatter belongs to one HTTP request. Stream chunks share a constant head (`id`, `object`,
 `created`, `model`, `system_fingerprint`) that is serialized once; each chunk only serializes its
-choices. Chunks are returned as complete SSE events (`data: ...\\n\\n`).
+choices. The per-token chunk (new text, no logprobs, no finish reason) serializes only the text:
+the bytes around it are built once per choice. Chunks are returned as complete SSE events
+(`data: ...\\n\\n`).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from json.encoder import encode_basestring as _encode_basestring
 from typing import Any
 
 from engine.output import RequestOutput, TokenLogprob
@@ -34,6 +37,16 @@ _LINE_BREAKS_JSON_LEAVES_RAW = {0x85: "\\u0085", 0x2028: "\\u2028", 0x2029: "\\u
 def _dumps(obj: Any) -> str:
     text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
     return text.translate(_LINE_BREAKS_JSON_LEAVES_RAW)
+
+
+def _dumps_str(text: str) -> bytes:
+    """`_dumps(text).encode()` for a string, without the encoder object `json.dumps` builds per call
+    (what `json.dumps` runs for a str with `ensure_ascii=False`; the line breaks it leaves raw are
+    all outside ASCII)."""
+    quoted = _encode_basestring(text)
+    if not text.isascii():
+        quoted = quoted.translate(_LINE_BREAKS_JSON_LEAVES_RAW)
+    return quoted.encode()
 
 
 def _logprob(value: float) -> float:
@@ -98,9 +111,23 @@ class ResponseFormatter:
         # `{...head...,"choices":` + choices + tail: the head is serialized once per request.
         self._chunk_head = b"data: " + _dumps(head)[:-1].encode() + b',"choices":'
         self._chunk_tail = (b',"usage":null}' if include_usage else b"}") + b"\n\n"
+        self._text_parts: dict[int, tuple[bytes, bytes]] = {}  # per choice, for `_text_chunk`
 
     def _chunk(self, choices: list[dict[str, Any]]) -> bytes:
         return self._chunk_head + _dumps(choices).encode() + self._chunk_tail
+
+    def _text_chunk(self, choice: int, text: str) -> bytes:
+        """The chunk of one choice's new text, with no logprobs and no finish reason: the per-token
+        case. Byte for byte `_chunk` of the endpoint's choice dict, but only the text is serialized:
+        the rest (head, the choice's index and null fields, tail) is built once per choice."""
+        parts = self._text_parts.get(choice)
+        if parts is None:
+            parts = self._text_parts[choice] = self._text_chunk_parts(choice)
+        return parts[0] + _dumps_str(text) + parts[1]
+
+    def _text_chunk_parts(self, choice: int) -> tuple[bytes, bytes]:
+        """What goes before and after the serialized text in `_text_chunk`."""
+        raise NotImplementedError
 
     def usage_chunk(self, usage: Usage) -> bytes:
         """The last chunk when `stream_options.include_usage`: no choices, the whole usage."""
@@ -210,7 +237,10 @@ class ChatFormatter(ResponseFormatter):
             rest, calls = parser.finish()
             text += rest
         logprobs = self._logprobs(out.new_logprobs) if self.logprobs and out.new_logprobs else None
-        if text or logprobs is not None:
+        if logprobs is None:
+            if text:
+                chunks.append(self._text_chunk(choice, text))
+        else:
             chunks.append(
                 self._chunk(
                     [
@@ -232,6 +262,12 @@ class ChatFormatter(ResponseFormatter):
                 self._chunk([{"index": choice, "delta": {}, "logprobs": None, "finish_reason": reason}])
             )
         return chunks
+
+    def _text_chunk_parts(self, choice: int) -> tuple[bytes, bytes]:
+        return (
+            self._chunk_head + b'[{"index":%d,"delta":{"content":' % choice,
+            b'},"logprobs":null,"finish_reason":null}]' + self._chunk_tail,
+        )
 
     def _message(self, state: ChoiceState) -> tuple[dict[str, Any], str | None]:
         """A choice's message and finish reason; with tools, its calls parsed out of the text."""
@@ -297,14 +333,20 @@ class CompletionFormatter(ResponseFormatter):
         if self.logprobs and out.new_logprobs:
             logprobs = self._logprobs(out.new_logprobs, self._text_offset.get(choice, 0))
             self._text_offset[choice] = self._text_offset.get(choice, 0) + len(out.new_text)
-        if not out.new_text and logprobs is None and not out.finished:
-            return []
+        if logprobs is None and not out.finished:
+            return [self._text_chunk(choice, out.new_text)] if out.new_text else []
         reason = (out.finish_reason.value if out.finish_reason else "stop") if out.finished else None
         return [
             self._chunk(
                 [{"text": out.new_text, "index": choice, "logprobs": logprobs, "finish_reason": reason}]
             )
         ]
+
+    def _text_chunk_parts(self, choice: int) -> tuple[bytes, bytes]:
+        return (
+            self._chunk_head + b'[{"text":',
+            b',"index":%d,"logprobs":null,"finish_reason":null}]' % choice + self._chunk_tail,
+        )
 
     def response(self, choices: Sequence[ChoiceState], usage: Usage) -> dict[str, Any]:
         return self._full(
