@@ -94,7 +94,7 @@ def load_chat_rows(path: Path, limit: int) -> list[dict[str, Any]]:
 
 def build(args: argparse.Namespace, device_tokens: int, host_tokens: int) -> Any:
     """An engine with this device pool and host tier (the copy bandwidth is measured while it starts)."""
-    from engine.config import CacheConfig, EngineConfig, SchedulerConfig
+    from engine.config import CacheConfig, EngineConfig, QueuePolicy, SchedulerConfig
     from engine.llm_engine import build_engine
 
     config = EngineConfig(
@@ -111,6 +111,7 @@ def build(args: argparse.Namespace, device_tokens: int, host_tokens: int) -> Any
             max_num_batched_tokens=args.max_num_batched_tokens,
             max_num_seqs=args.max_num_seqs,
             max_model_len=4096,
+            queue_policy=QueuePolicy(args.queue_policy),
         ),
     )
     return build_engine(config)
@@ -129,15 +130,16 @@ def _engine_figures(engine: Any, prefill_before: int) -> dict[str, Any]:
         "copy_gb_per_s": round(host.copy_bytes_per_s / 1e9, 3) if host is not None else None,
         "prefill_tokens_per_s": round(s.prefill_tokens_per_s, 1),
         "prefill_tokens_computed": s.num_prompt_tokens_total - prefill_before,
+        "stalls": s.num_stalls,  # the watchdog's count: 0 unless the scheduler stopped making progress
     }
 
 
 def run_burst(
-    args: argparse.Namespace, variant: Variant, prompts: list[tuple[str, str, list[int], int]]
+    args: argparse.Namespace, variant: Variant, prompts: list[tuple[str, str, list[int], int, str]]
 ) -> PreemptionRun:
     """Send every request at once to a fresh engine of `variant`; step until all are done."""
     from engine.client import EngineRequest
-    from engine.request import SamplingParams
+    from engine.request import Priority, SamplingParams
 
     engine = build(args, variant.device_tokens, variant.host_tokens)
     run = PreemptionRun(variant.name, variant.device_tokens, variant.host_tokens, len(prompts))
@@ -148,10 +150,11 @@ def run_burst(
             tuple(ids),
             SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True),
             tenant,
+            priority=Priority.parse(priority) if args.priorities else Priority.STANDARD,
             cache_scope=tenant,
             arrival_s=t0,
         )
-        for rid, tenant, ids, max_tokens in prompts
+        for rid, tenant, ids, max_tokens, priority in prompts
     ]
     prefill_before = engine.num_prompt_tokens_total
     for out in run_until_done(engine, arrivals, max_steps=args.max_steps):
@@ -235,6 +238,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
     parser.add_argument("--max-steps", type=int, default=20_000, help="bound on the engine steps of each run")
+    parser.add_argument(
+        "--queue-policy", default="fcfs", choices=["fcfs", "priority", "fair"], help="weir serve uses fair"
+    )
+    parser.add_argument(
+        "--priorities",
+        action="store_true",
+        help="give each request its class from the trace (issue 29's burst)",
+    )
+    parser.add_argument(
+        "--one-tenant", action="store_true", help="send every request as one tenant (issue 29)"
+    )
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--skip-burst", action="store_true")
@@ -258,8 +272,9 @@ def main(argv: list[str] | None = None) -> int:
         for row in rows[: args.requests]:
             text = tokenizer.apply_chat_template(row["messages"], tokenize=False, add_generation_prompt=True)
             ids = tokenizer.encode(text, add_special_tokens=False)
-            prompts.append((row["id"], row["tenant"], ids, int(row["max_tokens"])))
-        everything = sum(-(-(len(ids) + m) // BLOCK_SIZE) for _, _, ids, m in prompts) * BLOCK_SIZE
+            tenant = "one-tenant" if args.one_tenant else row["tenant"]
+            prompts.append((row["id"], tenant, ids, int(row["max_tokens"]), row.get("priority", "standard")))
+        everything = sum(-(-(len(ids) + m) // BLOCK_SIZE) for _, _, ids, m, _ in prompts) * BLOCK_SIZE
         variants = [
             Variant("swap", args.device_tokens, args.host_tokens),
             Variant("recompute", args.device_tokens, 0),
