@@ -77,7 +77,9 @@ def _counter(url: str, name: str) -> float:
 
 
 @pytest.mark.parametrize("host_kv_cache_tokens", [0, 32768], ids=["recompute", "host-tier"])
-def test_a_burst_that_overfills_the_pool_completes(default_model_dir: Path, host_kv_cache_tokens: int) -> None:
+def test_a_burst_that_overfills_the_pool_completes(
+    default_model_dir: Path, host_kv_cache_tokens: int
+) -> None:
     rows = _burst()
     settings = Settings(
         kv_cache_tokens=4096, host_kv_cache_tokens=host_kv_cache_tokens, target_step_ms=0, dtype="float32"
