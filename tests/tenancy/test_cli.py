@@ -98,7 +98,7 @@ def test_admin_operations(where: list[str], capsys: pytest.CaptureFixture[str]) 
     rotated = admin("keys", "rotate", key["id"])
     assert rotated["id"] != key["id"]
     assert admin("keys", "revoke", rotated["id"])["state"] == "revoked"
-    assert admin("usage", "acme", "--since", "2020-01-01")["data"] == []
+    assert admin("usage", "daily", "acme", "--since", "2020-01-01")["data"] == []
     assert admin("tenants", "suspend", "acme")["status"] == "suspended"
     actions = [e["action"] for e in admin("audit", "--tenant", "acme", "--limit", "50")["data"]]
     assert actions == ["tenant.suspend", "key.revoke", "key.rotate", "key.issue", "quota.set",
