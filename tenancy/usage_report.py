@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import ColumnElement, Integer, Select, case, func, select
+from sqlalchemy import Integer, Select, case, func, select
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
@@ -164,7 +164,7 @@ def _sums(values: Sequence[Any]) -> UsageSums:
     return UsageSums(*(int(v) if v is not None else 0 for v in values))
 
 
-def _dimension(group: str) -> list[ColumnElement[Any]]:
+def _dimension(group: str) -> list[Any]:
     """The SQL expressions a dimension groups and orders by."""
     if group == "tenant":
         return [Tenant.name]
