@@ -18,6 +18,7 @@ from tenancy.keys import _PUBLIC_ID_RE
 from tenancy.model_version_records import _NAME_RE as _MODEL_NAME_RE
 from tenancy.model_version_records import _VERSION_RE, MAX_KV_CACHE_TOKENS, MAX_PATH_LEN
 from tenancy.records import _MAX_INT32, _MAX_INT64, _MAX_WEIGHT, _NAME_RE, _SCOPE_RE
+from tenancy.usage_report import DEFAULT_GROUP_BY, DEFAULT_LIMIT, FORMATS, GROUPS, MAX_LIMIT
 
 ADMIN: list[dict[str, list[str]]] = [{"admin_token": []}]
 MAX_QUERY_INT = 2**63 - 1
@@ -204,6 +205,46 @@ def _op(
     return op
 
 
+_TIME = {
+    "type": "string",
+    "description": "YYYY-MM-DD (midnight UTC) or an ISO 8601 time with a zone",
+    "examples": ["2026-03-01", "2026-03-01T12:00:00Z"],
+}
+
+
+def _usage_report_op(errors: dict[str, Any]) -> dict[str, Any]:
+    group_by = {
+        "type": "string",
+        "pattern": f"^({'|'.join(GROUPS)})(,({'|'.join(GROUPS)}))*$",
+        "default": ",".join(DEFAULT_GROUP_BY),
+        "description": "Comma-separated dimensions, each at most once.",
+    }
+    op = _op(
+        "Usage over [since, until) grouped by tenant, key, model, model_version, user, adapter, day or "
+        "hour (UTC), one page of groups, with the whole range's exact totals; JSON or CSV",
+        errors,
+        parameters=[
+            {"name": "since", "in": "query", "required": True, "schema": _TIME},
+            {
+                "name": "until",
+                "in": "query",
+                "required": True,
+                "schema": {**_TIME, "description": "exclusive"},
+            },
+            _query("group_by", group_by),
+            _query("tenant", _TENANT_NAME),
+            _query("key_id", {"type": "string", "pattern": f"^{_PUBLIC_ID_RE.pattern}$"}),
+            _query(
+                "limit", {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT, "default": DEFAULT_LIMIT}
+            ),
+            _query("offset", {"type": "integer", "minimum": 0, "maximum": MAX_QUERY_INT, "default": 0}),
+            _query("format", {"type": "string", "enum": list(FORMATS), "default": "json"}),
+        ],
+    )
+    op["responses"]["200"]["content"]["text/csv"] = {"schema": {"type": "string"}}
+    return op
+
+
 def admin_paths(errors: dict[str, Any]) -> dict[str, Any]:
     """The admin paths; `errors` maps status codes to the shared error responses."""
     e = errors
@@ -233,6 +274,7 @@ def admin_paths(errors: dict[str, Any]) -> dict[str, Any]:
         "/admin/v1/tenants/{name}/usage": {
             "get": _op("A tenant's usage per UTC day", e, parameters=[_TENANT, *_SINCE_UNTIL])
         },
+        "/admin/v1/usage/report": {"get": _usage_report_op(e)},
         "/admin/v1/keys/{key_id}": {
             "get": _op("One key, with its own limits (never the secret)", e, parameters=[_KEY_ID]),
             "delete": _op("Revoke a key", e, parameters=[_KEY_ID]),

@@ -31,6 +31,7 @@ from tenancy.context import QuotaLimits, key_limits_dict
 from tenancy.errors import TenancyError
 from tenancy.records import KeySpec, TenantSpec, TenantUpdate
 from tenancy.repo import TenancyRepo
+from tenancy.usage_report import ReportQuery, report_json, report_params
 
 CLI_ACTOR = "cli"
 
@@ -63,6 +64,7 @@ class AdminBackend(Protocol):
     def rotate_key(self, key_id: str) -> JsonObject: ...
     def set_key_limits(self, key_id: str, limits: QuotaLimits) -> JsonObject: ...
     def usage(self, tenant: str, since: dt.date | None, until: dt.date | None) -> JsonObject: ...
+    def usage_report(self, query: ReportQuery) -> JsonObject: ...
     def audit(self, tenant: str | None, limit: int) -> JsonObject: ...
 
 
@@ -109,6 +111,9 @@ class DirectAdmin:
 
     def usage(self, tenant: str, since: dt.date | None, until: dt.date | None) -> JsonObject:
         return usage_json(tenant, self.repo.usage_by_day(tenant, since=since, until=until))
+
+    def usage_report(self, query: ReportQuery) -> JsonObject:
+        return report_json(self.repo.usage_report(query))
 
     def audit(self, tenant: str | None, limit: int) -> JsonObject:
         return list_json([audit_json(e) for e in self.repo.list_audit(tenant=tenant, limit=limit)])
@@ -203,6 +208,9 @@ class HttpAdmin:
         if until is not None:
             params["until"] = until.isoformat()
         return self.call("GET", f"/tenants/{path_segment(tenant)}/usage", params=params)
+
+    def usage_report(self, query: ReportQuery) -> JsonObject:
+        return self.call("GET", "/usage/report", params=report_params(query))
 
     def audit(self, tenant: str | None, limit: int) -> JsonObject:
         params = {"limit": str(limit)}

@@ -40,6 +40,17 @@ from tenancy.migrate import check_migrated, current_revision, downgrade, head_re
 from tenancy.model_cli import add_model_commands
 from tenancy.records import KeySpec, TenantSpec, TenantUpdate
 from tenancy.repo import TenancyRepo, utc_now
+from tenancy.usage_report import (
+    DEFAULT_GROUP_BY,
+    DEFAULT_LIMIT,
+    FORMATS,
+    GROUPS,
+    MAX_LIMIT,
+    ReportQuery,
+    parse_group_by,
+    parse_time,
+    report_csv,
+)
 
 __all__ = ["CliSettings", "add_subcommands", "check_migrated", "main"]
 
@@ -210,6 +221,24 @@ def _add_admin(subparsers: argparse._SubParsersAction, settings_of: SettingsOf) 
 
         return guard(run)
 
+    def report(args: argparse.Namespace) -> int:
+        query = ReportQuery(
+            since=parse_time(args.since, "since"),
+            until=parse_time(args.until, "until"),
+            group_by=parse_group_by(args.group_by),
+            tenant=args.tenant,
+            key_id=args.key_id,
+            limit=args.limit,
+            offset=args.offset,
+        )
+        with backend(args) as b:
+            body = b.usage_report(query)
+        if args.format == "csv":
+            sys.stdout.write(report_csv(body))
+        else:
+            print_json(body)
+        return 0
+
     admin = subparsers.add_parser("admin", help="tenants, API keys, quotas, usage, the audit log, models")
     admin_sub = admin.add_subparsers(dest="admin_command", required=True)
     add_model_commands(admin_sub, conn, settings_of)
@@ -304,11 +333,25 @@ def _add_admin(subparsers: argparse._SubParsersAction, settings_of: SettingsOf) 
     p.set_defaults(func=command(lambda b, a: b.set_quota(a.tenant, _quota_from(a))))
 
     # usage and audit
-    p = _admin_leaf(admin_sub, "usage", "a tenant's usage per UTC day", conn)
+    usage = admin_sub.add_parser("usage", help="usage: a tenant's per UTC day, or grouped reports")
+    u_sub = usage.add_subparsers(dest="usage_command", required=True)
+    p = _admin_leaf(u_sub, "daily", "a tenant's usage per UTC day", conn)
     p.add_argument("tenant")
     p.add_argument("--since", type=_date, metavar="YYYY-MM-DD")
     p.add_argument("--until", type=_date, metavar="YYYY-MM-DD")
     p.set_defaults(func=command(lambda b, a: b.usage(a.tenant, a.since, a.until)))
+    p = _admin_leaf(u_sub, "report", "usage over [since, until) grouped, one page, JSON or CSV", conn)
+    p.add_argument("--since", required=True, help="YYYY-MM-DD (midnight UTC) or ISO 8601 time with a zone")
+    p.add_argument("--until", required=True, help="exclusive; same forms as --since")
+    p.add_argument(
+        "--group-by", default=",".join(DEFAULT_GROUP_BY), help=f"comma-separated: {', '.join(GROUPS)}"
+    )
+    p.add_argument("--tenant")
+    p.add_argument("--key-id")
+    p.add_argument("--limit", type=int, default=DEFAULT_LIMIT, help=f"groups per page, 1-{MAX_LIMIT}")
+    p.add_argument("--offset", type=int, default=0, help="the previous page's next_offset")
+    p.add_argument("--format", choices=FORMATS, default="json")
+    p.set_defaults(func=guard(report))
     p = _admin_leaf(admin_sub, "audit", "the audit log, newest first", conn)
     p.add_argument("--tenant")
     p.add_argument("--limit", type=int, default=100)

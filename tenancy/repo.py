@@ -52,6 +52,7 @@ from tenancy.row_mapping import (
     tenant_view,
 )
 from tenancy.usage import daily_usage, daily_usage_query, latest_per_request, upsert_usage, usage_row
+from tenancy.usage_report import ReportQuery, UsageReport, build_report, page_statement, totals_statement
 
 _ADMIN_TOKEN_ROW = 1
 
@@ -399,6 +400,22 @@ class TenancyRepo:
         with self.db.transaction() as session:
             tenant_id = self._tenant_row(session, tenant).id
             return [daily_usage(row) for row in session.execute(daily_usage_query(tenant_id, since, until))]
+
+    def usage_report(self, query: ReportQuery) -> UsageReport:
+        """One page of a grouped usage report over a time range, and the range's exact totals.
+
+        Both queries run in one transaction (on PostgreSQL its default READ COMMITTED lets a
+        record committed in between count in one and not the other; the range's totals and a
+        page are each exact). An unknown tenant filter is 404, as for `usage_by_day`.
+        """
+        with self.db.transaction() as session:
+            tenant_id = None
+            if query.tenant is not None:
+                validate_tenant_name(query.tenant, "tenant")
+                tenant_id = self._tenant_row(session, query.tenant).id
+            page = list(session.execute(page_statement(query, tenant_id)))
+            totals = session.execute(totals_statement(query, tenant_id)).one()
+            return build_report(query, page, totals)
 
     # -- audit -----------------------------------------------------------------------------------
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 
 from gateway.auth import AdminAuthenticator, Authenticator
@@ -46,6 +46,7 @@ from tenancy.key_limits_api import parse_key_limits
 from tenancy.keys import is_public_id
 from tenancy.records import validate_tenant_name
 from tenancy.repo import TenancyRepo
+from tenancy.usage_report import parse_report_params, report_csv, report_json
 
 MAX_ADMIN_BODY_BYTES = 1 << 20
 _MAX_QUERY_INT = 2**63 - 1
@@ -205,6 +206,18 @@ class _AdminApi:
         days = await run_in_threadpool(lambda: self.repo.usage_by_day(name, since=since, until=until))
         return _json(usage_json(name, days))
 
+    async def usage_report(self, request: Request, actor: str) -> Response:
+        """GET /admin/v1/usage/report: grouped usage over a time range, one page, JSON or CSV."""
+        query, fmt = parse_report_params(dict(request.query_params))
+        report = await run_in_threadpool(lambda: self.repo.usage_report(query))
+        body = report_json(report)
+        if fmt == "json":
+            return _json(body)
+        headers = {**_NO_STORE, "Content-Disposition": 'attachment; filename="usage-report.csv"'}
+        if report.next_offset is not None:
+            headers["Weir-Next-Offset"] = str(report.next_offset)
+        return PlainTextResponse(report_csv(body), media_type="text/csv", headers=headers)
+
     async def audit(self, request: Request, actor: str) -> Response:
         tenant = request.query_params.get("tenant")
         limit = _int_query(request, "limit", 100)
@@ -258,6 +271,7 @@ def admin_routes(
                 Route("/keys/{key_id}", a(api.get_key), methods=["GET"]),
                 Route("/keys/{key_id}/limits", a(api.set_key_limits), methods=["PUT"]),
                 Route("/keys/{key_id}/rotate", a(api.rotate_key), methods=["POST"]),
+                Route("/usage/report", a(api.usage_report), methods=["GET"]),
                 Route("/audit", a(api.audit), methods=["GET"]),
                 Route("/{path:path}", a(api.unknown), methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
             ],

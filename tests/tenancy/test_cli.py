@@ -98,7 +98,21 @@ def test_admin_operations(where: list[str], capsys: pytest.CaptureFixture[str]) 
     rotated = admin("keys", "rotate", key["id"])
     assert rotated["id"] != key["id"]
     assert admin("keys", "revoke", rotated["id"])["state"] == "revoked"
-    assert admin("usage", "acme", "--since", "2020-01-01")["data"] == []
+    assert admin("usage", "daily", "acme", "--since", "2020-01-01")["data"] == []
+    report = admin("usage", "report", "--since", "2020-01-01", "--until", "2030-01-01T00:00:00Z",
+                   "--group-by", "tenant,key,hour", "--tenant", "acme", "--limit", "5")  # fmt: skip
+    assert (report["data"], report["totals"]["requests"], report["group_by"]) == (
+        [],
+        0,
+        ["tenant", "key", "hour"],
+    )
+    code, out, err = run(capsys, "admin", "usage", "report", "--since", "2020-01-01", "--until", "2030-01-01",
+                         "--group-by", "user,day", "--format", "csv", *where)  # fmt: skip
+    assert code == 0 and out.splitlines()[0].startswith("user,day,requests,"), err
+    code, _, err = run(
+        capsys, "admin", "usage", "report", "--since", "2020-01-01", "--until", "2019-01-01", *where
+    )
+    assert code == 1 and "until" in err
     assert admin("tenants", "suspend", "acme")["status"] == "suspended"
     actions = [e["action"] for e in admin("audit", "--tenant", "acme", "--limit", "50")["data"]]
     assert actions == ["tenant.suspend", "key.revoke", "key.rotate", "key.issue", "quota.set",
