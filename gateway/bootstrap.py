@@ -193,6 +193,7 @@ def to_usage_record_in(record: UsageRecord) -> UsageRecordIn:
         created_at=dt.datetime.fromtimestamp(record.created_at, tz=dt.UTC),
         model_version=record.model_version,
         user=record.user,
+        adapter=record.adapter,
     )
 
 

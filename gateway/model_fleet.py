@@ -260,6 +260,14 @@ class ModelFleet:
         chosen.in_flight += 1
         return Lease(chosen)
 
+    def route_version(self, vid: str) -> Lease:
+        """A new request for exactly version `vid` (a LoRA adapter's base), counted in flight."""
+        entry = self._versions.get(vid)
+        if entry is None or entry.state is not State.READY or entry.engine is None:
+            raise NoModelVersionError(f"the model version '{vid}' is not ready", param="model")
+        entry.in_flight += 1
+        return Lease(entry)
+
     def set_plan(self, name: str, plan: RoutePlan) -> None:
         """Replace `name`'s split and pins (new requests follow it at once; running ones stay put)."""
         self._plans[name] = plan
