@@ -219,7 +219,9 @@ class ModelFleet:
         for f in fields(EngineStats):
             column = [getattr(s, f.name) for s in snapshots]
             first = column[0]
-            if (
+            if f.name == "adapters":  # each engine's own adapters, side by side
+                values[f.name] = tuple(a for c in column for a in c)
+            elif (
                 f.name == "block_size"
                 or not isinstance(first, int | float | tuple)
                 or isinstance(first, bool)
