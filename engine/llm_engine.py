@@ -507,6 +507,7 @@ class LLMEngine:
             num_spec_draft_tokens_total=self.spec_counters.num_drafted,
             num_spec_accepted_tokens_total=self.spec_counters.num_accepted,
             num_spec_emitted_tokens_total=self.spec_counters.num_emitted,
+            adapters=self.adapters(),
         )
 
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from engine.host_kv_tier import HostKVStats
 from engine.kv_swap import NO_TRANSFERS, KVTransfers
+from engine.lora_types import AdapterInfo
 from engine.request import FinishReason
 from engine.step_budget import StepBudgetStats
 
@@ -131,6 +132,7 @@ class EngineStats:
     num_spec_draft_tokens_total: int = 0
     num_spec_accepted_tokens_total: int = 0
     num_spec_emitted_tokens_total: int = 0
+    adapters: tuple[AdapterInfo, ...] = ()  # the loaded LoRA adapters with their counters
 
     @property
     def kv_usage(self) -> float:

@@ -119,6 +119,7 @@ class UsageRecord:
     user: str | None = None
     # The id (name@version) of the model version that generated every token; None: not known.
     model_version: str | None = None
+    adapter: str | None = None  # the LoRA adapter it ran through; None: the base model
 
 
 Settle = Callable[[UsageRecord], None]
@@ -279,6 +280,7 @@ class RequestInfo:
     created_at: float  # epoch seconds
     arrival_s: float  # monotonic
     model_version: str | None = None  # the id (name@version) of the version routed to
+    adapter: str | None = None  # the LoRA adapter `model` named; None: the base model
 
 
 class Accountant:
@@ -328,6 +330,7 @@ class Accountant:
             ttft_s=tally.latencies(0).ttft_s if tally.requests else None,
             user=info.user,
             model_version=info.model_version,
+            adapter=info.adapter,
         )
 
     def finish(

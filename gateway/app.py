@@ -22,6 +22,7 @@ from starlette.routing import BaseRoute, Mount, Route
 from engine.client import EngineClient
 from engine.request import Priority
 from gateway.accounting import Accountant, Admission, UsageJournal, UsageSink, admit_all
+from gateway.adapter_catalog import AdapterCatalog
 from gateway.body_limit import BodyLimitMiddleware
 from gateway.error_tarpit import DEFAULT_LIMITS, ErrorTarpitMiddleware, TarpitLimits
 from gateway.errors import NotFoundError, exception_handlers
@@ -83,6 +84,7 @@ def create_app(
     metrics_auth: AdminCheck | None = None,
     error_tarpit: TarpitLimits | None = DEFAULT_LIMITS,
     fleet: ModelFleet | None = None,
+    adapters: AdapterCatalog | None = None,
 ) -> Starlette:
     """Build the gateway app from collaborators built beforehand.
 
@@ -98,6 +100,7 @@ def create_app(
     `/metrics` names every tenant, so on this (the API) port it answers only callers that
     `metrics_auth` accepts (the admin token); without one it is not served here (404) and
     Prometheus scrapes the metrics listener (gateway.metrics_server).
+    `adapters` holds the LoRA adapters loaded on the fleet's engines (`model` may name one).
     `error_tarpit` delays the 4xx answers of a client in a tight error loop (gateway.error_tarpit);
     None turns it off.
     """
@@ -128,6 +131,7 @@ def create_app(
     )
     openai_routes = OpenAIRoutes(
         fleet=fleet,
+        adapters=adapters,
         authenticate=authenticate,
         admission=admission,
         accountant=Accountant(metrics, usage_sink, usage_journal),
@@ -180,6 +184,7 @@ def create_app(
     )
     app.state.gateway = state
     app.state.fleet = fleet
+    app.state.adapters = openai_routes.adapters
     app.state.metrics = metrics
     app.state.tracer = tracer
     return app

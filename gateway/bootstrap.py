@@ -193,6 +193,7 @@ def to_usage_record_in(record: UsageRecord) -> UsageRecordIn:
         created_at=dt.datetime.fromtimestamp(record.created_at, tz=dt.UTC),
         model_version=record.model_version,
         user=record.user,
+        adapter=record.adapter,
     )
 
 
@@ -282,6 +283,7 @@ def build_metrics(fleet: ModelFleet, tenancy: TenancyWiring, default_name: str) 
     """The app's registry, complete before anything uses it: the gateway's own metrics, every
     engine's load (labelled by model version), the serving version's prefix cache and, with
     tenancy, the usage-record writer."""
+    from gateway.adapter_metrics import AdapterMetricsCollector
     from gateway.fleet_setup import primary_prefix_stats
     from gateway.metrics import FleetStatsCollector
     from gateway.prefix_cache_metrics import PrefixCacheCollector
@@ -291,6 +293,7 @@ def build_metrics(fleet: ModelFleet, tenancy: TenancyWiring, default_name: str) 
     collectors: list[Collector] = [
         FleetStatsCollector(fleet.stats_by_version),
         ServerLoadCollector(fleet.stats),  # the pod's total, for routers and autoscalers
+        AdapterMetricsCollector(fleet.stats_by_version),
         PrefixCacheCollector(functools.partial(primary_prefix_stats, fleet, default_name)),
     ]
     if tenancy.usage_stats is not None:

@@ -219,7 +219,9 @@ class ModelFleet:
         for f in fields(EngineStats):
             column = [getattr(s, f.name) for s in snapshots]
             first = column[0]
-            if (
+            if f.name == "adapters":  # each engine's own adapters, side by side
+                values[f.name] = tuple(a for c in column for a in c)
+            elif (
                 f.name == "block_size"
                 or not isinstance(first, int | float | tuple)
                 or isinstance(first, bool)
@@ -259,6 +261,14 @@ class ModelFleet:
             raise NoModelVersionError(f"no version of the model '{name}' is ready", param="model")
         chosen.in_flight += 1
         return Lease(chosen)
+
+    def route_version(self, vid: str) -> Lease:
+        """A new request for exactly version `vid` (a LoRA adapter's base), counted in flight."""
+        entry = self._versions.get(vid)
+        if entry is None or entry.state is not State.READY or entry.engine is None:
+            raise NoModelVersionError(f"the model version '{vid}' is not ready", param="model")
+        entry.in_flight += 1
+        return Lease(entry)
 
     def set_plan(self, name: str, plan: RoutePlan) -> None:
         """Replace `name`'s split and pins (new requests follow it at once; running ones stay put)."""

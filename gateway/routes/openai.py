@@ -21,6 +21,7 @@ from engine.errors import ContextLengthError
 from engine.grammar import ConstraintSpec
 from gateway import openai_fields as f
 from gateway.accounting import Accountant, Admission, Admitted, RequestInfo, Settle, UsageRecord
+from gateway.adapter_catalog import AdapterCatalog
 from gateway.error_tarpit import mark_key_proved
 from gateway.errors import (
     MODEL_VERSION_HEADER,
@@ -46,7 +47,9 @@ from gateway.tokenization import PromptBuilder
 from gateway.tokenizer_pool import TokenizerPool
 from gateway.tool_calls import ToolsRequest
 from gateway.tracing import RequestTracer
+from tenancy.adapter_records import AdapterView
 from tenancy.context import TenantContext
+from tenancy.model_version_records import ModelVersionState
 
 Authenticate = Callable[[str | None, str], Awaitable[TenantContext]]
 
@@ -81,7 +84,9 @@ class OpenAIRoutes:
         tokenizer_pool: TokenizerPool,
         prompt_limits: PromptLimits,
         grammars: GrammarService | None = None,
+        adapters: AdapterCatalog | None = None,
     ) -> None:
+        self.adapters = adapters if adapters is not None else AdapterCatalog()
         self.grammars = grammars if grammars is not None else GrammarService()
         self.fleet = fleet
         self.tokenizer_pool = tokenizer_pool
@@ -111,11 +116,34 @@ class OpenAIRoutes:
         allowed = [
             m.card() for m in self.fleet.served_models(tenant.tenant_id) if tenant.allows_model(m.name)
         ]
+        allowed += [
+            card
+            for view in self.adapters.visible_to(tenant.tenant_id)
+            if tenant.allows_model(view.name) and (card := self._adapter_card(view)) is not None
+        ]
         return JSONResponse({"object": "list", "data": allowed})
+
+    def _adapter_card(self, view: AdapterView) -> dict[str, object] | None:
+        """An adapter's /v1/models entry (`parent`: its base model); None while its base is not ready."""
+        base = self.fleet.get(view.model_version)
+        if base is None or base.served is None or base.state is not ModelVersionState.READY:
+            return None
+        return {
+            **base.served.card(),
+            "id": view.name,
+            "parent": base.spec.name,
+            "root": view.name,
+            "created": int(view.created_at.timestamp()),
+        }
 
     async def retrieve_model(self, request: Request) -> Response:
         tenant = await self._tenant(request)
         name = request.path_params["model"]
+        adapter = self._adapter(name, tenant)
+        if adapter is not None:
+            card = self._adapter_card(adapter)
+            if card is not None:
+                return JSONResponse(card)
         self._check_model(name, tenant)
         served = next(m for m in self.fleet.served_models(tenant.tenant_id) if m.name == name)
         return JSONResponse(served.card())
@@ -144,16 +172,36 @@ class OpenAIRoutes:
                 f"this API key may not use the model '{name}'", param="model", code="model_not_allowed"
             )
 
-    def _route(self, request: Request, model: str, tenant: TenantContext, response_id: str) -> Lease:
-        """Check the name, then pick the version that serves this request for its whole life.
+    def _adapter(self, name: str, tenant: TenantContext) -> AdapterView | None:
+        """The adapter `name` names for this tenant, if any. A model name wins over an adapter
+        name; an adapter this tenant may not see is None, so it ends in the unknown-model 404."""
+        if self.fleet.serves(name):
+            return None
+        adapter = self.adapters.resolve(name, tenant.tenant_id)
+        if adapter is not None and not tenant.allows_model(name):
+            raise PermissionDeniedError(
+                f"this API key may not use the model '{name}'", param="model", code="model_not_allowed"
+            )
+        return adapter
 
-        The version is noted on the request, so an error answered after this point names it too
+    def _route(
+        self, request: Request, model: str, tenant: TenantContext, response_id: str
+    ) -> tuple[Lease, str | None]:
+        """Check the name, then pick the version that serves this request for its whole life,
+        and the LoRA adapter it runs through (None: the base model).
+
+        A `model` naming an adapter the tenant may call goes to the adapter's base version. The
+        version is noted on the request, so an error answered after this point names it too
         (`gateway.errors` adds the header).
         """
-        self._check_model(model, tenant)
-        lease = self.fleet.route(model, tenant.tenant_id, response_id)
+        adapter = self._adapter(model, tenant)
+        if adapter is not None:
+            lease = self.fleet.route_version(adapter.model_version)
+        else:
+            self._check_model(model, tenant)
+            lease = self.fleet.route(model, tenant.tenant_id, response_id)
         request.state.model_version = lease.version.spec.version
-        return lease
+        return lease, adapter.name if adapter is not None else None
 
     async def _generate(self, request: Request, endpoint: Endpoint) -> Response:
         arrival_s = time.monotonic()
@@ -161,6 +209,7 @@ class OpenAIRoutes:
             f"POST {request.url.path}", request.headers, {"http.route": request.url.path}
         )
         lease: Lease | None = None
+        adapter_name: str | None = None
         tools: ToolsRequest | None = None
         try:
             if self.state.draining:
@@ -174,7 +223,7 @@ class OpenAIRoutes:
             if endpoint is Endpoint.CHAT:
                 chat = parse_chat_request(body, self.prompt_limits.max_chat_messages)
                 model, options = chat.model, chat.options
-                lease = self._route(request, model, tenant, response_id)
+                lease, adapter_name = self._route(request, model, tenant, response_id)
                 prompt_builder, served = lease.version.prompts, lease.version.served
                 assert prompt_builder is not None and served is not None  # a routed version is loaded
                 tools = chat.tools
@@ -186,7 +235,7 @@ class OpenAIRoutes:
             else:
                 completion = parse_completion_request(body, self._max_prompt_ids())
                 model, options = completion.model, completion.options
-                lease = self._route(request, model, tenant, response_id)
+                lease, adapter_name = self._route(request, model, tenant, response_id)
                 prompt_builder, served = lease.version.prompts, lease.version.served
                 assert prompt_builder is not None and served is not None
                 check_prompt_sizes(
@@ -197,7 +246,15 @@ class OpenAIRoutes:
                 )
             constraint = await self._compile(options.constraint, lease, prompt_builder.vocab_size)
             requests = self._engine_requests(
-                response_id, endpoint, prompts, options, tenant, arrival_s, served.max_model_len, constraint
+                response_id,
+                endpoint,
+                prompts,
+                options,
+                tenant,
+                arrival_s,
+                served.max_model_len,
+                constraint,
+                adapter_name,
             )
             span.set_attributes(
                 {
@@ -219,7 +276,15 @@ class OpenAIRoutes:
             span.end(str(exc))
             raise
         info = RequestInfo(
-            response_id, endpoint, model, tenant, options.user, time.time(), arrival_s, lease.version.id
+            response_id,
+            endpoint,
+            model,
+            tenant,
+            options.user,
+            time.time(),
+            arrival_s,
+            lease.version.id,
+            adapter_name,
         )
         formatter_type: type[ResponseFormatter] = (
             ChatFormatter if endpoint is Endpoint.CHAT else CompletionFormatter
@@ -271,6 +336,7 @@ class OpenAIRoutes:
         arrival_s: float,
         max_model_len: int,
         constraint: CompiledConstraint | None = None,
+        adapter_name: str | None = None,
     ) -> tuple[EngineRequest, ...]:
         quota = tenant.limits  # the tighter of the tenant's and the key's
         # A client may lower its priority below its tenant's class, never raise it.
@@ -323,6 +389,7 @@ class OpenAIRoutes:
                     weight=tenant.weight,
                     max_tokens_defaulted=options.max_tokens is None,
                     constraint=constraint,
+                    adapter_name=adapter_name,
                 )
             )
         return tuple(requests)
