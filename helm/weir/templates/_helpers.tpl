@@ -193,6 +193,12 @@ numbers are printed as integers. */}}
 {{- $pairs = append $pairs (list "WEIR_MAX_NUM_SEQS" .Values.config.maxNumSeqs) -}}
 {{- $pairs = append $pairs (list "WEIR_MAX_NUM_BATCHED_TOKENS" .Values.config.maxNumBatchedTokens) -}}
 {{- $pairs = append $pairs (list "WEIR_TARGET_STEP_MS" .Values.config.targetStepMs) -}}
+{{- $pairs = append $pairs (list "WEIR_MAX_CHAT_MESSAGES" .Values.config.maxChatMessages) -}}
+{{- $pairs = append $pairs (list "WEIR_PROMPT_CHARS_PER_TOKEN" .Values.config.promptCharsPerToken) -}}
+{{- $pairs = append $pairs (list "WEIR_TOKENIZER_WORKERS" .Values.config.tokenizerWorkers) -}}
+{{- $pairs = append $pairs (list "WEIR_TOKENIZER_TENANT_SHARE" .Values.config.tokenizerTenantShare) -}}
+{{- $pairs = append $pairs (list "WEIR_GRAMMAR_COMPILE_TIMEOUT_S" .Values.config.grammarCompileTimeoutS) -}}
+{{- $pairs = append $pairs (list "WEIR_GRAMMAR_COMPILE_WORKERS" .Values.config.grammarCompileWorkers) -}}
 {{- $pairs = append $pairs (list "WEIR_SPECULATIVE" .Values.config.speculative) -}}
 {{- $pairs = append $pairs (list "WEIR_NUM_SPECULATIVE_TOKENS" .Values.config.numSpeculativeTokens) -}}
 {{- $pairs = append $pairs (list "WEIR_MAX_MODEL_LEN" .Values.config.maxModelLen) -}}
