@@ -38,7 +38,7 @@ from engine.errors import (
 from engine.faults import FaultInjector
 from engine.host_kv_tensors import build_host_kv
 from engine.kv_cache_manager import KVCacheManager
-from engine.lora_adapter import AdapterLoadError, LoraAdapter, load_adapter
+from engine.lora_adapter import AdapterLoadError, LoraAdapter
 from engine.lora_manager import AdapterInUseError, LoraManager, UnknownAdapterError
 from engine.lora_types import AdapterInfo
 from engine.output import EngineStats, RequestOutput, SchedulerOutput
@@ -301,18 +301,12 @@ class LLMEngine:
 
         Loading a name that is already loaded replaces it, only while no request uses it.
         """
-        lora = self._lora()
-        if lora.has(name):
-            self._check_unused(name)
-        return lora.load(name, path)
+        return self.add_adapter(self.read_adapter(name, path))
 
     def read_adapter(self, name: str, path: str) -> LoraAdapter:
         """Read and check an adapter without holding it (safe off the engine thread: touches no
         engine state); `add_adapter` then holds it."""
-        lora = self._lora()
-        return load_adapter(
-            name, path, lora.config.adapter_dir, self.model_config, lora.config.max_rank, lora.base_models
-        )
+        return self._lora().read(name, path)
 
     def add_adapter(self, adapter: LoraAdapter) -> AdapterInfo:
         """Hold an adapter `read_adapter` checked (replacing one of its name, only while unused)."""

@@ -77,19 +77,16 @@ class LoraManager:
 
     # -- loading --------------------------------------------------------------------------------
 
-    def load(self, name: str, path: str | Path) -> AdapterInfo:
-        """Read, check and hold the adapter at `path` (under the adapter directory) as `name`.
-
-        Raises AdapterLoadError; loading a name again replaces it (only while it is unused).
-        """
-        if len(self._adapters) >= self.config.max_adapters and name not in self._adapters:
-            raise AdapterLoadError(
-                f"{self.config.max_adapters} adapters are loaded already; unload one first"
-            )
-        adapter = load_adapter(
+    def read(self, name: str, path: str | Path) -> LoraAdapter:
+        """Read and check the adapter at `path` (under the adapter directory) without holding it:
+        touches no state, so it may run off the engine thread. Raises AdapterLoadError."""
+        return load_adapter(
             name, path, self.config.adapter_dir, self.model_config, self.config.max_rank, self.base_models
         )
-        return self.add(adapter)
+
+    def load(self, name: str, path: str | Path) -> AdapterInfo:
+        """`read`, then `add`: hold the adapter at `path` as `name` (replacing one of that name)."""
+        return self.add(self.read(name, path))
 
     def add(self, adapter: LoraAdapter) -> AdapterInfo:
         """Hold an already checked adapter (replacing one of the same name)."""
