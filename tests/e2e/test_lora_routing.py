@@ -31,7 +31,7 @@ from tenancy.adapter_records import AdapterState, AdapterView
 from tenancy.context import QuotaLimits, TenantContext
 from tests.engine.lora_adapters import make_adapter
 from tests.engine.tiny_models import make_tiny_model
-from tests.gateway.harness import serve_in_thread
+from tests.gateway.harness import serve_in_thread, wait_until
 
 MODEL = "tiny-llama"
 ADAPTER = "acme-style"
@@ -139,6 +139,8 @@ def test_the_adapters_greedy_answer_is_the_engines_and_differs_from_the_base(ser
     assert through_adapter == decode(served.direct_adapter)  # type: ignore[operator]
     assert through_base == decode(served.direct_base)  # type: ignore[operator]
     assert through_adapter != through_base
+    # The usage record is settled after the answer went out: wait for it, as the billing tests do.
+    assert wait_until(lambda: {ADAPTER, MODEL} <= {r.model for r in served.records})
     by_model = {r.model: r for r in served.records}
     assert by_model[ADAPTER].adapter == ADAPTER and by_model[ADAPTER].model_version == f"{MODEL}@default"
     assert by_model[MODEL].adapter is None
