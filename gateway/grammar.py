@@ -32,6 +32,7 @@ from engine.constraints import CompiledConstraint, ConstraintKind
 from engine.errors import InvalidRequestError
 from engine.grammar import ConstraintSpec, GrammarBackend
 from gateway.errors import BadRequestError
+from gateway.tokenizer_pool import TokenizerPool
 
 _KINDS = [k.value for k in ConstraintKind]
 # Levels `gateway.tool_calls.calls_schema` adds above a function's parameters.
@@ -159,6 +160,10 @@ class GrammarService:
         self._pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=self.limits.num_workers, thread_name_prefix="weir-grammar"
         )
+        # One tenant holds at most half the workers, counted until its compile's thread is done
+        # (a timed-out compile still runs): its slow grammars queue behind each other, and never
+        # make another tenant's compile wait past its time limit.
+        self._share = TokenizerPool(self.limits.num_workers, tenant_share=0.5)
         self._lock = threading.Lock()
         self._cache: LRUCache[tuple[Any, ...], CompiledConstraint] = LRUCache(
             maxsize=self.limits.cache_bytes, getsizeof=_grammar_bytes
@@ -202,7 +207,12 @@ class GrammarService:
         return compiled
 
     async def compile(
-        self, spec: ConstraintSpec, tokenizer: Any, vocab_size: int, stop_token_ids: Sequence[int] = ()
+        self,
+        spec: ConstraintSpec,
+        tokenizer: Any,
+        vocab_size: int,
+        stop_token_ids: Sequence[int] = (),
+        tenant_id: str = "",
     ) -> CompiledConstraint:
         """The compiled grammar of `spec` for this tokenizer: from the cache, or compiled on a worker.
 
@@ -211,11 +221,18 @@ class GrammarService:
         """
         check_limits(spec, self.limits)
         self.metrics.constrained.labels(spec.kind.value).inc()
-        future = self._pool.submit(self._compile, spec, tokenizer, vocab_size, stop_token_ids)
+        await self._share.acquire(tenant_id)  # waits in the tenant's own line, outside the time limit
         try:
-            return await asyncio.wait_for(asyncio.wrap_future(future), self.limits.compile_timeout_s)
-        except TimeoutError:
-            future.cancel()  # a compile already running finishes in the background
+            running = asyncio.wrap_future(
+                self._pool.submit(self._compile, spec, tokenizer, vocab_size, stop_token_ids)
+            )
+        except BaseException:
+            self._share.release(tenant_id)
+            raise
+        running.add_done_callback(lambda _: self._share.release(tenant_id))  # once its thread is done
+        try:
+            return await asyncio.wait_for(asyncio.shield(running), self.limits.compile_timeout_s)
+        except TimeoutError:  # the compile finishes in the background, holding the tenant's worker
             raise _too_complex(
                 spec.param, f"it did not compile within {self.limits.compile_timeout_s:g} s"
             ) from None

@@ -49,12 +49,12 @@ class TokenizerPool:
 
     async def run(self, tenant_id: str, fn: Callable[..., T], *args: object) -> T:
         """`fn(*args)` on a worker thread, once `tenant_id` may have one."""
-        await self._acquire(tenant_id)
+        await self.acquire(tenant_id)
         try:
             # Not abandoned on cancellation: the worker is given back once the thread is done.
             return await anyio.to_thread.run_sync(fn, *args, limiter=self._limiter)
         finally:
-            self._release(tenant_id)
+            self.release(tenant_id)
 
     def _grantable(self, tenant_id: str) -> bool:
         return self._num_busy < self.num_workers and self._busy.get(tenant_id, 0) < self.max_per_tenant
@@ -63,7 +63,9 @@ class TokenizerPool:
         self._num_busy += 1
         self._busy[tenant_id] = self._busy.get(tenant_id, 0) + 1
 
-    async def _acquire(self, tenant_id: str) -> None:
+    async def acquire(self, tenant_id: str) -> None:
+        """Wait for a worker within `tenant_id`'s share (`run` does this; so does a caller that runs
+        the job on threads of its own, such as the grammar compiler). Pair with `release`."""
         # After every grant and release no waiter is grantable, so a grantable newcomer jumps no one.
         if self._grantable(tenant_id):
             self._grant(tenant_id)
@@ -74,7 +76,7 @@ class TokenizerPool:
             await granted.wait()
         except BaseException:
             if granted.is_set():  # granted, then cancelled before it could run: give it back
-                self._release(tenant_id)
+                self.release(tenant_id)
             else:
                 line = self._waiting[tenant_id]
                 line.remove(granted)
@@ -82,7 +84,8 @@ class TokenizerPool:
                     del self._waiting[tenant_id]
             raise
 
-    def _release(self, tenant_id: str) -> None:
+    def release(self, tenant_id: str) -> None:
+        """Give back a worker `acquire` granted; the next tenant in turn under its share gets it."""
         self._num_busy -= 1
         left = self._busy[tenant_id] - 1
         if left:

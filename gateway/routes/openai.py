@@ -244,7 +244,7 @@ class OpenAIRoutes:
                 prompts = await prompt_builder.encode_prompts_async(
                     completion.prompts, self.tokenizer_pool, tenant.tenant_id
                 )
-            constraint = await self._compile(options.constraint, lease, prompt_builder.vocab_size)
+            constraint = await self._compile(options.constraint, lease, prompt_builder.vocab_size, tenant)
             requests = self._engine_requests(
                 response_id,
                 endpoint,
@@ -315,16 +315,18 @@ class OpenAIRoutes:
         return _Started(GenerationResponse(job))
 
     async def _compile(
-        self, spec: ConstraintSpec | None, lease: Lease, vocab_size: int
+        self, spec: ConstraintSpec | None, lease: Lease, vocab_size: int, tenant: TenantContext
     ) -> CompiledConstraint | None:
-        """The request's grammar, compiled for the version's tokenizer on the grammar workers."""
+        """The request's grammar, compiled for the version's tokenizer on the grammar workers,
+        within the tenant's share of them."""
         if spec is None:
             return None
         tokenizer = lease.version.tokenizer
         if tokenizer is None:
             raise ServiceUnavailableError("the model version has no tokenizer loaded", code="model_not_ready")
         eos = getattr(tokenizer, "eos_token_id", None)
-        return await self.grammars.compile(spec, tokenizer, vocab_size, [eos] if isinstance(eos, int) else [])
+        stop_ids = [eos] if isinstance(eos, int) else []
+        return await self.grammars.compile(spec, tokenizer, vocab_size, stop_ids, tenant.tenant_id)
 
     def _engine_requests(
         self,

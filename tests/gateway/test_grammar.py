@@ -136,6 +136,41 @@ def test_a_compile_past_the_time_limit_is_a_400_naming_the_field(
         service.close()
 
 
+def test_one_tenants_stuck_compiles_never_make_another_tenant_time_out(
+    tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tenant holds at most half the grammar workers until its compiles' threads are done, so
+    its stuck compiles (timed out, still running) leave the other half to everyone else."""
+    release = threading.Event()
+    real_compile = GrammarBackend.compile
+    stuck = ConstraintSpec.regex("[0-9]+", "structured_outputs.regex")
+
+    def held(self: GrammarBackend, spec: ConstraintSpec) -> Any:
+        if spec == stuck:
+            release.wait()
+        return real_compile(self, spec)
+
+    monkeypatch.setattr(GrammarBackend, "compile", held)
+    service = GrammarService(GrammarLimits(compile_timeout_s=0.2, num_workers=2))
+
+    async def scenario() -> None:
+        with pytest.raises(BadRequestError, match="did not compile within"):
+            await service.compile(stuck, tokenizer, VOCAB, tenant_id="attacker")
+        second = asyncio.create_task(service.compile(stuck, tokenizer, VOCAB, tenant_id="attacker"))
+        await asyncio.sleep(0)  # queued in the attacker's own line, not on the second worker
+        victim = ConstraintSpec.regex("[a-z]+", "structured_outputs.regex")
+        # A guard against a hang, not a speed bound: without the share the victim waits for ever.
+        victim_compile = service.compile(victim, tokenizer, VOCAB, tenant_id="victim")
+        assert await asyncio.wait_for(victim_compile, 30) is not None
+        second.cancel()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        release.set()
+        service.close()
+
+
 @pytest.mark.parametrize(
     "spec",
     [
