@@ -16,7 +16,7 @@ from gateway.errors import AuthenticationError
 from tenancy.adapter_records import AdapterState, AdapterView
 from tenancy.context import QuotaLimits, TenantContext
 from tests.gateway.fake_engine import FakeEngine
-from tests.gateway.harness import MODEL, make_app, serve_in_thread
+from tests.gateway.harness import MODEL, make_app, serve_in_thread, wait_until
 
 BASE_VERSION = f"{MODEL}@default"
 NOW = dt.datetime(2025, 1, 1, tzinfo=dt.UTC)
@@ -151,6 +151,8 @@ def test_usage_records_carry_the_adapter(served: Served) -> None:
     served.records.clear()
     served.client.post("/v1/chat/completions", json=chat("acme-private"), headers=ACME)
     served.client.post("/v1/chat/completions", json=chat(MODEL), headers=ACME)
+    # The usage record is settled after the answer went out: wait for both, as the billing tests do.
+    assert wait_until(lambda: len(served.records) == 2)
     assert [(r.model, r.adapter, r.model_version) for r in served.records] == [
         ("acme-private", "acme-private", BASE_VERSION),
         (MODEL, None, BASE_VERSION),
