@@ -36,6 +36,15 @@ class ContextLengthError(InvalidRequestError):
         self.max_tokens = max_tokens
         self.max_model_len = max_model_len
 
+    @classmethod
+    def check(
+        cls, num_prompt_tokens: int, max_tokens: int, max_model_len: int, prompt_param: str = "prompt"
+    ) -> None:
+        """Raise unless the prompt and `max_tokens` fit the context: the one context-length check
+        (the gateway's routes, the engine's validation and the scheduler call it)."""
+        if num_prompt_tokens + max_tokens > max_model_len:
+            raise cls(num_prompt_tokens, max_tokens, max_model_len, prompt_param)
+
 
 class EngineDeadError(EngineError):
     """The engine loop has stopped; no request can be served."""

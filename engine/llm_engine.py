@@ -43,7 +43,7 @@ from engine.lora_manager import AdapterInUseError, LoraManager, UnknownAdapterEr
 from engine.lora_types import AdapterInfo
 from engine.output import EngineStats, RequestOutput, SchedulerOutput
 from engine.prefix_cache_admin import PrefixCacheAdmin
-from engine.request import FinishReason, RequestStatus, check_seed
+from engine.request import FinishReason, RequestStatus
 from engine.runner import ModelRunner
 from engine.sampler import SampleResult
 from engine.scheduler import Scheduler
@@ -237,10 +237,8 @@ class LLMEngine:
             lora = self.runner.lora
             if lora is None or not lora.has(er.adapter_name):
                 raise UnknownAdapterError(er.adapter_name)
-        check_seed(sp.seed)  # SamplingParams checks it too; a second line of defence
-        num_prompt = len(er.prompt_token_ids)
-        if num_prompt + sp.max_tokens > self.max_model_len:
-            raise ContextLengthError(num_prompt, sp.max_tokens, self.max_model_len)
+        # The seed and the other sampling bounds: `SamplingParams` checked them when it was built.
+        ContextLengthError.check(len(er.prompt_token_ids), sp.max_tokens, self.max_model_len)
         self._check_kv_capacity(er)
         if self.is_active(er.request_id):
             raise InvalidRequestError(f"duplicate request id {er.request_id!r}", "request_id")

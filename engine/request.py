@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from engine import sampling_bounds as b
 from engine.errors import InvalidRequestError
 from engine.lora_types import AdapterRef
 from engine.spec_decode.tally import SpeculationTally
@@ -19,10 +20,7 @@ from engine.spec_decode.tally import SpeculationTally
 if TYPE_CHECKING:
     from engine.constraints import TokenConstraint
 
-# The seeds a sampling generator accepts (torch.Generator.manual_seed): a signed or unsigned
-# 64-bit integer.
-SEED_MIN = -(2**63)
-SEED_MAX = 2**64 - 1
+SEED_MIN, SEED_MAX = b.SEED_MIN, b.SEED_MAX
 _SEED_MODULUS = 2**64
 
 
@@ -162,6 +160,7 @@ class SamplingParams:
     speculative: bool | None = None
 
     def __post_init__(self) -> None:
+        """The bounds of `engine.sampling_bounds`, which the gateway's bodies declare too."""
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise InvalidRequestError(
                 f"max_tokens must be an integer >= 1, got {self.max_tokens!r}", "max_tokens"
@@ -178,35 +177,39 @@ class SamplingParams:
             raise InvalidRequestError(
                 f"repetition_penalty must be > 0, got {self.repetition_penalty}", "repetition_penalty"
             )
-        if not (-2 <= self.presence_penalty <= 2):
-            raise InvalidRequestError(
-                f"presence_penalty must be in [-2, 2], got {self.presence_penalty}", "presence_penalty"
-            )
-        if not (-2 <= self.frequency_penalty <= 2):
-            raise InvalidRequestError(
-                f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}", "frequency_penalty"
-            )
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not (b.PENALTY_MIN <= value <= b.PENALTY_MAX):
+                raise InvalidRequestError(
+                    f"{name} must be in [{b.PENALTY_MIN}, {b.PENALTY_MAX}], got {value}", name
+                )
         if not isinstance(self.stop, tuple) or not all(isinstance(s, str) and s for s in self.stop):
             raise InvalidRequestError("stop must be a tuple of non-empty strings", "stop")
-        if len(self.stop) > 16:
-            raise InvalidRequestError(f"at most 16 stop strings, got {len(self.stop)}", "stop")
+        if len(self.stop) > b.MAX_STOP_STRINGS:
+            raise InvalidRequestError(
+                f"at most {b.MAX_STOP_STRINGS} stop strings, got {len(self.stop)}", "stop"
+            )
         if not all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids):
             raise InvalidRequestError("stop_token_ids must be non-negative integers", "stop_token_ids")
-        if self.logprobs is not None and not (0 <= self.logprobs <= 20):
-            raise InvalidRequestError(f"logprobs must be in [0, 20], got {self.logprobs}", "logprobs")
-        if not isinstance(self.n, int) or not (1 <= self.n <= 16):
-            raise InvalidRequestError(f"n must be in [1, 16], got {self.n}", "n")
-        if self.use_beam_search:
-            if self.beam_width < 1 or self.beam_width > 16:
-                raise InvalidRequestError(
-                    f"beam_width must be in [1, 16], got {self.beam_width}", "beam_width"
-                )
+        if self.logprobs is not None and not (0 <= self.logprobs <= b.MAX_LOGPROBS):
+            raise InvalidRequestError(
+                f"logprobs must be in [0, {b.MAX_LOGPROBS}], got {self.logprobs}", "logprobs"
+            )
+        if not isinstance(self.n, int) or not (1 <= self.n <= b.MAX_N):
+            raise InvalidRequestError(f"n must be in [1, {b.MAX_N}], got {self.n}", "n")
+        if self.use_beam_search and not (1 <= self.beam_width <= b.MAX_N):
+            raise InvalidRequestError(
+                f"beam_width must be in [1, {b.MAX_N}], got {self.beam_width}", "beam_width"
+            )
         check_seed(self.seed)
-        if len(self.logit_bias) > 300 or not all(
-            isinstance(t, int) and t >= 0 and -100 <= b <= 100 for t, b in self.logit_bias
+        if len(self.logit_bias) > b.MAX_LOGIT_BIAS or not all(
+            isinstance(t, int) and t >= 0 and b.LOGIT_BIAS_MIN <= bias <= b.LOGIT_BIAS_MAX
+            for t, bias in self.logit_bias
         ):
             raise InvalidRequestError(
-                "logit_bias must be at most 300 token ids with biases in [-100, 100]", "logit_bias"
+                f"logit_bias must be at most {b.MAX_LOGIT_BIAS} token ids with biases in "
+                f"[{b.LOGIT_BIAS_MIN}, {b.LOGIT_BIAS_MAX}]",
+                "logit_bias",
             )
         if self.logit_bias and self.use_beam_search:
             raise InvalidRequestError("logit_bias is not supported with beam search", "logit_bias")

@@ -81,8 +81,7 @@ class Scheduler:
     def add_request(self, req: Request) -> None:
         """Queue a validated request. Raises ContextLengthError if it can never fit."""
         max_len = self.config.max_model_len
-        if req.num_prompt_tokens + req.sampling_params.max_tokens > max_len:
-            raise ContextLengthError(req.num_prompt_tokens, req.sampling_params.max_tokens, max_len)
+        ContextLengthError.check(req.num_prompt_tokens, req.sampling_params.max_tokens, max_len)
         if self.kv.blocks_for(req.num_prompt_tokens + 1) > self.kv.num_total_blocks:
             raise ContextLengthError(req.num_prompt_tokens, 1, self.kv.num_total_blocks * self.kv.block_size)
         self.requests[req.request_id] = req
