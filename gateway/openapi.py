@@ -1,9 +1,10 @@
 """The OpenAPI 3.1 description of the whole API, served at `/openapi.json`.
 
 Every operation the app serves is listed, the admin ones included, with its security scheme
-(`bearer`: a tenant's API key; `admin_token`: the operator's). The generation request bodies are
-rendered from the field declarations the validator uses (`gateway.openai_fields`), with the
-served model names as the `model` enum, so that a client generating requests from this document
+(`bearer`: a tenant's API key; `admin_token`: the operator's). The OpenAI request bodies and
+answers are generated from the pydantic models the validator and the tests use
+(`gateway.openai_bodies`), with the served model names as the `model` enum and token ids bounded
+by the vocabulary, so that a client generating requests from this document
 (a fuzzer, an SDK generator) sends what the server accepts. OpenAI clients may send more fields,
 which are ignored.
 """
@@ -11,14 +12,18 @@ which are ignored.
 from __future__ import annotations
 
 import copy
+import json
 import re
 from collections.abc import Collection
 from typing import Any
 
-from gateway.openai_fields import chat_request_schema, completion_request_schema
+from pydantic import BaseModel
+from pydantic.json_schema import JsonSchemaMode, models_json_schema
+
+from gateway.openai_bodies import requests as rb
+from gateway.openai_bodies.responses import ANSWERS
 from gateway.openapi_admin import ADMIN, admin_paths
 from gateway.openapi_admin import SCHEMAS as ADMIN_SCHEMAS
-from gateway.structured_bodies import openapi_properties
 
 _PREFIX_CACHE = "/admin/v1/prefix-cache"
 _MODELS = "/admin/v1/models"  # the model-version routes, mounted only with a fleet that loads
@@ -53,98 +58,8 @@ _ERRORS = {
     ]
 }
 
-_USAGE = {
-    "type": "object",
-    "properties": {
-        "prompt_tokens": {"type": "integer"},
-        "completion_tokens": {"type": "integer"},
-        "total_tokens": {"type": "integer"},
-        "prompt_tokens_details": {"type": "object", "properties": {"cached_tokens": {"type": "integer"}}},
-    },
-}
 
-_SCHEMAS: dict[str, Any] = {
-    "Error": {
-        "type": "object",
-        "properties": {
-            "error": {
-                "type": "object",
-                "properties": {
-                    "message": {"type": "string"},
-                    "type": {"type": "string"},
-                    "param": {"type": ["string", "null"]},
-                    "code": {"type": ["string", "null"]},
-                },
-            }
-        },
-    },
-    "Usage": _USAGE,
-    "ChatCompletion": {
-        "type": "object",
-        "description": "With stream: true, a text/event-stream of chat.completion.chunk objects ending "
-        "with `data: [DONE]`.",
-        "properties": {
-            "id": {"type": "string"},
-            "object": {"const": "chat.completion"},
-            "created": {"type": "integer"},
-            "model": {"type": "string"},
-            "system_fingerprint": {"type": "string"},
-            "choices": {
-                "type": "array",
-                "items": {
-                    "type": "object",
-                    "properties": {
-                        "index": {"type": "integer"},
-                        "message": {
-                            "type": "object",
-                            "properties": {"role": {"const": "assistant"}, "content": {"type": "string"}},
-                        },
-                        "logprobs": {"type": ["object", "null"]},
-                        "finish_reason": {"type": "string", "enum": ["stop", "length", "abort"]},
-                    },
-                },
-            },
-            "usage": _ref("Usage"),
-        },
-    },
-    "Completion": {
-        "type": "object",
-        "description": "With stream: true, a text/event-stream of text_completion chunks ending with "
-        "`data: [DONE]`.",
-        "properties": {
-            "id": {"type": "string"},
-            "object": {"const": "text_completion"},
-            "created": {"type": "integer"},
-            "model": {"type": "string"},
-            "choices": {
-                "type": "array",
-                "items": {
-                    "type": "object",
-                    "properties": {
-                        "index": {"type": "integer"},
-                        "text": {"type": "string"},
-                        "logprobs": {"type": ["object", "null"]},
-                        "finish_reason": {"type": "string"},
-                    },
-                },
-            },
-            "usage": _ref("Usage"),
-        },
-    },
-    "Model": {
-        "type": "object",
-        "properties": {
-            "id": {"type": "string"},
-            "object": {"const": "model"},
-            "created": {"type": "integer"},
-            "owned_by": {"type": "string"},
-            "max_model_len": {"type": "integer"},
-        },
-    },
-}
-
-
-def _generation(summary: str, request: str, response: str) -> dict[str, Any]:
+def _generation(summary: str, request: str, response: str, chunk: str) -> dict[str, Any]:
     return {
         "post": {
             "summary": summary,
@@ -153,7 +68,11 @@ def _generation(summary: str, request: str, response: str) -> dict[str, Any]:
             "responses": {
                 "200": {
                     "description": "The completion, or an SSE stream of chunks",
-                    "content": {"application/json": {"schema": _ref(response)}, "text/event-stream": {}},
+                    "content": {
+                        "application/json": {"schema": _ref(response)},
+                        # Each event's data (but the last, `[DONE]`).
+                        "text/event-stream": {"schema": _ref(chunk)},
+                    },
                 },
                 **_ERRORS,
             },
@@ -161,19 +80,60 @@ def _generation(summary: str, request: str, response: str) -> dict[str, Any]:
     }
 
 
-def _add_structured_fields(schemas: dict[str, Any]) -> None:
-    """Structured outputs and tools (declared as pydantic models) on the generation bodies."""
-    chat, completion, message, defs = openapi_properties()
-    chat_body, completion_body = schemas["ChatCompletionRequest"], schemas["CompletionRequest"]
-    chat_body["properties"].update(chat)
-    completion_body["properties"].update(completion)
-    chat_body["properties"]["messages"]["items"]["properties"].update(message)
-    schemas.update(defs)
-    schemas["ChatCompletion"] = copy.deepcopy(schemas["ChatCompletion"])  # not the module's own
-    choice = schemas["ChatCompletion"]["properties"]["choices"]["items"]["properties"]
-    choice["message"]["properties"]["content"] = {"type": ["string", "null"]}
-    choice["message"]["properties"]["tool_calls"] = message["tool_calls"]
-    choice["finish_reason"]["enum"] = ["stop", "length", "abort", "tool_calls"]
+def _answer_and_body_schemas() -> dict[str, Any]:
+    """The component schemas of the bodies and answers, as pydantic generates them from the models
+    (the same for every app; `openapi_schema` adds what the served models decide)."""
+    global _GENERATED
+    if _GENERATED is None:
+        models: list[tuple[type[BaseModel], JsonSchemaMode]] = [
+            (rb.ChatCompletionBody, "validation"),
+            (rb.CompletionBody, "validation"),
+            *((answer, "serialization") for answer in ANSWERS),
+        ]
+        _, top = models_json_schema(models, ref_template=_REF)
+        text = json.dumps(top["$defs"])
+        for model, name in _COMPONENT_NAMES.items():  # the class name, as a key and in references
+            text = text.replace(f'"{model}"', f'"{name}"').replace(f'/{model}"', f'/{name}"')
+        _GENERATED = json.loads(text)
+    return _GENERATED
+
+
+# The documented names of the request bodies, as clients have known them.
+_COMPONENT_NAMES = {"ChatCompletionBody": "ChatCompletionRequest", "CompletionBody": "CompletionRequest"}
+
+
+_REF = "#/components/schemas/{model}"
+_GENERATED: dict[str, Any] | None = None
+
+
+def _bound_token_ids(schema: Any, vocab_size: int | None) -> None:
+    """Token ids (marked by the models) below the vocabulary size, where the server knows it."""
+    stack = [schema]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            if item.pop(rb.TOKEN_ID_MARK, False) and vocab_size is not None:
+                item["maximum"] = vocab_size - 1
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+
+
+def _schemas(models: list[str], vocab_size: int | None) -> dict[str, Any]:
+    schemas = copy.deepcopy(_answer_and_body_schemas())
+    _bound_token_ids(schemas, vocab_size)
+    model = {"type": "string", "enum": models} if models else {"type": "string", "minLength": 1}
+    for body in ("ChatCompletionRequest", "CompletionRequest"):
+        schemas[body]["properties"]["model"] = model
+    # Fields that only make sense with another one set (the validator refuses them otherwise).
+    needs_stream = {"properties": {"stream": {"const": True}}, "required": ["stream"]}
+    schemas["ChatCompletionRequest"]["dependentSchemas"] = {
+        "top_logprobs": {"properties": {"logprobs": {"const": True}}, "required": ["logprobs"]},
+        "stream_options": needs_stream,
+    }
+    schemas["CompletionRequest"]["dependentSchemas"] = {"stream_options": needs_stream}
+    schemas["Error"] = _ref("ErrorBody")  # the name the admin operations refer to
+    return schemas
 
 
 def openapi_schema(
@@ -195,23 +155,16 @@ def openapi_schema(
     }
     names = sorted(models)
     paths: dict[str, Any] = {
-        "/v1/chat/completions": _generation("Chat completion", "ChatCompletionRequest", "ChatCompletion"),
-        "/v1/completions": _generation("Completion", "CompletionRequest", "Completion"),
+        "/v1/chat/completions": _generation(
+            "Chat completion", "ChatCompletionRequest", "ChatCompletion", "ChatCompletionChunk"
+        ),
+        "/v1/completions": _generation("Completion", "CompletionRequest", "Completion", "Completion"),
         "/v1/models": {
             "get": {
                 "summary": "Models this API key may use",
                 "security": [{"bearer": []}],
                 "responses": {
-                    "200": _json(
-                        {
-                            "type": "object",
-                            "properties": {
-                                "object": {"const": "list"},
-                                "data": {"type": "array", "items": _ref("Model")},
-                            },
-                        },
-                        "The models",
-                    ),
+                    "200": _json(_ref("ModelList"), "The models"),
                     "401": _ERRORS["401"],
                     "429": _ERRORS["429"],
                     "503": _ERRORS["503"],
@@ -231,7 +184,7 @@ def openapi_schema(
                     }
                 ],
                 "responses": {
-                    "200": _json(_ref("Model"), "The model"),
+                    "200": _json(_ref("ModelCard"), "The model"),
                     **{c: _ERRORS[c] for c in ("401", "403", "404", "429", "503")},
                 },
             }
@@ -270,13 +223,7 @@ def openapi_schema(
             and (not _under(p, _PREFIX_CACHE) or _PREFIX_CACHE in prefixes)
             and (not _under(p, _MODELS) or _MODELS in prefixes)
         }
-    schemas = {
-        **_SCHEMAS,
-        "ChatCompletionRequest": chat_request_schema(names, vocab_size),
-        "CompletionRequest": completion_request_schema(names, vocab_size),
-        **ADMIN_SCHEMAS,
-    }
-    _add_structured_fields(schemas)
+    schemas = {**_schemas(names, vocab_size), **ADMIN_SCHEMAS}
     return {
         "openapi": "3.1.0",
         "info": {"title": "Weir", "version": version, "description": "OpenAI-compatible inference gateway."},

@@ -14,8 +14,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gateway import openai_fields as f
 from gateway.errors import BadRequestError
+from gateway.openai_bodies import requests as rb
 from gateway.protocol import ChatMessage
 
 # The fallback when neither the settings nor the tokenizer's vocabulary give a bound.
@@ -32,7 +32,7 @@ class PromptLimits:
     characters into a token on average.
     """
 
-    max_chat_messages: int = f.DEFAULT_MAX_CHAT_MESSAGES
+    max_chat_messages: int = rb.DEFAULT_MAX_CHAT_MESSAGES
     chars_per_token: int | None = None
 
     def __post_init__(self) -> None:
@@ -50,7 +50,7 @@ class PromptLimits:
 
 def max_request_prompt_tokens(max_model_len: int) -> int:
     """The prompt tokens one request may hold together (all its prompts)."""
-    return max(f.MAX_REQUEST_PROMPT_TOKENS, max_model_len)
+    return max(rb.MAX_REQUEST_PROMPT_TOKENS, max_model_len)
 
 
 def _min_tokens(num_chars: int, chars_per_token: int) -> int:

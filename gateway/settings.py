@@ -19,7 +19,7 @@ from typing import Any
 
 from engine.config import QueuePolicy
 from engine.spec_decode.config import SpeculativeConfig
-from gateway.openai_fields import DEFAULT_MAX_CHAT_MESSAGES
+from gateway.openai_bodies.requests import DEFAULT_MAX_CHAT_MESSAGES
 
 DTYPES = ("float32", "float16", "bfloat16")
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"

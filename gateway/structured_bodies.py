@@ -6,9 +6,10 @@
 - `tools`, `tool_choice`, `parallel_tool_calls` (chat), and the `tool_calls` / `tool_call_id` of
   conversation messages.
 
-Validation and `/openapi.json` (`gateway.openapi`) both derive from these models. A body that
-does not validate is a 400 naming the field's path (`response_format.json_schema.name`). The
-mapping to what the engine runs (a `ConstraintSpec`) is here too: `constraint_of`.
+They are fields of the chat and completion bodies (`gateway.openai_bodies.requests`), which
+validation and `/openapi.json` derive from. A field that does not validate is a 400 naming its
+path (`response_format.json_schema.name`). The mapping to what the engine runs (a
+`ConstraintSpec`) is here too: `constraint_of`.
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ import json
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, model_validator
 
 from engine.grammar import ConstraintSpec
 from gateway.errors import BadRequestError
+from gateway.openai_bodies.params import bad_request
 
 # OpenAI's rule for function and schema names.
 NAME_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
@@ -59,7 +61,23 @@ class JsonSchemaFormat(_Body):
     json_schema: JsonSchemaSpec
 
 
-ResponseFormat = Annotated[TextFormat | JsonObjectFormat | JsonSchemaFormat, Field(discriminator="type")]
+def _format_type(value: Any) -> str | None:
+    kind = value.get("type") if isinstance(value, dict) else None
+    return "~" + kind if isinstance(kind, str) else None
+
+
+# Tagged by `type`; the tags start with `~` so that error paths leave them out
+# (`gateway.openai_bodies.params`).
+ResponseFormat = Annotated[
+    Annotated[TextFormat, Tag("~text")]
+    | Annotated[JsonObjectFormat, Tag("~json_object")]
+    | Annotated[JsonSchemaFormat, Tag("~json_schema")],
+    Discriminator(
+        _format_type,
+        custom_error_type="invalid_value",
+        custom_error_message="'type' must be one of text, json_object, json_schema",
+    ),
+]
 
 
 class StructuredOutputs(_Body):
@@ -129,56 +147,12 @@ class ToolFields(_Body):
     parallel_tool_calls: bool | None = None
 
 
-_RESPONSE_FORMAT: TypeAdapter[Any] = TypeAdapter(ResponseFormat)
-_TOOL_CALLS: TypeAdapter[list[ToolCall]] = TypeAdapter(list[ToolCall])
-
-
-def validation_error(exc: ValidationError, param: str, tagged: bool = False) -> BadRequestError:
-    """The first error of `exc` as a 400 naming the field's path under `param`.
-
-    `tagged`: `exc` comes from a discriminated union, whose paths start with the tag's value.
-    """
-    err = exc.errors()[0]
-    loc = err["loc"][1:] if tagged else err["loc"]
-    path = param + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc)
-    path = path.removeprefix(".")
-    return BadRequestError(f"'{path}': {err['msg']}", param=path, code="invalid_value")
-
-
-def _validate(adapter: TypeAdapter[Any], value: Any, param: str, tagged: bool = False) -> Any:
-    try:
-        return adapter.validate_python(value)
-    except ValidationError as exc:
-        raise validation_error(exc, param, tagged) from None
-
-
-def parse_response_format(value: Any) -> TextFormat | JsonObjectFormat | JsonSchemaFormat | None:
-    return None if value is None else _validate(_RESPONSE_FORMAT, value, "response_format", tagged=True)
-
-
-def parse_structured_outputs(value: Any) -> StructuredOutputs | None:
-    if value is None:
-        return None
-    try:
-        return StructuredOutputs.model_validate(value)
-    except ValidationError as exc:
-        raise validation_error(exc, "structured_outputs") from None
-
-
 def parse_tool_fields(data: Mapping[str, Any]) -> ToolFields:
     given = {k: data[k] for k in ("tools", "tool_choice", "parallel_tool_calls") if data.get(k) is not None}
     try:
         return ToolFields.model_validate(given)
     except ValidationError as exc:
-        # `param` is the body field (`tools`), as for the other top-level fields; the message
-        # names the path inside it.
-        error = validation_error(exc, "")
-        field = (error.param or "tools").split(".")[0].split("[")[0]
-        raise BadRequestError(error.message, param=field, code="invalid_value") from None
-
-
-def parse_tool_calls(value: Any, param: str) -> tuple[ToolCall, ...]:
-    return tuple(_validate(_TOOL_CALLS, value, param))
+        raise bad_request(exc) from None
 
 
 def constraint_of(
@@ -213,39 +187,3 @@ def constraint_of(
         return ConstraintSpec.choice(structured.choice, "structured_outputs.choice")
     assert structured.grammar is not None  # the model validator leaves exactly one
     return ConstraintSpec.grammar(structured.grammar, "structured_outputs.grammar")
-
-
-_REF_TEMPLATE = "#/components/schemas/{model}"
-
-
-def _schema_of(adapter: TypeAdapter[Any], defs: dict[str, Any]) -> dict[str, Any]:
-    schema = adapter.json_schema(ref_template=_REF_TEMPLATE, by_alias=True)
-    defs.update(schema.pop("$defs", {}))
-    return schema
-
-
-def openapi_properties() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """The `/openapi.json` rendering of these models, derived from them.
-
-    Returns (properties of a chat body, properties of a completion body, properties a chat
-    message adds, the component schemas they reference).
-    """
-    defs: dict[str, Any] = {}
-    common = {
-        "response_format": _schema_of(_RESPONSE_FORMAT, defs),
-        "structured_outputs": _schema_of(TypeAdapter(StructuredOutputs), defs),
-    }
-    chat = {
-        **common,
-        "tools": {**_schema_of(TypeAdapter(list[ToolDefinition]), defs), "maxItems": MAX_TOOLS},
-        "tool_choice": _schema_of(TypeAdapter(ToolChoice), defs),
-        "parallel_tool_calls": {
-            "type": "boolean",
-            "description": "More than one call per answer (default true).",
-        },
-    }
-    message = {
-        "tool_calls": _schema_of(_TOOL_CALLS, defs),
-        "tool_call_id": {"type": "string", "description": "In a `tool` message: the call it answers."},
-    }
-    return chat, common, message, defs

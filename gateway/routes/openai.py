@@ -19,7 +19,6 @@ from engine.client import EngineRequest
 from engine.constraints import CompiledConstraint
 from engine.errors import ContextLengthError
 from engine.grammar import ConstraintSpec
-from gateway import openai_fields as f
 from gateway.accounting import Accountant, Admission, Admitted, RequestInfo, Settle, UsageRecord
 from gateway.adapter_catalog import AdapterCatalog
 from gateway.error_tarpit import mark_key_proved
@@ -32,6 +31,7 @@ from gateway.errors import (
 )
 from gateway.grammar import GrammarService
 from gateway.model_fleet import Lease, ModelFleet
+from gateway.openai_bodies import requests as rb
 from gateway.prompt_limits import PromptLimits, check_chat_size, check_prompt_sizes, max_request_prompt_tokens
 from gateway.protocol import (
     Endpoint,
@@ -376,8 +376,7 @@ class OpenAIRoutes:
                 max_tokens = DEFAULT_COMPLETION_MAX_TOKENS
                 if quota.max_output_tokens is not None:
                     max_tokens = min(max_tokens, quota.max_output_tokens)
-            if max_tokens >= 1 and len(prompt) + max_tokens > max_model_len:
-                raise ContextLengthError(len(prompt), max_tokens, max_model_len, prompt_param)
+            ContextLengthError.check(len(prompt), max_tokens, max_model_len, prompt_param)
             params = options.sampling_params(max_tokens)
             requests.append(
                 EngineRequest(
@@ -424,10 +423,10 @@ def _check_request_bounds(
         )
     per_prompt = options.beam_width if options.use_beam_search and options.beam_width else options.n
     sequences = len(prompts) * per_prompt
-    if sequences > f.MAX_REQUEST_SEQUENCES:
+    if sequences > rb.MAX_REQUEST_SEQUENCES:
         raise BadRequestError(
             f"{len(prompts)} prompts x {per_prompt} sequences each = {sequences}; one request may run "
-            f"at most {f.MAX_REQUEST_SEQUENCES}",
+            f"at most {rb.MAX_REQUEST_SEQUENCES}",
             param="beam_width" if options.use_beam_search else "n",
             code="too_many_sequences",
         )

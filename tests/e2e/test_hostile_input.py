@@ -21,10 +21,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway import openai_fields
+from engine.sampling_bounds import MAX_STOP_CHARS, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS
 from gateway.body_limit import MAX_HEADER_BYTES, BodyLimitMiddleware
 from gateway.errors import WeirError, error_response
-from gateway.openai_fields import MAX_PROMPTS, MAX_STOP_CHARS, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS
+from gateway.openai_bodies import requests as openai_bodies
+from gateway.openai_bodies.requests import MAX_PROMPTS
 from gateway.server import uvicorn_config
 from gateway.settings import Settings
 from tests.e2e.tenancy_server import ADMIN, TENANT, FullServer, serve_everything
@@ -196,7 +197,7 @@ def test_completion_bounds_are_400_naming_the_field(
 def test_the_prompt_tokens_of_a_whole_request_are_bounded(
     full: FullServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(openai_fields, "MAX_REQUEST_PROMPT_TOKENS", 100)  # the context (256) is the floor
+    monkeypatch.setattr(openai_bodies, "MAX_REQUEST_PROMPT_TOKENS", 100)  # the context (256) is the floor
     calls = full.engine.num_generate_calls
     body = {"model": MODEL, "prompt": [[5] * 60] * 5, "max_tokens": 2}  # 300 tokens together
     r = httpx.post(f"{full.url}/v1/completions", json=body, headers=full.tenant, timeout=30)

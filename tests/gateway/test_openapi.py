@@ -1,5 +1,5 @@
 """/openapi.json: every served operation is documented, and the request bounds it states are the
-ones the validator enforces (both come from gateway.openai_fields)."""
+ones the validator enforces (both come from the models of gateway.openai_bodies)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ import pytest
 from starlette.routing import Mount, Route
 from starlette.testclient import TestClient
 
-from gateway.api_fields import BoolField, IntField, NumberField, StringField
+from engine.sampling_bounds import MAX_LOGIT_BIAS, MAX_LOGPROBS, MAX_N, PENALTY_MAX
 from gateway.bootstrap import build_tenancy
 from gateway.errors import BadRequestError
 from gateway.model_fleet import ModelFleet
 from gateway.model_rollout import ModelRollout
-from gateway.openai_fields import GATEWAY_FIELDS, LOGIT_BIAS, MAX_LOGIT_BIAS, SAMPLING_FIELDS
+from gateway.openai_bodies.requests import SAMPLING_FIELDS, TOKEN_KEY_PATTERN
 from gateway.openapi import openapi_schema
 from gateway.protocol import parse_chat_request
 from gateway.routes.models_admin import models_admin_routes
@@ -29,63 +29,85 @@ from tests.gateway.harness import MODEL, make_app, tokenizer
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
 
+# What a field needs beside it (documented as `dependentSchemas`).
+NEEDS = {"top_logprobs": {"logprobs": True}}
+
+
 def _accepts(name: str, value: Any) -> bool:
     try:
-        parse_chat_request({**CHAT, name: value})
+        parse_chat_request({**CHAT, **NEEDS.get(name, {}), name: value})
     except BadRequestError as exc:
         assert exc.param == name
         return False
     return True
 
 
-SCALAR_FIELDS = [
-    spec
-    for spec in (*SAMPLING_FIELDS, *GATEWAY_FIELDS)
-    if isinstance(spec, IntField | NumberField | BoolField | StringField)
-]
+def _chat_properties() -> dict[str, Any]:
+    return openapi_schema(models=["m"])["components"]["schemas"]["ChatCompletionRequest"]["properties"]
 
 
-@pytest.mark.parametrize("spec", SCALAR_FIELDS, ids=lambda s: s.name)
-def test_documented_bounds_are_the_enforced_ones(
-    spec: IntField | NumberField | BoolField | StringField,
-) -> None:
-    schema = openapi_schema(models=["m"])["components"]["schemas"]["ChatCompletionRequest"]["properties"]
-    documented = schema[spec.name]
-    assert documented == spec.schema()
-    if isinstance(spec, IntField):
-        assert documented["minimum"] == spec.minimum and documented["maximum"] == spec.maximum
-        assert _accepts(spec.name, spec.minimum) and _accepts(spec.name, spec.maximum)
-        assert not _accepts(spec.name, spec.minimum - 1) and not _accepts(spec.name, spec.maximum + 1)
-        assert not _accepts(spec.name, "1") and not _accepts(spec.name, True)
-    elif isinstance(spec, NumberField):
+def _scalar(schema: dict[str, Any]) -> dict[str, Any]:
+    """The non-null alternative of an optional field's schema."""
+    alternatives = [s for s in schema.get("anyOf", [schema]) if s.get("type") != "null"]
+    return alternatives[0] if len(alternatives) == 1 else {}
+
+
+SCALARS = sorted(
+    (name, _scalar(schema))
+    for name, schema in _chat_properties().items()
+    if _scalar(schema).get("type") in ("integer", "number", "boolean", "string") and name != "model"
+)
+
+
+@pytest.mark.parametrize(("name", "documented"), SCALARS, ids=[n for n, _ in SCALARS])
+def test_documented_bounds_are_the_enforced_ones(name: str, documented: dict[str, Any]) -> None:
+    kind = documented["type"]
+    if kind == "integer":
+        low, high = documented["minimum"], documented["maximum"]
+        assert _accepts(name, high) and not _accepts(name, high + 1)
+        assert _accepts(name, low) is (documented.get("not") != {"const": low})
+        assert not _accepts(name, low - 1)
+        assert not _accepts(name, "1") and not _accepts(name, True)
+    elif kind == "number":
         low = documented.get("minimum", documented.get("exclusiveMinimum"))
-        assert _accepts(spec.name, low) is ("minimum" in documented)
-        assert not _accepts(spec.name, low - 1e-9)
-        if spec.maximum is not None:
-            assert _accepts(spec.name, documented["maximum"]) and not _accepts(spec.name, spec.maximum + 1e-9)
-        assert not _accepts(spec.name, 10**400)  # beyond a float: infinite
-    elif isinstance(spec, BoolField):
-        assert _accepts(spec.name, True) and not _accepts(spec.name, 1)
+        assert _accepts(name, low) is ("minimum" in documented)
+        assert not _accepts(name, low - 1e-9)
+        if "maximum" in documented:
+            assert _accepts(name, documented["maximum"]) and not _accepts(name, documented["maximum"] + 1e-9)
+        assert not _accepts(name, 10**400)  # beyond a float: infinite
+        assert not _accepts(name, "1") and not _accepts(name, True)
+    elif kind == "boolean":
+        assert _accepts(name, True) and not _accepts(name, 1)
     else:
-        assert _accepts(spec.name, "u" * spec.max_length) and not _accepts(
-            spec.name, "u" * (spec.max_length + 1)
+        assert _accepts(name, "u" * documented["maxLength"]) and not _accepts(
+            name, "u" * (documented["maxLength"] + 1)
         )
+
+
+def test_the_bounds_are_the_engines() -> None:
+    properties = _chat_properties()
+    assert _scalar(properties["n"])["maximum"] == MAX_N
+    assert _scalar(properties["top_logprobs"])["maximum"] == MAX_LOGPROBS
+    assert properties["presence_penalty"]["maximum"] == PENALTY_MAX
 
 
 def test_every_sampling_field_is_documented_in_both_bodies() -> None:
     schemas = openapi_schema(models=["m"])["components"]["schemas"]
-    for body in ("ChatCompletionRequest", "CompletionRequest"):
-        for spec in (*SAMPLING_FIELDS, *GATEWAY_FIELDS):
-            assert schemas[body]["properties"][spec.name] == spec.schema(), (body, spec.name)
+    chat, completion = (
+        schemas["ChatCompletionRequest"]["properties"],
+        schemas["CompletionRequest"]["properties"],
+    )
+    for name in (*SAMPLING_FIELDS, "stop", "stop_token_ids", "logit_bias", "max_tokens", "stream", "user"):
+        assert chat[name] == completion[name], name
 
 
 def test_logit_bias_is_documented_with_the_bounds_the_validator_enforces() -> None:
-    documented = openapi_schema(models=["m"])["components"]["schemas"]["ChatCompletionRequest"]["properties"][
-        "logit_bias"
-    ]
+    documented = _scalar(_chat_properties()["logit_bias"])
     assert documented["maxProperties"] == MAX_LOGIT_BIAS
-    assert documented["additionalProperties"] == {"type": "number", "minimum": -100.0, "maximum": 100.0}
-    assert documented["propertyNames"] == {"pattern": LOGIT_BIAS.key_pattern}
+    assert documented["patternProperties"] == {
+        TOKEN_KEY_PATTERN: {"type": "number", "minimum": -100.0, "maximum": 100.0}
+    }
+    assert documented["additionalProperties"] is False
     assert _accepts("logit_bias", {"0": -100, "999999999": 100})
     assert _accepts("logit_bias", {str(i): 1 for i in range(MAX_LOGIT_BIAS)})
     assert not _accepts("logit_bias", {str(i): 1 for i in range(MAX_LOGIT_BIAS + 1)})
@@ -95,8 +117,15 @@ def test_logit_bias_is_documented_with_the_bounds_the_validator_enforces() -> No
 
 
 def test_the_seed_range_is_the_generators() -> None:
-    seed = openapi_schema()["components"]["schemas"]["ChatCompletionRequest"]["properties"]["seed"]
+    seed = _scalar(_chat_properties()["seed"])
     assert (seed["minimum"], seed["maximum"]) == (-(2**63), 2**64 - 1)
+
+
+def test_the_answers_document_usage_details_and_refusal() -> None:
+    schemas = openapi_schema()["components"]["schemas"]
+    assert {"prompt_tokens_details", "completion_tokens_details"} <= set(schemas["Usage"]["properties"])
+    assert "refusal" in schemas["AssistantMessage"]["properties"]
+    assert "refusal" in schemas["ChoiceLogprobs"]["properties"]
 
 
 def test_the_model_enum_is_the_served_names() -> None:
