@@ -30,7 +30,7 @@ from gateway.fleet_types import model_fingerprint
 from gateway.grammar import GrammarLimits, GrammarService
 from gateway.metrics import GatewayMetrics
 from gateway.model_fleet import ModelFleet, single_engine_fleet
-from gateway.openapi import openapi_schema
+from gateway.openapi import LiveDocument
 from gateway.prompt_limits import PromptLimits
 from gateway.routes.openai import Authenticate, OpenAIRoutes
 from gateway.settings import AuthMode, Settings
@@ -149,7 +149,12 @@ def create_app(
     )
 
     async def openapi(request: Request) -> Response:
-        return JSONResponse(schema)
+        primary = fleet.primary()
+        vocab_size = (
+            primary.prompts.vocab_size if primary is not None and primary.prompts is not None else None
+        )
+        body = document.render([m.name for m in fleet.served_models()], vocab_size)
+        return Response(body, media_type="application/json")
 
     routes: list[BaseRoute] = [
         *_operations_routes(fleet, state, metrics, metrics_auth),
@@ -157,14 +162,7 @@ def create_app(
         *openai_routes.routes(),
         *extra_routes,
     ]
-    primary = fleet.primary()
-    schema = openapi_schema(
-        models=[m.name for m in fleet.served_models()],
-        vocab_size=primary.prompts.vocab_size
-        if primary is not None and primary.prompts is not None
-        else None,
-        mounted=[r.path for r in routes if isinstance(r, Route | Mount)],
-    )
+    document = LiveDocument(mounted=[r.path for r in routes if isinstance(r, Route | Mount)])
     # Only a request whose key was verified counts its errors against that key (issue 21).
     tarpit = (
         [] if error_tarpit is None else [Middleware(ErrorTarpitMiddleware, error_tarpit, proof_required=True)]

@@ -85,12 +85,12 @@ def prefix_cache_target(
     name = model or default_name
     entry = fleet.get(f"{name}@{version}") if version is not None else fleet.primary(name)
     control = _engine_control(entry)
-    if entry is None or control is None or entry.tokenizer is None:
+    if entry is None or control is None or entry.prompts is None:
         what = f"model {name!r}" + (f" version {version!r}" if version is not None else "")
         raise NotFoundError(
             f"{what} has no loaded version with a prefix cache", code="model_version_not_found"
         )
-    return PrefixCacheTarget(control, entry.tokenizer)
+    return PrefixCacheTarget(control, entry.prompts)
 
 
 def primary_prefix_stats(fleet: ModelFleet, default_name: str) -> PrefixCacheStats:

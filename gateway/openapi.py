@@ -241,3 +241,21 @@ def openapi_schema(
 def _under(path: str, mounted: str) -> bool:
     """Whether the documented `path` is the routed path `mounted` or lies under that mount."""
     return path == mounted or path.startswith(mounted + "/")
+
+
+class LiveDocument:
+    """`/openapi.json` for an app whose served models change (versions loaded, rolled out,
+    retired): rendered again when the model names or the vocabulary change, else served as is."""
+
+    def __init__(self, version: str = "0.1.0", mounted: Collection[str] | None = None) -> None:
+        self.version = version
+        self.mounted = mounted
+        self._key: tuple[tuple[str, ...], int | None] | None = None
+        self._body = b""
+
+    def render(self, models: Collection[str], vocab_size: int | None) -> bytes:
+        key = (tuple(sorted(models)), vocab_size)
+        if key != self._key:
+            doc = openapi_schema(self.version, models=key[0], vocab_size=vocab_size, mounted=self.mounted)
+            self._body, self._key = json.dumps(doc).encode(), key
+        return self._body

@@ -236,7 +236,7 @@ def _check_chat_counts(data: Mapping[str, Any], max_messages: int) -> None:
             parts_left -= len(content)
 
 
-def _message(body: rb.ChatMessageBody) -> ChatMessage:
+def message_of(body: rb.ChatMessageBody) -> ChatMessage:
     content = body.content
     text = content if isinstance(content, str) else "".join(p.text for p in content or ())
     role = Role(body.role)
@@ -267,7 +267,7 @@ def parse_chat_request(
                 param="tool_choice",
             )
         options = _with_constraint(options, ConstraintSpec.tool_calls(calls_schema(tools), "tools"))
-    messages = tuple(_message(m) for m in body.messages)
+    messages = tuple(message_of(m) for m in body.messages)
     return ChatCompletionRequest(model=body.model, messages=messages, options=options, tools=tools)
 
 

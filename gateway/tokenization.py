@@ -120,6 +120,15 @@ class PromptBuilder:
         """`encode_prompt` for each prompt, on a worker of `pool` (a share of it per `tenant_id`)."""
         return await self._pool(pool).run(tenant_id, self._with_private, self._encode_all, prompts)
 
+    async def encode_chat_prefix_async(self, messages: Sequence[ChatMessage]) -> tuple[int, ...]:
+        """Token ids of `messages` rendered as the start of a chat, without the assistant's turn
+        (a shared prefix that chat prompts begin with), on a worker of the default pool."""
+        return await self._pool(None).run("", self._with_private, _encode_chat, messages, False)
+
+    async def encode_text_async(self, text: str, add_special_tokens: bool = True) -> tuple[int, ...]:
+        """Token ids of `text`, on a worker of the default pool."""
+        return await self._pool(None).run("", self._with_private, _encode_plain, text, add_special_tokens)
+
     def _pool(self, pool: TokenizerPool | None) -> TokenizerPool:
         if pool is not None:
             return pool
@@ -165,10 +174,12 @@ class PromptBuilder:
                 self._copies.append(private)
 
 
-def _render_chat(tokenizer: Tokenizer, messages: Sequence[ChatMessage]) -> str:
+def _render_chat(
+    tokenizer: Tokenizer, messages: Sequence[ChatMessage], generation_prompt: bool = True
+) -> str:
     try:
         text = tokenizer.apply_chat_template(
-            [m.to_template() for m in messages], tokenize=False, add_generation_prompt=True
+            [m.to_template() for m in messages], tokenize=False, add_generation_prompt=generation_prompt
         )
     except Exception as exc:  # the template is the model's Jinja code: any error is the caller's input
         raise UnprocessableError(
@@ -179,8 +190,10 @@ def _render_chat(tokenizer: Tokenizer, messages: Sequence[ChatMessage]) -> str:
     return text
 
 
-def _encode_chat(tokenizer: Tokenizer, messages: Sequence[ChatMessage]) -> tuple[int, ...]:
-    ids = tokenizer.encode(_render_chat(tokenizer, messages), add_special_tokens=False)
+def _encode_chat(
+    tokenizer: Tokenizer, messages: Sequence[ChatMessage], generation_prompt: bool = True
+) -> tuple[int, ...]:
+    ids = tokenizer.encode(_render_chat(tokenizer, messages, generation_prompt), add_special_tokens=False)
     if not ids:
         raise UnprocessableError("the messages produced an empty prompt", param="messages")
     return tuple(ids)
@@ -191,3 +204,7 @@ def _encode_text(tokenizer: Tokenizer, prompt: str, param: str) -> tuple[int, ..
     if not ids:
         raise BadRequestError("the prompt is empty", param=param)
     return ids
+
+
+def _encode_plain(tokenizer: Tokenizer, text: str, add_special_tokens: bool) -> tuple[int, ...]:
+    return tuple(tokenizer.encode(text, add_special_tokens=add_special_tokens))

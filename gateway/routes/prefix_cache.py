@@ -15,7 +15,10 @@ default, the default model's serving version (`weir serve` passes `select`; an a
 engine has just that one).
 
 Body errors follow the rest of the admin API: a body that is not a JSON object is 400; a field that
-is unknown, of the wrong type or out of range is 422 naming it. Every error, the engine's included
+is unknown, of the wrong type or out of range is 422 naming it. `messages` are those of a chat
+body (`gateway.openai_bodies.requests.ChatMessageBody`, content parts included): malformed, a 400
+naming the field, as `/v1/chat/completions` answers. Text and messages are tokenized by the model
+version's `PromptBuilder`, off the event loop and under its lock, as the chat route's are. Every error, the engine's included
 (unknown prefix 404, pin budget 409, refused prefix 422), is raised to the app's one mapper in
 `gateway.errors`, which answers and counts it. Everything runs on the engine thread through the
 engine's prefix-cache facade (`engine.client.PrefixCacheControl`).
@@ -27,6 +30,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import TypeAdapter, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
@@ -36,13 +40,16 @@ from engine.prefix_cache_types import PrefixCacheStats, SharedPrefixInfo, Tenant
 from gateway.auth import AdminAuthenticator
 from gateway.errors import BadRequestError, NotFoundError, PayloadTooLargeError, UnprocessableError
 from gateway.json_body import loads_bounded
-from gateway.protocol import ChatMessage, Role
-from gateway.tokenization import Tokenizer
+from gateway.openai_bodies.params import bad_request
+from gateway.openai_bodies.requests import DEFAULT_MAX_CHAT_MESSAGES, ChatMessageBody
+from gateway.protocol import ChatMessage, message_of
+from gateway.tokenization import PromptBuilder, Tokenizer
 
 MAX_BODY_BYTES = 4 << 20  # a long system prompt as token ids is a few hundred KB
 _REGISTER_FIELDS = frozenset({"token_ids", "text", "messages", "add_special_tokens", "name", "pin"})
 _FLUSH_FIELDS = frozenset({"model_version", "tenant", "cache_scope", "include_pinned"})
 _NO_STORE = {"Cache-Control": "no-store"}
+_MESSAGES: TypeAdapter[list[ChatMessageBody]] = TypeAdapter(list[ChatMessageBody])
 
 Handler = Callable[[Request], Awaitable[Response]]
 
@@ -120,6 +127,20 @@ async def _body(request: Request) -> dict[str, Any]:
     return data
 
 
+def _messages(value: Any) -> list[ChatMessage]:
+    """`messages` read as a chat body reads them: a 400 naming the field when malformed."""
+    if isinstance(value, list) and len(value) > DEFAULT_MAX_CHAT_MESSAGES:
+        raise BadRequestError(
+            f"'messages' may hold at most {DEFAULT_MAX_CHAT_MESSAGES} messages", param="messages"
+        )
+    if isinstance(value, list) and not value:
+        raise BadRequestError("'messages' must be a non-empty list of messages", param="messages")
+    try:
+        return [message_of(m) for m in _MESSAGES.validate_python(value)]
+    except ValidationError as exc:
+        raise bad_request(exc, "messages") from None
+
+
 def _invalid(param: str, message: str) -> UnprocessableError:
     return UnprocessableError(f"'{param}' {message}", param=param, code="invalid_value")
 
@@ -146,10 +167,10 @@ def _bool(data: Mapping[str, Any], name: str, default: bool) -> bool:
 
 @dataclass(frozen=True)
 class PrefixCacheTarget:
-    """The prefix cache one admin call acts on, with the tokenizer of its model version."""
+    """The prefix cache one admin call acts on, with the prompt builder of its model version."""
 
     control: PrefixCacheControl
-    tokenizer: Tokenizer
+    prompts: PromptBuilder
 
 
 # (model name or None, version label or None) -> the target; raises NotFoundError for neither.
@@ -178,7 +199,7 @@ class PrefixCacheRoutes:
         if select is None:
             if control is None or tokenizer is None:
                 raise ValueError("control and tokenizer are required without select")
-            fixed = PrefixCacheTarget(control, tokenizer)
+            fixed = PrefixCacheTarget(control, PromptBuilder(tokenizer))
 
             def select(model: str | None, version: str | None) -> PrefixCacheTarget:
                 return fixed
@@ -235,7 +256,7 @@ class PrefixCacheRoutes:
 
     # -- shared prefixes ----------------------------------------------------------------------------
 
-    def _token_ids(self, data: Mapping[str, Any], tokenizer: Tokenizer) -> list[int]:
+    async def _token_ids(self, data: Mapping[str, Any], prompts: PromptBuilder) -> list[int]:
         given = [name for name in ("token_ids", "text", "messages") if data.get(name) is not None]
         if len(given) != 1:
             raise _invalid("token_ids", "or 'text' or 'messages': give exactly one")
@@ -245,44 +266,24 @@ class PrefixCacheRoutes:
                 isinstance(t, int) and not isinstance(t, bool) for t in ids
             ):
                 raise _invalid("token_ids", "must be a list of integers")
-            vocab_size = len(tokenizer)
-            if not all(0 <= t < vocab_size for t in ids):
-                raise _invalid("token_ids", f"must be token ids in [0, {vocab_size})")
+            if not all(0 <= t < prompts.vocab_size for t in ids):
+                raise _invalid("token_ids", f"must be token ids in [0, {prompts.vocab_size})")
             return ids
         if "text" in given:
             text = data["text"]
             if not isinstance(text, str) or not text:
                 raise _invalid("text", "must be a non-empty string")
             # The default matches /v1/completions, which encodes text with the special tokens.
-            return list(tokenizer.encode(text, add_special_tokens=_bool(data, "add_special_tokens", True)))
-        return self._render_messages(data["messages"], tokenizer)
-
-    def _render_messages(self, value: Any, tokenizer: Tokenizer) -> list[int]:
-        """Messages rendered as the start of a chat (no assistant turn), as /v1/chat/completions begins."""
-        if not isinstance(value, list) or not value:
-            raise _invalid("messages", "must be a non-empty list of messages")
-        messages = []
-        for i, item in enumerate(value):
-            param = f"messages[{i}]"
-            if not isinstance(item, dict) or not isinstance(item.get("content"), str):
-                raise _invalid(param, "must be an object with a string 'content'")
-            try:
-                role = Role(item.get("role"))
-            except ValueError:
-                raise _invalid(f"{param}.role", "is not a known role") from None
-            messages.append(ChatMessage(role, item["content"]).to_template())
-        try:
-            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
-        except Exception as exc:  # the template is the model's Jinja code
-            raise _invalid("messages", f"were rejected by the chat template: {exc}") from None
-        return list(tokenizer.encode(str(text), add_special_tokens=False))
+            add_special = _bool(data, "add_special_tokens", True)
+            return list(await prompts.encode_text_async(text, add_special))
+        return list(await prompts.encode_chat_prefix_async(_messages(data["messages"])))
 
     async def register(self, request: Request) -> Response:
         data = await _body(request)
         _check_fields(data, _REGISTER_FIELDS)
         name = _opt_str(data, "name") or ""
         pin = _bool(data, "pin", False)
-        token_ids = self._token_ids(data, _target(request).tokenizer)
+        token_ids = await self._token_ids(data, _target(request).prompts)
         info = await _target(request).control.register(token_ids, name=name, pin=pin)
         return _json(prefix_json(info), 201)
 

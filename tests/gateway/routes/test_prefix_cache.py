@@ -110,8 +110,8 @@ def test_register_from_token_ids_text_or_messages(api: tuple[TestClient, FakePre
         ({"token_ids": [1, True, 3, 4]}, 422, "token_ids"),
         ({"token_ids": [1, 2]}, 422, "token_ids"),  # the engine refuses it
         ({"text": ""}, 422, "text"),
-        ({"messages": [{"role": "wizard", "content": "x"}]}, 422, "messages[0].role"),
-        ({"messages": []}, 422, "messages"),
+        ({"messages": [{"role": "wizard", "content": "x"}]}, 400, "messages[0].role"),  # as the chat route
+        ({"messages": []}, 400, "messages"),
         ({"token_ids": [1, 2, 3, 4], "pin": "yes"}, 422, "pin"),
         ({"token_ids": [1, 2, 3, 4], "scope": "acme"}, 422, "scope"),
     ],
@@ -181,3 +181,17 @@ def test_metrics_per_tenant_and_scope() -> None:
     assert 'weir_prefix_cache_cached_blocks{scope="<shared>"} 4.0' in text
     assert 'weir_prefix_cache_evictions_total{scope="acme"} 2.0' in text
     assert "weir_prefix_cache_pinned_blocks 4.0" in text
+
+
+def test_messages_are_read_as_a_chat_body_reads_them(api: tuple[TestClient, FakePrefixCache]) -> None:
+    """Content parts are text, as in /v1/chat/completions; a part of another type is its 400."""
+    client, control = api
+    text = [{"role": "system", "content": "hello world " * 4}]
+    parts = [{"role": "system", "content": [{"type": "text", "text": "hello world " * 2}] * 2}]
+    for messages in (text, parts):
+        assert client.post(BASE + "/prefixes", json={"messages": messages}, headers=ADMIN).status_code == 201
+    registered = [call[1] for call in control.calls if call[0] == "register"]
+    assert registered[-1] == registered[-2]
+    image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]
+    r = client.post(BASE + "/prefixes", json={"messages": image}, headers=ADMIN)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages[0].content[0].type", r.text
