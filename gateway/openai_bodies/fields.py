@@ -8,9 +8,9 @@ is the integer 3. A number too large for a float is infinite, and refused as suc
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any
+from typing import Any
 
-from pydantic import BeforeValidator, Field
+from pydantic import BeforeValidator
 from pydantic_core import PydanticCustomError
 
 
@@ -29,14 +29,10 @@ def _float(value: Any) -> Any:
     return value
 
 
-def integer(**bounds: Any) -> Any:
-    """An integer within `bounds` (`ge`, `le`: pydantic's `Field` constraints)."""
-    return Annotated[int, Field(**bounds), BeforeValidator(integral)]
-
-
-def number(**bounds: Any) -> Any:
-    """A finite number within `bounds` (`ge`, `gt`, `le`)."""
-    return Annotated[float, Field(allow_inf_nan=False, **bounds), BeforeValidator(_float)]
+# Put after a type's `Field` constraints: `Annotated[int, Field(ge=1), AS_INT]` (the constraints
+# then apply to the converted value, and `/openapi.json` states them as JSON Schema bounds).
+AS_INT = BeforeValidator(integral)
+AS_NUMBER = BeforeValidator(_float)
 
 
 def unsupported(name: str) -> PydanticCustomError:

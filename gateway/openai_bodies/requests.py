@@ -14,7 +14,6 @@ from typing import Annotated, Any, Literal
 from pydantic import (
     AfterValidator,
     BaseModel,
-    BeforeValidator,
     ConfigDict,
     Discriminator,
     Field,
@@ -29,7 +28,7 @@ from engine import sampling_bounds as b
 from engine.errors import InvalidRequestError
 from engine.request import Priority, SamplingParams
 from gateway import structured_bodies as sb
-from gateway.openai_bodies.fields import bad_value, integer, integral, number, unsupported
+from gateway.openai_bodies.fields import AS_INT, AS_NUMBER, bad_value, unsupported
 
 MAX_PROMPTS = 128  # prompts in one batched /v1/completions request
 # Whole-request bounds (all prompts together): the prompt tokens to prefill, and the sequences
@@ -53,14 +52,12 @@ class StrictBody(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
 
 
-TokenId = Annotated[
-    int, Field(ge=0, le=b.INT32_MAX, json_schema_extra={TOKEN_ID_MARK: True}), BeforeValidator(integral)
-]
-Penalty = number(ge=b.PENALTY_MIN, le=b.PENALTY_MAX)
-Bias = number(ge=b.LOGIT_BIAS_MIN, le=b.LOGIT_BIAS_MAX)
-Count = integer(ge=1, le=b.MAX_N)  # n, best_of, beam_width
-Logprobs = integer(ge=0, le=b.MAX_LOGPROBS)
-MaxTokens = integer(ge=1, le=b.INT32_MAX)
+TokenId = Annotated[int, Field(ge=0, le=b.INT32_MAX, json_schema_extra={TOKEN_ID_MARK: True}), AS_INT]
+Penalty = Annotated[float, Field(ge=b.PENALTY_MIN, le=b.PENALTY_MAX, allow_inf_nan=False), AS_NUMBER]
+Bias = Annotated[float, Field(ge=b.LOGIT_BIAS_MIN, le=b.LOGIT_BIAS_MAX, allow_inf_nan=False), AS_NUMBER]
+Count = Annotated[int, Field(ge=1, le=b.MAX_N), AS_INT]  # n, best_of, beam_width
+Logprobs = Annotated[int, Field(ge=0, le=b.MAX_LOGPROBS), AS_INT]
+MaxTokens = Annotated[int, Field(ge=1, le=b.INT32_MAX), AS_INT]
 TokenIds = Annotated[list[TokenId], Field(min_length=1)]
 StopString = Annotated[str, Field(min_length=1, max_length=b.MAX_STOP_CHARS)]
 BiasKey = Annotated[str, Field(pattern=TOKEN_KEY_PATTERN)]
@@ -82,7 +79,7 @@ def _priority(value: Any) -> Priority:
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if isinstance(value, int) and not isinstance(value, bool):
-        if value in iter(Priority):
+        if value in {p.value for p in Priority}:
             return Priority(value)
         raise bad_value("'priority' must be 0, 1, 2 or interactive, standard, batch")
     raise PydanticCustomError("invalid_type", "'priority' must be a string or an integer")
@@ -115,27 +112,31 @@ class GenerationBody(StrictBody):
 
     model: str = Field(min_length=1)  # `/openapi.json` lists the served names
     # Read into `SamplingParams` keywords of the same name (`SAMPLING_FIELDS`).
-    temperature: number(ge=0.0) = _DEFAULTS.temperature
-    top_p: number(gt=0.0, le=1.0) = _DEFAULTS.top_p
+    temperature: Annotated[float, Field(ge=0.0, allow_inf_nan=False), AS_NUMBER] = _DEFAULTS.temperature
+    top_p: Annotated[float, Field(gt=0.0, le=1.0, allow_inf_nan=False), AS_NUMBER] = _DEFAULTS.top_p
     n: Count = _DEFAULTS.n
-    seed: integer(ge=b.SEED_MIN, le=b.SEED_MAX) | None = Field(
+    seed: Annotated[int, Field(ge=b.SEED_MIN, le=b.SEED_MAX), AS_INT] | None = Field(
         None, description="Same seed, same parameters: the same tokens. n > 1: seed + i."
     )
     presence_penalty: Penalty = _DEFAULTS.presence_penalty
     frequency_penalty: Penalty = _DEFAULTS.frequency_penalty
-    top_k: Annotated[integer(ge=-1, le=b.INT32_MAX), AfterValidator(_not_zero)] = Field(
+    top_k: Annotated[Annotated[int, Field(ge=-1, le=b.INT32_MAX), AS_INT], AfterValidator(_not_zero)] = Field(
         _DEFAULTS.top_k, description="Extension. -1 disables.", json_schema_extra={"not": {"const": 0}}
     )
-    min_p: number(ge=0.0, le=1.0) = Field(_DEFAULTS.min_p, description="Extension.")
-    repetition_penalty: number(gt=0.0) = Field(_DEFAULTS.repetition_penalty, description="Extension.")
+    min_p: Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False), AS_NUMBER] = Field(
+        _DEFAULTS.min_p, description="Extension."
+    )
+    repetition_penalty: Annotated[float, Field(gt=0.0, allow_inf_nan=False), AS_NUMBER] = Field(
+        _DEFAULTS.repetition_penalty, description="Extension."
+    )
     ignore_eos: bool = Field(_DEFAULTS.ignore_eos, description="Extension.")
     skip_special_tokens: bool = Field(_DEFAULTS.skip_special_tokens, description="Extension.")
     use_beam_search: bool = Field(
         _DEFAULTS.use_beam_search, description="Extension: the n best of beam_width beams."
     )
-    length_penalty: number(ge=b.LENGTH_PENALTY_MIN, le=b.LENGTH_PENALTY_MAX) = Field(
-        _DEFAULTS.length_penalty, description="Extension, with use_beam_search."
-    )
+    length_penalty: Annotated[
+        float, Field(ge=b.LENGTH_PENALTY_MIN, le=b.LENGTH_PENALTY_MAX, allow_inf_nan=False), AS_NUMBER
+    ] = Field(_DEFAULTS.length_penalty, description="Extension, with use_beam_search.")
     stop: StopString | Annotated[list[StopString], Field(max_length=b.MAX_STOP_STRINGS)] | None = None
     stop_token_ids: Annotated[list[TokenId], Field(max_length=b.MAX_STOP_TOKEN_IDS)] | None = Field(
         None, description="Extension."
