@@ -57,11 +57,13 @@ def _unique(models: tuple[str, ...]) -> tuple[str, ...]:
 Limit64 = Annotated[Annotated[int, Field(ge=1, le=MAX_INT64, strict=True)] | None, BeforeValidator(integral)]
 Limit32 = Annotated[Annotated[int, Field(ge=1, le=MAX_INT32, strict=True)] | None, BeforeValidator(integral)]
 ModelName = Annotated[str, Field(min_length=1, max_length=MAX_MODEL_NAME, strict=True)]
+_Models = Annotated[tuple[ModelName, ...], Field(max_length=MAX_MODELS)]
+# null is accepted as "every model" (as absent); the schema says so for requests.
 ModelList = Annotated[
-    tuple[ModelName, ...],
-    BeforeValidator(_no_null_list),
+    _Models,
     AfterValidator(_unique),
-    Field(max_length=MAX_MODELS, json_schema_extra={"uniqueItems": True}),
+    BeforeValidator(_no_null_list, json_schema_input_type=_Models | None),
+    Field(json_schema_extra={"uniqueItems": True}),
 ]
 
 

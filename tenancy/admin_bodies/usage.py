@@ -118,7 +118,10 @@ class UsageReportBody(BaseModel):
             offset=q.offset,
             next_offset=report.next_offset,
             has_more=report.next_offset is not None,
-            data=[UsageReportRow.model_validate({**r.group, **dict(UsageTotals.of(r.sums))}) for r in report.rows],
+            data=[
+                UsageReportRow.model_validate({**r.group, **dict(UsageTotals.of(r.sums))})
+                for r in report.rows
+            ],
             totals=UsageTotals.of(report.totals),
         )
 
