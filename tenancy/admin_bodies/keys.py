@@ -14,15 +14,15 @@ from tenancy.admin_bodies.quota import KeyLimitsBody, key_limits_body
 from tenancy.enums import KeyScope, KeyState
 from tenancy.records import ApiKeyView, IssuedKey, KeySpec
 
+Scopes = Annotated[list[KeyScope], Field(min_length=1, json_schema_extra={"uniqueItems": True})]
+
 
 class KeyCreate(BaseModel):
     """Both optional: every scope, no expiry."""
 
     model_config = ConfigDict(extra="forbid")
 
-    scopes: Annotated[list[KeyScope], Field(min_length=1, json_schema_extra={"uniqueItems": True})] | None = (
-        None
-    )
+    scopes: Scopes | None = None
     expires_at: UtcTime | None = Field(default=None, description="In the future.")
 
     def spec(self) -> KeySpec:
