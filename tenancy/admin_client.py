@@ -1,7 +1,7 @@
 """The admin operations behind `weir admin ...`, against the database or a running server.
 
-Both backends return the same JSON objects as the admin API, so the CLI prints the same thing
-either way. The direct backend is for operators on the database host (and for a server that
+Both backends return the same JSON objects as the admin API (rendered, or checked, by the
+models of `tenancy.admin_bodies`), so the CLI prints the same thing either way. The direct backend is for operators on the database host (and for a server that
 is down); the HTTP backend goes through /admin/v1 and so invalidates the server's auth cache
 at once, where a direct change reaches running servers only within their cache TTL.
 """
@@ -13,25 +13,21 @@ from typing import Any, Protocol
 from urllib.parse import quote
 
 import httpx
+from pydantic import BaseModel
 
-from tenancy.admin_codec import (
-    JsonObject,
-    audit_json,
-    issued_key_json,
-    key_json,
-    key_spec_json,
-    list_json,
-    quota_json,
-    tenant_json,
-    tenant_spec_json,
-    tenant_update_json,
-    usage_json,
-)
-from tenancy.context import QuotaLimits, key_limits_dict
+from tenancy.admin_bodies.audit import AuditEvent, AuditList
+from tenancy.admin_bodies.keys import ApiKey, ApiKeyList, IssuedApiKey, KeyCreate
+from tenancy.admin_bodies.parsing import parse_model
+from tenancy.admin_bodies.quota import key_limits_body, quota_json
+from tenancy.admin_bodies.tenants import Tenant, TenantCreate, TenantList, TenantPatch
+from tenancy.admin_bodies.usage import TenantUsage, UsageReportBody
+from tenancy.context import QuotaLimits
 from tenancy.errors import TenancyError
 from tenancy.records import KeySpec, TenantSpec, TenantUpdate
 from tenancy.repo import TenancyRepo
-from tenancy.usage_report import ReportQuery, report_json, report_params
+from tenancy.usage_report import ReportQuery, report_params
+
+JsonObject = dict[str, Any]
 
 CLI_ACTOR = "cli"
 
@@ -39,6 +35,11 @@ CLI_ACTOR = "cli"
 def path_segment(value: str) -> str:
     """A URL path segment from user input, quoted so nothing in it can change the route."""
     return quote(value, safe="")
+
+
+def _dump(body: BaseModel, request: bool = False) -> JsonObject:
+    """A body as JSON; a request body without its unset (null) optional fields."""
+    return body.model_dump(mode="json", exclude_none=request)
 
 
 class AdminApiError(TenancyError):
@@ -76,47 +77,51 @@ class DirectAdmin:
         self.actor = actor
 
     def create_tenant(self, spec: TenantSpec) -> JsonObject:
-        return tenant_json(self.repo.create_tenant(spec, actor=self.actor))
+        return _dump(Tenant.of(self.repo.create_tenant(spec, actor=self.actor)))
 
     def list_tenants(self) -> JsonObject:
-        return list_json([tenant_json(t) for t in self.repo.list_tenants()])
+        return _dump(TenantList(data=[Tenant.of(t) for t in self.repo.list_tenants()]))
 
     def get_tenant(self, name: str) -> JsonObject:
-        return tenant_json(self.repo.get_tenant(name))
+        return _dump(Tenant.of(self.repo.get_tenant(name)))
 
     def update_tenant(self, name: str, change: TenantUpdate) -> JsonObject:
-        return tenant_json(self.repo.update_tenant(name, change, actor=self.actor))
+        return _dump(Tenant.of(self.repo.update_tenant(name, change, actor=self.actor)))
 
     def suspend_tenant(self, name: str) -> JsonObject:
-        return tenant_json(self.repo.suspend_tenant(name, actor=self.actor))
+        return _dump(Tenant.of(self.repo.suspend_tenant(name, actor=self.actor)))
 
     def set_quota(self, name: str, quota: QuotaLimits) -> JsonObject:
-        return tenant_json(self.repo.set_quota(name, quota, actor=self.actor))
+        return _dump(Tenant.of(self.repo.set_quota(name, quota, actor=self.actor)))
 
     def issue_key(self, tenant: str, spec: KeySpec) -> JsonObject:
-        return issued_key_json(self.repo.issue_key(tenant, spec, actor=self.actor), self.repo.now())
+        return _dump(
+            IssuedApiKey.issued(self.repo.issue_key(tenant, spec, actor=self.actor), self.repo.now())
+        )
 
     def list_keys(self, tenant: str) -> JsonObject:
         now = self.repo.now()
-        return list_json([key_json(k, now) for k in self.repo.list_keys(tenant)])
+        return _dump(ApiKeyList(data=[ApiKey.of(k, now) for k in self.repo.list_keys(tenant)]))
 
     def revoke_key(self, key_id: str) -> JsonObject:
-        return key_json(self.repo.revoke_key(key_id, actor=self.actor), self.repo.now())
+        return _dump(ApiKey.of(self.repo.revoke_key(key_id, actor=self.actor), self.repo.now()))
 
     def rotate_key(self, key_id: str) -> JsonObject:
-        return issued_key_json(self.repo.rotate_key(key_id, actor=self.actor), self.repo.now())
+        return _dump(IssuedApiKey.issued(self.repo.rotate_key(key_id, actor=self.actor), self.repo.now()))
 
     def set_key_limits(self, key_id: str, limits: QuotaLimits) -> JsonObject:
-        return key_json(self.repo.set_key_limits(key_id, limits, actor=self.actor), self.repo.now())
+        return _dump(ApiKey.of(self.repo.set_key_limits(key_id, limits, actor=self.actor), self.repo.now()))
 
     def usage(self, tenant: str, since: dt.date | None, until: dt.date | None) -> JsonObject:
-        return usage_json(tenant, self.repo.usage_by_day(tenant, since=since, until=until))
+        return _dump(TenantUsage.of(tenant, self.repo.usage_by_day(tenant, since=since, until=until)))
 
     def usage_report(self, query: ReportQuery) -> JsonObject:
-        return report_json(self.repo.usage_report(query))
+        return UsageReportBody.of(self.repo.usage_report(query)).json_body()
 
     def audit(self, tenant: str | None, limit: int) -> JsonObject:
-        return list_json([audit_json(e) for e in self.repo.list_audit(tenant=tenant, limit=limit)])
+        return _dump(
+            AuditList(data=[AuditEvent.of(e) for e in self.repo.list_audit(tenant=tenant, limit=limit)])
+        )
 
 
 class HttpAdmin:
@@ -147,8 +152,10 @@ class HttpAdmin:
         json: Any = None,
         params: dict[str, str] | None = None,
         timeout_s: float | None = None,
+        answer: type[BaseModel] | None = None,
     ) -> JsonObject:
-        """One admin request (`path` under /admin/v1); the answer's JSON object, or
+        """One admin request (`path` under /admin/v1); the answer's JSON object (checked against
+        the `answer` model: a server speaking another shape is reported, not echoed), or
         `AdminApiError` with the server's message. `timeout_s` None: the client's timeout."""
         url = "/admin/v1" + path
         if timeout_s is None:
@@ -166,40 +173,45 @@ class HttpAdmin:
             raise AdminApiError(response.status_code, message)
         if not isinstance(body, dict):
             raise AdminApiError(response.status_code, "the server did not answer with a JSON object")
+        if answer is not None:
+            parse_model(answer, body, "answer")
         return body
 
     def create_tenant(self, spec: TenantSpec) -> JsonObject:
-        return self.call("POST", "/tenants", json=tenant_spec_json(spec))
+        return self.call("POST", "/tenants", json=_dump(TenantCreate.of(spec), True), answer=Tenant)
 
     def list_tenants(self) -> JsonObject:
-        return self.call("GET", "/tenants")
+        return self.call("GET", "/tenants", answer=TenantList)
 
     def get_tenant(self, name: str) -> JsonObject:
-        return self.call("GET", f"/tenants/{path_segment(name)}")
+        return self.call("GET", f"/tenants/{path_segment(name)}", answer=Tenant)
 
     def update_tenant(self, name: str, change: TenantUpdate) -> JsonObject:
-        return self.call("PATCH", f"/tenants/{path_segment(name)}", json=tenant_update_json(change))
+        body = _dump(TenantPatch.of(change), True)
+        return self.call("PATCH", f"/tenants/{path_segment(name)}", json=body, answer=Tenant)
 
     def suspend_tenant(self, name: str) -> JsonObject:
-        return self.call("POST", f"/tenants/{path_segment(name)}/suspend")
+        return self.call("POST", f"/tenants/{path_segment(name)}/suspend", answer=Tenant)
 
     def set_quota(self, name: str, quota: QuotaLimits) -> JsonObject:
-        return self.call("PUT", f"/tenants/{path_segment(name)}/quota", json=quota_json(quota))
+        return self.call("PUT", f"/tenants/{path_segment(name)}/quota", json=quota_json(quota), answer=Tenant)
 
     def issue_key(self, tenant: str, spec: KeySpec) -> JsonObject:
-        return self.call("POST", f"/tenants/{path_segment(tenant)}/keys", json=key_spec_json(spec))
+        body = _dump(KeyCreate.of(spec))
+        return self.call("POST", f"/tenants/{path_segment(tenant)}/keys", json=body, answer=IssuedApiKey)
 
     def list_keys(self, tenant: str) -> JsonObject:
-        return self.call("GET", f"/tenants/{path_segment(tenant)}/keys")
+        return self.call("GET", f"/tenants/{path_segment(tenant)}/keys", answer=ApiKeyList)
 
     def revoke_key(self, key_id: str) -> JsonObject:
-        return self.call("DELETE", f"/keys/{path_segment(key_id)}")
+        return self.call("DELETE", f"/keys/{path_segment(key_id)}", answer=ApiKey)
 
     def rotate_key(self, key_id: str) -> JsonObject:
-        return self.call("POST", f"/keys/{path_segment(key_id)}/rotate")
+        return self.call("POST", f"/keys/{path_segment(key_id)}/rotate", answer=IssuedApiKey)
 
     def set_key_limits(self, key_id: str, limits: QuotaLimits) -> JsonObject:
-        return self.call("PUT", f"/keys/{path_segment(key_id)}/limits", json=key_limits_dict(limits))
+        body = _dump(key_limits_body(limits))
+        return self.call("PUT", f"/keys/{path_segment(key_id)}/limits", json=body, answer=ApiKey)
 
     def usage(self, tenant: str, since: dt.date | None, until: dt.date | None) -> JsonObject:
         params = {}
@@ -207,13 +219,13 @@ class HttpAdmin:
             params["since"] = since.isoformat()
         if until is not None:
             params["until"] = until.isoformat()
-        return self.call("GET", f"/tenants/{path_segment(tenant)}/usage", params=params)
+        return self.call("GET", f"/tenants/{path_segment(tenant)}/usage", params=params, answer=TenantUsage)
 
     def usage_report(self, query: ReportQuery) -> JsonObject:
-        return self.call("GET", "/usage/report", params=report_params(query))
+        return self.call("GET", "/usage/report", params=report_params(query), answer=UsageReportBody)
 
     def audit(self, tenant: str | None, limit: int) -> JsonObject:
         params = {"limit": str(limit)}
         if tenant is not None:
             params["tenant"] = tenant
-        return self.call("GET", "/audit", params=params)
+        return self.call("GET", "/audit", params=params, answer=AuditList)

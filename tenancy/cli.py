@@ -17,8 +17,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from engine.request import Priority
-from tenancy.admin_client import CLI_ACTOR, AdminBackend, DirectAdmin
-from tenancy.admin_codec import JsonObject, parse_date, parse_datetime
+from tenancy.admin_bodies.fields import parse_date, parse_datetime
+from tenancy.admin_client import CLI_ACTOR, AdminBackend, DirectAdmin, JsonObject
 from tenancy.admin_token import reset_admin_token
 from tenancy.cli_support import (
     CliSettings,
@@ -31,13 +31,19 @@ from tenancy.cli_support import (
     print_json,
 )
 from tenancy.cli_support import database_url as _database_url
-from tenancy.context import QuotaLimits
 from tenancy.db import Database, safe_url
 from tenancy.enums import KeyScope, TenantStatus
 from tenancy.errors import FieldError
 from tenancy.keys import KeyHasher
 from tenancy.migrate import check_migrated, current_revision, downgrade, head_revision, upgrade
 from tenancy.model_cli import add_model_commands
+from tenancy.quota_limits import (
+    KEY_LIMIT_FIELDS,
+    QUOTA_FIELDS,
+    QuotaLimits,
+    quota_field_description,
+    quota_from,
+)
 from tenancy.records import KeySpec, TenantSpec, TenantUpdate
 from tenancy.repo import TenancyRepo, utc_now
 from tenancy.usage_report import (
@@ -113,65 +119,37 @@ def _add_database_options(parser: argparse.ArgumentParser) -> None:
 # -- weir admin ------------------------------------------------------------------------------------
 
 
+def _add_limit_options(
+    parser: argparse.ArgumentParser, title: str, names: tuple[str, ...], models: str
+) -> None:
+    g = parser.add_argument_group(title)
+    for name in names:
+        if name == "models":
+            g.add_argument("--model", dest="models", action="append", default=[], metavar="NAME", help=models)
+        else:
+            metavar = "MS" if name.endswith("_ms") else "N"
+            g.add_argument(
+                f"--{name.replace('_', '-')}", type=int, metavar=metavar, help=quota_field_description(name)
+            )
+
+
 def _add_quota_options(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("quota (omitted: unlimited)")
-    for flag in (
-        "tokens-per-minute",
-        "requests-per-minute",
-        "tokens-per-day",
-        "max-concurrent",
-        "max-prompt-tokens",
-        "max-output-tokens",
-    ):
-        g.add_argument(f"--{flag}", type=int, metavar="N")
-    g.add_argument("--model", dest="models", action="append", default=[], metavar="NAME",
-                   help="an allowed model; repeat for several (omitted: every model)")  # fmt: skip
-    g.add_argument("--ttft-slo-ms", type=int, metavar="MS")
-    g.add_argument("--tpot-slo-ms", type=int, metavar="MS")
-    g.add_argument("--default-max-tokens-reservation", type=int, metavar="N",
-                   help="output tokens reserved for a request without max_tokens (omitted: the server's)")  # fmt: skip
+    models = "an allowed model; repeat for several (omitted: every model)"
+    _add_limit_options(parser, "quota (omitted: unlimited)", QUOTA_FIELDS, models)
 
 
 def _quota_from(args: argparse.Namespace) -> QuotaLimits:
-    return QuotaLimits(
-        tokens_per_minute=args.tokens_per_minute,
-        requests_per_minute=args.requests_per_minute,
-        tokens_per_day=args.tokens_per_day,
-        max_concurrent=args.max_concurrent,
-        max_prompt_tokens=args.max_prompt_tokens,
-        max_output_tokens=args.max_output_tokens,
-        models=tuple(args.models),
-        ttft_slo_ms=args.ttft_slo_ms,
-        tpot_slo_ms=args.tpot_slo_ms,
-        default_max_tokens_reservation=args.default_max_tokens_reservation,
-    )
+    return quota_from(args, QUOTA_FIELDS)
 
 
 def _add_key_limit_options(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("the key's own limits (omitted: its tenant's; the tighter applies)")
-    for flag in (
-        "requests-per-minute",
-        "tokens-per-minute",
-        "tokens-per-day",
-        "max-concurrent",
-        "max-prompt-tokens",
-        "max-output-tokens",
-    ):
-        g.add_argument(f"--{flag}", type=int, metavar="N")
-    g.add_argument("--model", dest="models", action="append", default=[], metavar="NAME",
-                   help="an allowed model, one of the tenant's; repeat for several (omitted: the tenant's)")  # fmt: skip
+    title = "the key's own limits (omitted: its tenant's; the tighter applies)"
+    models = "an allowed model, one of the tenant's; repeat for several (omitted: the tenant's)"
+    _add_limit_options(parser, title, KEY_LIMIT_FIELDS, models)
 
 
 def _key_limits_from(args: argparse.Namespace) -> QuotaLimits:
-    return QuotaLimits(
-        requests_per_minute=args.requests_per_minute,
-        tokens_per_minute=args.tokens_per_minute,
-        tokens_per_day=args.tokens_per_day,
-        max_concurrent=args.max_concurrent,
-        max_prompt_tokens=args.max_prompt_tokens,
-        max_output_tokens=args.max_output_tokens,
-        models=tuple(args.models),
-    )
+    return quota_from(args, KEY_LIMIT_FIELDS)
 
 
 def _priority(value: str) -> Priority:

@@ -15,8 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Protocol, TypeVar
 
-from tenancy.admin_client import HttpAdmin
-from tenancy.admin_codec import JsonObject
+from tenancy.admin_client import HttpAdmin, JsonObject
 from tenancy.db import Database, sqlite_url_for
 from tenancy.errors import TenancyError
 from tenancy.migrate import check_migrated

@@ -2,30 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 
 from engine.request import Priority
+from tenancy.quota_limits import KEY_LIMIT_FIELDS, QuotaLimits, quota_values
 
-
-@dataclass(frozen=True)
-class QuotaLimits:
-    """A tenant's limits; None means unlimited."""
-
-    tokens_per_minute: int | None = None
-    requests_per_minute: int | None = None
-    tokens_per_day: int | None = None
-    max_concurrent: int | None = None
-    max_prompt_tokens: int | None = None
-    max_output_tokens: int | None = None
-    models: tuple[str, ...] = ()  # empty: every model
-    ttft_slo_ms: int | None = None
-    tpot_slo_ms: int | None = None
-    # Output tokens reserved per sequence for a request without max_tokens; None: the server's.
-    default_max_tokens_reservation: int | None = None
-
-    def as_dict(self) -> dict[str, object]:
-        """Every field by name (None: unlimited), `models` as a list: the admin API's and the audit log's form."""
-        return {f.name: list(v) if isinstance(v := getattr(self, f.name), tuple) else v for f in fields(self)}
+__all__ = ["KEY_LIMIT_FIELDS", "QuotaLimits", "TenantContext", "key_limits_dict", "narrowest"]
 
 
 @dataclass(frozen=True)
@@ -60,22 +42,9 @@ def _tighter(a: int | None, b: int | None) -> int | None:
     return b if a is None else a if b is None else min(a, b)
 
 
-# The limits an API key may set: budgets and request bounds (SLOs and reservations are the tenant's).
-KEY_LIMIT_FIELDS = (
-    "requests_per_minute",
-    "tokens_per_minute",
-    "tokens_per_day",
-    "max_concurrent",
-    "max_prompt_tokens",
-    "max_output_tokens",
-    "models",
-)
-
-
 def key_limits_dict(limits: QuotaLimits) -> dict[str, object]:
     """A key's own limits by name (None: the tenant's): the admin API's and the audit log's form."""
-    full = limits.as_dict()
-    return {name: full[name] for name in KEY_LIMIT_FIELDS}
+    return quota_values(limits, KEY_LIMIT_FIELDS)
 
 
 def narrowest(tenant: QuotaLimits, key: QuotaLimits) -> QuotaLimits:
@@ -92,13 +61,5 @@ def narrowest(tenant: QuotaLimits, key: QuotaLimits) -> QuotaLimits:
         models = key.models
     else:
         models = tuple(m for m in key.models if m in tenant.models)
-    return replace(
-        tenant,
-        requests_per_minute=_tighter(tenant.requests_per_minute, key.requests_per_minute),
-        tokens_per_minute=_tighter(tenant.tokens_per_minute, key.tokens_per_minute),
-        tokens_per_day=_tighter(tenant.tokens_per_day, key.tokens_per_day),
-        max_concurrent=_tighter(tenant.max_concurrent, key.max_concurrent),
-        max_prompt_tokens=_tighter(tenant.max_prompt_tokens, key.max_prompt_tokens),
-        max_output_tokens=_tighter(tenant.max_output_tokens, key.max_output_tokens),
-        models=models,
-    )
+    tighter = {n: _tighter(getattr(tenant, n), getattr(key, n)) for n in KEY_LIMIT_FIELDS if n != "models"}
+    return replace(tenant, models=models, **tighter)

@@ -29,7 +29,7 @@ SECRET_BYTES = 32  # 256 bits: 52 base32 characters
 _PUBLIC_ID_CHARS = 16
 _SECRET_CHARS = 52
 _KEY_RE = re.compile(rf"sk-weir-([a-z2-7]{{{_PUBLIC_ID_CHARS}}})-([a-z2-7]{{{_SECRET_CHARS}}})")
-_PUBLIC_ID_RE = re.compile(rf"[a-z2-7]{{{_PUBLIC_ID_CHARS}}}")
+PUBLIC_ID_RE = re.compile(rf"[a-z2-7]{{{_PUBLIC_ID_CHARS}}}")
 _MAX_KEY_LEN = len(KEY_PREFIX) + _PUBLIC_ID_CHARS + 1 + _SECRET_CHARS
 
 
@@ -57,7 +57,7 @@ def parse_key(key: str) -> ParsedKey | None:
 
 def is_public_id(text: str) -> bool:
     """Whether `text` has the shape of a key's public id (used to validate path parameters)."""
-    return _PUBLIC_ID_RE.fullmatch(text) is not None
+    return PUBLIC_ID_RE.fullmatch(text) is not None
 
 
 def key_prefix(key_id: str) -> str:

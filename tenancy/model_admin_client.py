@@ -1,6 +1,6 @@
 """The model-version operations behind `weir admin models ...`, against the database or a server.
 
-Both backends return the admin API's JSON objects (`tenancy.model_codec`), so the CLI prints
+Both backends return the admin API's JSON objects (`tenancy.admin_bodies.model_versions`), so the CLI prints
 the same thing either way. Over HTTP the running server acts at once: it loads, warms up, moves
 traffic, drains and frees memory. Directly on the database only the records change; a server
 picks them up at its next start (a reload reads versions, states, split and pins), and `load`
@@ -12,19 +12,16 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from tenancy.admin_client import CLI_ACTOR, HttpAdmin, path_segment
-from tenancy.admin_codec import JsonObject
-from tenancy.model_codec import (
-    models_json,
-    parse_models_json,
-    parse_traffic_json,
-    parse_version_json,
-    rollback_json,
-    spec_json,
-    traffic_body_json,
-    traffic_json,
-    version_json,
+from tenancy.admin_bodies.model_versions import (
+    ModelVersion,
+    ModelVersionCreate,
+    ModelVersionList,
+    Rollback,
+    TrafficBody,
+    TrafficPlanBody,
 )
+from tenancy.admin_bodies.parsing import parse_model
+from tenancy.admin_client import CLI_ACTOR, HttpAdmin, JsonObject, path_segment
 from tenancy.model_version_records import ModelVersionSpec, ModelVersionState, TrafficPlan
 from tenancy.model_versions import ModelVersionRepo
 
@@ -53,16 +50,17 @@ class DirectModelAdmin:
 
     def _version(self, name: str, version: str) -> JsonObject:
         view = self.repo.get(name, version)
-        return version_json(view, self.repo.list_traffic().get(name))
+        return ModelVersion.of(view, self.repo.list_traffic().get(name)).model_dump(mode="json")
 
     def list_models(self, name: str | None) -> JsonObject:
         plans = self.repo.list_traffic()
         if name is not None:
             plans = {n: p for n, p in plans.items() if n == name}
-        return models_json(self.repo.list(name), plans)
+        versions = [ModelVersion.of(v, plans.get(v.name)) for v in self.repo.list(name)]
+        return ModelVersionList.of(versions, plans).model_dump(mode="json")
 
     def register(self, spec: ModelVersionSpec) -> JsonObject:
-        return version_json(self.repo.register(spec, actor=self.actor))
+        return ModelVersion.of(self.repo.register(spec, actor=self.actor)).model_dump(mode="json")
 
     def load(self, name: str, version: str) -> JsonObject:
         # Only the intent: the next server start loads (and warms up) a `loading` version.
@@ -70,7 +68,7 @@ class DirectModelAdmin:
         return self._version(name, version)
 
     def set_traffic(self, plan: TrafficPlan) -> JsonObject:
-        return traffic_json(self.repo.set_traffic(plan, actor=self.actor))
+        return TrafficPlanBody.of(self.repo.set_traffic(plan, actor=self.actor)).model_dump(mode="json")
 
     def drain(self, name: str, version: str) -> JsonObject:
         self.repo.set_state(name, version, ModelVersionState.DRAINING, actor=self.actor)
@@ -82,13 +80,13 @@ class DirectModelAdmin:
 
     def rollback(self, name: str, to: str) -> JsonObject:
         plan, _drained = self.repo.rollback(name, to, actor=self.actor)
-        return traffic_json(plan)
+        return TrafficPlanBody.of(plan).model_dump(mode="json")
 
 
 class HttpModelAdmin:
     """Model versions through a running server's `/admin/v1/models` routes.
 
-    Answers are checked against the codec (`parse_*`) before they are printed, so a server
+    Answers are checked against the body models before they are printed, so a server
     speaking another shape is reported, not echoed.
     """
 
@@ -99,16 +97,16 @@ class HttpModelAdmin:
         return f"/models/{path_segment(name)}/versions/{path_segment(version)}/{action}"
 
     def _version(self, answer: JsonObject) -> JsonObject:
-        parse_version_json(answer)
+        parse_model(ModelVersion, answer, "answer").listing()
         return answer
 
     def _plan(self, answer: JsonObject) -> JsonObject:
-        parse_traffic_json(answer)
+        parse_model(TrafficPlanBody, answer, "answer")
         return answer
 
     def list_models(self, name: str | None) -> JsonObject:
         answer = self.server.call("GET", "/models")
-        listings, plans = parse_models_json(answer)
+        listings, plans = parse_model(ModelVersionList, answer, "answer").parsed()
         if name is None:
             return answer
         return {
@@ -117,11 +115,15 @@ class HttpModelAdmin:
                 for item, parsed in zip(answer["data"], listings, strict=True)
                 if parsed.view.name == name
             ],
-            "traffic": {n: traffic_body_json(p) for n, p in plans.items() if n == name},
+            "traffic": {n: TrafficBody.of(p).model_dump(mode="json") for n, p in plans.items() if n == name},
         }
 
     def register(self, spec: ModelVersionSpec) -> JsonObject:
-        return self._version(self.server.call("POST", "/models", json=spec_json(spec)))
+        return self._version(
+            self.server.call(
+                "POST", "/models", json=ModelVersionCreate.of(spec).model_dump(mode="json", exclude_none=True)
+            )
+        )
 
     def load(self, name: str, version: str) -> JsonObject:
         path = self._version_path(name, version, "load")
@@ -129,7 +131,7 @@ class HttpModelAdmin:
 
     def set_traffic(self, plan: TrafficPlan) -> JsonObject:
         path = f"/models/{path_segment(plan.name)}/traffic"
-        return self._plan(self.server.call("PUT", path, json=traffic_body_json(plan)))
+        return self._plan(self.server.call("PUT", path, json=TrafficBody.of(plan).model_dump(mode="json")))
 
     def drain(self, name: str, version: str) -> JsonObject:
         return self._version(self.server.call("POST", self._version_path(name, version, "drain")))
@@ -139,4 +141,4 @@ class HttpModelAdmin:
 
     def rollback(self, name: str, to: str) -> JsonObject:
         path = f"/models/{path_segment(name)}/rollback"
-        return self._plan(self.server.call("POST", path, json=rollback_json(to)))
+        return self._plan(self.server.call("POST", path, json=Rollback(to=to).model_dump(mode="json")))

@@ -12,8 +12,7 @@ import argparse
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from tenancy.admin_client import HttpAdmin
-from tenancy.admin_codec import JsonObject
+from tenancy.admin_client import HttpAdmin, JsonObject
 from tenancy.cli_support import CliError, Handler, SettingsOf, guard, open_backend, print_json
 from tenancy.db import Database
 from tenancy.model_admin_client import DirectModelAdmin, HttpModelAdmin, ModelAdminBackend

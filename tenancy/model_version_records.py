@@ -30,8 +30,8 @@ MAX_SPLIT_VERSIONS = 64
 MAX_PINS = 10_000
 # Names appear in URL path segments (/admin/v1/models/{name}/...) and in the OpenAI `model`
 # field, so no '/', no '@' (the id's separator), no spaces; upper case is kept (HF folder names).
-_NAME_RE = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._-]{{0,{MAX_NAME_LEN - 1}}}")
-_VERSION_RE = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._-]{{0,{MAX_VERSION_LEN - 1}}}")
+MODEL_NAME_RE = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._-]{{0,{MAX_NAME_LEN - 1}}}")
+VERSION_RE = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._-]{{0,{MAX_VERSION_LEN - 1}}}")
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 
 
@@ -79,7 +79,7 @@ def version_id(name: str, version: str) -> str:
 
 def validate_model_name(name: object, field_name: str = "name") -> str:
     """A model name: 1-128 of [A-Za-z0-9._-], starting with a letter or digit."""
-    if not isinstance(name, str) or _NAME_RE.fullmatch(name) is None:
+    if not isinstance(name, str) or MODEL_NAME_RE.fullmatch(name) is None:
         raise FieldError(
             field_name,
             f"must be 1-{MAX_NAME_LEN} characters of A-Z, a-z, 0-9, '.', '_' or '-', "
@@ -90,7 +90,7 @@ def validate_model_name(name: object, field_name: str = "name") -> str:
 
 def validate_version_label(version: object, field_name: str = "version") -> str:
     """A version label: 1-64 of [A-Za-z0-9._-], starting with a letter or digit."""
-    if not isinstance(version, str) or _VERSION_RE.fullmatch(version) is None:
+    if not isinstance(version, str) or VERSION_RE.fullmatch(version) is None:
         raise FieldError(
             field_name,
             f"must be 1-{MAX_VERSION_LEN} characters of A-Z, a-z, 0-9, '.', '_' or '-', "

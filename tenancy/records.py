@@ -10,25 +10,28 @@ import datetime as dt
 import math
 import re
 from dataclasses import dataclass, field
+from typing import ClassVar
+
+from pydantic import ConfigDict
 
 from engine.request import FinishReason, Priority
+from tenancy.admin_bodies.quota import parse_quota_limits
 from tenancy.context import QuotaLimits, TenantContext
 from tenancy.enums import ALL_KEY_SCOPES, AuditAction, KeyScope, KeyState, TenantStatus, UsageStatus
 from tenancy.errors import FieldError
 from tenancy.keys import key_prefix
+from tenancy.quota_limits import KEY_LIMIT_FIELDS, MAX_INT32, QUOTA_FIELDS, quota_values
 
-_NAME_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
-_SCOPE_RE = re.compile(r"[A-Za-z0-9._:/-]{1,128}")
-_MAX_INT32 = 2**31 - 1
-_MAX_INT64 = 2**63 - 1
-_MAX_WEIGHT = 1e6
+TENANT_NAME_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
+CACHE_SCOPE_RE = re.compile(r"[A-Za-z0-9._:/-]{1,128}")
+MAX_WEIGHT = 1e6
 _MODEL_VERSION_LEN = 193
 _USER_LEN = 256  # tenancy.models.USER_LEN  # a model version id, name@version (tenancy.model_version_records)
 
 
 def validate_tenant_name(name: object, field_name: str = "name") -> str:
     """A tenant name: 1-64 of [a-z0-9._-], starting with a letter or digit (it appears in URLs)."""
-    if not isinstance(name, str) or _NAME_RE.fullmatch(name) is None:
+    if not isinstance(name, str) or TENANT_NAME_RE.fullmatch(name) is None:
         raise FieldError(
             field_name,
             "must be 1-64 characters of a-z, 0-9, '.', '_' or '-', starting with a letter or digit",
@@ -40,46 +43,22 @@ def validate_weight(weight: float, field_name: str = "weight") -> float:
     """A fair-share weight: a finite number in (0, 1e6]."""
     if isinstance(weight, bool) or not isinstance(weight, int | float):
         raise FieldError(field_name, "must be a number")
-    if not math.isfinite(weight) or weight <= 0 or weight > _MAX_WEIGHT:
-        raise FieldError(field_name, f"must be > 0 and <= {_MAX_WEIGHT:g}")
+    if not math.isfinite(weight) or weight <= 0 or weight > MAX_WEIGHT:
+        raise FieldError(field_name, f"must be > 0 and <= {MAX_WEIGHT:g}")
     return float(weight)
 
 
 def validate_cache_scope(scope: str, field_name: str = "cache_scope") -> str:
     """A prefix-cache scope: 1-128 of [A-Za-z0-9._:/-]."""
-    if not isinstance(scope, str) or _SCOPE_RE.fullmatch(scope) is None:
+    if not isinstance(scope, str) or CACHE_SCOPE_RE.fullmatch(scope) is None:
         raise FieldError(field_name, "must be 1-128 characters of A-Z, a-z, 0-9, '.', '_', ':', '/' or '-'")
     return scope
 
 
-def _check_limit(value: int | None, field_name: str, upper: int) -> None:
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise FieldError(field_name, "must be an integer or null")
-    if value < 1 or value > upper:
-        raise FieldError(field_name, f"must be between 1 and {upper} (null: unlimited)")
-
-
 def validate_quota(quota: QuotaLimits, prefix: str = "quota.") -> QuotaLimits:
-    """Check a quota's ranges (QuotaLimits itself does not validate); return it unchanged."""
-    _check_limit(quota.tokens_per_minute, prefix + "tokens_per_minute", _MAX_INT64)
-    _check_limit(quota.requests_per_minute, prefix + "requests_per_minute", _MAX_INT64)
-    _check_limit(quota.tokens_per_day, prefix + "tokens_per_day", _MAX_INT64)
-    _check_limit(quota.max_concurrent, prefix + "max_concurrent", _MAX_INT32)
-    _check_limit(quota.max_prompt_tokens, prefix + "max_prompt_tokens", _MAX_INT32)
-    _check_limit(quota.max_output_tokens, prefix + "max_output_tokens", _MAX_INT32)
-    _check_limit(quota.ttft_slo_ms, prefix + "ttft_slo_ms", _MAX_INT32)
-    _check_limit(quota.tpot_slo_ms, prefix + "tpot_slo_ms", _MAX_INT32)
-    _check_limit(quota.default_max_tokens_reservation, prefix + "default_max_tokens_reservation", _MAX_INT32)
-    if not isinstance(quota.models, tuple):
-        raise FieldError(prefix + "models", "must be a list of model names")
-    for model in quota.models:
-        if not isinstance(model, str) or not 1 <= len(model) <= 256:
-            raise FieldError(prefix + "models", "every model name must be a string of 1-256 characters")
-    if len(set(quota.models)) != len(quota.models):
-        raise FieldError(prefix + "models", "must not repeat a model")
-    return quota
+    """Check a quota's ranges against its declaration (QuotaLimits itself does not validate on
+    construction); return it with `models` as a tuple."""
+    return parse_quota_limits(quota_values(quota, QUOTA_FIELDS), prefix.rstrip(".") or "body")
 
 
 def validate_key_limits(limits: QuotaLimits, tenant: QuotaLimits, prefix: str = "limits.") -> QuotaLimits:
@@ -90,8 +69,8 @@ def validate_key_limits(limits: QuotaLimits, tenant: QuotaLimits, prefix: str = 
     refused here.
     """
     validate_quota(limits, prefix)
-    for name in ("ttft_slo_ms", "tpot_slo_ms", "default_max_tokens_reservation"):
-        if getattr(limits, name) is not None:
+    for name in QUOTA_FIELDS:
+        if name not in KEY_LIMIT_FIELDS and getattr(limits, name) is not None:
             raise FieldError(prefix + name, "is a tenant setting; a key cannot set it")
     if tenant.models:
         outside = [m for m in limits.models if m not in tenant.models]
@@ -267,7 +246,14 @@ class KeyRecord:
 
 @dataclass(frozen=True)
 class UsageRecordIn:
-    """One request's usage, as the gateway's accounting reports it (completed, failed or cancelled)."""
+    """One request's usage, as the gateway's accounting reports it (completed, failed or cancelled).
+
+    The one declaration of the usage record: the database row is written from it
+    (`tenancy.repo`), and the spool's JSON lines are generated from it by pydantic
+    (`tenancy.usage_codec`; strict, so a line of another shape is refused, never coerced).
+    """
+
+    __pydantic_config__: ClassVar[ConfigDict] = ConfigDict(strict=True)
 
     request_id: str
     tenant_id: str  # the tenant's name, as in TenantContext.tenant_id
@@ -309,7 +295,7 @@ class UsageRecordIn:
             raise FieldError("status", "must be a UsageStatus")
         for name in ("prompt_tokens", "completion_tokens", "cached_tokens"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _MAX_INT32:
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_INT32:
                 raise FieldError(name, "must be a non-negative integer")
         if self.cached_tokens > self.prompt_tokens:
             raise FieldError("cached_tokens", "cannot exceed prompt_tokens")

@@ -1,21 +1,24 @@
 """Usage records as single JSON lines, for the usage spool (and its `rejected.jsonl`).
 
-One record is one line: a JSON object with a format version `v`, ending in a newline. A line
-that does not decode (a torn write at a crash, a flipped byte) raises `CorruptRecordError`.
+One record is one line: a JSON object with a format version `v`, ending in a newline. The
+fields are `tenancy.records.UsageRecordIn`'s, encoded and decoded by pydantic from that one
+declaration (a field added there travels through the spool with no edit here; give it a default
+so that lines spooled before it still decode). A line that does not decode (a torn write at a
+crash, a flipped byte) raises `CorruptRecordError`.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 from typing import Any
 
-from engine.request import FinishReason
-from tenancy.enums import UsageStatus
+from pydantic import TypeAdapter, ValidationError
+
 from tenancy.errors import TenancyError
 from tenancy.records import UsageRecordIn
 
 FORMAT_VERSION = 1
+_RECORD: TypeAdapter[UsageRecordIn] = TypeAdapter(UsageRecordIn)
 
 
 class CorruptRecordError(ValueError):
@@ -24,25 +27,7 @@ class CorruptRecordError(ValueError):
 
 def record_json(record: UsageRecordIn, **extra: str) -> dict[str, Any]:
     """The JSON object of one record; `extra` adds fields (e.g. why the database refused it)."""
-    return {
-        "v": FORMAT_VERSION,
-        "request_id": record.request_id,
-        "tenant_id": record.tenant_id,
-        "key_id": record.key_id,
-        "model": record.model,
-        "status": record.status.value,
-        "prompt_tokens": record.prompt_tokens,
-        "completion_tokens": record.completion_tokens,
-        "cached_tokens": record.cached_tokens,
-        "ttft_ms": record.ttft_ms,
-        "e2e_ms": record.e2e_ms,
-        "finish_reason": None if record.finish_reason is None else record.finish_reason.value,
-        "created_at": None if record.created_at is None else record.created_at.isoformat(),
-        "model_version": record.model_version,
-        "user": record.user,
-        "adapter": record.adapter,
-        **extra,
-    }
+    return {"v": FORMAT_VERSION, **_RECORD.dump_python(record, mode="json"), **extra}
 
 
 def encode_record(record: UsageRecordIn, **extra: str) -> bytes:
@@ -51,32 +36,18 @@ def encode_record(record: UsageRecordIn, **extra: str) -> bytes:
 
 
 def decode_record(line: bytes) -> UsageRecordIn:
-    """The record of one line (with or without its newline)."""
+    """The record of one line (with or without its newline); fields it does not know are ignored
+    (e.g. the reason `rejected.jsonl` adds)."""
     try:
         obj = json.loads(line)
         if not isinstance(obj, dict) or obj.get("v") != FORMAT_VERSION:
             raise CorruptRecordError(f"not a version-{FORMAT_VERSION} usage record")
-        created_at = obj["created_at"]
-        finish = obj["finish_reason"]
-        return UsageRecordIn(
-            request_id=obj["request_id"],
-            tenant_id=obj["tenant_id"],
-            key_id=obj["key_id"],
-            model=obj["model"],
-            status=UsageStatus(obj["status"]),
-            prompt_tokens=obj["prompt_tokens"],
-            completion_tokens=obj["completion_tokens"],
-            cached_tokens=obj["cached_tokens"],
-            ttft_ms=obj["ttft_ms"],
-            e2e_ms=obj["e2e_ms"],
-            finish_reason=None if finish is None else FinishReason(finish),
-            created_at=None if created_at is None else dt.datetime.fromisoformat(created_at),
-            # Absent in lines spooled before model versions existed.
-            model_version=obj.get("model_version"),
-            user=obj.get("user"),  # absent in lines spooled before issue 25
-            adapter=obj.get("adapter"),  # absent in lines spooled before adapters existed
-        )
+        return _RECORD.validate_json(line)
     except CorruptRecordError:
         raise
-    except (ValueError, KeyError, TypeError, TenancyError) as exc:  # JSONDecodeError is a ValueError
+    except ValidationError as exc:
+        error = exc.errors(include_url=False, include_input=False)[0]
+        where = ".".join(str(p) for p in error["loc"])
+        raise CorruptRecordError(f"{where}: {error['msg']}") from None
+    except (ValueError, TenancyError) as exc:  # JSONDecodeError is a ValueError
         raise CorruptRecordError(f"{type(exc).__name__}: {exc}") from None

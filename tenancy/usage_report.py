@@ -231,7 +231,6 @@ def build_report(
 
 # -- query parameters ---------------------------------------------------------------------------
 
-REPORT_PARAMS = ("since", "until", "group_by", "tenant", "key_id", "limit", "offset", "format")
 FORMATS = ("json", "csv")
 
 
@@ -254,48 +253,9 @@ def parse_time(value: str, field: str) -> dt.datetime:
         raise FieldError(field, "must be a time between years 1 and 9999 in UTC") from None
 
 
-def _bounded_int(value: str | None, field: str, default: int, low: int, high: int) -> int:
-    if value is None:
-        return default
-    try:
-        number = int(value)
-    except ValueError:
-        raise FieldError(field, "must be an integer") from None
-    if not low <= number <= high:
-        raise FieldError(field, f"must be an integer in [{low}, {high}]")
-    return number
-
-
-def parse_report_params(params: dict[str, str]) -> tuple[ReportQuery, str]:
-    """The query and the format (`json` or `csv`) of GET /admin/v1/usage/report's parameters.
-
-    `since` and `until` are required; `until` is exclusive. A date means midnight UTC.
-    """
-    for name in params:
-        if name not in REPORT_PARAMS:
-            raise FieldError(name[:64], f"unknown parameter; use {', '.join(REPORT_PARAMS)}")
-    for name in ("since", "until"):
-        if name not in params:
-            raise FieldError(name, "is required (YYYY-MM-DD or an ISO 8601 time with a zone)")
-    fmt = params.get("format", "json")
-    if fmt not in FORMATS:
-        raise FieldError("format", "must be json or csv")
-    group_by = params.get("group_by")
-    query = ReportQuery(
-        since=parse_time(params["since"], "since"),
-        until=parse_time(params["until"], "until"),
-        group_by=DEFAULT_GROUP_BY if group_by is None else parse_group_by(group_by),
-        tenant=params.get("tenant"),
-        key_id=params.get("key_id"),
-        limit=_bounded_int(params.get("limit"), "limit", DEFAULT_LIMIT, 1, MAX_LIMIT),
-        offset=_bounded_int(params.get("offset"), "offset", 0, 0, 2**63 - 1),
-    )
-    return query, fmt
-
-
 def report_params(query: ReportQuery, fmt: str = "json") -> dict[str, str]:
     """The query parameters of GET /admin/v1/usage/report for this query (the inverse of
-    `parse_report_params`)."""
+    `tenancy.admin_bodies.usage_query.parse_report_params`)."""
     params = {
         "since": query.since.isoformat(),
         "until": query.until.isoformat(),
@@ -314,28 +274,6 @@ def report_params(query: ReportQuery, fmt: str = "json") -> dict[str, str]:
 # -- encodings ----------------------------------------------------------------------------------
 
 
-def _sums_json(s: UsageSums) -> dict[str, int]:
-    return {m: getattr(s, m) for m in MEASURES}
-
-
-def report_json(report: UsageReport) -> dict[str, Any]:
-    q = report.query
-    return {
-        "object": "usage_report",
-        "since": q.since.astimezone(dt.UTC).isoformat().replace("+00:00", "Z"),
-        "until": q.until.astimezone(dt.UTC).isoformat().replace("+00:00", "Z"),
-        "group_by": list(q.group_by),
-        "tenant": q.tenant,
-        "key_id": q.key_id,
-        "limit": q.limit,
-        "offset": q.offset,
-        "next_offset": report.next_offset,
-        "has_more": report.next_offset is not None,
-        "data": [{**r.group, **_sums_json(r.sums)} for r in report.rows],
-        "totals": _sums_json(report.totals),
-    }
-
-
 # Characters that make a spreadsheet read a cell as a formula (with their full-width forms).
 _FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r", "\n", "\uff1d", "\uff0b", "\uff0d", "\uff20")
 
@@ -350,7 +288,7 @@ def safe_cell(value: object) -> object:
 
 
 def report_csv(body: dict[str, Any]) -> str:
-    """The CSV of a report's JSON (`report_json`, or the admin API's answer): a header row, then
+    """The CSV of a report's JSON (`UsageReportBody.json_body()`, or the admin API's answer): a header row, then
     one row per group of the page. Totals and paging are in the JSON (and the API's headers)."""
     fields = [FIELD_OF[g] for g in body["group_by"]] + list(MEASURES)
     out = io.StringIO()

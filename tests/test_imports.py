@@ -63,6 +63,8 @@ def _graph() -> dict[str, set[str]]:
 
 def _third_party(module: str) -> set[str]:
     path = ROOT / (module.replace(".", "/") + ".py")
+    if not path.exists():  # a package (e.g. tenancy.admin_bodies): its __init__
+        path = ROOT / module.replace(".", "/") / "__init__.py"
     tree = ast.parse(path.read_text())
     out: set[str] = set()
     for node in ast.walk(tree):

@@ -33,19 +33,16 @@ from gateway.console.forms import optional_int, read_form
 from gateway.console.sessions import ConsoleSession, SessionStore
 from gateway.errors import NotFoundError, WeirError, to_http_error
 from gateway.model_rollout import ModelRollout
-from tenancy.admin_codec import (
-    QUOTA_FIELDS,
-    key_json,
-    parse_date,
-    parse_key_spec,
-    parse_quota,
-    parse_tenant_spec,
-    parse_tenant_update,
-)
+from tenancy.admin_bodies.fields import parse_date
+from tenancy.admin_bodies.keys import ApiKey, KeyCreate
+from tenancy.admin_bodies.parsing import parse_model
+from tenancy.admin_bodies.quota import parse_quota_limits
+from tenancy.admin_bodies.tenants import TenantCreate, TenantPatch
 from tenancy.enums import KeyScope
 from tenancy.errors import FieldError, TenancyError
 from tenancy.keys import is_public_id
 from tenancy.model_version_records import TrafficPlan
+from tenancy.quota_limits import INT_QUOTA_FIELDS
 from tenancy.records import DailyUsage, validate_tenant_name
 from tenancy.repo import TenancyRepo
 
@@ -56,7 +53,6 @@ SESSION_COOKIE = "weir_console"
 LOGIN_COOKIE = "weir_console_login"  # the login form's CSRF token (double submit), before a session
 _HERE = Path(__file__).parent
 _STATIC = {"console.css": "text/css", "console.js": "text/javascript"}
-_INT_QUOTA_FIELDS = tuple(f for f in QUOTA_FIELDS if f != "models")
 _USAGE_DAYS = 30
 # Pages may show a key once; nothing here may be cached, framed, or run a script it did not ship.
 SECURITY_HEADERS = {
@@ -321,7 +317,7 @@ class ConsoleRoutes:
             }
             if form.get("weight", "").strip():
                 body["weight"] = _float(form["weight"], "weight")
-            spec = parse_tenant_spec(body)
+            spec = parse_model(TenantCreate, body).spec()
             tenant = await run_in_threadpool(
                 lambda: self.repo.create_tenant(spec, actor=self._actor(request))
             )
@@ -363,8 +359,8 @@ class ConsoleRoutes:
             priority=tenant.priority.name.lower(),
             priorities=[p.name.lower() for p in Priority],
             quota=tenant.quota.as_dict(),
-            quota_fields=_INT_QUOTA_FIELDS,
-            keys=[key_json(k, now) for k in keys],
+            quota_fields=INT_QUOTA_FIELDS,
+            keys=[ApiKey.of(k, now).model_dump(mode="json") for k in keys],
             scopes=[s.value for s in KeyScope],
             new_key=new_key,
             error=error,
@@ -390,7 +386,7 @@ class ConsoleRoutes:
             body: dict[str, Any] = {"priority": form.get("priority") or None}
             if form.get("weight", "").strip():
                 body["weight"] = _float(form["weight"], "weight")
-            return self.repo.update_tenant(name, parse_tenant_update(body), actor=actor)
+            return self.repo.update_tenant(name, parse_model(TenantPatch, body).update(), actor=actor)
 
         return await self._tenant_action(request, session, change, "Settings saved.")
 
@@ -398,9 +394,9 @@ class ConsoleRoutes:
         form: dict[str, str] = request.state.form
 
         def change(name: str, actor: str) -> Any:
-            body: dict[str, Any] = {f: optional_int(form, f) for f in _INT_QUOTA_FIELDS}
+            body: dict[str, Any] = {f: optional_int(form, f) for f in INT_QUOTA_FIELDS}
             body["models"] = [m.strip() for m in form.get("models", "").split(",") if m.strip()]
-            return self.repo.set_quota(name, parse_quota(body, where="body"), actor=actor)
+            return self.repo.set_quota(name, parse_quota_limits(body, where="body"), actor=actor)
 
         return await self._tenant_action(request, session, change, "Quota saved.")
 
@@ -423,7 +419,7 @@ class ConsoleRoutes:
             body: dict[str, Any] = {"scopes": scopes or None}
             if form.get("expires_at", "").strip():
                 body["expires_at"] = form["expires_at"].strip()
-            spec = parse_key_spec(body)
+            spec = parse_model(KeyCreate, body).spec()
             issued = await run_in_threadpool(
                 lambda: self.repo.issue_key(name, spec, actor=self._actor(request))
             )

@@ -11,10 +11,10 @@ counted) by the app's handlers, `gateway.errors.exception_handlers`.
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
@@ -27,36 +27,28 @@ from gateway.errors import (
     PermissionDeniedError,
 )
 from gateway.json_body import loads_bounded
-from tenancy.admin_codec import (
-    audit_json,
-    issued_key_json,
-    key_json,
-    list_json,
-    parse_date,
-    parse_key_spec,
-    parse_quota,
-    parse_tenant_spec,
-    parse_tenant_update,
-    tenant_json,
-    usage_json,
-)
+from tenancy.admin_bodies.audit import AuditEvent, AuditList
+from tenancy.admin_bodies.keys import ApiKey, ApiKeyList, IssuedApiKey, KeyCreate
+from tenancy.admin_bodies.parsing import parse_model
+from tenancy.admin_bodies.quota import parse_key_limits, parse_quota_limits
+from tenancy.admin_bodies.tenants import Tenant, TenantCreate, TenantList, TenantPatch
+from tenancy.admin_bodies.usage import TenantUsage, UsageReportBody
+from tenancy.admin_bodies.usage_query import AuditQuery, UsageQuery, parse_report_params
 from tenancy.enums import KeyScope
 from tenancy.errors import FieldError
-from tenancy.key_limits_api import parse_key_limits
 from tenancy.keys import is_public_id
 from tenancy.records import validate_tenant_name
 from tenancy.repo import TenancyRepo
-from tenancy.usage_report import parse_report_params, report_csv, report_json
+from tenancy.usage_report import report_csv
 
 MAX_ADMIN_BODY_BYTES = 1 << 20
-_MAX_QUERY_INT = 2**63 - 1
 _NO_STORE = {"Cache-Control": "no-store"}  # responses may carry a key, shown only once
 
 Endpoint = Callable[[Request], Awaitable[Response]]
 
 
-def _json(body: Any, status_code: int = 200) -> JSONResponse:
-    return JSONResponse(body, status_code=status_code, headers=_NO_STORE)
+def _json(body: BaseModel, status_code: int = 200) -> JSONResponse:
+    return JSONResponse(body.model_dump(mode="json"), status_code=status_code, headers=_NO_STORE)
 
 
 def _client_addr(request: Request) -> str:
@@ -87,23 +79,8 @@ def _key_param(request: Request) -> str:
     return str(key_id)
 
 
-def _date_query(request: Request, name: str) -> dt.date | None:
-    value = request.query_params.get(name)
-    return parse_date(value, name) if value is not None else None
-
-
-def _int_query(request: Request, name: str, default: int | None) -> int | None:
-    value = request.query_params.get(name)
-    if value is None:
-        return default
-    try:
-        number = int(value)
-    except ValueError:
-        raise FieldError(name, "must be an integer") from None
-    # The database stores 64-bit integers; a larger one would overflow in the driver (500).
-    if not 0 <= number <= _MAX_QUERY_INT:
-        raise FieldError(name, f"must be an integer in [0, {_MAX_QUERY_INT}]")
-    return number
+def _usage_query(request: Request) -> UsageQuery:
+    return parse_model(UsageQuery, dict(request.query_params))
 
 
 class _AdminApi:
@@ -129,105 +106,102 @@ class _AdminApi:
     # -- tenants ---------------------------------------------------------------------------------
 
     async def create_tenant(self, request: Request, actor: str) -> Response:
-        spec = parse_tenant_spec(await _body(request))
+        spec = parse_model(TenantCreate, await _body(request)).spec()
         tenant = await run_in_threadpool(lambda: self.repo.create_tenant(spec, actor=actor))
-        return _json(tenant_json(tenant), 201)
+        return _json(Tenant.of(tenant), 201)
 
     async def list_tenants(self, request: Request, actor: str) -> Response:
         tenants = await run_in_threadpool(self.repo.list_tenants)
-        return _json(list_json([tenant_json(t) for t in tenants]))
+        return _json(TenantList(data=[Tenant.of(t) for t in tenants]))
 
     async def get_tenant(self, request: Request, actor: str) -> Response:
         tenant = await run_in_threadpool(self.repo.get_tenant, _tenant_param(request))
-        return _json(tenant_json(tenant))
+        return _json(Tenant.of(tenant))
 
     async def update_tenant(self, request: Request, actor: str) -> Response:
         name = _tenant_param(request)
-        change = parse_tenant_update(await _body(request))
+        change = parse_model(TenantPatch, await _body(request)).update()
         tenant = await run_in_threadpool(lambda: self.repo.update_tenant(name, change, actor=actor))
         self.auth.invalidate_tenant(name)
-        return _json(tenant_json(tenant))
+        return _json(Tenant.of(tenant))
 
     async def suspend_tenant(self, request: Request, actor: str) -> Response:
         name = _tenant_param(request)
         tenant = await run_in_threadpool(lambda: self.repo.suspend_tenant(name, actor=actor))
         self.auth.invalidate_tenant(name)
-        return _json(tenant_json(tenant))
+        return _json(Tenant.of(tenant))
 
     async def set_quota(self, request: Request, actor: str) -> Response:
         name = _tenant_param(request)
         body = await _body(request)
-        quota = parse_quota(body if body is not None else {}, where="body")
+        quota = parse_quota_limits(body, where="body")
         tenant = await run_in_threadpool(lambda: self.repo.set_quota(name, quota, actor=actor))
         self.auth.invalidate_tenant(name)
-        return _json(tenant_json(tenant))
+        return _json(Tenant.of(tenant))
 
     # -- keys ------------------------------------------------------------------------------------
 
     async def issue_key(self, request: Request, actor: str) -> Response:
         name = _tenant_param(request)
-        spec = parse_key_spec(await _body(request))
+        body = await _body(request)
+        spec = parse_model(KeyCreate, {} if body is None else body).spec()
         issued = await run_in_threadpool(lambda: self.repo.issue_key(name, spec, actor=actor))
-        return _json(issued_key_json(issued, self.repo.now()), 201)
+        return _json(IssuedApiKey.issued(issued, self.repo.now()), 201)
 
     async def list_keys(self, request: Request, actor: str) -> Response:
         keys = await run_in_threadpool(self.repo.list_keys, _tenant_param(request))
         now = self.repo.now()
-        return _json(list_json([key_json(k, now) for k in keys]))
+        return _json(ApiKeyList(data=[ApiKey.of(k, now) for k in keys]))
 
     async def revoke_key(self, request: Request, actor: str) -> Response:
         key_id = _key_param(request)
         key = await run_in_threadpool(lambda: self.repo.revoke_key(key_id, actor=actor))
         self.auth.invalidate(key_id)
-        return _json(key_json(key, self.repo.now()))
+        return _json(ApiKey.of(key, self.repo.now()))
 
     async def get_key(self, request: Request, actor: str) -> Response:
         key = await run_in_threadpool(self.repo.get_key, _key_param(request))
-        return _json(key_json(key, self.repo.now()))
+        return _json(ApiKey.of(key, self.repo.now()))
 
     async def set_key_limits(self, request: Request, actor: str) -> Response:
         key_id = _key_param(request)
         limits = parse_key_limits(await _body(request))
         key = await run_in_threadpool(lambda: self.repo.set_key_limits(key_id, limits, actor=actor))
         self.auth.invalidate(key_id)
-        return _json(key_json(key, self.repo.now()))
+        return _json(ApiKey.of(key, self.repo.now()))
 
     async def rotate_key(self, request: Request, actor: str) -> Response:
         key_id = _key_param(request)
         issued = await run_in_threadpool(lambda: self.repo.rotate_key(key_id, actor=actor))
         self.auth.invalidate(key_id)
-        return _json(issued_key_json(issued, self.repo.now()), 201)
+        return _json(IssuedApiKey.issued(issued, self.repo.now()), 201)
 
     # -- usage and audit -------------------------------------------------------------------------
 
     async def tenant_usage(self, request: Request, actor: str) -> Response:
         name = _tenant_param(request)
-        since, until = _date_query(request, "since"), _date_query(request, "until")
-        days = await run_in_threadpool(lambda: self.repo.usage_by_day(name, since=since, until=until))
-        return _json(usage_json(name, days))
+        q = _usage_query(request)
+        days = await run_in_threadpool(lambda: self.repo.usage_by_day(name, since=q.since, until=q.until))
+        return _json(TenantUsage.of(name, days))
 
     async def usage_report(self, request: Request, actor: str) -> Response:
         """GET /admin/v1/usage/report: grouped usage over a time range, one page, JSON or CSV."""
         query, fmt = parse_report_params(dict(request.query_params))
         report = await run_in_threadpool(lambda: self.repo.usage_report(query))
-        body = report_json(report)
+        body = UsageReportBody.of(report).json_body()
         if fmt == "json":
-            return _json(body)
+            return JSONResponse(body, headers=_NO_STORE)
         headers = {**_NO_STORE, "Content-Disposition": 'attachment; filename="usage-report.csv"'}
         if report.next_offset is not None:
             headers["Weir-Next-Offset"] = str(report.next_offset)
         return PlainTextResponse(report_csv(body), media_type="text/csv", headers=headers)
 
     async def audit(self, request: Request, actor: str) -> Response:
-        tenant = request.query_params.get("tenant")
-        limit = _int_query(request, "limit", 100)
-        before = _int_query(request, "before", None)
+        q = parse_model(AuditQuery, dict(request.query_params))
         events = await run_in_threadpool(
-            lambda: self.repo.list_audit(
-                tenant=tenant, limit=limit if limit is not None else 100, before_id=before
-            )
+            lambda: self.repo.list_audit(tenant=q.tenant, limit=q.limit, before_id=q.before)
         )
-        return _json(list_json([audit_json(e) for e in events]))
+        return _json(AuditList(data=[AuditEvent.of(e) for e in events]))
 
     async def unknown(self, request: Request, actor: str) -> Response:
         # Reached only with a valid admin token: probes without one get 401, not a route map.
@@ -241,11 +215,11 @@ class _AdminApi:
         asked = request.query_params.get("tenant")
         if asked is not None and asked != context.tenant_id:
             raise PermissionDeniedError("An API key can only read its own tenant's usage.", param="tenant")
-        since, until = _date_query(request, "since"), _date_query(request, "until")
+        q = _usage_query(request)
         days = await run_in_threadpool(
-            lambda: self.repo.usage_by_day(context.tenant_id, since=since, until=until)
+            lambda: self.repo.usage_by_day(context.tenant_id, since=q.since, until=q.until)
         )
-        return _json(usage_json(context.tenant_id, days))
+        return _json(TenantUsage.of(context.tenant_id, days))
 
 
 def admin_routes(

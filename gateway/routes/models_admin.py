@@ -8,10 +8,10 @@
     POST /admin/v1/models/{name}/versions/{version}/retire     after the drain: unload, free memory and blocks
     POST /admin/v1/models/{name}/rollback                      {"to": "<version>"}: split back, drain the others
 
-Bodies and answers are `tenancy.model_codec`'s (the `weir admin models` client reads the same
+Bodies and answers are `tenancy.admin_bodies.model_versions`'s models (the `weir admin models` client reads the same
 shapes). Every change is audited by the repository. A retire's answer also carries the budget
 released and the memory measured as freed, in `x-weir-memory-released-bytes` and
-`x-weir-memory-freed-bytes` (the version object's fields are fixed by the codec).
+`x-weir-memory-freed-bytes` (the version object's fields are fixed by its model).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import dataclasses
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
@@ -28,16 +29,16 @@ from gateway.auth import AdminAuthenticator
 from gateway.errors import NotFoundError, PayloadTooLargeError, UnprocessableError
 from gateway.json_body import loads_bounded
 from gateway.model_rollout import ModelRollout, VersionStatus
-from tenancy.errors import FieldError
-from tenancy.model_codec import (
+from tenancy.admin_bodies.model_versions import (
+    ModelVersion,
+    ModelVersionList,
+    TrafficPlanBody,
     VersionRuntime,
-    models_json,
     parse_rollback,
     parse_spec,
     parse_traffic,
-    traffic_json,
-    version_json,
 )
+from tenancy.errors import FieldError
 from tenancy.model_version_records import validate_model_name, validate_version_label
 
 MAX_BODY_BYTES = 1 << 20
@@ -46,8 +47,10 @@ _NO_STORE = {"Cache-Control": "no-store"}
 Handler = Callable[[Request, str], Awaitable[Response]]
 
 
-def _json(body: Any, status_code: int = 200, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(body, status_code=status_code, headers={**_NO_STORE, **(headers or {})})
+def _json(body: BaseModel, status_code: int = 200, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(
+        body.model_dump(mode="json"), status_code=status_code, headers={**_NO_STORE, **(headers or {})}
+    )
 
 
 async def _body(request: Request) -> Any:
@@ -75,13 +78,13 @@ def _version(request: Request) -> str:
         raise NotFoundError(f"no model version {version!r}", code="model_version_not_found") from None
 
 
-def status_json(status: VersionStatus) -> dict[str, Any]:
+def status_body(status: VersionStatus) -> ModelVersion:
     """A version object: the record with the runtime's state, share, pins, in-flight and KV use."""
     view = dataclasses.replace(status.record, state=status.state, failure_reason=status.failure_reason)
-    body = version_json(view, None, VersionRuntime(in_flight=status.in_flight, kv_usage=status.kv_usage))
-    body["traffic_percent"] = status.traffic_percent
-    body["pinned_tenants"] = list(status.pinned_tenants)
-    return body
+    body = ModelVersion.of(view, None, VersionRuntime(in_flight=status.in_flight, kv_usage=status.kv_usage))
+    return body.model_copy(
+        update={"traffic_percent": status.traffic_percent, "pinned_tenants": list(status.pinned_tenants)}
+    )
 
 
 class ModelsAdminRoutes:
@@ -115,13 +118,11 @@ class ModelsAdminRoutes:
 
     async def list_models(self, request: Request, actor: str) -> Response:
         statuses, plans = await self.rollout.list()
-        body = models_json([], plans)
-        body["data"] = [status_json(s) for s in statuses]
-        return _json(body)
+        return _json(ModelVersionList.of([status_body(s) for s in statuses], plans))
 
     async def register(self, request: Request, actor: str) -> Response:
         spec = parse_spec(await _body(request))
-        return _json(status_json(await self.rollout.register(spec, actor)), 201)
+        return _json(status_body(await self.rollout.register(spec, actor)), 201)
 
     async def load(self, request: Request, actor: str) -> Response:
         status = await self.rollout.load(_name(request), _version(request), actor)
@@ -131,14 +132,14 @@ class ModelsAdminRoutes:
                 param="path",
                 code="model_load_failed",
             )
-        return _json(status_json(status))
+        return _json(status_body(status))
 
     async def set_traffic(self, request: Request, actor: str) -> Response:
         plan = parse_traffic(_name(request), await _body(request))
-        return _json(traffic_json(await self.rollout.set_traffic(plan, actor)))
+        return _json(TrafficPlanBody.of(await self.rollout.set_traffic(plan, actor)))
 
     async def drain(self, request: Request, actor: str) -> Response:
-        return _json(status_json(await self.rollout.drain(_name(request), _version(request), actor)))
+        return _json(status_body(await self.rollout.drain(_name(request), _version(request), actor)))
 
     async def retire(self, request: Request, actor: str) -> Response:
         status = await self.rollout.retire(_name(request), _version(request), actor)
@@ -147,11 +148,11 @@ class ModelsAdminRoutes:
             headers["x-weir-memory-released-bytes"] = str(status.retire.released_budget_bytes)
             if status.retire.freed_bytes is not None:
                 headers["x-weir-memory-freed-bytes"] = str(status.retire.freed_bytes)
-        return _json(status_json(status), headers=headers)
+        return _json(status_body(status), headers=headers)
 
     async def rollback(self, request: Request, actor: str) -> Response:
         to = parse_rollback(await _body(request))
-        return _json(traffic_json(await self.rollout.rollback(_name(request), to, actor)))
+        return _json(TrafficPlanBody.of(await self.rollout.rollback(_name(request), to, actor)))
 
 
 def models_admin_routes(rollout: ModelRollout, admin_auth: AdminAuthenticator) -> list[BaseRoute]:

@@ -1,10 +1,10 @@
 """An in-process stand-in for the server's `/admin/v1/models` routes, for the CLI's HTTP path.
 
-It speaks the documented shapes through the shared codec (`tenancy.model_codec`) over a real
+It speaks the documented shapes through the shared body models (`tenancy.admin_bodies.model_versions`) over a real
 `ModelVersionRepo`, with the real error mapping (`gateway.errors`). It has no engines: `load`
 moves the record loading -> ready (a path that is not a directory fails the load with its
 reason, as a server's would). The real routes live in the gateway and are tested end to end
-there; this checks that the client and the codec agree on every route, method and shape.
+there; this checks that the client and the models agree on every route, method and shape.
 """
 
 from __future__ import annotations
@@ -18,15 +18,15 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from gateway.errors import exception_handlers
-from tenancy.errors import FieldError
-from tenancy.model_codec import (
-    models_json,
+from tenancy.admin_bodies.model_versions import (
+    ModelVersion,
+    ModelVersionList,
+    TrafficPlanBody,
     parse_rollback,
     parse_spec,
     parse_traffic,
-    traffic_json,
-    version_json,
 )
+from tenancy.errors import FieldError
 from tenancy.model_versions import ModelVersionRepo, ModelVersionState
 
 ACTOR = "admin-api test"
@@ -45,14 +45,17 @@ def model_admin_app(repo: ModelVersionRepo) -> Starlette:
             raise FieldError("body", "must be JSON") from None
 
     def version(name: str, label: str) -> JSONResponse:
-        return JSONResponse(version_json(repo.get(name, label), repo.list_traffic().get(name)))
+        body = ModelVersion.of(repo.get(name, label), repo.list_traffic().get(name))
+        return JSONResponse(body.model_dump(mode="json"))
 
     async def list_models(request: Request) -> JSONResponse:
-        return JSONResponse(models_json(repo.list(), repo.list_traffic()))
+        plans = repo.list_traffic()
+        versions = [ModelVersion.of(v, plans.get(v.name)) for v in repo.list()]
+        return JSONResponse(ModelVersionList.of(versions, plans).model_dump(mode="json"))
 
     async def register(request: Request) -> JSONResponse:
         view = repo.register(parse_spec(await body(request)), actor=ACTOR)
-        return JSONResponse(version_json(view), status_code=201)
+        return JSONResponse(ModelVersion.of(view).model_dump(mode="json"), status_code=201)
 
     async def load(request: Request) -> JSONResponse:
         name, label = request.path_params["name"], request.path_params["version"]
@@ -74,11 +77,11 @@ def model_admin_app(repo: ModelVersionRepo) -> Starlette:
 
     async def traffic(request: Request) -> JSONResponse:
         plan = parse_traffic(request.path_params["name"], await body(request))
-        return JSONResponse(traffic_json(repo.set_traffic(plan, actor=ACTOR)))
+        return JSONResponse(TrafficPlanBody.of(repo.set_traffic(plan, actor=ACTOR)).model_dump(mode="json"))
 
     async def rollback(request: Request) -> JSONResponse:
         plan, _ = repo.rollback(request.path_params["name"], parse_rollback(await body(request)), actor=ACTOR)
-        return JSONResponse(traffic_json(plan))
+        return JSONResponse(TrafficPlanBody.of(plan).model_dump(mode="json"))
 
     base = "/admin/v1/models"
     return Starlette(

@@ -14,6 +14,8 @@ from hypothesis import strategies as st
 from sqlalchemy.dialects import postgresql, sqlite
 
 from engine.request import Priority
+from tenancy.admin_bodies.usage import UsageReportBody
+from tenancy.admin_bodies.usage_query import parse_report_params
 from tenancy.enums import UsageStatus
 from tenancy.errors import FieldError, TenantNotFoundError
 from tenancy.records import KeySpec, TenantSpec, UsageRecordIn
@@ -21,14 +23,19 @@ from tenancy.repo import TenancyRepo
 from tenancy.usage_report import (
     GROUPS,
     ReportQuery,
+    UsageReport,
     UsageSums,
     page_statement,
     parse_group_by,
-    parse_report_params,
     report_csv,
-    report_json,
     safe_cell,
 )
+
+
+def report_json(report: UsageReport) -> dict[str, Any]:
+    """The report's JSON answer, as the admin API renders it."""
+    return UsageReportBody.of(report).json_body()
+
 
 T0 = dt.datetime(2026, 3, 1, tzinfo=dt.UTC)
 STATUSES = [UsageStatus.COMPLETED, UsageStatus.FAILED, UsageStatus.CANCELLED]

@@ -15,16 +15,37 @@ from gateway.auth import AdminAuthenticator, AuthSettings, FailureThrottle
 from gateway.model_fleet import ModelFleet
 from gateway.model_rollout import ModelRollout
 from gateway.routes.models_admin import models_admin_routes
+from tenancy.admin_bodies.model_versions import (
+    ModelVersion,
+    ModelVersionList,
+    ModelVersionListing,
+    TrafficPlanBody,
+)
 from tenancy.db import Database
 from tenancy.keys import KeyHasher
 from tenancy.migrate import upgrade
-from tenancy.model_codec import parse_models_json, parse_traffic_json, parse_version_json
+from tenancy.model_version_records import TrafficPlan
 from tenancy.model_versions import ModelVersionRepo
 from tenancy.records import TenantSpec
 from tenancy.repo import TenancyRepo
 from tests.gateway.harness import make_app
 from tests.gateway.routes.test_prefix_cache import ADMIN, TOKEN, _Store
 from tests.gateway.test_model_fleet import MIB, Factory
+
+
+# The answers read through the body models (the codec's parse functions before them).
+def parse_version_json(obj: object) -> ModelVersionListing:
+    return ModelVersion.model_validate(obj).listing()
+
+
+def parse_traffic_json(obj: object) -> TrafficPlan:
+    body = TrafficPlanBody.model_validate(obj)
+    return body.plan(body.name)
+
+
+def parse_models_json(obj: object) -> tuple[list[ModelVersionListing], dict[str, TrafficPlan]]:
+    return ModelVersionList.model_validate(obj).parsed()
+
 
 BASE = "/admin/v1/models"
 

@@ -1,4 +1,5 @@
-"""A key's own limits: the pydantic body, the repository (audited, kept on rotation), the CLI."""
+"""tenancy/admin_bodies/quota.py: a key's own limits: the pydantic body, the repository (audited,
+kept on rotation), the CLI."""
 
 from __future__ import annotations
 
@@ -6,12 +7,12 @@ import json
 
 import pytest
 
+from tenancy.admin_bodies.quota import KeyLimitsBody, parse_key_limits
 from tenancy.cli import main
 from tenancy.context import QuotaLimits
 from tenancy.db import Database
 from tenancy.enums import AuditAction
 from tenancy.errors import FieldError
-from tenancy.key_limits_api import key_limits_schema, parse_key_limits
 from tenancy.records import KeySpec, TenantSpec
 from tenancy.repo import TenancyRepo
 
@@ -32,7 +33,7 @@ def test_the_body_parses_to_limits_and_refuses_what_a_key_cannot_set() -> None:
         assert info.value.field.startswith(field)
     with pytest.raises(FieldError):
         parse_key_limits([1])
-    assert set(key_limits_schema()["properties"]) >= {"requests_per_minute", "models"}
+    assert set(KeyLimitsBody.model_json_schema()["properties"]) >= {"requests_per_minute", "models"}
 
 
 def test_key_limits_are_audited_kept_on_rotation_and_models_stay_within_the_tenant(repo: TenancyRepo) -> None:

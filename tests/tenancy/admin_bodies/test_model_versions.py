@@ -1,32 +1,81 @@
-"""tenancy/model_codec.py: the /admin/v1/models JSON shapes both ways, and hostile request bodies."""
+"""tenancy/admin_bodies/model_versions.py: the /admin/v1/models JSON shapes both ways, and hostile
+request bodies (ported from the tests of the hand-made codec it replaced, assertions unchanged)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tenancy.errors import FieldError
-from tenancy.model_codec import (
-    VERSION_FIELDS,
+from tenancy.admin_bodies.model_versions import (
+    ModelVersion,
+    ModelVersionCreate,
+    ModelVersionList,
+    ModelVersionListing,
+    Rollback,
+    TrafficBody,
+    TrafficPlanBody,
     VersionRuntime,
-    models_json,
-    parse_models_json,
     parse_rollback,
     parse_spec,
     parse_traffic,
-    parse_traffic_json,
-    parse_version_json,
-    rollback_json,
-    spec_json,
-    traffic_body_json,
-    traffic_json,
-    version_json,
 )
+from tenancy.admin_bodies.parsing import parse_model
+from tenancy.errors import FieldError
 from tenancy.model_version_records import ModelVersionSpec, ModelVersionState, ModelVersionView, TrafficPlan
 from tests.tenancy.clock import START
+
+# The codec's functions, as the models spell them.
+VERSION_FIELDS = tuple(ModelVersion.model_fields)
+
+
+def version_json(
+    view: ModelVersionView, plan: TrafficPlan | None = None, runtime: VersionRuntime | None = None
+) -> Any:
+    return ModelVersion.of(view, plan, runtime).model_dump(mode="json")
+
+
+def models_json(
+    views: Iterable[ModelVersionView],
+    plans: Mapping[str, TrafficPlan],
+    runtimes: Mapping[str, VersionRuntime] | None = None,
+) -> Any:
+    found = runtimes or {}
+    versions = [ModelVersion.of(v, plans.get(v.name), found.get(v.id)) for v in views]
+    return ModelVersionList.of(versions, plans).model_dump(mode="json")
+
+
+def spec_json(spec: ModelVersionSpec) -> Any:
+    return ModelVersionCreate.of(spec).model_dump(mode="json", exclude_none=True)
+
+
+def traffic_body_json(plan: TrafficPlan) -> Any:
+    return TrafficBody.of(plan).model_dump(mode="json")
+
+
+def traffic_json(plan: TrafficPlan) -> Any:
+    return TrafficPlanBody.of(plan).model_dump(mode="json")
+
+
+def rollback_json(version: str) -> Any:
+    return Rollback(to=version).model_dump(mode="json")
+
+
+def parse_version_json(obj: object) -> ModelVersionListing:
+    return parse_model(ModelVersion, obj, "version").listing()
+
+
+def parse_traffic_json(obj: object) -> TrafficPlan:
+    body = parse_model(TrafficPlanBody, obj)
+    return body.plan(body.name)
+
+
+def parse_models_json(obj: object) -> tuple[list[ModelVersionListing], dict[str, TrafficPlan]]:
+    return parse_model(ModelVersionList, obj).parsed()
 
 
 def _view(version: str = "v1", state: ModelVersionState = ModelVersionState.READY) -> ModelVersionView:

@@ -1,0 +1,46 @@
+"""The audit log's answer (`GET /admin/v1/audit`): admin actions, newest first."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tenancy.admin_bodies.fields import UtcTime
+from tenancy.enums import AuditAction
+from tenancy.records import AuditEventView
+
+
+class AuditEvent(BaseModel):
+    """One admin action as recorded."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    object: Literal["audit_event"] = "audit_event"
+    id: int
+    created_at: UtcTime
+    actor: str
+    action: AuditAction
+    tenant: str | None
+    target: str | None
+    # Free-form by action (e.g. a quota's previous and new limits), as the repository wrote it.
+    details: dict[str, Any] = Field(description="What changed; its fields depend on the action.")
+
+    @classmethod
+    def of(cls, event: AuditEventView) -> AuditEvent:
+        return cls(
+            id=event.id,
+            created_at=event.created_at,
+            actor=event.actor,
+            action=event.action,
+            tenant=event.tenant,
+            target=event.target,
+            details=event.details,
+        )
+
+
+class AuditList(BaseModel):
+    """`GET /admin/v1/audit`."""
+
+    object: Literal["list"] = "list"
+    data: list[AuditEvent]

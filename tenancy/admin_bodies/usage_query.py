@@ -1,0 +1,87 @@
+"""The query parameters of the usage and audit routes, declared as models: the routes parse with
+them and `/openapi.json` lists their fields as the operations' parameters.
+
+Query values arrive as strings, so integers here are parsed from text (lax), unlike in bodies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tenancy.admin_bodies.fields import Day
+from tenancy.admin_bodies.parsing import parse_model
+from tenancy.audit import MAX_AUDIT_PAGE
+from tenancy.keys import PUBLIC_ID_RE
+from tenancy.records import TENANT_NAME_RE
+from tenancy.usage_report import (
+    DEFAULT_GROUP_BY,
+    DEFAULT_LIMIT,
+    GROUPS,
+    MAX_LIMIT,
+    ReportQuery,
+    parse_group_by,
+    parse_time,
+)
+
+MAX_QUERY_INT = 2**63 - 1  # the database stores 64-bit integers; a larger one overflows the driver
+QueryInt = Annotated[int, Field(ge=0, le=MAX_QUERY_INT)]
+_TIME = "YYYY-MM-DD (midnight UTC) or an ISO 8601 time with a zone"
+
+
+class UsageQuery(BaseModel):
+    """`since` / `until` of a tenant's usage per day (both inclusive, UTC days)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    since: Day | None = None
+    until: Day | None = None
+
+
+class AuditQuery(BaseModel):
+    """`GET /admin/v1/audit`: a tenant's events, `limit` of them, older than event `before`."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    tenant: str | None = None
+    limit: Annotated[int, Field(ge=1, le=MAX_AUDIT_PAGE)] = 100
+    before: QueryInt | None = None
+
+
+class ReportParams(BaseModel):
+    """`GET /admin/v1/usage/report`: `[since, until)`, grouped, one page, JSON or CSV."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    since: str = Field(description=_TIME, examples=["2026-03-01", "2026-03-01T12:00:00Z"])
+    until: str = Field(description=_TIME + "; exclusive", examples=["2026-03-02"])
+    group_by: str = Field(
+        default=",".join(DEFAULT_GROUP_BY),
+        description="Comma-separated dimensions, each at most once.",
+        json_schema_extra={"pattern": f"^({'|'.join(GROUPS)})(,({'|'.join(GROUPS)}))*$"},
+    )
+    tenant: str | None = Field(default=None, json_schema_extra={"pattern": f"^{TENANT_NAME_RE.pattern}$"})
+    key_id: str | None = Field(default=None, json_schema_extra={"pattern": f"^{PUBLIC_ID_RE.pattern}$"})
+    limit: Annotated[int, Field(ge=1, le=MAX_LIMIT)] = DEFAULT_LIMIT
+    offset: QueryInt = 0
+    format: Literal["json", "csv"] = "json"
+
+    def query(self) -> ReportQuery:
+        """The repository's query (`FieldError` for a bad time or grouping)."""
+        return ReportQuery(
+            since=parse_time(self.since, "since"),
+            until=parse_time(self.until, "until"),
+            group_by=parse_group_by(self.group_by),
+            tenant=self.tenant,
+            key_id=self.key_id,
+            limit=self.limit,
+            offset=self.offset,
+        )
+
+
+def parse_report_params(params: Mapping[str, str]) -> tuple[ReportQuery, str]:
+    """The query and the format of GET /admin/v1/usage/report's parameters."""
+    parsed = parse_model(ReportParams, dict(params))
+    return parsed.query(), parsed.format
