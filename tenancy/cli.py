@@ -133,7 +133,7 @@ def _add_limit_options(
             )
 
 
-def _add_quota_options(parser: argparse.ArgumentParser) -> None:
+def add_quota_options(parser: argparse.ArgumentParser) -> None:
     models = "an allowed model; repeat for several (omitted: every model)"
     _add_limit_options(parser, "quota (omitted: unlimited)", QUOTA_FIELDS, models)
 
@@ -142,7 +142,7 @@ def _quota_from(args: argparse.Namespace) -> QuotaLimits:
     return quota_from(args, QUOTA_FIELDS)
 
 
-def _add_key_limit_options(parser: argparse.ArgumentParser) -> None:
+def add_key_limit_options(parser: argparse.ArgumentParser) -> None:
     title = "the key's own limits (omitted: its tenant's; the tighter applies)"
     models = "an allowed model, one of the tenant's; repeat for several (omitted: the tenant's)"
     _add_limit_options(parser, title, KEY_LIMIT_FIELDS, models)
@@ -232,7 +232,7 @@ def _add_admin(subparsers: argparse._SubParsersAction, settings_of: SettingsOf) 
     p.add_argument("--weight", type=float, default=1.0, help="fair-share weight (default 1)")
     p.add_argument("--cache-scope", help="prefix-cache scope (default: the tenant's name)")
     p.add_argument("--share-cache-scope-with", metavar="TENANT", help=_SHARE_HELP)
-    _add_quota_options(p)
+    add_quota_options(p)
     p.set_defaults(
         func=command(
             lambda b, a: b.create_tenant(
@@ -299,7 +299,7 @@ def _add_admin(subparsers: argparse._SubParsersAction, settings_of: SettingsOf) 
     p.set_defaults(func=command(lambda b, a: b.rotate_key(a.key_id)))
     p = _admin_leaf(k_sub, "limits", "replace a key's own limits (omitted: its tenant's)", conn)
     p.add_argument("key_id")
-    _add_key_limit_options(p)
+    add_key_limit_options(p)
     p.set_defaults(func=command(lambda b, a: b.set_key_limits(a.key_id, _key_limits_from(a))))
 
     # quota
@@ -307,7 +307,7 @@ def _add_admin(subparsers: argparse._SubParsersAction, settings_of: SettingsOf) 
     q_sub = quota.add_subparsers(dest="quota_command", required=True)
     p = _admin_leaf(q_sub, "set", "replace a tenant's whole quota (omitted fields: unlimited)", conn)
     p.add_argument("tenant")
-    _add_quota_options(p)
+    add_quota_options(p)
     p.set_defaults(func=command(lambda b, a: b.set_quota(a.tenant, _quota_from(a))))
 
     # usage and audit

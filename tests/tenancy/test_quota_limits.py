@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from pydantic import TypeAdapter
 
 from tenancy.admin_bodies.quota import KeyLimitsBody
-from tenancy.cli import _add_key_limit_options, _add_quota_options
+from tenancy.cli import add_key_limit_options, add_quota_options
 from tenancy.models import KeyLimit, Quota
 from tenancy.quota_limits import (
     INT_QUOTA_FIELDS,
@@ -55,7 +55,7 @@ def test_the_field_lists_are_derived_from_the_declaration() -> None:
 
 
 def test_the_cli_has_a_flag_for_every_field() -> None:
-    for add, names in ((_add_quota_options, QUOTA_FIELDS), (_add_key_limit_options, KEY_LIMIT_FIELDS)):
+    for add, names in ((add_quota_options, QUOTA_FIELDS), (add_key_limit_options, KEY_LIMIT_FIELDS)):
         parser = argparse.ArgumentParser()
         add(parser)
         assert {a.dest for a in parser._actions if a.dest != "help"} == set(names)
