@@ -102,6 +102,8 @@ def engine_rows(stats: Mapping[str, EngineStats]) -> list[dict[str, Any]]:
                 "decode_steps_per_s": f"{s.decode_steps_per_s:.2f}",
                 "prefix_hit_rate": _percent(s.prefix_cache_hit_rate),
                 "preemptions": s.num_preemptions,
+                "prompt_tokens": s.num_prompt_tokens_total,
+                "generation_tokens": s.num_generation_tokens_total,
             }
         )
     return rows

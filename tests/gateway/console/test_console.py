@@ -297,8 +297,18 @@ def test_usage_table_chart_and_csv(console: Console) -> None:
     console.login()
     query = {"tenant": "acme", "since": "2030-01-01", "until": "2030-01-02"}
     page = console.client.get(f"{UI}/usage", params=query)
-    assert page.status_code == 200 and page.text.count("<rect ") == 2
+    assert page.status_code == 200
+    day_chart = page.text.split('id="day-chart"')[1].split("</svg>")[0]
+    assert day_chart.count("<rect ") == 2
     assert "<td>2030-01-02</td><td>1</td>" in page.text
+    # Broken down by user (one group: both records carry HOSTILE), rendered as text.
+    by_user = console.client.get(f"{UI}/usage", params={**query, "group_by": "user"})
+    assert by_user.status_code == 200 and HOSTILE not in by_user.text
+    assert "&lt;script&gt;" in by_user.text and "<td>2</td>" in by_user.text
+    by_model = console.client.get(f"{UI}/usage", params={**query, "group_by": "model"})
+    assert '<td class="mono">m</td><td>2</td>' in by_model.text
+    unknown = console.client.get(f"{UI}/usage", params={**query, "group_by": "colour"})
+    assert unknown.status_code == 422 and "group_by" in unknown.text
     csv_answer = console.client.get(f"{UI}/usage.csv", params=query)
     assert csv_answer.headers["content-type"].startswith("text/csv")
     assert "attachment" in csv_answer.headers["content-disposition"]
