@@ -344,7 +344,11 @@ class ConsoleRoutes(UsagePages, ModelPages):
                     Route("/usage", page(self.usage), methods=["GET"]),
                     Route("/usage.csv", page(self.usage_csv), methods=["GET"]),
                     Route("/models", page(self.models), methods=["GET"]),
+                    Route("/models", action(self.register), methods=["POST"]),
+                    Route("/models/{name}/versions", action(self.version_op), methods=["POST"]),
                     Route("/models/{name}/traffic", action(self.set_traffic), methods=["POST"]),
+                    Route("/models/{name}/pins", action(self.set_pin), methods=["POST"]),
+                    Route("/models/{name}/rollback", action(self.rollback), methods=["POST"]),
                 ],
             )
         ]

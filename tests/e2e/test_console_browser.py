@@ -142,23 +142,37 @@ def _usage_requests(console: Console) -> int:
     return int(cells.nth(1).inner_text())
 
 
-def test_change_a_traffic_split_and_see_the_live_page_move(served: Served, console: Console) -> None:
-    with served.admin() as admin:
-        register = {"name": MODEL, "version": "v2", "path": str(served.paths["v2"]), "kv_cache_tokens": 2048}
-        assert admin.post("/admin/v1/models", json=register).status_code == 201
-        loaded = admin.post(f"/admin/v1/models/{MODEL}/versions/v2/load")
-        assert loaded.status_code == 200, loaded.text
-        if "acme" not in served.keys:
+def test_register_load_and_split_traffic_then_see_the_live_page_move(
+    served: Served, console: Console
+) -> None:
+    if "acme" not in served.keys:
+        with served.admin() as admin:
             assert admin.post("/admin/v1/tenants", json={"name": "acme"}).status_code in (201, 409)
             served.keys["acme"] = admin.post("/admin/v1/tenants/acme/keys", json={}).json()["key"]
     page = console.page
     console.log_in(ADMIN_TOKEN)
     page.get_by_role("link", name="Model versions").click()
+    page.get_by_label("Model name").fill(MODEL)
+    page.get_by_label("Version label").fill("v2")
+    page.get_by_label(re.compile("Path on the server")).fill(str(served.paths["v2"]))
+    page.get_by_label(re.compile("KV cache tokens")).fill("2048")
+    page.get_by_role("button", name="Register version").click()
+    expect(page.get_by_role("status")).to_contain_text(f"Registered {MODEL}@v2")
+
+    page.get_by_label("Version to change").select_option("v2")
+    page.get_by_label("Action").select_option("load")
+    page.get_by_role("button", name="Apply to version").click()  # unconfirmed: refused in place
+    expect(page.get_by_role("heading", name="Model versions")).to_be_visible()
+    assert page.get_by_role("alert").count() == 0  # the browser itself refused: the box is required
+    page.get_by_label(re.compile("Yes, change this version")).check()
+    page.get_by_role("button", name="Apply to version").click()
+    expect(page.get_by_role("status")).to_contain_text(f"{MODEL}@v2 is ready", timeout=WAIT_MS)
+
     page.get_by_label("v1 %").fill("0")
     page.get_by_label("v2 %").fill("100")
-    page.get_by_label(re.compile("Yes, send tiny's new requests")).check()
+    page.get_by_label(re.compile(f"Yes, send {MODEL}'s new requests")).check()
     page.get_by_role("button", name="Change traffic").click()
-    expect(page.get_by_role("status")).to_contain_text("Traffic for tiny saved")
+    expect(page.get_by_role("status")).to_contain_text(f"Traffic for {MODEL} saved")
     expect(page.get_by_role("row", name=re.compile(r"^v2 ready 100%"))).to_be_visible()
 
     page.get_by_role("link", name="Live engine").click()
