@@ -34,6 +34,7 @@ from gateway.console.base import (
     is_https,
 )
 from gateway.console.forms import optional_int, read_form
+from gateway.console.key_pages import KeyPages
 from gateway.console.model_pages import ModelPages
 from gateway.console.sessions import ConsoleSession
 from gateway.console.usage_pages import UsagePages
@@ -56,7 +57,7 @@ logger = logging.getLogger(__name__)
 _INT_QUOTA_FIELDS = tuple(f for f in QUOTA_FIELDS if f != "models")
 
 
-class ConsoleRoutes(UsagePages, ModelPages):
+class ConsoleRoutes(UsagePages, ModelPages, KeyPages):
     """The console's endpoints over `ConsoleDeps`."""
 
     # -- login ------------------------------------------------------------------------------------
@@ -337,6 +338,8 @@ class ConsoleRoutes(UsagePages, ModelPages):
                     Route("/tenants/{name}/quota", action(self.set_quota), methods=["POST"]),
                     Route("/tenants/{name}/suspend", action(self.suspend_tenant), methods=["POST"]),
                     Route("/tenants/{name}/keys", action(self.issue_key), methods=["POST"]),
+                    Route("/keys/{key_id}", page(self.key), methods=["GET"]),
+                    Route("/keys/{key_id}/limits", action(self.set_key_limits), methods=["POST"]),
                     Route("/keys/{key_id}/revoke", action(self.revoke_key), methods=["POST"]),
                     Route("/engine", page(self.engine), methods=["GET"]),
                     Route("/engine.json", data(self.engine_json), methods=["GET"]),

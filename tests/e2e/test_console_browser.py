@@ -216,6 +216,9 @@ def test_every_control_on_every_page_has_an_accessible_name(console: Console) ->
     for path in console.page_paths("labels-co"):
         page.goto(f"{console.ui}{path}")
         console.assert_controls_labelled()
+    page.goto(f"{console.ui}/tenants/labels-co")
+    page.get_by_role("link", name=re.compile("details and limits")).first.click()  # a key's page
+    console.assert_controls_labelled()
 
 
 # -- hostile input -------------------------------------------------------------------------------------
@@ -244,6 +247,23 @@ def test_markup_in_names_user_values_and_models_stays_inert(served: Served, cons
     page.goto(f"{console.ui}/tenants/hostile")
     page.get_by_label(re.compile("Expires at")).fill(HOSTILE)
     page.get_by_role("button", name="Issue key").click()
+    expect(page.get_by_role("alert")).to_be_visible()
+    console.assert_inert(expect_text=False)
+
+    # Model names: any string in a key's model list (shown on its tenant's page); refused as a
+    # version's name.
+    page.get_by_role("link", name=re.compile("details and limits")).first.click()
+    page.get_by_label(re.compile(r"^Models")).fill(HOSTILE)
+    page.get_by_role("button", name="Save key limits").click()
+    expect(page.get_by_role("status")).to_contain_text("Key limits saved")
+    console.assert_inert(expect_text=False)
+    page.goto(f"{console.ui}/tenants/hostile")
+    console.assert_inert()
+    page.goto(f"{console.ui}/models")
+    page.get_by_label("Model name").fill(HOSTILE)
+    page.get_by_label("Version label").fill(HOSTILE[:64])
+    page.get_by_label(re.compile("Path on the server")).fill(HOSTILE)
+    page.get_by_role("button", name="Register version").click()
     expect(page.get_by_role("alert")).to_be_visible()
     console.assert_inert(expect_text=False)
 
