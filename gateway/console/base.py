@@ -18,8 +18,10 @@ from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Re
 from engine.output import EngineStats
 from gateway.auth import AdminAuthenticator, Authenticator
 from gateway.console.forms import read_form
+from gateway.console.live_tenants import LiveTenants
 from gateway.console.sessions import ConsoleSession, SessionStore
 from gateway.errors import WeirError
+from gateway.metrics import GatewayMetrics
 from gateway.model_rollout import ModelRollout
 from tenancy.errors import TenancyError
 from tenancy.repo import TenancyRepo
@@ -57,6 +59,7 @@ class ConsoleDeps:
     stats_by_version: Callable[[], Mapping[str, EngineStats]]  # the metrics' EngineStats
     rollout: ModelRollout | None = None
     sessions: SessionStore = field(default_factory=SessionStore)
+    metrics: GatewayMetrics | None = None  # per-tenant throughput and latency on the live page
 
 
 def _templates() -> jinja2.Environment:
@@ -117,6 +120,7 @@ class ConsoleBase:
         self.repo = deps.repo
         self.sessions = deps.sessions
         self.env = _templates()
+        self.live_tenants = LiveTenants(deps.metrics) if deps.metrics is not None else None
 
     # -- plumbing ---------------------------------------------------------------------------------
 

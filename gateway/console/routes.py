@@ -287,12 +287,20 @@ class ConsoleRoutes(UsagePages, ModelPages, KeyPages):
 
     # -- live engine ------------------------------------------------------------------------------
 
+    def _tenant_rows(self) -> list[dict[str, str]] | None:
+        if self.live_tenants is None:
+            return None
+        return [row.cells() for row in self.live_tenants.rows()]
+
     async def engine(self, request: Request, session: ConsoleSession) -> Response:
         rows = engine_rows(self.deps.stats_by_version())
-        return self.render("engine.html", 200, session, nav="engine", rows=rows)
+        return self.render(
+            "engine.html", 200, session, nav="engine", rows=rows, tenant_rows=self._tenant_rows()
+        )
 
     async def engine_json(self, request: Request, session: ConsoleSession) -> Response:
-        return JSONResponse({"data": engine_rows(self.deps.stats_by_version())}, headers=SECURITY_HEADERS)
+        body = {"data": engine_rows(self.deps.stats_by_version()), "tenants": self._tenant_rows() or []}
+        return JSONResponse(body, headers=SECURITY_HEADERS)
 
     # -- audit ------------------------------------------------------------------------------------
 

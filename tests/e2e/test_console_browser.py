@@ -182,6 +182,9 @@ def test_register_load_and_split_traffic_then_see_the_live_page_move(
     # The page's script refreshes the table every few seconds: the counter moves without a reload.
     expect(generated).not_to_have_text(before, timeout=WAIT_MS)
     expect(page.locator("#live-status")).to_contain_text("Updated")
+    # Per tenant: acme's row (added by a reload on its first request) with its TTFT percentiles.
+    ttft = page.locator(f'#live-tenants tr[data-key="{MODEL}|acme"] td[data-field="ttft_p50"]')
+    expect(ttft).to_have_text(re.compile(r"^\d+ ms$"), timeout=WAIT_MS)
 
 
 # -- keyboard only, labels ---------------------------------------------------------------------------
