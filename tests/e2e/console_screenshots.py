@@ -11,6 +11,7 @@ Run: python -m tests.e2e.console_screenshots --out docs/console
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -107,6 +108,9 @@ def main() -> int:
                         page.get_by_text("Updated").wait_for(timeout=30_000)
                     page.screenshot(path=args.out / f"{name}.png")
                     print(f"wrote {args.out / name}.png", flush=True)
+                page.goto(f"{console.ui}/tenants/acme")
+                page.get_by_role("link", name=re.compile("details and limits")).first.click()
+                page.screenshot(path=args.out / "key.png")
             browser.close()
     return 0
 
