@@ -55,6 +55,7 @@ from tenancy.records import validate_tenant_name
 logger = logging.getLogger(__name__)
 
 _INT_QUOTA_FIELDS = tuple(f for f in QUOTA_FIELDS if f != "models")
+TENANTS_PER_PAGE = 100
 
 
 class ConsoleRoutes(UsagePages, ModelPages, KeyPages):
@@ -137,15 +138,22 @@ class ConsoleRoutes(UsagePages, ModelPages, KeyPages):
         self, request: Request, session: ConsoleSession, error: str | None = None, status_code: int = 200
     ) -> Response:
         query = request.query_params.get("q", "")[:128]
-        tenants = await run_in_threadpool(self.repo.list_tenants)
-        shown = [t for t in tenants if query.lower() in t.name]
+        try:
+            offset = max(0, optional_int(dict(request.query_params), "offset") or 0)
+        except FieldError:
+            offset = 0
+        shown, matching = await run_in_threadpool(
+            lambda: self.repo.search_tenants(query, limit=TENANTS_PER_PAGE, offset=offset)
+        )
         return self.render(
             "tenants.html",
             status_code,
             session,
             nav="tenants",
             tenants=shown,
-            num_tenants=len(tenants),
+            matching=matching,
+            offset=offset,
+            per_page=TENANTS_PER_PAGE,
             query=query,
             priorities=[p.name.lower() for p in Priority],
             error=error,

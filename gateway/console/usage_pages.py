@@ -90,7 +90,7 @@ class UsagePages(ConsoleBase):
     # -- usage ------------------------------------------------------------------------------------
 
     async def _usage(self, request: Request, with_breakdown: bool = True) -> UsageView:
-        tenants = [t.name for t in await run_in_threadpool(self.repo.list_tenants)]
+        tenants = await run_in_threadpool(self.repo.tenant_names)
         tenant = request.query_params.get("tenant") or (tenants[0] if tenants else None)
         today = self.repo.now().date()
         since_raw, until_raw = request.query_params.get("since"), request.query_params.get("until")

@@ -224,6 +224,19 @@ def test_every_control_on_every_page_has_an_accessible_name(console: Console) ->
     console.assert_controls_labelled()
 
 
+def test_every_page_fits_a_phone_width_without_sideways_scrolling(console: Console) -> None:
+    page = console.page
+    page.set_viewport_size({"width": 390, "height": 844})
+    console.log_in(ADMIN_TOKEN)
+    page.get_by_label("Name", exact=True).fill("phone-co")
+    page.get_by_role("button", name="Create tenant").click()
+    for path in console.page_paths("phone-co"):
+        page.goto(f"{console.ui}{path}")
+        # Wide tables scroll inside their own box; the page itself never scrolls sideways.
+        overflow = page.evaluate("() => document.documentElement.scrollWidth - window.innerWidth")
+        assert overflow <= 0, (path, overflow)
+
+
 # -- hostile input -------------------------------------------------------------------------------------
 
 

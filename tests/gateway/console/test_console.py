@@ -1,98 +1,29 @@
-"""The admin console on a minimal app over a real repository (SQLite): login and its cookie,
-CSRF refusals, tenant keys refused, the pages and actions, hostile names rendered inert."""
+"""The console's login, cookie, CSRF and tenant-key refusals, tenant/key/usage/audit/live pages and
+actions, hostile names rendered inert (gateway/console/routes.py), on a minimal app over SQLite."""
 
 from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 import pytest
-from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
-from engine.memory_budget import MemoryBudget
-from engine.output import EngineStats
-from gateway.auth import AdminAuthenticator, Authenticator, AuthSettings, FailureThrottle
-from gateway.console.routes import LOGIN_COOKIE, SESSION_COOKIE, ConsoleDeps, console_routes
+from gateway.console.routes import LOGIN_COOKIE, SESSION_COOKIE
 from gateway.console.sessions import SessionStore
-from gateway.errors import exception_handlers
-from gateway.model_fleet import ModelFleet
-from gateway.model_rollout import ModelRollout
-from tenancy.db import Database
 from tenancy.enums import UsageStatus
-from tenancy.keys import KEY_PREFIX, KeyHasher
-from tenancy.migrate import upgrade
+from tenancy.keys import KEY_PREFIX
 from tenancy.model_version_records import ModelVersionSpec
-from tenancy.model_versions import ModelVersionRepo
 from tenancy.records import KeySpec, TenantSpec, UsageRecordIn
-from tenancy.repo import TenancyRepo
-from tests.gateway.test_model_fleet import MIB, Factory
-from tests.tenancy.clock import START, FakeClock
-
-TOKEN = "console-admin-token-0123456789"
-UI = "/admin/ui"
-HOSTILE = '<script>alert(1)</script><img src=x onerror="alert(2)">'
-MAX_LOGIN_FAILURES = 3
-STATS = EngineStats(num_running=2, num_waiting=5, num_total_blocks=100, num_free_blocks=25, block_size=16)
-
-
-@dataclass
-class Console:
-    client: TestClient
-    repo: TenancyRepo
-    rollout: ModelRollout
-    sessions: SessionStore
-
-    def login_form(self) -> str:
-        """GET the login form; its CSRF token (the login cookie is now set)."""
-        page = self.client.get(f"{UI}/login")
-        assert page.status_code == 200
-        return _csrf(page.text)
-
-    def login(self, token: str = TOKEN) -> str:
-        """Log in; the CSRF token of the session's pages."""
-        answer = self.client.post(
-            f"{UI}/login", data={"token": token, "csrf_token": self.login_form()}, follow_redirects=False
-        )
-        assert answer.status_code == 303, answer.text
-        return _csrf(self.client.get(f"{UI}/tenants").text)
-
-    def post(self, path: str, csrf: str | None, /, **fields: str) -> object:
-        data = dict(fields)
-        if csrf is not None:
-            data["csrf_token"] = csrf
-        return self.client.post(f"{UI}{path}", data=data, follow_redirects=False)
-
-
-def _csrf(html: str) -> str:
-    match = re.search(r'name="csrf_token" value="([^"]+)"', html)
-    assert match is not None, html
-    return match.group(1)
-
-
-def _app(deps: ConsoleDeps) -> Starlette:
-    return Starlette(routes=console_routes(deps), exception_handlers=exception_handlers())
-
-
-@pytest.fixture
-def console(tmp_path: Path) -> Iterator[Console]:
-    db = Database(f"sqlite:///{tmp_path / 'weir.db'}")
-    upgrade(db.engine)
-    repo = TenancyRepo(db, KeyHasher(b"pepper"), clock=FakeClock())
-    authenticator = Authenticator(repo, AuthSettings())
-    throttle = FailureThrottle(MAX_LOGIN_FAILURES, window_s=3600)
-    admin_auth = AdminAuthenticator(repo, TOKEN, throttle=throttle)
-    rollout = ModelRollout(ModelFleet(Factory(), MemoryBudget(8 * MIB)), ModelVersionRepo(db))
-    sessions = SessionStore()
-    deps = ConsoleDeps(repo, authenticator, admin_auth, lambda: {"m@v1": STATS}, rollout, sessions)
-    with TestClient(_app(deps)) as client:
-        yield Console(client, repo, rollout, sessions)
-    db.dispose()
-
+from tests.gateway.console.console_harness import (
+    HOSTILE,
+    MAX_LOGIN_FAILURES,
+    TOKEN,
+    UI,
+    Console,
+    csrf_of,
+)
+from tests.tenancy.clock import START
 
 # -- login, cookie, logout --------------------------------------------------------------------------
 
@@ -111,7 +42,7 @@ def test_login_sets_a_strict_httponly_session_cookie_and_logout_ends_it(console:
     assert page.status_code == 200 and "Log out" in page.text
     assert page.headers["cache-control"] == "no-store"
     assert "script-src 'self'" in page.headers["content-security-policy"]
-    csrf = _csrf(page.text)
+    csrf = csrf_of(page.text)
     assert console.post("/logout", csrf).status_code == 303  # type: ignore[attr-defined]
     assert console.sessions.num_sessions == 0
     assert console.client.get(f"{UI}/tenants", follow_redirects=False).status_code == 303
@@ -121,7 +52,7 @@ def test_the_session_cookie_is_secure_over_https(console: Console) -> None:
     client = TestClient(console.client.app, base_url="https://testserver")
     form = client.get(f"{UI}/login")
     assert "secure" in form.headers["set-cookie"].lower()
-    csrf = _csrf(form.text)
+    csrf = csrf_of(form.text)
     answer = client.post(f"{UI}/login", data={"token": TOKEN, "csrf_token": csrf}, follow_redirects=False)
     cookie = next(c for c in answer.headers.get_list("set-cookie") if c.startswith(SESSION_COOKIE + "="))
     assert "secure" in {p.strip().lower() for p in cookie.split(";")}
@@ -331,88 +262,16 @@ def test_audit_page_filters_by_tenant(console: Console) -> None:
     assert "<td>beta</td>" in page and "<td>acme</td>" not in page
 
 
-def test_traffic_needs_confirmation_and_shows_refusals_in_place(console: Console) -> None:
-    asyncio.run(console.rollout.register(ModelVersionSpec(name="m", version="v1", path="ok"), "test"))
-    csrf = console.login()
-    unconfirmed = console.post("/models/m/traffic", csrf, **{"split.v1": "100"})
-    assert unconfirmed.status_code == 422  # type: ignore[attr-defined]
-    not_ready = console.post("/models/m/traffic", csrf, confirm="yes", **{"split.v1": "100"})
-    assert not_ready.status_code == 409 and "only ready versions take traffic" in not_ready.text  # type: ignore[attr-defined]
-
-
-def test_model_version_actions_register_load_pin_drain_rollback_retire(console: Console) -> None:
-    console.repo.create_tenant(TenantSpec("acme"), actor="test")
-    csrf = console.login()
-
-    def post(path: str, /, **fields: str) -> Any:
-        answer: Any = console.post(path, csrf, **fields)
-        return answer
-
-    for version in ("v1", "v2"):
-        registered = post("/models", name="m", version=version, path="ok", kv_cache_tokens="64")
-        assert registered.status_code == 200 and f"Registered m@{version}" in registered.text
-    assert post("/models/m/versions", version="v1", op="load").status_code == 422  # not confirmed
-    for version in ("v1", "v2"):
-        loaded = post("/models/m/versions", version=version, op="load", confirm="yes")
-        assert loaded.status_code == 200 and f"m@{version} is ready" in loaded.text, loaded.text
-    split = post("/models/m/traffic", confirm="yes", **{"split.v1": "50", "split.v2": "50"})
-    assert split.status_code == 200 and "<td>50%</td>" in split.text
-    pinned = post("/models/m/pins", tenant="acme", version="v2", confirm="yes")
-    assert pinned.status_code == 200 and "acme pinned to m@v2" in pinned.text
-    assert asyncio.run(console.rollout.traffic("m")).pins == {"acme": "v2"}
-    unknown = post("/models/m/pins", tenant="nobody", version="v2", confirm="yes")
-    assert unknown.status_code == 404 and "nobody" in unknown.text
-    rolled = post("/models/m/rollback", to="v1", confirm="yes")
-    assert rolled.status_code == 200 and "Rolled m back to v1" in rolled.text
-    plan = asyncio.run(console.rollout.traffic("m"))
-    assert plan.split == {"v1": 100}
-    drained = post("/models/m/versions", version="v2", op="drain", confirm="yes")
-    assert drained.status_code in (200, 409), drained.text  # the rollback may have drained it already
-    retired = post("/models/m/versions", version="v2", op="retire", confirm="yes")
-    assert retired.status_code == 200 and "m@v2 is retired" in retired.text, retired.text
-    unpinned = post("/models/m/pins", tenant="acme", version="", confirm="yes")
-    assert unpinned.status_code in (200, 409), unpinned.text
-    bad_op = post("/models/m/versions", version="v1", op="explode", confirm="yes")
-    assert bad_op.status_code == 422 and "op" in bad_op.text
-    actions = {e.action.value for e in console.repo.list_audit()}
-    assert any("model" in a for a in actions), actions
-
-
-def test_a_failed_load_and_hostile_model_fields_are_shown_in_place(console: Console) -> None:
-    csrf = console.login()
-    registered: Any = console.post("/models", csrf, name="m", version="bad", path="bad-warmup")
-    assert registered.status_code == 200
-    failed: Any = console.post("/models/m/versions", csrf, version="bad", op="load", confirm="yes")
-    assert failed.status_code == 422 and "loading model version m@bad failed" in failed.text
-    hostile: Any = console.post("/models", csrf, name=HOSTILE, version=HOSTILE, path=HOSTILE)
-    assert hostile.status_code == 422 and HOSTILE not in hostile.text
-    path: Any = console.post("/models", csrf, name="m", version="v9", path=HOSTILE)
-    assert HOSTILE not in path.text  # registered or refused, the path shows only as text
-
-
-def test_a_keys_own_limits_are_shown_and_set_within_its_tenant(console: Console) -> None:
-    console.repo.create_tenant(TenantSpec("acme"), actor="test")
-    key_id = console.repo.issue_key("acme", KeySpec(), actor="test").view.id
-    csrf = console.login()
-    tenant_page = console.client.get(f"{UI}/tenants/acme")
-    assert f'href="{UI}/keys/{key_id}"' in tenant_page.text and "the tenant's" in tenant_page.text
-    page = console.client.get(f"{UI}/keys/{key_id}")
-    assert page.status_code == 200 and 'id="kl-tokens_per_minute"' in page.text
-    saved: Any = console.post(f"/keys/{key_id}/limits", csrf, tokens_per_minute="500", models="m, n")
-    assert saved.status_code == 200 and "Key limits saved." in saved.text
-    stored = console.repo.get_key(key_id).limits
-    assert stored.tokens_per_minute == 500 and stored.models == ("m", "n")
-    assert "tokens per minute 500" in console.client.get(f"{UI}/tenants/acme").text
-    for bad in ({"tokens_per_minute": "0"}, {"max_concurrent": "lots", "models": HOSTILE}):
-        refused: Any = console.post(f"/keys/{key_id}/limits", csrf, **bad)
-        assert refused.status_code in (400, 422), (bad, refused.status_code)
-        assert HOSTILE not in refused.text and 'role="alert"' in refused.text
-    assert console.repo.get_key(key_id).limits.tokens_per_minute == 500  # unchanged by the refusals
-    # A model name is any string: markup is stored as given and shown as text.
-    hostile: Any = console.post(f"/keys/{key_id}/limits", csrf, models=HOSTILE)
-    assert hostile.status_code == 200 and HOSTILE not in hostile.text and "&lt;script&gt;" in hostile.text
-    assert HOSTILE not in console.client.get(f"{UI}/tenants/acme").text
-    cleared: Any = console.post(f"/keys/{key_id}/limits", csrf)
-    assert cleared.status_code == 200 and console.repo.get_key(key_id).limits.tokens_per_minute is None
-    assert console.client.get(f"{UI}/keys/sk-not-an-id").status_code == 404
-    assert console.post(f"/keys/{key_id}/limits", None, tokens_per_minute="1").status_code == 403  # type: ignore[attr-defined]
+def test_the_tenant_list_is_paged_and_searched_in_the_database(console: Console) -> None:
+    for i in range(105):
+        console.repo.create_tenant(TenantSpec(f"t{i:03d}"), actor="test")
+    console.login()
+    first = console.client.get(f"{UI}/tenants")
+    assert "1–100 of 105 tenants" in first.text and first.text.count('href="/admin/ui/tenants/t') == 100
+    assert "offset=100" in first.text and "Previous" not in first.text
+    second = console.client.get(f"{UI}/tenants", params={"offset": "100"})
+    assert "101–105 of 105 tenants" in second.text and "t104" in second.text and "Next" not in second.text
+    found = console.client.get(f"{UI}/tenants", params={"q": "T10"})
+    assert "1–5 of 5 tenants" in found.text  # t100-t104
+    for odd in ("-5", "lots"):
+        assert console.client.get(f"{UI}/tenants", params={"offset": odd}).status_code == 200
