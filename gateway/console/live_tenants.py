@@ -4,7 +4,8 @@ Read from the same Prometheus histograms and counters `/metrics` exports (labell
 and tenant; they do not carry the version), so the console adds no second bookkeeping. Percentiles
 are estimated from the histogram buckets as PromQL's `histogram_quantile` does (linear within a
 bucket), since the server started. Throughput is generated tokens per second between two reads
-(the page polls every few seconds), kept per (model, tenant).
+(the page polls every few seconds), kept per (model, tenant). SLO attainment is per tenant, from
+admission's `weir_slo_requests` counter (present when admission is on).
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from gateway.metrics import GatewayMetrics
 
 Key = tuple[str, str]  # (model, tenant)
+SLO_METRIC = "weir_slo_requests_total"  # gateway.admission_metrics: completed requests by result
 MIN_RATE_INTERVAL_S = 1.0  # reads closer together keep the previous rate
 
 
@@ -65,6 +67,24 @@ def _totals(counter: Counter, suffix: str = "_total") -> dict[Key, float]:
     return totals
 
 
+def slo_attainment(registry: CollectorRegistry) -> dict[str, float]:
+    """Per tenant, the share of its completed requests that met its TTFT/TPOT objectives.
+
+    Only tenants with an objective and admission on are counted (the counter exists only then).
+    """
+    met: dict[str, float] = {}
+    total: dict[str, float] = {}
+    for family in registry.restricted_registry([SLO_METRIC]).collect():
+        for sample in family.samples:
+            if sample.name != SLO_METRIC:
+                continue
+            tenant = sample.labels["tenant"]
+            total[tenant] = total.get(tenant, 0.0) + sample.value
+            if sample.labels["result"] == "met":
+                met[tenant] = met.get(tenant, 0.0) + sample.value
+    return {t: met.get(t, 0.0) / n for t, n in total.items() if n > 0}
+
+
 @dataclass(frozen=True)
 class TenantLive:
     """One (model, tenant) row of the live page."""
@@ -78,6 +98,7 @@ class TenantLive:
     ttft_p95_s: float | None
     itl_p50_s: float | None
     itl_p95_s: float | None
+    slo_met: float | None = None  # the tenant's share of requests within its objectives (all models)
 
     def cells(self) -> dict[str, str]:
         """The row as the page shows it (text only)."""
@@ -95,6 +116,7 @@ class TenantLive:
             "ttft_p95": ms(self.ttft_p95_s),
             "itl_p50": ms(self.itl_p50_s),
             "itl_p95": ms(self.itl_p95_s),
+            "slo_met": "-" if self.slo_met is None else f"{100 * self.slo_met:.1f}%",
         }
 
 
@@ -125,6 +147,7 @@ class LiveTenants:
         finished = _totals(m.finished)
         ttft, itl = _buckets(m.ttft), _buckets(m.itl)
         rates = self._rates_now(generated)
+        slo = slo_attainment(m.registry)
         keys: Iterable[Key] = sorted(set(generated) | set(finished) | set(ttft))
         return [
             TenantLive(
@@ -137,6 +160,7 @@ class LiveTenants:
                 ttft_p95_s=histogram_quantile(0.95, ttft.get(k, [])),
                 itl_p50_s=histogram_quantile(0.5, itl.get(k, [])),
                 itl_p95_s=histogram_quantile(0.95, itl.get(k, [])),
+                slo_met=slo.get(k[1]),
             )
             for k in keys
         ]

@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.console.live_tenants import LiveTenants, histogram_quantile
+from gateway.admission_metrics import AdmissionMetrics, SLOResult
+from gateway.console.live_tenants import LiveTenants, histogram_quantile, slo_attainment
 from gateway.metrics import GatewayMetrics
 
 
@@ -66,3 +67,17 @@ def test_rows_per_model_and_tenant_with_percentiles_and_throughput() -> None:
     assert again[("m", "acme")].cells()["tokens_per_s"] == "50.0"
     now[0] += 1.0  # nothing more generated: the rate drops to 0
     assert {(r.model, r.tenant): r for r in live.rows()}[("m", "acme")].tokens_per_s == 0.0
+
+
+def test_slo_attainment_per_tenant_from_admissions_counter() -> None:
+    metrics = GatewayMetrics(None)
+    admission = AdmissionMetrics(metrics.registry)
+    live = LiveTenants(metrics)
+    for result in (SLOResult.MET, SLOResult.MET, SLOResult.MET, SLOResult.MISSED):
+        admission.count_slo("acme", result)
+    metrics.count_tokens("m", "acme", prompt=1, cached=0, generated=1)
+    metrics.count_tokens("m", "other", prompt=1, cached=0, generated=1)
+    rows = {r.tenant: r for r in live.rows()}
+    assert rows["acme"].slo_met == pytest.approx(0.75) and rows["acme"].cells()["slo_met"] == "75.0%"
+    assert rows["other"].slo_met is None and rows["other"].cells()["slo_met"] == "-"
+    assert slo_attainment(GatewayMetrics(None).registry) == {}  # admission off: no counter
