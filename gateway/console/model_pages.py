@@ -24,7 +24,7 @@ from tenancy.model_version_records import TrafficPlan, validate_model_name, vali
 from tenancy.records import validate_tenant_name
 
 VERSION_OPS = ("load", "drain", "retire")
-# What each confirmation box says it agrees to (the page shows the same words).
+# The refusal (422) when a change comes without its confirmation box ticked.
 _CONFIRM = {
     "traffic": "Tick the box to confirm the traffic change.",
     "version": "Tick the box to confirm the version change.",
