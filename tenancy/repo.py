@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Callable, Sequence
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -139,6 +139,24 @@ class TenancyRepo:
             return [
                 tenant_view(row) for row in session.scalars(select(Tenant).order_by(Tenant.name)).unique()
             ]
+
+    def tenant_names(self) -> list[str]:
+        """Every tenant's name, sorted (no quotas loaded: the console's tenant pickers)."""
+        with self.db.transaction() as session:
+            return list(session.scalars(select(Tenant.name).order_by(Tenant.name)))
+
+    def search_tenants(self, text: str, *, limit: int, offset: int = 0) -> tuple[list[TenantView], int]:
+        """One page of the tenants whose name contains `text` (case-insensitive), by name, and how
+        many match in all."""
+        if isinstance(limit, bool) or limit < 1 or isinstance(offset, bool) or offset < 0:
+            raise FieldError("limit", "must be positive, and offset not negative")
+        where = Tenant.name.contains(text.lower(), autoescape=True)
+        with self.db.transaction() as session:
+            total = session.scalar(select(func.count()).select_from(Tenant).where(where)) or 0
+            rows = session.scalars(
+                select(Tenant).where(where).order_by(Tenant.name).limit(limit).offset(offset)
+            )
+            return [tenant_view(row) for row in rows.unique()], total
 
     def get_tenant(self, name: str) -> TenantView:
         """One tenant; `TenantNotFoundError` if absent."""

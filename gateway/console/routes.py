@@ -9,212 +9,53 @@ Errors are shown on the page they came from, with the status the admin API would
 
 from __future__ import annotations
 
-import csv
-import datetime as dt
-import io
 import logging
 import secrets
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
-import jinja2
-from sqlalchemy.exc import SQLAlchemyError
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.responses import FileResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 
-from engine.output import EngineStats
 from engine.request import Priority
-from gateway.auth import AdminAuthenticator, Authenticator
+from gateway.console.base import (
+    CONSOLE_ERRORS,
+    HERE,
+    LOGIN_COOKIE,
+    PREFIX,
+    SECURITY_HEADERS,
+    SESSION_COOKIE,
+    STATIC_ASSETS,
+    ConsoleDeps,
+    client_addr,
+    engine_rows,
+    is_https,
+)
 from gateway.console.forms import optional_int, read_form
-from gateway.console.sessions import ConsoleSession, SessionStore
+from gateway.console.key_pages import KeyPages
+from gateway.console.model_pages import ModelPages
+from gateway.console.sessions import ConsoleSession
+from gateway.console.usage_pages import UsagePages
 from gateway.errors import NotFoundError, WeirError, to_http_error
-from gateway.model_rollout import ModelRollout
-from tenancy.admin_bodies.fields import parse_date
 from tenancy.admin_bodies.keys import ApiKey, KeyCreate
 from tenancy.admin_bodies.parsing import parse_model
 from tenancy.admin_bodies.quota import parse_quota_limits
 from tenancy.admin_bodies.tenants import TenantCreate, TenantPatch
 from tenancy.enums import KeyScope
-from tenancy.errors import FieldError, TenancyError
+from tenancy.errors import FieldError
 from tenancy.keys import is_public_id
-from tenancy.model_version_records import TrafficPlan
 from tenancy.quota_limits import INT_QUOTA_FIELDS
-from tenancy.records import DailyUsage, validate_tenant_name
-from tenancy.repo import TenancyRepo
+from tenancy.records import validate_tenant_name
 
 logger = logging.getLogger(__name__)
 
-PREFIX = "/admin/ui"
-SESSION_COOKIE = "weir_console"
-LOGIN_COOKIE = "weir_console_login"  # the login form's CSRF token (double submit), before a session
-_HERE = Path(__file__).parent
-_STATIC = {"console.css": "text/css", "console.js": "text/javascript"}
-_USAGE_DAYS = 30
-# Pages may show a key once; nothing here may be cached, framed, or run a script it did not ship.
-SECURITY_HEADERS = {
-    "Cache-Control": "no-store",
-    "Content-Security-Policy": (
-        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
-        "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
-    ),
-    "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
-    "X-Frame-Options": "DENY",
-}
-_CONSOLE_ERRORS = (WeirError, TenancyError, SQLAlchemyError)
-
-Handler = Callable[[Request, ConsoleSession], Awaitable[Response]]
+TENANTS_PER_PAGE = 100
 
 
-@dataclass
-class ConsoleDeps:
-    """What the console reads and changes: the same objects the admin API uses."""
-
-    repo: TenancyRepo
-    authenticator: Authenticator  # its cache is invalidated on tenant and key changes
-    admin_auth: AdminAuthenticator  # checks the login token, with its failure throttle
-    stats_by_version: Callable[[], Mapping[str, EngineStats]]  # the metrics' EngineStats
-    rollout: ModelRollout | None = None
-    sessions: SessionStore = field(default_factory=SessionStore)
-
-
-def _templates() -> jinja2.Environment:
-    # Autoescape everything: tenant names, model paths, `user` values and error messages that
-    # echo input are rendered as text, never as markup.
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(_HERE / "templates"),
-        autoescape=True,
-        undefined=jinja2.StrictUndefined,
-    )
-    env.globals["prefix"] = PREFIX
-    return env
-
-
-def _addr(request: Request) -> str:
-    return request.client.host if request.client is not None else "unknown"
-
-
-def _is_https(request: Request) -> bool:
-    # uvicorn rewrites the scheme from X-Forwarded-Proto only for trusted proxies (--forwarded-allow-ips).
-    return request.url.scheme == "https"
-
-
-def _percent(value: float) -> str:
-    return f"{100 * value:.1f}%"
-
-
-def engine_rows(stats: Mapping[str, EngineStats]) -> list[dict[str, Any]]:
-    """One row per loaded version: what the live page shows and its JSON endpoint returns."""
-    rows = []
-    for version_id, s in sorted(stats.items()):
-        host = s.host_kv
-        rows.append(
-            {
-                "version": version_id,
-                "waiting": s.num_waiting,
-                "running": s.num_running,
-                "waiting_tokens": s.num_waiting_tokens,
-                "kv_usage": _percent(s.kv_usage),
-                "host_kv_usage": "off" if host is None else _percent(host.usage),
-                "swapped": 0 if host is None else host.num_swapped_requests,
-                "prefill_tokens_per_s": f"{s.prefill_tokens_per_s:.1f}",
-                "decode_steps_per_s": f"{s.decode_steps_per_s:.2f}",
-                "prefix_hit_rate": _percent(s.prefix_cache_hit_rate),
-                "preemptions": s.num_preemptions,
-            }
-        )
-    return rows
-
-
-def usage_chart(days: list[DailyUsage], width: int = 600, height: int = 160) -> list[dict[str, Any]]:
-    """Bars (x, y, width, height, label) for tokens per day, scaled to the tallest day."""
-    if not days:
-        return []
-    totals = [d.prompt_tokens + d.completion_tokens for d in days]
-    top = max(totals) or 1
-    slot = width / len(days)
-    bars: list[dict[str, Any]] = []
-    for d, total in zip(days, totals, strict=True):
-        h = round(height * total / top, 1)
-        bars.append(
-            {
-                "x": round(slot * len(bars) + slot * 0.1, 1),
-                "y": round(height - h, 1),
-                "width": round(slot * 0.8, 1),
-                "height": h,
-                "label": f"{d.day.isoformat()}: {total} tokens",
-            }
-        )
-    return bars
-
-
-class ConsoleRoutes:
+class ConsoleRoutes(UsagePages, ModelPages, KeyPages):
     """The console's endpoints over `ConsoleDeps`."""
-
-    def __init__(self, deps: ConsoleDeps) -> None:
-        self.deps = deps
-        self.repo = deps.repo
-        self.sessions = deps.sessions
-        self.env = _templates()
-
-    # -- plumbing ---------------------------------------------------------------------------------
-
-    def render(
-        self, name: str, status_code: int = 200, session: ConsoleSession | None = None, **context: Any
-    ) -> HTMLResponse:
-        context.setdefault("error", None)
-        context.setdefault("notice", None)
-        context.setdefault("nav", "")
-        html = self.env.get_template(name).render(
-            csrf=session.csrf_token if session is not None else "", logged_in=session is not None, **context
-        )
-        return HTMLResponse(html, status_code=status_code, headers=SECURITY_HEADERS)
-
-    def _session(self, request: Request) -> ConsoleSession | None:
-        return self.sessions.get(request.cookies.get(SESSION_COOKIE))
-
-    def page(self, handler: Handler) -> Callable[[Request], Awaitable[Response]]:
-        """A GET page: without a session, to the login form (a tenant key in a header counts for nothing)."""
-
-        async def endpoint(request: Request) -> Response:
-            session = self._session(request)
-            if session is None:
-                return RedirectResponse(f"{PREFIX}/login", 303, headers=SECURITY_HEADERS)
-            return await handler(request, session)
-
-        return endpoint
-
-    def data(self, handler: Handler) -> Callable[[Request], Awaitable[Response]]:
-        """A GET of data for a page's script: 401 without a session."""
-
-        async def endpoint(request: Request) -> Response:
-            session = self._session(request)
-            if session is None:
-                return JSONResponse({"error": "log in"}, 401, headers=SECURITY_HEADERS)
-            return await handler(request, session)
-
-        return endpoint
-
-    def action(self, handler: Handler) -> Callable[[Request], Awaitable[Response]]:
-        """A POST: 403 without a session or without its CSRF token (read from the form)."""
-
-        async def endpoint(request: Request) -> Response:
-            session = self._session(request)
-            form = await read_form(request)
-            if session is None or not session.csrf_ok(form.get("csrf_token")):
-                return self.render("forbidden.html", 403, session)
-            request.state.form = form
-            return await handler(request, session)
-
-        return endpoint
-
-    @staticmethod
-    def _actor(request: Request) -> str:
-        return f"admin-console {_addr(request)}"
 
     # -- login ------------------------------------------------------------------------------------
 
@@ -231,7 +72,7 @@ class ConsoleRoutes:
             token,
             max_age=600,
             path=PREFIX,
-            secure=_is_https(request),
+            secure=is_https(request),
             httponly=True,
             samesite="strict",
         )
@@ -246,20 +87,20 @@ class ConsoleRoutes:
         token = form.get("token", "").strip()
         try:
             # The admin API's check and failure throttle: a wrong token counts, 429 past the limit.
-            await self.deps.admin_auth.authenticate_async(f"Bearer {token}", _addr(request))
+            await self.deps.admin_auth.authenticate_async(f"Bearer {token}", client_addr(request))
         except WeirError as exc:
             response = self._login_page(request, exc.message, exc.status_code)
             response.headers.update(exc.headers)
             return response
         session = self.sessions.create()
-        logger.info("admin console login from %s", _addr(request))
+        logger.info("admin console login from %s", client_addr(request))
         response = RedirectResponse(f"{PREFIX}/tenants", 303, headers=SECURITY_HEADERS)
         response.set_cookie(
             SESSION_COOKIE,
             session.session_id,
             max_age=int(self.sessions.ttl_s),
             path=PREFIX,
-            secure=_is_https(request),
+            secure=is_https(request),
             httponly=True,
             samesite="strict",
         )
@@ -270,17 +111,17 @@ class ConsoleRoutes:
         self.sessions.end(session.session_id)
         response = RedirectResponse(f"{PREFIX}/login", 303, headers=SECURITY_HEADERS)
         response.delete_cookie(
-            SESSION_COOKIE, path=PREFIX, secure=_is_https(request), httponly=True, samesite="strict"
+            SESSION_COOKIE, path=PREFIX, secure=is_https(request), httponly=True, samesite="strict"
         )
         return response
 
     async def static(self, request: Request) -> Response:
         name = request.path_params["name"]
-        if name not in _STATIC:
+        if name not in STATIC_ASSETS:
             raise NotFoundError("no such console asset")
         return FileResponse(
-            _HERE / "static" / name,
-            media_type=_STATIC[name],
+            HERE / "static" / name,
+            media_type=STATIC_ASSETS[name],
             headers={"X-Content-Type-Options": "nosniff", "Cache-Control": "no-cache"},
         )
 
@@ -293,15 +134,22 @@ class ConsoleRoutes:
         self, request: Request, session: ConsoleSession, error: str | None = None, status_code: int = 200
     ) -> Response:
         query = request.query_params.get("q", "")[:128]
-        tenants = await run_in_threadpool(self.repo.list_tenants)
-        shown = [t for t in tenants if query.lower() in t.name]
+        try:
+            offset = max(0, optional_int(dict(request.query_params), "offset") or 0)
+        except FieldError:
+            offset = 0
+        shown, matching = await run_in_threadpool(
+            lambda: self.repo.search_tenants(query, limit=TENANTS_PER_PAGE, offset=offset)
+        )
         return self.render(
             "tenants.html",
             status_code,
             session,
             nav="tenants",
             tenants=shown,
-            num_tenants=len(tenants),
+            matching=matching,
+            offset=offset,
+            per_page=TENANTS_PER_PAGE,
             query=query,
             priorities=[p.name.lower() for p in Priority],
             error=error,
@@ -321,7 +169,7 @@ class ConsoleRoutes:
             tenant = await run_in_threadpool(
                 lambda: self.repo.create_tenant(spec, actor=self._actor(request))
             )
-        except _CONSOLE_ERRORS as exc:
+        except CONSOLE_ERRORS as exc:
             error = to_http_error(exc)
             return await self.tenants(request, session, error.message, error.status_code)
         return RedirectResponse(f"{PREFIX}/tenants/{tenant.name}", 303, headers=SECURITY_HEADERS)
@@ -346,7 +194,7 @@ class ConsoleRoutes:
         try:
             tenant = await run_in_threadpool(self.repo.get_tenant, name)
             keys = await run_in_threadpool(self.repo.list_keys, name)
-        except _CONSOLE_ERRORS as exc:
+        except CONSOLE_ERRORS as exc:
             http = to_http_error(exc)
             return self.render("error.html", http.status_code, session, error=http.message, nav="tenants")
         now = self.repo.now()
@@ -373,7 +221,7 @@ class ConsoleRoutes:
         name = self._tenant_name(request)
         try:
             await run_in_threadpool(change, name, self._actor(request))
-        except _CONSOLE_ERRORS as exc:
+        except CONSOLE_ERRORS as exc:
             error = to_http_error(exc)
             return await self.tenant(request, session, error.message, error.status_code)
         self.deps.authenticator.invalidate_tenant(name)
@@ -423,7 +271,7 @@ class ConsoleRoutes:
             issued = await run_in_threadpool(
                 lambda: self.repo.issue_key(name, spec, actor=self._actor(request))
             )
-        except _CONSOLE_ERRORS as exc:
+        except CONSOLE_ERRORS as exc:
             error = to_http_error(exc)
             return await self.tenant(request, session, error.message, error.status_code)
         # The secret is in this one response body (no-store), never in a URL, a cookie or a log.
@@ -435,7 +283,7 @@ class ConsoleRoutes:
             raise NotFoundError(f"API key {key_id!r} not found")
         try:
             key = await run_in_threadpool(lambda: self.repo.revoke_key(key_id, actor=self._actor(request)))
-        except _CONSOLE_ERRORS as exc:
+        except CONSOLE_ERRORS as exc:
             error = to_http_error(exc)
             return self.render("error.html", error.status_code, session, error=error.message, nav="tenants")
         self.deps.authenticator.invalidate(key_id)
@@ -443,12 +291,20 @@ class ConsoleRoutes:
 
     # -- live engine ------------------------------------------------------------------------------
 
+    def _tenant_rows(self) -> list[dict[str, str]] | None:
+        if self.live_tenants is None:
+            return None
+        return [row.cells() for row in self.live_tenants.rows()]
+
     async def engine(self, request: Request, session: ConsoleSession) -> Response:
         rows = engine_rows(self.deps.stats_by_version())
-        return self.render("engine.html", 200, session, nav="engine", rows=rows)
+        return self.render(
+            "engine.html", 200, session, nav="engine", rows=rows, tenant_rows=self._tenant_rows()
+        )
 
     async def engine_json(self, request: Request, session: ConsoleSession) -> Response:
-        return JSONResponse({"data": engine_rows(self.deps.stats_by_version())}, headers=SECURITY_HEADERS)
+        body = {"data": engine_rows(self.deps.stats_by_version()), "tenants": self._tenant_rows() or []}
+        return JSONResponse(body, headers=SECURITY_HEADERS)
 
     # -- audit ------------------------------------------------------------------------------------
 
@@ -461,7 +317,7 @@ class ConsoleRoutes:
             events = await run_in_threadpool(
                 lambda: self.repo.list_audit(tenant=tenant, limit=50, before_id=before)
             )
-        except _CONSOLE_ERRORS as exc:
+        except CONSOLE_ERRORS as exc:
             error = to_http_error(exc).message
         return self.render(
             "audit.html",
@@ -473,129 +329,6 @@ class ConsoleRoutes:
             older=events[-1].id if len(events) == 50 else None,
             error=error,
         )
-
-    # -- usage ------------------------------------------------------------------------------------
-
-    async def _usage(
-        self, request: Request
-    ) -> tuple[str | None, dt.date, dt.date, list[DailyUsage], list[str]]:
-        tenants = [t.name for t in await run_in_threadpool(self.repo.list_tenants)]
-        tenant = request.query_params.get("tenant") or (tenants[0] if tenants else None)
-        today = self.repo.now().date()
-        since_raw, until_raw = request.query_params.get("since"), request.query_params.get("until")
-        since = parse_date(since_raw, "since") if since_raw else today - dt.timedelta(days=_USAGE_DAYS - 1)
-        until = parse_date(until_raw, "until") if until_raw else today
-        days: list[DailyUsage] = []
-        if tenant is not None:
-            days = await run_in_threadpool(lambda: self.repo.usage_by_day(tenant, since=since, until=until))
-        return tenant, since, until, days, tenants
-
-    async def usage(self, request: Request, session: ConsoleSession) -> Response:
-        try:
-            tenant, since, until, days, tenants = await self._usage(request)
-        except _CONSOLE_ERRORS as exc:
-            http = to_http_error(exc)
-            return self.render("error.html", http.status_code, session, error=http.message, nav="usage")
-        return self.render(
-            "usage.html",
-            200,
-            session,
-            nav="usage",
-            tenant=tenant or "",
-            tenants=tenants,
-            since=since.isoformat(),
-            until=until.isoformat(),
-            days=days,
-            bars=usage_chart(days),
-        )
-
-    async def usage_csv(self, request: Request, session: ConsoleSession) -> Response:
-        try:
-            tenant, since, until, days, _ = await self._usage(request)
-        except _CONSOLE_ERRORS as exc:
-            http = to_http_error(exc)
-            return self.render("error.html", http.status_code, session, error=http.message, nav="usage")
-        out = io.StringIO()
-        writer = csv.writer(out)
-        writer.writerow(
-            [
-                "tenant",
-                "day",
-                "requests",
-                "completed",
-                "failed",
-                "cancelled",
-                "prompt_tokens",
-                "completion_tokens",
-                "cached_tokens",
-            ]  # fmt: skip
-        )
-        for d in days:
-            writer.writerow(
-                [
-                    tenant,
-                    d.day.isoformat(),
-                    d.num_requests,
-                    d.num_completed,
-                    d.num_failed,
-                    d.num_cancelled,
-                    d.prompt_tokens,
-                    d.completion_tokens,
-                    d.cached_tokens,
-                ]  # fmt: skip
-            )
-        filename = f"weir-usage-{tenant}-{since.isoformat()}-{until.isoformat()}.csv"
-        return Response(
-            out.getvalue(),
-            media_type="text/csv",
-            headers={**SECURITY_HEADERS, "Content-Disposition": f'attachment; filename="{filename}"'},
-        )
-
-    # -- model versions ---------------------------------------------------------------------------
-
-    async def models(
-        self, request: Request, session: ConsoleSession, error: str | None = None, status_code: int = 200,
-        notice: str | None = None,
-    ) -> Response:  # fmt: skip
-        if self.deps.rollout is None:
-            return self.render("models.html", status_code, session, nav="models", groups=[], error=error,
-                               notice="Model versions are managed by `weir serve`.")  # fmt: skip
-        statuses, plans = await self.deps.rollout.list()
-        groups: dict[str, list[Any]] = {}
-        for status in statuses:
-            groups.setdefault(status.record.name, []).append(status)
-        return self.render(
-            "models.html",
-            status_code,
-            session,
-            nav="models",
-            groups=sorted(groups.items()),
-            plans=plans,
-            error=error,
-            notice=notice,
-        )
-
-    async def set_traffic(self, request: Request, session: ConsoleSession) -> Response:
-        form: dict[str, str] = request.state.form
-        name = request.path_params["name"]
-        if self.deps.rollout is None:
-            raise NotFoundError("model versions are not managed here")
-        if form.get("confirm") != "yes":
-            return await self.models(request, session, "Tick the box to confirm the traffic change.", 422)
-        try:
-            split = {}
-            for key, value in form.items():
-                if key.startswith("split.") and value.strip():
-                    percent = optional_int(form, key)
-                    if percent:
-                        split[key.removeprefix("split.")] = percent
-            current = await self.deps.rollout.traffic(name)
-            plan = TrafficPlan(name, split, dict(current.pins))
-            await self.deps.rollout.set_traffic(plan, self._actor(request))
-        except _CONSOLE_ERRORS as exc:
-            error = to_http_error(exc)
-            return await self.models(request, session, error.message, error.status_code)
-        return await self.models(request, session, notice=f"Traffic for {name} saved.")
 
     # -- table ------------------------------------------------------------------------------------
 
@@ -617,6 +350,8 @@ class ConsoleRoutes:
                     Route("/tenants/{name}/quota", action(self.set_quota), methods=["POST"]),
                     Route("/tenants/{name}/suspend", action(self.suspend_tenant), methods=["POST"]),
                     Route("/tenants/{name}/keys", action(self.issue_key), methods=["POST"]),
+                    Route("/keys/{key_id}", page(self.key), methods=["GET"]),
+                    Route("/keys/{key_id}/limits", action(self.set_key_limits), methods=["POST"]),
                     Route("/keys/{key_id}/revoke", action(self.revoke_key), methods=["POST"]),
                     Route("/engine", page(self.engine), methods=["GET"]),
                     Route("/engine.json", data(self.engine_json), methods=["GET"]),
@@ -624,7 +359,11 @@ class ConsoleRoutes:
                     Route("/usage", page(self.usage), methods=["GET"]),
                     Route("/usage.csv", page(self.usage_csv), methods=["GET"]),
                     Route("/models", page(self.models), methods=["GET"]),
+                    Route("/models", action(self.register), methods=["POST"]),
+                    Route("/models/{name}/versions", action(self.version_op), methods=["POST"]),
                     Route("/models/{name}/traffic", action(self.set_traffic), methods=["POST"]),
+                    Route("/models/{name}/pins", action(self.set_pin), methods=["POST"]),
+                    Route("/models/{name}/rollback", action(self.rollback), methods=["POST"]),
                 ],
             )
         ]

@@ -47,6 +47,22 @@ def _tenant(repo: TenancyRepo, name: str = "acme", **kwargs: object) -> None:
 # -- tenants ---------------------------------------------------------------------------------------
 
 
+def test_tenant_names_and_a_search_page(repo: TenancyRepo) -> None:
+    for name in ("acme", "acme-eu", "globex", "a_c", "abc"):
+        repo.create_tenant(TenantSpec(name), actor="test")
+    assert repo.tenant_names() == ["a_c", "abc", "acme", "acme-eu", "globex"]
+    page, total = repo.search_tenants("ACME", limit=1)
+    assert [t.name for t in page] == ["acme"] and total == 2
+    page, total = repo.search_tenants("acme", limit=1, offset=1)
+    assert [t.name for t in page] == ["acme-eu"] and total == 2
+    # `_` and `%` are text, not LIKE wildcards.
+    assert [t.name for t in repo.search_tenants("_", limit=10)[0]] == ["a_c"]
+    assert repo.search_tenants("%", limit=10) == ([], 0)
+    assert repo.search_tenants("", limit=10)[1] == 5
+    with pytest.raises(FieldError):
+        repo.search_tenants("", limit=0)
+
+
 def test_create_get_list_tenants(repo: TenancyRepo) -> None:
     created = repo.create_tenant(
         TenantSpec("acme", Priority.INTERACTIVE, weight=2.5, quota=QUOTA), actor=ACTOR

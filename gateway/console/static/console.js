@@ -1,4 +1,4 @@
-// Weir console: the only script. Asks before revoking; refreshes the live engine table.
+// Weir console: the only script. Asks before revoking; refreshes the live engine and tenant tables.
 // It sets textContent only, so nothing it reads can become markup.
 "use strict";
 document.addEventListener("DOMContentLoaded", () => {
@@ -23,6 +23,17 @@ document.addEventListener("DOMContentLoaded", () => {
         if (!tr) { window.location.reload(); return; }  // a version was loaded
         for (const cell of tr.querySelectorAll("td[data-field]")) {
           cell.textContent = String(row[cell.dataset.field]);
+        }
+      }
+      const tenants = document.getElementById("live-tenants");
+      if (tenants && body.tenants) {
+        for (const row of body.tenants) {
+          const key = row.model + "|" + row.tenant;
+          const tr = [...tenants.tBodies[0].rows].find((r) => r.dataset.key === key);
+          if (!tr) { window.location.reload(); return; }  // a tenant's first request
+          for (const cell of tr.querySelectorAll("td[data-field]")) {
+            cell.textContent = String(row[cell.dataset.field]);
+          }
         }
       }
       status.textContent = "Updated " + new Date().toLocaleTimeString() + ".";

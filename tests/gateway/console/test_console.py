@@ -1,97 +1,29 @@
-"""The admin console on a minimal app over a real repository (SQLite): login and its cookie,
-CSRF refusals, tenant keys refused, the pages and actions, hostile names rendered inert."""
+"""The console's login, cookie, CSRF and tenant-key refusals, tenant/key/usage/audit/live pages and
+actions, hostile names rendered inert (gateway/console/routes.py), on a minimal app over SQLite."""
 
 from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
-from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
-from engine.memory_budget import MemoryBudget
-from engine.output import EngineStats
-from gateway.auth import AdminAuthenticator, Authenticator, AuthSettings, FailureThrottle
-from gateway.console.routes import LOGIN_COOKIE, SESSION_COOKIE, ConsoleDeps, console_routes
+from gateway.console.routes import LOGIN_COOKIE, SESSION_COOKIE
 from gateway.console.sessions import SessionStore
-from gateway.errors import exception_handlers
-from gateway.model_fleet import ModelFleet
-from gateway.model_rollout import ModelRollout
-from tenancy.db import Database
 from tenancy.enums import UsageStatus
-from tenancy.keys import KEY_PREFIX, KeyHasher
-from tenancy.migrate import upgrade
+from tenancy.keys import KEY_PREFIX
 from tenancy.model_version_records import ModelVersionSpec
-from tenancy.model_versions import ModelVersionRepo
 from tenancy.records import KeySpec, TenantSpec, UsageRecordIn
-from tenancy.repo import TenancyRepo
-from tests.gateway.test_model_fleet import MIB, Factory
-from tests.tenancy.clock import START, FakeClock
-
-TOKEN = "console-admin-token-0123456789"
-UI = "/admin/ui"
-HOSTILE = '<script>alert(1)</script><img src=x onerror="alert(2)">'
-MAX_LOGIN_FAILURES = 3
-STATS = EngineStats(num_running=2, num_waiting=5, num_total_blocks=100, num_free_blocks=25, block_size=16)
-
-
-@dataclass
-class Console:
-    client: TestClient
-    repo: TenancyRepo
-    rollout: ModelRollout
-    sessions: SessionStore
-
-    def login_form(self) -> str:
-        """GET the login form; its CSRF token (the login cookie is now set)."""
-        page = self.client.get(f"{UI}/login")
-        assert page.status_code == 200
-        return _csrf(page.text)
-
-    def login(self, token: str = TOKEN) -> str:
-        """Log in; the CSRF token of the session's pages."""
-        answer = self.client.post(
-            f"{UI}/login", data={"token": token, "csrf_token": self.login_form()}, follow_redirects=False
-        )
-        assert answer.status_code == 303, answer.text
-        return _csrf(self.client.get(f"{UI}/tenants").text)
-
-    def post(self, path: str, csrf: str | None, **fields: str) -> object:
-        data = dict(fields)
-        if csrf is not None:
-            data["csrf_token"] = csrf
-        return self.client.post(f"{UI}{path}", data=data, follow_redirects=False)
-
-
-def _csrf(html: str) -> str:
-    match = re.search(r'name="csrf_token" value="([^"]+)"', html)
-    assert match is not None, html
-    return match.group(1)
-
-
-def _app(deps: ConsoleDeps) -> Starlette:
-    return Starlette(routes=console_routes(deps), exception_handlers=exception_handlers())
-
-
-@pytest.fixture
-def console(tmp_path: Path) -> Iterator[Console]:
-    db = Database(f"sqlite:///{tmp_path / 'weir.db'}")
-    upgrade(db.engine)
-    repo = TenancyRepo(db, KeyHasher(b"pepper"), clock=FakeClock())
-    authenticator = Authenticator(repo, AuthSettings())
-    throttle = FailureThrottle(MAX_LOGIN_FAILURES, window_s=3600)
-    admin_auth = AdminAuthenticator(repo, TOKEN, throttle=throttle)
-    rollout = ModelRollout(ModelFleet(Factory(), MemoryBudget(8 * MIB)), ModelVersionRepo(db))
-    sessions = SessionStore()
-    deps = ConsoleDeps(repo, authenticator, admin_auth, lambda: {"m@v1": STATS}, rollout, sessions)
-    with TestClient(_app(deps)) as client:
-        yield Console(client, repo, rollout, sessions)
-    db.dispose()
-
+from tests.gateway.console.console_harness import (
+    HOSTILE,
+    MAX_LOGIN_FAILURES,
+    TOKEN,
+    UI,
+    Console,
+    csrf_of,
+)
+from tests.tenancy.clock import START
 
 # -- login, cookie, logout --------------------------------------------------------------------------
 
@@ -110,7 +42,7 @@ def test_login_sets_a_strict_httponly_session_cookie_and_logout_ends_it(console:
     assert page.status_code == 200 and "Log out" in page.text
     assert page.headers["cache-control"] == "no-store"
     assert "script-src 'self'" in page.headers["content-security-policy"]
-    csrf = _csrf(page.text)
+    csrf = csrf_of(page.text)
     assert console.post("/logout", csrf).status_code == 303  # type: ignore[attr-defined]
     assert console.sessions.num_sessions == 0
     assert console.client.get(f"{UI}/tenants", follow_redirects=False).status_code == 303
@@ -120,7 +52,7 @@ def test_the_session_cookie_is_secure_over_https(console: Console) -> None:
     client = TestClient(console.client.app, base_url="https://testserver")
     form = client.get(f"{UI}/login")
     assert "secure" in form.headers["set-cookie"].lower()
-    csrf = _csrf(form.text)
+    csrf = csrf_of(form.text)
     answer = client.post(f"{UI}/login", data={"token": TOKEN, "csrf_token": csrf}, follow_redirects=False)
     cookie = next(c for c in answer.headers.get_list("set-cookie") if c.startswith(SESSION_COOKIE + "="))
     assert "secure" in {p.strip().lower() for p in cookie.split(";")}
@@ -190,7 +122,11 @@ def test_a_tenant_key_reaches_no_console_page_or_action(console: Console) -> Non
         "/tenants/acme/quota",
         "/tenants/acme/suspend",
         "/tenants/acme/keys",
+        "/models",
+        "/models/m/versions",
         "/models/m/traffic",
+        "/models/m/pins",
+        "/models/m/rollback",
         "/logout",
     ],  # fmt: skip
 )
@@ -297,8 +233,18 @@ def test_usage_table_chart_and_csv(console: Console) -> None:
     console.login()
     query = {"tenant": "acme", "since": "2030-01-01", "until": "2030-01-02"}
     page = console.client.get(f"{UI}/usage", params=query)
-    assert page.status_code == 200 and page.text.count("<rect ") == 2
+    assert page.status_code == 200
+    day_chart = page.text.split('id="day-chart"')[1].split("</svg>")[0]
+    assert day_chart.count("<rect ") == 2
     assert "<td>2030-01-02</td><td>1</td>" in page.text
+    # Broken down by user (one group: both records carry HOSTILE), rendered as text.
+    by_user = console.client.get(f"{UI}/usage", params={**query, "group_by": "user"})
+    assert by_user.status_code == 200 and HOSTILE not in by_user.text
+    assert "&lt;script&gt;" in by_user.text and "<td>2</td>" in by_user.text
+    by_model = console.client.get(f"{UI}/usage", params={**query, "group_by": "model"})
+    assert '<td class="mono">m</td><td>2</td>' in by_model.text
+    unknown = console.client.get(f"{UI}/usage", params={**query, "group_by": "colour"})
+    assert unknown.status_code == 422 and "group_by" in unknown.text
     csv_answer = console.client.get(f"{UI}/usage.csv", params=query)
     assert csv_answer.headers["content-type"].startswith("text/csv")
     assert "attachment" in csv_answer.headers["content-disposition"]
@@ -316,10 +262,16 @@ def test_audit_page_filters_by_tenant(console: Console) -> None:
     assert "<td>beta</td>" in page and "<td>acme</td>" not in page
 
 
-def test_traffic_needs_confirmation_and_shows_refusals_in_place(console: Console) -> None:
-    asyncio.run(console.rollout.register(ModelVersionSpec(name="m", version="v1", path="ok"), "test"))
-    csrf = console.login()
-    unconfirmed = console.post("/models/m/traffic", csrf, **{"split.v1": "100"})
-    assert unconfirmed.status_code == 422  # type: ignore[attr-defined]
-    not_ready = console.post("/models/m/traffic", csrf, confirm="yes", **{"split.v1": "100"})
-    assert not_ready.status_code == 409 and "only ready versions take traffic" in not_ready.text  # type: ignore[attr-defined]
+def test_the_tenant_list_is_paged_and_searched_in_the_database(console: Console) -> None:
+    for i in range(105):
+        console.repo.create_tenant(TenantSpec(f"t{i:03d}"), actor="test")
+    console.login()
+    first = console.client.get(f"{UI}/tenants")
+    assert "1–100 of 105 tenants" in first.text and first.text.count('href="/admin/ui/tenants/t') == 100
+    assert "offset=100" in first.text and "Previous" not in first.text
+    second = console.client.get(f"{UI}/tenants", params={"offset": "100"})
+    assert "101–105 of 105 tenants" in second.text and "t104" in second.text and "Next" not in second.text
+    found = console.client.get(f"{UI}/tenants", params={"q": "T10"})
+    assert "1–5 of 5 tenants" in found.text  # t100-t104
+    for odd in ("-5", "lots"):
+        assert console.client.get(f"{UI}/tenants", params={"offset": odd}).status_code == 200
