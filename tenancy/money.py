@@ -80,9 +80,12 @@ class TokenPrices:
         return _round_half_up(self._product(prompt_tokens, cached_tokens, completion_tokens))
 
     def most(self, prompt_tokens: int, completion_tokens: int) -> int:
-        """The most a request can spend (no cached tokens, every output token), rounded up: what
-        a money budget reserves before the request runs."""
-        product = self._product(prompt_tokens, 0, completion_tokens)
+        """The most a request can spend (every prompt token at the dearer of the two input
+        prices, every output token), rounded up: what a money budget reserves before it runs."""
+        product = (
+            max(0, prompt_tokens) * max(self.input, self.cached_input)
+            + max(0, completion_tokens) * self.output
+        )
         return -(-product // TOKENS_PER_PRICE)
 
     def _product(self, prompt_tokens: int, cached_tokens: int, completion_tokens: int) -> int:
