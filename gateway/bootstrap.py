@@ -37,6 +37,7 @@ from gateway.settings import (
     PrefixCachingMode,
     Settings,
 )
+from gateway.window_budget_gate import WindowBudgetMetrics
 
 if TYPE_CHECKING:
     from prometheus_client.registry import Collector
@@ -360,7 +361,9 @@ def build_server_app(settings: Settings) -> Starlette:
         shutdown_hooks.append(tenancy.close)
     kwargs: dict[str, Any] = {}
     if settings.admission is AdmissionMode.ON:
-        admission = build_admission(settings, fleet.stats, AdmissionMetrics(metrics.registry))
+        admission = build_admission(
+            settings, fleet.stats, AdmissionMetrics(metrics.registry), WindowBudgetMetrics(metrics.registry)
+        )
         startup_hooks.append(admission.start)
         shutdown_hooks.append(admission.close)  # after requests settled: unused leases go back
         kwargs["admission"] = admission

@@ -115,15 +115,9 @@ class PriceBook:
                 return found
         return self._at(model, when)
 
-    def highest(self, model: str, when: dt.datetime) -> TokenPrices | None:
-        """The dearest price in effect at `when` of the model or any of its versions, per part:
-        what a money budget reserves with before the version is chosen."""
-        found = [
-            p.prices
-            for name in self._by_model
-            if name == model or name.partition("@")[0] == model
-            if (p := self._at(name, when)) is not None
-        ]
+    def dearest(self, when: dt.datetime) -> TokenPrices | None:
+        """The dearest price in effect at `when` of any model, per part (None: no price yet)."""
+        found = [p.prices for name in self._by_model if (p := self._at(name, when)) is not None]
         if not found:
             return None
         return TokenPrices(

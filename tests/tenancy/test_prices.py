@@ -102,7 +102,7 @@ def test_bad_model_names(model: str) -> None:
         PriceSpec(model, "USD", P1)
 
 
-def test_price_book_prefers_the_version_and_reserves_the_dearest() -> None:
+def test_price_book_prefers_the_version_and_knows_the_dearest() -> None:
     from tenancy.prices import Price
 
     t = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
@@ -116,7 +116,7 @@ def test_price_book_prefers_the_version_and_reserves_the_dearest() -> None:
     later = t + dt.timedelta(hours=2)
     price = book.price_at("smol@v2", "smol", later)
     assert price is not None and price.id == 2
-    assert book.highest("smol", t) == P1
-    assert book.highest("smol", later) == P2
-    assert book.highest("other", later) is None
+    assert book.dearest(t) == P1
+    assert book.dearest(later) == P2
+    assert PriceBook([]).dearest(later) is None
     assert book.price_at(None, "smol", t - dt.timedelta(seconds=1)) is None
