@@ -8,6 +8,7 @@ import asyncio
 import datetime as dt
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -54,7 +55,7 @@ class Env:
             window_budgets=self.gate,
         )
 
-    def context(self, **quota: int) -> TenantContext:
+    def context(self, **quota: Any) -> TenantContext:
         return TenantContext("acme", self.key, Priority.STANDARD, 1.0, "acme", QuotaLimits(**quota))
 
     def sample(self, name: str) -> float:
