@@ -381,6 +381,10 @@ def build_server_app(settings: Settings) -> Starlette:
             *prefix_cache_routes(None, tenancy.admin_auth, None, select),
             *models_admin_routes(rollout, tenancy.admin_auth),
         ]
+        if tenancy.repo is not None:
+            from gateway.routes.spend_admin import spend_admin_routes
+
+            extra_routes[:0] = spend_admin_routes(tenancy.repo.db, tenancy.admin_auth)  # prices, budgets
         if tenancy.repo is not None and tenancy.authenticator is not None:
             from gateway.console.routes import ConsoleDeps, console_routes
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from engine.config import ENGINE_DTYPES
 from engine.request import Priority
+from gateway.openapi_spend import spend_paths, spend_schemas
 from tenancy.admin_codec import _TENANT_FIELDS, _UPDATE_FIELDS, QUOTA_FIELDS
 from tenancy.enums import KeyScope, TenantStatus
 from tenancy.key_limits_api import key_limits_schema
@@ -157,6 +158,7 @@ SCHEMAS: dict[str, Any] = {
         },
     },
 }
+SCHEMAS.update(spend_schemas())  # prices and window budgets (issue 25)
 
 
 def _path(name: str, schema: dict[str, Any]) -> dict[str, Any]:
@@ -349,4 +351,5 @@ def admin_paths(errors: dict[str, Any]) -> dict[str, Any]:
         f"{base}/prefixes/{{prefix_id}}/unpin": {"post": _op("Evictable again", e, parameters=[_PREFIX_ID, *_SELECT])},
         f"{base}/flush": {"post": _op("Drop cached blocks", e, body="PrefixFlush", parameters=_SELECT)},
     }  # fmt: skip
+    paths |= spend_paths(_op, e)  # prices and window budgets (issue 25)
     return paths

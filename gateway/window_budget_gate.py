@@ -9,8 +9,8 @@ its key (if any are set) each take the request's reservation in one database tra
 
 A hard limit that would be passed refuses: 429 with `Retry-After` = until enough of the window is
 over (its reset for calendar windows), or 400 `request_too_large` if the reservation alone is
-over the limit. A soft limit reached counts `weir_budget_soft_limit_alerts` (and the store writes
-an audit event). Settlement replaces each reservation by what the request used: its billed
+over the limit. A soft limit reached (at a settlement: once the real use is known) counts
+`weir_budget_soft_limit_alerts`, once per window (and the store writes an audit event). Settlement replaces each reservation by what the request used: its billed
 tokens, or its spend at the price of the version that served it (as its usage record's).
 
 Which principals have budgets is read from the database at most every `refresh_s` (and at once
@@ -197,7 +197,6 @@ class WindowBudgetGate:
                 code="budget_unavailable",
                 headers={"retry-after": "1"},
             ) from exc
-        self._count(result.alerts)
         if result.refusal is not None:
             if self.metrics is not None:
                 self.metrics.refuse(result.refusal.budget)

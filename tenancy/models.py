@@ -394,6 +394,8 @@ class WindowBudget(Base):
     rolling_s: Mapped[int | None] = mapped_column(Integer)
     soft_limit: Mapped[int | None] = mapped_column(BigInteger)
     hard_limit: Mapped[int | None] = mapped_column(BigInteger)
+    # The start of the bucket whose window last alerted at the soft limit (epoch seconds).
+    soft_alerted_at: Mapped[int | None] = mapped_column(BigInteger)
     updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
     updated_by: Mapped[str] = mapped_column(String(128))
 

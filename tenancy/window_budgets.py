@@ -4,7 +4,8 @@ A budget counts what its principal uses in the current window (`tenancy.budget_w
 hour, day or month in a time zone, or rolling). A hard limit refuses a request whose reservation
 would take the window past it (429, `Retry-After` = until enough of the window is over); a soft
 limit only alerts (an audit event in the same transaction, and a metric by the caller), once per
-window, when the window's count first reaches it.
+window: when a request settles (its real use known, not its reservation) and the window's count
+has reached it. A rolling window alerts again once the bucket that alerted has left it.
 
 Exact across replicas: every take and settlement is one transaction on the shared database that
 first locks the budgets' rows (`SELECT ... FOR UPDATE` on PostgreSQL, in id order so two
@@ -127,7 +128,6 @@ class Refusal:
 @dataclass(frozen=True)
 class TakeResult:
     charges: tuple[Charge, ...]
-    alerts: tuple[SoftAlert, ...]
     refusal: Refusal | None = None
 
 
@@ -321,11 +321,19 @@ class WindowBudgetStore:
             )
         )
 
-    def _alert(self, session: Session, budget: Budget, before: int, after: int, t: float) -> SoftAlert | None:
+    def _alert(self, session: Session, budget: Budget, used: int, t: float) -> SoftAlert | None:
+        """Alert if the window's count reached the soft limit and this window has not alerted yet."""
         soft = budget.soft_limit
-        if soft is None or not before < soft <= after:
+        if soft is None or used < soft:
             return None
-        start = budget.window.bucket_start(t)
+        w = budget.window
+        last = session.scalar(select(WindowBudget.soft_alerted_at).where(WindowBudget.id == budget.id))
+        if last is not None and last >= w.counted_from(t):
+            return None  # this window (or, rolling, a bucket still in it) has alerted already
+        start = w.bucket_start(t)
+        session.execute(
+            update(WindowBudget).where(WindowBudget.id == budget.id).values(soft_alerted_at=start)
+        )
         record_event(
             session,
             when=dt.datetime.fromtimestamp(t, dt.UTC),
@@ -333,9 +341,9 @@ class WindowBudgetStore:
             action=AuditAction.BUDGET_SOFT_LIMIT,
             tenant=budget.tenant,
             target=budget.key_id,
-            details={**budget_details(budget), "used": after, "window_start": start},
+            details={**budget_details(budget), "used": used, "window_start": start},
         )
-        return SoftAlert(budget, after, start)
+        return SoftAlert(budget, used, start)
 
     def take(self, amounts: Sequence[tuple[Budget, int]], t: float | None = None) -> TakeResult:
         """Add each amount to its budget's current bucket, all or none: a hard limit that would be
@@ -353,18 +361,14 @@ class WindowBudgetStore:
                         max(0.0, budget.window.reset_at(t) - t),
                         self._retry_after(session, budget, used, amount, t),
                     )
-                    return TakeResult((), (), refusal)
+                    return TakeResult((), refusal)
             charges: list[Charge] = []
-            alerts: list[SoftAlert] = []
-            for budget, amount, used in counted:
+            for budget, amount, _ in counted:
                 start = budget.window.bucket_start(t)
                 if amount:
                     self._add(session, budget, start, amount)
                 charges.append(Charge(budget, start, amount))
-                alert = self._alert(session, budget, used, used + amount, t)
-                if alert is not None:
-                    alerts.append(alert)
-            return TakeResult(tuple(charges), tuple(alerts))
+            return TakeResult(tuple(charges))
 
     def settle(
         self, charges: Sequence[Charge], actual: Sequence[int], t: float | None = None
@@ -376,15 +380,14 @@ class WindowBudgetStore:
         with self._locked() as session:
             alive = self._lock_rows(session, [c.budget for c in charges])
             for charge, used_now in zip(charges, actual, strict=True):
-                delta = max(0, used_now) - charge.amount
-                if charge.budget.id not in alive or delta == 0:
+                if charge.budget.id not in alive:
                     continue
-                before = self._used(session, charge.budget, t)
-                self._add(session, charge.budget, charge.bucket_start, delta)
-                if charge.budget.window.counted_from(t) <= charge.bucket_start:
-                    alert = self._alert(session, charge.budget, before, before + delta, t)
-                    if alert is not None:
-                        alerts.append(alert)
+                delta = max(0, used_now) - charge.amount
+                if delta:
+                    self._add(session, charge.budget, charge.bucket_start, delta)
+                alert = self._alert(session, charge.budget, self._used(session, charge.budget, t), t)
+                if alert is not None:
+                    alerts.append(alert)
         return tuple(alerts)
 
 

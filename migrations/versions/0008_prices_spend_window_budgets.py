@@ -62,6 +62,7 @@ def upgrade() -> None:
         sa.Column("rolling_s", sa.Integer(), nullable=True),
         sa.Column("soft_limit", sa.BigInteger(), nullable=True),
         sa.Column("hard_limit", sa.BigInteger(), nullable=True),
+        sa.Column("soft_alerted_at", sa.BigInteger(), nullable=True),
         sa.Column("updated_at", _utc(), nullable=False),
         sa.Column("updated_by", sa.String(length=128), nullable=False),
         sa.ForeignKeyConstraint(

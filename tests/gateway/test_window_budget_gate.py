@@ -110,10 +110,15 @@ def test_a_tenant_money_budget_charges_the_spend_at_the_version_price(env: Env) 
     # Reserves the most it may spend: 100 prompt * 1 + 200 output * 2 = 500 micro-dollars.
     admitted = asyncio.run(env.controller(ctx, [request(prompt_len=100, max_tokens=200)]))
     assert env.store.used(budget) == 500
-    assert env.sample("weir_budget_soft_limit_alerts_total") == 1  # the reservation reached it
     admitted.settle(record(ctx, 100, 50, model="m", model_version="m@v1"))  # spent 100 + 100 = 200
     env.gate.flush()
     assert env.store.used(budget) == 200
+    assert env.sample("weir_budget_soft_limit_alerts_total") == 0  # the reservation is no alert
+    again = asyncio.run(env.controller(ctx, [request(prompt_len=100, max_tokens=200)]))
+    again.settle(record(ctx, 100, 150, model="m", model_version="m@v1"))  # 100 + 300: 600 in all
+    env.gate.flush()
+    assert env.store.used(budget) == 600
+    assert env.sample("weir_budget_soft_limit_alerts_total") == 1
 
 
 def test_without_budgets_nothing_is_read_per_request(env: Env) -> None:

@@ -94,17 +94,26 @@ def test_all_or_nothing_across_tenant_and_key(migrated: Database, repo: TenancyR
     assert result.refusal is not None and result.refusal.budget.key_id is None  # now the tenant is
 
 
-def test_soft_limit_alerts_once_and_serves(migrated: Database, repo: TenancyRepo, key: str) -> None:
-    store = _store(migrated, Clock())
+def test_soft_limit_alerts_once_per_window_on_real_use(
+    migrated: Database, repo: TenancyRepo, key: str
+) -> None:
+    clock = Clock()
+    store = _store(migrated, clock)
     budget = store.set_budget(
         BudgetSpec("acme", key, BudgetUnit.MICROS, DAY, soft_limit=100, hard_limit=None), actor="a"
     )
-    assert store.take([(budget, 99)]).alerts == ()
-    crossed = store.take([(budget, 5)])
-    assert crossed.refusal is None and [a.used for a in crossed.alerts] == [104]
-    assert store.take([(budget, 500)]).alerts == ()  # already past it in this window
-    events = [e for e in repo.list_audit(limit=10) if e.action == AuditAction.BUDGET_SOFT_LIMIT]
-    assert len(events) == 1 and events[0].target == key and events[0].details["used"] == 104
+    big = store.take([(budget, 500)])  # a reservation past the soft limit is not an alert ...
+    assert big.refusal is None
+    assert store.settle(big.charges, [99]) == ()  # ... its real use, under it, is none either
+    crossed = store.take([(budget, 50)])
+    assert [a.used for a in store.settle(crossed.charges, [5])] == [104]
+    again = store.take([(budget, 50)])
+    assert store.settle(again.charges, [50]) == ()  # already alerted in this window
+    clock.now += 86_400  # the next day: a new window may alert again
+    tomorrow = store.take([(budget, 150)])
+    assert [a.used for a in store.settle(tomorrow.charges, [150])] == [150]
+    events = [e for e in repo.list_audit(limit=20) if e.action == AuditAction.BUDGET_SOFT_LIMIT]
+    assert len(events) == 2 and events[-1].target == key and events[-1].details["used"] == 104
 
 
 def test_settlement_refunds_and_charges_overshoot(migrated: Database, repo: TenancyRepo, key: str) -> None:
