@@ -37,7 +37,8 @@ from gateway.errors import BadRequestError, RateLimitError, ServiceUnavailableEr
 from tenancy.context import TenantContext
 from tenancy.money import TokenPrices, format_micros
 from tenancy.prices import PriceBook, PriceRepo
-from tenancy.window_budgets import Budget, BudgetUnit, Charge, Refusal, SoftAlert, WindowBudgetStore
+from tenancy.window_budget_records import Budget, BudgetUnit, Charge, Refusal, SoftAlert
+from tenancy.window_budgets import WindowBudgetStore
 
 logger = logging.getLogger(__name__)
 
@@ -161,7 +162,10 @@ class WindowBudgetGate:
             return
         async with self._refresh_lock:
             if time.monotonic() - self._loaded_at >= self.refresh_s:
-                await asyncio.to_thread(self._load)
+                try:
+                    await asyncio.to_thread(self._load)
+                finally:
+                    self._loaded_at = time.monotonic()  # after a failure too: retried next period
 
     def budgets_of(self, tenant: TenantContext) -> tuple[Budget, ...]:
         return self._budgets.get((tenant.tenant_id, None), ()) + self._budgets.get(

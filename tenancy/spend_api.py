@@ -24,7 +24,7 @@ from tenancy.errors import FieldError
 from tenancy.models import MODEL_VERSION_ID_LEN
 from tenancy.money import MAX_AMOUNT_MICROS, MAX_PRICE_MICROS, TokenPrices, format_micros, parse_amount
 from tenancy.prices import Price, PriceSpec
-from tenancy.window_budgets import Budget, BudgetSpec, BudgetUnit, window_spec
+from tenancy.window_budget_records import Budget, BudgetSpec, BudgetUnit, window_spec
 
 JsonObject = dict[str, Any]
 Amount = Annotated[str, Field(min_length=1, max_length=32, examples=["0.15"])]

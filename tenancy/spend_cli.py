@@ -17,7 +17,7 @@ from tenancy.cli_support import Handler, SettingsOf, guard, open_backend, print_
 from tenancy.db import Database
 from tenancy.spend_admin import HttpSpendAdmin, SpendAdmin, SpendAdminBackend
 from tenancy.spend_api import JsonObject
-from tenancy.window_budgets import BudgetUnit
+from tenancy.window_budget_records import BudgetUnit
 
 
 def _integer(value: str) -> int:

@@ -26,7 +26,7 @@ from gateway.json_body import loads_bounded
 from tenancy.db import Database
 from tenancy.errors import FieldError
 from tenancy.spend_admin import SpendAdmin
-from tenancy.window_budgets import BudgetNotFoundError
+from tenancy.window_budget_records import BudgetNotFoundError
 
 MAX_BODY_BYTES = 64 * 1024
 _NO_STORE = {"Cache-Control": "no-store"}

@@ -27,7 +27,8 @@ from tenancy.prices import PriceRepo, PriceSpec
 from tenancy.quotas import LocalBudget
 from tenancy.records import KeySpec, TenantSpec
 from tenancy.repo import TenancyRepo
-from tenancy.window_budgets import BudgetSpec, BudgetUnit, WindowBudgetStore
+from tenancy.window_budget_records import BudgetSpec, BudgetUnit
+from tenancy.window_budgets import WindowBudgetStore
 from tests.gateway.admission_doubles import START, Clock, record, request, stats
 
 DAY = WindowSpec(WindowKind.DAY)

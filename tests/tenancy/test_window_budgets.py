@@ -16,7 +16,8 @@ from tenancy.enums import AuditAction
 from tenancy.errors import FieldError, KeyNotFoundError, TenantNotFoundError
 from tenancy.records import KeySpec, TenantSpec
 from tenancy.repo import TenancyRepo
-from tenancy.window_budgets import BudgetSpec, BudgetUnit, WindowBudgetStore, window_spec
+from tenancy.window_budget_records import BudgetSpec, BudgetUnit, window_spec
+from tenancy.window_budgets import WindowBudgetStore
 
 # 2030-01-01 12:00 UTC
 T = dt.datetime(2030, 1, 1, 12, 0, tzinfo=dt.UTC).timestamp()
