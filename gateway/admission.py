@@ -39,7 +39,6 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
 from engine.client import EngineRequest
 from engine.output import EngineStats
@@ -53,9 +52,6 @@ from gateway.window_budget_gate import WindowBudgetGate, WindowBudgetMetrics, Wi
 from tenancy.context import QuotaLimits, TenantContext
 from tenancy.principal_budgets import PrincipalBudgets, RateWindow, Reservation
 from tenancy.quotas import ConcurrencyLimiter, Denial, LimitKind, LocalBudget, TokenBudget
-
-if TYPE_CHECKING:
-    from tenancy.db import Database
 
 logger = logging.getLogger(__name__)
 
@@ -427,7 +423,7 @@ def build_admission(
         default_max_tokens_reservation=settings.default_max_tokens_reservation,
     )
     db = Database(settings.resolved_database_url)
-    gate = build_window_budget_gate(settings, db, window_metrics)
+    gate = WindowBudgetGate.on_database(db, window_metrics, refresh_s=settings.auth_cache_ttl_s)
     closers = (gate.close, db.dispose)  # pending settlements written before the pool closes
     if db.backend == "sqlite":
         return AdmissionController(
@@ -452,16 +448,3 @@ def build_admission(
         key_requests=leased(SubjectRows("key:requests:")),
     )
     return AdmissionController(stats, budgets, config, metrics=metrics, closers=closers, window_budgets=gate)
-
-
-def build_window_budget_gate(
-    settings: Settings, db: Database, metrics: WindowBudgetMetrics | None
-) -> WindowBudgetGate:
-    """Window budgets and prices on the tenancy database, re-read every auth cache TTL (the same
-    delay as any other admin change reaching a replica)."""
-    from tenancy.prices import PriceRepo
-    from tenancy.window_budgets import WindowBudgetStore
-
-    return WindowBudgetGate(
-        WindowBudgetStore(db), PriceRepo(db), metrics, refresh_s=settings.auth_cache_ttl_s
-    )

@@ -35,6 +35,7 @@ from engine.client import EngineRequest
 from gateway.accounting import UsageRecord
 from gateway.errors import BadRequestError, RateLimitError, ServiceUnavailableError
 from tenancy.context import TenantContext
+from tenancy.db import Database
 from tenancy.money import TokenPrices, format_micros
 from tenancy.prices import PriceBook, PriceRepo
 from tenancy.window_budget_records import Budget, BudgetUnit, Charge, Refusal, SoftAlert
@@ -144,6 +145,14 @@ class WindowBudgetGate:
         self._loaded_at = -math.inf
         self._refresh_lock = asyncio.Lock()
         self._settler = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="weir-budget-settle")
+
+    @classmethod
+    def on_database(
+        cls, db: Database, metrics: WindowBudgetMetrics | None = None, *, refresh_s: float = 5.0
+    ) -> WindowBudgetGate:
+        """Budgets and prices on the tenancy database; `weir serve` re-reads them every auth cache
+        TTL (the delay of any other admin change reaching a replica)."""
+        return cls(WindowBudgetStore(db), PriceRepo(db), metrics, refresh_s=refresh_s)
 
     def invalidate(self) -> None:
         """Read budgets and prices again before the next request (after an admin change)."""
