@@ -196,3 +196,41 @@ def test_concurrent_takes_admit_exactly_what_fits(
         t.join()
     assert sum(admitted) == 1000 // 37
     assert _store(migrated, clock).used(budget) == 37 * (1000 // 37)
+
+
+def test_concurrent_takes_across_tenant_and_two_keys_hold_every_limit(
+    migrated: Database, repo: TenancyRepo, key: str
+) -> None:
+    """Two keys of one tenant race (each take locks the tenant's and its key's rows, in id order:
+    no deadlock): the key's limit and the tenant's both hold, and the tenant fills exactly."""
+    clock = Clock()
+    other = repo.issue_key("acme", KeySpec(), actor="test").view.id
+    setup = _store(migrated, clock)
+    tenant_budget = setup.set_budget(
+        BudgetSpec("acme", None, BudgetUnit.TOKENS, DAY, hard_limit=1000), actor="a"
+    )
+    narrow = setup.set_budget(BudgetSpec("acme", key, BudgetUnit.TOKENS, DAY, hard_limit=500), actor="a")
+    wide = setup.set_budget(BudgetSpec("acme", other, BudgetUnit.TOKENS, DAY, hard_limit=10**6), actor="a")
+    admitted = {narrow.id: 0, wide.id: 0}
+    lock = threading.Lock()
+
+    def worker(key_budget_id: int) -> None:
+        db = Database(migrated.url)
+        store = WindowBudgetStore(db, clock=clock, timeout_s=30.0)
+        key_budget = narrow if key_budget_id == narrow.id else wide
+        mine = 0
+        for _ in range(10):
+            mine += store.take([(tenant_budget, 37), (key_budget, 37)]).refusal is None
+        db.dispose()
+        with lock:
+            admitted[key_budget_id] += mine
+
+    threads = [threading.Thread(target=worker, args=(b.id,)) for b in (narrow, wide) * 3]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert admitted[narrow.id] <= 500 // 37
+    assert admitted[narrow.id] + admitted[wide.id] == 1000 // 37  # the wide key's 30 tries fill the tenant
+    assert setup.used(tenant_budget) == 37 * (1000 // 37)
+    assert setup.used(narrow) == 37 * admitted[narrow.id]
