@@ -252,7 +252,10 @@ class WindowBudgetGate:
             except Exception:
                 logger.exception("window budget settlement of %s lost", record.request_id)
 
-        self._settler.submit(write)
+        try:
+            self._settler.submit(write)
+        except RuntimeError:  # after close (shutdown): nothing can be written any more
+            logger.error("window budget settlement of %s after shutdown, lost", record.request_id)
 
     def flush(self) -> None:
         """Wait until the settlements submitted so far are written."""
