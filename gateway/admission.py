@@ -16,6 +16,9 @@ order, cheapest and least committal first:
    Retry-After and `x-ratelimit-*` headers, as OpenAI sends them; a request larger than the
    tenant's whole budget can never be admitted, and gets a 400 `request_too_large` that clients
    do not retry. Local budgets or database leases: any `tenancy.quotas.TokenBudget`.
+5. Window budgets: tokens and money of the tenant and the key over minute, hour, day, month or
+   rolling windows, with soft and hard limits (`gateway.window_budget_gate`); a hard limit
+   refuses with 429 and Retry-After until the window has room, and what step 4 granted goes back.
 
 Admitted requests get a queue deadline (`max_queue_time_s` after arrival): the engine aborts them
 if they are still waiting then, and the client gets 503 `deadline_exceeded`. Settlement, when the
@@ -45,6 +48,7 @@ from gateway.admission_metrics import AdmissionMetrics, RejectReason, SLOResult
 from gateway.errors import BadRequestError, RateLimitError, ServiceUnavailableError
 from gateway.settings import Settings
 from gateway.slo import RecentAdmissions, predict_ttft
+from gateway.window_budget_gate import WindowBudgetGate, WindowBudgetMetrics, WindowHold
 from tenancy.context import QuotaLimits, TenantContext
 from tenancy.principal_budgets import PrincipalBudgets, RateWindow, Reservation
 from tenancy.quotas import ConcurrencyLimiter, Denial, LimitKind, LocalBudget, TokenBudget
@@ -194,6 +198,7 @@ class AdmissionController:
         metrics: AdmissionMetrics | None = None,
         clock: Callable[[], float] = time.monotonic,
         closers: Sequence[Callable[[], None]] = (),
+        window_budgets: WindowBudgetGate | None = None,
     ) -> None:
         self.stats = stats
         # A plain TokenBudget is the tenant's tokens; keys and request counts are then in-process.
@@ -205,6 +210,8 @@ class AdmissionController:
         self.key_concurrency = ConcurrencyLimiter()  # per key, with the key's own cap
         self._recent = RecentAdmissions()
         self._closers = tuple(closers)
+        # Token and money budgets over windows (issue 25), after the per-minute budgets.
+        self.window_budgets = window_budgets
 
     @property
     def budget(self) -> TokenBudget:
@@ -244,6 +251,7 @@ class AdmissionController:
             raise rate_limit_error(denial)
         try:
             reservation = await self._check_and_reserve(tenant, requests)
+            hold = await self._reserve_windows(tenant, requests, reservation)
         except BaseException:
             self.concurrency.release(name)
             self.key_concurrency.release(tenant.key_id)
@@ -260,7 +268,7 @@ class AdmissionController:
             requests = [replace(r, deadline_s=r.arrival_s + self.config.max_queue_time_s) for r in requests]
         num_choices = sum(r.sampling_params.n for r in requests)
         return Admitted(
-            self._settler(tenant, reservation, deadline_s, num_choices),
+            self._settler(tenant, reservation, deadline_s, num_choices, hold),
             tuple(requests),
             headers=tuple(rate_limit_headers(reservation.requests, reservation.tokens).items()),
         )
@@ -338,8 +346,27 @@ class AdmissionController:
         self._reject(tenant.tenant_id, RejectReason.REQUEST_TOO_LARGE)
         raise too_large_error(num_tokens, limit, per)
 
+    async def _reserve_windows(
+        self, tenant: TenantContext, requests: Sequence[EngineRequest], reservation: Reservation
+    ) -> WindowHold | None:
+        """The window budgets' part; a refusal gives back what the per-minute budgets granted."""
+        if self.window_budgets is None:
+            return None
+        try:
+            return await self.window_budgets.reserve(tenant, requests, reservation.tenant_tokens.num_tokens)
+        except BaseException as exc:
+            self.budgets.give_back(reservation)
+            if isinstance(exc, RateLimitError | BadRequestError):
+                self._reject(tenant.tenant_id, RejectReason.WINDOW_BUDGET)
+            raise
+
     def _settler(
-        self, tenant: TenantContext, reservation: Reservation, deadline_s: float | None, num_choices: int
+        self,
+        tenant: TenantContext,
+        reservation: Reservation,
+        deadline_s: float | None,
+        num_choices: int,
+        hold: WindowHold | None = None,
     ) -> Callable[[UsageRecord], None]:
         settled = False
         grant = reservation.tenant_tokens
@@ -357,6 +384,8 @@ class AdmissionController:
             usage = record.usage
             used = usage.billed_total_tokens
             self.budgets.settle(reservation, used)
+            if hold is not None and self.window_budgets is not None:
+                self.window_budgets.settle(hold, record)
             if self.metrics is None:
                 return
             if not grant.unlimited:
@@ -376,7 +405,10 @@ class AdmissionController:
 
 
 def build_admission(
-    settings: Settings, stats: Callable[[], EngineStats], metrics: AdmissionMetrics | None = None
+    settings: Settings,
+    stats: Callable[[], EngineStats],
+    metrics: AdmissionMetrics | None = None,
+    window_metrics: WindowBudgetMetrics | None = None,
 ) -> AdmissionController:
     """The admission of `weir serve`: leases from PostgreSQL, in-process budgets on SQLite.
 
@@ -391,9 +423,17 @@ def build_admission(
         default_max_tokens_reservation=settings.default_max_tokens_reservation,
     )
     db = Database(settings.resolved_database_url)
+    gate = WindowBudgetGate.on_database(db, window_metrics, refresh_s=settings.auth_cache_ttl_s)
+    closers = (gate.close, db.dispose)  # pending settlements written before the pool closes
     if db.backend == "sqlite":
-        db.dispose()
-        return AdmissionController(stats, PrincipalBudgets(LocalBudget()), config, metrics=metrics)
+        return AdmissionController(
+            stats,
+            PrincipalBudgets(LocalBudget()),
+            config,
+            metrics=metrics,
+            closers=closers,
+            window_budgets=gate,
+        )
     from tenancy.leases import LeasedBudget, LeaseStore, SubjectRows
 
     def leased(rows: SubjectRows | None = None) -> LeasedBudget:
@@ -407,4 +447,4 @@ def build_admission(
         tenant_requests=leased(SubjectRows("tenant:requests:")),
         key_requests=leased(SubjectRows("key:requests:")),
     )
-    return AdmissionController(stats, budgets, config, metrics=metrics, closers=(db.dispose,))
+    return AdmissionController(stats, budgets, config, metrics=metrics, closers=closers, window_budgets=gate)

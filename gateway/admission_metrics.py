@@ -27,6 +27,7 @@ class RejectReason(enum.Enum):
     SLO_UNATTAINABLE = "slo_unattainable"
     DEADLINE_EXCEEDED = "deadline_exceeded"  # admitted, then aborted in the queue
     BUDGET_UNAVAILABLE = "budget_unavailable"  # the shared budget's database failed
+    WINDOW_BUDGET = "window_budget"  # a hard limit of a budget over a window (tenancy.window_budgets)
 
 
 class SLOResult(enum.Enum):

@@ -37,6 +37,7 @@ from gateway.settings import (
     PrefixCachingMode,
     Settings,
 )
+from gateway.window_budget_gate import WindowBudgetMetrics
 
 if TYPE_CHECKING:
     from prometheus_client.registry import Collector
@@ -360,7 +361,9 @@ def build_server_app(settings: Settings) -> Starlette:
         shutdown_hooks.append(tenancy.close)
     kwargs: dict[str, Any] = {}
     if settings.admission is AdmissionMode.ON:
-        admission = build_admission(settings, fleet.stats, AdmissionMetrics(metrics.registry))
+        admission = build_admission(
+            settings, fleet.stats, AdmissionMetrics(metrics.registry), WindowBudgetMetrics(metrics.registry)
+        )
         startup_hooks.append(admission.start)
         shutdown_hooks.append(admission.close)  # after requests settled: unused leases go back
         kwargs["admission"] = admission
@@ -378,6 +381,10 @@ def build_server_app(settings: Settings) -> Starlette:
             *prefix_cache_routes(None, tenancy.admin_auth, None, select),
             *models_admin_routes(rollout, tenancy.admin_auth),
         ]
+        if tenancy.repo is not None:
+            from gateway.routes.spend_admin import spend_admin_routes
+
+            extra_routes[:0] = spend_admin_routes(tenancy.repo.db, tenancy.admin_auth)  # prices, budgets
         if tenancy.repo is not None and tenancy.authenticator is not None:
             from gateway.console.routes import ConsoleDeps, console_routes
 

@@ -39,6 +39,7 @@ from tenancy.admin_bodies.tenants import Tenant, TenantCreate, TenantList, Tenan
 from tenancy.admin_bodies.usage import TenantUsage, UsageReportBody
 from tenancy.admin_bodies.usage_query import AuditQuery, ReportParams, UsageQuery
 from tenancy.quota_limits import QuotaLimits
+from tenancy.spend_api import BudgetBody, BudgetList, BudgetOut, PriceBody, PriceList, PriceOut
 
 ADMIN: list[dict[str, list[str]]] = [{"admin_token": []}]
 
@@ -54,6 +55,8 @@ _REQUESTS: dict[str, Any] = {
     "Rollback": Rollback,
     "PrefixRegister": PrefixRegisterBody,
     "PrefixFlush": PrefixFlushBody,
+    "PriceBody": PriceBody,
+    "BudgetBody": BudgetBody,
 }
 _ANSWERS: dict[str, Any] = {
     "Tenant": Tenant,
@@ -72,6 +75,10 @@ _ANSWERS: dict[str, Any] = {
     "SharedPrefix": SharedPrefix,
     "PrefixList": PrefixList,
     "PrefixCacheFlush": PrefixCacheFlush,
+    "Price": PriceOut,
+    "PriceList": PriceList,
+    "Budget": BudgetOut,
+    "BudgetList": BudgetList,
 }
 _REF = "#/components/schemas/{model}"
 
@@ -283,6 +290,31 @@ def _prefix_cache_paths(e: dict[str, Any]) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def _spend_paths(e: dict[str, Any]) -> dict[str, Any]:
+    """Prices and window budgets (gateway/routes/spend_admin.py)."""
+    return {
+        "/admin/v1/prices": {
+            "get": _op("The price table, oldest first per model", e, "PriceList", parameters=[_query("model", str)]),
+            "post": _op("Add a price of a model version or model, effective now or later (audited; recorded "
+                        "spend is never rewritten)", e, "Price", ok="201", body="PriceBody"),
+        },
+        "/admin/v1/budgets": {
+            "get": _op("Token and money budgets over windows, with the current window's count and reset", e,
+                       "BudgetList", parameters=[_query("tenant", str)]),
+            "put": _op("Set a tenant's or key's budget over a window (soft: alert; hard: 429)", e, "Budget",
+                       body="BudgetBody"),
+        },
+        "/admin/v1/budgets/{budget_id}": {
+            "delete": _op("Remove a budget", e, "Budget", parameters=[_path("budget_id", int)])
+        },
+    }  # fmt: skip
+
+
 def admin_paths(errors: dict[str, Any]) -> dict[str, Any]:
     """The admin paths; `errors` maps status codes to the shared error responses."""
-    return {**_tenancy_paths(errors), **_model_paths(errors), **_prefix_cache_paths(errors)}
+    return {
+        **_tenancy_paths(errors),
+        **_model_paths(errors),
+        **_prefix_cache_paths(errors),
+        **_spend_paths(errors),
+    }

@@ -46,6 +46,7 @@ from tenancy.quota_limits import (
 )
 from tenancy.records import KeySpec, TenantSpec, TenantUpdate
 from tenancy.repo import TenancyRepo, utc_now
+from tenancy.spend_cli import add_spend_commands
 from tenancy.usage_report import (
     DEFAULT_GROUP_BY,
     DEFAULT_LIMIT,
@@ -220,6 +221,7 @@ def _add_admin(subparsers: argparse._SubParsersAction, settings_of: SettingsOf) 
     admin = subparsers.add_parser("admin", help="tenants, API keys, quotas, usage, the audit log, models")
     admin_sub = admin.add_subparsers(dest="admin_command", required=True)
     add_model_commands(admin_sub, conn, settings_of)
+    add_spend_commands(admin_sub, conn, settings_of)  # prices and window budgets (issue 25)
 
     # tenants
     tenants = admin_sub.add_parser("tenants", help="create, list, show, update, suspend tenants")

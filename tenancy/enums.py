@@ -60,3 +60,7 @@ class AuditAction(enum.StrEnum):
     MODEL_ROLLBACK = "model.rollback"
     ADAPTER_REGISTER = "adapter.register"
     ADAPTER_STATE = "adapter.state"
+    PRICE_SET = "price.set"
+    BUDGET_SET = "budget.set"
+    BUDGET_DELETE = "budget.delete"
+    BUDGET_SOFT_LIMIT = "budget.soft_limit"

@@ -46,6 +46,7 @@ HASH_LEN = 64
 USER_LEN = 256  # the request's `user` field as stored (gateway.openai_bodies.requests bounds it)
 PRINCIPAL_LEN = 96  # a budget bucket's subject: "key:<id>:tokens"
 MODEL_VERSION_ID_LEN = MAX_NAME_LEN + 1 + MAX_VERSION_LEN  # name@version
+CURRENCY_LEN = 3
 
 # Deterministic constraint names, so migrations can drop and alter them on every backend.
 NAMING_CONVENTION = {
@@ -229,6 +230,12 @@ class UsageRecord(Base):
     day: Mapped[dt.date] = mapped_column(Date)
     # The request's `user` field (the client's end user), bounded; NULL: not given (or before 0006).
     user: Mapped[str | None] = mapped_column(String(USER_LEN))
+    # Spend (issue 25, 0008): micro-units of `currency` at the price (`model_prices.id`) in effect
+    # at created_at; NULL: no price for the model (or written before 0008). Never rewritten by a
+    # price change.
+    spend_micros: Mapped[int | None] = mapped_column(BigInteger)
+    currency: Mapped[str | None] = mapped_column(String(CURRENCY_LEN))
+    price_id: Mapped[int | None] = mapped_column(Integer)
 
 
 class AuditEvent(Base):
@@ -347,3 +354,59 @@ class LoraAdapter(Base):
     updated_by: Mapped[str] = mapped_column(String(128))
 
     owner: Mapped[Tenant | None] = relationship(lazy="joined")
+
+
+class ModelPrice(Base):
+    """A price of a model version (`name@version`) or of every version of a model (`name`), from
+    `effective_from` until the next price of the same model. Rows are never updated or deleted:
+    a price change is a new row, so the spend recorded under an old price stays explained."""
+
+    __tablename__ = "model_prices"
+    __table_args__ = (UniqueConstraint("model", "effective_from"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    model: Mapped[str] = mapped_column(String(MODEL_VERSION_ID_LEN))
+    currency: Mapped[str] = mapped_column(String(CURRENCY_LEN))
+    # Micro-units of the currency per million tokens.
+    input_micros: Mapped[int] = mapped_column(BigInteger)
+    cached_input_micros: Mapped[int] = mapped_column(BigInteger)
+    output_micros: Mapped[int] = mapped_column(BigInteger)
+    effective_from: Mapped[dt.datetime] = mapped_column(UTCDateTime())
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
+    created_by: Mapped[str] = mapped_column(String(128))
+
+
+class WindowBudget(Base):
+    """A budget over a window (`tenancy.budget_windows`) of a tenant, or of one of its keys.
+
+    `unit` is `tokens` or `micros` (money, in the price table's currency). A soft limit alerts
+    (metric and audit event) and serves; a hard limit refuses (429). NULL: no such limit.
+    """
+
+    __tablename__ = "window_budgets"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    key_id: Mapped[str | None] = mapped_column(ForeignKey("api_keys.id", ondelete="CASCADE"))
+    unit: Mapped[str] = mapped_column(String(16))
+    window: Mapped[str] = mapped_column(String(16))
+    time_zone: Mapped[str] = mapped_column(String(64))
+    rolling_s: Mapped[int | None] = mapped_column(Integer)
+    soft_limit: Mapped[int | None] = mapped_column(BigInteger)
+    hard_limit: Mapped[int | None] = mapped_column(BigInteger)
+    # The start of the bucket whose window last alerted at the soft limit (epoch seconds).
+    soft_alerted_at: Mapped[int | None] = mapped_column(BigInteger)
+    updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
+    updated_by: Mapped[str] = mapped_column(String(128))
+
+
+class WindowBudgetUsage(Base):
+    """What a window budget counted in one bucket (`bucket_start`, epoch seconds)."""
+
+    __tablename__ = "window_budget_usage"
+
+    budget_id: Mapped[int] = mapped_column(
+        ForeignKey("window_budgets.id", ondelete="CASCADE"), primary_key=True
+    )
+    bucket_start: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    used: Mapped[int] = mapped_column(BigInteger)

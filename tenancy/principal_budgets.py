@@ -152,6 +152,17 @@ class PrincipalBudgets:
             with contextlib.suppress(Exception):
                 budget.settle(grant, 0)
 
+    def give_back(self, reservation: Reservation) -> None:
+        """Undo a reservation that will not run (refused later): every grant back, requests too."""
+        self._give_back(
+            [
+                (self.tenant_requests, reservation.tenant_requests),
+                (self.key_requests, reservation.key_requests),
+                (self.tenant_tokens, reservation.tenant_tokens),
+                (self.key_tokens, reservation.key_tokens),
+            ]
+        )
+
     def settle(self, reservation: Reservation, num_used: int) -> None:
         """Charge what the request used to both principals' token budgets (requests stay counted)."""
         self.tenant_tokens.settle(reservation.tenant_tokens, num_used)

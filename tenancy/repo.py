@@ -28,6 +28,7 @@ from tenancy.errors import (
 )
 from tenancy.keys import KeyHasher, generate_key
 from tenancy.models import AdminToken, ApiKey, KeyLimit, Quota, Tenant
+from tenancy.prices import apply_spend
 from tenancy.records import (
     ApiKeyView,
     AuditEventView,
@@ -398,6 +399,7 @@ class TenancyRepo:
                 if missing:
                     raise TenantNotFoundError(sorted(missing)[0])
                 rows = latest_per_request([usage_row(r, ids[r.tenant_id], now) for r in records])
+                apply_spend(session, rows)  # the price in effect at each record's time (tenancy.prices)
                 session.execute(upsert_usage(self.db.backend), rows)
         except IntegrityError:
             # Tenants were checked above, so a key is unknown. Find which, in a fresh transaction

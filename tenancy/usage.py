@@ -71,6 +71,9 @@ _UPDATED_COLUMNS = (
     "e2e_ms",
     "status",
     "finish_reason",
+    "spend_micros",  # recomputed from the new tokens at the record's (unchanged) time's price
+    "currency",
+    "price_id",
 )
 
 

@@ -1,8 +1,8 @@
 """Usage reports: usage records over a time range, grouped, one page at a time, JSON or CSV.
 
 A report groups the records created in `[since, until)` by any of tenant, key, model, model
-version, user, adapter, UTC day and UTC hour, and sums requests (by status) and prompt,
-completion and cached tokens. Pages are `limit` groups from `offset`, in the order of the
+version, user, adapter, UTC day and UTC hour, and sums requests (by status), prompt,
+completion and cached tokens, and spend (integer micro-units, `tenancy.prices`). Pages are `limit` groups from `offset`, in the order of the
 group-by dimensions (NULL first on every backend). The range's totals come from a second
 aggregate over the same filter, so they equal the sum of the records exactly (integers all the
 way; a backend's Decimal sums are turned into int).
@@ -46,6 +46,8 @@ MEASURES = (
     "completion_tokens",
     "cached_tokens",
     "total_tokens",
+    "spend_micros",  # micro-units of the report's `currency` (tenancy.money); records without a price add 0
+    "unpriced",  # records without a price (their model had none when they were made)
 )
 # The JSON/CSV field of each dimension (a key is named by its public id).
 FIELD_OF = {g: ("key_id" if g == "key" else g) for g in GROUPS}
@@ -108,6 +110,8 @@ class UsageSums:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    spend_micros: int = 0
+    unpriced: int = 0
 
     @property
     def total_tokens(self) -> int:
@@ -128,6 +132,7 @@ class UsageReport:
     rows: list[ReportRow]
     totals: UsageSums  # over the whole range, every page
     next_offset: int | None  # None: this is the last page
+    currency: str | None = None  # of the spend (one per deployment); None: nothing priced
 
 
 def parse_group_by(value: str) -> tuple[str, ...]:
@@ -156,6 +161,8 @@ def _sums_columns() -> list[Any]:
         func.sum(UsageRecord.prompt_tokens),
         func.sum(UsageRecord.completion_tokens),
         func.sum(UsageRecord.cached_tokens),
+        func.sum(func.coalesce(UsageRecord.spend_micros, 0)),
+        func.sum(case((UsageRecord.spend_micros.is_(None), 1), else_=0)),
     ]
 
 
@@ -201,7 +208,8 @@ def page_statement(q: ReportQuery, tenant_id: int | None) -> Select[Any]:
 
 def totals_statement(q: ReportQuery, tenant_id: int | None) -> Select[Any]:
     """The sums over the whole range (every group of every page)."""
-    return _filtered(select(*_sums_columns()).select_from(UsageRecord), q, tenant_id)
+    columns = [*_sums_columns(), func.max(UsageRecord.currency)]
+    return _filtered(select(*columns).select_from(UsageRecord), q, tenant_id)
 
 
 def _group_values(q: ReportQuery, values: Sequence[Any]) -> dict[str, str | None]:
@@ -226,7 +234,8 @@ def build_report(
     width = sum(2 if g == "hour" else 1 for g in q.group_by)
     rows = [ReportRow(_group_values(q, r[:width]), _sums(r[width:])) for r in page_rows[: q.limit]]
     more = len(page_rows) > q.limit
-    return UsageReport(q, rows, _sums(totals_row), q.offset + q.limit if more else None)
+    *sums, currency = totals_row
+    return UsageReport(q, rows, _sums(sums), q.offset + q.limit if more else None, currency)
 
 
 # -- query parameters ---------------------------------------------------------------------------

@@ -30,6 +30,17 @@ class UsageTotals(BaseModel):
 
     @classmethod
     def of(cls, sums: UsageSums) -> UsageTotals:
+        return cls(**{m: getattr(sums, m) for m in MEASURES if m in UsageTotals.model_fields})
+
+
+class ReportTotals(UsageTotals):
+    """The report's sums: requests and tokens, and the spend of its records."""
+
+    spend_micros: int = Field(description="micro-units of the report's currency; unpriced records add 0")
+    unpriced: int = Field(description="records without a price (their model had none when they were made)")
+
+    @classmethod
+    def of(cls, sums: UsageSums) -> ReportTotals:
         return cls(**{m: getattr(sums, m) for m in MEASURES})
 
 
@@ -74,7 +85,7 @@ class TenantUsage(BaseModel):
         )
 
 
-class UsageReportRow(UsageTotals):
+class UsageReportRow(ReportTotals):
     """One group: its dimensions (only those grouped by are present; null: none recorded) and sums."""
 
     tenant: str | None = None
@@ -103,7 +114,8 @@ class UsageReportBody(BaseModel):
     next_offset: int | None
     has_more: bool
     data: list[UsageReportRow]
-    totals: UsageTotals
+    totals: ReportTotals
+    currency: str | None = Field(description="of the spend (one per deployment); null: nothing priced")
 
     @classmethod
     def of(cls, report: UsageReport) -> UsageReportBody:
@@ -119,10 +131,11 @@ class UsageReportBody(BaseModel):
             next_offset=report.next_offset,
             has_more=report.next_offset is not None,
             data=[
-                UsageReportRow.model_validate({**r.group, **dict(UsageTotals.of(r.sums))})
+                UsageReportRow.model_validate({**r.group, **dict(ReportTotals.of(r.sums))})
                 for r in report.rows
             ],
-            totals=UsageTotals.of(report.totals),
+            totals=ReportTotals.of(report.totals),
+            currency=report.currency,
         )
 
     def json_body(self) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from gateway.openapi import openapi_schema
 from gateway.protocol import parse_chat_request
 from gateway.routes.models_admin import models_admin_routes
 from gateway.routes.prefix_cache import prefix_cache_routes
+from gateway.routes.spend_admin import spend_admin_routes
 from gateway.settings import AuthMode, Settings
 from tests.e2e.tenancy_server import serve_everything
 from tests.gateway.fake_engine import FakeEngine, FakePrefixCache
@@ -157,11 +158,12 @@ def test_every_served_operation_is_documented_and_nothing_else(tmp_path: Path) -
     # The same app, built the same way, to list its routes.
     tenancy = build_tenancy(Settings(data_dir=tmp_path, admin_token="x" * 20, auth=AuthMode.KEYS))
     assert tenancy.admin_auth is not None
-    assert tenancy.model_versions is not None
+    assert tenancy.model_versions is not None and tenancy.repo is not None
     rollout = ModelRollout(ModelFleet(), tenancy.model_versions)
     routes = [
         *prefix_cache_routes(FakePrefixCache(), tenancy.admin_auth, tokenizer()),
         *models_admin_routes(rollout, tenancy.admin_auth),
+        *spend_admin_routes(tenancy.repo.db, tenancy.admin_auth),
         *tenancy.routes,
     ]
     app = make_app(FakeEngine(), extra_routes=routes)

@@ -21,6 +21,7 @@ from gateway.model_rollout import ModelRollout
 from gateway.routes.admin import admin_routes
 from gateway.routes.models_admin import models_admin_routes
 from gateway.routes.prefix_cache import prefix_cache_routes
+from gateway.routes.spend_admin import spend_admin_routes
 from tenancy.admin_token import ensure_admin_token
 from tenancy.db import Database
 from tenancy.enums import UsageStatus
@@ -91,6 +92,7 @@ def api(tmp_path: Path) -> Iterator[Checked]:
     routes = [
         *prefix_cache_routes(FakePrefixCache(), admin_auth, tokenizer()),
         *models_admin_routes(rollout, admin_auth),
+        *spend_admin_routes(db, admin_auth),  # before the /admin/v1 mount, as bootstrap puts them
         *admin_routes(repo, authenticator, admin_auth),
     ]
     app = make_app(None, fleet=fleet, extra_routes=routes)  # type: ignore[arg-type]
@@ -177,10 +179,27 @@ def _prefix_cache(api: Checked) -> None:
     api.call("delete", base + "/prefixes/{prefix_id}", prefix_id=made["id"])
 
 
+def _spend(api: Checked) -> None:
+    price = {"model": "m@v1", "input_per_million": "0.15", "output_per_million": "0.60"}
+    api.call("post", "/admin/v1/prices", 201, json=price)
+    assert api.call("get", "/admin/v1/prices", params={"model": "m@v1"})["data"][0]["model"] == "m@v1"
+    budget = {
+        "tenant": "acme",
+        "unit": "tokens",
+        "window": "day",
+        "time_zone": "Europe/Paris",
+        "hard_limit": 1000,
+    }
+    made = api.call("put", "/admin/v1/budgets", json=budget)
+    assert api.call("get", "/admin/v1/budgets", params={"tenant": "acme"})["data"][0]["id"] == made["id"]
+    api.call("delete", "/admin/v1/budgets/{budget_id}", budget_id=str(made["id"]))
+
+
 def test_every_admin_answer_validates_against_the_generated_schema(api: Checked) -> None:
     _tenancy(api)
     _models(api)
     _prefix_cache(api)
+    _spend(api)
     assert api.seen == _admin_operations(api.doc)
 
 

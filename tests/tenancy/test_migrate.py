@@ -36,7 +36,11 @@ TABLES = {
     "model_versions",
     "model_traffic",
     "lora_adapters",
+    "model_prices",
+    "window_budgets",
+    "window_budget_usage",
 }
+NEW_IN_0008 = {"model_prices", "window_budgets", "window_budget_usage"}
 
 
 def _tables(db: Database) -> set[str]:
@@ -46,7 +50,7 @@ def _tables(db: Database) -> set[str]:
 def test_scripts_are_found_next_to_the_package() -> None:
     assert (MIGRATIONS_DIR / "env.py").is_file()
     assert (MIGRATIONS_DIR / "script.py.mako").is_file()
-    assert head_revision() == "0007"
+    assert head_revision() == "0008"
 
 
 def test_upgrade_downgrade_round_trip(database: Database) -> None:
@@ -60,12 +64,18 @@ def test_upgrade_downgrade_round_trip(database: Database) -> None:
     upgrade(database.engine)
     assert _tables(database) == TABLES
     usage_indexes = {i["name"] for i in inspect(database.engine).get_indexes("usage_records")}
-    downgrade(database.engine)  # one step: 0007 -> 0006 drops the LoRA adapters and the usage column
-    assert _tables(database) == TABLES - {"lora_adapters"}
+    downgrade(database.engine)  # one step: 0008 -> 0007 drops prices, window budgets, spend columns
+    assert _tables(database) == TABLES - NEW_IN_0008
+    usage_columns = {c["name"] for c in inspect(database.engine).get_columns("usage_records")}
+    assert not usage_columns & {"spend_micros", "currency", "price_id"}
+    assert {i["name"] for i in inspect(database.engine).get_indexes("usage_records")} == usage_indexes
+    assert len(inspect(database.engine).get_foreign_keys("usage_records")) == 2
+    downgrade(database.engine)  # 0007 -> 0006 drops the LoRA adapters and the usage column
+    assert _tables(database) == TABLES - {"lora_adapters"} - NEW_IN_0008
     assert "adapter" not in {c["name"] for c in inspect(database.engine).get_columns("usage_records")}
     assert {i["name"] for i in inspect(database.engine).get_indexes("usage_records")} == usage_indexes
     downgrade(database.engine)  # 0006 -> 0005 drops key limits, principal buckets, user, rpm
-    assert _tables(database) == TABLES - {"key_limits", "principal_buckets", "lora_adapters"}
+    assert _tables(database) == TABLES - {"key_limits", "principal_buckets", "lora_adapters"} - NEW_IN_0008
     assert "user" not in {c["name"] for c in inspect(database.engine).get_columns("usage_records")}
     assert "requests_per_minute" not in {c["name"] for c in inspect(database.engine).get_columns("quotas")}
     assert {i["name"] for i in inspect(database.engine).get_indexes("usage_records")} == usage_indexes
@@ -77,6 +87,7 @@ def test_upgrade_downgrade_round_trip(database: Database) -> None:
         "key_limits",
         "principal_buckets",
         "lora_adapters",
+        *NEW_IN_0008,
     }
     assert "model_version" not in {c["name"] for c in inspect(database.engine).get_columns("usage_records")}
     # SQLite rebuilds the table to drop a column: its indexes and foreign keys must survive.
@@ -93,6 +104,7 @@ def test_upgrade_downgrade_round_trip(database: Database) -> None:
         "key_limits",
         "principal_buckets",
         "lora_adapters",
+        *NEW_IN_0008,
     }
     assert "ux_usage_records_request_tenant" not in {
         i["name"] for i in inspect(database.engine).get_indexes("usage_records")
@@ -105,6 +117,7 @@ def test_upgrade_downgrade_round_trip(database: Database) -> None:
         "key_limits",
         "principal_buckets",
         "lora_adapters",
+        *NEW_IN_0008,
     }
     downgrade(database.engine)  # 0001 -> base
     assert _tables(database) == set()
@@ -206,16 +219,16 @@ _SNAPSHOT_TABLES = (
 )  # fmt: skip
 
 
+_ADDED_AFTER_0005 = {"user", "requests_per_minute", "adapter", "spend_micros", "currency", "price_id"}
+
+
 def _snapshot(database: Database) -> dict[str, list[dict[str, object]]]:
     """Every row of the tables of 0005, the columns of 0005 only, as the database returns them."""
     out: dict[str, list[dict[str, object]]] = {}
     with database.engine.connect() as conn:
         for table in _SNAPSHOT_TABLES:
             rows = conn.execute(text(f"SELECT * FROM {table} ORDER BY 1")).mappings().all()
-            out[table] = [
-                {k: v for k, v in r.items() if k not in {"user", "requests_per_minute", "adapter"}}
-                for r in rows
-            ]
+            out[table] = [{k: v for k, v in r.items() if k not in _ADDED_AFTER_0005} for r in rows]
     return out
 
 
@@ -236,3 +249,51 @@ def test_a_populated_0005_database_upgrades_to_head_and_back_with_nothing_lost(d
         assert conn.execute(text("SELECT adapter FROM usage_records")).scalar_one() is None
     downgrade(database.engine, "0005")
     assert _snapshot(database) == before
+
+
+_POPULATE_0007 = [
+    "INSERT INTO admin_tokens (id, token_hash, created_at) VALUES (1, 'th', :t)",
+    "INSERT INTO model_traffic (name, split, pins, updated_at, updated_by) "
+    "VALUES ('smol', '{\"v1\": 100}', '{}', :t, 'cli')",
+    "INSERT INTO key_limits (key_id, requests_per_minute, tokens_per_minute, tokens_per_day, max_concurrent, "
+    "max_prompt_tokens, max_output_tokens, models, updated_at) VALUES ('k1', 10, 100, NULL, 2, NULL, NULL, '[]', :t)",
+    "INSERT INTO principal_buckets (subject, tokens, refilled_at, day, day_used) VALUES ('key:k1:tokens', 3.5, 9.0, 4, 8)",
+    "INSERT INTO lora_adapters (id, name, model_version, path, owner_tenant_id, state, failure_reason, created_at, "
+    "updated_at, updated_by) VALUES (1, 'sql', 'smol@v1', '/a', 1, 'registered', NULL, :t, :t, 'cli')",
+    "INSERT INTO usage_records (request_id, tenant_id, key_id, model, model_version, prompt_tokens, "
+    'completion_tokens, cached_tokens, ttft_ms, e2e_ms, status, finish_reason, created_at, day, "user", adapter) '
+    "VALUES ('r2', 1, 'k1', 'smol', 'smol@v1', 3, 4, 0, 2.5, 8.0, 'completed', 'length', :t, :d, 'u-1', 'sql')",
+]
+
+
+def test_a_populated_0007_database_upgrades_to_0008_and_back_with_nothing_lost(database: Database) -> None:
+    """Today's schema (0007) with every table holding rows: 0008 up adds prices, spend columns
+    (NULL on old records: they were never priced) and window budgets, and changes nothing else;
+    0008 down gives the same rows back."""
+    upgrade(database.engine, "0007")
+    with database.engine.begin() as conn:
+        for stmt in (*_POPULATE_0005, *_POPULATE_0007):
+            conn.execute(text(stmt), {"t": WHEN, "d": WHEN.date()})
+    tables = sorted(TABLES - NEW_IN_0008)
+
+    def snapshot() -> dict[str, list[dict[str, object]]]:
+        with database.engine.connect() as conn:
+            return {
+                t: [
+                    {k: v for k, v in r.items() if k not in {"spend_micros", "currency", "price_id"}}
+                    for r in conn.execute(text(f"SELECT * FROM {t} ORDER BY 1")).mappings().all()
+                ]
+                for t in tables
+            }
+
+    before = snapshot()
+    assert all(before[t] for t in tables)
+    upgrade(database.engine)
+    assert snapshot() == before
+    with database.engine.connect() as conn:
+        spends = conn.execute(text("SELECT spend_micros, currency, price_id FROM usage_records")).all()
+        assert [tuple(r) for r in spends] == [(None, None, None), (None, None, None)]
+        for table in NEW_IN_0008:
+            assert conn.execute(text(f"SELECT count(*) FROM {table}")).scalar_one() == 0
+    downgrade(database.engine, "0007")
+    assert snapshot() == before

@@ -18,6 +18,8 @@ from tenancy.admin_bodies.usage import UsageReportBody
 from tenancy.admin_bodies.usage_query import parse_report_params
 from tenancy.enums import UsageStatus
 from tenancy.errors import FieldError, TenantNotFoundError
+from tenancy.money import TokenPrices
+from tenancy.prices import PriceRepo, PriceSpec
 from tenancy.records import KeySpec, TenantSpec, UsageRecordIn
 from tenancy.repo import TenancyRepo
 from tenancy.usage_report import (
@@ -41,8 +43,35 @@ T0 = dt.datetime(2026, 3, 1, tzinfo=dt.UTC)
 STATUSES = [UsageStatus.COMPLETED, UsageStatus.FAILED, UsageStatus.CANCELLED]
 
 
+# Prices (micro-units per million tokens): m1@v1 changes price at PRICE_CHANGE; the other
+# versions of m1 take m1's price; m2 and "=cmd" have none.
+V1_BEFORE = TokenPrices(150_000, 75_000, 600_000)
+V1_AFTER = TokenPrices(170_001, 1, 999_999)
+M1 = TokenPrices(3, 2, 7)
+PRICE_CHANGE = T0 + dt.timedelta(days=15)
+
+
+def _expected_spend(r: UsageRecordIn) -> int | None:
+    assert r.created_at is not None
+    if r.model_version == "m1@v1":
+        prices = V1_BEFORE if r.created_at < PRICE_CHANGE else V1_AFTER
+    elif (r.model_version or "").startswith("m1@") or r.model == "m1":
+        prices = M1
+    else:
+        return None
+    exact = (r.prompt_tokens - r.cached_tokens) * prices.input + r.cached_tokens * prices.cached_input
+    exact += r.completion_tokens * prices.output
+    whole, rest = divmod(exact, 1_000_000)
+    return whole + (rest >= 500_000)  # half up
+
+
 def _setup(repo: TenancyRepo) -> dict[str, list[str]]:
     """Two tenants with two keys each; their key ids by tenant."""
+    before = T0 - dt.timedelta(days=1)
+    prices = PriceRepo(repo.db, clock=lambda: before)
+    prices.set_price(PriceSpec("m1@v1", "USD", V1_BEFORE), actor="test")
+    prices.set_price(PriceSpec("m1", "USD", M1), actor="test")
+    prices.set_price(PriceSpec("m1@v1", "USD", V1_AFTER, PRICE_CHANGE), actor="test")
     keys: dict[str, list[str]] = {}
     for name in ("acme", "beta"):
         repo.create_tenant(TenantSpec(name, Priority.STANDARD, 1.0), actor="test")
@@ -114,6 +143,8 @@ def _sums_of(records: list[UsageRecordIn]) -> dict[str, int]:
         prompt_tokens=sum(r.prompt_tokens for r in records),
         completion_tokens=sum(r.completion_tokens for r in records),
         cached_tokens=sum(r.cached_tokens for r in records),
+        spend_micros=sum(_expected_spend(r) or 0 for r in records),
+        unpriced=sum(_expected_spend(r) is None for r in records),
     )
     return {**s.__dict__, "total_tokens": s.total_tokens}
 
@@ -242,14 +273,15 @@ def test_csv_cells_cannot_be_formulas_or_break_rows(value: str) -> None:
         "group_by": ["tenant", "key", "user", "model"],
         "data": [{"tenant": value, "key_id": value, "user": value, "model": None,
                   **dict.fromkeys(("requests", "completed", "failed", "cancelled", "prompt_tokens",
-                                   "completion_tokens", "cached_tokens", "total_tokens"), 1)}],
+                                   "completion_tokens", "cached_tokens", "total_tokens",
+                                   "spend_micros", "unpriced"), 1)}],
     }  # fmt: skip
     rows = list(csv.reader(io.StringIO(report_csv(body), newline="")))
     assert rows[0][:4] == ["tenant", "key_id", "user", "model"] and len(rows) == 2
     for cell in rows[1][:3]:
         assert cell == (value if value == "plain" or value.startswith("a,") else "'" + value)
         assert not cell.startswith(("=", "+", "-", "@", "\t", "\r", "＝"))
-    assert rows[1][3] == "" and rows[1][4:] == ["1"] * 8
+    assert rows[1][3] == "" and rows[1][4:] == ["1"] * 10
     assert safe_cell(-5) == -5 and safe_cell(None) == ""
 
 

@@ -36,7 +36,7 @@ def test_json_report(api: Api) -> None:
     body = r.json()
     assert body["data"] == [{"key_id": key_id, "hour": "2026-03-01T00:00:00Z", "requests": 2, "completed": 2,
                              "failed": 0, "cancelled": 0, "prompt_tokens": 21, "completion_tokens": 4,
-                             "cached_tokens": 0, "total_tokens": 25}]  # fmt: skip
+                             "cached_tokens": 0, "total_tokens": 25, "spend_micros": 0, "unpriced": 2}]  # fmt: skip
     assert (
         body["next_offset"] == 1 and body["totals"]["requests"] == 3 and body["totals"]["prompt_tokens"] == 33
     )

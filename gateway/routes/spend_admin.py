@@ -1,0 +1,107 @@
+"""The price and window-budget admin API under /admin/v1 (admin bearer token).
+
+    POST   /admin/v1/prices          add a price (effective now or later): 201
+    GET    /admin/v1/prices          every price, ?model= for one model's
+    PUT    /admin/v1/budgets         set a tenant's or key's budget over a window
+    GET    /admin/v1/budgets         every budget with its current window's count, ?tenant=
+    DELETE /admin/v1/budgets/{id}    remove a budget
+
+Bodies and answers are `tenancy.spend_api`'s. Every change is audited by the repository. Replicas
+(this one included) apply changes within the auth cache TTL (`gateway.window_budget_gate`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Route
+
+from gateway.auth import AdminAuthenticator
+from gateway.errors import NotFoundError, PayloadTooLargeError
+from gateway.json_body import loads_bounded
+from tenancy.db import Database
+from tenancy.errors import FieldError
+from tenancy.spend_admin import SpendAdmin
+from tenancy.window_budget_records import BudgetNotFoundError
+
+MAX_BODY_BYTES = 64 * 1024
+_NO_STORE = {"Cache-Control": "no-store"}
+_MAX_QUERY_LEN = 256
+
+Handler = Callable[[Request, str], Awaitable[Response]]
+
+
+def _json(body: Any, status_code: int = 200) -> JSONResponse:
+    return JSONResponse(body, status_code=status_code, headers=_NO_STORE)
+
+
+async def _body(request: Request) -> Any:
+    raw = await request.body()
+    if len(raw) > MAX_BODY_BYTES:
+        raise PayloadTooLargeError(f"request body is larger than {MAX_BODY_BYTES} bytes")
+    return loads_bounded(raw) if raw.strip() else None
+
+
+def _query(request: Request, name: str) -> str | None:
+    value = request.query_params.get(name)
+    if value is not None and not 1 <= len(value) <= _MAX_QUERY_LEN:
+        raise FieldError(name, f"must be 1-{_MAX_QUERY_LEN} characters")
+    return value
+
+
+class SpendAdminRoutes:
+    def __init__(self, db: Database, admin_auth: AdminAuthenticator) -> None:
+        self.admin_api = SpendAdmin(db)
+        self.admin_auth = admin_auth
+
+    def admin(self, handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+        async def endpoint(request: Request) -> Response:
+            addr = request.client.host if request.client is not None else "unknown"
+            await self.admin_auth.authenticate_async(request.headers.get("authorization"), addr)
+            return await handler(request, f"admin-api {addr}")
+
+        return endpoint
+
+    def routes(self) -> list[BaseRoute]:
+        a = self.admin
+        return [
+            Route("/admin/v1/prices", a(self.set_price), methods=["POST"]),
+            Route("/admin/v1/prices", a(self.list_prices), methods=["GET"]),
+            Route("/admin/v1/budgets", a(self.set_budget), methods=["PUT"]),
+            Route("/admin/v1/budgets", a(self.list_budgets), methods=["GET"]),
+            Route("/admin/v1/budgets/{budget_id}", a(self.delete_budget), methods=["DELETE"]),
+        ]
+
+    async def set_price(self, request: Request, actor: str) -> Response:
+        body = await _body(request)
+        return _json(await run_in_threadpool(self.admin_api.set_price, body, actor), 201)
+
+    async def list_prices(self, request: Request, actor: str) -> Response:
+        model = _query(request, "model")
+        return _json(await run_in_threadpool(self.admin_api.list_prices, model))
+
+    async def set_budget(self, request: Request, actor: str) -> Response:
+        body = await _body(request)
+        return _json(await run_in_threadpool(self.admin_api.set_budget, body, actor))
+
+    async def list_budgets(self, request: Request, actor: str) -> Response:
+        tenant = _query(request, "tenant")
+        return _json(await run_in_threadpool(self.admin_api.list_budgets, tenant))
+
+    async def delete_budget(self, request: Request, actor: str) -> Response:
+        text = request.path_params["budget_id"]
+        if not text.isascii() or not text.isdigit() or len(text) > 18:
+            raise NotFoundError(f"window budget {text[:32]!r} not found")
+        try:
+            return _json(await run_in_threadpool(self.admin_api.delete_budget, int(text), actor))
+        except BudgetNotFoundError as exc:
+            raise NotFoundError(exc.message) from None
+
+
+def spend_admin_routes(db: Database, admin_auth: AdminAuthenticator) -> list[BaseRoute]:
+    """The routes, to mount before the /admin/v1 catch-all."""
+    return SpendAdminRoutes(db, admin_auth).routes()
