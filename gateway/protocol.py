@@ -23,6 +23,7 @@ from gateway.errors import BadRequestError
 from gateway.json_body import loads_bounded
 from gateway.openai_bodies import requests as rb
 from gateway.openai_bodies.params import bad_request
+from gateway.openai_bodies.requests import Role
 from gateway.tool_calls import ToolsRequest, calls_schema, render_calls, tools_prompt, tools_request
 
 
@@ -31,16 +32,6 @@ class Endpoint(enum.Enum):
 
     CHAT = "chat.completion"
     COMPLETIONS = "text_completion"
-
-
-class Role(enum.Enum):
-    """Chat message roles. `developer` is OpenAI's newer name for `system`."""
-
-    SYSTEM = "system"
-    DEVELOPER = "developer"
-    USER = "user"
-    ASSISTANT = "assistant"
-    TOOL = "tool"
 
 
 @dataclass(frozen=True)
@@ -239,7 +230,7 @@ def _check_chat_counts(data: Mapping[str, Any], max_messages: int) -> None:
 def message_of(body: rb.ChatMessageBody) -> ChatMessage:
     content = body.content
     text = content if isinstance(content, str) else "".join(p.text for p in content or ())
-    role = Role(body.role)
+    role = body.role
     calls = tuple(body.tool_calls or ()) if role is Role.ASSISTANT else ()
     call_id = body.tool_call_id if role is Role.TOOL else None
     return ChatMessage(role, text, body.name, calls, call_id)

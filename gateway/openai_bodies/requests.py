@@ -9,7 +9,8 @@ context) is checked after.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+import enum
+from typing import Annotated, Any
 
 from pydantic import (
     AfterValidator,
@@ -17,6 +18,7 @@ from pydantic import (
     ConfigDict,
     Discriminator,
     Field,
+    Strict,
     Tag,
     model_validator,
 )
@@ -224,13 +226,22 @@ Content = Annotated[
         custom_error_message="must be a string or a list of content parts",
     ),
 ]
-Role = Literal["system", "developer", "user", "assistant", "tool"]
+
+
+class Role(enum.Enum):
+    """Chat message roles. `developer` is OpenAI's newer name for `system`."""
+
+    SYSTEM = "system"
+    DEVELOPER = "developer"
+    USER = "user"
+    ASSISTANT = "assistant"
+    TOOL = "tool"
 
 
 class ChatMessageBody(StrictBody):
     """One message of a chat; `tool_calls` count in an assistant's, `tool_call_id` in a tool's."""
 
-    role: Role
+    role: Annotated[Role, Strict(False)]  # by its value
     content: Content | None = None
     name: str | None = None
     tool_calls: list[sb.ToolCall] | None = None

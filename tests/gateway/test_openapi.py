@@ -3,6 +3,7 @@ ones the validator enforces (both come from the models of gateway.openai_bodies)
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from gateway.errors import BadRequestError
 from gateway.model_fleet import ModelFleet
 from gateway.model_rollout import ModelRollout
 from gateway.openai_bodies.requests import SAMPLING_FIELDS, TOKEN_KEY_PATTERN
-from gateway.openapi import openapi_schema
+from gateway.openapi import LiveDocument, openapi_schema
 from gateway.protocol import parse_chat_request
 from gateway.routes.models_admin import models_admin_routes
 from gateway.routes.prefix_cache import prefix_cache_routes
@@ -173,3 +174,13 @@ def test_every_served_operation_is_documented_and_nothing_else(tmp_path: Path) -
         for op in item.values():
             if path.startswith("/admin/"):
                 assert op["security"] == [{"admin_token": []}], path
+
+
+def test_the_live_document_follows_the_served_models_and_vocabulary() -> None:
+    document = LiveDocument()
+    first = document.render(["a"], 100)
+    assert document.render(["a"], 100) is first  # unchanged: served as rendered
+    schemas = json.loads(document.render(["b", "a"], 50))["components"]["schemas"]
+    assert schemas["ChatCompletionRequest"]["properties"]["model"]["enum"] == ["a", "b"]
+    ids = schemas["CompletionRequest"]["properties"]["prompt"]["oneOf"][2]
+    assert ids["items"]["maximum"] == 49
