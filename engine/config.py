@@ -247,10 +247,20 @@ class EngineConfig:
     use_cuda_graphs: bool | None = None  # None: on CUDA only
     # None: on CPU in float32/bfloat16 where oneDNN can pack (engine/models/packed_linear.py)
     cpu_packed_linear: bool | None = None
+    # A transposed copy of every linear weight for one-row (batch-1) steps, read at the memory
+    # bandwidth: twice the linear weights' memory. None: wherever the packed path is on in float32.
+    cpu_row_weights: bool | None = None
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)  # off by default
     lora: LoraConfig = field(default_factory=LoraConfig)  # off by default
 
     def __post_init__(self) -> None:
+        if self.cpu_row_weights and (
+            self.device != "cpu" or self.dtype != "float32" or self.cpu_packed_linear is False
+        ):
+            raise ValueError(
+                "cpu_row_weights needs device cpu, float32 and the packed path, got "
+                f"{self.device} {self.dtype} cpu_packed_linear={self.cpu_packed_linear}"
+            )
         if self.dtype not in ENGINE_DTYPES:
             raise ValueError(f"dtype must be float32, float16 or bfloat16, got {self.dtype!r}")
         if not self.model_path:
