@@ -112,6 +112,13 @@ class ModelConfig:
         emb = v * h * (1 if self.tie_word_embeddings else 2)
         return self.num_layers * per_layer + emb + h
 
+    def linear_params(self) -> int:
+        """Parameters of the projections and the LM head (what `EngineConfig.cpu_row_weights` copies)."""
+        h, i, v = self.hidden_size, self.intermediate_size, self.vocab_size
+        q = self.num_heads * self.head_dim
+        kv = self.num_kv_heads * self.head_dim
+        return self.num_layers * (h * q + 2 * h * kv + q * h + 3 * h * i) + v * h
+
 
 class BatchPolicy(enum.Enum):
     """How the scheduler forms batches over time."""

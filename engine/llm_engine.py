@@ -528,7 +528,7 @@ def build_engine(
         device=device,
         attn_backend=attn,
         pack_linear=_pack_linear(config),
-        row_weights=_row_weights(config),
+        row_weights=uses_row_weights(config),
     )
     tokenizer = AutoTokenizer.from_pretrained(
         config.tokenizer_path or config.model_path, local_files_only=True
@@ -583,7 +583,7 @@ def _pack_linear(config: EngineConfig) -> bool:
     return packing_supported(getattr(torch, config.dtype), torch.device(config.device))
 
 
-def _row_weights(config: EngineConfig) -> bool:
+def uses_row_weights(config: EngineConfig) -> bool:
     """The transposed copies for batch-1 steps (engine/models/packed_linear.py): as configured,
     else on wherever the packed path is on in float32."""
     if config.cpu_row_weights is not None:

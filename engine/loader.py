@@ -243,7 +243,9 @@ def load_model(
     if dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise ModelLoadError(f"dtype must be float32, bfloat16 or float16, got {dtype}")
     if row_weights and not (pack_linear and dtype == torch.float32):
-        raise ModelLoadError(f"row weights need pack_linear and float32, got pack_linear={pack_linear} {dtype}")
+        raise ModelLoadError(
+            f"row weights need pack_linear and float32, got pack_linear={pack_linear} {dtype}"
+        )
     if pack_linear and not packing_supported(dtype, device):
         raise ModelLoadError(
             f"pre-packed linear weights need a CPU and float32 or bfloat16, not {dtype} on {device}"

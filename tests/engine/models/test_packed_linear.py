@@ -80,7 +80,9 @@ def test_row_weights_need_the_packed_path_in_float32(tmp_path: Path) -> None:
         with pytest.raises(ValueError, match="cpu_row_weights"):
             EngineConfig(model_path="m", cpu_row_weights=True, **kwargs)  # type: ignore[arg-type]
     EngineConfig(model_path="m", dtype="bfloat16", cpu_row_weights=False)  # off is always allowed
-    model, config = load_model(path, torch.float32, CPU, TorchAttentionBackend(), pack_linear=True, row_weights=True)
+    model, config = load_model(
+        path, torch.float32, CPU, TorchAttentionBackend(), pack_linear=True, row_weights=True
+    )
     layers = [m for m in model.modules() if isinstance(m, PackedLinear)]
     assert len(layers) == 4 * config.num_layers + 1 and all(m.row_weight is not None for m in layers)
 
