@@ -10,7 +10,12 @@ floor of a batch-1 decode step), `--reps` times, `--steps` decode steps per time
   (`EngineConfig.cpu_row_weights`, engine/models/packed_linear.py);
 - `rows_unfused`: `rows` with the per-layer small ops as they were before issue 27 (RMSNorm in
   six ops, RoPE tables gathered and q and k rotated apart in every layer; `LlamaForCausalLM.fused_ops`
-  off), to price the hand-fused ops alone.
+  off), to price the hand-fused ops alone;
+- `compiled` (not run by default): plain weights, `torch.compile` (inductor's C++ backend, fixed
+  shapes) over the model's forward with the attention backend left out of the graph
+  (`torch.compiler.disable`: the paged metadata is Python); inductor fuses the small ops between
+  the linears and calls MKL for the GEMMs. The first step of each batch size compiles (tens of
+  seconds); the engine has no such path (docs/decisions.md).
 
 Two clocks per block: wall time, and the CPU time of the stepping thread (`time.thread_time`),
 which with one intra-op thread (`--threads 1`, the default here) is all of the step's compute and
@@ -38,10 +43,34 @@ from bench.experiments.cpu_fast_path import _start_decoding, cpu_engine_config, 
 from engine.llm_engine import LLMEngine, build_engine
 
 VARIANTS = ("packed", "rows", "rows_unfused")
+OPTIONAL_VARIANTS = ("compiled",)
+
+
+class _CompiledForward(torch.nn.Module):
+    """The runner's model with its forward compiled (the `compiled` variant)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+        for module in model.modules():  # one backend shared by every layer
+            if hasattr(module, "attn_backend"):
+                backend = module.attn_backend
+                backend.forward = torch.compiler.disable(backend.forward)
+        self.compiled = torch.compile(model.forward, dynamic=False)
+
+    def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return self.compiled(*args, **kwargs)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.model.compute_logits(hidden)  # type: ignore[operator, no-any-return]
 
 
 def build_variant(name: str, model: Path, max_num_seqs: int, max_model_len: int) -> LLMEngine:
     """The engine of one variant (see the module docstring)."""
+    if name == "compiled":
+        engine = build_engine(cpu_engine_config(model, "float32", False, max_num_seqs, max_model_len))
+        engine.runner.model = _CompiledForward(engine.runner.model)
+        return engine
     base = cpu_engine_config(model, "float32", True, max_num_seqs, max_model_len)
     engine = build_engine(dataclasses.replace(base, cpu_row_weights=name != "packed"))
     engine.runner.model.fused_ops = name != "rows_unfused"
@@ -125,7 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m bench.experiments.decode_roofline", description=__doc__.splitlines()[0]
     )
     p.add_argument("--model", type=Path, required=True, help="a prepared model folder")
-    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS + OPTIONAL_VARIANTS)
     p.add_argument("--batches", type=int, nargs="*", default=[1, 8])
     p.add_argument("--context-len", type=int, default=128, help="prompt tokens of each decoding sequence")
     p.add_argument("--steps", type=int, default=8, help="decode steps per timed block")
