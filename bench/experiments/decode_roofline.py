@@ -10,7 +10,8 @@ floor of a batch-1 decode step), `--reps` times, `--steps` decode steps per time
   (`EngineConfig.cpu_row_weights`, engine/models/packed_linear.py);
 - `rows_unfused`: `rows` with the per-layer small ops as they were before issue 27 (RMSNorm in
   six ops, RoPE tables gathered and q and k rotated apart in every layer; `LlamaForCausalLM.fused_ops`
-  off), to price the hand-fused ops alone;
+  off), to price the hand-fused ops alone: the same engine as `rows` when both run (the switch is
+  flipped before each block), so that the two differ in that switch only;
 - `compiled` (not run by default): plain weights, `torch.compile` (inductor's C++ backend, fixed
   shapes) over the model's forward with the attention backend left out of the graph
   (`torch.compiler.disable`: the paged metadata is Python); inductor fuses the small ops between
@@ -94,21 +95,33 @@ def measure(
     reps: int,
 ) -> dict[str, Any]:
     """Median and min ms (wall and CPU) of a decode step of every variant and of the weight read."""
+    distinct = {id(eng): eng for eng in engines.values()}
     ids = {
-        name: _start_decoding(eng, batch, context_len, 2 * reps * steps + 8) for name, eng in engines.items()
+        key: _start_decoding(eng, batch, context_len, 4 * reps * steps + 8) for key, eng in distinct.items()
     }
+
+    def stepper(name: str) -> Callable[[], Any]:
+        engine = engines[name]
+        fused = name != "rows_unfused"
+
+        def step() -> Any:
+            engine.runner.model.fused_ops = fused
+            return engine.step()
+
+        return step
+
     names = [*engines, "weight_read"]
     for name in engines:  # warm-up: one block of each
-        _block(engines[name].step, 1)
+        _block(stepper(name), 1)
     times: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
     for rep in range(reps):
         for name in names if rep % 2 == 0 else reversed(names):
             if name == "weight_read":
                 times[name].append(_block(read_weights, 1))
             else:
-                times[name].append(_block(engines[name].step, steps))
-    for name, eng in engines.items():
-        for rid in ids[name]:
+                times[name].append(_block(stepper(name), steps))
+    for key, eng in distinct.items():
+        for rid in ids[key]:
             eng.abort(rid)
     row: dict[str, Any] = {"batch": batch, "context_len": context_len, "steps": steps, "reps": reps}
     for name in names:
@@ -129,8 +142,14 @@ def measure(
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    max_len = args.context_len + 2 * args.reps * args.steps + 64
-    engines = {name: build_variant(name, args.model, max(args.batches), max_len) for name in args.variants}
+    max_len = args.context_len + 4 * args.reps * args.steps + 64
+    engines: dict[str, LLMEngine] = {}
+    for name in args.variants:
+        if name == "rows_unfused" and "rows" in args.variants:
+            continue  # stepped on the `rows` engine with the switch off
+        engines[name] = build_variant(name, args.model, max(args.batches), max_len)
+    if "rows_unfused" in args.variants and "rows" in args.variants:
+        engines["rows_unfused"] = engines["rows"]
     reader = plain_weight_reader(args.model, "float32")
     rows = [measure(engines, reader, b, args.context_len, args.steps, args.reps) for b in args.batches]
     first = rows[0]
