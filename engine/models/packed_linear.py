@@ -15,7 +15,7 @@ Single-row calls (a decode step at batch 1, the LM head of one sequence) are a m
 product, bound by reading the weight from memory. oneDNN's blocked weight streams at ~1.4-1.5x the
 time of a plain `sum` over the same bytes there, while `x @ W_t` with a second copy of the weight
 stored transposed (`[in_features, out_features]`, contiguous: MKL's GEMV walks it row after row)
-streams at the `sum`'s own speed (docs/benchmarks.md, "Linears at the read bandwidth"). With
+streams at the `sum`'s own speed (docs/benchmarks.md, "The decode step against the weight read"). With
 `row_weight=True` a layer keeps that copy too and uses it for one-row inputs only; at 8 rows
 the blocked weight is ~1.4x faster than the transposed copy, so both are kept: twice the memory
 of the linear weights, which is why it is a setting (`EngineConfig.cpu_row_weights`).
