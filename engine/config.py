@@ -112,6 +112,13 @@ class ModelConfig:
         emb = v * h * (1 if self.tie_word_embeddings else 2)
         return self.num_layers * per_layer + emb + h
 
+    def linear_params(self) -> int:
+        """Parameters of the projections and the LM head (what `EngineConfig.cpu_row_weights` copies)."""
+        h, i, v = self.hidden_size, self.intermediate_size, self.vocab_size
+        q = self.num_heads * self.head_dim
+        kv = self.num_kv_heads * self.head_dim
+        return self.num_layers * (h * q + 2 * h * kv + q * h + 3 * h * i) + v * h
+
 
 class BatchPolicy(enum.Enum):
     """How the scheduler forms batches over time."""
@@ -247,10 +254,20 @@ class EngineConfig:
     use_cuda_graphs: bool | None = None  # None: on CUDA only
     # None: on CPU in float32/bfloat16 where oneDNN can pack (engine/models/packed_linear.py)
     cpu_packed_linear: bool | None = None
+    # A transposed copy of every linear weight for one-row (batch-1) steps, read at the memory
+    # bandwidth: twice the linear weights' memory. None: wherever the packed path is on in float32.
+    cpu_row_weights: bool | None = None
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)  # off by default
     lora: LoraConfig = field(default_factory=LoraConfig)  # off by default
 
     def __post_init__(self) -> None:
+        if self.cpu_row_weights and (
+            self.device != "cpu" or self.dtype != "float32" or self.cpu_packed_linear is False
+        ):
+            raise ValueError(
+                "cpu_row_weights needs device cpu, float32 and the packed path, got "
+                f"{self.device} {self.dtype} cpu_packed_linear={self.cpu_packed_linear}"
+            )
         if self.dtype not in ENGINE_DTYPES:
             raise ValueError(f"dtype must be float32, float16 or bfloat16, got {self.dtype!r}")
         if not self.model_path:

@@ -521,7 +521,12 @@ def build_engine(
     device = torch.device(config.device)
     attn = _attention_backend(config, device)
     model, model_config = load_model(
-        config.model_path, dtype=dtype, device=device, attn_backend=attn, pack_linear=_pack_linear(config)
+        config.model_path,
+        dtype=dtype,
+        device=device,
+        attn_backend=attn,
+        pack_linear=_pack_linear(config),
+        row_weights=uses_row_weights(config),
     )
     tokenizer = AutoTokenizer.from_pretrained(
         config.tokenizer_path or config.model_path, local_files_only=True
@@ -574,6 +579,14 @@ def _pack_linear(config: EngineConfig) -> bool:
     from engine.models.packed_linear import packing_supported
 
     return packing_supported(getattr(torch, config.dtype), torch.device(config.device))
+
+
+def uses_row_weights(config: EngineConfig) -> bool:
+    """The transposed copies for batch-1 steps (engine/models/packed_linear.py): as configured,
+    else on wherever the packed path is on in float32."""
+    if config.cpu_row_weights is not None:
+        return config.cpu_row_weights
+    return config.dtype == "float32" and _pack_linear(config)
 
 
 def _attention_backend(config: EngineConfig, device: torch.device):  # type: ignore[no-untyped-def]

@@ -163,9 +163,24 @@ class RotaryEmbedding:
         positions: torch.Tensor,  # [num_tokens] int64
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotate each token's q and k by the angle of its position; returns new tensors."""
+        cos, sin = self.tables(positions)
+        return _rotate(query, cos, sin), _rotate(key, cos, sin)
+
+    def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin of each token's position, `[num_tokens, 1, head_dim // 2]` each: gathered
+        once per step and shared by every layer (`rotate`)."""
         cos = self.cos.index_select(0, positions)[:, None, :]  # [num_tokens, 1, head_dim // 2]
         sin = self.sin.index_select(0, positions)[:, None, :]
-        return _rotate(query, cos, sin), _rotate(key, cos, sin)
+        return cos, sin
+
+    @staticmethod
+    def rotate(heads: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Rotate `heads` `[num_tokens, any number of heads, head_dim]` by `tables`' cos and sin.
+
+        q and k heads side by side (one view of the fused qkv output) rotate in one pass: the
+        same elementwise operations as `apply`, so the same bits, in half the ops.
+        """
+        return _rotate(heads, cos, sin)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

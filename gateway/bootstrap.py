@@ -32,6 +32,7 @@ from gateway.settings import (
     AdmissionMode,
     AttentionBackend,
     AuthMode,
+    CpuRowWeightsMode,
     CudaGraphsMode,
     LogLevel,
     PrefixCachingMode,
@@ -116,8 +117,16 @@ def engine_config(settings: Settings, model_path: Path, device: str) -> EngineCo
         ),
         use_triton=use_triton,
         use_cuda_graphs=use_cuda_graphs,
+        cpu_row_weights=_row_weights_choice(settings),
         speculative=SpeculativeConfig.parse(settings.speculative, settings.num_speculative_tokens),
     )
+
+
+def _row_weights_choice(settings: Settings) -> bool | None:
+    """EngineConfig.cpu_row_weights: None (the engine's auto), or the explicit on / off (on where the
+    engine cannot honour it stops start-up with EngineConfig's ValueError)."""
+    mode = settings.cpu_row_weights
+    return None if mode is CpuRowWeightsMode.AUTO else mode is CpuRowWeightsMode.ON
 
 
 class KernelChoiceError(ValueError):

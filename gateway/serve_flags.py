@@ -19,6 +19,7 @@ from gateway.settings import (
     AdmissionMode,
     AttentionBackend,
     AuthMode,
+    CpuRowWeightsMode,
     CudaGraphsMode,
     LogLevel,
     OtelExporter,
@@ -143,6 +144,12 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         "--cuda-graphs",
         CudaGraphsMode,
         help="replay decode steps as CUDA graphs: auto = on CUDA with triton; on needs both (default auto)",
+    )
+    choice(
+        "--cpu-row-weights",
+        CpuRowWeightsMode,
+        help="a transposed copy of every linear weight for batch-1 decode steps, read at the memory "
+        "bandwidth (twice the linear weights' memory): auto = on CPU in float32; on needs that (default auto)",
     )
     add(
         "--grammar-compile-timeout-s",

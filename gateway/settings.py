@@ -65,6 +65,16 @@ class CudaGraphsMode(enum.Enum):
     OFF = "off"
 
 
+class CpuRowWeightsMode(enum.Enum):
+    """AUTO: on CPU in float32 with the packed linears, keep a transposed copy of every linear
+    weight for batch-1 decode steps (engine/models/packed_linear.py; twice the linear weights'
+    memory). ON needs that path (refused elsewhere); OFF saves the memory."""
+
+    AUTO = "auto"
+    ON = "on"
+    OFF = "off"
+
+
 class AdmissionMode(enum.Enum):
     """ON: token budgets, SLO-aware rejection and the queue bound (gateway.admission). OFF: admit all."""
 
@@ -162,6 +172,7 @@ class Settings:
     tenant_cache_share: float = 1.0  # most of the KV pool one tenant's cached prefixes may hold
     attention_backend: AttentionBackend = AttentionBackend.AUTO
     cuda_graphs: CudaGraphsMode = CudaGraphsMode.AUTO
+    cpu_row_weights: CpuRowWeightsMode = CpuRowWeightsMode.AUTO
     # Input bounds checked before any chat template or tokenizer runs (gateway.prompt_limits).
     max_chat_messages: int = DEFAULT_MAX_CHAT_MESSAGES  # messages, and content parts across them
     # A text prompt of more than this x max_model_len characters is refused untokenized; None: the
@@ -391,6 +402,7 @@ _FIELDS: dict[str, _FieldSpec] = {
     "tenant_cache_share": _FieldSpec("WEIR_TENANT_CACHE_SHARE", float),
     "attention_backend": _FieldSpec("WEIR_ATTENTION_BACKEND", AttentionBackend),
     "cuda_graphs": _FieldSpec("WEIR_CUDA_GRAPHS", CudaGraphsMode),
+    "cpu_row_weights": _FieldSpec("WEIR_CPU_ROW_WEIGHTS", CpuRowWeightsMode),
     "max_chat_messages": _FieldSpec("WEIR_MAX_CHAT_MESSAGES", int),
     "prompt_chars_per_token": _FieldSpec("WEIR_PROMPT_CHARS_PER_TOKEN", int),
     "tokenizer_workers": _FieldSpec("WEIR_TOKENIZER_WORKERS", int),

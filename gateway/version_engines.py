@@ -108,12 +108,17 @@ class VersionEngineFactory:
         return spec.dtype or self.settings.resolved_dtype(self.device)
 
     def footprint(self, spec: ModelVersionSpec) -> VersionFootprint:
-        """Weights (parameter count x dtype size) plus the KV pool, from config.json alone."""
+        """Weights (parameter count x dtype size, plus the CPU row weights' copies where they are on)
+        plus the KV pool, from config.json alone."""
         from engine.loader import load_model_config
 
         model_config = load_model_config(spec.path)
         itemsize = _DTYPE_BYTES[self.dtype(spec)]
         weights = model_config.num_params() * itemsize
+        from engine.llm_engine import uses_row_weights
+
+        if uses_row_weights(replace(self.base_config(Path(spec.path)), dtype=self.dtype(spec))):
+            weights += model_config.linear_params() * itemsize  # the transposed copies (packed_linear.py)
         per_token = model_config.kv_bytes_per_token(itemsize)
         block_size = self.base_config(Path(spec.path)).cache.block_size
         tokens = spec.kv_cache_tokens or self.settings.kv_cache_tokens

@@ -124,7 +124,14 @@ def build_cpu_engine(
     model: Path, dtype: str, packed: bool, max_num_seqs: int, max_model_len: int
 ) -> LLMEngine:
     """A CPU engine with the fast path on or off (prefix caching off: every step does its work)."""
-    config = EngineConfig(
+    return build_engine(cpu_engine_config(model, dtype, packed, max_num_seqs, max_model_len))
+
+
+def cpu_engine_config(
+    model: Path, dtype: str, packed: bool, max_num_seqs: int, max_model_len: int
+) -> EngineConfig:
+    """The config of `build_cpu_engine`."""
+    return EngineConfig(
         model_path=str(model),
         dtype=dtype,
         device="cpu",
@@ -139,7 +146,6 @@ def build_cpu_engine(
         ),
         cpu_packed_linear=packed,
     )
-    return build_engine(config)
 
 
 def _start_decoding(engine: LLMEngine, batch: int, context_len: int, max_tokens: int) -> list[str]:

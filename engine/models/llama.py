@@ -62,7 +62,11 @@ class RMSNorm(nn.Module):
         self.weight = _empty_param((dim,), dtype, device)
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, fused: bool = False) -> torch.Tensor:
+        """`fused` (float32 only, else ignored): one `F.rms_norm` call instead of six ops, the same
+        bits (tests/engine/models/test_llama.py checks them equal)."""
+        if fused and x.dtype == torch.float32:
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         input_dtype = x.dtype
         x32 = x.to(torch.float32)
         variance = x32.pow(2).mean(-1, keepdim=True)
@@ -123,9 +127,14 @@ class LlamaAttention(nn.Module):
         kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
         attn_metadata: AttentionMetadata,
         lora: LoraStep | None = None,
+        rope_tables: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:  # [num_tokens, hidden]
+        """`rope_tables`: the step's cos and sin (`RotaryEmbedding.tables`), gathered once for every
+        layer; q and k then rotate together (models without q/k norms)."""
         num_tokens = hidden.shape[0]
         qkv = self._qkv(hidden, lora)  # [num_tokens, q_size + 2 * kv_size]
+        if rope_tables is not None and self.q_norm is None:
+            return self._forward_joint_rope(qkv, kv_cache, attn_metadata, lora, rope_tables)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(num_tokens, self.num_heads, self.head_dim)
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
@@ -133,8 +142,29 @@ class LlamaAttention(nn.Module):
         if self.q_norm is not None and self.k_norm is not None:
             q = self.q_norm(q)
             k = self.k_norm(k)
-        q, k = self.rotary.apply(q, k, positions)
+        if rope_tables is not None:
+            cos, sin = rope_tables
+            q, k = self.rotary.rotate(q, cos, sin), self.rotary.rotate(k, cos, sin)
+        else:
+            q, k = self.rotary.apply(q, k, positions)
         out = self.attn_backend.forward(q, k, v, kv_cache, attn_metadata, self.scale)
+        return self._o(out.reshape(num_tokens, self.q_size), lora)
+
+    def _forward_joint_rope(
+        self,
+        qkv: torch.Tensor,  # [num_tokens, q_size + 2 * kv_size]
+        kv_cache: torch.Tensor,
+        attn_metadata: AttentionMetadata,
+        lora: LoraStep | None,
+        rope_tables: tuple[torch.Tensor, torch.Tensor],
+    ) -> torch.Tensor:  # [num_tokens, hidden]
+        num_tokens = qkv.shape[0]
+        num_qk_heads = self.num_heads + self.num_kv_heads
+        qk = qkv[:, : self.q_size + self.kv_size].view(num_tokens, num_qk_heads, self.head_dim)
+        qk = self.rotary.rotate(qk, *rope_tables)  # [num_tokens, heads + kv_heads, head_dim]
+        q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
+        v = qkv[:, self.q_size + self.kv_size :].reshape(num_tokens, self.num_kv_heads, self.head_dim)
+        out = self.attn_backend.forward(q, k, v.contiguous(), kv_cache, attn_metadata, self.scale)
         return self._o(out.reshape(num_tokens, self.q_size), lora)
 
     def forward_fused(
@@ -222,11 +252,14 @@ class LlamaDecoderLayer(nn.Module):
         kv_cache: torch.Tensor,
         attn_metadata: AttentionMetadata,
         lora: LoraStep | None = None,
+        rope_tables: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
+        """`rope_tables` given: the CPU path's hand-fused ops (`LlamaForCausalLM.fused_ops`)."""
+        fused = rope_tables is not None
         hidden = hidden + self.self_attn(
-            self.input_layernorm(hidden), positions, kv_cache, attn_metadata, lora
+            self.input_layernorm(hidden, fused), positions, kv_cache, attn_metadata, lora, rope_tables
         )
-        return hidden + self.mlp(self.post_attention_layernorm(hidden), lora)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden, fused), lora)
 
     def forward_fused(
         self,
@@ -299,6 +332,10 @@ class LlamaForCausalLM(nn.Module):
         )
         self.packed_head: PackedLinear | None = None  # set by pack_linear_weights
         self.num_lora_slots = 0  # set by enable_lora
+        # The torch path's hand-fused small ops: RoPE tables gathered once per step, q and k
+        # rotated in one pass, RMSNorm as one op in float32; the same bits as without (off: the
+        # path before them, kept for the A/B in bench/experiments/decode_roofline.py).
+        self.fused_ops = True
 
     def enable_lora(self, num_slots: int, max_rank: int) -> int:
         """Give every projection `num_slots` LoRA slots of rank up to `max_rank` (all zero).
@@ -347,17 +384,20 @@ class LlamaForCausalLM(nn.Module):
         """Whether `pack_linear_weights` has run (the CPU fast path)."""
         return self.packed_head is not None
 
-    def pack_linear_weights(self) -> None:
+    def pack_linear_weights(self, row_weights: bool = False) -> None:
         """The CPU fast path: every projection and the LM head pre-packed for oneDNN.
 
         Call once, after `load_weights` (which is refused afterwards: the plain projection
-        weights are gone). See engine/models/packed_linear.py for why and when it is faster.
+        weights are gone). `row_weights`: each also keeps a transposed copy for one-row inputs
+        (batch-1 decode steps), read at the memory bandwidth. See engine/models/packed_linear.py
+        for why and when each is faster.
         """
         if self.is_packed:
             return
-        pack_linear_layers(self, Linear)
+        pack_linear_layers(self, Linear, row_weights)
         # [vocab, hidden]: tied, the embedding table stays as well, since tokens are looked up in it
-        self.packed_head = PackedLinear(self.embed_tokens if self.lm_head is None else self.lm_head, None)
+        head = self.embed_tokens if self.lm_head is None else self.lm_head
+        self.packed_head = PackedLinear(head, None, row_weights)
         self.lm_head = None
 
     def forward(
@@ -375,9 +415,10 @@ class LlamaForCausalLM(nn.Module):
         hidden = F.embedding(input_ids, self.embed_tokens)  # [num_tokens, hidden]
         if self.fused_kernels:
             return self._forward_fused(hidden, positions, kv_caches, attn_metadata, lora)
+        rope_tables = self.rotary.tables(positions) if self.fused_ops else None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            hidden = layer(hidden, positions, kv_cache, attn_metadata, lora)
-        return self.norm(hidden)
+            hidden = layer(hidden, positions, kv_cache, attn_metadata, lora, rope_tables)
+        return self.norm(hidden, self.fused_ops)
 
     def _forward_fused(
         self,

@@ -1,6 +1,7 @@
 """Engine core: greedy output is token-identical to transformers' generate, in fp32.
 
-Covers concurrent prompts of mixed lengths on tiny random Llama / Qwen2 / Qwen3 models
+Covers the CPU paths (`CPU_PATHS`: the default with row weights and the hand-fused ops, the
+packed linears alone, plain `F.linear` unfused), concurrent prompts of mixed lengths on tiny random Llama / Qwen2 / Qwen3 models
 (MHA, GQA, MQA, a rope_scaling case), chunked prefill at several chunk sizes, recompute
 preemption, aborts, seeded sampling and n>1.
 """
@@ -29,12 +30,22 @@ def _prompts(vocab: int, seed: int = 0) -> list[list[int]]:
     return [[rng.randrange(3, vocab) for _ in range(n)] for n in PROMPT_LENGTHS]
 
 
-def _engine(path: Path, budget: int = 512, num_blocks: int = 400, block_size: int = 16, **cache) -> LLMEngine:
+def _engine(
+    path: Path,
+    budget: int = 512,
+    num_blocks: int = 400,
+    block_size: int = 16,
+    cpu_packed_linear: bool | None = None,
+    cpu_row_weights: bool | None = None,
+    **cache,
+) -> LLMEngine:
     return build_engine(
         EngineConfig(
             model_path=str(path),
             cache=CacheConfig(block_size=block_size, num_blocks=num_blocks, **cache),
             scheduler=SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=16, max_model_len=512),
+            cpu_packed_linear=cpu_packed_linear,
+            cpu_row_weights=cpu_row_weights,
         )
     )
 
@@ -93,13 +104,28 @@ def tiny(request, tmp_path_factory) -> Path:  # type: ignore[no-untyped-def]
     )
 
 
-def test_greedy_matches_transformers_generate(tiny: Path) -> None:
-    engine = _engine(tiny)
+# The CPU paths: the default (packed linears, row weights for batch-1 steps, hand-fused small
+# ops), the packed linears alone, and plain F.linear with the small ops as they were before.
+CPU_PATHS = {
+    "default": ({}, True),
+    "packed-no-row-weights": ({"cpu_row_weights": False}, True),
+    "plain-unfused": ({"cpu_packed_linear": False}, False),
+}
+
+
+@pytest.mark.parametrize("path", sorted(CPU_PATHS))
+def test_greedy_matches_transformers_generate(tiny: Path, path: str) -> None:
+    options, fused_ops = CPU_PATHS[path]
+    engine = _engine(tiny, **options)
+    engine.runner.model.fused_ops = fused_ops
     prompts = _prompts(engine.model_config.vocab_size)
     ours = _run_all(engine, prompts, SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0))
     ref = _hf_greedy(tiny, prompts, MAX_TOKENS)
     for i in range(len(prompts)):
         assert ours[f"r{i}"] == ref[i], f"prompt {i} (len {len(prompts[i])})"
+    # one sequence alone: every decode step is a one-row step (the row weights' path)
+    alone = _run_all(engine, [prompts[3]], SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0))
+    assert alone["r0"] == ref[3]
 
 
 @pytest.fixture(scope="module")
@@ -256,6 +282,11 @@ def test_real_default_model_greedy_matches_transformers(smollm2_dir: Path) -> No
     ref = _hf_greedy(smollm2_dir, prompts, MAX_TOKENS)
     for i in range(len(prompts)):
         assert ours[f"r{i}"] == ref[i], f"prompt {i}"
+    # each alone: every decode step a one-row step, through the row weights (on by default here)
+    assert engine.runner.model.packed_head.row_weight is not None
+    for i in (1, 6):
+        alone = _run_all(engine, [prompts[i]], SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0))
+        assert alone["r0"] == ref[i], f"prompt {i} alone"
 
 
 def test_queue_deadline_aborts_a_waiting_request(llama_gqa: Path) -> None:

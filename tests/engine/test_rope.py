@@ -134,3 +134,25 @@ def test_partial_rotary_and_odd_head_dim_are_rejected() -> None:
         RotaryEmbedding(RopeConfig(), 31, 16, torch.float32, torch.device("cpu"))
     with pytest.raises(ValueError, match="max_positions"):
         RotaryEmbedding(RopeConfig(), 32, 0, torch.float32, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_joint_rotation_of_q_and_k_equals_apply_bit_for_bit(dtype: torch.dtype) -> None:
+    """The fused path rotates q and k heads side by side in one strided view of the qkv output."""
+    rope = rope_config_from_hf(_hf_config(SCALINGS["yarn"]))
+    ours = RotaryEmbedding(rope, HEAD_DIM, MAX_POS, dtype, torch.device("cpu"))
+    gen = torch.Generator().manual_seed(1)
+    num_tokens, num_heads, num_kv_heads = 7, 4, 2
+    qkv = torch.randn(num_tokens, (num_heads + 2 * num_kv_heads) * HEAD_DIM, generator=gen).to(dtype)
+    positions = torch.tensor([0, 3, 200, 255, 17, 64, 9])
+    q = qkv[:, : num_heads * HEAD_DIM].view(num_tokens, num_heads, HEAD_DIM)
+    k = qkv[:, num_heads * HEAD_DIM : (num_heads + num_kv_heads) * HEAD_DIM].view(
+        num_tokens, num_kv_heads, HEAD_DIM
+    )
+    q_ref, k_ref = ours.apply(q, k, positions)
+
+    qk = qkv[:, : (num_heads + num_kv_heads) * HEAD_DIM].view(num_tokens, num_heads + num_kv_heads, HEAD_DIM)
+    joint = RotaryEmbedding.rotate(qk, *ours.tables(positions))
+
+    assert torch.equal(joint[:, :num_heads], q_ref)
+    assert torch.equal(joint[:, num_heads:], k_ref)

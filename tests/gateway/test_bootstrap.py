@@ -159,3 +159,15 @@ def test_target_step_ms_reaches_the_scheduler_in_seconds() -> None:
     assert engine_config(off, Path("/m"), "cpu").scheduler.target_step_s is None
     config = engine_config(Settings(max_model_len=64, target_step_ms=200), Path("/m"), "cpu")
     assert config.scheduler.target_step_s == pytest.approx(0.2)
+
+
+def test_cpu_row_weights_reach_the_engine_and_on_needs_cpu_float32() -> None:
+    from gateway.settings import CpuRowWeightsMode
+
+    assert engine_config(Settings(max_model_len=64), Path("/m"), "cpu").cpu_row_weights is None  # auto
+    off = Settings(max_model_len=64, cpu_row_weights=CpuRowWeightsMode.OFF)
+    assert engine_config(off, Path("/m"), "cpu").cpu_row_weights is False
+    on = Settings(max_model_len=64, cpu_row_weights=CpuRowWeightsMode.ON)
+    assert engine_config(on, Path("/m"), "cpu").cpu_row_weights is True
+    with pytest.raises(ValueError, match="cpu_row_weights"):
+        engine_config(on, Path("/m"), "cuda")

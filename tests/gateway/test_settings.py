@@ -205,3 +205,19 @@ def test_speculative_decoding_settings() -> None:
         Settings(speculative="draft:")
     with pytest.raises(ValueError, match="num_speculative_tokens must be in"):
         Settings(speculative="ngram", num_speculative_tokens=0)
+
+
+def test_cpu_row_weights_flag_and_env() -> None:
+    from gateway.settings import CpuRowWeightsMode
+
+    assert Settings().cpu_row_weights is CpuRowWeightsMode.AUTO
+    args = parse(["--cpu-row-weights", "off"])
+    assert (
+        Settings.from_sources(args, {"WEIR_CPU_ROW_WEIGHTS": "on"}).cpu_row_weights is CpuRowWeightsMode.OFF
+    )
+    env = Settings.from_sources({}, {"WEIR_CPU_ROW_WEIGHTS": "on"})
+    assert env.cpu_row_weights is CpuRowWeightsMode.ON
+    with pytest.raises(ValueError, match="WEIR_CPU_ROW_WEIGHTS"):
+        Settings.from_sources({}, {"WEIR_CPU_ROW_WEIGHTS": "yes"})
+    with pytest.raises(SystemExit):
+        parse(["--cpu-row-weights", "maybe"])

@@ -16,7 +16,7 @@ from engine.loader import load_model_config
 from engine.memory_budget import MemoryBudget
 from gateway.bootstrap import engine_config
 from gateway.model_fleet import ModelFleet
-from gateway.settings import Settings
+from gateway.settings import CpuRowWeightsMode, Settings
 from gateway.version_engines import VersionEngineFactory, default_budget_bytes, memory_in_use
 from tenancy.model_version_records import ModelVersionSpec
 from tests.engine.tiny_models import make_tiny_model
@@ -37,10 +37,14 @@ def test_the_footprint_is_weights_plus_the_explicit_kv_pool(tiny: Path) -> None:
     factory = _factory(Settings(kv_cache_tokens=1000), MemoryBudget(1 << 30))
     config = load_model_config(tiny)
     own = factory.footprint(ModelVersionSpec(name="m", version="v1", path=str(tiny), kv_cache_tokens=64))
-    assert own.weights_bytes == config.num_params() * 4 and own.kv_tokens == 64
+    # fp32 on CPU: the row weights' copies (engine/models/packed_linear.py) are on by default
+    assert own.weights_bytes == (config.num_params() + config.linear_params()) * 4 and own.kv_tokens == 64
     assert own.kv_bytes_per_token == config.kv_bytes_per_token(4)
     server = factory.footprint(ModelVersionSpec(name="m", version="v1", path=str(tiny), dtype="bfloat16"))
     assert server.kv_tokens == 1000 and server.weights_bytes == config.num_params() * 2
+    no_rows = _factory(Settings(cpu_row_weights=CpuRowWeightsMode.OFF), MemoryBudget(1 << 30))
+    plain = no_rows.footprint(ModelVersionSpec(name="m", version="v1", path=str(tiny)))
+    assert plain.weights_bytes == config.num_params() * 4
 
 
 def test_the_default_budget_follows_the_setting() -> None:

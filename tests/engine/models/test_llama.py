@@ -249,3 +249,24 @@ def test_real_smollm2_matches_hf_on_a_chat_prompt(smollm2_dir: Path) -> None:
     torch.testing.assert_close(ours, reference, atol=5e-4, rtol=1e-4)
     # greedy continuation is the same token by token
     assert ours[len(prompt) - 1 :].argmax(-1).tolist() == generated[len(prompt) : len(full) + 1]
+
+
+def test_fused_ops_give_the_same_bits_as_the_ops_before_them(tiny: tuple[Path, str]) -> None:
+    """`fused_ops` (RoPE tables once per step, q and k rotated together, RMSNorm in one op) changes
+    no bit of the logits: prompt chunks, decode steps and a mixed step."""
+    path, _ = tiny
+    model, config = load_model(path, torch.float32, CPU, TorchAttentionBackend())
+    assert isinstance(model, LlamaForCausalLM) and model.fused_ops  # the default
+    seqs = [_prompt(1, 23, config.vocab_size), _prompt(2, 9, config.vocab_size)]
+    tables = [_block_table(i, len(s) + 2) for i, s in enumerate(seqs)]
+    results: dict[bool, list[torch.Tensor]] = {}
+    for fused in (True, False):
+        model.fused_ops = fused
+        runner = Runner(model, config)
+        out = runner.step([seqs[0][:16]], [tables[0]], [0])
+        out += runner.step([seqs[0][16:], seqs[1]], tables, [16, 0])  # mixed: a chunk and a prompt
+        out += runner.step([[5], [7]], tables, [len(seqs[0]), len(seqs[1])])  # decode
+        out += runner.step([[9]], [tables[0]], [len(seqs[0]) + 1])  # decode at batch 1
+        results[fused] = out
+    for a, b in zip(results[True], results[False], strict=True):
+        assert torch.equal(a, b)

@@ -49,6 +49,44 @@ def test_packed_linear_equals_f_linear(rows: int, bias: bool) -> None:
         torch.testing.assert_close(layer(wide), F.linear(wide, weight, b), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("bias", [False, True])
+def test_row_weight_serves_one_row_inputs_and_equals_f_linear(bias: bool) -> None:
+    gen = torch.Generator().manual_seed(7)
+    weight = torch.randn(96, 80, generator=gen)
+    b = torch.randn(96, generator=gen) if bias else None
+    layer = PackedLinear(weight, b, row_weight=True)
+    assert layer.row_weight is not None and layer.row_weight.shape == (80, 96)
+    assert layer.row_weight.is_contiguous() and layer.row_weight_bytes == 96 * 80 * 4
+    assert PackedLinear(weight, b).row_weight_bytes == 0
+    with torch.inference_mode():
+        for x in (torch.randn(1, 80, generator=gen), torch.randn(1, 1, 160, generator=gen)[..., ::2]):
+            torch.testing.assert_close(layer(x), F.linear(x, weight, b), atol=1e-5, rtol=1e-5)
+        # the one-row path is the transposed copy's product, bit for bit
+        x = torch.randn(1, 80, generator=gen)
+        expected = x @ layer.row_weight if b is None else torch.addmm(b, x, layer.row_weight)
+        assert torch.equal(layer(x), expected)
+        many = torch.randn(5, 80, generator=gen)  # more rows: the packed weight
+        packed_only = PackedLinear(weight, b)
+        assert torch.equal(layer(many), packed_only(many))
+
+
+def test_row_weights_need_the_packed_path_in_float32(tmp_path: Path) -> None:
+    path = make_tiny_model(tmp_path, num_kv_heads=2)
+    with pytest.raises(ModelLoadError, match="row weights"):
+        load_model(path, torch.float32, CPU, TorchAttentionBackend(), row_weights=True)
+    with pytest.raises(ModelLoadError, match="row weights"):
+        load_model(path, torch.bfloat16, CPU, TorchAttentionBackend(), pack_linear=True, row_weights=True)
+    for kwargs in ({"dtype": "bfloat16"}, {"device": "cuda"}, {"cpu_packed_linear": False}):
+        with pytest.raises(ValueError, match="cpu_row_weights"):
+            EngineConfig(model_path="m", cpu_row_weights=True, **kwargs)  # type: ignore[arg-type]
+    EngineConfig(model_path="m", dtype="bfloat16", cpu_row_weights=False)  # off is always allowed
+    model, config = load_model(
+        path, torch.float32, CPU, TorchAttentionBackend(), pack_linear=True, row_weights=True
+    )
+    layers = [m for m in model.modules() if isinstance(m, PackedLinear)]
+    assert len(layers) == 4 * config.num_layers + 1 and all(m.row_weight is not None for m in layers)
+
+
 @pytest.mark.skipif(not packing_supported(torch.bfloat16, CPU), reason="no oneDNN bf16 on this CPU")
 def test_packed_linear_bfloat16_tracks_f_linear() -> None:
     gen = torch.Generator().manual_seed(0)
@@ -90,9 +128,11 @@ def tiny(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     return make_tiny_model(tmp_path_factory.mktemp(request.param), **CASES[request.param])
 
 
-def _both(path: Path) -> tuple[Runner, Runner, int]:
+def _both(path: Path, row_weights: bool = False) -> tuple[Runner, Runner, int]:
     plain, config = load_model(path, torch.float32, CPU, TorchAttentionBackend())
-    packed, _ = load_model(path, torch.float32, CPU, TorchAttentionBackend(), pack_linear=True)
+    packed, _ = load_model(
+        path, torch.float32, CPU, TorchAttentionBackend(), pack_linear=True, row_weights=row_weights
+    )
     assert isinstance(plain, LlamaForCausalLM) and isinstance(packed, LlamaForCausalLM)
     return Runner(plain, config), Runner(packed, config), config.vocab_size
 
@@ -103,8 +143,9 @@ def _assert_same(plain: list[torch.Tensor], packed: list[torch.Tensor], atol: fl
         assert b.argmax(-1).tolist() == a.argmax(-1).tolist()
 
 
-def test_packed_model_equals_plain_model(tiny: Path) -> None:
-    plain, packed, vocab = _both(tiny)
+@pytest.mark.parametrize("row_weights", [False, True])
+def test_packed_model_equals_plain_model(tiny: Path, row_weights: bool) -> None:
+    plain, packed, vocab = _both(tiny, row_weights)
     prompts = [_prompt(s, n, vocab) for s, n in ((1, 23), (2, 9), (3, 14))]
     tables = [_block_table(i, len(p) + 4) for i, p in enumerate(prompts)]
     seq = list(prompts[0])

@@ -1,0 +1,195 @@
+"""`python -m bench.experiments.decode_roofline --model DIR`: CPU decode-step variants against one read of every weight.
+
+Issue 27, items 1 and 2. Each variant is its own engine (SmolLM2-class model, fp32, packed CPU
+linears), all built in one process and stepped in an order that alternates (forwards, then
+backwards) with one read of every weight (a `sum` per tensor of a plain copy of the model: the
+floor of a batch-1 decode step), `--reps` times, `--steps` decode steps per timed block:
+
+- `packed`: the packed oneDNN linears at every row count (the path before issue 27);
+- `rows`: + a transposed copy of every linear weight for one-row inputs
+  (`EngineConfig.cpu_row_weights`, engine/models/packed_linear.py);
+- `rows_unfused`: `rows` with the per-layer small ops as they were before issue 27 (RMSNorm in
+  six ops, RoPE tables gathered and q and k rotated apart in every layer; `LlamaForCausalLM.fused_ops`
+  off), to price the hand-fused ops alone: the same engine as `rows` when both run (the switch is
+  flipped before each block), so that the two differ in that switch only;
+- `compiled` (not run by default): plain weights, `torch.compile` (inductor's C++ backend, fixed
+  shapes) over the model's forward with the attention backend left out of the graph
+  (`torch.compiler.disable`: the paged metadata is Python); inductor fuses the small ops between
+  the linears and calls MKL for the GEMMs. The first step of each batch size compiles (tens of
+  seconds); the engine has no such path (docs/decisions.md).
+
+Two clocks per block: wall time, and the CPU time of the stepping thread (`time.thread_time`),
+which with one intra-op thread (`--threads 1`, the default here) is all of the step's compute and
+is far less disturbed by other processes on a shared machine than the wall clock. Reported:
+medians and minima, each variant over the weight read, each over `packed`, and batch B over
+batch 1. Only ratios within one run count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench.experiments.cpu_fast_path import _start_decoding, cpu_engine_config, plain_weight_reader
+from engine.llm_engine import LLMEngine, build_engine
+
+VARIANTS = ("packed", "rows", "rows_unfused")
+OPTIONAL_VARIANTS = ("compiled",)
+
+
+class _CompiledForward(torch.nn.Module):
+    """The runner's model with its forward compiled (the `compiled` variant)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+        for module in model.modules():  # one backend shared by every layer
+            if hasattr(module, "attn_backend"):
+                backend = module.attn_backend
+                backend.forward = torch.compiler.disable(backend.forward)
+        self.compiled = torch.compile(model.forward, dynamic=False)
+
+    def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return self.compiled(*args, **kwargs)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.model.compute_logits(hidden)  # type: ignore[operator, no-any-return]
+
+
+def build_variant(name: str, model: Path, max_num_seqs: int, max_model_len: int) -> LLMEngine:
+    """The engine of one variant (see the module docstring)."""
+    if name == "compiled":
+        engine = build_engine(cpu_engine_config(model, "float32", False, max_num_seqs, max_model_len))
+        engine.runner.model = _CompiledForward(engine.runner.model)
+        return engine
+    base = cpu_engine_config(model, "float32", True, max_num_seqs, max_model_len)
+    engine = build_engine(dataclasses.replace(base, cpu_row_weights=name != "packed"))
+    engine.runner.model.fused_ops = name != "rows_unfused"
+    return engine
+
+
+def _block(step: Callable[[], Any], count: int) -> tuple[float, float]:
+    """(wall, thread CPU) seconds per call of `count` calls."""
+    wall, cpu = time.perf_counter(), time.thread_time()
+    for _ in range(count):
+        step()
+    return (time.perf_counter() - wall) / count, (time.thread_time() - cpu) / count
+
+
+def measure(
+    engines: dict[str, LLMEngine],
+    read_weights: Callable[[], None],
+    batch: int,
+    context_len: int,
+    steps: int,
+    reps: int,
+) -> dict[str, Any]:
+    """Median and min ms (wall and CPU) of a decode step of every variant and of the weight read."""
+    distinct = {id(eng): eng for eng in engines.values()}
+    ids = {
+        key: _start_decoding(eng, batch, context_len, 4 * reps * steps + 8) for key, eng in distinct.items()
+    }
+
+    def stepper(name: str) -> Callable[[], Any]:
+        engine = engines[name]
+        fused = name != "rows_unfused"
+
+        def step() -> Any:
+            engine.runner.model.fused_ops = fused
+            return engine.step()
+
+        return step
+
+    names = [*engines, "weight_read"]
+    for name in engines:  # warm-up: one block of each
+        _block(stepper(name), 1)
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
+    for rep in range(reps):
+        for name in names if rep % 2 == 0 else reversed(names):
+            if name == "weight_read":
+                times[name].append(_block(read_weights, 1))
+            else:
+                times[name].append(_block(stepper(name), steps))
+    for key, eng in distinct.items():
+        for rid in ids[key]:
+            eng.abort(rid)
+    row: dict[str, Any] = {"batch": batch, "context_len": context_len, "steps": steps, "reps": reps}
+    for name in names:
+        for i, clock in enumerate(("wall", "cpu")):
+            values = [t[i] for t in times[name]]
+            row[f"{name}_{clock}_ms"] = round(statistics.median(values) * 1e3, 2)
+            row[f"{name}_{clock}_min_ms"] = round(min(values) * 1e3, 2)
+    for name in engines:
+        for clock in ("wall", "cpu"):
+            row[f"{name}_over_weight_read_{clock}"] = round(
+                row[f"{name}_{clock}_ms"] / row[f"weight_read_{clock}_ms"], 2
+            )
+            if "packed" in engines:
+                row[f"packed_over_{name}_{clock}"] = round(
+                    row[f"packed_{clock}_ms"] / row[f"{name}_{clock}_ms"], 3
+                )
+    return row
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    max_len = args.context_len + 4 * args.reps * args.steps + 64
+    engines: dict[str, LLMEngine] = {}
+    for name in args.variants:
+        if name == "rows_unfused" and "rows" in args.variants:
+            continue  # stepped on the `rows` engine with the switch off
+        engines[name] = build_variant(name, args.model, max(args.batches), max_len)
+    if "rows_unfused" in args.variants and "rows" in args.variants:
+        engines["rows_unfused"] = engines["rows"]
+    reader = plain_weight_reader(args.model, "float32")
+    rows = [measure(engines, reader, b, args.context_len, args.steps, args.reps) for b in args.batches]
+    first = rows[0]
+    for row in rows:
+        for name in engines:
+            for clock in ("wall", "cpu"):
+                row[f"{name}_over_batch{first['batch']}_{clock}"] = round(
+                    row[f"{name}_{clock}_ms"] / first[f"{name}_{clock}_ms"], 2
+                )
+    return {
+        "model": str(args.model),
+        "threads": torch.get_num_threads(),
+        "weight_bytes": reader.num_bytes,
+        "load_average": os.getloadavg(),
+        "decode": rows,
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m bench.experiments.decode_roofline", description=__doc__.splitlines()[0]
+    )
+    p.add_argument("--model", type=Path, required=True, help="a prepared model folder")
+    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS + OPTIONAL_VARIANTS)
+    p.add_argument("--batches", type=int, nargs="*", default=[1, 8])
+    p.add_argument("--context-len", type=int, default=128, help="prompt tokens of each decoding sequence")
+    p.add_argument("--steps", type=int, default=8, help="decode steps per timed block")
+    p.add_argument("--reps", type=int, default=8, help="timed blocks per variant and batch size")
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (0: torch's default)")
+    p.add_argument("--out", type=Path, help="also write the JSON report here")
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    report = run(args)
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

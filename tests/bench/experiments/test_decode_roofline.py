@@ -1,0 +1,50 @@
+"""bench.experiments.decode_roofline on a tiny model: every variant and the weight read are timed
+on both clocks, the variants are what they say (row weights, the fused-ops switch), and
+`rows_unfused` steps the `rows` engine."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from bench.experiments.decode_roofline import build_variant, main
+from engine.models.packed_linear import PackedLinear, packing_supported
+from tests.engine.tiny_models import make_tiny_model
+
+pytestmark = pytest.mark.skipif(
+    not packing_supported(torch.float32, torch.device("cpu")), reason="no oneDNN in this torch"
+)
+
+
+def test_one_run_times_every_variant_on_both_clocks(tmp_path: Path) -> None:
+    path = make_tiny_model(tmp_path / "model", "llama", num_kv_heads=2)
+    out = tmp_path / "roofline.json"
+    threads = torch.get_num_threads()
+    argv = ["--model", str(path), "--batches", "1", "3", "--context-len", "20", "--steps", "2", "--reps", "2"]
+    try:
+        assert main([*argv, "--out", str(out)]) == 0
+    finally:
+        torch.set_num_threads(threads)  # the experiment runs with one thread by default
+    report = json.loads(out.read_text())
+    assert report["threads"] == 1 and len(report["load_average"]) == 3
+    assert [r["batch"] for r in report["decode"]] == [1, 3]
+    for row in report["decode"]:
+        for name in ("packed", "rows", "rows_unfused", "weight_read"):
+            for clock in ("wall", "cpu"):
+                assert row[f"{name}_{clock}_ms"] > 0
+                assert row[f"{name}_{clock}_min_ms"] <= row[f"{name}_{clock}_ms"]
+        assert row["packed_over_rows_cpu"] == pytest.approx(
+            row["packed_cpu_ms"] / row["rows_cpu_ms"], abs=0.01
+        )
+
+
+def test_the_variants_are_what_they_say(tmp_path: Path) -> None:
+    path = make_tiny_model(tmp_path / "model", "llama", num_kv_heads=2)
+    for name, rows, fused in (("packed", False, True), ("rows", True, True), ("rows_unfused", True, False)):
+        model = build_variant(name, path, 2, 64).runner.model
+        layers = [m for m in model.modules() if isinstance(m, PackedLinear)]
+        assert layers and all((m.row_weight is not None) == rows for m in layers), name
+        assert model.fused_ops == fused, name
