@@ -41,7 +41,7 @@ from gateway.settings import (
 if TYPE_CHECKING:
     from prometheus_client.registry import Collector
 
-    from engine.config import EngineConfig
+    from engine.config import EngineConfig, LoraConfig
     from gateway.auth import AdminAuthenticator, Authenticator
     from gateway.model_fleet import ModelFleet
     from gateway.model_rollout import ModelRollout
@@ -116,6 +116,18 @@ def engine_config(settings: Settings, model_path: Path, device: str) -> EngineCo
         use_triton=use_triton,
         use_cuda_graphs=use_cuda_graphs,
         speculative=SpeculativeConfig.parse(settings.speculative, settings.num_speculative_tokens),
+        lora=lora_config(settings),
+    )
+
+
+def lora_config(settings: Settings) -> LoraConfig:
+    """LoRA slots when an adapter directory is set (`--adapter-dir`), else none."""
+    from engine.config import LoraConfig
+
+    if settings.adapter_dir is None:
+        return LoraConfig()
+    return LoraConfig(
+        num_slots=settings.lora_slots, max_rank=settings.lora_max_rank, adapter_dir=str(settings.adapter_dir)
     )
 
 

@@ -115,7 +115,8 @@ class VersionEngineFactory:
         itemsize = _DTYPE_BYTES[self.dtype(spec)]
         weights = model_config.num_params() * itemsize
         per_token = model_config.kv_bytes_per_token(itemsize)
-        block_size = self.base_config(Path(spec.path)).cache.block_size
+        base = self.base_config(Path(spec.path))
+        block_size = base.cache.block_size
         tokens = spec.kv_cache_tokens or self.settings.kv_cache_tokens
         if tokens is None:
             if self.device.startswith("cuda"):
@@ -123,7 +124,9 @@ class VersionEngineFactory:
             else:
                 kv_bytes = CPU_DEFAULT_KV_BYTES
             tokens = max(kv_bytes // per_token - block_size, block_size)
-        return VersionFootprint(weights, tokens, per_token, block_size)
+        lora = base.lora
+        lora_bytes = model_config.lora_slot_params(lora.num_slots, lora.max_rank) * itemsize if lora.enabled else 0
+        return VersionFootprint(weights, tokens, per_token, block_size, lora_bytes)
 
     def build(self, spec: ModelVersionSpec, footprint: VersionFootprint, model_version: str) -> BuiltEngine:
         """Load the weights and allocate the KV pool; `model_version` goes into its cache keys."""

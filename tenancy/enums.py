@@ -60,3 +60,4 @@ class AuditAction(enum.StrEnum):
     MODEL_ROLLBACK = "model.rollback"
     ADAPTER_REGISTER = "adapter.register"
     ADAPTER_STATE = "adapter.state"
+    ADAPTER_ACCESS = "adapter.access"

@@ -36,6 +36,7 @@ TABLES = {
     "model_versions",
     "model_traffic",
     "lora_adapters",
+    "lora_adapter_grants",
 }
 
 
@@ -46,7 +47,7 @@ def _tables(db: Database) -> set[str]:
 def test_scripts_are_found_next_to_the_package() -> None:
     assert (MIGRATIONS_DIR / "env.py").is_file()
     assert (MIGRATIONS_DIR / "script.py.mako").is_file()
-    assert head_revision() == "0007"
+    assert head_revision() == "0008"
 
 
 def test_upgrade_downgrade_round_trip(database: Database) -> None:
@@ -60,12 +61,19 @@ def test_upgrade_downgrade_round_trip(database: Database) -> None:
     upgrade(database.engine)
     assert _tables(database) == TABLES
     usage_indexes = {i["name"] for i in inspect(database.engine).get_indexes("usage_records")}
-    downgrade(database.engine)  # one step: 0007 -> 0006 drops the LoRA adapters and the usage column
-    assert _tables(database) == TABLES - {"lora_adapters"}
+    downgrade(database.engine)  # one step: 0008 -> 0007 drops the adapter access lists
+    assert _tables(database) == TABLES - {"lora_adapter_grants"}
+    downgrade(database.engine)  # 0007 -> 0006 drops the LoRA adapters and the usage column
+    assert _tables(database) == TABLES - {"lora_adapters", "lora_adapter_grants"}
     assert "adapter" not in {c["name"] for c in inspect(database.engine).get_columns("usage_records")}
     assert {i["name"] for i in inspect(database.engine).get_indexes("usage_records")} == usage_indexes
     downgrade(database.engine)  # 0006 -> 0005 drops key limits, principal buckets, user, rpm
-    assert _tables(database) == TABLES - {"key_limits", "principal_buckets", "lora_adapters"}
+    assert _tables(database) == TABLES - {
+        "key_limits",
+        "principal_buckets",
+        "lora_adapters",
+        "lora_adapter_grants",
+    }
     assert "user" not in {c["name"] for c in inspect(database.engine).get_columns("usage_records")}
     assert "requests_per_minute" not in {c["name"] for c in inspect(database.engine).get_columns("quotas")}
     assert {i["name"] for i in inspect(database.engine).get_indexes("usage_records")} == usage_indexes
@@ -77,6 +85,7 @@ def test_upgrade_downgrade_round_trip(database: Database) -> None:
         "key_limits",
         "principal_buckets",
         "lora_adapters",
+        "lora_adapter_grants",
     }
     assert "model_version" not in {c["name"] for c in inspect(database.engine).get_columns("usage_records")}
     # SQLite rebuilds the table to drop a column: its indexes and foreign keys must survive.
@@ -93,6 +102,7 @@ def test_upgrade_downgrade_round_trip(database: Database) -> None:
         "key_limits",
         "principal_buckets",
         "lora_adapters",
+        "lora_adapter_grants",
     }
     assert "ux_usage_records_request_tenant" not in {
         i["name"] for i in inspect(database.engine).get_indexes("usage_records")
@@ -105,6 +115,7 @@ def test_upgrade_downgrade_round_trip(database: Database) -> None:
         "key_limits",
         "principal_buckets",
         "lora_adapters",
+        "lora_adapter_grants",
     }
     downgrade(database.engine)  # 0001 -> base
     assert _tables(database) == set()
