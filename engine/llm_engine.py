@@ -38,9 +38,9 @@ from engine.errors import (
 from engine.faults import FaultInjector
 from engine.host_kv_tensors import build_host_kv
 from engine.kv_cache_manager import KVCacheManager
-from engine.lora_adapter import AdapterLoadError, LoraAdapter
-from engine.lora_manager import AdapterInUseError, LoraManager, UnknownAdapterError
-from engine.lora_types import AdapterInfo
+from engine.lora_adapter import LoraAdapter
+from engine.lora_manager import LoraManager
+from engine.lora_types import AdapterInfo, AdapterInUseError, AdapterLoadError, UnknownAdapterError
 from engine.output import EngineStats, RequestOutput, SchedulerOutput
 from engine.prefix_cache_admin import PrefixCacheAdmin
 from engine.request import FinishReason, RequestStatus, check_seed

@@ -125,7 +125,9 @@ class VersionEngineFactory:
                 kv_bytes = CPU_DEFAULT_KV_BYTES
             tokens = max(kv_bytes // per_token - block_size, block_size)
         lora = base.lora
-        lora_bytes = model_config.lora_slot_params(lora.num_slots, lora.max_rank) * itemsize if lora.enabled else 0
+        lora_bytes = (
+            model_config.lora_slot_params(lora.num_slots, lora.max_rank) * itemsize if lora.enabled else 0
+        )
         return VersionFootprint(weights, tokens, per_token, block_size, lora_bytes)
 
     def build(self, spec: ModelVersionSpec, footprint: VersionFootprint, model_version: str) -> BuiltEngine:

@@ -36,7 +36,10 @@ ADAPTER_TRANSITIONS: dict[AdapterState, frozenset[AdapterState]] = {
     AdapterState.REGISTERED: frozenset({AdapterState.LOADED, AdapterState.FAILED, AdapterState.RETIRED}),
     AdapterState.LOADED: frozenset({AdapterState.UNLOADED, AdapterState.FAILED}),
     AdapterState.UNLOADED: frozenset({AdapterState.LOADED, AdapterState.FAILED, AdapterState.RETIRED}),
-    AdapterState.FAILED: frozenset({AdapterState.LOADED, AdapterState.UNLOADED, AdapterState.RETIRED}),
+    # failed -> failed: a load tried again failed again, with its new reason.
+    AdapterState.FAILED: frozenset(
+        {AdapterState.LOADED, AdapterState.UNLOADED, AdapterState.FAILED, AdapterState.RETIRED}
+    ),
     AdapterState.RETIRED: frozenset(),
 }
 

@@ -17,7 +17,7 @@ from engine.client import EngineRequest
 from engine.config import CacheConfig, EngineConfig, LoraConfig, PreemptionMode, SchedulerConfig
 from engine.errors import InvalidRequestError
 from engine.llm_engine import LLMEngine, build_engine
-from engine.lora_manager import AdapterInUseError, UnknownAdapterError
+from engine.lora_types import AdapterInUseError, UnknownAdapterError
 from engine.request import SamplingParams
 from tests.engine.lora_adapters import hf_greedy, make_adapter, merged_model
 from tests.engine.tiny_models import load_hf_model, make_tiny_model
