@@ -8,14 +8,16 @@ records' constants (`tenancy.adapter_records`), not restated; the records check 
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from gateway.adapter_rollout import AdapterStatus
 from gateway.errors import BadRequestError, UnprocessableError
 from tenancy.adapter_records import MAX_ADAPTER_NAME_LEN, AdapterSpec, AdapterState
 from tenancy.model_version_records import MAX_NAME_LEN, MAX_PATH_LEN, MAX_VERSION_LEN
+
+if TYPE_CHECKING:
+    from gateway.adapter_rollout import AdapterStatus
 
 MAX_TENANT_NAME_LEN = 64  # tenancy.records.validate_tenant_name checks the characters
 MODEL_VERSION_ID_LEN = MAX_NAME_LEN + 1 + MAX_VERSION_LEN  # name@version
@@ -139,3 +141,11 @@ def parse_body(kind: type[_B], value: Any) -> _B:
         err = exc.errors()[0]
         field = ".".join(str(p) for p in err["loc"]) or "body"
         raise UnprocessableError(f"'{field}': {err['msg']}", param=field, code="invalid_value") from None
+
+
+def openapi_schemas() -> dict[str, Any]:
+    """The request bodies' JSON Schemas, for `/openapi.json` (`gateway.openapi_admin`)."""
+    return {
+        "AdapterRegister": AdapterRegisterBody.model_json_schema(),
+        "AdapterAccess": AdapterAccessBody.model_json_schema(),
+    }

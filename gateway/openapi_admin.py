@@ -11,6 +11,7 @@ from typing import Any
 
 from engine.config import ENGINE_DTYPES
 from engine.request import Priority
+from gateway.adapter_admin_bodies import openapi_schemas as adapter_schemas
 from tenancy.admin_codec import _TENANT_FIELDS, _UPDATE_FIELDS, QUOTA_FIELDS
 from tenancy.enums import KeyScope, TenantStatus
 from tenancy.key_limits_api import key_limits_schema
@@ -71,6 +72,7 @@ _TENANT_PROPERTIES: dict[str, Any] = {
 }
 
 SCHEMAS: dict[str, Any] = {
+    **adapter_schemas(),
     "Quota": _quota_schema(),
     "KeyLimits": key_limits_schema(),
     "TenantCreate": {
@@ -330,6 +332,19 @@ def admin_paths(errors: dict[str, Any]) -> dict[str, Any]:
         f"{models}/{{name}}/rollback": {
             "post": _op("All traffic back to one version; the others drain", e, body="ModelRollback", parameters=[_MODEL])
         },
+    }  # fmt: skip
+    adapters, adapter = "/admin/v1/adapters", [_path("name", {"type": "string", "minLength": 1})]
+    paths |= {
+        adapters: {
+            "get": _op("Every LoRA adapter: record, access, runtime", e, parameters=[_query("model_version", {"type": "string"})]),
+            "post": _op("Register a LoRA adapter of a base model version", e, ok="201", body="AdapterRegister"),
+        },
+        f"{adapters}/{{name}}": {"get": _op("One LoRA adapter", e, parameters=adapter)},
+        f"{adapters}/{{name}}/load": {"post": _op("Load it on its base version's engine; 400 if refused", e, parameters=adapter)},
+        f"{adapters}/{{name}}/unload": {"post": _op("Stop routing, let its requests finish, free it", e, parameters=adapter)},
+        f"{adapters}/{{name}}/retire": {"post": _op("Unload if loaded; never loaded again", e, parameters=adapter)},
+        f"{adapters}/{{name}}/grant": {"post": _op("Add a tenant to its access list", e, body="AdapterAccess", parameters=adapter)},
+        f"{adapters}/{{name}}/revoke": {"post": _op("Remove a tenant from its access list", e, body="AdapterAccess", parameters=adapter)},
     }  # fmt: skip
     base = "/admin/v1/prefix-cache"
     paths |= {
