@@ -293,7 +293,9 @@ class LLMEngine:
 
     def _lora(self) -> LoraManager:
         if self.runner.lora is None:
-            raise AdapterLoadError("LoRA is not enabled on this engine (lora.num_slots is 0)")
+            raise AdapterLoadError(
+                "LoRA is not enabled on this engine (lora.num_slots is 0; `weir serve --adapter-dir DIR` enables it)"
+            )
         return self.runner.lora
 
     def load_adapter(self, name: str, path: str) -> AdapterInfo:

@@ -399,7 +399,12 @@ class ModelFleet:
         del engine
         gc.collect()
         self._release_memory()
-        released = self.budget.release(vid) if self.budget is not None else 0
+        released = 0
+        if self.budget is not None:
+            released = self.budget.release(vid)
+            for held in self.budget.reservations():
+                if held.owner.startswith(f"{vid}#"):  # its LoRA adapters' host copies went with it
+                    released += self.budget.release(held.owner)
         entry.reserved_bytes = 0
         entry.state = State.RETIRED
         after = self._probe()

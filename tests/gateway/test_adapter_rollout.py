@@ -165,3 +165,20 @@ def test_start_reloads_loaded_adapters_and_fails_the_others(db: Database) -> Non
     assert rollout.catalog.resolve("good", "acme") is not None
     gone = repo.get("gone")
     assert gone.state is AdapterState.FAILED and "could not load at start-up" in (gone.failure_reason or "")
+
+
+def test_retiring_the_base_version_releases_its_adapters_budget(db: Database) -> None:
+    engine = LoraFakeEngine()
+    fleet = _fleet(engine, 10**6)
+    rollout = AdapterRollout(fleet, AdapterRepo(db), AdapterCatalog())
+    assert fleet.budget is not None
+
+    async def main() -> None:
+        await rollout.register(AdapterSpec("a", VID, "a"), ACTOR)
+        await rollout.load("a", ACTOR)
+        assert fleet.budget is not None and fleet.budget.reserved_bytes == ADAPTER_BYTES
+        fleet.drain(VID)
+        result = await fleet.retire(VID)
+        assert result.released_budget_bytes == ADAPTER_BYTES and fleet.budget.reserved_bytes == 0
+
+    asyncio.run(main())
