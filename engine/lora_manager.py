@@ -25,7 +25,7 @@ from engine.lora_types import (
     AdapterRef,
     UnknownAdapterError,
 )
-from engine.models.lora import LoraSegment, LoraStep
+from engine.models.lora import LoraStep
 
 logger = logging.getLogger("weir.engine")
 
@@ -165,16 +165,9 @@ class LoraManager:
             if load.evicted is not None and load.evicted in self._counters:
                 self._counters[load.evicted].num_slot_evictions += 1
         token_slots: list[int] = []
-        segments: list[LoraSegment] = []  # runs of one adapter's tokens (the runner groups them)
         for seq_adapter, count in zip(names, num_tokens, strict=True):
-            slot = -1 if seq_adapter is None else slot_of[seq_adapter]
-            start = len(token_slots)
-            token_slots.extend([slot] * count)
+            token_slots.extend([-1 if seq_adapter is None else slot_of[seq_adapter]] * count)
             if seq_adapter is not None:
                 self._counters[seq_adapter].num_tokens += count
-                if segments and segments[-1].slot == slot and segments[-1].end == start:
-                    segments[-1] = LoraSegment(slot, segments[-1].start, start + count)
-                elif count > 0:
-                    segments.append(LoraSegment(slot, start, start + count))
         slots = torch.tensor(token_slots, dtype=torch.int64, device=self.device)  # [num_tokens]
-        return LoraStep(slots, max(slot_of.values()) + 1, self.dtype, segments)
+        return LoraStep(slots, max(slot_of.values()) + 1, self.dtype)

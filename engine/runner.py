@@ -263,21 +263,17 @@ class ModelRunner:
         requests: Mapping[str, Request],
     ) -> tuple[list[ScheduledRequest], list[list[int]], torch.Tensor, list[int]]:
         """The forward of the step: (its requests, their inputs, hidden [num_tokens, hidden], the
-        sample rows), the requests reordered: grouped by adapter, and when the step needs more
-        adapters than there are LoRA slots, run as several forwards of at most that many each."""
+        sample rows), the requests reordered when the step needs more adapters than there are
+        LoRA slots and so runs as several forwards, each with at most that many adapters."""
         if self.lora is None:
             hidden, sample_rows = self._forward(scheduled, inputs, None)
             return scheduled, inputs, hidden, sample_rows
         names = [_adapter_name(requests[s.request_id]) for s in scheduled]
-        # Each forward lays its sequences out grouped by adapter (the base model first), so each
-        # adapter's tokens are one run and its LoRA delta one matmul pair (engine/models/lora.py).
-        groups = [
-            sorted(g, key=lambda i: (names[i] is not None, names[i] or "")) for g in self.lora.split(names)
-        ]
-        order = [i for group in groups for i in group]
-        if len(groups) == 1 and order == list(range(len(scheduled))):
+        groups = self.lora.split(names)
+        if len(groups) == 1:
             hidden, sample_rows = self._forward(scheduled, inputs, names)
             return scheduled, inputs, hidden, sample_rows
+        order = [i for group in groups for i in group]
         hiddens: list[torch.Tensor] = []
         rows: list[int] = []
         offset = 0

@@ -20,7 +20,6 @@ A step with no adapter token skips all of it (`LoraStep` is None).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -92,38 +91,17 @@ class ProjectionLora:
             self.b[base : base + self.width].zero_()
 
 
-@dataclass(frozen=True)
-class LoraSegment:
-    """Tokens `start:end` of a step (back to back) all run through `slot`."""
-
-    slot: int
-    start: int
-    end: int
-
-
 class LoraStep:
     """Which slot each token of one step uses (-1: the base model), and the column masks.
 
     Built by the runner for a step that has at least one adapter token; the model's forward
     takes it as an argument and hands it to every projection.
-
-    With `segments` (the runner lays a step's sequences out grouped by adapter, so each
-    adapter's tokens are one run), a projection's delta is one pair of matmuls per segment over
-    that slot's rows only: each token pays for its own adapter, not for every active slot's
-    columns as the masked form does. Without them (or with more runs than slots) the masked form.
     """
 
-    def __init__(
-        self,
-        token_slots: torch.Tensor,
-        num_active_slots: int,
-        dtype: torch.dtype,
-        segments: Sequence[LoraSegment] = (),
-    ) -> None:
+    def __init__(self, token_slots: torch.Tensor, num_active_slots: int, dtype: torch.dtype) -> None:
         self.token_slots = token_slots  # [num_tokens] int64, -1 for base-model tokens
         self.num_active_slots = num_active_slots  # slots 0 .. num_active_slots - 1 may be used
         self.dtype = dtype
-        self.segments = tuple(segments)
         self._masks: dict[int, torch.Tensor] = {}
 
     def mask(self, width: int) -> torch.Tensor:  # [num_tokens, num_active_slots * width]
@@ -137,13 +115,6 @@ class LoraStep:
 
     def apply(self, y: torch.Tensor, x: torch.Tensor, proj: ProjectionLora) -> torch.Tensor:
         """y += this step's LoRA delta of `proj` for input x; y `[num_tokens, out]`, in place."""
-        if self.segments and len(self.segments) <= self.num_active_slots:
-            w = proj.width
-            for seg in self.segments:
-                rows_of = slice(seg.slot * w, (seg.slot + 1) * w)
-                t = F.linear(x[seg.start : seg.end], proj.a[rows_of])  # [seg tokens, width]
-                y[seg.start : seg.end].addmm_(t, proj.b[rows_of])  # [seg tokens, out]
-            return y
         rows = self.num_active_slots * proj.width
         t = F.linear(x, proj.a[:rows])  # [num_tokens, rows]
         t.mul_(self.mask(proj.width))
