@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from engine.constraints import CompiledConstraint
-from engine.lora_types import AdapterRef
+from engine.lora_types import AdapterInfo, AdapterRef
 from engine.output import EngineStats, RequestOutput
 from engine.prefix_cache_types import FlushResult, PrefixCacheStats, SharedPrefixInfo
 from engine.request import Priority, Request, SamplingParams, TokenChecker
@@ -99,6 +99,20 @@ class EngineClient(Protocol):
     def health(self) -> EngineHealth:
         """Whether the engine loop is alive and the model is loaded and warm."""
         ...
+
+
+class AdapterControl(Protocol):
+    """What the admin API may ask of an engine's LoRA adapters (`AsyncEngine` has it).
+
+    Separate from `EngineClient`: engines without LoRA and gateway fakes need not have it.
+    `load_adapter` raises `AdapterLoadError` for an adapter that must not be loaded;
+    `unload_adapter` raises `AdapterInUseError` while a request through it is queued or running,
+    `UnknownAdapterError` for a name it does not hold.
+    """
+
+    async def load_adapter(self, name: str, path: str) -> AdapterInfo: ...
+
+    async def unload_adapter(self, name: str) -> AdapterInfo: ...
 
 
 class PrefixCacheControl(Protocol):

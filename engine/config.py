@@ -119,6 +119,18 @@ class ModelConfig:
         kv = self.num_kv_heads * self.head_dim
         return self.num_layers * (h * q + 2 * h * kv + q * h + 3 * h * i) + v * h
 
+    def lora_slot_params(self, num_slots: int, max_rank: int) -> int:
+        """Values the LoRA slots of every projection take (engine/models/lora.py): per layer and
+        slot, each fused projection holds `len(targets) * max_rank` rows of A `[in]` and B `[out]`."""
+        h, i = self.hidden_size, self.intermediate_size
+        q = self.num_heads * self.head_dim
+        kv = self.num_kv_heads * self.head_dim
+        qkv = 3 * max_rank * (h + q + 2 * kv)
+        o = max_rank * (q + h)
+        gate_up = 2 * max_rank * (h + 2 * i)
+        down = max_rank * (i + h)
+        return self.num_layers * num_slots * (qkv + o + gate_up + down)
+
 
 class BatchPolicy(enum.Enum):
     """How the scheduler forms batches over time."""

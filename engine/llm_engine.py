@@ -38,9 +38,9 @@ from engine.errors import (
 from engine.faults import FaultInjector
 from engine.host_kv_tensors import build_host_kv
 from engine.kv_cache_manager import KVCacheManager
-from engine.lora_adapter import AdapterLoadError, LoraAdapter
-from engine.lora_manager import AdapterInUseError, LoraManager, UnknownAdapterError
-from engine.lora_types import AdapterInfo
+from engine.lora_adapter import LoraAdapter
+from engine.lora_manager import LoraManager
+from engine.lora_types import AdapterInfo, AdapterInUseError, AdapterLoadError, UnknownAdapterError
 from engine.output import EngineStats, RequestOutput, SchedulerOutput
 from engine.prefix_cache_admin import PrefixCacheAdmin
 from engine.request import FinishReason, RequestStatus
@@ -291,7 +291,9 @@ class LLMEngine:
 
     def _lora(self) -> LoraManager:
         if self.runner.lora is None:
-            raise AdapterLoadError("LoRA is not enabled on this engine (lora.num_slots is 0)")
+            raise AdapterLoadError(
+                "LoRA is not enabled on this engine (lora.num_slots is 0; `weir serve --adapter-dir DIR` enables it)"
+            )
         return self.runner.lora
 
     def load_adapter(self, name: str, path: str) -> AdapterInfo:

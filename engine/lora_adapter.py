@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from engine.config import ModelConfig
-from engine.errors import EngineError
+from engine.lora_types import AdapterLoadError
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
@@ -47,11 +47,6 @@ _PARENT = {
     "up_proj": "mlp",
     "down_proj": "mlp",
 }
-
-
-class AdapterLoadError(EngineError, ValueError):
-    """An adapter folder that must not be loaded: outside the adapter directory, malformed,
-    for another base model, over the rank limit, or with non-finite weights."""
 
 
 def projection_shape(config: ModelConfig, target: str) -> tuple[int, int]:

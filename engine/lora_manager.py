@@ -17,25 +17,17 @@ from typing import Any
 import torch
 
 from engine.config import LoraConfig, ModelConfig
-from engine.errors import EngineError, InvalidRequestError
-from engine.lora_adapter import AdapterLoadError, LoraAdapter, load_adapter
+from engine.lora_adapter import LoraAdapter, load_adapter
 from engine.lora_slots import LoraSlots, split_by_slots
-from engine.lora_types import AdapterInfo, AdapterRef
+from engine.lora_types import (
+    AdapterInfo,
+    AdapterLoadError,
+    AdapterRef,
+    UnknownAdapterError,
+)
 from engine.models.lora import LoraStep
 
 logger = logging.getLogger("weir.engine")
-
-
-class UnknownAdapterError(InvalidRequestError):
-    """A request names an adapter this engine has not loaded (param `model`)."""
-
-    def __init__(self, name: str) -> None:
-        super().__init__(f"adapter {name!r} is not loaded", "model")
-        self.name = name
-
-
-class AdapterInUseError(EngineError):
-    """An adapter cannot be unloaded while requests through it are queued or running."""
 
 
 @dataclass

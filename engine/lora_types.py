@@ -1,8 +1,27 @@
-"""Torch-free LoRA types the scheduler, the KV manager and the gateway share."""
+"""Torch-free LoRA types and errors the scheduler, the KV manager and the gateway share."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from engine.errors import EngineError, InvalidRequestError
+
+
+class AdapterLoadError(EngineError, ValueError):
+    """An adapter folder that must not be loaded: outside the adapter directory, malformed,
+    for another base model, over the rank limit, or with non-finite weights."""
+
+
+class UnknownAdapterError(InvalidRequestError):
+    """A request names an adapter this engine has not loaded (param `model`)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"adapter {name!r} is not loaded", "model")
+        self.name = name
+
+
+class AdapterInUseError(EngineError):
+    """An adapter cannot be unloaded while requests through it are queued or running."""
 
 
 @dataclass(frozen=True)

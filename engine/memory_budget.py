@@ -23,15 +23,18 @@ RESERVED_KV_BLOCKS = 1
 
 @dataclass(frozen=True)
 class VersionFootprint:
-    """The memory one engine needs: weights plus a KV pool of `kv_tokens` tokens."""
+    """The memory one engine needs: weights plus a KV pool of `kv_tokens` tokens, plus its LoRA
+    slots (`lora_bytes`, 0 without adapters). Loaded adapters' host copies are reserved one by
+    one as they load (`adapter_owner`)."""
 
     weights_bytes: int
     kv_tokens: int
     kv_bytes_per_token: int
     block_size: int
+    lora_bytes: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("weights_bytes", "kv_bytes_per_token"):
+        for name in ("weights_bytes", "kv_bytes_per_token", "lora_bytes"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.kv_tokens < 1:
@@ -50,13 +53,19 @@ class VersionFootprint:
 
     @property
     def num_bytes(self) -> int:
-        return self.weights_bytes + self.kv_bytes
+        return self.weights_bytes + self.kv_bytes + self.lora_bytes
 
     def describe(self) -> str:
+        lora = f" + LoRA slots {self.lora_bytes}" if self.lora_bytes else ""
         return (
             f"{self.num_bytes} bytes (weights {self.weights_bytes} + KV {self.kv_bytes} for "
-            f"{self.kv_tokens} tokens at {self.kv_bytes_per_token} bytes per token)"
+            f"{self.kv_tokens} tokens at {self.kv_bytes_per_token} bytes per token{lora})"
         )
+
+
+def adapter_owner(version_id: str, adapter: str) -> str:
+    """The budget owner of adapter `adapter`'s host copy on version `version_id`'s engine."""
+    return f"{version_id}#adapter:{adapter}"
 
 
 class MemoryBudgetError(EngineError):

@@ -37,5 +37,8 @@ class AdapterCatalog:
         """The loaded adapters `tenant_id` may call, by name."""
         return sorted((v for v in self._loaded.values() if v.visible_to(tenant_id)), key=lambda v: v.name)
 
+    def has(self, name: str) -> bool:
+        return name in self._loaded
+
     def names(self) -> list[str]:
         return sorted(self._loaded)

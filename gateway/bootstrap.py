@@ -43,10 +43,11 @@ from gateway.window_budget_gate import WindowBudgetMetrics
 if TYPE_CHECKING:
     from prometheus_client.registry import Collector
 
-    from engine.config import EngineConfig
+    from engine.config import EngineConfig, LoraConfig
     from gateway.auth import AdminAuthenticator, Authenticator
     from gateway.model_fleet import ModelFleet
     from gateway.model_rollout import ModelRollout
+    from tenancy.adapters import AdapterRepo
     from tenancy.model_versions import ModelVersionRepo
     from tenancy.records import UsageRecordIn
     from tenancy.repo import TenancyRepo
@@ -119,6 +120,18 @@ def engine_config(settings: Settings, model_path: Path, device: str) -> EngineCo
         use_cuda_graphs=use_cuda_graphs,
         cpu_row_weights=_row_weights_choice(settings),
         speculative=SpeculativeConfig.parse(settings.speculative, settings.num_speculative_tokens),
+        lora=lora_config(settings),
+    )
+
+
+def lora_config(settings: Settings) -> LoraConfig:
+    """LoRA slots when an adapter directory is set (`--adapter-dir`), else none."""
+    from engine.config import LoraConfig
+
+    if settings.adapter_dir is None:
+        return LoraConfig()
+    return LoraConfig(
+        num_slots=settings.lora_slots, max_rank=settings.lora_max_rank, adapter_dir=str(settings.adapter_dir)
     )
 
 
@@ -165,6 +178,7 @@ class TenancyWiring:
     admin_auth: AdminAuthenticator | None = None  # also guards the prefix-cache admin routes
     usage_stats: Callable[[], UsageWriterStats] | None = None  # the usage writer's, for metrics
     model_versions: ModelVersionRepo | None = None  # the model-version records (gateway.model_rollout)
+    adapters: AdapterRepo | None = None  # the LoRA adapter records (gateway.adapter_rollout)
     # The admin console (/admin/ui) calls these in-process, as the admin API does.
     repo: TenancyRepo | None = None
     authenticator: Authenticator | None = None
@@ -218,6 +232,7 @@ def build_tenancy(settings: Settings) -> TenancyWiring:
 
     from gateway.auth import AdminAuthenticator, Authenticator, AuthSettings
     from gateway.routes.admin import admin_routes
+    from tenancy.adapters import AdapterRepo
     from tenancy.admin_token import admin_token_banner, ensure_admin_token
     from tenancy.db import Database
     from tenancy.enums import KeyScope
@@ -270,6 +285,7 @@ def build_tenancy(settings: Settings) -> TenancyWiring:
         admin_auth=admin_auth,
         usage_stats=writer.stats,
         model_versions=ModelVersionRepo(db),
+        adapters=AdapterRepo(db),
         repo=repo,
         authenticator=authenticator,
     )
@@ -349,7 +365,10 @@ def build_server_app(settings: Settings) -> Starlette:
     Every collaborator is built before the app and passed in: the fleet of model versions (loaded
     and warm), the metrics registry, then admission (counting into it) and the metrics listener.
     """
+    from gateway.adapter_catalog import AdapterCatalog
+    from gateway.adapter_rollout import AdapterRollout
     from gateway.fleet_setup import prefix_cache_target
+    from gateway.routes.adapters_admin import adapters_admin_routes
     from gateway.routes.models_admin import models_admin_routes
 
     tenancy = build_tenancy(settings)
@@ -366,6 +385,12 @@ def build_server_app(settings: Settings) -> Starlette:
     shutdown_hooks: list[Callable[[], Awaitable[None]]] = [fleet.shutdown]
     if tenancy.start is not None:
         startup_hooks.append(tenancy.start)
+    catalog = AdapterCatalog()
+    adapter_rollout = None
+    if tenancy.adapters is not None:
+        # On the serving loop, before it listens: the adapters recorded as loaded, on their engines.
+        adapter_rollout = AdapterRollout(fleet, tenancy.adapters, catalog)
+        startup_hooks.append(adapter_rollout.start)
     if tenancy.close is not None:
         shutdown_hooks.append(tenancy.close)
     kwargs: dict[str, Any] = {}
@@ -394,6 +419,8 @@ def build_server_app(settings: Settings) -> Starlette:
             from gateway.routes.spend_admin import spend_admin_routes
 
             extra_routes[:0] = spend_admin_routes(tenancy.repo.db, tenancy.admin_auth)  # prices, budgets
+        if adapter_rollout is not None:
+            extra_routes[:0] = adapters_admin_routes(adapter_rollout, tenancy.admin_auth)
         if tenancy.repo is not None and tenancy.authenticator is not None:
             from gateway.console.routes import ConsoleDeps, console_routes
 
@@ -420,6 +447,7 @@ def build_server_app(settings: Settings) -> Starlette:
         None,
         fleet=fleet,
         metrics=metrics,
+        adapters=catalog,
         extra_routes=extra_routes,
         on_startup=startup_hooks,
         on_shutdown=shutdown_hooks,

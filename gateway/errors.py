@@ -23,10 +23,15 @@ from engine.errors import (
     RequestFailedError,
     RetryableEngineError,
 )
+from engine.lora_types import AdapterInUseError, AdapterLoadError
+from engine.memory_budget import MemoryBudgetError
 from engine.prefix_cache_types import InvalidPrefixError, PinCapacityError, UnknownPrefixError
 from tenancy.errors import (
+    AdapterExistsError,
+    AdapterNotFoundError,
     CacheScopeConflictError,
     FieldError,
+    InvalidAdapterTransitionError,
     InvalidModelTransitionError,
     KeyInactiveError,
     KeyNotFoundError,
@@ -169,6 +174,12 @@ def from_engine_error(exc: Exception) -> WeirError:
         return ConflictError(exc.message, param=exc.param, code="pin_capacity")
     if isinstance(exc, InvalidPrefixError):  # an admin field, like the admin API's others
         return UnprocessableError(exc.message, param=exc.param, code="invalid_value")
+    if isinstance(exc, AdapterLoadError):  # the adapter folder an admin named, refused at load
+        return BadRequestError(f"adapter refused: {exc}", param="path", code="invalid_adapter")
+    if isinstance(exc, AdapterInUseError):
+        return ConflictError(str(exc), code="adapter_in_use")
+    if isinstance(exc, MemoryBudgetError):
+        return ConflictError(str(exc), code="memory_budget_exceeded")
     if isinstance(exc, ContextLengthError):
         return BadRequestError(exc.message, param=exc.param, code="context_length_exceeded")
     if isinstance(exc, InvalidRequestError):
@@ -223,6 +234,12 @@ def from_tenancy_error(exc: TenancyError) -> WeirError:
         return NotFoundError(exc.message, code="model_version_not_found")
     if isinstance(exc, ModelVersionExistsError):
         return ConflictError(exc.message, code="model_version_exists")
+    if isinstance(exc, AdapterNotFoundError):  # the same for missing and for another tenant's
+        return NotFoundError(exc.message, param="name", code="adapter_not_found")
+    if isinstance(exc, AdapterExistsError):
+        return ConflictError(exc.message, param="name", code="adapter_exists")
+    if isinstance(exc, InvalidAdapterTransitionError):
+        return ConflictError(exc.message, param="state", code="invalid_adapter_transition")
     if isinstance(exc, InvalidModelTransitionError):
         return ConflictError(exc.message, param="state", code="invalid_model_transition")
     if isinstance(exc, CacheScopeConflictError):

@@ -57,6 +57,7 @@ class FleetVersion:
     prompts: PromptBuilder | None = None
     served: ServedModel | None = None
     in_flight: int = 0
+    adapter_in_flight: dict[str, int] = field(default_factory=dict)  # by LoRA adapter name
     ready_seq: int = 0  # order in which versions became ready (the router's fallback)
     reserved_bytes: int = 0
 
@@ -79,6 +80,7 @@ class Lease:
     """A request's hold on the version that serves it; `release()` once it has settled."""
 
     version: FleetVersion
+    adapter: str | None = None  # the LoRA adapter it runs through, counted in flight too
     _released: bool = field(default=False, repr=False)
 
     @property
@@ -90,6 +92,11 @@ class Lease:
         if not self._released:
             self._released = True
             self.version.in_flight -= 1
+            if self.adapter is not None:
+                counts = self.version.adapter_in_flight
+                counts[self.adapter] -= 1
+                if counts[self.adapter] == 0:
+                    del counts[self.adapter]
 
 
 @dataclass(frozen=True)
@@ -262,13 +269,21 @@ class ModelFleet:
         chosen.in_flight += 1
         return Lease(chosen)
 
-    def route_version(self, vid: str) -> Lease:
-        """A new request for exactly version `vid` (a LoRA adapter's base), counted in flight."""
+    def route_version(self, vid: str, adapter: str | None = None) -> Lease:
+        """A new request for exactly version `vid` (a LoRA adapter's base), counted in flight,
+        and in `adapter`'s count too (an unload waits for it to reach 0)."""
         entry = self._versions.get(vid)
         if entry is None or entry.state is not State.READY or entry.engine is None:
             raise NoModelVersionError(f"the model version '{vid}' is not ready", param="model")
         entry.in_flight += 1
-        return Lease(entry)
+        if adapter is not None:
+            entry.adapter_in_flight[adapter] = entry.adapter_in_flight.get(adapter, 0) + 1
+        return Lease(entry, adapter)
+
+    def adapter_in_flight(self, vid: str, adapter: str) -> int:
+        """Requests through `adapter` on version `vid` that have not settled."""
+        entry = self._versions.get(vid)
+        return 0 if entry is None else entry.adapter_in_flight.get(adapter, 0)
 
     def set_plan(self, name: str, plan: RoutePlan) -> None:
         """Replace `name`'s split and pins (new requests follow it at once; running ones stay put)."""
@@ -384,7 +399,12 @@ class ModelFleet:
         del engine
         gc.collect()
         self._release_memory()
-        released = self.budget.release(vid) if self.budget is not None else 0
+        released = 0
+        if self.budget is not None:
+            released = self.budget.release(vid)
+            for held in self.budget.reservations():
+                if held.owner.startswith(f"{vid}#"):  # its LoRA adapters' host copies went with it
+                    released += self.budget.release(held.owner)
         entry.reserved_bytes = 0
         entry.state = State.RETIRED
         after = self._probe()

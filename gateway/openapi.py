@@ -27,6 +27,7 @@ from gateway.openapi_admin import SCHEMAS as ADMIN_SCHEMAS
 
 _PREFIX_CACHE = "/admin/v1/prefix-cache"
 _MODELS = "/admin/v1/models"  # the model-version routes, mounted only with a fleet that loads
+_ADAPTERS = "/admin/v1/adapters"  # the LoRA adapter routes, likewise
 _CONVERTER = re.compile(r"\{(\w+):\w+\}")  # Starlette's {name:path} is OpenAPI's {name}
 
 
@@ -222,6 +223,7 @@ def openapi_schema(
             if any(_under(p, m) for m in prefixes)
             and (not _under(p, _PREFIX_CACHE) or _PREFIX_CACHE in prefixes)
             and (not _under(p, _MODELS) or _MODELS in prefixes)
+            and (not _under(p, _ADAPTERS) or _ADAPTERS in prefixes)
         }
     schemas = {**_schemas(names, vocab_size), **ADMIN_SCHEMAS}
     return {

@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import TypeAdapter
 from pydantic.json_schema import JsonSchemaMode
 
+from gateway.adapter_admin_bodies import AdapterAccessBody, AdapterListOut, AdapterOut, AdapterRegisterBody
 from gateway.prefix_cache_bodies import (
     PrefixCacheFlush,
     PrefixCacheStatsBody,
@@ -57,6 +58,8 @@ _REQUESTS: dict[str, Any] = {
     "PrefixFlush": PrefixFlushBody,
     "PriceBody": PriceBody,
     "BudgetBody": BudgetBody,
+    "AdapterRegister": AdapterRegisterBody,
+    "AdapterAccess": AdapterAccessBody,
 }
 _ANSWERS: dict[str, Any] = {
     "Tenant": Tenant,
@@ -79,6 +82,8 @@ _ANSWERS: dict[str, Any] = {
     "PriceList": PriceList,
     "Budget": BudgetOut,
     "BudgetList": BudgetList,
+    "Adapter": AdapterOut,
+    "AdapterList": AdapterListOut,
 }
 _REF = "#/components/schemas/{model}"
 
@@ -310,6 +315,35 @@ def _spend_paths(e: dict[str, Any]) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def _adapter_paths(e: dict[str, Any]) -> dict[str, Any]:
+    """LoRA adapters (gateway/routes/adapters_admin.py), mounted only with a fleet that serves them."""
+    adapters, one = "/admin/v1/adapters", [_path("name", str)]
+    return {
+        adapters: {
+            "get": _op("Every LoRA adapter: record, access, runtime", e, "AdapterList",
+                       parameters=[_query("model_version", str)]),
+            "post": _op("Register a LoRA adapter of a base model version", e, "Adapter", ok="201",
+                        body="AdapterRegister"),
+        },
+        f"{adapters}/{{name}}": {"get": _op("One LoRA adapter", e, "Adapter", parameters=one)},
+        f"{adapters}/{{name}}/load": {
+            "post": _op("Load it on its base version's engine; 400 if refused", e, "Adapter", parameters=one)
+        },
+        f"{adapters}/{{name}}/unload": {
+            "post": _op("Stop routing, let its requests finish, free it", e, "Adapter", parameters=one)
+        },
+        f"{adapters}/{{name}}/retire": {
+            "post": _op("Unload if loaded; never loaded again", e, "Adapter", parameters=one)
+        },
+        f"{adapters}/{{name}}/grant": {
+            "post": _op("Add a tenant to its access list", e, "Adapter", body="AdapterAccess", parameters=one)
+        },
+        f"{adapters}/{{name}}/revoke": {
+            "post": _op("Remove a tenant from its access list", e, "Adapter", body="AdapterAccess", parameters=one)
+        },
+    }  # fmt: skip
+
+
 def admin_paths(errors: dict[str, Any]) -> dict[str, Any]:
     """The admin paths; `errors` maps status codes to the shared error responses."""
     return {
@@ -317,4 +351,5 @@ def admin_paths(errors: dict[str, Any]) -> dict[str, Any]:
         **_model_paths(errors),
         **_prefix_cache_paths(errors),
         **_spend_paths(errors),
+        **_adapter_paths(errors),
     }

@@ -86,6 +86,25 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="memory all loaded model versions (weights + KV pools) must fit in together (env "
         "WEIR_MEMORY_BUDGET_MIB; default 90%% of free CUDA memory, or 80%% of available RAM on CPU)",
     )
+    add(
+        "--adapter-dir",
+        type=parse_path,
+        metavar="PATH",
+        help="LoRA adapters (PEFT folders) are loaded only from under this folder (env "
+        "WEIR_ADAPTER_DIR; default: none, no adapters)",
+    )
+    add(
+        "--lora-slots",
+        type=int,
+        metavar="N",
+        help="LoRA adapters one engine step runs at once, per model version (env WEIR_LORA_SLOTS; default 4)",
+    )
+    add(
+        "--lora-max-rank",
+        type=int,
+        metavar="R",
+        help="the highest LoRA rank an adapter may have (env WEIR_LORA_MAX_RANK; default 16)",
+    )
     add("--max-num-seqs", type=int, help="most sequences in one batch (default 64)")
     add("--max-num-batched-tokens", type=int, help="most tokens in one engine step (default 2048)")
     add(

@@ -137,6 +137,10 @@ class Settings:
     # The memory every loaded model version's weights + KV pool must fit in together; None: 90% of
     # the device memory free at start (CUDA) or 80% of the machine's available memory (CPU).
     memory_budget_mib: int | None = None
+    # LoRA adapters (docs/lora.md) are read only from under this folder; None: no adapters.
+    adapter_dir: Path | None = None
+    lora_slots: int = 4  # adapters one step can run at once, per model version (device slots)
+    lora_max_rank: int = 16  # the highest adapter rank a slot holds
     model_version: str = "default"  # the version label `--model` is registered and served as
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
@@ -218,6 +222,10 @@ class Settings:
             raise ValueError(
                 f"host_kv_cache_tokens must be >= 0 (0: no host tier), got {self.host_kv_cache_tokens}"
             )
+        if not 1 <= self.lora_slots <= 64:
+            raise ValueError(f"lora_slots must be in [1, 64], got {self.lora_slots}")
+        if not 1 <= self.lora_max_rank <= 256:
+            raise ValueError(f"lora_max_rank must be in [1, 256], got {self.lora_max_rank}")
         for name in ("kv_cache_tokens", "max_model_len", "memory_budget_mib"):
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -373,6 +381,9 @@ _FIELDS: dict[str, _FieldSpec] = {
     "kv_cache_tokens": _FieldSpec("WEIR_KV_CACHE_TOKENS", int),
     "host_kv_cache_tokens": _FieldSpec("WEIR_HOST_KV_CACHE_TOKENS", int),
     "memory_budget_mib": _FieldSpec("WEIR_MEMORY_BUDGET_MIB", int),
+    "adapter_dir": _FieldSpec("WEIR_ADAPTER_DIR", parse_path),
+    "lora_slots": _FieldSpec("WEIR_LORA_SLOTS", int),
+    "lora_max_rank": _FieldSpec("WEIR_LORA_MAX_RANK", int),
     "model_version": _FieldSpec("WEIR_MODEL_VERSION", str),
     "max_num_seqs": _FieldSpec("WEIR_MAX_NUM_SEQS", int),
     "max_num_batched_tokens": _FieldSpec("WEIR_MAX_NUM_BATCHED_TOKENS", int),

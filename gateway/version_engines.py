@@ -120,7 +120,8 @@ class VersionEngineFactory:
         if uses_row_weights(replace(self.base_config(Path(spec.path)), dtype=self.dtype(spec))):
             weights += model_config.linear_params() * itemsize  # the transposed copies (packed_linear.py)
         per_token = model_config.kv_bytes_per_token(itemsize)
-        block_size = self.base_config(Path(spec.path)).cache.block_size
+        base = self.base_config(Path(spec.path))
+        block_size = base.cache.block_size
         tokens = spec.kv_cache_tokens or self.settings.kv_cache_tokens
         if tokens is None:
             if self.device.startswith("cuda"):
@@ -128,7 +129,11 @@ class VersionEngineFactory:
             else:
                 kv_bytes = CPU_DEFAULT_KV_BYTES
             tokens = max(kv_bytes // per_token - block_size, block_size)
-        return VersionFootprint(weights, tokens, per_token, block_size)
+        lora = base.lora
+        lora_bytes = (
+            model_config.lora_slot_params(lora.num_slots, lora.max_rank) * itemsize if lora.enabled else 0
+        )
+        return VersionFootprint(weights, tokens, per_token, block_size, lora_bytes)
 
     def build(self, spec: ModelVersionSpec, footprint: VersionFootprint, model_version: str) -> BuiltEngine:
         """Load the weights and allocate the KV pool; `model_version` goes into its cache keys."""

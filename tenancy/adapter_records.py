@@ -2,8 +2,9 @@
 
 An adapter has a public name, unique across the server: it is what a client puts in `model`.
 It belongs to one base model version (`name@version`), which must be the version that serves
-it. `owner_tenant` None makes it public (every tenant may call it); else only that tenant may,
-and for every other tenant it does not exist (the gateway answers 404, as for an unknown model).
+it. Who may call it: everybody while it has no owner and no grant (public); else its owner
+(`owner_tenant`) and the tenants it is granted to (`allowed_tenants`, the access list). For every
+other tenant it does not exist (the gateway answers 404, as for an unknown model).
 """
 
 from __future__ import annotations
@@ -21,19 +22,25 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")
 
 
 class AdapterState(enum.StrEnum):
-    """Where an adapter is: registered (not loaded), loaded (servable), unloaded, failed."""
+    """Where an adapter is: registered (not loaded), loaded (servable), unloaded, failed, or
+    retired (never loaded again; the row stays, usage records name it)."""
 
     REGISTERED = "registered"
     LOADED = "loaded"
     UNLOADED = "unloaded"
     FAILED = "failed"
+    RETIRED = "retired"
 
 
 ADAPTER_TRANSITIONS: dict[AdapterState, frozenset[AdapterState]] = {
-    AdapterState.REGISTERED: frozenset({AdapterState.LOADED, AdapterState.FAILED}),
+    AdapterState.REGISTERED: frozenset({AdapterState.LOADED, AdapterState.FAILED, AdapterState.RETIRED}),
     AdapterState.LOADED: frozenset({AdapterState.UNLOADED, AdapterState.FAILED}),
-    AdapterState.UNLOADED: frozenset({AdapterState.LOADED, AdapterState.FAILED}),
-    AdapterState.FAILED: frozenset({AdapterState.LOADED, AdapterState.UNLOADED}),
+    AdapterState.UNLOADED: frozenset({AdapterState.LOADED, AdapterState.FAILED, AdapterState.RETIRED}),
+    # failed -> failed: a load tried again failed again, with its new reason.
+    AdapterState.FAILED: frozenset(
+        {AdapterState.LOADED, AdapterState.UNLOADED, AdapterState.FAILED, AdapterState.RETIRED}
+    ),
+    AdapterState.RETIRED: frozenset(),
 }
 
 
@@ -81,14 +88,15 @@ class AdapterView:
     created_at: dt.datetime
     updated_at: dt.datetime
     updated_by: str
+    allowed_tenants: tuple[str, ...] = ()  # granted besides the owner, by name
 
     @property
     def is_public(self) -> bool:
-        return self.owner_tenant is None
+        return self.owner_tenant is None and not self.allowed_tenants
 
     def visible_to(self, tenant: str) -> bool:
         """Whether `tenant` may call it (and so see it)."""
-        return self.owner_tenant is None or self.owner_tenant == tenant
+        return self.is_public or self.owner_tenant == tenant or tenant in self.allowed_tenants
 
 
 __all__ = ["MAX_REASON_LEN"]

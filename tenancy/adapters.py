@@ -11,7 +11,7 @@ import builtins
 import datetime as dt
 from collections.abc import Callable
 
-from sqlalchemy import or_, select
+from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -34,7 +34,7 @@ from tenancy.errors import (
     TenantNotFoundError,
 )
 from tenancy.model_version_records import MAX_REASON_LEN
-from tenancy.models import LoraAdapter, ModelVersion, Tenant
+from tenancy.models import LoraAdapter, LoraAdapterGrant, ModelVersion, Tenant
 from tenancy.repo import utc_now
 
 _ACTOR_LEN = 128
@@ -51,6 +51,7 @@ def adapter_view(row: LoraAdapter) -> AdapterView:
         created_at=row.created_at,
         updated_at=row.updated_at,
         updated_by=row.updated_by,
+        allowed_tenants=tuple(sorted(g.tenant.name for g in row.grants)),
     )
 
 
@@ -139,16 +140,9 @@ class AdapterRepo:
             return [adapter_view(row) for row in session.scalars(query).unique()]
 
     def visible_to(self, tenant: str) -> builtins.list[AdapterView]:
-        """The loaded adapters `tenant` may call: the public ones and its own."""
-        with self.db.transaction() as session:
-            owner_id = session.scalars(select(Tenant.id).where(Tenant.name == tenant)).first()
-            query = (
-                select(LoraAdapter)
-                .where(LoraAdapter.state == AdapterState.LOADED)
-                .where(or_(LoraAdapter.owner_tenant_id.is_(None), LoraAdapter.owner_tenant_id == owner_id))
-                .order_by(LoraAdapter.name)
-            )
-            return [adapter_view(row) for row in session.scalars(query).unique()]
+        """The loaded adapters `tenant` may call: the public ones, its own and those granted to it."""
+        loaded = self.list(state=AdapterState.LOADED)
+        return [view for view in loaded if view.visible_to(tenant)]
 
     def resolve(self, name: str, tenant: str) -> AdapterView:
         """The adapter `name` as `tenant` may call it; AdapterNotFoundError, with the same
@@ -185,5 +179,43 @@ class AdapterRepo:
                 tenant=row.owner.name if row.owner is not None else None,
                 target=name,
                 details={"from": previous.value, "to": state.value, "reason": row.failure_reason},
+            )
+            return adapter_view(row)
+
+    def grant(self, name: str, tenant: str, *, actor: str) -> AdapterView:
+        """Let `tenant` call adapter `name` (it stops being public if it was). Idempotent."""
+        return self._access(name, tenant, True, actor)
+
+    def revoke(self, name: str, tenant: str, *, actor: str) -> AdapterView:
+        """Take `tenant` off the adapter's access list (its owner keeps access). Idempotent."""
+        return self._access(name, tenant, False, actor)
+
+    def _access(self, name: str, tenant: str, allow: bool, actor: str) -> AdapterView:
+        validate_adapter_name(name)
+        now = self._clock()
+        with self.db.transaction() as session:
+            row = self._row(session, name)
+            tenant_id = session.scalars(select(Tenant.id).where(Tenant.name == tenant)).first()
+            if tenant_id is None:
+                raise TenantNotFoundError(tenant)
+            held = next((g for g in row.grants if g.tenant_id == tenant_id), None)
+            if allow == (held is not None):
+                return adapter_view(row)
+            if allow:
+                row.grants.append(LoraAdapterGrant(adapter_id=row.id, tenant_id=tenant_id))
+            else:
+                row.grants.remove(held)  # type: ignore[arg-type]
+            row.updated_at = now
+            row.updated_by = actor[:_ACTOR_LEN]
+            session.flush()
+            session.refresh(row)
+            record_event(
+                session,
+                when=now,
+                actor=actor,
+                action=AuditAction.ADAPTER_ACCESS,
+                tenant=tenant,
+                target=name,
+                details={"granted" if allow else "revoked": tenant},
             )
             return adapter_view(row)

@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from engine.request import Priority
+from tenancy.adapter_cli import add_adapter_commands
 from tenancy.admin_bodies.fields import parse_date, parse_datetime
 from tenancy.admin_client import CLI_ACTOR, AdminBackend, DirectAdmin, JsonObject
 from tenancy.admin_token import reset_admin_token
@@ -218,10 +219,13 @@ def _add_admin(subparsers: argparse._SubParsersAction, settings_of: SettingsOf) 
             print_json(body)
         return 0
 
-    admin = subparsers.add_parser("admin", help="tenants, API keys, quotas, usage, the audit log, models")
+    admin = subparsers.add_parser(
+        "admin", help="tenants, API keys, quotas, usage, the audit log, models, LoRA adapters"
+    )
     admin_sub = admin.add_subparsers(dest="admin_command", required=True)
     add_model_commands(admin_sub, conn, settings_of)
     add_spend_commands(admin_sub, conn, settings_of)  # prices and window budgets (issue 25)
+    add_adapter_commands(admin_sub, conn, settings_of)
 
     # tenants
     tenants = admin_sub.add_parser("tenants", help="create, list, show, update, suspend tenants")

@@ -64,3 +64,4 @@ class AuditAction(enum.StrEnum):
     BUDGET_SET = "budget.set"
     BUDGET_DELETE = "budget.delete"
     BUDGET_SOFT_LIMIT = "budget.soft_limit"
+    ADAPTER_ACCESS = "adapter.access"

@@ -354,6 +354,9 @@ class LoraAdapter(Base):
     updated_by: Mapped[str] = mapped_column(String(128))
 
     owner: Mapped[Tenant | None] = relationship(lazy="joined")
+    grants: Mapped[list[LoraAdapterGrant]] = relationship(
+        lazy="selectin", cascade="all, delete-orphan", order_by="LoraAdapterGrant.tenant_id"
+    )
 
 
 class ModelPrice(Base):
@@ -410,3 +413,14 @@ class WindowBudgetUsage(Base):
     )
     bucket_start: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     used: Mapped[int] = mapped_column(BigInteger)
+
+
+class LoraAdapterGrant(Base):
+    """A tenant besides its owner that may call an adapter (an adapter with grants is not public)."""
+
+    __tablename__ = "lora_adapter_grants"
+
+    adapter_id: Mapped[int] = mapped_column(ForeignKey("lora_adapters.id"), primary_key=True)
+    tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id"), primary_key=True)
+
+    tenant: Mapped[Tenant] = relationship(lazy="joined")

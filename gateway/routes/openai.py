@@ -196,7 +196,7 @@ class OpenAIRoutes:
         """
         adapter = self._adapter(model, tenant)
         if adapter is not None:
-            lease = self.fleet.route_version(adapter.model_version)
+            lease = self.fleet.route_version(adapter.model_version, adapter.name)
         else:
             self._check_model(model, tenant)
             lease = self.fleet.route(model, tenant.tenant_id, response_id)

@@ -17,7 +17,7 @@ from engine.client import EngineRequest
 from engine.config import CacheConfig, EngineConfig, LoraConfig, PreemptionMode, SchedulerConfig
 from engine.errors import InvalidRequestError
 from engine.llm_engine import LLMEngine, build_engine
-from engine.lora_manager import AdapterInUseError, UnknownAdapterError
+from engine.lora_types import AdapterInUseError, UnknownAdapterError
 from engine.request import SamplingParams
 from tests.engine.lora_adapters import hf_greedy, make_adapter, merged_model
 from tests.engine.tiny_models import load_hf_model, make_tiny_model
@@ -319,3 +319,12 @@ def test_load_and_unload_under_streaming_load_fail_and_truncate_nothing(setup) -
             await engine.shutdown()
 
     asyncio.run(main())
+
+
+def test_the_memory_footprint_counts_exactly_the_slots_the_model_allocates(setup) -> None:  # type: ignore[no-untyped-def]
+    base, adapter_dir = setup
+    engine = _engine(base, adapter_dir, num_slots=3)
+    lora = engine.runner.lora
+    assert lora is not None
+    itemsize = 4  # float32
+    assert lora.slot_bytes == engine.model_config.lora_slot_params(3, 16) * itemsize

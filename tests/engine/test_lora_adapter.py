@@ -15,7 +15,8 @@ from safetensors.torch import load_file, save_file
 
 from engine.config import ModelConfig
 from engine.loader import load_model_config
-from engine.lora_adapter import CONFIG_FILE, WEIGHTS_FILE, AdapterLoadError, load_adapter
+from engine.lora_adapter import CONFIG_FILE, WEIGHTS_FILE, load_adapter
+from engine.lora_types import AdapterLoadError
 from tests.engine.lora_adapters import make_adapter
 from tests.engine.tiny_models import make_tiny_model
 

@@ -85,3 +85,50 @@ def test_refusals(adapters: AdapterRepo) -> None:
         AdapterSpec("x", "smol", "x")
     failed = adapters.set_state("a", AdapterState.FAILED, reason="NaN in layer 3", actor=ACTOR)
     assert failed.failure_reason == "NaN in layer 3"
+
+
+def test_an_access_list_opens_an_adapter_to_the_granted_tenants_only(
+    adapters: AdapterRepo, migrated: Database
+) -> None:
+    TenancyRepo(migrated, KeyHasher(b"test-pepper")).create_tenant(TenantSpec("gamma"), actor=ACTOR)
+    adapters.register(AdapterSpec("shared", "smol@v1", "shared"), actor=ACTOR)
+    adapters.set_state("shared", AdapterState.LOADED, actor=ACTOR)
+    assert adapters.get("shared").is_public
+    view = adapters.grant("shared", "beta", actor=ACTOR)
+    assert view.allowed_tenants == ("beta",) and not view.is_public
+    assert adapters.grant("shared", "beta", actor=ACTOR).allowed_tenants == ("beta",)  # idempotent
+    assert [a.name for a in adapters.visible_to("beta")] == ["shared"]
+    assert adapters.visible_to("acme") == [] and adapters.visible_to("gamma") == []
+    with pytest.raises(AdapterNotFoundError, match="does not exist"):
+        adapters.resolve("shared", "gamma")
+    # An owned adapter granted to another tenant: owner and grantee, nobody else.
+    adapters.register(AdapterSpec("acme-x", "smol@v1", "acme/x", "acme"), actor=ACTOR)
+    adapters.grant("acme-x", "gamma", actor=ACTOR)
+    assert adapters.resolve("acme-x", "gamma").name == "acme-x"
+    assert adapters.resolve("acme-x", "acme").name == "acme-x"
+    with pytest.raises(AdapterNotFoundError):
+        adapters.resolve("acme-x", "beta")
+    assert adapters.revoke("acme-x", "gamma", actor=ACTOR).allowed_tenants == ()
+    with pytest.raises(AdapterNotFoundError):
+        adapters.resolve("acme-x", "gamma")
+    with pytest.raises(TenantNotFoundError):
+        adapters.grant("shared", "nobody", actor=ACTOR)
+    with pytest.raises(AdapterNotFoundError):
+        adapters.grant("missing", "beta", actor=ACTOR)
+    # Survives a restart; every change is audited.
+    assert AdapterRepo(migrated).get("shared").allowed_tenants == ("beta",)
+    with migrated.transaction() as session:
+        actions = [e.action for e in list_events(session, tenant="gamma")]
+    assert actions.count(AuditAction.ADAPTER_ACCESS) == 2
+
+
+def test_retired_is_final(adapters: AdapterRepo) -> None:
+    adapters.register(AdapterSpec("old", "smol@v1", "old"), actor=ACTOR)
+    adapters.set_state("old", AdapterState.LOADED, actor=ACTOR)
+    with pytest.raises(InvalidAdapterTransitionError):
+        adapters.set_state("old", AdapterState.RETIRED, actor=ACTOR)  # unload first
+    adapters.set_state("old", AdapterState.UNLOADED, actor=ACTOR)
+    assert adapters.set_state("old", AdapterState.RETIRED, actor=ACTOR).state is AdapterState.RETIRED
+    for state in AdapterState:
+        with pytest.raises(InvalidAdapterTransitionError):
+            adapters.set_state("old", state, actor=ACTOR)

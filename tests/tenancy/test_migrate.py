@@ -39,6 +39,7 @@ TABLES = {
     "model_prices",
     "window_budgets",
     "window_budget_usage",
+    "lora_adapter_grants",
 }
 NEW_IN_0008 = {"model_prices", "window_budgets", "window_budget_usage"}
 
@@ -50,7 +51,7 @@ def _tables(db: Database) -> set[str]:
 def test_scripts_are_found_next_to_the_package() -> None:
     assert (MIGRATIONS_DIR / "env.py").is_file()
     assert (MIGRATIONS_DIR / "script.py.mako").is_file()
-    assert head_revision() == "0008"
+    assert head_revision() == "0009"
 
 
 def test_upgrade_downgrade_round_trip(database: Database) -> None:
@@ -64,18 +65,23 @@ def test_upgrade_downgrade_round_trip(database: Database) -> None:
     upgrade(database.engine)
     assert _tables(database) == TABLES
     usage_indexes = {i["name"] for i in inspect(database.engine).get_indexes("usage_records")}
+    downgrade(database.engine)  # one step: 0009 -> 0008 drops the adapter access lists
+    assert _tables(database) == TABLES - {"lora_adapter_grants"}
     downgrade(database.engine)  # one step: 0008 -> 0007 drops prices, window budgets, spend columns
-    assert _tables(database) == TABLES - NEW_IN_0008
+    assert _tables(database) == TABLES - NEW_IN_0008 - {"lora_adapter_grants"}
     usage_columns = {c["name"] for c in inspect(database.engine).get_columns("usage_records")}
     assert not usage_columns & {"spend_micros", "currency", "price_id"}
     assert {i["name"] for i in inspect(database.engine).get_indexes("usage_records")} == usage_indexes
     assert len(inspect(database.engine).get_foreign_keys("usage_records")) == 2
     downgrade(database.engine)  # 0007 -> 0006 drops the LoRA adapters and the usage column
-    assert _tables(database) == TABLES - {"lora_adapters"} - NEW_IN_0008
+    assert _tables(database) == TABLES - {"lora_adapters", "lora_adapter_grants"} - NEW_IN_0008
     assert "adapter" not in {c["name"] for c in inspect(database.engine).get_columns("usage_records")}
     assert {i["name"] for i in inspect(database.engine).get_indexes("usage_records")} == usage_indexes
     downgrade(database.engine)  # 0006 -> 0005 drops key limits, principal buckets, user, rpm
-    assert _tables(database) == TABLES - {"key_limits", "principal_buckets", "lora_adapters"} - NEW_IN_0008
+    assert (
+        _tables(database)
+        == TABLES - {"key_limits", "principal_buckets", "lora_adapters", "lora_adapter_grants"} - NEW_IN_0008
+    )
     assert "user" not in {c["name"] for c in inspect(database.engine).get_columns("usage_records")}
     assert "requests_per_minute" not in {c["name"] for c in inspect(database.engine).get_columns("quotas")}
     assert {i["name"] for i in inspect(database.engine).get_indexes("usage_records")} == usage_indexes
@@ -88,6 +94,7 @@ def test_upgrade_downgrade_round_trip(database: Database) -> None:
         "principal_buckets",
         "lora_adapters",
         *NEW_IN_0008,
+        "lora_adapter_grants",
     }
     assert "model_version" not in {c["name"] for c in inspect(database.engine).get_columns("usage_records")}
     # SQLite rebuilds the table to drop a column: its indexes and foreign keys must survive.
@@ -105,6 +112,7 @@ def test_upgrade_downgrade_round_trip(database: Database) -> None:
         "principal_buckets",
         "lora_adapters",
         *NEW_IN_0008,
+        "lora_adapter_grants",
     }
     assert "ux_usage_records_request_tenant" not in {
         i["name"] for i in inspect(database.engine).get_indexes("usage_records")
@@ -118,6 +126,7 @@ def test_upgrade_downgrade_round_trip(database: Database) -> None:
         "principal_buckets",
         "lora_adapters",
         *NEW_IN_0008,
+        "lora_adapter_grants",
     }
     downgrade(database.engine)  # 0001 -> base
     assert _tables(database) == set()
@@ -274,7 +283,7 @@ def test_a_populated_0007_database_upgrades_to_0008_and_back_with_nothing_lost(d
     with database.engine.begin() as conn:
         for stmt in (*_POPULATE_0005, *_POPULATE_0007):
             conn.execute(text(stmt), {"t": WHEN, "d": WHEN.date()})
-    tables = sorted(TABLES - NEW_IN_0008)
+    tables = sorted(TABLES - NEW_IN_0008 - {"lora_adapter_grants"})
 
     def snapshot() -> dict[str, list[dict[str, object]]]:
         with database.engine.connect() as conn:

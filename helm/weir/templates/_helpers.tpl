@@ -189,6 +189,9 @@ numbers are printed as integers. */}}
 {{- $pairs = append $pairs (list "WEIR_KV_CACHE_TOKENS" .Values.config.kvCacheTokens) -}}
 {{- $pairs = append $pairs (list "WEIR_HOST_KV_CACHE_TOKENS" .Values.config.hostKvCacheTokens) -}}
 {{- $pairs = append $pairs (list "WEIR_MEMORY_BUDGET_MIB" .Values.config.memoryBudgetMib) -}}
+{{- $pairs = append $pairs (list "WEIR_ADAPTER_DIR" .Values.config.adapterDir) -}}
+{{- $pairs = append $pairs (list "WEIR_LORA_SLOTS" .Values.config.loraSlots) -}}
+{{- $pairs = append $pairs (list "WEIR_LORA_MAX_RANK" .Values.config.loraMaxRank) -}}
 {{- $pairs = append $pairs (list "WEIR_MODEL_VERSION" .Values.config.modelVersion) -}}
 {{- $pairs = append $pairs (list "WEIR_MAX_NUM_SEQS" .Values.config.maxNumSeqs) -}}
 {{- $pairs = append $pairs (list "WEIR_MAX_NUM_BATCHED_TOKENS" .Values.config.maxNumBatchedTokens) -}}

@@ -1,0 +1,150 @@
+"""The LoRA adapter admin API under /admin/v1/adapters (admin bearer token).
+
+    GET  /admin/v1/adapters[?model_version=name@version]   every adapter: record, access, runtime
+    POST /admin/v1/adapters                                 register {"name", "model_version", "path", "owner_tenant"}: 201
+    GET  /admin/v1/adapters/{name}                          one adapter
+    POST /admin/v1/adapters/{name}/load                     load on its base version's engine: 200 loaded;
+                                                            400 invalid_adapter (refused, recorded failed)
+    POST /admin/v1/adapters/{name}/unload                   stop routing, let its requests finish, free it
+    POST /admin/v1/adapters/{name}/retire                   unload if loaded; never loaded again
+    POST /admin/v1/adapters/{name}/grant                    {"tenant"}: add to the access list
+    POST /admin/v1/adapters/{name}/revoke                   {"tenant"}: take off the access list
+
+Bodies are `gateway.adapter_admin_bodies`' pydantic models; every change is audited by the
+repository; errors map in `gateway.errors` (unknown adapter 404, a move the state does not allow
+or a base version that is not ready 409, a refused adapter folder 400).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Route
+
+from gateway.adapter_admin_bodies import (
+    AdapterAccessBody,
+    AdapterListOut,
+    AdapterOut,
+    AdapterRegisterBody,
+    parse_body,
+)
+from gateway.adapter_rollout import AdapterRollout, AdapterStatus
+from gateway.auth import AdminAuthenticator
+from gateway.errors import NotFoundError, PayloadTooLargeError, UnprocessableError
+from gateway.json_body import loads_bounded
+from tenancy.adapter_records import validate_adapter_name
+from tenancy.errors import FieldError
+from tenancy.records import validate_tenant_name
+
+MAX_BODY_BYTES = 64 << 10
+MAX_QUERY_LEN = 256
+_NO_STORE = {"Cache-Control": "no-store"}
+
+Handler = Callable[[Request, str], Awaitable[Response]]
+
+
+def _json(body: AdapterOut | AdapterListOut, status_code: int = 200) -> JSONResponse:
+    return JSONResponse(body.model_dump(mode="json"), status_code=status_code, headers=_NO_STORE)
+
+
+def _one(status: AdapterStatus, status_code: int = 200) -> JSONResponse:
+    return _json(AdapterOut.of(status), status_code)
+
+
+async def _body(request: Request) -> Any:
+    raw = await request.body()
+    if len(raw) > MAX_BODY_BYTES:
+        raise PayloadTooLargeError(f"request body is larger than {MAX_BODY_BYTES} bytes")
+    return loads_bounded(raw) if raw.strip() else {}
+
+
+def _name(request: Request) -> str:
+    name = request.path_params["name"]
+    try:
+        return validate_adapter_name(name)
+    except FieldError:
+        raise NotFoundError(f"adapter {name[:200]!r} does not exist", code="adapter_not_found") from None
+
+
+def _tenant(body: AdapterAccessBody) -> str:
+    try:
+        return validate_tenant_name(body.tenant, "tenant")
+    except FieldError as exc:
+        raise UnprocessableError(exc.message, param="tenant", code="invalid_value") from None
+
+
+class AdaptersAdminRoutes:
+    """The endpoints over one `AdapterRollout`, behind the admin token."""
+
+    def __init__(self, rollout: AdapterRollout, admin_auth: AdminAuthenticator) -> None:
+        self.rollout = rollout
+        self.admin_auth = admin_auth
+
+    def admin(self, handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+        async def endpoint(request: Request) -> Response:
+            addr = request.client.host if request.client is not None else "unknown"
+            await self.admin_auth.authenticate_async(request.headers.get("authorization"), addr)
+            return await handler(request, f"admin-api {addr}")
+
+        return endpoint
+
+    def routes(self) -> list[BaseRoute]:
+        a = self.admin
+        base = "/admin/v1/adapters"
+        # {name:path}: adapter names may hold '/', like model names on the OpenAI side.
+        one = base + "/{name:path}"
+        return [
+            Route(base, a(self.list_adapters), methods=["GET"]),
+            Route(base, a(self.register), methods=["POST"]),
+            Route(one + "/load", a(self.load), methods=["POST"]),
+            Route(one + "/unload", a(self.unload), methods=["POST"]),
+            Route(one + "/retire", a(self.retire), methods=["POST"]),
+            Route(one + "/grant", a(self.grant), methods=["POST"]),
+            Route(one + "/revoke", a(self.revoke), methods=["POST"]),
+            Route(one, a(self.get_adapter), methods=["GET"]),
+        ]
+
+    async def list_adapters(self, request: Request, actor: str) -> Response:
+        version = request.query_params.get("model_version")
+        if version is not None and not 1 <= len(version) <= MAX_QUERY_LEN:
+            raise UnprocessableError(
+                f"model_version must be 1-{MAX_QUERY_LEN} characters",
+                param="model_version",
+                code="invalid_value",
+            )
+        statuses = await self.rollout.list(version)
+        return _json(AdapterListOut(data=[AdapterOut.of(s) for s in statuses]))
+
+    async def register(self, request: Request, actor: str) -> Response:
+        body = parse_body(AdapterRegisterBody, await _body(request))
+        return _one(await self.rollout.register(body.spec(), actor), 201)
+
+    async def get_adapter(self, request: Request, actor: str) -> Response:
+        return _one(await self.rollout.get(_name(request)))
+
+    async def load(self, request: Request, actor: str) -> Response:
+        return _one(await self.rollout.load(_name(request), actor))
+
+    async def unload(self, request: Request, actor: str) -> Response:
+        return _one(await self.rollout.unload(_name(request), actor))
+
+    async def retire(self, request: Request, actor: str) -> Response:
+        return _one(await self.rollout.retire(_name(request), actor))
+
+    async def grant(self, request: Request, actor: str) -> Response:
+        name = _name(request)
+        tenant = _tenant(parse_body(AdapterAccessBody, await _body(request)))
+        return _one(await self.rollout.grant(name, tenant, actor))
+
+    async def revoke(self, request: Request, actor: str) -> Response:
+        name = _name(request)
+        tenant = _tenant(parse_body(AdapterAccessBody, await _body(request)))
+        return _one(await self.rollout.revoke(name, tenant, actor))
+
+
+def adapters_admin_routes(rollout: AdapterRollout, admin_auth: AdminAuthenticator) -> list[BaseRoute]:
+    """The `/admin/v1/adapters` routes; place them before the `/admin/v1` catch-all."""
+    return AdaptersAdminRoutes(rollout, admin_auth).routes()
