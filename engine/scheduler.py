@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from engine.config import BatchPolicy, PreemptionMode, QueuePolicy, SchedulerConfig
 from engine.errors import ContextLengthError
+from engine.fork_tracker import PendingForks
 from engine.kv_cache_manager import KVCacheManager
 from engine.output import ScheduledRequest, SchedulerOutput
 from engine.request import Request, RequestStatus, TokenDelta
@@ -69,8 +70,7 @@ class Scheduler:
         self.running: dict[str, Request] = {}  # insertion-ordered; O(1) removal
         self.requests: dict[str, Request] = {}
         self._finished_ids: list[str] = []
-        self._pending_forks: dict[str, list[Request]] = {}  # parent id -> children awaiting its prefill
-        self._fork_parent: dict[str, str] = {}  # child id -> parent id, while pending
+        self.forks = PendingForks()  # n>1 choices awaiting their first choice's prefill
         self.num_preemptions = 0
         self.num_held_back = 0  # admissions deferred because the same block was being computed
         self._num_deadlines = 0  # requests with a queue deadline, so steps without any skip the scan
@@ -97,15 +97,13 @@ class Scheduler:
         Each child then references the parent's prompt blocks and computes only the last prompt
         token itself, for its own sample; the partial last block is copied when first written.
         """
+        if any(child.prompt_token_ids != parent.prompt_token_ids for child in children):
+            raise ValueError("a fork must have its parent's prompt")
         self.add_request(parent)
         for child in children:
-            if child.prompt_token_ids != parent.prompt_token_ids:
-                raise ValueError("a fork must have its parent's prompt")
             self.requests[child.request_id] = child
             child.status = RequestStatus.WAITING
-            self._fork_parent[child.request_id] = parent.request_id
-        if children:
-            self._pending_forks[parent.request_id] = list(children)
+        self.forks.add(parent, children)
 
     def fork_request(self, parent: Request, child: Request) -> None:
         """Start `child` running at once on `parent`'s blocks for its first `child.num_computed_tokens`
@@ -124,9 +122,7 @@ class Scheduler:
 
     def _run_forks(self, parent: Request) -> None:
         """The parent's prompt is computed: its waiting children start on its blocks."""
-        children = self._pending_forks.pop(parent.request_id, [])
-        for child in children:
-            del self._fork_parent[child.request_id]
+        for child in self.forks.take_children(parent.request_id):
             child.num_computed_tokens = child.num_prompt_tokens - 1
             child.num_cached_tokens = parent.num_cached_tokens
             self.kv.fork(parent, child)
@@ -136,32 +132,26 @@ class Scheduler:
 
     def _release_forks(self, parent: Request) -> None:
         """The parent ended before its prefill (abort, error, deadline): its children queue on their own."""
-        for child in self._pending_forks.pop(parent.request_id, []):
-            del self._fork_parent[child.request_id]
+        for child in self.forks.take_children(parent.request_id):
             self.waiting.add(child)
             if child.deadline_s is not None:
                 self._num_deadlines += 1
 
     def num_seats(self, req: Request) -> int:
         """Running slots `req` takes with the forks waiting on it."""
-        return 1 + len(self._pending_forks.get(req.request_id, ()))
+        return 1 + self.forks.num_children(req.request_id)
 
     def finish_request(self, request_id: str, status: RequestStatus) -> Request | None:
         """End a request (stopped, length, aborted, error) and free its blocks at once."""
         req = self.requests.pop(request_id, None)
         if req is None:
             return None
-        parent_id = self._fork_parent.pop(request_id, None)
-        if parent_id is not None:  # a fork still waiting for its parent's prefill
-            siblings = self._pending_forks.get(parent_id, [])
-            siblings.remove(req)
-            if not siblings:
-                del self._pending_forks[parent_id]
+        if self.forks.drop_child(req):  # a fork still waiting for its parent's prefill
             req.status = status
             self._finished_ids.append(request_id)
             req.times.finished_s = self.clock()
             return req
-        if request_id in self._pending_forks:
+        if self.forks.is_parent(request_id):
             self._release_forks(req)
         if req.deadline_s is not None:
             self._num_deadlines -= 1
@@ -375,7 +365,7 @@ class Scheduler:
         lines = [
             f"running {len(self.running)}, waiting {len(self.waiting)}, free blocks "
             f"{self.kv.num_free_blocks}/{self.kv.num_total_blocks}, budget {self.step_budget.last_budget}, "
-            f"running cap {self.step_budget.max_running()}, pending forks {len(self._fork_parent)}"
+            f"running cap {self.step_budget.max_running()}, pending forks {len(self.forks)}"
         ]
         for req in self.running.values():
             lines.append(
@@ -444,7 +434,7 @@ class Scheduler:
             req.num_computed_tokens += s.num_tokens
             self.kv.cache_full_blocks(req)
             self.waiting.on_tokens_served(req, s.num_tokens)
-            if self._pending_forks and req.num_computed_tokens >= req.num_prompt_tokens:
+            if self.forks and req.num_computed_tokens >= req.num_prompt_tokens:
                 self._run_forks(req)
         update = StepUpdate()
         now = self.clock()
