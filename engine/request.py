@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from engine.errors import InvalidRequestError
+from engine.latency_targets import NO_TARGETS, LatencyTargets
 from engine.lora_types import AdapterRef
 from engine.spec_decode.tally import SpeculationTally
 
@@ -267,6 +268,9 @@ class Request:
     arrival_s: float = field(default_factory=time.monotonic)
     deadline_s: float | None = None
     weight: float = 1.0  # the tenant's fair-share weight
+    # TTFT and ITL targets: the tenant's overrides until the scheduler resolves them against the
+    # class defaults when it queues the request (engine/latency_targets.py).
+    latency: LatencyTargets = NO_TARGETS
     adapter: AdapterRef | None = None  # the LoRA adapter it runs through; None: the base model
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0

@@ -196,6 +196,7 @@ class StepBudgetStats:
     cost: StepCost | None
     max_running: int | None = None
     margin: float = 0.0
+    step_target_s: float | None = None  # the last step's own target (tightest ITL running), if any
 
 
 class StepBudget:
@@ -205,6 +206,8 @@ class StepBudget:
         self.config = config
         self.model = StepCostModel(config.forgetting, ridge=float(config.min_prefill_chunk) ** 2)
         self.last_budget = config.max_tokens
+        self.last_target_s: float | None = config.target_step_s  # the last step's time target
+        self._held_cap: int | None = None  # the running cap, moved only past its hysteresis band
         self._miss_sq = 0.0  # exponentially weighted sum of max(0, actual / predicted - 1)^2
         self._miss_w = 0.0
 
@@ -221,16 +224,34 @@ class StepBudget:
         target = self.config.target_step_s
         return None if target is None else target / (1.0 + self.margin)
 
-    def budget(self, num_decodes: int, has_prefill_work: bool) -> int:
-        """Tokens the next step may feed: `num_decodes` running decodes, and prefill if any waits."""
-        cfg, planned = self.config, self._planned_s()
-        if planned is None:
+    def budget(self, num_decodes: int, has_prefill_work: bool, target_s: float | None = None) -> int:
+        """Tokens the next step may feed: `num_decodes` running decodes, and prefill if any waits.
+
+        `target_s`: this step's own time target (the tightest ITL running, engine/step_plan.py),
+        else the configured one. Without a configured target a step target applies only once the
+        cost is fitted (before that the fixed maximum, as without targets)."""
+        cfg = self.config
+        target = target_s if target_s is not None else cfg.target_step_s
+        if target is not None and cfg.target_step_s is None and self.model.cost is None:
+            target = None
+        self.last_target_s = target
+        if target is None:
             chosen = cfg.max_tokens
         else:
+            planned = target / (1.0 + self.margin)
             floor = num_decodes + (cfg.min_prefill_chunk if has_prefill_work else 0)
             chosen = min(cfg.max_tokens, max(floor, self._fitted(planned, num_decodes)))
         self.last_budget = chosen
         return chosen
+
+    def decode_capacity(self, target_s: float | None) -> int | None:
+        """Decode rows a step of `target_s` holds with no prefill (at least 1); None: no bound
+        (no target, no fitted cost, or decodes that cost nothing measurable)."""
+        cost = self.model.cost
+        if target_s is None or cost is None or cost.per_decode_s <= 0:
+            return None
+        spare = target_s / (1.0 + self.margin) - cost.overhead_s
+        return max(1, int(min(spare / cost.per_decode_s, 1 << 30)))
 
     def _fitted(self, target_s: float, num_decodes: int) -> int:
         # Twice the largest step measured: the probe before the slope is known, and the bound after
@@ -246,7 +267,18 @@ class StepBudget:
 
     def max_running(self) -> int | None:
         """How many sequences may run at once so that a step of all their decodes plus the minimum
-        prefill chunk fits the target (at least 1); None without a target or a fitted cost."""
+        prefill chunk fits the target (at least 1); None without a target or a fitted cost.
+
+        With hysteresis: the cap moves only when the fitted value leaves a band of max(1, cap/8)
+        around it, so fit noise (a step mix changed by preemptions) does not swing it and with
+        it the admissions (issue 24: the cap swinging between 10 and 16 under displacement)."""
+        raw = self._raw_max_running()
+        held = self._held_cap
+        if raw is None or held is None or abs(raw - held) > max(1, held // 8):
+            self._held_cap = held = raw
+        return held
+
+    def _raw_max_running(self) -> int | None:
         cfg, cost, planned = self.config, self.model.cost, self._planned_s()
         if planned is None or cost is None:
             return None
@@ -279,7 +311,12 @@ class StepBudget:
 
     def stats(self) -> StepBudgetStats:
         return StepBudgetStats(
-            self.last_budget, self.config.target_step_s, self.model.cost, self.max_running(), self.margin
+            self.last_budget,
+            self.config.target_step_s,
+            self.model.cost,
+            self.max_running(),
+            self.margin,
+            self.last_target_s,
         )
 
 
