@@ -36,7 +36,7 @@ logger = logging.getLogger("weir.engine")
 
 # A waiting request may displace a lower class past the running cap once it has waited this
 # share of its TTFT target (not at once: a wait that ends by itself soon costs no preemption).
-_SLO_URGENCY = 0.5
+_SLO_URGENCY = 0.25
 
 
 @dataclass
@@ -219,9 +219,9 @@ class Scheduler:
         # first, and finishes first.
         decodes = sorted((r for r in running if r.num_remaining == 1), key=lambda r: int(r.priority))
         prefills = sorted((r for r in running if r.num_remaining > 1), key=prefill_key)
-        if target_s is not None and (throughput_s is None or target_s < throughput_s):
-            decodes = self._fit_decodes(decodes, target_s)
         head = self.waiting.peek()
+        if target_s is not None and (throughput_s is None or target_s < throughput_s):
+            decodes = self._fit_decodes(decodes, target_s, bool(prefills) or head is not None)
         budget = self.step_budget.budget(len(decodes), bool(prefills) or head is not None, target_s)
         chunk_cap = self.config.long_prefill_threshold or budget
         spec = self.speculation
@@ -232,12 +232,12 @@ class Scheduler:
         # Running prompts of a lower class than the waiting head wait for its admission.
         first = [r for r in prefills if head is None or r.priority <= head.priority]
         later = prefills[len(first) :]  # `prefills` is sorted by class: `first` is its head
-        budget = self._feed_fairly(first, budget, feed)
+        budget = self._feed_fairly(first, budget, feed, head)
         admitted = False
         if later and not preempted and self._may_admit():
             budget = self._admit(budget, chunk_cap, scheduled, preempted)
             admitted = True
-        budget = self._feed_fairly(later, budget, feed)
+        budget = self._feed_fairly(later, budget, feed, None)
         # Tokens given back by preempted victims scheduled earlier are not reused this step.
 
         if not admitted and not preempted and self._may_admit():
@@ -272,10 +272,10 @@ class Scheduler:
                 req.times.first_scheduled_s = now
         return out
 
-    def _fit_decodes(self, decodes: list[Request], target_s: float) -> list[Request]:
+    def _fit_decodes(self, decodes: list[Request], target_s: float, has_prefill_work: bool) -> list[Request]:
         """The decodes a step of `target_s` holds: every one owed this ITL, then the others (looser
         classes) least recently served first, up to the decode capacity; the rest sit out a step."""
-        capacity = self.step_budget.decode_capacity(target_s)
+        capacity = self.step_budget.decode_capacity(target_s, has_prefill_work)
         if capacity is None or len(decodes) <= capacity:
             return decodes
         owed = [r for r in decodes if owes_itl(r, target_s)]
@@ -284,9 +284,11 @@ class Scheduler:
         self.num_deferred_decodes += len(rest) - len(kept)
         return owed + sorted(kept, key=lambda r: int(r.priority))
 
-    def _feed_fairly(self, prefills: list[Request], budget: int, feed: _Feed) -> int:
+    def _feed_fairly(self, prefills: list[Request], budget: int, feed: _Feed, head: Request | None) -> int:
         """Feed prefill chunks class by class; within a class of several tenants, each tenant
-        gets at most its weighted fair share of the budget left (engine/step_plan.py)."""
+        gets at most its weighted fair share of the budget left (engine/step_plan.py). The
+        waiting head counts as a tenant of its class: its share is left for its admission, so
+        running prompts of one tenant cannot keep another tenant's request out of every step."""
         i = 0
         while i < len(prefills) and budget > 0:
             cls = prefills[i].priority
@@ -294,14 +296,15 @@ class Scheduler:
             while j < len(prefills) and prefills[j].priority is cls:
                 j += 1
             group = prefills[i:j]
-            limits: dict[str, int] | None = None
-            if len({r.tenant_id for r in group}) > 1:
-                demands: dict[str, int] = {}
-                weights: dict[str, float] = {}
-                for r in group:
-                    demands[r.tenant_id] = demands.get(r.tenant_id, 0) + min(r.num_remaining, feed.chunk_cap)
-                    weights[r.tenant_id] = r.weight
-                limits = fair_shares(budget, demands, weights)
+            demands: dict[str, int] = {}
+            weights: dict[str, float] = {}
+            for r in group:
+                demands[r.tenant_id] = demands.get(r.tenant_id, 0) + min(r.num_remaining, feed.chunk_cap)
+                weights[r.tenant_id] = r.weight
+            if head is not None and head.priority is cls and head.tenant_id not in demands and self._may_admit():
+                demands[head.tenant_id] = min(head.num_remaining, feed.chunk_cap)
+                weights[head.tenant_id] = head.weight
+            limits = fair_shares(budget, demands, weights) if len(demands) > 1 else None
             budget = self._feed(group, budget, feed, limits)
             i = j
         return budget
@@ -351,7 +354,7 @@ class Scheduler:
         self, budget: int, chunk_cap: int, scheduled: dict[str, int], preempted: list[str]
     ) -> int:
         """The waiting head is kept out by the running cap while lower classes run and has used up
-        half its TTFT target waiting: preempt one lower-class request (least advanced, resident
+        a quarter of its TTFT target waiting: preempt one lower-class request (least advanced, resident
         for at least `min_residency_steps`) and admit again. One per step: the cap is not chased."""
         head = self.waiting.peek()
         if head is None or head.latency.ttft_s is None or self.config.queue_policy is QueuePolicy.FCFS:

@@ -244,13 +244,15 @@ class StepBudget:
         self.last_budget = chosen
         return chosen
 
-    def decode_capacity(self, target_s: float | None) -> int | None:
-        """Decode rows a step of `target_s` holds with no prefill (at least 1); None: no bound
-        (no target, no fitted cost, or decodes that cost nothing measurable)."""
+    def decode_capacity(self, target_s: float | None, has_prefill_work: bool) -> int | None:
+        """Decode rows a step of `target_s` holds beside the minimum prefill chunk (when prefill
+        work exists; at least 1); None: no bound (no target, no fitted cost, or decodes that cost
+        nothing measurable)."""
         cost = self.model.cost
         if target_s is None or cost is None or cost.per_decode_s <= 0:
             return None
-        spare = target_s / (1.0 + self.margin) - cost.overhead_s
+        chunk = self.config.min_prefill_chunk if has_prefill_work else 0
+        spare = target_s / (1.0 + self.margin) - cost.overhead_s - cost.per_token_s * chunk
         return max(1, int(min(spare / cost.per_decode_s, 1 << 30)))
 
     def _fitted(self, target_s: float, num_decodes: int) -> int:
