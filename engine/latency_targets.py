@@ -49,10 +49,10 @@ class LatencyTargets:
 
     @classmethod
     def from_slo_ms(cls, ttft_slo_ms: int | None, tpot_slo_ms: int | None) -> LatencyTargets:
-        """A tenant's quota objectives (milliseconds) as an override."""
+        """A tenant's quota objectives (milliseconds) as an override; none (or not > 0): the class's."""
         return cls(
-            None if ttft_slo_ms is None else ttft_slo_ms / 1000,
-            None if tpot_slo_ms is None else tpot_slo_ms / 1000,
+            ttft_slo_ms / 1000 if ttft_slo_ms is not None and ttft_slo_ms > 0 else None,
+            tpot_slo_ms / 1000 if tpot_slo_ms is not None and tpot_slo_ms > 0 else None,
         )
 
 

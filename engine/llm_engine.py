@@ -206,6 +206,7 @@ class LLMEngine:
         if old_kv.host is not None and self.kv.host is not None:
             self.kv.host.carry_counters(old_kv.host)
         self.scheduler.num_preemptions = old_scheduler.num_preemptions
+        self.scheduler.slo.carry_over(old_scheduler.slo)
         for prefix in old_kv.shared_prefixes.prefixes():
             try:
                 self.kv.shared_prefixes.register(prefix.token_ids, prefix.name, prefix.pinned)
@@ -502,6 +503,8 @@ class LLMEngine:
             num_spec_accepted_tokens_total=self.spec_counters.num_accepted,
             num_spec_emitted_tokens_total=self.spec_counters.num_emitted,
             adapters=self.adapters(),
+            slo=self.scheduler.slo.stats(),
+            class_targets=self.scheduler.config.class_targets,
         )
 
 

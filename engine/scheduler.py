@@ -301,7 +301,12 @@ class Scheduler:
             for r in group:
                 demands[r.tenant_id] = demands.get(r.tenant_id, 0) + min(r.num_remaining, feed.chunk_cap)
                 weights[r.tenant_id] = r.weight
-            if head is not None and head.priority is cls and head.tenant_id not in demands and self._may_admit():
+            if (
+                head is not None
+                and head.priority is cls
+                and head.tenant_id not in demands
+                and self._may_admit()
+            ):
                 demands[head.tenant_id] = min(head.num_remaining, feed.chunk_cap)
                 weights[head.tenant_id] = head.weight
             limits = fair_shares(budget, demands, weights) if len(demands) > 1 else None

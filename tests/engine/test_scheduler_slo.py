@@ -34,10 +34,18 @@ class TimedSim:
     def sched(self):  # noqa: ANN201 - the sim's scheduler
         return self.sim.sched
 
-    def add(self, rid: str, n: int, max_tokens: int, tenant: str, priority: Priority, weight: float = 1.0) -> Request:
+    def add(
+        self, rid: str, n: int, max_tokens: int, tenant: str, priority: Priority, weight: float = 1.0
+    ) -> Request:
         prompt = [(hash(rid) + j) % 97 + 1 for j in range(n)]
         req = sim_request(
-            rid, prompt, max_tokens, tenant_id=tenant, priority=priority, weight=weight, arrival_s=self.sim.clock.now
+            rid,
+            prompt,
+            max_tokens,
+            tenant_id=tenant,
+            priority=priority,
+            weight=weight,
+            arrival_s=self.sim.clock.now,
         )
         self.sched.add_request(req)
         self.sim.outputs[rid] = []

@@ -10,7 +10,9 @@ from engine.request import Priority, Request, SamplingParams
 from engine.step_plan import decode_key, fair_shares, owes_itl, prefill_key, step_target_s
 
 
-def _req(rid: str, priority: Priority, arrival: float = 0.0, latency: LatencyTargets | None = None) -> Request:
+def _req(
+    rid: str, priority: Priority, arrival: float = 0.0, latency: LatencyTargets | None = None
+) -> Request:
     req = Request(rid, [1, 2], SamplingParams(max_tokens=4), priority=priority, arrival_s=arrival)
     req.latency = latency if latency is not None else CPU_CLASS_TARGETS.of(priority)
     return req
