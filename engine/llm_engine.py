@@ -407,7 +407,10 @@ class LLMEngine:
         outputs.extend(self.beams.advance())
         # The whole step (schedule, forward, outputs) is what a running request waits between tokens.
         self.step_budget.observe(
-            spec_step.num_tokens_fed(out, result), self.clock() - step_start, out.num_decodes
+            spec_step.num_tokens_fed(out, result),
+            self.clock() - step_start,
+            out.num_decodes,
+            out.num_decode_context_tokens,
         )
         return outputs
 

@@ -50,6 +50,11 @@ class SchedulerOutput:
         return sum(1 for s in self.scheduled if s.num_tokens == 1)
 
     @property
+    def num_decode_context_tokens(self) -> int:
+        """Context tokens the decode rows attend over, in all (the step cost grows with it)."""
+        return sum(s.num_computed_tokens for s in self.scheduled if s.num_tokens == 1)
+
+    @property
     def is_empty(self) -> bool:
         return not self.scheduled and not self.blocks_to_copy and self.swaps.is_empty
 

@@ -222,7 +222,8 @@ class Scheduler:
         head = self.waiting.peek()
         if target_s is not None and (throughput_s is None or target_s < throughput_s):
             decodes = self._fit_decodes(decodes, target_s, bool(prefills) or head is not None)
-        budget = self.step_budget.budget(len(decodes), bool(prefills) or head is not None, target_s)
+        context = sum(r.num_computed_tokens for r in decodes)
+        budget = self.step_budget.budget(len(decodes), bool(prefills) or head is not None, target_s, context)
         chunk_cap = self.config.long_prefill_threshold or budget
         spec = self.speculation
         spec_ok = spec is not None and spec.step_allows(len(decodes))
@@ -275,7 +276,8 @@ class Scheduler:
     def _fit_decodes(self, decodes: list[Request], target_s: float, has_prefill_work: bool) -> list[Request]:
         """The decodes a step of `target_s` holds: every one owed this ITL, then the others (looser
         classes) least recently served first, up to the decode capacity; the rest sit out a step."""
-        capacity = self.step_budget.decode_capacity(target_s, has_prefill_work)
+        mean_context = sum(r.num_computed_tokens for r in decodes) / len(decodes) if decodes else 0.0
+        capacity = self.step_budget.decode_capacity(target_s, has_prefill_work, mean_context)
         if capacity is None or len(decodes) <= capacity:
             return decodes
         owed = [r for r in decodes if owes_itl(r, target_s)]

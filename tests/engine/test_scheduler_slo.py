@@ -60,7 +60,7 @@ class TimedSim:
         seconds = self.cost.seconds(out.num_tokens, out.num_decodes) if out.num_tokens else 0.01
         clock.now += seconds
         if out.num_tokens:
-            sched.step_budget.observe(out.num_tokens, seconds, out.num_decodes)
+            sched.step_budget.observe(out.num_tokens, seconds, out.num_decodes, out.num_decode_context_tokens)
         self.busy_tokens += out.num_tokens
         sampled = {}
         for s in out.scheduled:
