@@ -307,7 +307,7 @@ class Scheduler:
                 head is not None
                 and head.priority is cls
                 and head.tenant_id not in demands
-                and self._may_admit()
+                and self._may_seat(head)
             ):
                 demands[head.tenant_id] = min(head.num_remaining, feed.chunk_cap)
                 weights[head.tenant_id] = head.weight
@@ -315,6 +315,16 @@ class Scheduler:
             budget = self._feed(group, budget, feed, limits)
             i = j
         return budget
+
+    def _may_seat(self, head: Request) -> bool:
+        """Whether `head` could be admitted this step as far as seats go (no budget share is kept
+        for a request the running cap keeps out anyway: that would waste the step)."""
+        max_seqs = self.config.max_num_seqs
+        return (
+            self._may_admit()
+            and len(self.running) + min(self.num_seats(head), max_seqs) <= max_seqs
+            and self.step_budget.admits(len(self.running))
+        )
 
     def _feed(
         self, reqs: list[Request], budget: int, feed: _Feed, limits: dict[str, int] | None = None

@@ -240,3 +240,11 @@ def test_the_collapse_scenario_stays_stable() -> None:
         assert t.sim.outputs[rid] == reference_output(prompt, 16)  # preemptions changed no token
     counts = {(c.priority, c.tenant_id): c for c in t.sched.slo.stats().counts}
     assert counts[(Priority.INTERACTIVE, "quiet")].ttft_met >= 0.9 * len(done_quiet)
+
+
+def test_without_a_minimum_residency_the_scenario_ping_pongs() -> None:
+    """The reproduction: the same scenario with a residency of one step preempts requests again
+    within a few steps of their return (what the reverted attempt did); 16 steps stop it above."""
+    t = _collapse_scenario(min_residency_steps=1)
+    gaps = [b - a for steps in t.preempted_at.values() for a, b in zip(steps, steps[1:], strict=False)]
+    assert any(g <= 16 for g in gaps)
