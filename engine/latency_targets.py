@@ -21,10 +21,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # engine.request imports this module (Request.latency)
-    from engine.request import Priority
 
 
 @dataclass(frozen=True)
@@ -67,10 +63,11 @@ class ClassTargets:
     standard: LatencyTargets
     batch: LatencyTargets
 
-    def of(self, priority: Priority) -> LatencyTargets:
+    def of(self, priority: int) -> LatencyTargets:
+        """The targets of a class (`engine.request.Priority`, an int: that module imports this one)."""
         return (self.interactive, self.standard, self.batch)[int(priority)]
 
-    def resolve(self, priority: Priority, override: LatencyTargets) -> LatencyTargets:
+    def resolve(self, priority: int, override: LatencyTargets) -> LatencyTargets:
         """A request's targets: its tenant's override over its class default."""
         return override.over(self.of(priority))
 
