@@ -179,6 +179,7 @@ class BeamGroups:
                 cache_scope=parent.cache_scope,
                 arrival_s=parent.arrival_s,
                 weight=parent.weight,
+                latency=parent.latency,
                 adapter=parent.adapter,
                 parent_id=parent.parent_id,
             )

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from engine.constraints import CompiledConstraint
+from engine.latency_targets import NO_TARGETS, LatencyTargets
 from engine.lora_types import AdapterInfo, AdapterRef
 from engine.output import EngineStats, RequestOutput
 from engine.prefix_cache_types import FlushResult, PrefixCacheStats, SharedPrefixInfo
@@ -31,6 +32,9 @@ class EngineRequest:
     arrival_s: float = field(default_factory=time.monotonic)
     deadline_s: float | None = None  # monotonic time after which a still-waiting request is aborted
     weight: float = 1.0  # the tenant's fair-share weight (QueuePolicy.FAIR); set by the server
+    # The tenant's TTFT/ITL objectives (quota ttft_slo_ms / tpot_slo_ms); None fields: the class
+    # defaults the engine resolves (engine/latency_targets.py). Set by the server.
+    latency: LatencyTargets = NO_TARGETS
     # The client gave no max_tokens (it was filled in from the context left): admission reserves
     # a bounded default instead of all of it, and settles on what is used.
     max_tokens_defaulted: bool = False
@@ -60,6 +64,7 @@ class EngineRequest:
             arrival_s=self.arrival_s,
             deadline_s=self.deadline_s,
             weight=self.weight,
+            latency=self.latency,
             adapter=AdapterRef(self.adapter_name, self.adapter_fingerprint) if self.adapter_name else None,
             parent_id=self.request_id,
             index=index,

@@ -7,6 +7,7 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 
+from engine.latency_targets import NO_CLASS_TARGETS, ClassTargets
 from engine.spec_decode.config import SpeculativeConfig
 
 # The weight dtypes the engine runs (EngineConfig.dtype); model versions are checked against it.
@@ -204,6 +205,12 @@ class SchedulerConfig:
     # Steps in a row that feed no token while work exists before the stall watchdog acts
     # (engine/stall_watchdog.py): it logs the scheduler's state, counts a stall and preempts.
     max_stalled_steps: int = 64
+    # TTFT/ITL defaults per priority class (engine/latency_targets.py; the server sets the CPU or
+    # GPU ones). A running request's ITL target caps the step time; none here: no class targets.
+    class_targets: ClassTargets = NO_CLASS_TARGETS
+    # Steps a request runs after it starts or resumes before it may be preempted for a higher
+    # class (SLO preemption); KV exhaustion may still preempt it.
+    min_residency_steps: int = 16
 
     def __post_init__(self) -> None:
         for name in (
@@ -212,6 +219,7 @@ class SchedulerConfig:
             "max_model_len",
             "static_batch_size",
             "max_stalled_steps",
+            "min_residency_steps",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

@@ -206,6 +206,7 @@ class LLMEngine:
         if old_kv.host is not None and self.kv.host is not None:
             self.kv.host.carry_counters(old_kv.host)
         self.scheduler.num_preemptions = old_scheduler.num_preemptions
+        self.scheduler.slo.carry_over(old_scheduler.slo)
         for prefix in old_kv.shared_prefixes.prefixes():
             try:
                 self.kv.shared_prefixes.register(prefix.token_ids, prefix.name, prefix.pinned)
@@ -406,7 +407,10 @@ class LLMEngine:
         outputs.extend(self.beams.advance())
         # The whole step (schedule, forward, outputs) is what a running request waits between tokens.
         self.step_budget.observe(
-            spec_step.num_tokens_fed(out, result), self.clock() - step_start, out.num_decodes
+            spec_step.num_tokens_fed(out, result),
+            self.clock() - step_start,
+            out.num_decodes,
+            out.num_decode_context_tokens,
         )
         return outputs
 
@@ -502,6 +506,8 @@ class LLMEngine:
             num_spec_accepted_tokens_total=self.spec_counters.num_accepted,
             num_spec_emitted_tokens_total=self.spec_counters.num_emitted,
             adapters=self.adapters(),
+            slo=self.scheduler.slo.stats(),
+            class_targets=self.scheduler.config.class_targets,
         )
 
 

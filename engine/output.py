@@ -6,8 +6,10 @@ from dataclasses import dataclass, field
 
 from engine.host_kv_tier import HostKVStats
 from engine.kv_swap import NO_TRANSFERS, KVTransfers
+from engine.latency_targets import NO_CLASS_TARGETS, ClassTargets
 from engine.lora_types import AdapterInfo
 from engine.request import FinishReason
+from engine.slo_tally import SloStats
 from engine.step_budget import StepBudgetStats
 
 
@@ -46,6 +48,11 @@ class SchedulerOutput:
     def num_decodes(self) -> int:
         """Rows feeding a single token (decodes; the step budget costs them apart from prefill)."""
         return sum(1 for s in self.scheduled if s.num_tokens == 1)
+
+    @property
+    def num_decode_context_tokens(self) -> int:
+        """Context tokens the decode rows attend over, in all (the step cost grows with it)."""
+        return sum(s.num_computed_tokens for s in self.scheduled if s.num_tokens == 1)
 
     @property
     def is_empty(self) -> bool:
@@ -133,6 +140,8 @@ class EngineStats:
     num_spec_accepted_tokens_total: int = 0
     num_spec_emitted_tokens_total: int = 0
     adapters: tuple[AdapterInfo, ...] = ()  # the loaded LoRA adapters with their counters
+    slo: SloStats = field(default_factory=SloStats)  # targets met per class and tenant, preemptions by reason
+    class_targets: ClassTargets = NO_CLASS_TARGETS  # the engine's TTFT/ITL defaults per class
 
     @property
     def kv_usage(self) -> float:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from engine import sampling_bounds as b
 from engine.errors import InvalidRequestError
+from engine.latency_targets import NO_TARGETS, LatencyTargets
 from engine.lora_types import AdapterRef
 from engine.spec_decode.tally import SpeculationTally
 
@@ -270,6 +271,9 @@ class Request:
     arrival_s: float = field(default_factory=time.monotonic)
     deadline_s: float | None = None
     weight: float = 1.0  # the tenant's fair-share weight
+    # TTFT and ITL targets: the tenant's overrides until the scheduler resolves them against the
+    # class defaults when it queues the request (engine/latency_targets.py).
+    latency: LatencyTargets = NO_TARGETS
     adapter: AdapterRef | None = None  # the LoRA adapter it runs through; None: the base model
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
@@ -286,6 +290,9 @@ class Request:
     constraint: TokenConstraint | None = field(default=None, repr=False, compare=False)
     spec: SpeculationTally = field(default_factory=SpeculationTally, repr=False, compare=False)
     times: RequestTimes = field(init=False)
+    # `all_token_ids`, kept up to date incrementally: the output list it was built from and the list.
+    _all_source: list[int] | None = field(default=None, init=False, repr=False, compare=False)
+    _all_ids: list[int] = field(default_factory=list, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:
@@ -308,7 +315,17 @@ class Request:
 
     @property
     def all_token_ids(self) -> list[int]:
-        return self.prompt_token_ids + self.output_token_ids
+        """Prompt then output tokens. Read-only: the same list is returned and extended in place
+        while tokens are appended (it is read once per block hash and per n-gram draft), so a
+        call costs the new tokens only. Rebuilt when `output_token_ids` was replaced or cut."""
+        out, ids = self.output_token_ids, self._all_ids
+        have = len(ids) - len(self.prompt_token_ids)
+        if out is not self._all_source or have > len(out) or have < 0:
+            self._all_source = out
+            ids = self._all_ids = self.prompt_token_ids + out
+        elif have < len(out):
+            ids.extend(out[have:])
+        return ids
 
     def token_at(self, position: int) -> int:
         n = len(self.prompt_token_ids)

@@ -21,15 +21,33 @@ from dataclasses import dataclass, field
 
 from engine.config import BatchPolicy, PreemptionMode, QueuePolicy, SchedulerConfig
 from engine.errors import ContextLengthError
+from engine.fork_tracker import PendingForks
 from engine.kv_cache_manager import KVCacheManager
 from engine.output import ScheduledRequest, SchedulerOutput
 from engine.request import Request, RequestStatus, TokenDelta
 from engine.request_queue import WaitingQueue, make_waiting_queue
+from engine.slo_tally import PreemptReason, SloTally
 from engine.spec_decode.policy import SpeculationPolicy
 from engine.spec_decode.tally import VerifiedDraft
 from engine.step_budget import StepBudget, make_step_budget
+from engine.step_plan import decode_key, fair_shares, owes_itl, prefill_key, step_target_s
 
 logger = logging.getLogger("weir.engine")
+
+# A waiting request may displace a lower class past the running cap once it has waited this
+# share of its TTFT target (not at once: a wait that ends by itself soon costs no preemption).
+_SLO_URGENCY = 0.25
+
+
+@dataclass
+class _Feed:
+    """What the feeding of one step accumulates (`Scheduler._feed`)."""
+
+    scheduled: dict[str, int]
+    preempted: list[str]
+    spec_slots: dict[str, int]
+    spec_ok: bool
+    chunk_cap: int
 
 
 @dataclass(frozen=True)
@@ -69,12 +87,15 @@ class Scheduler:
         self.running: dict[str, Request] = {}  # insertion-ordered; O(1) removal
         self.requests: dict[str, Request] = {}
         self._finished_ids: list[str] = []
-        self._pending_forks: dict[str, list[Request]] = {}  # parent id -> children awaiting its prefill
-        self._fork_parent: dict[str, str] = {}  # child id -> parent id, while pending
+        self.forks = PendingForks()  # n>1 choices awaiting their first choice's prefill
         self.num_preemptions = 0
         self.num_held_back = 0  # admissions deferred because the same block was being computed
         self._num_deadlines = 0  # requests with a queue deadline, so steps without any skip the scan
         self.speculation: SpeculationPolicy | None = None  # set by the engine when it speculates
+        self.slo = SloTally()  # targets met per class and tenant, preemptions by reason
+        self.num_steps = 0
+        self.num_deferred_decodes = 0  # looser-class decodes that sat out a step for a tighter ITL
+        self._resident_since: dict[str, int] = {}  # running id -> step it started or resumed
 
     # -- queue management -------------------------------------------------------------------
 
@@ -86,6 +107,7 @@ class Scheduler:
             raise ContextLengthError(req.num_prompt_tokens, 1, self.kv.num_total_blocks * self.kv.block_size)
         self.requests[req.request_id] = req
         req.status = RequestStatus.WAITING
+        req.latency = self.config.class_targets.resolve(req.priority, req.latency)
         self.waiting.add(req)
         if req.deadline_s is not None:
             self._num_deadlines += 1
@@ -96,36 +118,35 @@ class Scheduler:
         Each child then references the parent's prompt blocks and computes only the last prompt
         token itself, for its own sample; the partial last block is copied when first written.
         """
+        if any(child.prompt_token_ids != parent.prompt_token_ids for child in children):
+            raise ValueError("a fork must have its parent's prompt")
         self.add_request(parent)
         for child in children:
-            if child.prompt_token_ids != parent.prompt_token_ids:
-                raise ValueError("a fork must have its parent's prompt")
             self.requests[child.request_id] = child
             child.status = RequestStatus.WAITING
-            self._fork_parent[child.request_id] = parent.request_id
-        if children:
-            self._pending_forks[parent.request_id] = list(children)
+            child.latency = parent.latency
+        self.forks.add(parent, children)
 
     def fork_request(self, parent: Request, child: Request) -> None:
         """Start `child` running at once on `parent`'s blocks for its first `child.num_computed_tokens`
         tokens (beam search). Its tokens must begin with those of the parent."""
         self.kv.fork(parent, child)
         self.requests[child.request_id] = child
+        child.latency = parent.latency
         self._start_running(child)
 
     def _start_running(self, req: Request, stamp: bool = True) -> None:
         """Move `req` to the running set; `stamp`: it is scheduled now (see `RequestTimes`)."""
         req.status = RequestStatus.RUNNING
         self.running[req.request_id] = req
+        self._resident_since[req.request_id] = self.num_steps
         self.waiting.on_running(req, +1)
         if stamp and req.times.first_scheduled_s is None:
             req.times.first_scheduled_s = self.clock()
 
     def _run_forks(self, parent: Request) -> None:
         """The parent's prompt is computed: its waiting children start on its blocks."""
-        children = self._pending_forks.pop(parent.request_id, [])
-        for child in children:
-            del self._fork_parent[child.request_id]
+        for child in self.forks.take_children(parent.request_id):
             child.num_computed_tokens = child.num_prompt_tokens - 1
             child.num_cached_tokens = parent.num_cached_tokens
             self.kv.fork(parent, child)
@@ -135,36 +156,31 @@ class Scheduler:
 
     def _release_forks(self, parent: Request) -> None:
         """The parent ended before its prefill (abort, error, deadline): its children queue on their own."""
-        for child in self._pending_forks.pop(parent.request_id, []):
-            del self._fork_parent[child.request_id]
+        for child in self.forks.take_children(parent.request_id):
             self.waiting.add(child)
             if child.deadline_s is not None:
                 self._num_deadlines += 1
 
     def num_seats(self, req: Request) -> int:
         """Running slots `req` takes with the forks waiting on it."""
-        return 1 + len(self._pending_forks.get(req.request_id, ()))
+        return 1 + self.forks.num_children(req.request_id)
 
     def finish_request(self, request_id: str, status: RequestStatus) -> Request | None:
         """End a request (stopped, length, aborted, error) and free its blocks at once."""
         req = self.requests.pop(request_id, None)
         if req is None:
             return None
-        parent_id = self._fork_parent.pop(request_id, None)
-        if parent_id is not None:  # a fork still waiting for its parent's prefill
-            siblings = self._pending_forks.get(parent_id, [])
-            siblings.remove(req)
-            if not siblings:
-                del self._pending_forks[parent_id]
+        if self.forks.drop_child(req):  # a fork still waiting for its parent's prefill
             req.status = status
             self._finished_ids.append(request_id)
             req.times.finished_s = self.clock()
             return req
-        if request_id in self._pending_forks:
+        if self.forks.is_parent(request_id):
             self._release_forks(req)
         if req.deadline_s is not None:
             self._num_deadlines -= 1
         if self.running.pop(request_id, None) is not None:
+            self._resident_since.pop(request_id, None)
             self.waiting.on_running(req, -1)
         else:
             self.waiting.remove(req)
@@ -172,6 +188,7 @@ class Scheduler:
         self.kv.free(req)
         self._finished_ids.append(request_id)
         req.times.finished_s = self.clock()
+        self.slo.on_finished(req)
         return req
 
     @property
@@ -188,51 +205,45 @@ class Scheduler:
     # -- one step ---------------------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:
-        """Decide the next step."""
+        """Decide the next step (the order and the step target: engine/step_plan.py)."""
         scheduled: dict[str, int] = {}
         preempted: list[str] = []
+        self.num_steps += 1
 
-        decodes = [r for r in self.running.values() if r.num_remaining == 1]
-        prefills = [r for r in self.running.values() if r.num_remaining > 1]
-        # Prefill chunks go out in running (admission) order, then to the waiting queue's head:
-        # the earliest prompt takes what the budget allows first, and finishes first.
-        budget = self.step_budget.budget(len(decodes), bool(prefills) or bool(len(self.waiting)))
+        running = list(self.running.values())
+        throughput_s = self.step_budget.config.target_step_s
+        target_s = step_target_s(running, throughput_s)
+        # Decodes by class (stable: admission order within one); prefill chunks by class, then
+        # TTFT deadline, then admission order: the earliest prompt takes what the budget allows
+        # first, and finishes first.
+        decodes = sorted((r for r in running if r.num_remaining == 1), key=lambda r: int(r.priority))
+        prefills = sorted((r for r in running if r.num_remaining > 1), key=prefill_key)
+        head = self.waiting.peek()
+        if target_s is not None and (throughput_s is None or target_s < throughput_s):
+            decodes = self._fit_decodes(decodes, target_s, bool(prefills) or head is not None)
+        context = sum(r.num_computed_tokens for r in decodes)
+        budget = self.step_budget.budget(len(decodes), bool(prefills) or head is not None, target_s, context)
         chunk_cap = self.config.long_prefill_threshold or budget
         spec = self.speculation
         spec_ok = spec is not None and spec.step_allows(len(decodes))
         spec_slots: dict[str, int] = {}  # decode id -> draft slots allocated after its token
-        for req in decodes + prefills:
-            if budget <= 0:
-                break
-            if req.status is not RequestStatus.RUNNING:
-                continue  # preempted earlier in this loop
-            num_new = min(req.num_remaining, budget, chunk_cap if req.num_remaining > 1 else 1)
-            if spec is not None and (k := spec.reserve(req, self.kv, spec_ok, num_new, budget)):
-                scheduled[req.request_id], spec_slots[req.request_id] = num_new, k
-                budget -= num_new + k
-                continue
-            while not self.kv.allocate_slots(req, req.num_computed_tokens + num_new):
-                if spec_slots:  # the draft slots reserved so far go before anyone is preempted
-                    for rid, k in spec_slots.items():
-                        held = self.requests[rid]
-                        self.kv.truncate(held, held.num_computed_tokens + scheduled[rid])
-                        budget += k
-                    spec_slots.clear()
-                    continue
-                victim = self._pick_victim()
-                self._preempt(victim)
-                preempted.append(victim.request_id)
-                scheduled.pop(victim.request_id, None)
-                spec_slots.pop(victim.request_id, None)
-                if victim is req:
-                    break
-            else:
-                scheduled[req.request_id] = num_new
-                budget -= num_new
+        feed = _Feed(scheduled, preempted, spec_slots, spec_ok, chunk_cap)
+        budget = self._feed(decodes, budget, feed)
+        # Running prompts of a lower class than the waiting head wait for its admission.
+        first = [r for r in prefills if head is None or r.priority <= head.priority]
+        later = prefills[len(first) :]  # `prefills` is sorted by class: `first` is its head
+        budget = self._feed_fairly(first, budget, feed, head)
+        admitted = False
+        if later and not preempted and self._may_admit():
+            budget = self._admit(budget, chunk_cap, scheduled, preempted)
+            admitted = True
+        budget = self._feed_fairly(later, budget, feed, None)
         # Tokens given back by preempted victims scheduled earlier are not reused this step.
 
-        if not preempted and self._may_admit():
+        if not admitted and not preempted and self._may_admit():
             budget = self._admit(budget, chunk_cap, scheduled, preempted)
+        if budget > 0 and not preempted and len(self.waiting) and self._may_admit():
+            budget = self._displace_for_slo(budget, chunk_cap, scheduled, preempted)
         if not scheduled and self.running and len(self.waiting):
             budget = self._unstall(budget, chunk_cap, scheduled, preempted)
 
@@ -244,7 +255,7 @@ class Scheduler:
                     num_computed_tokens=self.requests[rid].num_computed_tokens,
                     block_ids=self.kv.block_ids(rid),
                     samples=self.requests[rid].num_computed_tokens + n == self.requests[rid].num_tokens,
-                    num_spec_slots=spec_slots.get(rid, 0),
+                    num_spec_slots=feed.spec_slots.get(rid, 0),
                 )
                 for rid, n in scheduled.items()
             ),
@@ -260,6 +271,128 @@ class Scheduler:
             if req.times.first_scheduled_s is None:
                 req.times.first_scheduled_s = now
         return out
+
+    def _fit_decodes(self, decodes: list[Request], target_s: float, has_prefill_work: bool) -> list[Request]:
+        """The decodes a step of `target_s` holds: every one owed this ITL, then the others (looser
+        classes) least recently served first, up to the decode capacity; the rest sit out a step."""
+        mean_context = sum(r.num_computed_tokens for r in decodes) / len(decodes) if decodes else 0.0
+        capacity = self.step_budget.decode_capacity(target_s, has_prefill_work, mean_context)
+        if capacity is None or len(decodes) <= capacity:
+            return decodes
+        owed = [r for r in decodes if owes_itl(r, target_s)]
+        rest = sorted((r for r in decodes if not owes_itl(r, target_s)), key=decode_key)
+        kept = rest[: max(0, capacity - len(owed))]
+        self.num_deferred_decodes += len(rest) - len(kept)
+        return owed + sorted(kept, key=lambda r: int(r.priority))
+
+    def _feed_fairly(self, prefills: list[Request], budget: int, feed: _Feed, head: Request | None) -> int:
+        """Feed prefill chunks class by class; within a class of several tenants, each tenant
+        gets at most its weighted fair share of the budget left (engine/step_plan.py). The
+        waiting head counts as a tenant of its class: its share is left for its admission, so
+        running prompts of one tenant cannot keep another tenant's request out of every step."""
+        i = 0
+        while i < len(prefills) and budget > 0:
+            cls = prefills[i].priority
+            j = i
+            while j < len(prefills) and prefills[j].priority is cls:
+                j += 1
+            group = prefills[i:j]
+            demands: dict[str, int] = {}
+            weights: dict[str, float] = {}
+            for r in group:
+                demands[r.tenant_id] = demands.get(r.tenant_id, 0) + min(r.num_remaining, feed.chunk_cap)
+                weights[r.tenant_id] = r.weight
+            if (
+                head is not None
+                and head.priority is cls
+                and head.tenant_id not in demands
+                and self._may_seat(head)
+            ):
+                demands[head.tenant_id] = min(head.num_remaining, feed.chunk_cap)
+                weights[head.tenant_id] = head.weight
+            limits = fair_shares(budget, demands, weights) if len(demands) > 1 else None
+            budget = self._feed(group, budget, feed, limits)
+            i = j
+        return budget
+
+    def _may_seat(self, head: Request) -> bool:
+        """Whether `head` could be admitted this step as far as seats go (no budget share is kept
+        for a request the running cap keeps out anyway: that would waste the step)."""
+        max_seqs = self.config.max_num_seqs
+        return (
+            self._may_admit()
+            and len(self.running) + min(self.num_seats(head), max_seqs) <= max_seqs
+            and self.step_budget.admits(len(self.running))
+        )
+
+    def _feed(
+        self, reqs: list[Request], budget: int, feed: _Feed, limits: dict[str, int] | None = None
+    ) -> int:
+        """Give each running request of `reqs`, in order, the tokens it needs within `budget` (and
+        its tenant's `limits`), preempting the lowest-ranked running request when blocks run out."""
+        scheduled, spec_slots, spec = feed.scheduled, feed.spec_slots, self.speculation
+        for req in reqs:
+            if budget <= 0:
+                break
+            if req.status is not RequestStatus.RUNNING:
+                continue  # preempted earlier in this step
+            allowed = budget if limits is None else min(budget, limits.get(req.tenant_id, 0))
+            if allowed <= 0:
+                continue
+            num_new = min(req.num_remaining, allowed, feed.chunk_cap if req.num_remaining > 1 else 1)
+            if spec is not None and (k := spec.reserve(req, self.kv, feed.spec_ok, num_new, budget)):
+                scheduled[req.request_id], spec_slots[req.request_id] = num_new, k
+                budget -= num_new + k
+                continue
+            while not self.kv.allocate_slots(req, req.num_computed_tokens + num_new):
+                if spec_slots:  # the draft slots reserved so far go before anyone is preempted
+                    for rid, k in spec_slots.items():
+                        held = self.requests[rid]
+                        self.kv.truncate(held, held.num_computed_tokens + scheduled[rid])
+                        budget += k
+                    spec_slots.clear()
+                    continue
+                victim = self._pick_victim()
+                self._preempt(victim, reason=PreemptReason.KV)
+                feed.preempted.append(victim.request_id)
+                scheduled.pop(victim.request_id, None)
+                spec_slots.pop(victim.request_id, None)
+                if victim is req:
+                    break
+            else:
+                scheduled[req.request_id] = num_new
+                budget -= num_new
+                if limits is not None:
+                    limits[req.tenant_id] -= num_new
+        return budget
+
+    def _displace_for_slo(
+        self, budget: int, chunk_cap: int, scheduled: dict[str, int], preempted: list[str]
+    ) -> int:
+        """The waiting head is kept out by the running cap while lower classes run and has used up
+        a quarter of its TTFT target waiting: preempt one lower-class request (least advanced, resident
+        for at least `min_residency_steps`) and admit again. One per step: the cap is not chased."""
+        head = self.waiting.peek()
+        if head is None or head.latency.ttft_s is None or self.config.queue_policy is QueuePolicy.FCFS:
+            return budget
+        if self.clock() - head.arrival_s < _SLO_URGENCY * head.latency.ttft_s:
+            return budget
+        candidates = [
+            r
+            for r in self.running.values()
+            if r.priority > head.priority
+            and self.num_steps - self._resident_since.get(r.request_id, 0) >= self.config.min_residency_steps
+        ]
+        if not candidates:
+            return budget
+        victim = max(candidates, key=lambda r: (int(r.priority), -r.num_computed_tokens, r.arrival_s))
+        self._preempt(victim, reason=PreemptReason.SLO)
+        preempted.append(victim.request_id)
+        budget += scheduled.pop(victim.request_id, 0)
+        self.waiting.remove(victim)  # it sits out this admission (else it comes straight back)
+        budget = self._admit(budget, chunk_cap, scheduled, preempted)
+        self.waiting.prepend(victim)
+        return budget
 
     def _may_admit(self) -> bool:
         policy = self.config.batch_policy
@@ -315,7 +448,7 @@ class Scheduler:
                 victim = self._lower_class_victim(req)
                 if victim is None:
                     break
-                self._preempt(victim)
+                self._preempt(victim, reason=PreemptReason.CLASS)
                 preempted.append(victim.request_id)  # SchedulerOutput lists every preemption
                 budget += scheduled.pop(victim.request_id, 0)
                 # A victim sits out the rest of this admission: back at the head of its queue, it
@@ -351,7 +484,7 @@ class Scheduler:
         victims: list[Request] = []
         while not scheduled and self.running and len(self.waiting):
             victim = self._pick_victim()
-            self._preempt(victim)
+            self._preempt(victim, reason=PreemptReason.STALL)
             preempted.append(victim.request_id)
             self.waiting.remove(victim)
             victims.append(victim)
@@ -374,7 +507,7 @@ class Scheduler:
         lines = [
             f"running {len(self.running)}, waiting {len(self.waiting)}, free blocks "
             f"{self.kv.num_free_blocks}/{self.kv.num_total_blocks}, budget {self.step_budget.last_budget}, "
-            f"running cap {self.step_budget.max_running()}, pending forks {len(self._fork_parent)}"
+            f"running cap {self.step_budget.max_running()}, pending forks {len(self.forks)}"
         ]
         for req in self.running.values():
             lines.append(
@@ -389,7 +522,7 @@ class Scheduler:
         if not self.running:
             return None
         victim = self._pick_victim()
-        self._preempt(victim, allow_swap=False)
+        self._preempt(victim, allow_swap=False, reason=PreemptReason.STALL)
         return victim
 
     def _lower_class_victim(self, req: Request) -> Request | None:
@@ -402,10 +535,14 @@ class Scheduler:
     def _pick_victim(self) -> Request:
         return max(self.running.values(), key=self.waiting.victim_key)
 
-    def _preempt(self, req: Request, allow_swap: bool = True) -> None:
+    def _preempt(
+        self, req: Request, allow_swap: bool = True, reason: PreemptReason = PreemptReason.KV
+    ) -> None:
         """Swap the KV blocks to the host tier or drop them (the KV manager's cost model picks),
         and go back to the front of the queue."""
+        self.slo.on_preempted(reason)
         del self.running[req.request_id]
+        self._resident_since.pop(req.request_id, None)
         self.waiting.on_running(req, -1)
         if self.kv.preempt(req, allow_swap) is PreemptionMode.SWAP:
             req.status = RequestStatus.SWAPPED  # keeps num_computed_tokens; swapped in before it runs
@@ -443,7 +580,7 @@ class Scheduler:
             req.num_computed_tokens += s.num_tokens
             self.kv.cache_full_blocks(req)
             self.waiting.on_tokens_served(req, s.num_tokens)
-            if self._pending_forks and req.num_computed_tokens >= req.num_prompt_tokens:
+            if self.forks and req.num_computed_tokens >= req.num_prompt_tokens:
                 self._run_forks(req)
         update = StepUpdate()
         now = self.clock()
@@ -488,7 +625,7 @@ class Scheduler:
 
         After a failed model forward: the blocks written in that step are not trusted.
         """
-        self._preempt(req, allow_swap=False)
+        self._preempt(req, allow_swap=False, reason=PreemptReason.REQUEUE)
 
     def discard_swaps(self, out: SchedulerOutput) -> None:
         """`out`'s step failed: its copies may not have run. Its swapped-out victims and the
@@ -500,7 +637,7 @@ class Scheduler:
                 req.num_computed_tokens = 0
                 req.status = RequestStatus.PREEMPTED
             elif req is not None and req.status is RequestStatus.RUNNING and rid in out.swaps.swapped_in_ids:
-                self._preempt(req, allow_swap=False)
+                self._preempt(req, allow_swap=False, reason=PreemptReason.REQUEUE)
         if not out.swaps.is_empty:
             self.kv.forget_transfers(out.swaps)
 

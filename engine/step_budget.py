@@ -4,14 +4,16 @@ A fixed `max_num_batched_tokens` cannot be right on both a GPU and a CPU: on two
 2,048-token prefill step takes seconds, and every running request waits for it between two of
 its tokens. With a target step time the budget follows from this machine's measured cost:
 
-    step time ~ a + c * decodes + b * prefill tokens    (fitted online, exponential forgetting)
+    step time ~ a + c * decodes + k * decode context + b * prefill tokens
+                                                       (fitted online, exponential forgetting)
     budget    = decodes + floor((target - a - c * decodes) / b)
                 clamped to [floor, max_num_batched_tokens]
     floor     = decodes this step + min_prefill_chunk (when prefill work exists)
     running  <= max(1, floor((target - a - b * min_prefill_chunk) / c))   (admission cap)
 
 - `a` (overhead per step: the weight read, Python, sampling), `c` (one decode row: its token,
-  its attention over its whole context, its logits and output) and `b` (one prefill token) come
+  its logits and output), `k` (one context token a decode row attends over: attention grows
+  with the context, issue 24) and `b` (one prefill token) come
   from a weighted least-squares fit of the observed steps; each new step multiplies the old
   weights by `forgetting`, so the fit follows a machine whose load changes. The slopes are
   shrunk towards their previous values (ridge terms of `min_prefill_chunk**2` token^2 and 4
@@ -79,40 +81,61 @@ class StepBudgetConfig:
 
 @dataclass(frozen=True)
 class StepCost:
-    """The fitted cost of a step: `overhead_s + per_decode_s * decodes + per_token_s * prefill tokens`."""
+    """The fitted cost of a step: `overhead_s + per_decode_s * decodes + per_token_s * prefill
+    tokens + per_context_token_s * context tokens of the decode rows` (attention grows with it)."""
 
     overhead_s: float
     per_token_s: float  # one prefill (or draft) token
-    per_decode_s: float  # one decode row: its token, its attention over its context, its logits
+    per_decode_s: float  # one decode row at no context: its token, its logits and output
+    per_context_token_s: float = 0.0  # one context token a decode row attends over
 
-    def seconds(self, num_tokens: int, num_decodes: int = 0) -> float:
-        """A step of `num_tokens` tokens, `num_decodes` of them decode rows."""
+    def seconds(self, num_tokens: int, num_decodes: int = 0, decode_context: int = 0) -> float:
+        """A step of `num_tokens` tokens, `num_decodes` of them decode rows over `decode_context`
+        context tokens in all."""
         return (
-            self.overhead_s + self.per_decode_s * num_decodes + self.per_token_s * (num_tokens - num_decodes)
+            self.overhead_s
+            + self.per_decode_s * num_decodes
+            + self.per_token_s * (num_tokens - num_decodes)
+            + self.per_context_token_s * decode_context
         )
 
+    def per_row_s(self, mean_context: float) -> float:
+        """One decode row over `mean_context` context tokens."""
+        return self.per_decode_s + self.per_context_token_s * mean_context
 
-def _solve3(m: list[list[float]], v: list[float]) -> list[float] | None:
+
+def _solve(m: list[list[float]], v: list[float]) -> list[float] | None:
     """Gaussian elimination with partial pivoting; None when `m` is singular."""
+    n = len(v)
     a = [row[:] + [v[i]] for i, row in enumerate(m)]
-    for col in range(3):
-        pivot = max(range(col, 3), key=lambda r: abs(a[r][col]))
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda r: abs(a[r][col]))
         if abs(a[pivot][col]) < 1e-300:
             return None
         a[col], a[pivot] = a[pivot], a[col]
-        for r in range(col + 1, 3):
+        for r in range(col + 1, n):
             f = a[r][col] / a[col][col]
-            for c in range(col, 4):
+            for c in range(col, n + 1):
                 a[r][c] -= f * a[col][c]
-    x = [0.0, 0.0, 0.0]
-    for r in (2, 1, 0):
-        x[r] = (a[r][3] - sum(a[r][c] * x[c] for c in range(r + 1, 3))) / a[r][r]
+    x = [0.0] * n
+    for r in reversed(range(n)):
+        x[r] = (a[r][n] - sum(a[r][c] * x[c] for c in range(r + 1, n))) / a[r][r]
     return x
 
 
+_KCTX = 1000.0  # the context feature is fitted in thousands of tokens (a better-scaled system)
+_N = 4  # features: 1, decode rows, prefill tokens, decode context (thousands of tokens)
+
+
 class StepCostModel:
-    """Online weighted least squares of step seconds on (1, decode rows, prefill tokens), with
-    exponential forgetting and a ridge towards the previous fit.
+    """Online weighted least squares of step seconds on (1, decode rows, prefill tokens, context
+    tokens of the decode rows), with exponential forgetting and a ridge towards the previous fit.
+
+    The context term is what attention adds: a decode row over a long context costs more than
+    one over a short one, so a step's cost follows the running mix's context lengths, not only
+    its row count. Its slope starts at 0 and is pulled towards its last value like the others
+    (`context_ridge`, in thousands of tokens squared); steps that all have the same mean context
+    cannot tell it from the per-row cost, and it stands.
 
     Until the cost per token is identified (two steps of sizes at least `sqrt(ridge)` tokens
     apart, in weighted spread) `cost` is None. From then on each step re-solves the 3x3 normal
@@ -122,29 +145,32 @@ class StepCostModel:
     slope starts at the first fitted cost per token. `observe` is O(1).
     """
 
-    def __init__(self, forgetting: float, ridge: float, decode_ridge: float = 4.0) -> None:
+    def __init__(
+        self, forgetting: float, ridge: float, decode_ridge: float = 4.0, context_ridge: float = 4.0
+    ) -> None:
         self._forgetting = forgetting
+        self._ridges = (0.0, decode_ridge, ridge, context_ridge)
         self._ridge = ridge
-        self._decode_ridge = decode_ridge
-        self._xtx = [[0.0] * 3 for _ in range(3)]  # weighted sums of x x^T, x = (1, decodes, prefill)
-        self._xty = [0.0, 0.0, 0.0]
-        self._theta: list[float] | None = None  # (overhead, per decode, per prefill token)
+        # weighted sums of x x^T and x y, x = (1, decodes, prefill, decode context / 1000)
+        self._xtx = [[0.0] * _N for _ in range(_N)]
+        self._xty = [0.0] * _N
+        self._theta: list[float] | None = None  # (overhead, per decode, per prefill token, per 1k context)
         # The current fit with its slopes clamped to >= 0, None while the cost per token is unknown;
         # set once per observed step (the scheduler reads it several times a step).
         self.cost: StepCost | None = None
         self.num_observed = 0
         self.max_tokens_seen = 0
 
-    def observe(self, num_tokens: int, seconds: float, num_decodes: int = 0) -> None:
+    def observe(self, num_tokens: int, seconds: float, num_decodes: int = 0, decode_context: int = 0) -> None:
         """Add one executed step. Steps without tokens or without a positive duration are ignored."""
         if num_tokens <= 0 or not (seconds > 0 and math.isfinite(seconds)):
             return
         num_decodes = min(max(num_decodes, 0), num_tokens)
         f = self._forgetting
-        x = (1.0, float(num_decodes), float(num_tokens - num_decodes))
-        for i in range(3):
+        x = (1.0, float(num_decodes), float(num_tokens - num_decodes), max(0, decode_context) / _KCTX)
+        for i in range(_N):
             self._xty[i] = f * self._xty[i] + x[i] * seconds
-            for j in range(3):
+            for j in range(_N):
                 self._xtx[i][j] = f * self._xtx[i][j] + x[i] * x[j]
         self.num_observed += 1
         self.max_tokens_seen = max(self.max_tokens_seen, num_tokens)
@@ -165,25 +191,31 @@ class StepCostModel:
         if spread < self._ridge:
             return None
         slope = (sxy - sx * sy / w) / spread
-        return [(sy - slope * sx) / w, slope, slope]
+        return [(sy - slope * sx) / w, slope, slope, 0.0]
 
     def _refit(self, prior: list[float]) -> list[float]:
-        ridge = (0.0, self._decode_ridge, self._ridge)
-        m = [[self._xtx[i][j] + (ridge[i] if i == j else 0.0) for j in range(3)] for i in range(3)]
-        v = [self._xty[i] + ridge[i] * prior[i] for i in range(3)]
-        theta = _solve3(m, v)
+        ridge = self._ridges
+        m = [[self._xtx[i][j] + (ridge[i] if i == j else 0.0) for j in range(_N)] for i in range(_N)]
+        v = [self._xty[i] + ridge[i] * prior[i] for i in range(_N)]
+        theta = _solve(m, v)
         return prior if theta is None or not all(math.isfinite(t) for t in theta) else theta
 
     def _clamped_cost(self) -> StepCost | None:
         if self._theta is None:
             return None
-        _, per_decode, per_token = self._theta
+        _, per_decode, per_token, per_kctx = self._theta
         per_token = max(per_token, _MIN_SLOPE_S)
         per_decode = max(per_decode, 0.0)
+        per_kctx = max(per_kctx, 0.0)
         # the overhead that fits the weighted means with the clamped slopes
-        w = self._xtx[0][0]
-        overhead = (self._xty[0] - per_decode * self._xtx[0][1] - per_token * self._xtx[0][2]) / w
-        return StepCost(overhead_s=max(0.0, overhead), per_token_s=per_token, per_decode_s=per_decode)
+        xtx, w = self._xtx, self._xtx[0][0]
+        overhead = (self._xty[0] - per_decode * xtx[0][1] - per_token * xtx[0][2] - per_kctx * xtx[0][3]) / w
+        return StepCost(
+            overhead_s=max(0.0, overhead),
+            per_token_s=per_token,
+            per_decode_s=per_decode,
+            per_context_token_s=per_kctx / _KCTX,
+        )
 
 
 @dataclass(frozen=True)
@@ -196,6 +228,7 @@ class StepBudgetStats:
     cost: StepCost | None
     max_running: int | None = None
     margin: float = 0.0
+    step_target_s: float | None = None  # the last step's own target (tightest ITL running), if any
 
 
 class StepBudget:
@@ -205,6 +238,9 @@ class StepBudget:
         self.config = config
         self.model = StepCostModel(config.forgetting, ridge=float(config.min_prefill_chunk) ** 2)
         self.last_budget = config.max_tokens
+        self.last_target_s: float | None = config.target_step_s  # the last step's time target
+        self.mean_decode_context = 0.0  # context tokens per decode row, moving average
+        self._held_cap: int | None = None  # the running cap, moved only past its hysteresis band
         self._miss_sq = 0.0  # exponentially weighted sum of max(0, actual / predicted - 1)^2
         self._miss_w = 0.0
 
@@ -221,65 +257,110 @@ class StepBudget:
         target = self.config.target_step_s
         return None if target is None else target / (1.0 + self.margin)
 
-    def budget(self, num_decodes: int, has_prefill_work: bool) -> int:
-        """Tokens the next step may feed: `num_decodes` running decodes, and prefill if any waits."""
-        cfg, planned = self.config, self._planned_s()
-        if planned is None:
+    def budget(
+        self, num_decodes: int, has_prefill_work: bool, target_s: float | None = None, decode_context: int = 0
+    ) -> int:
+        """Tokens the next step may feed: `num_decodes` running decodes, and prefill if any waits.
+
+        `target_s`: this step's own time target (the tightest ITL running, engine/step_plan.py),
+        else the configured one. Without a configured target a step target applies only once the
+        cost is fitted (before that the fixed maximum, as without targets)."""
+        cfg = self.config
+        target = target_s if target_s is not None else cfg.target_step_s
+        if target is not None and cfg.target_step_s is None and self.model.cost is None:
+            target = None
+        self.last_target_s = target
+        if target is None:
             chosen = cfg.max_tokens
         else:
+            planned = target / (1.0 + self.margin)
             floor = num_decodes + (cfg.min_prefill_chunk if has_prefill_work else 0)
-            chosen = min(cfg.max_tokens, max(floor, self._fitted(planned, num_decodes)))
+            chosen = min(cfg.max_tokens, max(floor, self._fitted(planned, num_decodes, decode_context)))
         self.last_budget = chosen
         return chosen
 
-    def _fitted(self, target_s: float, num_decodes: int) -> int:
+    def decode_capacity(
+        self, target_s: float | None, has_prefill_work: bool, mean_context: float = 0.0
+    ) -> int | None:
+        """Decode rows a step of `target_s` holds beside the minimum prefill chunk (when prefill
+        work exists; at least 1); None: no bound (no target, no fitted cost, or decodes that cost
+        nothing measurable)."""
+        cost = self.model.cost
+        row_s = cost.per_row_s(mean_context) if cost is not None else 0.0
+        if target_s is None or cost is None or row_s <= 0:
+            return None
+        chunk = self.config.min_prefill_chunk if has_prefill_work else 0
+        spare = target_s / (1.0 + self.margin) - cost.overhead_s - cost.per_token_s * chunk
+        return max(1, int(min(spare / row_s, 1 << 30)))
+
+    def _fitted(self, target_s: float, num_decodes: int, decode_context: int = 0) -> int:
         # Twice the largest step measured: the probe before the slope is known, and the bound after
         # (a fit is not trusted far outside its data).
         reach = max(self.config.initial_tokens, 2 * self.model.max_tokens_seen)
         cost = self.model.cost
         if cost is None:
             return reach
-        spare = target_s - cost.seconds(num_decodes, num_decodes)
+        spare = target_s - cost.seconds(num_decodes, num_decodes, decode_context)
         if spare <= 0:
             return 0
         return int(min(num_decodes + spare / cost.per_token_s, float(self.config.max_tokens), float(reach)))
 
     def max_running(self) -> int | None:
         """How many sequences may run at once so that a step of all their decodes plus the minimum
-        prefill chunk fits the target (at least 1); None without a target or a fitted cost."""
+        prefill chunk fits the target (at least 1); None without a target or a fitted cost.
+
+        With hysteresis: the cap moves only when the fitted value leaves a band of max(1, cap/8)
+        around it, so fit noise (a step mix changed by preemptions) does not swing it and with
+        it the admissions (issue 24: the cap swinging between 10 and 16 under displacement)."""
+        raw = self._raw_max_running()
+        held = self._held_cap
+        if raw is None or held is None or abs(raw - held) > max(1, held // 8):
+            self._held_cap = held = raw
+        return held
+
+    def _raw_max_running(self) -> int | None:
         cfg, cost, planned = self.config, self.model.cost, self._planned_s()
         if planned is None or cost is None:
             return None
         spare = planned - cost.overhead_s - cost.per_token_s * cfg.min_prefill_chunk
         if spare <= 0:
             return 1
-        if cost.per_decode_s <= 0:
+        row_s = cost.per_row_s(self.mean_decode_context)  # a row at the recent mean context
+        if row_s <= 0:
             return None  # decodes cost nothing measurable: only --max-num-seqs caps
-        return max(1, int(min(spare / cost.per_decode_s, 1 << 30)))
+        return max(1, int(min(spare / row_s, 1 << 30)))
 
     def admits(self, num_running: int) -> bool:
         """May one more sequence start running beside `num_running`? Always when none runs."""
         cap = self.max_running()
         return num_running == 0 or cap is None or num_running < cap
 
-    def observe(self, num_tokens: int, seconds: float, num_decodes: int = 0) -> None:
-        """Feed back one executed step: the tokens it computed (`num_decodes` of them decode rows)
-        and how long it took."""
+    def observe(self, num_tokens: int, seconds: float, num_decodes: int = 0, decode_context: int = 0) -> None:
+        """Feed back one executed step: the tokens it computed (`num_decodes` of them decode rows,
+        over `decode_context` context tokens in all) and how long it took."""
         if num_tokens <= 0 or not (seconds > 0 and math.isfinite(seconds)):
             return  # as the cost model ignores it
         num_decodes = min(max(num_decodes, 0), num_tokens)
         cost = self.model.cost
-        predicted = cost.seconds(num_tokens, num_decodes) if cost is not None else 0.0
+        predicted = cost.seconds(num_tokens, num_decodes, decode_context) if cost is not None else 0.0
         if predicted > 0:
             # overruns only (a step faster than predicted risks nothing); one stall counts as 100% at most
             miss = min(max(seconds / predicted - 1.0, 0.0), 1.0)
             self._miss_sq = _MISS_FORGETTING * self._miss_sq + miss * miss
             self._miss_w = _MISS_FORGETTING * self._miss_w + 1.0
-        self.model.observe(num_tokens, seconds, num_decodes)
+        if num_decodes:
+            mean = decode_context / num_decodes
+            self.mean_decode_context += (1.0 - self.config.forgetting) * (mean - self.mean_decode_context)
+        self.model.observe(num_tokens, seconds, num_decodes, decode_context)
 
     def stats(self) -> StepBudgetStats:
         return StepBudgetStats(
-            self.last_budget, self.config.target_step_s, self.model.cost, self.max_running(), self.margin
+            self.last_budget,
+            self.config.target_step_s,
+            self.model.cost,
+            self.max_running(),
+            self.margin,
+            self.last_target_s,
         )
 
 

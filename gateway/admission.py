@@ -292,7 +292,8 @@ class AdmissionController:
             )
         priority = requests[0].priority if requests else tenant.priority
         if priority is Priority.INTERACTIVE and quota.ttft_slo_ms is not None:
-            prediction = predict_ttft(stats, priority, queued, self._recent.ahead(priority))
+            itl_s = requests[0].latency.itl_s if requests else None
+            prediction = predict_ttft(stats, priority, queued, self._recent.ahead(priority), itl_s)
             if prediction is not None:
                 if self.metrics is not None:
                     self.metrics.observe_prediction(name, prediction.seconds)

@@ -87,6 +87,7 @@ def resolve_device(settings: Settings) -> str:
 def engine_config(settings: Settings, model_path: Path, device: str) -> EngineConfig:
     """The EngineConfig for these settings."""
     from engine.config import CacheConfig, EngineConfig, SchedulerConfig
+    from engine.latency_targets import class_targets_for
     from engine.loader import load_model_config
     from engine.spec_decode.config import SpeculativeConfig
 
@@ -115,6 +116,7 @@ def engine_config(settings: Settings, model_path: Path, device: str) -> EngineCo
             max_model_len=max_model_len,
             queue_policy=settings.queue_policy,
             target_step_s=settings.resolved_target_step_s(device),
+            class_targets=class_targets_for(device),
         ),
         use_triton=use_triton,
         use_cuda_graphs=use_cuda_graphs,

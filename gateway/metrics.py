@@ -22,6 +22,7 @@ from prometheus_client.registry import Collector
 
 from engine.output import EngineStats
 from gateway.host_kv_metrics import host_kv_metrics
+from gateway.slo_metrics import slo_metrics
 from gateway.spec_decode_metrics import spec_decode_metrics
 from gateway.step_budget_metrics import step_budget_metrics
 
@@ -94,6 +95,7 @@ def engine_load_metrics(s: EngineStats) -> Iterator[Metric]:
         "weir_prefix_cache_hits", "Prompt tokens found in the prefix cache.", value=s.prefix_cache_hits
     )
     yield from step_budget_metrics(s.step_budget)
+    yield from slo_metrics(s.slo, s.step_budget)
     yield from host_kv_metrics(s)
     yield from spec_decode_metrics(s)
 

@@ -12,6 +12,15 @@ The model is deliberately simple and cheap (it runs for every request):
   already priced in.
 - The step in flight is one decode step (`1 / decode_steps_per_s`) when sequences are running.
 - Before the engine has measured a prefill rate there is no prediction, and nothing is rejected.
+- Planned steps (issue 24): once the engine has fitted its step cost, the prediction follows the
+  steps the scheduler will plan for this request when they serve it faster than the measured
+  average, which reflects
+  whatever ran before (800 ms batch steps on a CPU). Once admitted, the request's steps last its
+  ITL target (the tenant's `tpot_slo_ms`, else its class default; at most the throughput step)
+  and lower classes' decodes and chunks yield to it, so each holds
+  `(step - overhead) / cost per prefill token` of its prompt and the queue ahead, at least the
+  minimum chunk. A tenant whose own requests ran slowly (long steps shared with batch work) is
+  not refused for that: its next request's steps are planned shorter.
 
 The engine's snapshot is refreshed once per step, so requests admitted since the last snapshot
 are invisible to it; `RecentAdmissions` adds them back until two newer snapshots have been seen.
@@ -19,6 +28,7 @@ are invisible to it; `RecentAdmissions` adds them back until two newer snapshots
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass
 
@@ -26,6 +36,7 @@ from engine.output import EngineStats
 from engine.request import Priority
 
 _NUM_CLASSES = len(Priority)
+_MIN_CHUNK = 32  # the step budget's minimum prefill chunk (StepBudgetConfig.min_prefill_chunk)
 
 
 @dataclass(frozen=True)
@@ -42,14 +53,39 @@ def tokens_ahead(waiting_by_priority: tuple[int, ...], priority: Priority) -> in
     return sum(waiting_by_priority[: int(priority) + 1])
 
 
+def planned_step_s(stats: EngineStats, priority: Priority, itl_s: float | None = None) -> float | None:
+    """The step the scheduler plans while a request of `priority` (ITL override `itl_s`) runs:
+    its ITL target, at most the throughput target; None while the step cost is not fitted."""
+    budget = stats.step_budget
+    if budget is None or budget.cost is None:
+        return None
+    own = itl_s if itl_s is not None else stats.class_targets.of(priority).itl_s
+    targets = [t for t in (own, budget.target_step_s) if t is not None]
+    return min(targets) if targets else None
+
+
 def predict_ttft(
-    stats: EngineStats, priority: Priority, num_prompt_tokens: int, unseen_ahead: int = 0
+    stats: EngineStats,
+    priority: Priority,
+    num_prompt_tokens: int,
+    unseen_ahead: int = 0,
+    itl_s: float | None = None,
 ) -> TTFTPrediction | None:
     """The predicted TTFT of a new request, or None while the engine has no measured prefill rate."""
     rate = stats.prefill_tokens_per_s
     if rate <= 0:
         return None
     ahead = tokens_ahead(stats.waiting_tokens_by_priority, priority) + unseen_ahead
+    step_s = planned_step_s(stats, priority, itl_s)
+    budget = stats.step_budget
+    if step_s is not None and budget is not None and budget.cost is not None:
+        cost = budget.cost
+        per_step = max(_MIN_CHUNK, int((step_s / (1.0 + budget.margin) - cost.overhead_s) / cost.per_token_s))
+        planned_rate = per_step / step_s
+        if planned_rate > rate:
+            in_flight = step_s if stats.num_running else 0.0
+            steps = math.ceil((ahead + num_prompt_tokens) / per_step)
+            return TTFTPrediction(in_flight + steps * step_s, ahead, planned_rate)
     in_flight = 1.0 / stats.decode_steps_per_s if stats.num_running and stats.decode_steps_per_s > 0 else 0.0
     return TTFTPrediction(in_flight + (ahead + num_prompt_tokens) / rate, ahead, rate)
 

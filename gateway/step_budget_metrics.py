@@ -59,6 +59,11 @@ def step_budget_metrics(stats: StepBudgetStats | None) -> Iterator[Metric]:
         value=stats.cost.per_decode_s,
     )
     yield GaugeMetricFamily(
+        "weir_scheduler_step_cost_per_context_token_seconds",
+        "Fitted engine step cost per context token a decode row attends over (attention grows with context).",
+        value=stats.cost.per_context_token_s,
+    )
+    yield GaugeMetricFamily(
         "weir_scheduler_step_overhead_seconds",
         "Fitted engine step overhead (the part of a step's time that does not grow with its tokens).",
         value=stats.cost.overhead_s,

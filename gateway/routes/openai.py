@@ -19,6 +19,7 @@ from engine.client import EngineRequest
 from engine.constraints import CompiledConstraint
 from engine.errors import ContextLengthError
 from engine.grammar import ConstraintSpec
+from engine.latency_targets import LatencyTargets
 from gateway.accounting import Accountant, Admission, Admitted, RequestInfo, Settle, UsageRecord
 from gateway.adapter_catalog import AdapterCatalog
 from gateway.error_tarpit import mark_key_proved
@@ -388,6 +389,7 @@ class OpenAIRoutes:
                     cache_scope=tenant.cache_scope,
                     arrival_s=arrival_s,
                     weight=tenant.weight,
+                    latency=LatencyTargets.from_slo_ms(quota.ttft_slo_ms, quota.tpot_slo_ms),
                     max_tokens_defaulted=options.max_tokens is None,
                     constraint=constraint,
                     adapter_name=adapter_name,

@@ -139,3 +139,26 @@ def test_times_without_tokens_have_no_latencies() -> None:
     )
     times.first_scheduled_s, times.finished_s = 5.5, 9.0
     assert (times.queue_s, times.e2e_s) == (0.5, 4.0)
+
+
+def test_all_token_ids_is_kept_incrementally() -> None:
+    req = _request(max_tokens=5)
+    ids = req.all_token_ids
+    assert ids == [10, 11, 12]
+    req.append_token(20, now=1.0)
+    req.append_token(21, now=2.0)
+    again = req.all_token_ids
+    assert again is ids  # the same list, extended by the new tokens: no copy per call
+    assert again == [10, 11, 12, 20, 21]
+    assert req.all_token_ids is ids
+
+
+def test_all_token_ids_follows_a_replaced_or_cut_output() -> None:
+    req = _request(max_tokens=5)
+    req.append_token(20, now=1.0)
+    assert req.all_token_ids == [10, 11, 12, 20]
+    req.output_token_ids = [7, 8]  # a beam takes its parent's tokens
+    assert req.all_token_ids == [10, 11, 12, 7, 8]
+    req.output_token_ids.append(9)
+    assert req.all_token_ids == [10, 11, 12, 7, 8, 9]
+    assert [req.token_at(p) for p in range(6)] == req.all_token_ids

@@ -342,3 +342,26 @@ def test_running_decodes_stay_within_the_target_under_overload() -> None:
     assert max(n for _, n in settled) < 32  # the cap, not the seats, bounds the batch
     assert sum(s for s, _ in settled) / len(settled) < 0.16
     assert sorted(s for s, _ in settled)[int(0.95 * len(settled))] < 0.18
+
+
+def test_decode_rows_over_long_contexts_are_fitted_dearer() -> None:
+    # A decode row costs 2 ms plus 10 us per context token it attends over (attention): at 2,000
+    # tokens of context a row costs 22 ms, at 100 tokens 3 ms. The fit finds the context term,
+    # and the running cap and the decode capacity follow the contexts that run.
+    ctrl = StepBudget(StepBudgetConfig(max_tokens=2048, target_step_s=0.5))
+    rng = random.Random(11)
+    for _ in range(200):
+        decodes = rng.randint(2, 20)
+        mean_ctx = rng.choice([100, 500, 1000, 2000])
+        context = decodes * mean_ctx
+        tokens = ctrl.budget(decodes, has_prefill_work=True, decode_context=context)
+        seconds = (0.03 + 0.002 * decodes + 0.0017 * (tokens - decodes) + 1e-5 * context) * (
+            1.0 + rng.uniform(-0.02, 0.02)
+        )
+        ctrl.observe(tokens, seconds, decodes, context)
+    fitted = ctrl.stats().cost
+    assert fitted is not None
+    assert fitted.per_context_token_s == pytest.approx(1e-5, rel=0.25)
+    short = ctrl.decode_capacity(0.3, has_prefill_work=False, mean_context=100)
+    long = ctrl.decode_capacity(0.3, has_prefill_work=False, mean_context=2000)
+    assert short is not None and long is not None and long * 3 < short

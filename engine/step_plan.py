@@ -1,0 +1,87 @@
+"""What one step plans by the latency targets (engine/latency_targets.py): its time target, the
+order in which running requests get tokens, and each tenant's share of the prefill budget.
+
+- **Step target:** the tightest ITL target among the requests running now; with none (only
+  batch work runs) the throughput-optimal target (`SchedulerConfig.target_step_s`, 800 ms on the
+  CPU by default; None: the fixed budget). A step never plans to be longer than an ITL it owes.
+- **Decodes:** by class, then least recently served first. Every decode of a class with an ITL
+  target at least as tight as the step's goes; the others (looser classes, batch) fill what the
+  step target leaves (`StepBudget.decode_capacity`) and the rest sit this step out, keeping their
+  blocks. Least-recently-served first rotates those that wait, so none is left behind.
+- **Prefill chunks:** by class, then by TTFT deadline (arrival + TTFT target: the request
+  nearest its deadline first), then arrival. Waiting requests of a better class than a running
+  prefill are admitted before that prefill gets its chunk (`Scheduler.schedule`).
+- **Fair share within a class:** the prefill budget left for a class is divided between its
+  tenants by weighted max-min fairness (water-filling, `fair_shares`): a tenant that wants less
+  than its share keeps what it wants and the rest goes to the others in proportion to their
+  weights. One tenant's n=16 or 8k-token prompts take their weight's share of each step, not all
+  of it. Within a tenant the order above stands. Plain Python, no torch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+
+from engine.request import Request
+
+_NO_TARGET = math.inf
+
+
+def step_target_s(running: Iterable[Request], throughput_target_s: float | None) -> float | None:
+    """The step's time target: the tightest ITL target running, else `throughput_target_s`."""
+    tightest = min((r.latency.itl_s for r in running if r.latency.itl_s is not None), default=None)
+    if tightest is None:
+        return throughput_target_s
+    return tightest if throughput_target_s is None else min(tightest, throughput_target_s)
+
+
+def decode_key(req: Request) -> tuple[int, float]:
+    """Order of decodes: class first, then the one whose last token is oldest."""
+    last = req.times.token_s[-1] if req.times.token_s else req.arrival_s
+    return (int(req.priority), last)
+
+
+def owes_itl(req: Request, target_s: float | None) -> bool:
+    """Whether the step's target is (at least) `req`'s own ITL target: its decode always goes."""
+    itl = req.latency.itl_s
+    return target_s is None or (itl is not None and itl <= target_s * 1.000001)
+
+
+def prefill_key(req: Request) -> tuple[int, float, float]:
+    """Order of prefill chunks: class, TTFT deadline (none: last), arrival."""
+    ttft = req.latency.ttft_s
+    deadline = req.arrival_s + ttft if ttft is not None else _NO_TARGET
+    return (int(req.priority), deadline, req.arrival_s)
+
+
+def fair_shares(budget: int, demands: Mapping[str, int], weights: Mapping[str, float]) -> dict[str, int]:
+    """Weighted max-min fair integer shares of `budget` tokens for tenants wanting `demands`.
+
+    No tenant gets more than it wants; the total is min(budget, total demand); a tenant that
+    gets less than it wants has at least its weight's proportion of what is left after the
+    tenants that are satisfied. Leftover units from rounding go by largest remainder.
+    """
+    shares = {t: 0 for t in demands}
+    active = {t for t, d in demands.items() if d > 0}
+    left = max(0, budget)
+    while active and left > 0:
+        total_w = sum(weights.get(t, 1.0) for t in active)
+        ideal = {t: left * weights.get(t, 1.0) / total_w for t in active}
+        capped = {t for t in active if demands[t] - shares[t] <= ideal[t]}
+        if capped:  # these are satisfied outright; the rest is shared again among the others
+            for t in capped:
+                left -= demands[t] - shares[t]
+                shares[t] = demands[t]
+            active -= capped
+            continue
+        floors = {t: int(ideal[t]) for t in active}
+        for t, n in floors.items():
+            shares[t] += n
+        rest = left - sum(floors.values())
+        for t in sorted(active, key=lambda t: (ideal[t] - floors[t], weights.get(t, 1.0)), reverse=True)[
+            :rest
+        ]:
+            shares[t] += 1
+        break
+    return shares

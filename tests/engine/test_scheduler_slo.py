@@ -1,0 +1,250 @@
+"""The scheduler's SLO planning on a simulated clock (engine/step_plan.py, Scheduler.schedule).
+
+A CPU-like machine: a step takes `35 ms + 20 ms per decode row + 1.7 ms per prefill token`
+(seeded 3% noise). Every second here is computed by that model, never measured; the "ITL" and
+"TTFT" checked are the simulated times the scheduler's own plan produces.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from engine.config import QueuePolicy, SchedulerConfig
+from engine.latency_targets import CPU_CLASS_TARGETS
+from engine.request import Priority, Request
+from engine.slo_tally import PreemptReason
+from tests.engine.sim import Sim, next_token, reference_output, sim_request
+from tests.engine.test_step_budget import FakeCost
+
+
+@dataclass
+class TimedSim:
+    """The sim with each step taking the fake machine's time, fed back to the step budget."""
+
+    sim: Sim
+    cost: FakeCost
+    caps: list[int | None] = field(default_factory=list)
+    preempted_at: dict[str, list[int]] = field(default_factory=dict)
+    step_no: int = 0
+    busy_tokens: int = 0
+    prefill_served: Counter[str] = field(default_factory=Counter)  # prompt tokens per tenant
+
+    @property
+    def sched(self):  # noqa: ANN201 - the sim's scheduler
+        return self.sim.sched
+
+    def add(
+        self, rid: str, n: int, max_tokens: int, tenant: str, priority: Priority, weight: float = 1.0
+    ) -> Request:
+        prompt = [(hash(rid) + j) % 97 + 1 for j in range(n)]
+        req = sim_request(
+            rid,
+            prompt,
+            max_tokens,
+            tenant_id=tenant,
+            priority=priority,
+            weight=weight,
+            arrival_s=self.sim.clock.now,
+        )
+        self.sched.add_request(req)
+        self.sim.outputs[rid] = []
+        return req
+
+    def step(self) -> None:
+        sched, clock = self.sched, self.sim.clock
+        out = sched.schedule()
+        self.step_no += 1
+        for rid in out.preempted_ids:
+            self.preempted_at.setdefault(rid, []).append(self.step_no)
+        seconds = self.cost.seconds(out.num_tokens, out.num_decodes) if out.num_tokens else 0.01
+        clock.now += seconds
+        if out.num_tokens:
+            sched.step_budget.observe(out.num_tokens, seconds, out.num_decodes, out.num_decode_context_tokens)
+        self.busy_tokens += out.num_tokens
+        sampled = {}
+        for s in out.scheduled:
+            req = sched.requests[s.request_id]
+            self.sim.served[req.tenant_id] = self.sim.served.get(req.tenant_id, 0) + s.num_tokens
+            prompt_part = min(s.num_tokens, max(0, req.num_prompt_tokens - s.num_computed_tokens))
+            self.prefill_served[req.tenant_id] += prompt_part
+            if s.samples:
+                sampled[s.request_id] = next_token(req.all_token_ids)
+        update = sched.update_from_output(out, sampled)
+        assert not update.failed
+        for a in update.appended:
+            self.sim.outputs[a.request.request_id].append(a.token_id)
+        self.caps.append(sched.step_budget.max_running())
+
+
+def _timed(per_decode_s: float = 0.02, min_residency_steps: int = 16) -> TimedSim:
+    """A 2,048-token, 64-seat scheduler with the CPU's class targets and an 800 ms throughput step."""
+    config = SchedulerConfig(
+        max_num_batched_tokens=2048,
+        max_num_seqs=64,
+        max_model_len=2048,
+        queue_policy=QueuePolicy.FAIR,
+        target_step_s=0.8,
+        class_targets=CPU_CLASS_TARGETS,
+        min_residency_steps=min_residency_steps,
+    )
+    sim = Sim(config, num_blocks=20_000, block_size=16, caching=False)
+    return TimedSim(sim, FakeCost(a=0.035, b=0.0017, c=per_decode_s, seed=4))
+
+
+def _itls(req: Request) -> list[float]:
+    return req.times.itl_s
+
+
+def test_interactive_decodes_keep_their_itl_while_a_batch_tenant_floods() -> None:
+    t = _timed()
+    for i in range(48):
+        t.add(f"b{i}", 200, 80, "flood", Priority.BATCH)
+    for _ in range(40):  # the flood fills the machine and the fit settles
+        t.step()
+    chats = []
+    for k in range(6):
+        chats.append(t.add(f"q{k}", 60, 24, "quiet", Priority.INTERACTIVE))
+        for _ in range(15):
+            t.step()
+    for _ in range(400):
+        if all(c.is_finished for c in chats):
+            break
+        t.step()
+    assert all(c.is_finished for c in chats)
+    gaps = sorted(g for c in chats for g in _itls(c))
+    # every inter-token gap of the chats within the 300 ms target, up to the fit's noise (3%)
+    # and the first plan after an arrival (the cost fit is not exact): p95 within target
+    assert gaps[int(0.95 * len(gaps))] <= 0.3
+    assert gaps[-1] <= 0.3 * 1.25
+    # their first tokens came within their 2 s TTFT target, as the engine's own tally says
+    counts = {(c.priority, c.tenant_id): c for c in t.sched.slo.stats().counts}
+    quiet = counts[(Priority.INTERACTIVE, "quiet")]
+    assert quiet.ttft_met == 6 and quiet.ttft_missed == 0
+    # the flood was not stopped: its decodes rotated through the room the 300 ms steps left,
+    # and every batch request running while the chats ran got tokens in that time
+    assert t.sched.num_deferred_decodes > 0
+    flood = [r for r in t.sched.running.values() if r.tenant_id == "flood" and r.times.token_s]
+    assert flood and all(r.times.token_s[-1] >= chats[-1].times.first_token_s - 5.0 for r in flood)
+
+
+def test_batch_alone_gets_the_throughput_step() -> None:
+    t = _timed()
+    for i in range(30):
+        t.add(f"b{i}", 100, 40, "flood", Priority.BATCH)
+    steps_s = []
+    for _ in range(120):
+        before = t.sim.clock.now
+        t.step()
+        steps_s.append(t.sim.clock.now - before)
+    budget = t.sched.step_budget
+    assert budget.last_target_s == 0.8  # no ITL target runs: the throughput-optimal step
+    assert t.sched.num_deferred_decodes == 0  # nothing sits out
+    settled = steps_s[30:]
+    assert max(settled) > 0.3  # steps grow past any interactive target when only batch runs
+
+
+def test_interactive_returns_and_batch_gets_everything_again_when_it_leaves() -> None:
+    t = _timed()
+    for i in range(40):
+        t.add(f"b{i}", 100, 200, "flood", Priority.BATCH)
+    for _ in range(30):
+        t.step()
+    chat = t.add("q", 40, 10, "quiet", Priority.INTERACTIVE)
+    while not chat.is_finished:
+        t.step()
+    deferred = t.sched.num_deferred_decodes
+    for _ in range(20):
+        t.step()
+    assert t.sched.step_budget.last_target_s == 0.8
+    assert t.sched.num_deferred_decodes == deferred  # interactive idle: batch is not held back
+
+
+def _both_want_more(t: TimedSim, tenants: set[str]) -> bool:
+    """Each tenant has more prompt left running than a whole step's budget (so neither is
+    satisfied before its share: max-min fairness gives the other the rest otherwise)."""
+    left: Counter[str] = Counter()
+    for r in t.sched.running.values():
+        if r.num_remaining > 1:
+            left[r.tenant_id] += r.num_remaining
+    return all(left[x] > 2048 // 4 for x in tenants)
+
+
+def test_a_tenant_share_of_prefill_within_a_class_follows_the_weights() -> None:
+    t = _timed()
+    # one tenant floods with long prompts (n=16-like: 16 at a time); the other sends a few
+    for i in range(16):
+        t.add(f"a{i}", 1800, 4, "attacker", Priority.STANDARD, weight=1.0)
+    for i in range(4):
+        t.add(f"v{i}", 1800, 4, "victim", Priority.STANDARD, weight=1.0)
+    served: Counter[str] = Counter()
+    for _ in range(60):
+        before = Counter(t.prefill_served)
+        both = _both_want_more(t, {"attacker", "victim"})
+        t.step()
+        if both:
+            served.update(t.prefill_served - before)
+    assert served["victim"] > 0
+    ratio = served["attacker"] / served["victim"]
+    assert 0.85 <= ratio <= 1.15  # equal weights: equal prefill per step, not 16:4
+
+    w = _timed()
+    for i in range(8):
+        w.add(f"a{i}", 1800, 4, "heavy", Priority.STANDARD, weight=2.0)
+        w.add(f"v{i}", 1800, 4, "light", Priority.STANDARD, weight=1.0)
+    served = Counter()
+    for _ in range(40):
+        before = Counter(w.prefill_served)
+        both = _both_want_more(w, {"heavy", "light"})
+        w.step()
+        if both:
+            served.update(w.prefill_served - before)
+    assert 1.7 <= served["heavy"] / served["light"] <= 2.3
+
+
+def _collapse_scenario(min_residency_steps: int) -> TimedSim:
+    """Issue 24's reverted attempt: batch holds every running seat the cap allows, interactive
+    chats keep arriving and displace batch past the cap."""
+    t = _timed(per_decode_s=0.05, min_residency_steps=min_residency_steps)  # a cap of ~14 seats
+    for i in range(60):
+        t.add(f"b{i}", 150, 120, "flood", Priority.BATCH)
+    for k in range(300):
+        if k % 6 == 0 and k // 6 < 40:
+            t.add(f"q{k}", 60, 16, "quiet", Priority.INTERACTIVE)
+        t.step()
+    return t
+
+
+def test_slo_preemption_does_not_ping_pong() -> None:
+    t = _collapse_scenario(min_residency_steps=16)
+    slo_preemptions = t.sched.slo.stats().preempted(PreemptReason.SLO)
+    assert slo_preemptions > 0  # the scenario does displace
+    for rid, steps in t.preempted_at.items():
+        # a request resumed is resident 16 steps before it may be preempted again
+        assert all(b - a > 16 for a, b in zip(steps, steps[1:], strict=False)), (rid, steps)
+
+
+def test_the_collapse_scenario_stays_stable() -> None:
+    t = _collapse_scenario(min_residency_steps=16)
+    caps = [c for c in t.caps[60:] if c is not None]
+    # the running cap holds within its hysteresis band instead of swinging (10 <-> 16 before)
+    assert max(caps) - min(caps) <= max(2, max(caps) // 4)
+    # the machine keeps working: every step fed tokens, and most requests advanced
+    assert t.busy_tokens > 0
+    quiet = [r for r in t.sched.requests.values() if r.tenant_id == "quiet"]
+    done_quiet = [rid for rid in t.sim.outputs if rid.startswith("q") and rid not in t.sched.requests]
+    assert len(done_quiet) >= 30 and len(quiet) <= 10
+    for rid in done_quiet:
+        n = 60
+        prompt = [(hash(rid) + j) % 97 + 1 for j in range(n)]
+        assert t.sim.outputs[rid] == reference_output(prompt, 16)  # preemptions changed no token
+    counts = {(c.priority, c.tenant_id): c for c in t.sched.slo.stats().counts}
+    assert counts[(Priority.INTERACTIVE, "quiet")].ttft_met >= 0.9 * len(done_quiet)
+
+
+def test_without_a_minimum_residency_the_scenario_ping_pongs() -> None:
+    """The reproduction: the same scenario with a residency of one step preempts requests again
+    within a few steps of their return (what the reverted attempt did); 16 steps stop it above."""
+    t = _collapse_scenario(min_residency_steps=1)
+    gaps = [b - a for steps in t.preempted_at.values() for a, b in zip(steps, steps[1:], strict=False)]
+    assert any(g <= 16 for g in gaps)
