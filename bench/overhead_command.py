@@ -224,7 +224,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _default_model(cache_dir: str | None) -> Path:
     from engine.model_prepare import ensure_default_model
-    from gateway.settings import Settings
+    from gateway.server.settings import Settings
 
     return ensure_default_model(Settings.from_environment({"cache_dir": cache_dir}).cache_dir)
 

@@ -1,9 +1,9 @@
 """The server side of `weir bench overhead`: the real gateway over the null engine, in its own process.
 
-Built the way `weir serve` builds it (`gateway.bootstrap`): the SQLite tenancy database with its
+Built the way `weir serve` builds it (`gateway.server.bootstrap`): the SQLite tenancy database with its
 admin routes, admission control (on by default, as in `weir serve`), the same auth mode wiring
 (API keys and the batched usage writer in `keys` mode),
-the real tokenizer and chat template of a model folder, and `gateway.server.run_server` (the
+the real tokenizer and chat template of a model folder, and `gateway.server.uvicorn_runner.run_server` (the
 same uvicorn configuration, access log off). Only the engine is replaced, by `NullEngine`.
 
 The app is wrapped in `TimedApp`, which records how long each HTTP request spent inside the
@@ -97,13 +97,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--admission", choices=["on", "off"], default="on", help="as weir serve (default on)")
     args = parser.parse_args(argv)
 
-    from gateway.admission import build_admission
-    from gateway.admission_metrics import AdmissionMetrics
-    from gateway.app import create_app
-    from gateway.bootstrap import build_tenancy
-    from gateway.metrics import GatewayMetrics
-    from gateway.server import run_server
-    from gateway.settings import AdmissionMode, AuthMode, LogLevel, Settings
+    from gateway.admission.controller import build_admission
+    from gateway.metrics.admission_metrics import AdmissionMetrics
+    from gateway.metrics.registry import GatewayMetrics
+    from gateway.server.app import create_app
+    from gateway.server.bootstrap import build_tenancy
+    from gateway.server.settings import AdmissionMode, AuthMode, LogLevel, Settings
+    from gateway.server.uvicorn_runner import run_server
     from tenancy.keys import generate_admin_token
 
     tokenizer = _load_tokenizer(args.model)

@@ -79,7 +79,7 @@ def run_weir(
     log_path = log_path or data_dir / "server.log"
     token = secrets.token_urlsafe(24)
     port, metrics_port = free_port(), free_port()
-    cmd = [sys.executable, "-m", "gateway.cli", "serve", "--host", "127.0.0.1", "--port", str(port)]
+    cmd = [sys.executable, "-m", "weir.cli", "serve", "--host", "127.0.0.1", "--port", str(port)]
     cmd += ["--metrics-port", str(metrics_port), "--data-dir", str(data_dir), "--model", str(model)]
     cmd += ["--auth", "keys", "--log-level", "warning", *flags]
     env = {**os.environ, **(env or {}), "WEIR_ADMIN_TOKEN": token, "PYTHONPATH": str(ROOT)}
@@ -105,7 +105,7 @@ def resolve_model(model: Path | None, work_dir: Path) -> Path:
         return model
     from bench.random_model import make_tiny_llama
     from engine.model_prepare import ensure_default_model
-    from gateway.settings import Settings
+    from gateway.server.settings import Settings
 
     tokenizer_dir = ensure_default_model(Settings.from_environment().cache_dir, progress=False)
     return make_tiny_llama(work_dir / "tiny-llama", tokenizer_dir)

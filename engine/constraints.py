@@ -2,7 +2,7 @@
 
 A `CompiledConstraint` is a grammar compiled for one tokenizer and vocabulary (JSON Schema, any
 JSON, a regex, a list of choices, an EBNF grammar or a tool-call grammar). It is immutable and
-shared: the gateway compiles it off the engine thread (`gateway.grammar`), caches it and hands
+shared: the gateway compiles it off the engine thread (`gateway.prompts.grammar`), caches it and hands
 it over in `EngineRequest.constraint`. Each sequence (each choice of an n>1 request) gets its own
 `TokenConstraint`, a matcher that lives on the `Request`, so its state survives preemption and
 host swap with the tokens it has accepted: a recompute replays the prompt and output through the
@@ -14,7 +14,7 @@ advances it with the token that was kept. A grammar that admits no token, or a t
 refuses, raises `ConstraintError`: the engine fails that sequence alone and frees its blocks.
 
 The backend is xgrammar (docs/decisions.md has the measurements behind the choice); nothing
-outside this module and `gateway.grammar` imports it.
+outside this module and `gateway.prompts.grammar` imports it.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The compiler is the xgrammar backend (docs/decisions.md). It runs off the engine thread: the
 gateway calls `GrammarBackend.compile` on a worker pool before the request is queued
-(`gateway.grammar`), and only the immutable result crosses into the engine.
+(`gateway.prompts.grammar`), and only the immutable result crosses into the engine.
 
 A spec's `source` is canonical (a JSON Schema is dumped without spaces), so two requests with
 the same constraint share one cache entry. Keys keep their order: the grammar emits an object's
@@ -109,7 +109,7 @@ class GrammarBackend:
         self._info = xgrammar.TokenizerInfo.from_huggingface(
             tokenizer, vocab_size=vocab_size, stop_token_ids=stops
         )
-        # Our own cache (gateway.grammar) keys on the canonical spec; xgrammar's is off.
+        # Our own cache (gateway.prompts.grammar) keys on the canonical spec; xgrammar's is off.
         self._compiler = xgrammar.GrammarCompiler(self._info, max_threads=1, cache_enabled=False)
 
     @property

@@ -6,7 +6,7 @@ are read; a footprint that does not fit is refused with the numbers, and the ver
 serving keep what they hold. Retiring a version releases exactly what it reserved.
 
 The budget is accounting, not an allocator: it bounds what the fleet asks of the device. The
-real memory freed by a retire is measured separately (gateway.model_fleet).
+real memory freed by a retire is measured separately (gateway.fleet.model_fleet).
 """
 
 from __future__ import annotations

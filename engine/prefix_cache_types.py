@@ -1,7 +1,7 @@
 """The types of the prefix-cache admin API: its errors and its results (stats, shared prefixes, flushes).
 
 The engine raises and returns these from its admin facade (`engine.client.PrefixCacheControl`);
-`gateway.errors` maps the errors to HTTP and the admin routes turn the results into JSON.
+`gateway.http.errors` maps the errors to HTTP and the admin routes turn the results into JSON.
 Plain frozen dataclasses, no torch.
 """
 

@@ -1,7 +1,7 @@
 """The bounds of the sampling parameters, declared once.
 
 `engine.request.SamplingParams` checks them, and the gateway's request bodies
-(`gateway.openai_bodies`) declare them, so `/openapi.json` states them too. This module imports
+(`gateway.api.openai_bodies`) declare them, so `/openapi.json` states them too. This module imports
 nothing: the engine and the gateway both read it, and the engine never imports the gateway.
 The bounds are the "input bounds" of docs/security.md: everything that costs engine time has one.
 """

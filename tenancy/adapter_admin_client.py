@@ -2,7 +2,7 @@
 
 Adapters are loaded into a server's engines, so every command goes to its
 `/admin/v1/adapters` routes (`gateway.routes.adapters_admin`); the answers are that API's
-JSON objects (`gateway.adapter_admin_bodies.AdapterOut`), checked for their shape before they
+JSON objects (`gateway.api.adapter_admin_bodies.AdapterOut`), checked for their shape before they
 are printed, so a server speaking another shape is reported, not echoed.
 """
 

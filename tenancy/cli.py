@@ -1,6 +1,6 @@
 """`weir db ...` and `weir admin ...`: schema migrations and tenant administration.
 
-`gateway/cli.py` calls `add_subcommands(subparsers, settings_factory)`; each leaf parser sets
+`weir/cli.py` calls `add_subcommands(subparsers, settings_factory)`; each leaf parser sets
 `func` (called as `args.func(args)`, returning the exit status). The database comes from
 `--database-url`, else `--data-dir` (its SQLite file), else the settings. `weir admin` talks to
 the database directly, or to a running server with `--server URL` (the admin token from

@@ -1,6 +1,6 @@
 """Typed errors of the tenancy layer.
 
-The gateway maps them to HTTP errors (`gateway/errors.py`); the CLI prints them. Nothing
+The gateway maps them to HTTP errors (`gateway/http/errors.py`); the CLI prints them. Nothing
 here knows about HTTP.
 """
 

@@ -43,7 +43,7 @@ from tenancy.model_version_records import (
 NAME_LEN = 64
 KEY_ID_LEN = 32
 HASH_LEN = 64
-USER_LEN = 256  # the request's `user` field as stored (gateway.openai_bodies.requests bounds it)
+USER_LEN = 256  # the request's `user` field as stored (gateway.api.openai_bodies.requests bounds it)
 PRINCIPAL_LEN = 96  # a budget bucket's subject: "key:<id>:tokens"
 MODEL_VERSION_ID_LEN = MAX_NAME_LEN + 1 + MAX_VERSION_LEN  # name@version
 CURRENCY_LEN = 3

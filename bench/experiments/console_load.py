@@ -33,9 +33,9 @@ from sqlalchemy import insert, select
 from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
-from gateway.auth import AdminAuthenticator, Authenticator, AuthSettings, FailureThrottle
 from gateway.console.routes import ConsoleDeps, console_routes
-from gateway.errors import exception_handlers
+from gateway.http.auth import AdminAuthenticator, Authenticator, AuthSettings, FailureThrottle
+from gateway.http.errors import exception_handlers
 from tenancy.db import Database
 from tenancy.enums import UsageStatus
 from tenancy.keys import KeyHasher

@@ -186,7 +186,7 @@ def run_outage(config: OutageConfig) -> dict[str, Any]:
 
 def _default_model() -> Path:
     from engine.model_prepare import ensure_default_model
-    from gateway.settings import Settings
+    from gateway.server.settings import Settings
 
     return ensure_default_model(Settings.from_environment({}).cache_dir)
 

@@ -78,7 +78,7 @@ def serve_command(
     args: argparse.Namespace, mode: Mode, port: int, data_dir: Path, metrics_port: int = 0
 ) -> list[str]:
     """The `weir serve` command line of one run (0: no metrics listener, /metrics with the admin token)."""
-    cmd = [sys.executable, "-m", "gateway.cli", "serve", "--port", str(port), "--data-dir", str(data_dir)]
+    cmd = [sys.executable, "-m", "weir.cli", "serve", "--port", str(port), "--data-dir", str(data_dir)]
     cmd += ["--metrics-port", str(metrics_port)]
     cmd += ["--auth", "keys", "--max-num-batched-tokens", str(args.max_num_batched_tokens)]
     cmd += ["--max-num-seqs", str(args.max_num_seqs), "--log-level", "warning", *mode.serve_flags]

@@ -29,7 +29,7 @@ from engine.client import EngineRequest
 from engine.llm_engine import LLMEngine
 from engine.output import EngineStats, RequestOutput
 from engine.request import SamplingParams
-from gateway.responses import ChatFormatter
+from gateway.api.responses import ChatFormatter
 
 
 class _NullCore:

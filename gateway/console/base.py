@@ -16,13 +16,13 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
 from engine.output import EngineStats
-from gateway.auth import AdminAuthenticator, Authenticator
 from gateway.console.forms import read_form
 from gateway.console.live_tenants import LiveTenants
 from gateway.console.sessions import ConsoleSession, SessionStore
-from gateway.errors import WeirError
-from gateway.metrics import GatewayMetrics
-from gateway.model_rollout import ModelRollout
+from gateway.fleet.model_rollout import ModelRollout
+from gateway.http.auth import AdminAuthenticator, Authenticator
+from gateway.http.errors import WeirError
+from gateway.metrics.registry import GatewayMetrics
 from tenancy.errors import TenancyError
 from tenancy.repo import TenancyRepo
 

@@ -6,7 +6,7 @@ from urllib.parse import parse_qsl
 
 from starlette.requests import Request
 
-from gateway.errors import BadRequestError, PayloadTooLargeError
+from gateway.http.errors import BadRequestError, PayloadTooLargeError
 from tenancy.errors import FieldError
 
 MAX_FORM_BYTES = 64 * 1024

@@ -16,7 +16,7 @@ from starlette.responses import Response
 from gateway.console.base import CONSOLE_ERRORS, ConsoleBase
 from gateway.console.forms import optional_int
 from gateway.console.sessions import ConsoleSession
-from gateway.errors import NotFoundError, to_http_error
+from gateway.http.errors import NotFoundError, to_http_error
 from tenancy.admin_bodies.keys import ApiKey
 from tenancy.admin_bodies.quota import parse_key_limits
 from tenancy.context import KEY_LIMIT_FIELDS

@@ -16,8 +16,8 @@ from gateway.console.base import (
 )
 from gateway.console.forms import optional_int
 from gateway.console.sessions import ConsoleSession
-from gateway.errors import NotFoundError, UnprocessableError, to_http_error
-from gateway.model_rollout import ModelRollout
+from gateway.fleet.model_rollout import ModelRollout
+from gateway.http.errors import NotFoundError, UnprocessableError, to_http_error
 from tenancy.admin_bodies.model_versions import parse_spec
 from tenancy.errors import FieldError
 from tenancy.model_version_records import TrafficPlan, validate_model_name, validate_version_label

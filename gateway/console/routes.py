@@ -38,7 +38,7 @@ from gateway.console.key_pages import KeyPages
 from gateway.console.model_pages import ModelPages
 from gateway.console.sessions import ConsoleSession
 from gateway.console.usage_pages import UsagePages
-from gateway.errors import NotFoundError, WeirError, to_http_error
+from gateway.http.errors import NotFoundError, WeirError, to_http_error
 from tenancy.admin_bodies.keys import ApiKey, KeyCreate
 from tenancy.admin_bodies.parsing import parse_model
 from tenancy.admin_bodies.quota import parse_quota_limits

@@ -18,7 +18,7 @@ from gateway.console.base import (
     ConsoleBase,
 )
 from gateway.console.sessions import ConsoleSession
-from gateway.errors import to_http_error
+from gateway.http.errors import to_http_error
 from tenancy.admin_bodies.fields import parse_date
 from tenancy.errors import FieldError
 from tenancy.records import DailyUsage

@@ -10,8 +10,8 @@
     POST /admin/v1/adapters/{name}/grant                    {"tenant"}: add to the access list
     POST /admin/v1/adapters/{name}/revoke                   {"tenant"}: take off the access list
 
-Bodies are `gateway.adapter_admin_bodies`' pydantic models; every change is audited by the
-repository; errors map in `gateway.errors` (unknown adapter 404, a move the state does not allow
+Bodies are `gateway.api.adapter_admin_bodies`' pydantic models; every change is audited by the
+repository; errors map in `gateway.http.errors` (unknown adapter 404, a move the state does not allow
 or a base version that is not ready 409, a refused adapter folder 400).
 """
 
@@ -24,17 +24,17 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from gateway.adapter_admin_bodies import (
+from gateway.api.adapter_admin_bodies import (
     AdapterAccessBody,
     AdapterListOut,
     AdapterOut,
     AdapterRegisterBody,
     parse_body,
 )
-from gateway.adapter_rollout import AdapterRollout, AdapterStatus
-from gateway.auth import AdminAuthenticator
-from gateway.errors import NotFoundError, PayloadTooLargeError, UnprocessableError
-from gateway.json_body import loads_bounded
+from gateway.fleet.adapter_rollout import AdapterRollout, AdapterStatus
+from gateway.http.auth import AdminAuthenticator
+from gateway.http.errors import NotFoundError, PayloadTooLargeError, UnprocessableError
+from gateway.http.json_body import loads_bounded
 from tenancy.adapter_records import validate_adapter_name
 from tenancy.errors import FieldError
 from tenancy.records import validate_tenant_name

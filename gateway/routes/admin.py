@@ -6,7 +6,7 @@ Repository calls are synchronous and run in the thread pool.
 
 Body errors: a body that is not a JSON object is 400; a field that is unknown, of the wrong
 type or out of range is 422 with `param` naming the field. Errors are raised, and answered (and
-counted) by the app's handlers, `gateway.errors.exception_handlers`.
+counted) by the app's handlers, `gateway.http.errors.exception_handlers`.
 """
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 
-from gateway.auth import AdminAuthenticator, Authenticator
-from gateway.errors import (
+from gateway.http.auth import AdminAuthenticator, Authenticator
+from gateway.http.errors import (
     NotFoundError,
     PayloadTooLargeError,
     PermissionDeniedError,
 )
-from gateway.json_body import loads_bounded
+from gateway.http.json_body import loads_bounded
 from tenancy.admin_bodies.audit import AuditEvent, AuditList
 from tenancy.admin_bodies.keys import ApiKey, ApiKeyList, IssuedApiKey, KeyCreate
 from tenancy.admin_bodies.parsing import parse_model

@@ -25,10 +25,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from gateway.auth import AdminAuthenticator
-from gateway.errors import NotFoundError, PayloadTooLargeError, UnprocessableError
-from gateway.json_body import loads_bounded
-from gateway.model_rollout import ModelRollout, VersionStatus
+from gateway.fleet.model_rollout import ModelRollout, VersionStatus
+from gateway.http.auth import AdminAuthenticator
+from gateway.http.errors import NotFoundError, PayloadTooLargeError, UnprocessableError
+from gateway.http.json_body import loads_bounded
 from tenancy.admin_bodies.model_versions import (
     ModelVersion,
     ModelVersionList,

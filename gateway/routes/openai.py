@@ -20,34 +20,39 @@ from engine.constraints import CompiledConstraint
 from engine.errors import ContextLengthError
 from engine.grammar import ConstraintSpec
 from engine.latency_targets import LatencyTargets
-from gateway.accounting import Accountant, Admission, Admitted, RequestInfo, Settle, UsageRecord
-from gateway.adapter_catalog import AdapterCatalog
-from gateway.error_tarpit import mark_key_proved
-from gateway.errors import (
-    MODEL_VERSION_HEADER,
-    BadRequestError,
-    NotFoundError,
-    PermissionDeniedError,
-    ServiceUnavailableError,
-)
-from gateway.grammar import GrammarService
-from gateway.model_fleet import Lease, ModelFleet
-from gateway.openai_bodies import requests as rb
-from gateway.prompt_limits import PromptLimits, check_chat_size, check_prompt_sizes, max_request_prompt_tokens
-from gateway.protocol import (
+from gateway.admission.accounting import Accountant, Admission, Admitted, RequestInfo, Settle, UsageRecord
+from gateway.api.openai_bodies import requests as rb
+from gateway.api.protocol import (
     Endpoint,
     GenerationOptions,
     decode_json_object,
     parse_chat_request,
     parse_completion_request,
 )
-from gateway.responses import ChatFormatter, CompletionFormatter, ResponseFormatter
-from gateway.state import GatewayState
-from gateway.streaming import GenerationJob, GenerationResponse
-from gateway.tokenization import PromptBuilder
-from gateway.tokenizer_pool import TokenizerPool
-from gateway.tool_calls import ToolsRequest
-from gateway.tracing import RequestTracer
+from gateway.api.responses import ChatFormatter, CompletionFormatter, ResponseFormatter
+from gateway.api.streaming import GenerationJob, GenerationResponse
+from gateway.api.tool_calls import ToolsRequest
+from gateway.fleet.adapter_catalog import AdapterCatalog
+from gateway.fleet.model_fleet import Lease, ModelFleet
+from gateway.http.error_tarpit import mark_key_proved
+from gateway.http.errors import (
+    MODEL_VERSION_HEADER,
+    BadRequestError,
+    NotFoundError,
+    PermissionDeniedError,
+    ServiceUnavailableError,
+)
+from gateway.metrics.tracing import RequestTracer
+from gateway.prompts.grammar import GrammarService
+from gateway.prompts.prompt_limits import (
+    PromptLimits,
+    check_chat_size,
+    check_prompt_sizes,
+    max_request_prompt_tokens,
+)
+from gateway.prompts.tokenization import PromptBuilder
+from gateway.prompts.tokenizer_pool import TokenizerPool
+from gateway.server.state import GatewayState
 from tenancy.adapter_records import AdapterView
 from tenancy.context import TenantContext
 from tenancy.model_version_records import ModelVersionState
@@ -55,7 +60,7 @@ from tenancy.model_version_records import ModelVersionState
 Authenticate = Callable[[str | None, str], Awaitable[TenantContext]]
 
 # OpenAI's legacy completions default; chat defaults to the rest of the context (and admission
-# reserves a bounded default for it, see gateway.admission).
+# reserves a bounded default for it, see gateway.admission.controller).
 DEFAULT_COMPLETION_MAX_TOKENS = 16
 
 
@@ -71,7 +76,7 @@ class _Started(Response):
 
 
 class OpenAIRoutes:
-    """Handlers of the `/v1` API over the fleet of model versions (`gateway.model_fleet`)."""
+    """Handlers of the `/v1` API over the fleet of model versions (`gateway.fleet.model_fleet`)."""
 
     def __init__(
         self,
@@ -109,7 +114,7 @@ class OpenAIRoutes:
     async def _tenant(self, request: Request) -> TenantContext:
         client = request.client.host if request.client else ""
         tenant = await self.authenticate(request.headers.get("authorization"), client)
-        mark_key_proved(request.state)  # its errors may now count against its key (gateway.error_tarpit)
+        mark_key_proved(request.state)  # its errors may now count against its key (gateway.http.error_tarpit)
         return tenant
 
     async def list_models(self, request: Request) -> Response:
@@ -193,7 +198,7 @@ class OpenAIRoutes:
 
         A `model` naming an adapter the tenant may call goes to the adapter's base version. The
         version is noted on the request, so an error answered after this point names it too
-        (`gateway.errors` adds the header).
+        (`gateway.http.errors` adds the header).
         """
         adapter = self._adapter(model, tenant)
         if adapter is not None:

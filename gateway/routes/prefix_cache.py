@@ -16,11 +16,11 @@ engine has just that one).
 
 Body errors follow the rest of the admin API: a body that is not a JSON object is 400; a field that
 is unknown, of the wrong type or out of range is 422 naming it. `messages` are those of a chat
-body (`gateway.openai_bodies.requests.ChatMessageBody`, content parts included): malformed, a 400
+body (`gateway.api.openai_bodies.requests.ChatMessageBody`, content parts included): malformed, a 400
 naming the field, as `/v1/chat/completions` answers. Text and messages are tokenized by the model
 version's `PromptBuilder`, off the event loop and under its lock, as the chat route's are. Every error, the engine's included
 (unknown prefix 404, pin budget 409, refused prefix 422), is raised to the app's one mapper in
-`gateway.errors`, which answers and counts it. Everything runs on the engine thread through the
+`gateway.http.errors`, which answers and counts it. Everything runs on the engine thread through the
 engine's prefix-cache facade (`engine.client.PrefixCacheControl`).
 """
 
@@ -37,13 +37,13 @@ from starlette.routing import BaseRoute, Mount, Route
 
 from engine.client import PrefixCacheControl
 from engine.prefix_cache_types import PrefixCacheStats, SharedPrefixInfo, TenantCacheStats
-from gateway.auth import AdminAuthenticator
-from gateway.errors import BadRequestError, NotFoundError, PayloadTooLargeError, UnprocessableError
-from gateway.json_body import loads_bounded
-from gateway.openai_bodies.params import bad_request
-from gateway.openai_bodies.requests import DEFAULT_MAX_CHAT_MESSAGES, ChatMessageBody
-from gateway.protocol import ChatMessage, message_of
-from gateway.tokenization import PromptBuilder, Tokenizer
+from gateway.api.openai_bodies.params import bad_request
+from gateway.api.openai_bodies.requests import DEFAULT_MAX_CHAT_MESSAGES, ChatMessageBody
+from gateway.api.protocol import ChatMessage, message_of
+from gateway.http.auth import AdminAuthenticator
+from gateway.http.errors import BadRequestError, NotFoundError, PayloadTooLargeError, UnprocessableError
+from gateway.http.json_body import loads_bounded
+from gateway.prompts.tokenization import PromptBuilder, Tokenizer
 
 MAX_BODY_BYTES = 4 << 20  # a long system prompt as token ids is a few hundred KB
 _REGISTER_FIELDS = frozenset({"token_ids", "text", "messages", "add_special_tokens", "name", "pin"})
@@ -209,7 +209,7 @@ class PrefixCacheRoutes:
 
     def admin(self, handler: Handler) -> Handler:
         """Check the admin token first. Errors are raised, never answered here: the app's one
-        mapper (`gateway.errors.to_http_error`) answers and counts them, like every route's."""
+        mapper (`gateway.http.errors.to_http_error`) answers and counts them, like every route's."""
 
         async def endpoint(request: Request) -> Response:
             addr = request.client.host if request.client is not None else "unknown"

@@ -7,7 +7,7 @@
     DELETE /admin/v1/budgets/{id}    remove a budget
 
 Bodies and answers are `tenancy.spend_api`'s. Every change is audited by the repository. Replicas
-(this one included) apply changes within the auth cache TTL (`gateway.window_budget_gate`).
+(this one included) apply changes within the auth cache TTL (`gateway.admission.window_budget_gate`).
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from gateway.auth import AdminAuthenticator
-from gateway.errors import NotFoundError, PayloadTooLargeError
-from gateway.json_body import loads_bounded
+from gateway.http.auth import AdminAuthenticator
+from gateway.http.errors import NotFoundError, PayloadTooLargeError
+from gateway.http.json_body import loads_bounded
 from tenancy.db import Database
 from tenancy.errors import FieldError
 from tenancy.spend_admin import SpendAdmin

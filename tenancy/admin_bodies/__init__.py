@@ -3,7 +3,7 @@
 The HTTP routes (`gateway.routes.admin`, `gateway.routes.models_admin`) parse and render with
 them, the CLI's clients (`tenancy.admin_client`, `tenancy.model_admin_client`) build requests and
 read answers with them, and `/openapi.json`'s admin part is generated from them
-(`gateway.openapi_admin`). One module per resource:
+(`gateway.api.openapi_admin`). One module per resource:
 
 - `parsing`: a validation error -> `FieldError` naming the field (the admin API's 422/400);
 - `fields`: the shared field types (times, tenant names, priorities);

@@ -1,7 +1,7 @@
 """Validate decoded JSON against a body model; the first problem as a `FieldError` naming the field.
 
 `FieldError("body", ...)` (the body is not an object) is answered 400, any other field 422
-(`gateway.errors`), as the hand-made codecs did.
+(`gateway.http.errors`), as the hand-made codecs did.
 """
 
 from __future__ import annotations

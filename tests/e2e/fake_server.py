@@ -11,8 +11,8 @@ import argparse
 import socket
 import sys
 
-from gateway.server import run_server
-from gateway.settings import LogLevel, Settings
+from gateway.server.settings import LogLevel, Settings
+from gateway.server.uvicorn_runner import run_server
 from tests.gateway.fake_engine import FakeEngine
 from tests.gateway.harness import make_app
 

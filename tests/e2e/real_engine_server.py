@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
-from gateway.app import create_app
-from gateway.settings import Settings
+from gateway.server.app import create_app
+from gateway.server.settings import Settings
 from tests.gateway.harness import check_admin_token, serve_in_thread
 
 TINY_MODEL_NAME = "tiny-llama"

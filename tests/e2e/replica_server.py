@@ -11,12 +11,12 @@ import argparse
 import socket
 import sys
 
-from gateway.admission import build_admission
-from gateway.admission_metrics import AdmissionMetrics
-from gateway.bootstrap import build_tenancy
-from gateway.metrics import GatewayMetrics
-from gateway.server import run_server
-from gateway.settings import AuthMode, LogLevel, Settings
+from gateway.admission.controller import build_admission
+from gateway.metrics.admission_metrics import AdmissionMetrics
+from gateway.metrics.registry import GatewayMetrics
+from gateway.server.bootstrap import build_tenancy
+from gateway.server.settings import AuthMode, LogLevel, Settings
+from gateway.server.uvicorn_runner import run_server
 from tests.gateway.fake_engine import FakeEngine
 from tests.gateway.harness import make_app
 

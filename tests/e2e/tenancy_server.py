@@ -11,13 +11,13 @@ from pathlib import Path
 
 import httpx
 
-from gateway.bootstrap import build_tenancy
-from gateway.error_tarpit import TarpitLimits
-from gateway.model_fleet import single_engine_fleet
-from gateway.model_rollout import ModelRollout
+from gateway.fleet.model_fleet import single_engine_fleet
+from gateway.fleet.model_rollout import ModelRollout
+from gateway.http.error_tarpit import TarpitLimits
 from gateway.routes.models_admin import models_admin_routes
 from gateway.routes.prefix_cache import prefix_cache_routes
-from gateway.settings import AuthMode, Settings
+from gateway.server.bootstrap import build_tenancy
+from gateway.server.settings import AuthMode, Settings
 from tests.gateway.fake_engine import FakeEngine, FakePrefixCache
 from tests.gateway.harness import MAX_MODEL_LEN, MODEL, make_app, serve_in_thread, tokenizer
 

@@ -20,8 +20,8 @@ import httpx
 import openai
 import pytest
 
-from gateway.bootstrap import build_server_app
-from gateway.settings import AuthMode, Settings
+from gateway.server.bootstrap import build_server_app
+from gateway.server.settings import AuthMode, Settings
 from tests.engine.lora_adapters import make_adapter
 from tests.gateway.harness import serve_in_thread, wait_until
 

@@ -17,12 +17,12 @@ import openai
 import pytest
 
 from engine.request import Priority
-from gateway.accounting import UsageRecord
-from gateway.admission import AdmissionConfig, AdmissionController, build_admission
-from gateway.admission_metrics import AdmissionMetrics
-from gateway.bootstrap import build_tenancy, to_usage_record_in
-from gateway.metrics import GatewayMetrics
-from gateway.settings import AuthMode, Settings
+from gateway.admission.accounting import UsageRecord
+from gateway.admission.controller import AdmissionConfig, AdmissionController, build_admission
+from gateway.metrics.admission_metrics import AdmissionMetrics
+from gateway.metrics.registry import GatewayMetrics
+from gateway.server.bootstrap import build_tenancy, to_usage_record_in
+from gateway.server.settings import AuthMode, Settings
 from tenancy.context import QuotaLimits, TenantContext
 from tenancy.quotas import LocalBudget
 from tests.gateway.fake_engine import FakeEngine, num_beam_tokens

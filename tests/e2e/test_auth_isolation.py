@@ -5,7 +5,7 @@ valid key from that address, and X-Forwarded-For from loopback let a client aim 
 Defect 6: an uncached key on a locked database waited 5 s; admin writes answered 500.
 The revocation race: a lookup that began before a revoke cached the key as active afterwards.
 
-The server is built as `weir serve` builds it (`gateway.server.uvicorn_config`), on 127.0.0.1,
+The server is built as `weir serve` builds it (`gateway.server.uvicorn_runner.uvicorn_config`), on 127.0.0.1,
 with small throttle limits so the tests stay short.
 """
 
@@ -23,10 +23,10 @@ from typing import Any
 import httpx
 import openai
 
-from gateway.auth import AdminAuthenticator, Authenticator, AuthSettings
+from gateway.http.auth import AdminAuthenticator, Authenticator, AuthSettings
 from gateway.routes.admin import admin_routes
-from gateway.server import uvicorn_config
-from gateway.settings import AuthMode, LogLevel, Settings
+from gateway.server.settings import AuthMode, LogLevel, Settings
+from gateway.server.uvicorn_runner import uvicorn_config
 from tenancy.db import Database
 from tenancy.enums import KeyScope
 from tenancy.keys import KeyHasher, generate_key

@@ -21,8 +21,8 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.bootstrap import engine_config
-from gateway.settings import Settings
+from gateway.server.bootstrap import engine_config
+from gateway.server.settings import Settings
 from tests.e2e.real_engine_server import serve_engine
 from tests.gateway.harness import ADMIN_HEADERS
 

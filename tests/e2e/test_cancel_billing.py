@@ -25,10 +25,10 @@ from engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from engine.faults import FaultInjector
 from engine.llm_engine import build_engine
 from engine.request import Priority
-from gateway.accounting import Outcome, UsageRecord
-from gateway.admission import AdmissionConfig, AdmissionController
-from gateway.app import create_app
-from gateway.settings import Settings
+from gateway.admission.accounting import Outcome, UsageRecord
+from gateway.admission.controller import AdmissionConfig, AdmissionController
+from gateway.server.app import create_app
+from gateway.server.settings import Settings
 from tenancy.context import QuotaLimits, TenantContext
 from tenancy.quotas import LocalBudget
 from tests.engine.tiny_models import make_tiny_model

@@ -26,10 +26,10 @@ import pytest
 
 from engine.async_engine import AsyncEngine
 from engine.config import CacheConfig, EngineConfig, SchedulerConfig
-from gateway.admission import AdmissionConfig, AdmissionController
-from gateway.bootstrap import build_tenancy
-from gateway.settings import AuthMode, Settings
-from gateway.state import GatewayState
+from gateway.admission.controller import AdmissionConfig, AdmissionController
+from gateway.server.bootstrap import build_tenancy
+from gateway.server.settings import AuthMode, Settings
+from gateway.server.state import GatewayState
 from tenancy.context import QuotaLimits
 from tenancy.quotas import Denial, Grant, LocalBudget
 from tests.engine.tiny_models import make_tiny_model

@@ -20,8 +20,8 @@ import httpx
 import openai
 import pytest
 
-from gateway.bootstrap import build_server_app
-from gateway.settings import AuthMode, Settings
+from gateway.server.bootstrap import build_server_app
+from gateway.server.settings import AuthMode, Settings
 from tests.e2e.console_browser import (
     CHROMIUM,
     HOSTILE,

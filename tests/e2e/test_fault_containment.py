@@ -23,10 +23,10 @@ from engine.async_engine import AsyncEngine
 from engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from engine.faults import FaultInjector
 from engine.llm_engine import build_engine
-from gateway.app import create_app
-from gateway.bootstrap import build_tenancy
-from gateway.errors import AuthenticationError
-from gateway.settings import AuthMode, Settings
+from gateway.http.errors import AuthenticationError
+from gateway.server.app import create_app
+from gateway.server.bootstrap import build_tenancy
+from gateway.server.settings import AuthMode, Settings
 from tests.engine.tiny_models import make_tiny_model
 from tests.gateway.harness import serve_in_thread
 

@@ -22,12 +22,12 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from engine.sampling_bounds import MAX_STOP_CHARS, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS
-from gateway.body_limit import MAX_HEADER_BYTES, BodyLimitMiddleware
-from gateway.errors import WeirError, error_response
-from gateway.openai_bodies import requests as openai_bodies
-from gateway.openai_bodies.requests import MAX_PROMPTS
-from gateway.server import uvicorn_config
-from gateway.settings import Settings
+from gateway.api.openai_bodies import requests as openai_bodies
+from gateway.api.openai_bodies.requests import MAX_PROMPTS
+from gateway.http.body_limit import MAX_HEADER_BYTES, BodyLimitMiddleware
+from gateway.http.errors import WeirError, error_response
+from gateway.server.settings import Settings
+from gateway.server.uvicorn_runner import uvicorn_config
 from tests.e2e.tenancy_server import ADMIN, TENANT, FullServer, serve_everything
 from tests.gateway.harness import MODEL, serve_in_thread
 

@@ -10,11 +10,11 @@ import httpx
 import openai
 import pytest
 
-from gateway.admission import build_admission
-from gateway.admission_metrics import AdmissionMetrics
-from gateway.bootstrap import build_tenancy
-from gateway.metrics import GatewayMetrics
-from gateway.settings import AuthMode, Settings
+from gateway.admission.controller import build_admission
+from gateway.metrics.admission_metrics import AdmissionMetrics
+from gateway.metrics.registry import GatewayMetrics
+from gateway.server.bootstrap import build_tenancy
+from gateway.server.settings import AuthMode, Settings
 from tests.gateway.fake_engine import FakeEngine
 from tests.gateway.harness import MODEL, make_app, serve_in_thread
 

@@ -22,11 +22,11 @@ from engine.client import EngineRequest
 from engine.config import CacheConfig, EngineConfig, LoraConfig, SchedulerConfig
 from engine.llm_engine import build_engine
 from engine.request import Priority, SamplingParams
-from gateway.accounting import UsageRecord
-from gateway.adapter_catalog import AdapterCatalog
-from gateway.app import create_app
-from gateway.errors import AuthenticationError
-from gateway.settings import Settings
+from gateway.admission.accounting import UsageRecord
+from gateway.fleet.adapter_catalog import AdapterCatalog
+from gateway.http.errors import AuthenticationError
+from gateway.server.app import create_app
+from gateway.server.settings import Settings
 from tenancy.adapter_records import AdapterState, AdapterView
 from tenancy.context import QuotaLimits, TenantContext
 from tests.engine.lora_adapters import make_adapter

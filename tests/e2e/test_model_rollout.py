@@ -21,8 +21,8 @@ import openai
 import pytest
 from sqlalchemy import select
 
-from gateway.bootstrap import build_server_app
-from gateway.settings import AuthMode, Settings
+from gateway.server.bootstrap import build_server_app
+from gateway.server.settings import AuthMode, Settings
 from tenancy.db import Database
 from tenancy.models import UsageRecord
 from tests.engine.tiny_models import make_tiny_model

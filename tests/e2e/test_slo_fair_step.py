@@ -24,9 +24,9 @@ import pytest
 
 from engine.async_engine import AsyncEngine
 from engine.config import CacheConfig, EngineConfig, QueuePolicy, SchedulerConfig
-from gateway.app import create_app
-from gateway.bootstrap import build_tenancy
-from gateway.settings import AuthMode, Settings
+from gateway.server.app import create_app
+from gateway.server.bootstrap import build_tenancy
+from gateway.server.settings import AuthMode, Settings
 from tests.engine.tiny_models import make_tiny_model
 from tests.gateway.harness import serve_in_thread
 

@@ -16,13 +16,13 @@ import openai
 import pytest
 from prometheus_client import generate_latest
 
-from gateway.admission import build_admission
-from gateway.admission_metrics import AdmissionMetrics
-from gateway.bootstrap import build_tenancy
-from gateway.metrics import GatewayMetrics
+from gateway.admission.controller import build_admission
+from gateway.admission.window_budget_gate import WindowBudgetMetrics
+from gateway.metrics.admission_metrics import AdmissionMetrics
+from gateway.metrics.registry import GatewayMetrics
 from gateway.routes.spend_admin import spend_admin_routes
-from gateway.settings import AuthMode, Settings
-from gateway.window_budget_gate import WindowBudgetMetrics
+from gateway.server.bootstrap import build_tenancy
+from gateway.server.settings import AuthMode, Settings
 from tests.gateway.fake_engine import FakeEngine
 from tests.gateway.harness import MODEL, make_app, serve_in_thread
 

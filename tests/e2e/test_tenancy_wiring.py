@@ -9,8 +9,8 @@ import httpx
 import openai
 import pytest
 
-from gateway.bootstrap import build_tenancy
-from gateway.settings import AuthMode, Settings
+from gateway.server.bootstrap import build_tenancy
+from gateway.server.settings import AuthMode, Settings
 from tests.gateway.fake_engine import FakeEngine
 from tests.gateway.harness import MODEL, make_app, serve_in_thread, wait_until
 

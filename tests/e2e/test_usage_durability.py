@@ -17,10 +17,10 @@ import openai
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gateway.bootstrap import build_tenancy
-from gateway.metrics import GatewayMetrics
-from gateway.settings import AuthMode, Settings
-from gateway.usage_metrics import UsageRecordsCollector
+from gateway.metrics.registry import GatewayMetrics
+from gateway.metrics.usage_metrics import UsageRecordsCollector
+from gateway.server.bootstrap import build_tenancy
+from gateway.server.settings import AuthMode, Settings
 from tests.gateway.fake_engine import FakeEngine
 from tests.gateway.harness import MODEL, make_app, serve_in_thread, wait_until
 

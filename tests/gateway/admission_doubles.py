@@ -11,10 +11,10 @@ from typing import Any
 from engine.client import EngineRequest
 from engine.output import EngineStats
 from engine.request import Priority, SamplingParams
-from gateway.accounting import Admitted, Outcome, Usage, UsageRecord
-from gateway.admission import AdmissionConfig, AdmissionController
-from gateway.admission_metrics import AdmissionMetrics
-from gateway.protocol import Endpoint
+from gateway.admission.accounting import Admitted, Outcome, Usage, UsageRecord
+from gateway.admission.controller import AdmissionConfig, AdmissionController
+from gateway.api.protocol import Endpoint
+from gateway.metrics.admission_metrics import AdmissionMetrics
 from tenancy.context import QuotaLimits, TenantContext
 from tenancy.quotas import LocalBudget
 from tests.gateway.harness import MODEL

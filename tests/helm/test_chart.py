@@ -14,7 +14,7 @@ import tomllib
 
 import yaml
 
-from gateway.settings import Settings
+from gateway.server.settings import Settings
 from tests.helm.chart_files import (
     CHART,
     COMMENT,
@@ -36,7 +36,7 @@ ALLOWED_OTHER_ENV = frozenset({"HOME"})
 
 
 def _settings_env_names() -> set[str]:
-    return set(re.findall(r"\"(WEIR_[A-Z0-9_]+)\"", read(ROOT / "gateway" / "settings.py")))
+    return set(re.findall(r"\"(WEIR_[A-Z0-9_]+)\"", read(ROOT / "gateway" / "server" / "settings.py")))
 
 
 def _camel_to_env(key: str) -> str:

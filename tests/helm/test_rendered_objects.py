@@ -11,8 +11,7 @@ from typing import Any
 
 import pytest
 
-from gateway.cli import build_parser
-from gateway.settings import Settings
+from gateway.server.settings import Settings
 from tests.helm.chart_files import ROOT, read
 from tests.helm.rendering import (
     Manifest,
@@ -25,6 +24,7 @@ from tests.helm.rendering import (
     render,
     render_profile,
 )
+from weir.cli import build_parser
 
 PROFILES = profile_names()
 POD_OWNERS = ("Deployment", "Job")
@@ -145,7 +145,7 @@ def test_secrets_come_only_by_reference(profile: str) -> None:
 
 
 def _app_routes() -> set[str]:
-    return set(re.findall(r"Route\(\"(/[^\"]*)\"", read(ROOT / "gateway" / "app.py")))
+    return set(re.findall(r"Route\(\"(/[^\"]*)\"", read(ROOT / "gateway" / "server" / "app.py")))
 
 
 def _routed_paths(manifests: tuple[Manifest, ...] | list[Manifest]) -> list[str]:

@@ -12,7 +12,7 @@ import pytest
 from jsonschema import Draft7Validator
 
 from engine.config import QueuePolicy
-from gateway.settings import (
+from gateway.server.settings import (
     DTYPES,
     AdmissionMode,
     AttentionBackend,

@@ -1,7 +1,7 @@
 """An in-process stand-in for the server's `/admin/v1/models` routes, for the CLI's HTTP path.
 
 It speaks the documented shapes through the shared body models (`tenancy.admin_bodies.model_versions`) over a real
-`ModelVersionRepo`, with the real error mapping (`gateway.errors`). It has no engines: `load`
+`ModelVersionRepo`, with the real error mapping (`gateway.http.errors`). It has no engines: `load`
 moves the record loading -> ready (a path that is not a directory fails the load with its
 reason, as a server's would). The real routes live in the gateway and are tested end to end
 there; this checks that the client and the models agree on every route, method and shape.
@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from gateway.errors import exception_handlers
+from gateway.http.errors import exception_handlers
 from tenancy.admin_bodies.model_versions import (
     ModelVersion,
     ModelVersionList,

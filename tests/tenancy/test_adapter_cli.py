@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from gateway.bootstrap import build_server_app
-from gateway.settings import AuthMode, Settings
+from gateway.server.bootstrap import build_server_app
+from gateway.server.settings import AuthMode, Settings
 from tenancy import cli
 from tests.engine.lora_adapters import make_adapter
 from tests.engine.tiny_models import make_tiny_model

@@ -11,7 +11,7 @@ import pytest
 from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
-from gateway.auth import AdminAuthenticator, Authenticator
+from gateway.http.auth import AdminAuthenticator, Authenticator
 from gateway.routes.admin import admin_routes
 from tenancy import cli
 from tenancy.admin_client import HttpAdmin
@@ -150,7 +150,7 @@ def test_server_needs_a_token(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 class FakeSettings:
-    """Stands in for gateway.settings.Settings."""
+    """Stands in for gateway.server.settings.Settings."""
 
     def __init__(self, url: str) -> None:
         self.resolved_database_url = url

@@ -11,8 +11,8 @@ import pytest
 from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
-from gateway.auth import AdminAuthenticator
-from gateway.errors import exception_handlers
+from gateway.http.auth import AdminAuthenticator
+from gateway.http.errors import exception_handlers
 from gateway.routes.spend_admin import spend_admin_routes
 from tenancy import cli
 from tenancy.admin_client import HttpAdmin

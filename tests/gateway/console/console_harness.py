@@ -14,18 +14,18 @@ from starlette.testclient import TestClient
 
 from engine.memory_budget import MemoryBudget
 from engine.output import EngineStats
-from gateway.auth import AdminAuthenticator, Authenticator, AuthSettings, FailureThrottle
 from gateway.console.routes import ConsoleDeps, console_routes
 from gateway.console.sessions import SessionStore
-from gateway.errors import exception_handlers
-from gateway.model_fleet import ModelFleet
-from gateway.model_rollout import ModelRollout
+from gateway.fleet.model_fleet import ModelFleet
+from gateway.fleet.model_rollout import ModelRollout
+from gateway.http.auth import AdminAuthenticator, Authenticator, AuthSettings, FailureThrottle
+from gateway.http.errors import exception_handlers
 from tenancy.db import Database
 from tenancy.keys import KeyHasher
 from tenancy.migrate import upgrade
 from tenancy.model_versions import ModelVersionRepo
 from tenancy.repo import TenancyRepo
-from tests.gateway.test_model_fleet import MIB, Factory
+from tests.gateway.fleet.test_model_fleet import MIB, Factory
 from tests.tenancy.clock import FakeClock
 
 TOKEN = "console-admin-token-0123456789"

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.admission_metrics import AdmissionMetrics, SLOResult
 from gateway.console.live_tenants import LiveTenants, histogram_quantile, slo_attainment
-from gateway.metrics import GatewayMetrics
+from gateway.metrics.admission_metrics import AdmissionMetrics, SLOResult
+from gateway.metrics.registry import GatewayMetrics
 
 
 def test_quantiles_interpolate_within_a_bucket_like_promql() -> None:

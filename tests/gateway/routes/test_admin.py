@@ -13,8 +13,8 @@ import pytest
 from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
-from gateway.auth import AdminAuthenticator, Authenticator, AuthSettings
-from gateway.errors import exception_handlers
+from gateway.http.auth import AdminAuthenticator, Authenticator, AuthSettings
+from gateway.http.errors import exception_handlers
 from gateway.routes.admin import admin_routes
 from tenancy.admin_token import ensure_admin_token
 from tenancy.db import Database

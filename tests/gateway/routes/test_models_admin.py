@@ -11,9 +11,9 @@ import pytest
 from starlette.testclient import TestClient
 
 from engine.memory_budget import MemoryBudget
-from gateway.auth import AdminAuthenticator, AuthSettings, FailureThrottle
-from gateway.model_fleet import ModelFleet
-from gateway.model_rollout import ModelRollout
+from gateway.fleet.model_fleet import ModelFleet
+from gateway.fleet.model_rollout import ModelRollout
+from gateway.http.auth import AdminAuthenticator, AuthSettings, FailureThrottle
 from gateway.routes.models_admin import models_admin_routes
 from tenancy.admin_bodies.model_versions import (
     ModelVersion,
@@ -28,9 +28,9 @@ from tenancy.model_version_records import TrafficPlan
 from tenancy.model_versions import ModelVersionRepo
 from tenancy.records import TenantSpec
 from tenancy.repo import TenancyRepo
+from tests.gateway.fleet.test_model_fleet import MIB, Factory
 from tests.gateway.harness import make_app
 from tests.gateway.routes.test_prefix_cache import ADMIN, TOKEN, _Store
-from tests.gateway.test_model_fleet import MIB, Factory
 
 
 # The answers read through the body models (the codec's parse functions before them).

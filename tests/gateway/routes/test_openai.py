@@ -172,7 +172,7 @@ def quota_server() -> Any:
     }
 
     async def authenticate(authorization: str | None, client: str) -> TenantContext:
-        from gateway.errors import AuthenticationError
+        from gateway.http.errors import AuthenticationError
 
         if authorization not in tenants:
             raise AuthenticationError("bad key")

@@ -10,9 +10,9 @@ import httpx
 import pytest
 
 from engine.request import Priority
-from gateway.accounting import UsageRecord
-from gateway.adapter_catalog import AdapterCatalog
-from gateway.errors import AuthenticationError
+from gateway.admission.accounting import UsageRecord
+from gateway.fleet.adapter_catalog import AdapterCatalog
+from gateway.http.errors import AuthenticationError
 from tenancy.adapter_records import AdapterState, AdapterView
 from tenancy.context import QuotaLimits, TenantContext
 from tests.gateway.fake_engine import FakeEngine

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from gateway.auth import AdminAuthenticator, AuthSettings, FailureThrottle
-from gateway.prefix_cache_metrics import PrefixCacheCollector
+from gateway.http.auth import AdminAuthenticator, AuthSettings, FailureThrottle
+from gateway.metrics.prefix_cache_metrics import PrefixCacheCollector
 from gateway.routes.prefix_cache import prefix_cache_routes
 from tenancy.keys import KeyHasher
 from tests.gateway.fake_engine import FakeEngine, FakePrefixCache

@@ -1,0 +1,143 @@
+"""The bodies of the LoRA adapter admin API (/admin/v1/adapters), declared once as pydantic v2 models.
+
+Validation, the OpenAPI schemas (`gateway.api.openapi_admin`) and the `weir admin adapters` client
+(`tenancy.adapter_admin_client` reads the same field names) derive from these. Bounds are the
+records' constants (`tenancy.adapter_records`), not restated; the records check them again.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from gateway.http.errors import BadRequestError, UnprocessableError
+from tenancy.adapter_records import MAX_ADAPTER_NAME_LEN, AdapterSpec, AdapterState
+from tenancy.model_version_records import MAX_NAME_LEN, MAX_PATH_LEN, MAX_VERSION_LEN
+
+if TYPE_CHECKING:
+    from gateway.fleet.adapter_rollout import AdapterStatus
+
+MAX_TENANT_NAME_LEN = 64  # tenancy.records.validate_tenant_name checks the characters
+MODEL_VERSION_ID_LEN = MAX_NAME_LEN + 1 + MAX_VERSION_LEN  # name@version
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+_B = TypeVar("_B", bound=_Body)
+
+
+class AdapterRegisterBody(_Body):
+    """POST /admin/v1/adapters: register an adapter of a base model version."""
+
+    name: str = Field(
+        min_length=1, max_length=MAX_ADAPTER_NAME_LEN, description="what clients put in `model`"
+    )
+    model_version: str = Field(
+        min_length=3, max_length=MODEL_VERSION_ID_LEN, description="the base model version, name@version"
+    )
+    path: str = Field(
+        min_length=1, max_length=MAX_PATH_LEN, description="the PEFT folder, under the server's --adapter-dir"
+    )
+    owner_tenant: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_TENANT_NAME_LEN,
+        description="private to this tenant (and those granted); null: public until granted",
+    )
+
+    def spec(self) -> AdapterSpec:
+        return AdapterSpec(self.name, self.model_version, self.path, self.owner_tenant)
+
+
+class AdapterAccessBody(_Body):
+    """POST /admin/v1/adapters/{name}/grant and /revoke: one tenant of the access list."""
+
+    tenant: str = Field(min_length=1, max_length=MAX_TENANT_NAME_LEN)
+
+
+class AdapterRuntimeOut(BaseModel):
+    """What the base version's engine holds of the adapter."""
+
+    rank: int
+    target_modules: list[str]
+    num_bytes: int
+    slot: int | None = Field(description="the device slot holding it now; null: in host memory only")
+    num_requests: int
+    num_tokens: int
+    num_slot_loads: int
+    num_slot_evictions: int
+
+
+class AdapterOut(BaseModel):
+    """One adapter: its record, access, and what the running server knows."""
+
+    object: Literal["adapter"] = "adapter"
+    name: str
+    model_version: str
+    path: str
+    owner_tenant: str | None
+    allowed_tenants: list[str]
+    public: bool
+    state: AdapterState
+    failure_reason: str | None
+    serving: bool = Field(description="requests naming it are routed to its base version now")
+    in_flight: int
+    runtime: AdapterRuntimeOut | None
+    created_at: dt.datetime
+    updated_at: dt.datetime
+    updated_by: str
+
+    @classmethod
+    def of(cls, status: AdapterStatus) -> AdapterOut:
+        r, info = status.record, status.engine
+        runtime = None
+        if info is not None:
+            runtime = AdapterRuntimeOut(
+                rank=info.rank,
+                target_modules=list(info.target_modules),
+                num_bytes=info.num_bytes,
+                slot=info.slot,
+                num_requests=info.num_requests,
+                num_tokens=info.num_tokens,
+                num_slot_loads=info.num_slot_loads,
+                num_slot_evictions=info.num_slot_evictions,
+            )
+        return cls(
+            name=r.name,
+            model_version=r.model_version,
+            path=r.path,
+            owner_tenant=r.owner_tenant,
+            allowed_tenants=list(r.allowed_tenants),
+            public=r.is_public,
+            state=r.state,
+            failure_reason=r.failure_reason,
+            serving=status.serving,
+            in_flight=status.in_flight,
+            runtime=runtime,
+            created_at=r.created_at,
+            updated_at=r.updated_at,
+            updated_by=r.updated_by,
+        )
+
+
+class AdapterListOut(BaseModel):
+    """GET /admin/v1/adapters."""
+
+    object: Literal["list"] = "list"
+    data: list[AdapterOut]
+
+
+def parse_body(kind: type[_B], value: Any) -> _B:
+    """`value` as `kind`; a 400 for a body that is not an object, a 422 naming the bad field."""
+    if not isinstance(value, dict):
+        raise BadRequestError("request body must be a JSON object", code="invalid_body")
+    try:
+        return kind.model_validate(value)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = ".".join(str(p) for p in err["loc"]) or "body"
+        raise UnprocessableError(f"'{field}': {err['msg']}", param=field, code="invalid_value") from None

@@ -1,0 +1,263 @@
+"""The OpenAPI 3.1 description of the whole API, served at `/openapi.json`.
+
+Every operation the app serves is listed, the admin ones included, with its security scheme
+(`bearer`: a tenant's API key; `admin_token`: the operator's). The OpenAI request bodies and
+answers are generated from the pydantic models the validator and the tests use
+(`gateway.api.openai_bodies`), with the served model names as the `model` enum and token ids bounded
+by the vocabulary, so that a client generating requests from this document
+(a fuzzer, an SDK generator) sends what the server accepts. OpenAI clients may send more fields,
+which are ignored.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from collections.abc import Collection
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic.json_schema import JsonSchemaMode, models_json_schema
+
+from gateway.api.openai_bodies import requests as rb
+from gateway.api.openai_bodies.responses import ANSWERS
+from gateway.api.openapi_admin import ADMIN, admin_paths
+from gateway.api.openapi_admin import SCHEMAS as ADMIN_SCHEMAS
+
+_PREFIX_CACHE = "/admin/v1/prefix-cache"
+_MODELS = "/admin/v1/models"  # the model-version routes, mounted only with a fleet that loads
+_ADAPTERS = "/admin/v1/adapters"  # the LoRA adapter routes, likewise
+_CONVERTER = re.compile(r"\{(\w+):\w+\}")  # Starlette's {name:path} is OpenAPI's {name}
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+_ERRORS = {
+    str(code): _json(_ref("Error"), text)
+    for code, text in [
+        (
+            400,
+            "Invalid field (named in error.param), malformed JSON, or prompt + max_tokens beyond the context",
+        ),
+        (401, "Missing or invalid API key or admin token"),
+        (403, "The API key may not use this model or operation"),
+        (404, "Unknown model or resource"),
+        (408, "The request body was not received in time"),
+        (409, "Conflict with the current state (e.g. the tenant exists)"),
+        (413, "Request body too large"),
+        (422, "Well-formed, but a value is not acceptable (admin fields; chat template)"),
+        (429, "Rate limit or budget exceeded"),
+        (500, "Engine failure on this request"),
+        (503, "Engine or database unavailable, or shutting down"),
+    ]
+}
+
+
+def _generation(summary: str, request: str, response: str, chunk: str) -> dict[str, Any]:
+    return {
+        "post": {
+            "summary": summary,
+            "security": [{"bearer": []}],
+            "requestBody": {"required": True, "content": {"application/json": {"schema": _ref(request)}}},
+            "responses": {
+                "200": {
+                    "description": "The completion, or an SSE stream of chunks",
+                    "content": {
+                        "application/json": {"schema": _ref(response)},
+                        # Each event's data (but the last, `[DONE]`).
+                        "text/event-stream": {"schema": _ref(chunk)},
+                    },
+                },
+                **_ERRORS,
+            },
+        }
+    }
+
+
+def _answer_and_body_schemas() -> dict[str, Any]:
+    """The component schemas of the bodies and answers, as pydantic generates them from the models
+    (the same for every app; `openapi_schema` adds what the served models decide)."""
+    global _GENERATED
+    if _GENERATED is None:
+        models: list[tuple[type[BaseModel], JsonSchemaMode]] = [
+            (rb.ChatCompletionBody, "validation"),
+            (rb.CompletionBody, "validation"),
+            *((answer, "serialization") for answer in ANSWERS),
+        ]
+        _, top = models_json_schema(models, ref_template=_REF)
+        text = json.dumps(top["$defs"])
+        for model, name in _COMPONENT_NAMES.items():  # the class name, as a key and in references
+            text = text.replace(f'"{model}"', f'"{name}"').replace(f'/{model}"', f'/{name}"')
+        _GENERATED = json.loads(text)
+    return _GENERATED
+
+
+# The documented names of the request bodies, as clients have known them.
+_COMPONENT_NAMES = {"ChatCompletionBody": "ChatCompletionRequest", "CompletionBody": "CompletionRequest"}
+
+
+_REF = "#/components/schemas/{model}"
+_GENERATED: dict[str, Any] | None = None
+
+
+def _bound_token_ids(schema: Any, vocab_size: int | None) -> None:
+    """Token ids (marked by the models) below the vocabulary size, where the server knows it."""
+    stack = [schema]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            if item.pop(rb.TOKEN_ID_MARK, False) and vocab_size is not None:
+                item["maximum"] = vocab_size - 1
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+
+
+def _schemas(models: list[str], vocab_size: int | None) -> dict[str, Any]:
+    schemas = copy.deepcopy(_answer_and_body_schemas())
+    _bound_token_ids(schemas, vocab_size)
+    model = {"type": "string", "enum": models} if models else {"type": "string", "minLength": 1}
+    for body in ("ChatCompletionRequest", "CompletionRequest"):
+        schemas[body]["properties"]["model"] = model
+    # Fields that only make sense with another one set (the validator refuses them otherwise).
+    needs_stream = {"properties": {"stream": {"const": True}}, "required": ["stream"]}
+    schemas["ChatCompletionRequest"]["dependentSchemas"] = {
+        "top_logprobs": {"properties": {"logprobs": {"const": True}}, "required": ["logprobs"]},
+        "stream_options": needs_stream,
+    }
+    schemas["CompletionRequest"]["dependentSchemas"] = {"stream_options": needs_stream}
+    schemas["Error"] = _ref("ErrorBody")  # the name the admin operations refer to
+    return schemas
+
+
+def openapi_schema(
+    version: str = "0.1.0",
+    *,
+    models: Collection[str] = (),
+    vocab_size: int | None = None,
+    mounted: Collection[str] | None = None,
+) -> dict[str, Any]:
+    """The document for `/openapi.json`.
+
+    `models`: the served model names (the `model` enum; empty: any string). `vocab_size`: bounds
+    token ids. `mounted`: the top-level paths the app serves (a route's or a mount's path); the
+    admin and usage operations are listed only where they are mounted; None lists them all.
+    """
+    probe = {
+        "200": {"description": "OK"},
+        "503": {"description": "Not alive / not ready"},
+    }
+    names = sorted(models)
+    paths: dict[str, Any] = {
+        "/v1/chat/completions": _generation(
+            "Chat completion", "ChatCompletionRequest", "ChatCompletion", "ChatCompletionChunk"
+        ),
+        "/v1/completions": _generation("Completion", "CompletionRequest", "Completion", "Completion"),
+        "/v1/models": {
+            "get": {
+                "summary": "Models this API key may use",
+                "security": [{"bearer": []}],
+                "responses": {
+                    "200": _json(_ref("ModelList"), "The models"),
+                    "401": _ERRORS["401"],
+                    "429": _ERRORS["429"],
+                    "503": _ERRORS["503"],
+                },
+            }
+        },
+        "/v1/models/{model}": {
+            "get": {
+                "summary": "One model",
+                "security": [{"bearer": []}],
+                "parameters": [
+                    {
+                        "name": "model",
+                        "in": "path",
+                        "required": True,
+                        "schema": {"type": "string", "enum": names} if names else {"type": "string"},
+                    }
+                ],
+                "responses": {
+                    "200": _json(_ref("ModelCard"), "The model"),
+                    **{c: _ERRORS[c] for c in ("401", "403", "404", "429", "503")},
+                },
+            }
+        },
+        "/health": {"get": {"summary": "Liveness", "security": [], "responses": probe}},
+        "/ready": {
+            "get": {
+                "summary": "Readiness: model loaded and warm, not draining",
+                "security": [],
+                "responses": probe,
+            }
+        },
+        "/metrics": {
+            "get": {
+                "summary": "Prometheus metrics (names every tenant: the admin token, or the metrics port)",
+                "security": ADMIN,
+                "responses": {"200": {"description": "OK", "content": {"text/plain": {}}}},
+            }
+        },
+        "/openapi.json": {
+            "get": {
+                "summary": "This document",
+                "security": [],
+                "responses": {"200": {"description": "OK", "content": {"application/json": {}}}},
+            }
+        },
+    }
+    paths |= admin_paths(_ERRORS)
+    if mounted is not None:
+        prefixes = [_CONVERTER.sub(r"{\1}", m).rstrip("/") for m in mounted]
+        # The prefix-cache API is its own mount; /admin/v1's catch-all would answer it with 404.
+        paths = {
+            p: item
+            for p, item in paths.items()
+            if any(_under(p, m) for m in prefixes)
+            and (not _under(p, _PREFIX_CACHE) or _PREFIX_CACHE in prefixes)
+            and (not _under(p, _MODELS) or _MODELS in prefixes)
+            and (not _under(p, _ADAPTERS) or _ADAPTERS in prefixes)
+        }
+    schemas = {**_schemas(names, vocab_size), **ADMIN_SCHEMAS}
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "Weir", "version": version, "description": "OpenAI-compatible inference gateway."},
+        "paths": paths,
+        "components": {
+            "schemas": schemas,
+            "securitySchemes": {
+                "bearer": {"type": "http", "scheme": "bearer", "description": "A tenant's API key."},
+                "admin_token": {"type": "http", "scheme": "bearer", "description": "The admin token."},
+            },
+        },
+    }
+
+
+def _under(path: str, mounted: str) -> bool:
+    """Whether the documented `path` is the routed path `mounted` or lies under that mount."""
+    return path == mounted or path.startswith(mounted + "/")
+
+
+class LiveDocument:
+    """`/openapi.json` for an app whose served models change (versions loaded, rolled out,
+    retired): rendered again when the model names or the vocabulary change, else served as is."""
+
+    def __init__(self, version: str = "0.1.0", mounted: Collection[str] | None = None) -> None:
+        self.version = version
+        self.mounted = mounted
+        self._key: tuple[tuple[str, ...], int | None] | None = None
+        self._body = b""
+
+    def render(self, models: Collection[str], vocab_size: int | None) -> bytes:
+        key = (tuple(sorted(models)), vocab_size)
+        if key != self._key:
+            doc = openapi_schema(self.version, models=key[0], vocab_size=vocab_size, mounted=self.mounted)
+            self._body, self._key = json.dumps(doc).encode(), key
+        return self._body

@@ -1,0 +1,1 @@
+"""Prometheus collectors, the metrics listener and tracing."""

@@ -1,0 +1,231 @@
+"""Prometheus metrics of one app, in its own CollectorRegistry (never the global one).
+
+Latency histograms and token counters are fed by accounting when a request ends; engine load
+gauges (running, waiting, KV usage, prefix-cache hit rate, preemptions) are read from
+`EngineClient.stats()` at scrape time, so the request path pays nothing for them.
+
+The registry is built first and handed to everything that adds to it: the per-concept metrics
+(`gateway.metrics.admission_metrics.AdmissionMetrics(registry)`) and the scrape-time collectors
+(`gateway.metrics.prefix_cache_metrics`, `gateway.metrics.usage_metrics`, passed as `collectors`), so the app, the
+admission controller and the metrics listener all receive a registry that is complete.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Generic, TypeVar
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
+
+from engine.output import EngineStats
+from gateway.metrics.host_kv_metrics import host_kv_metrics
+from gateway.metrics.slo_metrics import slo_metrics
+from gateway.metrics.spec_decode_metrics import spec_decode_metrics
+from gateway.metrics.step_budget_metrics import step_budget_metrics
+
+# Seconds. Wide enough for a 135M model on two CPU cores and for a GPU.
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+_TOKEN_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5)
+_LABELS = ("model", "tenant")
+_Snapshot = TypeVar("_Snapshot")
+
+
+class SnapshotCollector(Collector, Generic[_Snapshot]):
+    """Metric families computed at scrape time from a snapshot read once per scrape.
+
+    A read that raises yields nothing: a broken engine must not break the scrape of everything else.
+    """
+
+    def __init__(
+        self, read: Callable[[], _Snapshot], families: Callable[[_Snapshot], Iterable[Metric]]
+    ) -> None:
+        self._read = read
+        self._families = families
+
+    def collect(self) -> Iterable[Metric]:
+        try:
+            snapshot = self._read()
+        except Exception:
+            return
+        yield from self._families(snapshot)
+
+
+def engine_load_metrics(s: EngineStats) -> Iterator[Metric]:
+    """The engine-load families of one engine snapshot."""
+    yield GaugeMetricFamily(
+        "weir_num_requests_running", "Sequences in the running batch.", value=s.num_running
+    )
+    yield GaugeMetricFamily(
+        "weir_num_requests_waiting", "Sequences in the waiting queue.", value=s.num_waiting
+    )
+    yield GaugeMetricFamily(
+        "weir_num_waiting_tokens", "Prompt tokens waiting for prefill.", value=s.num_waiting_tokens
+    )
+    yield GaugeMetricFamily("weir_kv_cache_usage_ratio", "Share of KV blocks in use (0-1).", value=s.kv_usage)
+    yield GaugeMetricFamily("weir_kv_cache_free_blocks", "Free KV blocks.", value=s.num_free_blocks)
+    yield GaugeMetricFamily("weir_kv_cache_total_blocks", "KV blocks in the pool.", value=s.num_total_blocks)
+    yield GaugeMetricFamily("weir_kv_cache_block_size", "Tokens per KV block.", value=s.block_size)
+    yield GaugeMetricFamily(
+        "weir_prefix_cache_hit_rate",
+        "Prefix-cache hits over queries (0-1).",
+        value=s.prefix_cache_hit_rate,
+    )
+    yield CounterMetricFamily(
+        "weir_num_preemptions", "Sequences preempted by the scheduler.", value=s.num_preemptions
+    )
+    yield CounterMetricFamily(
+        "weir_engine_restarts",
+        "Engine loop restarts after an exception it could not contain.",
+        value=s.num_restarts,
+    )
+    yield CounterMetricFamily(
+        "weir_engine_stalls",
+        "Stalls: steps in a row that fed no token while work existed; each was logged and broken by a preemption.",
+        value=s.num_stalls,
+    )
+    yield CounterMetricFamily(
+        "weir_prefix_cache_queries",
+        "Prompt tokens looked up in the prefix cache.",
+        value=s.prefix_cache_queries,
+    )
+    yield CounterMetricFamily(
+        "weir_prefix_cache_hits", "Prompt tokens found in the prefix cache.", value=s.prefix_cache_hits
+    )
+    yield from step_budget_metrics(s.step_budget)
+    yield from slo_metrics(s.slo, s.step_budget)
+    yield from host_kv_metrics(s)
+    yield from spec_decode_metrics(s)
+
+
+def _by_model_version(snapshots: Mapping[str, EngineStats]) -> Iterator[Metric]:
+    """`engine_load_metrics` of every snapshot, one family each, its samples labelled `model_version`."""
+    merged: dict[str, Metric] = {}
+    for version_id, snapshot in sorted(snapshots.items()):
+        for family in engine_load_metrics(snapshot):
+            out = merged.get(family.name)
+            if out is None:
+                out = merged[family.name] = Metric(family.name, family.documentation, family.type)
+            for sample in family.samples:
+                out.add_sample(sample.name, {**sample.labels, "model_version": version_id}, sample.value)
+    yield from merged.values()
+
+
+class FleetStatsCollector(SnapshotCollector[Mapping[str, EngineStats]]):
+    """The same engine-load metrics for several engines, one sample per `model_version` label."""
+
+    def __init__(self, stats_by_version: Callable[[], Mapping[str, EngineStats]]) -> None:
+        super().__init__(stats_by_version, _by_model_version)
+
+
+class GatewayMetrics:
+    """The metrics of one gateway app. `model` and `tenant` label everything per request."""
+
+    def __init__(
+        self,
+        stats: Callable[[], EngineStats] | None,
+        registry: CollectorRegistry | None = None,
+        collectors: Sequence[Collector] = (),
+    ) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.ttft = Histogram(
+            "weir_time_to_first_token_seconds",
+            "Arrival to first token.",
+            _LABELS,
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.tpot = Histogram(
+            "weir_time_per_output_token_seconds",
+            "Mean time per output token after the first.",
+            _LABELS,
+            buckets=_TOKEN_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.itl = Histogram(
+            "weir_inter_token_latency_seconds",
+            "Time between consecutive output tokens.",
+            _LABELS,
+            buckets=_TOKEN_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "weir_e2e_request_latency_seconds",
+            "Arrival to last token.",
+            _LABELS,
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.queue = Histogram(
+            "weir_request_queue_time_seconds",
+            "Arrival to first scheduled.",
+            _LABELS,
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.prompt_tokens = Counter(
+            "weir_prompt_tokens", "Prompt tokens of finished requests.", _LABELS, registry=r
+        )
+        self.cached_prompt_tokens = Counter(
+            "weir_cached_prompt_tokens", "Prompt tokens served from the prefix cache.", _LABELS, registry=r
+        )
+        self.generation_tokens = Counter("weir_generation_tokens", "Generated tokens.", _LABELS, registry=r)
+        self.finished = Counter(
+            "weir_requests_finished", "Finished choices by finish reason.", (*_LABELS, "reason"), registry=r
+        )
+        self.errors = Counter(
+            "weir_request_errors", "Requests answered with an error, by HTTP status.", ("status",), registry=r
+        )
+        if stats is not None:  # None: the engines' load comes from a FleetStatsCollector in `collectors`
+            r.register(SnapshotCollector(stats, engine_load_metrics))
+        for collector in collectors:
+            r.register(collector)
+
+    def observe_latency(
+        self,
+        model: str,
+        tenant: str,
+        *,
+        ttft_s: float | None,
+        tpot_s: float | None,
+        e2e_s: float | None,
+        queue_s: float | None,
+        itl_s: Sequence[float] = (),
+    ) -> None:
+        """Record one request's latencies; None means not measured."""
+        if ttft_s is not None:
+            self.ttft.labels(model, tenant).observe(ttft_s)
+        if tpot_s is not None:
+            self.tpot.labels(model, tenant).observe(tpot_s)
+        if e2e_s is not None:
+            self.e2e.labels(model, tenant).observe(e2e_s)
+        if queue_s is not None:
+            self.queue.labels(model, tenant).observe(queue_s)
+        if itl_s:
+            child = self.itl.labels(model, tenant)
+            for gap in itl_s:
+                child.observe(gap)
+
+    def count_tokens(self, model: str, tenant: str, *, prompt: int, cached: int, generated: int) -> None:
+        """Add one request's token counts."""
+        if prompt:
+            self.prompt_tokens.labels(model, tenant).inc(prompt)
+        if cached:
+            self.cached_prompt_tokens.labels(model, tenant).inc(cached)
+        if generated:
+            self.generation_tokens.labels(model, tenant).inc(generated)
+
+    def count_finished(self, model: str, tenant: str, reason: str) -> None:
+        """One choice finished for `reason` (stop, length, abort, error, ...)."""
+        self.finished.labels(model, tenant, reason).inc()
+
+    def count_error(self, status_code: int) -> None:
+        """One request answered with an HTTP error."""
+        self.errors.labels(str(status_code)).inc()
+
+    def render(self) -> tuple[bytes, str]:
+        """The exposition text and its content type."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -1,0 +1,1 @@
+"""From a request's prompt to token ids and grammars: bounds, the tokenizer workers, grammar compiles."""

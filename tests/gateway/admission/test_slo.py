@@ -1,0 +1,56 @@
+"""gateway/admission/slo.py: the predicted TTFT follows the steps the scheduler plans once it has fitted
+its step cost; before that, the measured prefill rate."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.latency_targets import CPU_CLASS_TARGETS
+from engine.output import EngineStats
+from engine.request import Priority
+from engine.step_budget import StepBudgetStats, StepCost
+from gateway.admission.slo import planned_step_s, predict_ttft
+
+# a 2-core CPU: 35 ms a step, 1.7 ms per prefill token, 5 ms per decode row; 800 ms steps
+_COST = StepCost(overhead_s=0.035, per_token_s=0.0017, per_decode_s=0.005)
+
+
+def _stats(**kw: object) -> EngineStats:
+    base: dict[str, object] = dict(
+        num_running=40,
+        num_waiting=0,
+        num_total_blocks=100,
+        num_free_blocks=50,
+        block_size=16,
+        prefill_tokens_per_s=60.0,  # measured while 40 batch decodes shared each 800 ms step
+        decode_steps_per_s=1.25,
+        class_targets=CPU_CLASS_TARGETS,
+        step_budget=StepBudgetStats(100, 0.8, _COST),
+    )
+    base.update(kw)
+    return EngineStats(**base)  # type: ignore[arg-type]
+
+
+def test_the_planned_step_is_the_class_itl_at_most_the_throughput_step() -> None:
+    stats = _stats()
+    assert planned_step_s(stats, Priority.INTERACTIVE) == 0.3
+    assert planned_step_s(stats, Priority.STANDARD) == 0.8
+    assert planned_step_s(stats, Priority.BATCH) == 0.8
+    assert planned_step_s(stats, Priority.INTERACTIVE, itl_s=0.2) == 0.2  # the tenant's tpot_slo_ms
+    assert planned_step_s(_stats(step_budget=None), Priority.INTERACTIVE) is None
+
+
+def test_an_interactive_chat_is_predicted_on_its_planned_steps_not_the_slow_average() -> None:
+    stats = _stats(waiting_tokens_by_priority=(0, 0, 4000))
+    got = predict_ttft(stats, Priority.INTERACTIVE, 200)
+    assert got is not None
+    # a 300 ms step holds (0.3 - 0.035) / 0.0017 = 155 prompt tokens: 2 steps + the one in flight
+    assert got.seconds == pytest.approx(0.9)
+    # the measured average would have said 200 / 60 + 0.8 = 4.1 s and refused a 2 s objective
+    assert got.tokens_ahead == 0
+
+
+def test_without_a_fitted_cost_the_measured_rate_stands() -> None:
+    stats = _stats(step_budget=StepBudgetStats(100, 0.8, None))
+    got = predict_ttft(stats, Priority.INTERACTIVE, 120)
+    assert got is not None and got.seconds == pytest.approx(0.8 + 120 / 60.0)

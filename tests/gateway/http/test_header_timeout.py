@@ -1,0 +1,77 @@
+"""Slow request headers close the connection (gateway/http/header_timeout.py), through real uvicorn."""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+import time
+from collections.abc import Iterator
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+
+from gateway.http.header_timeout import HeaderTimeoutH11Protocol
+from gateway.metrics.metrics_server import MetricsListener
+from gateway.metrics.registry import GatewayMetrics
+from gateway.server.settings import Settings
+from gateway.server.uvicorn_runner import uvicorn_config
+from tests.gateway.fake_engine import FakeEngine
+from tests.gateway.harness import make_app, serve_in_thread
+
+SHORT_TIMEOUT_S = 0.5
+
+
+class _ShortTimeout(HeaderTimeoutH11Protocol):
+    header_timeout_s = SHORT_TIMEOUT_S
+
+
+@pytest.fixture(scope="module")
+def address() -> Iterator[tuple[str, int]]:
+    app = make_app(FakeEngine())
+    config = uvicorn_config(app, dataclasses.replace(Settings(), host="127.0.0.1", port=0))
+    assert config.http is HeaderTimeoutH11Protocol  # weir serve uses it
+    config.http = _ShortTimeout
+    with serve_in_thread(app, config) as url:
+        parts = urlsplit(url)
+        yield str(parts.hostname), int(parts.port or 0)
+
+
+def _closed_by_server(sock: socket.socket) -> bool:
+    """Wait (bounded by the socket timeout) for the server to close; True when it did."""
+    try:
+        return sock.recv(1024) == b""
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+
+
+def test_a_connection_that_sends_nothing_is_closed(address: tuple[str, int]) -> None:
+    with socket.create_connection(address, timeout=30) as sock:
+        assert _closed_by_server(sock)
+
+
+def test_headers_dribbled_past_the_deadline_close_the_connection(address: tuple[str, int]) -> None:
+    with socket.create_connection(address, timeout=30) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")
+        for _ in range(3):  # keep sending, but never finish the headers
+            time.sleep(SHORT_TIMEOUT_S / 2)
+            try:
+                sock.sendall(b"X-Slow: 1\r\n")
+            except (BrokenPipeError, ConnectionResetError):
+                break
+        assert _closed_by_server(sock)
+
+
+def test_prompt_requests_and_keep_alive_still_work(address: tuple[str, int]) -> None:
+    host, port = address
+    with httpx.Client(base_url=f"http://{host}:{port}", timeout=30) as client:
+        for _ in range(3):
+            assert client.get("/health").status_code == 200
+            time.sleep(SHORT_TIMEOUT_S * 1.5)  # idle between requests is the keep-alive timeout's job
+
+
+def test_the_metrics_listener_uses_it_too() -> None:
+    listener = MetricsListener(GatewayMetrics(FakeEngine().stats), "127.0.0.1", 0)
+    assert listener._server.config.http is HeaderTimeoutH11Protocol

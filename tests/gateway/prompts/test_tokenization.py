@@ -1,0 +1,202 @@
+"""Prompt building: the chat template, the completion prompt forms, token names for logprobs."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from gateway.api.protocol import ChatMessage, Role
+from gateway.http.errors import BadRequestError, UnprocessableError
+from gateway.prompts.tokenization import PromptBuilder
+from tests.gateway.harness import tokenizer
+from tests.gateway.tiny_tokenizer import word_token_id
+
+# Long enough to have been tokenized on a worker thread before issue 21 (now every prompt is).
+INLINE_TOKENIZE_CHARS = 4096
+
+
+@pytest.fixture(scope="module")
+def builder() -> PromptBuilder:
+    return PromptBuilder(tokenizer())
+
+
+def test_chat_template_with_generation_prompt(builder: PromptBuilder) -> None:
+    text = builder.render_chat([ChatMessage(Role.SYSTEM, "you are helpful"), ChatMessage(Role.USER, "hello")])
+    assert text == (
+        "<|im_start|>system\nyou are helpful<|im_end|>\n<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n"
+    )
+
+
+def test_chat_ids_do_not_add_special_tokens_twice(builder: PromptBuilder) -> None:
+    ids = builder.encode_chat([ChatMessage(Role.USER, "hello world")])
+    tok = tokenizer()
+    assert list(ids) == tok.encode(
+        builder.render_chat([ChatMessage(Role.USER, "hello world")]), add_special_tokens=False
+    )
+    assert ids.count(tok.convert_tokens_to_ids("<|im_start|>")) == 2
+
+
+def test_template_errors_are_422s() -> None:
+    class Broken:
+        def apply_chat_template(self, conversation: object, **kwargs: object) -> str:
+            raise ValueError("roles must alternate")
+
+        def __len__(self) -> int:
+            return 10
+
+    with pytest.raises(UnprocessableError) as info:
+        PromptBuilder(Broken()).render_chat([ChatMessage(Role.USER, "x")])  # type: ignore[arg-type]
+    assert info.value.param == "messages" and "alternate" in info.value.message
+    assert info.value.status_code == 422
+
+
+def test_completion_prompt_text_and_ids(builder: PromptBuilder) -> None:
+    assert builder.encode_prompt("hello world") == (24, 25)
+    assert builder.encode_prompt((1, 2, 3)) == (1, 2, 3)
+
+
+def test_token_ids_outside_the_vocabulary(builder: PromptBuilder) -> None:
+    with pytest.raises(BadRequestError) as info:
+        builder.encode_prompt((1, builder.vocab_size))
+    assert info.value.param == "prompt"
+    with pytest.raises(BadRequestError) as info:
+        asyncio.run(builder.encode_prompts_async([(1,), (-1,)]))
+    assert info.value.param == "prompt[1]"
+
+
+def test_long_prompts_are_encoded_off_the_loop_with_the_same_result(builder: PromptBuilder) -> None:
+    long_text = "hello " * (INLINE_TOKENIZE_CHARS // 5)
+    ids = asyncio.run(builder.encode_prompts_async([long_text, "world"]))
+    assert ids == (builder.encode_prompt(long_text), builder.encode_prompt("world"))
+    chat = asyncio.run(builder.encode_chat_async([ChatMessage(Role.USER, long_text)]))
+    assert chat == builder.encode_chat([ChatMessage(Role.USER, long_text)])
+
+
+def test_token_text_is_cached(builder: PromptBuilder) -> None:
+    assert builder.token_text(word_token_id("gamma")) == "gamma"
+    assert builder.token_text(word_token_id("gamma")) == "gamma"
+
+
+class _BorrowCheckingTokenizer:
+    """Raises like a fast tokenizer's Rust object does when two threads use it at once."""
+
+    def __init__(self) -> None:
+        self._in_use = threading.Lock()
+        self.calls = 0
+
+    def _use(self) -> None:
+        if not self._in_use.acquire(blocking=False):
+            raise RuntimeError("Already borrowed")
+        try:
+            self.calls += 1
+            time.sleep(0.002)  # widen the window in which a second thread would collide
+        finally:
+            self._in_use.release()
+
+    def apply_chat_template(self, conversation: Any, **kwargs: Any) -> Any:
+        self._use()
+        return "".join(m["content"] for m in conversation)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        self._use()
+        return [ord(c) % 100 for c in text] or [1]
+
+    def decode(self, token_ids: Any, skip_special_tokens: bool = False) -> str:
+        self._use()
+        return "x"
+
+    def __len__(self) -> int:
+        return 100
+
+
+def test_threads_take_turns_on_the_shared_tokenizer() -> None:
+    tokenizer = _BorrowCheckingTokenizer()
+    builder = PromptBuilder(tokenizer)
+    errors: list[BaseException] = []
+
+    def work(i: int) -> None:
+        try:
+            for j in range(10):
+                builder.encode_prompt(f"prompt {i} {j}")
+                builder.encode_chat([ChatMessage(Role.USER, f"hi {i} {j}")])
+                builder.token_text(i * 10 + j)
+        except BaseException as exc:  # collected and asserted on the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert tokenizer.calls == 8 * 10 * 4  # encode_prompt 1 + encode_chat 2 + token_text 1
+
+
+class _GatedTokenizer:
+    """Records the thread of every call; `encode` of a text starting with "slow" waits for `gate`.
+
+    Copies (one per pool worker) share the record and the gate, as copies of one model's
+    tokenizer share its vocabulary.
+    """
+
+    def __init__(self) -> None:
+        self.threads: list[int] = []
+        self.done: list[str] = []
+        self.gate = threading.Event()
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _GatedTokenizer:
+        twin = _GatedTokenizer.__new__(_GatedTokenizer)
+        twin.threads, twin.done, twin.gate = self.threads, self.done, self.gate
+        return twin
+
+    def apply_chat_template(self, conversation: Any, **kwargs: Any) -> Any:
+        self.threads.append(threading.get_ident())
+        return "".join(m["content"] for m in conversation)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        self.threads.append(threading.get_ident())
+        if text.startswith("slow"):
+            self.gate.wait(30)  # a hang guard; the test opens it
+        self.done.append(text[:4])
+        return [1] * len(text.split())
+
+    def decode(self, token_ids: Any, skip_special_tokens: bool = False) -> str:
+        return "x"
+
+    def __len__(self) -> int:
+        return 100
+
+
+def test_no_prompt_is_tokenized_or_rendered_on_the_event_loop() -> None:
+    tok = _GatedTokenizer()
+    builder = PromptBuilder(tok)
+
+    async def main() -> int:
+        await builder.encode_prompts_async(["hi"])  # short: it used to run inline
+        await builder.encode_chat_async([ChatMessage(Role.USER, "hi")])
+        return threading.get_ident()
+
+    loop_thread = asyncio.run(main())
+    assert len(tok.threads) == 3 and loop_thread not in tok.threads
+
+
+def test_a_long_tokenization_does_not_hold_up_another_prompt() -> None:
+    tok = _GatedTokenizer()
+    builder = PromptBuilder(tok)
+
+    async def main() -> None:
+        slow = asyncio.ensure_future(builder.encode_prompts_async(["slow " * 2000]))
+        while not tok.threads:  # the slow one has started on its worker
+            await asyncio.sleep(0.001)
+        # Its own tokenizer copy: no lock shared with the one tokenizing the slow prompt.
+        assert await builder.encode_chat_async([ChatMessage(Role.USER, "fast")]) == (1,)
+        assert tok.done == ["fast"]
+        tok.gate.set()
+        await slow
+
+    asyncio.run(main())
+    assert tok.done == ["fast", "slow"]

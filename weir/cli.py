@@ -1,0 +1,113 @@
+"""The `weir` console script: serve, model prepare, generate, db, admin, bench.
+
+Each package adds its own subcommands (engine.cli_generate, tenancy.cli, bench.cli); they are
+all part of this distribution, so they are imported like any other module.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from bench import cli as bench_cli
+from bench.offline import add_arguments as add_offline_arguments
+from engine import cli_generate
+from gateway.server.serve_flags import add_serve_arguments
+from gateway.server.settings import Settings
+from tenancy import cli as tenancy_cli
+
+
+def _settings(cli: argparse.Namespace | dict[str, object]) -> Settings:
+    try:
+        return Settings.from_environment(cli)
+    except ValueError as exc:
+        # Settings validation names the field; a traceback would only hide it.
+        print(f"weir: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from gateway.fleet.fleet_setup import StartupModelError
+    from gateway.fleet.model_rollout import StartupLoadError
+    from gateway.server.bootstrap import KernelChoiceError, serve
+
+    settings = _settings(args)
+    try:
+        return serve(settings)
+    except (KernelChoiceError, StartupModelError) as exc:  # names the flag or the clash
+        print(f"weir: {exc}", file=sys.stderr)
+        return 2
+    except StartupLoadError as exc:  # the --model version did not load: the reason, not a traceback
+        print(f"weir: {exc}", file=sys.stderr)
+        return 1
+
+
+def _model_prepare(args: argparse.Namespace) -> int:
+    from engine.model_prepare import ensure_default_model
+
+    cli = {"cache_dir": args.cache_dir}
+    path = ensure_default_model(_settings(cli).cache_dir, progress=not args.quiet)
+    print(path)
+    return 0
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from gateway.server.bootstrap import resolve_model_path
+
+    settings = _settings({"model_path": args.model, "cache_dir": args.cache_dir})
+    return int(args.generate_func(args, str(resolve_model_path(settings))))
+
+
+def _bench_offline(args: argparse.Namespace) -> int:
+    from bench.offline import offline_command
+    from engine.model_prepare import ensure_default_model
+
+    model = args.model or str(ensure_default_model(_settings({"cache_dir": args.cache_dir}).cache_dir))
+    return offline_command(args, model)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The whole `weir` command line."""
+    parser = argparse.ArgumentParser(prog="weir", description="Weir: a multi-tenant LLM inference gateway.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = sub.add_parser("serve", help="run the OpenAI-compatible server with the engine in-process")
+    add_serve_arguments(serve)
+    serve.set_defaults(func=_serve)
+
+    model = sub.add_parser("model", help="manage models")
+    model_sub = model.add_subparsers(dest="model_command", required=True, metavar="ACTION")
+    prepare = model_sub.add_parser("prepare", help="convert the default SmolLM2 model into the cache")
+    prepare.add_argument(
+        "--cache-dir", dest="cache_dir", help="default $XDG_CACHE_HOME/weir or ~/.cache/weir"
+    )
+    prepare.add_argument("--quiet", action="store_true", help="no progress bar")
+    prepare.set_defaults(func=_model_prepare)
+
+    cli_generate.add_subcommand(sub)
+    gen_parser = sub.choices["generate"]
+    gen_parser.add_argument("--cache-dir", dest="cache_dir", help="where the default model is prepared")
+    # The engine's handler takes (args, model_path); the model is resolved here.
+    gen_parser.set_defaults(generate_func=gen_parser.get_default("func"), func=_generate)
+
+    tenancy_cli.add_subcommands(sub, lambda args: Settings.from_environment())
+
+    bench = sub.add_parser("bench", help="serving benchmarks")
+    bench_sub = bench.add_subparsers(dest="bench_command", required=True, metavar="ACTION")
+    bench_cli.add_subcommands(bench_sub)
+    offline = bench_sub.add_parser("offline", help="the engine alone vs Hugging Face, in one run")
+    add_offline_arguments(offline)
+    offline.add_argument("--cache-dir", dest="cache_dir", help="where the default model is prepared")
+    offline.set_defaults(func=_bench_offline)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `weir` script."""
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
