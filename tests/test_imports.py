@@ -7,7 +7,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("engine", "gateway", "kernels", "tenancy", "bench")
+PACKAGES = ("weir", "engine", "gateway", "kernels", "tenancy", "bench")
 # Modules that must stay plain Python (the architecture's contract): no torch, no triton.
 TORCH_FREE = (
     "engine.block_pool",
@@ -130,3 +130,14 @@ def test_plain_python_layers_never_import_torch() -> None:
     assert {m: d for m, d in offenders.items() if d} == {}
     tenancy = {m for m in _graph() if m.startswith("tenancy")}
     assert {m for m in tenancy if "." in m and _third_party(m) & {"torch", "triton"}} == set()
+
+
+def test_only_the_cli_reaches_bench_and_nothing_reaches_the_cli() -> None:
+    # The server (gateway), the engine and tenancy never import the benchmarks (a separate
+    # distribution the server's wheel lacks); the `weir` command (weir.cli) is the one root above them.
+    graph = _graph()
+    server_side = ("gateway", "engine", "kernels", "tenancy")
+    to_bench = {m: sorted(d for d in deps if d.startswith("bench")) for m, deps in graph.items()}
+    assert {m: d for m, d in to_bench.items() if d and m.startswith(server_side)} == {}
+    to_cli = {m: sorted(d for d in deps if d.startswith("weir")) for m, deps in graph.items()}
+    assert {m: d for m, d in to_cli.items() if d and not m.startswith("weir")} == {}

@@ -1,7 +1,9 @@
 """The `weir` console script: serve, model prepare, generate, db, admin, bench.
 
-Each package adds its own subcommands (engine.cli_generate, tenancy.cli, bench.cli); they are
-all part of this distribution, so they are imported like any other module.
+The composition root of the command line: each package adds its own subcommands
+(engine.cli_generate, tenancy.cli, bench.cli). The benchmarks are a separate distribution
+(`weir-bench`, bench/pyproject.toml) that the server's wheel does not carry, so `bench` is imported
+only when a `weir bench ...` command runs; every other command starts without it.
 """
 
 from __future__ import annotations
@@ -10,8 +12,6 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from bench import cli as bench_cli
-from bench.offline import add_arguments as add_offline_arguments
 from engine import cli_generate
 from gateway.server.serve_flags import add_serve_arguments
 from gateway.server.settings import Settings
@@ -67,8 +67,8 @@ def _bench_offline(args: argparse.Namespace) -> int:
     return offline_command(args, model)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The whole `weir` command line."""
+def build_parser(with_bench: bool = True) -> argparse.ArgumentParser:
+    """The whole `weir` command line; `bench`'s actions only `with_bench` (importing bench)."""
     parser = argparse.ArgumentParser(prog="weir", description="Weir: a multi-tenant LLM inference gateway.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -93,19 +93,34 @@ def build_parser() -> argparse.ArgumentParser:
 
     tenancy_cli.add_subcommands(sub, lambda args: Settings.from_environment())
 
-    bench = sub.add_parser("bench", help="serving benchmarks")
+    bench = sub.add_parser("bench", help="serving benchmarks (the weir-bench distribution)")
+    if with_bench:
+        _add_bench_commands(bench)
+    else:
+        bench.add_argument("rest", nargs=argparse.REMAINDER, help="ACTION and its arguments")
+    return parser
+
+
+def _add_bench_commands(bench: argparse.ArgumentParser) -> None:
+    try:
+        from bench import cli as bench_cli
+        from bench.offline import add_arguments as add_offline_arguments
+    except ImportError as exc:
+        print(f"weir: the benchmarks are not installed ({exc}); pip install -e ./bench", file=sys.stderr)
+        raise SystemExit(2) from None
     bench_sub = bench.add_subparsers(dest="bench_command", required=True, metavar="ACTION")
     bench_cli.add_subcommands(bench_sub)
     offline = bench_sub.add_parser("offline", help="the engine alone vs Hugging Face, in one run")
     add_offline_arguments(offline)
     offline.add_argument("--cache-dir", dest="cache_dir", help="where the default model is prepared")
     offline.set_defaults(func=_bench_offline)
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `weir` script."""
-    args = build_parser().parse_args(argv)
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    with_bench = bool(args_list) and args_list[0] == "bench"
+    args = build_parser(with_bench).parse_args(args_list)
     return int(args.func(args))
 
 

@@ -74,11 +74,20 @@ def test_every_package_adds_its_subcommands() -> None:
     assert {"serve", "offline", "overhead", "compare", "gen"} <= set(bench.choices)
 
 
-def test_the_cli_does_not_import_plotting() -> None:
-    # matplotlib is in the optional `bench` extra; `weir serve` must start without it.
-    code = "import sys, weir.cli; print('matplotlib' in sys.modules)"
+def test_the_cli_imports_bench_only_for_a_bench_command() -> None:
+    # bench/ is its own distribution (weir-bench); `weir serve` must start without it or matplotlib.
+    code = (
+        "import sys, weir.cli as c; c.build_parser(with_bench=False);"
+        "print(sorted({'bench', 'matplotlib'} & set(sys.modules)))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "False"
+    assert out.stdout.strip() == "[]"
+
+
+def test_a_non_bench_command_parses_without_bench() -> None:
+    parser = cli.build_parser(with_bench=False)
+    args = parser.parse_args(["model", "prepare", "--quiet"])
+    assert args.command == "model" and args.quiet
 
 
 def test_sigterm_handlers_are_restored_after_serving() -> None:
