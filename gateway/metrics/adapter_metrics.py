@@ -7,12 +7,11 @@ adapter is loaded again, which Prometheus' `rate` treats as a counter reset.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from engine.output import EngineStats
-from gateway.metrics.registry import SnapshotCollector
 
 _LABELS = ["model_version", "adapter"]
 
@@ -45,10 +44,3 @@ def adapter_metrics(snapshots: Mapping[str, EngineStats]) -> Iterator[Metric]:
             evictions.add_metric(labels, info.num_slot_evictions)
             in_slot.add_metric(labels, 0 if info.slot is None else 1)
     yield from (requests, tokens, loads, evictions, in_slot)
-
-
-class AdapterMetricsCollector(SnapshotCollector[Mapping[str, EngineStats]]):
-    """`adapter_metrics` over the fleet's `stats_by_version`."""
-
-    def __init__(self, stats_by_version: Callable[[], Mapping[str, EngineStats]]) -> None:
-        super().__init__(stats_by_version, adapter_metrics)

@@ -12,112 +12,19 @@ admission controller and the metrics listener all receive a registry that is com
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Generic, TypeVar
+from collections.abc import Callable, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 from engine.output import EngineStats
-from gateway.metrics.host_kv_metrics import host_kv_metrics
-from gateway.metrics.slo_metrics import slo_metrics
-from gateway.metrics.spec_decode_metrics import spec_decode_metrics
-from gateway.metrics.step_budget_metrics import step_budget_metrics
+from gateway.metrics.engine_collectors import SnapshotCollector, engine_load_metrics
 
 # Seconds. Wide enough for a 135M model on two CPU cores and for a GPU.
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 _TOKEN_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5)
 _LABELS = ("model", "tenant")
-_Snapshot = TypeVar("_Snapshot")
-
-
-class SnapshotCollector(Collector, Generic[_Snapshot]):
-    """Metric families computed at scrape time from a snapshot read once per scrape.
-
-    A read that raises yields nothing: a broken engine must not break the scrape of everything else.
-    """
-
-    def __init__(
-        self, read: Callable[[], _Snapshot], families: Callable[[_Snapshot], Iterable[Metric]]
-    ) -> None:
-        self._read = read
-        self._families = families
-
-    def collect(self) -> Iterable[Metric]:
-        try:
-            snapshot = self._read()
-        except Exception:
-            return
-        yield from self._families(snapshot)
-
-
-def engine_load_metrics(s: EngineStats) -> Iterator[Metric]:
-    """The engine-load families of one engine snapshot."""
-    yield GaugeMetricFamily(
-        "weir_num_requests_running", "Sequences in the running batch.", value=s.num_running
-    )
-    yield GaugeMetricFamily(
-        "weir_num_requests_waiting", "Sequences in the waiting queue.", value=s.num_waiting
-    )
-    yield GaugeMetricFamily(
-        "weir_num_waiting_tokens", "Prompt tokens waiting for prefill.", value=s.num_waiting_tokens
-    )
-    yield GaugeMetricFamily("weir_kv_cache_usage_ratio", "Share of KV blocks in use (0-1).", value=s.kv_usage)
-    yield GaugeMetricFamily("weir_kv_cache_free_blocks", "Free KV blocks.", value=s.num_free_blocks)
-    yield GaugeMetricFamily("weir_kv_cache_total_blocks", "KV blocks in the pool.", value=s.num_total_blocks)
-    yield GaugeMetricFamily("weir_kv_cache_block_size", "Tokens per KV block.", value=s.block_size)
-    yield GaugeMetricFamily(
-        "weir_prefix_cache_hit_rate",
-        "Prefix-cache hits over queries (0-1).",
-        value=s.prefix_cache_hit_rate,
-    )
-    yield CounterMetricFamily(
-        "weir_num_preemptions", "Sequences preempted by the scheduler.", value=s.num_preemptions
-    )
-    yield CounterMetricFamily(
-        "weir_engine_restarts",
-        "Engine loop restarts after an exception it could not contain.",
-        value=s.num_restarts,
-    )
-    yield CounterMetricFamily(
-        "weir_engine_stalls",
-        "Stalls: steps in a row that fed no token while work existed; each was logged and broken by a preemption.",
-        value=s.num_stalls,
-    )
-    yield CounterMetricFamily(
-        "weir_prefix_cache_queries",
-        "Prompt tokens looked up in the prefix cache.",
-        value=s.prefix_cache_queries,
-    )
-    yield CounterMetricFamily(
-        "weir_prefix_cache_hits", "Prompt tokens found in the prefix cache.", value=s.prefix_cache_hits
-    )
-    yield from step_budget_metrics(s.step_budget)
-    yield from slo_metrics(s.slo, s.step_budget)
-    yield from host_kv_metrics(s)
-    yield from spec_decode_metrics(s)
-
-
-def _by_model_version(snapshots: Mapping[str, EngineStats]) -> Iterator[Metric]:
-    """`engine_load_metrics` of every snapshot, one family each, its samples labelled `model_version`."""
-    merged: dict[str, Metric] = {}
-    for version_id, snapshot in sorted(snapshots.items()):
-        for family in engine_load_metrics(snapshot):
-            out = merged.get(family.name)
-            if out is None:
-                out = merged[family.name] = Metric(family.name, family.documentation, family.type)
-            for sample in family.samples:
-                out.add_sample(sample.name, {**sample.labels, "model_version": version_id}, sample.value)
-    yield from merged.values()
-
-
-class FleetStatsCollector(SnapshotCollector[Mapping[str, EngineStats]]):
-    """The same engine-load metrics for several engines, one sample per `model_version` label."""
-
-    def __init__(self, stats_by_version: Callable[[], Mapping[str, EngineStats]]) -> None:
-        super().__init__(stats_by_version, _by_model_version)
 
 
 class GatewayMetrics:

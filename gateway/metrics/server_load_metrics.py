@@ -11,12 +11,11 @@ scrape time. With one version they equal its own gauges.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from engine.output import EngineStats
-from gateway.metrics.registry import SnapshotCollector
 
 # The names the Helm chart's endpoint-picker config and autoscaler read (docs/kubernetes.md).
 SERVER_REQUESTS_WAITING = "weir_server_requests_waiting"
@@ -55,10 +54,3 @@ def server_load_metrics(s: EngineStats) -> Iterator[Metric]:
         "KV blocks of the server, all model versions together.",
         value=s.num_total_blocks,
     )
-
-
-class ServerLoadCollector(SnapshotCollector[EngineStats]):
-    """Pod-level load gauges, read from the server's combined engine snapshot at scrape time."""
-
-    def __init__(self, stats: Callable[[], EngineStats]) -> None:
-        super().__init__(stats, server_load_metrics)

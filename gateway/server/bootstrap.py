@@ -312,10 +312,12 @@ def build_metrics(fleet: ModelFleet, tenancy: TenancyWiring, default_name: str) 
     engine's load (labelled by model version), the serving version's prefix cache and, with
     tenancy, the usage-record writer."""
     from gateway.fleet.fleet_setup import primary_prefix_stats
-    from gateway.metrics.adapter_metrics import AdapterMetricsCollector
+    from gateway.metrics.engine_collectors import (
+        AdapterMetricsCollector,
+        FleetStatsCollector,
+        ServerLoadCollector,
+    )
     from gateway.metrics.prefix_cache_metrics import PrefixCacheCollector
-    from gateway.metrics.registry import FleetStatsCollector
-    from gateway.metrics.server_load_metrics import ServerLoadCollector
     from gateway.metrics.usage_metrics import UsageRecordsCollector
 
     collectors: list[Collector] = [

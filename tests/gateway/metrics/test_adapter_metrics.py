@@ -7,7 +7,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from engine.lora_types import AdapterInfo
 from engine.output import EngineStats
 from gateway.fleet.model_fleet import ModelFleet
-from gateway.metrics.adapter_metrics import AdapterMetricsCollector
+from gateway.metrics.engine_collectors import AdapterMetricsCollector
 
 
 def info(name: str, slot: int | None, requests: int, tokens: int, loads: int, evictions: int) -> AdapterInfo:

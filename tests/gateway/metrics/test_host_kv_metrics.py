@@ -6,7 +6,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from engine.host_kv_tier import HostKVStats
 from engine.output import EngineStats
-from gateway.metrics.registry import FleetStatsCollector, GatewayMetrics
+from gateway.metrics.engine_collectors import FleetStatsCollector
+from gateway.metrics.registry import GatewayMetrics
 
 
 def _scrape(stats: EngineStats) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -6,7 +6,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine.output import EngineStats
-from gateway.metrics.server_load_metrics import ServerLoadCollector
+from gateway.metrics.engine_collectors import ServerLoadCollector
 
 
 def _scrape(collector: ServerLoadCollector) -> dict[str, tuple[dict[str, str], float]]:
