@@ -13,6 +13,7 @@ have had to act.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from pathlib import Path
 
@@ -21,6 +22,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from engine.latency_targets import NO_CLASS_TARGETS
 from gateway.server.bootstrap import engine_config
 from gateway.server.settings import Settings
 from tests.e2e.real_engine_server import serve_engine
@@ -85,6 +87,11 @@ def test_a_burst_that_overfills_the_pool_completes(
         kv_cache_tokens=4096, host_kv_cache_tokens=host_kv_cache_tokens, target_step_ms=0, dtype="float32"
     )
     config = engine_config(settings, default_model_dir, "cpu")
+    # Without class latency targets, as when the livelock was found: the standard class's ITL
+    # target would cap the step and the running set, and the burst would no longer overfill the
+    # pool (the preemption path under test).
+    scheduler = dataclasses.replace(config.scheduler, class_targets=NO_CLASS_TARGETS)
+    config = dataclasses.replace(config, scheduler=scheduler)
     with serve_engine(config, MODEL) as served:
         results = asyncio.run(_stream_all(served.url, rows))
         assert results == [("length", min(MAX_TOKENS, row["max_tokens"])) for row in rows]
