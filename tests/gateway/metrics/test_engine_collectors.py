@@ -1,0 +1,55 @@
+"""gateway/metrics/engine_collectors.py: which snapshot each collector reads and how it labels it."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector
+
+from engine.output import EngineStats
+from gateway.metrics.engine_collectors import FleetStatsCollector, SnapshotCollector, engine_load_metrics
+
+
+def _stats(**fields: int) -> EngineStats:
+    return EngineStats(
+        **{
+            "num_running": 0,
+            "num_waiting": 0,
+            "num_total_blocks": 100,
+            "num_free_blocks": 50,
+            "block_size": 16,
+            **fields,
+        }
+    )
+
+
+def _samples(collector: Collector) -> list[tuple[str, dict[str, str], float]]:
+    registry = CollectorRegistry()
+    registry.register(collector)
+    text = generate_latest(registry).decode()
+    return [(s.name, s.labels, s.value) for f in text_string_to_metric_families(text) for s in f.samples]
+
+
+def test_each_version_gets_its_own_sample_labelled_by_model_version() -> None:
+    snapshots = {"m@v1": _stats(num_running=3, num_waiting=1), "m@v2": _stats(num_running=5)}
+    running = {
+        labels["model_version"]: value
+        for name, labels, value in _samples(FleetStatsCollector(lambda: snapshots))
+        if name == "weir_num_requests_running"
+    }
+    assert running == {"m@v1": 3, "m@v2": 5}
+
+
+def test_every_family_of_one_snapshot_is_labelled_once_per_version() -> None:
+    one = _samples(SnapshotCollector(_stats, engine_load_metrics))
+    assert one
+    fleet = _samples(FleetStatsCollector(lambda: {"a@1": _stats(), "b@1": _stats()}))
+    assert len(fleet) == 2 * len(one)
+    assert {labels["model_version"] for _, labels, _ in fleet} == {"a@1", "b@1"}
+
+
+def test_a_read_that_raises_yields_nothing_instead_of_failing_the_scrape() -> None:
+    def broken() -> dict[str, EngineStats]:
+        raise RuntimeError("engine gone")
+
+    assert _samples(FleetStatsCollector(broken)) == []
