@@ -129,9 +129,14 @@ def test_a_key_money_budget_is_spent_then_refuses_until_local_midnight(
         csv_text = admin.get("/admin/v1/usage/report", params={"since": since, "until": until,
                                                                  "group_by": "key", "format": "csv"}).text  # fmt: skip
         assert csv_text.splitlines()[0].endswith("spend_micros,unpriced")
-        audit = admin.get("/admin/v1/audit", params={"tenant": "acme"}).json()["data"]
-        actions = [e["action"] for e in audit]
-        assert actions.count("budget.soft_limit") == 1 and "budget.set" in actions
+
+        def actions() -> list[str]:
+            audit = admin.get("/admin/v1/audit", params={"tenant": "acme"}).json()["data"]
+            return [e["action"] for e in audit]
+
+        # The soft alert is audited when the crossing request settles, after its answer.
+        _wait_for(lambda: "budget.soft_limit" in actions())
+        assert actions().count("budget.soft_limit") == 1 and "budget.set" in actions()
         assert admin.get("/admin/v1/audit").json()["data"][-1]["action"] == "price.set"
         metrics = generate_latest(gateway_metrics.registry).decode()
         assert (
