@@ -17,11 +17,10 @@ or a base version that is not ready 409, a refused adapter folder 400).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from gateway.api.adapter_admin_bodies import (
@@ -33,32 +32,28 @@ from gateway.api.adapter_admin_bodies import (
 )
 from gateway.fleet.adapter_rollout import AdapterRollout, AdapterStatus
 from gateway.http.auth import AdminAuthenticator
-from gateway.http.errors import NotFoundError, PayloadTooLargeError, UnprocessableError
-from gateway.http.json_body import loads_bounded
+from gateway.http.errors import NotFoundError, UnprocessableError
+from gateway.routes.admin_http import (
+    AdminHandler,
+    Endpoint,
+    admin_endpoint,
+    bounded_query,
+    json_answer,
+    read_json_body,
+)
 from tenancy.adapter_records import validate_adapter_name
 from tenancy.errors import FieldError
 from tenancy.records import validate_tenant_name
 
 MAX_BODY_BYTES = 64 << 10
-MAX_QUERY_LEN = 256
-_NO_STORE = {"Cache-Control": "no-store"}
-
-Handler = Callable[[Request, str], Awaitable[Response]]
 
 
-def _json(body: AdapterOut | AdapterListOut, status_code: int = 200) -> JSONResponse:
-    return JSONResponse(body.model_dump(mode="json"), status_code=status_code, headers=_NO_STORE)
-
-
-def _one(status: AdapterStatus, status_code: int = 200) -> JSONResponse:
-    return _json(AdapterOut.of(status), status_code)
+def _one(status: AdapterStatus, status_code: int = 200) -> Response:
+    return json_answer(AdapterOut.of(status), status_code)
 
 
 async def _body(request: Request) -> Any:
-    raw = await request.body()
-    if len(raw) > MAX_BODY_BYTES:
-        raise PayloadTooLargeError(f"request body is larger than {MAX_BODY_BYTES} bytes")
-    return loads_bounded(raw) if raw.strip() else {}
+    return await read_json_body(request, MAX_BODY_BYTES, empty={})
 
 
 def _name(request: Request) -> str:
@@ -83,13 +78,8 @@ class AdaptersAdminRoutes:
         self.rollout = rollout
         self.admin_auth = admin_auth
 
-    def admin(self, handler: Handler) -> Callable[[Request], Awaitable[Response]]:
-        async def endpoint(request: Request) -> Response:
-            addr = request.client.host if request.client is not None else "unknown"
-            await self.admin_auth.authenticate_async(request.headers.get("authorization"), addr)
-            return await handler(request, f"admin-api {addr}")
-
-        return endpoint
+    def admin(self, handler: AdminHandler) -> Endpoint:
+        return admin_endpoint(self.admin_auth, handler)
 
     def routes(self) -> list[BaseRoute]:
         a = self.admin
@@ -108,15 +98,8 @@ class AdaptersAdminRoutes:
         ]
 
     async def list_adapters(self, request: Request, actor: str) -> Response:
-        version = request.query_params.get("model_version")
-        if version is not None and not 1 <= len(version) <= MAX_QUERY_LEN:
-            raise UnprocessableError(
-                f"model_version must be 1-{MAX_QUERY_LEN} characters",
-                param="model_version",
-                code="invalid_value",
-            )
-        statuses = await self.rollout.list(version)
-        return _json(AdapterListOut(data=[AdapterOut.of(s) for s in statuses]))
+        statuses = await self.rollout.list(bounded_query(request, "model_version"))
+        return json_answer(AdapterListOut(data=[AdapterOut.of(s) for s in statuses]))
 
     async def register(self, request: Request, actor: str) -> Response:
         body = parse_body(AdapterRegisterBody, await _body(request))

@@ -11,10 +11,8 @@ counted) by the app's handlers, `gateway.http.errors.exception_handlers`.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Any
 
-from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
@@ -23,10 +21,17 @@ from starlette.routing import BaseRoute, Mount, Route
 from gateway.http.auth import AdminAuthenticator, Authenticator
 from gateway.http.errors import (
     NotFoundError,
-    PayloadTooLargeError,
     PermissionDeniedError,
 )
-from gateway.http.json_body import loads_bounded
+from gateway.routes.admin_http import (
+    NO_STORE,
+    AdminHandler,
+    Endpoint,
+    admin_endpoint,
+    client_addr,
+    json_answer,
+    read_json_body,
+)
 from tenancy.admin_bodies.audit import AuditEvent, AuditList
 from tenancy.admin_bodies.keys import ApiKey, ApiKeyList, IssuedApiKey, KeyCreate
 from tenancy.admin_bodies.parsing import parse_model
@@ -42,26 +47,10 @@ from tenancy.repo import TenancyRepo
 from tenancy.usage_report import report_csv
 
 MAX_ADMIN_BODY_BYTES = 1 << 20
-_NO_STORE = {"Cache-Control": "no-store"}  # responses may carry a key, shown only once
-
-Endpoint = Callable[[Request], Awaitable[Response]]
-
-
-def _json(body: BaseModel, status_code: int = 200) -> JSONResponse:
-    return JSONResponse(body.model_dump(mode="json"), status_code=status_code, headers=_NO_STORE)
-
-
-def _client_addr(request: Request) -> str:
-    return request.client.host if request.client is not None else "unknown"
 
 
 async def _body(request: Request) -> Any:
-    raw = await request.body()
-    if len(raw) > MAX_ADMIN_BODY_BYTES:
-        raise PayloadTooLargeError(f"request body is larger than {MAX_ADMIN_BODY_BYTES} bytes")
-    if not raw.strip():
-        return None
-    return loads_bounded(raw)  # 400 for invalid JSON, too deep nesting, lone surrogates
+    return await read_json_body(request, MAX_ADMIN_BODY_BYTES)
 
 
 def _tenant_param(request: Request) -> str:
@@ -93,43 +82,37 @@ class _AdminApi:
         self.auth = authenticator
         self.admin_auth = admin_auth
 
-    def admin(self, handler: Callable[[Request, str], Awaitable[Response]]) -> Endpoint:
+    def admin(self, handler: AdminHandler) -> Endpoint:
         """Wrap an admin endpoint: check the admin token; the handler gets the actor."""
-
-        async def endpoint(request: Request) -> Response:
-            addr = _client_addr(request)
-            await self.admin_auth.authenticate_async(request.headers.get("authorization"), addr)
-            return await handler(request, f"admin-api {addr}")
-
-        return endpoint
+        return admin_endpoint(self.admin_auth, handler)
 
     # -- tenants ---------------------------------------------------------------------------------
 
     async def create_tenant(self, request: Request, actor: str) -> Response:
         spec = parse_model(TenantCreate, await _body(request)).spec()
         tenant = await run_in_threadpool(lambda: self.repo.create_tenant(spec, actor=actor))
-        return _json(Tenant.of(tenant), 201)
+        return json_answer(Tenant.of(tenant), 201)
 
     async def list_tenants(self, request: Request, actor: str) -> Response:
         tenants = await run_in_threadpool(self.repo.list_tenants)
-        return _json(TenantList(data=[Tenant.of(t) for t in tenants]))
+        return json_answer(TenantList(data=[Tenant.of(t) for t in tenants]))
 
     async def get_tenant(self, request: Request, actor: str) -> Response:
         tenant = await run_in_threadpool(self.repo.get_tenant, _tenant_param(request))
-        return _json(Tenant.of(tenant))
+        return json_answer(Tenant.of(tenant))
 
     async def update_tenant(self, request: Request, actor: str) -> Response:
         name = _tenant_param(request)
         change = parse_model(TenantPatch, await _body(request)).update()
         tenant = await run_in_threadpool(lambda: self.repo.update_tenant(name, change, actor=actor))
         self.auth.invalidate_tenant(name)
-        return _json(Tenant.of(tenant))
+        return json_answer(Tenant.of(tenant))
 
     async def suspend_tenant(self, request: Request, actor: str) -> Response:
         name = _tenant_param(request)
         tenant = await run_in_threadpool(lambda: self.repo.suspend_tenant(name, actor=actor))
         self.auth.invalidate_tenant(name)
-        return _json(Tenant.of(tenant))
+        return json_answer(Tenant.of(tenant))
 
     async def set_quota(self, request: Request, actor: str) -> Response:
         name = _tenant_param(request)
@@ -137,7 +120,7 @@ class _AdminApi:
         quota = parse_quota_limits(body, where="body")
         tenant = await run_in_threadpool(lambda: self.repo.set_quota(name, quota, actor=actor))
         self.auth.invalidate_tenant(name)
-        return _json(Tenant.of(tenant))
+        return json_answer(Tenant.of(tenant))
 
     # -- keys ------------------------------------------------------------------------------------
 
@@ -146,35 +129,35 @@ class _AdminApi:
         body = await _body(request)
         spec = parse_model(KeyCreate, {} if body is None else body).spec()
         issued = await run_in_threadpool(lambda: self.repo.issue_key(name, spec, actor=actor))
-        return _json(IssuedApiKey.issued(issued, self.repo.now()), 201)
+        return json_answer(IssuedApiKey.issued(issued, self.repo.now()), 201)
 
     async def list_keys(self, request: Request, actor: str) -> Response:
         keys = await run_in_threadpool(self.repo.list_keys, _tenant_param(request))
         now = self.repo.now()
-        return _json(ApiKeyList(data=[ApiKey.of(k, now) for k in keys]))
+        return json_answer(ApiKeyList(data=[ApiKey.of(k, now) for k in keys]))
 
     async def revoke_key(self, request: Request, actor: str) -> Response:
         key_id = _key_param(request)
         key = await run_in_threadpool(lambda: self.repo.revoke_key(key_id, actor=actor))
         self.auth.invalidate(key_id)
-        return _json(ApiKey.of(key, self.repo.now()))
+        return json_answer(ApiKey.of(key, self.repo.now()))
 
     async def get_key(self, request: Request, actor: str) -> Response:
         key = await run_in_threadpool(self.repo.get_key, _key_param(request))
-        return _json(ApiKey.of(key, self.repo.now()))
+        return json_answer(ApiKey.of(key, self.repo.now()))
 
     async def set_key_limits(self, request: Request, actor: str) -> Response:
         key_id = _key_param(request)
         limits = parse_key_limits(await _body(request))
         key = await run_in_threadpool(lambda: self.repo.set_key_limits(key_id, limits, actor=actor))
         self.auth.invalidate(key_id)
-        return _json(ApiKey.of(key, self.repo.now()))
+        return json_answer(ApiKey.of(key, self.repo.now()))
 
     async def rotate_key(self, request: Request, actor: str) -> Response:
         key_id = _key_param(request)
         issued = await run_in_threadpool(lambda: self.repo.rotate_key(key_id, actor=actor))
         self.auth.invalidate(key_id)
-        return _json(IssuedApiKey.issued(issued, self.repo.now()), 201)
+        return json_answer(IssuedApiKey.issued(issued, self.repo.now()), 201)
 
     # -- usage and audit -------------------------------------------------------------------------
 
@@ -182,7 +165,7 @@ class _AdminApi:
         name = _tenant_param(request)
         q = _usage_query(request)
         days = await run_in_threadpool(lambda: self.repo.usage_by_day(name, since=q.since, until=q.until))
-        return _json(TenantUsage.of(name, days))
+        return json_answer(TenantUsage.of(name, days))
 
     async def usage_report(self, request: Request, actor: str) -> Response:
         """GET /admin/v1/usage/report: grouped usage over a time range, one page, JSON or CSV."""
@@ -190,8 +173,8 @@ class _AdminApi:
         report = await run_in_threadpool(lambda: self.repo.usage_report(query))
         body = UsageReportBody.of(report).json_body()
         if fmt == "json":
-            return JSONResponse(body, headers=_NO_STORE)
-        headers = {**_NO_STORE, "Content-Disposition": 'attachment; filename="usage-report.csv"'}
+            return JSONResponse(body, headers=NO_STORE)
+        headers = {**NO_STORE, "Content-Disposition": 'attachment; filename="usage-report.csv"'}
         if report.next_offset is not None:
             headers["Weir-Next-Offset"] = str(report.next_offset)
         return PlainTextResponse(report_csv(body), media_type="text/csv", headers=headers)
@@ -201,7 +184,7 @@ class _AdminApi:
         events = await run_in_threadpool(
             lambda: self.repo.list_audit(tenant=q.tenant, limit=q.limit, before_id=q.before)
         )
-        return _json(AuditList(data=[AuditEvent.of(e) for e in events]))
+        return json_answer(AuditList(data=[AuditEvent.of(e) for e in events]))
 
     async def unknown(self, request: Request, actor: str) -> Response:
         # Reached only with a valid admin token: probes without one get 401, not a route map.
@@ -210,7 +193,7 @@ class _AdminApi:
     async def own_usage(self, request: Request) -> Response:
         """GET /v1/usage: the calling tenant's usage, and only its own."""
         context = await self.auth.authenticate_async(
-            request.headers.get("authorization"), _client_addr(request), scope=KeyScope.USAGE
+            request.headers.get("authorization"), client_addr(request), scope=KeyScope.USAGE
         )
         asked = request.query_params.get("tenant")
         if asked is not None and asked != context.tenant_id:
@@ -219,7 +202,7 @@ class _AdminApi:
         days = await run_in_threadpool(
             lambda: self.repo.usage_by_day(context.tenant_id, since=q.since, until=q.until)
         )
-        return _json(TenantUsage.of(context.tenant_id, days))
+        return json_answer(TenantUsage.of(context.tenant_id, days))
 
 
 def admin_routes(

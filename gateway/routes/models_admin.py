@@ -17,18 +17,22 @@ released and the memory measured as freed, in `x-weir-memory-released-bytes` and
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Awaitable, Callable
 from typing import Any
 
-from pydantic import BaseModel
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from gateway.fleet.model_rollout import ModelRollout, VersionStatus
 from gateway.http.auth import AdminAuthenticator
-from gateway.http.errors import NotFoundError, PayloadTooLargeError, UnprocessableError
-from gateway.http.json_body import loads_bounded
+from gateway.http.errors import NotFoundError, UnprocessableError
+from gateway.routes.admin_http import (
+    AdminHandler,
+    Endpoint,
+    admin_endpoint,
+    json_answer,
+    read_json_body,
+)
 from tenancy.admin_bodies.model_versions import (
     ModelVersion,
     ModelVersionList,
@@ -42,22 +46,10 @@ from tenancy.errors import FieldError
 from tenancy.model_version_records import validate_model_name, validate_version_label
 
 MAX_BODY_BYTES = 1 << 20
-_NO_STORE = {"Cache-Control": "no-store"}
-
-Handler = Callable[[Request, str], Awaitable[Response]]
-
-
-def _json(body: BaseModel, status_code: int = 200, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(
-        body.model_dump(mode="json"), status_code=status_code, headers={**_NO_STORE, **(headers or {})}
-    )
 
 
 async def _body(request: Request) -> Any:
-    raw = await request.body()
-    if len(raw) > MAX_BODY_BYTES:
-        raise PayloadTooLargeError(f"request body is larger than {MAX_BODY_BYTES} bytes")
-    return loads_bounded(raw) if raw.strip() else {}
+    return await read_json_body(request, MAX_BODY_BYTES, empty={})
 
 
 def _name(request: Request) -> str:
@@ -94,13 +86,8 @@ class ModelsAdminRoutes:
         self.rollout = rollout
         self.admin_auth = admin_auth
 
-    def admin(self, handler: Handler) -> Callable[[Request], Awaitable[Response]]:
-        async def endpoint(request: Request) -> Response:
-            addr = request.client.host if request.client is not None else "unknown"
-            await self.admin_auth.authenticate_async(request.headers.get("authorization"), addr)
-            return await handler(request, f"admin-api {addr}")
-
-        return endpoint
+    def admin(self, handler: AdminHandler) -> Endpoint:
+        return admin_endpoint(self.admin_auth, handler)
 
     def routes(self) -> list[BaseRoute]:
         a = self.admin
@@ -118,11 +105,11 @@ class ModelsAdminRoutes:
 
     async def list_models(self, request: Request, actor: str) -> Response:
         statuses, plans = await self.rollout.list()
-        return _json(ModelVersionList.of([status_body(s) for s in statuses], plans))
+        return json_answer(ModelVersionList.of([status_body(s) for s in statuses], plans))
 
     async def register(self, request: Request, actor: str) -> Response:
         spec = parse_spec(await _body(request))
-        return _json(status_body(await self.rollout.register(spec, actor)), 201)
+        return json_answer(status_body(await self.rollout.register(spec, actor)), 201)
 
     async def load(self, request: Request, actor: str) -> Response:
         status = await self.rollout.load(_name(request), _version(request), actor)
@@ -132,14 +119,14 @@ class ModelsAdminRoutes:
                 param="path",
                 code="model_load_failed",
             )
-        return _json(status_body(status))
+        return json_answer(status_body(status))
 
     async def set_traffic(self, request: Request, actor: str) -> Response:
         plan = parse_traffic(_name(request), await _body(request))
-        return _json(TrafficPlanBody.of(await self.rollout.set_traffic(plan, actor)))
+        return json_answer(TrafficPlanBody.of(await self.rollout.set_traffic(plan, actor)))
 
     async def drain(self, request: Request, actor: str) -> Response:
-        return _json(status_body(await self.rollout.drain(_name(request), _version(request), actor)))
+        return json_answer(status_body(await self.rollout.drain(_name(request), _version(request), actor)))
 
     async def retire(self, request: Request, actor: str) -> Response:
         status = await self.rollout.retire(_name(request), _version(request), actor)
@@ -148,11 +135,11 @@ class ModelsAdminRoutes:
             headers["x-weir-memory-released-bytes"] = str(status.retire.released_budget_bytes)
             if status.retire.freed_bytes is not None:
                 headers["x-weir-memory-freed-bytes"] = str(status.retire.freed_bytes)
-        return _json(status_body(status), headers=headers)
+        return json_answer(status_body(status), headers=headers)
 
     async def rollback(self, request: Request, actor: str) -> Response:
         to = parse_rollback(await _body(request))
-        return _json(TrafficPlanBody.of(await self.rollout.rollback(_name(request), to, actor)))
+        return json_answer(TrafficPlanBody.of(await self.rollout.rollback(_name(request), to, actor)))
 
 
 def models_admin_routes(rollout: ModelRollout, admin_auth: AdminAuthenticator) -> list[BaseRoute]:

@@ -44,6 +44,7 @@ from gateway.http.auth import AdminAuthenticator
 from gateway.http.errors import BadRequestError, NotFoundError, PayloadTooLargeError, UnprocessableError
 from gateway.http.json_body import loads_bounded
 from gateway.prompts.tokenization import PromptBuilder, Tokenizer
+from gateway.routes.admin_http import client_addr
 
 MAX_BODY_BYTES = 4 << 20  # a long system prompt as token ids is a few hundred KB
 _REGISTER_FIELDS = frozenset({"token_ids", "text", "messages", "add_special_tokens", "name", "pin"})
@@ -212,8 +213,9 @@ class PrefixCacheRoutes:
         mapper (`gateway.http.errors.to_http_error`) answers and counts them, like every route's."""
 
         async def endpoint(request: Request) -> Response:
-            addr = request.client.host if request.client is not None else "unknown"
-            await self.admin_auth.authenticate_async(request.headers.get("authorization"), addr)
+            await self.admin_auth.authenticate_async(
+                request.headers.get("authorization"), client_addr(request)
+            )
             params = request.query_params
             request.state.prefix_cache_target = self.select(params.get("model"), params.get("version"))
             return await handler(request)

@@ -12,45 +12,32 @@ Bodies and answers are `tenancy.spend_api`'s. Every change is audited by the rep
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from gateway.http.auth import AdminAuthenticator
-from gateway.http.errors import NotFoundError, PayloadTooLargeError
-from gateway.http.json_body import loads_bounded
+from gateway.http.errors import NotFoundError
+from gateway.routes.admin_http import (
+    AdminHandler,
+    Endpoint,
+    admin_endpoint,
+    bounded_query,
+    json_answer,
+    read_json_body,
+)
 from tenancy.db import Database
-from tenancy.errors import FieldError
 from tenancy.spend_admin import SpendAdmin
 from tenancy.window_budget_records import BudgetNotFoundError
 
 MAX_BODY_BYTES = 64 * 1024
-_NO_STORE = {"Cache-Control": "no-store"}
-_MAX_QUERY_LEN = 256
-
-Handler = Callable[[Request, str], Awaitable[Response]]
-
-
-def _json(body: Any, status_code: int = 200) -> JSONResponse:
-    return JSONResponse(body, status_code=status_code, headers=_NO_STORE)
 
 
 async def _body(request: Request) -> Any:
-    raw = await request.body()
-    if len(raw) > MAX_BODY_BYTES:
-        raise PayloadTooLargeError(f"request body is larger than {MAX_BODY_BYTES} bytes")
-    return loads_bounded(raw) if raw.strip() else None
-
-
-def _query(request: Request, name: str) -> str | None:
-    value = request.query_params.get(name)
-    if value is not None and not 1 <= len(value) <= _MAX_QUERY_LEN:
-        raise FieldError(name, f"must be 1-{_MAX_QUERY_LEN} characters")
-    return value
+    return await read_json_body(request, MAX_BODY_BYTES)
 
 
 class SpendAdminRoutes:
@@ -58,13 +45,8 @@ class SpendAdminRoutes:
         self.admin_api = SpendAdmin(db)
         self.admin_auth = admin_auth
 
-    def admin(self, handler: Handler) -> Callable[[Request], Awaitable[Response]]:
-        async def endpoint(request: Request) -> Response:
-            addr = request.client.host if request.client is not None else "unknown"
-            await self.admin_auth.authenticate_async(request.headers.get("authorization"), addr)
-            return await handler(request, f"admin-api {addr}")
-
-        return endpoint
+    def admin(self, handler: AdminHandler) -> Endpoint:
+        return admin_endpoint(self.admin_auth, handler)
 
     def routes(self) -> list[BaseRoute]:
         a = self.admin
@@ -78,26 +60,26 @@ class SpendAdminRoutes:
 
     async def set_price(self, request: Request, actor: str) -> Response:
         body = await _body(request)
-        return _json(await run_in_threadpool(self.admin_api.set_price, body, actor), 201)
+        return json_answer(await run_in_threadpool(self.admin_api.set_price, body, actor), 201)
 
     async def list_prices(self, request: Request, actor: str) -> Response:
-        model = _query(request, "model")
-        return _json(await run_in_threadpool(self.admin_api.list_prices, model))
+        model = bounded_query(request, "model")
+        return json_answer(await run_in_threadpool(self.admin_api.list_prices, model))
 
     async def set_budget(self, request: Request, actor: str) -> Response:
         body = await _body(request)
-        return _json(await run_in_threadpool(self.admin_api.set_budget, body, actor))
+        return json_answer(await run_in_threadpool(self.admin_api.set_budget, body, actor))
 
     async def list_budgets(self, request: Request, actor: str) -> Response:
-        tenant = _query(request, "tenant")
-        return _json(await run_in_threadpool(self.admin_api.list_budgets, tenant))
+        tenant = bounded_query(request, "tenant")
+        return json_answer(await run_in_threadpool(self.admin_api.list_budgets, tenant))
 
     async def delete_budget(self, request: Request, actor: str) -> Response:
         text = request.path_params["budget_id"]
         if not text.isascii() or not text.isdigit() or len(text) > 18:
             raise NotFoundError(f"window budget {text[:32]!r} not found")
         try:
-            return _json(await run_in_threadpool(self.admin_api.delete_budget, int(text), actor))
+            return json_answer(await run_in_threadpool(self.admin_api.delete_budget, int(text), actor))
         except BudgetNotFoundError as exc:
             raise NotFoundError(exc.message) from None
 

@@ -1,0 +1,65 @@
+"""The HTTP plumbing every /admin/v1 route module shares: the admin-token check, reading a bounded
+JSON body, a bounded query parameter, and answers that are never cached.
+
+Errors are raised, never answered here: the app's one mapper (`gateway.http.errors`) answers them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from pydantic import BaseModel
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from gateway.http.auth import AdminAuthenticator
+from gateway.http.errors import PayloadTooLargeError
+from gateway.http.json_body import loads_bounded
+from tenancy.errors import FieldError
+
+NO_STORE = {"Cache-Control": "no-store"}  # answers may carry a key, shown only once
+MAX_QUERY_LEN = 256
+
+AdminHandler = Callable[[Request, str], Awaitable[Response]]
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+def client_addr(request: Request) -> str:
+    return request.client.host if request.client is not None else "unknown"
+
+
+def admin_endpoint(admin_auth: AdminAuthenticator, handler: AdminHandler) -> Endpoint:
+    """`handler` behind the admin token; it gets the actor the audit log records."""
+
+    async def endpoint(request: Request) -> Response:
+        addr = client_addr(request)
+        await admin_auth.authenticate_async(request.headers.get("authorization"), addr)
+        return await handler(request, f"admin-api {addr}")
+
+    return endpoint
+
+
+def json_answer(
+    body: BaseModel | Any, status_code: int = 200, headers: dict[str, str] | None = None
+) -> Response:
+    """A JSON answer (a pydantic model is dumped in JSON mode), never cached."""
+    content = body.model_dump(mode="json") if isinstance(body, BaseModel) else body
+    return JSONResponse(content, status_code=status_code, headers={**NO_STORE, **(headers or {})})
+
+
+async def read_json_body(request: Request, max_bytes: int, empty: Any = None) -> Any:
+    """The decoded JSON body within `max_bytes` (413 past it); `empty` for a blank body. Invalid
+    JSON, too deep nesting and lone surrogates are 400s (`loads_bounded`)."""
+    raw = await request.body()
+    if len(raw) > max_bytes:
+        raise PayloadTooLargeError(f"request body is larger than {max_bytes} bytes")
+    return loads_bounded(raw) if raw.strip() else empty
+
+
+def bounded_query(request: Request, name: str, max_len: int = MAX_QUERY_LEN) -> str | None:
+    """An optional query parameter of 1 to `max_len` characters (a 422 naming it otherwise)."""
+    value = request.query_params.get(name)
+    if value is not None and not 1 <= len(value) <= max_len:
+        raise FieldError(name, f"must be 1-{max_len} characters")
+    return value
