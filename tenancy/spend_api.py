@@ -17,8 +17,9 @@ from __future__ import annotations
 import datetime as dt
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
+from tenancy.admin_bodies.parsing import parse_model
 from tenancy.budget_windows import MAX_ROLLING_S, MAX_TIME_ZONE_LEN, WindowKind
 from tenancy.errors import FieldError
 from tenancy.models import MODEL_VERSION_ID_LEN
@@ -125,31 +126,13 @@ class BudgetList(BaseModel):
     data: list[BudgetOut]
 
 
-def _first_error(exc: ValidationError) -> FieldError:
-    error: Any = exc.errors(include_url=False, include_input=False)[0]
-    where = ".".join(str(p) for p in error.get("loc", ())) or "body"
-    return FieldError(where, str(error.get("msg", "is invalid")))
-
-
-def _object(body: object) -> dict[str, Any]:
-    if not isinstance(body, dict):
-        raise FieldError("body", "must be a JSON object")
-    return body
-
-
 def parse_price(body: object) -> PriceSpec:
     """A `PriceBody` from decoded JSON; the first problem as a `FieldError` (a 4xx)."""
-    try:
-        return PriceBody.model_validate(_object(body)).spec()
-    except ValidationError as exc:
-        raise _first_error(exc) from None
+    return parse_model(PriceBody, body).spec()
 
 
 def parse_budget(body: object) -> BudgetSpec:
-    try:
-        return BudgetBody.model_validate(_object(body)).spec()
-    except ValidationError as exc:
-        raise _first_error(exc) from None
+    return parse_model(BudgetBody, body).spec()
 
 
 def _time(value: dt.datetime) -> str:

@@ -8,11 +8,10 @@ records' constants (`tenancy.adapter_records`), not restated; the records check 
 from __future__ import annotations
 
 import datetime as dt
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from gateway.http.errors import BadRequestError, UnprocessableError
 from tenancy.adapter_records import MAX_ADAPTER_NAME_LEN, AdapterSpec, AdapterState
 from tenancy.model_version_records import MAX_NAME_LEN, MAX_PATH_LEN, MAX_VERSION_LEN
 
@@ -25,9 +24,6 @@ MODEL_VERSION_ID_LEN = MAX_NAME_LEN + 1 + MAX_VERSION_LEN  # name@version
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
-
-
-_B = TypeVar("_B", bound=_Body)
 
 
 class AdapterRegisterBody(_Body):
@@ -129,15 +125,3 @@ class AdapterListOut(BaseModel):
 
     object: Literal["list"] = "list"
     data: list[AdapterOut]
-
-
-def parse_body(kind: type[_B], value: Any) -> _B:
-    """`value` as `kind`; a 400 for a body that is not an object, a 422 naming the bad field."""
-    if not isinstance(value, dict):
-        raise BadRequestError("request body must be a JSON object", code="invalid_body")
-    try:
-        return kind.model_validate(value)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        field = ".".join(str(p) for p in err["loc"]) or "body"
-        raise UnprocessableError(f"'{field}': {err['msg']}", param=field, code="invalid_value") from None

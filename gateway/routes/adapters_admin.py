@@ -28,11 +28,10 @@ from gateway.api.adapter_admin_bodies import (
     AdapterListOut,
     AdapterOut,
     AdapterRegisterBody,
-    parse_body,
 )
 from gateway.fleet.adapter_rollout import AdapterRollout, AdapterStatus
 from gateway.http.auth import AdminAuthenticator
-from gateway.http.errors import NotFoundError, UnprocessableError
+from gateway.http.errors import NotFoundError
 from gateway.routes.admin_http import (
     AdminHandler,
     Endpoint,
@@ -42,6 +41,7 @@ from gateway.routes.admin_http import (
     read_json_body,
 )
 from tenancy.adapter_records import validate_adapter_name
+from tenancy.admin_bodies.parsing import parse_model
 from tenancy.errors import FieldError
 from tenancy.records import validate_tenant_name
 
@@ -62,13 +62,6 @@ def _name(request: Request) -> str:
         return validate_adapter_name(name)
     except FieldError:
         raise NotFoundError(f"adapter {name[:200]!r} does not exist", code="adapter_not_found") from None
-
-
-def _tenant(body: AdapterAccessBody) -> str:
-    try:
-        return validate_tenant_name(body.tenant, "tenant")
-    except FieldError as exc:
-        raise UnprocessableError(exc.message, param="tenant", code="invalid_value") from None
 
 
 class AdaptersAdminRoutes:
@@ -102,7 +95,7 @@ class AdaptersAdminRoutes:
         return json_answer(AdapterListOut(data=[AdapterOut.of(s) for s in statuses]))
 
     async def register(self, request: Request, actor: str) -> Response:
-        body = parse_body(AdapterRegisterBody, await _body(request))
+        body = parse_model(AdapterRegisterBody, await _body(request))
         return _one(await self.rollout.register(body.spec(), actor), 201)
 
     async def get_adapter(self, request: Request, actor: str) -> Response:
@@ -119,12 +112,12 @@ class AdaptersAdminRoutes:
 
     async def grant(self, request: Request, actor: str) -> Response:
         name = _name(request)
-        tenant = _tenant(parse_body(AdapterAccessBody, await _body(request)))
+        tenant = validate_tenant_name(parse_model(AdapterAccessBody, await _body(request)).tenant, "tenant")
         return _one(await self.rollout.grant(name, tenant, actor))
 
     async def revoke(self, request: Request, actor: str) -> Response:
         name = _name(request)
-        tenant = _tenant(parse_body(AdapterAccessBody, await _body(request)))
+        tenant = validate_tenant_name(parse_model(AdapterAccessBody, await _body(request)).tenant, "tenant")
         return _one(await self.rollout.revoke(name, tenant, actor))
 
 
