@@ -13,13 +13,14 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from tenancy.adapter_records import MAX_ADAPTER_NAME_LEN, AdapterSpec, AdapterState
-from tenancy.model_version_records import MAX_NAME_LEN, MAX_PATH_LEN, MAX_VERSION_LEN
+from tenancy.model_version_records import MAX_PATH_LEN
+from tenancy.models import (  # a tenant name's column; validate_tenant_name checks its characters
+    MODEL_VERSION_ID_LEN,
+    NAME_LEN,
+)
 
 if TYPE_CHECKING:
     from gateway.fleet.adapter_rollout import AdapterStatus
-
-MAX_TENANT_NAME_LEN = 64  # tenancy.records.validate_tenant_name checks the characters
-MODEL_VERSION_ID_LEN = MAX_NAME_LEN + 1 + MAX_VERSION_LEN  # name@version
 
 
 class _Body(BaseModel):
@@ -41,7 +42,7 @@ class AdapterRegisterBody(_Body):
     owner_tenant: str | None = Field(
         default=None,
         min_length=1,
-        max_length=MAX_TENANT_NAME_LEN,
+        max_length=NAME_LEN,
         description="private to this tenant (and those granted); null: public until granted",
     )
 
@@ -52,7 +53,7 @@ class AdapterRegisterBody(_Body):
 class AdapterAccessBody(_Body):
     """POST /admin/v1/adapters/{name}/grant and /revoke: one tenant of the access list."""
 
-    tenant: str = Field(min_length=1, max_length=MAX_TENANT_NAME_LEN)
+    tenant: str = Field(min_length=1, max_length=NAME_LEN)
 
 
 class AdapterRuntimeOut(BaseModel):
