@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from tenancy.adapter_admin_client import HttpAdapterAdmin
 from tenancy.adapter_records import AdapterSpec
 from tenancy.admin_client import HttpAdmin, JsonObject
-from tenancy.cli_support import CliError, Handler, SettingsOf, guard, open_backend, print_json
+from tenancy.cli_support import CliError, Handler, SettingsOf, json_command, open_backend
 from tenancy.db import Database
 
 _WHERE = "Needs --server URL: adapters are loaded by a running server, which records every change."
@@ -42,12 +42,7 @@ def add_adapter_commands(
             yield chosen
 
     def command(op: Callable[[HttpAdapterAdmin, argparse.Namespace], JsonObject]) -> Handler:
-        def run(args: argparse.Namespace) -> int:
-            with backend(args) as b:
-                print_json(op(b, args))
-            return 0
-
-        return guard(run)
+        return json_command(backend, op)
 
     def leaf(name: str, help_text: str) -> argparse.ArgumentParser:
         return a_sub.add_parser(name, help=help_text, description=f"{help_text}. {_WHERE}", parents=[conn])

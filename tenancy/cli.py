@@ -28,6 +28,7 @@ from tenancy.cli_support import (
     SettingsOf,
     connection_parser,
     guard,
+    json_command,
     open_backend,
     print_json,
 )
@@ -194,12 +195,7 @@ def _add_admin(subparsers: argparse._SubParsersAction, settings_of: SettingsOf) 
             yield chosen
 
     def command(op: Callable[[AdminBackend, argparse.Namespace], JsonObject]) -> Handler:
-        def run(args: argparse.Namespace) -> int:
-            with backend(args) as b:
-                print_json(op(b, args))
-            return 0
-
-        return guard(run)
+        return json_command(backend, op)
 
     def report(args: argparse.Namespace) -> int:
         query = ReportQuery(

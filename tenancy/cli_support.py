@@ -11,7 +11,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Protocol, TypeVar
 
@@ -76,6 +76,24 @@ def guard(handler: Handler) -> Handler:
             return 1
 
     return run
+
+
+_Backend = TypeVar("_Backend")
+
+
+def json_command(
+    backend: Callable[[argparse.Namespace], AbstractContextManager[_Backend]],
+    op: Callable[[_Backend, argparse.Namespace], JsonObject],
+) -> Handler:
+    """A subcommand that runs `op` on the backend `backend(args)` opens and prints its answer as
+    JSON, behind `guard`."""
+
+    def run(args: argparse.Namespace) -> int:
+        with backend(args) as b:
+            print_json(op(b, args))
+        return 0
+
+    return guard(run)
 
 
 def connection_parser() -> argparse.ArgumentParser:

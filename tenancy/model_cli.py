@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from tenancy.admin_client import HttpAdmin, JsonObject
-from tenancy.cli_support import CliError, Handler, SettingsOf, guard, open_backend, print_json
+from tenancy.cli_support import CliError, Handler, SettingsOf, json_command, open_backend
 from tenancy.db import Database
 from tenancy.model_admin_client import DirectModelAdmin, HttpModelAdmin, ModelAdminBackend
 from tenancy.model_version_records import ModelVersionSpec, TrafficPlan
@@ -87,12 +87,7 @@ def add_model_commands(
             yield chosen
 
     def command(op: Callable[[ModelAdminBackend, argparse.Namespace], JsonObject]) -> Handler:
-        def run(args: argparse.Namespace) -> int:
-            with backend(args) as b:
-                print_json(op(b, args))
-            return 0
-
-        return guard(run)
+        return json_command(backend, op)
 
     def leaf(name: str, help_text: str) -> argparse.ArgumentParser:
         return m_sub.add_parser(name, help=help_text, description=f"{help_text}. {_WHERE}", parents=[conn])

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 
 from tenancy.admin_client import HttpAdmin
 from tenancy.budget_windows import WindowKind
-from tenancy.cli_support import Handler, SettingsOf, guard, open_backend, print_json
+from tenancy.cli_support import Handler, SettingsOf, json_command, open_backend
 from tenancy.db import Database
 from tenancy.spend_admin import HttpSpendAdmin, SpendAdmin, SpendAdminBackend
 from tenancy.spend_api import JsonObject
@@ -75,12 +75,7 @@ def add_spend_commands(
             yield chosen
 
     def command(op: Callable[[SpendAdminBackend, argparse.Namespace], JsonObject]) -> Handler:
-        def run(args: argparse.Namespace) -> int:
-            with backend(args) as b:
-                print_json(op(b, args))
-            return 0
-
-        return guard(run)
+        return json_command(backend, op)
 
     prices = admin_sub.add_parser("prices", help="the price table: per model version, per million tokens")
     p_sub = prices.add_subparsers(dest="prices_command", required=True)
