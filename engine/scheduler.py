@@ -30,7 +30,7 @@ from engine.slo_tally import PreemptReason, SloTally
 from engine.spec_decode.policy import SpeculationPolicy
 from engine.spec_decode.tally import VerifiedDraft
 from engine.step_budget import StepBudget, make_step_budget
-from engine.step_plan import decode_key, fair_shares, owes_itl, prefill_key, step_target_s
+from engine.step_plan import fair_rows, fair_shares, owes_itl, prefill_key, step_target_s
 
 logger = logging.getLogger("weir.engine")
 
@@ -274,16 +274,22 @@ class Scheduler:
 
     def _fit_decodes(self, decodes: list[Request], target_s: float, has_prefill_work: bool) -> list[Request]:
         """The decodes a step of `target_s` holds: every one owed this ITL, then the others (looser
-        classes) least recently served first, up to the decode capacity; the rest sit out a step."""
+        classes) up to the decode capacity; the rest sit out a step. Where a class does not fit
+        whole its rows are shared between its tenants by weight, least recently served first
+        within a tenant (`fair_rows`). Owed decodes are shared so only when several tenants owe:
+        one tenant alone keeps all its rows (one longer step beats two at the same ITL)."""
         mean_context = sum(r.num_computed_tokens for r in decodes) / len(decodes) if decodes else 0.0
         capacity = self.step_budget.decode_capacity(target_s, has_prefill_work, mean_context)
         if capacity is None or len(decodes) <= capacity:
             return decodes
         owed = [r for r in decodes if owes_itl(r, target_s)]
-        rest = sorted((r for r in decodes if not owes_itl(r, target_s)), key=decode_key)
-        kept = rest[: max(0, capacity - len(owed))]
-        self.num_deferred_decodes += len(rest) - len(kept)
-        return owed + sorted(kept, key=lambda r: int(r.priority))
+        rest = [r for r in decodes if not owes_itl(r, target_s)]
+        if len(owed) > capacity and len({r.tenant_id for r in owed}) > 1:
+            kept = fair_rows(owed, capacity)
+        else:
+            kept = owed + fair_rows(rest, capacity - len(owed))
+        self.num_deferred_decodes += len(decodes) - len(kept)
+        return sorted(kept, key=lambda r: int(r.priority))
 
     def _feed_fairly(self, prefills: list[Request], budget: int, feed: _Feed, head: Request | None) -> int:
         """Feed prefill chunks class by class; within a class of several tenants, each tenant

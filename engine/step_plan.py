@@ -15,13 +15,18 @@ order in which running requests get tokens, and each tenant's share of the prefi
   tenants by weighted max-min fairness (water-filling, `fair_shares`): a tenant that wants less
   than its share keeps what it wants and the rest goes to the others in proportion to their
   weights. One tenant's n=16 or 8k-token prompts take their weight's share of each step, not all
-  of it. Within a tenant the order above stands. Plain Python, no torch.
+  of it. Within a tenant the order above stands.
+- **Fair share of decode rows within a class:** when a step's target holds fewer decode rows
+  than run, the rows it holds are divided the same way (`fair_rows`): a tenant's beam 16 or
+  n = 16 is 16 rows but gets its weight's share of the step's rows, the rest of its rows sit
+  the step out (least recently served first within the tenant, so they rotate). Plain Python,
+  no torch.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from engine.request import Request
 
@@ -53,6 +58,39 @@ def prefill_key(req: Request) -> tuple[int, float, float]:
     ttft = req.latency.ttft_s
     deadline = req.arrival_s + ttft if ttft is not None else _NO_TARGET
     return (int(req.priority), deadline, req.arrival_s)
+
+
+def fair_rows(decodes: Sequence[Request], capacity: int) -> list[Request]:
+    """The decodes a step of `capacity` rows holds: better classes first; a class that does not
+    fit whole is divided between its tenants by `fair_shares` (one row per decode, the tenant's
+    weight), each tenant's rows least recently served first. Order: by class, then as given."""
+    kept: list[Request] = []
+    left = max(0, capacity)
+    by_class: dict[int, list[Request]] = {}
+    for r in decodes:
+        by_class.setdefault(int(r.priority), []).append(r)
+    for cls in sorted(by_class):
+        group = by_class[cls]
+        if len(group) <= left:
+            kept += group
+            left -= len(group)
+            continue
+        if left <= 0:
+            break
+        demands: dict[str, int] = {}
+        weights: dict[str, float] = {}
+        for r in group:
+            demands[r.tenant_id] = demands.get(r.tenant_id, 0) + 1
+            weights[r.tenant_id] = r.weight
+        shares = fair_shares(left, demands, weights)
+        chosen = {
+            id(r)
+            for tenant, share in shares.items()
+            for r in sorted((r for r in group if r.tenant_id == tenant), key=decode_key)[:share]
+        }
+        kept += [r for r in group if id(r) in chosen]
+        break
+    return kept
 
 
 def fair_shares(budget: int, demands: Mapping[str, int], weights: Mapping[str, float]) -> dict[str, int]:

@@ -248,3 +248,52 @@ def test_without_a_minimum_residency_the_scenario_ping_pongs() -> None:
     t = _collapse_scenario(min_residency_steps=1)
     gaps = [b - a for steps in t.preempted_at.values() for a, b in zip(steps, steps[1:], strict=False)]
     assert any(g <= 16 for g in gaps)
+
+
+def _decoding(t: TimedSim, tenants: set[str]) -> bool:
+    """Every tenant named has decodes running and none of its prompts left to compute."""
+    running = list(t.sched.running.values())
+    return all(
+        any(r.tenant_id == x and r.num_remaining == 1 for r in running)
+        and not any(r.tenant_id == x and r.num_remaining > 1 for r in running)
+        for x in tenants
+    )
+
+
+def test_one_tenant_with_sixteen_rows_does_not_stretch_another_tenants_steps() -> None:
+    t = _timed()
+    wide = [t.add(f"w{i}", 40, 60, "wide", Priority.INTERACTIVE) for i in range(16)]  # n = 16-like
+    lone = t.add("v", 40, 40, "lone", Priority.INTERACTIVE)
+    for _ in range(400):
+        if lone.is_finished:
+            break
+        t.step()
+    assert lone.is_finished
+    gaps = sorted(_itls(lone))
+    # 17 decode rows would take 35 + 17 x 20 = 375 ms a step; the wide tenant's rows share what a
+    # 300 ms step holds, and the lone row is within its share every step (up to the fit's noise
+    # and the first plans, made before the cost fit settles)
+    assert gaps[int(0.9 * len(gaps))] <= 0.3
+    assert gaps[-1] <= 0.3 * 1.25
+    assert t.sched.num_deferred_decodes > 0
+    for _ in range(600):
+        if all(r.is_finished for r in wide):
+            break
+        t.step()
+    assert all(r.is_finished for r in wide)  # its rows rotated: every one of them finished
+
+
+def test_a_tenant_share_of_decode_rows_within_a_class_follows_the_weights() -> None:
+    t = _timed()
+    for i in range(16):
+        t.add(f"h{i}", 30, 200, "heavy", Priority.INTERACTIVE, weight=2.0)
+        t.add(f"l{i}", 30, 200, "light", Priority.INTERACTIVE, weight=1.0)
+    served: Counter[str] = Counter()
+    for _ in range(120):
+        before = Counter(t.sim.served)
+        both = _decoding(t, {"heavy", "light"})
+        t.step()
+        if both:
+            served.update(Counter(t.sim.served) - before)
+    assert served["light"] > 0
+    assert 1.7 <= served["heavy"] / served["light"] <= 2.3  # 2:1 by weight, not 16:16 rows

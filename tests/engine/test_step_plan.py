@@ -7,13 +7,26 @@ from hypothesis import strategies as st
 
 from engine.latency_targets import CPU_CLASS_TARGETS, LatencyTargets
 from engine.request import Priority, Request, SamplingParams
-from engine.step_plan import decode_key, fair_shares, owes_itl, prefill_key, step_target_s
+from engine.step_plan import decode_key, fair_rows, fair_shares, owes_itl, prefill_key, step_target_s
 
 
 def _req(
-    rid: str, priority: Priority, arrival: float = 0.0, latency: LatencyTargets | None = None
+    rid: str,
+    priority: Priority,
+    arrival: float = 0.0,
+    latency: LatencyTargets | None = None,
+    tenant: str = "default",
+    weight: float = 1.0,
 ) -> Request:
-    req = Request(rid, [1, 2], SamplingParams(max_tokens=4), priority=priority, arrival_s=arrival)
+    req = Request(
+        rid,
+        [1, 2],
+        SamplingParams(max_tokens=4),
+        priority=priority,
+        arrival_s=arrival,
+        tenant_id=tenant,
+        weight=weight,
+    )
     req.latency = latency if latency is not None else CPU_CLASS_TARGETS.of(priority)
     return req
 
@@ -73,3 +86,49 @@ def test_fair_shares_are_max_min_fair(budget: int, tenants: dict[str, tuple[int,
         if s < demands[t]:
             for o, so in shares.items():
                 assert (s + 1) / weights[t] >= (so - 1) / weights[o] - 1e-9
+
+
+def test_fair_rows_share_a_class_between_tenants_and_keep_better_classes_whole() -> None:
+    wide = [_req(f"a{i}", Priority.STANDARD, tenant="wide") for i in range(16)]  # beam 16 / n = 16
+    lone = _req("v", Priority.STANDARD, tenant="lone")
+    chat = _req("i", Priority.INTERACTIVE, tenant="chat")
+    kept = fair_rows([*wide, lone, chat], 5)
+    assert kept[0] is chat  # the better class first, whole
+    assert lone in kept  # one row of its own: within its share of the 4 rows left
+    assert sum(r.tenant_id == "wide" for r in kept) == 3
+    for i, r in enumerate(wide):
+        r.times.token_s.append(float(i))
+    assert [r.request_id for r in fair_rows(wide, 3)] == ["a0", "a1", "a2"]  # least recently served
+    assert fair_rows([*wide, lone], 100) == [*wide, lone]  # everything fits: nothing sits out
+    assert fair_rows([*wide, lone], 0) == []
+
+
+@given(
+    capacity=st.integers(0, 40),
+    rows=st.lists(
+        st.tuples(st.sampled_from(list(Priority)), st.sampled_from("abcd"), st.floats(0.5, 4.0)), max_size=40
+    ),
+)
+def test_fair_rows_fill_the_capacity_by_class_and_weight(
+    capacity: int, rows: list[tuple[Priority, str, float]]
+) -> None:
+    weight_of: dict[str, float] = {}
+    reqs = []
+    for i, (prio, tenant, weight) in enumerate(rows):
+        weight_of.setdefault(tenant, weight)
+        reqs.append(_req(f"r{i}", prio, tenant=tenant, weight=weight_of[tenant]))
+    kept = fair_rows(reqs, capacity)
+    assert len(kept) == min(capacity, len(reqs)) and len({id(r) for r in kept}) == len(kept)
+    worst_kept = max((int(r.priority) for r in kept), default=-1)
+    # a better class is never cut for a worse one
+    assert all(r in kept for r in reqs if int(r.priority) < worst_kept)
+    # within the class that was cut, the rows follow the weighted max-min shares
+    cut = [r for r in reqs if int(r.priority) == worst_kept]
+    demands: dict[str, int] = {}
+    for r in cut:
+        demands[r.tenant_id] = demands.get(r.tenant_id, 0) + 1
+    room = capacity - sum(int(r.priority) < worst_kept for r in kept)
+    if cut and len(cut) > room:
+        shares = fair_shares(room, demands, weight_of)
+        for tenant, share in shares.items():
+            assert sum(r.tenant_id == tenant and int(r.priority) == worst_kept for r in kept) == share
