@@ -30,7 +30,7 @@ from engine.slo_tally import PreemptReason, SloTally
 from engine.spec_decode.policy import SpeculationPolicy
 from engine.spec_decode.tally import VerifiedDraft
 from engine.step_budget import StepBudget, make_step_budget
-from engine.step_plan import fair_rows, fair_shares, owes_itl, prefill_key, step_target_s
+from engine.step_plan import fair_rows, fair_shares, owes_itl, prefill_key, share_victim, step_target_s
 
 logger = logging.getLogger("weir.engine")
 
@@ -375,30 +375,40 @@ class Scheduler:
     def _displace_for_slo(
         self, budget: int, chunk_cap: int, scheduled: dict[str, int], preempted: list[str]
     ) -> int:
-        """The waiting head is kept out by the running cap while lower classes run and has used up
-        a quarter of its TTFT target waiting: preempt one lower-class request (least advanced, resident
-        for at least `min_residency_steps`) and admit again. One per step: the cap is not chased."""
+        """The waiting head is kept out by the running cap. Preempt one running request and admit
+        again: a lower-class one (least advanced, resident for at least `min_residency_steps`)
+        when the head has used up a quarter of its TTFT target waiting; else, when the head's
+        tenant is under its share of its class's seats, one of the tenant most over its share
+        (`share_victim`). One per step: the cap is not chased."""
         head = self.waiting.peek()
-        if head is None or head.latency.ttft_s is None or self.config.queue_policy is QueuePolicy.FCFS:
+        if head is None or self.config.queue_policy is QueuePolicy.FCFS:
             return budget
-        if self.clock() - head.arrival_s < _SLO_URGENCY * head.latency.ttft_s:
+        victim, reason = None, PreemptReason.SLO
+        ttft = head.latency.ttft_s
+        if ttft is not None and self.clock() - head.arrival_s >= _SLO_URGENCY * ttft:
+            candidates = [r for r in self.running.values() if r.priority > head.priority and self._settled(r)]
+            if candidates:
+                victim = max(candidates, key=lambda r: (int(r.priority), -r.num_computed_tokens, r.arrival_s))
+        if victim is None and not self._may_seat(head):
+            victim = share_victim(head, self.running.values(), _one_seat, self.num_seats(head), self._settled)
+            reason = PreemptReason.FAIR_SHARE
+        if victim is None:
             return budget
-        candidates = [
-            r
-            for r in self.running.values()
-            if r.priority > head.priority
-            and self.num_steps - self._resident_since.get(r.request_id, 0) >= self.config.min_residency_steps
-        ]
-        if not candidates:
-            return budget
-        victim = max(candidates, key=lambda r: (int(r.priority), -r.num_computed_tokens, r.arrival_s))
-        self._preempt(victim, reason=PreemptReason.SLO)
+        self._preempt(victim, reason=reason)
         preempted.append(victim.request_id)
         budget += scheduled.pop(victim.request_id, 0)
         self.waiting.remove(victim)  # it sits out this admission (else it comes straight back)
         budget = self._admit(budget, chunk_cap, scheduled, preempted)
         self.waiting.prepend(victim)
         return budget
+
+    def _num_blocks(self, req: Request) -> int:
+        return len(self.kv.block_ids(req.request_id))
+
+    def _settled(self, req: Request) -> bool:
+        """Whether `req` has run `min_residency_steps` since it last started (it may be preempted)."""
+        since = self._resident_since.get(req.request_id, 0)
+        return self.num_steps - since >= self.config.min_residency_steps
 
     def _may_admit(self) -> bool:
         policy = self.config.batch_policy
@@ -451,10 +461,14 @@ class Scheduler:
             else:
                 fits = self.kv.allocate_slots(req, req.num_tokens, computed, watermark=True)
             if not fits:
-                victim = self._lower_class_victim(req)
+                victim, reason = self._lower_class_victim(req), PreemptReason.CLASS
+                if victim is None and self.config.queue_policy is not QueuePolicy.FCFS:
+                    need = self.kv.blocks_for(req.num_tokens)
+                    victim = share_victim(req, self.running.values(), self._num_blocks, need, self._settled)
+                    reason = PreemptReason.FAIR_SHARE
                 if victim is None:
                     break
-                self._preempt(victim, reason=PreemptReason.CLASS)
+                self._preempt(victim, reason=reason)
                 preempted.append(victim.request_id)  # SchedulerOutput lists every preemption
                 budget += scheduled.pop(victim.request_id, 0)
                 # A victim sits out the rest of this admission: back at the head of its queue, it
@@ -670,6 +684,10 @@ class Scheduler:
             )
             timeout = min(timeout, head.arrival_s + window - now)
         return max(0.0, timeout)
+
+
+def _one_seat(req: Request) -> int:
+    return 1
 
 
 def _queued_deadline(req: Request) -> float | None:

@@ -22,6 +22,7 @@ class PreemptReason(enum.Enum):
     KV = "kv_exhausted"  # the KV pool ran out during a step or an admission of the same class
     CLASS = "class"  # displaced for a higher class that could not get blocks
     SLO = "slo"  # displaced past the running cap for a higher class near its TTFT target
+    FAIR_SHARE = "fair_share"  # its tenant held more than its share of its class's seats or KV
     STALL = "stall"  # the stall watchdog or an idle-blocks stall broke a deadlock
     REQUEUE = "requeue"  # its step failed; it recomputes
 

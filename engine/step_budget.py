@@ -8,8 +8,9 @@ its tokens. With a target step time the budget follows from this machine's measu
                                                        (fitted online, exponential forgetting)
     budget    = decodes + floor((target - a - c * decodes) / b)
                 clamped to [floor, max_num_batched_tokens]
-    floor     = decodes this step + min_prefill_chunk (when prefill work exists)
-    running  <= max(1, floor((target - a - b * min_prefill_chunk) / c))   (admission cap)
+    floor     = decodes this step + chunk (when prefill work exists)
+    chunk     = min(min_prefill_chunk, max(1, floor((target - a) / 4 / b)))
+    running  <= max(1, floor((target - a - b * chunk) / c))   (admission cap)
 
 - `a` (overhead per step: the weight read, Python, sampling), `c` (one decode row: its token,
   its logits and output), `k` (one context token a decode row attends over: attention grows
@@ -35,7 +36,11 @@ its tokens. With a target step time the budget follows from this machine's measu
   After, the budget still never exceeds twice the largest step measured: a fit whose slope
   dropped towards zero would otherwise jump to the maximum, a step of seconds on a CPU.
 - The floor means a running request always gets its decode token, and a waiting prompt always
-  gets at least `min_prefill_chunk` tokens: nothing starves, whatever the target.
+  gets at least `min_prefill_chunk` tokens, or, where that many tokens take more than a quarter
+  of what the target leaves after the overhead (a slow or loaded CPU under a 300 ms interactive
+  target: 32 tokens at 11 ms each are 352 ms), as many as fit that quarter, at least one:
+  nothing starves, and the minimum chunk does not by itself break the ITL a step owes. (Where
+  the overhead alone is longer than the target no step keeps it, and the whole chunk stands.)
 
 Without a target (`target_step_s` None) the budget is `max_num_batched_tokens` and nothing is
 capped, as before; the cost model is still fitted, for `/metrics`. Plain Python, no torch.
@@ -231,6 +236,16 @@ class StepBudgetStats:
     step_target_s: float | None = None  # the last step's own target (tightest ITL running), if any
 
 
+def min_chunk(min_prefill_chunk: int, planned_s: float, overhead_s: float, per_token_s: float) -> int:
+    """The prefill floor of a step planned at `planned_s`: `min_prefill_chunk` tokens, or as many
+    as a quarter of the time left after the overhead holds when that is fewer (at least one). A
+    target no step can keep (the overhead alone is longer) keeps the whole chunk: progress first."""
+    if per_token_s <= _MIN_SLOPE_S or planned_s <= overhead_s:
+        return min_prefill_chunk
+    quarter = max(0.0, planned_s - overhead_s) / 4.0
+    return max(1, min(min_prefill_chunk, int(min(quarter / per_token_s, 1 << 30))))
+
+
 class StepBudget:
     """Chooses each step's token budget and whether one more sequence may run (module docstring)."""
 
@@ -253,6 +268,11 @@ class StepBudget:
             return 0.0
         return min(_MAX_MARGIN, 2.0 * math.sqrt(self._miss_sq / self._miss_w))
 
+    def prefill_floor(self, planned_s: float) -> int:
+        """The prefill floor of a step planned at `planned_s` (`min_chunk`, by the fitted cost)."""
+        cost, floor = self.model.cost, self.config.min_prefill_chunk
+        return floor if cost is None else min_chunk(floor, planned_s, cost.overhead_s, cost.per_token_s)
+
     def _planned_s(self) -> float | None:
         target = self.config.target_step_s
         return None if target is None else target / (1.0 + self.margin)
@@ -274,7 +294,7 @@ class StepBudget:
             chosen = cfg.max_tokens
         else:
             planned = target / (1.0 + self.margin)
-            floor = num_decodes + (cfg.min_prefill_chunk if has_prefill_work else 0)
+            floor = num_decodes + (self.prefill_floor(planned) if has_prefill_work else 0)
             chosen = min(cfg.max_tokens, max(floor, self._fitted(planned, num_decodes, decode_context)))
         self.last_budget = chosen
         return chosen
@@ -289,8 +309,9 @@ class StepBudget:
         row_s = cost.per_row_s(mean_context) if cost is not None else 0.0
         if target_s is None or cost is None or row_s <= 0:
             return None
-        chunk = self.config.min_prefill_chunk if has_prefill_work else 0
-        spare = target_s / (1.0 + self.margin) - cost.overhead_s - cost.per_token_s * chunk
+        planned = target_s / (1.0 + self.margin)
+        chunk = self.prefill_floor(planned) if has_prefill_work else 0
+        spare = planned - cost.overhead_s - cost.per_token_s * chunk
         return max(1, int(min(spare / row_s, 1 << 30)))
 
     def _fitted(self, target_s: float, num_decodes: int, decode_context: int = 0) -> int:
@@ -319,10 +340,10 @@ class StepBudget:
         return held
 
     def _raw_max_running(self) -> int | None:
-        cfg, cost, planned = self.config, self.model.cost, self._planned_s()
+        cost, planned = self.model.cost, self._planned_s()
         if planned is None or cost is None:
             return None
-        spare = planned - cost.overhead_s - cost.per_token_s * cfg.min_prefill_chunk
+        spare = planned - cost.overhead_s - cost.per_token_s * self.prefill_floor(planned)
         if spare <= 0:
             return 1
         row_s = cost.per_row_s(self.mean_decode_context)  # a row at the recent mean context

@@ -19,14 +19,19 @@ order in which running requests get tokens, and each tenant's share of the prefi
 - **Fair share of decode rows within a class:** when a step's target holds fewer decode rows
   than run, the rows it holds are divided the same way (`fair_rows`): a tenant's beam 16 or
   n = 16 is 16 rows but gets its weight's share of the step's rows, the rest of its rows sit
-  the step out (least recently served first within the tenant, so they rotate). Plain Python,
-  no torch.
+  the step out (least recently served first within the tenant, so they rotate).
+- **Fair share of seats and KV within a class:** a waiting request kept out by the running cap
+  or by the KV pool may displace a running request of its own class when its tenant, with it,
+  stays within its weighted share of what that class holds and another tenant is over its own
+  (`share_victim`): beam 16 or n = 16 holding every seat, or long answers holding every block,
+  cannot keep a tenant of the same class out. The victim is the over-share tenant's least
+  advanced request that has run `min_residency_steps`. Plain Python, no torch.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from engine.request import Request
 
@@ -91,6 +96,40 @@ def fair_rows(decodes: Sequence[Request], capacity: int) -> list[Request]:
         kept += [r for r in group if id(r) in chosen]
         break
     return kept
+
+
+def share_victim(
+    head: Request,
+    running: Iterable[Request],
+    held_by: Callable[[Request], int],
+    need: int,
+    may_preempt: Callable[[Request], bool],
+) -> Request | None:
+    """A running request of `head`'s class to preempt so that `head`'s tenant gets its weighted
+    share of what the class's running requests hold (`held_by`: seats, KV blocks), `head` taking
+    `need` more. Only when `head`'s tenant stays within its share with it; from the tenant most
+    over its own share per unit of weight, the least advanced request `may_preempt` allows.
+    None when nobody else is over its share (or `head`'s tenant would be)."""
+    same = [r for r in running if r.priority is head.priority]
+    held: dict[str, int] = {}
+    weights: dict[str, float] = {head.tenant_id: head.weight}
+    for r in same:
+        held[r.tenant_id] = held.get(r.tenant_id, 0) + held_by(r)
+        weights[r.tenant_id] = r.weight
+    total = sum(held.values()) + need
+    total_weight = sum(weights.values())
+
+    def share(tenant: str) -> float:
+        return total * weights[tenant] / total_weight
+
+    if held.get(head.tenant_id, 0) + need > share(head.tenant_id):
+        return None
+    over = [t for t in held if t != head.tenant_id and held[t] > share(t)]
+    for tenant in sorted(over, key=lambda t: held[t] / weights[t], reverse=True):
+        candidates = [r for r in same if r.tenant_id == tenant and held_by(r) > 0 and may_preempt(r)]
+        if candidates:
+            return min(candidates, key=lambda r: (r.num_computed_tokens, -r.arrival_s))
+    return None
 
 
 def fair_shares(budget: int, demands: Mapping[str, int], weights: Mapping[str, float]) -> dict[str, int]:

@@ -19,7 +19,8 @@ The model is deliberately simple and cheap (it runs for every request):
   ITL target (the tenant's `tpot_slo_ms`, else its class default; at most the throughput step)
   and lower classes' decodes and chunks yield to it, so each holds
   `(step - overhead) / cost per prefill token` of its prompt and the queue ahead, at least the
-  minimum chunk. A tenant whose own requests ran slowly (long steps shared with batch work) is
+  minimum chunk (`engine.step_budget.min_chunk`: fewer tokens where 32 take more than a quarter
+  of the step). A tenant whose own requests ran slowly (long steps shared with batch work) is
   not refused for that: its next request's steps are planned shorter.
 
 The engine's snapshot is refreshed once per step, so requests admitted since the last snapshot
@@ -34,6 +35,7 @@ from dataclasses import dataclass
 
 from engine.output import EngineStats
 from engine.request import Priority
+from engine.step_budget import min_chunk
 
 _NUM_CLASSES = len(Priority)
 _MIN_CHUNK = 32  # the step budget's minimum prefill chunk (StepBudgetConfig.min_prefill_chunk)
@@ -80,7 +82,9 @@ def predict_ttft(
     budget = stats.step_budget
     if step_s is not None and budget is not None and budget.cost is not None:
         cost = budget.cost
-        per_step = max(_MIN_CHUNK, int((step_s / (1.0 + budget.margin) - cost.overhead_s) / cost.per_token_s))
+        planned = step_s / (1.0 + budget.margin)
+        floor = min_chunk(_MIN_CHUNK, planned, cost.overhead_s, cost.per_token_s)
+        per_step = max(floor, int((planned - cost.overhead_s) / cost.per_token_s))
         planned_rate = per_step / step_s
         if planned_rate > rate:
             in_flight = step_s if stats.num_running else 0.0

@@ -36,7 +36,7 @@ def slo_metrics(stats: SloStats, step_budget: StepBudgetStats | None) -> Iterato
     yield judged
     preemptions = CounterMetricFamily(
         "weir_engine_preemptions_by_reason",
-        "Running requests preempted, by reason (kv_exhausted, class, slo, stall, requeue).",
+        "Running requests preempted, by reason (kv_exhausted, class, slo, fair_share, stall, requeue).",
         labels=["reason"],
     )
     for reason, count in stats.preemptions:

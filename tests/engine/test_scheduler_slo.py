@@ -77,18 +77,23 @@ class TimedSim:
         self.caps.append(sched.step_budget.max_running())
 
 
-def _timed(per_decode_s: float = 0.02, min_residency_steps: int = 16) -> TimedSim:
+def _timed(
+    per_decode_s: float = 0.02,
+    min_residency_steps: int = 16,
+    max_num_seqs: int = 64,
+    num_blocks: int = 20_000,
+) -> TimedSim:
     """A 2,048-token, 64-seat scheduler with the CPU's class targets and an 800 ms throughput step."""
     config = SchedulerConfig(
         max_num_batched_tokens=2048,
-        max_num_seqs=64,
+        max_num_seqs=max_num_seqs,
         max_model_len=2048,
         queue_policy=QueuePolicy.FAIR,
         target_step_s=0.8,
         class_targets=CPU_CLASS_TARGETS,
         min_residency_steps=min_residency_steps,
     )
-    sim = Sim(config, num_blocks=20_000, block_size=16, caching=False)
+    sim = Sim(config, num_blocks=num_blocks, block_size=16, caching=False)
     return TimedSim(sim, FakeCost(a=0.035, b=0.0017, c=per_decode_s, seed=4))
 
 
@@ -297,3 +302,65 @@ def test_a_tenant_share_of_decode_rows_within_a_class_follows_the_weights() -> N
             served.update(Counter(t.sim.served) - before)
     assert served["light"] > 0
     assert 1.7 <= served["heavy"] / served["light"] <= 2.3  # 2:1 by weight, not 16:16 rows
+
+
+def _run_until(t: TimedSim, reqs: list[Request], max_steps: int) -> None:
+    for _ in range(max_steps):
+        if all(r.is_finished for r in reqs):
+            return
+        t.step()
+
+
+def test_a_tenant_holding_every_seat_of_its_class_makes_room_for_another() -> None:
+    t = _timed(max_num_seqs=16)
+    wide = [t.add(f"w{i}", 30, 150, "wide", Priority.STANDARD) for i in range(16)]  # beam 16-like
+    for _ in range(20):
+        t.step()
+    lone = [t.add(f"v{i}", 30, 20, "lone", Priority.STANDARD) for i in range(4)]
+    _run_until(t, lone, 200)
+    assert all(r.is_finished for r in lone)  # long before the wide tenant's 150-token answers end
+    assert not all(r.is_finished for r in wide)
+    stats = t.sched.slo.stats()
+    assert stats.preempted(PreemptReason.FAIR_SHARE) > 0
+    # only the tenant over its share was preempted, each request at most once per residency
+    assert all(rid.startswith("w") for rid in t.preempted_at)
+    for steps in t.preempted_at.values():
+        assert all(b - a > 16 for a, b in zip(steps, steps[1:], strict=False))
+    _run_until(t, wide, 2000)
+    for r in [*wide, *lone]:  # preemption changed no token
+        prompt = [(hash(r.request_id) + j) % 97 + 1 for j in range(30)]
+        assert t.sim.outputs[r.request_id] == reference_output(prompt, r.sampling_params.max_tokens)
+
+
+def test_within_its_share_a_tenant_is_not_preempted_for_another() -> None:
+    t = _timed(max_num_seqs=8)
+    mine = [t.add(f"a{i}", 30, 120, "a", Priority.STANDARD) for i in range(4)]
+    theirs = [t.add(f"b{i}", 30, 120, "b", Priority.STANDARD) for i in range(4)]
+    for _ in range(20):
+        t.step()
+    more = [t.add(f"b{i}", 30, 10, "b", Priority.STANDARD) for i in range(4, 8)]
+    for _ in range(60):
+        t.step()
+    # b already holds its half of the seats: its new requests wait, a keeps its seats
+    assert t.sched.slo.stats().preempted(PreemptReason.FAIR_SHARE) == 0
+    assert not any(r.is_finished for r in more) or all(r.is_finished for r in theirs)
+    assert all(r.num_preemptions == 0 for r in mine)
+
+
+def test_a_tenant_holding_the_kv_pool_makes_room_for_another_of_its_class() -> None:
+    # 48 blocks of 16 tokens; two long answers of one tenant fill the pool as they grow
+    t = _timed(num_blocks=48)
+    hogs = [t.add(f"h{i}", 16, 370, "hog", Priority.BATCH) for i in range(2)]
+    for _ in range(400):
+        if t.sched.kv.num_free_blocks < 4:
+            break
+        t.step()
+    assert t.sched.kv.num_free_blocks < 4
+    small = t.add("s", 40, 8, "small", Priority.BATCH)
+    _run_until(t, [small], 100)
+    assert small.is_finished and small.num_preemptions == 0
+    assert t.sched.slo.stats().preempted(PreemptReason.FAIR_SHARE) >= 1
+    _run_until(t, hogs, 3000)
+    for r in hogs:
+        prompt = [(hash(r.request_id) + j) % 97 + 1 for j in range(16)]
+        assert t.sim.outputs[r.request_id] == reference_output(prompt, 370)

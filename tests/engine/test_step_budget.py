@@ -99,6 +99,25 @@ def test_a_fast_machine_gets_the_maximum_and_a_slow_one_the_floor() -> None:
     assert slow.budget(8, False) == 8
 
 
+def test_the_prefill_floor_shrinks_where_the_minimum_chunk_would_break_the_target() -> None:
+    # a loaded 2-core CPU under a 300 ms interactive target: 37 ms a step, 11 ms a token; 32
+    # tokens would take 352 ms on their own
+    ctrl = StepBudget(StepBudgetConfig(max_tokens=512, target_step_s=0.3, min_prefill_chunk=32))
+    cost = FakeCost(a=0.037, b=0.011, noise=0.0)
+    _drive(ctrl, cost, 40)
+    planned = 0.3 / (1.0 + ctrl.margin)
+    floor = ctrl.prefill_floor(planned)
+    assert 1 <= floor < 32 and floor * 0.011 <= (planned - 0.037) / 4 + 1e-9
+    assert ctrl.budget(8, True) >= 8 + floor
+    # decodes are not cut to one row by a chunk that cannot fit: 8 rows and the floor fit 300 ms
+    capacity = ctrl.decode_capacity(0.3, True)
+    assert capacity is not None and capacity >= 8
+    # a fast machine keeps the whole chunk
+    fast = StepBudget(StepBudgetConfig(max_tokens=512, target_step_s=0.3, min_prefill_chunk=32))
+    _drive(fast, FakeCost(a=0.02, b=0.0017, noise=0.0), 40)
+    assert fast.prefill_floor(0.3) == 32
+
+
 def test_without_a_target_the_budget_is_fixed_and_the_cost_is_still_fitted() -> None:
     ctrl = StepBudget(StepBudgetConfig(max_tokens=2048))
     cost = FakeCost(a=0.04, b=0.002, seed=4)
@@ -154,7 +173,8 @@ def test_bad_config_names_the_field(kwargs: dict, field: str) -> None:
 
 class StepBudgetMachine(RuleBasedStateMachine):
     """Whatever the machine does (any step costs, even a target below a step's overhead), every
-    budget leaves room for each decode and, when prefill waits, the minimum prefill chunk."""
+    budget leaves room for each decode and, when prefill waits, the prefill floor: the minimum
+    chunk, or fewer tokens (at least one) where the chunk would take over a quarter of the step."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -169,9 +189,10 @@ class StepBudgetMachine(RuleBasedStateMachine):
 
     @rule(num_decodes=st.integers(0, 300), prefill=st.booleans())
     def budget(self, num_decodes: int, prefill: bool) -> None:
+        floor = self.ctrl.prefill_floor(0.1 / (1.0 + self.ctrl.margin))
         budget = self.ctrl.budget(num_decodes, prefill)
-        assert 0 <= budget <= 256
-        assert budget >= min(256, num_decodes + (16 if prefill else 0))
+        assert 0 <= budget <= 256 and 1 <= floor <= 16
+        assert budget >= min(256, num_decodes + (floor if prefill else 0))
         assert budget >= 1 or not (num_decodes or prefill)
 
     @invariant()

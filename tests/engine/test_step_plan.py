@@ -7,7 +7,15 @@ from hypothesis import strategies as st
 
 from engine.latency_targets import CPU_CLASS_TARGETS, LatencyTargets
 from engine.request import Priority, Request, SamplingParams
-from engine.step_plan import decode_key, fair_rows, fair_shares, owes_itl, prefill_key, step_target_s
+from engine.step_plan import (
+    decode_key,
+    fair_rows,
+    fair_shares,
+    owes_itl,
+    prefill_key,
+    share_victim,
+    step_target_s,
+)
 
 
 def _req(
@@ -132,3 +140,57 @@ def test_fair_rows_fill_the_capacity_by_class_and_weight(
         shares = fair_shares(room, demands, weight_of)
         for tenant, share in shares.items():
             assert sum(r.tenant_id == tenant and int(r.priority) == worst_kept for r in kept) == share
+
+
+def _always(req: Request) -> bool:
+    return True
+
+
+def test_share_victim_takes_from_the_tenant_over_its_share_only() -> None:
+    wide = [_req(f"w{i}", Priority.STANDARD, arrival=float(i), tenant="wide") for i in range(6)]
+    for i, r in enumerate(wide):
+        r.num_computed_tokens = 100 - i
+    lone = _req("v", Priority.STANDARD, tenant="lone")
+    head = _req("h", Priority.STANDARD, tenant="lone")
+    batch = [_req(f"b{i}", Priority.BATCH, tenant="flood") for i in range(10)]
+    running = [*wide, lone, *batch]
+    # seats: 7 held in the class + 1; lone would hold 2 of 8, wide holds 6 > 4
+    assert share_victim(head, running, lambda r: 1, 1, _always) is wide[-1]  # the least advanced
+    # none of wide's requests may be preempted yet (minimum residency): nobody is
+    assert share_victim(head, running, lambda r: 1, 1, lambda r: r.tenant_id != "wide") is None
+    # the head's own tenant already holds its share: it waits
+    crowded = [*wide[:3], *[_req(f"v{i}", Priority.STANDARD, tenant="lone") for i in range(3)]]
+    assert share_victim(head, crowded, lambda r: 1, 1, _always) is None
+    # a heavier weight is a bigger share: wide at weight 3 holds 6 of 8, its share is 6
+    heavy = [_req(f"w{i}", Priority.STANDARD, tenant="wide", weight=3.0) for i in range(6)]
+    assert share_victim(head, [*heavy, lone], lambda r: 1, 1, _always) is None
+    # other classes never count or lose: only batch runs beside a standard head
+    assert share_victim(head, batch, lambda r: 1, 1, _always) is None
+    # by KV blocks: one long answer holding 40 blocks against a 3-block head
+    long = _req("l", Priority.STANDARD, tenant="long")
+    blocks = {"l": 40, "v": 2}
+    assert share_victim(head, [long, lone], lambda r: blocks[r.request_id], 3, _always) is long
+
+
+@given(
+    held=st.lists(st.tuples(st.sampled_from("abc"), st.integers(0, 20)), max_size=12),
+    need=st.integers(1, 20),
+    head_tenant=st.sampled_from("abcd"),
+)
+def test_share_victim_never_takes_from_a_tenant_within_its_share(
+    held: list[tuple[str, int]], need: int, head_tenant: str
+) -> None:
+    running = [_req(f"r{i}", Priority.STANDARD, tenant=t) for i, (t, _) in enumerate(held)]
+    size = {f"r{i}": n for i, (_, n) in enumerate(held)}
+    head = _req("h", Priority.STANDARD, tenant=head_tenant)
+    victim = share_victim(head, running, lambda r: size[r.request_id], need, _always)
+    if victim is None:
+        return
+    per: dict[str, int] = {}
+    for r in running:
+        per[r.tenant_id] = per.get(r.tenant_id, 0) + size[r.request_id]
+    tenants = set(per) | {head_tenant}
+    total = sum(per.values()) + need
+    assert victim.tenant_id != head_tenant
+    assert per[victim.tenant_id] > total / len(tenants)  # over its (equal-weight) share
+    assert per.get(head_tenant, 0) + need <= total / len(tenants)  # the head stays within its own
