@@ -274,9 +274,9 @@ class Scheduler:
 
     def _fit_decodes(self, decodes: list[Request], target_s: float, has_prefill_work: bool) -> list[Request]:
         """The decodes a step of `target_s` holds: every one owed this ITL, then the others (looser
-        classes) up to the decode capacity; the rest sit out a step. Where a class does not fit
-        whole its rows are shared between its tenants by weight, least recently served first
-        within a tenant (`fair_rows`). Owed decodes are shared so only when several tenants owe:
+        classes) up to the decode capacity, at least one of them; the rest sit out a step. Where
+        a class does not fit whole its rows are shared between its tenants by weight, least
+        recently served first within a tenant (`fair_rows`). Owed decodes are shared so only when several tenants owe:
         one tenant alone keeps all its rows (one longer step beats two at the same ITL)."""
         mean_context = sum(r.num_computed_tokens for r in decodes) / len(decodes) if decodes else 0.0
         capacity = self.step_budget.decode_capacity(target_s, has_prefill_work, mean_context)
@@ -287,7 +287,10 @@ class Scheduler:
         if len(owed) > capacity and len({r.tenant_id for r in owed}) > 1:
             kept = fair_rows(owed, capacity)
         else:
-            kept = owed + fair_rows(rest, capacity - len(owed))
+            kept = owed
+        # The looser classes get what is left, and one row at least: they rotate through it
+        # least recently served first, so none waits for ever behind owed decodes.
+        kept = kept + fair_rows(rest, max(capacity - len(kept), 1 if rest else 0))
         self.num_deferred_decodes += len(decodes) - len(kept)
         return sorted(kept, key=lambda r: int(r.priority))
 

@@ -364,3 +364,17 @@ def test_a_tenant_holding_the_kv_pool_makes_room_for_another_of_its_class() -> N
     for r in hogs:
         prompt = [(hash(r.request_id) + j) % 97 + 1 for j in range(16)]
         assert t.sim.outputs[r.request_id] == reference_output(prompt, 370)
+
+
+def test_looser_classes_keep_moving_when_owed_decodes_fill_every_step() -> None:
+    # decode rows so dear that the interactive tenant's owed rows alone fill a 300 ms step
+    t = _timed(per_decode_s=0.06)
+    slow = [t.add(f"s{i}", 30, 30, "noisy", Priority.STANDARD) for i in range(4)]
+    for _ in range(10):
+        t.step()
+    chats = [t.add(f"q{i}", 30, 200, "quiet", Priority.INTERACTIVE) for i in range(6)]
+    _run_until(t, slow, 400)
+    # every standard request still finished while the chats ran: one looser row a step at least
+    assert all(r.is_finished for r in slow)
+    assert not all(c.is_finished for c in chats)  # ... before the chats ended
+    assert t.sched.num_deferred_decodes > 0
