@@ -313,3 +313,32 @@ def test_a_populated_0007_database_upgrades_to_0008_and_back_with_nothing_lost(d
             assert conn.execute(text(f"SELECT count(*) FROM {table}")).scalar_one() == 0
     downgrade(database.engine, "0007")
     assert snapshot() == before
+
+
+def test_0010_backfills_the_rollups_from_the_records_and_keeps_them(database: Database) -> None:
+    """Records written before 0010 are in the rollups after it; records written after it too."""
+    upgrade(database.engine, "0009")
+    with database.engine.begin() as conn:
+        for stmt in (*_POPULATE_0005, *_POPULATE_0007):
+            conn.execute(text(stmt), {"t": WHEN, "d": WHEN.date()})
+    upgrade(database.engine)
+    totals = "SELECT SUM(requests), SUM(completed), SUM(prompt_tokens), SUM(completion_tokens), SUM(unpriced) FROM "
+    records = (
+        "SELECT COUNT(*), SUM(CASE WHEN status = 'completed' THEN 1 ELSE 0 END), SUM(prompt_tokens), "
+        "SUM(completion_tokens), COUNT(*) FROM usage_records"
+    )
+    with database.engine.begin() as conn:
+        expected = tuple(int(v) for v in conn.execute(text(records)).one())
+        assert expected[0] == 2
+        for table in ROLLUPS:
+            assert tuple(int(v) for v in conn.execute(text(totals + table)).one()) == expected
+        assert conn.execute(
+            text('SELECT "user", null_mask FROM usage_daily_users ORDER BY null_mask')
+        ).all() == [
+            ("u-1", 0),
+            ("", 16 + 8 + 4 + 2),  # 0005's record: no user, no currency, no adapter, no version
+        ]
+        conn.execute(text("UPDATE usage_records SET prompt_tokens = prompt_tokens + 1000"))
+        expected = (expected[0], expected[1], expected[2] + 2000, *expected[3:])
+        for table in ROLLUPS:
+            assert tuple(int(v) for v in conn.execute(text(totals + table)).one()) == expected
