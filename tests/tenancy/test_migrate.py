@@ -335,8 +335,8 @@ def test_0010_backfills_the_rollups_from_the_records_and_keeps_them(database: Da
         assert conn.execute(
             text('SELECT "user", null_mask FROM usage_daily_users ORDER BY null_mask')
         ).all() == [
-            ("u-1", 0),
-            ("", 16 + 8 + 4 + 2),  # 0005's record: no user, no currency, no adapter, no version
+            ("u-1", 8),  # no currency (never priced)
+            ("", 16 + 8 + 4),  # 0005's record: no user, no currency, no adapter
         ]
         conn.execute(text("UPDATE usage_records SET prompt_tokens = prompt_tokens + 1000"))
         expected = (expected[0], expected[1], expected[2] + 2000, *expected[3:])
