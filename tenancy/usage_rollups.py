@@ -16,7 +16,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from sqlalchemy import ColumnElement, Select, case, func, literal, null, or_, select, union_all
+from sqlalchemy import ColumnElement, Select, case, func, literal, null, select, union_all
 
 from tenancy.enums import UsageStatus
 from tenancy.models import Tenant, UsageDaily, UsageDailyUser, UsageRecord
@@ -55,7 +55,7 @@ def _is(status: UsageStatus) -> ColumnElement[Any]:
     return case((UsageRecord.status == status, 1), else_=0)
 
 
-def _record_measures() -> list[ColumnElement[Any]]:
+def _record_measures() -> list[Any]:
     return [
         literal(1),
         _is(UsageStatus.COMPLETED),
@@ -93,36 +93,37 @@ def _parts(q: ReportQuery, tenant_id: int | None, table: Rollup, dims: list[str]
     the columns tenant_id, d0.. (dims), m0.. (measures), currency."""
     first_day = q.since.astimezone(dt.UTC).date()
     last_day = (q.until - dt.timedelta(microseconds=1)).astimezone(dt.UTC).date()
-    raw = select(
-        UsageRecord.tenant_id.label("tenant_id"),
-        *(getattr(UsageRecord, _COLUMN[d]).label(f"d{i}") for i, d in enumerate(dims)),
-        *(m.label(f"m{i}") for i, m in enumerate(_record_measures())),
-        UsageRecord.currency.label("currency"),
-    ).where(
-        UsageRecord.created_at >= q.since,
-        UsageRecord.created_at < q.until,
-        UsageRecord.day >= first_day,
-        UsageRecord.day <= last_day,
-    )
-    if tenant_id is not None:
-        raw = raw.where(UsageRecord.tenant_id == tenant_id)
-    if q.key_id is not None:
-        raw = raw.where(UsageRecord.key_id == q.key_id)
     whole = whole_days(q.since, q.until)
-    if whole is None:
-        return raw.subquery("parts")
-    raw = raw.where(or_(UsageRecord.day < whole[0], UsageRecord.day > whole[1]))
-    rolled = select(
-        table.tenant_id.label("tenant_id"),
-        *(_rollup_value(table, _COLUMN[d]).label(f"d{i}") for i, d in enumerate(dims)),
-        *(getattr(table, m).label(f"m{i}") for i, m in enumerate(_MEASURES)),
-        _rollup_value(table, "currency").label("currency"),
-    ).where(table.day >= whole[0], table.day <= whole[1], table.requests != 0)
-    if tenant_id is not None:
-        rolled = rolled.where(table.tenant_id == tenant_id)
-    if q.key_id is not None:
-        rolled = rolled.where(table.key_id == q.key_id, table.null_mask.op("&")(NULL_BITS["key_id"]) == 0)
-    return union_all(rolled, raw).subquery("parts")
+    # The partial days: at most the first and the last (a range without a whole day spans <= 2).
+    edges = sorted({d for d in (first_day, last_day) if whole is None or not whole[0] <= d <= whole[1]})
+    parts: list[Select[Any]] = []
+    if edges:
+        raw = select(
+            UsageRecord.tenant_id.label("tenant_id"),
+            *(getattr(UsageRecord, _COLUMN[d]).label(f"d{i}") for i, d in enumerate(dims)),
+            *(m.label(f"m{i}") for i, m in enumerate(_record_measures())),
+            UsageRecord.currency.label("currency"),
+        ).where(
+            UsageRecord.day.in_(edges), UsageRecord.created_at >= q.since, UsageRecord.created_at < q.until
+        )
+        if tenant_id is not None:
+            raw = raw.where(UsageRecord.tenant_id == tenant_id)
+        if q.key_id is not None:
+            raw = raw.where(UsageRecord.key_id == q.key_id)
+        parts.append(raw)
+    if whole is not None:
+        rolled = select(
+            table.tenant_id.label("tenant_id"),
+            *(_rollup_value(table, _COLUMN[d]).label(f"d{i}") for i, d in enumerate(dims)),
+            *(getattr(table, m).label(f"m{i}") for i, m in enumerate(_MEASURES)),
+            _rollup_value(table, "currency").label("currency"),
+        ).where(table.day >= whole[0], table.day <= whole[1], table.requests != 0)
+        if tenant_id is not None:
+            rolled = rolled.where(table.tenant_id == tenant_id)
+        if q.key_id is not None:
+            rolled = rolled.where(table.key_id == q.key_id, table.null_mask.op("&")(NULL_BITS["key_id"]) == 0)
+        parts.append(rolled)
+    return (parts[0] if len(parts) == 1 else union_all(*parts)).subquery("parts")
 
 
 def rollup_statements(q: ReportQuery, tenant_id: int | None) -> tuple[Select[Any], Select[Any]] | None:

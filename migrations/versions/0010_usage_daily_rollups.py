@@ -18,7 +18,7 @@ triggers over the transition tables, one grouped upsert per statement in key ord
 records touches each rollup row once; concurrent writers lock rollup rows in one order). Rows
 whose sums drop to 0 stay (requests = 0); readers skip them.
 
-The upgrade backfills both from the existing records. Self-contained on purpose (see 0001).
+The upgrade backfills both from the existing records (writers wait for it). Self-contained on purpose (see 0001).
 """
 
 from __future__ import annotations
@@ -173,6 +173,10 @@ def upgrade() -> None:
             *(sa.Column(m, sa.BigInteger(), nullable=False) for m in _MEASURES),
             sa.PrimaryKeyConstraint(*_key_columns(with_user), name=op.f(f"pk_{table}")),
         )
+    if op.get_bind().dialect.name == "postgresql":
+        # No record may be written between the backfill's snapshot and the triggers: writers wait
+        # for this transaction (readers do not). SQLite's write lock does the same.
+        op.execute("LOCK TABLE usage_records IN SHARE ROW EXCLUSIVE MODE")
     for table, with_user in TABLES.items():  # the backfill, before the triggers exist
         op.execute(rollup_upsert(table, with_user, _rows("usage_records", 1)))
     if op.get_bind().dialect.name == "postgresql":
