@@ -11,8 +11,11 @@ and a median one; and the chart queries alone (`usage_by_day` over 30 and 90 day
 report grouped by key and by user). The target: each page's first load <= 300 ms of server time,
 each chart query <= 200 ms.
 
+With --compare-raw, also the heaviest tenant's chart queries over the raw records (the statements
+the rollups of migration 0010 replaced), in the same run, for a ratio.
+
 Run: python -m bench.experiments.console_load --out bench-out/console-load [--records 1000000]
-     [--tenants 1000] [--db-url URL]
+     [--tenants 1000] [--db-url URL] [--reuse] [--compare-raw]
 Writes summary.json and summary.md in --out. Bounded: the record count is fixed, the loads are
 `--repeats` + 1 per page.
 """
@@ -43,7 +46,8 @@ from tenancy.migrate import upgrade
 from tenancy.models import Tenant, UsageRecord
 from tenancy.records import KeySpec, TenantSpec
 from tenancy.repo import TenancyRepo
-from tenancy.usage_report import ReportQuery
+from tenancy.usage import daily_usage, daily_usage_query
+from tenancy.usage_report import ReportQuery, build_report, page_statement, totals_statement
 
 TOKEN = "console-load-admin-token"
 BATCH = 20_000
@@ -175,6 +179,38 @@ def measure_queries(repo: TenancyRepo, tenants: dict[str, str], repeats: int) ->
     return results
 
 
+def measure_raw(repo: TenancyRepo, name: str, repeats: int) -> dict[str, Any]:
+    """The heaviest tenant's chart queries read from the raw records (the statements before the
+    rollups of migration 0010), beside `measure_queries`'s, for a ratio in one run."""
+    today = repo.now().date()
+    since = today - dt.timedelta(days=DAYS - 1)
+    with repo.db.transaction() as session:
+        tenant_id = session.scalars(select(Tenant.id).where(Tenant.name == name)).one()
+
+    def by_day() -> None:
+        with repo.db.transaction() as session:
+            for row in session.execute(daily_usage_query(tenant_id, since, today)):
+                daily_usage(row)
+
+    results: dict[str, Any] = {f"usage_by_day heaviest {DAYS} d (raw records)": timed(by_day, repeats)}
+    for group in ("key", "user"):
+        query = ReportQuery(
+            since=dt.datetime.combine(since, dt.time(), dt.UTC),
+            until=dt.datetime.combine(today + dt.timedelta(days=1), dt.time(), dt.UTC),
+            group_by=(group,),
+            tenant=name,
+            limit=50,
+        )
+
+        def report(query: ReportQuery = query) -> None:
+            with repo.db.transaction() as session:
+                page = list(session.execute(page_statement(query, tenant_id)))
+                build_report(query, page, session.execute(totals_statement(query, tenant_id)).one())
+
+        results[f"usage_report by {group} heaviest {DAYS} d (raw records)"] = timed(report, repeats)
+    return results
+
+
 def _table(title: str, rows: dict[str, dict[str, float]], target: float) -> list[str]:
     lines = [
         f"### {title} (target: first load <= {target:.0f} ms)",
@@ -194,6 +230,11 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--db-url", default=None, help="an empty database (default: SQLite in --out)")
     parser.add_argument("--reuse", action="store_true", help="measure the database a previous run filled")
+    parser.add_argument(
+        "--compare-raw",
+        action="store_true",
+        help="also time the heaviest tenant's queries over the raw records",
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     url = args.db_url
@@ -217,6 +258,8 @@ def main() -> int:
     tenants = {"heaviest": names[0], "median": names[len(names) // 2]}
     pages = measure_pages(repo, tenants, keys, args.repeats)
     queries = measure_queries(repo, tenants, args.repeats)
+    if args.compare_raw:
+        queries.update(measure_raw(repo, tenants["heaviest"], args.repeats))
     db.dispose()
     summary = {
         "dialect": db.engine.dialect.name,
