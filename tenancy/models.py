@@ -424,3 +424,46 @@ class LoraAdapterGrant(Base):
     tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id"), primary_key=True)
 
     tenant: Mapped[Tenant] = relationship(lazy="joined")
+
+
+class _UsageDailySums:
+    """A per-day rollup of usage records (migration 0010): its dimensions and sums.
+
+    Kept by triggers in the transaction that writes a record (`tenancy.usage_rollups` reads
+    them). A nullable dimension is '' here with its bit set in `null_mask`
+    (`tenancy.usage_rollups.NULL_BITS`). A row with `requests` 0 has no records left.
+    """
+
+    tenant_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    day: Mapped[dt.date] = mapped_column(Date, primary_key=True)
+    model: Mapped[str] = mapped_column(String(256), primary_key=True)
+    key_id: Mapped[str] = mapped_column(String(KEY_ID_LEN), primary_key=True)
+    model_version: Mapped[str] = mapped_column(String(MODEL_VERSION_ID_LEN), primary_key=True)
+    adapter: Mapped[str] = mapped_column(String(MAX_ADAPTER_NAME_LEN), primary_key=True)
+    currency: Mapped[str] = mapped_column(String(CURRENCY_LEN), primary_key=True)
+    requests: Mapped[int] = mapped_column(BigInteger)
+    completed: Mapped[int] = mapped_column(BigInteger)
+    failed: Mapped[int] = mapped_column(BigInteger)
+    cancelled: Mapped[int] = mapped_column(BigInteger)
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger)
+    completion_tokens: Mapped[int] = mapped_column(BigInteger)
+    cached_tokens: Mapped[int] = mapped_column(BigInteger)
+    spend_micros: Mapped[int] = mapped_column(BigInteger)
+    unpriced: Mapped[int] = mapped_column(BigInteger)
+
+
+class UsageDaily(_UsageDailySums, Base):
+    """Usage per tenant, UTC day, key, model, model version, adapter and currency."""
+
+    __tablename__ = "usage_daily"
+
+    null_mask: Mapped[int] = mapped_column(Integer, primary_key=True)
+
+
+class UsageDailyUser(_UsageDailySums, Base):
+    """`UsageDaily`, also per the request's `user` (read only when a report groups by user)."""
+
+    __tablename__ = "usage_daily_users"
+
+    user: Mapped[str] = mapped_column(String(USER_LEN), primary_key=True)
+    null_mask: Mapped[int] = mapped_column(Integer, primary_key=True)

@@ -52,8 +52,9 @@ from tenancy.row_mapping import (
     quota_view,
     tenant_view,
 )
-from tenancy.usage import daily_usage, daily_usage_query, latest_per_request, upsert_usage, usage_row
+from tenancy.usage import daily_usage, latest_per_request, upsert_usage, usage_row
 from tenancy.usage_report import ReportQuery, UsageReport, build_report, page_statement, totals_statement
+from tenancy.usage_rollups import daily_rollup_query, rollup_statements
 
 _ADMIN_TOKEN_ROW = 1
 
@@ -419,7 +420,7 @@ class TenancyRepo:
             raise FieldError("since", "must not be after until")
         with self.db.transaction() as session:
             tenant_id = self._tenant_row(session, tenant).id
-            return [daily_usage(row) for row in session.execute(daily_usage_query(tenant_id, since, until))]
+            return [daily_usage(row) for row in session.execute(daily_rollup_query(tenant_id, since, until))]
 
     def usage_report(self, query: ReportQuery) -> UsageReport:
         """One page of a grouped usage report over a time range, and the range's exact totals.
@@ -433,8 +434,11 @@ class TenancyRepo:
             if query.tenant is not None:
                 validate_tenant_name(query.tenant, "tenant")
                 tenant_id = self._tenant_row(session, query.tenant).id
-            page = list(session.execute(page_statement(query, tenant_id)))
-            totals = session.execute(totals_statement(query, tenant_id)).one()
+            statements = rollup_statements(query, tenant_id)
+            if statements is None:  # grouped by hour: the records
+                statements = page_statement(query, tenant_id), totals_statement(query, tenant_id)
+            page = list(session.execute(statements[0]))
+            totals = session.execute(statements[1]).one()
             return build_report(query, page, totals)
 
     # -- audit -----------------------------------------------------------------------------------

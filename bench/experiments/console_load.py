@@ -5,14 +5,17 @@ PostgreSQL database) through the migrations: tenants and one key each through `T
 the usage records in bulk (SQLAlchemy Core, 20,000 rows a statement), spread over 90 days with a
 skewed share per tenant (tenant i gets a share proportional to 1/(i+1): the first is the heaviest).
 
-Then measures, in-process (Starlette's TestClient over the console's routes: server time, no
+On PostgreSQL it then runs ANALYZE, as autovacuum does shortly after a bulk load. Then measures, in-process (Starlette's TestClient over the console's routes: server time, no
 network), each page's first load and the median of `--repeats` more loads, for the heaviest tenant
 and a median one; and the chart queries alone (`usage_by_day` over 30 and 90 days, the usage
 report grouped by key and by user). The target: each page's first load <= 300 ms of server time,
 each chart query <= 200 ms.
 
+With --compare-raw, also the heaviest tenant's chart queries over the raw records (the statements
+the rollups of migration 0010 replaced), in the same run, for a ratio.
+
 Run: python -m bench.experiments.console_load --out bench-out/console-load [--records 1000000]
-     [--tenants 1000] [--db-url URL]
+     [--tenants 1000] [--db-url URL] [--reuse] [--compare-raw] [--time-backfill]
 Writes summary.json and summary.md in --out. Bounded: the record count is fixed, the loads are
 `--repeats` + 1 per page.
 """
@@ -29,7 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import insert, select
+from sqlalchemy import insert, select, text
 from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
@@ -39,11 +42,12 @@ from gateway.http.errors import exception_handlers
 from tenancy.db import Database
 from tenancy.enums import UsageStatus
 from tenancy.keys import KeyHasher
-from tenancy.migrate import upgrade
+from tenancy.migrate import downgrade, upgrade
 from tenancy.models import Tenant, UsageRecord
 from tenancy.records import KeySpec, TenantSpec
 from tenancy.repo import TenancyRepo
-from tenancy.usage_report import ReportQuery
+from tenancy.usage import daily_usage, daily_usage_query
+from tenancy.usage_report import ReportQuery, build_report, page_statement, totals_statement
 
 TOKEN = "console-load-admin-token"
 BATCH = 20_000
@@ -175,6 +179,55 @@ def measure_queries(repo: TenancyRepo, tenants: dict[str, str], repeats: int) ->
     return results
 
 
+def measure_raw(repo: TenancyRepo, name: str, repeats: int) -> dict[str, Any]:
+    """The heaviest tenant's chart queries read from the raw records (the statements before the
+    rollups of migration 0010), beside `measure_queries`'s, for a ratio in one run."""
+    today = repo.now().date()
+    since = today - dt.timedelta(days=DAYS - 1)
+    with repo.db.transaction() as session:
+        tenant_id = session.scalars(select(Tenant.id).where(Tenant.name == name)).one()
+
+    def by_day() -> None:
+        with repo.db.transaction() as session:
+            for row in session.execute(daily_usage_query(tenant_id, since, today)):
+                daily_usage(row)
+
+    results: dict[str, Any] = {f"usage_by_day heaviest {DAYS} d (raw records)": timed(by_day, repeats)}
+    for group in ("key", "user"):
+        query = ReportQuery(
+            since=dt.datetime.combine(since, dt.time(), dt.UTC),
+            until=dt.datetime.combine(today + dt.timedelta(days=1), dt.time(), dt.UTC),
+            group_by=(group,),
+            tenant=name,
+            limit=50,
+        )
+
+        def report(query: ReportQuery = query) -> None:
+            with repo.db.transaction() as session:
+                page = list(session.execute(page_statement(query, tenant_id)))
+                build_report(query, page, session.execute(totals_statement(query, tenant_id)).one())
+
+        results[f"usage_report by {group} heaviest {DAYS} d (raw records)"] = timed(report, repeats)
+    return results
+
+
+def time_backfill(db: Database) -> dict[str, Any]:
+    """Migration 0010 on the filled database: down to 0009 (drops the rollups), up again (fills
+    them from the records); whether the rollups' sums came back the same."""
+    sums = text("SELECT SUM(requests), SUM(prompt_tokens), SUM(spend_micros) FROM usage_daily_users")
+    with db.engine.connect() as conn:
+        before = tuple(conn.execute(sums).one())
+    start = time.perf_counter()
+    downgrade(db.engine, "0009")
+    down_s = time.perf_counter() - start
+    start = time.perf_counter()
+    upgrade(db.engine)
+    up_s = time.perf_counter() - start
+    with db.engine.connect() as conn:
+        same = tuple(conn.execute(sums).one()) == before
+    return {"downgrade_s": round(down_s, 1), "upgrade_backfill_s": round(up_s, 1), "sums_equal": same}
+
+
 def _table(title: str, rows: dict[str, dict[str, float]], target: float) -> list[str]:
     lines = [
         f"### {title} (target: first load <= {target:.0f} ms)",
@@ -194,6 +247,14 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--db-url", default=None, help="an empty database (default: SQLite in --out)")
     parser.add_argument("--reuse", action="store_true", help="measure the database a previous run filled")
+    parser.add_argument(
+        "--time-backfill", action="store_true", help="finally time migration 0010 down and up (its backfill)"
+    )
+    parser.add_argument(
+        "--compare-raw",
+        action="store_true",
+        help="also time the heaviest tenant's queries over the raw records",
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     url = args.db_url
@@ -214,9 +275,17 @@ def main() -> int:
         names, keys = fill(repo, args.tenants, args.records)
     fill_s = time.perf_counter() - start
     print(f"filled {args.tenants} tenants, {args.records} records in {fill_s:.0f} s", flush=True)
+    if db.engine.dialect.name == "postgresql":
+        # What autovacuum does within a minute of a bulk load: without statistics the planner
+        # reads the fresh tables blind (e.g. scans a whole rollup instead of one tenant's rows).
+        with db.engine.begin() as conn:
+            conn.execute(text("ANALYZE"))
     tenants = {"heaviest": names[0], "median": names[len(names) // 2]}
     pages = measure_pages(repo, tenants, keys, args.repeats)
     queries = measure_queries(repo, tenants, args.repeats)
+    if args.compare_raw:
+        queries.update(measure_raw(repo, tenants["heaviest"], args.repeats))
+    backfill = time_backfill(db) if args.time_backfill else None
     db.dispose()
     summary = {
         "dialect": db.engine.dialect.name,
@@ -226,6 +295,7 @@ def main() -> int:
         "fill_s": round(fill_s, 1),
         "pages": pages,
         "chart_queries": queries,
+        "backfill": backfill,
     }
     weights = [1.0 / (i + 1) for i in range(args.tenants)]
     summary["records_heaviest_tenant"] = int(args.records * weights[0] / sum(weights))
@@ -238,6 +308,8 @@ def main() -> int:
         *_table("Pages", pages, PAGE_TARGET_MS),
         *_table("Chart queries", queries, QUERY_TARGET_MS),
     ]
+    if backfill is not None:
+        md += [f"Migration 0010 on this database: {backfill}", ""]
     (args.out / "summary.md").write_text("\n".join(md))
     print("\n".join(md))
     return 0

@@ -23,7 +23,7 @@ from tenancy.migrate import (
 from tenancy.models import Base
 
 WHEN = dt.datetime(2030, 1, 1, 12, 0)  # naive UTC, as the columns store it on SQLite
-TABLES = {
+TABLES_0009 = {
     "tenants",
     "key_limits",
     "principal_buckets",
@@ -41,6 +41,8 @@ TABLES = {
     "window_budget_usage",
     "lora_adapter_grants",
 }
+ROLLUPS = {"usage_daily", "usage_daily_users"}  # 0010
+TABLES = TABLES_0009 | ROLLUPS
 NEW_IN_0008 = {"model_prices", "window_budgets", "window_budget_usage"}
 
 
@@ -51,7 +53,7 @@ def _tables(db: Database) -> set[str]:
 def test_scripts_are_found_next_to_the_package() -> None:
     assert (MIGRATIONS_DIR / "env.py").is_file()
     assert (MIGRATIONS_DIR / "script.py.mako").is_file()
-    assert head_revision() == "0009"
+    assert head_revision() == "0010"
 
 
 def test_upgrade_downgrade_round_trip(database: Database) -> None:
@@ -65,29 +67,34 @@ def test_upgrade_downgrade_round_trip(database: Database) -> None:
     upgrade(database.engine)
     assert _tables(database) == TABLES
     usage_indexes = {i["name"] for i in inspect(database.engine).get_indexes("usage_records")}
+    downgrade(database.engine)  # one step: 0010 -> 0009 drops the usage rollups and their triggers
+    assert _tables(database) == TABLES_0009
+    assert {i["name"] for i in inspect(database.engine).get_indexes("usage_records")} == usage_indexes
     downgrade(database.engine)  # one step: 0009 -> 0008 drops the adapter access lists
-    assert _tables(database) == TABLES - {"lora_adapter_grants"}
+    assert _tables(database) == TABLES_0009 - {"lora_adapter_grants"}
     downgrade(database.engine)  # one step: 0008 -> 0007 drops prices, window budgets, spend columns
-    assert _tables(database) == TABLES - NEW_IN_0008 - {"lora_adapter_grants"}
+    assert _tables(database) == TABLES_0009 - NEW_IN_0008 - {"lora_adapter_grants"}
     usage_columns = {c["name"] for c in inspect(database.engine).get_columns("usage_records")}
     assert not usage_columns & {"spend_micros", "currency", "price_id"}
     assert {i["name"] for i in inspect(database.engine).get_indexes("usage_records")} == usage_indexes
     assert len(inspect(database.engine).get_foreign_keys("usage_records")) == 2
     downgrade(database.engine)  # 0007 -> 0006 drops the LoRA adapters and the usage column
-    assert _tables(database) == TABLES - {"lora_adapters", "lora_adapter_grants"} - NEW_IN_0008
+    assert _tables(database) == TABLES_0009 - {"lora_adapters", "lora_adapter_grants"} - NEW_IN_0008
     assert "adapter" not in {c["name"] for c in inspect(database.engine).get_columns("usage_records")}
     assert {i["name"] for i in inspect(database.engine).get_indexes("usage_records")} == usage_indexes
     downgrade(database.engine)  # 0006 -> 0005 drops key limits, principal buckets, user, rpm
     assert (
         _tables(database)
-        == TABLES - {"key_limits", "principal_buckets", "lora_adapters", "lora_adapter_grants"} - NEW_IN_0008
+        == TABLES_0009
+        - {"key_limits", "principal_buckets", "lora_adapters", "lora_adapter_grants"}
+        - NEW_IN_0008
     )
     assert "user" not in {c["name"] for c in inspect(database.engine).get_columns("usage_records")}
     assert "requests_per_minute" not in {c["name"] for c in inspect(database.engine).get_columns("quotas")}
     assert {i["name"] for i in inspect(database.engine).get_indexes("usage_records")} == usage_indexes
     assert len(inspect(database.engine).get_foreign_keys("usage_records")) == 2
     downgrade(database.engine)  # 0005 -> 0004 drops the model versions and the usage column
-    assert _tables(database) == TABLES - {
+    assert _tables(database) == TABLES_0009 - {
         "model_versions",
         "model_traffic",
         "key_limits",
@@ -105,7 +112,7 @@ def test_upgrade_downgrade_round_trip(database: Database) -> None:
         c["name"] for c in inspect(database.engine).get_columns("quotas")
     }
     downgrade(database.engine)  # 0003 -> 0002 drops the unique usage index
-    assert _tables(database) == TABLES - {
+    assert _tables(database) == TABLES_0009 - {
         "model_versions",
         "model_traffic",
         "key_limits",
@@ -118,7 +125,7 @@ def test_upgrade_downgrade_round_trip(database: Database) -> None:
         i["name"] for i in inspect(database.engine).get_indexes("usage_records")
     }
     downgrade(database.engine)  # 0002 -> 0001 drops the budget buckets
-    assert _tables(database) == TABLES - {
+    assert _tables(database) == TABLES_0009 - {
         "budget_buckets",
         "model_versions",
         "model_traffic",
@@ -283,7 +290,7 @@ def test_a_populated_0007_database_upgrades_to_0008_and_back_with_nothing_lost(d
     with database.engine.begin() as conn:
         for stmt in (*_POPULATE_0005, *_POPULATE_0007):
             conn.execute(text(stmt), {"t": WHEN, "d": WHEN.date()})
-    tables = sorted(TABLES - NEW_IN_0008 - {"lora_adapter_grants"})
+    tables = sorted(TABLES_0009 - NEW_IN_0008 - {"lora_adapter_grants"})
 
     def snapshot() -> dict[str, list[dict[str, object]]]:
         with database.engine.connect() as conn:
@@ -306,3 +313,32 @@ def test_a_populated_0007_database_upgrades_to_0008_and_back_with_nothing_lost(d
             assert conn.execute(text(f"SELECT count(*) FROM {table}")).scalar_one() == 0
     downgrade(database.engine, "0007")
     assert snapshot() == before
+
+
+def test_0010_backfills_the_rollups_from_the_records_and_keeps_them(database: Database) -> None:
+    """Records written before 0010 are in the rollups after it; records written after it too."""
+    upgrade(database.engine, "0009")
+    with database.engine.begin() as conn:
+        for stmt in (*_POPULATE_0005, *_POPULATE_0007):
+            conn.execute(text(stmt), {"t": WHEN, "d": WHEN.date()})
+    upgrade(database.engine)
+    totals = "SELECT SUM(requests), SUM(completed), SUM(prompt_tokens), SUM(completion_tokens), SUM(unpriced) FROM "
+    records = (
+        "SELECT COUNT(*), SUM(CASE WHEN status = 'completed' THEN 1 ELSE 0 END), SUM(prompt_tokens), "
+        "SUM(completion_tokens), COUNT(*) FROM usage_records"
+    )
+    with database.engine.begin() as conn:
+        expected = tuple(int(v) for v in conn.execute(text(records)).one())
+        assert expected[0] == 2
+        for table in ROLLUPS:
+            assert tuple(int(v) for v in conn.execute(text(totals + table)).one()) == expected
+        assert conn.execute(
+            text('SELECT "user", null_mask FROM usage_daily_users ORDER BY null_mask')
+        ).all() == [
+            ("u-1", 8),  # no currency (never priced)
+            ("", 16 + 8 + 4),  # 0005's record: no user, no currency, no adapter
+        ]
+        conn.execute(text("UPDATE usage_records SET prompt_tokens = prompt_tokens + 1000"))
+        expected = (expected[0], expected[1], expected[2] + 2000, *expected[3:])
+        for table in ROLLUPS:
+            assert tuple(int(v) for v in conn.execute(text(totals + table)).one()) == expected
