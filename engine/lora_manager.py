@@ -170,4 +170,5 @@ class LoraManager:
             if seq_adapter is not None:
                 self._counters[seq_adapter].num_tokens += count
         slots = torch.tensor(token_slots, dtype=torch.int64, device=self.device)  # [num_tokens]
-        return LoraStep(slots, max(slot_of.values()) + 1, self.dtype)
+        bits = sum(1 << s for s in set(slot_of.values()))
+        return LoraStep(slots, max(slot_of.values()) + 1, self.dtype, bits)
