@@ -13,8 +13,8 @@ Unlike the masked dense form of the CPU path, a token reads only its own slot's 
 FLOPs go to other slots' columns. One program per (token, block of output columns); the
 reduction is a plain multiply-and-sum in float32 (decode rows are vectors, so no tl.dot), and
 the result is rounded once to the output's dtype. Tested under the Triton interpreter against a
-torch reference (tests/kernels/test_lora_bgmv.py); not yet wired into the engine's CUDA path nor
-measured on a GPU.
+torch reference (tests/kernels/test_lora_bgmv.py). engine/models/lora.py calls them on the model's
+Triton path (CUDA); not yet measured on a GPU.
 """
 
 from __future__ import annotations

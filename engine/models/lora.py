@@ -20,6 +20,9 @@ block-diagonal B for a fused projection read 2-3x the bytes of the expand; docs/
 "LoRA"). A base-model token (slot -1, an all-zero mask row) gets an exact zero, so its output is
 bit-identical to a step without LoRA. A projection no adapter of the step targets is skipped; a
 step with no adapter token skips all of it (`LoraStep` is None).
+
+On the model's Triton path (CUDA) the same delta goes through the gathered kernels of
+kernels/lora_bgmv.py instead: each token reads only its own slot's factors (`LoraStep.kernels`).
 """
 
 from __future__ import annotations
@@ -113,8 +116,12 @@ class LoraStep:
         num_active_slots: int,
         dtype: torch.dtype,
         slot_bits: int | None = None,
+        kernels: bool = False,
     ) -> None:
         self.token_slots = token_slots  # [num_tokens] int64, -1 for base-model tokens
+        # The gathered Triton kernels (kernels/lora_bgmv.py) instead of the masked dense form:
+        # the model's Triton path on CUDA (tests: under the interpreter).
+        self.kernels = kernels
         self.num_active_slots = num_active_slots  # slots 0 .. num_active_slots - 1 may be used
         self.dtype = dtype
         # Bit s: some token uses slot s (None: every slot below num_active_slots may be).
@@ -133,6 +140,8 @@ class LoraStep:
         used = [j for j, bits in enumerate(proj.target_slots) if bits & self.slot_bits]
         if not used:
             return y
+        if self.kernels:
+            return self._apply_gathered(y, x, proj, used)
         n, r, subs = self.num_active_slots, proj.max_rank, len(proj.targets)
         num_tokens = x.shape[0]
         t = F.linear(x, proj.a[: n * proj.width])  # [num_tokens, n * width], slot-major
@@ -149,6 +158,19 @@ class LoraStep:
         for j in used:
             cols = slice(proj.out_offsets[j], proj.out_offsets[j] + proj.out_sizes[j])
             y[:, cols].addmm_(grouped[:, j].reshape(num_tokens, n * r), proj.b[j][: n * r])
+        return y
+
+    def _apply_gathered(
+        self, y: torch.Tensor, x: torch.Tensor, proj: ProjectionLora, used: list[int]
+    ) -> torch.Tensor:
+        """`apply` through the gathered kernels: each token reads only its own slot's factors."""
+        from kernels.lora_bgmv import bgmv_expand_, bgmv_shrink
+
+        r = proj.max_rank
+        t = bgmv_shrink(x.contiguous(), proj.a, self.token_slots, proj.width)  # [num_tokens, width]
+        for j in used:
+            cols = slice(proj.out_offsets[j], proj.out_offsets[j] + proj.out_sizes[j])
+            bgmv_expand_(y[:, cols], t[:, j * r : (j + 1) * r], proj.b[j], self.token_slots)
         return y
 
 
