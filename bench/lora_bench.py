@@ -2,11 +2,16 @@
 
     python -m bench.lora_bench --model ~/.cache/weir/models/SmolLM2-135M-Instruct
 
-One engine (LoRA enabled, 4 slots) runs the same requests twice, after a warm-up: once all on
-the base model, once spread round-robin over the base model and 4 random rank-16 adapters on all
-seven projections. Same prompts, same number of generated tokens (ignore_eos), prefix caching
-off so neither run reuses the other's KV. Prints both throughputs and their ratio (target
->= 0.75 on CPU) as JSON. The adapters are written directly in PEFT's file format (no peft needed).
+Two identical engines (LoRA enabled, 4 slots, the same 4 random rank-16 adapters on all seven
+projections loaded in each) run the same prompts for the same number of generated tokens
+(ignore_eos): one all on the base model, the other spread round-robin over the base model and
+the 4 adapters. They step alternately, one step of each in turn, each step timed on its own, so a
+machine that gets busier or quieter during the run weighs on both sides alike (the machines
+this is run on are shared). Prefix caching is off; a warm-up through both first loads the slots
+and warms oneDNN. `--rounds N` repeats the pair N times. Prints both throughputs, their ratio
+(target >= 0.75 on CPU) over all rounds and per round, and the same over this process's CPU
+seconds, as JSON. The adapters are written directly in PEFT's file format (no peft needed).
+`--threads` sets torch's intra-op threads (default: torch's own choice).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import argparse
 import json
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -63,47 +69,73 @@ def write_random_adapter(folder: Path, config: ModelConfig, rank: int, seed: int
     return folder
 
 
-def _run(
-    engine: LLMEngine, prompts: list[list[int]], adapters: list[str | None], max_tokens: int, tag: str
-) -> tuple[int, float]:
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    for i, (prompt, adapter) in enumerate(zip(prompts, adapters, strict=True)):
-        engine.add_request(EngineRequest(f"{tag}-{i}", tuple(prompt), params, adapter_name=adapter))
-    num_tokens = 0
-    start = time.perf_counter()
-    while engine.has_unfinished():
-        for out in engine.step():
+@dataclass
+class _Side:
+    """One engine of the comparison and what its steps took."""
+
+    engine: LLMEngine
+    tokens: int = 0
+    wall_s: float = 0.0
+    cpu_s: float = 0.0
+
+    def add(self, prompts: list[list[int]], adapters: list[str | None], max_tokens: int, tag: str) -> None:
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+        for i, (prompt, adapter) in enumerate(zip(prompts, adapters, strict=True)):
+            self.engine.add_request(EngineRequest(f"{tag}-{i}", tuple(prompt), params, adapter_name=adapter))
+
+    def step(self) -> None:
+        start, start_cpu = time.perf_counter(), time.process_time()
+        outputs = self.engine.step()
+        self.wall_s += time.perf_counter() - start
+        self.cpu_s += time.process_time() - start_cpu
+        for out in outputs:
             if out.error is not None:
                 raise RuntimeError(out.error)
-            num_tokens += len(out.new_token_ids)
-    return num_tokens, time.perf_counter() - start
+            self.tokens += len(out.new_token_ids)
 
 
-def main(argv: list[str] | None = None) -> dict[str, float]:
+def _run_side_by_side(sides: list[_Side]) -> None:
+    """Step every side in turn until all are done."""
+    while any(side.engine.has_unfinished() for side in sides):
+        for side in sides:
+            if side.engine.has_unfinished():
+                side.step()
+
+
+def main(argv: list[str] | None = None) -> dict[str, object]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True, help="a Hugging Face model folder (Llama family)")
     parser.add_argument("--num-requests", type=int, default=20)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--rounds", type=int, default=1, help="base/mixed pairs, alternated")
+    parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error("--rounds must be >= 1")
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory(prefix="weir-lora-bench-") as tmp:
         adapter_dir = Path(tmp)
         config = EngineConfig(
             model_path=args.model,
             dtype=args.dtype,
-            cache=CacheConfig(block_size=16, num_blocks=2048, enable_prefix_caching=False),
+            cache=CacheConfig(block_size=16, num_blocks=512, enable_prefix_caching=False),
             scheduler=SchedulerConfig(
                 max_num_batched_tokens=2048, max_num_seqs=args.num_requests, max_model_len=1024
             ),
             lora=LoraConfig(num_slots=4, max_rank=args.rank, adapter_dir=str(adapter_dir)),
         )
-        engine = build_engine(config)
+        base, mixed = _Side(build_engine(config)), _Side(build_engine(config))
         names = [f"adapter{i}" for i in range(4)]
         for i, name in enumerate(names):
-            write_random_adapter(adapter_dir / name, engine.model_config, args.rank, seed=i, base=args.model)
-            engine.load_adapter(name, name)
-        tok = engine.tokenizer
+            write_random_adapter(
+                adapter_dir / name, base.engine.model_config, args.rank, seed=i, base=args.model
+            )
+            for side in (base, mixed):
+                side.engine.load_adapter(name, name)
+        tok = base.engine.tokenizer
         prompts = [
             list(
                 tok.apply_chat_template(
@@ -116,18 +148,35 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             for i in range(args.num_requests)
         ]
         mixed_adapters: list[str | None] = [([None, *names])[i % 5] for i in range(args.num_requests)]
-        _run(engine, prompts[:5], mixed_adapters[:5], 8, "warmup")  # loads the slots, warms oneDNN
-        base_tokens, base_s = _run(engine, prompts, [None] * len(prompts), args.max_tokens, "base")
-        mixed_tokens, mixed_s = _run(engine, prompts, mixed_adapters, args.max_tokens, "mixed")
+        for side in (base, mixed):  # loads the slots, warms oneDNN; not counted
+            side.add(prompts[:5], mixed_adapters[:5], 8, "warmup")
+        _run_side_by_side([base, mixed])
+        base.tokens = mixed.tokens = 0
+        base.wall_s = base.cpu_s = mixed.wall_s = mixed.cpu_s = 0.0
+        round_ratios: list[float] = []
+        for r in range(args.rounds):
+            before = (base.wall_s, mixed.wall_s)
+            base.add(prompts, [None] * len(prompts), args.max_tokens, f"round{r}")
+            mixed.add(prompts, mixed_adapters, args.max_tokens, f"round{r}")
+            _run_side_by_side([base, mixed])
+            # the same tokens on each side: the throughput ratio is the inverse time ratio
+            round_ratios.append((base.wall_s - before[0]) / (mixed.wall_s - before[1]))
+    if base.tokens != mixed.tokens:
+        raise RuntimeError(f"the sides generated {base.tokens} and {mixed.tokens} tokens")
     result = {
         "num_requests": args.num_requests,
-        "generated_tokens": base_tokens,
-        "base_tokens_per_s": base_tokens / base_s,
-        "mixed_tokens_per_s": mixed_tokens / mixed_s,
-        "ratio": (mixed_tokens / mixed_s) / (base_tokens / base_s),
+        "rounds": args.rounds,
+        "generated_tokens_per_side": base.tokens,
+        "base_tokens_per_s": base.tokens / base.wall_s,
+        "mixed_tokens_per_s": mixed.tokens / mixed.wall_s,
+        "ratio": base.wall_s / mixed.wall_s,
+        "round_ratios": round_ratios,
+        # over this process's CPU seconds: less sensitive to other processes taking the cores
+        "base_tokens_per_cpu_s": base.tokens / base.cpu_s,
+        "mixed_tokens_per_cpu_s": mixed.tokens / mixed.cpu_s,
+        "cpu_time_ratio": base.cpu_s / mixed.cpu_s,
         "torch_threads": torch.get_num_threads(),
     }
-    assert base_tokens == mixed_tokens
     print(json.dumps(result, indent=2))
     return result
 

@@ -122,13 +122,13 @@ class ModelConfig:
 
     def lora_slot_params(self, num_slots: int, max_rank: int) -> int:
         """Values the LoRA slots of every projection take (engine/models/lora.py): per layer and
-        slot, each fused projection holds `len(targets) * max_rank` rows of A `[in]` and B `[out]`."""
+        slot, each target holds `max_rank` rows of A `[in]` and of B `[out]` (its own outputs)."""
         h, i = self.hidden_size, self.intermediate_size
         q = self.num_heads * self.head_dim
         kv = self.num_kv_heads * self.head_dim
-        qkv = 3 * max_rank * (h + q + 2 * kv)
+        qkv = max_rank * (3 * h + q + 2 * kv)
         o = max_rank * (q + h)
-        gate_up = 2 * max_rank * (h + 2 * i)
+        gate_up = max_rank * (2 * h + 2 * i)
         down = max_rank * (i + h)
         return self.num_layers * num_slots * (qkv + o + gate_up + down)
 

@@ -170,4 +170,7 @@ class LoraManager:
             if seq_adapter is not None:
                 self._counters[seq_adapter].num_tokens += count
         slots = torch.tensor(token_slots, dtype=torch.int64, device=self.device)  # [num_tokens]
-        return LoraStep(slots, max(slot_of.values()) + 1, self.dtype)
+        bits = sum(1 << s for s in set(slot_of.values()))
+        # The model's Triton path (CUDA) takes the gathered kernels; the torch path the masked form.
+        kernels = bool(getattr(self.model, "fused_kernels", False))
+        return LoraStep(slots, max(slot_of.values()) + 1, self.dtype, bits, kernels)

@@ -55,6 +55,40 @@ def adapter_view(row: LoraAdapter) -> AdapterView:
     )
 
 
+def unload_adapters_of_version(
+    session: Session, model_version: str, now: dt.datetime, actor: str
+) -> list[str]:
+    """Move every adapter of `model_version` recorded as loaded to `unloaded`, each with its audit
+    event, in the caller's transaction: a retired version's engine holds no adapter any more.
+    Returns their names."""
+    rows = session.scalars(
+        select(LoraAdapter)
+        .where(LoraAdapter.model_version == model_version, LoraAdapter.state == AdapterState.LOADED)
+        .order_by(LoraAdapter.name)
+    ).unique()
+    names: list[str] = []
+    for row in rows:
+        row.state = AdapterState.UNLOADED
+        row.failure_reason = None
+        row.updated_at = now
+        row.updated_by = actor[:_ACTOR_LEN]
+        record_event(
+            session,
+            when=now,
+            actor=actor,
+            action=AuditAction.ADAPTER_STATE,
+            tenant=row.owner.name if row.owner is not None else None,
+            target=row.name,
+            details={
+                "from": AdapterState.LOADED.value,
+                "to": AdapterState.UNLOADED.value,
+                "reason": f"its base model version {model_version} was retired",
+            },
+        )
+        names.append(row.name)
+    return names
+
+
 class AdapterRepo:
     """LoRA adapters over one `Database`; `actor` names who acted, for the audit log."""
 

@@ -18,6 +18,7 @@ from sqlalchemy import CursorResult, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from tenancy.adapters import unload_adapters_of_version
 from tenancy.audit import record_event
 from tenancy.db import Database
 from tenancy.enums import AuditAction
@@ -349,3 +350,7 @@ class ModelVersionRepo:
             target=version_id(row.name, row.version),
             details=details,
         )
+        if state is ModelVersionState.RETIRED:
+            # Its engine is gone: no adapter stays recorded as loaded on it (the CLI's retire on
+            # the database, the server's, and a drain completed by a restart alike).
+            unload_adapters_of_version(session, version_id(row.name, row.version), now, actor)

@@ -25,6 +25,13 @@ class AdapterCatalog:
     def remove(self, name: str) -> None:
         self._loaded.pop(name, None)
 
+    def remove_version(self, model_version: str) -> list[str]:
+        """Drop every adapter of base version `model_version` (it was retired); their names."""
+        names = sorted(n for n, v in self._loaded.items() if v.model_version == model_version)
+        for name in names:
+            del self._loaded[name]
+        return names
+
     def resolve(self, name: str, tenant_id: str) -> AdapterView | None:
         """The adapter `name` as `tenant_id` may call it; None when unknown, not loaded, or
         private to another tenant (the same answer for all three)."""

@@ -14,6 +14,9 @@ the engine, then records the outcome:
   back and the record goes `unloaded`.
 - `retire`: unload if loaded, then `retired` for good.
 - `grant` / `revoke`: the access list; the catalog's copy follows at once.
+- `version_retired`: the base version was retired (its engine and the adapters on it are gone);
+  its adapters leave the catalog. Their records went `unloaded` with the version's own move
+  (`tenancy.model_versions`), audited, so a restart does not try to load them again.
 
 At start-up `start` loads every adapter recorded as `loaded` onto its base version's engine
 (after the versions themselves were restored); one that cannot load goes `failed` with the
@@ -166,6 +169,14 @@ class AdapterRollout:
 
     async def revoke(self, name: str, tenant: str, actor: str) -> AdapterStatus:
         return self._refresh(await asyncio.to_thread(self.repo.revoke, name, tenant, actor=actor))
+
+    async def version_retired(self, model_version: str) -> None:
+        """`model_version` was retired: its adapters stop resolving and their budget goes back
+        (the records moved with the version's; see the module docstring)."""
+        for name in self.catalog.remove_version(model_version):
+            if self.fleet.budget is not None:
+                self.fleet.budget.release(adapter_owner(model_version, name))
+            logger.info("adapter %s is unloaded: its base version %s was retired", name, model_version)
 
     # -- helpers ----------------------------------------------------------------------------------
 

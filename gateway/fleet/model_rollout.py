@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from gateway.fleet.model_fleet import FleetVersion, ModelFleet, RetireResult
@@ -60,6 +61,8 @@ class ModelRollout:
         self.fleet = fleet
         self.repo = repo
         self._lock = asyncio.Lock()  # one state change at a time (loads are long; reads never wait)
+        # Called with a version's id once it is retired (the adapter rollout drops its adapters).
+        self.retire_hooks: list[Callable[[str], Awaitable[None]]] = []
 
     # -- start-up ---------------------------------------------------------------------------------
 
@@ -169,6 +172,8 @@ class ModelRollout:
             record = await asyncio.to_thread(self._set, record, State.RETIRED, None, actor)
             if entry is not None:
                 entry.state = State.RETIRED
+            for hook in self.retire_hooks:
+                await hook(record.id)
             status = self.status(record)
             return VersionStatus(**{**status.__dict__, "retire": result})
 

@@ -395,6 +395,7 @@ def build_server_app(settings: Settings) -> Starlette:
         # On the serving loop, before it listens: the adapters recorded as loaded, on their engines.
         adapter_rollout = AdapterRollout(fleet, tenancy.adapters, catalog)
         startup_hooks.append(adapter_rollout.start)
+        rollout.retire_hooks.append(adapter_rollout.version_retired)
     if tenancy.close is not None:
         shutdown_hooks.append(tenancy.close)
     kwargs: dict[str, Any] = {}

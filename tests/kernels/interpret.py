@@ -14,6 +14,7 @@ import sys
 import torch
 
 _KERNEL_MODULES = (
+    "kernels.lora_bgmv",
     "kernels.paged_attention",
     "kernels.reshape_and_cache",
     "kernels.rms_norm",

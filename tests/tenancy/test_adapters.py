@@ -19,7 +19,7 @@ from tenancy.errors import (
     TenantNotFoundError,
 )
 from tenancy.keys import KeyHasher
-from tenancy.model_versions import ModelVersionRepo, ModelVersionSpec
+from tenancy.model_versions import ModelVersionRepo, ModelVersionSpec, ModelVersionState
 from tenancy.records import TenantSpec
 from tenancy.repo import TenancyRepo
 from tests.tenancy.clock import FakeClock
@@ -132,3 +132,38 @@ def test_retired_is_final(adapters: AdapterRepo) -> None:
     for state in AdapterState:
         with pytest.raises(InvalidAdapterTransitionError):
             adapters.set_state("old", state, actor=ACTOR)
+
+
+def test_retiring_the_base_version_unloads_its_loaded_adapters_with_audit(
+    adapters: AdapterRepo, migrated: Database, clock: FakeClock
+) -> None:
+    versions = ModelVersionRepo(migrated, clock=clock)
+    versions.register(ModelVersionSpec("smol", "v2", "/models/smol2"), actor=ACTOR)
+    adapters.register(AdapterSpec("acme-support", "smol@v1", "acme/support", "acme"), actor=ACTOR)
+    adapters.register(AdapterSpec("summarizer", "smol@v1", "public/sum"), actor=ACTOR)
+    adapters.register(AdapterSpec("idle", "smol@v1", "public/idle"), actor=ACTOR)
+    adapters.register(AdapterSpec("other", "smol@v2", "public/other"), actor=ACTOR)
+    for name in ("acme-support", "summarizer", "other"):
+        adapters.set_state(name, AdapterState.LOADED, actor=ACTOR)
+    for state in (
+        ModelVersionState.LOADING,
+        ModelVersionState.READY,
+        ModelVersionState.DRAINING,
+        ModelVersionState.RETIRED,
+    ):
+        versions.set_state("smol", "v1", state, actor="retirer")
+    assert {a.name: a.state for a in AdapterRepo(migrated).list()} == {
+        "acme-support": AdapterState.UNLOADED,
+        "summarizer": AdapterState.UNLOADED,
+        "idle": AdapterState.REGISTERED,  # never loaded: left as it was
+        "other": AdapterState.LOADED,  # another version's
+    }
+    with migrated.transaction() as session:
+        events = [
+            e for e in list_events(session) if e.action is AuditAction.ADAPTER_STATE and e.actor == "retirer"
+        ]
+    assert sorted((e.target, e.tenant, e.details["from"], e.details["to"]) for e in events) == [
+        ("acme-support", "acme", "loaded", "unloaded"),
+        ("summarizer", None, "loaded", "unloaded"),
+    ]
+    assert all("smol@v1 was retired" in str(e.details["reason"]) for e in events)

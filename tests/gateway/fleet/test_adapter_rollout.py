@@ -2,7 +2,7 @@
 host copy is reserved in the memory budget and released at unload; one that does not fit is
 refused (409 memory_budget_exceeded), recorded failed and not left on the engine; an unload
 waits for the requests through the adapter to settle; a restart loads what was loaded and
-records what cannot be loaded as failed."""
+records what cannot be loaded as failed; retiring the base version unloads its adapters."""
 
 from __future__ import annotations
 
@@ -16,13 +16,14 @@ from engine.memory_budget import MemoryBudget, MemoryBudgetError, adapter_owner
 from gateway.fleet.adapter_catalog import AdapterCatalog
 from gateway.fleet.adapter_rollout import AdapterRollout
 from gateway.fleet.model_fleet import ModelFleet
+from gateway.fleet.model_rollout import ModelRollout
 from gateway.http.errors import ConflictError, to_http_error
 from tenancy.adapter_records import AdapterSpec, AdapterState
 from tenancy.adapters import AdapterRepo
 from tenancy.db import Database
 from tenancy.keys import KeyHasher
 from tenancy.migrate import upgrade
-from tenancy.model_versions import ModelVersionRepo, ModelVersionSpec
+from tenancy.model_versions import ModelVersionRepo, ModelVersionSpec, ModelVersionState
 from tenancy.records import TenantSpec
 from tenancy.repo import TenancyRepo
 from tests.gateway.fake_engine import FakeEngine
@@ -180,5 +181,37 @@ def test_retiring_the_base_version_releases_its_adapters_budget(db: Database) ->
         fleet.drain(VID)
         result = await fleet.retire(VID)
         assert result.released_budget_bytes == ADAPTER_BYTES and fleet.budget.reserved_bytes == 0
+
+    asyncio.run(main())
+
+
+def test_retiring_the_base_version_through_the_rollout_unloads_its_adapters(db: Database) -> None:
+    engine = LoraFakeEngine()
+    fleet = _fleet(engine, 10**6)
+    versions = ModelVersionRepo(db)
+    for state in (ModelVersionState.LOADING, ModelVersionState.READY):
+        versions.set_state("tiny", "v1", state, actor=ACTOR)
+    repo = AdapterRepo(db)
+    adapters = AdapterRollout(fleet, repo, AdapterCatalog())
+    models = ModelRollout(fleet, versions)
+    models.retire_hooks.append(adapters.version_retired)  # as gateway/server/bootstrap.py wires it
+
+    async def main() -> None:
+        await adapters.register(AdapterSpec("a", VID, "a", "acme"), ACTOR)
+        await adapters.load("a", ACTOR)
+        assert adapters.catalog.resolve("a", "acme") is not None
+        await models.drain("tiny", "v1", ACTOR)
+        await models.retire("tiny", "v1", ACTOR)
+        status = await adapters.get("a")
+        assert status.record.state is AdapterState.UNLOADED and not status.serving
+        assert adapters.catalog.resolve("a", "acme") is None
+        assert fleet.budget is not None and fleet.budget.reserved_bytes == 0
+        # A restart loads nothing onto the retired version, and fails nothing.
+        restarted = AdapterRollout(fleet, AdapterRepo(db), AdapterCatalog())
+        await restarted.start()
+        assert restarted.catalog.names() == [] and repo.get("a").state is AdapterState.UNLOADED
+        # Loading it again needs its base version ready first.
+        with pytest.raises(ConflictError):
+            await adapters.load("a", ACTOR)
 
     asyncio.run(main())
