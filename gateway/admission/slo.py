@@ -13,9 +13,10 @@ The model is deliberately simple and cheap (it runs for every request):
 - The step in flight is one decode step (`1 / decode_steps_per_s`) when sequences are running.
 - Before the engine has measured a prefill rate there is no prediction, and nothing is rejected.
 - Planned steps (issue 24): once the engine has fitted its step cost, the prediction follows the
-  steps the scheduler will plan for this request when they serve it faster than the measured
-  average, which reflects
-  whatever ran before (800 ms batch steps on a CPU). Once admitted, the request's steps last its
+  steps the scheduler will plan for this request, not the measured average, which reflects
+  whatever ran before (800 ms batch steps on a CPU), nor the measured decode step rate (a loaded
+  CPU's slow steps predicted 10 s for a 65-token chat with nothing queued ahead).
+  The step in flight counts half its own target (its expected remainder). Once admitted, the request's steps last its
   ITL target (the tenant's `tpot_slo_ms`, else its class default; at most the throughput step)
   and lower classes' decodes and chunks yield to it, so each holds
   `(step - overhead) / cost per prefill token` of its prompt and the queue ahead, at least the
@@ -85,11 +86,12 @@ def predict_ttft(
         planned = step_s / (1.0 + budget.margin)
         floor = min_chunk(_MIN_CHUNK, planned, cost.overhead_s, cost.per_token_s)
         per_step = max(floor, int((planned - cost.overhead_s) / cost.per_token_s))
-        planned_rate = per_step / step_s
-        if planned_rate > rate:
-            in_flight = step_s if stats.num_running else 0.0
-            steps = math.ceil((ahead + num_prompt_tokens) / per_step)
-            return TTFTPrediction(in_flight + steps * step_s, ahead, planned_rate)
+        # the step running now ends, on average, half way through its own target (the last
+        # step's: a batch step of 800 ms on a CPU while only batch work ran)
+        running_step = budget.step_target_s if budget.step_target_s is not None else step_s
+        in_flight = running_step / 2 if stats.num_running else 0.0
+        steps = math.ceil((ahead + num_prompt_tokens) / per_step)
+        return TTFTPrediction(in_flight + steps * step_s, ahead, per_step / step_s)
     in_flight = 1.0 / stats.decode_steps_per_s if stats.num_running and stats.decode_steps_per_s > 0 else 0.0
     return TTFTPrediction(in_flight + (ahead + num_prompt_tokens) / rate, ahead, rate)
 

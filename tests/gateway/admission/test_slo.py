@@ -44,10 +44,24 @@ def test_an_interactive_chat_is_predicted_on_its_planned_steps_not_the_slow_aver
     stats = _stats(waiting_tokens_by_priority=(0, 0, 4000))
     got = predict_ttft(stats, Priority.INTERACTIVE, 200)
     assert got is not None
-    # a 300 ms step holds (0.3 - 0.035) / 0.0017 = 155 prompt tokens: 2 steps + the one in flight
-    assert got.seconds == pytest.approx(0.9)
+    # a 300 ms step holds (0.3 - 0.035) / 0.0017 = 155 prompt tokens: 2 steps + half the one in
+    # flight (its own target unknown here: the planned 300 ms)
+    assert got.seconds == pytest.approx(0.75)
     # the measured average would have said 200 / 60 + 0.8 = 4.1 s and refused a 2 s objective
     assert got.tokens_ahead == 0
+
+
+def test_the_step_in_flight_counts_half_its_own_target_never_the_measured_step_rate() -> None:
+    # a loaded CPU: one decode step measured every 5 s, the last step a batch step of 800 ms
+    slow = _stats(decode_steps_per_s=0.2, step_budget=StepBudgetStats(100, 0.8, _COST, step_target_s=0.8))
+    got = predict_ttft(slow, Priority.INTERACTIVE, 65)
+    assert got is not None and got.seconds == pytest.approx(0.4 + 0.3)  # half of 800 ms + one step
+    idle = predict_ttft(_stats(num_running=0), Priority.INTERACTIVE, 65)
+    assert idle is not None and idle.seconds == pytest.approx(0.3)  # nothing in flight
+    # the queue ahead of the same or better classes is in it: 400 + 65 tokens = 3 steps of 155
+    queued = _stats(waiting_tokens_by_priority=(400, 0, 4000), num_running=0)
+    ahead = predict_ttft(queued, Priority.INTERACTIVE, 65)
+    assert ahead is not None and ahead.seconds == pytest.approx(3 * 0.3) and ahead.tokens_ahead == 400
 
 
 def test_without_a_fitted_cost_the_measured_rate_stands() -> None:
