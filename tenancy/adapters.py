@@ -68,25 +68,46 @@ def unload_adapters_of_version(
     ).unique()
     names: list[str] = []
     for row in rows:
-        row.state = AdapterState.UNLOADED
-        row.failure_reason = None
-        row.updated_at = now
-        row.updated_by = actor[:_ACTOR_LEN]
-        record_event(
+        _move(
             session,
-            when=now,
-            actor=actor,
-            action=AuditAction.ADAPTER_STATE,
-            tenant=row.owner.name if row.owner is not None else None,
-            target=row.name,
-            details={
-                "from": AdapterState.LOADED.value,
-                "to": AdapterState.UNLOADED.value,
-                "reason": f"its base model version {model_version} was retired",
-            },
+            row,
+            AdapterState.UNLOADED,
+            now,
+            actor,
+            f"its base model version {model_version} was retired",
         )
         names.append(row.name)
     return names
+
+
+def _move(
+    session: Session,
+    row: LoraAdapter,
+    state: AdapterState,
+    now: dt.datetime,
+    actor: str,
+    reason: str | None,
+) -> None:
+    """Record `row`'s move to `state` and its audit event (the failure reason is kept only for
+    `failed`; the event's reason says why either way)."""
+    previous = row.state
+    row.state = state
+    row.failure_reason = (reason or "")[:MAX_REASON_LEN] if state is AdapterState.FAILED else None
+    row.updated_at = now
+    row.updated_by = actor[:_ACTOR_LEN]
+    record_event(
+        session,
+        when=now,
+        actor=actor,
+        action=AuditAction.ADAPTER_STATE,
+        tenant=row.owner.name if row.owner is not None else None,
+        target=row.name,
+        details={
+            "from": previous.value,
+            "to": state.value,
+            "reason": row.failure_reason if state is AdapterState.FAILED else reason,
+        },
+    )
 
 
 class AdapterRepo:
@@ -200,20 +221,7 @@ class AdapterRepo:
             if state not in ADAPTER_TRANSITIONS[row.state]:
                 allowed = sorted(s.value for s in ADAPTER_TRANSITIONS[row.state])
                 raise InvalidAdapterTransitionError(name, row.state.value, state.value, allowed)
-            previous = row.state
-            row.state = state
-            row.failure_reason = (reason or "")[:MAX_REASON_LEN] if state is AdapterState.FAILED else None
-            row.updated_at = now
-            row.updated_by = actor[:_ACTOR_LEN]
-            record_event(
-                session,
-                when=now,
-                actor=actor,
-                action=AuditAction.ADAPTER_STATE,
-                tenant=row.owner.name if row.owner is not None else None,
-                target=name,
-                details={"from": previous.value, "to": state.value, "reason": row.failure_reason},
-            )
+            _move(session, row, state, now, actor, reason if state is AdapterState.FAILED else None)
             return adapter_view(row)
 
     def grant(self, name: str, tenant: str, *, actor: str) -> AdapterView:
