@@ -27,17 +27,9 @@ NULL_BITS = {"key_id": 1, "model_version": 2, "adapter": 4, "currency": 8, "user
 # A report dimension -> its column (tenant and hour are handled apart).
 _COLUMN = {"key": "key_id", "model": "model", "model_version": "model_version", "user": "user",
            "adapter": "adapter", "day": "day"}  # fmt: skip
-_MEASURES = (
-    "requests",
-    "completed",
-    "failed",
-    "cancelled",
-    "prompt_tokens",
-    "completion_tokens",
-    "cached_tokens",
-    "spend_micros",
-    "unpriced",
-)
+# The sums a rollup row holds, in the order of its declaration (tenancy/models._UsageDailySums):
+# every column that is not part of its key. `_record_measures` lists the records' side alike.
+_MEASURES = tuple(c.name for c in UsageDaily.__table__.columns if not c.primary_key)
 
 Rollup = type[UsageDaily] | type[UsageDailyUser]
 
