@@ -276,8 +276,9 @@ class Scheduler:
         """The decodes a step of `target_s` holds: every one owed this ITL, then the others (looser
         classes) up to the decode capacity, at least one of them; the rest sit out a step. Where
         a class does not fit whole its rows are shared between its tenants by weight, least
-        recently served first within a tenant (`fair_rows`). Owed decodes are shared so only when several tenants owe:
-        one tenant alone keeps all its rows (one longer step beats two at the same ITL)."""
+        recently served first within a tenant (`fair_rows`). Owed decodes are shared so only
+        when several tenants owe: one tenant alone keeps all its rows (one longer step beats
+        two at the same ITL)."""
         mean_context = sum(r.num_computed_tokens for r in decodes) / len(decodes) if decodes else 0.0
         capacity = self.step_budget.decode_capacity(target_s, has_prefill_work, mean_context)
         if capacity is None or len(decodes) <= capacity:
