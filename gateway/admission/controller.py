@@ -8,6 +8,9 @@ order, cheapest and least committal first:
    `max_queued_tokens` (503 `queue_full`), so nothing piles up without limit.
 3. SLO: an interactive request whose tenant has a TTFT objective is rejected at once when the
    predicted TTFT (`gateway.admission.slo`) misses it (503 `slo_unattainable`) rather than waiting to miss.
+   The prediction is scaled by the bias its class's admitted requests showed, actual TTFT over
+   predicted (`gateway.admission.ttft_calibration`), so a model that runs pessimistic does not
+   refuse what the machine could serve in time.
 4. Budget: what the request may compute is reserved from the tenant's tokens-per-minute bucket
    and daily cap: the prompt once, plus max_tokens for each sequence (each of the n choices, or
    each of the beam_width beams of a beam search). A request without max_tokens reserves a
@@ -45,6 +48,7 @@ from engine.output import EngineStats
 from engine.request import Priority
 from gateway.admission.accounting import Admitted, Outcome, UsageRecord
 from gateway.admission.slo import RecentAdmissions, predict_ttft
+from gateway.admission.ttft_calibration import TTFTCalibration
 from gateway.admission.window_budget_gate import WindowBudgetGate, WindowBudgetMetrics, WindowHold
 from gateway.http.errors import BadRequestError, RateLimitError, ServiceUnavailableError
 from gateway.metrics.admission_metrics import AdmissionMetrics, RejectReason, SLOResult
@@ -209,6 +213,7 @@ class AdmissionController:
         self.concurrency = ConcurrencyLimiter()
         self.key_concurrency = ConcurrencyLimiter()  # per key, with the key's own cap
         self._recent = RecentAdmissions()
+        self.calibration = TTFTCalibration()  # the predictions' bias, from the TTFTs admitted requests got
         self._closers = tuple(closers)
         # Token and money budgets over windows (issue 25), after the per-minute budgets.
         self.window_budgets = window_budgets
@@ -250,7 +255,7 @@ class AdmissionController:
             self._reject(name, RejectReason.MAX_CONCURRENT)
             raise rate_limit_error(denial)
         try:
-            reservation = await self._check_and_reserve(tenant, requests)
+            reservation, predicted_s = await self._check_and_reserve(tenant, requests)
             hold = await self._reserve_windows(tenant, requests, reservation)
         except BaseException:
             self.concurrency.release(name)
@@ -268,14 +273,16 @@ class AdmissionController:
             requests = [replace(r, deadline_s=r.arrival_s + self.config.max_queue_time_s) for r in requests]
         num_choices = sum(r.sampling_params.n for r in requests)
         return Admitted(
-            self._settler(tenant, reservation, deadline_s, num_choices, hold),
+            self._settler(tenant, reservation, deadline_s, num_choices, hold, (priority, predicted_s)),
             tuple(requests),
             headers=tuple(rate_limit_headers(reservation.requests, reservation.tokens).items()),
         )
 
     async def _check_and_reserve(
         self, tenant: TenantContext, requests: Sequence[EngineRequest]
-    ) -> Reservation:
+    ) -> tuple[Reservation, float | None]:
+        """The checks up to the token budget; with the reservation, the raw (uncalibrated) TTFT
+        prediction the SLO check made, None when it made none."""
         name, quota = tenant.tenant_id, tenant.quota
         stats = self.stats()
         self._recent.observe(stats)
@@ -291,10 +298,13 @@ class AdmissionController:
                 headers=_retry_after(excess / rate if rate > 0 else 1.0),
             )
         priority = requests[0].priority if requests else tenant.priority
+        predicted_s: float | None = None
         if priority is Priority.INTERACTIVE and quota.ttft_slo_ms is not None:
             itl_s = requests[0].latency.itl_s if requests else None
-            prediction = predict_ttft(stats, priority, queued, self._recent.ahead(priority), itl_s)
-            if prediction is not None:
+            raw = predict_ttft(stats, priority, queued, self._recent.ahead(priority), itl_s)
+            if raw is not None:
+                predicted_s = raw.seconds
+                prediction = self.calibration.apply(priority, raw)
                 if self.metrics is not None:
                     self.metrics.observe_prediction(name, prediction.seconds)
                 slo_s = quota.ttft_slo_ms / 1000 * self.config.slo_margin
@@ -325,7 +335,7 @@ class AdmissionController:
                 raise too_large_error(num_tokens, result.limit_value, per)
             self._reject(name, _REASON_OF[result.limit])
             raise rate_limit_error(result)
-        return result
+        return result, predicted_s
 
     def _reservation(self, tenant: TenantContext, requests: Sequence[EngineRequest]) -> int:
         """Tokens to reserve; a defaulted max_tokens is reduced to fit the tenant's and key's whole budgets."""
@@ -368,6 +378,7 @@ class AdmissionController:
         deadline_s: float | None,
         num_choices: int,
         hold: WindowHold | None = None,
+        prediction: tuple[Priority, float | None] | None = None,
     ) -> Callable[[UsageRecord], None]:
         settled = False
         grant = reservation.tenant_tokens
@@ -387,6 +398,12 @@ class AdmissionController:
             self.budgets.settle(reservation, used)
             if hold is not None and self.window_budgets is not None:
                 self.window_budgets.settle(hold, record)
+            priority, predicted_s = prediction if prediction is not None else (None, None)
+            if priority is not None and predicted_s is not None and record.ttft_s is not None:
+                self.calibration.observe(priority, predicted_s, record.ttft_s)
+                if self.metrics is not None:
+                    factor = self.calibration.state(priority).factor
+                    self.metrics.set_ttft_calibration(priority.name.lower(), factor)
             if self.metrics is None:
                 return
             if not grant.unlimited:

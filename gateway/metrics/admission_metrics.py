@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 _SECONDS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0, 120.0)
 
@@ -69,6 +69,13 @@ class AdmissionMetrics:
             buckets=_SECONDS,
             registry=registry,
         )
+        self.ttft_calibration = Gauge(
+            "weir_admission_ttft_calibration",
+            "Factor the TTFT predictions are multiplied by, learned from the TTFTs admitted requests "
+            "got (1: unbiased or not enough reports yet).",
+            ("priority",),
+            registry=registry,
+        )
         self.slo = Counter(
             "weir_slo_requests",
             "Completed requests by whether they met the tenant's TTFT and TPOT objectives "
@@ -91,6 +98,9 @@ class AdmissionMetrics:
 
     def observe_prediction(self, tenant: str, seconds: float) -> None:
         self.predicted_ttft.labels(tenant).observe(seconds)
+
+    def set_ttft_calibration(self, priority: str, factor: float) -> None:
+        self.ttft_calibration.labels(priority).set(factor)
 
     def count_slo(self, tenant: str, result: SLOResult) -> None:
         self.slo.labels(tenant, result.value).inc()

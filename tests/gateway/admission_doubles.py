@@ -104,7 +104,7 @@ def admit(s: Setup, t: TenantContext, *requests: EngineRequest) -> Admitted:
 
 def sample(s: Setup, name: str, **labels: str) -> float:
     for metric in (s.metrics.admitted, s.metrics.rejected, s.metrics.slo, s.metrics.reserved_tokens,
-                   s.metrics.refunded_tokens):  # fmt: skip
+                   s.metrics.refunded_tokens, s.metrics.ttft_calibration):  # fmt: skip
         for family in metric.collect():
             for smp in family.samples:
                 if smp.name == name and all(smp.labels.get(k) == v for k, v in labels.items()):

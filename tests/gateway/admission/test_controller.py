@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import httpx
@@ -364,3 +364,35 @@ def test_sqlite_means_one_replica_with_in_process_budgets(tmp_path: Any) -> None
     controller = build_admission(settings, stats)
     assert isinstance(controller.budget, LocalBudget)
     assert controller.config.max_queue_time_s is None and controller.config.max_queued_tokens is None
+
+
+def test_the_slo_check_learns_from_the_ttfts_admitted_requests_got(setup: Setup) -> None:
+    # 1,800 interactive tokens ahead at 1,000 tokens/s + a 0.1 s step: 2.2 s for a 300-token prompt.
+    setup.engine_stats[0] = stats(
+        waiting_tokens_by_priority=(1_800, 0, 0),
+        num_waiting_tokens=1_800,
+        prefill_tokens_per_s=1_000.0,
+        decode_steps_per_s=10.0,
+        num_running=4,
+    )
+    setup.controller.config = AdmissionConfig(max_queued_tokens=None)
+    quiet = tenant("quiet", Priority.INTERACTIVE, ttft_slo_ms=2_000, max_concurrent=100)
+    calm = tenant("calm", Priority.INTERACTIVE, ttft_slo_ms=10_000, max_concurrent=100)
+    with pytest.raises(ServiceUnavailableError):
+        admit(setup, quiet, request(300, priority=Priority.INTERACTIVE))
+    # One-token requests predicted at ~1.9 s under the same load got their first token in half that.
+    for _ in range(4):
+        admit(setup, calm, request(1, priority=Priority.INTERACTIVE)).settle(record(calm, 1, 5, ttft_s=0.95))
+    assert sample(setup, "weir_admission_ttft_calibration", priority="interactive") == pytest.approx(
+        0.5, rel=0.01
+    )
+    admit(setup, quiet, request(300, priority=Priority.INTERACTIVE))  # ~1.1 s now: admitted
+    # And the other way: first tokens later than predicted make the check stricter.
+    slow = make_setup()
+    slow.engine_stats[0] = replace(setup.engine_stats[0], waiting_tokens_by_priority=(700, 0, 0))
+    slow.controller.config = AdmissionConfig(max_queued_tokens=None)
+    admit(slow, quiet, request(300, priority=Priority.INTERACTIVE)).settle(record(quiet, 300, 0, ttft_s=None))
+    for _ in range(4):  # predicted ~0.8 s, got 1.6 s
+        admit(slow, calm, request(1, priority=Priority.INTERACTIVE)).settle(record(calm, 1, 5, ttft_s=1.6))
+    with pytest.raises(ServiceUnavailableError):  # 1.1 s predicted, twice that learned
+        admit(slow, quiet, request(300, priority=Priority.INTERACTIVE))
