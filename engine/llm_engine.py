@@ -498,6 +498,7 @@ class LLMEngine:
             num_prompt_tokens_total=self.num_prompt_tokens_total,
             num_generation_tokens_total=self.num_generation_tokens_total,
             waiting_tokens_by_priority=tuple(by_prio),
+            running_by_priority=self.scheduler.running_by_priority,
             num_restarts=self.num_restarts,
             num_stalls=self.watchdog.num_stalls,
             step_budget=self.step_budget.stats(),

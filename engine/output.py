@@ -131,6 +131,7 @@ class EngineStats:
     num_prompt_tokens_total: int = 0
     num_generation_tokens_total: int = 0
     waiting_tokens_by_priority: tuple[int, ...] = field(default=(0, 0, 0))
+    running_by_priority: tuple[int, ...] = field(default=(0, 0, 0))  # running sequences per class
     num_restarts: int = 0  # times the engine loop restarted after an exception it could not contain
     num_stalls: int = 0  # stalls the watchdog detected and broke (engine/stall_watchdog.py)
     step_budget: StepBudgetStats | None = None  # the scheduler's token budget and fitted step cost

@@ -24,7 +24,7 @@ from engine.errors import ContextLengthError
 from engine.fork_tracker import PendingForks
 from engine.kv_cache_manager import KVCacheManager
 from engine.output import ScheduledRequest, SchedulerOutput
-from engine.request import Request, RequestStatus, TokenDelta
+from engine.request import Priority, Request, RequestStatus, TokenDelta
 from engine.request_queue import WaitingQueue, make_waiting_queue
 from engine.slo_tally import PreemptReason, SloTally
 from engine.spec_decode.policy import SpeculationPolicy
@@ -198,6 +198,14 @@ class Scheduler:
     @property
     def num_running(self) -> int:
         return len(self.running)
+
+    @property
+    def running_by_priority(self) -> tuple[int, ...]:
+        """Running sequences of each priority class (interactive, standard, batch)."""
+        counts = [0] * len(Priority)
+        for req in self.running.values():
+            counts[int(req.priority)] += 1
+        return tuple(counts)
 
     def has_unfinished(self) -> bool:
         return bool(self.requests)

@@ -16,13 +16,19 @@ The model is deliberately simple and cheap (it runs for every request):
   steps the scheduler will plan for this request, not the measured average, which reflects
   whatever ran before (800 ms batch steps on a CPU), nor the measured decode step rate (a loaded
   CPU's slow steps predicted 10 s for a 65-token chat with nothing queued ahead).
-  The step in flight counts half its own target (its expected remainder). Once admitted, the request's steps last its
-  ITL target (the tenant's `tpot_slo_ms`, else its class default; at most the throughput step)
-  and lower classes' decodes and chunks yield to it, so each holds
-  `(step - overhead) / cost per prefill token` of its prompt and the queue ahead, at least the
-  minimum chunk (`engine.step_budget.min_chunk`: fewer tokens where 32 take more than a quarter
-  of the step). A tenant whose own requests ran slowly (long steps shared with batch work) is
-  not refused for that: its next request's steps are planned shorter.
+  The step in flight counts half its own target (its expected remainder). The next step is
+  planned for the sequences running now (the last step's target); once the request runs (after
+  its first chunk) its steps last its ITL target (the tenant's `tpot_slo_ms`, else its class
+  default; at most the throughput step). Lower classes' decodes and chunks yield to it but for
+  one decode row, so each step holds `(step - overhead - rows * cost per row) / cost per prefill
+  token` of its prompt and the queue ahead, rows being the running sequences of its class and
+  better (plus that one), and at least the minimum chunk (`engine.step_budget.min_chunk`: fewer
+  tokens where 32 take more than a quarter of the step). A tenant whose own requests ran slowly
+  (long steps shared with batch work) is not refused for that: its next request's steps are
+  planned shorter.
+- The first step at the running set's target matters: an interactive chat arriving while only
+  batch work runs gets its whole prompt in one 800 ms CPU step, where four 300 ms steps were
+  predicted (measured on SmolLM2: 2.25 s predicted with nothing queued ahead, 0.35-0.8 s got).
 
 The engine's snapshot is refreshed once per step, so requests admitted since the last snapshot
 are invisible to it; `RecentAdmissions` adds them back until two newer snapshots have been seen.
@@ -67,6 +73,20 @@ def planned_step_s(stats: EngineStats, priority: Priority, itl_s: float | None =
     return min(targets) if targets else None
 
 
+def _tokens_per_step(stats: EngineStats, priority: Priority, step_s: float) -> int:
+    """Prompt tokens a step planned at `step_s` holds beside the decode rows that do not yield to
+    a request of `priority` (its own class and better; looser classes give way but for one row)."""
+    budget = stats.step_budget
+    assert budget is not None and budget.cost is not None
+    cost = budget.cost
+    planned = step_s / (1.0 + budget.margin)
+    floor = min_chunk(_MIN_CHUNK, planned, cost.overhead_s, cost.per_token_s)
+    rows = sum(stats.running_by_priority[: int(priority) + 1])
+    rows += 1 if stats.num_running > rows else 0
+    spare = planned - cost.overhead_s - cost.per_decode_s * rows
+    return max(floor, int(max(spare, 0.0) / cost.per_token_s))
+
+
 def predict_ttft(
     stats: EngineStats,
     priority: Priority,
@@ -82,16 +102,17 @@ def predict_ttft(
     step_s = planned_step_s(stats, priority, itl_s)
     budget = stats.step_budget
     if step_s is not None and budget is not None and budget.cost is not None:
-        cost = budget.cost
-        planned = step_s / (1.0 + budget.margin)
-        floor = min_chunk(_MIN_CHUNK, planned, cost.overhead_s, cost.per_token_s)
-        per_step = max(floor, int((planned - cost.overhead_s) / cost.per_token_s))
-        # the step running now ends, on average, half way through its own target (the last
-        # step's: a batch step of 800 ms on a CPU while only batch work ran)
-        running_step = budget.step_target_s if budget.step_target_s is not None else step_s
-        in_flight = running_step / 2 if stats.num_running else 0.0
-        steps = math.ceil((ahead + num_prompt_tokens) / per_step)
-        return TTFTPrediction(in_flight + steps * step_s, ahead, per_step / step_s)
+        # The steps run now are planned for the running set (the last step's target: 800 ms on a
+        # CPU while only batch work runs); the request constrains them only once it runs itself,
+        # i.e. after its first chunk: the first step at the current target, the rest at its own.
+        current = budget.step_target_s if budget.step_target_s is not None else step_s
+        in_flight = current / 2 if stats.num_running else 0.0  # the step running now, half done
+        total = ahead + num_prompt_tokens
+        first = _tokens_per_step(stats, priority, current)
+        rest_s = min(step_s, current)
+        rest = math.ceil(max(0, total - first) / _tokens_per_step(stats, priority, rest_s))
+        seconds = in_flight + current + rest * rest_s
+        return TTFTPrediction(seconds, ahead, total / max(seconds - in_flight, 1e-9))
     in_flight = 1.0 / stats.decode_steps_per_s if stats.num_running and stats.decode_steps_per_s > 0 else 0.0
     return TTFTPrediction(in_flight + (ahead + num_prompt_tokens) / rate, ahead, rate)
 

@@ -28,8 +28,8 @@ from gateway.admission.slo import TTFTPrediction
 
 MIN_SAMPLES = 4  # reports of a class before its factor is applied
 ALPHA = 0.2  # weight of each new report in the running mean of log(actual / predicted)
-MIN_FACTOR = 0.25
-MAX_FACTOR = 4.0
+MIN_FACTOR = 0.5  # a lagging factor must not double what is admitted in a burst
+MAX_FACTOR = 2.0
 MIN_PREDICTED_S = 0.05
 
 

@@ -55,7 +55,8 @@ def test_the_step_in_flight_counts_half_its_own_target_never_the_measured_step_r
     # a loaded CPU: one decode step measured every 5 s, the last step a batch step of 800 ms
     slow = _stats(decode_steps_per_s=0.2, step_budget=StepBudgetStats(100, 0.8, _COST, step_target_s=0.8))
     got = predict_ttft(slow, Priority.INTERACTIVE, 65)
-    assert got is not None and got.seconds == pytest.approx(0.4 + 0.3)  # half of 800 ms + one step
+    # half of 800 ms, then its whole prompt in the next step, still planned for the batch work
+    assert got is not None and got.seconds == pytest.approx(0.4 + 0.8)
     idle = predict_ttft(_stats(num_running=0), Priority.INTERACTIVE, 65)
     assert idle is not None and idle.seconds == pytest.approx(0.3)  # nothing in flight
     # the queue ahead of the same or better classes is in it: 400 + 65 tokens = 3 steps of 155
@@ -68,3 +69,27 @@ def test_without_a_fitted_cost_the_measured_rate_stands() -> None:
     stats = _stats(step_budget=StepBudgetStats(100, 0.8, None))
     got = predict_ttft(stats, Priority.INTERACTIVE, 120)
     assert got is not None and got.seconds == pytest.approx(0.8 + 120 / 60.0)
+
+
+def test_the_first_chunk_runs_at_the_running_sets_target_the_rest_at_its_own() -> None:
+    # only batch work runs (800 ms steps): an 800 ms step holds (0.8 - 0.035 - 0.005) / 0.0017 =
+    # 447 tokens beside the one batch row that stays; the 1,000-token prompt's other 553 go in
+    # 300 ms steps of 152 tokens (4 of them) once it runs
+    batch = _stats(
+        running_by_priority=(0, 0, 40), step_budget=StepBudgetStats(100, 0.8, _COST, step_target_s=0.8)
+    )
+    got = predict_ttft(batch, Priority.INTERACTIVE, 1000)
+    assert got is not None and got.seconds == pytest.approx(0.4 + 0.8 + 4 * 0.3)
+
+
+def test_running_rows_of_its_own_class_and_better_take_their_share_of_each_step() -> None:
+    # 8 interactive chats decoding: 8 rows + 1 batch row take 45 ms of each 300 ms step, which
+    # then holds (0.3 - 0.035 - 0.045) / 0.0017 = 129 tokens: 300 tokens need 3 steps, not 2
+    busy = _stats(
+        running_by_priority=(8, 0, 32), step_budget=StepBudgetStats(100, 0.8, _COST, step_target_s=0.3)
+    )
+    got = predict_ttft(busy, Priority.INTERACTIVE, 300)
+    assert got is not None and got.seconds == pytest.approx(0.15 + 3 * 0.3)
+    alone = _stats(num_running=8, running_by_priority=(8, 0, 0), step_budget=busy.step_budget)
+    fewer = predict_ttft(alone, Priority.INTERACTIVE, 300)  # no looser row to keep: 132 tokens a step
+    assert fewer is not None and fewer.seconds == pytest.approx(0.15 + 3 * 0.3)
