@@ -19,8 +19,8 @@ last takes the rest). When the whole batch is within that bound it is one group 
 order, with no index ops at all.
 
 Mixed steps (decodes and prefill chunks, `mixed_attention`): the decode rows go through the
-groups above, the prefill chunks through the oracle's per-sequence path
-(`reference.prefill_attention_into`).
+groups above, the prefill chunks one sequence at a time through `kernels.prefill_attention`
+(the cached prefix and the chunk apart, merged by their log-sum-exps).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kernels import reference
+from kernels import prefill_attention
 
 MAX_WASTE = 0.5  # padded slots allowed per real slot in one group
 MAX_GROUPS = 8  # one gather + one SDPA per group and layer: bounded
@@ -200,7 +200,7 @@ def mixed_attention(
             out.index_copy_(
                 0, tokens, decode_attention(query.index_select(0, tokens), kv_cache, plan.decode, scale)
             )
-    reference.prefill_attention_into(
+    prefill_attention.prefill_attention_into(
         out, query, kv_cache, block_tables, query_start_loc, seq_lens, plan.prefill_rows, scale
     )
     return out
