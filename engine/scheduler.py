@@ -30,7 +30,15 @@ from engine.slo_tally import PreemptReason, SloTally
 from engine.spec_decode.policy import SpeculationPolicy
 from engine.spec_decode.tally import VerifiedDraft
 from engine.step_budget import StepBudget, make_step_budget
-from engine.step_plan import fair_rows, fair_shares, owes_itl, prefill_key, share_victim, step_target_s
+from engine.step_plan import (
+    fair_rows,
+    fair_shares,
+    owes_itl,
+    prefill_key,
+    share_victim,
+    step_target_s,
+    ttft_tokens,
+)
 
 logger = logging.getLogger("weir.engine")
 
@@ -230,7 +238,11 @@ class Scheduler:
         if target_s is not None and (throughput_s is None or target_s < throughput_s):
             decodes = self._fit_decodes(decodes, target_s, bool(prefills) or head is not None)
         context = sum(r.num_computed_tokens for r in decodes)
-        budget = self.step_budget.budget(len(decodes), bool(prefills) or head is not None, target_s, context)
+        prompts = prefills if head is None else [*prefills, head]
+        need = ttft_tokens(prompts, self.clock(), target_s) if target_s is not None else 0
+        budget = self.step_budget.budget(
+            len(decodes), bool(prefills) or head is not None, target_s, context, need
+        )
         chunk_cap = self.config.long_prefill_threshold or budget
         spec = self.speculation
         spec_ok = spec is not None and spec.step_allows(len(decodes))

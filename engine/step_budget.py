@@ -278,13 +278,20 @@ class StepBudget:
         return None if target is None else target / (1.0 + self.margin)
 
     def budget(
-        self, num_decodes: int, has_prefill_work: bool, target_s: float | None = None, decode_context: int = 0
+        self,
+        num_decodes: int,
+        has_prefill_work: bool,
+        target_s: float | None = None,
+        decode_context: int = 0,
+        ttft_tokens: int = 0,
     ) -> int:
         """Tokens the next step may feed: `num_decodes` running decodes, and prefill if any waits.
 
         `target_s`: this step's own time target (the tightest ITL running, engine/step_plan.py),
         else the configured one. Without a configured target a step target applies only once the
-        cost is fitted (before that the fixed maximum, as without targets)."""
+        cost is fitted (before that the fixed maximum, as without targets). `ttft_tokens`: prompt
+        tokens the waiting prompts' TTFT deadlines need this step (`engine.step_plan.ttft_tokens`);
+        the prefill floor does not shrink below them, up to `min_prefill_chunk`."""
         cfg = self.config
         target = target_s if target_s is not None else cfg.target_step_s
         if target is not None and cfg.target_step_s is None and self.model.cost is None:
@@ -294,7 +301,8 @@ class StepBudget:
             chosen = cfg.max_tokens
         else:
             planned = target / (1.0 + self.margin)
-            floor = num_decodes + (self.prefill_floor(planned) if has_prefill_work else 0)
+            chunk = max(self.prefill_floor(planned), min(cfg.min_prefill_chunk, ttft_tokens))
+            floor = num_decodes + (chunk if has_prefill_work else 0)
             chosen = min(cfg.max_tokens, max(floor, self._fitted(planned, num_decodes, decode_context)))
         self.last_budget = chosen
         return chosen

@@ -65,6 +65,24 @@ def prefill_key(req: Request) -> tuple[int, float, float]:
     return (int(req.priority), deadline, req.arrival_s)
 
 
+def ttft_tokens(prompts: Iterable[Request], now: float, step_s: float) -> int:
+    """Prompt tokens a step of `step_s` must feed so that each prompt with a TTFT target can still
+    finish by its deadline: its tokens left over the steps left (at least one), the most of any.
+
+    The step budget's prefill floor does not shrink below this (up to its minimum chunk): a
+    loaded CPU whose fitted overhead leaves a quarter of a 300 ms step for 3 tokens of prefill
+    otherwise trickles a 70-token chat in over 20 steps, 6 s, while its ITL target is kept
+    either way (measured on SmolLM2, docs/benchmarks.md)."""
+    need = 0
+    for req in prompts:
+        ttft = req.latency.ttft_s
+        if ttft is None or req.num_remaining <= 1:
+            continue
+        steps_left = max(1, int((req.arrival_s + ttft - now) / step_s)) if step_s > 0 else 1
+        need = max(need, -(-req.num_remaining // steps_left))
+    return need
+
+
 def fair_rows(decodes: Sequence[Request], capacity: int) -> list[Request]:
     """The decodes a step of `capacity` rows holds: better classes first; a class that does not
     fit whole is divided between its tenants by `fair_shares` (one row per decode, the tenant's

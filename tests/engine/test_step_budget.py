@@ -118,6 +118,18 @@ def test_the_prefill_floor_shrinks_where_the_minimum_chunk_would_break_the_targe
     assert fast.prefill_floor(0.3) == 32
 
 
+def test_ttft_deadlines_keep_the_prefill_floor_up_to_the_minimum_chunk() -> None:
+    # the loaded CPU above: the shrunk floor would trickle a prompt in a few tokens a step
+    ctrl = StepBudget(StepBudgetConfig(max_tokens=512, target_step_s=0.3, min_prefill_chunk=32))
+    _drive(ctrl, FakeCost(a=0.037, b=0.011, noise=0.0), 40)
+    floor = ctrl.prefill_floor(0.3 / (1.0 + ctrl.margin))
+    assert floor < 20
+    assert ctrl.budget(8, True, 0.3, ttft_tokens=20) >= 8 + 20  # what the deadlines need
+    assert ctrl.budget(8, True, 0.3, ttft_tokens=500) >= 8 + 32  # up to the minimum chunk
+    assert ctrl.budget(8, True, 0.3, ttft_tokens=500) < 8 + 500
+    assert ctrl.budget(8, False, 0.3, ttft_tokens=500) == ctrl.budget(8, False, 0.3)  # no prefill work
+
+
 def test_without_a_target_the_budget_is_fixed_and_the_cost_is_still_fitted() -> None:
     ctrl = StepBudget(StepBudgetConfig(max_tokens=2048))
     cost = FakeCost(a=0.04, b=0.002, seed=4)

@@ -15,6 +15,7 @@ from engine.step_plan import (
     prefill_key,
     share_victim,
     step_target_s,
+    ttft_tokens,
 )
 
 
@@ -58,6 +59,23 @@ def test_prefills_go_by_class_then_ttft_deadline() -> None:
     batch = _req("b", Priority.BATCH, arrival=-10.0)
     got = sorted([batch, standard, late_interactive, early_interactive, tight], key=prefill_key)
     assert [r.request_id for r in got] == ["i0", "i2", "i1", "s", "b"]
+
+
+def test_ttft_tokens_spread_each_prompt_over_the_steps_left_before_its_deadline() -> None:
+    def prompt(rid: str, tokens: int, arrival: float, ttft: float | None) -> Request:
+        req = Request(rid, list(range(tokens)), SamplingParams(max_tokens=4), arrival_s=arrival)
+        req.latency = LatencyTargets(ttft_s=ttft)
+        return req
+
+    chat = prompt("c", 70, arrival=0.0, ttft=2.0)  # 2 s left at 0: 6 steps of 300 ms, 12 tokens each
+    assert ttft_tokens([chat], now=0.0, step_s=0.3) == 12
+    assert ttft_tokens([chat], now=1.5, step_s=0.3) == 70  # one step left: all of it
+    assert ttft_tokens([chat], now=5.0, step_s=0.3) == 70  # late already: all of it now
+    chat.num_computed_tokens = 40
+    assert ttft_tokens([chat], now=0.0, step_s=0.3) == 5  # what is left of it
+    untimed = prompt("u", 500, arrival=0.0, ttft=None)
+    assert ttft_tokens([untimed], now=0.0, step_s=0.3) == 0
+    assert ttft_tokens([chat, untimed, prompt("t", 90, 0.0, 0.9)], now=0.0, step_s=0.3) == 30
 
 
 def test_decodes_that_wait_longest_go_first_within_a_class() -> None:
