@@ -68,6 +68,8 @@ def prefill_key(req: Request) -> tuple[int, float, float]:
 def ttft_tokens(prompts: Iterable[Request], now: float, step_s: float) -> int:
     """Prompt tokens a step of `step_s` must feed so that each prompt with a TTFT target can still
     finish by its deadline: its tokens left over the steps left (at least one), the most of any.
+    A prompt past its deadline adds nothing (an overloaded machine would otherwise hold every
+    step at the full chunk, past the ITL target, for TTFTs that are lost anyway: measured).
 
     The step budget's prefill floor does not shrink below this (up to its minimum chunk): a
     loaded CPU whose fitted overhead leaves a quarter of a 300 ms step for 3 tokens of prefill
@@ -76,8 +78,8 @@ def ttft_tokens(prompts: Iterable[Request], now: float, step_s: float) -> int:
     need = 0
     for req in prompts:
         ttft = req.latency.ttft_s
-        if ttft is None or req.num_remaining <= 1:
-            continue
+        if ttft is None or req.num_remaining <= 1 or now >= req.arrival_s + ttft:
+            continue  # no target, or missed already: not worth the running streams' ITL
         steps_left = max(1, int((req.arrival_s + ttft - now) / step_s)) if step_s > 0 else 1
         need = max(need, -(-req.num_remaining // steps_left))
     return need

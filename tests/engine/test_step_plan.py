@@ -70,7 +70,7 @@ def test_ttft_tokens_spread_each_prompt_over_the_steps_left_before_its_deadline(
     chat = prompt("c", 70, arrival=0.0, ttft=2.0)  # 2 s left at 0: 6 steps of 300 ms, 12 tokens each
     assert ttft_tokens([chat], now=0.0, step_s=0.3) == 12
     assert ttft_tokens([chat], now=1.5, step_s=0.3) == 70  # one step left: all of it
-    assert ttft_tokens([chat], now=5.0, step_s=0.3) == 70  # late already: all of it now
+    assert ttft_tokens([chat], now=5.0, step_s=0.3) == 0  # missed already: not at the others' cost
     chat.num_computed_tokens = 40
     assert ttft_tokens([chat], now=0.0, step_s=0.3) == 5  # what is left of it
     untimed = prompt("u", 500, arrival=0.0, ttft=None)
