@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kernels import prefill_attention
+from kernels import prefill_attention, reference
 
 MAX_WASTE = 0.5  # padded slots allowed per real slot in one group
 MAX_GROUPS = 8  # one gather + one SDPA per group and layer: bounded
@@ -200,7 +200,15 @@ def mixed_attention(
             out.index_copy_(
                 0, tokens, decode_attention(query.index_select(0, tokens), kv_cache, plan.decode, scale)
             )
-    prefill_attention.prefill_attention_into(
-        out, query, kv_cache, block_tables, query_start_loc, seq_lens, plan.prefill_rows, scale
+    reference.prefill_attention_into(
+        out,
+        query,
+        kv_cache,
+        block_tables,
+        query_start_loc,
+        seq_lens,
+        plan.prefill_rows,
+        scale,
+        prefill_attention.best_chunk_attention(),
     )
     return out

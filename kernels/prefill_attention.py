@@ -2,8 +2,8 @@
 merged by their log-sum-exps.
 
 A chunk of `q` new tokens at the end of a context of `n` sees every one of the `p = n - q` cached
-tokens before it, and the chunk itself causally. `reference.prefill_attention_into` (the oracle)
-gives SDPA the whole `[q, n]` boolean mask; with a mask and GQA, torch's CPU SDPA runs its math
+tokens before it, and the chunk itself causally. `reference.chunk_attention` (the oracle) gives
+SDPA the whole `[q, n]` boolean mask; with a mask and GQA, torch's CPU SDPA runs its math
 path (batched matmuls, a masked softmax, checks for fully masked rows): ~48 GFLOP/s on two
 cores, and it computes the masked half of the chunk too.
 
@@ -13,16 +13,16 @@ of each query's scores with its output:
   (`[kv_heads, group * q, head_dim]`), so K/V are not repeated;
 - the chunk: `is_causal` (the chunk is square), its `q` keys repeated per query head (small);
 - merged exactly: `out = o1 * exp(l1 - l) + o2 * exp(l2 - l)` with `l = logaddexp(l1, l2)`.
-Measured per layer on SmolLM2's heads (docs/benchmarks.md, "Chunked-prefill attention"): 1.6-1.9x
-faster for 256-token chunks over 256-768 tokens, even for 32 tokens over 100.
+Measured per layer on SmolLM2's heads, gather included (`bench.experiments.prefill_attention`,
+docs/benchmarks.md): 2.0-3.3x faster for 256-token chunks over 256-768 tokens, 3.0x for 64 over
+600, 1.2x for 32 over 100.
 
 The flash kernel is a private op (`aten::_scaled_dot_product_flash_attention_for_cpu`, in torch
-since 2.2); where it is missing the oracle's path runs instead.
+since 2.2); where it is missing `best_chunk_attention` gives the oracle's instead. The paged loop
+over a step's prefill rows is `reference.prefill_attention_into`, given the chunk attention.
 """
 
 from __future__ import annotations
-
-from collections.abc import Sequence
 
 import torch
 
@@ -67,23 +67,6 @@ def chunk_attention(
     return (out_prefix * w_prefix + out_chunk * w_chunk).transpose(0, 1)
 
 
-def prefill_attention_into(
-    out: torch.Tensor,  # [num_tokens, num_heads, head_dim], written at the rows' tokens
-    query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
-    kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
-    block_tables: torch.Tensor,  # [num_seqs, max_blocks] int32
-    query_start_loc: Sequence[int],
-    seq_lens: Sequence[int],
-    rows: Sequence[int],  # sequences with more than one new token
-    scale: float,
-) -> None:
-    """`reference.prefill_attention_into`, each chunk through `chunk_attention`."""
-    if _FLASH is None:
-        reference.prefill_attention_into(
-            out, query, kv_cache, block_tables, query_start_loc, seq_lens, rows, scale
-        )
-        return
-    for i in rows:
-        start, end = query_start_loc[i], query_start_loc[i + 1]
-        k, v = reference.gather_kv(kv_cache, block_tables[i], seq_lens[i])
-        out[start:end] = chunk_attention(query[start:end], k, v, scale).to(out.dtype)
+def best_chunk_attention() -> reference.ChunkAttention:
+    """`chunk_attention` where this torch has the flash op, else the oracle's masked SDPA."""
+    return chunk_attention if _FLASH is not None else reference.chunk_attention

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -62,6 +62,30 @@ def paged_attention(
     return out
 
 
+ChunkAttention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]
+
+
+def chunk_attention(
+    query: torch.Tensor,  # [q, num_heads, head_dim]: the chunk's queries
+    key: torch.Tensor,  # [n, num_kv_heads, head_dim]: the whole context, the chunk last
+    value: torch.Tensor,  # [n, num_kv_heads, head_dim]
+    scale: float,
+) -> torch.Tensor:  # [q, num_heads, head_dim]
+    """Causal attention of one chunk over its context: one SDPA with the offset causal mask."""
+    q_len, seq_len = query.shape[0], key.shape[0]
+    q = query.transpose(0, 1)  # [num_heads, q_len, head_dim]
+    k = key.transpose(0, 1)  # [num_kv_heads, seq_len, head_dim]
+    v = value.transpose(0, 1)
+    if q_len == seq_len:  # the whole sequence is new: plain causal attention
+        o = F.scaled_dot_product_attention(q.to(k.dtype), k, v, is_causal=True, scale=scale, enable_gqa=True)
+    else:
+        # query j sits at position seq_len - q_len + j and sees keys 0..that position
+        pos_q = torch.arange(seq_len - q_len, seq_len, device=query.device)[:, None]
+        mask = torch.arange(seq_len, device=query.device)[None, :] <= pos_q  # [q_len, seq_len]
+        o = F.scaled_dot_product_attention(q.to(k.dtype), k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+    return o.transpose(0, 1)
+
+
 def prefill_attention_into(
     out: torch.Tensor,  # [num_tokens, num_heads, head_dim], written at the rows' tokens
     query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
@@ -71,27 +95,14 @@ def prefill_attention_into(
     seq_lens: Sequence[int],
     rows: Sequence[int],  # sequences with more than one new token
     scale: float,
+    attend: ChunkAttention = chunk_attention,
 ) -> None:
-    """Causal attention of each listed sequence's chunk over its paged context, one SDPA each."""
+    """Causal attention of each listed sequence's chunk over its paged context, one `attend` each
+    (the oracle's `chunk_attention`; the engine passes `kernels.prefill_attention`'s)."""
     for i in rows:
         start, end = query_start_loc[i], query_start_loc[i + 1]
-        q_len, seq_len = end - start, seq_lens[i]
-        k, v = gather_kv(kv_cache, block_tables[i], seq_len)
-        q = query[start:end].transpose(0, 1)  # [num_heads, q_len, head_dim]
-        k = k.transpose(0, 1)  # [num_kv_heads, seq_len, head_dim]
-        v = v.transpose(0, 1)
-        if q_len == seq_len:  # the whole sequence is new: plain causal attention
-            o = F.scaled_dot_product_attention(
-                q.to(k.dtype), k, v, is_causal=True, scale=scale, enable_gqa=True
-            )
-        else:
-            # query j sits at position seq_len - q_len + j and sees keys 0..that position
-            pos_q = torch.arange(seq_len - q_len, seq_len, device=query.device)[:, None]
-            mask = torch.arange(seq_len, device=query.device)[None, :] <= pos_q  # [q_len, seq_len]
-            o = F.scaled_dot_product_attention(
-                q.to(k.dtype), k, v, attn_mask=mask, scale=scale, enable_gqa=True
-            )
-        out[start:end] = o.transpose(0, 1).to(out.dtype)
+        k, v = gather_kv(kv_cache, block_tables[i], seq_lens[i])
+        out[start:end] = attend(query[start:end], k, v, scale).to(out.dtype)
 
 
 def _decode_attention(

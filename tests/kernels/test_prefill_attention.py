@@ -23,15 +23,7 @@ def _context(q_len: int, prefix: int, heads: tuple[int, int], dtype: torch.dtype
 
 
 def _oracle(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float) -> torch.Tensor:
-    """The oracle on a one-sequence paged cache holding `key`/`value` in blocks of 1."""
-    seq_len = key.shape[0]
-    kv_cache = torch.stack([key, value])[:, :, None]  # [2, seq_len, 1, kv_heads, head_dim]
-    out = torch.empty_like(query)
-    table = torch.arange(seq_len, dtype=torch.int32)[None]
-    reference.prefill_attention_into(
-        out, query, kv_cache, table, (0, query.shape[0]), (seq_len,), (0,), scale
-    )
-    return out
+    return reference.chunk_attention(query, key, value, scale)
 
 
 @settings(max_examples=40, deadline=None)
@@ -65,7 +57,9 @@ def test_the_paged_path_writes_every_chunk_at_its_tokens() -> None:
     want = torch.zeros_like(query)
     reference.prefill_attention_into(want, query, kv_cache, tables, starts, lens, (0, 1), 0.3)
     got = torch.zeros_like(query)
-    prefill_attention.prefill_attention_into(got, query, kv_cache, tables, starts, lens, (0, 1), 0.3)
+    attend = prefill_attention.best_chunk_attention()
+    assert attend is prefill_attention.chunk_attention
+    reference.prefill_attention_into(got, query, kv_cache, tables, starts, lens, (0, 1), 0.3, attend)
     torch.testing.assert_close(got, want, atol=2e-6, rtol=2e-6)
 
 
@@ -78,5 +72,7 @@ def test_without_the_flash_op_the_oracle_runs(monkeypatch: pytest.MonkeyPatch) -
     want = torch.zeros_like(query)
     reference.prefill_attention_into(want, query, kv_cache, tables, (0, 5), (11,), (0,), 0.3)
     got = torch.zeros_like(query)
-    prefill_attention.prefill_attention_into(got, query, kv_cache, tables, (0, 5), (11,), (0,), 0.3)
+    attend = prefill_attention.best_chunk_attention()
+    assert attend is reference.chunk_attention
+    reference.prefill_attention_into(got, query, kv_cache, tables, (0, 5), (11,), (0,), 0.3, attend)
     torch.testing.assert_close(got, want)
