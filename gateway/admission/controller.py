@@ -273,7 +273,14 @@ class AdmissionController:
             requests = [replace(r, deadline_s=r.arrival_s + self.config.max_queue_time_s) for r in requests]
         num_choices = sum(r.sampling_params.n for r in requests)
         return Admitted(
-            self._settler(tenant, reservation, deadline_s, num_choices, hold, (priority, predicted_s)),
+            self._settler(
+                tenant,
+                reservation,
+                deadline_s,
+                num_choices,
+                hold,
+                None if predicted_s is None else (priority, predicted_s),
+            ),
             tuple(requests),
             headers=tuple(rate_limit_headers(reservation.requests, reservation.tokens).items()),
         )
@@ -378,7 +385,7 @@ class AdmissionController:
         deadline_s: float | None,
         num_choices: int,
         hold: WindowHold | None = None,
-        prediction: tuple[Priority, float | None] | None = None,
+        prediction: tuple[Priority, float] | None = None,  # its class and raw predicted TTFT
     ) -> Callable[[UsageRecord], None]:
         settled = False
         grant = reservation.tenant_tokens
@@ -398,8 +405,8 @@ class AdmissionController:
             self.budgets.settle(reservation, used)
             if hold is not None and self.window_budgets is not None:
                 self.window_budgets.settle(hold, record)
-            priority, predicted_s = prediction if prediction is not None else (None, None)
-            if priority is not None and predicted_s is not None and record.ttft_s is not None:
+            if prediction is not None and record.ttft_s is not None:
+                priority, predicted_s = prediction
                 self.calibration.observe(priority, predicted_s, record.ttft_s)
                 if self.metrics is not None:
                     factor = self.calibration.state(priority).factor
