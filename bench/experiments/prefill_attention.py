@@ -1,5 +1,6 @@
 """`python -m bench.experiments.prefill_attention`: chunked-prefill attention, the oracle's masked SDPA
-against `kernels.prefill_attention` (prefix and chunk apart, merged by log-sum-exp), per layer.
+(`reference.chunk_attention`) against `kernels.prefill_attention.chunk_attention` (prefix and chunk
+apart, merged by log-sum-exp), per layer, on the same gathered K/V.
 
 Random fp32 queries and K/V of SmolLM2-135M's attention (9 query heads, 3 KV heads of 64) for a
 chunk of `q` new tokens at the end of a context of `n`, for each `q x n` of `--shapes`; both
@@ -38,14 +39,10 @@ def measure(q_len: int, seq_len: int, reps: int, inner: int) -> dict[str, float]
     query = torch.randn(q_len, NUM_HEADS, HEAD_DIM, generator=g)
     key = torch.randn(seq_len, NUM_KV_HEADS, HEAD_DIM, generator=g)
     value = torch.randn(seq_len, NUM_KV_HEADS, HEAD_DIM, generator=g)
-    kv_cache = torch.stack([key, value])[:, :, None]  # blocks of one token
-    table = torch.arange(seq_len, dtype=torch.int32)[None]
     scale = HEAD_DIM**-0.5
 
     def oracle() -> torch.Tensor:
-        out = torch.empty_like(query)
-        reference.prefill_attention_into(out, query, kv_cache, table, (0, q_len), (seq_len,), (0,), scale)
-        return out
+        return reference.chunk_attention(query, key, value, scale)
 
     def split() -> torch.Tensor:
         return prefill_attention.chunk_attention(query, key, value, scale)
