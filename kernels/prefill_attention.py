@@ -13,9 +13,9 @@ of each query's scores with its output:
   (`[kv_heads, group * q, head_dim]`), so K/V are not repeated;
 - the chunk: `is_causal` (the chunk is square), its `q` keys repeated per query head (small);
 - merged exactly: `out = o1 * exp(l1 - l) + o2 * exp(l2 - l)` with `l = logaddexp(l1, l2)`.
-Measured per layer on SmolLM2's heads, gather included (`bench.experiments.prefill_attention`,
-docs/benchmarks.md): 2.0-3.3x faster for 256-token chunks over 256-768 tokens, 3.0x for 64 over
-600, 1.2x for 32 over 100.
+Measured per layer on SmolLM2's heads (`bench.experiments.prefill_attention`, two runs,
+docs/benchmarks.md): 1.8-3.0x faster for 256-token chunks over 256-768 tokens, 2.0x for 64 over
+600, even (1.0-1.1x) for 32 over 100.
 
 The flash kernel is a private op (`aten::_scaled_dot_product_flash_attention_for_cpu`, in torch
 since 2.2); where it is missing `best_chunk_attention` gives the oracle's instead. The paged loop
