@@ -279,7 +279,7 @@ class AdmissionController:
                 deadline_s,
                 num_choices,
                 hold,
-                None if predicted_s is None else (priority, predicted_s),
+                None if predicted_s is None else (priority, predicted_s, self._waited_s(requests)),
             ),
             tuple(requests),
             headers=tuple(rate_limit_headers(reservation.requests, reservation.tokens).items()),
@@ -344,6 +344,10 @@ class AdmissionController:
             raise rate_limit_error(result)
         return result, predicted_s
 
+    def _waited_s(self, requests: Sequence[EngineRequest]) -> float:
+        """Seconds since the request arrived (prompt rendering, tokenization, grammar compile)."""
+        return max(0.0, self.clock() - requests[0].arrival_s) if requests else 0.0
+
     def _reservation(self, tenant: TenantContext, requests: Sequence[EngineRequest]) -> int:
         """Tokens to reserve; a defaulted max_tokens is reduced to fit the tenant's and key's whole budgets."""
         quota = tenant.limits  # the tighter of the tenant's and the key's
@@ -385,7 +389,8 @@ class AdmissionController:
         deadline_s: float | None,
         num_choices: int,
         hold: WindowHold | None = None,
-        prediction: tuple[Priority, float] | None = None,  # its class and raw predicted TTFT
+        # its class, raw predicted TTFT (from admission) and how long it had waited before admission
+        prediction: tuple[Priority, float, float] | None = None,
     ) -> Callable[[UsageRecord], None]:
         settled = False
         grant = reservation.tenant_tokens
@@ -406,8 +411,12 @@ class AdmissionController:
             if hold is not None and self.window_budgets is not None:
                 self.window_budgets.settle(hold, record)
             if prediction is not None and record.ttft_s is not None:
-                priority, predicted_s = prediction
-                self.calibration.observe(priority, predicted_s, record.ttft_s)
+                # The prediction runs from admission; the record's TTFT from arrival. Compared
+                # as they were, a tenant's slow grammar compiles or tokenization (before
+                # admission) would raise the factor of its whole class, and with it the 503s
+                # of every other tenant of that class.
+                priority, predicted_s, waited_s = prediction
+                self.calibration.observe(priority, predicted_s, record.ttft_s - waited_s)
                 if self.metrics is not None:
                     factor = self.calibration.state(priority).factor
                     self.metrics.set_ttft_calibration(priority.name.lower(), factor)

@@ -8,7 +8,8 @@ the admitted chats got, and the SLO-predictive 503 refused three quarters of an 
 tenant that the machine could have served in time (docs/benchmarks.md, issue 24).
 
 So each admitted request's prediction is kept, and when it settles with a first token the ratio
-`actual / predicted` updates an exponentially weighted mean of its logarithm, per priority class.
+`actual / predicted` (both from admission: the time a request spent before it, rendering,
+tokenizing or compiling a grammar, is its tenant's own, not the engine's) updates an exponentially weighted mean of its logarithm, per priority class.
 Predictions are multiplied by `exp(mean)` (clamped to [`MIN_FACTOR`, `MAX_FACTOR`]) once
 `MIN_SAMPLES` requests of the class have reported. The loop closes on itself: predictions that
 are too low admit more, the queue grows, the TTFTs that follow are longer and the factor rises.

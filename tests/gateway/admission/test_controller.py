@@ -377,22 +377,48 @@ def test_the_slo_check_learns_from_the_ttfts_admitted_requests_got(setup: Setup)
     )
     setup.controller.config = AdmissionConfig(max_queued_tokens=None)
     quiet = tenant("quiet", Priority.INTERACTIVE, ttft_slo_ms=2_000, max_concurrent=100)
+
+    def chat(n: int) -> EngineRequest:  # arrived now: nothing spent before admission
+        return replace(request(n, priority=Priority.INTERACTIVE), arrival_s=setup.controller.clock())
+
     calm = tenant("calm", Priority.INTERACTIVE, ttft_slo_ms=10_000, max_concurrent=100)
     with pytest.raises(ServiceUnavailableError):
-        admit(setup, quiet, request(300, priority=Priority.INTERACTIVE))
+        admit(setup, quiet, chat(300))
     # One-token requests predicted at ~1.9 s under the same load got their first token in half that.
     for _ in range(4):
-        admit(setup, calm, request(1, priority=Priority.INTERACTIVE)).settle(record(calm, 1, 5, ttft_s=0.95))
+        admit(setup, calm, chat(1)).settle(record(calm, 1, 5, ttft_s=0.95))
     assert sample(setup, "weir_admission_ttft_calibration", priority="interactive") == pytest.approx(
         0.5, rel=0.01
     )
-    admit(setup, quiet, request(300, priority=Priority.INTERACTIVE))  # ~1.1 s now: admitted
+    admit(setup, quiet, chat(300))  # ~1.1 s now: admitted
     # And the other way: first tokens later than predicted make the check stricter.
     slow = make_setup()
     slow.engine_stats[0] = replace(setup.engine_stats[0], waiting_tokens_by_priority=(700, 0, 0))
     slow.controller.config = AdmissionConfig(max_queued_tokens=None)
-    admit(slow, quiet, request(300, priority=Priority.INTERACTIVE)).settle(record(quiet, 300, 0, ttft_s=None))
+    admit(slow, quiet, chat(300)).settle(record(quiet, 300, 0, ttft_s=None))
     for _ in range(4):  # predicted ~0.8 s, got 1.6 s
-        admit(slow, calm, request(1, priority=Priority.INTERACTIVE)).settle(record(calm, 1, 5, ttft_s=1.6))
+        admit(slow, calm, chat(1)).settle(record(calm, 1, 5, ttft_s=1.6))
     with pytest.raises(ServiceUnavailableError):  # 1.1 s predicted, twice that learned
-        admit(slow, quiet, request(300, priority=Priority.INTERACTIVE))
+        admit(slow, quiet, chat(300))
+
+
+def test_time_spent_before_admission_does_not_count_against_the_prediction(setup: Setup) -> None:
+    # A tenant whose chats spend 3 s before admission (a slow grammar compile, tokenization)
+    # and then get their first token 0.95 s after it, as predicted: the record's TTFT counts from
+    # arrival (3.95 s), the prediction from admission. The class's factor must not move, or that
+    # tenant would double every other interactive tenant's predictions (and 503s).
+    setup.engine_stats[0] = stats(
+        waiting_tokens_by_priority=(800, 0, 0),
+        num_waiting_tokens=800,
+        prefill_tokens_per_s=1_000.0,
+        decode_steps_per_s=10.0,
+        num_running=4,
+    )
+    setup.controller.config = AdmissionConfig(max_queued_tokens=None)
+    slow = tenant("slow", Priority.INTERACTIVE, ttft_slo_ms=10_000, max_concurrent=100)
+    for _ in range(6):
+        chat = replace(request(1, priority=Priority.INTERACTIVE), arrival_s=setup.controller.clock() - 3.0)
+        admit(setup, slow, chat).settle(record(slow, 1, 5, ttft_s=3.0 + 0.9))  # predicted ~0.9 s
+    assert sample(setup, "weir_admission_ttft_calibration", priority="interactive") == pytest.approx(
+        1.0, abs=0.15
+    )
