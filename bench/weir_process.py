@@ -77,7 +77,7 @@ def run_weir(
     (e.g. WEIR_KEY_PEPPER, which has no flag)."""
     data_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_path or data_dir / "server.log"
-    token = secrets.token_urlsafe(24)
+    token = secrets.token_hex(24)  # never starts with "-", which argparse would take for a flag
     port, metrics_port = free_port(), free_port()
     cmd = [sys.executable, "-m", "weir.cli", "serve", "--host", "127.0.0.1", "--port", str(port)]
     cmd += ["--metrics-port", str(metrics_port), "--data-dir", str(data_dir), "--model", str(model)]

@@ -106,7 +106,7 @@ def run_mode(args: argparse.Namespace, mode: Mode) -> Path:
     """Serve, load, scrape, stop; the run's output folder."""
     out = args.out / mode.name
     out.mkdir(parents=True, exist_ok=True)
-    token = secrets.token_urlsafe(24)
+    token = secrets.token_hex(24)  # never starts with "-", which argparse would take for a flag
     env = {**os.environ, "WEIR_ADMIN_TOKEN": token, "PYTHONPATH": str(ROOT)}
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
