@@ -174,6 +174,7 @@ class StreamResult:
     e2e_s: float
     started_s: float  # time.monotonic() at the start
     model_version: str | None = None  # the answer's x-weir-model-version header
+    itl_s: tuple[float, ...] = ()  # gaps between consecutive chunks with content
 
 
 async def timed_stream(
@@ -182,6 +183,8 @@ async def timed_stream(
     """POST a streaming chat completion and time its first content token and its end."""
     start = time.monotonic()
     ttft: float | None = None
+    last: float | None = None
+    gaps: list[float] = []
     done = False
     version: str | None = None
     try:
@@ -198,10 +201,16 @@ async def timed_stream(
                     continue
                 if data == DONE:
                     done = True
-                elif ttft is None and parse_chunk(data).has_content:
-                    ttft = time.monotonic() - start
-            return StreamResult(200, done, ttft, time.monotonic() - start, start, version)
+                elif parse_chunk(data).has_content:
+                    now = time.monotonic()
+                    if ttft is None:
+                        ttft = now - start
+                    else:
+                        assert last is not None
+                        gaps.append(now - last)
+                    last = now
+            return StreamResult(200, done, ttft, time.monotonic() - start, start, version, tuple(gaps))
     except ChunkError:  # an error event inside the stream: the request failed after its 200
-        return StreamResult(200, False, ttft, time.monotonic() - start, start, version)
+        return StreamResult(200, False, ttft, time.monotonic() - start, start, version, tuple(gaps))
     except httpx.TransportError:
         return StreamResult(TRANSPORT_ERROR, False, None, time.monotonic() - start, start, version)

@@ -123,6 +123,7 @@ def _phase_report(results: list[StreamResult]) -> dict[str, Any]:
     ok = [r for r in results if r.status == 200 and r.complete and r.ttft_s is not None]
     ttft = LatencySummary.of(r.ttft_s for r in ok if r.ttft_s is not None)
     e2e = LatencySummary.of(r.e2e_s for r in ok)
+    itl = LatencySummary.of(gap for r in ok for gap in r.itl_s)
     statuses = Counter(r.status if r.status != 200 or r.complete else "200_incomplete" for r in results)
     return {
         "requests": len(results),
@@ -131,6 +132,7 @@ def _phase_report(results: list[StreamResult]) -> dict[str, Any]:
         "statuses": {str(k): v for k, v in sorted(statuses.items(), key=str)},
         "ttft_ms": {k: None if v is None else round(v * 1000, 1) for k, v in ttft.to_json(6).items()},
         "e2e_ms": {k: None if v is None else round(v * 1000, 1) for k, v in e2e.to_json(6).items()},
+        "itl_ms": {k: None if v is None else round(v * 1000, 1) for k, v in itl.to_json(6).items()},
     }
 
 
@@ -145,6 +147,7 @@ def summarize(
     a, b = _phase_report(alone), _phase_report(attacked)
     ratio = _ratio(a["ttft_ms"]["p99"], b["ttft_ms"]["p99"])
     p50_ratio = _ratio(a["ttft_ms"]["p50"], b["ttft_ms"]["p50"])
+    itl_ratios = {q: _ratio(a["itl_ms"][q], b["itl_ms"][q]) for q in ("p50", "p99")}
     attacker = {name: {str(k): v for k, v in sorted(c.items())} for name, c in sorted(counts.items())}
     num_5xx = sum(v for c in counts.values() for k, v in c.items() if 500 <= k < 600)
     targets: dict[str, Any] = {
@@ -160,6 +163,8 @@ def summarize(
         "flood": flood,
         "ttft_p99_ratio": None if ratio is None else round(ratio, 3),
         "ttft_p50_ratio": None if p50_ratio is None else round(p50_ratio, 3),
+        "itl_p50_ratio": None if itl_ratios["p50"] is None else round(itl_ratios["p50"], 3),
+        "itl_p99_ratio": None if itl_ratios["p99"] is None else round(itl_ratios["p99"], 3),
         "targets": targets,
         "attacker": attacker,
         "idle_after": idle,
@@ -177,14 +182,15 @@ def markdown(report: dict[str, Any], command: str) -> str:
         "",
         f"`{command}`",
         "",
-        "| victim | requests | success | TTFT p50 ms | TTFT p99 ms | e2e p50 ms | e2e p99 ms |",
-        "|---|---|---|---|---|---|---|",
+        "| victim | requests | success | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | e2e p50 ms | e2e p99 ms |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for phase in ("alone", "attacked"):
         p = report[phase]
         lines.append(
             f"| {phase} | {p['requests']} | {p['success_rate'] * 100:.1f}% | {p['ttft_ms']['p50']} | "
-            f"{p['ttft_ms']['p99']} | {p['e2e_ms']['p50']} | {p['e2e_ms']['p99']} |"
+            f"{p['ttft_ms']['p99']} | {p['itl_ms']['p50']} | {p['itl_ms']['p99']} | "
+            f"{p['e2e_ms']['p50']} | {p['e2e_ms']['p99']} |"
         )
     t = report["targets"]
     lines += [
@@ -192,6 +198,9 @@ def markdown(report: dict[str, Any], command: str) -> str:
         f"TTFT p99 attacked / alone: **{report['ttft_p99_ratio']}** (target <= 1.2: "
         f"{'met' if t['ttft_p99_within_1_2x'] else 'NOT met'}); victim success 100%: "
         f"{'met' if t['victim_success_100pct'] else 'NOT met'}; attacker 5xx: {t['attacker_5xx']}.",
+        "",
+        f"ITL attacked / alone: p50 **{report['itl_p50_ratio']}**, p99 **{report['itl_p99_ratio']}** "
+        "(the front end's load reaching the streams already running).",
     ]
     if report.get("flood"):
         lines += [

@@ -249,6 +249,14 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="output tokens reserved per sequence for a request without max_tokens; usage beyond it "
         "is charged as debt (default 1024)",
     )
+    add(
+        "--gil-switch-interval-ms",
+        type=float,
+        metavar="MS",
+        help="longest a Python thread holds the GIL while another waits (sys.setswitchinterval); "
+        "short keeps the engine thread's step from waiting on the HTTP loop "
+        "(env WEIR_GIL_SWITCH_INTERVAL_MS; default 0.5)",
+    )
     choice("--log-level", LogLevel, help="default info")
 
 

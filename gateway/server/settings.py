@@ -190,6 +190,11 @@ class Settings:
     # this time is refused (400); compiles run on this many worker threads.
     grammar_compile_timeout_s: float = 5.0
     grammar_compile_workers: int = 2
+    # How long a Python thread may hold the GIL while another waits for it (`sys.setswitchinterval`),
+    # set for the whole process by `weir serve`. Each of the engine thread's ~600 torch ops a step
+    # gives the GIL up and takes it back; with the event loop busy, CPython's 5 ms default makes
+    # every retake wait up to 5 ms (docs/decisions.md, issue 27).
+    gil_switch_interval_ms: float = 0.5
 
     def __post_init__(self) -> None:
         for f in fields(self):  # NaN passes every range check below (each comparison is False)
@@ -204,6 +209,10 @@ class Settings:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
         if not self.grammar_compile_timeout_s > 0:
             raise ValueError(f"grammar_compile_timeout_s must be > 0, got {self.grammar_compile_timeout_s}")
+        if not 0 < self.gil_switch_interval_ms <= 1000:
+            raise ValueError(
+                f"gil_switch_interval_ms must be in (0, 1000], got {self.gil_switch_interval_ms}"
+            )
         if self.grammar_compile_workers < 1:
             raise ValueError(f"grammar_compile_workers must be >= 1, got {self.grammar_compile_workers}")
         if not 0 <= self.metrics_port <= 65535:
@@ -420,4 +429,5 @@ _FIELDS: dict[str, _FieldSpec] = {
     "tokenizer_tenant_share": _FieldSpec("WEIR_TOKENIZER_TENANT_SHARE", float),
     "grammar_compile_timeout_s": _FieldSpec("WEIR_GRAMMAR_COMPILE_TIMEOUT_S", float),
     "grammar_compile_workers": _FieldSpec("WEIR_GRAMMAR_COMPILE_WORKERS", int),
+    "gil_switch_interval_ms": _FieldSpec("WEIR_GIL_SWITCH_INTERVAL_MS", float),
 }

@@ -13,6 +13,7 @@ import logging
 import math
 import signal
 import socket
+import sys
 import threading
 from collections.abc import Iterator
 from types import FrameType
@@ -86,6 +87,27 @@ def uvicorn_config(app: Starlette, settings: Settings) -> uvicorn.Config:
     )
 
 
+@contextlib.contextmanager
+def gil_switch_interval(seconds: float) -> Iterator[None]:
+    """The process's GIL switch interval set to `seconds` while serving, restored after.
+
+    The engine thread steps in torch ops that each release the GIL and take it back (~600 a
+    decode step of a 30-layer model). While the event loop runs Python (SSE chunks, parsing,
+    admission), a retake waits until the loop's thread is asked to drop the GIL, which CPython
+    does after the switch interval, 5 ms by default: a busy front end then stretches every step.
+    Measured beside batch-8 decode steps of SmolLM2 with a thread busy 60% of the time in pure
+    Python (`bench.experiments.gil_contention`, one intra-op thread): 5 ms -> 0.5 ms took the
+    step from 2.7x to 1.7-1.95x its time alone, the busy thread doing as much work
+    (docs/benchmarks.md). The cost is more frequent switches between Python threads.
+    """
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(seconds)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(previous)
+
+
 def run_server(app: Starlette, settings: Settings, sock: socket.socket | None = None) -> int:
     """Serve until a signal drains the server; the exit status (0 after a clean drain).
 
@@ -93,7 +115,7 @@ def run_server(app: Starlette, settings: Settings, sock: socket.socket | None = 
     """
     state: GatewayState = app.state.gateway
     server = DrainingServer(uvicorn_config(app, settings), state)
-    with _signals_end_quietly():
+    with _signals_end_quietly(), gil_switch_interval(settings.gil_switch_interval_ms / 1e3):
         server.run(sockets=[sock] if sock is not None else None)
     # uvicorn leaves `started` False when startup (e.g. the lifespan) failed.
     return 0 if server.started else 1

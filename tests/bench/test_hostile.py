@@ -30,6 +30,15 @@ def test_a_complete_stream_reports_its_ttft_and_model_version() -> None:
     assert result.ttft_s is not None
 
 
+def test_gaps_between_content_chunks_are_the_itl() -> None:
+    role_only = {"choices": [{"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}]}
+    events = [role_only, _CHUNK, _CHUNK, _CHUNK]
+    body = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
+    result = _run(httpx.MockTransport(lambda _: httpx.Response(200, content=body.encode())))
+    assert result.complete and result.ttft_s is not None
+    assert len(result.itl_s) == 2 and all(gap >= 0 for gap in result.itl_s)  # 3 tokens, 2 gaps
+
+
 def test_a_refusal_keeps_its_status_and_version() -> None:
     transport = httpx.MockTransport(
         lambda _: httpx.Response(503, json={"error": {}}, headers={"x-weir-model-version": "v1"})

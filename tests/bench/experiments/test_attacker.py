@@ -26,6 +26,16 @@ def test_targets_are_checked() -> None:
     assert "| seed_2_64 | 400: 3 |" in markdown(report, "python -m bench.experiments.attacker")
 
 
+def test_the_streams_itl_is_compared_across_phases() -> None:
+    def stream(gap_s: float) -> StreamResult:
+        return StreamResult(200, True, 0.1, 1.0, 0.0, itl_s=(gap_s,) * 8)
+
+    report = summarize([stream(0.1)] * 4, [stream(0.15)] * 4, {}, {"idle": 1.0})
+    assert report["alone"]["itl_ms"]["p50"] == 100.0 and report["attacked"]["itl_ms"]["p50"] == 150.0
+    assert report["itl_p50_ratio"] == 1.5 and report["itl_p99_ratio"] == 1.5
+    assert "ITL attacked / alone: p50 **1.5**, p99 **1.5**" in markdown(report, "cmd")
+
+
 def test_a_failed_victim_request_or_an_attacker_5xx_misses_the_target() -> None:
     alone = [_ok(0.1)] * 10
     attacked = [_ok(0.1)] * 9 + [StreamResult(200, False, 0.1, 0.5, 0.0)]  # an error event mid-stream

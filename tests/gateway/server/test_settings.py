@@ -221,3 +221,13 @@ def test_cpu_row_weights_flag_and_env() -> None:
         Settings.from_sources({}, {"WEIR_CPU_ROW_WEIGHTS": "yes"})
     with pytest.raises(SystemExit):
         parse(["--cpu-row-weights", "maybe"])
+
+
+def test_gil_switch_interval_flag_and_env() -> None:
+    assert Settings().gil_switch_interval_ms == 0.5
+    args = parse(["--gil-switch-interval-ms", "2"])
+    assert Settings.from_sources(args, {"WEIR_GIL_SWITCH_INTERVAL_MS": "1"}).gil_switch_interval_ms == 2.0
+    assert Settings.from_sources({}, {"WEIR_GIL_SWITCH_INTERVAL_MS": "5"}).gil_switch_interval_ms == 5.0
+    for bad in ("0", "-1", "2000", "nan"):
+        with pytest.raises(ValueError, match="gil_switch_interval_ms"):
+            Settings.from_sources({}, {"WEIR_GIL_SWITCH_INTERVAL_MS": bad})

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import signal
+import sys
 
+import pytest
 from starlette.testclient import TestClient
 
 from gateway.server.settings import LogLevel, Settings
-from gateway.server.uvicorn_runner import DrainingServer, uvicorn_config
+from gateway.server.uvicorn_runner import DrainingServer, gil_switch_interval, run_server, uvicorn_config
 from tests.gateway.fake_engine import FakeEngine
 from tests.gateway.harness import MODEL, make_app
 
@@ -44,3 +46,23 @@ def test_forwarded_headers_are_trusted_only_from_configured_proxies() -> None:
     assert uvicorn_config(app, Settings()).proxy_headers is False
     config = uvicorn_config(app, Settings(forwarded_allow_ips=("10.0.0.0/8", "192.168.1.7")))
     assert config.proxy_headers is True and config.forwarded_allow_ips == ["10.0.0.0/8", "192.168.1.7"]
+
+
+def test_the_gil_switch_interval_is_set_while_serving_and_restored_after() -> None:
+    before = sys.getswitchinterval()
+    with gil_switch_interval(0.0007):
+        assert sys.getswitchinterval() == 0.0007
+    assert sys.getswitchinterval() == before
+    with pytest.raises(RuntimeError), gil_switch_interval(0.0003):
+        raise RuntimeError("a server that fails still restores it")
+    assert sys.getswitchinterval() == before
+
+
+def test_run_server_serves_under_the_configured_switch_interval(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[float] = []
+    monkeypatch.setattr(
+        DrainingServer, "run", lambda self, sockets=None: seen.append(sys.getswitchinterval())
+    )
+    before = sys.getswitchinterval()
+    run_server(make_app(FakeEngine()), Settings(gil_switch_interval_ms=0.25))
+    assert seen == [0.00025] and sys.getswitchinterval() == before
