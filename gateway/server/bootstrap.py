@@ -84,6 +84,26 @@ def resolve_device(settings: Settings) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def set_engine_threads(settings: Settings, device: str) -> int | None:
+    """Set torch's intra-op threads for the engine (`Settings.engine_threads`, on the cores this
+    process may run on), before any engine is built; the count set, None on a GPU.
+
+    On the shared 2-core machine one thread beside a core left to the front end served the
+    noisy-neighbour trace's quiet tenant 32-33/48 against 11-15/48 with two, and guidellm at
+    1.07x the tokens/s (docs/benchmarks.md): two threads on two cores spin at every op's barrier
+    whenever the event loop, a tokenizer or the client takes a core, and the fitted step cost
+    the scheduler plans with swung 0-57 ms per decode row."""
+    import os
+
+    import torch
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    threads = settings.engine_threads(device, cores)
+    if threads is not None:
+        torch.set_num_threads(threads)
+    return threads
+
+
 def engine_config(settings: Settings, model_path: Path, device: str) -> EngineConfig:
     """The EngineConfig for these settings."""
     from engine.config import CacheConfig, EngineConfig, SchedulerConfig
@@ -342,6 +362,7 @@ def start_fleet(settings: Settings, tenancy: TenancyWiring) -> tuple[ModelFleet,
     model_path = resolve_model_path(settings)
     device = resolve_device(settings)
     engine_config(settings, model_path, device)  # an impossible kernel choice stops here, naming its flag
+    set_engine_threads(settings, device)
     fleet = build_fleet(settings, device, functools.partial(engine_config, settings, device=device))
     spec = startup_spec(settings, model_path)
     assert tenancy.model_versions is not None

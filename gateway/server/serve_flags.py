@@ -257,6 +257,14 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         "short keeps the engine thread's step from waiting on the HTTP loop "
         "(env WEIR_GIL_SWITCH_INTERVAL_MS; default 0.5)",
     )
+    add(
+        "--cpu-reserved-cores",
+        type=int,
+        metavar="N",
+        help="on a CPU device, cores left to the HTTP loop, tokenizers and the OS; the engine's "
+        "intra-op threads are the rest, at least one (env WEIR_CPU_RESERVED_CORES; default 1; "
+        "0: every core)",
+    )
     choice("--log-level", LogLevel, help="default info")
 
 

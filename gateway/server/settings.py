@@ -195,6 +195,10 @@ class Settings:
     # gives the GIL up and takes it back; with the event loop busy, CPython's 5 ms default makes
     # every retake wait up to 5 ms (docs/decisions.md, issue 27).
     gil_switch_interval_ms: float = 0.5
+    # On a CPU device, cores left to the HTTP loop, the tokenizer threads and the OS: the engine's
+    # intra-op threads are the cores this process may run on minus these, at least one (like
+    # vLLM's VLLM_CPU_NUM_OF_RESERVED_CPU). 0: every core (torch's default). Not used on a GPU.
+    cpu_reserved_cores: int = 1
 
     def __post_init__(self) -> None:
         for f in fields(self):  # NaN passes every range check below (each comparison is False)
@@ -209,6 +213,8 @@ class Settings:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
         if not self.grammar_compile_timeout_s > 0:
             raise ValueError(f"grammar_compile_timeout_s must be > 0, got {self.grammar_compile_timeout_s}")
+        if self.cpu_reserved_cores < 0:
+            raise ValueError(f"cpu_reserved_cores must be >= 0, got {self.cpu_reserved_cores}")
         if not 0 < self.gil_switch_interval_ms <= 1000:
             raise ValueError(
                 f"gil_switch_interval_ms must be in (0, 1000], got {self.gil_switch_interval_ms}"
@@ -300,6 +306,13 @@ class Settings:
         if self.dtype is not None:
             return self.dtype
         return "float32" if device == "cpu" else "bfloat16"
+
+    def engine_threads(self, device: str, cores: int) -> int | None:
+        """The engine's intra-op threads on `device` for a process that may run on `cores` cores:
+        on CPU, `cores - cpu_reserved_cores`, at least one; None (torch's default) on a GPU."""
+        if device != "cpu":
+            return None
+        return max(1, cores - self.cpu_reserved_cores)
 
     def resolved_target_step_s(self, device: str) -> float | None:
         """The target step time in seconds, None for a fixed budget: `target_step_ms` (0: none),
@@ -430,4 +443,5 @@ _FIELDS: dict[str, _FieldSpec] = {
     "grammar_compile_timeout_s": _FieldSpec("WEIR_GRAMMAR_COMPILE_TIMEOUT_S", float),
     "grammar_compile_workers": _FieldSpec("WEIR_GRAMMAR_COMPILE_WORKERS", int),
     "gil_switch_interval_ms": _FieldSpec("WEIR_GIL_SWITCH_INTERVAL_MS", float),
+    "cpu_reserved_cores": _FieldSpec("WEIR_CPU_RESERVED_CORES", int),
 }

@@ -18,6 +18,7 @@ from gateway.server.bootstrap import (
     engine_config,
     resolve_auth,
     resolve_model_path,
+    set_engine_threads,
     to_usage_record_in,
 )
 from gateway.server.settings import AuthMode, Settings
@@ -171,3 +172,22 @@ def test_cpu_row_weights_reach_the_engine_and_on_needs_cpu_float32() -> None:
     assert engine_config(on, Path("/m"), "cpu").cpu_row_weights is True
     with pytest.raises(ValueError, match="cpu_row_weights"):
         engine_config(on, Path("/m"), "cuda")
+
+
+def test_the_engine_threads_leave_a_core_to_the_front_end_on_cpu_only() -> None:
+    import os
+
+    import torch
+
+    before = torch.get_num_threads()
+    cores = len(os.sched_getaffinity(0))
+    try:
+        assert set_engine_threads(Settings(), "cpu") == max(1, cores - 1)
+        assert torch.get_num_threads() == max(1, cores - 1)
+        assert set_engine_threads(Settings(cpu_reserved_cores=0), "cpu") == cores
+        assert torch.get_num_threads() == cores
+        torch.set_num_threads(1)
+        assert set_engine_threads(Settings(), "cuda") is None
+        assert torch.get_num_threads() == 1  # untouched on a GPU
+    finally:
+        torch.set_num_threads(before)

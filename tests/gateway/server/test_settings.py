@@ -231,3 +231,17 @@ def test_gil_switch_interval_flag_and_env() -> None:
     for bad in ("0", "-1", "2000", "nan"):
         with pytest.raises(ValueError, match="gil_switch_interval_ms"):
             Settings.from_sources({}, {"WEIR_GIL_SWITCH_INTERVAL_MS": bad})
+
+
+def test_cpu_reserved_cores_leave_the_engine_the_rest() -> None:
+    assert Settings().cpu_reserved_cores == 1
+    assert Settings().engine_threads("cpu", 2) == 1
+    assert Settings().engine_threads("cpu", 16) == 15
+    assert Settings().engine_threads("cpu", 1) == 1  # at least one
+    assert Settings(cpu_reserved_cores=0).engine_threads("cpu", 2) == 2
+    assert Settings().engine_threads("cuda", 16) is None  # torch's default on a GPU
+    args = parse(["--cpu-reserved-cores", "0"])
+    assert Settings.from_sources(args, {"WEIR_CPU_RESERVED_CORES": "3"}).cpu_reserved_cores == 0
+    assert Settings.from_sources({}, {"WEIR_CPU_RESERVED_CORES": "3"}).cpu_reserved_cores == 3
+    with pytest.raises(ValueError, match="cpu_reserved_cores"):
+        Settings.from_sources({}, {"WEIR_CPU_RESERVED_CORES": "-1"})
