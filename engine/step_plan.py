@@ -66,22 +66,28 @@ def prefill_key(req: Request) -> tuple[int, float, float]:
 
 
 def ttft_tokens(prompts: Iterable[Request], now: float, step_s: float) -> int:
-    """Prompt tokens a step of `step_s` must feed so that each prompt with a TTFT target can still
-    finish by its deadline: its tokens left over the steps left (at least one), the most of any.
-    A prompt past its deadline adds nothing (an overloaded machine would otherwise hold every
-    step at the full chunk, past the ITL target, for TTFTs that are lost anyway: measured).
+    """Prompt tokens a step of `step_s` must feed so that every prompt with a TTFT target can still
+    finish by its deadline. Prompts are served in `prefill_key` order (class, then deadline), so a
+    prompt finishes only after the ones before it: its need is the tokens left of it and of every
+    prompt before it, over the steps left before its own deadline (at least one); the step must
+    feed the most of any. A prompt past its deadline adds nothing, neither its own need nor its
+    tokens to the later ones' (an overloaded machine would otherwise hold every step at the full
+    chunk, past the ITL target, for TTFTs that are lost anyway: measured).
 
     The step budget's prefill floor does not shrink below this (up to its minimum chunk): a
     loaded CPU whose fitted overhead leaves a quarter of a 300 ms step for 3 tokens of prefill
     otherwise trickles a 70-token chat in over 20 steps, 6 s, while its ITL target is kept
-    either way (measured on SmolLM2, docs/benchmarks.md)."""
+    either way (measured on SmolLM2, docs/benchmarks.md). Counting the prompts before it matters
+    when chats arrive together: three 70-token chats with 2 s to go need 35 tokens a step, not 12."""
     need = 0
-    for req in prompts:
+    ahead = 0  # tokens left of the timed prompts served before this one
+    for req in sorted(prompts, key=prefill_key):
         ttft = req.latency.ttft_s
         if ttft is None or req.num_remaining <= 1 or now >= req.arrival_s + ttft:
             continue  # no target, or missed already: not worth the running streams' ITL
+        ahead += req.num_remaining
         steps_left = max(1, int((req.arrival_s + ttft - now) / step_s)) if step_s > 0 else 1
-        need = max(need, -(-req.num_remaining // steps_left))
+        need = max(need, -(-ahead // steps_left))
     return need
 
 

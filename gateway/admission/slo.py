@@ -87,6 +87,16 @@ def _tokens_per_step(stats: EngineStats, priority: Priority, step_s: float) -> i
     return max(floor, int(max(spare, 0.0) / cost.per_token_s))
 
 
+def _lifted_step_s(stats: EngineStats, priority: Priority) -> float:
+    """A step holding the minimum chunk beside the decode rows that do not yield to `priority`."""
+    budget = stats.step_budget
+    assert budget is not None and budget.cost is not None
+    cost = budget.cost
+    rows = sum(stats.running_by_priority[: int(priority) + 1])
+    rows += 1 if stats.num_running > rows else 0
+    return cost.overhead_s + cost.per_decode_s * rows + cost.per_token_s * _MIN_CHUNK
+
+
 def predict_ttft(
     stats: EngineStats,
     priority: Priority,
@@ -110,7 +120,14 @@ def predict_ttft(
         total = ahead + num_prompt_tokens
         first = _tokens_per_step(stats, priority, current)
         rest_s = min(step_s, current)
-        rest = math.ceil(max(0, total - first) / _tokens_per_step(stats, priority, rest_s))
+        per_step = _tokens_per_step(stats, priority, rest_s)
+        if per_step < _MIN_CHUNK:
+            # The request has a TTFT objective (else nothing is predicted): while its deadline
+            # needs it, the scheduler lifts the prefill floor up to the minimum chunk
+            # (engine.step_plan.ttft_tokens), and such a step lasts what its cost says.
+            per_step = _MIN_CHUNK
+            rest_s = max(rest_s, _lifted_step_s(stats, priority))
+        rest = math.ceil(max(0, total - first) / per_step)
         seconds = in_flight + current + rest * rest_s
         return TTFTPrediction(seconds, ahead, total / max(seconds - in_flight, 1e-9))
     in_flight = 1.0 / stats.decode_steps_per_s if stats.num_running and stats.decode_steps_per_s > 0 else 0.0

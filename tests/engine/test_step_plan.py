@@ -78,6 +78,29 @@ def test_ttft_tokens_spread_each_prompt_over_the_steps_left_before_its_deadline(
     assert ttft_tokens([chat, untimed, prompt("t", 90, 0.0, 0.9)], now=0.0, step_s=0.3) == 30
 
 
+def test_ttft_tokens_count_the_prompts_served_before_each() -> None:
+    def prompt(rid: str, tokens: int, arrival: float, ttft: float, priority: Priority) -> Request:
+        req = Request(rid, list(range(tokens)), SamplingParams(max_tokens=4), priority=priority)
+        req.arrival_s = arrival
+        req.latency = LatencyTargets(ttft_s=ttft)
+        return req
+
+    chats = [prompt(f"c{i}", 70, 0.0, 2.0, Priority.INTERACTIVE) for i in range(3)]
+    # Served one after another: the last finishes after all 210 tokens, within 6 steps.
+    assert ttft_tokens(chats, now=0.0, step_s=0.3) == 35
+    assert ttft_tokens(list(reversed(chats)), now=0.0, step_s=0.3) == 35  # any order given
+    # An earlier deadline goes first: 90 tokens in 3 steps (30), then 160 in 6 (27).
+    early = prompt("e", 90, 0.0, 0.9, Priority.INTERACTIVE)
+    assert ttft_tokens([chats[0], early], now=0.0, step_s=0.3) == 30
+    # A better class goes first whatever its deadline: the chat then finishes after 160 tokens.
+    slow_interactive = prompt("s", 90, 0.0, 10.0, Priority.INTERACTIVE)
+    standard = prompt("d", 70, 0.0, 2.0, Priority.STANDARD)
+    assert ttft_tokens([standard, slow_interactive], now=0.0, step_s=0.3) == 27
+    # A prompt past its deadline neither needs nor delays: only the chat's own 70 count.
+    late = prompt("l", 500, 0.0, 0.1, Priority.INTERACTIVE)
+    assert ttft_tokens([late, chats[0]], now=0.2, step_s=0.3) == -(-70 // 6)
+
+
 def test_decodes_that_wait_longest_go_first_within_a_class() -> None:
     a, b = _req("a", Priority.BATCH), _req("b", Priority.BATCH)
     a.times.token_s.append(3.0)

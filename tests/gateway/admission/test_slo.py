@@ -93,3 +93,21 @@ def test_running_rows_of_its_own_class_and_better_take_their_share_of_each_step(
     alone = _stats(num_running=8, running_by_priority=(8, 0, 0), step_budget=busy.step_budget)
     fewer = predict_ttft(alone, Priority.INTERACTIVE, 300)  # no looser row to keep: 132 tokens a step
     assert fewer is not None and fewer.seconds == pytest.approx(0.15 + 3 * 0.3)
+
+
+def test_on_a_loaded_cpu_the_deadline_lifted_chunk_and_its_longer_step_are_predicted() -> None:
+    # The served machine of the noisy trace: 240 ms a step, 5 ms a prompt token, 8 ms a row. A
+    # 300 ms step beside 4 quiet rows leaves nothing for prefill, but the scheduler lifts the floor
+    # to the 32-token minimum chunk while the TTFT deadline needs it (engine.step_plan), and such
+    # a step takes 0.24 + 4 * 0.008 + 32 * 0.005 = 0.432 s: 140 tokens (70 ahead + 70) are the
+    # first step's 5, then 5 lifted steps, not a trickle of 5 tokens a step (27 steps, 8.3 s).
+    loaded = StepCost(overhead_s=0.24, per_token_s=0.005, per_decode_s=0.008)
+    stats = _stats(
+        num_running=4,
+        running_by_priority=(4, 0, 0),
+        waiting_tokens_by_priority=(70, 0, 0),
+        step_budget=StepBudgetStats(100, 0.8, loaded, step_target_s=0.3),
+    )
+    got = predict_ttft(stats, Priority.INTERACTIVE, 70)
+    lifted = 0.24 + 4 * 0.008 + 32 * 0.005
+    assert got is not None and got.seconds == pytest.approx(0.15 + 0.3 + 5 * lifted)
