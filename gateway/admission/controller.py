@@ -311,7 +311,7 @@ class AdmissionController:
             raw = predict_ttft(stats, priority, queued, self._recent.ahead(priority), itl_s)
             if raw is not None:
                 predicted_s = raw.seconds
-                prediction = self.calibration.apply(priority, raw)
+                prediction = self.calibration.apply(priority, raw, name)
                 if self.metrics is not None:
                     self.metrics.observe_prediction(name, prediction.seconds)
                 slo_s = quota.ttft_slo_ms / 1000 * self.config.slo_margin
@@ -416,7 +416,7 @@ class AdmissionController:
                 # admission) would raise the factor of its whole class, and with it the 503s
                 # of every other tenant of that class.
                 priority, predicted_s, waited_s = prediction
-                self.calibration.observe(priority, predicted_s, record.ttft_s - waited_s)
+                self.calibration.observe(priority, predicted_s, record.ttft_s - waited_s, name)
                 if self.metrics is not None:
                     factor = self.calibration.state(priority).factor
                     self.metrics.set_ttft_calibration(priority.name.lower(), factor)

@@ -16,6 +16,13 @@ are too low admit more, the queue grows, the TTFTs that follow are longer and th
 
 Predictions under `MIN_PREDICTED_S` are not used (a few milliseconds against a few
 milliseconds is noise, not a bias). Plain Python; one instance per admission controller.
+
+Tenants are kept apart where it matters: a tenant's predictions are scaled by its own factor once
+it has `MIN_SAMPLES` reports of its class, and until then by its class's factor only where that
+makes them shorter (at most 1). So one tenant whose first tokens come late (prompts the model
+under-predicts, a stream it holds back) can make only its own predictions, and 503s, stricter,
+never another tenant's; the class's lessons that a prediction runs long still help a tenant's
+first requests. At most `MAX_TENANTS` tenants are remembered (least recently reporting first out).
 """
 
 from __future__ import annotations
@@ -23,6 +30,8 @@ from __future__ import annotations
 import math
 import threading
 from dataclasses import dataclass, replace
+
+from cachetools import LRUCache
 
 from engine.request import Priority
 from gateway.admission.slo import TTFTPrediction
@@ -32,6 +41,7 @@ ALPHA = 0.2  # weight of each new report in the running mean of log(actual / pre
 MIN_FACTOR = 0.5  # a lagging factor must not double what is admitted in a burst
 MAX_FACTOR = 2.0
 MIN_PREDICTED_S = 0.05
+MAX_TENANTS = 10_000  # (class, tenant) means kept; each is two numbers
 
 
 @dataclass(frozen=True)
@@ -42,36 +52,71 @@ class CalibrationState:
     samples: int
 
 
-class TTFTCalibration:
-    """Per priority class: how much the TTFT predictions over- or under-estimate (module docstring)."""
+class _LogRatioMean:
+    """An exponentially weighted mean of log(actual / predicted) and how many reports made it."""
+
+    __slots__ = ("log_ratio", "samples")
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()  # settlements may come from any thread
-        self._log_ratio = [0.0] * len(Priority)
-        self._samples = [0] * len(Priority)
+        self.log_ratio = 0.0
+        self.samples = 0
 
-    def observe(self, priority: Priority, predicted_s: float, actual_s: float) -> None:
-        """One admitted request of `priority`, predicted at `predicted_s`, got its first token after `actual_s`."""
+    def add(self, ratio: float) -> None:
+        if self.samples == 0:
+            self.log_ratio = math.log(ratio)
+        else:
+            self.log_ratio += ALPHA * (math.log(ratio) - self.log_ratio)
+        self.samples += 1
+
+    def state(self) -> CalibrationState:
+        factor = math.exp(self.log_ratio) if self.samples >= MIN_SAMPLES else 1.0
+        return CalibrationState(min(max(factor, MIN_FACTOR), MAX_FACTOR), self.samples)
+
+
+class TTFTCalibration:
+    """Per priority class and per tenant: how much the TTFT predictions over- or under-estimate
+    (module docstring)."""
+
+    def __init__(self, max_tenants: int = MAX_TENANTS) -> None:
+        self._lock = threading.Lock()  # settlements may come from any thread
+        self._classes = [_LogRatioMean() for _ in Priority]
+        self._tenants: LRUCache[tuple[int, str], _LogRatioMean] = LRUCache(maxsize=max_tenants)
+
+    def observe(
+        self, priority: Priority, predicted_s: float, actual_s: float, tenant: str | None = None
+    ) -> None:
+        """One admitted request of `priority` (of `tenant`), predicted at `predicted_s`, got its
+        first token after `actual_s`."""
         if not (predicted_s >= MIN_PREDICTED_S and actual_s > 0 and math.isfinite(predicted_s + actual_s)):
             return
         ratio = min(max(actual_s / predicted_s, MIN_FACTOR), MAX_FACTOR)
         i = int(priority)
         with self._lock:
-            if self._samples[i] == 0:
-                self._log_ratio[i] = math.log(ratio)
-            else:
-                self._log_ratio[i] += ALPHA * (math.log(ratio) - self._log_ratio[i])
-            self._samples[i] += 1
+            self._classes[i].add(ratio)
+            if tenant is not None:
+                own = self._tenants.get((i, tenant))
+                if own is None:
+                    own = self._tenants[(i, tenant)] = _LogRatioMean()
+                own.add(ratio)
 
-    def state(self, priority: Priority) -> CalibrationState:
-        """The factor applied to `priority`'s predictions now (1.0 until `MIN_SAMPLES` reports)."""
+    def state(self, priority: Priority, tenant: str | None = None) -> CalibrationState:
+        """The factor applied to `priority`'s predictions now: the class's (1.0 until
+        `MIN_SAMPLES` reports); for `tenant`, its own once it has as many reports, else the
+        class's at most 1."""
         i = int(priority)
         with self._lock:
-            samples, log_ratio = self._samples[i], self._log_ratio[i]
-        factor = math.exp(log_ratio) if samples >= MIN_SAMPLES else 1.0
-        return CalibrationState(min(max(factor, MIN_FACTOR), MAX_FACTOR), samples)
+            cls = self._classes[i].state()
+            own = self._tenants.get((i, tenant)) if tenant is not None else None
+            mine = own.state() if own is not None else None
+        if tenant is None:
+            return cls
+        if mine is not None and mine.samples >= MIN_SAMPLES:
+            return mine
+        return CalibrationState(min(cls.factor, 1.0), mine.samples if mine is not None else 0)
 
-    def apply(self, priority: Priority, prediction: TTFTPrediction) -> TTFTPrediction:
-        """`prediction` scaled by its class's factor."""
-        factor = self.state(priority).factor
+    def apply(
+        self, priority: Priority, prediction: TTFTPrediction, tenant: str | None = None
+    ) -> TTFTPrediction:
+        """`prediction` scaled by its factor (`state`)."""
+        factor = self.state(priority, tenant).factor
         return prediction if factor == 1.0 else replace(prediction, seconds=prediction.seconds * factor)
