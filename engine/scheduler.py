@@ -297,18 +297,14 @@ class Scheduler:
     ) -> int:
         """Prompt tokens this step must feed for the waiting TTFT deadlines (`ttft_tokens`), the
         steps left counted at the time a step feeding them takes when that is longer than the
-        target: on a loaded CPU the lifted floor itself stretches the step (measured in the
-        simulation: 430 ms steps under a 300 ms target), and fewer steps remain."""
+        target (`StepBudget.lifted_step_s`): on a loaded CPU the lifted floor itself stretches the
+        step (measured in the simulation: 430 ms steps under a 300 ms target), and fewer remain."""
         if target_s is None:
             return 0
         now = self.clock()
         need = ttft_tokens(prompts, now, target_s)
-        cost = self.step_budget.model.cost
-        if need == 0 or cost is None:
-            return need
-        chunk = min(need, self.step_budget.config.min_prefill_chunk)
-        step_s = cost.seconds(num_decodes + chunk, num_decodes, context)
-        return ttft_tokens(prompts, now, step_s) if step_s > target_s else need
+        step_s = self.step_budget.lifted_step_s(num_decodes, need, context) if need else None
+        return ttft_tokens(prompts, now, step_s) if step_s is not None and step_s > target_s else need
 
     def _fit_decodes(self, decodes: list[Request], target_s: float, has_prefill_work: bool) -> list[Request]:
         """The decodes a step of `target_s` holds: every one owed this ITL, then the others (looser

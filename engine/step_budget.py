@@ -301,11 +301,24 @@ class StepBudget:
             chosen = cfg.max_tokens
         else:
             planned = target / (1.0 + self.margin)
-            chunk = max(self.prefill_floor(planned), min(cfg.min_prefill_chunk, ttft_tokens))
+            chunk = max(self.prefill_floor(planned), self._deadline_chunk(ttft_tokens))
             floor = num_decodes + (chunk if has_prefill_work else 0)
             chosen = min(cfg.max_tokens, max(floor, self._fitted(planned, num_decodes, decode_context)))
         self.last_budget = chosen
         return chosen
+
+    def _deadline_chunk(self, ttft_tokens: int) -> int:
+        """The prefill the TTFT deadlines lift the floor to: `ttft_tokens`, up to the minimum chunk."""
+        return min(self.config.min_prefill_chunk, ttft_tokens)
+
+    def lifted_step_s(self, num_decodes: int, ttft_tokens: int, decode_context: int = 0) -> float | None:
+        """The fitted time of a step of `num_decodes` decode rows (over `decode_context` tokens) whose
+        prefill floor the TTFT deadlines lift (`budget`'s `ttft_tokens`); None before the cost is
+        fitted. On a loaded CPU that step is longer than its target, so fewer steps are left."""
+        cost = self.model.cost
+        if cost is None:
+            return None
+        return cost.seconds(num_decodes + self._deadline_chunk(ttft_tokens), num_decodes, decode_context)
 
     def decode_capacity(
         self, target_s: float | None, has_prefill_work: bool, mean_context: float = 0.0

@@ -73,28 +73,30 @@ def planned_step_s(stats: EngineStats, priority: Priority, itl_s: float | None =
     return min(targets) if targets else None
 
 
+def _rows_kept(stats: EngineStats, priority: Priority) -> int:
+    """The running decode rows that do not yield to a request of `priority`: its own class and
+    better, plus one row of the looser classes (they give way but for one)."""
+    rows = sum(stats.running_by_priority[: int(priority) + 1])
+    return rows + (1 if stats.num_running > rows else 0)
+
+
 def _tokens_per_step(stats: EngineStats, priority: Priority, step_s: float) -> int:
-    """Prompt tokens a step planned at `step_s` holds beside the decode rows that do not yield to
-    a request of `priority` (its own class and better; looser classes give way but for one row)."""
+    """Prompt tokens a step planned at `step_s` holds beside the decode rows kept (`_rows_kept`)."""
     budget = stats.step_budget
     assert budget is not None and budget.cost is not None
     cost = budget.cost
     planned = step_s / (1.0 + budget.margin)
     floor = min_chunk(_MIN_CHUNK, planned, cost.overhead_s, cost.per_token_s)
-    rows = sum(stats.running_by_priority[: int(priority) + 1])
-    rows += 1 if stats.num_running > rows else 0
-    spare = planned - cost.overhead_s - cost.per_decode_s * rows
+    spare = planned - cost.overhead_s - cost.per_decode_s * _rows_kept(stats, priority)
     return max(floor, int(max(spare, 0.0) / cost.per_token_s))
 
 
 def _lifted_step_s(stats: EngineStats, priority: Priority) -> float:
-    """A step holding the minimum chunk beside the decode rows that do not yield to `priority`."""
+    """The fitted time of a step holding the minimum chunk beside the decode rows kept."""
     budget = stats.step_budget
     assert budget is not None and budget.cost is not None
-    cost = budget.cost
-    rows = sum(stats.running_by_priority[: int(priority) + 1])
-    rows += 1 if stats.num_running > rows else 0
-    return cost.overhead_s + cost.per_decode_s * rows + cost.per_token_s * _MIN_CHUNK
+    rows = _rows_kept(stats, priority)
+    return budget.cost.seconds(rows + _MIN_CHUNK, rows)
 
 
 def predict_ttft(

@@ -130,6 +130,16 @@ def test_ttft_deadlines_keep_the_prefill_floor_up_to_the_minimum_chunk() -> None
     assert ctrl.budget(8, False, 0.3, ttft_tokens=500) == ctrl.budget(8, False, 0.3)  # no prefill work
 
 
+def test_the_lifted_step_is_priced_by_the_fit_with_the_chunk_capped() -> None:
+    ctrl = StepBudget(StepBudgetConfig(max_tokens=512, target_step_s=0.3, min_prefill_chunk=32))
+    assert ctrl.lifted_step_s(8, 20) is None  # nothing fitted yet
+    _drive(ctrl, FakeCost(a=0.037, b=0.011, noise=0.0), 40)
+    cost = ctrl.model.cost
+    assert cost is not None
+    assert ctrl.lifted_step_s(8, 20) == pytest.approx(cost.seconds(8 + 20, 8))
+    assert ctrl.lifted_step_s(8, 500) == pytest.approx(cost.seconds(8 + 32, 8))  # the minimum chunk at most
+
+
 def test_without_a_target_the_budget_is_fixed_and_the_cost_is_still_fitted() -> None:
     ctrl = StepBudget(StepBudgetConfig(max_tokens=2048))
     cost = FakeCost(a=0.04, b=0.002, seed=4)
