@@ -20,6 +20,7 @@ run count; the machine is shared.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import statistics
@@ -34,6 +35,7 @@ import torch
 
 from bench.experiments.cpu_fast_path import _start_decoding, cpu_engine_config
 from engine.llm_engine import LLMEngine, build_engine
+from gateway.server.uvicorn_runner import gil_switch_interval
 
 PERIOD_S = 0.002  # the busy thread's sleep between bursts (an event loop woken often)
 
@@ -69,34 +71,26 @@ class BusyThread:
 
 def _block(engine: LLMEngine, steps: int, duty: float) -> tuple[float, float]:
     """(seconds per step, busy work units per second) of `steps` steps at `duty` (0: alone)."""
-    if duty <= 0:
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            engine.step()
-        return (time.perf_counter() - t0) / steps, 0.0
-    with BusyThread(duty) as busy:
+    busy = BusyThread(duty) if duty > 0 else None
+    with busy or contextlib.nullcontext():
         t0 = time.perf_counter()
         for _ in range(steps):
             engine.step()
         elapsed = time.perf_counter() - t0
-        units = busy.units
-    return elapsed / steps, units / elapsed
+    return elapsed / steps, (busy.units / elapsed if busy is not None else 0.0)
 
 
 def measure(
     engine: LLMEngine, intervals_s: Sequence[float], duties: Sequence[float], steps: int, reps: int
 ) -> list[dict[str, Any]]:
-    """One row per (interval, duty): median step ms, over the same interval's alone, busy units/s."""
+    """One row per (interval, duty): median step ms, over the same interval's alone, busy units/s.
+    Each block runs under `weir serve`'s own `gil_switch_interval`, which restores the previous."""
     cells = [(i, d) for i in intervals_s for d in (0.0, *duties)]
     times: dict[tuple[float, float], list[tuple[float, float]]] = {c: [] for c in cells}
-    previous = sys.getswitchinterval()
-    try:
-        for rep in range(reps):
-            for interval, duty in cells if rep % 2 == 0 else reversed(cells):
-                sys.setswitchinterval(interval)
+    for rep in range(reps):
+        for interval, duty in cells if rep % 2 == 0 else reversed(cells):
+            with gil_switch_interval(interval):
                 times[(interval, duty)].append(_block(engine, steps, duty))
-    finally:
-        sys.setswitchinterval(previous)
     rows = []
     for interval, duty in cells:
         step_s = statistics.median(t for t, _ in times[(interval, duty)])
