@@ -203,10 +203,9 @@ async def timed_stream(
                     done = True
                 elif parse_chunk(data).has_content:
                     now = time.monotonic()
-                    if ttft is None:
+                    if last is None:
                         ttft = now - start
                     else:
-                        assert last is not None
                         gaps.append(now - last)
                     last = now
             return StreamResult(200, done, ttft, time.monotonic() - start, start, version, tuple(gaps))
