@@ -592,10 +592,15 @@ def _pack_linear(config: EngineConfig) -> bool:
 
 def uses_row_weights(config: EngineConfig) -> bool:
     """The transposed copies for batch-1 steps (engine/models/packed_linear.py): as configured,
-    else on wherever the packed path is on in float32."""
+    else where the packed path is on in float32 and they measure faster on this machine
+    (engine/models/row_weight_probe.py)."""
     if config.cpu_row_weights is not None:
         return config.cpu_row_weights
-    return config.dtype == "float32" and _pack_linear(config)
+    if config.dtype != "float32" or not _pack_linear(config):
+        return False
+    from engine.models.row_weight_probe import row_weights_win
+
+    return row_weights_win()
 
 
 def _attention_backend(config: EngineConfig, device: torch.device):  # type: ignore[no-untyped-def]

@@ -34,13 +34,15 @@ def _factory(settings: Settings, budget: MemoryBudget) -> VersionEngineFactory:
 
 
 def test_the_footprint_is_weights_plus_the_explicit_kv_pool(tiny: Path) -> None:
-    factory = _factory(Settings(kv_cache_tokens=1000), MemoryBudget(1 << 30))
+    rows = Settings(kv_cache_tokens=1000, cpu_row_weights=CpuRowWeightsMode.ON)
+    factory = _factory(rows, MemoryBudget(1 << 30))
     config = load_model_config(tiny)
     own = factory.footprint(ModelVersionSpec(name="m", version="v1", path=str(tiny), kv_cache_tokens=64))
-    # fp32 on CPU: the row weights' copies (engine/models/packed_linear.py) are on by default
+    # the row weights' copies (engine/models/packed_linear.py) count where they are on
     assert own.weights_bytes == (config.num_params() + config.linear_params()) * 4 and own.kv_tokens == 64
     assert own.kv_bytes_per_token == config.kv_bytes_per_token(4)
-    server = factory.footprint(ModelVersionSpec(name="m", version="v1", path=str(tiny), dtype="bfloat16"))
+    auto = _factory(Settings(kv_cache_tokens=1000), MemoryBudget(1 << 30))
+    server = auto.footprint(ModelVersionSpec(name="m", version="v1", path=str(tiny), dtype="bfloat16"))
     assert server.kv_tokens == 1000 and server.weights_bytes == config.num_params() * 2
     no_rows = _factory(Settings(cpu_row_weights=CpuRowWeightsMode.OFF), MemoryBudget(1 << 30))
     plain = no_rows.footprint(ModelVersionSpec(name="m", version="v1", path=str(tiny)))
