@@ -71,12 +71,17 @@ class TorchAttentionBackend:
     context length so one long sequence does not pad the others), whose plan is built on the first
     layer of the step and reused by the others; prefill chunks take the oracle's per-sequence path.
     Off: the whole step goes through `kernels.reference.paged_attention`.
+
+    `native_decode` (with `fused_decode`): on a float32 CPU cache the decode rows go through the C
+    kernel of `kernels.cpu_decode_attention` instead (the cache read in place, no gather), where
+    it builds on this machine; off: the torch groups (the A/B in bench/experiments/decode_roofline.py).
     """
 
     uses_triton = False
 
-    def __init__(self, fused_decode: bool = True) -> None:
+    def __init__(self, fused_decode: bool = True, native_decode: bool = True) -> None:
         self.fused_decode = fused_decode
+        self.native_decode = native_decode
         self._plan_metadata: AttentionMetadata | None = None  # the step `_plan` belongs to
         self._plan: StepPlan | None = None
 
@@ -87,6 +92,7 @@ class TorchAttentionBackend:
                 metadata.query_start_loc_cpu,
                 metadata.seq_lens_cpu,
                 metadata.block_size,
+                native=self.native_decode,
             )
             self._plan_metadata = metadata
         return self._plan

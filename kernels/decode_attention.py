@@ -18,6 +18,10 @@ padded size stays within `1 + max_waste` of what they hold (at most `max_groups`
 last takes the rest). When the whole batch is within that bound it is one group in its own
 order, with no index ops at all.
 
+With `native` plans (the engine's default on CPU, `TorchAttentionBackend.native_decode`) a
+float32 cache skips the groups: the C kernel of `kernels.cpu_decode_attention` reads each row's
+blocks in place, one call per layer; the groups stay for other dtypes and where no compiler is.
+
 Mixed steps (decodes and prefill chunks, `mixed_attention`): the decode rows go through the
 groups above, the prefill chunks one sequence at a time through `kernels.prefill_attention`
 (the cached prefix and the chunk apart, merged by their log-sum-exps).
@@ -31,7 +35,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kernels import prefill_attention, reference
+from kernels import cpu_decode_attention, prefill_attention, reference
 
 MAX_WASTE = 0.5  # padded slots allowed per real slot in one group
 MAX_GROUPS = 8  # one gather + one SDPA per group and layer: bounded
@@ -54,6 +58,9 @@ class DecodePlan:
 
     groups: tuple[DecodeGroup, ...]
     num_seqs: int
+    # The C kernel's view (kernels/cpu_decode_attention.py), which then replaces the groups'
+    # gathers and SDPA calls on a float32 CPU cache; None where it is off or unavailable.
+    native: cpu_decode_attention.NativePlan | None = None
 
 
 def _group_rows(blocks: Sequence[int], max_waste: float, max_groups: int) -> list[list[int]]:
@@ -97,8 +104,10 @@ def plan_decode(
     block_size: int,
     max_waste: float = MAX_WASTE,
     max_groups: int = MAX_GROUPS,
+    native: bool = False,
 ) -> DecodePlan:
-    """The groups, block indices and padding masks of a step's decode rows (one query each)."""
+    """The groups, block indices and padding masks of a step's decode rows (one query each);
+    `native`: also the C kernel's view, where the kernel is available on this device."""
     num_seqs = len(seq_lens)
     if num_seqs == 0 or block_tables.shape[0] != num_seqs:
         raise ValueError(f"block_tables has {block_tables.shape[0]} rows for {num_seqs} sequences")
@@ -109,10 +118,15 @@ def plan_decode(
         raise ValueError(
             f"a context of {max(seq_lens)} tokens needs {max(blocks)} blocks, the table has {block_tables.shape[1]}"
         )
+    native_plan = None
+    if native and block_tables.device.type == "cpu" and cpu_decode_attention.available():
+        native_plan = cpu_decode_attention.plan(block_tables, seq_lens, block_size)
     if num_seqs * max(blocks) <= (1 + max_waste) * sum(blocks):
-        return DecodePlan((_make_group(block_tables, seq_lens, None, block_size),), num_seqs)
+        return DecodePlan((_make_group(block_tables, seq_lens, None, block_size),), num_seqs, native_plan)
     groups = _group_rows(blocks, max_waste, max_groups)
-    return DecodePlan(tuple(_make_group(block_tables, seq_lens, g, block_size) for g in groups), num_seqs)
+    return DecodePlan(
+        tuple(_make_group(block_tables, seq_lens, g, block_size) for g in groups), num_seqs, native_plan
+    )
 
 
 def _attend(query: torch.Tensor, kv_cache: torch.Tensor, g: DecodeGroup, scale: float) -> torch.Tensor:
@@ -139,6 +153,12 @@ def decode_attention(
             f"query {tuple(query.shape)} does not fit {plan.num_seqs} sequences of "
             f"{num_kv_heads} KV heads of {head_dim}"
         )
+    if (
+        plan.native is not None
+        and query.dtype == kv_cache.dtype
+        and cpu_decode_attention.supports(kv_cache, num_heads)
+    ):
+        return cpu_decode_attention.decode_attention(query, kv_cache, plan.native, scale)
     if len(plan.groups) == 1 and plan.groups[0].rows is None:
         return _attend(query, kv_cache, plan.groups[0], scale)
     out = torch.empty_like(query)
@@ -162,8 +182,10 @@ def plan_step(
     query_start_loc: Sequence[int],  # num_seqs + 1 offsets into the token dim
     seq_lens: Sequence[int],
     block_size: int,
+    native: bool = False,
 ) -> StepPlan:
-    """Split a step into decode rows (one new token) and prefill rows, and plan the decodes."""
+    """Split a step into decode rows (one new token) and prefill rows, and plan the decodes
+    (`native`: with the C kernel's view where it is available)."""
     decode_rows = [i for i in range(len(seq_lens)) if query_start_loc[i + 1] - query_start_loc[i] == 1]
     prefill_rows = tuple(i for i in range(len(seq_lens)) if query_start_loc[i + 1] - query_start_loc[i] > 1)
     if not decode_rows:
@@ -177,7 +199,7 @@ def plan_step(
         rows = torch.tensor(decode_rows, dtype=torch.long, device=block_tables.device)
         tables = block_tables.index_select(0, rows)
         tokens = torch.tensor(starts, dtype=torch.long, device=block_tables.device)
-    decode = plan_decode(tables, [seq_lens[i] for i in decode_rows], block_size)
+    decode = plan_decode(tables, [seq_lens[i] for i in decode_rows], block_size, native=native)
     return StepPlan(decode, tokens, prefill_rows)
 
 
