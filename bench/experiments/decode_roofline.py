@@ -12,6 +12,10 @@ floor of a batch-1 decode step), `--reps` times, `--steps` decode steps per time
   six ops, RoPE tables gathered and q and k rotated apart in every layer; `LlamaForCausalLM.fused_ops`
   off), to price the hand-fused ops alone: the same engine as `rows` when both run (the switch is
   flipped before each block), so that the two differ in that switch only;
+- `torch_attention`: `packed` with the decode attention in torch (a gather of each row's blocks
+  and SDPA per layer, `TorchAttentionBackend.native_decode` off) instead of the C kernel that reads
+  the paged cache in place: the same engine as `packed` when both run, the switch flipped before
+  each block;
 - `compiled` (not run by default): plain weights, `torch.compile` (inductor's C++ backend, fixed
   shapes) over the model's forward with the attention backend left out of the graph
   (`torch.compiler.disable`: the paged metadata is Python); inductor fuses the small ops between
@@ -43,7 +47,9 @@ import torch
 from bench.experiments.cpu_fast_path import _start_decoding, cpu_engine_config, plain_weight_reader
 from engine.llm_engine import LLMEngine, build_engine
 
-VARIANTS = ("packed", "rows", "rows_unfused")
+VARIANTS = ("packed", "rows", "rows_unfused", "torch_attention")
+# variant -> the variant whose engine it steps with a switch flipped (see the module docstring)
+SWITCHED = {"rows_unfused": "rows", "torch_attention": "packed"}
 OPTIONAL_VARIANTS = ("compiled",)
 
 
@@ -73,9 +79,15 @@ def build_variant(name: str, model: Path, max_num_seqs: int, max_model_len: int)
         engine.runner.model = _CompiledForward(engine.runner.model)
         return engine
     base = cpu_engine_config(model, "float32", True, max_num_seqs, max_model_len)
-    engine = build_engine(dataclasses.replace(base, cpu_row_weights=name != "packed"))
-    engine.runner.model.fused_ops = name != "rows_unfused"
-    return engine
+    return build_engine(dataclasses.replace(base, cpu_row_weights=name in ("rows", "rows_unfused")))
+
+
+def _set_switches(engine: LLMEngine, name: str) -> None:
+    """The per-variant switches of an engine shared by two variants."""
+    model = engine.runner.model
+    model.fused_ops = name != "rows_unfused"
+    for layer in model.layers:
+        layer.self_attn.attn_backend.native_decode = name != "torch_attention"
 
 
 def _block(step: Callable[[], Any], count: int) -> tuple[float, float]:
@@ -102,10 +114,9 @@ def measure(
 
     def stepper(name: str) -> Callable[[], Any]:
         engine = engines[name]
-        fused = name != "rows_unfused"
 
         def step() -> Any:
-            engine.runner.model.fused_ops = fused
+            _set_switches(engine, name)
             return engine.step()
 
         return step
@@ -145,11 +156,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     max_len = args.context_len + 4 * args.reps * args.steps + 64
     engines: dict[str, LLMEngine] = {}
     for name in args.variants:
-        if name == "rows_unfused" and "rows" in args.variants:
-            continue  # stepped on the `rows` engine with the switch off
+        if SWITCHED.get(name) in args.variants:
+            continue  # stepped on its base variant's engine with a switch flipped
         engines[name] = build_variant(name, args.model, max(args.batches), max_len)
-    if "rows_unfused" in args.variants and "rows" in args.variants:
-        engines["rows_unfused"] = engines["rows"]
+    for name, base in SWITCHED.items():
+        if name in args.variants and base in args.variants:
+            engines[name] = engines[base]
     reader = plain_weight_reader(args.model, "float32")
     rows = [measure(engines, reader, b, args.context_len, args.steps, args.reps) for b in args.batches]
     first = rows[0]

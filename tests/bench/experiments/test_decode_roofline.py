@@ -1,6 +1,6 @@
 """bench.experiments.decode_roofline on a tiny model: every variant and the weight read are timed
-on both clocks, the variants are what they say (row weights, the fused-ops switch), and
-`rows_unfused` steps the `rows` engine."""
+on both clocks, the variants are what they say (row weights, the fused-ops and attention
+switches), and `rows_unfused` steps the `rows` engine, `torch_attention` the `packed` one."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.experiments.decode_roofline import build_variant, main
+from bench.experiments.decode_roofline import _set_switches, build_variant, main
 from engine.models.packed_linear import PackedLinear, packing_supported
 from tests.engine.tiny_models import make_tiny_model
 
@@ -32,7 +32,7 @@ def test_one_run_times_every_variant_on_both_clocks(tmp_path: Path) -> None:
     assert report["threads"] == 1 and len(report["load_average"]) == 3
     assert [r["batch"] for r in report["decode"]] == [1, 3]
     for row in report["decode"]:
-        for name in ("packed", "rows", "rows_unfused", "weight_read"):
+        for name in ("packed", "rows", "rows_unfused", "torch_attention", "weight_read"):
             for clock in ("wall", "cpu"):
                 assert row[f"{name}_{clock}_ms"] > 0
                 assert row[f"{name}_{clock}_min_ms"] <= row[f"{name}_{clock}_ms"]
@@ -43,8 +43,17 @@ def test_one_run_times_every_variant_on_both_clocks(tmp_path: Path) -> None:
 
 def test_the_variants_are_what_they_say(tmp_path: Path) -> None:
     path = make_tiny_model(tmp_path / "model", "llama", num_kv_heads=2)
-    for name, rows, fused in (("packed", False, True), ("rows", True, True), ("rows_unfused", True, False)):
-        model = build_variant(name, path, 2, 64).runner.model
+    cases = (
+        ("packed", False, True, True),
+        ("rows", True, True, True),
+        ("rows_unfused", True, False, True),
+        ("torch_attention", False, True, False),
+    )
+    for name, rows, fused, native in cases:
+        engine = build_variant(name, path, 2, 64)
+        _set_switches(engine, name)
+        model = engine.runner.model
         layers = [m for m in model.modules() if isinstance(m, PackedLinear)]
         assert layers and all((m.row_weight is not None) == rows for m in layers), name
         assert model.fused_ops == fused, name
+        assert all(layer.self_attn.attn_backend.native_decode == native for layer in model.layers), name
