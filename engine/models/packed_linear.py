@@ -18,7 +18,9 @@ stored transposed (`[in_features, out_features]`, contiguous: MKL's GEMV walks i
 streams at the `sum`'s own speed (docs/benchmarks.md, "The decode step against the weight read"). With
 `row_weight=True` a layer keeps that copy too and uses it for one-row inputs only; at 8 rows
 the blocked weight is ~1.4x faster than the transposed copy, so both are kept: twice the memory
-of the linear weights, which is why it is a setting (`EngineConfig.cpu_row_weights`).
+of the linear weights, which is why it is a setting (`EngineConfig.cpu_row_weights`). Which layout
+streams faster depends on the host (another measured the reverse: packed 1.25x the `sum`, the copy
+1.74x), so the setting's `auto` measures once at start-up (engine/models/row_weight_probe.py).
 """
 
 from __future__ import annotations
