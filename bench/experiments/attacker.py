@@ -262,6 +262,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="the attacker's budget (a modest tenant)",
     )
     p.add_argument("--timeout-s", type=float, default=120.0)
+    p.add_argument(
+        "--serve-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="one more `weir serve` argument (repeat; e.g. --serve-arg=--gil-switch-interval-ms --serve-arg=5)",
+    )
     return p.parse_args(argv)
 
 
@@ -280,6 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     model = resolve_model(args.model, args.out)
     flags = ["--kv-cache-tokens", str(args.kv_cache_tokens), "--max-model-len", str(args.max_model_len)]
     flags += ["--device", "cpu"] if args.model is None else []
+    flags += args.serve_arg
     specs = [
         TenantSpec(VICTIM, quota={"tokens_per_minute": 10_000_000}),
         TenantSpec(ATTACKER, quota={"tokens_per_minute": args.attacker_tokens_per_minute}),

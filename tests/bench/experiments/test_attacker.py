@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from bench.experiments.attacker import markdown, summarize
+from bench.experiments.attacker import markdown, parse_args, summarize
 from bench.hostile import StreamResult
 
 
@@ -56,3 +56,11 @@ def test_a_flood_reports_the_victims_ttft_p50_against_alone() -> None:
     assert "Flood `random_key_ids`: TTFT p50 attacked / alone: **1.4**" in markdown(report, "cmd")
     slowed = summarize(alone, [_ok(0.2)] * 10, {}, {"idle": 1.0}, "unknown_paths_victim_id")
     assert slowed["targets"]["ttft_p50_within_1_5x"] is False
+
+
+def test_serve_args_pass_through_in_order() -> None:
+    args = parse_args(
+        ["--serve-arg=--gil-switch-interval-ms", "--serve-arg=5", "--serve-arg=--cpu-reserved-cores=0"]
+    )
+    assert args.serve_arg == ["--gil-switch-interval-ms", "5", "--cpu-reserved-cores=0"]
+    assert parse_args([]).serve_arg == []
