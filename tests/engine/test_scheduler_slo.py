@@ -11,9 +11,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from engine.config import QueuePolicy, SchedulerConfig
-from engine.latency_targets import CPU_CLASS_TARGETS
 from engine.request import Priority, Request
 from engine.slo_tally import PreemptReason
+from tests.engine.latency_scenarios import SCENARIO_CLASS_TARGETS
 from tests.engine.sim import Sim, next_token, reference_output, sim_request
 from tests.engine.test_step_budget import FakeCost
 
@@ -90,7 +90,7 @@ def _timed(
         max_model_len=2048,
         queue_policy=QueuePolicy.FAIR,
         target_step_s=0.8,
-        class_targets=CPU_CLASS_TARGETS,
+        class_targets=SCENARIO_CLASS_TARGETS,
         min_residency_steps=min_residency_steps,
     )
     sim = Sim(config, num_blocks=num_blocks, block_size=16, caching=False)

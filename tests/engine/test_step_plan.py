@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.latency_targets import CPU_CLASS_TARGETS, LatencyTargets
+from engine.latency_targets import LatencyTargets
 from engine.request import Priority, Request, SamplingParams
 from engine.step_plan import (
     decode_key,
@@ -17,6 +17,7 @@ from engine.step_plan import (
     step_target_s,
     ttft_tokens,
 )
+from tests.engine.latency_scenarios import SCENARIO_CLASS_TARGETS
 
 
 def _req(
@@ -36,7 +37,7 @@ def _req(
         tenant_id=tenant,
         weight=weight,
     )
-    req.latency = latency if latency is not None else CPU_CLASS_TARGETS.of(priority)
+    req.latency = latency if latency is not None else SCENARIO_CLASS_TARGETS.of(priority)
     return req
 
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from engine.latency_targets import CPU_CLASS_TARGETS
 from engine.output import EngineStats
 from engine.request import Priority
 from engine.step_budget import StepBudgetStats, StepCost
 from gateway.admission.slo import planned_step_s, predict_ttft
+from tests.engine.latency_scenarios import SCENARIO_CLASS_TARGETS
 
 # a 2-core CPU: 35 ms a step, 1.7 ms per prefill token, 5 ms per decode row; 800 ms steps
 _COST = StepCost(overhead_s=0.035, per_token_s=0.0017, per_decode_s=0.005)
@@ -24,7 +24,7 @@ def _stats(**kw: object) -> EngineStats:
         block_size=16,
         prefill_tokens_per_s=60.0,  # measured while 40 batch decodes shared each 800 ms step
         decode_steps_per_s=1.25,
-        class_targets=CPU_CLASS_TARGETS,
+        class_targets=SCENARIO_CLASS_TARGETS,
         step_budget=StepBudgetStats(100, 0.8, _COST),
     )
     base.update(kw)
