@@ -92,13 +92,13 @@ def set_engine_threads(settings: Settings, device: str) -> int | None:
     noisy-neighbour trace's quiet tenant 32-33/48 against 11-15/48 with two, and guidellm at
     1.07x the tokens/s (docs/benchmarks.md): two threads on two cores spin at every op's barrier
     whenever the event loop, a tokenizer or the client takes a core, and the fitted step cost
-    the scheduler plans with swung 0-57 ms per decode row."""
-    import os
-
+    the scheduler plans with swung 0-57 ms per decode row. The cores are the affinity narrowed by
+    a cgroup CPU quota (a Kubernetes CPU limit; gateway/server/cpu_cores.py)."""
     import torch
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    threads = settings.engine_threads(device, cores)
+    from gateway.server.cpu_cores import usable_cores
+
+    threads = settings.engine_threads(device, usable_cores())
     if threads is not None:
         torch.set_num_threads(threads)
     return threads

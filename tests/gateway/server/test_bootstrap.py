@@ -175,12 +175,13 @@ def test_cpu_row_weights_reach_the_engine_and_on_needs_cpu_float32() -> None:
 
 
 def test_the_engine_threads_leave_a_core_to_the_front_end_on_cpu_only() -> None:
-    import os
 
     import torch
 
+    from gateway.server.cpu_cores import usable_cores
+
     before = torch.get_num_threads()
-    cores = len(os.sched_getaffinity(0))
+    cores = usable_cores()
     try:
         assert set_engine_threads(Settings(), "cpu") == max(1, cores - 1)
         assert torch.get_num_threads() == max(1, cores - 1)
