@@ -12,8 +12,9 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
-#ifdef __AVX2__
+#if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
+#define WEIR_AVX2 1 /* the vector path needs both (an AVX2 CPU without FMA takes the plain one) */
 #endif
 
 #define MAX_HEADS 1024
@@ -73,7 +74,7 @@ static void head_block(const float *q, const float *kb, const float *vb, int64_t
     st->max = new_max;
 }
 
-#ifdef __AVX2__
+#ifdef WEIR_AVX2
 #define AVX_MAX_DIM 128 /* head_dim / 8 accumulators stay in registers */
 
 /* The eight lanes' sums of eight vectors, as one vector (lane u: the sum of a[u]). */
@@ -169,7 +170,7 @@ static void attend_sequence(const float *q, const float *k_cache, const float *v
         st[h].sum = 0.f;
     }
     memset(out, 0, sizeof(float) * num_heads * head_dim);
-#ifdef __AVX2__
+#ifdef WEIR_AVX2
     const int vectorized = head_dim % 8 == 0 && head_dim <= AVX_MAX_DIM;
 #endif
     for (int64_t start = 0; start < seq_len; start += block_size) {
@@ -189,7 +190,7 @@ static void attend_sequence(const float *q, const float *k_cache, const float *v
         }
         for (int64_t h = 0; h < num_heads; h++) {
             const int64_t g = h / group;
-#ifdef __AVX2__
+#ifdef WEIR_AVX2
             if (vectorized) {
                 head_block_avx2(q + h * head_dim, kb + g * head_dim, vb + g * head_dim, n, token_stride,
                                 head_dim, scale, out + h * head_dim, &st[h], s);
