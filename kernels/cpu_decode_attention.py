@@ -1,15 +1,17 @@
 """Decode attention over the paged KV cache in C, reading the cache in place (CPU, float32).
 
 The torch path (`kernels.decode_attention`) gathers every decode row's K and V blocks into a
-padded copy in each layer and runs SDPA over it: at batch 8 and ~200 tokens of context that
-copy and the SDPA call are ~7.5 ms of a ~40 ms SmolLM2 step on one core. The C kernel
-(`native/decode_attention.c`) walks each sequence's block table instead, with an online
-softmax per query head, so K and V are read once and nothing is copied or padded; grouped-query
-heads share the KV head they read (query head h uses KV head h // group, as in HF).
+padded copy in each layer and runs SDPA over it. The C kernel (`native/decode_attention.c`)
+walks each sequence's block table instead, with an online softmax per query head, so K and V are
+read once and nothing is copied or padded; grouped-query heads share the KV head they read
+(query head h uses KV head h // group, as in HF). Measured in the engine on SmolLM2, one thread:
+a batch-8 step at 1,024 tokens of context 66.2 against 75.1 ms, within noise at 128 tokens, where
+both paths wait on reading each layer's K/V from memory (docs/benchmarks.md, fourth stop).
 
-`available()` is False where the kernel cannot be built (no C compiler) or does not apply
-(another dtype or device, shapes past the kernel's fixed limits); callers keep the torch path.
-The torch reference it is tested against is `kernels.reference.paged_attention`.
+`available()` is False where the kernel cannot be built (no C compiler, a failed build);
+`supports()` is False where it does not apply (another dtype or device, a non-contiguous cache,
+sizes past the kernel's fixed limits). Callers keep the torch path in both cases. The torch
+reference it is tested against is `kernels.reference.paged_attention`.
 """
 
 from __future__ import annotations

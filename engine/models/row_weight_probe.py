@@ -4,7 +4,7 @@ A batch-1 decode step is a matrix-vector product per linear layer, bound by read
 Which layout streams faster depends on the CPU and its memory, not on the model: on one 2-core
 EPYC host MKL's GEMV over a `[in, out]` copy read at the speed of a plain `sum` while oneDNN's
 blocked weight took 1.43-1.49x that; on another of the same kind the blocked weight took 1.25x
-and the transposed copy 1.74x (docs/benchmarks.md, "Row weights measured at start-up"). A fixed
+and the transposed copy 1.74x (docs/benchmarks.md, "Fourth stop on issues 24 and 27"). A fixed
 default is wrong on one of them and the copy doubles the linear weights' memory, so `auto`
 measures once per process: a one-row product against a synthetic weight larger than any last
 level cache, both layouts alternating, and keeps the copies only where they win by `MARGIN`.
