@@ -113,12 +113,17 @@ class ModelConfig:
         emb = v * h * (1 if self.tie_word_embeddings else 2)
         return self.num_layers * per_layer + emb + h
 
-    def linear_params(self) -> int:
-        """Parameters of the projections and the LM head (what `EngineConfig.cpu_row_weights` copies)."""
-        h, i, v = self.hidden_size, self.intermediate_size, self.vocab_size
+    def layer_linear_shapes(self) -> tuple[tuple[int, int], ...]:
+        """`[out_features, in_features]` of one layer's fused projections: qkv, o, gate_up, down."""
+        h, i = self.hidden_size, self.intermediate_size
         q = self.num_heads * self.head_dim
         kv = self.num_kv_heads * self.head_dim
-        return self.num_layers * (h * q + 2 * h * kv + q * h + 3 * h * i) + v * h
+        return ((q + 2 * kv, h), (h, q), (2 * i, h), (h, i))
+
+    def linear_params(self) -> int:
+        """Parameters of the projections and the LM head (what `EngineConfig.cpu_row_weights` copies)."""
+        per_layer = sum(out * inp for out, inp in self.layer_linear_shapes())
+        return self.num_layers * per_layer + self.vocab_size * self.hidden_size
 
     def lora_slot_params(self, num_slots: int, max_rank: int) -> int:
         """Values the LoRA slots of every projection take (engine/models/lora.py): per layer and
@@ -274,8 +279,10 @@ class EngineConfig:
     use_cuda_graphs: bool | None = None  # None: on CUDA only
     # None: on CPU in float32/bfloat16 where oneDNN can pack (engine/models/packed_linear.py)
     cpu_packed_linear: bool | None = None
-    # A transposed copy of every linear weight for one-row (batch-1) steps, read at the memory
-    # bandwidth: twice the linear weights' memory. None: wherever the packed path is on in float32.
+    # A second copy of every linear weight for decode steps of few rows, read at the memory
+    # bandwidth: twice the linear weights' memory (engine/models/packed_linear.py). True: for
+    # one-row steps; None: where the packed path is on in float32 and this machine measures that
+    # it pays, for the row counts it pays at (engine/models/row_weight_probe.py).
     cpu_row_weights: bool | None = None
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)  # off by default
     lora: LoraConfig = field(default_factory=LoraConfig)  # off by default

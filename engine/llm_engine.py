@@ -535,7 +535,7 @@ def build_engine(
         device=device,
         attn_backend=attn,
         pack_linear=_pack_linear(config),
-        row_weights=uses_row_weights(config),
+        row_inputs=row_weight_inputs(config),
     )
     tokenizer = AutoTokenizer.from_pretrained(
         config.tokenizer_path or config.model_path, local_files_only=True
@@ -590,17 +590,23 @@ def _pack_linear(config: EngineConfig) -> bool:
     return packing_supported(getattr(torch, config.dtype), torch.device(config.device))
 
 
-def uses_row_weights(config: EngineConfig) -> bool:
-    """The transposed copies for batch-1 steps (engine/models/packed_linear.py): as configured,
-    else where the packed path is on in float32 and they measure faster on this machine
-    (engine/models/row_weight_probe.py)."""
+def row_weight_inputs(config: EngineConfig) -> int:
+    """Up to how many input rows the linears take their CPU row copies (engine/models/packed_linear.py),
+    0 for none: off or on (one row: batch-1 steps) as configured, else, where the packed path is on
+    in float32, as measured on this machine (engine/models/row_weight_probe.py)."""
     if config.cpu_row_weights is not None:
-        return config.cpu_row_weights
+        return 1 if config.cpu_row_weights else 0
     if config.dtype != "float32" or not _pack_linear(config):
-        return False
-    from engine.models.row_weight_probe import row_weights_win
+        return 0
+    from engine.loader import load_model_config
+    from engine.models.row_weight_probe import measured_row_inputs
 
-    return row_weights_win()
+    return measured_row_inputs(load_model_config(config.model_path).layer_linear_shapes())
+
+
+def uses_row_weights(config: EngineConfig) -> bool:
+    """Whether the linears keep their CPU row copies (a second copy of each weight)."""
+    return row_weight_inputs(config) > 0
 
 
 def _attention_backend(config: EngineConfig, device: torch.device):  # type: ignore[no-untyped-def]

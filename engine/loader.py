@@ -223,7 +223,7 @@ def load_model(
     attn_backend: AttentionBackend,
     max_model_len: int | None = None,
     pack_linear: bool = False,
-    row_weights: bool = False,
+    row_inputs: int = 0,
 ) -> tuple[nn.Module, ModelConfig]:
     """Build our model for the folder at `path` and load its weights in `dtype` on `device`.
 
@@ -234,26 +234,24 @@ def load_model(
 
     `pack_linear` takes the CPU fast path (pre-packed oneDNN weights, see
     engine/models/packed_linear.py); ModelLoadError where this build cannot pack `dtype` on `device`.
-    `row_weights` (with `pack_linear`, float32 only): a transposed copy of each linear weight
-    for one-row inputs too.
+    `row_inputs` > 0 (with `pack_linear`, float32 only): each linear weight also kept for inputs
+    of at most that many rows (engine/models/packed_linear.py).
     """
     from engine.models import get_model_class
     from engine.models.packed_linear import packing_supported
 
     if dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise ModelLoadError(f"dtype must be float32, bfloat16 or float16, got {dtype}")
-    if row_weights and not (pack_linear and dtype == torch.float32):
-        raise ModelLoadError(
-            f"row weights need pack_linear and float32, got pack_linear={pack_linear} {dtype}"
-        )
     if pack_linear and not packing_supported(dtype, device):
         raise ModelLoadError(
             f"pre-packed linear weights need a CPU and float32 or bfloat16, not {dtype} on {device}"
         )
-    if row_weights and not (pack_linear and dtype == torch.float32):
+    if row_inputs and not (pack_linear and dtype == torch.float32):
         raise ModelLoadError(
             f"row weights need pack_linear and float32, got pack_linear={pack_linear} {dtype}"
         )
+    if row_inputs < 0:
+        raise ModelLoadError(f"row_inputs must be >= 0, got {row_inputs}")
     path = Path(path)
     config = load_model_config(path)
     if max_model_len is not None:
@@ -272,7 +270,7 @@ def load_model(
         )
         model.load_weights(iter_safetensors(files))
         if pack_linear:
-            model.pack_linear_weights(row_weights)
+            model.pack_linear_weights(row_inputs)
     except ValueError as exc:
         if isinstance(exc, ModelLoadError):
             raise

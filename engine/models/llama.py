@@ -384,20 +384,20 @@ class LlamaForCausalLM(nn.Module):
         """Whether `pack_linear_weights` has run (the CPU fast path)."""
         return self.packed_head is not None
 
-    def pack_linear_weights(self, row_weights: bool = False) -> None:
+    def pack_linear_weights(self, row_inputs: int = 0) -> None:
         """The CPU fast path: every projection and the LM head pre-packed for oneDNN.
 
         Call once, after `load_weights` (which is refused afterwards: the plain projection
-        weights are gone). `row_weights`: each also keeps a transposed copy for one-row inputs
-        (batch-1 decode steps), read at the memory bandwidth. See engine/models/packed_linear.py
-        for why and when each is faster.
+        weights are gone). `row_inputs` > 0: each also keeps a copy for inputs of at most that
+        many rows (decode steps of small batches), read at the memory bandwidth. See
+        engine/models/packed_linear.py for why and when each is faster.
         """
         if self.is_packed:
             return
-        pack_linear_layers(self, Linear, row_weights)
+        pack_linear_layers(self, Linear, row_inputs)
         # [vocab, hidden]: tied, the embedding table stays as well, since tokens are looked up in it
         head = self.embed_tokens if self.lm_head is None else self.lm_head
-        self.packed_head = PackedLinear(head, None, row_weights)
+        self.packed_head = PackedLinear(head, None, row_inputs)
         self.lm_head = None
 
     def forward(

@@ -11,16 +11,17 @@ is faster at every batch size, so it is used at every row count and the plain we
 
 Results differ from `F.linear` by rounding only (another summation order): ~1e-6 in fp32.
 
-Single-row calls (a decode step at batch 1, the LM head of one sequence) are a matrix-vector
-product, bound by reading the weight from memory. oneDNN's blocked weight streams at ~1.4-1.5x the
-time of a plain `sum` over the same bytes there, while `x @ W_t` with a second copy of the weight
-stored transposed (`[in_features, out_features]`, contiguous: MKL's GEMV walks it row after row)
-streams at the `sum`'s own speed (docs/benchmarks.md, "The decode step against the weight read"). With
-`row_weight=True` a layer keeps that copy too and uses it for one-row inputs only; at 8 rows
-the blocked weight is ~1.4x faster than the transposed copy, so both are kept: twice the memory
-of the linear weights, which is why it is a setting (`EngineConfig.cpu_row_weights`). Which layout
-streams faster depends on the host (another measured the reverse: packed 1.25x the `sum`, the copy
-1.74x), so the setting's `auto` measures once at start-up (engine/models/row_weight_probe.py).
+Few-row calls (a decode step at batch 1-2, the LM head of one sequence) are matrix-vector
+products, bound by reading the weight from memory. oneDNN's blocked weight streams at 1.1-1.5x
+the time of a plain `sum` over the same bytes there, depending on the host. With `row_inputs=n`
+a layer also keeps its plain row-major weight and multiplies inputs of at most n rows with the C
+kernel `kernels.cpu_small_gemm` (one read of the weight per call, 0.88-0.93x the `sum`'s time on
+SmolLM2's linears at one row). Where no C compiler builds that kernel, the copy is the weight
+transposed (`[in_features, out_features]`, contiguous), which MKL's GEMV walks row after row, for
+one-row inputs only (the sum's speed on one host, 1.74x it on another). Either copy is a second
+weight beside the packed one, which is why it is a setting (`EngineConfig.cpu_row_weights`); its
+`auto` measures on this host at start-up whether it pays and up to how many rows
+(engine/models/row_weight_probe.py). A tied LM head's plain copy is the embedding table itself.
 """
 
 from __future__ import annotations
@@ -28,7 +29,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from kernels import cpu_small_gemm
+
 _PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def row_copy_native() -> bool:
+    """Whether few-row inputs take the C kernel on the plain weight (else MKL on a transposed copy)."""
+    return cpu_small_gemm.available()
 
 
 def packing_supported(dtype: torch.dtype, device: torch.device) -> bool:
@@ -47,26 +55,43 @@ class PackedLinear(nn.Module):
     it cannot be copied into or saved); the bias, if any, stays an ordinary parameter.
     """
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, row_weight: bool = False):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, row_inputs: int = 0):
         super().__init__()
         if not packing_supported(weight.dtype, weight.device):
             raise ValueError(f"cannot pack a {weight.dtype} weight on {weight.device}")
+        if row_inputs < 0:
+            raise ValueError(f"row_inputs must be >= 0, got {row_inputs}")
+        if row_inputs and weight.dtype != torch.float32:
+            raise ValueError(f"row copies need a float32 weight, got {weight.dtype}")
         self.out_features, self.in_features = weight.shape
+        self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
+        # The copy few-row inputs multiply against (see above): the plain weight for the C kernel
+        # (inputs of at most `row_inputs` rows), else the transposed weight for MKL (one row).
+        self.row_gemm: cpu_small_gemm.SmallGemm | None = None
+        self.row_weight: torch.Tensor | None = None  # [in_features, out_features], without the C kernel
+        self.row_inputs = 0
         with torch.no_grad():
             # [out_features, in_features] in oneDNN's blocked layout
             self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous())
-            # [in_features, out_features]: the copy one-row inputs multiply against (see above)
-            self.row_weight = weight.detach().t().contiguous() if row_weight else None
-        self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
+            if row_inputs and row_copy_native():
+                self.row_gemm = cpu_small_gemm.SmallGemm(
+                    weight.detach().contiguous(), None if self.bias is None else self.bias.data
+                )
+                self.row_inputs = min(row_inputs, cpu_small_gemm.MAX_ROWS)
+            elif row_inputs:
+                self.row_weight = weight.detach().t().contiguous()
+                self.row_inputs = 1
 
     @property
     def row_weight_bytes(self) -> int:
-        """Bytes of the transposed copy for one-row inputs (0 without one)."""
-        w = self.row_weight
+        """Bytes of the copy for few-row inputs (0 without one)."""
+        w = self.row_weight if self.row_gemm is None else self.row_gemm.weight
         return 0 if w is None else w.numel() * w.element_size()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in_features] -> [..., out_features]
         rows = x.reshape(-1, self.in_features)
+        if self.row_gemm is not None and 0 < rows.shape[0] <= self.row_inputs and rows.dtype == torch.float32:
+            return self.row_gemm(rows).view(*x.shape[:-1], self.out_features)
         if rows.shape[0] == 1 and self.row_weight is not None:
             out = (
                 rows @ self.row_weight if self.bias is None else torch.addmm(self.bias, rows, self.row_weight)
@@ -80,13 +105,13 @@ class PackedLinear(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-            f"row_weight={self.row_weight is not None}"
+            f"row_inputs={self.row_inputs}{', C kernel' if self.row_gemm is not None else ''}"
         )
 
 
-def pack_linear_layers(model: nn.Module, linear_type: type[nn.Module], row_weights: bool = False) -> int:
+def pack_linear_layers(model: nn.Module, linear_type: type[nn.Module], row_inputs: int = 0) -> int:
     """Replace every `linear_type` submodule (with `weight` and `bias`) by a PackedLinear
-    (`row_weights`: each with its copy for one-row inputs).
+    (`row_inputs` > 0: each with its copy for inputs of at most that many rows).
 
     Call after the weights are loaded: the packed copy is taken once and the plain weight is
     released. Returns how many layers were packed.
@@ -101,5 +126,5 @@ def pack_linear_layers(model: nn.Module, linear_type: type[nn.Module], row_weigh
         weight, bias = child.weight, child.bias
         if not isinstance(weight, torch.Tensor) or not (bias is None or isinstance(bias, torch.Tensor)):
             raise TypeError(f"{type(child).__name__} {name!r} has no weight/bias tensors to pack")
-        setattr(parent, name, PackedLinear(weight, bias, row_weights))
+        setattr(parent, name, PackedLinear(weight, bias, row_inputs))
     return len(targets)

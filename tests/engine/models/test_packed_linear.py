@@ -18,8 +18,10 @@ import torch.nn.functional as F
 from engine.attention import TorchAttentionBackend
 from engine.config import EngineConfig
 from engine.loader import ModelLoadError, load_model
+from engine.models import packed_linear
 from engine.models.llama import Linear, LlamaForCausalLM
 from engine.models.packed_linear import PackedLinear, pack_linear_layers, packing_supported
+from kernels import cpu_small_gemm
 from tests.engine.models.test_llama import Runner, _block_table, _prompt
 from tests.engine.tiny_models import make_tiny_model
 
@@ -50,14 +52,42 @@ def test_packed_linear_equals_f_linear(rows: int, bias: bool) -> None:
 
 
 @pytest.mark.parametrize("bias", [False, True])
-def test_row_weight_serves_one_row_inputs_and_equals_f_linear(bias: bool) -> None:
+def test_the_c_kernel_copy_serves_inputs_up_to_row_inputs_and_equals_f_linear(bias: bool) -> None:
+    if not cpu_small_gemm.available():
+        pytest.skip("no C compiler: the C kernel is not built")
     gen = torch.Generator().manual_seed(7)
     weight = torch.randn(96, 80, generator=gen)
     b = torch.randn(96, generator=gen) if bias else None
-    layer = PackedLinear(weight, b, row_weight=True)
+    layer = PackedLinear(weight, b, row_inputs=3)
+    assert layer.row_gemm is not None and layer.row_weight is None and layer.row_inputs == 3
+    assert layer.row_weight_bytes == 96 * 80 * 4 and PackedLinear(weight, b).row_weight_bytes == 0
+    assert PackedLinear(weight, b, row_inputs=100).row_inputs == cpu_small_gemm.MAX_ROWS
+    packed_only = PackedLinear(weight, b)
+    with torch.inference_mode():
+        for rows in (1, 2, 3):
+            x = torch.randn(rows, 80, generator=gen)
+            torch.testing.assert_close(layer(x), F.linear(x, weight, b), atol=1e-5, rtol=1e-5)
+            # up to row_inputs rows: the C kernel's product, bit for bit
+            assert torch.equal(layer(x), layer.row_gemm(x))
+        wide = torch.randn(1, 2, 160, generator=gen)[..., ::2]  # leading dims, non-contiguous
+        torch.testing.assert_close(layer(wide), F.linear(wide, weight, b), atol=1e-5, rtol=1e-5)
+        many = torch.randn(4, 80, generator=gen)  # more rows: the packed weight
+        assert torch.equal(layer(many), packed_only(many))
+        assert layer(torch.randn(0, 80)).shape == (0, 96)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_without_the_c_kernel_the_copy_is_transposed_and_serves_one_row(
+    monkeypatch: pytest.MonkeyPatch, bias: bool
+) -> None:
+    monkeypatch.setattr(packed_linear, "row_copy_native", lambda: False)
+    gen = torch.Generator().manual_seed(7)
+    weight = torch.randn(96, 80, generator=gen)
+    b = torch.randn(96, generator=gen) if bias else None
+    layer = PackedLinear(weight, b, row_inputs=4)
+    assert layer.row_gemm is None and layer.row_inputs == 1
     assert layer.row_weight is not None and layer.row_weight.shape == (80, 96)
     assert layer.row_weight.is_contiguous() and layer.row_weight_bytes == 96 * 80 * 4
-    assert PackedLinear(weight, b).row_weight_bytes == 0
     with torch.inference_mode():
         for x in (torch.randn(1, 80, generator=gen), torch.randn(1, 1, 160, generator=gen)[..., ::2]):
             torch.testing.assert_close(layer(x), F.linear(x, weight, b), atol=1e-5, rtol=1e-5)
@@ -65,26 +95,36 @@ def test_row_weight_serves_one_row_inputs_and_equals_f_linear(bias: bool) -> Non
         x = torch.randn(1, 80, generator=gen)
         expected = x @ layer.row_weight if b is None else torch.addmm(b, x, layer.row_weight)
         assert torch.equal(layer(x), expected)
-        many = torch.randn(5, 80, generator=gen)  # more rows: the packed weight
-        packed_only = PackedLinear(weight, b)
-        assert torch.equal(layer(many), packed_only(many))
+        many = torch.randn(2, 80, generator=gen)  # more rows: the packed weight
+        assert torch.equal(layer(many), PackedLinear(weight, b)(many))
+
+
+def test_row_copies_are_float32_and_row_inputs_not_negative() -> None:
+    with pytest.raises(ValueError, match="row_inputs"):
+        PackedLinear(torch.zeros(4, 4), None, row_inputs=-1)
+    if packing_supported(torch.bfloat16, CPU):
+        with pytest.raises(ValueError, match="float32"):
+            PackedLinear(torch.zeros(4, 4, dtype=torch.bfloat16), None, row_inputs=1)
 
 
 def test_row_weights_need_the_packed_path_in_float32(tmp_path: Path) -> None:
     path = make_tiny_model(tmp_path, num_kv_heads=2)
     with pytest.raises(ModelLoadError, match="row weights"):
-        load_model(path, torch.float32, CPU, TorchAttentionBackend(), row_weights=True)
+        load_model(path, torch.float32, CPU, TorchAttentionBackend(), row_inputs=1)
     with pytest.raises(ModelLoadError, match="row weights"):
-        load_model(path, torch.bfloat16, CPU, TorchAttentionBackend(), pack_linear=True, row_weights=True)
+        load_model(path, torch.bfloat16, CPU, TorchAttentionBackend(), pack_linear=True, row_inputs=1)
+    with pytest.raises(ModelLoadError, match="row_inputs"):
+        load_model(path, torch.float32, CPU, TorchAttentionBackend(), pack_linear=True, row_inputs=-1)
     for kwargs in ({"dtype": "bfloat16"}, {"device": "cuda"}, {"cpu_packed_linear": False}):
         with pytest.raises(ValueError, match="cpu_row_weights"):
             EngineConfig(model_path="m", cpu_row_weights=True, **kwargs)  # type: ignore[arg-type]
     EngineConfig(model_path="m", dtype="bfloat16", cpu_row_weights=False)  # off is always allowed
     model, config = load_model(
-        path, torch.float32, CPU, TorchAttentionBackend(), pack_linear=True, row_weights=True
+        path, torch.float32, CPU, TorchAttentionBackend(), pack_linear=True, row_inputs=2
     )
     layers = [m for m in model.modules() if isinstance(m, PackedLinear)]
-    assert len(layers) == 4 * config.num_layers + 1 and all(m.row_weight is not None for m in layers)
+    assert len(layers) == 4 * config.num_layers + 1 and all(m.row_weight_bytes > 0 for m in layers)
+    assert {m.row_inputs for m in layers} == {2 if cpu_small_gemm.available() else 1}
 
 
 @pytest.mark.skipif(not packing_supported(torch.bfloat16, CPU), reason="no oneDNN bf16 on this CPU")
@@ -128,10 +168,10 @@ def tiny(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     return make_tiny_model(tmp_path_factory.mktemp(request.param), **CASES[request.param])
 
 
-def _both(path: Path, row_weights: bool = False) -> tuple[Runner, Runner, int]:
+def _both(path: Path, row_inputs: int = 0) -> tuple[Runner, Runner, int]:
     plain, config = load_model(path, torch.float32, CPU, TorchAttentionBackend())
     packed, _ = load_model(
-        path, torch.float32, CPU, TorchAttentionBackend(), pack_linear=True, row_weights=row_weights
+        path, torch.float32, CPU, TorchAttentionBackend(), pack_linear=True, row_inputs=row_inputs
     )
     assert isinstance(plain, LlamaForCausalLM) and isinstance(packed, LlamaForCausalLM)
     return Runner(plain, config), Runner(packed, config), config.vocab_size
@@ -143,9 +183,9 @@ def _assert_same(plain: list[torch.Tensor], packed: list[torch.Tensor], atol: fl
         assert b.argmax(-1).tolist() == a.argmax(-1).tolist()
 
 
-@pytest.mark.parametrize("row_weights", [False, True])
-def test_packed_model_equals_plain_model(tiny: Path, row_weights: bool) -> None:
-    plain, packed, vocab = _both(tiny, row_weights)
+@pytest.mark.parametrize("row_inputs", [0, 1, 8])
+def test_packed_model_equals_plain_model(tiny: Path, row_inputs: int) -> None:
+    plain, packed, vocab = _both(tiny, row_inputs)
     prompts = [_prompt(s, n, vocab) for s, n in ((1, 23), (2, 9), (3, 14))]
     tables = [_block_table(i, len(p) + 4) for i, p in enumerate(prompts)]
     seq = list(prompts[0])
@@ -166,9 +206,11 @@ def test_packed_model_equals_plain_model(tiny: Path, row_weights: bool) -> None:
 
 
 @pytest.mark.slow
-def test_real_smollm2_packed_equals_plain(smollm2_dir: Path) -> None:
-    """SmolLM2-135M in fp32: a 40-token prompt in chunks, then 8 greedy decode steps of 1 and 4 sequences."""
-    plain, packed, vocab = _both(smollm2_dir)
+@pytest.mark.parametrize("row_inputs", [0, cpu_small_gemm.MAX_ROWS])
+def test_real_smollm2_packed_equals_plain(smollm2_dir: Path, row_inputs: int) -> None:
+    """SmolLM2-135M in fp32: a 40-token prompt in chunks, then 8 greedy decode steps of 4 sequences
+    (with `row_inputs`, on the row copies)."""
+    plain, packed, vocab = _both(smollm2_dir, row_inputs)
     prompts = [_prompt(s, 40, vocab) for s in range(4)]
     tables = [_block_table(i, 48) for i in range(4)]
     last = packed.step(prompts, tables, [0] * 4)

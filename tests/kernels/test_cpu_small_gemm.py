@@ -1,0 +1,86 @@
+"""kernels.cpu_small_gemm (the C kernel over a plain weight) against torch.nn.functional.linear."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kernels import cpu_small_gemm
+from kernels.cpu_small_gemm import MAX_ROWS, SmallGemm, small_gemm
+
+pytestmark = pytest.mark.skipif(not cpu_small_gemm.available(), reason="no C compiler here")
+
+
+@pytest.mark.parametrize("rows", range(1, MAX_ROWS + 1))
+@pytest.mark.parametrize(
+    ("out_features", "in_features"),
+    [(960, 576), (576, 1536), (33, 1537), (5, 3), (1, 16)],
+    ids=["qkv", "down", "odd", "tiny", "one-column"],
+)
+def test_every_row_count_matches_f_linear(rows: int, out_features: int, in_features: int) -> None:
+    gen = torch.Generator().manual_seed(rows * 1000 + in_features)
+    weight = torch.randn(out_features, in_features, generator=gen)
+    bias = torch.randn(out_features, generator=gen)
+    x = torch.randn(rows, in_features, generator=gen)
+    torch.testing.assert_close(small_gemm(x, weight), F.linear(x, weight), atol=2e-4, rtol=1e-5)
+    torch.testing.assert_close(small_gemm(x, weight, bias), F.linear(x, weight, bias), atol=2e-4, rtol=1e-5)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rows=st.integers(1, MAX_ROWS),
+    out_features=st.integers(1, 300),
+    in_features=st.integers(1, 700),
+    threads=st.sampled_from([1, 2, 3]),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_any_shape_and_thread_count_matches_f_linear(
+    rows: int, out_features: int, in_features: int, threads: int, seed: int
+) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    weight = torch.randn(out_features, in_features, generator=gen)
+    x = torch.randn(rows, in_features, generator=gen)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)  # the kernel splits the output columns over this many threads
+    try:
+        got = small_gemm(x, weight)
+    finally:
+        torch.set_num_threads(before)
+    torch.testing.assert_close(got, F.linear(x, weight), atol=1e-4 * in_features**0.5, rtol=1e-5)
+
+
+def test_a_strided_input_is_read_as_its_values() -> None:
+    weight = torch.randn(40, 24)
+    x = torch.randn(3, 48)[:, ::2]  # a column slice, as after splitting a fused projection
+    torch.testing.assert_close(SmallGemm(weight)(x), F.linear(x, weight), atol=1e-5, rtol=1e-5)
+
+
+def test_inputs_the_kernel_would_misread_are_refused() -> None:
+    gemm = SmallGemm(torch.randn(8, 16))
+    for bad in (
+        torch.randn(0, 16),  # no rows
+        torch.randn(MAX_ROWS + 1, 16),  # more rows than the kernel's loops
+        torch.randn(2, 15),  # another width
+        torch.randn(2, 16, dtype=torch.float64),
+        torch.randn(2, 2, 16),  # another rank
+    ):
+        with pytest.raises(ValueError, match="float32 CPU matrix"):
+            gemm(bad)
+    with pytest.raises(ValueError, match="float32 CPU matrix"):
+        gemm("not a tensor")  # type: ignore[arg-type]
+
+
+def test_weights_and_biases_the_kernel_would_misread_are_refused() -> None:
+    with pytest.raises(ValueError, match="stride"):
+        SmallGemm(torch.randn(16, 8).t())
+    with pytest.raises(ValueError, match="contiguous"):
+        SmallGemm(torch.randn(16, 8)[::2])
+    with pytest.raises(ValueError, match="dtype"):
+        SmallGemm(torch.randn(8, 16, dtype=torch.float64))
+    with pytest.raises(ValueError, match="dimensions"):
+        SmallGemm(torch.randn(8))
+    with pytest.raises(ValueError, match="bias of 7"):
+        SmallGemm(torch.randn(8, 16), torch.randn(7))
