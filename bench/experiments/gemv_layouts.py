@@ -11,7 +11,9 @@ thread's CPU time (`time.thread_time`: with `--threads 1`, the whole of the work
 - `f_linear`: `F.linear` on the plain `[out, in]` weight;
 - `nk_mv`: `torch.mv` (one row) or `x @ W.t()` on the plain `[out, in]` weight;
 - `kn`: `x @ W_t` with `W_t` a contiguous `[in, out]` copy (`PackedLinear`'s row weight);
-- `nk_t`, `kn_t`: the same two layouts with the product transposed (`(W @ x.t()).t()`).
+- `nk_t`, `kn_t`: the same two layouts with the product transposed (`(W @ x.t()).t()`);
+- `c_kernel`: the C kernel over the plain `[out, in]` weight (`kernels.cpu_small_gemm`, the row
+  copy's product where it builds), for up to its `MAX_ROWS` rows.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.models.packed_linear import PackedLinear
+from kernels import cpu_small_gemm
 
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)] * 30 + [(49152, 576)]
 
@@ -56,6 +59,9 @@ def variants(rows: int) -> tuple[dict[str, Callable[[], object]], int]:
         "nk_t": each(lambda i: torch.mm(plain[i], ins[i].t()).t()),
         "kn_t": each(lambda i: torch.mm(transposed[i].t(), ins[i].t()).t()),
     }
+    if cpu_small_gemm.available() and rows <= cpu_small_gemm.MAX_ROWS:
+        gemms = [cpu_small_gemm.SmallGemm(w) for w in plain]
+        table["c_kernel"] = each(lambda i: gemms[i](ins[i]))
     return table, sum(w.numel() * w.element_size() for w in plain)
 
 

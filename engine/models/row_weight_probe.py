@@ -9,8 +9,8 @@ oneDNN's blocked weight took 1.43-1.49x that; on another of the same kind the bl
 at one row and lost to oneDNN from about four rows, where the multiply-adds bound it
 (docs/benchmarks.md). A fixed default is wrong on some host and the copy doubles the linear
 weights' memory, so `auto` measures once per process and model shape: products of 1, 2, 4 and 8
-rows against synthetic weights of the model's layer shapes, repeated past the size of any last
-level cache, both layouts alternating. The copies are kept where one row wins by `MARGIN`; they
+rows against synthetic weights of the model's layer shapes, repeated to 256 MiB (far past any
+last level cache), both layouts alternating. The copies are kept where one row wins by `MARGIN`; they
 then serve every row count up to the last that still wins. The shapes matter beside the memory
 path: a small model's ~120 products a step pay oneDNN's fixed cost per call (~18 us, the C
 kernel's ~5 us) as much as the read.
@@ -35,9 +35,10 @@ from kernels import cpu_small_gemm
 
 logger = logging.getLogger(__name__)
 
-# 64 MiB of float32 weights in all: past the 32 MiB L3 of the hosts measured, so both layouts
-# stream from memory.
-PROBE_BYTES = 64 << 20
+# 256 MiB of float32 weights in all (~0.3 s a row count): well past the 32 MiB L3 of the hosts
+# measured. At 64 MiB the layouts still ranked differently than over a whole model's 0.5 GB
+# (docs/benchmarks.md, fifth stop); both copies are freed before the model loads.
+PROBE_BYTES = 256 << 20
 DEFAULT_SHAPES = ((16384, 1024),)  # [out_features, in_features]
 REPS = 5
 ROW_COUNTS = (1, 2, 4, 8)
@@ -169,5 +170,5 @@ def _measured(num_threads: int, layer_shapes: tuple[tuple[int, int], ...]) -> Ro
 def measured_row_inputs(layer_shapes: Sequence[tuple[int, int]]) -> int:
     """Up to how many input rows the copies pay on this machine, for a model of these layer shapes
     (`ModelConfig.layer_linear_shapes`), at the current intra-op thread count; 0 where they do not
-    (measured once per process, thread count and shapes, ~1 s)."""
+    (measured once per process, thread count and shapes, ~1-1.5 s)."""
     return _measured(torch.get_num_threads(), tuple(layer_shapes)).row_inputs

@@ -66,9 +66,11 @@ class CudaGraphsMode(enum.Enum):
 
 
 class CpuRowWeightsMode(enum.Enum):
-    """AUTO: on CPU in float32 with the packed linears, keep a transposed copy of every linear
-    weight for batch-1 decode steps (engine/models/packed_linear.py; twice the linear weights'
-    memory). ON needs that path (refused elsewhere); OFF saves the memory."""
+    """AUTO: on CPU in float32 with the packed linears, keep a second copy of every linear weight
+    for decode steps of few rows where a start-up measurement finds it faster, for the row counts
+    it is (engine/models/packed_linear.py, row_weight_probe.py; twice the linear weights'
+    memory). ON: the copy for one-row steps, not measured; it needs that path (refused
+    elsewhere). OFF saves the memory."""
 
     AUTO = "auto"
     ON = "on"

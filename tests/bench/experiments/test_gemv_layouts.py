@@ -8,6 +8,7 @@ import torch
 
 from bench.experiments import gemv_layouts
 from engine.models.packed_linear import packing_supported
+from kernels import cpu_small_gemm
 
 pytestmark = pytest.mark.skipif(
     not packing_supported(torch.float32, torch.device("cpu")), reason="no oneDNN in this torch"
@@ -36,5 +37,8 @@ def test_every_layout_computes_the_same_products(rows: int) -> None:
 def test_one_run_reports_every_layout_against_the_sum() -> None:
     report = gemv_layouts.run(rows=1, reps=2)
     assert report["rows"] == 1 and report["sum"]["over_sum_wall"] == 1.0
-    for name in ("packed", "f_linear", "nk_mv", "kn", "nk_t", "kn_t"):
+    names = ["packed", "f_linear", "nk_mv", "kn", "nk_t", "kn_t"]
+    if cpu_small_gemm.available():
+        names.append("c_kernel")
+    for name in names:
         assert report[name]["wall_ms"] > 0 and report[name]["over_sum_cpu"] > 0
