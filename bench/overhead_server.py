@@ -100,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     from gateway.admission.controller import build_admission
     from gateway.metrics.admission_metrics import AdmissionMetrics
     from gateway.metrics.registry import GatewayMetrics
+    from gateway.server import gc_pauses
     from gateway.server.app import create_app
     from gateway.server.bootstrap import build_tenancy
     from gateway.server.settings import AdmissionMode, AuthMode, LogLevel, Settings
@@ -148,6 +149,9 @@ def main(argv: list[str] | None = None) -> int:
     if settings.auth_mode is AuthMode.KEYS:
         kwargs["authenticate"] = tenancy.authenticate
         kwargs["usage_sink"] = tenancy.usage_sink
+    freeze_start, freeze_stop = gc_pauses.lifespan_hooks(metrics.registry, True)  # last, as `weir serve`
+    startup.append(freeze_start)
+    shutdown.append(freeze_stop)
     app = create_app(
         settings,
         engine,

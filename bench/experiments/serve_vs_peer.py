@@ -34,7 +34,7 @@ from typing import Any
 import httpx
 
 from bench.tenants import TenantSpec, create_tenants
-from bench.weir_process import ROOT, free_port, run_weir, scrape_gauges
+from bench.weir_process import ROOT, free_port, parse_gauges, run_weir
 
 # ../shared/tools from the main checkout, ../../shared/tools from a worktree under wt/
 DEFAULT_TOOLS = next(
@@ -197,7 +197,8 @@ def run_weir_variant(
 
             api_key = asyncio.run(key())
             figures = run_guidellm(args, name, w.url, args.served_name, api_key)
-            gauges = scrape_gauges(w.metrics_url, STEP_BUDGET_GAUGES)
+            page = httpx.get(w.metrics_url, timeout=10).raise_for_status().text
+            gauges = {**parse_gauges(page, STEP_BUDGET_GAUGES), **gc_pause_totals(page)}
             print(f"{name}: {gauges}", flush=True)
             return replace(figures, server_gauges=gauges)
     finally:
@@ -206,6 +207,24 @@ def run_weir_variant(
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def gc_pause_totals(page: str) -> dict[str, float]:
+    """`gc<generation>_count` and `gc<generation>_s` from `weir_gc_pause_seconds` on a metrics page:
+    the garbage collections the server stood still for during its life, and their seconds."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    totals: dict[str, float] = {}
+    for family in text_string_to_metric_families(page):
+        for sample in family.samples:
+            generation = sample.labels.get("generation")
+            if generation is None or not sample.name.startswith("weir_gc_pause_seconds_"):
+                continue
+            if sample.name.endswith("_count"):
+                totals[f"gc{generation}_count"] = sample.value
+            elif sample.name.endswith("_sum"):
+                totals[f"gc{generation}_s"] = sample.value
+    return totals
 
 
 def ratios(weir: ServeFigures, peer: ServeFigures) -> dict[str, float]:
@@ -241,6 +260,14 @@ def markdown(rows: Sequence[ServeFigures], weir_names: Sequence[str], command: s
                 f"margin {g.get('weir_scheduler_step_margin', 0):.0%}, running cap "
                 + (f"{g['weir_scheduler_max_running']:.0f}" if "weir_scheduler_max_running" in g else "none")
             )
+            if any(key.startswith("gc") for key in g):
+                lines.append(
+                    f"{r.system} garbage collections over its life: "
+                    + ", ".join(
+                        f"generation {gen} {g.get(f'gc{gen}_count', 0):.0f} ({g.get(f'gc{gen}_s', 0) * 1e3:.0f} ms)"
+                        for gen in range(3)
+                    )
+                )
     peers = [r for r in rows if r.system not in weir_names]
     weirs = [r for r in rows if r.system in weir_names]
     if peers and weirs:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from engine.memory_budget import MemoryBudget, VersionFootprint
 from gateway.fleet.fleet_types import BuiltEngine
+from gateway.server.gc_pauses import refreeze_heap_if_frozen
 from gateway.server.settings import Settings
 from tenancy.model_version_records import ModelVersionSpec
 
@@ -81,7 +82,9 @@ def memory_in_use(device: str) -> int | None:
 
 
 def release_memory(device: str) -> None:
-    """Hand memory freed by Python back to the device / the OS, so the retire is visible."""
+    """Collect a retired (or failed) version's objects, frozen ones included (gateway/server/gc_pauses.py),
+    and hand the memory freed back to the device / the OS, so the retire is visible."""
+    refreeze_heap_if_frozen("a model version was unloaded")
     if device.startswith("cuda"):
         import torch
 
@@ -150,4 +153,7 @@ class VersionEngineFactory:
         )
         logger.info("loading %s from %s on %s (%s)", model_version, spec.path, self.device, dtype)
         engine = AsyncEngine(config)
+        refreeze_heap_if_frozen(
+            f"loading {model_version}"
+        )  # its modules and tensors live as long as it serves
         return BuiltEngine(engine, engine.tokenizer, engine.max_model_len, engine.model_config.vocab_size)

@@ -27,6 +27,7 @@ from gateway.metrics.admission_metrics import AdmissionMetrics
 from gateway.metrics.metrics_server import MetricsListener
 from gateway.metrics.registry import GatewayMetrics
 from gateway.routes.openai import Authenticate
+from gateway.server import gc_pauses
 from gateway.server.app import create_app
 from gateway.server.settings import (
     AdmissionMode,
@@ -34,6 +35,7 @@ from gateway.server.settings import (
     AuthMode,
     CpuRowWeightsMode,
     CudaGraphsMode,
+    GcFreezeMode,
     LogLevel,
     PrefixCachingMode,
     Settings,
@@ -467,6 +469,12 @@ def build_server_app(settings: Settings) -> Starlette:
         listener = MetricsListener(metrics, settings.host, settings.metrics_port)
         startup_hooks.append(listener.start)
         shutdown_hooks.append(listener.stop)
+    # Last: the heap is frozen once everything the server keeps is loaded (gateway/server/gc_pauses.py).
+    freeze_start, freeze_stop = gc_pauses.lifespan_hooks(
+        metrics.registry, settings.gc_freeze is GcFreezeMode.ON
+    )
+    startup_hooks.append(freeze_start)
+    shutdown_hooks.append(freeze_stop)
     return create_app(
         settings,
         None,

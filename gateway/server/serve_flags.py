@@ -21,6 +21,7 @@ from gateway.server.settings import (
     AuthMode,
     CpuRowWeightsMode,
     CudaGraphsMode,
+    GcFreezeMode,
     LogLevel,
     OtelExporter,
     PrefixCachingMode,
@@ -167,8 +168,15 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     choice(
         "--cpu-row-weights",
         CpuRowWeightsMode,
-        help="a transposed copy of every linear weight for batch-1 decode steps, read at the memory "
-        "bandwidth (twice the linear weights' memory): auto = on CPU in float32; on needs that (default auto)",
+        help="a second copy of every linear weight for decode steps of few rows (twice the linear weights' "
+        "memory): auto = on CPU in float32 where a start-up measurement finds it faster; on (one-row steps) "
+        "needs that (default auto)",
+    )
+    choice(
+        "--gc-freeze",
+        GcFreezeMode,
+        help="freeze the loaded heap so full garbage collections do not walk it (~230 ms each with "
+        "SmolLM2 otherwise); refrozen after each model version load and unload (default on)",
     )
     add(
         "--grammar-compile-timeout-s",

@@ -49,6 +49,14 @@ class PrefixCachingMode(enum.Enum):
     OFF = "off"
 
 
+class GcFreezeMode(enum.Enum):
+    """ON: freeze the heap once loaded so full garbage collections do not walk it (gateway/server/gc_pauses.py).
+    OFF: CPython's collector as it comes."""
+
+    ON = "on"
+    OFF = "off"
+
+
 class AttentionBackend(enum.Enum):
     """AUTO: Triton on CUDA, torch elsewhere. TRITON needs CUDA (refused at start-up without it)."""
 
@@ -179,6 +187,7 @@ class Settings:
     attention_backend: AttentionBackend = AttentionBackend.AUTO
     cuda_graphs: CudaGraphsMode = CudaGraphsMode.AUTO
     cpu_row_weights: CpuRowWeightsMode = CpuRowWeightsMode.AUTO
+    gc_freeze: GcFreezeMode = GcFreezeMode.ON
     # Input bounds checked before any chat template or tokenizer runs (gateway.prompts.prompt_limits).
     max_chat_messages: int = DEFAULT_MAX_CHAT_MESSAGES  # messages, and content parts across them
     # A text prompt of more than this x max_model_len characters is refused untokenized; None: the
@@ -438,6 +447,7 @@ _FIELDS: dict[str, _FieldSpec] = {
     "attention_backend": _FieldSpec("WEIR_ATTENTION_BACKEND", AttentionBackend),
     "cuda_graphs": _FieldSpec("WEIR_CUDA_GRAPHS", CudaGraphsMode),
     "cpu_row_weights": _FieldSpec("WEIR_CPU_ROW_WEIGHTS", CpuRowWeightsMode),
+    "gc_freeze": _FieldSpec("WEIR_GC_FREEZE", GcFreezeMode),
     "max_chat_messages": _FieldSpec("WEIR_MAX_CHAT_MESSAGES", int),
     "prompt_chars_per_token": _FieldSpec("WEIR_PROMPT_CHARS_PER_TOKEN", int),
     "tokenizer_workers": _FieldSpec("WEIR_TOKENIZER_WORKERS", int),

@@ -84,6 +84,9 @@ def uvicorn_config(app: Starlette, settings: Settings) -> uvicorn.Config:
         timeout_keep_alive=KEEP_ALIVE_TIMEOUT_S,
         # h11 always (never httptools, even if installed), with a deadline on slow headers.
         http=HeaderTimeoutH11Protocol,
+        # asyncio always: uvicorn's "auto" takes uvloop where it is installed, which measured more
+        # server CPU per request here (docs/decisions.md).
+        loop="asyncio",
     )
 
 

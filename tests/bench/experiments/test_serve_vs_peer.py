@@ -13,6 +13,7 @@ import pytest
 
 from bench.experiments.serve_vs_peer import (
     ServeFigures,
+    gc_pause_totals,
     markdown,
     parse_args,
     parse_guidellm,
@@ -128,3 +129,18 @@ def _assert_gone(pid: int) -> None:
             return
         time.sleep(0.1)
     raise AssertionError(f"process {pid} is still running")
+
+
+def test_gc_pause_totals_read_each_generation_from_a_metrics_page() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from gateway.server.gc_pauses import GcPauseRecorder
+
+    registry = CollectorRegistry()
+    recorder = GcPauseRecorder(registry)
+    recorder.pauses.labels(generation="2").observe(0.25)
+    recorder.pauses.labels(generation="2").observe(0.5)
+    recorder.pauses.labels(generation="0").observe(0.001)
+    totals = gc_pause_totals(generate_latest(registry).decode())
+    assert totals["gc2_count"] == 2 and totals["gc2_s"] == 0.75
+    assert totals["gc0_count"] == 1 and "gc1_count" not in totals

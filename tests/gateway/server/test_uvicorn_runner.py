@@ -19,6 +19,7 @@ def test_uvicorn_config() -> None:
     config = uvicorn_config(app, Settings(host="0.0.0.0", port=1234, shutdown_grace_s=2.5))
     assert (config.host, config.port, config.timeout_graceful_shutdown) == ("0.0.0.0", 1234, 3)
     assert config.access_log is False
+    assert config.loop == "asyncio"  # never uvloop, even where it is installed
     assert uvicorn_config(app, Settings(log_level=LogLevel.DEBUG)).access_log is True
     # A grace of 0 cancels at once; None would mean waiting forever.
     assert uvicorn_config(app, Settings(shutdown_grace_s=0)).timeout_graceful_shutdown == 0
