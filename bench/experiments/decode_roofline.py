@@ -16,6 +16,8 @@ floor of a batch-1 decode step), `--reps` times, `--steps` decode steps per time
   and SDPA per layer, `TorchAttentionBackend.native_decode` off) instead of the C kernel that reads
   the paged cache in place: the same engine as `packed` when both run, the switch flipped before
   each block;
+- `torch_norms`: `packed` with each residual add and RMSNorm in torch (`LlamaForCausalLM.native_norms`
+  off) instead of one C call: the same engine as `packed` when both run, the switch flipped;
 - `compiled` (not run by default): plain weights, `torch.compile` (inductor's C++ backend, fixed
   shapes) over the model's forward with the attention backend left out of the graph
   (`torch.compiler.disable`: the paged metadata is Python); inductor fuses the small ops between
@@ -47,9 +49,9 @@ import torch
 from bench.experiments.cpu_fast_path import _start_decoding, cpu_engine_config, plain_weight_reader
 from engine.llm_engine import LLMEngine, build_engine
 
-VARIANTS = ("packed", "rows", "rows_unfused", "torch_attention")
+VARIANTS = ("packed", "rows", "rows_unfused", "torch_attention", "torch_norms")
 # variant -> the variant whose engine it steps with a switch flipped (see the module docstring)
-SWITCHED = {"rows_unfused": "rows", "torch_attention": "packed"}
+SWITCHED = {"rows_unfused": "rows", "torch_attention": "packed", "torch_norms": "packed"}
 OPTIONAL_VARIANTS = ("compiled",)
 
 
@@ -85,7 +87,10 @@ def build_variant(name: str, model: Path, max_num_seqs: int, max_model_len: int)
 def _set_switches(engine: LLMEngine, name: str) -> None:
     """The per-variant switches of an engine shared by two variants."""
     model = engine.runner.model
+    if not hasattr(model, "layers"):
+        return  # `compiled`: no switches
     model.fused_ops = name != "rows_unfused"
+    model.native_norms = name != "torch_norms" and model.native_norms_built
     for layer in model.layers:
         layer.self_attn.attn_backend.native_decode = name != "torch_attention"
 

@@ -261,6 +261,26 @@ class LlamaDecoderLayer(nn.Module):
         )
         return hidden + self.mlp(self.post_attention_layernorm(hidden, fused), lora)
 
+    def forward_native_norms(
+        self,
+        hidden: torch.Tensor,  # [num_tokens, hidden]: the previous layer's MLP output (or the embeddings)
+        residual: torch.Tensor | None,  # [num_tokens, hidden]: the residual stream before that output
+        positions: torch.Tensor,
+        kv_cache: torch.Tensor,
+        attn_metadata: AttentionMetadata,
+        lora: LoraStep | None,
+        rope_tables: tuple[torch.Tensor, torch.Tensor] | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # (this layer's MLP output, residual stream before it)
+        """As `forward` on the CPU in float32, each residual add and the RMSNorm after it one C call
+        (`kernels.cpu_rms_norm`); the residual stream is updated in place."""
+        from kernels.cpu_rms_norm import add_rms_norm
+
+        ln1, ln2 = self.input_layernorm, self.post_attention_layernorm
+        normed, residual = add_rms_norm(hidden, residual, ln1.weight, ln1.eps)
+        attn_out = self.self_attn(normed, positions, kv_cache, attn_metadata, lora, rope_tables)
+        normed, residual = add_rms_norm(attn_out, residual, ln2.weight, ln2.eps)
+        return self.mlp(normed, lora), residual
+
     def forward_fused(
         self,
         hidden: torch.Tensor,  # [num_tokens, hidden]: the previous layer's MLP output (or the embeddings)
@@ -285,6 +305,12 @@ class LlamaDecoderLayer(nn.Module):
         attn_out = self.self_attn.forward_fused(normed, positions, kv_cache, attn_metadata, lora)
         normed, residual = fused_add_rms_norm(attn_out, residual, ln2.weight, ln2.eps)
         return self.mlp.forward_fused(normed, lora), residual
+
+
+def _native_norms_built() -> bool:
+    from kernels import cpu_rms_norm
+
+    return cpu_rms_norm.available()
 
 
 def _triton_on_cuda(attn_backend: AttentionBackend, device: torch.device) -> bool:
@@ -336,6 +362,13 @@ class LlamaForCausalLM(nn.Module):
         # rotated in one pass, RMSNorm as one op in float32; the same bits as without (off: the
         # path before them, kept for the A/B in bench/experiments/decode_roofline.py).
         self.fused_ops = True
+        # On the CPU in float32: each residual add and the RMSNorm after it in one C call
+        # (kernels/cpu_rms_norm.py; rounding differs from the torch form, ~1e-7). Where no C
+        # compiler builds it, the torch form. A plain attribute: the A/B switches it.
+        self.native_norms_built = (
+            self.device.type == "cpu" and dtype == torch.float32 and _native_norms_built()
+        )
+        self.native_norms = self.native_norms_built
 
     def enable_lora(self, num_slots: int, max_rank: int) -> int:
         """Give every projection `num_slots` LoRA slots of rank up to `max_rank` (all zero).
@@ -416,6 +449,16 @@ class LlamaForCausalLM(nn.Module):
         if self.fused_kernels:
             return self._forward_fused(hidden, positions, kv_caches, attn_metadata, lora)
         rope_tables = self.rotary.tables(positions) if self.fused_ops else None
+        if self.native_norms:
+            from kernels.cpu_rms_norm import add_rms_norm
+
+            # F.embedding's output is this step's own: the residual stream may be updated in place.
+            residual: torch.Tensor | None = None
+            for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+                hidden, residual = layer.forward_native_norms(
+                    hidden, residual, positions, kv_cache, attn_metadata, lora, rope_tables
+                )
+            return add_rms_norm(hidden, residual, self.norm.weight, self.norm.eps)[0]
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             hidden = layer(hidden, positions, kv_cache, attn_metadata, lora, rope_tables)
         return self.norm(hidden, self.fused_ops)

@@ -44,12 +44,13 @@ def test_one_run_times_every_variant_on_both_clocks(tmp_path: Path) -> None:
 def test_the_variants_are_what_they_say(tmp_path: Path) -> None:
     path = make_tiny_model(tmp_path / "model", "llama", num_kv_heads=2)
     cases = (
-        ("packed", False, True, True),
-        ("rows", True, True, True),
-        ("rows_unfused", True, False, True),
-        ("torch_attention", False, True, False),
+        ("packed", False, True, True, True),
+        ("rows", True, True, True, True),
+        ("rows_unfused", True, False, True, True),
+        ("torch_attention", False, True, False, True),
+        ("torch_norms", False, True, True, False),
     )
-    for name, rows, fused, native in cases:
+    for name, rows, fused, native, norms in cases:
         engine = build_variant(name, path, 2, 64)
         _set_switches(engine, name)
         model = engine.runner.model
@@ -57,3 +58,4 @@ def test_the_variants_are_what_they_say(tmp_path: Path) -> None:
         assert layers and all((m.row_weight_bytes > 0) == rows for m in layers), name
         assert model.fused_ops == fused, name
         assert all(layer.self_attn.attn_backend.native_decode == native for layer in model.layers), name
+        assert model.native_norms == (norms and model.native_norms_built), name

@@ -17,6 +17,7 @@ from engine.config import ModelConfig
 from engine.kv_tensors import allocate_kv_caches
 from engine.loader import load_model
 from engine.models.llama import LlamaForCausalLM
+from kernels import cpu_rms_norm
 from tests.engine.tiny_models import build_metadata, load_hf_model, make_tiny_model
 
 BLOCK_SIZE = 4
@@ -257,6 +258,7 @@ def test_fused_ops_give_the_same_bits_as_the_ops_before_them(tiny: tuple[Path, s
     path, _ = tiny
     model, config = load_model(path, torch.float32, CPU, TorchAttentionBackend())
     assert isinstance(model, LlamaForCausalLM) and model.fused_ops  # the default
+    model.native_norms = False  # the C RMSNorm rounds differently (its own test below)
     seqs = [_prompt(1, 23, config.vocab_size), _prompt(2, 9, config.vocab_size)]
     tables = [_block_table(i, len(s) + 2) for i, s in enumerate(seqs)]
     results: dict[bool, list[torch.Tensor]] = {}
@@ -270,3 +272,25 @@ def test_fused_ops_give_the_same_bits_as_the_ops_before_them(tiny: tuple[Path, s
         results[fused] = out
     for a, b in zip(results[True], results[False], strict=True):
         assert torch.equal(a, b)
+
+
+@pytest.mark.skipif(not cpu_rms_norm.available(), reason="no C compiler: the C RMSNorm is not built")
+def test_the_c_rms_norm_path_tracks_the_torch_form(tiny: tuple[Path, str]) -> None:
+    """`native_norms` (each residual add and RMSNorm one C call, the CPU float32 default) gives the
+    torch form's logits within float32 rounding and the same greedy tokens."""
+    path, _ = tiny
+    model, config = load_model(path, torch.float32, CPU, TorchAttentionBackend())
+    assert isinstance(model, LlamaForCausalLM) and model.native_norms  # the default here
+    seqs = [_prompt(3, 21, config.vocab_size), _prompt(4, 11, config.vocab_size)]
+    tables = [_block_table(i, len(s) + 2) for i, s in enumerate(seqs)]
+    results: dict[bool, list[torch.Tensor]] = {}
+    for native in (True, False):
+        model.native_norms = native
+        runner = Runner(model, config)
+        out = runner.step([seqs[0][:16]], [tables[0]], [0])
+        out += runner.step([seqs[0][16:], seqs[1]], tables, [16, 0])  # mixed: a chunk and a prompt
+        out += runner.step([[5], [7]], tables, [len(seqs[0]), len(seqs[1])])  # decode
+        results[native] = out
+    for a, b in zip(results[True], results[False], strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+        assert a.argmax(-1).tolist() == b.argmax(-1).tolist()
