@@ -39,6 +39,9 @@ logger = logging.getLogger(__name__)
 # measured. At 64 MiB the layouts still ranked differently than over a whole model's 0.5 GB
 # (docs/benchmarks.md, fifth stop); both copies are freed before the model loads.
 PROBE_BYTES = 256 << 20
+# A tiny model's layers would take tens of thousands of weights to fill PROBE_BYTES (25 s of
+# calls, measured on a test model): at most this many (SmolLM2 fills PROBE_BYTES with 76).
+MAX_WEIGHTS = 128
 DEFAULT_SHAPES = ((16384, 1024),)  # [out_features, in_features]
 REPS = 5
 ROW_COUNTS = (1, 2, 4, 8)
@@ -91,20 +94,21 @@ def _median_alternating(
 
 
 def probe_shapes(
-    layer_shapes: Sequence[tuple[int, int]], total_bytes: int = PROBE_BYTES
+    layer_shapes: Sequence[tuple[int, int]], total_bytes: int = PROBE_BYTES, max_weights: int = MAX_WEIGHTS
 ) -> list[tuple[int, int]]:
-    """The layer's float32 `[out, in]` shapes repeated until they hold `total_bytes` (a shape
-    larger than that alone is cut to that many bytes' worth of output rows)."""
+    """The layer's float32 `[out, in]` shapes repeated until they hold `total_bytes` or number
+    `max_weights` (a shape larger than `total_bytes` alone is cut to that many bytes' worth of
+    output rows)."""
     if not layer_shapes or any(out < 1 or inp < 1 for out, inp in layer_shapes):
         raise ValueError(f"shapes must be non-empty and positive, got {list(layer_shapes)}")
     shapes: list[tuple[int, int]] = []
     held = 0
-    while held < total_bytes:
+    while held < total_bytes and len(shapes) < max_weights:
         for out, inp in layer_shapes:
             out = max(1, min(out, total_bytes // (4 * inp)))
             shapes.append((out, inp))
             held += 4 * out * inp
-            if held >= total_bytes:
+            if held >= total_bytes or len(shapes) >= max_weights:
                 break
     return shapes
 

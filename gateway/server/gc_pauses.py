@@ -99,8 +99,8 @@ def refreeze_heap_if_frozen(reason: str) -> None:
 def lifespan_hooks(
     registry: CollectorRegistry, freeze: bool
 ) -> tuple[Callable[[], Awaitable[None]], Callable[[], Awaitable[None]]]:
-    """The server's start hook (time collections from now on; with `freeze`, freeze the heap as
-    loaded: run it last) and stop hook (stop timing)."""
+    """The server's start hook (with `freeze`, freeze the heap as loaded: run it last; then time
+    collections) and stop hook (stop timing; unfreeze)."""
     recorder = GcPauseRecorder(registry)
 
     async def start() -> None:
@@ -110,5 +110,9 @@ def lifespan_hooks(
 
     async def stop() -> None:
         recorder.uninstall()
+        if freeze:
+            # Objects frozen while serving are collectable again (a process that serves more than
+            # once, as the end-to-end tests do, does not keep what the first server left behind).
+            gc.unfreeze()
 
     return start, stop

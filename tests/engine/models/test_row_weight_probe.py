@@ -57,6 +57,8 @@ def test_the_probe_repeats_the_layer_shapes_up_to_its_size() -> None:
     assert probe_shapes(((4, 8), (2, 8)), total_bytes=4 * 8 * 10) == [(4, 8), (2, 8), (4, 8)]
     assert probe_shapes(((1 << 20, 1024),), total_bytes=1 << 22) == [(1024, 1024)]  # cut to the size
     assert probe_shapes(((1, 1 << 30),), total_bytes=16) == [(1, 1 << 30)]  # at least one row
+    assert len(probe_shapes(((2, 2),), total_bytes=1 << 30, max_weights=7)) == 7  # a tiny model: capped
+    assert len(probe_shapes(((2, 2),))) == row_weight_probe.MAX_WEIGHTS
     for bad in ((), ((0, 8),)):
         with pytest.raises(ValueError, match="shapes"):
             probe_shapes(bad)

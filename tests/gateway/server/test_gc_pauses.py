@@ -113,6 +113,7 @@ def test_the_lifespan_hooks_freeze_at_start_and_stop_timing_at_shutdown(freeze: 
     gc.collect(2)
     assert _observed(registry, "2") >= 1
     asyncio.run(stop())
+    assert gc.get_freeze_count() == 0  # unfrozen at shutdown
     observed = _observed(registry, "2")
     gc.collect(2)
     assert _observed(registry, "2") == observed
