@@ -221,6 +221,7 @@ numbers are printed as integers. */}}
 {{- $pairs = append $pairs (list "WEIR_ATTENTION_BACKEND" .Values.config.attentionBackend) -}}
 {{- $pairs = append $pairs (list "WEIR_CUDA_GRAPHS" .Values.config.cudaGraphs) -}}
 {{- $pairs = append $pairs (list "WEIR_CPU_ROW_WEIGHTS" .Values.config.cpuRowWeights) -}}
+{{- $pairs = append $pairs (list "WEIR_GC_FREEZE" .Values.config.gcFreeze) -}}
 {{- $pairs = append $pairs (list "WEIR_OTEL_EXPORTER" .Values.config.otelExporter) -}}
 {{- $pairs = append $pairs (list "WEIR_OTEL_ENDPOINT" .Values.config.otelEndpoint) -}}
 {{- $pairs = append $pairs (list "WEIR_OTEL_SERVICE_NAME" .Values.config.otelServiceName) -}}
