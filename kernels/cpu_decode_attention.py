@@ -35,13 +35,11 @@ _I64 = ctypes.c_int64
 
 @functools.cache
 def _function() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
-    lib = build.load("decode_attention")
-    if lib is None:
-        return None
-    fn = lib.weir_decode_attention
-    fn.argtypes = [ctypes.c_void_p] * 5 + [_I64] * 7 + [ctypes.c_float, ctypes.c_int]
-    fn.restype = ctypes.c_int
-    return fn
+    return build.function(
+        "decode_attention",
+        "weir_decode_attention",
+        [ctypes.c_void_p] * 5 + [_I64] * 7 + [ctypes.c_float, ctypes.c_int],
+    )
 
 
 def available() -> bool:

@@ -25,13 +25,9 @@ _I64 = ctypes.c_int64
 
 @functools.cache
 def _function() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
-    lib = build.load("rms_norm")
-    if lib is None:
-        return None
-    fn = lib.weir_add_rms_norm
-    fn.argtypes = [ctypes.c_void_p] * 4 + [_I64, _I64, ctypes.c_float]
-    fn.restype = ctypes.c_int
-    return fn
+    return build.function(
+        "rms_norm", "weir_add_rms_norm", [ctypes.c_void_p] * 4 + [_I64, _I64, ctypes.c_float]
+    )
 
 
 def available() -> bool:

@@ -33,14 +33,10 @@ _I64 = ctypes.c_int64
 
 @functools.cache
 def _function() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
+    fn = build.function("small_gemm", "weir_small_gemm", [ctypes.c_void_p] * 4 + [_I64] * 3 + [ctypes.c_int])
     lib = build.load("small_gemm")
-    if lib is None:
-        return None
-    if lib.weir_small_gemm_max_rows() != MAX_ROWS:
+    if lib is not None and lib.weir_small_gemm_max_rows() != MAX_ROWS:
         raise RuntimeError("native/small_gemm.c and kernels/cpu_small_gemm.py disagree on MAX_ROWS")
-    fn = lib.weir_small_gemm
-    fn.argtypes = [ctypes.c_void_p] * 4 + [_I64] * 3 + [ctypes.c_int]
-    fn.restype = ctypes.c_int
     return fn
 
 

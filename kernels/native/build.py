@@ -16,7 +16,9 @@ import logging
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -68,3 +70,15 @@ def load(name: str) -> ctypes.CDLL | None:
     finally:
         # The loaded library stays mapped; its file is not needed once loaded (or on failure).
         shutil.rmtree(out_dir, ignore_errors=True)
+
+
+def function(name: str, symbol: str, argtypes: Sequence[Any]) -> Any | None:
+    """`symbol` of the compiled `<name>.c` (built on first use), with its C argument types and an
+    `int` status as its result; None where the library cannot be built (warned once by `load`)."""
+    lib = load(name)
+    if lib is None:
+        return None
+    fn = getattr(lib, symbol)
+    fn.argtypes = list(argtypes)
+    fn.restype = ctypes.c_int
+    return fn

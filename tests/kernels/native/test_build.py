@@ -42,3 +42,21 @@ def test_a_source_that_does_not_compile_names_the_compiler_error(
     monkeypatch.setattr(build, "SOURCE_DIR", tmp_path)
     with pytest.raises(build.NativeBuildError, match="broken.c failed"):
         build.build("broken", tmp_path)
+
+
+@pytest.mark.parametrize("name", ["decode_attention", "small_gemm", "rms_norm"])
+def test_every_kernel_source_compiles_here(name: str, tmp_path: Path) -> None:
+    if build.compiler() is None:
+        pytest.skip("no C compiler here")
+    assert build.build(name, tmp_path).is_file()
+
+
+def test_a_function_gets_its_argument_types_and_an_int_status(monkeypatch: pytest.MonkeyPatch) -> None:
+    if build.compiler() is None:
+        pytest.skip("no C compiler here")
+    import ctypes
+
+    fn = build.function("small_gemm", "weir_small_gemm_max_rows", [])
+    assert fn is not None and fn.restype is ctypes.c_int and fn() == 8
+    monkeypatch.setattr(build, "load", lambda name: None)  # nothing built: no function
+    assert build.function("small_gemm", "weir_small_gemm_max_rows", []) is None
