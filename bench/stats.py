@@ -85,5 +85,12 @@ class Distribution:
         }
 
 
+def ratio(value: float, base: float, significant: int = 3) -> float | None:
+    """`value / base` to `significant` digits (fixed decimals rounded small real ratios to 0.0);
+    None where the base took no measurable time: some hosts count thread CPU time in ticks, so a
+    short block can read 0 (CI saw it)."""
+    return float(f"{value / base:.{significant}g}") if base > 0 else None
+
+
 def _round(value: float | None, digits: int) -> float | None:
     return None if value is None else round(value, digits)

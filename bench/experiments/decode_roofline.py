@@ -47,6 +47,7 @@ from typing import Any
 import torch
 
 from bench.experiments.cpu_fast_path import _start_decoding, cpu_engine_config, plain_weight_reader
+from bench.stats import ratio
 from engine.llm_engine import LLMEngine, build_engine
 
 VARIANTS = ("packed", "rows", "rows_unfused", "torch_attention", "torch_norms")
@@ -147,12 +148,12 @@ def measure(
             row[f"{name}_{clock}_min_ms"] = round(min(values) * 1e3, 2)
     for name in engines:
         for clock in ("wall", "cpu"):
-            row[f"{name}_over_weight_read_{clock}"] = round(
-                row[f"{name}_{clock}_ms"] / row[f"weight_read_{clock}_ms"], 2
+            row[f"{name}_over_weight_read_{clock}"] = ratio(
+                row[f"{name}_{clock}_ms"], row[f"weight_read_{clock}_ms"]
             )
             if "packed" in engines:
-                row[f"packed_over_{name}_{clock}"] = round(
-                    row[f"packed_{clock}_ms"] / row[f"{name}_{clock}_ms"], 3
+                row[f"packed_over_{name}_{clock}"] = ratio(
+                    row[f"packed_{clock}_ms"], row[f"{name}_{clock}_ms"]
                 )
     return row
 
@@ -173,8 +174,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for row in rows:
         for name in engines:
             for clock in ("wall", "cpu"):
-                row[f"{name}_over_batch{first['batch']}_{clock}"] = round(
-                    row[f"{name}_{clock}_ms"] / first[f"{name}_{clock}_ms"], 2
+                row[f"{name}_over_batch{first['batch']}_{clock}"] = ratio(
+                    row[f"{name}_{clock}_ms"], first[f"{name}_{clock}_ms"]
                 )
     return {
         "model": str(args.model),

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from bench.stats import ratio
 from engine.models.packed_linear import PackedLinear
 from kernels import cpu_small_gemm
 
@@ -93,9 +94,8 @@ def run(rows: int, reps: int) -> dict[str, Any]:
             "wall_ms": round(wall * 1e3, 2),
             "cpu_ms": round(cpu * 1e3, 2),
             "gb_per_s_wall": round(num_bytes / wall / 1e9, 1),
-            # three significant digits: two decimals rounded a small real ratio to 0.0
-            "over_sum_wall": float(f"{wall / base_wall:.3g}"),
-            "over_sum_cpu": float(f"{cpu / base_cpu:.3g}"),
+            "over_sum_wall": ratio(wall, base_wall),
+            "over_sum_cpu": ratio(cpu, base_cpu),
         }
     return result
 

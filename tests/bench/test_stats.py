@@ -8,7 +8,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bench.stats import Distribution, LatencySummary
+from bench.stats import Distribution, LatencySummary, ratio
 
 floats = st.floats(min_value=0.0, max_value=1e6, allow_nan=False)
 
@@ -41,3 +41,10 @@ def test_summary_of_known_values_and_empty() -> None:
 def test_one_value_is_every_percentile() -> None:
     s = LatencySummary.of([7])
     assert s.to_json() == {"p50": 7.0, "p90": 7.0, "p99": 7.0, "mean": 7.0} and s.count == 1
+
+
+def test_a_ratio_keeps_three_significant_digits_and_refuses_a_zero_base() -> None:
+    assert ratio(1.0, 3.0) == 0.333
+    assert ratio(0.002, 3.0) == 0.000667  # two decimals would have read 0.0
+    assert ratio(0.0, 2.0) == 0.0
+    assert ratio(0.5, 0.0) is None  # a block that took no measurable CPU time

@@ -33,11 +33,11 @@ def test_one_run_times_every_variant_on_both_clocks(tmp_path: Path) -> None:
     assert [r["batch"] for r in report["decode"]] == [1, 3]
     for row in report["decode"]:
         for name in ("packed", "rows", "rows_unfused", "torch_attention", "weight_read"):
-            for clock in ("wall", "cpu"):
-                assert row[f"{name}_{clock}_ms"] > 0
-                assert row[f"{name}_{clock}_min_ms"] <= row[f"{name}_{clock}_ms"]
-        assert row["packed_over_rows_cpu"] == pytest.approx(
-            row["packed_cpu_ms"] / row["rows_cpu_ms"], abs=0.01
+            assert row[f"{name}_wall_ms"] > 0
+            for clock in ("wall", "cpu"):  # thread CPU time may read 0 where it is counted in ticks
+                assert 0 <= row[f"{name}_{clock}_min_ms"] <= row[f"{name}_{clock}_ms"]
+        assert row["packed_over_rows_wall"] == pytest.approx(
+            row["packed_wall_ms"] / row["rows_wall_ms"], rel=0.01
         )
 
 

@@ -41,4 +41,8 @@ def test_one_run_reports_every_layout_against_the_sum() -> None:
     if cpu_small_gemm.available():
         names.append("c_kernel")
     for name in names:
-        assert report[name]["wall_ms"] > 0 and report[name]["over_sum_cpu"] > 0
+        # wall time comes from perf_counter (never zero); thread CPU time may be counted in ticks,
+        # so a tiny product can show 0 CPU time (CI saw it) and a zero base gives no ratio
+        assert report[name]["over_sum_wall"] > 0 and report[name]["cpu_ms"] >= 0
+        cpu_ratio = report[name]["over_sum_cpu"]
+        assert cpu_ratio is None or cpu_ratio >= 0
