@@ -13,11 +13,13 @@ import os
 import sys
 import tempfile
 from collections.abc import Sequence
-from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
 import httpx
+from starlette.applications import Starlette
+from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from bench.gateway_overhead import (
     AuthSetup,
@@ -29,6 +31,8 @@ from bench.gateway_overhead import (
     run_server_phases,
 )
 from bench.metadata import git_commit, machine_info, now_utc, redacted_command
+from gateway.server.settings import Settings
+from gateway.server.uvicorn_runner import uvicorn_config
 
 _LITELLM_PUBLISHED = "LiteLLM publishes 2 ms p50 / 13 ms p99 added latency at ~1,170 RPS over 4 instances"
 _TARGET = "issue 3 target: p50 <= 2 ms at 200 requests/s on the 2-core machine; p99 below 13 ms"
@@ -160,10 +164,18 @@ def format_markdown(report: dict[str, Any]) -> str:
 
 
 def _uvicorn_impl() -> tuple[str, str]:
-    # uvicorn's "auto" picks uvloop and httptools when installed, else asyncio and h11.
-    loop = "uvloop" if find_spec("uvloop") is not None else "asyncio"
-    http = "httptools" if find_spec("httptools") is not None else "h11"
-    return loop, http
+    """The event loop and HTTP protocol `weir serve` configures uvicorn with."""
+    config = uvicorn_config(Starlette(), Settings())
+    http = config.http
+    if isinstance(http, type):
+        http = (
+            "httptools"
+            if issubclass(http, HttpToolsProtocol)
+            else "h11"
+            if issubclass(http, H11Protocol)
+            else http.__name__
+        )
+    return str(config.loop), str(http)
 
 
 def run_overhead(config: OverheadConfig) -> dict[str, Any]:

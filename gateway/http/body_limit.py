@@ -1,7 +1,7 @@
 """ASGI middleware that bounds requests: headers over a size limit 431, bodies over a size limit
 413, bodies too slow to arrive 408.
 
-uvicorn's h11 parser bounds headers that arrive slowly (`h11_max_incomplete_event_size`) but
+The server's protocol (`gateway.http.header_guard`) bounds headers that are still arriving, but
 not headers that arrive at once; `max_header_bytes` bounds what reaches the app either way.
 
 A declared `Content-Length` over the limit is refused before anything is read; a body without

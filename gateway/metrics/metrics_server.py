@@ -23,7 +23,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.http.errors import NotFoundError, error_response
-from gateway.http.header_timeout import HeaderTimeoutH11Protocol
+from gateway.http.header_guard import HeaderGuardProtocol
 from gateway.metrics.registry import GatewayMetrics
 
 logger = logging.getLogger(__name__)
@@ -77,7 +77,7 @@ class MetricsListener:
             log_level="warning",
             access_log=False,
             server_header=False,
-            http=HeaderTimeoutH11Protocol,
+            http=HeaderGuardProtocol,
         )
         self._server = _QuietServer(config)
         self._sock = sock

@@ -21,8 +21,7 @@ from types import FrameType
 import uvicorn
 from starlette.applications import Starlette
 
-from gateway.http.body_limit import MAX_HEADER_BYTES
-from gateway.http.header_timeout import HeaderTimeoutH11Protocol
+from gateway.http.header_guard import HeaderGuardProtocol
 from gateway.server.settings import LogLevel, Settings
 from gateway.server.state import GatewayState
 
@@ -77,13 +76,14 @@ def uvicorn_config(app: Starlette, settings: Settings) -> uvicorn.Config:
         # which let any local client pick the address it is throttled and logged as.
         proxy_headers=bool(settings.forwarded_allow_ips),
         forwarded_allow_ips=list(settings.forwarded_allow_ips),
-        # Input bounds (docs/security.md): headers still arriving past MAX_HEADER_BYTES close the
-        # connection with a 400 before the app sees them (BodyLimitMiddleware answers 431 for
-        # those that arrive at once); an idle keep-alive connection closes after KEEP_ALIVE_TIMEOUT_S.
-        h11_max_incomplete_event_size=MAX_HEADER_BYTES,
+        # Input bounds (docs/security.md): headers still arriving past MAX_HEADER_BYTES, or for
+        # longer than its header timeout, close the connection before the app sees them
+        # (HeaderGuardProtocol; BodyLimitMiddleware answers 431 for those that arrive at once); an
+        # idle keep-alive connection closes after KEEP_ALIVE_TIMEOUT_S.
         timeout_keep_alive=KEEP_ALIVE_TIMEOUT_S,
-        # h11 always (never httptools, even if installed), with a deadline on slow headers.
-        http=HeaderTimeoutH11Protocol,
+        # httptools (llhttp) with those bounds, never h11: h11 frames every streamed chunk in
+        # Python on the event loop's one thread (docs/decisions.md).
+        http=HeaderGuardProtocol,
         # asyncio always: uvicorn's "auto" takes uvloop where it is installed, which measured more
         # server CPU per request here (docs/decisions.md).
         loop="asyncio",

@@ -131,7 +131,7 @@ def test_report_subtracts_the_health_floor_per_percentile(tmp_path: Path) -> Non
         "machine": {"cpu": "x", "cores": 2, "memory_gb": 1, "python": "3"},
         "load_average_before": [0, 0, 0],
         "uvicorn_loop": "asyncio",
-        "uvicorn_http": "h11",
+        "uvicorn_http": "httptools",
     }
     report = build_report(config, {AuthSetup.NONE: [health, chat]}, meta)
     figures = report["overhead"]["none"]["chat"]
