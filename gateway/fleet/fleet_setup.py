@@ -47,6 +47,7 @@ def build_fleet(settings: Settings, device: str, base_config: BaseConfig) -> Mod
         budget,
         memory_probe=functools.partial(memory_in_use, device),
         release_memory=functools.partial(release_memory, device),
+        tokenizer_copies=settings.tokenizer_workers,
     )
 
 

@@ -138,8 +138,12 @@ class ModelFleet:
         budget: MemoryBudget | None = None,
         memory_probe: Callable[[], int | None] | None = None,
         release_memory: Callable[[], None] | None = None,
+        tokenizer_copies: int = 0,
     ) -> None:
         self.factory = factory
+        # Private tokenizer copies a loaded version's PromptBuilder makes on the loading thread
+        # (one per tokenizer pool worker), not on its first busy moment while serving.
+        self.tokenizer_copies = tokenizer_copies
         self.budget = budget
         self._probe = memory_probe or (lambda: None)
         self._release_memory = release_memory or (lambda: None)
@@ -330,6 +334,8 @@ class ModelFleet:
             entry.reserved_bytes = footprint.num_bytes
             built = await loop.run_in_executor(self._builder, self.factory.build, spec, footprint, spec.id)
             engine = built.engine
+            prompts = PromptBuilder(built.tokenizer, built.vocab_size)
+            await loop.run_in_executor(self._builder, prompts.make_copies, self.tokenizer_copies)
             await engine.start(warmup=True)  # ready only after a warm-up generation succeeded
         except Exception as exc:
             reason = f"{type(exc).__name__}: {exc}" if not str(exc).startswith(spec.id) else str(exc)
@@ -345,7 +351,7 @@ class ModelFleet:
             entry.state, entry.failure_reason = State.FAILED, reason
             self._release_memory()
             return entry
-        self._attach(entry, engine, built.tokenizer, built.max_model_len, built.vocab_size, None)
+        self._attach(entry, engine, built.tokenizer, built.max_model_len, built.vocab_size, None, prompts)
         logger.info("model version %s is ready (%s)", spec.id, footprint.describe())
         return entry
 
@@ -439,11 +445,12 @@ class ModelFleet:
         max_model_len: int,
         vocab_size: int | None,
         fingerprint: str | None,
+        prompts: PromptBuilder | None = None,
     ) -> None:
         name = entry.spec.name
         entry.engine = engine
         entry.tokenizer = tokenizer
-        entry.prompts = PromptBuilder(tokenizer, vocab_size)
+        entry.prompts = prompts if prompts is not None else PromptBuilder(tokenizer, vocab_size)
         entry.served = ServedModel(
             name,
             max_model_len,

@@ -73,6 +73,12 @@ def test_a_load_is_ready_after_warm_up_and_reserves_its_footprint(fleet: ModelFl
     assert [m.name for m in fleet.served_models()] == ["m"] and fleet.serves("m")
 
 
+def test_a_load_makes_the_tokenizer_copies_of_the_pool_workers_before_it_serves() -> None:
+    fleet = ModelFleet(Factory(), MemoryBudget(8 * MIB), tokenizer_copies=3)
+    v1 = asyncio.run(fleet.load(spec("v1")))
+    assert v1.state is State.READY and v1.prompts is not None and v1.prompts.num_copies == 3
+
+
 @pytest.mark.parametrize(
     ("path", "kv", "words"),
     [("missing", None, "does not exist"), ("bad-warmup", None, "warm-up"), ("ok", 64 * MIB, "does not fit")],

@@ -200,3 +200,62 @@ def test_a_long_tokenization_does_not_hold_up_another_prompt() -> None:
 
     asyncio.run(main())
     assert tok.done == ["fast", "slow"]
+
+
+class _CountedCopies(_GatedTokenizer):
+    """A `_GatedTokenizer` that counts the copies made of it (on any thread)."""
+
+    copies = 0
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _GatedTokenizer:
+        _CountedCopies.copies += 1
+        return super().__deepcopy__(memo)
+
+
+def test_copies_made_ahead_serve_the_workers_and_none_is_made_while_serving() -> None:
+    _CountedCopies.copies = 0
+    builder = PromptBuilder(_CountedCopies())
+    assert builder.make_copies(3) == 3 and _CountedCopies.copies == 3
+    assert builder.make_copies(2) == 3  # never fewer, never more than asked
+    errors: list[BaseException] = []
+
+    def work(i: int) -> None:
+        try:
+            builder._with_private(lambda tok, text: tok.encode(text), f"prompt {i}")
+        except BaseException as exc:  # collected and asserted on the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and _CountedCopies.copies == 3 and builder.num_copies == 3
+
+
+def test_more_workers_than_copies_made_ahead_make_one_more_each() -> None:
+    _CountedCopies.copies = 0
+    builder = PromptBuilder(_CountedCopies())
+    builder.make_copies(1)
+    held = threading.Event()
+    release = threading.Event()
+
+    def hold(tok: Any) -> None:
+        held.set()
+        release.wait(30)  # a hang guard; the test sets it
+
+    thread = threading.Thread(target=builder._with_private, args=(hold,))
+    thread.start()
+    try:
+        assert held.wait(30)
+        assert builder._with_private(lambda tok: tok.encode("x")) == [1]  # the one copy is busy
+    finally:
+        release.set()
+        thread.join()
+    assert builder.num_copies == 2 and _CountedCopies.copies == 2
+
+
+def test_a_tokenizer_that_cannot_be_copied_is_shared_in_turns() -> None:
+    builder = PromptBuilder(_BorrowCheckingTokenizer())  # holds a lock: deepcopy fails
+    assert builder.make_copies(4) == 0
+    assert builder._with_private(lambda tok, text: tok.encode(text), "ab") == [97 % 100, 98 % 100]

@@ -1,0 +1,16 @@
+"""gateway.fleet.fleet_setup: the fleet `weir serve` builds."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+from gateway.fleet.fleet_setup import build_fleet
+from gateway.server.bootstrap import engine_config
+from gateway.server.settings import Settings
+
+
+def test_the_fleet_makes_one_tokenizer_copy_per_pool_worker_at_load() -> None:
+    settings = dataclasses.replace(Settings(), tokenizer_workers=3)
+    fleet = build_fleet(settings, "cpu", functools.partial(engine_config, settings, device="cpu"))
+    assert fleet.tokenizer_copies == 3
