@@ -33,7 +33,9 @@ invalidation bumps a generation; a lookup caches its result only if the generati
 before querying is still current.
 
 `authenticate` is synchronous and may query the database on a cache miss; async code calls
-`authenticate_async`, which answers cache hits inline and runs only misses in the thread pool.
+`authenticate_async`, which answers cache hits inline and runs only misses in the thread pool,
+one lookup per key id at a time (`gateway.http.single_flight`): concurrent misses of one key
+share it, each request still checking its own secret against what was read.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ from gateway.http.errors import (
     WeirError,
     from_database_error,
 )
+from gateway.http.single_flight import SingleFlight
 from tenancy.context import TenantContext
 from tenancy.enums import KeyScope, KeyState, TenantStatus
 from tenancy.keys import KeyHasher, ParsedKey, parse_key
@@ -285,6 +288,8 @@ class Authenticator:
         self.num_unknown_lookups = 0  # ids looked up and not found (a flood shows here)
         self._generation = 0  # bumped by every invalidation (see the module docstring)
         self._lock = threading.Lock()
+        # A burst of requests with an uncached key sends one lookup (and one touch), not one each.
+        self._lookups: SingleFlight[str, _Entry | None] = SingleFlight()
 
     def authenticate(
         self, authorization: str | None, client_addr: str, *, scope: KeyScope | None = None
@@ -303,7 +308,12 @@ class Authenticator:
         parsed = self._parse(authorization)
         found = self._cached(parsed.key_id) if parsed is not None else _MISS
         if parsed is not None and found is _MISS:
-            found = await run_in_threadpool(self._load_or_unavailable, parsed, client_addr)
+            key = parsed  # bound for the closure (mypy keeps the narrowing)
+            with self._lock:
+                generation = self._generation
+            found = await self._lookups.run(
+                key.key_id, generation, lambda: run_in_threadpool(self._load_or_unavailable, key, client_addr)
+            )
         return self._finish(parsed, found, client_addr, scope)
 
     def invalidate(self, key_id: str) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from gateway.http.errors import AuthenticationError, PermissionDeniedError, Rate
 from tenancy.context import QuotaLimits
 from tenancy.enums import KeyScope
 from tenancy.keys import generate_admin_token, generate_key
-from tenancy.records import KeySpec
+from tenancy.records import KeyRecord, KeySpec
 from tests.gateway.auth_doubles import (
     ACME,
     ADDR,
@@ -253,6 +254,45 @@ def test_async_variant(repo: CountingRepo, auth: Authenticator) -> None:
     assert again == ctx and repo.lookups == 1
     with pytest.raises(AuthenticationError):
         asyncio.run(auth.authenticate_async(None, ADDR))
+
+
+class GatedRepo(CountingRepo):
+    """Lookups wait for `gate` (on the worker thread) and touches are counted."""
+
+    touches = 0
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.gate = threading.Event()
+
+    def lookup_key(self, key_id: str, *, timeout_s: float | None = None) -> KeyRecord | None:
+        self.gate.wait(30)  # a hang guard; the test opens it
+        return super().lookup_key(key_id, timeout_s=timeout_s)
+
+    def touch_key(self, key_id: str, when: dt.datetime, *, timeout_s: float | None = None) -> None:
+        self.touches += 1
+        super().touch_key(key_id, when, timeout_s=timeout_s)
+
+
+def test_a_burst_with_an_uncached_key_sends_one_lookup_and_one_touch(tmp_path: Path, clocks: Clocks) -> None:
+    with open_repo(GatedRepo, tmp_path / "weir.db", clocks, ACME) as repo:
+        auth = Authenticator(repo, AuthSettings(cache_ttl_s=30), timer=clocks.timer)
+        issued = repo.issue_key("acme", KeySpec(), actor="t")
+        wrong = issued.key[:-4] + ("aaaa" if not issued.key.endswith("aaaa") else "bbbb")
+
+        async def main() -> list[object]:
+            calls = [auth.authenticate_async(bearer(issued.key), ADDR) for _ in range(30)]
+            calls.append(auth.authenticate_async(bearer(wrong), ADDR))  # same id, wrong secret
+            tasks = [asyncio.ensure_future(c) for c in calls]
+            for _ in range(5):
+                await asyncio.sleep(0)  # every request reaches the lookup in flight
+            repo.gate.set()
+            return await asyncio.gather(*tasks, return_exceptions=True)
+
+        results = asyncio.run(main())
+        assert repo.lookups == 1 and repo.touches == 1
+        assert all(getattr(r, "tenant_id", None) == "acme" for r in results[:-1])
+        assert isinstance(results[-1], AuthenticationError)  # its own secret is still checked
 
 
 def test_bearer_token_parsing() -> None:
