@@ -15,7 +15,7 @@ from engine.request import Priority
 
 def test_the_documented_defaults() -> None:
     # CPU: the interactive ITL is half the noisy-neighbour objective of 300 ms (see the module)
-    assert CPU_CLASS_TARGETS.of(Priority.INTERACTIVE) == LatencyTargets(ttft_s=2.0, itl_s=0.15)
+    assert CPU_CLASS_TARGETS.of(Priority.INTERACTIVE) == LatencyTargets(ttft_s=2.0, itl_s=0.1)
     assert CPU_CLASS_TARGETS.of(Priority.STANDARD) == LatencyTargets(ttft_s=10.0, itl_s=0.8)
     assert CPU_CLASS_TARGETS.of(Priority.BATCH) == LatencyTargets()
     assert GPU_CLASS_TARGETS.of(Priority.INTERACTIVE) == LatencyTargets(ttft_s=0.5, itl_s=0.05)
