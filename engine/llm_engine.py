@@ -91,8 +91,10 @@ class LLMEngine:
         clock: Callable[[], float] = time.monotonic,
         faults: FaultInjector | None = None,
         drafter: Drafter | None = None,
+        cpu_row_inputs: int = 0,
     ) -> None:
         self.config = config
+        self.cpu_row_inputs = cpu_row_inputs  # what the model's linears were built with, for /metrics
         self.drafter = drafter  # speculative decoding's proposer; None: no speculation
         self.spec_counters = SpeculationCounters()  # monotonic: kept across reset()
         self.model_config = model_config
@@ -509,6 +511,7 @@ class LLMEngine:
             adapters=self.adapters(),
             slo=self.scheduler.slo.stats(),
             class_targets=self.scheduler.config.class_targets,
+            cpu_row_inputs=self.cpu_row_inputs,
         )
 
 
@@ -529,13 +532,14 @@ def build_engine(
     dtype = getattr(torch, config.dtype)
     device = torch.device(config.device)
     attn = _attention_backend(config, device)
+    row_inputs = row_weight_inputs(config)
     model, model_config = load_model(
         config.model_path,
         dtype=dtype,
         device=device,
         attn_backend=attn,
         pack_linear=_pack_linear(config),
-        row_inputs=row_weight_inputs(config),
+        row_inputs=row_inputs,
     )
     tokenizer = AutoTokenizer.from_pretrained(
         config.tokenizer_path or config.model_path, local_files_only=True
@@ -577,7 +581,15 @@ def build_engine(
 
     drafter = build_drafter(config, model_config, tokenizer, runner, num_blocks, attn, _pack_linear(config))
     return LLMEngine(
-        config, model_config, tokenizer, runner, num_blocks, clock=clock, faults=faults, drafter=drafter
+        config,
+        model_config,
+        tokenizer,
+        runner,
+        num_blocks,
+        clock=clock,
+        faults=faults,
+        drafter=drafter,
+        cpu_row_inputs=row_inputs,
     )
 
 

@@ -143,6 +143,9 @@ class EngineStats:
     adapters: tuple[AdapterInfo, ...] = ()  # the loaded LoRA adapters with their counters
     slo: SloStats = field(default_factory=SloStats)  # targets met per class and tenant, preemptions by reason
     class_targets: ClassTargets = NO_CLASS_TARGETS  # the engine's TTFT/ITL defaults per class
+    # Input rows up to which the CPU linears use their row copies (0: none; see
+    # engine/models/row_weight_probe.py), as chosen for this engine at load.
+    cpu_row_inputs: int = 0
 
     @property
     def kv_usage(self) -> float:

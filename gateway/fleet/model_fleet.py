@@ -233,7 +233,7 @@ class ModelFleet:
             if f.name == "adapters":  # each engine's own adapters, side by side
                 values[f.name] = tuple(a for c in column for a in c)
             elif (
-                f.name == "block_size"
+                f.name in ("block_size", "cpu_row_inputs")
                 or not isinstance(first, int | float | tuple)
                 or isinstance(first, bool)
             ):

@@ -68,6 +68,11 @@ def engine_load_metrics(s: EngineStats) -> Iterator[Metric]:
     yield GaugeMetricFamily("weir_kv_cache_total_blocks", "KV blocks in the pool.", value=s.num_total_blocks)
     yield GaugeMetricFamily("weir_kv_cache_block_size", "Tokens per KV block.", value=s.block_size)
     yield GaugeMetricFamily(
+        "weir_cpu_row_inputs",
+        "Input rows up to which the CPU linears use their row copies (0: none).",
+        value=s.cpu_row_inputs,
+    )
+    yield GaugeMetricFamily(
         "weir_prefix_cache_hit_rate",
         "Prefix-cache hits over queries (0-1).",
         value=s.prefix_cache_hit_rate,

@@ -113,6 +113,14 @@ CPU_PATHS = {
 }
 
 
+@pytest.mark.parametrize(("row_weights", "rows"), [(True, 1), (False, 0)])
+def test_the_stats_report_the_row_inputs_the_linears_were_built_with(
+    tiny: Path, row_weights: bool, rows: int
+) -> None:
+    engine = _engine(tiny, cpu_row_weights=row_weights)
+    assert engine.stats().cpu_row_inputs == rows
+
+
 @pytest.mark.parametrize("path", sorted(CPU_PATHS))
 def test_greedy_matches_transformers_generate(tiny: Path, path: str) -> None:
     options, fused_ops = CPU_PATHS[path]

@@ -53,3 +53,13 @@ def test_a_read_that_raises_yields_nothing_instead_of_failing_the_scrape() -> No
         raise RuntimeError("engine gone")
 
     assert _samples(FleetStatsCollector(broken)) == []
+
+
+def test_the_cpu_row_input_choice_is_a_gauge_per_version() -> None:
+    snapshots = {"m@v1": _stats(cpu_row_inputs=2), "m@v2": _stats()}
+    rows = {
+        labels["model_version"]: value
+        for name, labels, value in _samples(FleetStatsCollector(lambda: snapshots))
+        if name == "weir_cpu_row_inputs"
+    }
+    assert rows == {"m@v1": 2, "m@v2": 0}
