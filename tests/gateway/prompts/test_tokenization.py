@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -113,26 +114,35 @@ class _BorrowCheckingTokenizer:
         return 100
 
 
-def test_threads_take_turns_on_the_shared_tokenizer() -> None:
-    tokenizer = _BorrowCheckingTokenizer()
-    builder = PromptBuilder(tokenizer)
+def _run_in_threads(work: Callable[[int], None], count: int) -> list[BaseException]:
+    """`work(i)` on `count` threads at once, joined; what they raised (asserted on this thread)."""
     errors: list[BaseException] = []
 
-    def work(i: int) -> None:
+    def run(i: int) -> None:
         try:
-            for j in range(10):
-                builder.encode_prompt(f"prompt {i} {j}")
-                builder.encode_chat([ChatMessage(Role.USER, f"hi {i} {j}")])
-                builder.token_text(i * 10 + j)
-        except BaseException as exc:  # collected and asserted on the main thread
+            work(i)
+        except BaseException as exc:
             errors.append(exc)
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert errors == []
+    return errors
+
+
+def test_threads_take_turns_on_the_shared_tokenizer() -> None:
+    tokenizer = _BorrowCheckingTokenizer()
+    builder = PromptBuilder(tokenizer)
+
+    def work(i: int) -> None:
+        for j in range(10):
+            builder.encode_prompt(f"prompt {i} {j}")
+            builder.encode_chat([ChatMessage(Role.USER, f"hi {i} {j}")])
+            builder.token_text(i * 10 + j)
+
+    assert _run_in_threads(work, 8) == []
     assert tokenizer.calls == 8 * 10 * 4  # encode_prompt 1 + encode_chat 2 + token_text 1
 
 
@@ -217,20 +227,12 @@ def test_copies_made_ahead_serve_the_workers_and_none_is_made_while_serving() ->
     builder = PromptBuilder(_CountedCopies())
     assert builder.make_copies(3) == 3 and _CountedCopies.copies == 3
     assert builder.make_copies(2) == 3  # never fewer, never more than asked
-    errors: list[BaseException] = []
 
     def work(i: int) -> None:
-        try:
-            builder._with_private(lambda tok, text: tok.encode(text), f"prompt {i}")
-        except BaseException as exc:  # collected and asserted on the main thread
-            errors.append(exc)
+        builder._with_private(lambda tok, text: tok.encode(text), f"prompt {i}")
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == [] and _CountedCopies.copies == 3 and builder.num_copies == 3
+    assert _run_in_threads(work, 3) == []
+    assert _CountedCopies.copies == 3 and builder.num_copies == 3
 
 
 def test_more_workers_than_copies_made_ahead_make_one_more_each() -> None:
