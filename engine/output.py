@@ -113,6 +113,11 @@ class RequestOutput:
     num_accepted_draft_tokens: int = 0
 
 
+# Field metadata of an `EngineStats` field that describes one engine (a setting), not a count or
+# a rate: a total over several engines keeps the first one's instead of summing them.
+DESCRIBES_ENGINE = "describes_engine"
+
+
 @dataclass(frozen=True)
 class EngineStats:
     """A snapshot of engine load, for admission, metrics and health."""
@@ -121,7 +126,7 @@ class EngineStats:
     num_waiting: int
     num_total_blocks: int
     num_free_blocks: int
-    block_size: int
+    block_size: int = field(metadata={DESCRIBES_ENGINE: True})
     num_waiting_tokens: int = 0
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
@@ -145,7 +150,7 @@ class EngineStats:
     class_targets: ClassTargets = NO_CLASS_TARGETS  # the engine's TTFT/ITL defaults per class
     # Input rows up to which the CPU linears use their row copies (0: none; see
     # engine/models/row_weight_probe.py), as chosen for this engine at load.
-    cpu_row_inputs: int = 0
+    cpu_row_inputs: int = field(default=0, metadata={DESCRIBES_ENGINE: True})
 
     @property
     def kv_usage(self) -> float:

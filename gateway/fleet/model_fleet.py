@@ -32,7 +32,7 @@ from typing import Any
 
 from engine.client import EngineClient, EngineHealth
 from engine.memory_budget import MemoryBudget
-from engine.output import EngineStats
+from engine.output import DESCRIBES_ENGINE, EngineStats
 from gateway.fleet.fleet_types import EngineFactory, ManagedEngine, ServedModel, model_fingerprint
 from gateway.fleet.traffic_router import RoutePlan, choose_version
 from gateway.http.errors import ServiceUnavailableError
@@ -233,7 +233,7 @@ class ModelFleet:
             if f.name == "adapters":  # each engine's own adapters, side by side
                 values[f.name] = tuple(a for c in column for a in c)
             elif (
-                f.name in ("block_size", "cpu_row_inputs")
+                f.metadata.get(DESCRIBES_ENGINE, False)
                 or not isinstance(first, int | float | tuple)
                 or isinstance(first, bool)
             ):
