@@ -9,8 +9,8 @@ line and headers before the app sees them:
   first byte (or of the connection being made); otherwise the connection is closed. No response
   can be sent: there is no request to answer yet. The body has its own deadline in
   `gateway.http.body_limit` (408).
-- **Size:** llhttp buffers nothing itself but hands each header to the protocol, which keeps
-  them all; a header line that never ends would grow without limit. Past `MAX_HEADER_BYTES`
+- **Size:** httptools buffers a header until its line ends, then hands it to the protocol,
+  which keeps every header; a header line that never ends would grow without limit. Past `MAX_HEADER_BYTES`
   received before the headers are complete, the connection gets a 400 and is closed. (Headers
   that arrive whole are bounded in the app, with a 431: `gateway.http.body_limit`.)
 
