@@ -104,6 +104,10 @@ class Scheduler:
         self.num_steps = 0
         self.num_deferred_decodes = 0  # looser-class decodes that sat out a step for a tighter ITL
         self._resident_since: dict[str, int] = {}  # running id -> step it started or resumed
+        # preempted id -> tokens it held then: it is not displaced for a fair share again before
+        # it has computed past them (two tenants each needing most of the pool would otherwise
+        # displace each other just before each one's next token, for ever)
+        self._held_at_preemption: dict[str, int] = {}
 
     # -- queue management -------------------------------------------------------------------
 
@@ -187,6 +191,7 @@ class Scheduler:
             self._release_forks(req)
         if req.deadline_s is not None:
             self._num_deadlines -= 1
+        self._held_at_preemption.pop(request_id, None)
         if self.running.pop(request_id, None) is not None:
             self._resident_since.pop(request_id, None)
             self.waiting.on_running(req, -1)
@@ -428,7 +433,9 @@ class Scheduler:
             if candidates:
                 victim = max(candidates, key=lambda r: (int(r.priority), -r.num_computed_tokens, r.arrival_s))
         if victim is None and not self._may_seat(head):
-            victim = share_victim(head, self.running.values(), _one_seat, self.num_seats(head), self._settled)
+            victim = share_victim(
+                head, self.running.values(), _one_seat, self.num_seats(head), self._may_share_preempt
+            )
             reason = PreemptReason.FAIR_SHARE
         if victim is None:
             return budget
@@ -447,6 +454,13 @@ class Scheduler:
         """Whether `req` has run `min_residency_steps` since it last started (it may be preempted)."""
         since = self._resident_since.get(req.request_id, 0)
         return self.num_steps - since >= self.config.min_residency_steps
+
+    def _may_share_preempt(self, req: Request) -> bool:
+        """Whether `req` may be displaced for another tenant's fair share: it is `_settled` and has
+        computed past what it held when it was last preempted (each residency yields a token)."""
+        return self._settled(req) and req.num_computed_tokens >= self._held_at_preemption.get(
+            req.request_id, 0
+        )
 
     def _may_admit(self) -> bool:
         policy = self.config.batch_policy
@@ -502,7 +516,9 @@ class Scheduler:
                 victim, reason = self._lower_class_victim(req), PreemptReason.CLASS
                 if victim is None and self.config.queue_policy is not QueuePolicy.FCFS:
                     need = self.kv.blocks_for(req.num_tokens)
-                    victim = share_victim(req, self.running.values(), self._num_blocks, need, self._settled)
+                    victim = share_victim(
+                        req, self.running.values(), self._num_blocks, need, self._may_share_preempt
+                    )
                     reason = PreemptReason.FAIR_SHARE
                 if victim is None:
                     break
@@ -600,6 +616,7 @@ class Scheduler:
         and go back to the front of the queue."""
         self.slo.on_preempted(reason)
         del self.running[req.request_id]
+        self._held_at_preemption[req.request_id] = req.num_tokens
         self._resident_since.pop(req.request_id, None)
         self.waiting.on_running(req, -1)
         if self.kv.preempt(req, allow_swap) is PreemptionMode.SWAP:

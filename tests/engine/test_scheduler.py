@@ -276,3 +276,36 @@ def test_deadline_bookkeeping_of_forks_balances() -> None:
         sim.outputs[r.request_id] = []
     sim.run()
     assert sim.sched._num_deadlines == 0
+
+
+def test_a_displaced_request_is_not_displaced_for_a_fair_share_again_before_its_next_token() -> None:
+    # The livelock the progress machine found: two tenants of one class, each needing most of
+    # the pool, displaced each other (min residency passed) while recomputing, before either's
+    # next token. A request displaced once must compute past what it held before it can be again.
+    config = SchedulerConfig(
+        max_num_batched_tokens=6,
+        max_num_seqs=4,
+        max_model_len=72,
+        queue_policy=QueuePolicy.FAIR,
+        min_residency_steps=2,
+    )
+    sim = Sim(config, num_blocks=18, caching=False)
+    req = sim.add("c", list(range(1, 41)), 12, tenant="c", priority=Priority.INTERACTIVE)
+    while len(req.output_token_ids) < 4:
+        sim.step()
+    sched = sim.sched
+    held = req.num_tokens
+    sched._preempt(req)
+    assert req.status is RequestStatus.PREEMPTED and req.num_computed_tokens == 0
+    sim.step()  # readmitted, recomputing
+    assert req.status is RequestStatus.RUNNING
+    steps = 0
+    while req.num_computed_tokens < held:
+        steps += 1
+        if steps > config.min_residency_steps:
+            assert sched._settled(req) and not sched._may_share_preempt(req)
+        sim.step()
+    assert steps > config.min_residency_steps  # the recompute outlasted the residency
+    assert sched._may_share_preempt(req)  # past its old tokens (its next token sampled): fair game
+    sim.run()
+    assert sim.outputs["c"] == reference_output(list(range(1, 41)), 12)  # recomputed, unchanged
