@@ -31,8 +31,10 @@ from engine.spec_decode.policy import SpeculationPolicy
 from engine.spec_decode.tally import VerifiedDraft
 from engine.step_budget import StepBudget, make_step_budget
 from engine.step_plan import (
+    FIRST_ANSWER_TOKENS,
     fair_rows,
     fair_shares,
+    first_answer_yields,
     owes_itl,
     prefill_key,
     share_victim,
@@ -104,6 +106,7 @@ class Scheduler:
         self.num_steps = 0
         self.num_deferred_decodes = 0  # looser-class decodes that sat out a step for a tighter ITL
         self._resident_since: dict[str, int] = {}  # running id -> step it started or resumed
+        self._sat_out: set[str] = set()  # decodes that sat the last step out for a first answer
         # preempted id -> tokens it held then: it is not displaced for a fair share again before
         # it has computed past them (two tenants each needing most of the pool would otherwise
         # displace each other just before each one's next token, for ever)
@@ -271,6 +274,7 @@ class Scheduler:
             budget = self._displace_for_slo(budget, chunk_cap, scheduled, preempted)
         if not scheduled and self.running and len(self.waiting):
             budget = self._unstall(budget, chunk_cap, scheduled, preempted)
+        self._yield_to_first_answers(scheduled, feed.spec_slots)
 
         out = SchedulerOutput(
             scheduled=tuple(
@@ -296,6 +300,33 @@ class Scheduler:
             if req.times.first_scheduled_s is None:
                 req.times.first_scheduled_s = now
         return out
+
+    def _yield_to_first_answers(self, scheduled: dict[str, int], spec_slots: Mapping[str, int]) -> None:
+        """Take out of the planned step the decode rows that sit it out for another tenant's first
+        answer (`first_answer_yields`). Decided once the answer's last chunk is in the step, so
+        the step still moves; a row keeps the slot it was given and runs next step."""
+        sat_out, self._sat_out = self._sat_out, set()
+        cost = self.step_budget.model.cost
+        if cost is None:
+            return
+        firsts: list[Request] = []
+        decodes: list[Request] = []
+        for rid, n in scheduled.items():
+            req = self.requests[rid]
+            if req.output_token_ids:
+                if n == 1 and rid not in spec_slots:
+                    decodes.append(req)
+            elif req.num_computed_tokens + n == req.num_tokens and n <= FIRST_ANSWER_TOKENS:
+                firsts.append(req)
+        if not firsts or not decodes:
+            return
+        step_s = cost.seconds(
+            sum(scheduled.values()), len(decodes), sum(r.num_computed_tokens for r in decodes)
+        )
+        for row in first_answer_yields(firsts, decodes, sat_out, self.clock(), step_s):
+            del scheduled[row.request_id]
+            self._sat_out.add(row.request_id)
+        self.num_deferred_decodes += len(self._sat_out)
 
     def _ttft_need(
         self, prompts: list[Request], num_decodes: int, context: int, target_s: float | None

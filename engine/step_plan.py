@@ -25,17 +25,27 @@ order in which running requests get tokens, and each tenant's share of the prefi
   stays within its weighted share of what that class holds and another tenant is over its own
   (`share_victim`): beam 16 or n = 16 holding every seat, or long answers holding every block,
   cannot keep a tenant of the same class out. The victim is the over-share tenant's least
-  advanced request that has run `min_residency_steps`. Plain Python, no torch.
+  advanced request that has run `min_residency_steps`.
+- **A first answer before other tenants' rows:** a prompt whose last chunk is short (at most
+  `FIRST_ANSWER_TOKENS`) runs its first-token step without the decode rows of same-class tenants
+  that hold more rows than its own tenant (by weight): a quiet tenant's chat does not pay for a
+  neighbour's beam 16 in its TTFT (measured on SmolLM2: a 30-token prompt alone 46 ms, beside 16
+  beam rows 72 ms). A row sits out so only when its ITL target still holds over this step and
+  the next, and never two steps in a row (`first_answer_yields`).
+
+Plain Python, no torch.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
 from engine.request import Request
 
 _NO_TARGET = math.inf
+# The longest last prompt chunk whose step other tenants' decode rows may sit out (`first_answer_yields`).
+FIRST_ANSWER_TOKENS = 64
 
 
 def step_target_s(running: Iterable[Request], throughput_target_s: float | None) -> float | None:
@@ -188,3 +198,41 @@ def fair_shares(budget: int, demands: Mapping[str, int], weights: Mapping[str, f
             shares[t] += 1
         break
     return shares
+
+
+def first_answer_yields(
+    firsts: Sequence[Request],
+    decodes: Sequence[Request],
+    sat_out_last_step: Collection[str],
+    now: float,
+    step_s: float,
+) -> list[Request]:
+    """The decode rows of `decodes` that sit this step out so that the prompts of `firsts` (each
+    ending this step with a chunk of at most `FIRST_ANSWER_TOKENS`) get their first token from
+    a shorter step. A row yields to a first answer of its own class from another tenant that
+    holds fewer decode rows in the step per unit of weight (so the tenant with more rows yields,
+    never the one with fewer), when it did not sit out the last step, and when its ITL target
+    holds over the time since its last streamed token (none for a beam) plus two steps of
+    `step_s`."""
+    rows: dict[tuple[int, str], int] = {}
+    for d in decodes:
+        key = (int(d.priority), d.tenant_id)
+        rows[key] = rows.get(key, 0) + 1
+    yields: list[Request] = []
+    for d in decodes:
+        if d.request_id in sat_out_last_step:
+            continue
+        itl = d.latency.itl_s
+        # a row with output but no token streamed (a beam: its group answers at the end) owes no gap
+        last = d.times.token_s[-1] if d.times.token_s else now
+        if itl is not None and (now - last) + 2.0 * step_s > itl:
+            continue
+        held = rows[(int(d.priority), d.tenant_id)] / d.weight
+        if any(
+            f.priority is d.priority
+            and f.tenant_id != d.tenant_id
+            and rows.get((int(f.priority), f.tenant_id), 0) / f.weight < held
+            for f in firsts
+        ):
+            yields.append(d)
+    return yields

@@ -288,6 +288,54 @@ def test_one_tenant_with_sixteen_rows_does_not_stretch_another_tenants_steps() -
     assert all(r.is_finished for r in wide)  # its rows rotated: every one of them finished
 
 
+def _victim_chats(t: TimedSim, count: int, every_steps: int) -> list[Request]:
+    chats = []
+    for k in range(count):
+        chats.append(t.add(f"v{k}", 30, 4, "victim", Priority.STANDARD))
+        for _ in range(every_steps):
+            t.step()
+    return chats
+
+
+def test_a_first_answer_does_not_wait_for_another_tenants_sixteen_rows() -> None:
+    alone = _timed(per_decode_s=0.005)
+    alone.add("warm", 30, 40, "victim", Priority.STANDARD)  # the cost fit settles first
+    for _ in range(30):
+        alone.step()
+    ttft_alone = [c.times.ttft_s for c in _victim_chats(alone, 8, 12)]
+
+    t = _timed(per_decode_s=0.005)
+    beams = [t.add(f"a{i}", 8, 400, "attacker", Priority.STANDARD) for i in range(16)]  # beam 16-like
+    for _ in range(30):
+        t.step()
+    chats = _victim_chats(t, 8, 12)
+    assert all(c.is_finished for c in chats)
+    for c in chats:
+        # the step that gave the chat its first token ran without the attacker's rows
+        assert not any(c.times.first_token_s in r.times.token_s for r in beams)
+    ttft = [c.times.ttft_s for c in chats]
+    assert all(x is not None for x in ttft + ttft_alone)
+    # 16 rows cost 80 ms a step here (SmolLM2's 16 beam rows: 41 ms): a chat waits for at most
+    # the step running when it arrives, and its own step is the one it would take alone
+    assert max(ttft) <= max(ttft_alone) + 35e-3 + 16 * 5e-3 + 0.02  # type: ignore[operator]
+    # the rows never sat out two steps in a row, and went on within their ITL target
+    for r in beams:
+        assert max(_itls(r)) <= 0.8
+    assert t.sched.num_deferred_decodes > 0
+
+
+def test_the_tenant_with_more_rows_cannot_push_out_a_lone_row_with_its_first_answers() -> None:
+    t = _timed()
+    lone = t.add("lone", 30, 120, "victim", Priority.STANDARD)
+    for _ in range(5):
+        t.step()
+    for k in range(40):  # a new short chat from the attacker every step, beside its rows
+        t.add(f"a{k}", 30, 60, "attacker", Priority.STANDARD)
+        t.step()
+    # every step the lone row was in gave it a token: it never sat out for the attacker
+    assert len(lone.output_token_ids) >= 40
+
+
 def test_a_tenant_share_of_decode_rows_within_a_class_follows_the_weights() -> None:
     t = _timed()
     for i in range(16):

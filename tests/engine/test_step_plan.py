@@ -11,6 +11,7 @@ from engine.step_plan import (
     decode_key,
     fair_rows,
     fair_shares,
+    first_answer_yields,
     owes_itl,
     prefill_key,
     share_victim,
@@ -236,3 +237,52 @@ def test_share_victim_never_takes_from_a_tenant_within_its_share(
     assert victim.tenant_id != head_tenant
     assert per[victim.tenant_id] > total / len(tenants)  # over its (equal-weight) share
     assert per.get(head_tenant, 0) + need <= total / len(tenants)  # the head stays within its own
+
+
+def _decoding(rid: str, tenant: str, last_token_s: float, priority: Priority = Priority.STANDARD) -> Request:
+    req = _req(rid, priority, tenant=tenant)
+    req.times.token_s.append(last_token_s)
+    return req
+
+
+def test_the_tenant_with_more_rows_yields_to_another_tenants_first_answer() -> None:
+    beams = [_decoding(f"a{i}", "attacker", 9.9) for i in range(16)]
+    quiet_row = _decoding("q0", "quiet", 9.9)
+    first = _req("q1", Priority.STANDARD, tenant="quiet")
+    yields = first_answer_yields([first], [*beams, quiet_row], set(), now=10.0, step_s=0.05)
+    assert {r.request_id for r in yields} == {r.request_id for r in beams}  # 16 rows against 1
+    # the attacker's own first answers never push the quiet tenant's row out
+    attacker_first = _req("a99", Priority.STANDARD, tenant="attacker")
+    assert first_answer_yields([attacker_first], [*beams, quiet_row], set(), now=10.0, step_s=0.05) == []
+
+
+def test_equal_holders_other_classes_and_the_weight_do_not_yield() -> None:
+    first = _req("q1", Priority.STANDARD, tenant="quiet")
+    one_each = [_decoding("a0", "attacker", 9.9), _decoding("q0", "quiet", 9.9)]
+    assert first_answer_yields([first], one_each, set(), now=10.0, step_s=0.05) == []
+    batch_rows = [_decoding(f"b{i}", "flood", 9.9, Priority.BATCH) for i in range(8)]
+    assert first_answer_yields([first], batch_rows, set(), now=10.0, step_s=0.05) == []
+    # two rows at weight 4 hold less per unit of weight than the quiet tenant's one row at weight 1
+    heavy = [_decoding(f"h{i}", "heavy", 9.9) for i in range(2)]
+    for r in heavy:
+        r.weight = 4.0
+    assert first_answer_yields([first], [*heavy, one_each[1]], set(), now=10.0, step_s=0.05) == []
+
+
+def test_a_row_yields_only_within_its_itl_and_never_two_steps_in_a_row() -> None:
+    first = _req("q1", Priority.STANDARD, tenant="quiet")
+    rows = [_decoding(f"a{i}", "attacker", 9.9) for i in range(4)]
+    itl = rows[0].latency.itl_s
+    assert itl is not None
+    late = _decoding("late", "attacker", 10.0 - itl + 0.05)  # its gap plus two steps passes the ITL
+    yields = first_answer_yields([first], [*rows, late], {"a0"}, now=10.0, step_s=0.05)
+    assert {r.request_id for r in yields} == {"a1", "a2", "a3"}
+
+
+def test_beam_rows_that_stream_nothing_yield_however_long_they_ran() -> None:
+    first = _req("q1", Priority.STANDARD, tenant="quiet")
+    beams = [_req(f"b{i}", Priority.STANDARD, tenant="attacker") for i in range(16)]
+    for b in beams:
+        b.output_token_ids = [5, 6, 7]  # a beam's tokens, answered at the end: no token_s
+    yields = first_answer_yields([first], beams, set(), now=100.0, step_s=0.05)
+    assert len(yields) == 16
