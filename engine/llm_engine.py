@@ -53,6 +53,7 @@ from engine.spec_decode.policy import SpeculationPolicy
 from engine.spec_decode.tally import SpeculationCounters
 from engine.stall_watchdog import StallWatchdog
 from engine.step_budget import make_step_budget
+from engine.step_threads import StepThreads
 from engine.swap_policy import SwapPolicy
 
 logger = logging.getLogger("weir.engine")
@@ -574,8 +575,20 @@ def build_engine(
             config.lora.max_rank,
             lora.slot_bytes / 2**20,
         )
+    threads = None
+    if device.type == "cpu" and config.cpu_prefill_threads is not None:
+        threads = StepThreads(
+            torch.get_num_threads(), config.cpu_prefill_threads, config.cpu_prefill_min_tokens
+        )
     runner = ModelRunner(
-        model, kv_caches, config.cache.block_size, device, graphs=graphs, host_kv=host_kv, lora=lora
+        model,
+        kv_caches,
+        config.cache.block_size,
+        device,
+        graphs=graphs,
+        host_kv=host_kv,
+        lora=lora,
+        threads=threads,
     )
     from engine.spec_decode.factory import build_drafter
 

@@ -29,6 +29,7 @@ from engine.request import Request
 from engine.sampler import Sampler, SampleResult, SamplingContext, make_generator
 from engine.spec_decode.drafter import Draft
 from engine.spec_decode.verifier import Verification, Verifier
+from engine.step_threads import StepThreads
 
 logger = logging.getLogger("weir.engine")
 
@@ -65,8 +66,10 @@ class ModelRunner:
         faults: FaultInjector | None = None,
         host_kv: HostKVCopier | None = None,
         lora: LoraManager | None = None,
+        threads: StepThreads | None = None,
     ) -> None:
         self.model = model
+        self.threads = threads  # the CPU's intra-op threads per step; None: as the process set them
         self.lora = lora  # the LoRA adapters and slots; None: no adapters
         self.host_kv = host_kv  # the host KV tier's tensors; None: no swapping
         self.graphs = graphs  # decode steps that fit a captured bucket replay a CUDA graph
@@ -203,6 +206,8 @@ class ModelRunner:
         result = StepResult()
         if not out.scheduled:
             return result
+        if self.threads is not None:
+            self.threads.apply(out)
         scheduled: list[ScheduledRequest] = []
         inputs: list[list[int]] = []
         fed: dict[str, Draft] = {}  # the drafts fed after their request's tokens, to verify

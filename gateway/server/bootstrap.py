@@ -112,6 +112,7 @@ def engine_config(settings: Settings, model_path: Path, device: str) -> EngineCo
     from engine.latency_targets import class_targets_for
     from engine.loader import load_model_config
     from engine.spec_decode.config import SpeculativeConfig
+    from gateway.server.cpu_cores import usable_cores
 
     dtype = settings.resolved_dtype(device)
     block_size = CacheConfig().block_size
@@ -143,6 +144,7 @@ def engine_config(settings: Settings, model_path: Path, device: str) -> EngineCo
         use_triton=use_triton,
         use_cuda_graphs=use_cuda_graphs,
         cpu_row_weights=_row_weights_choice(settings),
+        cpu_prefill_threads=settings.prefill_threads(device, usable_cores()),
         speculative=SpeculativeConfig.parse(settings.speculative, settings.num_speculative_tokens),
         lora=lora_config(settings),
     )

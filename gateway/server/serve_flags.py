@@ -273,6 +273,13 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         "intra-op threads are the rest, at least one (env WEIR_CPU_RESERVED_CORES; default 1; "
         "0: every core)",
     )
+    add(
+        "--cpu-prefill-threads",
+        type=int,
+        metavar="N",
+        help="on a CPU device, the engine's intra-op threads for steps feeding 32 or more prompt "
+        "tokens (env WEIR_CPU_PREFILL_THREADS; default every core; 0: the engine's own count)",
+    )
     choice("--log-level", LogLevel, help="default info")
 
 

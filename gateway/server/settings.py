@@ -210,6 +210,10 @@ class Settings:
     # intra-op threads are the cores this process may run on minus these, at least one (like
     # vLLM's VLLM_CPU_NUM_OF_RESERVED_CPU). 0: every core (torch's default). Not used on a GPU.
     cpu_reserved_cores: int = 1
+    # On a CPU device, the engine's intra-op threads for steps that feed 32 or more prompt tokens
+    # (matrix-matrix work a second core nearly halves; engine/step_threads.py). None: every core
+    # this process may run on; 0: the engine's thread count for every step.
+    cpu_prefill_threads: int | None = None
 
     def __post_init__(self) -> None:
         for f in fields(self):  # NaN passes every range check below (each comparison is False)
@@ -226,6 +230,8 @@ class Settings:
             raise ValueError(f"grammar_compile_timeout_s must be > 0, got {self.grammar_compile_timeout_s}")
         if self.cpu_reserved_cores < 0:
             raise ValueError(f"cpu_reserved_cores must be >= 0, got {self.cpu_reserved_cores}")
+        if self.cpu_prefill_threads is not None and self.cpu_prefill_threads < 0:
+            raise ValueError(f"cpu_prefill_threads must be >= 0, got {self.cpu_prefill_threads}")
         if not 0 < self.gil_switch_interval_ms <= 1000:
             raise ValueError(
                 f"gil_switch_interval_ms must be in (0, 1000], got {self.gil_switch_interval_ms}"
@@ -324,6 +330,16 @@ class Settings:
         if device != "cpu":
             return None
         return max(1, cores - self.cpu_reserved_cores)
+
+    def prefill_threads(self, device: str, cores: int) -> int | None:
+        """The engine's intra-op threads for prefill steps on `device` (`cpu_prefill_threads`,
+        default every one of `cores`); None on a GPU, when off (0), or when it is the engine's
+        own count (nothing to switch)."""
+        threads = self.engine_threads(device, cores)
+        if threads is None or self.cpu_prefill_threads == 0:
+            return None
+        wanted = cores if self.cpu_prefill_threads is None else self.cpu_prefill_threads
+        return None if wanted == threads else wanted
 
     def resolved_target_step_s(self, device: str) -> float | None:
         """The target step time in seconds, None for a fixed budget: `target_step_ms` (0: none),
@@ -456,4 +472,5 @@ _FIELDS: dict[str, _FieldSpec] = {
     "grammar_compile_workers": _FieldSpec("WEIR_GRAMMAR_COMPILE_WORKERS", int),
     "gil_switch_interval_ms": _FieldSpec("WEIR_GIL_SWITCH_INTERVAL_MS", float),
     "cpu_reserved_cores": _FieldSpec("WEIR_CPU_RESERVED_CORES", int),
+    "cpu_prefill_threads": _FieldSpec("WEIR_CPU_PREFILL_THREADS", int),
 }

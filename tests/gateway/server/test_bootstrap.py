@@ -38,6 +38,13 @@ def test_engine_config_from_settings() -> None:
     assert config.cache.host_num_blocks == 0  # no host tier by default
     host = engine_config(Settings(max_model_len=64, host_kv_cache_tokens=1000), Path("/m"), "cpu")
     assert host.cache.host_num_blocks == 63  # ceil(1000 / 16): the host pool has no reserved block
+    from gateway.server.cpu_cores import usable_cores
+
+    cores = usable_cores()
+    assert config.cpu_prefill_threads == (cores if cores > 1 else None)  # prefill on every core
+    off = engine_config(Settings(max_model_len=64, cpu_prefill_threads=0), Path("/m"), "cpu")
+    assert off.cpu_prefill_threads is None
+    assert engine_config(Settings(max_model_len=64), Path("/m"), "cuda").cpu_prefill_threads is None
 
 
 def test_explicit_model_path_is_used_as_is() -> None:
