@@ -580,6 +580,12 @@ def build_engine(
         threads = StepThreads(
             torch.get_num_threads(), config.cpu_prefill_threads, config.cpu_prefill_min_tokens
         )
+        logger.info(
+            "CPU intra-op threads: %d for decode steps, %d for steps feeding >= %d prompt tokens",
+            threads.decode_threads,
+            threads.prefill_threads,
+            threads.min_prefill_tokens,
+        )
     runner = ModelRunner(
         model,
         kv_caches,
