@@ -311,19 +311,25 @@ class Scheduler:
             return
         firsts: list[Request] = []
         decodes: list[Request] = []
+        others: list[Request] = []  # every other row: the tenants' load in the step counts them too
         for rid, n in scheduled.items():
             req = self.requests[rid]
-            if req.output_token_ids:
-                if n == 1 and rid not in spec_slots:
-                    decodes.append(req)
-            elif req.num_computed_tokens + n == req.num_tokens and n <= FIRST_ANSWER_TOKENS:
+            if req.output_token_ids and n == 1 and rid not in spec_slots:
+                decodes.append(req)
+            elif (
+                not req.output_token_ids
+                and req.num_computed_tokens + n == req.num_tokens
+                and n <= FIRST_ANSWER_TOKENS
+            ):
                 firsts.append(req)
+            else:
+                others.append(req)
         if not firsts or not decodes:
             return
         step_s = cost.seconds(
             sum(scheduled.values()), len(decodes), sum(r.num_computed_tokens for r in decodes)
         )
-        for row in first_answer_yields(firsts, decodes, sat_out, self.clock(), step_s):
+        for row in first_answer_yields(firsts, decodes, sat_out, self.clock(), step_s, others):
             del scheduled[row.request_id]
             self._sat_out.add(row.request_id)
         self.num_deferred_decodes += len(self._sat_out)

@@ -28,7 +28,7 @@ order in which running requests get tokens, and each tenant's share of the prefi
   advanced request that has run `min_residency_steps`.
 - **A first answer before other tenants' rows:** a prompt whose last chunk is short (at most
   `FIRST_ANSWER_TOKENS`) runs its first-token step without the decode rows of same-class tenants
-  that hold more rows than its own tenant (by weight): a quiet tenant's chat does not pay for a
+  that hold more rows in the step (decodes and prompt chunks) than its own tenant (by weight): a quiet tenant's chat does not pay for a
   neighbour's beam 16 in its TTFT (measured on SmolLM2: a 30-token prompt alone 46 ms, beside 16
   beam rows 72 ms). A row sits out so only when its ITL target still holds over this step and
   the next, and never two steps in a row (`first_answer_yields`).
@@ -206,17 +206,20 @@ def first_answer_yields(
     sat_out_last_step: Collection[str],
     now: float,
     step_s: float,
+    others: Sequence[Request] = (),
 ) -> list[Request]:
     """The decode rows of `decodes` that sit this step out so that the prompts of `firsts` (each
     ending this step with a chunk of at most `FIRST_ANSWER_TOKENS`) get their first token from
     a shorter step. A row yields to a first answer of its own class from another tenant that
-    holds fewer decode rows in the step per unit of weight (so the tenant with more rows yields,
-    never the one with fewer), when it did not sit out the last step, and when its ITL target
-    holds over the time since its last streamed token (none for a beam) plus two steps of
-    `step_s`."""
+    holds fewer rows in the step per unit of weight (its decodes, its prompt chunks, `others`:
+    every other row scheduled), so the tenant with more rows yields, never the one with fewer: a
+    tenant sending a stream of new short prompts holds a row for each and cannot push out
+    another's lone decode. A row yields only when it did not sit out the last step, and when its
+    ITL target holds over the time since its last streamed token (none for a beam) plus two
+    steps of `step_s`."""
     rows: dict[tuple[int, str], int] = {}
-    for d in decodes:
-        key = (int(d.priority), d.tenant_id)
+    for r in (*decodes, *firsts, *others):
+        key = (int(r.priority), r.tenant_id)
         rows[key] = rows.get(key, 0) + 1
     yields: list[Request] = []
     for d in decodes:
@@ -231,7 +234,7 @@ def first_answer_yields(
         if any(
             f.priority is d.priority
             and f.tenant_id != d.tenant_id
-            and rows.get((int(f.priority), f.tenant_id), 0) / f.weight < held
+            and rows[(int(f.priority), f.tenant_id)] / f.weight < held
             for f in firsts
         ):
             yields.append(d)

@@ -286,3 +286,16 @@ def test_beam_rows_that_stream_nothing_yield_however_long_they_ran() -> None:
         b.output_token_ids = [5, 6, 7]  # a beam's tokens, answered at the end: no token_s
     yields = first_answer_yields([first], beams, set(), now=100.0, step_s=0.05)
     assert len(yields) == 16
+
+
+def test_a_stream_of_new_prompts_counts_as_rows_and_cannot_push_out_a_lone_decode() -> None:
+    lone = _decoding("v0", "victim", 9.9)
+    # a tenant with no decode rows sends a new short prompt (max_tokens 1) every step
+    spam = _req("s0", Priority.STANDARD, tenant="spammer")
+    assert first_answer_yields([spam], [lone], set(), now=10.0, step_s=0.05) == []
+    # its other prompt chunks in the step count too
+    chunks = [_req(f"s{i}", Priority.STANDARD, tenant="spammer") for i in range(1, 4)]
+    assert first_answer_yields([spam], [lone], set(), now=10.0, step_s=0.05, others=chunks) == []
+    # a quiet tenant's lone prompt still gets a step without a neighbour's two rows
+    rows = [_decoding(f"a{i}", "attacker", 9.9) for i in range(2)]
+    assert len(first_answer_yields([spam], rows, set(), now=10.0, step_s=0.05)) == 2
