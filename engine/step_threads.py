@@ -30,7 +30,7 @@ class StepThreads:
     prefill_threads: int
     min_prefill_tokens: int = 32
     current: int = field(init=False, default=0)
-    num_prefill_steps: int = field(init=False, default=0)  # steps run on `prefill_threads`
+    num_prefill_steps: int = field(init=False, default=0)  # steps run on more threads than decodes
 
     def __post_init__(self) -> None:
         if self.decode_threads < 1 or self.prefill_threads < 1:
@@ -47,8 +47,7 @@ class StepThreads:
     def apply(self, out: SchedulerOutput) -> None:
         """Set torch's intra-op threads for the step `out` (only when the count changes)."""
         want = self.threads_for(out)
-        if want == self.prefill_threads and want != self.decode_threads:
-            self.num_prefill_steps += 1
+        self.num_prefill_steps += want != self.decode_threads
         if want != self.current:
             torch.set_num_threads(want)
             self.current = want
