@@ -284,18 +284,19 @@ class EngineConfig:
     # one-row steps; None: where the packed path is on in float32 and this machine measures that
     # it pays, for the row counts it pays at (engine/models/row_weight_probe.py).
     cpu_row_weights: bool | None = None
-    # On CPU, torch's intra-op threads for steps feeding at least `cpu_prefill_min_tokens` prompt
-    # tokens (engine/step_threads.py); the other steps keep the process's count. None: no switch.
-    cpu_prefill_threads: int | None = None
-    cpu_prefill_min_tokens: int = 32
+    # On CPU, torch's intra-op threads for steps feeding at least `cpu_wide_step_rows` rows (decode
+    # rows plus prompt tokens; engine/step_threads.py); the other steps keep the process's count.
+    # None: no switch.
+    cpu_wide_step_threads: int | None = None
+    cpu_wide_step_rows: int = 4
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)  # off by default
     lora: LoraConfig = field(default_factory=LoraConfig)  # off by default
 
     def __post_init__(self) -> None:
-        if self.cpu_prefill_threads is not None and self.cpu_prefill_threads < 1:
-            raise ValueError(f"cpu_prefill_threads must be >= 1, got {self.cpu_prefill_threads}")
-        if self.cpu_prefill_min_tokens < 1:
-            raise ValueError(f"cpu_prefill_min_tokens must be >= 1, got {self.cpu_prefill_min_tokens}")
+        if self.cpu_wide_step_threads is not None and self.cpu_wide_step_threads < 1:
+            raise ValueError(f"cpu_wide_step_threads must be >= 1, got {self.cpu_wide_step_threads}")
+        if self.cpu_wide_step_rows < 1:
+            raise ValueError(f"cpu_wide_step_rows must be >= 1, got {self.cpu_wide_step_rows}")
         if self.cpu_row_weights and (
             self.device != "cpu" or self.dtype != "float32" or self.cpu_packed_linear is False
         ):

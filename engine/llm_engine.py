@@ -576,15 +576,15 @@ def build_engine(
             lora.slot_bytes / 2**20,
         )
     threads = None
-    if device.type == "cpu" and config.cpu_prefill_threads is not None:
+    if device.type == "cpu" and config.cpu_wide_step_threads is not None:
         threads = StepThreads(
-            torch.get_num_threads(), config.cpu_prefill_threads, config.cpu_prefill_min_tokens
+            torch.get_num_threads(), config.cpu_wide_step_threads, config.cpu_wide_step_rows
         )
         logger.info(
-            "CPU intra-op threads: %d for decode steps, %d for steps feeding >= %d prompt tokens",
+            "CPU intra-op threads: %d for steps of fewer than %d rows, %d for the others",
             threads.decode_threads,
-            threads.prefill_threads,
-            threads.min_prefill_tokens,
+            threads.min_rows,
+            threads.wide_threads,
         )
     runner = ModelRunner(
         model,

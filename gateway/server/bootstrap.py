@@ -144,7 +144,8 @@ def engine_config(settings: Settings, model_path: Path, device: str) -> EngineCo
         use_triton=use_triton,
         use_cuda_graphs=use_cuda_graphs,
         cpu_row_weights=_row_weights_choice(settings),
-        cpu_prefill_threads=settings.prefill_threads(device, usable_cores()),
+        cpu_wide_step_threads=settings.wide_step_threads(device, usable_cores()),
+        cpu_wide_step_rows=settings.cpu_wide_step_rows,
         speculative=SpeculativeConfig.parse(settings.speculative, settings.num_speculative_tokens),
         lora=lora_config(settings),
     )

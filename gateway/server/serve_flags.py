@@ -274,11 +274,19 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         "0: every core)",
     )
     add(
-        "--cpu-prefill-threads",
+        "--cpu-wide-step-threads",
         type=int,
         metavar="N",
-        help="on a CPU device, the engine's intra-op threads for steps feeding 32 or more prompt "
-        "tokens (env WEIR_CPU_PREFILL_THREADS; default every core; 0: the engine's own count)",
+        help="on a CPU device, the engine's intra-op threads for wide steps (see "
+        "--cpu-wide-step-rows; env WEIR_CPU_WIDE_STEP_THREADS; default every core; 0: the engine's "
+        "own count)",
+    )
+    add(
+        "--cpu-wide-step-rows",
+        type=int,
+        metavar="N",
+        help="a step is wide when it feeds N or more rows, decode rows plus prompt tokens (env "
+        "WEIR_CPU_WIDE_STEP_ROWS; default 4)",
     )
     choice("--log-level", LogLevel, help="default info")
 

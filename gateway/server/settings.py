@@ -210,10 +210,12 @@ class Settings:
     # intra-op threads are the cores this process may run on minus these, at least one (like
     # vLLM's VLLM_CPU_NUM_OF_RESERVED_CPU). 0: every core (torch's default). Not used on a GPU.
     cpu_reserved_cores: int = 1
-    # On a CPU device, the engine's intra-op threads for steps that feed 32 or more prompt tokens
-    # (matrix-matrix work a second core nearly halves; engine/step_threads.py). None: every core
-    # this process may run on; 0: the engine's thread count for every step.
-    cpu_prefill_threads: int | None = None
+    # On a CPU device, the engine's intra-op threads for wide steps: those that feed at least
+    # `cpu_wide_step_rows` rows (decode rows plus prompt tokens), matrix-matrix work a second core
+    # shortens by a quarter to a half (engine/step_threads.py). None: every core this process may
+    # run on; 0: the engine's thread count for every step.
+    cpu_wide_step_threads: int | None = None
+    cpu_wide_step_rows: int = 4
 
     def __post_init__(self) -> None:
         for f in fields(self):  # NaN passes every range check below (each comparison is False)
@@ -230,8 +232,10 @@ class Settings:
             raise ValueError(f"grammar_compile_timeout_s must be > 0, got {self.grammar_compile_timeout_s}")
         if self.cpu_reserved_cores < 0:
             raise ValueError(f"cpu_reserved_cores must be >= 0, got {self.cpu_reserved_cores}")
-        if self.cpu_prefill_threads is not None and self.cpu_prefill_threads < 0:
-            raise ValueError(f"cpu_prefill_threads must be >= 0, got {self.cpu_prefill_threads}")
+        if self.cpu_wide_step_threads is not None and self.cpu_wide_step_threads < 0:
+            raise ValueError(f"cpu_wide_step_threads must be >= 0, got {self.cpu_wide_step_threads}")
+        if self.cpu_wide_step_rows < 1:
+            raise ValueError(f"cpu_wide_step_rows must be >= 1, got {self.cpu_wide_step_rows}")
         if not 0 < self.gil_switch_interval_ms <= 1000:
             raise ValueError(
                 f"gil_switch_interval_ms must be in (0, 1000], got {self.gil_switch_interval_ms}"
@@ -331,14 +335,14 @@ class Settings:
             return None
         return max(1, cores - self.cpu_reserved_cores)
 
-    def prefill_threads(self, device: str, cores: int) -> int | None:
-        """The engine's intra-op threads for prefill steps on `device` (`cpu_prefill_threads`,
+    def wide_step_threads(self, device: str, cores: int) -> int | None:
+        """The engine's intra-op threads for wide steps on `device` (`cpu_wide_step_threads`,
         default every one of `cores`); None on a GPU, when off (0), or when it is the engine's
         own count (nothing to switch)."""
         threads = self.engine_threads(device, cores)
-        if threads is None or self.cpu_prefill_threads == 0:
+        if threads is None or self.cpu_wide_step_threads == 0:
             return None
-        wanted = cores if self.cpu_prefill_threads is None else self.cpu_prefill_threads
+        wanted = cores if self.cpu_wide_step_threads is None else self.cpu_wide_step_threads
         return None if wanted == threads else wanted
 
     def resolved_target_step_s(self, device: str) -> float | None:
@@ -472,5 +476,6 @@ _FIELDS: dict[str, _FieldSpec] = {
     "grammar_compile_workers": _FieldSpec("WEIR_GRAMMAR_COMPILE_WORKERS", int),
     "gil_switch_interval_ms": _FieldSpec("WEIR_GIL_SWITCH_INTERVAL_MS", float),
     "cpu_reserved_cores": _FieldSpec("WEIR_CPU_RESERVED_CORES", int),
-    "cpu_prefill_threads": _FieldSpec("WEIR_CPU_PREFILL_THREADS", int),
+    "cpu_wide_step_threads": _FieldSpec("WEIR_CPU_WIDE_STEP_THREADS", int),
+    "cpu_wide_step_rows": _FieldSpec("WEIR_CPU_WIDE_STEP_ROWS", int),
 }

@@ -37,7 +37,7 @@ def _engine(
     block_size: int = 16,
     cpu_packed_linear: bool | None = None,
     cpu_row_weights: bool | None = None,
-    cpu_prefill_threads: int | None = None,
+    cpu_wide_step_threads: int | None = None,
     **cache,
 ) -> LLMEngine:
     return build_engine(
@@ -47,7 +47,7 @@ def _engine(
             scheduler=SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=16, max_model_len=512),
             cpu_packed_linear=cpu_packed_linear,
             cpu_row_weights=cpu_row_weights,
-            cpu_prefill_threads=cpu_prefill_threads,
+            cpu_wide_step_threads=cpu_wide_step_threads,
         )
     )
 
@@ -142,11 +142,11 @@ def test_prefill_steps_on_two_threads_keep_greedy_identical_to_transformers(llam
     before = torch.get_num_threads()
     torch.set_num_threads(1)  # the decode steps' count, as `weir serve` sets it on 2 cores
     try:
-        engine = _engine(llama_gqa, cpu_prefill_threads=2)
+        engine = _engine(llama_gqa, cpu_wide_step_threads=2)
         assert engine.runner.threads is not None
         prompts = _prompts(engine.model_config.vocab_size, seed=3)
         ours = _run_all(engine, prompts, SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0))
-        assert engine.runner.threads.num_prefill_steps > 0  # the long prompts ran on two threads
+        assert engine.runner.threads.num_wide_steps > 0  # the long prompts ran on two threads
         assert torch.get_num_threads() == 1  # and the last decode steps on one
     finally:
         torch.set_num_threads(before)

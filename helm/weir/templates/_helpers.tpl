@@ -204,7 +204,8 @@ numbers are printed as integers. */}}
 {{- $pairs = append $pairs (list "WEIR_GRAMMAR_COMPILE_WORKERS" .Values.config.grammarCompileWorkers) -}}
 {{- $pairs = append $pairs (list "WEIR_GIL_SWITCH_INTERVAL_MS" .Values.config.gilSwitchIntervalMs) -}}
 {{- $pairs = append $pairs (list "WEIR_CPU_RESERVED_CORES" .Values.config.cpuReservedCores) -}}
-{{- $pairs = append $pairs (list "WEIR_CPU_PREFILL_THREADS" .Values.config.cpuPrefillThreads) -}}
+{{- $pairs = append $pairs (list "WEIR_CPU_WIDE_STEP_THREADS" .Values.config.cpuWideStepThreads) -}}
+{{- $pairs = append $pairs (list "WEIR_CPU_WIDE_STEP_ROWS" .Values.config.cpuWideStepRows) -}}
 {{- $pairs = append $pairs (list "WEIR_SPECULATIVE" .Values.config.speculative) -}}
 {{- $pairs = append $pairs (list "WEIR_NUM_SPECULATIVE_TOKENS" .Values.config.numSpeculativeTokens) -}}
 {{- $pairs = append $pairs (list "WEIR_MAX_MODEL_LEN" .Values.config.maxModelLen) -}}

@@ -41,10 +41,10 @@ def test_engine_config_from_settings() -> None:
     from gateway.server.cpu_cores import usable_cores
 
     cores = usable_cores()
-    assert config.cpu_prefill_threads == (cores if cores > 1 else None)  # prefill on every core
-    off = engine_config(Settings(max_model_len=64, cpu_prefill_threads=0), Path("/m"), "cpu")
-    assert off.cpu_prefill_threads is None
-    assert engine_config(Settings(max_model_len=64), Path("/m"), "cuda").cpu_prefill_threads is None
+    assert config.cpu_wide_step_threads == (cores if cores > 1 else None)  # prefill on every core
+    off = engine_config(Settings(max_model_len=64, cpu_wide_step_threads=0), Path("/m"), "cpu")
+    assert off.cpu_wide_step_threads is None
+    assert engine_config(Settings(max_model_len=64), Path("/m"), "cuda").cpu_wide_step_threads is None
 
 
 def test_explicit_model_path_is_used_as_is() -> None:

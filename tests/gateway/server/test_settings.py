@@ -234,19 +234,19 @@ def test_gil_switch_interval_flag_and_env() -> None:
 
 
 def test_prefill_steps_get_every_core_unless_told_otherwise() -> None:
-    assert Settings().cpu_prefill_threads is None
-    assert Settings().prefill_threads("cpu", 2) == 2  # decode steps keep 1 of the 2 cores
-    assert Settings().prefill_threads("cpu", 16) == 16
-    assert Settings().prefill_threads("cpu", 1) is None  # the engine's own count: nothing to switch
-    assert Settings(cpu_reserved_cores=0).prefill_threads("cpu", 2) is None
-    assert Settings(cpu_prefill_threads=0).prefill_threads("cpu", 2) is None  # off
-    assert Settings(cpu_prefill_threads=3).prefill_threads("cpu", 8) == 3
-    assert Settings().prefill_threads("cuda", 16) is None
-    args = parse(["--cpu-prefill-threads", "0"])
-    assert Settings.from_sources(args, {"WEIR_CPU_PREFILL_THREADS": "3"}).cpu_prefill_threads == 0
-    assert Settings.from_sources({}, {"WEIR_CPU_PREFILL_THREADS": "3"}).cpu_prefill_threads == 3
-    with pytest.raises(ValueError, match="cpu_prefill_threads"):
-        Settings.from_sources({}, {"WEIR_CPU_PREFILL_THREADS": "-1"})
+    assert Settings().cpu_wide_step_threads is None
+    assert Settings().wide_step_threads("cpu", 2) == 2  # decode steps keep 1 of the 2 cores
+    assert Settings().wide_step_threads("cpu", 16) == 16
+    assert Settings().wide_step_threads("cpu", 1) is None  # the engine's own count: nothing to switch
+    assert Settings(cpu_reserved_cores=0).wide_step_threads("cpu", 2) is None
+    assert Settings(cpu_wide_step_threads=0).wide_step_threads("cpu", 2) is None  # off
+    assert Settings(cpu_wide_step_threads=3).wide_step_threads("cpu", 8) == 3
+    assert Settings().wide_step_threads("cuda", 16) is None
+    args = parse(["--cpu-wide-step-threads", "0"])
+    assert Settings.from_sources(args, {"WEIR_CPU_WIDE_STEP_THREADS": "3"}).cpu_wide_step_threads == 0
+    assert Settings.from_sources({}, {"WEIR_CPU_WIDE_STEP_THREADS": "3"}).cpu_wide_step_threads == 3
+    with pytest.raises(ValueError, match="cpu_wide_step_threads"):
+        Settings.from_sources({}, {"WEIR_CPU_WIDE_STEP_THREADS": "-1"})
 
 
 def test_cpu_reserved_cores_leave_the_engine_the_rest() -> None:
