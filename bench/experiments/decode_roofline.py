@@ -24,6 +24,10 @@ floor of a batch-1 decode step), `--reps` times, `--steps` decode steps per time
   the linears and calls MKL for the GEMMs. The first step of each batch size compiles (tens of
   seconds); the engine has no such path (docs/decisions.md).
 
+`--wide-step-threads N` steps each engine as `weir serve` does (engine/step_threads.py): steps
+of `--wide-step-rows` rows or more on N intra-op threads, the others on `--threads`; the weight
+read always runs on `--threads`.
+
 Two clocks per block: wall time, and the CPU time of the stepping thread (`time.thread_time`),
 which with one intra-op thread (`--threads 1`, the default here) is all of the step's compute and
 is far less disturbed by other processes on a shared machine than the wall clock. Reported:
@@ -75,14 +79,38 @@ class _CompiledForward(torch.nn.Module):
         return self.model.compute_logits(hidden)  # type: ignore[operator, no-any-return]
 
 
-def build_variant(name: str, model: Path, max_num_seqs: int, max_model_len: int) -> LLMEngine:
-    """The engine of one variant (see the module docstring)."""
+def build_variant(
+    name: str, model: Path, max_num_seqs: int, max_model_len: int, wide: tuple[int | None, int] = (None, 4)
+) -> LLMEngine:
+    """The engine of one variant (see the module docstring); `wide`: its wide-step threads (None:
+    no switch) and rows."""
     if name == "compiled":
         engine = build_engine(cpu_engine_config(model, "float32", False, max_num_seqs, max_model_len))
         engine.runner.model = _CompiledForward(engine.runner.model)
         return engine
     base = cpu_engine_config(model, "float32", True, max_num_seqs, max_model_len)
-    return build_engine(dataclasses.replace(base, cpu_row_weights=name in ("rows", "rows_unfused")))
+    return build_engine(
+        dataclasses.replace(
+            base,
+            cpu_row_weights=name in ("rows", "rows_unfused"),
+            cpu_wide_step_threads=wide[0],
+            cpu_wide_step_rows=wide[1],
+        )
+    )
+
+
+def _on_threads(count: int, call: Callable[[], None]) -> Callable[[], None]:
+    """`call` on `count` intra-op threads, the count it found restored after."""
+
+    def run() -> None:
+        before = torch.get_num_threads()
+        torch.set_num_threads(count)
+        try:
+            call()
+        finally:
+            torch.set_num_threads(before)
+
+    return run
 
 
 def _set_switches(engine: LLMEngine, name: str) -> None:
@@ -164,12 +192,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for name in args.variants:
         if SWITCHED.get(name) in args.variants:
             continue  # stepped on its base variant's engine with a switch flipped
-        engines[name] = build_variant(name, args.model, max(args.batches), max_len)
+        wide = (args.wide_step_threads, args.wide_step_rows)
+        engines[name] = build_variant(name, args.model, max(args.batches), max_len, wide)
     for name, base in SWITCHED.items():
         if name in args.variants and base in args.variants:
             engines[name] = engines[base]
     reader = plain_weight_reader(args.model, "float32")
-    rows = [measure(engines, reader, b, args.context_len, args.steps, args.reps) for b in args.batches]
+    read = _on_threads(args.threads or torch.get_num_threads(), reader)
+    rows = [measure(engines, read, b, args.context_len, args.steps, args.reps) for b in args.batches]
     first = rows[0]
     for row in rows:
         for name in engines:
@@ -179,7 +209,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 )
     return {
         "model": str(args.model),
-        "threads": torch.get_num_threads(),
+        "threads": args.threads or torch.get_num_threads(),
+        "wide_step_threads": args.wide_step_threads,
+        "wide_step_rows": args.wide_step_rows,
         "weight_bytes": reader.num_bytes,
         "load_average": os.getloadavg(),
         "decode": rows,
@@ -197,6 +229,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=8, help="decode steps per timed block")
     p.add_argument("--reps", type=int, default=8, help="timed blocks per variant and batch size")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (0: torch's default)")
+    p.add_argument(
+        "--wide-step-threads",
+        type=int,
+        help="intra-op threads for wide steps, as served (default: no switch)",
+    )
+    p.add_argument("--wide-step-rows", type=int, default=4, help="rows from which a step is wide")
     p.add_argument("--out", type=Path, help="also write the JSON report here")
     args = p.parse_args(argv)
     if args.threads:

@@ -59,3 +59,28 @@ def test_the_variants_are_what_they_say(tmp_path: Path) -> None:
         assert model.fused_ops == fused, name
         assert all(layer.self_attn.attn_backend.native_decode == native for layer in model.layers), name
         assert model.native_norms == (norms and model.native_norms_built), name
+
+
+def test_wide_step_threads_step_the_engine_as_served_and_the_read_on_the_process_count(
+    tmp_path: Path,
+) -> None:
+    path = make_tiny_model(tmp_path / "model", "llama", num_kv_heads=2)
+    out = tmp_path / "roofline.json"
+    threads = torch.get_num_threads()
+    argv = ["--model", str(path), "--variants", "rows", "--batches", "1", "4", "--context-len", "20"]
+    try:
+        assert (
+            main([*argv, "--steps", "2", "--reps", "2", "--wide-step-threads", "2", "--out", str(out)]) == 0
+        )
+        assert torch.get_num_threads() == 2  # the last step (four rows) was wide
+    finally:
+        torch.set_num_threads(threads)
+    report = json.loads(out.read_text())
+    assert (report["threads"], report["wide_step_threads"], report["wide_step_rows"]) == (1, 2, 4)
+    engine = build_variant("rows", path, 4, 64, (2, 4))
+    assert engine.runner.threads is not None
+    assert (engine.runner.threads.decode_threads, engine.runner.threads.wide_threads) == (
+        torch.get_num_threads(),
+        2,
+    )
+    assert build_variant("rows", path, 4, 64).runner.threads is None  # no switch by default
