@@ -13,6 +13,7 @@ request of the step.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -201,13 +202,27 @@ class ModelRunner:
         and is verified over all of their rows (`StepResult.verified`); such steps have q_len > 1
         and so never replay a decode CUDA graph.
         """
+        if self.threads is None or not out.scheduled:
+            return self._execute(out, requests, drafts)
+        self.threads.apply(out)
+        start = time.perf_counter()
+        try:
+            return self._execute(out, requests, drafts)
+        finally:
+            self.threads.observe(out, time.perf_counter() - start)
+
+    def _execute(
+        self,
+        out: SchedulerOutput,
+        requests: Mapping[str, Request],
+        drafts: Mapping[str, Draft] | None,
+    ) -> StepResult:
+        """`execute` on the intra-op threads set for the step."""
         self.forget(out.finished_ids)  # a preempted request keeps its generator: seeds reproduce
         self.transfer_blocks(out)
         result = StepResult()
         if not out.scheduled:
             return result
-        if self.threads is not None:
-            self.threads.apply(out)
         scheduled: list[ScheduledRequest] = []
         inputs: list[list[int]] = []
         fed: dict[str, Draft] = {}  # the drafts fed after their request's tokens, to verify

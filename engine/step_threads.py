@@ -1,54 +1,147 @@
-"""Intra-op threads per step on the CPU: every core for wide steps, the process's count else.
+"""Intra-op threads per step on the CPU: more threads for wide steps while they are measured faster.
 
 A step's rows are the tokens it feeds: one per decoding sequence, one per prompt token of a
-chunk. A narrow step (one or two rows) is a string of matrix-vector products bound by memory: a
-second thread gains nothing there (SmolLM2 fp32 at batch 1: 20.3 ms on one thread, 21.4 ms on
-two), and two threads on a 2-core machine wait at each of its ~600 small ops' barriers whenever
-the event loop, a tokenizer thread or the client takes a core (docs/benchmarks.md: the flood
-experiment's ITL p99 53.7 ms on two threads against 30.5 ms on one). From a few rows on, the
-linears reuse each weight they read across the rows, the multiply-adds take over and a second
-core pays (engine alone, this 2-core host: 4 decode rows 30.2 → 22.7 ms, 8 rows 31.6 → 24.3 ms,
-16 rows 48.6 → 29.7 ms; a 128-token prompt 164 → 103-108 ms).
+chunk. A narrow step (fewer than `min_rows`) is a string of matrix-vector products bound by
+memory: a second thread gains nothing there (SmolLM2 fp32 at batch 1: 20.3 ms on one thread,
+21.4 ms on two), and two threads on a 2-core machine wait at each of its ~600 small ops' barriers
+whenever the event loop, a tokenizer thread or the client takes a core (docs/benchmarks.md: the
+flood experiment's ITL p99 53.7 ms on two threads against 30.5 ms on one). Narrow steps always
+run on `decode_threads`, what `weir serve` set for the process.
 
-So the runner sets torch's intra-op threads before each step: `wide_threads` when the step feeds
-at least `min_rows` rows, else `decode_threads` (what `weir serve` set for the process). Setting
-the count is a store (0.1 µs); nothing else changes between steps.
+From a few rows on, the linears reuse each weight they read across the rows and a second core
+usually pays (engine alone, a 2-core host: 4 decode rows 30.2 → 22.7 ms, 8 rows 31.6 → 24.3 ms,
+16 rows 48.6 → 29.7 ms; a 128-token prompt 164 → 103-108 ms). Usually: on a host whose cores are
+shared with other machines, or beside a busy front end, the same steps were measured slower on
+two threads than on one (docs/benchmarks.md). So a wide step's count is measured, not assumed:
+per bucket of rows (4-7, 8-15, 16-31, ...), the last `window` step times on each count; the
+count with the lower median runs, and one wide step in `explore_every` of the bucket runs on the
+other, so that a change of the host's load is seen within seconds. A bucket first runs each count
+`window // 2` times, wide first. The median keeps one stalled step from flipping the choice.
+
+The runner calls `apply` before each step and the engine `observe` after it with the step's
+time. Setting the count is a store (0.1 µs).
 """
 
 from __future__ import annotations
 
+import logging
+import statistics
+from collections import deque
 from dataclasses import dataclass, field
 
 import torch
 
 from engine.output import SchedulerOutput
 
+logger = logging.getLogger(__name__)
+
+MAX_BUCKET = 12  # rows >= 2**11 share one bucket
+
+
+def row_bucket(rows: int) -> int:
+    """The bucket of a step of `rows` rows: 4-7 -> 3, 8-15 -> 4, ... (powers of two)."""
+    return min(rows.bit_length(), MAX_BUCKET)
+
+
+@dataclass
+class _Bucket:
+    """The recent step times of one bucket of rows, on each thread count, and its explore clock."""
+
+    times: dict[int, deque[float]]
+    num_steps: int = 0
+    logged: int = 0  # the preferred count last logged (0: none yet)
+
 
 @dataclass
 class StepThreads:
-    """Chooses each step's intra-op thread count by how many rows it feeds."""
+    """Chooses each step's intra-op thread count: the process's for narrow steps, the measured
+    faster of it and `wide_threads` for wide ones."""
 
     decode_threads: int
     wide_threads: int
     min_rows: int = 4
+    window: int = 8  # step times kept per bucket and count
+    explore_every: int = 16  # one wide step in this many (per bucket) runs on the count not chosen
     current: int = field(init=False, default=0)
     num_wide_steps: int = field(init=False, default=0)  # steps run on `wide_threads`
+    _buckets: dict[int, _Bucket] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.decode_threads < 1 or self.wide_threads < 1:
             raise ValueError(f"thread counts must be >= 1, got {self.decode_threads}, {self.wide_threads}")
         if self.min_rows < 1:
             raise ValueError(f"min_rows must be >= 1, got {self.min_rows}")
+        if self.window < 2 or self.explore_every < 2:
+            raise ValueError(
+                f"window and explore_every must be >= 2, got {self.window}, {self.explore_every}"
+            )
         self.current = torch.get_num_threads()
 
+    def _bucket(self, rows: int) -> _Bucket:
+        key = row_bucket(rows)
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            counts = (self.wide_threads, self.decode_threads)
+            bucket = self._buckets[key] = _Bucket({c: deque(maxlen=self.window) for c in counts})
+        return bucket
+
+    def preferred(self, rows: int) -> int:
+        """The count a wide step of `rows` rows runs on when it does not explore: the one with the
+        lower median time (wide while both are unmeasured or equal)."""
+        times = self._bucket(rows).times
+        wide, narrow = times[self.wide_threads], times[self.decode_threads]
+        if not narrow or not wide:
+            return self.wide_threads
+        return (
+            self.decode_threads if statistics.median(narrow) < statistics.median(wide) else self.wide_threads
+        )
+
     def threads_for(self, out: SchedulerOutput) -> int:
-        """The intra-op threads the step `out` runs with."""
-        return self.wide_threads if out.num_tokens >= self.min_rows else self.decode_threads
+        """The intra-op threads the step `out` runs with (given what was measured so far)."""
+        rows = out.num_tokens
+        if rows < self.min_rows:
+            return self.decode_threads
+        bucket = self._bucket(rows)
+        for count in (self.wide_threads, self.decode_threads):  # each count measured a few times
+            if len(bucket.times[count]) < self.window // 2:
+                return count
+        best = self.preferred(rows)
+        if bucket.num_steps % self.explore_every == self.explore_every - 1:
+            return self.decode_threads if best == self.wide_threads else self.wide_threads
+        return best
 
     def apply(self, out: SchedulerOutput) -> None:
         """Set torch's intra-op threads for the step `out` (only when the count changes)."""
         want = self.threads_for(out)
-        self.num_wide_steps += want != self.decode_threads
+        if out.num_tokens >= self.min_rows:
+            self._bucket(out.num_tokens).num_steps += 1
+        self.num_wide_steps += want == self.wide_threads
         if want != self.current:
             torch.set_num_threads(want)
             self.current = want
+
+    def observe(self, out: SchedulerOutput, seconds: float) -> None:
+        """Record that the step `out`, run on the current count, took `seconds`."""
+        rows = out.num_tokens
+        if rows < self.min_rows or seconds < 0:
+            return
+        bucket = self._bucket(rows)
+        bucket.times[self.current].append(seconds)
+        if all(len(t) >= self.window // 2 for t in bucket.times.values()):
+            best = self.preferred(rows)
+            if best != bucket.logged:
+                bucket.logged = best
+                low = 1 << (row_bucket(rows) - 1)
+                logger.info(
+                    "steps of %d+ rows now run on %d intra-op threads (median %s ms on %d, %s ms on %d)",
+                    low,
+                    best,
+                    _median_ms(bucket.times[self.wide_threads]),
+                    self.wide_threads,
+                    _median_ms(bucket.times[self.decode_threads]),
+                    self.decode_threads,
+                )
+
+
+def _median_ms(times: deque[float]) -> str:
+    return f"{statistics.median(times) * 1e3:.1f}"

@@ -25,8 +25,9 @@ floor of a batch-1 decode step), `--reps` times, `--steps` decode steps per time
   seconds); the engine has no such path (docs/decisions.md).
 
 `--wide-step-threads N` steps each engine as `weir serve` does (engine/step_threads.py): steps
-of `--wide-step-rows` rows or more on N intra-op threads, the others on `--threads`; the weight
-read always runs on `--threads`.
+of `--wide-step-rows` rows or more on N intra-op threads or on `--threads`, whichever its own
+measurements find faster (the warm-up covers its first measurements; one timed step in 16 runs
+on the other count); the others on `--threads`; the weight read always runs on `--threads`.
 
 Two clocks per block: wall time, and the CPU time of the stepping thread (`time.thread_time`),
 which with one intra-op thread (`--threads 1`, the default here) is all of the step's compute and
@@ -156,8 +157,9 @@ def measure(
         return step
 
     names = [*engines, "weight_read"]
-    for name in engines:  # warm-up: one block of each
-        _block(stepper(name), 1)
+    for name in engines:  # warm-up: one step of each, or as many as the wide-step choice measures first
+        threads = engines[name].runner.threads
+        _block(stepper(name), threads.window if threads is not None else 1)
     times: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
     for rep in range(reps):
         for name in names if rep % 2 == 0 else reversed(names):

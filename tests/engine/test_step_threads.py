@@ -1,4 +1,5 @@
-"""engine/step_threads.py: every core for wide steps, the process's count else."""
+"""engine/step_threads.py: the process's count for narrow steps; for wide ones, the count measured
+faster per bucket of rows, the other explored now and then."""
 
 from __future__ import annotations
 
@@ -6,9 +7,11 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from engine.output import ScheduledRequest, SchedulerOutput
-from engine.step_threads import StepThreads
+from engine.step_threads import StepThreads, row_bucket
 
 
 def _step(*num_tokens: int) -> SchedulerOutput:
@@ -24,20 +27,98 @@ def restore_threads() -> Iterator[int]:
     torch.set_num_threads(before)
 
 
-def test_the_count_follows_the_rows_a_step_feeds(restore_threads: int) -> None:
+def _run(threads: StepThreads, out: SchedulerOutput, seconds_on: dict[int, float]) -> int:
+    """One step: apply, then observe the time the step takes on the count it ran with."""
+    threads.apply(out)
+    ran = threads.current
+    threads.observe(out, seconds_on[ran])
+    return ran
+
+
+def test_buckets_are_powers_of_two_of_rows() -> None:
+    assert [row_bucket(n) for n in (4, 7, 8, 15, 16, 128, 10**6)] == [3, 3, 4, 4, 5, 8, 12]
+
+
+def test_narrow_steps_keep_the_process_count(restore_threads: int) -> None:
     threads = StepThreads(decode_threads=1, wide_threads=2, min_rows=4)
-    assert threads.threads_for(_step(1)) == 1  # one decode row
-    assert threads.threads_for(_step(1, 1, 1)) == 1  # three decode rows
-    assert threads.threads_for(_step(1, 1, 1, 1)) == 2  # four
-    assert threads.threads_for(_step(3)) == 1  # a three-token chunk
-    assert threads.threads_for(_step(1, 3)) == 2  # the chunk beside a decode
-    assert threads.threads_for(_step(128)) == 2
+    for rows in ((1,), (1, 1, 1), (3,)):
+        assert threads.threads_for(_step(*rows)) == 1
+    assert threads.threads_for(_step(1, 1, 1, 1)) == 2  # four rows: wide, wide first
+    assert threads.threads_for(_step(1, 3)) == 2  # a chunk beside a decode
+    assert StepThreads(decode_threads=1, wide_threads=2).min_rows == 4
 
 
-def test_the_default_is_wide_from_four_rows(restore_threads: int) -> None:
-    threads = StepThreads(decode_threads=1, wide_threads=2)
-    assert threads.min_rows == 4
-    assert [threads.threads_for(_step(*[1] * n)) for n in (1, 2, 3, 4, 8)] == [1, 1, 1, 2, 2]
+def test_a_bucket_measures_both_counts_then_runs_the_faster(restore_threads: int) -> None:
+    threads = StepThreads(decode_threads=1, wide_threads=2, window=8, explore_every=16)
+    ran = [_run(threads, _step(*[1] * 8), {1: 0.030, 2: 0.020}) for _ in range(64)]
+    assert ran[:8] == [2] * 4 + [1] * 4  # four on each, wide first
+    # then wide (faster), but one step in sixteen of the bucket (the 16th, 32nd, ...) on one thread
+    assert [i for i in range(8, 64) if ran[i] == 1] == [15, 31, 47, 63] and threads.preferred(8) == 2
+    assert threads.num_wide_steps == ran.count(2)
+
+
+def test_a_busy_host_where_two_threads_lose_turns_wide_steps_to_one(restore_threads: int) -> None:
+    threads = StepThreads(decode_threads=1, wide_threads=2, window=8, explore_every=16)
+    for _ in range(40):
+        _run(threads, _step(*[1] * 8), {1: 0.030, 2: 0.020})
+    assert threads.preferred(8) == 2
+    for _ in range(16 * 8):  # the host slows two-thread steps down: explored steps see it
+        _run(threads, _step(*[1] * 8), {1: 0.030, 2: 0.045})
+    assert threads.preferred(8) == 1
+    ran = [_run(threads, _step(*[1] * 8), {1: 0.030, 2: 0.045}) for _ in range(32)]
+    assert ran.count(2) == 2  # explored only
+    for _ in range(16 * 8):  # and back when the host is quiet again
+        _run(threads, _step(*[1] * 8), {1: 0.030, 2: 0.020})
+    assert threads.preferred(8) == 2
+
+
+def test_one_stalled_step_does_not_flip_the_choice(restore_threads: int) -> None:
+    threads = StepThreads(decode_threads=1, wide_threads=2, window=8, explore_every=16)
+    for _ in range(40):
+        _run(threads, _step(*[1] * 8), {1: 0.030, 2: 0.020})
+    _run(threads, _step(*[1] * 8), {1: 0.030, 2: 0.500})  # a 500 ms stall on two threads
+    assert threads.preferred(8) == 2
+
+
+def test_buckets_are_measured_apart(restore_threads: int) -> None:
+    threads = StepThreads(decode_threads=1, wide_threads=2, window=4)
+    for _ in range(20):
+        _run(threads, _step(*[1] * 4), {1: 0.020, 2: 0.025})  # 4 rows: one thread faster
+        _run(threads, _step(128), {1: 0.160, 2: 0.100})  # a 128-token chunk: two faster
+    assert threads.preferred(4) == 1 and threads.preferred(128) == 2
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    rows=st.lists(st.integers(1, 600), min_size=1, max_size=200),
+    one=st.floats(0.001, 1.0),
+    two=st.floats(0.001, 1.0),
+)
+def test_any_step_sequence_runs_each_wide_bucket_mostly_on_its_faster_count(
+    rows: list[int], one: float, two: float
+) -> None:
+    """Whatever rows the steps have: narrow steps on the process count; in each wide bucket, past
+    its first `window` steps, the slower count runs only on the explore clock."""
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        threads = StepThreads(decode_threads=1, wide_threads=2, window=4, explore_every=8)
+        seen: dict[int, list[int]] = {}
+        for n in rows:
+            ran = _run(threads, _step(n), {1: one, 2: two})
+            assert torch.get_num_threads() == ran
+            if n < 4:
+                assert ran == 1
+            else:
+                seen.setdefault(row_bucket(n), []).append(ran)
+        for ran_in_bucket in seen.values():
+            warm = ran_in_bucket[:4]
+            assert warm == [2, 2, 1, 1][: len(warm)]
+            later = ran_in_bucket[4:]
+            faster = 1 if one < two else 2
+            assert later.count(3 - faster) == sum(1 for i in range(4, len(ran_in_bucket)) if i % 8 == 7)
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_apply_sets_torch_threads_only_when_the_count_changes(restore_threads: int) -> None:
@@ -56,3 +137,19 @@ def test_bad_counts_are_refused() -> None:
         StepThreads(decode_threads=0, wide_threads=2)
     with pytest.raises(ValueError, match="min_rows"):
         StepThreads(decode_threads=1, wide_threads=2, min_rows=0)
+    with pytest.raises(ValueError, match="window and explore_every"):
+        StepThreads(decode_threads=1, wide_threads=2, window=1)
+
+
+def test_a_change_of_choice_is_logged(restore_threads: int, caplog: pytest.LogCaptureFixture) -> None:
+    threads = StepThreads(decode_threads=1, wide_threads=2, window=4, explore_every=4)
+    with caplog.at_level("INFO", logger="engine.step_threads"):
+        for _ in range(8):
+            _run(threads, _step(*[1] * 8), {1: 0.030, 2: 0.020})
+        for _ in range(16):
+            _run(threads, _step(*[1] * 8), {1: 0.030, 2: 0.050})
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == [
+        "steps of 8+ rows now run on 2 intra-op threads (median 20.0 ms on 2, 30.0 ms on 1)",
+        "steps of 8+ rows now run on 1 intra-op threads (median 35.0 ms on 2, 30.0 ms on 1)",
+    ]

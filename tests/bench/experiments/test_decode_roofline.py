@@ -72,7 +72,6 @@ def test_wide_step_threads_step_the_engine_as_served_and_the_read_on_the_process
         assert (
             main([*argv, "--steps", "2", "--reps", "2", "--wide-step-threads", "2", "--out", str(out)]) == 0
         )
-        assert torch.get_num_threads() == 2  # the last step (four rows) was wide
     finally:
         torch.set_num_threads(threads)
     report = json.loads(out.read_text())
