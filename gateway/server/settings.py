@@ -212,8 +212,9 @@ class Settings:
     cpu_reserved_cores: int = 1
     # On a CPU device, the engine's intra-op threads for wide steps: those that feed at least
     # `cpu_wide_step_rows` rows (decode rows plus prompt tokens), matrix-matrix work a second core
-    # shortens by a quarter to a half (engine/step_threads.py). None: every core this process may
-    # run on; 0: the engine's thread count for every step.
+    # shortens by a quarter to a half on a quiet host; the engine runs each size of wide step on
+    # whichever count it measures faster (engine/step_threads.py). None: every core this process
+    # may run on; 0: the engine's thread count for every step.
     cpu_wide_step_threads: int | None = None
     cpu_wide_step_rows: int = 4
 
