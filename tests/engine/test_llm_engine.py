@@ -138,7 +138,7 @@ def test_greedy_matches_transformers_generate(tiny: Path, path: str) -> None:
     assert alone["r0"] == ref[3]
 
 
-def test_prefill_steps_on_two_threads_keep_greedy_identical_to_transformers(llama_gqa: Path) -> None:
+def test_wide_steps_on_two_threads_keep_greedy_identical_to_transformers(llama_gqa: Path) -> None:
     before = torch.get_num_threads()
     torch.set_num_threads(1)  # the decode steps' count, as `weir serve` sets it on 2 cores
     try:
@@ -146,7 +146,7 @@ def test_prefill_steps_on_two_threads_keep_greedy_identical_to_transformers(llam
         assert engine.runner.threads is not None
         prompts = _prompts(engine.model_config.vocab_size, seed=3)
         ours = _run_all(engine, prompts, SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0))
-        assert engine.runner.threads.num_wide_steps > 0  # the long prompts ran on two threads
+        assert engine.runner.threads.num_wide_steps > 0  # wide steps ran on two threads (each size first)
         assert torch.get_num_threads() == 1  # and the last decode steps on one
     finally:
         torch.set_num_threads(before)
