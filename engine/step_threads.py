@@ -16,7 +16,9 @@ two threads than on one (docs/benchmarks.md). So a wide step's count is measured
 per bucket of rows (4-7, 8-15, 16-31, ...), the last `window` step times on each count; the
 count with the lower median runs, and one wide step in `explore_every` of the bucket runs on the
 other, so that a change of the host's load is seen within seconds. A bucket first runs each count
-`window // 2` times, wide first. The median keeps one stalled step from flipping the choice.
+`window // 2` times, wide first. The median keeps one stalled step from flipping the choice, and
+the other count must be `switch_margin` faster to take over, so that two counts within noise of
+each other (seen in serving: 8-row steps 35.5 against 36.2 ms) do not flip it step after step.
 
 The runner calls `apply` before each step and the engine `observe` after it with the step's
 time. Setting the count is a store (0.1 µs).
@@ -49,7 +51,7 @@ class _Bucket:
 
     times: dict[int, deque[float]]
     num_steps: int = 0
-    logged: int = 0  # the preferred count last logged (0: none yet)
+    choice: int = 0  # the count chosen once both were measured (0: not yet)
 
 
 @dataclass
@@ -62,6 +64,7 @@ class StepThreads:
     min_rows: int = 4
     window: int = 8  # step times kept per bucket and count
     explore_every: int = 16  # one wide step in this many (per bucket) runs on the count not chosen
+    switch_margin: float = 0.05  # the other count must be this much faster (median) to take over
     current: int = field(init=False, default=0)
     num_wide_steps: int = field(init=False, default=0)  # steps run on `wide_threads`
     _buckets: dict[int, _Bucket] = field(init=False, default_factory=dict)
@@ -71,6 +74,8 @@ class StepThreads:
             raise ValueError(f"thread counts must be >= 1, got {self.decode_threads}, {self.wide_threads}")
         if self.min_rows < 1:
             raise ValueError(f"min_rows must be >= 1, got {self.min_rows}")
+        if not 0 <= self.switch_margin < 1:
+            raise ValueError(f"switch_margin must be in [0, 1), got {self.switch_margin}")
         if self.window < 2 or self.explore_every < 2:
             raise ValueError(
                 f"window and explore_every must be >= 2, got {self.window}, {self.explore_every}"
@@ -86,15 +91,17 @@ class StepThreads:
         return bucket
 
     def preferred(self, rows: int) -> int:
-        """The count a wide step of `rows` rows runs on when it does not explore: the one with the
-        lower median time (wide while both are unmeasured or equal)."""
-        times = self._bucket(rows).times
-        wide, narrow = times[self.wide_threads], times[self.decode_threads]
-        if not narrow or not wide:
-            return self.wide_threads
-        return (
-            self.decode_threads if statistics.median(narrow) < statistics.median(wide) else self.wide_threads
-        )
+        """The count a wide step of `rows` rows runs on when it does not explore: the one chosen,
+        wide until both were measured."""
+        return self._bucket(rows).choice or self.wide_threads
+
+    def _choose(self, bucket: _Bucket) -> int:
+        """The count with the lower median time; the one chosen so far unless the other is
+        `switch_margin` faster (noise between two close counts does not flip it each step)."""
+        medians = {count: statistics.median(times) for count, times in bucket.times.items()}
+        current = bucket.choice or self.wide_threads
+        other = self.decode_threads if current == self.wide_threads else self.wide_threads
+        return other if medians[other] < medians[current] * (1 - self.switch_margin) else current
 
     def threads_for(self, out: SchedulerOutput) -> int:
         """The intra-op threads the step `out` runs with (given what was measured so far)."""
@@ -128,9 +135,9 @@ class StepThreads:
         bucket = self._bucket(rows)
         bucket.times[self.current].append(seconds)
         if all(len(t) >= self.window // 2 for t in bucket.times.values()):
-            best = self.preferred(rows)
-            if best != bucket.logged:
-                bucket.logged = best
+            best = self._choose(bucket)
+            if best != bucket.choice:
+                bucket.choice = best
                 low = 1 << (row_bucket(rows) - 1)
                 logger.info(
                     "steps of %d+ rows now run on %d intra-op threads (median %s ms on %d, %s ms on %d)",

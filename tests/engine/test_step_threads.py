@@ -98,7 +98,8 @@ def test_any_step_sequence_runs_each_wide_bucket_mostly_on_its_faster_count(
     rows: list[int], one: float, two: float
 ) -> None:
     """Whatever rows the steps have: narrow steps on the process count; in each wide bucket, past
-    its first `window` steps, the slower count runs only on the explore clock."""
+    its first `window` steps, the slower count (wide within the switch margin) runs only on the
+    explore clock."""
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
@@ -115,7 +116,7 @@ def test_any_step_sequence_runs_each_wide_bucket_mostly_on_its_faster_count(
             warm = ran_in_bucket[:4]
             assert warm == [2, 2, 1, 1][: len(warm)]
             later = ran_in_bucket[4:]
-            faster = 1 if one < two else 2
+            faster = 1 if one < two * 0.95 else 2  # wide unless one thread is 5% faster
             assert later.count(3 - faster) == sum(1 for i in range(4, len(ran_in_bucket)) if i % 8 == 7)
     finally:
         torch.set_num_threads(before)
@@ -139,6 +140,21 @@ def test_bad_counts_are_refused() -> None:
         StepThreads(decode_threads=1, wide_threads=2, min_rows=0)
     with pytest.raises(ValueError, match="window and explore_every"):
         StepThreads(decode_threads=1, wide_threads=2, window=1)
+    with pytest.raises(ValueError, match="switch_margin"):
+        StepThreads(decode_threads=1, wide_threads=2, switch_margin=1.0)
+
+
+def test_counts_within_the_margin_keep_the_choice(restore_threads: int) -> None:
+    threads = StepThreads(decode_threads=1, wide_threads=2, window=4, explore_every=4)
+    for _ in range(40):  # one thread 3% faster: within the 5% margin, wide stays
+        _run(threads, _step(*[1] * 8), {1: 0.0350, 2: 0.0361})
+    assert threads.preferred(8) == 2
+    for _ in range(40):  # 10% faster: it takes over, and stays while two threads are within 5% of it
+        _run(threads, _step(*[1] * 8), {1: 0.0325, 2: 0.0361})
+    assert threads.preferred(8) == 1
+    for _ in range(40):
+        _run(threads, _step(*[1] * 8), {1: 0.0350, 2: 0.0340})
+    assert threads.preferred(8) == 1
 
 
 def test_a_change_of_choice_is_logged(restore_threads: int, caplog: pytest.LogCaptureFixture) -> None:
