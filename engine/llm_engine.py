@@ -513,6 +513,7 @@ class LLMEngine:
             slo=self.scheduler.slo.stats(),
             class_targets=self.scheduler.config.class_targets,
             cpu_row_inputs=self.cpu_row_inputs,
+            step_threads=self.runner.threads.stats() if self.runner.threads is not None else None,
         )
 
 

@@ -119,6 +119,17 @@ DESCRIBES_ENGINE = "describes_engine"
 
 
 @dataclass(frozen=True)
+class StepThreadsStats:
+    """The CPU's intra-op threads per step (engine/step_threads.py): the counts, the steps run
+    wide, and each measured bucket's choice as (the bucket's least rows, the count it runs on)."""
+
+    decode_threads: int
+    wide_threads: int
+    num_wide_steps: int = 0
+    choices: tuple[tuple[int, int], ...] = ()
+
+
+@dataclass(frozen=True)
 class EngineStats:
     """A snapshot of engine load, for admission, metrics and health."""
 
@@ -151,6 +162,7 @@ class EngineStats:
     # Input rows up to which the CPU linears use their row copies (0: none; see
     # engine/models/row_weight_probe.py), as chosen for this engine at load.
     cpu_row_inputs: int = field(default=0, metadata={DESCRIBES_ENGINE: True})
+    step_threads: StepThreadsStats | None = None  # None: one count for every step (GPU, or switched off)
 
     @property
     def kv_usage(self) -> float:

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.output import SchedulerOutput
+from engine.output import SchedulerOutput, StepThreadsStats
 
 logger = logging.getLogger(__name__)
 
@@ -126,6 +126,13 @@ class StepThreads:
         if want != self.current:
             torch.set_num_threads(want)
             self.current = want
+
+    def stats(self) -> StepThreadsStats:
+        """The counts, the steps run wide, and the choice of every bucket measured on both."""
+        choices = tuple(
+            sorted((1 << (key - 1), bucket.choice) for key, bucket in self._buckets.items() if bucket.choice)
+        )
+        return StepThreadsStats(self.decode_threads, self.wide_threads, self.num_wide_steps, choices)
 
     def observe(self, out: SchedulerOutput, seconds: float) -> None:
         """Record that the step `out`, run on the current count, took `seconds`."""

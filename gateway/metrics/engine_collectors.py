@@ -3,7 +3,7 @@
 Each engine refreshes an `EngineStats` snapshot every step (`AsyncEngine.stats()`); these
 collectors read it when Prometheus scrapes, so the request path pays nothing for them. The metric
 families themselves are computed by one function per concept (`host_kv_metrics`,
-`spec_decode_metrics`, `step_budget_metrics`, `slo_metrics`, `adapter_metrics`,
+`spec_decode_metrics`, `step_budget_metrics`, `step_threads_metrics`, `slo_metrics`, `adapter_metrics`,
 `server_load_metrics`); this module decides which snapshot each one reads and how the
 families of several engines are labelled:
 
@@ -28,6 +28,7 @@ from gateway.metrics.server_load_metrics import server_load_metrics
 from gateway.metrics.slo_metrics import slo_metrics
 from gateway.metrics.spec_decode_metrics import spec_decode_metrics
 from gateway.metrics.step_budget_metrics import step_budget_metrics
+from gateway.metrics.step_threads_metrics import step_threads_metrics
 
 _Snapshot = TypeVar("_Snapshot")
 
@@ -102,6 +103,7 @@ def engine_load_metrics(s: EngineStats) -> Iterator[Metric]:
     yield from slo_metrics(s.slo, s.step_budget)
     yield from host_kv_metrics(s)
     yield from spec_decode_metrics(s)
+    yield from step_threads_metrics(s.step_threads)
 
 
 def _by_model_version(snapshots: Mapping[str, EngineStats]) -> Iterator[Metric]:

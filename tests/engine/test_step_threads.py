@@ -169,3 +169,13 @@ def test_a_change_of_choice_is_logged(restore_threads: int, caplog: pytest.LogCa
         "steps of 8+ rows now run on 2 intra-op threads (median 20.0 ms on 2, 30.0 ms on 1)",
         "steps of 8+ rows now run on 1 intra-op threads (median 35.0 ms on 2, 30.0 ms on 1)",
     ]
+
+
+def test_stats_report_only_buckets_measured_on_both_counts(restore_threads: int) -> None:
+    threads = StepThreads(decode_threads=1, wide_threads=2, window=2)
+    for _ in range(4):  # 8 rows: one step on each count measures it; two threads faster
+        _run(threads, _step(*[1] * 8), {1: 0.03, 2: 0.02})
+    _run(threads, _step(*[1] * 4), {1: 0.03, 2: 0.02})  # 4 rows: one step on two threads, not yet on one
+    stats = threads.stats()
+    assert (stats.decode_threads, stats.wide_threads, stats.choices) == (1, 2, ((8, 2),))
+    assert stats.num_wide_steps == threads.num_wide_steps >= 3
