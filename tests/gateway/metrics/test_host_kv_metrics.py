@@ -8,6 +8,7 @@ from engine.host_kv_tier import HostKVStats
 from engine.output import EngineStats
 from gateway.metrics.engine_collectors import FleetStatsCollector
 from gateway.metrics.registry import GatewayMetrics
+from tests.gateway.metrics.engine_snapshot import engine_stats
 
 
 def _scrape(stats: EngineStats) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -20,15 +21,7 @@ def _scrape(stats: EngineStats) -> dict[tuple[str, tuple[tuple[str, str], ...]],
 
 
 def _stats(host: HostKVStats | None, preemptions: int) -> EngineStats:
-    return EngineStats(
-        num_running=1,
-        num_waiting=2,
-        num_total_blocks=10,
-        num_free_blocks=5,
-        block_size=16,
-        num_preemptions=preemptions,
-        host_kv=host,
-    )
+    return engine_stats(num_waiting=2, num_preemptions=preemptions, host_kv=host)
 
 
 HOST = HostKVStats(

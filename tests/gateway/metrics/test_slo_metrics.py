@@ -10,6 +10,7 @@ from engine.request import Priority
 from engine.slo_tally import PreemptReason, SloCount, SloStats
 from engine.step_budget import StepBudgetStats
 from gateway.metrics.registry import GatewayMetrics
+from tests.gateway.metrics.engine_snapshot import engine_stats
 
 
 def _scrape(stats: EngineStats) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -22,15 +23,7 @@ def _scrape(stats: EngineStats) -> dict[tuple[str, tuple[tuple[str, str], ...]],
 
 
 def _stats(slo: SloStats, step_budget: StepBudgetStats | None = None) -> EngineStats:
-    return EngineStats(
-        num_running=1,
-        num_waiting=0,
-        num_total_blocks=10,
-        num_free_blocks=5,
-        block_size=16,
-        slo=slo,
-        step_budget=step_budget,
-    )
+    return engine_stats(slo=slo, step_budget=step_budget)
 
 
 def test_goodput_per_class_and_tenant_and_preemptions_by_reason() -> None:

@@ -7,6 +7,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from engine.output import EngineStats
 from engine.step_budget import StepBudgetStats, StepCost
 from gateway.metrics.registry import GatewayMetrics
+from tests.gateway.metrics.engine_snapshot import engine_stats
 
 
 def _scrape(stats: EngineStats) -> dict[str, float]:
@@ -15,14 +16,7 @@ def _scrape(stats: EngineStats) -> dict[str, float]:
 
 
 def _stats(step_budget: StepBudgetStats | None) -> EngineStats:
-    return EngineStats(
-        num_running=1,
-        num_waiting=0,
-        num_total_blocks=10,
-        num_free_blocks=5,
-        block_size=16,
-        step_budget=step_budget,
-    )
+    return engine_stats(step_budget=step_budget)
 
 
 def test_the_budget_the_target_and_the_fitted_cost_are_gauges() -> None:

@@ -7,6 +7,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from engine.output import EngineStats, StepThreadsStats
 from gateway.metrics.registry import GatewayMetrics
+from tests.gateway.metrics.engine_snapshot import engine_stats
 
 
 def _scrape(stats: EngineStats) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -19,14 +20,7 @@ def _scrape(stats: EngineStats) -> dict[tuple[str, tuple[tuple[str, str], ...]],
 
 
 def _stats(step_threads: StepThreadsStats | None) -> EngineStats:
-    return EngineStats(
-        num_running=1,
-        num_waiting=0,
-        num_total_blocks=10,
-        num_free_blocks=5,
-        block_size=16,
-        step_threads=step_threads,
-    )
+    return engine_stats(step_threads=step_threads)
 
 
 def test_the_counts_the_choices_and_the_wide_steps_are_exported() -> None:
