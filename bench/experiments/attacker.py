@@ -152,7 +152,8 @@ def summarize(
     num_5xx = sum(v for c in counts.values() for k, v in c.items() if 500 <= k < 600)
     targets: dict[str, Any] = {
         "victim_success_100pct": b["success_rate"] == 1.0 and a["success_rate"] == 1.0,
-        "ttft_p99_within_1_2x": ratio is not None and ratio <= 1.2,
+        "ttft_p99_within_1_2x": ratio is not None and ratio <= 1.2,  # issue 10
+        "ttft_p99_within_1_5x": ratio is not None and ratio <= 1.5,  # issue 24 (every input, SmolLM2)
         "attacker_5xx": num_5xx,
     }
     if flood is not None:
@@ -195,8 +196,9 @@ def markdown(report: dict[str, Any], command: str) -> str:
     t = report["targets"]
     lines += [
         "",
-        f"TTFT p99 attacked / alone: **{report['ttft_p99_ratio']}** (target <= 1.2: "
-        f"{'met' if t['ttft_p99_within_1_2x'] else 'NOT met'}); victim success 100%: "
+        f"TTFT p99 attacked / alone: **{report['ttft_p99_ratio']}** (issue 10's target <= 1.2: "
+        f"{'met' if t['ttft_p99_within_1_2x'] else 'NOT met'}; issue 24's <= 1.5: "
+        f"{'met' if t['ttft_p99_within_1_5x'] else 'NOT met'}); victim success 100%: "
         f"{'met' if t['victim_success_100pct'] else 'NOT met'}; attacker 5xx: {t['attacker_5xx']}.",
         "",
         f"ITL attacked / alone: p50 **{report['itl_p50_ratio']}**, p99 **{report['itl_p99_ratio']}** "
