@@ -206,10 +206,9 @@ class ModelRunner:
             return self._execute(out, requests, drafts)
         self.threads.apply(out)
         start = time.perf_counter()
-        try:
-            return self._execute(out, requests, drafts)
-        finally:
-            self.threads.observe(out, time.perf_counter() - start)
+        result = self._execute(out, requests, drafts)
+        self.threads.observe(out, time.perf_counter() - start)  # a step that raised is not timed
+        return result
 
     def _execute(
         self,

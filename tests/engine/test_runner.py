@@ -14,6 +14,7 @@ from engine.output import ScheduledRequest, SchedulerOutput
 from engine.request import Request, SamplingParams
 from engine.runner import ModelRunner
 from engine.spec_decode.drafter import Draft
+from engine.step_threads import StepThreads, row_bucket
 
 VOCAB = 64
 BLOCK_SIZE = 4
@@ -118,6 +119,30 @@ def test_a_failing_forward_raises_to_the_caller() -> None:
     req = _request("r", [1, 2])
     with pytest.raises(RuntimeError, match="forward failed"):
         runner.execute(SchedulerOutput((ScheduledRequest("r", 2, 0, (1,), samples=True),)), {"r": req})
+
+
+def test_the_step_threads_time_the_steps_that_ran_and_not_one_that_raised() -> None:
+    runner, model = _runner(num_blocks=16)
+    before = torch.get_num_threads()
+    runner.threads = StepThreads(decode_threads=before, wide_threads=before + 1, min_rows=4)
+    req = _request("r", list(range(1, 9)))
+    out = SchedulerOutput((ScheduledRequest("r", 8, 0, (1, 2), samples=True),))  # 8 rows: wide
+    try:
+        runner.execute(out, {"r": req})
+        assert runner.threads.stats().num_wide_steps == 1
+        assert runner.threads.preferred(8) == before + 1  # measured once on the wide count, not yet chosen
+        timed = [len(t) for t in runner.threads._buckets[row_bucket(8)].times.values()]
+        assert timed == [1, 0]
+
+        def boom(*args: object) -> torch.Tensor:
+            raise RuntimeError("forward failed")
+
+        model.forward = boom  # type: ignore[method-assign,assignment]
+        with pytest.raises(RuntimeError, match="forward failed"):
+            runner.execute(out, {"r": req})
+        assert [len(t) for t in runner.threads._buckets[row_bucket(8)].times.values()] == [1, 0]
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_copy_on_write_copies_every_layer_before_the_step() -> None:
