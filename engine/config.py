@@ -13,6 +13,10 @@ from engine.spec_decode.config import SpeculativeConfig
 # The weight dtypes the engine runs (EngineConfig.dtype); model versions are checked against it.
 ENGINE_DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16")
 
+# On CPU, a step feeding this many rows or more (decode rows plus prompt tokens) is wide: it may
+# run on more intra-op threads (engine/step_threads.py; `--cpu-wide-step-rows`).
+WIDE_STEP_ROWS = 4
+
 
 class RopeScalingType(enum.Enum):
     """The RoPE scaling schemes the Llama family uses (HF `rope_scaling.rope_type`)."""
@@ -288,7 +292,7 @@ class EngineConfig:
     # rows plus prompt tokens; engine/step_threads.py); the other steps keep the process's count.
     # None: no switch.
     cpu_wide_step_threads: int | None = None
-    cpu_wide_step_rows: int = 4
+    cpu_wide_step_rows: int = WIDE_STEP_ROWS
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)  # off by default
     lora: LoraConfig = field(default_factory=LoraConfig)  # off by default
 

@@ -20,8 +20,8 @@ other, so that a change of the host's load is seen within seconds. A bucket firs
 the other count must be `switch_margin` faster to take over, so that two counts within noise of
 each other (seen in serving: 8-row steps 35.5 against 36.2 ms) do not flip it step after step.
 
-The runner calls `apply` before each step and the engine `observe` after it with the step's
-time. Setting the count is a store (0.1 µs).
+The runner calls `apply` before each step and `observe` after it with the step's time (a step
+that raised is not timed). Setting the count is a store (0.1 µs).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from engine.config import WIDE_STEP_ROWS
 from engine.output import SchedulerOutput, StepThreadsStats
 
 logger = logging.getLogger(__name__)
@@ -49,6 +50,7 @@ def row_bucket(rows: int) -> int:
 class _Bucket:
     """The recent step times of one bucket of rows, on each thread count, and its explore clock."""
 
+    min_rows: int  # the least rows of a step in this bucket (4, 8, 16, ...)
     times: dict[int, deque[float]]
     num_steps: int = 0
     choice: int = 0  # the count chosen once both were measured (0: not yet)
@@ -61,7 +63,7 @@ class StepThreads:
 
     decode_threads: int
     wide_threads: int
-    min_rows: int = 4
+    min_rows: int = WIDE_STEP_ROWS
     window: int = 8  # step times kept per bucket and count
     explore_every: int = 16  # one wide step in this many (per bucket) runs on the count not chosen
     switch_margin: float = 0.05  # the other count must be this much faster (median) to take over
@@ -87,19 +89,23 @@ class StepThreads:
         bucket = self._buckets.get(key)
         if bucket is None:
             counts = (self.wide_threads, self.decode_threads)
-            bucket = self._buckets[key] = _Bucket({c: deque(maxlen=self.window) for c in counts})
+            times = {c: deque[float](maxlen=self.window) for c in counts}
+            bucket = self._buckets[key] = _Bucket(1 << (key - 1), times)
         return bucket
 
     def preferred(self, rows: int) -> int:
         """The count a wide step of `rows` rows runs on when it does not explore: the one chosen,
         wide until both were measured."""
-        return self._bucket(rows).choice or self.wide_threads
+        return self._chosen(self._bucket(rows))
+
+    def _chosen(self, bucket: _Bucket) -> int:
+        return bucket.choice or self.wide_threads
 
     def _choose(self, bucket: _Bucket) -> int:
         """The count with the lower median time; the one chosen so far unless the other is
         `switch_margin` faster (noise between two close counts does not flip it each step)."""
         medians = {count: statistics.median(times) for count, times in bucket.times.items()}
-        current = bucket.choice or self.wide_threads
+        current = self._chosen(bucket)
         other = self.decode_threads if current == self.wide_threads else self.wide_threads
         return other if medians[other] < medians[current] * (1 - self.switch_margin) else current
 
@@ -112,7 +118,7 @@ class StepThreads:
         for count in (self.wide_threads, self.decode_threads):  # each count measured a few times
             if len(bucket.times[count]) < self.window // 2:
                 return count
-        best = self.preferred(rows)
+        best = self._chosen(bucket)
         if bucket.num_steps % self.explore_every == self.explore_every - 1:
             return self.decode_threads if best == self.wide_threads else self.wide_threads
         return best
@@ -129,15 +135,13 @@ class StepThreads:
 
     def stats(self) -> StepThreadsStats:
         """The counts, the steps run wide, and the choice of every bucket measured on both."""
-        choices = tuple(
-            sorted((1 << (key - 1), bucket.choice) for key, bucket in self._buckets.items() if bucket.choice)
-        )
+        choices = tuple(sorted((b.min_rows, b.choice) for b in self._buckets.values() if b.choice))
         return StepThreadsStats(self.decode_threads, self.wide_threads, self.num_wide_steps, choices)
 
     def observe(self, out: SchedulerOutput, seconds: float) -> None:
         """Record that the step `out`, run on the current count, took `seconds`."""
         rows = out.num_tokens
-        if rows < self.min_rows or seconds < 0:
+        if rows < self.min_rows:
             return
         bucket = self._bucket(rows)
         bucket.times[self.current].append(seconds)
@@ -145,10 +149,9 @@ class StepThreads:
             best = self._choose(bucket)
             if best != bucket.choice:
                 bucket.choice = best
-                low = 1 << (row_bucket(rows) - 1)
                 logger.info(
                     "steps of %d+ rows now run on %d intra-op threads (median %s ms on %d, %s ms on %d)",
-                    low,
+                    bucket.min_rows,
                     best,
                     _median_ms(bucket.times[self.wide_threads]),
                     self.wide_threads,

@@ -53,6 +53,7 @@ import torch
 
 from bench.experiments.cpu_fast_path import _start_decoding, cpu_engine_config, plain_weight_reader
 from bench.stats import ratio
+from engine.config import WIDE_STEP_ROWS
 from engine.llm_engine import LLMEngine, build_engine
 
 VARIANTS = ("packed", "rows", "rows_unfused", "torch_attention", "torch_norms")
@@ -81,10 +82,15 @@ class _CompiledForward(torch.nn.Module):
 
 
 def build_variant(
-    name: str, model: Path, max_num_seqs: int, max_model_len: int, wide: tuple[int | None, int] = (None, 4)
+    name: str,
+    model: Path,
+    max_num_seqs: int,
+    max_model_len: int,
+    wide_step_threads: int | None = None,
+    wide_step_rows: int = WIDE_STEP_ROWS,
 ) -> LLMEngine:
-    """The engine of one variant (see the module docstring); `wide`: its wide-step threads (None:
-    no switch) and rows."""
+    """The engine of one variant (see the module docstring), switching wide steps to
+    `wide_step_threads` (None: no switch)."""
     if name == "compiled":
         engine = build_engine(cpu_engine_config(model, "float32", False, max_num_seqs, max_model_len))
         engine.runner.model = _CompiledForward(engine.runner.model)
@@ -94,8 +100,8 @@ def build_variant(
         dataclasses.replace(
             base,
             cpu_row_weights=name in ("rows", "rows_unfused"),
-            cpu_wide_step_threads=wide[0],
-            cpu_wide_step_rows=wide[1],
+            cpu_wide_step_threads=wide_step_threads,
+            cpu_wide_step_rows=wide_step_rows,
         )
     )
 
@@ -194,8 +200,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for name in args.variants:
         if SWITCHED.get(name) in args.variants:
             continue  # stepped on its base variant's engine with a switch flipped
-        wide = (args.wide_step_threads, args.wide_step_rows)
-        engines[name] = build_variant(name, args.model, max(args.batches), max_len, wide)
+        engines[name] = build_variant(
+            name, args.model, max(args.batches), max_len, args.wide_step_threads, args.wide_step_rows
+        )
     for name, base in SWITCHED.items():
         if name in args.variants and base in args.variants:
             engines[name] = engines[base]
@@ -236,7 +243,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         type=int,
         help="intra-op threads for wide steps, as served (default: no switch)",
     )
-    p.add_argument("--wide-step-rows", type=int, default=4, help="rows from which a step is wide")
+    p.add_argument(
+        "--wide-step-rows", type=int, default=WIDE_STEP_ROWS, help="rows from which a step is wide"
+    )
     p.add_argument("--out", type=Path, help="also write the JSON report here")
     args = p.parse_args(argv)
     if args.threads:

@@ -13,7 +13,7 @@ import argparse
 import enum
 import functools
 
-from engine.config import QueuePolicy
+from engine.config import WIDE_STEP_ROWS, QueuePolicy
 from gateway.server.settings import (
     DTYPES,
     AdmissionMode,
@@ -286,7 +286,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         metavar="N",
         help="a step is wide when it feeds N or more rows, decode rows plus prompt tokens (env "
-        "WEIR_CPU_WIDE_STEP_ROWS; default 4)",
+        f"WEIR_CPU_WIDE_STEP_ROWS; default {WIDE_STEP_ROWS})",
     )
     choice("--log-level", LogLevel, help="default info")
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from engine.config import QueuePolicy
+from engine.config import WIDE_STEP_ROWS, QueuePolicy
 from engine.spec_decode.config import SpeculativeConfig
 from gateway.api.openai_bodies.requests import DEFAULT_MAX_CHAT_MESSAGES
 
@@ -216,7 +216,7 @@ class Settings:
     # whichever count it measures faster (engine/step_threads.py). None: every core this process
     # may run on; 0: the engine's thread count for every step.
     cpu_wide_step_threads: int | None = None
-    cpu_wide_step_rows: int = 4
+    cpu_wide_step_rows: int = WIDE_STEP_ROWS
 
     def __post_init__(self) -> None:
         for f in fields(self):  # NaN passes every range check below (each comparison is False)

@@ -76,7 +76,7 @@ def test_wide_step_threads_step_the_engine_as_served_and_the_read_on_the_process
         torch.set_num_threads(threads)
     report = json.loads(out.read_text())
     assert (report["threads"], report["wide_step_threads"], report["wide_step_rows"]) == (1, 2, 4)
-    engine = build_variant("rows", path, 4, 64, (2, 4))
+    engine = build_variant("rows", path, 4, 64, wide_step_threads=2)
     assert engine.runner.threads is not None
     assert (engine.runner.threads.decode_threads, engine.runner.threads.wide_threads) == (
         torch.get_num_threads(),
