@@ -15,10 +15,14 @@ shared with other machines, or beside a busy front end, the same steps were meas
 two threads than on one (docs/benchmarks.md). So a wide step's count is measured, not assumed:
 per bucket of rows (4-7, 8-15, 16-31, ...), the last `window` step times on each count; the
 count with the lower median runs, and one wide step in `explore_every` of the bucket runs on the
-other, so that a change of the host's load is seen within seconds. A bucket first runs each count
-`window // 2` times, wide first. The median keeps one stalled step from flipping the choice, and
-the other count must be `switch_margin` faster to take over, so that two counts within noise of
-each other (seen in serving: 8-row steps 35.5 against 36.2 ms) do not flip it step after step.
+other, so that a change of the host's load is seen within seconds. An explored step that beats the
+chosen count's median by `switch_margin` is followed by another on the same count (a probe), until
+one is not or the choice flips: without it, a choice made on stale times (a server's first
+seconds, page faults and all) took ~130 steps to undo, 7 s of 8-row steps at 41 ms instead of 33
+in one guidellm run. A bucket first runs each count `window // 2` times, alternating, wide first,
+so that a slow start weighs on both. The median keeps one stalled step from flipping the choice,
+and the other count must be `switch_margin` faster to take over, so that two counts within noise
+of each other (seen in serving: 8-row steps 35.5 against 36.2 ms) do not flip it step after step.
 
 The runner calls `apply` before each step and `observe` after it with the step's time (a step
 that raised is not timed). Setting the count is a store (0.1 µs).
@@ -54,6 +58,7 @@ class _Bucket:
     times: dict[int, deque[float]]
     num_steps: int = 0
     choice: int = 0  # the count chosen once both were measured (0: not yet)
+    probing: bool = False  # the last explored step beat the choice: the next one explores too
 
 
 @dataclass
@@ -106,7 +111,7 @@ class StepThreads:
         `switch_margin` faster (noise between two close counts does not flip it each step)."""
         medians = {count: statistics.median(times) for count, times in bucket.times.items()}
         current = self._chosen(bucket)
-        other = self.decode_threads if current == self.wide_threads else self.wide_threads
+        other = self._other(current)
         return other if medians[other] < medians[current] * (1 - self.switch_margin) else current
 
     def threads_for(self, out: SchedulerOutput) -> int:
@@ -115,13 +120,16 @@ class StepThreads:
         if rows < self.min_rows:
             return self.decode_threads
         bucket = self._bucket(rows)
-        for count in (self.wide_threads, self.decode_threads):  # each count measured a few times
-            if len(bucket.times[count]) < self.window // 2:
-                return count
+        wide, narrow = (len(bucket.times[c]) for c in (self.wide_threads, self.decode_threads))
+        if min(wide, narrow) < self.window // 2:  # each count measured a few times, alternating
+            return self.wide_threads if wide <= narrow else self.decode_threads
         best = self._chosen(bucket)
-        if bucket.num_steps % self.explore_every == self.explore_every - 1:
-            return self.decode_threads if best == self.wide_threads else self.wide_threads
+        if bucket.probing or bucket.num_steps % self.explore_every == self.explore_every - 1:
+            return self._other(best)
         return best
+
+    def _other(self, count: int) -> int:
+        return self.decode_threads if count == self.wide_threads else self.wide_threads
 
     def apply(self, out: SchedulerOutput) -> None:
         """Set torch's intra-op threads for the step `out` (only when the count changes)."""
@@ -144,11 +152,15 @@ class StepThreads:
         if rows < self.min_rows:
             return
         bucket = self._bucket(rows)
+        chosen = bucket.times[bucket.choice] if bucket.choice else None
+        if chosen and self.current != bucket.choice:  # an explored step: is it worth another?
+            bucket.probing = seconds < statistics.median(chosen) * (1 - self.switch_margin)
         bucket.times[self.current].append(seconds)
         if all(len(t) >= self.window // 2 for t in bucket.times.values()):
             best = self._choose(bucket)
             if best != bucket.choice:
                 bucket.choice = best
+                bucket.probing = False
                 logger.info(
                     "steps of %d+ rows now run on %d intra-op threads (median %s ms on %d, %s ms on %d)",
                     bucket.min_rows,

@@ -51,7 +51,7 @@ def test_narrow_steps_keep_the_process_count(restore_threads: int) -> None:
 def test_a_bucket_measures_both_counts_then_runs_the_faster(restore_threads: int) -> None:
     threads = StepThreads(decode_threads=1, wide_threads=2, window=8, explore_every=16)
     ran = [_run(threads, _step(*[1] * 8), {1: 0.030, 2: 0.020}) for _ in range(64)]
-    assert ran[:8] == [2] * 4 + [1] * 4  # four on each, wide first
+    assert ran[:8] == [2, 1] * 4  # four on each, alternating, wide first
     # then wide (faster), but one step in sixteen of the bucket (the 16th, 32nd, ...) on one thread
     assert [i for i in range(8, 64) if ran[i] == 1] == [15, 31, 47, 63] and threads.preferred(8) == 2
     assert threads.num_wide_steps == ran.count(2)
@@ -70,6 +70,29 @@ def test_a_busy_host_where_two_threads_lose_turns_wide_steps_to_one(restore_thre
     for _ in range(16 * 8):  # and back when the host is quiet again
         _run(threads, _step(*[1] * 8), {1: 0.030, 2: 0.020})
     assert threads.preferred(8) == 2
+
+
+def test_a_choice_made_on_a_slow_start_is_undone_by_a_probe_within_a_few_steps(restore_threads: int) -> None:
+    """A server's first steps are slow (page faults, a cold cache): if they chose one thread and
+    two are faster now, the first explored step that shows it is followed by more, not by 15
+    steps on the slower count each time."""
+    threads = StepThreads(decode_threads=1, wide_threads=2, window=8, explore_every=16)
+    for _ in range(8):  # the start: two threads look slow
+        _run(threads, _step(*[1] * 8), {1: 0.041, 2: 0.065})
+    assert threads.preferred(8) == 1
+    ran = [_run(threads, _step(*[1] * 8), {1: 0.041, 2: 0.033}) for _ in range(32)]
+    first = ran.index(2)  # the explore clock's first wide step
+    assert ran[first : first + 5] == [2] * 5  # probed until the median flipped
+    assert threads.preferred(8) == 2 and ran[first + 5 :].count(1) <= 1  # one explore at most since
+
+
+def test_an_explored_step_no_faster_than_the_choice_is_not_probed_again(restore_threads: int) -> None:
+    threads = StepThreads(decode_threads=1, wide_threads=2, window=8, explore_every=16)
+    ran = [_run(threads, _step(*[1] * 8), {1: 0.030, 2: 0.020}) for _ in range(64)]
+    assert [i for i in range(8, 64) if ran[i] == 1] == [15, 31, 47, 63]  # the clock's steps only
+    for _ in range(16):  # one thread now within the margin of two: explored, not probed
+        ran.append(_run(threads, _step(*[1] * 8), {1: 0.0195, 2: 0.020}))
+    assert ran[64:].count(1) == 1 and threads.preferred(8) == 2
 
 
 def test_one_stalled_step_does_not_flip_the_choice(restore_threads: int) -> None:
@@ -114,7 +137,7 @@ def test_any_step_sequence_runs_each_wide_bucket_mostly_on_its_faster_count(
                 seen.setdefault(row_bucket(n), []).append(ran)
         for ran_in_bucket in seen.values():
             warm = ran_in_bucket[:4]
-            assert warm == [2, 2, 1, 1][: len(warm)]
+            assert warm == [2, 1, 2, 1][: len(warm)]
             later = ran_in_bucket[4:]
             faster = 1 if one < two * 0.95 else 2  # wide unless one thread is 5% faster
             assert later.count(3 - faster) == sum(1 for i in range(4, len(ran_in_bucket)) if i % 8 == 7)
