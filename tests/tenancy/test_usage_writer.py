@@ -118,6 +118,52 @@ def test_a_durable_record_is_on_disk_when_its_future_completes(acme: TenancyRepo
     assert _stored(acme) == {"r1": 1}
 
 
+class CountingEvent(threading.Event):
+    """An Event that counts its `set` calls: how often a submit signalled the spool thread."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.num_sets = 0
+
+    def set(self) -> None:
+        self.num_sets += 1
+        super().set()
+
+
+def test_a_burst_wakes_the_spool_thread_once_and_is_spooled_in_one_append(
+    acme: TenancyRepo, tmp_path: Path
+) -> None:
+    writer = UsageWriter(acme, tmp_path, max_batch=100, flush_interval_s=0.3)
+    ready = writer._ready = CountingEvent()
+    appends: list[int] = []
+    append = writer._spool.append
+    writer._spool.append = lambda records: (appends.append(len(records)), append(records))[1]  # type: ignore[method-assign]
+    writer.start()
+    try:
+        assert wait_until(lambda: writer._idle)  # the spool thread waits for a first record
+        for i in range(20):
+            writer.submit(_record(i))
+        assert ready.num_sets == 1  # the first record opened the batch; the other 19 did not signal
+        assert wait_until(lambda: writer.stats().num_spooled == 20)
+        assert appends == [20]  # one append, one fsync
+    finally:
+        writer.close()
+    assert len(_stored(acme)) == 20
+
+
+def test_a_full_batch_is_spooled_without_waiting_for_its_window(acme: TenancyRepo, tmp_path: Path) -> None:
+    writer = UsageWriter(acme, tmp_path, max_batch=4, flush_interval_s=60.0, retry_max_s=60.0)
+    writer.start()
+    try:
+        for i in range(9):
+            writer.submit(_record(i))
+        assert wait_until(lambda: writer.stats().num_spooled == 8)  # two full batches, not held 60 s
+        assert writer.stats().num_spooled == 8  # the ninth waits for its window (or the stop)
+    finally:
+        writer.close()
+    assert len(_stored(acme)) == 9
+
+
 def test_a_refused_record_is_kept_aside_and_the_batch_is_written(acme: TenancyRepo, tmp_path: Path) -> None:
     writer = UsageWriter(acme, tmp_path, max_batch=100)
     for i in range(5):
