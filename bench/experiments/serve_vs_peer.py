@@ -33,6 +33,7 @@ from typing import Any
 
 import httpx
 
+from bench.experiments.prefill_overlap import prefills_in_decode, request_times
 from bench.tenants import TenantSpec, create_tenants
 from bench.weir_process import ROOT, free_port, parse_gauges, run_weir
 
@@ -68,6 +69,8 @@ class ServeFigures:
     num_errored: int
     wall_s: float
     server_gauges: dict[str, float] = field(default_factory=dict)  # Weir's step budget after the run
+    # other requests' first tokens inside a request's decode, mean (bench/experiments/prefill_overlap.py)
+    prefills_in_decode: float | None = None
 
 
 def _stat(metrics: Mapping[str, Any], name: str, key: str) -> float:
@@ -92,6 +95,7 @@ def parse_guidellm(system: str, report: Mapping[str, Any], wall_s: float) -> Ser
         num_ok=int(totals["successful"]),
         num_errored=int(totals["errored"]),
         wall_s=round(wall_s, 1),
+        prefills_in_decode=prefills_in_decode(request_times(report)),
     )
 
 
@@ -240,14 +244,20 @@ def markdown(rows: Sequence[ServeFigures], weir_names: Sequence[str], command: s
     lines = [
         f"`{command}`",
         "",
-        "| server | output tok/s | ITL p50 ms | ITL p99 ms | TTFT p50 ms | TTFT p99 ms | ok / errors | wall s |",
-        "|---|---|---|---|---|---|---|---|",
+        "| server | output tok/s | ITL p50 ms | ITL p99 ms | TTFT p50 ms | TTFT p99 ms | ok / errors | wall s "
+        "| prefills in a decode |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        overlap = "-" if r.prefills_in_decode is None else f"{r.prefills_in_decode:.1f}"
         lines.append(
             f"| {r.system} | {r.output_tok_s:.1f} | {r.itl_p50_ms:.0f} | {r.itl_p99_ms:.0f} | {r.ttft_p50_ms:,.0f} "
-            f"| {r.ttft_p99_ms:,.0f} | {r.num_ok} / {r.num_errored} | {r.wall_s} |"
+            f"| {r.ttft_p99_ms:,.0f} | {r.num_ok} / {r.num_errored} | {r.wall_s} | {overlap} |"
         )
+    lines.append(
+        "\nPrefills in a decode: other requests' first tokens inside a request's decode window, mean "
+        "(bench/experiments/prefill_overlap.py); their prefill steps are in its ITL."
+    )
     for r in rows:
         if r.server_gauges:
             g = r.server_gauges
