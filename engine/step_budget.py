@@ -31,6 +31,13 @@ its tokens. With a target step time the budget follows from this machine's measu
   keep. The budget and the cap plan for `target / (1 + margin)`, the margin being twice the
   recent RMS overrun (actual / predicted - 1 when positive), at most 25%: a machine whose steps
   vary more gets smaller steps. A steady machine (±3% jitter) plans ~3% under the target.
+- A fit that over-predicts is dropped: when `_RESET_AFTER` steps in a row took under half their
+  fitted time, the model forgets everything it measured and fits again (the budget probes meanwhile,
+  as below). Its slopes are pulled towards their previous values, so one stalled step that made the
+  first fit (a 64-token step held 1.9 s while the benchmark client's start-up took both cores:
+  27 ms a token, against 2.5 ms measured after it) otherwise kept every later step at ~30 tokens,
+  all of one size that could not move the slope: a burst of eight 128-token prompts waited 2.7 s
+  for their prefill instead of ~1 s.
 - Before the slope is known (no two steps of different enough sizes yet) the budget probes:
   `initial_tokens`, then twice the largest step seen, up to the maximum; nothing is capped.
   After, the budget still never exceeds twice the largest step measured: a fit whose slope
@@ -57,6 +64,8 @@ from engine.config import SchedulerConfig
 _MIN_SLOPE_S = 1e-9
 _MAX_MARGIN = 0.25  # the budget plans for at least target / 1.25
 _MISS_FORGETTING = 0.95  # weight kept by each past step's miss per new step
+_OVERPREDICTED = 0.5  # a step that took under this fraction of its fitted time...
+_RESET_AFTER = 3  # ...this many times in a row: the fit is wrong, not the steps
 
 
 @dataclass(frozen=True)
@@ -165,12 +174,22 @@ class StepCostModel:
         self.cost: StepCost | None = None
         self.num_observed = 0
         self.max_tokens_seen = 0
+        self.num_resets = 0  # fits dropped for over-predicting
+        self._num_overpredicted = 0  # steps in a row that took under half their fitted time
 
     def observe(self, num_tokens: int, seconds: float, num_decodes: int = 0, decode_context: int = 0) -> None:
         """Add one executed step. Steps without tokens or without a positive duration are ignored."""
         if num_tokens <= 0 or not (seconds > 0 and math.isfinite(seconds)):
             return
         num_decodes = min(max(num_decodes, 0), num_tokens)
+        if self.cost is not None and seconds < _OVERPREDICTED * self.cost.seconds(
+            num_tokens, num_decodes, max(0, decode_context)
+        ):
+            self._num_overpredicted += 1
+            if self._num_overpredicted >= _RESET_AFTER:
+                self._forget()
+        else:
+            self._num_overpredicted = 0
         f = self._forgetting
         x = (1.0, float(num_decodes), float(num_tokens - num_decodes), max(0, decode_context) / _KCTX)
         for i in range(_N):
@@ -184,6 +203,15 @@ class StepCostModel:
         else:
             self._theta = self._refit(self._theta)
         self.cost = self._clamped_cost()
+
+    def _forget(self) -> None:
+        """Drop the fit and what it was fitted on (`max_tokens_seen` stays: the probe goes on from it)."""
+        self._xtx = [[0.0] * _N for _ in range(_N)]
+        self._xty = [0.0] * _N
+        self._theta = None
+        self.cost = None
+        self._num_overpredicted = 0
+        self.num_resets += 1
 
     def _first_fit(self) -> list[float] | None:
         """One slope for every token (the sizes of the steps so far), once their spread is enough."""

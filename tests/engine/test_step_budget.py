@@ -174,6 +174,32 @@ def test_probe_before_the_cost_is_known() -> None:
     assert ctrl.stats().cost is not None
 
 
+def test_a_fit_made_by_one_stalled_step_is_dropped_when_the_steps_keep_beating_it() -> None:
+    """Measured in `weir serve`: the benchmark client's start-up held a 64-token step 1.9 s, the
+    first fit made of it said 27 ms a token, and every later step of ~30 tokens (one size, which
+    cannot move a slope pulled towards its last value) kept it there at a tenth of its time."""
+    ctrl = StepBudget(StepBudgetConfig(max_tokens=2048, target_step_s=0.8, initial_tokens=64))
+    ctrl.observe(8, 0.0365)
+    ctrl.observe(64, 1.92)
+    stalled = ctrl.stats().cost
+    assert stalled is not None and stalled.per_token_s > 0.02
+    cost = FakeCost(a=0.03, b=0.0025, noise=0.03)
+    budgets = [int(t) for t, _ in _drive(ctrl, cost, 10, num_decodes=0)]
+    assert ctrl.model.num_resets == 1
+    assert all(b < 32 for b in budgets[:3])  # three steps in a row under half their fitted time...
+    assert budgets[3] == 128  # ...then the budget probes again from twice the largest step
+    refit = ctrl.stats().cost
+    assert refit is not None and refit.per_token_s == pytest.approx(0.0025, rel=0.2)
+    assert budgets[-1] > 250  # ~0.8 s of 2.5 ms tokens
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_noisy_machine_keeps_its_fit(seed: int) -> None:
+    ctrl = StepBudget(StepBudgetConfig(max_tokens=2048, target_step_s=0.2))
+    _drive(ctrl, FakeCost(a=0.04, b=0.002, noise=0.3, seed=seed), 400)  # ±30% a step
+    assert ctrl.model.num_resets == 0
+
+
 @pytest.mark.parametrize(
     ("kwargs", "field"),
     [
