@@ -55,10 +55,13 @@ capped, as before; the cost model is still fitted, for `/metrics`. Plain Python,
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 
 from engine.config import SchedulerConfig
+
+logger = logging.getLogger(__name__)
 
 # A slope below this (s/token) is treated as "tokens are free": the budget goes to the maximum.
 _MIN_SLOPE_S = 1e-9
@@ -206,6 +209,10 @@ class StepCostModel:
 
     def _forget(self) -> None:
         """Drop the fit and what it was fitted on (`max_tokens_seen` stays: the probe goes on from it)."""
+        logger.info(
+            "the step cost fit predicted %d steps in a row at over twice their time; fitting again",
+            self._num_overpredicted,
+        )
         self._xtx = [[0.0] * _N for _ in range(_N)]
         self._xty = [0.0] * _N
         self._theta = None
@@ -262,6 +269,7 @@ class StepBudgetStats:
     max_running: int | None = None
     margin: float = 0.0
     step_target_s: float | None = None  # the last step's own target (tightest ITL running), if any
+    num_fit_resets: int = 0  # fits dropped for over-predicting (`StepCostModel`)
 
 
 def min_chunk(min_prefill_chunk: int, planned_s: float, overhead_s: float, per_token_s: float) -> int:
@@ -431,6 +439,7 @@ class StepBudget:
             self.max_running(),
             self.margin,
             self.last_target_s,
+            self.model.num_resets,
         )
 
 

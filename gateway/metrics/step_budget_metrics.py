@@ -7,6 +7,8 @@
   decodes + cost per token * prefill tokens`; absent until the engine has measured it.
 - `weir_scheduler_step_margin`: the relative slack the budget plans under the target (twice the
   recent RMS miss of the fitted step time).
+- `weir_scheduler_step_fit_resets_total`: fits dropped because steps kept taking under half their
+  fitted time (a fit made of a stalled step); the engine fitted again from fresh steps.
 - `weir_scheduler_max_running`: how many sequences the target step time lets run at once;
   absent without a target or before the cost is measured (then only `--max-num-seqs` caps).
 """
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from engine.step_budget import StepBudgetStats
 
@@ -38,6 +40,11 @@ def step_budget_metrics(stats: StepBudgetStats | None) -> Iterator[Metric]:
         "weir_scheduler_step_margin",
         "Relative slack under the target the budget plans for (twice the recent RMS miss of the fit).",
         value=stats.margin,
+    )
+    yield CounterMetricFamily(
+        "weir_scheduler_step_fit_resets",
+        "Step cost fits dropped because steps kept taking under half their fitted time; fitted again.",
+        value=stats.num_fit_resets,
     )
     if stats.max_running is not None:
         yield GaugeMetricFamily(

@@ -185,7 +185,7 @@ def test_a_fit_made_by_one_stalled_step_is_dropped_when_the_steps_keep_beating_i
     assert stalled is not None and stalled.per_token_s > 0.02
     cost = FakeCost(a=0.03, b=0.0025, noise=0.03)
     budgets = [int(t) for t, _ in _drive(ctrl, cost, 10, num_decodes=0)]
-    assert ctrl.model.num_resets == 1
+    assert ctrl.model.num_resets == ctrl.stats().num_fit_resets == 1
     assert all(b < 32 for b in budgets[:3])  # three steps in a row under half their fitted time...
     assert budgets[3] == 128  # ...then the budget probes again from twice the largest step
     refit = ctrl.stats().cost
