@@ -52,6 +52,7 @@ STEP_BUDGET_GAUGES = (
     "weir_scheduler_step_cost_per_decode_seconds",
     "weir_scheduler_max_running",
     "weir_scheduler_step_margin",
+    "weir_scheduler_step_fit_resets_total",
 )
 
 
@@ -269,6 +270,7 @@ def markdown(rows: Sequence[ServeFigures], weir_names: Sequence[str], command: s
                 f"{g.get('weir_scheduler_step_cost_per_token_seconds', 0) * 1e3:.2f} ms/prefill token, "
                 f"margin {g.get('weir_scheduler_step_margin', 0):.0%}, running cap "
                 + (f"{g['weir_scheduler_max_running']:.0f}" if "weir_scheduler_max_running" in g else "none")
+                + f", fits dropped {g.get('weir_scheduler_step_fit_resets_total', 0):.0f}"
             )
             if any(key.startswith("gc") for key in g):
                 lines.append(

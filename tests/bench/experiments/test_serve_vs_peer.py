@@ -67,7 +67,7 @@ def test_ratios_and_table() -> None:
     assert ratios(weir, peer) == {"output_tok_s": 2.0, "itl_p50": 0.5, "ttft_p50": 1.0}
     text = markdown([peer, weir], ["weir"], "cmd")
     assert "| weir / tserve | 2.0 | 0.5 | 1.0 |" in text
-    assert "token budget 80" in text
+    assert "token budget 80" in text and "fits dropped 0" in text
 
 
 def test_a_peer_is_stopped_by_the_pid_its_script_prints(tmp_path: Path) -> None:
