@@ -31,9 +31,9 @@ its tokens. With a target step time the budget follows from this machine's measu
   keep. The budget and the cap plan for `target / (1 + margin)`, the margin being twice the
   recent RMS overrun (actual / predicted - 1 when positive), at most 25%: a machine whose steps
   vary more gets smaller steps. A steady machine (±3% jitter) plans ~3% under the target.
-- A fit that over-predicts is dropped: when `_RESET_AFTER` steps in a row took under half their
-  fitted time, the model forgets everything it measured and fits again (the budget probes meanwhile,
-  as below). Its slopes are pulled towards their previous values, so one stalled step that made the
+- A fit that over-predicts is dropped: when `_RESET_AFTER` steps in a row that feed prompt tokens
+  (at least `_MIN_PREFILL_TO_JUDGE`) took under half their fitted time, the model forgets
+  everything it measured and fits again (the budget probes meanwhile, as below). Its slopes are pulled towards their previous values, so one stalled step that made the
   first fit (a 64-token step held 1.9 s while the benchmark client's start-up took both cores:
   27 ms a token, against 2.5 ms measured after it) otherwise kept every later step at ~30 tokens,
   all of one size that could not move the slope: a burst of eight 128-token prompts waited 2.7 s
@@ -69,6 +69,7 @@ _MAX_MARGIN = 0.25  # the budget plans for at least target / 1.25
 _MISS_FORGETTING = 0.95  # weight kept by each past step's miss per new step
 _OVERPREDICTED = 0.5  # a step that took under this fraction of its fitted time...
 _RESET_AFTER = 3  # ...this many times in a row: the fit is wrong, not the steps
+_MIN_PREFILL_TO_JUDGE = 8  # prompt tokens a step feeds for its time to count towards that
 
 
 @dataclass(frozen=True)
@@ -185,14 +186,15 @@ class StepCostModel:
         if num_tokens <= 0 or not (seconds > 0 and math.isfinite(seconds)):
             return
         num_decodes = min(max(num_decodes, 0), num_tokens)
-        if self.cost is not None and seconds < _OVERPREDICTED * self.cost.seconds(
-            num_tokens, num_decodes, max(0, decode_context)
-        ):
-            self._num_overpredicted += 1
-            if self._num_overpredicted >= _RESET_AFTER:
-                self._forget()
-        else:
-            self._num_overpredicted = 0
+        if self.cost is not None and num_tokens - num_decodes >= _MIN_PREFILL_TO_JUDGE:
+            # judged on steps that feed prompt tokens: the slope a stalled step poisons is theirs;
+            # decode-only steps change their thread count with their rows, which no line fits
+            if seconds < _OVERPREDICTED * self.cost.seconds(num_tokens, num_decodes, max(0, decode_context)):
+                self._num_overpredicted += 1
+                if self._num_overpredicted >= _RESET_AFTER:
+                    self._forget()
+            else:
+                self._num_overpredicted = 0
         f = self._forgetting
         x = (1.0, float(num_decodes), float(num_tokens - num_decodes), max(0, decode_context) / _KCTX)
         for i in range(_N):

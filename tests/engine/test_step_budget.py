@@ -193,6 +193,16 @@ def test_a_fit_made_by_one_stalled_step_is_dropped_when_the_steps_keep_beating_i
     assert budgets[-1] > 250  # ~0.8 s of 2.5 ms tokens
 
 
+def test_decode_steps_faster_than_the_fit_do_not_drop_it() -> None:
+    """One or two decode rows run on one thread, eight on two: their times are not on one line
+    with the rest, and the end of a run (a few streams left) must not leave the engine unfitted."""
+    ctrl = StepBudget(StepBudgetConfig(max_tokens=2048, target_step_s=0.8))
+    _drive(ctrl, FakeCost(a=0.04, b=0.002, noise=0.0), 40, num_decodes=8)
+    for _ in range(20):
+        ctrl.observe(1, 0.005, 1)  # a lone decode at an eighth of the fitted overhead
+    assert ctrl.model.num_resets == 0 and ctrl.stats().cost is not None
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_a_noisy_machine_keeps_its_fit(seed: int) -> None:
     ctrl = StepBudget(StepBudgetConfig(max_tokens=2048, target_step_s=0.2))
