@@ -33,7 +33,8 @@ its tokens. With a target step time the budget follows from this machine's measu
   vary more gets smaller steps. A steady machine (±3% jitter) plans ~3% under the target.
 - A fit that over-predicts is dropped: when `_RESET_AFTER` steps in a row that feed prompt tokens
   (at least `_MIN_PREFILL_TO_JUDGE`) took under half their fitted time, the model forgets
-  everything it measured and fits again (the budget probes meanwhile, as below). Its slopes are pulled towards their previous values, so one stalled step that made the
+  everything it measured and fits again (the budget probes meanwhile, as below, from twice the
+  largest of those steps). Its slopes are pulled towards their previous values, so one stalled step that made the
   first fit (a 64-token step held 1.9 s while the benchmark client's start-up took both cores:
   27 ms a token, against 2.5 ms measured after it) otherwise kept every later step at ~30 tokens,
   all of one size that could not move the slope: a burst of eight 128-token prompts waited 2.7 s
@@ -180,6 +181,7 @@ class StepCostModel:
         self.max_tokens_seen = 0
         self.num_resets = 0  # fits dropped for over-predicting
         self._num_overpredicted = 0  # steps in a row that took under half their fitted time
+        self._overpredicted_max_tokens = 0  # the largest of them
 
     def observe(self, num_tokens: int, seconds: float, num_decodes: int = 0, decode_context: int = 0) -> None:
         """Add one executed step. Steps without tokens or without a positive duration are ignored."""
@@ -191,10 +193,11 @@ class StepCostModel:
             # decode-only steps change their thread count with their rows, which no line fits
             if seconds < _OVERPREDICTED * self.cost.seconds(num_tokens, num_decodes, max(0, decode_context)):
                 self._num_overpredicted += 1
+                self._overpredicted_max_tokens = max(self._overpredicted_max_tokens, num_tokens)
                 if self._num_overpredicted >= _RESET_AFTER:
                     self._forget()
             else:
-                self._num_overpredicted = 0
+                self._num_overpredicted = self._overpredicted_max_tokens = 0
         f = self._forgetting
         x = (1.0, float(num_decodes), float(num_tokens - num_decodes), max(0, decode_context) / _KCTX)
         for i in range(_N):
@@ -210,7 +213,10 @@ class StepCostModel:
         self.cost = self._clamped_cost()
 
     def _forget(self) -> None:
-        """Drop the fit and what it was fitted on (`max_tokens_seen` stays: the probe goes on from it)."""
+        """Drop the fit and what it was fitted on. The probe that follows starts from the steps
+        that showed the fit wrong (twice the largest of them), not from the largest step ever
+        measured: running streams wait for each probed step, and a long-gone 1,000-token step
+        would let the first probe take a second."""
         logger.info(
             "the step cost fit predicted %d steps in a row at over twice their time; fitting again",
             self._num_overpredicted,
@@ -219,7 +225,8 @@ class StepCostModel:
         self._xty = [0.0] * _N
         self._theta = None
         self.cost = None
-        self._num_overpredicted = 0
+        self.max_tokens_seen = self._overpredicted_max_tokens
+        self._num_overpredicted = self._overpredicted_max_tokens = 0
         self.num_resets += 1
 
     def _first_fit(self) -> list[float] | None:

@@ -187,7 +187,8 @@ def test_a_fit_made_by_one_stalled_step_is_dropped_when_the_steps_keep_beating_i
     budgets = [int(t) for t, _ in _drive(ctrl, cost, 10, num_decodes=0)]
     assert ctrl.model.num_resets == ctrl.stats().num_fit_resets == 1
     assert all(b < 32 for b in budgets[:3])  # three steps in a row under half their fitted time...
-    assert budgets[3] == 128  # ...then the budget probes again from twice the largest step
+    # ...then the budget probes again from those steps: twice the largest, at least the initial 64
+    assert budgets[3] == max(64, 2 * max(budgets[:3])) and budgets[4] == 2 * budgets[3]
     refit = ctrl.stats().cost
     assert refit is not None and refit.per_token_s == pytest.approx(0.0025, rel=0.2)
     assert budgets[-1] > 250  # ~0.8 s of 2.5 ms tokens
