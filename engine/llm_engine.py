@@ -41,7 +41,7 @@ from engine.kv_cache_manager import KVCacheManager
 from engine.lora_adapter import LoraAdapter
 from engine.lora_manager import LoraManager
 from engine.lora_types import AdapterInfo, AdapterInUseError, AdapterLoadError, UnknownAdapterError
-from engine.output import EngineStats, RequestOutput, SchedulerOutput
+from engine.output import EngineStats, RequestOutput, SchedulerOutput, StepTimeTotals
 from engine.prefix_cache_admin import PrefixCacheAdmin
 from engine.request import FinishReason, RequestStatus
 from engine.runner import ModelRunner
@@ -141,6 +141,7 @@ class LLMEngine:
             self._build_state()
         self.prefill_rate = _RateMeter()
         self.decode_rate = _RateMeter()
+        self.step_times = StepTimeTotals()  # model-runner steps and seconds, decode / prefill
         self.num_prompt_tokens_total = 0
         self.num_generation_tokens_total = 0
         self.num_restarts = 0
@@ -449,10 +450,17 @@ class LLMEngine:
     def _measure(self, out: SchedulerOutput, elapsed: float) -> None:
         prefill = sum(s.num_tokens for s in out.scheduled if s.num_tokens > 1 or not s.samples)
         self.num_prompt_tokens_total += prefill
+        t = self.step_times
         if prefill:
             self.prefill_rate.add(prefill, elapsed)
+            self.step_times = replace(
+                t, prefill_steps=t.prefill_steps + 1, prefill_seconds=t.prefill_seconds + elapsed
+            )
         else:
             self.decode_rate.add(1, elapsed)
+            self.step_times = replace(
+                t, decode_steps=t.decode_steps + 1, decode_seconds=t.decode_seconds + elapsed
+            )
 
     def _fail_request(self, request_id: str, error: str) -> list[RequestOutput]:
         """Fail one scheduler request (a choice, or a beam: its whole group) with `error`."""
@@ -504,6 +512,7 @@ class LLMEngine:
             running_by_priority=self.scheduler.running_by_priority,
             num_restarts=self.num_restarts,
             num_stalls=self.watchdog.num_stalls,
+            step_times=self.step_times,
             step_budget=self.step_budget.stats(),
             host_kv=self.kv.host.stats() if self.kv.host is not None else None,
             num_spec_draft_tokens_total=self.spec_counters.num_drafted,

@@ -130,6 +130,19 @@ class StepThreadsStats:
 
 
 @dataclass(frozen=True)
+class StepTimeTotals:
+    """Steps the model runner ran since start and their seconds, split by whether they fed prompt
+    tokens (`prefill`; speculative drafts to verify count there too) or decode rows only. Every running stream waits for every step, so the
+    prefill steps' share of the seconds is what other requests' prompts add to its ITL
+    (docs/benchmarks.md, ninth stop on issue 27)."""
+
+    decode_steps: int = 0
+    decode_seconds: float = 0.0
+    prefill_steps: int = 0
+    prefill_seconds: float = 0.0
+
+
+@dataclass(frozen=True)
 class EngineStats:
     """A snapshot of engine load, for admission, metrics and health."""
 
@@ -163,6 +176,7 @@ class EngineStats:
     # engine/models/row_weight_probe.py), as chosen for this engine at load.
     cpu_row_inputs: int = field(default=0, metadata={DESCRIBES_ENGINE: True})
     step_threads: StepThreadsStats | None = None  # None: one count for every step (GPU, or switched off)
+    step_times: StepTimeTotals = field(default_factory=StepTimeTotals)  # steps and seconds, decode / prefill
 
     @property
     def kv_usage(self) -> float:

@@ -91,6 +91,7 @@ def engine_load_metrics(s: EngineStats) -> Iterator[Metric]:
         "Stalls: steps in a row that fed no token while work existed; each was logged and broken by a preemption.",
         value=s.num_stalls,
     )
+    yield from _step_time_metrics(s)
     yield CounterMetricFamily(
         "weir_prefix_cache_queries",
         "Prompt tokens looked up in the prefix cache.",
@@ -104,6 +105,30 @@ def engine_load_metrics(s: EngineStats) -> Iterator[Metric]:
     yield from host_kv_metrics(s)
     yield from spec_decode_metrics(s)
     yield from step_threads_metrics(s.step_threads)
+
+
+def _step_time_metrics(s: EngineStats) -> Iterator[Metric]:
+    """Model-runner steps and their seconds by kind: `prefill` (fed prompt tokens) or `decode`."""
+    t = s.step_times
+    steps = CounterMetricFamily(
+        "weir_engine_steps",
+        "Model-runner steps: prefill (fed prompt tokens or drafts to verify) or decode only.",
+        labels=["kind"],
+    )
+    seconds = CounterMetricFamily(
+        "weir_engine_step_seconds",
+        "Seconds of model-runner steps: prefill (fed prompt tokens) or decode only. Every running"
+        " stream waits for every step: the prefill share is what other prompts add to its ITL.",
+        labels=["kind"],
+    )
+    for kind, num, secs in (
+        ("decode", t.decode_steps, t.decode_seconds),
+        ("prefill", t.prefill_steps, t.prefill_seconds),
+    ):
+        steps.add_metric([kind], num)
+        seconds.add_metric([kind], secs)
+    yield steps
+    yield seconds
 
 
 def _by_model_version(snapshots: Mapping[str, EngineStats]) -> Iterator[Metric]:

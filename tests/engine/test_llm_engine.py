@@ -210,6 +210,15 @@ def test_a_target_step_time_keeps_the_tokens_and_reports_its_budget(llama_gqa: P
     assert engine.scheduler.step_budget is engine.step_budget  # the fitted cost outlives a reset
 
 
+def test_steps_and_their_seconds_are_counted_by_kind(tiny: Path) -> None:
+    engine = _engine(tiny)
+    _run_all(engine, _prompts(engine.model_config.vocab_size), SamplingParams(max_tokens=4, temperature=0.0))
+    t = engine.stats().step_times
+    assert t.prefill_steps >= 1 and t.decode_steps >= 1  # prompts first, then decodes alone
+    assert t.prefill_steps + t.decode_steps == engine.runner.num_steps
+    assert t.prefill_seconds > 0 and t.decode_seconds > 0
+
+
 def test_preemption_gives_the_same_tokens(llama_gqa: Path) -> None:
     # Small blocks and long outputs: decodes outgrow the pool after admission, forcing preemption.
     params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)

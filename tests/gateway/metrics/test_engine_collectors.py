@@ -6,7 +6,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
-from engine.output import EngineStats
+from engine.output import EngineStats, StepTimeTotals
 from gateway.metrics.engine_collectors import FleetStatsCollector, SnapshotCollector, engine_load_metrics
 
 
@@ -63,3 +63,23 @@ def test_the_cpu_row_input_choice_is_a_gauge_per_version() -> None:
         if name == "weir_cpu_row_inputs"
     }
     assert rows == {"m@v1": 2, "m@v2": 0}
+
+
+def test_step_counts_and_seconds_are_counters_by_kind_and_version() -> None:
+    times = StepTimeTotals(decode_steps=300, decode_seconds=10.5, prefill_steps=40, prefill_seconds=6.25)
+    snapshots = {"m@v1": EngineStats(0, 0, 100, 50, 16, step_times=times), "m@v2": _stats()}
+    got = {
+        (name, labels["model_version"], labels["kind"]): value
+        for name, labels, value in _samples(FleetStatsCollector(lambda: snapshots))
+        if name in ("weir_engine_steps_total", "weir_engine_step_seconds_total")
+    }
+    assert got == {
+        ("weir_engine_steps_total", "m@v1", "decode"): 300,
+        ("weir_engine_steps_total", "m@v1", "prefill"): 40,
+        ("weir_engine_step_seconds_total", "m@v1", "decode"): 10.5,
+        ("weir_engine_step_seconds_total", "m@v1", "prefill"): 6.25,
+        ("weir_engine_steps_total", "m@v2", "decode"): 0,
+        ("weir_engine_steps_total", "m@v2", "prefill"): 0,
+        ("weir_engine_step_seconds_total", "m@v2", "decode"): 0,
+        ("weir_engine_step_seconds_total", "m@v2", "prefill"): 0,
+    }
