@@ -24,26 +24,26 @@ from typing import Any
 
 
 @dataclass(frozen=True)
-class RequestTimes:
-    """One request's times, seconds on the client's clock."""
+class StreamTimes:
+    """One streamed request as the client saw it, seconds on the client's clock (not the
+    engine's `engine.request.RequestTimes`)."""
 
-    start_s: float
     first_token_s: float
     end_s: float
     num_output_tokens: int
 
     @property
     def mean_gap_s(self) -> float:
-        """Its mean gap between tokens after the first (guidellm's ITL), 0 for one token."""
+        """Its mean gap between tokens after the first (guidellm's ITL); with one token or none,
+        the time from its first token to its end."""
         return (self.end_s - self.first_token_s) / max(1, self.num_output_tokens - 1)
 
 
-def request_times(report: Mapping[str, Any]) -> list[RequestTimes]:
+def request_times(report: Mapping[str, Any]) -> list[StreamTimes]:
     """The successful requests of guidellm 0.8.1's benchmarks.json (one benchmark)."""
     requests = report["benchmarks"][0].get("requests", {}).get("successful", [])
     return [
-        RequestTimes(
-            float(r["request_start_time"]),
+        StreamTimes(
             float(r["request_start_time"]) + float(r["time_to_first_token_ms"]) / 1e3,
             float(r["request_end_time"]),
             int(r.get("output_tokens") or 0),
@@ -53,7 +53,7 @@ def request_times(report: Mapping[str, Any]) -> list[RequestTimes]:
     ]
 
 
-def prefills_in_decode(requests: Iterable[RequestTimes]) -> float | None:
+def prefills_in_decode(requests: Iterable[StreamTimes]) -> float | None:
     """The mean, over requests, of the other requests' first tokens inside its decode window
     (first token + half its mean gap, last token]; None without requests."""
     times = list(requests)
