@@ -450,17 +450,11 @@ class LLMEngine:
     def _measure(self, out: SchedulerOutput, elapsed: float) -> None:
         prefill = sum(s.num_tokens for s in out.scheduled if s.num_tokens > 1 or not s.samples)
         self.num_prompt_tokens_total += prefill
-        t = self.step_times
+        self.step_times = self.step_times.plus(prefill=bool(prefill), seconds=elapsed)
         if prefill:
             self.prefill_rate.add(prefill, elapsed)
-            self.step_times = replace(
-                t, prefill_steps=t.prefill_steps + 1, prefill_seconds=t.prefill_seconds + elapsed
-            )
         else:
             self.decode_rate.add(1, elapsed)
-            self.step_times = replace(
-                t, decode_steps=t.decode_steps + 1, decode_seconds=t.decode_seconds + elapsed
-            )
 
     def _fail_request(self, request_id: str, error: str) -> list[RequestOutput]:
         """Fail one scheduler request (a choice, or a beam: its whole group) with `error`."""

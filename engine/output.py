@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from engine.host_kv_tier import HostKVStats
 from engine.kv_swap import NO_TRANSFERS, KVTransfers
@@ -131,15 +131,23 @@ class StepThreadsStats:
 
 @dataclass(frozen=True)
 class StepTimeTotals:
-    """Steps the model runner ran since start and their seconds, split by whether they fed prompt
-    tokens (`prefill`; speculative drafts to verify count there too) or decode rows only. Every running stream waits for every step, so the
-    prefill steps' share of the seconds is what other requests' prompts add to its ITL
-    (docs/benchmarks.md, ninth stop on issue 27)."""
+    """Steps the model runner ran since start and their seconds, by kind: `prefill` fed prompt
+    tokens (or speculative drafts to verify), `decode` fed decode rows only. Every running stream
+    waits for every step, so the prefill steps' share of the seconds is what other requests'
+    prompts add to its ITL (docs/benchmarks.md, ninth stop on issue 27)."""
 
     decode_steps: int = 0
     decode_seconds: float = 0.0
     prefill_steps: int = 0
     prefill_seconds: float = 0.0
+
+    def plus(self, *, prefill: bool, seconds: float) -> StepTimeTotals:
+        """These totals with one more step of `seconds`."""
+        if prefill:
+            return replace(
+                self, prefill_steps=self.prefill_steps + 1, prefill_seconds=self.prefill_seconds + seconds
+            )
+        return replace(self, decode_steps=self.decode_steps + 1, decode_seconds=self.decode_seconds + seconds)
 
 
 @dataclass(frozen=True)

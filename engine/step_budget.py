@@ -34,11 +34,11 @@ its tokens. With a target step time the budget follows from this machine's measu
 - A fit that over-predicts is dropped: when `_RESET_AFTER` steps in a row that feed prompt tokens
   (at least `_MIN_PREFILL_TO_JUDGE`) took under half their fitted time, the model forgets
   everything it measured and fits again (the budget probes meanwhile, as below, from twice the
-  largest of those steps). Its slopes are pulled towards their previous values, so one stalled step that made the
-  first fit (a 64-token step held 1.9 s while the benchmark client's start-up took both cores:
-  27 ms a token, against 2.5 ms measured after it) otherwise kept every later step at ~30 tokens,
-  all of one size that could not move the slope: a burst of eight 128-token prompts waited 2.7 s
-  for their prefill instead of ~1 s.
+  largest of those steps). The slopes are pulled towards their previous values, so one stalled
+  step that made the first fit (a 64-token step held 1.9 s while the benchmark client's start-up
+  took both cores: 27 ms a token, against 2.5 ms measured after it) otherwise kept every later
+  step at ~30 tokens, all of one size that could not move the slope: a burst of eight 128-token
+  prompts waited 2.7 s for their prefill instead of ~1 s.
 - Before the slope is known (no two steps of different enough sizes yet) the budget probes:
   `initial_tokens`, then twice the largest step seen, up to the maximum; nothing is capped.
   After, the budget still never exceeds twice the largest step measured: a fit whose slope

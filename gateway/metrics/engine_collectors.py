@@ -108,19 +108,16 @@ def engine_load_metrics(s: EngineStats) -> Iterator[Metric]:
 
 
 def _step_time_metrics(s: EngineStats) -> Iterator[Metric]:
-    """Model-runner steps and their seconds by kind: `prefill` (fed prompt tokens) or `decode`."""
-    t = s.step_times
-    steps = CounterMetricFamily(
-        "weir_engine_steps",
-        "Model-runner steps: prefill (fed prompt tokens or drafts to verify) or decode only.",
-        labels=["kind"],
-    )
+    """Model-runner steps and their seconds by kind (`engine.output.StepTimeTotals`)."""
+    kinds = "prefill (fed prompt tokens or drafts to verify) or decode (decode rows only)"
+    steps = CounterMetricFamily("weir_engine_steps", f"Model-runner steps: {kinds}.", labels=["kind"])
     seconds = CounterMetricFamily(
         "weir_engine_step_seconds",
-        "Seconds of model-runner steps: prefill (fed prompt tokens) or decode only. Every running"
-        " stream waits for every step: the prefill share is what other prompts add to its ITL.",
+        f"Seconds of model-runner steps: {kinds}. Every running stream waits for every step: the"
+        " prefill share is what other prompts add to its ITL.",
         labels=["kind"],
     )
+    t = s.step_times
     for kind, num, secs in (
         ("decode", t.decode_steps, t.decode_seconds),
         ("prefill", t.prefill_steps, t.prefill_seconds),
