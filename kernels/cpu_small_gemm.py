@@ -1,15 +1,18 @@
-"""y = x W^T (+ b) for a few rows of x in C, streaming a plain float32 weight once (CPU).
+"""y = x W^T (+ b) for a few rows of x in C, streaming a float32 weight packed in panels once (CPU).
 
 A decode step's linears multiply one to a few activation rows by each weight: bound by reading
-the weight from memory. oneDNN's blocked weight streams at ~1.1-1.3x the time of a plain `sum`
-over the same bytes on the hosts measured, MKL's GEMV over a transposed copy at 1.0-1.7x depending
-on the host; the C kernel (`native/small_gemm.c`) reads the plain row-major weight once per call
-with several independent accumulators per row and measured 0.88-0.93x the `sum`'s time over
-SmolLM2's linears at one row, about even with `sum` at two, while at eight rows the multiply-adds
-bound it and oneDNN is faster (docs/benchmarks.md, "Fifth stop"). Which row counts it takes is
-measured per host (engine/models/row_weight_probe.py).
+the weight from memory. The C kernel (`native/small_gemm.c`) takes the weight repacked once, at
+construction, into panels of output columns (`panel_width()` columns side by side for each input
+column) and reads them once per call, using each weight vector for every row from registers.
+Measured on SmolLM2's linears against a plain `sum` over the same bytes (docs/benchmarks.md,
+tenth stop): 0.96-1.08x at one row and 1.3-1.5x at eight on one thread (1.1-1.3x on two), where
+oneDNN's blocked weight takes 1.2-1.6x and 1.5-2.3x, and the previous kernel over the plain
+row-major weight 1.0-1.3x and 2.1-3.8x. Which row counts it takes is measured per host
+(engine/models/row_weight_probe.py).
 
-Results differ from `F.linear` by rounding only (another summation order).
+The panels are a copy: the weight passed in is not kept (a tied LM head's panels are memory
+beside its embedding table). Results differ from `F.linear` by rounding only (another summation
+order).
 
 `available()` is False where the kernel cannot be built (no C compiler, a failed build): callers
 keep their torch path. The torch reference it is tested against is `torch.nn.functional.linear`.
@@ -45,8 +48,29 @@ def available() -> bool:
     return _function() is not None
 
 
+@functools.cache
+def panel_width() -> int:
+    """Output columns per panel of the packed weight (the build's vector width times its unroll)."""
+    lib = build.load("small_gemm")
+    if lib is None:
+        raise RuntimeError("the C small-GEMM kernel is not available (kernels.native.build)")
+    return int(lib.weir_small_gemm_panel_width())
+
+
+def pack_panels(weight: torch.Tensor) -> torch.Tensor:
+    """`weight` [out, in] as the kernel's panels [ceil(out / P), in, P] (P = `panel_width()`):
+    panel p, row k holds W[p * P + j][k] for j < P, zeros past `out`."""
+    width = panel_width()
+    out_features, in_features = weight.shape
+    panels = -(-out_features // width)
+    padded = torch.zeros(panels * width, in_features, dtype=weight.dtype)
+    padded[:out_features] = weight
+    return padded.view(panels, width, in_features).transpose(1, 2).contiguous()
+
+
 class SmallGemm:
-    """One weight (and bias), checked once, multiplied against few-row inputs with the C kernel.
+    """One weight (and bias), checked and packed into panels once, multiplied against few-row
+    inputs with the C kernel.
 
     A decode step calls ~120 linears: the per-call work is kept to the checks of `x` that guard
     the kernel's reads (dtype, rank, width, row count, contiguity)."""
@@ -55,9 +79,17 @@ class SmallGemm:
         fn = _function()
         if fn is None:
             raise RuntimeError("the C small-GEMM kernel is not available (kernels.native.build)")
-        check_tensor("weight", weight, ndim=2, dtypes=(torch.float32,), device=torch.device("cpu"))
-        if not weight.is_contiguous():
-            raise ValueError("weight must be contiguous")
+        # Any strides: the weight is copied into panels.
+        check_tensor(
+            "weight",
+            weight,
+            ndim=2,
+            dtypes=(torch.float32,),
+            device=torch.device("cpu"),
+            unit_last_stride=False,
+        )
+        if weight.numel() == 0:
+            raise ValueError(f"weight must not be empty, got shape {tuple(weight.shape)}")
         self.out_features, self.in_features = weight.shape
         if bias is not None:
             bias = check_tensor("bias", bias, ndim=1, dtypes=(torch.float32,), device=weight.device)
@@ -65,9 +97,15 @@ class SmallGemm:
                 raise ValueError(f"bias of {bias.shape[0]} for {self.out_features} output features")
             bias = bias.contiguous()
         self._fn = fn
-        self.weight = weight
+        with torch.no_grad():
+            self.panels = pack_panels(weight.detach())
         self.bias = bias
         self._bias_ptr = None if bias is None else bias.data_ptr()
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the packed weight (the padding of the last panel included)."""
+        return self.panels.numel() * self.panels.element_size()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [rows, in_features] -> [rows, out_features]
         """x W^T (+ bias). ValueError on an input the kernel would misread."""
@@ -89,7 +127,7 @@ class SmallGemm:
         y = torch.empty(rows, self.out_features, dtype=torch.float32)
         status = self._fn(
             x.data_ptr(),
-            self.weight.data_ptr(),
+            self.panels.data_ptr(),
             self._bias_ptr,
             y.data_ptr(),
             rows,
@@ -104,7 +142,7 @@ class SmallGemm:
 
 def small_gemm(
     x: torch.Tensor,  # [rows, in_features] float32, 1 <= rows <= MAX_ROWS
-    weight: torch.Tensor,  # [out_features, in_features] float32, contiguous
+    weight: torch.Tensor,  # [out_features, in_features] float32
     bias: torch.Tensor | None = None,  # [out_features] float32
 ) -> torch.Tensor:  # [rows, out_features]
     """x W^T (+ bias), checking everything on each call. ValueError on shapes, dtypes or row

@@ -8,6 +8,9 @@ floor of a batch-1 decode step), `--reps` times, `--steps` decode steps per time
 - `packed`: the packed oneDNN linears at every row count (the path before issue 27);
 - `rows`: + a transposed copy of every linear weight for one-row inputs
   (`EngineConfig.cpu_row_weights`, engine/models/packed_linear.py);
+- `rows_auto`: + the copies with `cpu_row_weights` auto, as `weir serve` runs by default: the
+  start-up probe (engine/models/row_weight_probe.py) decides up to how many rows they serve
+  (with the C kernel's panels, 8 on the hosts measured), so batch 8 takes them as well;
 - `rows_unfused`: `rows` with the per-layer small ops as they were before issue 27 (RMSNorm in
   six ops, RoPE tables gathered and q and k rotated apart in every layer; `LlamaForCausalLM.fused_ops`
   off), to price the hand-fused ops alone: the same engine as `rows` when both run (the switch is
@@ -56,7 +59,7 @@ from bench.stats import ratio
 from engine.config import WIDE_STEP_ROWS
 from engine.llm_engine import LLMEngine, build_engine
 
-VARIANTS = ("packed", "rows", "rows_unfused", "torch_attention", "torch_norms")
+VARIANTS = ("packed", "rows", "rows_auto", "rows_unfused", "torch_attention", "torch_norms")
 # variant -> the variant whose engine it steps with a switch flipped (see the module docstring)
 SWITCHED = {"rows_unfused": "rows", "torch_attention": "packed", "torch_norms": "packed"}
 OPTIONAL_VARIANTS = ("compiled",)
@@ -99,7 +102,7 @@ def build_variant(
     return build_engine(
         dataclasses.replace(
             base,
-            cpu_row_weights=name in ("rows", "rows_unfused"),
+            cpu_row_weights=None if name == "rows_auto" else name in ("rows", "rows_unfused"),
             cpu_wide_step_threads=wide_step_threads,
             cpu_wide_step_rows=wide_step_rows,
         )

@@ -11,17 +11,18 @@ is faster at every batch size, so it is used at every row count and the plain we
 
 Results differ from `F.linear` by rounding only (another summation order): ~1e-6 in fp32.
 
-Few-row calls (a decode step at batch 1-2, the LM head of one sequence) are matrix-vector
-products, bound by reading the weight from memory. oneDNN's blocked weight streams at 1.1-1.5x
-the time of a plain `sum` over the same bytes there, depending on the host. With `row_inputs=n`
-a layer also keeps its plain row-major weight and multiplies inputs of at most n rows with the C
-kernel `kernels.cpu_small_gemm` (one read of the weight per call, 0.88-0.93x the `sum`'s time on
-SmolLM2's linears at one row). Where no C compiler builds that kernel, the copy is the weight
-transposed (`[in_features, out_features]`, contiguous), which MKL's GEMV walks row after row, for
-one-row inputs only (the sum's speed on one host, 1.74x it on another). Either copy is a second
-weight beside the packed one, which is why it is a setting (`EngineConfig.cpu_row_weights`); its
-`auto` measures on this host at start-up whether it pays and up to how many rows
-(engine/models/row_weight_probe.py). A tied LM head's plain copy is the embedding table itself.
+Few-row calls (a decode step of up to 8 sequences, the LM head of a few) are bound by reading
+the weight from memory. oneDNN's blocked weight streams at 1.1-1.6x the time of a plain `sum` over
+the same bytes at one row and 1.3-2.3x at eight, depending on the host and shape. With
+`row_inputs=n` a layer also keeps its weight packed in column panels for the C kernel
+`kernels.cpu_small_gemm` and multiplies inputs of at most n rows with it (one read of the weight
+per call: 0.96-1.08x the `sum`'s time on SmolLM2's linears at one row, 1.1-1.5x at eight).
+Where no C compiler builds that kernel, the copy is the weight transposed (`[in_features,
+out_features]`, contiguous), which MKL's GEMV walks row after row, for one-row inputs only (the
+sum's speed on one host, 1.74x it on another). Either copy is a second weight beside the packed
+one (for a tied LM head, beside the embedding table), which is why it is a setting
+(`EngineConfig.cpu_row_weights`); its `auto` measures on this host at start-up whether it pays and
+up to how many rows (engine/models/row_weight_probe.py).
 """
 
 from __future__ import annotations
@@ -65,8 +66,8 @@ class PackedLinear(nn.Module):
             raise ValueError(f"row copies need a float32 weight, got {weight.dtype}")
         self.out_features, self.in_features = weight.shape
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
-        # The copy few-row inputs multiply against (see above): the plain weight for the C kernel
-        # (inputs of at most `row_inputs` rows), else the transposed weight for MKL (one row).
+        # The copy few-row inputs multiply against (see above): the weight in panels for the C
+        # kernel (inputs of at most `row_inputs` rows), else the transposed weight for MKL (one row).
         self.row_gemm: cpu_small_gemm.SmallGemm | None = None
         self.row_weight: torch.Tensor | None = None  # [in_features, out_features], without the C kernel
         self.row_inputs = 0
@@ -75,7 +76,7 @@ class PackedLinear(nn.Module):
             self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous())
             if row_inputs and row_copy_native():
                 self.row_gemm = cpu_small_gemm.SmallGemm(
-                    weight.detach().contiguous(), None if self.bias is None else self.bias.data
+                    weight.detach(), None if self.bias is None else self.bias.data
                 )
                 self.row_inputs = min(row_inputs, cpu_small_gemm.MAX_ROWS)
             elif row_inputs:
@@ -85,7 +86,9 @@ class PackedLinear(nn.Module):
     @property
     def row_weight_bytes(self) -> int:
         """Bytes of the copy for few-row inputs (0 without one)."""
-        w = self.row_weight if self.row_gemm is None else self.row_gemm.weight
+        if self.row_gemm is not None:
+            return self.row_gemm.nbytes
+        w = self.row_weight
         return 0 if w is None else w.numel() * w.element_size()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in_features] -> [..., out_features]

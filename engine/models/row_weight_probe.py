@@ -5,9 +5,10 @@ A decode step of a small batch is a matrix-vector product per linear layer, boun
 the weight. Which layout streams faster depends on the CPU and its memory, not on the model: on
 one 2-core EPYC host MKL's GEMV over a `[in, out]` copy read at the speed of a plain `sum` while
 oneDNN's blocked weight took 1.43-1.49x that; on another of the same kind the blocked weight took
-1.25x and the transposed copy 1.74x; the C kernel over the plain weight took 0.88-0.93x the `sum`
-at one row and lost to oneDNN from about four rows, where the multiply-adds bound it
-(docs/benchmarks.md). A fixed default is wrong on some host and the copy doubles the linear
+1.25x and the transposed copy 1.74x; the C kernel over the plain row-major weight took
+0.88-0.93x the `sum` at one row and lost to oneDNN from about four rows, while over the weight
+packed in column panels (its layout since the tenth stop) it beat oneDNN at 1, 2, 4 and 8 rows
+on the host measured (docs/benchmarks.md). A fixed default is wrong on some host and the copy doubles the linear
 weights' memory, so `auto` measures once per process and model shape: products of 1, 2, 4 and 8
 rows against synthetic weights of the model's layer shapes, repeated to 256 MiB (far past any
 last level cache), both layouts alternating. The copies are kept where one row wins by `MARGIN`; they
@@ -52,7 +53,7 @@ MARGIN = 0.9
 @dataclass(frozen=True)
 class RowWeightTiming:
     """Median seconds of one product over the probe weight, per layout, for each row count timed
-    (the copy's layout: the C kernel's plain weight, else MKL's transposed weight for one row)."""
+    (the copy's layout: the C kernel's panels, else MKL's transposed weight for one row)."""
 
     rows: tuple[int, ...]  # the row counts timed, ascending, starting at 1
     packed_s: tuple[float, ...]
@@ -120,7 +121,7 @@ def time_row_products(
     row_counts: tuple[int, ...] = ROW_COUNTS,
 ) -> RowWeightTiming:
     """Time products of each row count over every weight of `probe_shapes` on the packed weights
-    and on the copies (float32, CPU): the C kernel's plain weights where it builds, else
+    and on the copies (float32, CPU): the C kernel's panels where it builds, else
     transposed copies at one row only."""
     native = row_copy_native()
     counts = row_counts if native else row_counts[:1]
@@ -161,7 +162,7 @@ def _measured(num_threads: int, layer_shapes: tuple[tuple[int, int], ...]) -> Ro
         "few-row products on %d thread(s), packed weight against the %s copy (ms): %s: the copy "
         "serves inputs of up to %d rows",
         num_threads,
-        "plain (C kernel)" if row_copy_native() else "transposed",
+        "panels (C kernel)" if row_copy_native() else "transposed",
         ", ".join(
             f"{rows} rows {p * 1e3:.2f} / {r * 1e3:.2f}"
             for rows, p, r in zip(timing.rows, timing.packed_s, timing.rows_s, strict=True)

@@ -121,7 +121,7 @@ class VersionEngineFactory:
         from engine.llm_engine import uses_row_weights
 
         if uses_row_weights(replace(self.base_config(Path(spec.path)), dtype=self.dtype(spec))):
-            weights += model_config.linear_params() * itemsize  # the transposed copies (packed_linear.py)
+            weights += model_config.linear_params() * itemsize  # the row copies (packed_linear.py)
         per_token = model_config.kv_bytes_per_token(itemsize)
         base = self.base_config(Path(spec.path))
         block_size = base.cache.block_size

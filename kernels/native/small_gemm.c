@@ -1,17 +1,24 @@
-/* y = x W^T (+ bias) for a few rows of x, streaming a plain row-major float32 weight once.
+/* y = x W^T (+ bias) for a few rows of x, streaming a float32 weight packed in column panels once.
  *
  * A decode step multiplies 1-8 activation rows by every weight of the model: the product is
- * bound by reading the weight from memory, not by arithmetic. This kernel walks the weight
- * [out_features, in_features] from start to end exactly once per call, a few output rows at a
- * time, and multiplies it against every input row while it is in registers, so a few rows cost
- * one read of the weight, as one row does (until the multiply-adds, not the read, bound the time:
- * on one core at about 4-8 rows). x (at most 8 rows of in_features) stays in L1/L2.
+ * bound by reading the weight from memory, not by arithmetic, as long as each weight value read
+ * is used for every row while it is in a register. This kernel takes the weight [out_features,
+ * in_features] packed once into panels of PANEL output columns (`weir_small_gemm_panel_width`):
+ * panel p holds, for each input column k in turn, the PANEL weights W[p * PANEL + j][k]
+ * (j = 0..PANEL-1) side by side, the last panel padded with zeros. It walks the panels from start
+ * to end exactly once per call. For each k it loads PANEL weights (UNROLL vectors), broadcasts
+ * x[r][k] of each row and multiply-adds them into ROWS x UNROLL accumulators that stay in
+ * registers for the whole panel: one load per vector of weights plus one broadcast per row, and
+ * no horizontal sums. (The plain row-major weight, walked one output row at a time, needs a load
+ * of x per row for each weight vector and a horizontal sum per output and row: 2.1-3.8x the time
+ * of a `sum` over the same bytes at 8 rows on SmolLM2's shapes, against 1.3-1.5x here;
+ * docs/benchmarks.md, tenth stop.)
  *
  * Vectors are GCC vector extensions (the compiler maps them to AVX-512, AVX2 or SSE/NEON for the
- * machine it compiles on with -march=native); loads are unaligned-safe (aligned(4) types).
- * Row and unroll counts are compile-time constants in each specialised loop (`ROWS`, `UNROLL`),
- * so the accumulators live in registers. With threads > 1 the output rows are split over an OpenMP
- * pool in contiguous ranges.
+ * machine it compiles on with -march=native); loads are unaligned-safe (aligned(4) types). With
+ * AVX-512's 32 registers, 8 rows take 24 accumulators, 3 weight vectors and a broadcast; with 16
+ * registers the compiler spills at high row counts (the row-weight probe measures each host).
+ * With threads > 1 the panels are split over an OpenMP pool in contiguous ranges.
  *
  * Returns 0, or -1 on sizes outside its reach (rows not in 1..MAX_ROWS, a non-positive size).
  */
@@ -22,106 +29,83 @@
 
 #if defined(__AVX512F__)
 #define VEC_BYTES 64
-#define NUM_REGS 32
 #else
 #define VEC_BYTES 32
-#define NUM_REGS 16
 #endif
 #define LANES (VEC_BYTES / 4)
+#define UNROLL 3
+#define PANEL (LANES * UNROLL)
 
 typedef float vec __attribute__((vector_size(VEC_BYTES), aligned(4), may_alias));
-typedef float half_vec __attribute__((vector_size(VEC_BYTES / 2)));
-typedef float quad __attribute__((vector_size(16)));
 
-/* A vector's lanes summed as a tree (a chain of scalar adds is slower than the dot product it ends). */
-static inline float hsum(vec v) {
-#if VEC_BYTES == 64
-    half_vec h = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
-                 __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
-    quad q = __builtin_shufflevector(h, h, 0, 1, 2, 3) + __builtin_shufflevector(h, h, 4, 5, 6, 7);
-#else
-    quad q = __builtin_shufflevector(v, v, 0, 1, 2, 3) + __builtin_shufflevector(v, v, 4, 5, 6, 7);
-#endif
-    return (q[0] + q[2]) + (q[1] + q[3]);
-}
-
-/* Output columns [o_begin, o_end) of y for ROWS input rows. One weight row streams at a time,
- * split into UNROLL independent accumulators per input row: the FMA latency, not the memory,
- * bounds a single accumulator chain. */
-#define DEFINE_RANGE(ROWS, UNROLL)                                                               \
-    static void range_##ROWS(const float *restrict x, const float *restrict w,                   \
-                             const float *restrict bias, float *restrict y, int64_t in,          \
-                             int64_t out, int64_t o_begin, int64_t o_end) {                      \
-        const int64_t step = LANES * UNROLL;                                                     \
-        const int64_t in_unrolled = in - in % step, in_vec = in - in % LANES;                    \
-        for (int64_t o = o_begin; o < o_end; o++) {                                              \
-            const float *wo = w + o * in;                                                        \
+/* Panels [p_begin, p_end) of y for ROWS input rows (ROWS a compile-time constant in each copy,
+ * so the accumulators live in registers). */
+#define DEFINE_PANELS(ROWS)                                                                      \
+    static void panels_##ROWS(const float *restrict x, const float *restrict wp,                 \
+                              const float *restrict bias, float *restrict y, int64_t in,         \
+                              int64_t out, int64_t p_begin, int64_t p_end) {                     \
+        for (int64_t p = p_begin; p < p_end; p++) {                                              \
+            const float *wk = wp + p * in * PANEL;                                               \
             vec acc[ROWS][UNROLL];                                                               \
             for (int r = 0; r < ROWS; r++)                                                       \
                 for (int u = 0; u < UNROLL; u++) acc[r][u] = (vec){0};                           \
-            for (int64_t i = 0; i < in_unrolled; i += step) {                                    \
-                for (int u = 0; u < UNROLL; u++) {                                               \
-                    const vec wv = *(const vec *)(wo + i + u * LANES);                           \
-                    for (int r = 0; r < ROWS; r++)                                               \
-                        acc[r][u] += *(const vec *)(x + r * in + i + u * LANES) * wv;            \
+            for (int64_t k = 0; k < in; k++, wk += PANEL) {                                      \
+                vec w[UNROLL];                                                                   \
+                for (int u = 0; u < UNROLL; u++) w[u] = *(const vec *)(wk + u * LANES);          \
+                for (int r = 0; r < ROWS; r++) {                                                 \
+                    const float xr = x[r * in + k];                                              \
+                    for (int u = 0; u < UNROLL; u++) acc[r][u] += xr * w[u];                     \
                 }                                                                                \
             }                                                                                    \
-            for (int64_t i = in_unrolled; i < in_vec; i += LANES) {                              \
-                const vec wv = *(const vec *)(wo + i);                                           \
-                for (int r = 0; r < ROWS; r++) acc[r][0] += *(const vec *)(x + r * in + i) * wv;  \
-            }                                                                                    \
             for (int r = 0; r < ROWS; r++) {                                                     \
-                vec a = acc[r][0];                                                               \
-                for (int u = 1; u < UNROLL; u++) a += acc[r][u];                                 \
-                float s = hsum(a);                                                               \
-                for (int64_t i = in_vec; i < in; i++) s += x[r * in + i] * wo[i];                \
-                y[r * out + o] = s + (bias ? bias[o] : 0.0f);                                    \
+                float *yr = y + r * out;                                                         \
+                for (int u = 0; u < UNROLL; u++) {                                               \
+                    const int64_t o = p * PANEL + u * LANES;                                     \
+                    if (o + LANES <= out) {                                                      \
+                        vec v = acc[r][u];                                                       \
+                        if (bias) v += *(const vec *)(bias + o);                                 \
+                        *(vec *)(yr + o) = v;                                                    \
+                    } else { /* the padded end of the last panel */                              \
+                        for (int64_t l = 0; o + l < out; l++)                                    \
+                            yr[o + l] = acc[r][u][l] + (bias ? bias[o + l] : 0.0f);              \
+                    }                                                                            \
+                }                                                                                \
             }                                                                                    \
         }                                                                                        \
     }
 
-/* ROWS x UNROLL accumulators within about half the vector registers (measured on SmolLM2's
- * shapes: 4-8 chains for one row stream at a plain sum's speed, docs/benchmarks.md). */
-#if NUM_REGS >= 32
-DEFINE_RANGE(1, 8)
-DEFINE_RANGE(2, 4)
-DEFINE_RANGE(3, 4)
-DEFINE_RANGE(4, 4)
-DEFINE_RANGE(5, 2)
-DEFINE_RANGE(6, 2)
-DEFINE_RANGE(7, 2)
-DEFINE_RANGE(8, 2)
-#else
-DEFINE_RANGE(1, 4)
-DEFINE_RANGE(2, 4)
-DEFINE_RANGE(3, 2)
-DEFINE_RANGE(4, 2)
-DEFINE_RANGE(5, 1)
-DEFINE_RANGE(6, 1)
-DEFINE_RANGE(7, 1)
-DEFINE_RANGE(8, 1)
-#endif
+DEFINE_PANELS(1)
+DEFINE_PANELS(2)
+DEFINE_PANELS(3)
+DEFINE_PANELS(4)
+DEFINE_PANELS(5)
+DEFINE_PANELS(6)
+DEFINE_PANELS(7)
+DEFINE_PANELS(8)
 
-typedef void (*range_fn)(const float *, const float *, const float *, float *, int64_t, int64_t,
-                         int64_t, int64_t);
+typedef void (*panels_fn)(const float *, const float *, const float *, float *, int64_t, int64_t,
+                          int64_t, int64_t);
 
-static const range_fn RANGES[MAX_ROWS + 1] = {0,       range_1, range_2, range_3, range_4,
-                                              range_5, range_6, range_7, range_8};
+static const panels_fn PANELS[MAX_ROWS + 1] = {0,        panels_1, panels_2, panels_3, panels_4,
+                                               panels_5, panels_6, panels_7, panels_8};
 
 int weir_small_gemm_max_rows(void) { return MAX_ROWS; }
 
+int weir_small_gemm_panel_width(void) { return PANEL; }
+
 int weir_small_gemm(const float *x,    /* [rows, in] */
-                    const float *w,    /* [out, in], row-major */
+                    const float *wp,   /* [ceil(out / PANEL), in, PANEL]: the packed weight */
                     const float *bias, /* [out] or NULL */
                     float *y,          /* [rows, out] */
                     int64_t rows, int64_t in, int64_t out, int threads) {
     if (rows < 1 || rows > MAX_ROWS || in < 1 || out < 1) return -1;
-    const range_fn fn = RANGES[rows];
-    if (threads <= 1 || out < 2 * threads) {
-        fn(x, w, bias, y, in, out, 0, out);
+    const panels_fn fn = PANELS[rows];
+    const int64_t panels = (out + PANEL - 1) / PANEL;
+    if (threads <= 1 || panels < 2 * threads) {
+        fn(x, wp, bias, y, in, out, 0, panels);
         return 0;
     }
-    /* One contiguous range of output columns per thread. */
+    /* One contiguous range of panels per thread. */
 #pragma omp parallel num_threads(threads)
     {
 #ifdef _OPENMP
@@ -131,8 +115,8 @@ int weir_small_gemm(const float *x,    /* [rows, in] */
 #else
         const int64_t me = 0, n = 1;
 #endif
-        const int64_t o0 = out * me / n, o1 = out * (me + 1) / n;
-        if (o0 < o1) fn(x, w, bias, y, in, out, o0, o1);
+        const int64_t p0 = panels * me / n, p1 = panels * (me + 1) / n;
+        if (p0 < p1) fn(x, wp, bias, y, in, out, p0, p1);
     }
     return 0;
 }

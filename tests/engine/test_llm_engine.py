@@ -1,7 +1,7 @@
 """Engine core: greedy output is token-identical to transformers' generate, in fp32.
 
 Covers the CPU paths (`CPU_PATHS`: the default with row weights and the hand-fused ops, the
-packed linears alone, plain `F.linear` unfused), concurrent prompts of mixed lengths on tiny random Llama / Qwen2 / Qwen3 models
+packed linears alone, plain `F.linear` unfused; the row weights' C kernel at every row count), concurrent prompts of mixed lengths on tiny random Llama / Qwen2 / Qwen3 models
 (MHA, GQA, MQA, a rope_scaling case), chunked prefill at several chunk sizes, recompute
 preemption, aborts, seeded sampling and n>1.
 """
@@ -14,11 +14,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from engine import llm_engine
 from engine.client import EngineRequest
 from engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from engine.errors import ContextLengthError, InvalidRequestError
 from engine.llm_engine import LLMEngine, build_engine
 from engine.request import FinishReason, SamplingParams
+from kernels import cpu_small_gemm
 from tests.engine.tiny_models import load_hf_model, make_tiny_model
 
 PROMPT_LENGTHS = (1, 5, 17, 33, 64, 100, 180, 300)
@@ -136,6 +138,27 @@ def test_greedy_matches_transformers_generate(tiny: Path, path: str) -> None:
     # one sequence alone: every decode step is a one-row step (the row weights' path)
     alone = _run_all(engine, [prompts[3]], SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0))
     assert alone["r0"] == ref[3]
+
+
+def _row_weights_at_every_row_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Build engines whose row copies serve every decode step up to the C kernel's 8 rows, as
+    `auto` does on hosts where its panels win at every row count (skips without the kernel)."""
+    if not cpu_small_gemm.available():
+        pytest.skip("no C compiler here")
+    monkeypatch.setattr(llm_engine, "row_weight_inputs", lambda config: cpu_small_gemm.MAX_ROWS)
+
+
+def test_row_weights_at_every_row_count_keep_greedy_identical(
+    tiny: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _row_weights_at_every_row_count(monkeypatch)
+    engine = _engine(tiny)
+    assert engine.stats().cpu_row_inputs == cpu_small_gemm.MAX_ROWS
+    prompts = _prompts(engine.model_config.vocab_size, seed=5)  # 8 prompts: decode steps of 1-8 rows
+    ours = _run_all(engine, prompts, SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0))
+    ref = _hf_greedy(tiny, prompts, MAX_TOKENS)
+    for i in range(len(prompts)):
+        assert ours[f"r{i}"] == ref[i], f"prompt {i} (len {len(prompts[i])})"
 
 
 def test_wide_steps_on_two_threads_keep_greedy_identical_to_transformers(llama_gqa: Path) -> None:
@@ -292,9 +315,13 @@ def test_invalid_requests_never_enter_the_queue(llama_gqa: Path) -> None:
 
 
 @pytest.mark.slow
-def test_real_default_model_greedy_matches_transformers(smollm2_dir: Path) -> None:
-    # the row weights asked for: `auto` keeps them only on machines where they measure faster
-    engine = _engine(smollm2_dir, budget=512, num_blocks=300, cpu_row_weights=True)
+def test_real_default_model_greedy_matches_transformers(
+    smollm2_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the row weights for every decode step of up to 8 rows: `auto` keeps them only on machines
+    # where they measure faster, and for as many rows as they do
+    _row_weights_at_every_row_count(monkeypatch)
+    engine = _engine(smollm2_dir, budget=512, num_blocks=300)
     tok = engine.tokenizer
     questions = [
         "Hi",

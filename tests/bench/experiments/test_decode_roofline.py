@@ -11,7 +11,9 @@ import pytest
 import torch
 
 from bench.experiments.decode_roofline import _set_switches, build_variant, main
+from engine.loader import load_model_config
 from engine.models.packed_linear import PackedLinear, packing_supported
+from engine.models.row_weight_probe import measured_row_inputs
 from tests.engine.tiny_models import make_tiny_model
 
 pytestmark = pytest.mark.skipif(
@@ -32,7 +34,7 @@ def test_one_run_times_every_variant_on_both_clocks(tmp_path: Path) -> None:
     assert report["threads"] == 1 and len(report["load_average"]) == 3
     assert [r["batch"] for r in report["decode"]] == [1, 3]
     for row in report["decode"]:
-        for name in ("packed", "rows", "rows_unfused", "torch_attention", "weight_read"):
+        for name in ("packed", "rows", "rows_auto", "rows_unfused", "torch_attention", "weight_read"):
             assert row[f"{name}_wall_ms"] > 0
             for clock in ("wall", "cpu"):  # thread CPU time may read 0 where it is counted in ticks
                 assert 0 <= row[f"{name}_{clock}_min_ms"] <= row[f"{name}_{clock}_ms"]
@@ -59,6 +61,9 @@ def test_the_variants_are_what_they_say(tmp_path: Path) -> None:
         assert model.fused_ops == fused, name
         assert all(layer.self_attn.attn_backend.native_decode == native for layer in model.layers), name
         assert model.native_norms == (norms and model.native_norms_built), name
+    # rows_auto: as served, the copies serve as many rows as this host's probe finds
+    auto = build_variant("rows_auto", path, 2, 64)
+    assert auto.cpu_row_inputs == measured_row_inputs(load_model_config(str(path)).layer_linear_shapes())
 
 
 def test_wide_step_threads_step_the_engine_as_served_and_the_read_on_the_process_count(
