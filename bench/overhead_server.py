@@ -87,6 +87,27 @@ def _load_tokenizer(model: Path) -> Any:
     return AutoTokenizer.from_pretrained(str(model), local_files_only=True)
 
 
+def served_fleet(engine: Any, tokenizer: Any, settings: Any) -> Any:
+    """The one-version fleet the server serves the null engine from, ready as `weir serve`'s fleet
+    makes a version it loads: the tokenizer pool workers' private copies made before serving,
+    not on a worker's first busy moment (a ~65 ms GIL hold each, a stall of every request then)."""
+    from gateway.fleet.fleet_types import model_fingerprint
+    from gateway.fleet.model_fleet import single_engine_fleet
+
+    fleet = single_engine_fleet(
+        MODEL_NAME,
+        engine,
+        tokenizer,
+        max_model_len=MAX_MODEL_LEN,
+        vocab_size=len(tokenizer),
+        fingerprint=model_fingerprint(MODEL_NAME, MAX_MODEL_LEN, settings.resolved_dtype("cpu")),
+    )
+    for version in fleet.versions():
+        assert version.prompts is not None
+        version.prompts.make_copies(settings.tokenizer_workers)
+    return fleet
+
+
 def main(argv: list[str] | None = None) -> int:
     """Build the app, bind 127.0.0.1:0, print the port and admin token, serve until SIGTERM."""
     parser = argparse.ArgumentParser(prog="python -m bench.overhead_server")
@@ -152,13 +173,12 @@ def main(argv: list[str] | None = None) -> int:
     freeze_start, freeze_stop = gc_pauses.lifespan_hooks(metrics.registry, True)  # last, as `weir serve`
     startup.append(freeze_start)
     shutdown.append(freeze_stop)
+    fleet = served_fleet(engine, tokenizer, settings)
     app = create_app(
         settings,
-        engine,
-        tokenizer,
-        max_model_len=MAX_MODEL_LEN,
-        model_name=MODEL_NAME,
-        vocab_size=len(tokenizer),
+        None,
+        None,
+        fleet=fleet,
         metrics=metrics,
         extra_routes=[*tenancy.routes, timings.route()],
         on_startup=startup,
