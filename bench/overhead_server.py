@@ -23,7 +23,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -31,6 +31,11 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import Message, Receive, Scope, Send
 
 from bench.null_engine import NullEngine
+
+if TYPE_CHECKING:
+    from gateway.fleet.model_fleet import ModelFleet
+    from gateway.prompts.tokenization import Tokenizer
+    from gateway.server.settings import Settings
 
 MODEL_NAME = "null-model"
 MAX_MODEL_LEN = 8192  # SmolLM2's context; only bounds max_tokens checks here
@@ -87,7 +92,7 @@ def _load_tokenizer(model: Path) -> Any:
     return AutoTokenizer.from_pretrained(str(model), local_files_only=True)
 
 
-def served_fleet(engine: Any, tokenizer: Any, settings: Any) -> Any:
+def served_fleet(engine: NullEngine, tokenizer: Tokenizer, settings: Settings) -> ModelFleet:
     """The one-version fleet the server serves the null engine from, ready as `weir serve`'s fleet
     makes a version it loads: the tokenizer pool workers' private copies made before serving,
     not on a worker's first busy moment (a ~65 ms GIL hold each, a stall of every request then)."""

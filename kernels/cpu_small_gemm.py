@@ -37,8 +37,8 @@ _I64 = ctypes.c_int64
 @functools.cache
 def _function() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
     fn = build.function("small_gemm", "weir_small_gemm", [ctypes.c_void_p] * 4 + [_I64] * 3 + [ctypes.c_int])
-    lib = build.load("small_gemm")
-    if lib is not None and lib.weir_small_gemm_max_rows() != MAX_ROWS:
+    max_rows = build.function("small_gemm", "weir_small_gemm_max_rows", [])
+    if max_rows is not None and max_rows() != MAX_ROWS:
         raise RuntimeError("native/small_gemm.c and kernels/cpu_small_gemm.py disagree on MAX_ROWS")
     return fn
 
@@ -51,10 +51,10 @@ def available() -> bool:
 @functools.cache
 def panel_width() -> int:
     """Output columns per panel of the packed weight (the build's vector width times its unroll)."""
-    lib = build.load("small_gemm")
-    if lib is None:
+    width = build.function("small_gemm", "weir_small_gemm_panel_width", [])
+    if width is None:
         raise RuntimeError("the C small-GEMM kernel is not available (kernels.native.build)")
-    return int(lib.weir_small_gemm_panel_width())
+    return int(width())
 
 
 def pack_panels(weight: torch.Tensor) -> torch.Tensor:
@@ -97,8 +97,7 @@ class SmallGemm:
                 raise ValueError(f"bias of {bias.shape[0]} for {self.out_features} output features")
             bias = bias.contiguous()
         self._fn = fn
-        with torch.no_grad():
-            self.panels = pack_panels(weight.detach())
+        self.panels = pack_panels(weight.detach())
         self.bias = bias
         self._bias_ptr = None if bias is None else bias.data_ptr()
 
