@@ -6,8 +6,8 @@ backwards) with one read of every weight (a `sum` per tensor of a plain copy of 
 floor of a batch-1 decode step), `--reps` times, `--steps` decode steps per timed block:
 
 - `packed`: the packed oneDNN linears at every row count (the path before issue 27);
-- `rows`: + a transposed copy of every linear weight for one-row inputs
-  (`EngineConfig.cpu_row_weights`, engine/models/packed_linear.py);
+- `rows`: + a copy of every linear weight for one-row inputs (`EngineConfig.cpu_row_weights` on:
+  the C kernel's panels, or a transposed weight without a C compiler; engine/models/packed_linear.py);
 - `rows_auto`: + the copies with `cpu_row_weights` auto, as `weir serve` runs by default: the
   start-up probe (engine/models/row_weight_probe.py) decides up to how many rows they serve
   (with the C kernel's panels, 8 on the hosts measured), so batch 8 takes them as well;

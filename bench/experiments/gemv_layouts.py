@@ -10,7 +10,7 @@ thread's CPU time (`time.thread_time`: with `--threads 1`, the whole of the work
 - `packed`: oneDNN's pre-packed weight (`PackedLinear`, the CPU path before issue 27);
 - `f_linear`: `F.linear` on the plain `[out, in]` weight;
 - `nk_mv`: `torch.mv` (one row) or `x @ W.t()` on the plain `[out, in]` weight;
-- `kn`: `x @ W_t` with `W_t` a contiguous `[in, out]` copy (`PackedLinear`'s row weight);
+- `kn`: `x @ W_t` with `W_t` a contiguous `[in, out]` copy (`PackedLinear`'s row weight where no C compiler builds the kernel);
 - `nk_t`, `kn_t`: the same two layouts with the product transposed (`(W @ x.t()).t()`);
 - `c_kernel`: the C kernel over the weight packed in column panels (`kernels.cpu_small_gemm`, the
   row copy's product where it builds), for up to its `MAX_ROWS` rows.

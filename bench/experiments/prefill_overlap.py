@@ -10,8 +10,9 @@ all come back together) keeps them out of every decode window, and its TTFT carr
 `prefills_in_decode` counts, for each request, the other requests whose first token came inside
 its decode window: later than half its mean gap after its own first token (first tokens of one
 step reach the client a few milliseconds apart, and are not a prefill this request waited for),
-up to its last token. Each such first token ended a prefill that ran while this request decoded. Its mean over requests tells the two schedules
-apart in one number: ~0 for waves, up to the concurrency less one when arrivals are staggered.
+up to its last token. Each such first token ended a prefill that ran while this request decoded.
+Its mean over requests tells the two schedules apart in one number: ~0 for waves, up to the
+concurrency less one when arrivals are staggered.
 Client-side only (no server trace), so it reads the same for every peer.
 """
 

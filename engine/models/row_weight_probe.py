@@ -5,14 +5,14 @@ A decode step of a small batch is a matrix-vector product per linear layer, boun
 the weight. Which layout streams faster depends on the CPU and its memory, not on the model: on
 one 2-core EPYC host MKL's GEMV over a `[in, out]` copy read at the speed of a plain `sum` while
 oneDNN's blocked weight took 1.43-1.49x that; on another of the same kind the blocked weight took
-1.25x and the transposed copy 1.74x; the C kernel over the plain row-major weight took
-0.88-0.93x the `sum` at one row and lost to oneDNN from about four rows, while over the weight
-packed in column panels (its layout since the tenth stop) it beat oneDNN at 1, 2, 4 and 8 rows
-on the host measured (docs/benchmarks.md). A fixed default is wrong on some host and the copy doubles the linear
+1.25x and the transposed copy 1.74x; the C kernel took 0.88-0.93x the `sum` at one row over the
+plain row-major weight but lost to oneDNN from about four rows, and over its weight packed in
+column panels (its layout now) it beat oneDNN at 1, 2, 4 and 8 rows on the host measured
+(docs/benchmarks.md). A fixed default is wrong on some host and the copy doubles the linear
 weights' memory, so `auto` measures once per process and model shape: products of 1, 2, 4 and 8
 rows against synthetic weights of the model's layer shapes, repeated to 256 MiB (far past any
-last level cache), both layouts alternating. The copies are kept where one row wins by `MARGIN`; they
-then serve every row count up to the last that still wins. The shapes matter beside the memory
+last level cache), both layouts alternating. The copies are kept where one row wins by `MARGIN`;
+they then serve every row count up to the last that still wins. The shapes matter beside the memory
 path: a small model's ~120 products a step pay oneDNN's fixed cost per call (~18 us, the C
 kernel's ~5 us) as much as the read.
 

@@ -1,8 +1,9 @@
 """Engine core: greedy output is token-identical to transformers' generate, in fp32.
 
 Covers the CPU paths (`CPU_PATHS`: the default with row weights and the hand-fused ops, the
-packed linears alone, plain `F.linear` unfused; the row weights' C kernel at every row count), concurrent prompts of mixed lengths on tiny random Llama / Qwen2 / Qwen3 models
-(MHA, GQA, MQA, a rope_scaling case), chunked prefill at several chunk sizes, recompute
+packed linears alone, plain `F.linear` unfused; the row weights' C kernel at every row count),
+concurrent prompts of mixed lengths on tiny random Llama / Qwen2 / Qwen3 models (MHA, GQA, MQA, a
+rope_scaling case), chunked prefill at several chunk sizes, recompute
 preemption, aborts, seeded sampling and n>1.
 """
 
