@@ -10,8 +10,13 @@ tokens, `/v1/completions` streaming), and stopped before the next starts:
   environment (`--weir NAME=FLAGS`, e.g. `step200=--target-step-ms 200`; a `VAR=value` word is
   put in the server's environment instead, e.g. `1thread=OMP_NUM_THREADS=1`).
 
+`--rounds N` runs every system N times in alternating order (bench/experiments/alternation.py):
+each ratio is taken within a round and summarised by its median over the rounds, so a slow spell
+of the shared host weighs on both sides. With N > 1 each round writes under `--out`/roundK/.
+
 Prints and writes (`--out`/summary.md, summary.json) output tok/s, ITL p50/p99, TTFT p50/p99 per
-system and Weir's ratios to each peer against the issue's targets. Every wait is bounded.
+system, the server's mean decode and prefill step from `/metrics`, and Weir's ratios to each peer
+against the issue's targets. Every wait is bounded.
 """
 
 from __future__ import annotations
@@ -25,15 +30,21 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any
 
 import httpx
 
-from bench.experiments.prefill_overlap import prefills_in_decode, request_times
+from bench.experiments.alternation import round_orders
+from bench.experiments.serve_figures import (
+    ServeFigures,
+    gc_pause_totals,
+    parse_guidellm,
+    rounds_markdown,
+    step_split,
+)
 from bench.tenants import TenantSpec, create_tenants
 from bench.weir_process import ROOT, free_port, parse_gauges, run_weir
 
@@ -54,50 +65,6 @@ STEP_BUDGET_GAUGES = (
     "weir_scheduler_step_margin",
     "weir_scheduler_step_fit_resets_total",
 )
-
-
-@dataclass(frozen=True)
-class ServeFigures:
-    """What guidellm measured for one system."""
-
-    system: str
-    output_tok_s: float
-    itl_p50_ms: float
-    itl_p99_ms: float
-    ttft_p50_ms: float
-    ttft_p99_ms: float
-    num_ok: int
-    num_errored: int
-    wall_s: float
-    server_gauges: dict[str, float] = field(default_factory=dict)  # Weir's step budget after the run
-    # other requests' first tokens inside a request's decode, mean (bench/experiments/prefill_overlap.py)
-    prefills_in_decode: float | None = None
-
-
-def _stat(metrics: Mapping[str, Any], name: str, key: str) -> float:
-    summary = metrics[name]["successful"]
-    if key.startswith("p"):
-        return float(summary["percentiles"][key])
-    return float(summary[key])
-
-
-def parse_guidellm(system: str, report: Mapping[str, Any], wall_s: float) -> ServeFigures:
-    """The figures of guidellm 0.8.1's benchmarks.json (one benchmark)."""
-    bench = report["benchmarks"][0]
-    m = bench["metrics"]
-    totals = m["request_totals"]
-    return ServeFigures(
-        system=system,
-        output_tok_s=_stat(m, "output_tokens_per_second", "mean"),
-        itl_p50_ms=_stat(m, "inter_token_latency_ms", "median"),
-        itl_p99_ms=_stat(m, "inter_token_latency_ms", "p99"),
-        ttft_p50_ms=_stat(m, "time_to_first_token_ms", "median"),
-        ttft_p99_ms=_stat(m, "time_to_first_token_ms", "p99"),
-        num_ok=int(totals["successful"]),
-        num_errored=int(totals["errored"]),
-        wall_s=round(wall_s, 1),
-        prefills_in_decode=prefills_in_decode(request_times(report)),
-    )
 
 
 def run_guidellm(
@@ -203,7 +170,7 @@ def run_weir_variant(
             api_key = asyncio.run(key())
             figures = run_guidellm(args, name, w.url, args.served_name, api_key)
             page = httpx.get(w.metrics_url, timeout=10).raise_for_status().text
-            gauges = {**parse_gauges(page, STEP_BUDGET_GAUGES), **gc_pause_totals(page)}
+            gauges = {**parse_gauges(page, STEP_BUDGET_GAUGES), **gc_pause_totals(page), **step_split(page)}
             print(f"{name}: {gauges}", flush=True)
             return replace(figures, server_gauges=gauges)
     finally:
@@ -212,93 +179,6 @@ def run_weir_variant(
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-
-
-def gc_pause_totals(page: str) -> dict[str, float]:
-    """`gc<generation>_count` and `gc<generation>_s` from `weir_gc_pause_seconds` on a metrics page:
-    the garbage collections the server stood still for during its life, and their seconds."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    totals: dict[str, float] = {}
-    for family in text_string_to_metric_families(page):
-        for sample in family.samples:
-            generation = sample.labels.get("generation")
-            if generation is None or not sample.name.startswith("weir_gc_pause_seconds_"):
-                continue
-            if sample.name.endswith("_count"):
-                totals[f"gc{generation}_count"] = sample.value
-            elif sample.name.endswith("_sum"):
-                totals[f"gc{generation}_s"] = sample.value
-    return totals
-
-
-def ratios(weir: ServeFigures, peer: ServeFigures) -> dict[str, float]:
-    """Weir over the peer: throughput (higher is better), ITL and TTFT p50 (lower is better)."""
-    return {
-        "output_tok_s": round(weir.output_tok_s / peer.output_tok_s, 2),
-        "itl_p50": round(weir.itl_p50_ms / peer.itl_p50_ms, 2),
-        "ttft_p50": round(weir.ttft_p50_ms / peer.ttft_p50_ms, 2),
-    }
-
-
-def markdown(rows: Sequence[ServeFigures], weir_names: Sequence[str], command: str) -> str:
-    lines = [
-        f"`{command}`",
-        "",
-        "| server | output tok/s | ITL p50 ms | ITL p99 ms | TTFT p50 ms | TTFT p99 ms | ok / errors | wall s "
-        "| prefills in a decode |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        overlap = "-" if r.prefills_in_decode is None else f"{r.prefills_in_decode:.1f}"
-        lines.append(
-            f"| {r.system} | {r.output_tok_s:.1f} | {r.itl_p50_ms:.0f} | {r.itl_p99_ms:.0f} | {r.ttft_p50_ms:,.0f} "
-            f"| {r.ttft_p99_ms:,.0f} | {r.num_ok} / {r.num_errored} | {r.wall_s} | {overlap} |"
-        )
-    lines.append(
-        "\nPrefills in a decode: other requests' first tokens inside a request's decode window, mean "
-        "(bench/experiments/prefill_overlap.py); their prefill steps are in its ITL."
-    )
-    for r in rows:
-        if r.server_gauges:
-            g = r.server_gauges
-            lines.append(
-                f"\n{r.system} after the run: token budget {g.get('weir_scheduler_token_budget', 0):.0f}, "
-                f"target {g.get('weir_scheduler_target_step_seconds', 0) * 1e3:.0f} ms, fitted "
-                f"{g.get('weir_scheduler_step_overhead_seconds', 0) * 1e3:.1f} ms + "
-                f"{g.get('weir_scheduler_step_cost_per_decode_seconds', 0) * 1e3:.2f} ms/decode + "
-                f"{g.get('weir_scheduler_step_cost_per_token_seconds', 0) * 1e3:.2f} ms/prefill token, "
-                f"margin {g.get('weir_scheduler_step_margin', 0):.0%}, running cap "
-                + (f"{g['weir_scheduler_max_running']:.0f}" if "weir_scheduler_max_running" in g else "none")
-                + f", fits dropped {g.get('weir_scheduler_step_fit_resets_total', 0):.0f}"
-            )
-            if any(key.startswith("gc") for key in g):
-                lines.append(
-                    f"{r.system} garbage collections over its life: "
-                    + ", ".join(
-                        f"generation {gen} {g.get(f'gc{gen}_count', 0):.0f} ({g.get(f'gc{gen}_s', 0) * 1e3:.0f} ms)"
-                        for gen in range(3)
-                    )
-                )
-    peers = [r for r in rows if r.system not in weir_names]
-    weirs = [r for r in rows if r.system in weir_names]
-    if peers and weirs:
-        lines += [
-            "",
-            "| Weir variant / peer | tok/s ratio | ITL p50 ratio | TTFT p50 ratio |",
-            "|---|---|---|---|",
-        ]
-        for w in weirs:
-            for p in peers:
-                r = ratios(w, p)
-                lines.append(
-                    f"| {w.system} / {p.system} | {r['output_tok_s']} | {r['itl_p50']} | {r['ttft_p50']} |"
-                )
-        lines += [
-            "",
-            "Targets: vs tserve tok/s >= 2, ITL p50 <= 0.5, TTFT p50 <= 1; vs llama (fp32) tok/s >= 0.8, ITL p50 <= 1.5.",
-        ]
-    return "\n".join(lines) + "\n"
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -322,6 +202,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--streams", type=int, default=8)
     p.add_argument("--prompt-tokens", type=int, default=128)
     p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument(
+        "--rounds", type=int, default=1, help="run every system this many times, alternating the order"
+    )
     p.add_argument("--run-timeout-s", type=float, default=900.0, help="bound on one guidellm run")
     p.add_argument(
         "--peer-start-timeout-s", type=float, default=1800.0, help="bound on a peer's start (build)"
@@ -337,18 +220,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = shlex.join(
         ["python", "-m", "bench.experiments.serve_vs_peer", *(sys.argv[1:] if argv is None else argv)]
     )
-    rows: list[ServeFigures] = []
-    for name in args.peers:
-        try:
-            with run_peer(args, name) as (url, model):
-                rows.append(run_guidellm(args, name, url, model, None))
-        except (RuntimeError, subprocess.SubprocessError, OSError, KeyError) as exc:
-            print(f"{name}: not measured: {exc}", flush=True)
-    for name, flags, env in args.weir:
-        rows.append(run_weir_variant(args, name, flags, env))
-    text = markdown(rows, [v[0] for v in args.weir], command)
+    variants = {name: (flags, env) for name, flags, env in args.weir}
+    rounds: list[list[ServeFigures]] = []
+    orders = round_orders([*args.peers, *variants], args.rounds)
+    for i, order in enumerate(orders):
+        round_args = (
+            args
+            if args.rounds == 1
+            else argparse.Namespace(**{**vars(args), "out": args.out / f"round{i + 1}"})
+        )
+        round_args.out.mkdir(parents=True, exist_ok=True)
+        print(f"round {i + 1} of {args.rounds}: {', '.join(order)}", flush=True)
+        rows: list[ServeFigures] = []
+        for name in order:
+            if name in variants:
+                rows.append(run_weir_variant(round_args, name, *variants[name]))
+                continue
+            try:
+                with run_peer(round_args, name) as (url, model):
+                    rows.append(run_guidellm(round_args, name, url, model, None))
+            except (RuntimeError, subprocess.SubprocessError, OSError, KeyError) as exc:
+                print(f"{name}: not measured: {exc}", flush=True)
+        canonical = [*args.peers, *variants]
+        rows.sort(key=lambda r: canonical.index(r.system))
+        rounds.append(rows)
+    text = rounds_markdown(rounds, list(variants), command, orders)
     (args.out / "summary.json").write_text(
-        json.dumps({"command": command, "rows": [asdict(r) for r in rows]}, indent=2) + "\n"
+        json.dumps({"command": command, "rounds": [[asdict(r) for r in rows] for rows in rounds]}, indent=2)
+        + "\n"
     )
     (args.out / "summary.md").write_text(text)
     print(text, flush=True)
