@@ -25,6 +25,7 @@ from gateway.fleet.version_engines import (
     release_memory,
 )
 from gateway.http.errors import NotFoundError
+from gateway.prompts.tokenization import DEFAULT_POOL_WORKERS
 from gateway.routes.prefix_cache import PrefixCacheTarget
 from gateway.server.settings import Settings
 from tenancy.model_version_records import ModelVersionSpec
@@ -47,7 +48,9 @@ def build_fleet(settings: Settings, device: str, base_config: BaseConfig) -> Mod
         budget,
         memory_probe=functools.partial(memory_in_use, device),
         release_memory=functools.partial(release_memory, device),
-        tokenizer_copies=settings.tokenizer_workers,
+        # one copy per worker of the routes' pool and of the prompt builder's default pool (the
+        # prefix-cache routes' text encoding), so no worker makes one while serving
+        tokenizer_copies=settings.tokenizer_workers + DEFAULT_POOL_WORKERS,
     )
 
 
