@@ -63,6 +63,16 @@ class AttentionBackend(Protocol):
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
         ...
 
+    def attend(
+        self,
+        query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+        kv_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+        """`forward` without the store: this step's K/V are already in the cache."""
+        ...
+
 
 class TorchAttentionBackend:
     """The plain-torch path used on CPU, and the oracle the Triton kernels are tested against.
@@ -107,6 +117,12 @@ class TorchAttentionBackend:
         scale: float,
     ) -> torch.Tensor:
         reference.write_kv(key, value, kv_cache, metadata.slot_mapping)
+        return self.attend(query, kv_cache, metadata, scale)
+
+    def attend(
+        self, query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata, scale: float
+    ) -> torch.Tensor:
+        """`forward` without the store (the CPU path's RoPE kernel stored K/V: engine/models/native_ops.py)."""
         if not self.fused_decode:
             return reference.paged_attention(
                 query,

@@ -31,11 +31,15 @@ class TritonAttentionBackend:
         scale: float,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
         """Store this step's keys and values, then attend over each sequence's paged context."""
-        if metadata.block_size != kv_cache.shape[2]:
-            raise ValueError(
-                f"metadata.block_size={metadata.block_size} but kv_cache has blocks of {kv_cache.shape[2]}"
-            )
+        _check_block_size(kv_cache, metadata)
         reshape_and_cache(key, value, kv_cache, metadata.slot_mapping)
+        return self.attend(query, kv_cache, metadata, scale)
+
+    def attend(
+        self, query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata, scale: float
+    ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+        """Attend over each sequence's paged context; this step's K/V are already in the cache."""
+        _check_block_size(kv_cache, metadata)
         out = paged_attention(
             query.to(kv_cache.dtype),  # a lower-precision cache: attend in its dtype, like the torch path
             kv_cache,
@@ -46,3 +50,10 @@ class TritonAttentionBackend:
             scale,
         )
         return out.to(query.dtype)
+
+
+def _check_block_size(kv_cache: torch.Tensor, metadata: AttentionMetadata) -> None:
+    if metadata.block_size != kv_cache.shape[2]:
+        raise ValueError(
+            f"metadata.block_size={metadata.block_size} but kv_cache has blocks of {kv_cache.shape[2]}"
+        )

@@ -21,6 +21,9 @@ floor of a batch-1 decode step), `--reps` times, `--steps` decode steps per time
   each block;
 - `torch_norms`: `packed` with each residual add and RMSNorm in torch (`LlamaForCausalLM.native_norms`
   off) instead of one C call: the same engine as `packed` when both run, the switch flipped;
+- `torch_rope_kv`, `torch_silu_mul`: `rows_auto` with RoPE + the K/V store, or SiLU-and-mul, in
+  torch instead of one C call (`LlamaForCausalLM.native_ops`, engine/models/native_ops.py): the
+  same engine as `rows_auto` when both run, the switch flipped;
 - `compiled` (not run by default): plain weights, `torch.compile` (inductor's C++ backend, fixed
   shapes) over the model's forward with the attention backend left out of the graph
   (`torch.compiler.disable`: the paged metadata is Python); inductor fuses the small ops between
@@ -58,10 +61,26 @@ from bench.experiments.cpu_fast_path import _start_decoding, cpu_engine_config, 
 from bench.stats import ratio
 from engine.config import WIDE_STEP_ROWS
 from engine.llm_engine import LLMEngine, build_engine
+from engine.models.native_ops import NativeOps
 
-VARIANTS = ("packed", "rows", "rows_auto", "rows_unfused", "torch_attention", "torch_norms")
+VARIANTS = (
+    "packed",
+    "rows",
+    "rows_auto",
+    "rows_unfused",
+    "torch_attention",
+    "torch_norms",
+    "torch_rope_kv",
+    "torch_silu_mul",
+)
 # variant -> the variant whose engine it steps with a switch flipped (see the module docstring)
-SWITCHED = {"rows_unfused": "rows", "torch_attention": "packed", "torch_norms": "packed"}
+SWITCHED = {
+    "rows_unfused": "rows",
+    "torch_attention": "packed",
+    "torch_norms": "packed",
+    "torch_rope_kv": "rows_auto",
+    "torch_silu_mul": "rows_auto",
+}
 OPTIONAL_VARIANTS = ("compiled",)
 
 
@@ -130,6 +149,9 @@ def _set_switches(engine: LLMEngine, name: str) -> None:
         return  # `compiled`: no switches
     model.fused_ops = name != "rows_unfused"
     model.native_norms = name != "torch_norms" and model.native_norms_built
+    built = NativeOps.for_model(model.device, model.dtype)
+    model.native_ops.rope_kv = name != "torch_rope_kv" and built.rope_kv
+    model.native_ops.silu_mul = name != "torch_silu_mul" and built.silu_mul
     for layer in model.layers:
         layer.self_attn.attn_backend.native_decode = name != "torch_attention"
 

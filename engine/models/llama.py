@@ -30,6 +30,7 @@ from torch import nn
 from engine.attention import AttentionBackend, AttentionMetadata
 from engine.config import ModelConfig
 from engine.models.lora import LoraStep, ProjectionLora, build_projection_loras
+from engine.models.native_ops import NativeOps
 from engine.models.packed_linear import PackedLinear, pack_linear_layers
 from engine.rope import RotaryEmbedding
 
@@ -89,8 +90,10 @@ class LlamaAttention(nn.Module):
         attn_backend: AttentionBackend,
         dtype: torch.dtype,
         device: torch.device,
+        native_ops: NativeOps | None = None,
     ):
         super().__init__()
+        self.native_ops = native_ops or NativeOps()  # the model's, shared by every layer
         self.num_heads = config.num_heads
         self.num_kv_heads = config.num_kv_heads
         self.head_dim = config.head_dim
@@ -159,6 +162,13 @@ class LlamaAttention(nn.Module):
         rope_tables: tuple[torch.Tensor, torch.Tensor],
     ) -> torch.Tensor:  # [num_tokens, hidden]
         num_tokens = qkv.shape[0]
+        if self.native_ops.rope_kv and kv_cache.dtype == torch.float32:
+            from kernels.cpu_rope_kv import rope_kv_write
+
+            # q rotated out of qkv; k rotated and v copied straight into their cache slots
+            q = rope_kv_write(qkv, *rope_tables, attn_metadata.slot_mapping, kv_cache, self.num_heads)
+            out = self.attn_backend.attend(q, kv_cache, attn_metadata, self.scale)
+            return self._o(out.reshape(num_tokens, self.q_size), lora)
         num_qk_heads = self.num_heads + self.num_kv_heads
         qk = qkv[:, : self.q_size + self.kv_size].view(num_tokens, num_qk_heads, self.head_dim)
         qk = self.rotary.rotate(qk, *rope_tables)  # [num_tokens, heads + kv_heads, head_dim]
@@ -195,8 +205,15 @@ class LlamaAttention(nn.Module):
 class LlamaMLP(nn.Module):
     """SwiGLU: down(silu(gate(x)) * up(x)), with gate and up fused into one matmul."""
 
-    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device):
+    def __init__(
+        self,
+        config: ModelConfig,
+        dtype: torch.dtype,
+        device: torch.device,
+        native_ops: NativeOps | None = None,
+    ):
         super().__init__()
+        self.native_ops = native_ops or NativeOps()  # the model's, shared by every layer
         self.intermediate_size = config.intermediate_size
         self.gate_up_proj = Linear(
             config.hidden_size, 2 * config.intermediate_size, config.mlp_bias, dtype, device
@@ -218,7 +235,12 @@ class LlamaMLP(nn.Module):
         return y
 
     def forward(self, x: torch.Tensor, lora: LoraStep | None = None) -> torch.Tensor:
-        gate, up = self._gate_up(x, lora).split(self.intermediate_size, dim=-1)  # [num_tokens, intermediate]
+        gate_up = self._gate_up(x, lora)  # [num_tokens, 2 * intermediate]
+        if self.native_ops.silu_mul and gate_up.dtype == torch.float32:
+            from kernels.cpu_silu_mul import silu_mul
+
+            return self._down(silu_mul(gate_up), lora)
+        gate, up = gate_up.split(self.intermediate_size, dim=-1)  # [num_tokens, intermediate]
         return self._down(F.silu(gate) * up, lora)
 
     def forward_fused(self, x: torch.Tensor, lora: LoraStep | None = None) -> torch.Tensor:
@@ -238,12 +260,13 @@ class LlamaDecoderLayer(nn.Module):
         attn_backend: AttentionBackend,
         dtype: torch.dtype,
         device: torch.device,
+        native_ops: NativeOps | None = None,
     ):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
-        self.self_attn = LlamaAttention(config, rotary, attn_backend, dtype, device)
+        self.self_attn = LlamaAttention(config, rotary, attn_backend, dtype, device, native_ops)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
-        self.mlp = LlamaMLP(config, dtype, device)
+        self.mlp = LlamaMLP(config, dtype, device, native_ops)
 
     def forward(
         self,
@@ -346,8 +369,11 @@ class LlamaForCausalLM(nn.Module):
             config.rope, config.head_dim, config.max_model_len, dtype=dtype, device=self.device
         )
         self.embed_tokens = _empty_param((config.vocab_size, config.hidden_size), dtype, self.device)
+        # RoPE + K/V store and SiLU-and-mul as C kernels on the CPU in float32 (engine/models/native_ops.py);
+        # one object shared by every layer, so the A/B flips an op for the whole model.
+        self.native_ops = NativeOps.for_model(self.device, dtype)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, self.rotary, attn_backend, dtype, self.device)
+            LlamaDecoderLayer(config, self.rotary, attn_backend, dtype, self.device, self.native_ops)
             for _ in range(config.num_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, self.device)

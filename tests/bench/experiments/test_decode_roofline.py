@@ -12,6 +12,7 @@ import torch
 
 from bench.experiments.decode_roofline import _set_switches, build_variant, main
 from engine.loader import load_model_config
+from engine.models.native_ops import NativeOps
 from engine.models.packed_linear import PackedLinear, packing_supported
 from engine.models.row_weight_probe import measured_row_inputs
 from tests.engine.tiny_models import make_tiny_model
@@ -61,6 +62,17 @@ def test_the_variants_are_what_they_say(tmp_path: Path) -> None:
         assert model.fused_ops == fused, name
         assert all(layer.self_attn.attn_backend.native_decode == native for layer in model.layers), name
         assert model.native_norms == (norms and model.native_norms_built), name
+        assert model.native_ops == NativeOps.for_model(model.device, model.dtype), name
+    # the small ops' switches, each alone
+    for name, off in (("torch_rope_kv", "rope_kv"), ("torch_silu_mul", "silu_mul")):
+        engine = build_variant(name, path, 2, 64)
+        _set_switches(engine, name)
+        ops = engine.runner.model.native_ops
+        built = NativeOps.for_model(engine.runner.model.device, engine.runner.model.dtype)
+        assert not getattr(ops, off), name
+        assert all(
+            getattr(ops, other) == getattr(built, other) for other in ("rope_kv", "silu_mul") if other != off
+        )
     # rows_auto: as served, the copies serve as many rows as this host's probe finds
     auto = build_variant("rows_auto", path, 2, 64)
     assert auto.cpu_row_inputs == measured_row_inputs(load_model_config(str(path)).layer_linear_shapes())

@@ -17,7 +17,7 @@ from engine.config import ModelConfig
 from engine.kv_tensors import allocate_kv_caches
 from engine.loader import load_model
 from engine.models.llama import LlamaForCausalLM
-from kernels import cpu_rms_norm
+from kernels import cpu_rms_norm, cpu_rope_kv, cpu_silu_mul
 from tests.engine.tiny_models import build_metadata, load_hf_model, make_tiny_model
 
 BLOCK_SIZE = 4
@@ -291,6 +291,50 @@ def test_the_c_rms_norm_path_tracks_the_torch_form(tiny: tuple[Path, str]) -> No
         out += runner.step([seqs[0][16:], seqs[1]], tables, [16, 0])  # mixed: a chunk and a prompt
         out += runner.step([[5], [7]], tables, [len(seqs[0]), len(seqs[1])])  # decode
         results[native] = out
+    for a, b in zip(results[True], results[False], strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+        assert a.argmax(-1).tolist() == b.argmax(-1).tolist()
+
+
+def _steps_with(model: LlamaForCausalLM, config: ModelConfig, seqs: list[list[int]]) -> list[torch.Tensor]:
+    """Prompt chunks, a mixed step, decode at batch 2 and 1, over a fresh cache."""
+    tables = [_block_table(i, len(s) + 2) for i, s in enumerate(seqs)]
+    runner = Runner(model, config)
+    out = runner.step([seqs[0][:16]], [tables[0]], [0])
+    out += runner.step([seqs[0][16:], seqs[1]], tables, [16, 0])  # mixed: a chunk and a prompt
+    out += runner.step([[5], [7]], tables, [len(seqs[0]), len(seqs[1])])  # decode
+    out += runner.step([[9]], [tables[0]], [len(seqs[0]) + 1])  # decode at batch 1
+    return out
+
+
+@pytest.mark.skipif(not cpu_rope_kv.available(), reason="no C compiler: the C RoPE + K/V store is not built")
+def test_the_c_rope_and_kv_store_give_the_same_bits_as_the_torch_form(tiny: tuple[Path, str]) -> None:
+    """`native_ops.rope_kv` (q and k rotated and K/V stored in one C call, the CPU float32 default)
+    changes no bit of the logits, and so none of the cache the later steps read."""
+    path, name = tiny
+    model, config = load_model(path, torch.float32, CPU, TorchAttentionBackend())
+    assert isinstance(model, LlamaForCausalLM) and model.native_ops.rope_kv  # the default here
+    seqs = [_prompt(5, 22, config.vocab_size), _prompt(6, 10, config.vocab_size)]
+    results = {}
+    for on in (True, False):
+        model.native_ops.rope_kv = on
+        results[on] = _steps_with(model, config, seqs)
+    for a, b in zip(results[True], results[False], strict=True):
+        assert torch.equal(a, b), name
+
+
+@pytest.mark.skipif(not cpu_silu_mul.available(), reason="no C compiler: the C silu_mul is not built")
+def test_the_c_silu_mul_tracks_the_torch_form(tiny: tuple[Path, str]) -> None:
+    """`native_ops.silu_mul` (the CPU float32 default) gives the torch form's logits within float32
+    rounding and the same greedy tokens."""
+    path, _ = tiny
+    model, config = load_model(path, torch.float32, CPU, TorchAttentionBackend())
+    assert isinstance(model, LlamaForCausalLM) and model.native_ops.silu_mul  # the default here
+    seqs = [_prompt(7, 19, config.vocab_size), _prompt(8, 12, config.vocab_size)]
+    results = {}
+    for on in (True, False):
+        model.native_ops.silu_mul = on
+        results[on] = _steps_with(model, config, seqs)
     for a, b in zip(results[True], results[False], strict=True):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
         assert a.argmax(-1).tolist() == b.argmax(-1).tolist()

@@ -1,0 +1,42 @@
+"""engine.models.native_ops: the C small ops are on for a float32 CPU model where they build, off
+elsewhere, and one object is shared by the model and every layer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.attention import TorchAttentionBackend
+from engine.loader import load_model
+from engine.models.llama import LlamaForCausalLM
+from engine.models.native_ops import NativeOps
+from kernels import cpu_rope_kv, cpu_silu_mul
+from tests.engine.tiny_models import make_tiny_model
+
+CPU = torch.device("cpu")
+
+
+def test_on_where_the_kernels_build_on_a_float32_cpu_model_only() -> None:
+    on = NativeOps.for_model(CPU, torch.float32)
+    assert on == NativeOps(rope_kv=cpu_rope_kv.available(), silu_mul=cpu_silu_mul.available())
+    assert NativeOps.for_model(CPU, torch.bfloat16) == NativeOps()
+    assert NativeOps.for_model(torch.device("cuda"), torch.float32) == NativeOps()  # no CUDA needed to ask
+
+
+def test_one_switch_reaches_every_layer(tmp_path: Path) -> None:
+    model, _ = load_model(
+        make_tiny_model(tmp_path, num_kv_heads=2), torch.float32, CPU, TorchAttentionBackend()
+    )
+    assert isinstance(model, LlamaForCausalLM)
+    model.native_ops.rope_kv = False
+    assert all(layer.self_attn.native_ops is model.native_ops for layer in model.layers)
+    assert all(layer.mlp.native_ops is model.native_ops for layer in model.layers)
+    assert not any(layer.self_attn.native_ops.rope_kv for layer in model.layers)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_half_precision_cpu_model_keeps_the_torch_forms(tmp_path: Path, dtype: torch.dtype) -> None:
+    model, _ = load_model(make_tiny_model(tmp_path), dtype, CPU, TorchAttentionBackend())
+    assert isinstance(model, LlamaForCausalLM) and model.native_ops == NativeOps()
