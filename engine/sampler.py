@@ -39,6 +39,7 @@ import torch
 from engine.constraints import TokenConstraint, allowed_tokens
 from engine.output import TokenLogprob
 from engine.request import SamplingParams
+from kernels import cpu_argmax
 
 # Below this temperature, logits / temperature can overflow float32; such rows are greedy.
 _MIN_TEMPERATURE = 1e-5
@@ -283,7 +284,7 @@ class Sampler:
             token_ids = self._sample(work, contexts)  # [N]; no greedy row, no gather/scatter
         else:
             # One argmax for the whole batch; sampled rows overwrite their entry.
-            token_ids = work.argmax(dim=-1)  # [N]
+            token_ids = _argmax_rows(work)  # [N]
             if sample_rows:
                 index = torch.tensor(sample_rows, device=logits.device)
                 token_ids[index] = self._sample(work[index], [contexts[i] for i in sample_rows])
@@ -395,3 +396,11 @@ class Sampler:
             alternatives = tuple(zip(top_ids[j][:n], top_values[j][:n], strict=True))
             result[i] = TokenLogprob(token_id=ids[j], logprob=chosen[j], top=alternatives)
         return result
+
+
+def _argmax_rows(work: torch.Tensor) -> torch.Tensor:  # [N, vocab] -> [N] int64
+    """`work.argmax(dim=-1)`; on float32 CPU logits the C kernel (kernels/cpu_argmax.py: torch's
+    walks a row one value at a time, 0.6 ms a step at 8 rows of a 49,152-token vocabulary)."""
+    if work.is_cpu and work.dtype == torch.float32 and cpu_argmax.available():
+        return cpu_argmax.argmax_rows(work)
+    return work.argmax(dim=-1)

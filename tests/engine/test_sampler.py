@@ -368,3 +368,26 @@ def test_a_prompt_shared_by_rows_is_counted_once(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(sampler_module, "_token_counts", recording)
     assert torch.equal(apply_penalties(logits, rows), expected)
     assert sum(counted) < 2 * len(prompt)
+
+
+@pytest.mark.parametrize("c_kernel", [True, False])
+def test_greedy_rows_take_the_first_largest_logit_with_or_without_the_c_argmax(
+    c_kernel: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The greedy rows' argmax (the C kernel on float32 CPU logits, torch's elsewhere) answers
+    torch.argmax's index: ties go to the first, a large vocabulary's tail included; a sampled row
+    in the same batch keeps its own draw."""
+    if not c_kernel:
+        monkeypatch.setattr(sampler_module.cpu_argmax, "available", lambda: False)
+    elif not sampler_module.cpu_argmax.available():
+        pytest.skip("no C compiler")
+    logits = random_logits(4, seed=3, vocab=49_157)
+    logits[1, 17] = logits[1, 40_000] = logits[1].max() + 1.0  # a tie: the first index wins
+    logits[2, 49_156] = 1e9  # the last column (the tail past the sixteen lanes)
+    greedy = SamplingParams(temperature=0.0)
+    contexts = [ctx(greedy), ctx(greedy), ctx(greedy), ctx(SamplingParams(temperature=1.0, seed=5))]
+    got = tokens(Sampler()(logits, contexts))
+    want = logits.argmax(dim=-1).tolist()
+    assert got[:3] == want[:3] and got[1] == 17 and got[2] == 49_156
+    alone = ctx(SamplingParams(temperature=1.0, seed=5))  # a fresh generator on the same seed
+    assert got[3] == tokens(Sampler()(logits[3:], [alone]))[0]
