@@ -1,8 +1,9 @@
 """What one guidellm run of `bench.experiments.serve_vs_peer` measured, and its tables.
 
 - `ServeFigures` / `parse_guidellm`: one system's figures from guidellm's benchmarks.json;
-- `gc_pause_totals`, `step_split`: what Weir's `/metrics` page says after the run (garbage
-  collections; decode-only steps against steps feeding prompt tokens);
+- `gc_pause_totals`, `step_split`, `wide_step_choices`: what Weir's `/metrics` page says after the
+  run (garbage collections; decode-only steps against steps feeding prompt tokens; the threads
+  each bucket of wide steps chose);
 - `ratios`, `TARGETS`: Weir over a peer, and the issues' targets;
 - `markdown` (one round), `over_rounds` / `rounds_markdown` (every round, each ratio's median).
 """
@@ -104,6 +105,19 @@ def step_split(page: str) -> dict[str, float]:
     return out
 
 
+def wide_step_choices(page: str) -> dict[str, float]:
+    """`threads_<min_rows>`: the intra-op threads each bucket of wide steps ran on at the end
+    (`weir_engine_wide_step_threads_chosen` on a metrics page; engine/step_threads.py)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(page):
+        for sample in family.samples:
+            if sample.name == "weir_engine_wide_step_threads_chosen" and "min_rows" in sample.labels:
+                out[f"threads_{sample.labels['min_rows']}"] = sample.value
+    return out
+
+
 # issue 27 against llama-server (fp32), issue 13 against transformers serve: (target, higher is better)
 TARGETS = {
     "llama": {"output_tok_s": (1.0, True), "itl_p50": (1.0, False)},
@@ -185,6 +199,14 @@ def markdown(rows: Sequence[ServeFigures], weir_names: Sequence[str], command: s
                 f"\n{fig.system} steps: {g.get('decode_steps', 0):.0f} decode-only, mean "
                 f"{g.get('decode_step_ms', 0):.1f} ms; {g.get('prefill_steps', 0):.0f} feeding prompt tokens, "
                 f"mean {g.get('prefill_step_ms', 0):.1f} ms"
+            )
+        choices = sorted(
+            (int(k.removeprefix("threads_")), v) for k, v in g.items() if k.startswith("threads_")
+        )
+        if choices:
+            lines.append(
+                f"{fig.system} wide steps' threads at the end: "
+                + ", ".join(f"{rows}+ rows {count:.0f}" for rows, count in choices)
             )
     return "\n".join(lines) + "\n"
 

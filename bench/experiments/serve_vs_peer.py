@@ -44,6 +44,7 @@ from bench.experiments.serve_figures import (
     parse_guidellm,
     rounds_markdown,
     step_split,
+    wide_step_choices,
 )
 from bench.tenants import TenantSpec, create_tenants
 from bench.weir_process import ROOT, free_port, parse_gauges, run_weir
@@ -170,7 +171,12 @@ def run_weir_variant(
             api_key = asyncio.run(key())
             figures = run_guidellm(args, name, w.url, args.served_name, api_key)
             page = httpx.get(w.metrics_url, timeout=10).raise_for_status().text
-            gauges = {**parse_gauges(page, STEP_BUDGET_GAUGES), **gc_pause_totals(page), **step_split(page)}
+            gauges = {
+                **parse_gauges(page, STEP_BUDGET_GAUGES),
+                **gc_pause_totals(page),
+                **step_split(page),
+                **wide_step_choices(page),
+            }
             print(f"{name}: {gauges}", flush=True)
             return replace(figures, server_gauges=gauges)
     finally:

@@ -14,6 +14,7 @@ from bench.experiments.serve_figures import (
     ratios,
     rounds_markdown,
     step_split,
+    wide_step_choices,
 )
 
 
@@ -105,3 +106,23 @@ def test_rounds_are_summarised_by_the_median_of_their_ratios() -> None:
 def test_a_peer_missing_from_a_round_is_left_out_of_the_summary() -> None:
     rounds = [[_fig("llama", 100.0, 40.0), _fig("weir", 120.0, 44.0)], [_fig("weir", 121.0, 36.0)]]
     assert over_rounds(rounds, ["weir"]) == []
+
+
+def test_wide_step_choices_read_each_bucket_from_the_metrics_page() -> None:
+    from engine.output import StepThreadsStats
+    from gateway.metrics.step_threads_metrics import step_threads_metrics
+
+    class _Collector:
+        def collect(self):  # type: ignore[no-untyped-def]
+            yield from step_threads_metrics(
+                StepThreadsStats(
+                    decode_threads=1, wide_threads=2, choices=((8, 2), (128, 1)), num_wide_steps=5
+                )
+            )
+
+    registry = CollectorRegistry()
+    registry.register(_Collector())  # type: ignore[arg-type]
+    page = generate_latest(registry).decode()
+    assert wide_step_choices(page) == {"threads_8": 2.0, "threads_128": 1.0}
+    fig = _fig("weir", 100.0, 40.0, decode_step_ms=30.0, threads_8=2.0, threads_128=1.0)
+    assert "weir wide steps' threads at the end: 8+ rows 2, 128+ rows 1" in markdown([fig], ["weir"], "cmd")
