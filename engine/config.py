@@ -220,6 +220,11 @@ class SchedulerConfig:
     # Steps a request runs after it starts or resumes before it may be preempted for a higher
     # class (SLO preemption); KV exhaustion may still preempt it.
     min_residency_steps: int = 16
+    # Continuous batching only. While sequences run, a new request waits until it has waited this
+    # long or as many requests wait as run, so that prompts arriving apart are prefilled together
+    # instead of one per step into every running stream's inter-token gaps (TGI's
+    # max_waiting_tokens / waiting_served_ratio). Buys smoother streams with TTFT. 0: at once.
+    admission_hold_s: float = 0.0
 
     def __post_init__(self) -> None:
         for name in (
@@ -240,6 +245,8 @@ class SchedulerConfig:
             raise ValueError(f"long_prefill_threshold must be >= 0, got {self.long_prefill_threshold}")
         if self.target_step_s is not None and not 0 < self.target_step_s < float("inf"):
             raise ValueError(f"target_step_s must be > 0 and finite, got {self.target_step_s}")
+        if not 0 <= self.admission_hold_s < float("inf"):
+            raise ValueError(f"admission_hold_s must be >= 0 and finite, got {self.admission_hold_s}")
 
 
 @dataclass(frozen=True)

@@ -502,7 +502,7 @@ class Scheduler:
     def _may_admit(self) -> bool:
         policy = self.config.batch_policy
         if policy is BatchPolicy.CONTINUOUS:
-            return True
+            return self._hold_over()
         if self.running or not len(self.waiting):
             return False
         head = self.waiting.peek()
@@ -512,6 +512,16 @@ class Scheduler:
                 len(self.waiting) >= self.config.static_batch_size or waited >= self.config.static_max_wait_s
             )
         return len(self.waiting) >= self.config.max_num_seqs or waited >= self.config.dynamic_window_s
+
+    def _hold_over(self) -> bool:
+        """Continuous batching: whether waiting requests may be admitted now. At once when the
+        admission hold is off or nothing runs; else once the head has waited the hold or as many
+        requests wait as run (`SchedulerConfig.admission_hold_s`)."""
+        hold = self.config.admission_hold_s
+        head = self.waiting.peek()
+        if hold <= 0 or not self.running or head is None:
+            return True
+        return self.clock() - head.arrival_s >= hold or len(self.waiting) >= len(self.running)
 
     def _admit(self, budget: int, chunk_cap: int, scheduled: dict[str, int], preempted: list[str]) -> int:
         policy = self.config.batch_policy

@@ -140,6 +140,7 @@ def engine_config(settings: Settings, model_path: Path, device: str) -> EngineCo
             queue_policy=settings.queue_policy,
             target_step_s=settings.resolved_target_step_s(device),
             class_targets=class_targets_for(device),
+            admission_hold_s=settings.admission_hold_ms / 1e3,
         ),
         use_triton=use_triton,
         use_cuda_graphs=use_cuda_graphs,

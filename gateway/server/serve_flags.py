@@ -117,6 +117,15 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         "default 800 on CPU, none on an accelerator; 0: none, a fixed budget)",
     )
     add(
+        "--admission-hold-ms",
+        type=float,
+        metavar="MS",
+        help="while sequences run, a new request waits up to MS (or until as many requests wait as run) "
+        "so that prompts are prefilled together instead of one per step into every running stream's "
+        "inter-token gaps: smoother streams for later first tokens (env WEIR_ADMISSION_HOLD_MS; default 0: "
+        "admitted at once)",
+    )
+    add(
         "--speculative",
         metavar="{off,ngram,draft:PATH}",
         help="speculative decoding: ngram = prompt lookup, draft:PATH = a small model with the same "

@@ -158,6 +158,9 @@ class Settings:
     # costs (engine/step_budget.py). None: CPU_TARGET_STEP_MS on CPU, none on an accelerator;
     # 0: none (every step may feed max_num_batched_tokens).
     target_step_ms: float | None = None
+    # While sequences run, a new request waits up to this long (or until as many wait as run) so
+    # that prompts prefill together (engine SchedulerConfig.admission_hold_s). 0: admitted at once.
+    admission_hold_ms: float = 0.0
     speculative: str = "off"  # off | ngram | draft:<path> (engine/spec_decode)
     num_speculative_tokens: int = 4  # k: most draft tokens verified per request and step
     max_model_len: int | None = None  # None: the model's own context length
@@ -254,6 +257,10 @@ class Settings:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.target_step_ms is not None and not 0 <= self.target_step_ms < float("inf"):
             raise ValueError(f"target_step_ms must be >= 0 (0: none) and finite, got {self.target_step_ms}")
+        if not 0 <= self.admission_hold_ms < float("inf"):
+            raise ValueError(
+                f"admission_hold_ms must be >= 0 (0: none) and finite, got {self.admission_hold_ms}"
+            )
         SpeculativeConfig.parse(self.speculative, self.num_speculative_tokens)  # ValueError names it
         if self.host_kv_cache_tokens < 0:
             raise ValueError(
@@ -443,6 +450,7 @@ _FIELDS: dict[str, _FieldSpec] = {
     "max_num_batched_tokens": _FieldSpec("WEIR_MAX_NUM_BATCHED_TOKENS", int),
     "max_model_len": _FieldSpec("WEIR_MAX_MODEL_LEN", int),
     "target_step_ms": _FieldSpec("WEIR_TARGET_STEP_MS", float),
+    "admission_hold_ms": _FieldSpec("WEIR_ADMISSION_HOLD_MS", float),
     "speculative": _FieldSpec("WEIR_SPECULATIVE", str),
     "num_speculative_tokens": _FieldSpec("WEIR_NUM_SPECULATIVE_TOKENS", int),
     "database_url": _FieldSpec("WEIR_DATABASE_URL", str),

@@ -34,6 +34,8 @@ def test_engine_config_from_settings() -> None:
     assert (config.scheduler.max_num_seqs, config.scheduler.max_num_batched_tokens) == (8, 512)
     assert config.scheduler.max_model_len == 1024
     assert engine_config(Settings(max_model_len=64), Path("/m"), "cuda").dtype == "bfloat16"
+    held = engine_config(Settings(max_model_len=64, admission_hold_ms=750.0), Path("/m"), "cpu")
+    assert held.scheduler.admission_hold_s == 0.75 and config.scheduler.admission_hold_s == 0.0
     assert engine_config(Settings(max_model_len=64), Path("/m"), "cpu").cache.num_blocks is None
     assert config.cache.host_num_blocks == 0  # no host tier by default
     host = engine_config(Settings(max_model_len=64, host_kv_cache_tokens=1000), Path("/m"), "cpu")

@@ -170,6 +170,15 @@ def test_target_step_ms_flag_and_env() -> None:
         Settings.from_sources({}, {"WEIR_TARGET_STEP_MS": "fast"})
 
 
+def test_admission_hold_ms_flag_and_env() -> None:
+    assert Settings().admission_hold_ms == 0.0  # admitted at once unless asked for
+    assert Settings.from_sources(parse(["--admission-hold-ms", "1000"]), {}).admission_hold_ms == 1000.0
+    assert Settings.from_sources({}, {"WEIR_ADMISSION_HOLD_MS": "250.5"}).admission_hold_ms == 250.5
+    for bad in ("-1", "inf"):
+        with pytest.raises(ValueError, match="admission_hold_ms"):
+            Settings.from_sources({}, {"WEIR_ADMISSION_HOLD_MS": bad})
+
+
 def test_host_kv_cache_tokens_flag_and_env() -> None:
     assert Settings().host_kv_cache_tokens == 0  # no host tier unless asked for
     assert Settings.from_sources(parse(["--host-kv-cache-tokens", "32768"]), {}).host_kv_cache_tokens == 32768
