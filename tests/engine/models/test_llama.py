@@ -307,34 +307,35 @@ def _steps_with(model: LlamaForCausalLM, config: ModelConfig, seqs: list[list[in
     return out
 
 
-@pytest.mark.skipif(not cpu_rope_kv.available(), reason="no C compiler: the C RoPE + K/V store is not built")
-def test_the_c_rope_and_kv_store_give_the_same_bits_as_the_torch_form(tiny: tuple[Path, str]) -> None:
-    """`native_ops.rope_kv` (q and k rotated and K/V stored in one C call, the CPU float32 default)
-    changes no bit of the logits, and so none of the cache the later steps read."""
-    path, name = tiny
+def _on_and_off(
+    tiny: tuple[Path, str], op: str, seeds: tuple[int, int]
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The same steps with the C small op `op` on (the CPU float32 default) and off."""
+    path, _ = tiny
     model, config = load_model(path, torch.float32, CPU, TorchAttentionBackend())
-    assert isinstance(model, LlamaForCausalLM) and model.native_ops.rope_kv  # the default here
-    seqs = [_prompt(5, 22, config.vocab_size), _prompt(6, 10, config.vocab_size)]
+    assert isinstance(model, LlamaForCausalLM) and getattr(model.native_ops, op)  # the default here
+    seqs = [_prompt(seeds[0], 22, config.vocab_size), _prompt(seeds[1], 10, config.vocab_size)]
     results = {}
     for on in (True, False):
-        model.native_ops.rope_kv = on
+        setattr(model.native_ops, op, on)
         results[on] = _steps_with(model, config, seqs)
-    for a, b in zip(results[True], results[False], strict=True):
-        assert torch.equal(a, b), name
+    return results[True], results[False]
+
+
+@pytest.mark.skipif(not cpu_rope_kv.available(), reason="no C compiler: the C RoPE + K/V store is not built")
+def test_the_c_rope_and_kv_store_give_the_same_bits_as_the_torch_form(tiny: tuple[Path, str]) -> None:
+    """`native_ops.rope_kv` (q and k rotated and K/V stored in one C call) changes no bit of the
+    logits, and so none of the cache the later steps read."""
+    on, off = _on_and_off(tiny, "rope_kv", (5, 6))
+    for a, b in zip(on, off, strict=True):
+        assert torch.equal(a, b), tiny[1]
 
 
 @pytest.mark.skipif(not cpu_silu_mul.available(), reason="no C compiler: the C silu_mul is not built")
 def test_the_c_silu_mul_tracks_the_torch_form(tiny: tuple[Path, str]) -> None:
-    """`native_ops.silu_mul` (the CPU float32 default) gives the torch form's logits within float32
-    rounding and the same greedy tokens."""
-    path, _ = tiny
-    model, config = load_model(path, torch.float32, CPU, TorchAttentionBackend())
-    assert isinstance(model, LlamaForCausalLM) and model.native_ops.silu_mul  # the default here
-    seqs = [_prompt(7, 19, config.vocab_size), _prompt(8, 12, config.vocab_size)]
-    results = {}
-    for on in (True, False):
-        model.native_ops.silu_mul = on
-        results[on] = _steps_with(model, config, seqs)
-    for a, b in zip(results[True], results[False], strict=True):
+    """`native_ops.silu_mul` gives the torch form's logits within float32 rounding and the same
+    greedy tokens."""
+    on, off = _on_and_off(tiny, "silu_mul", (7, 8))
+    for a, b in zip(on, off, strict=True):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
         assert a.argmax(-1).tolist() == b.argmax(-1).tolist()
