@@ -196,6 +196,7 @@ numbers are printed as integers. */}}
 {{- $pairs = append $pairs (list "WEIR_MAX_NUM_SEQS" .Values.config.maxNumSeqs) -}}
 {{- $pairs = append $pairs (list "WEIR_MAX_NUM_BATCHED_TOKENS" .Values.config.maxNumBatchedTokens) -}}
 {{- $pairs = append $pairs (list "WEIR_TARGET_STEP_MS" .Values.config.targetStepMs) -}}
+{{- $pairs = append $pairs (list "WEIR_ADMISSION_HOLD_MS" .Values.config.admissionHoldMs) -}}
 {{- $pairs = append $pairs (list "WEIR_MAX_CHAT_MESSAGES" .Values.config.maxChatMessages) -}}
 {{- $pairs = append $pairs (list "WEIR_PROMPT_CHARS_PER_TOKEN" .Values.config.promptCharsPerToken) -}}
 {{- $pairs = append $pairs (list "WEIR_TOKENIZER_WORKERS" .Values.config.tokenizerWorkers) -}}
