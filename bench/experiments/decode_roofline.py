@@ -19,8 +19,8 @@ floor of a batch-1 decode step), `--reps` times, `--steps` decode steps per time
   and SDPA per layer, `TorchAttentionBackend.native_decode` off) instead of the C kernel that reads
   the paged cache in place: the same engine as `packed` when both run, the switch flipped before
   each block;
-- `torch_norms`: `packed` with each residual add and RMSNorm in torch (`LlamaForCausalLM.native_norms`
-  off) instead of one C call: the same engine as `packed` when both run, the switch flipped;
+- `torch_norms`: `packed` with each residual add and RMSNorm in torch (`LlamaForCausalLM.native_ops`
+  `norms` off) instead of one C call: the same engine as `packed` when both run, the switch flipped;
 - `torch_rope_kv`, `torch_silu_mul`: `rows_auto` with RoPE + the K/V store, or SiLU-and-mul, in
   torch instead of one C call (`LlamaForCausalLM.native_ops`, engine/models/native_ops.py): the
   same engine as `rows_auto` when both run, the switch flipped;
@@ -61,7 +61,6 @@ from bench.experiments.cpu_fast_path import _start_decoding, cpu_engine_config, 
 from bench.stats import ratio
 from engine.config import WIDE_STEP_ROWS
 from engine.llm_engine import LLMEngine, build_engine
-from engine.models.native_ops import NativeOps
 
 VARIANTS = (
     "packed",
@@ -148,8 +147,8 @@ def _set_switches(engine: LLMEngine, name: str) -> None:
     if not hasattr(model, "layers"):
         return  # `compiled`: no switches
     model.fused_ops = name != "rows_unfused"
-    model.native_norms = name != "torch_norms" and model.native_norms_built
-    built = NativeOps.for_model(model.device, model.dtype)
+    built = model.native_ops_built
+    model.native_ops.norms = name != "torch_norms" and built.norms
     model.native_ops.rope_kv = name != "torch_rope_kv" and built.rope_kv
     model.native_ops.silu_mul = name != "torch_silu_mul" and built.silu_mul
     for layer in model.layers:

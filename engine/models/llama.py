@@ -20,6 +20,7 @@ graph. The plain-torch path below is the CPU path and the numerical reference.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterable, Mapping
 
@@ -330,12 +331,6 @@ class LlamaDecoderLayer(nn.Module):
         return self.mlp.forward_fused(normed, lora), residual
 
 
-def _native_norms_built() -> bool:
-    from kernels import cpu_rms_norm
-
-    return cpu_rms_norm.available()
-
-
 def _triton_on_cuda(attn_backend: AttentionBackend, device: torch.device) -> bool:
     # Asking the backend rather than importing the Triton one keeps triton unimported on the torch path.
     return device.type == "cuda" and attn_backend.uses_triton
@@ -369,9 +364,12 @@ class LlamaForCausalLM(nn.Module):
             config.rope, config.head_dim, config.max_model_len, dtype=dtype, device=self.device
         )
         self.embed_tokens = _empty_param((config.vocab_size, config.hidden_size), dtype, self.device)
-        # RoPE + K/V store and SiLU-and-mul as C kernels on the CPU in float32 (engine/models/native_ops.py);
-        # one object shared by every layer, so the A/B flips an op for the whole model.
-        self.native_ops = NativeOps.for_model(self.device, dtype)
+        # The add + RMSNorm, RoPE + K/V store and SiLU-and-mul as C kernels on the CPU in float32
+        # (engine/models/native_ops.py; rounding of the norms differs from the torch form, ~1e-7):
+        # what builds here, and the switches in use, one object shared by every layer so that
+        # the A/B flips an op for the whole model.
+        self.native_ops_built = NativeOps.for_model(self.device, dtype)
+        self.native_ops = dataclasses.replace(self.native_ops_built)
         self.layers = nn.ModuleList(
             LlamaDecoderLayer(config, self.rotary, attn_backend, dtype, self.device, self.native_ops)
             for _ in range(config.num_layers)
@@ -388,13 +386,19 @@ class LlamaForCausalLM(nn.Module):
         # rotated in one pass, RMSNorm as one op in float32; the same bits as without (off: the
         # path before them, kept for the A/B in bench/experiments/decode_roofline.py).
         self.fused_ops = True
-        # On the CPU in float32: each residual add and the RMSNorm after it in one C call
-        # (kernels/cpu_rms_norm.py; rounding differs from the torch form, ~1e-7). Where no C
-        # compiler builds it, the torch form. A plain attribute: the A/B switches it.
-        self.native_norms_built = (
-            self.device.type == "cpu" and dtype == torch.float32 and _native_norms_built()
-        )
-        self.native_norms = self.native_norms_built
+
+    @property
+    def native_norms(self) -> bool:
+        """Each residual add and the RMSNorm after it in one C call (`native_ops.norms`)."""
+        return self.native_ops.norms
+
+    @native_norms.setter
+    def native_norms(self, on: bool) -> None:
+        self.native_ops.norms = on
+
+    @property
+    def native_norms_built(self) -> bool:
+        return self.native_ops_built.norms
 
     def enable_lora(self, num_slots: int, max_rank: int) -> int:
         """Give every projection `num_slots` LoRA slots of rank up to `max_rank` (all zero).

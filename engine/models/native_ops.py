@@ -4,8 +4,8 @@ Between the linears a decode layer runs a handful of small ops; on a decode row 
 a dispatch of a few microseconds, so their count, not their arithmetic, is what they cost. Three
 have C kernels (kernels/native/, one ctypes call each, built with the machine's `cc`):
 
-- the residual add and the RMSNorm after it, twice a layer (`LlamaForCausalLM.native_norms`,
-  kernels/cpu_rms_norm.py; rounding differs from the torch form);
+- the residual add and the RMSNorm after it, twice a layer (`norms`, kernels/cpu_rms_norm.py;
+  rounding differs from the torch form; `LlamaForCausalLM.native_norms` reads and sets it);
 - RoPE on q and k and the step's K/V stored in the paged cache (`rope_kv`, kernels/cpu_rope_kv.py;
   the same bits as the torch form): a slice, four multiplies, a subtract, an add, a `cat`, a
   split, a copy of v and two `index_copy_` in torch;
@@ -13,9 +13,10 @@ have C kernels (kernels/native/, one ctypes call each, built with the machine's 
   strided half and a multiply in torch.
 
 `NativeOps` is one object shared by the model and every layer, so one assignment switches an op
-for the whole model (the A/B in bench/experiments/decode_roofline.py). Each switch starts on
-where its kernel builds on a float32 CPU model, and stays off elsewhere (CUDA, other dtypes, no
-compiler): a missing compiler costs speed, never a request. docs/decisions.md has the numbers
+for the whole model (the A/B in bench/experiments/decode_roofline.py; the model keeps what was
+built, `native_ops_built`, to switch back to). Each switch starts on where its kernel builds on
+a float32 CPU model, and stays off elsewhere (CUDA, other dtypes, no compiler): a missing
+compiler costs speed, never a request. docs/decisions.md has the numbers
 each op was chosen by.
 """
 
@@ -30,6 +31,7 @@ import torch
 class NativeOps:
     """The C small ops in use (each False: the torch form)."""
 
+    norms: bool = False
     rope_kv: bool = False
     silu_mul: bool = False
 
@@ -38,6 +40,10 @@ class NativeOps:
         """Every op whose kernel builds, on a float32 CPU model; none elsewhere."""
         if device.type != "cpu" or dtype != torch.float32:
             return cls()
-        from kernels import cpu_rope_kv, cpu_silu_mul
+        from kernels import cpu_rms_norm, cpu_rope_kv, cpu_silu_mul
 
-        return cls(rope_kv=cpu_rope_kv.available(), silu_mul=cpu_silu_mul.available())
+        return cls(
+            norms=cpu_rms_norm.available(),
+            rope_kv=cpu_rope_kv.available(),
+            silu_mul=cpu_silu_mul.available(),
+        )

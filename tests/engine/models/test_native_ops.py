@@ -12,7 +12,7 @@ from engine.attention import TorchAttentionBackend
 from engine.loader import load_model
 from engine.models.llama import LlamaForCausalLM
 from engine.models.native_ops import NativeOps
-from kernels import cpu_rope_kv, cpu_silu_mul
+from kernels import cpu_rms_norm, cpu_rope_kv, cpu_silu_mul
 from tests.engine.tiny_models import make_tiny_model
 
 CPU = torch.device("cpu")
@@ -20,7 +20,9 @@ CPU = torch.device("cpu")
 
 def test_on_where_the_kernels_build_on_a_float32_cpu_model_only() -> None:
     on = NativeOps.for_model(CPU, torch.float32)
-    assert on == NativeOps(rope_kv=cpu_rope_kv.available(), silu_mul=cpu_silu_mul.available())
+    assert on == NativeOps(
+        norms=cpu_rms_norm.available(), rope_kv=cpu_rope_kv.available(), silu_mul=cpu_silu_mul.available()
+    )
     assert NativeOps.for_model(CPU, torch.bfloat16) == NativeOps()
     assert NativeOps.for_model(torch.device("cuda"), torch.float32) == NativeOps()  # no CUDA needed to ask
 
