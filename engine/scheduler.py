@@ -515,13 +515,17 @@ class Scheduler:
 
     def _hold_over(self) -> bool:
         """Continuous batching: whether waiting requests may be admitted now. At once when the
-        admission hold is off or nothing runs; else once the head has waited the hold or as many
-        requests wait as run (`SchedulerConfig.admission_hold_s`)."""
+        admission hold is off or nothing runs; else once as many requests wait as run, or the
+        longest-waiting request has waited the hold (`SchedulerConfig.admission_hold_s`). The
+        longest wait, not the head's: under the fair or priority queue the head can be a newer
+        request, and a tenant cancelling and resending would keep it new and hold everyone."""
         hold = self.config.admission_hold_s
-        head = self.waiting.peek()
-        if hold <= 0 or not self.running or head is None:
+        if hold <= 0 or not self.running or not len(self.waiting):
             return True
-        return self.clock() - head.arrival_s >= hold or len(self.waiting) >= len(self.running)
+        if len(self.waiting) >= len(self.running):
+            return True
+        # fewer wait than run here: the scan is bounded by the running count
+        return self.clock() - min(r.arrival_s for r in self.waiting) >= hold
 
     def _admit(self, budget: int, chunk_cap: int, scheduled: dict[str, int], preempted: list[str]) -> int:
         policy = self.config.batch_policy

@@ -395,3 +395,25 @@ def test_held_requests_all_finish_with_their_tokens_and_every_block_back(
             [(i * 7 + t) % 50 + 1 for t in range(length)], max_tokens
         )
     assert sim.kv.num_free_blocks == sim.kv.num_total_blocks
+
+
+def test_the_hold_counts_the_longest_wait_not_a_fresher_head() -> None:
+    """Under the priority queue a newer, higher-class request heads the queue; the hold ends when
+    the request that has waited longest reaches it, so resending fresh heads cannot hold others."""
+    sim = Sim(
+        SchedulerConfig(
+            max_num_seqs=8, max_model_len=256, admission_hold_s=0.5, queue_policy=QueuePolicy.PRIORITY
+        )
+    )
+    sim.add("a", [1, 2, 3], max_tokens=60)
+    sim.add("b", [4, 5], max_tokens=60)
+    sim.add("c", [6, 7], max_tokens=60)
+    sim.step()
+    sim.add("old", [8], max_tokens=3, priority=Priority.BATCH)
+    sim.clock.now += 0.45
+    sim.add("fresh", [9], max_tokens=3, priority=Priority.INTERACTIVE)  # now the head, just arrived
+    sim.step()
+    assert _ids(sim) == {"a", "b", "c"}  # two wait, three run, nobody has waited 0.5 s
+    sim.clock.now += 0.1
+    sim.step()
+    assert {"old", "fresh"} <= _ids(sim)  # "old" has waited the hold: both are admitted
