@@ -30,6 +30,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from bench.experiments.alternation import round_orders
 from bench.stats import ratio
 from engine.rope import RotaryEmbedding
 from kernels import cpu_argmax, cpu_rms_norm, cpu_rope_kv, cpu_silu_mul
@@ -102,8 +103,8 @@ def measure(op: str, rows: int, calls: int, reps: int) -> dict[str, Any]:
     for fn in table.values():  # warm-up (and the first call builds a kernel)
         _per_call(fn, max(1, calls // 10))
     times: dict[str, list[float]] = {name: [] for name in table}
-    for rep in range(reps):
-        for name in table if rep % 2 == 0 else reversed(list(table)):
+    for order in round_orders(list(table), reps):
+        for name in order:
             times[name].append(_per_call(table[name], calls))
     row: dict[str, Any] = {"op": op, "rows": rows}
     for name, values in times.items():
