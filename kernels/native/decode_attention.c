@@ -158,8 +158,13 @@ static void head_block_avx2(const float *q, const float *kb, const float *vb, in
 /* Blocks are prefetched PREFETCH_AHEAD blocks before they are read, a slice per query head
  * (measured on SmolLM2's shapes, 8 rows of 512 tokens over 30 layers: the whole next block at
  * once 25.5 ms, one block ahead in slices 16 ms, two ahead 12.4 ms, three 13.5 ms; the
- * prefetches of a whole block at once stalled the loads of the current one). */
+ * prefetches of a whole block at once stalled the loads of the current one). They go to L2,
+ * not L1 (locality 2, prefetcht1): two blocks of K and V ahead are 48 KiB at SmolLM2's shapes,
+ * more than a 32 KiB L1, so prefetches into L1 evicted the block being read (2-core AMD EPYC,
+ * the same 8 rows of 512 tokens: 22.4 ms into L1, 12.7 ms into L2; 6.5 and 4.2 ms at 150 tokens;
+ * one or three blocks ahead, or locality 1, no better, and locality 0 as slow as L1). */
 #define PREFETCH_AHEAD 2
+#define PREFETCH_LOCALITY 2
 
 /* Where a sequence's blocks are: the blocks to prefetch run on into the next sequence's. */
 typedef struct {
@@ -186,8 +191,8 @@ static inline __attribute__((always_inline)) void prefetch_slice(
     const char *k = (const char *)(k_cache + block * block_stride);
     const char *v = (const char *)(v_cache + block * block_stride);
     for (int64_t line = part * per_part; line < (part + 1) * per_part && line < lines; line++) {
-        __builtin_prefetch(k + 64 * line);
-        __builtin_prefetch(v + 64 * line);
+        __builtin_prefetch(k + 64 * line, 0, PREFETCH_LOCALITY);
+        __builtin_prefetch(v + 64 * line, 0, PREFETCH_LOCALITY);
     }
 }
 
