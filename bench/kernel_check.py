@@ -243,7 +243,7 @@ def _rope_error(
 def check_pointwise(device: torch.device, quick: bool) -> list[KernelCheck]:
     """RMSNorm (plain and fused with the residual add), RoPE, SiLU-and-mul against the torch path."""
     from engine.config import RopeConfig
-    from engine.models.llama import RMSNorm
+    from engine.models.llama_layers import RMSNorm
     from engine.rope import RotaryEmbedding
 
     num_tokens = 9 if quick else 2000

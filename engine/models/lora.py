@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 from engine.config import ModelConfig
 
-# The fused projections of engine.models.llama and the PEFT targets each one holds, in order.
+# The fused projections of engine.models.llama_layers and the PEFT targets each one holds, in order.
 FUSED_TARGETS: dict[str, tuple[str, ...]] = {
     "qkv": ("q_proj", "k_proj", "v_proj"),
     "o": ("o_proj",),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.models.llama import RMSNorm
+from engine.models.llama_layers import RMSNorm
 from kernels.rms_norm import fused_add_rms_norm, rms_norm
 from tests.kernels.interpret import bf16_slack
 

@@ -11,7 +11,8 @@ import torch
 from bench.experiments.cpu_fast_path import gemm_shapes, main
 from engine.attention import TorchAttentionBackend
 from engine.loader import load_model
-from engine.models.llama import Linear, LlamaForCausalLM
+from engine.models.llama import LlamaForCausalLM
+from engine.models.llama_layers import Linear
 from engine.models.packed_linear import packing_supported
 from tests.engine.tiny_models import make_tiny_model
 

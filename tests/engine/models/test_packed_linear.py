@@ -19,7 +19,8 @@ from engine.attention import TorchAttentionBackend
 from engine.config import EngineConfig
 from engine.loader import ModelLoadError, load_model
 from engine.models import packed_linear
-from engine.models.llama import Linear, LlamaForCausalLM
+from engine.models.llama import LlamaForCausalLM
+from engine.models.llama_layers import Linear
 from engine.models.packed_linear import PackedLinear, pack_linear_layers, packing_supported
 from kernels import cpu_small_gemm
 from tests.engine.models.test_llama import Runner, _block_table, _prompt
