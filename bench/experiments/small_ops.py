@@ -6,12 +6,15 @@ heads over 3 KV heads of 64, hidden 576, intermediate 1,536, vocabulary 49,152).
 `--rows` count: the torch form as the model ran it before its kernel, then the C call
 (engine/models/native_ops.py), alternating, `--reps` blocks of `--calls` calls each; reported as
 median microseconds per call and torch over C. A decode step runs `rope_kv`, `silu_mul` and
-`rms_norm` (twice) once a layer (30 layers in SmolLM2), `argmax` once.
+`rms_norm` (twice) once a layer (30 layers in SmolLM2), `argmax` or `sample` once.
 
 - `rope_kv`: RoPE on q and k, then the K/V store (`kernels/cpu_rope_kv.py`);
 - `silu_mul`: silu(gate) * up (`kernels/cpu_silu_mul.py`);
 - `rms_norm`: the residual add and RMSNorm (`kernels/cpu_rms_norm.py`);
-- `argmax`: the greedy rows' argmax over the logits (`kernels/cpu_argmax.py`).
+- `argmax`: the greedy rows' argmax over the logits (`kernels/cpu_argmax.py`);
+- `sample`: the sampled rows' draw at temperature 1 (no top-k, top-p or min-p), the sampler's
+  torch path (`Sampler._filtered_probs` and `Sampler.draw`: divide, softmax, cumsum, search, the
+  argmax fallback) against its C path (`kernels/cpu_sample.py`), each with its uniform numbers.
 
 One intra-op thread (`--threads`), as a decode step's small ops run. Prints and writes JSON.
 """
@@ -32,12 +35,14 @@ import torch.nn.functional as F
 
 from bench.experiments.alternation import round_orders
 from bench.stats import ratio
+from engine.request import SamplingParams
 from engine.rope import RotaryEmbedding
-from kernels import cpu_argmax, cpu_rms_norm, cpu_rope_kv, cpu_silu_mul
+from engine.sampler import Sampler, SamplingContext
+from kernels import cpu_argmax, cpu_rms_norm, cpu_rope_kv, cpu_sample, cpu_silu_mul
 from kernels.reference import write_kv
 
 HEADS, KV_HEADS, HEAD_DIM, HIDDEN, INTERMEDIATE, VOCAB = 9, 3, 64, 576, 1536, 49152
-OPS = ("rope_kv", "silu_mul", "rms_norm", "argmax")
+OPS = ("rope_kv", "silu_mul", "rms_norm", "argmax", "sample")
 
 
 def forms(op: str, rows: int) -> dict[str, Callable[[], object]]:
@@ -87,6 +92,20 @@ def forms(op: str, rows: int) -> dict[str, Callable[[], object]]:
     if op == "argmax":
         logits = torch.randn(rows, VOCAB, generator=gen)
         return {"torch": lambda: logits.argmax(dim=-1), "c": lambda: cpu_argmax.argmax_rows(logits)}
+    if op == "sample":
+        logits = torch.randn(rows, VOCAB, generator=gen) * 3.0
+        contexts = [SamplingContext(SamplingParams(temperature=1.0), [], [], None) for _ in range(rows)]
+        temperature, cpu = torch.ones(rows), torch.device("cpu")
+
+        def sample_torch() -> object:  # a sampler seeded alike for both forms: the same numbers
+            return Sampler(seed=rows).draw(Sampler._filtered_probs(logits, contexts), contexts)
+
+        def sample_c() -> object:
+            return cpu_sample.sample_rows(
+                logits, temperature, Sampler(seed=rows).uniform(contexts, cpu)[:, 0]
+            )
+
+        return {"torch": sample_torch, "c": sample_c}
     raise ValueError(f"unknown op {op!r}; choose from {OPS}")
 
 
@@ -117,7 +136,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     missing = [
         op
-        for op, mod in zip(OPS, (cpu_rope_kv, cpu_silu_mul, cpu_rms_norm, cpu_argmax), strict=True)
+        for op, mod in zip(
+            OPS, (cpu_rope_kv, cpu_silu_mul, cpu_rms_norm, cpu_argmax, cpu_sample), strict=True
+        )
         if not mod.available()
     ]
     if missing:

@@ -391,3 +391,35 @@ def test_greedy_rows_take_the_first_largest_logit_with_or_without_the_c_argmax(
     assert got[:3] == want[:3] and got[1] == 17 and got[2] == 49_156
     alone = ctx(SamplingParams(temperature=1.0, seed=5))  # a fresh generator on the same seed
     assert got[3] == tokens(Sampler()(logits[3:], [alone]))[0]
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=1.0, seed=11),
+        SamplingParams(temperature=0.7, top_p=0.9, seed=12),
+        SamplingParams(temperature=1.3, top_k=40, min_p=0.01, seed=13),
+    ],
+    ids=["temperature", "top-p", "top-k-min-p"],
+)
+def test_sampled_rows_draw_the_same_tokens_with_or_without_the_c_kernel(
+    params: SamplingParams, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sampled rows' draw (the C kernel on float32 CPU logits, torch's softmax, cumsum and
+    search elsewhere) takes the same token from the same seeded uniform number, filters or not,
+    over a large vocabulary, with a greedy row and a penalised row in the batch."""
+    if not sampler_module.cpu_sample.available():
+        pytest.skip("no C compiler")
+    logits = random_logits(4, seed=21, vocab=49_157)
+    batch = [params, replace(params, seed=(params.seed or 0) + 100), SamplingParams(temperature=0.0)]
+    batch.append(replace(params, frequency_penalty=0.5, seed=(params.seed or 0) + 200))
+
+    def draws(steps: int) -> list[list[int]]:
+        contexts = [ctx(p, output=(5, 5, 9)) for p in batch]
+        sampler = Sampler(seed=0)
+        return [tokens(sampler(logits, contexts)) for _ in range(steps)]
+
+    with_c = draws(20)
+    monkeypatch.setattr(sampler_module.cpu_sample, "available", lambda: False)
+    assert draws(20) == with_c
+    assert len({row[0] for row in with_c}) > 1  # they are draws, not one token

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from bench.experiments import small_ops
-from kernels import cpu_argmax, cpu_rms_norm, cpu_rope_kv, cpu_silu_mul
+from kernels import cpu_argmax, cpu_rms_norm, cpu_rope_kv, cpu_sample, cpu_silu_mul
 
 pytestmark = pytest.mark.skipif(
-    not all(m.available() for m in (cpu_argmax, cpu_rms_norm, cpu_rope_kv, cpu_silu_mul)),
+    not all(m.available() for m in (cpu_argmax, cpu_rms_norm, cpu_rope_kv, cpu_sample, cpu_silu_mul)),
     reason="no C compiler",
 )
 
@@ -25,7 +25,7 @@ def test_both_forms_compute_the_same(op: str) -> None:
     if op == "rms_norm":
         got, want = got[0], want[0]  # (normed, residual stream)
     assert isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor)
-    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)  # sample: the same tokens
 
 
 def test_a_short_run_reports_every_op_and_row_count(tmp_path: Path) -> None:

@@ -1,0 +1,120 @@
+/* One token per row drawn from softmax(logits / temperature) by inverting the cumulative
+ * distribution with a given uniform number (the CPU sampler's sampled rows; see
+ * kernels/cpu_sample.py).
+ *
+ * Row r: m = the largest logit, w_i = exp((x_i - m) / t) (0 for a masked -inf logit or a NaN),
+ * total = the sum of w; the token is the first index whose running sum of w exceeds u * total,
+ * as `Sampler.draw` chooses it with torch's softmax, cumsum and searchsorted(right=True). Where no
+ * running sum exceeds the target (u * total rounded up to the total), the token is the row's
+ * first largest logit, as `Sampler.draw` falls back to the argmax; a row with no finite logit
+ * gives 0 (torch's argmax of a NaN row). The sums run in blocks of BLOCK weights: the weights and
+ * each block's sum are kept in `scratch` by the first pass, the second walks the block sums and
+ * then, inside the block where the target falls, the weights one by one. A token's chance is its
+ * softmax probability; the rounding of the sums differs from torch's, which moves a draw only when
+ * u falls within a few ulp of a boundary between two tokens.
+ */
+#include <math.h>
+#include <stdint.h>
+
+#include "exp_poly.h"
+
+/* The first index of the largest value of x (NaN never counts), or -1 when every value is NaN
+ * or -inf: the largest value sixteen lanes at a time, then the first index holding it. */
+static int64_t first_max(const float *x, int64_t n, float *max_out) {
+    vec top = (vec){0} - INFINITY;
+    int64_t i = 0;
+    for (; i + LANES <= n; i += LANES) {
+        const vec v = *(const vec *)(x + i);
+        top = blend(v > top, v, top); /* NaN compares false: never taken */
+    }
+    float m = -INFINITY;
+    for (int l = 0; l < LANES; l++) m = top[l] > m ? top[l] : m;
+    for (; i < n; i++) m = x[i] > m ? x[i] : m;
+    *max_out = m;
+    if (!(m > -INFINITY)) return -1;
+    for (i = 0; i < n; i++)
+        if (x[i] == m) return i;
+    return -1; /* not reached */
+}
+
+/* The sum of a vector's lanes, as a tree of halves. */
+static inline float lane_sum(vec v) {
+    const ivec hi8 = {8, 9, 10, 11, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15};
+    const ivec hi4 = {4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7};
+    const ivec hi2 = {2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3};
+    const ivec hi1 = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+    v += __builtin_shuffle(v, hi8);
+    v += __builtin_shuffle(v, hi4);
+    v += __builtin_shuffle(v, hi2);
+    v += __builtin_shuffle(v, hi1);
+    return v[0];
+}
+
+#define BLOCK (4 * LANES) /* weights summed as one block */
+
+/* The weights of x[0..n) (n <= BLOCK) into w, and their sum. */
+static inline float weigh_block(const float *x, int64_t n, float m, float inv_t, float *w) {
+    if (n == BLOCK) {
+        vec sum = (vec){0};
+        for (int j = 0; j < BLOCK; j += LANES) {
+            const vec v = *(const vec *)(x + j);
+            vec e = exp_vec((v - m) * inv_t);
+            e = blend(v > -INFINITY, e, (vec){0}); /* -inf and NaN compare false: weight 0 */
+            *(vec *)(w + j) = e;
+            sum += e;
+        }
+        return lane_sum(sum);
+    }
+    float sum = 0.f;
+    for (int64_t i = 0; i < n; i++) {
+        w[i] = x[i] > -INFINITY ? exp_scalar((x[i] - m) * inv_t) : 0.f;
+        sum += w[i];
+    }
+    return sum;
+}
+
+int weir_sample_rows(const float *logits,      /* [rows, in_stride] */
+                     const float *temperature, /* [rows], > 0 */
+                     const float *uniform,     /* [rows], in [0, 1) */
+                     int64_t *out,             /* [rows] */
+                     float *scratch,           /* [cols + ceil(cols / BLOCK)] */
+                     int64_t rows, int64_t cols, int64_t in_stride) {
+    if (rows < 0 || cols < 1 || in_stride < cols) return -1;
+    const int64_t blocks = (cols + BLOCK - 1) / BLOCK;
+    float *weights = scratch, *block_sums = scratch + cols;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *x = logits + r * in_stride;
+        float m;
+        const int64_t at_max = first_max(x, cols, &m);
+        if (at_max < 0 || !(temperature[r] > 0.f)) {
+            out[r] = at_max < 0 ? 0 : at_max;
+            continue;
+        }
+        const float inv_t = 1.f / temperature[r];
+        float total = 0.f;
+        for (int64_t b = 0; b < blocks; b++) {
+            const int64_t start = b * BLOCK, n = cols - start < BLOCK ? cols - start : BLOCK;
+            block_sums[b] = weigh_block(x + start, n, m, inv_t, weights + start);
+            total += block_sums[b];
+        }
+        const float target = uniform[r] * total;
+        float acc = 0.f;
+        int64_t token = at_max;
+        for (int64_t b = 0; b < blocks; b++) {
+            if (!(acc + block_sums[b] > target)) {
+                acc += block_sums[b];
+                continue;
+            }
+            const int64_t start = b * BLOCK, n = cols - start < BLOCK ? cols - start : BLOCK;
+            for (int64_t i = start; i < start + n; i++) {
+                if (!(weights[i] > 0.f)) continue;
+                token = i; /* the block's last weighted token if rounding keeps acc at the target */
+                acc += weights[i];
+                if (acc > target) break;
+            }
+            break;
+        }
+        out[r] = token;
+    }
+    return 0;
+}
