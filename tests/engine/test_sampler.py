@@ -17,7 +17,6 @@ from engine.sampler import (
     Sampler,
     SampleResult,
     SamplingContext,
-    apply_filters,
     apply_logit_bias,
     apply_penalties,
     make_generator,
@@ -181,25 +180,6 @@ def test_filters_never_sample_excluded_tokens(seed: int, vocab: int, batch: list
     for _ in range(8):
         out = tokens(sampler(logits, contexts))
         assert all(t in allowed[i] for i, t in enumerate(out))
-
-
-@settings(max_examples=60, deadline=None)
-@given(
-    seed=st.integers(0, 2**31 - 1),
-    vocab=st.integers(2, 40),
-    batch=st.lists(row_params, min_size=1, max_size=6),
-)
-def test_top_p_candidates_shortcut_equals_full_sort(
-    seed: int, vocab: int, batch: list[SamplingParams]
-) -> None:
-    logits = random_logits(len(batch), seed=seed, vocab=vocab) / 3.0  # flat rows: wide nuclei
-    top_k = torch.tensor([vocab if p.top_k < 0 else min(p.top_k, vocab) for p in batch])
-    top_p = torch.tensor([p.top_p for p in batch])
-    min_p = torch.tensor([p.min_p for p in batch])
-    full = apply_filters(logits, top_k, top_p, min_p, num_top_p_candidates=vocab)
-    for num_candidates in (1, 2, 5):
-        shortcut = apply_filters(logits, top_k, top_p, min_p, num_top_p_candidates=num_candidates)
-        assert torch.equal(shortcut, full)
 
 
 def test_top_k_keeps_exactly_k_tokens() -> None:

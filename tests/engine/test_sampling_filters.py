@@ -1,0 +1,79 @@
+"""Tests of engine/sampling_filters.py: top-k, top-p and min-p mask exactly the tokens their
+definitions exclude, ties kept, rows without a filter untouched, and the top-p shortcut over the
+best candidates equals the full sort. The sampler drawing from what is left: test_sampler.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine.request import SamplingParams
+from engine.sampling_filters import apply_filters
+
+NEG_INF = float("-inf")
+
+
+def random_logits(rows: int, seed: int, vocab: int) -> torch.Tensor:
+    return torch.randn(rows, vocab, generator=torch.Generator().manual_seed(seed)) * 3.0
+
+
+row_params = st.builds(
+    SamplingParams,
+    temperature=st.floats(0.05, 3.0),
+    top_k=st.one_of(st.just(-1), st.integers(2, 50)),
+    top_p=st.floats(0.01, 1.0),
+    min_p=st.one_of(st.just(0.0), st.floats(0.0, 1.0)),
+)
+
+
+def _filter(logits: torch.Tensor, top_k: list[int], top_p: list[float], min_p: list[float]) -> torch.Tensor:
+    return apply_filters(logits, torch.tensor(top_k), torch.tensor(top_p), torch.tensor(min_p))
+
+
+def test_rows_without_a_filter_are_untouched_beside_rows_with_one() -> None:
+    logits = random_logits(3, seed=1, vocab=30)
+    out = _filter(logits, [30, 2, 30], [1.0, 1.0, 0.5], [0.0, 0.0, 0.0])
+    assert torch.equal(out[0], logits[0])
+    assert int((out[1] > NEG_INF).sum()) == 2
+    assert 1 <= int((out[2] > NEG_INF).sum()) < 30
+
+
+def test_top_k_keeps_every_tie_of_the_kth_logit() -> None:
+    logits = torch.tensor([[1.0, 3.0, 2.0, 2.0, 0.0]])
+    out = _filter(logits, [2], [1.0], [0.0])
+    assert (out[0] > NEG_INF).tolist() == [False, True, True, True, False]
+
+
+@pytest.mark.parametrize(("top_p", "kept"), [(0.4, 1), (0.75, 2), (0.79, 2), (0.81, 3), (0.99, 4)])
+def test_top_p_keeps_the_smallest_nucleus_reaching_p(top_p: float, kept: int) -> None:
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    out = _filter(logits, [4], [top_p], [0.0])
+    assert int((out[0] > NEG_INF).sum()) == kept
+    assert torch.equal(out[0, :kept], logits[0, :kept])  # the kept logits keep their values
+
+
+def test_min_p_is_relative_to_the_most_likely_token() -> None:
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    out = _filter(logits, [4], [1.0], [0.31])
+    assert (out[0] > NEG_INF).tolist() == [True, True, False, False]  # 0.15 < 0.31 * 0.5
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    vocab=st.integers(2, 40),
+    batch=st.lists(row_params, min_size=1, max_size=6),
+)
+def test_top_p_candidates_shortcut_equals_full_sort(
+    seed: int, vocab: int, batch: list[SamplingParams]
+) -> None:
+    logits = random_logits(len(batch), seed=seed, vocab=vocab) / 3.0  # flat rows: wide nuclei
+    top_k = torch.tensor([vocab if p.top_k < 0 else min(p.top_k, vocab) for p in batch])
+    top_p = torch.tensor([p.top_p for p in batch])
+    min_p = torch.tensor([p.min_p for p in batch])
+    full = apply_filters(logits, top_k, top_p, min_p, num_top_p_candidates=vocab)
+    for num_candidates in (1, 2, 5):
+        shortcut = apply_filters(logits, top_k, top_p, min_p, num_top_p_candidates=num_candidates)
+        assert torch.equal(shortcut, full)
