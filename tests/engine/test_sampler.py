@@ -21,6 +21,7 @@ from engine.sampler import (
     apply_penalties,
     make_generator,
 )
+from tests.engine.sampling_strategies import row_params
 
 VOCAB = 64
 
@@ -154,16 +155,6 @@ def _allowed(row: torch.Tensor, params: SamplingParams) -> set[int]:
     if params.min_p > 0.0:
         ids = [i for i in ids if float(p[i]) >= params.min_p * float(p.max()) * (1 - 1e-4)]
     return set(ids)
-
-
-row_params = st.builds(
-    SamplingParams,
-    temperature=st.floats(0.05, 3.0),
-    top_k=st.one_of(st.just(-1), st.integers(2, 50)),
-    top_p=st.floats(0.01, 1.0),
-    min_p=st.one_of(st.just(0.0), st.floats(0.0, 1.0)),
-    seed=st.one_of(st.none(), st.integers(0, 2**31 - 1)),
-)
 
 
 @settings(max_examples=60, deadline=None)

@@ -11,21 +11,13 @@ from hypothesis import strategies as st
 
 from engine.request import SamplingParams
 from engine.sampling_filters import apply_filters
+from tests.engine.sampling_strategies import row_params
 
 NEG_INF = float("-inf")
 
 
 def random_logits(rows: int, seed: int, vocab: int) -> torch.Tensor:
     return torch.randn(rows, vocab, generator=torch.Generator().manual_seed(seed)) * 3.0
-
-
-row_params = st.builds(
-    SamplingParams,
-    temperature=st.floats(0.05, 3.0),
-    top_k=st.one_of(st.just(-1), st.integers(2, 50)),
-    top_p=st.floats(0.01, 1.0),
-    min_p=st.one_of(st.just(0.0), st.floats(0.0, 1.0)),
-)
 
 
 def _filter(logits: torch.Tensor, top_k: list[int], top_p: list[float], min_p: list[float]) -> torch.Tensor:
