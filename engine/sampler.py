@@ -35,7 +35,7 @@ import torch
 from engine.constraints import TokenConstraint, allowed_tokens
 from engine.output import TokenLogprob
 from engine.request import SamplingParams
-from engine.sampling_filters import apply_filters
+from engine.sampling_filters import apply_filters, filter_floors
 from kernels import cpu_argmax, cpu_sample
 
 # Below this temperature, logits / temperature can overflow float32; such rows are greedy.
@@ -277,9 +277,10 @@ class Sampler:
         )
 
     @staticmethod
-    def _filtered(logits: torch.Tensor, contexts: Sequence[SamplingContext]) -> torch.Tensor:
-        """Temperature, then top-k / top-p / min-p, row by row: the logits whose softmax each row
-        draws from, excluded tokens at -inf ([rows, vocab])."""
+    def _filter_params(
+        logits: torch.Tensor, contexts: Sequence[SamplingContext]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Each row's top-k (the vocabulary size: off), top-p and min-p, as `filter_floors` reads them."""
         device = logits.device
         vocab_size = logits.shape[-1]
         top_k = torch.tensor(
@@ -289,8 +290,14 @@ class Sampler:
         )
         top_p = torch.tensor([c.params.top_p for c in contexts], dtype=logits.dtype, device=device)
         min_p = torch.tensor([c.params.min_p for c in contexts], dtype=logits.dtype, device=device)
+        return top_k, top_p, min_p
+
+    @staticmethod
+    def _filtered(logits: torch.Tensor, contexts: Sequence[SamplingContext]) -> torch.Tensor:
+        """Temperature, then top-k / top-p / min-p, row by row: the logits whose softmax each row
+        draws from, excluded tokens at -inf ([rows, vocab])."""
         scaled = logits / Sampler._temperatures(logits, contexts)[:, None]  # [rows, vocab]
-        return apply_filters(scaled, top_k, top_p, min_p)
+        return apply_filters(scaled, *Sampler._filter_params(logits, contexts))
 
     @staticmethod
     def _filtered_probs(logits: torch.Tensor, contexts: Sequence[SamplingContext]) -> torch.Tensor:
@@ -326,10 +333,15 @@ class Sampler:
         if not (logits.is_cpu and logits.dtype == torch.float32 and cpu_sample.available()):
             return self.draw(self._filtered_probs(logits, contexts), contexts)
         uniform = self.uniform(contexts, logits.device)[:, 0]  # [rows]
-        if any(_filters(c.params) for c in contexts):
-            ones = torch.ones(len(contexts), dtype=torch.float32)
-            return cpu_sample.sample_rows(self._filtered(logits, contexts), ones, uniform)
-        return cpu_sample.sample_rows(logits, self._temperatures(logits, contexts), uniform)
+        temperatures = self._temperatures(logits, contexts)
+        if not any(_filters(c.params) for c in contexts):
+            return cpu_sample.sample_rows(logits, temperatures, uniform)
+        # The filters' floors on the scaled logits, as `_filtered` masks them; the kernel gives
+        # the logits below them no weight instead of a masked copy of the rows.
+        scaled = logits / temperatures[:, None]  # [rows, vocab]
+        floor = filter_floors(scaled, *self._filter_params(logits, contexts))
+        ones = torch.ones(len(contexts), dtype=torch.float32)
+        return cpu_sample.sample_rows(scaled, ones, uniform, None if floor is None else floor[:, 0])
 
     @staticmethod
     def logprobs(

@@ -8,12 +8,15 @@ only (top-p falls back to a full sort for the rare rows whose nucleus is wider t
 
 Filters keep ties: top-k keeps every token whose logit equals the k-th largest, top-p keeps every
 token whose probability equals the smallest one kept. The result is a pure function of the row.
-Plain torch on tensors; no request state.
+Torch on tensors, no request state; on float32 CPU logits top-p's normaliser is one C pass
+(kernels/cpu_sample.py `logsumexp_rows`).
 """
 
 from __future__ import annotations
 
 import torch
+
+from kernels import cpu_sample
 
 # Top-p looks for its nucleus among this many best tokens before sorting the whole vocabulary.
 TOP_P_CANDIDATES = 1024
@@ -34,14 +37,23 @@ def _nucleus_threshold(
     return sorted_logits.gather(1, (num_kept - 1)[:, None])
 
 
-def apply_filters(
+def _logsumexp_above(logits: torch.Tensor, kth: torch.Tensor) -> torch.Tensor:  # [rows, 1]
+    """log-sum-exp of each row over the logits at or above its `kth` ([rows, 1]; -inf: all)."""
+    if logits.is_cpu and logits.dtype == torch.float32 and cpu_sample.available():
+        return cpu_sample.logsumexp_rows(logits, kth[:, 0].contiguous())[:, None]
+    return logits.masked_fill(logits < kth, float("-inf")).logsumexp(dim=-1, keepdim=True)
+
+
+def filter_floors(
     logits: torch.Tensor,
     top_k: torch.Tensor,
     top_p: torch.Tensor,
     min_p: torch.Tensor,
     num_top_p_candidates: int = TOP_P_CANDIDATES,
-) -> torch.Tensor:
-    """Mask (set to -inf) the tokens that top-k, top-p and min-p exclude, row by row.
+) -> torch.Tensor | None:  # [rows, 1]
+    """Each row's smallest kept logit under top-k, top-p and min-p (-inf where a row keeps all),
+    or None when no row filters: `apply_filters` masks exactly the logits below it, and the
+    sampler's C draw gives them no weight.
 
     `logits` is [rows, vocab] (already divided by temperature); `top_k` [rows] long with the
     vocabulary size meaning disabled; `top_p` and `min_p` [rows] float. Ties are kept.
@@ -50,17 +62,20 @@ def apply_filters(
     neg_inf = float("-inf")
     uses_top_k = top_k < vocab_size  # [rows]
     uses_top_p = top_p < 1.0  # [rows]
-    any_top_k, any_top_p = bool(uses_top_k.any()), bool(uses_top_p.any())
+    uses_min_p = min_p > 0.0  # [rows]
+    any_top_k, any_top_p, any_min_p = bool(uses_top_k.any()), bool(uses_top_p.any()), bool(uses_min_p.any())
+    if not (any_top_k or any_top_p or any_min_p):
+        return None
+    floor = torch.full((logits.shape[0], 1), neg_inf, dtype=logits.dtype, device=logits.device)
     if any_top_k or any_top_p:
         max_k = int(top_k[uses_top_k].max()) if any_top_k else 1
         num_candidates = min(vocab_size, max(max_k, num_top_p_candidates if any_top_p else 1))
         candidates = logits.topk(num_candidates, dim=-1).values  # [rows, C], best first
         kth = candidates.gather(1, (top_k.clamp(max=num_candidates) - 1)[:, None])  # [rows, 1]
-        kth = kth.masked_fill(~uses_top_k[:, None], neg_inf)
-        logits = logits.masked_fill(logits < kth, neg_inf)
+        floor = kth.masked_fill(~uses_top_k[:, None], neg_inf)
         if any_top_p:
-            candidates = candidates.masked_fill(candidates < kth, neg_inf)
-            log_norm = logits.logsumexp(dim=-1, keepdim=True)  # [rows, 1]
+            candidates = candidates.masked_fill(candidates < floor, neg_inf)
+            log_norm = _logsumexp_above(logits, floor)  # [rows, 1]: over what top-k keeps
             threshold = _nucleus_threshold(candidates, log_norm, top_p)  # [rows, 1]
             # Without top-k, a nucleus that reaches the last candidate may extend past it.
             unresolved = uses_top_p & ~uses_top_k & (threshold[:, 0] <= candidates[:, -1])
@@ -68,11 +83,23 @@ def apply_filters(
                 rows = unresolved.nonzero()[:, 0]
                 full = logits[rows].sort(dim=-1, descending=True).values  # [unresolved, vocab]
                 threshold[rows] = _nucleus_threshold(full, log_norm[rows], top_p[rows])
-            threshold = threshold.masked_fill(~uses_top_p[:, None], neg_inf)
-            logits = logits.masked_fill(logits < threshold, neg_inf)
-    if bool((min_p > 0.0).any()):
+            floor = torch.maximum(floor, threshold.masked_fill(~uses_top_p[:, None], neg_inf))
+    if any_min_p:
         # p_i < min_p * p_max  <=>  logit_i < logit_max + log(min_p), with no softmax needed;
-        # renormalisation after top-k / top-p does not change the ratio to the max probability.
-        floor = logits.max(dim=-1, keepdim=True).values + min_p[:, None].log()  # [rows, 1]
-        logits = logits.masked_fill(logits < floor, neg_inf)
-    return logits
+        # renormalisation after top-k / top-p does not change the ratio to the max probability,
+        # which they always keep (log 0 = -inf: no floor for a row without min-p).
+        floor = torch.maximum(floor, logits.max(dim=-1, keepdim=True).values + min_p[:, None].log())
+    return floor
+
+
+def apply_filters(
+    logits: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor,
+    num_top_p_candidates: int = TOP_P_CANDIDATES,
+) -> torch.Tensor:
+    """Mask (set to -inf) the tokens that top-k, top-p and min-p exclude, row by row: the logits
+    below `filter_floors` (same arguments); `logits` itself when no row filters."""
+    floor = filter_floors(logits, top_k, top_p, min_p, num_top_p_candidates)
+    return logits if floor is None else logits.masked_fill(logits < floor, float("-inf"))

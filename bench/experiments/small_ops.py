@@ -12,9 +12,11 @@ median microseconds per call and torch over C. A decode step runs `rope_kv`, `si
 - `silu_mul`: silu(gate) * up (`kernels/cpu_silu_mul.py`);
 - `rms_norm`: the residual add and RMSNorm (`kernels/cpu_rms_norm.py`);
 - `argmax`: the greedy rows' argmax over the logits (`kernels/cpu_argmax.py`);
-- `sample`: the sampled rows' draw at temperature 1 (no top-k, top-p or min-p), the sampler's
-  torch path (`Sampler._filtered_probs` and `Sampler.draw`: divide, softmax, cumsum, search, the
-  argmax fallback) against its C path (`kernels/cpu_sample.py`), each with its uniform numbers.
+- `sample`: the sampled rows' draw at temperature 1 (no top-k, top-p or min-p), `Sampler._sample`
+  on its torch path (divide, softmax, cumsum, search, the argmax fallback) against its C path
+  (`kernels/cpu_sample.py`), with the same uniform numbers;
+- `sample_top_p`: the same at temperature 0.7 and top_p 0.9, top-p's normaliser in torch or in C
+  (its `topk` candidates in torch on both).
 
 One intra-op thread (`--threads`), as a decode step's small ops run. Prints and writes JSON.
 """
@@ -22,11 +24,12 @@ One intra-op thread (`--threads`), as a decode step's small ops run. Prints and 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +45,7 @@ from kernels import cpu_argmax, cpu_rms_norm, cpu_rope_kv, cpu_sample, cpu_silu_
 from kernels.reference import write_kv
 
 HEADS, KV_HEADS, HEAD_DIM, HIDDEN, INTERMEDIATE, VOCAB = 9, 3, 64, 576, 1536, 49152
-OPS = ("rope_kv", "silu_mul", "rms_norm", "argmax", "sample")
+OPS = ("rope_kv", "silu_mul", "rms_norm", "argmax", "sample", "sample_top_p")
 
 
 def forms(op: str, rows: int) -> dict[str, Callable[[], object]]:
@@ -92,21 +95,30 @@ def forms(op: str, rows: int) -> dict[str, Callable[[], object]]:
     if op == "argmax":
         logits = torch.randn(rows, VOCAB, generator=gen)
         return {"torch": lambda: logits.argmax(dim=-1), "c": lambda: cpu_argmax.argmax_rows(logits)}
-    if op == "sample":
+    if op in ("sample", "sample_top_p"):
         logits = torch.randn(rows, VOCAB, generator=gen) * 3.0
-        contexts = [SamplingContext(SamplingParams(temperature=1.0), [], [], None) for _ in range(rows)]
-        temperature, cpu = torch.ones(rows), torch.device("cpu")
+        params = (
+            SamplingParams(temperature=1.0) if op == "sample" else SamplingParams(temperature=0.7, top_p=0.9)
+        )
+        contexts = [SamplingContext(params, [], [], None) for _ in range(rows)]
 
         def sample_torch() -> object:  # a sampler seeded alike for both forms: the same numbers
-            return Sampler(seed=rows).draw(Sampler._filtered_probs(logits, contexts), contexts)
+            with _without_c_sampling():
+                return Sampler(seed=rows)._sample(logits, contexts)
 
-        def sample_c() -> object:
-            return cpu_sample.sample_rows(
-                logits, temperature, Sampler(seed=rows).uniform(contexts, cpu)[:, 0]
-            )
-
-        return {"torch": sample_torch, "c": sample_c}
+        return {"torch": sample_torch, "c": lambda: Sampler(seed=rows)._sample(logits, contexts)}
     raise ValueError(f"unknown op {op!r}; choose from {OPS}")
+
+
+@contextlib.contextmanager
+def _without_c_sampling() -> Iterator[None]:
+    """The sampler's torch path: the C draw and normaliser reported unavailable meanwhile."""
+    saved = cpu_sample.available
+    cpu_sample.available = lambda: False  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        cpu_sample.available = saved  # type: ignore[assignment]
 
 
 def _per_call(fn: Callable[[], object], calls: int) -> float:
@@ -137,7 +149,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     missing = [
         op
         for op, mod in zip(
-            OPS, (cpu_rope_kv, cpu_silu_mul, cpu_rms_norm, cpu_argmax, cpu_sample), strict=True
+            OPS, (cpu_rope_kv, cpu_silu_mul, cpu_rms_norm, cpu_argmax, cpu_sample, cpu_sample), strict=True
         )
         if not mod.available()
     ]

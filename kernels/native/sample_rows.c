@@ -2,7 +2,8 @@
  * distribution with a given uniform number (the CPU sampler's sampled rows; see
  * kernels/cpu_sample.py).
  *
- * Row r: m = the largest logit, w_i = exp((x_i - m) / t) (0 for a masked -inf logit or a NaN),
+ * Row r: m = the largest logit, w_i = exp((x_i - m) / t) (0 for a masked -inf logit, a NaN, or
+ * a logit below the row's `floor`: the smallest one top-k / top-p / min-p keep),
  * total = the sum of w; the token is the first index whose running sum of w exceeds u * total,
  * as `Sampler.draw` chooses it with torch's softmax, cumsum and searchsorted(right=True). Where no
  * running sum exceeds the target (u * total rounded up to the total), the token is the row's
@@ -52,14 +53,15 @@ static inline float lane_sum(vec v) {
 
 #define BLOCK (4 * LANES) /* weights summed as one block */
 
-/* The weights of x[0..n) (n <= BLOCK) into w, and their sum. */
-static inline float weigh_block(const float *x, int64_t n, float m, float inv_t, float *w) {
+/* The weights of x[0..n) (n <= BLOCK) into w, and their sum: 0 below `floor` (a filter's
+ * smallest kept logit; -inf: none), for -inf and for NaN. */
+static inline float weigh_block(const float *x, int64_t n, float m, float inv_t, float floor, float *w) {
     if (n == BLOCK) {
         vec sum = (vec){0};
         for (int j = 0; j < BLOCK; j += LANES) {
             const vec v = *(const vec *)(x + j);
             vec e = exp_vec((v - m) * inv_t);
-            e = blend(v > -INFINITY, e, (vec){0}); /* -inf and NaN compare false: weight 0 */
+            e = blend((v > -INFINITY) & (v >= floor), e, (vec){0}); /* NaN compares false */
             *(vec *)(w + j) = e;
             sum += e;
         }
@@ -67,15 +69,39 @@ static inline float weigh_block(const float *x, int64_t n, float m, float inv_t,
     }
     float sum = 0.f;
     for (int64_t i = 0; i < n; i++) {
-        w[i] = x[i] > -INFINITY ? exp_scalar((x[i] - m) * inv_t) : 0.f;
+        w[i] = x[i] > -INFINITY && x[i] >= floor ? exp_scalar((x[i] - m) * inv_t) : 0.f;
         sum += w[i];
     }
     return sum;
 }
 
+/* log(sum of exp(x)) over each row's values at or above its floor (kept by a top-k: the
+ * normaliser top-p reads), -inf for a row with none; the sums as weir_sample_rows makes them. */
+int weir_logsumexp_rows(const float *logits, /* [rows, in_stride] */
+                        const float *floor,  /* [rows]: -inf for the whole row */
+                        float *out,          /* [rows] */
+                        float *scratch,      /* [BLOCK] */
+                        int64_t rows, int64_t cols, int64_t in_stride) {
+    if (rows < 0 || cols < 1 || in_stride < cols) return -1;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *x = logits + r * in_stride;
+        float m;
+        if (first_max(x, cols, &m) < 0 || !(m >= floor[r])) {
+            out[r] = -INFINITY;
+            continue;
+        }
+        float total = 0.f;
+        for (int64_t start = 0; start < cols; start += BLOCK)
+            total += weigh_block(x + start, cols - start < BLOCK ? cols - start : BLOCK, m, 1.f, floor[r], scratch);
+        out[r] = m + logf(total);
+    }
+    return 0;
+}
+
 int weir_sample_rows(const float *logits,      /* [rows, in_stride] */
                      const float *temperature, /* [rows], > 0 */
                      const float *uniform,     /* [rows], in [0, 1) */
+                     const float *floor,       /* [rows]: weight 0 below it; NULL: none */
                      int64_t *out,             /* [rows] */
                      float *scratch,           /* [cols + ceil(cols / BLOCK)] */
                      int64_t rows, int64_t cols, int64_t in_stride) {
@@ -91,10 +117,11 @@ int weir_sample_rows(const float *logits,      /* [rows, in_stride] */
             continue;
         }
         const float inv_t = 1.f / temperature[r];
+        const float row_floor = floor ? floor[r] : -INFINITY;
         float total = 0.f;
         for (int64_t b = 0; b < blocks; b++) {
             const int64_t start = b * BLOCK, n = cols - start < BLOCK ? cols - start : BLOCK;
-            block_sums[b] = weigh_block(x + start, n, m, inv_t, weights + start);
+            block_sums[b] = weigh_block(x + start, n, m, inv_t, row_floor, weights + start);
             total += block_sums[b];
         }
         const float target = uniform[r] * total;

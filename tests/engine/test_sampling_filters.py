@@ -9,8 +9,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import engine.sampling_filters as sampling_filters
 from engine.request import SamplingParams
-from engine.sampling_filters import apply_filters
+from engine.sampling_filters import apply_filters, filter_floors
+from kernels import cpu_sample
 from tests.engine.sampling_strategies import row_params
 
 NEG_INF = float("-inf")
@@ -69,3 +71,46 @@ def test_top_p_candidates_shortcut_equals_full_sort(
     for num_candidates in (1, 2, 5):
         shortcut = apply_filters(logits, top_k, top_p, min_p, num_top_p_candidates=num_candidates)
         assert torch.equal(shortcut, full)
+
+
+def test_no_filter_is_no_floor_and_the_logits_themselves() -> None:
+    logits = random_logits(2, seed=3, vocab=20)
+    off = ([20, 20], [1.0, 1.0], [0.0, 0.0])
+    assert filter_floors(logits, *(torch.tensor(v) for v in off)) is None
+    assert _filter(logits, *off) is logits
+
+
+@pytest.mark.parametrize("c_kernel", [True, False])
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), batch=st.lists(row_params, min_size=1, max_size=5))
+def test_the_floors_mask_exactly_what_the_filters_exclude_with_or_without_the_c_normaliser(
+    c_kernel: bool, seed: int, batch: list[SamplingParams]
+) -> None:
+    """Over a vocabulary wider than the top-p candidates: each row keeps exactly the logits at or
+    above its floor, the floor's own logit among them (ties kept), and top-p's normaliser in C
+    or in torch keeps the same tokens."""
+    vocab = 3000
+    logits = random_logits(len(batch), seed=seed, vocab=vocab) / 2.0
+    args = (
+        torch.tensor([vocab if p.top_k < 0 else min(p.top_k, vocab) for p in batch]),
+        torch.tensor([p.top_p for p in batch]),
+        torch.tensor([p.min_p for p in batch]),
+    )
+    with pytest.MonkeyPatch.context() as patch:
+        if not c_kernel:
+            patch.setattr(sampling_filters.cpu_sample, "available", lambda: False)
+        elif not cpu_sample.available():
+            pytest.skip("no C compiler")
+        floors = filter_floors(logits, *args)
+        masked = apply_filters(logits, *args)
+    if floors is None:
+        assert masked is logits
+        return
+    kept = masked > NEG_INF
+    assert torch.equal(kept, logits >= floors)
+    assert bool(kept.any(dim=-1).all())  # every row keeps its most likely token at least
+    with pytest.MonkeyPatch.context() as patch:  # the other normaliser: the same tokens kept
+        if c_kernel:
+            patch.setattr(sampling_filters.cpu_sample, "available", lambda: False)
+        other = apply_filters(logits, *args) > NEG_INF
+    assert torch.equal(other, kept)

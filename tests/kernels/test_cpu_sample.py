@@ -114,3 +114,28 @@ def test_any_row_draws_an_unmasked_token_in_its_interval(
     token = int(cpu_sample.sample_rows(x, torch.tensor([t]), torch.tensor([u]))[0])
     assert not mask[0, token]
     assert _bracket_ok(x[0], t, u, token, slack=1e-4)
+
+
+@pytest.mark.parametrize("cols", [1, 63, 64, 65, 49_157])
+def test_logsumexp_over_what_a_floor_keeps_matches_torch(cols: int) -> None:
+    x = torch.randn(4, cols, generator=torch.Generator().manual_seed(cols)) * 5.0
+    floor = torch.tensor([float("-inf"), float(x[1].median()), float(x[2].max()), float(x[3].max()) + 1.0])
+    got = cpu_sample.logsumexp_rows(x, floor)
+    want = x.masked_fill(x < floor[:, None], float("-inf")).logsumexp(dim=-1)
+    torch.testing.assert_close(got[:3], want[:3], rtol=1e-6, atol=1e-5)
+    assert got[3] == float("-inf")  # nothing at or above the floor
+    with pytest.raises(ValueError, match="floor"):
+        cpu_sample.logsumexp_rows(x, floor[:2])
+
+
+def test_a_floor_gives_the_logits_below_it_no_chance() -> None:
+    x = torch.randn(3, 500, generator=torch.Generator().manual_seed(5)) * 2.0
+    floor = torch.stack([x[0].max() - 0.5, x[1].kthvalue(490).values, torch.tensor(float("-inf"))])
+    n = 300
+    u = (torch.arange(n, dtype=torch.float32) + 0.5) / n
+    for r in range(3):
+        rows = x[r].expand(n, -1)
+        got = cpu_sample.sample_rows(rows, torch.ones(n), u, floor[r].expand(n).contiguous())
+        assert bool((x[r][got] >= floor[r]).all())
+        masked = x[r].masked_fill(x[r] < floor[r], float("-inf")).expand(n, -1)
+        assert torch.equal(got, cpu_sample.sample_rows(masked, torch.ones(n), u))  # the same as masking
