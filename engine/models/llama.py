@@ -94,19 +94,6 @@ class LlamaForCausalLM(nn.Module):
         # path before them, kept for the A/B in bench/experiments/decode_roofline.py).
         self.fused_ops = True
 
-    @property
-    def native_norms(self) -> bool:
-        """Each residual add and the RMSNorm after it in one C call (`native_ops.norms`)."""
-        return self.native_ops.norms
-
-    @native_norms.setter
-    def native_norms(self, on: bool) -> None:
-        self.native_ops.norms = on
-
-    @property
-    def native_norms_built(self) -> bool:
-        return self.native_ops_built.norms
-
     def enable_lora(self, num_slots: int, max_rank: int) -> int:
         """Give every projection `num_slots` LoRA slots of rank up to `max_rank` (all zero).
 
@@ -186,7 +173,7 @@ class LlamaForCausalLM(nn.Module):
         if self.fused_kernels:
             return self._forward_fused(hidden, positions, kv_caches, attn_metadata, lora)
         rope_tables = self.rotary.tables(positions) if self.fused_ops else None
-        if self.native_norms:
+        if self.native_ops.norms:
             from kernels.cpu_rms_norm import add_rms_norm
 
             # F.embedding's output is this step's own: the residual stream may be updated in place.

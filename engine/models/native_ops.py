@@ -5,7 +5,7 @@ a dispatch of a few microseconds, so their count, not their arithmetic, is what 
 have C kernels (kernels/native/, one ctypes call each, built with the machine's `cc`):
 
 - the residual add and the RMSNorm after it, twice a layer (`norms`, kernels/cpu_rms_norm.py;
-  rounding differs from the torch form; `LlamaForCausalLM.native_norms` reads and sets it);
+  rounding differs from the torch form);
 - RoPE on q and k and the step's K/V stored in the paged cache (`rope_kv`, kernels/cpu_rope_kv.py;
   the same bits as the torch form): a slice, four multiplies, a subtract, an add, a `cat`, a
   split, a copy of v and two `index_copy_` in torch;

@@ -62,7 +62,7 @@ def test_the_variants_are_what_they_say(tmp_path: Path) -> None:
         assert layers and all((m.row_weight_bytes > 0) == rows for m in layers), name
         assert model.fused_ops == fused, name
         assert all(layer.self_attn.attn_backend.native_decode == native for layer in model.layers), name
-        assert model.native_norms == (norms and model.native_norms_built), name
+        assert model.native_ops.norms == (norms and model.native_ops_built.norms), name
         built = NativeOps.for_model(model.device, model.dtype)
         # the other small ops at what builds (the norms' switch is the one checked above)
         assert dataclasses.replace(model.native_ops, norms=built.norms) == built, name

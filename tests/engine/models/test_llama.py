@@ -258,7 +258,7 @@ def test_fused_ops_give_the_same_bits_as_the_ops_before_them(tiny: tuple[Path, s
     path, _ = tiny
     model, config = load_model(path, torch.float32, CPU, TorchAttentionBackend())
     assert isinstance(model, LlamaForCausalLM) and model.fused_ops  # the default
-    model.native_norms = False  # the C RMSNorm rounds differently (its own test below)
+    model.native_ops.norms = False  # the C RMSNorm rounds differently (its own test below)
     seqs = [_prompt(1, 23, config.vocab_size), _prompt(2, 9, config.vocab_size)]
     tables = [_block_table(i, len(s) + 2) for i, s in enumerate(seqs)]
     results: dict[bool, list[torch.Tensor]] = {}
@@ -276,16 +276,16 @@ def test_fused_ops_give_the_same_bits_as_the_ops_before_them(tiny: tuple[Path, s
 
 @pytest.mark.skipif(not cpu_rms_norm.available(), reason="no C compiler: the C RMSNorm is not built")
 def test_the_c_rms_norm_path_tracks_the_torch_form(tiny: tuple[Path, str]) -> None:
-    """`native_norms` (each residual add and RMSNorm one C call, the CPU float32 default) gives the
+    """`native_ops.norms` (each residual add and RMSNorm one C call, the CPU float32 default) gives the
     torch form's logits within float32 rounding and the same greedy tokens."""
     path, _ = tiny
     model, config = load_model(path, torch.float32, CPU, TorchAttentionBackend())
-    assert isinstance(model, LlamaForCausalLM) and model.native_norms  # the default here
+    assert isinstance(model, LlamaForCausalLM) and model.native_ops.norms  # the default here
     seqs = [_prompt(3, 21, config.vocab_size), _prompt(4, 11, config.vocab_size)]
     tables = [_block_table(i, len(s) + 2) for i, s in enumerate(seqs)]
     results: dict[bool, list[torch.Tensor]] = {}
     for native in (True, False):
-        model.native_norms = native
+        model.native_ops.norms = native
         runner = Runner(model, config)
         out = runner.step([seqs[0][:16]], [tables[0]], [0])
         out += runner.step([seqs[0][16:], seqs[1]], tables, [16, 0])  # mixed: a chunk and a prompt
