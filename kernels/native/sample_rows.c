@@ -19,9 +19,9 @@
 
 #include "exp_poly.h"
 
-/* The first index of the largest value of x (NaN never counts), or -1 when every value is NaN
- * or -inf: the largest value sixteen lanes at a time, then the first index holding it. */
-static int64_t first_max(const float *x, int64_t n, float *max_out) {
+/* The largest value of x, sixteen lanes at a time (NaN never counts): -inf when every value is
+ * NaN or -inf. */
+static float row_max(const float *x, int64_t n) {
     vec top = (vec){0} - INFINITY;
     int64_t i = 0;
     for (; i + LANES <= n; i += LANES) {
@@ -31,11 +31,14 @@ static int64_t first_max(const float *x, int64_t n, float *max_out) {
     float m = -INFINITY;
     for (int l = 0; l < LANES; l++) m = top[l] > m ? top[l] : m;
     for (; i < n; i++) m = x[i] > m ? x[i] : m;
-    *max_out = m;
-    if (!(m > -INFINITY)) return -1;
-    for (i = 0; i < n; i++)
+    return m;
+}
+
+/* The first index holding m (a value of x), 0 when none does. */
+static int64_t first_index(const float *x, int64_t n, float m) {
+    for (int64_t i = 0; i < n; i++)
         if (x[i] == m) return i;
-    return -1; /* not reached */
+    return 0;
 }
 
 /* The sum of a vector's lanes, as a tree of halves. */
@@ -85,8 +88,8 @@ int weir_logsumexp_rows(const float *logits, /* [rows, in_stride] */
     if (rows < 0 || cols < 1 || in_stride < cols) return -1;
     for (int64_t r = 0; r < rows; r++) {
         const float *x = logits + r * in_stride;
-        float m;
-        if (first_max(x, cols, &m) < 0 || !(m >= floor[r])) {
+        const float m = row_max(x, cols);
+        if (!(m > -INFINITY) || !(m >= floor[r])) {
             out[r] = -INFINITY;
             continue;
         }
@@ -110,10 +113,9 @@ int weir_sample_rows(const float *logits,      /* [rows, in_stride] */
     float *weights = scratch, *block_sums = scratch + cols;
     for (int64_t r = 0; r < rows; r++) {
         const float *x = logits + r * in_stride;
-        float m;
-        const int64_t at_max = first_max(x, cols, &m);
-        if (at_max < 0 || !(temperature[r] > 0.f)) {
-            out[r] = at_max < 0 ? 0 : at_max;
+        const float m = row_max(x, cols);
+        if (!(m > -INFINITY) || !(temperature[r] > 0.f)) { /* no finite logit: 0; else the argmax */
+            out[r] = m > -INFINITY ? first_index(x, cols, m) : 0;
             continue;
         }
         const float inv_t = 1.f / temperature[r];
@@ -126,7 +128,7 @@ int weir_sample_rows(const float *logits,      /* [rows, in_stride] */
         }
         const float target = uniform[r] * total;
         float acc = 0.f;
-        int64_t token = at_max;
+        int64_t token = -1;
         for (int64_t b = 0; b < blocks; b++) {
             if (!(acc + block_sums[b] > target)) {
                 acc += block_sums[b];
@@ -141,7 +143,7 @@ int weir_sample_rows(const float *logits,      /* [rows, in_stride] */
             }
             break;
         }
-        out[r] = token;
+        out[r] = token >= 0 ? token : first_index(x, cols, m); /* the target past every sum: the argmax */
     }
     return 0;
 }
