@@ -68,20 +68,31 @@ def filter_floors(
         return None
     floor = torch.full((logits.shape[0], 1), neg_inf, dtype=logits.dtype, device=logits.device)
     if any_top_k or any_top_p:
+        # The batch's candidates: the top-p window, or the largest k within it. A row whose k is
+        # wider (a client may ask for any k up to the vocabulary) finds its k-th alone: one
+        # tenant's top_k must not make every row of the step sort its whole vocabulary.
         max_k = int(top_k[uses_top_k].max()) if any_top_k else 1
-        num_candidates = min(vocab_size, max(max_k, num_top_p_candidates if any_top_p else 1))
+        num_candidates = min(
+            vocab_size, num_top_p_candidates if any_top_p else min(max_k, num_top_p_candidates)
+        )
         candidates = logits.topk(num_candidates, dim=-1).values  # [rows, C], best first
         kth = candidates.gather(1, (top_k.clamp(max=num_candidates) - 1)[:, None])  # [rows, 1]
+        wide = uses_top_k & (top_k > num_candidates)  # [rows]
+        if bool(wide.any()):
+            for row in wide.nonzero()[:, 0].tolist():  # the k-th largest: the (vocab - k + 1)-th smallest
+                kth[row, 0] = logits[row].kthvalue(vocab_size - int(top_k[row]) + 1).values
         floor = kth.masked_fill(~uses_top_k[:, None], neg_inf)
         if any_top_p:
             candidates = candidates.masked_fill(candidates < floor, neg_inf)
             log_norm = _logsumexp_above(logits, floor)  # [rows, 1]: over what top-k keeps
             threshold = _nucleus_threshold(candidates, log_norm, top_p)  # [rows, 1]
-            # Without top-k, a nucleus that reaches the last candidate may extend past it.
-            unresolved = uses_top_p & ~uses_top_k & (threshold[:, 0] <= candidates[:, -1])
+            # Where top-k keeps more than the candidates, a nucleus that reaches the last
+            # candidate may extend past it.
+            unresolved = uses_top_p & (top_k > num_candidates) & (threshold[:, 0] <= candidates[:, -1])
             if num_candidates < vocab_size and bool(unresolved.any()):
                 rows = unresolved.nonzero()[:, 0]
                 full = logits[rows].sort(dim=-1, descending=True).values  # [unresolved, vocab]
+                full = full.masked_fill(full < floor[rows], neg_inf)  # what top-k keeps
                 threshold[rows] = _nucleus_threshold(full, log_norm[rows], top_p[rows])
             floor = torch.maximum(floor, threshold.masked_fill(~uses_top_p[:, None], neg_inf))
     if any_min_p:

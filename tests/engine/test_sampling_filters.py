@@ -114,3 +114,26 @@ def test_the_floors_mask_exactly_what_the_filters_exclude_with_or_without_the_c_
             patch.setattr(sampling_filters.cpu_sample, "available", lambda: False)
         other = apply_filters(logits, *args) > NEG_INF
     assert torch.equal(other, kept)
+
+
+def test_one_rows_wide_top_k_does_not_widen_the_batchs_candidates(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hostile tenant's top_k near the vocabulary size: its row finds its k-th alone, the
+    batch's `topk` stays at the top-p window (every row sorting its vocabulary would slow every
+    tenant's step), and every row keeps what the full sort keeps."""
+    vocab = 5000
+    logits = random_logits(4, seed=9, vocab=vocab)
+    args = (torch.tensor([vocab - 1, 40, vocab, vocab]), torch.tensor([1.0, 0.9, 0.8, 1.0]), torch.zeros(4))
+    widths: list[int] = []
+    real_topk = torch.Tensor.topk
+
+    def spy(self: torch.Tensor, k: int, *rest: object, **kw: object) -> object:
+        widths.append(k)
+        return real_topk(self, k, *rest, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(torch.Tensor, "topk", spy)
+    masked = apply_filters(logits, *args, num_top_p_candidates=64)
+    assert widths == [64]
+    monkeypatch.undo()
+    full = apply_filters(logits, *args, num_top_p_candidates=vocab)
+    assert torch.equal(masked, full)
+    assert int((masked[0] > NEG_INF).sum()) == vocab - 1  # the wide row's own k kept
