@@ -18,7 +18,7 @@
  * machine it compiles on with -march=native); loads are unaligned-safe (aligned(4) types). With
  * AVX-512's 32 registers, 8 rows take 24 accumulators, 3 weight vectors and a broadcast; with 16
  * registers the compiler spills at high row counts (the row-weight probe measures each host).
- * With threads > 1 the panels are split over an OpenMP pool in contiguous ranges.
+ * With threads > 1 the panels go to an OpenMP pool in chunks, each to the next thread free.
  *
  * Returns 0, or -1 on sizes outside its reach (rows not in 1..MAX_ROWS, a non-positive size).
  */
@@ -105,18 +105,15 @@ int weir_small_gemm(const float *x,    /* [rows, in] */
         fn(x, wp, bias, y, in, out, 0, panels);
         return 0;
     }
-    /* One contiguous range of panels per thread. */
-#pragma omp parallel num_threads(threads)
-    {
-#ifdef _OPENMP
-        extern int omp_get_thread_num(void);
-        extern int omp_get_num_threads(void);
-        const int64_t me = omp_get_thread_num(), n = omp_get_num_threads();
-#else
-        const int64_t me = 0, n = 1;
-#endif
-        const int64_t p0 = panels * me / n, p1 = panels * (me + 1) / n;
-        if (p0 < p1) fn(x, wp, bias, y, in, out, p0, p1);
+    /* Chunks of panels handed out as threads come free (dynamic), not one fixed range per
+     * thread: when the front end or another process takes a core from one of the threads for a
+     * while, the others take over its share instead of waiting for it at the end. */
+    const int64_t chunk = panels >= 32 * threads ? 4 : 1;
+    const int64_t chunks = (panels + chunk - 1) / chunk;
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
+    for (int64_t c = 0; c < chunks; c++) {
+        const int64_t p0 = c * chunk, p1 = p0 + chunk < panels ? p0 + chunk : panels;
+        fn(x, wp, bias, y, in, out, p0, p1);
     }
     return 0;
 }

@@ -100,3 +100,24 @@ def test_weights_and_biases_the_kernel_would_misread_are_refused() -> None:
         SmallGemm(torch.randn(0, 16))
     with pytest.raises(ValueError, match="bias of 7"):
         SmallGemm(torch.randn(8, 16), torch.randn(7))
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+def test_many_panels_on_threads_give_the_one_thread_bits(threads: int) -> None:
+    # Enough panels for chunks of several panels handed out as threads come free, with a ragged
+    # last chunk and a padded last panel: each panel's sums are the same whoever computes it.
+    out_features = panel_width() * (32 * threads + 7) + 5
+    gen = torch.Generator().manual_seed(threads)
+    weight = torch.randn(out_features, 64, generator=gen)
+    x = torch.randn(MAX_ROWS, 64, generator=gen)
+    gemm = SmallGemm(weight)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = gemm(x)
+        torch.set_num_threads(threads)
+        shared = gemm(x)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(shared, alone)
+    torch.testing.assert_close(shared, F.linear(x, weight), atol=1e-4 * 8, rtol=1e-5)
