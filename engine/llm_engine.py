@@ -581,14 +581,23 @@ def build_engine(
         )
     threads = None
     if device.type == "cpu" and config.cpu_wide_step_threads is not None:
+        # Steps within the C row kernels' reach run their linears (and attention) on the kernels'
+        # work pool rather than torch's OpenMP team (engine/step_threads.py).
+        head = getattr(model, "packed_head", None)
+        kernel_rows = head.row_inputs if head is not None and head.row_gemm is not None else 0
         threads = StepThreads(
-            torch.get_num_threads(), config.cpu_wide_step_threads, config.cpu_wide_step_rows
+            torch.get_num_threads(),
+            config.cpu_wide_step_threads,
+            config.cpu_wide_step_rows,
+            kernel_rows=kernel_rows,
         )
         logger.info(
-            "CPU intra-op threads: %d for steps of fewer than %d rows, %d for the others",
+            "CPU intra-op threads: %d for steps of fewer than %d rows, %d for the others (on the C "
+            "kernels' work pool up to %d rows)",
             threads.decode_threads,
             threads.min_rows,
             threads.wide_threads,
+            threads.kernel_rows,
         )
     runner = ModelRunner(
         model,

@@ -39,6 +39,7 @@ import torch
 
 from engine.config import WIDE_STEP_ROWS
 from engine.output import SchedulerOutput, StepThreadsStats
+from kernels import cpu_work_pool
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +73,13 @@ class StepThreads:
     window: int = 8  # step times kept per bucket and count
     explore_every: int = 16  # one wide step in this many (per bucket) runs on the count not chosen
     switch_margin: float = 0.05  # the other count must be this much faster (median) to take over
-    current: int = field(init=False, default=0)
+    # Steps of at most this many rows have all their parallel work in the C kernels (the row
+    # weights' reach; 0: none): run on more than `decode_threads`, torch stays on `decode_threads`
+    # and the kernels take the count on their work pool (kernels/cpu_work_pool.py), so that no
+    # OpenMP team waits at a barrier for a thread that lost its core, or spins on the front end's.
+    kernel_rows: int = 0
+    current: int = field(init=False, default=0)  # torch's intra-op count set
+    step_count: int = field(init=False, default=0)  # the count the step applied last runs on
     num_wide_steps: int = field(init=False, default=0)  # steps run on `wide_threads`
     _buckets: dict[int, _Bucket] = field(init=False, default_factory=dict)
 
@@ -81,13 +88,15 @@ class StepThreads:
             raise ValueError(f"thread counts must be >= 1, got {self.decode_threads}, {self.wide_threads}")
         if self.min_rows < 1:
             raise ValueError(f"min_rows must be >= 1, got {self.min_rows}")
+        if self.kernel_rows < 0:
+            raise ValueError(f"kernel_rows must be >= 0, got {self.kernel_rows}")
         if not 0 <= self.switch_margin < 1:
             raise ValueError(f"switch_margin must be in [0, 1), got {self.switch_margin}")
         if self.window < 2 or self.explore_every < 2:
             raise ValueError(
                 f"window and explore_every must be >= 2, got {self.window}, {self.explore_every}"
             )
-        self.current = torch.get_num_threads()
+        self.current = self.step_count = torch.get_num_threads()
 
     def _bucket(self, rows: int) -> _Bucket:
         key = row_bucket(rows)
@@ -132,14 +141,22 @@ class StepThreads:
         return self.decode_threads if count == self.wide_threads else self.wide_threads
 
     def apply(self, out: SchedulerOutput) -> None:
-        """Set torch's intra-op threads for the step `out` (only when the count changes)."""
+        """Set the threads of the step `out`: torch's intra-op count, and the C kernels' pool count
+        for a step within `kernel_rows` run on more than `decode_threads` (each only when it
+        changes)."""
         want = self.threads_for(out)
         if out.num_tokens >= self.min_rows:
             self._bucket(out.num_tokens).num_steps += 1
         self.num_wide_steps += want == self.wide_threads
-        if want != self.current:
-            torch.set_num_threads(want)
-            self.current = want
+        self.step_count = want
+        torch_threads, pool = want, 0
+        if want > self.decode_threads and out.num_tokens <= self.kernel_rows:
+            torch_threads, pool = self.decode_threads, want
+        if torch_threads != self.current:
+            torch.set_num_threads(torch_threads)
+            self.current = torch_threads
+        if pool != cpu_work_pool.pool_threads():  # per thread: the stepping thread's own
+            cpu_work_pool.set_pool_threads(pool)
 
     def stats(self) -> StepThreadsStats:
         """The counts, the steps run wide, and the choice of every bucket measured on both."""
@@ -147,15 +164,15 @@ class StepThreads:
         return StepThreadsStats(self.decode_threads, self.wide_threads, self.num_wide_steps, choices)
 
     def observe(self, out: SchedulerOutput, seconds: float) -> None:
-        """Record that the step `out`, run on the current count, took `seconds`."""
+        """Record that the step `out`, run on the count applied last, took `seconds`."""
         rows = out.num_tokens
         if rows < self.min_rows:
             return
         bucket = self._bucket(rows)
         chosen = bucket.times[bucket.choice] if bucket.choice else None
-        if chosen and self.current != bucket.choice:  # an explored step: is it worth another?
+        if chosen and self.step_count != bucket.choice:  # an explored step: is it worth another?
             bucket.probing = seconds < statistics.median(chosen) * (1 - self.switch_margin)
-        bucket.times[self.current].append(seconds)
+        bucket.times[self.step_count].append(seconds)
         if all(len(t) >= self.window // 2 for t in bucket.times.values()):
             best = self._choose(bucket)
             if best != bucket.choice:

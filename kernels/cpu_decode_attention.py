@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels import cpu_work_pool
 from kernels.checks import check_tensor
 from kernels.native import build
 
@@ -35,11 +36,15 @@ _I64 = ctypes.c_int64
 
 @functools.cache
 def _function() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
-    return build.function(
+    fn = build.function(
         "decode_attention",
         "weir_decode_attention",
-        [ctypes.c_void_p] * 5 + [_I64] * 7 + [ctypes.c_float, ctypes.c_int],
+        [ctypes.c_void_p] * 5 + [_I64] * 7 + [ctypes.c_float, ctypes.c_int, ctypes.c_int],
     )
+    lib = build.load("decode_attention")
+    if fn is not None and lib is not None:
+        cpu_work_pool.connect(lib.weir_decode_attention_set_pool)
+    return fn
 
 
 def available() -> bool:
@@ -118,6 +123,7 @@ def decode_attention(
     if not query.is_contiguous():
         query = query.contiguous()
     out = torch.empty_like(query)
+    threads, pool = cpu_work_pool.kernel_threads()
     status = fn(
         query.data_ptr(),
         kv_cache.data_ptr(),
@@ -132,7 +138,8 @@ def decode_attention(
         block_size,
         native.block_tables.shape[1],
         scale,
-        torch.get_num_threads(),
+        threads,
+        pool,
     )
     if status != 0:
         raise ValueError("the C kernel refused these sizes")

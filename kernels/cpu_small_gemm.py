@@ -25,6 +25,7 @@ import functools
 
 import torch
 
+from kernels import cpu_work_pool
 from kernels.checks import check_tensor
 from kernels.native import build
 
@@ -36,10 +37,15 @@ _I64 = ctypes.c_int64
 
 @functools.cache
 def _function() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
-    fn = build.function("small_gemm", "weir_small_gemm", [ctypes.c_void_p] * 4 + [_I64] * 3 + [ctypes.c_int])
+    fn = build.function(
+        "small_gemm", "weir_small_gemm", [ctypes.c_void_p] * 4 + [_I64] * 3 + [ctypes.c_int] * 2
+    )
     max_rows = build.function("small_gemm", "weir_small_gemm_max_rows", [])
     if max_rows is not None and max_rows() != MAX_ROWS:
         raise RuntimeError("native/small_gemm.c and kernels/cpu_small_gemm.py disagree on MAX_ROWS")
+    lib = build.load("small_gemm")
+    if fn is not None and lib is not None:
+        cpu_work_pool.connect(lib.weir_small_gemm_set_pool)
     return fn
 
 
@@ -124,6 +130,7 @@ class SmallGemm:
             x = x.contiguous()
         rows = x.shape[0]
         y = torch.empty(rows, self.out_features, dtype=torch.float32)
+        threads, pool = cpu_work_pool.kernel_threads()
         status = self._fn(
             x.data_ptr(),
             self.panels.data_ptr(),
@@ -132,7 +139,8 @@ class SmallGemm:
             rows,
             self.in_features,
             self.out_features,
-            torch.get_num_threads(),
+            threads,
+            pool,
         )
         if status != 0:
             raise ValueError("the C kernel refused these sizes")

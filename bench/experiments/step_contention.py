@@ -9,10 +9,15 @@ blocks of `--steps` steps that alternate between quiet and each `--burn BUSY/IDL
 separate process that spins BUSY ms then sleeps IDLE ms (BUSY / (BUSY + IDLE) of one core, in
 bursts, as a front end's work arrives). Each block starts the load fresh and stops it after.
 
-Reported per load: the median, p90 and max step time over `--rounds` rounds. The context grows
-over the run (one token a step), the same for every load, since the blocks alternate. Compare
-code by running it from two checkouts in turn (only ratios within one run, or alternated runs,
-count on a shared machine).
+Each `--modes` runs every load in turn, alternated within each round: `omp` steps with torch on
+`--threads` intra-op threads and the C kernels on OpenMP teams of as many; `pool` steps with torch
+on one thread and the C kernels on `--threads` threads of their work pool
+(kernels/cpu_work_pool.py), as `weir serve`'s decode steps run (engine/step_threads.py).
+
+Reported per mode and load: the median, p90 and max step time over `--rounds` rounds. The context
+grows over the run (one token a step), the same for every cell, since the blocks alternate.
+Other code is compared by running this from two checkouts in turn (only ratios within one run, or
+alternated runs, count on a shared machine).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import torch
 
 from bench.experiments.cpu_fast_path import _start_decoding
 from bench.experiments.decode_roofline import build_variant
+from kernels import cpu_work_pool
 
 _BURNER = """
 import sys, time
@@ -42,6 +48,7 @@ while time.monotonic() < end:
     time.sleep(idle)
 """
 QUIET = "quiet"
+MODES = ("omp", "pool")
 
 
 def parse_burn(text: str) -> tuple[float, float]:
@@ -69,33 +76,49 @@ def summarize(times_ms: Sequence[float]) -> dict[str, float]:
     }
 
 
+def _set_mode(mode: str, threads: int) -> None:
+    if mode == "omp":
+        torch.set_num_threads(threads)
+        cpu_work_pool.set_pool_threads(0)
+    else:
+        torch.set_num_threads(1)
+        cpu_work_pool.set_pool_threads(threads)
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    rounds = args.rounds
+    rounds, modes = args.rounds, args.modes
     max_tokens = args.max_model_len - args.context_len
-    if rounds * (1 + len(args.burn)) * args.steps + args.warmup >= max_tokens:
-        raise SystemExit("--rounds x blocks x --steps must fit in --max-model-len less --context-len")
+    if rounds * len(modes) * (1 + len(args.burn)) * args.steps + args.warmup >= max_tokens:
+        raise SystemExit("--rounds x modes x loads x --steps must fit in --max-model-len less --context-len")
     torch.set_num_threads(args.threads)
     engine = build_variant("rows_auto", args.model, args.batch, args.max_model_len)
     _start_decoding(engine, args.batch, args.context_len, max_tokens)
-    for _ in range(args.warmup):
-        engine.step()
     loads: list[tuple[str, tuple[float, float] | None]] = [(QUIET, None)]
     loads += [(f"{busy:g}/{idle:g}", (busy, idle)) for busy, idle in args.burn]
-    times: dict[str, list[float]] = {name: [] for name, _ in loads}
-    for _ in range(rounds):
-        for name, burn in loads:
-            proc = None if burn is None else _burner(*burn, bound_s=120.0)
-            if proc is not None:
-                time.sleep(0.3)  # the interpreter is up and spinning
-            try:
-                for _ in range(args.steps):
-                    t0 = time.perf_counter()
-                    engine.step()
-                    times[name].append((time.perf_counter() - t0) * 1e3)
-            finally:
-                if proc is not None:
-                    proc.kill()
-                    proc.wait()
+    times: dict[str, dict[str, list[float]]] = {m: {name: [] for name, _ in loads} for m in modes}
+    try:
+        for mode in modes:
+            _set_mode(mode, args.threads)
+            for _ in range(args.warmup):
+                engine.step()
+        for _ in range(rounds):
+            for mode in modes:
+                _set_mode(mode, args.threads)
+                for name, burn in loads:
+                    proc = None if burn is None else _burner(*burn, bound_s=120.0)
+                    if proc is not None:
+                        time.sleep(0.3)  # the interpreter is up and spinning
+                    try:
+                        for _ in range(args.steps):
+                            t0 = time.perf_counter()
+                            engine.step()
+                            times[mode][name].append((time.perf_counter() - t0) * 1e3)
+                    finally:
+                        if proc is not None:
+                            proc.kill()
+                            proc.wait()
+    finally:
+        cpu_work_pool.set_pool_threads(0)
     return {
         "config": {
             "batch": args.batch,
@@ -103,8 +126,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "context_len": args.context_len,
             "steps": args.steps,
             "rounds": rounds,
+            "pool_available": cpu_work_pool.available(),
         },
-        "steps": {name: summarize(ts) for name, ts in times.items()},
+        "steps": {m: {name: summarize(ts) for name, ts in by_load.items()} for m, by_load in times.items()},
     }
 
 
@@ -119,6 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--burn", type=parse_burn, nargs="*", default=[(3.0, 12.0)], help="BUSY/IDLE ms")
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     parser.add_argument("--out", type=Path, default=None, help="write the JSON here as well")
     args = parser.parse_args(argv)
     result = run(args)

@@ -243,7 +243,50 @@ static void attend_sequence(const float *q, const float *k_cache, const float *v
     }
 }
 
-/* Returns 0, or -1 when a size is past this kernel's fixed limits (the caller checks them). */
+typedef void (*pool_task)(const void *ctx, int64_t chunk);
+typedef int (*pool_run_fn)(pool_task task, const void *ctx, int64_t chunks, int threads);
+
+static pool_run_fn pool_run; /* work_pool.c's weir_pool_run, or NULL */
+
+/* Hands this library work_pool.c's `weir_pool_run` (one pool for every kernel of the process). */
+int weir_decode_attention_set_pool(void *run) {
+    pool_run = (pool_run_fn)run;
+    return 0;
+}
+
+typedef struct {
+    const float *query, *k_cache, *v_cache;
+    const int32_t *block_tables, *seq_lens;
+    float *out;
+    int64_t num_seqs, num_heads, kv_heads, head_dim, block_size, max_blocks, row, token_stride,
+        block_stride;
+    float scale;
+} attention_job;
+
+/* Sequence i of the call (with the next one's first blocks prefetched at its end). */
+static void attend_one(const attention_job *j, int64_t i) {
+    block_run runs[2];
+    const int64_t num_runs = i + 1 < j->num_seqs ? 2 : 1;
+    for (int64_t r = 0; r < num_runs; r++) {
+        const int64_t len = j->seq_lens[i + r];
+        runs[r].table = j->block_tables + (i + r) * j->max_blocks;
+        runs[r].num_blocks = (len + j->block_size - 1) / j->block_size;
+        runs[r].last_tokens = len - (runs[r].num_blocks - 1) * j->block_size;
+    }
+    if (i == 0) /* the first blocks of the call: no sequence before them prefetched them */
+        for (int64_t b = 0; b < PREFETCH_AHEAD; b++)
+            prefetch_slice(runs, num_runs, b, j->k_cache, j->v_cache, j->block_stride,
+                           j->token_stride, j->block_size, 0, 1);
+    attend_sequence(j->query + i * j->row, j->k_cache, j->v_cache, runs, num_runs, j->seq_lens[i],
+                    j->num_heads, j->kv_heads, j->head_dim, j->block_size, j->scale,
+                    j->out + i * j->row);
+}
+
+static void attend_chunk(const void *ctx, int64_t i) { attend_one(ctx, i); }
+
+/* Returns 0, or -1 when a size is past this kernel's fixed limits (the caller checks them).
+ * With num_threads > 1 the sequences go one at a time to the next thread free: on the helper
+ * threads of work_pool.c when `pool` is set (and a pool was given), else on an OpenMP team. */
 int weir_decode_attention(const float *query,          /* [num_seqs, num_heads, head_dim] */
                           const float *kv_cache,       /* [2, num_blocks, block_size, kv_heads, head_dim] */
                           const int32_t *block_tables, /* [num_seqs, max_blocks] */
@@ -251,28 +294,30 @@ int weir_decode_attention(const float *query,          /* [num_seqs, num_heads, 
                           float *out,                  /* [num_seqs, num_heads, head_dim] */
                           int64_t num_seqs, int64_t num_heads, int64_t kv_heads, int64_t head_dim,
                           int64_t num_blocks, int64_t block_size, int64_t max_blocks, float scale,
-                          int num_threads) {
+                          int num_threads, int pool) {
     if (num_heads > MAX_HEADS || block_size > MAX_BLOCK || kv_heads < 1 || num_heads % kv_heads) return -1;
-    const float *k_cache = kv_cache;
-    const float *v_cache = kv_cache + num_blocks * block_size * kv_heads * head_dim;
-    const int64_t row = num_heads * head_dim;
-    const int64_t token_stride = kv_heads * head_dim, block_stride = block_size * token_stride;
+    const int64_t token_stride = kv_heads * head_dim;
+    const attention_job job = {
+        .query = query,
+        .k_cache = kv_cache,
+        .v_cache = kv_cache + num_blocks * block_size * kv_heads * head_dim,
+        .block_tables = block_tables,
+        .seq_lens = seq_lens,
+        .out = out,
+        .num_seqs = num_seqs,
+        .num_heads = num_heads,
+        .kv_heads = kv_heads,
+        .head_dim = head_dim,
+        .block_size = block_size,
+        .max_blocks = max_blocks,
+        .row = num_heads * head_dim,
+        .token_stride = token_stride,
+        .block_stride = block_size * token_stride,
+        .scale = scale,
+    };
+    if (pool && pool_run && num_threads > 1 && num_seqs > 1)
+        return pool_run(attend_chunk, &job, num_seqs, num_threads);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads) if (num_threads > 1 && num_seqs > 1)
-    for (int64_t i = 0; i < num_seqs; i++) {
-        block_run runs[2];
-        const int64_t num_runs = i + 1 < num_seqs ? 2 : 1;
-        for (int64_t r = 0; r < num_runs; r++) {
-            const int64_t len = seq_lens[i + r];
-            runs[r].table = block_tables + (i + r) * max_blocks;
-            runs[r].num_blocks = (len + block_size - 1) / block_size;
-            runs[r].last_tokens = len - (runs[r].num_blocks - 1) * block_size;
-        }
-        if (i == 0) /* the first blocks of the call: no sequence before them prefetched them */
-            for (int64_t b = 0; b < PREFETCH_AHEAD; b++)
-                prefetch_slice(runs, num_runs, b, k_cache, v_cache, block_stride, token_stride,
-                               block_size, 0, 1);
-        attend_sequence(query + i * row, k_cache, v_cache, runs, num_runs, seq_lens[i], num_heads,
-                        kv_heads, head_dim, block_size, scale, out + i * row);
-    }
+    for (int64_t i = 0; i < num_seqs; i++) attend_one(&job, i);
     return 0;
 }

@@ -18,7 +18,7 @@
  * machine it compiles on with -march=native); loads are unaligned-safe (aligned(4) types). With
  * AVX-512's 32 registers, 8 rows take 24 accumulators, 3 weight vectors and a broadcast; with 16
  * registers the compiler spills at high row counts (the row-weight probe measures each host).
- * With threads > 1 the panels go to an OpenMP pool in chunks, each to the next thread free.
+ * With threads > 1 the panels are split over an OpenMP pool in contiguous ranges.
  *
  * Returns 0, or -1 on sizes outside its reach (rows not in 1..MAX_ROWS, a non-positive size).
  */
@@ -93,17 +93,49 @@ int weir_small_gemm_max_rows(void) { return MAX_ROWS; }
 
 int weir_small_gemm_panel_width(void) { return PANEL; }
 
+typedef void (*pool_task)(const void *ctx, int64_t chunk);
+typedef int (*pool_run_fn)(pool_task task, const void *ctx, int64_t chunks, int threads);
+
+static pool_run_fn pool_run; /* work_pool.c's weir_pool_run, or NULL */
+
+/* Hands this library work_pool.c's `weir_pool_run` (another shared object: one pool for every
+ * kernel of the process). */
+int weir_small_gemm_set_pool(void *run) {
+    pool_run = (pool_run_fn)run;
+    return 0;
+}
+
+typedef struct {
+    panels_fn fn;
+    const float *x, *wp, *bias;
+    float *y;
+    int64_t in, out, panels, chunk;
+} gemm_job;
+
+static void gemm_chunk(const void *ctx, int64_t c) {
+    const gemm_job *j = ctx;
+    const int64_t p0 = c * j->chunk, p1 = p0 + j->chunk < j->panels ? p0 + j->chunk : j->panels;
+    j->fn(j->x, j->wp, j->bias, j->y, j->in, j->out, p0, p1);
+}
+
 int weir_small_gemm(const float *x,    /* [rows, in] */
                     const float *wp,   /* [ceil(out / PANEL), in, PANEL]: the packed weight */
                     const float *bias, /* [out] or NULL */
                     float *y,          /* [rows, out] */
-                    int64_t rows, int64_t in, int64_t out, int threads) {
+                    int64_t rows, int64_t in, int64_t out, int threads, int pool) {
     if (rows < 1 || rows > MAX_ROWS || in < 1 || out < 1) return -1;
     const panels_fn fn = PANELS[rows];
     const int64_t panels = (out + PANEL - 1) / PANEL;
     if (threads <= 1 || panels < 2 * threads) {
         fn(x, wp, bias, y, in, out, 0, panels);
         return 0;
+    }
+    if (pool && pool_run) {
+        /* Chunks of one panel (tens of microseconds) while that makes at most 256 (an LM head: a
+         * few panels a chunk): a thread that loses its core holds up a chunk's worth at most. */
+        const int64_t chunk = (panels + 255) / 256;
+        const gemm_job job = {fn, x, wp, bias, y, in, out, panels, chunk};
+        return pool_run(gemm_chunk, &job, (panels + chunk - 1) / chunk, threads);
     }
     /* Chunks of panels handed out as threads come free (dynamic), not one fixed range per
      * thread: when the front end or another process takes a core from one of the threads for a

@@ -30,7 +30,7 @@ def restore_threads() -> Iterator[int]:
 def _run(threads: StepThreads, out: SchedulerOutput, seconds_on: dict[int, float]) -> int:
     """One step: apply, then observe the time the step takes on the count it ran with."""
     threads.apply(out)
-    ran = threads.current
+    ran = threads.step_count
     threads.observe(out, seconds_on[ran])
     return ran
 
@@ -202,3 +202,29 @@ def test_stats_report_only_buckets_measured_on_both_counts(restore_threads: int)
     stats = threads.stats()
     assert (stats.decode_threads, stats.wide_threads, stats.choices) == (1, 2, ((8, 2),))
     assert stats.num_wide_steps == threads.num_wide_steps >= 3
+
+
+def test_steps_within_the_kernels_reach_run_wide_on_the_kernel_pool(restore_threads: int) -> None:
+    """Within `kernel_rows` a wide step keeps torch on the decode count and gives the C kernels
+    the wide count on their work pool; past it, or narrow, the kernels follow torch again."""
+    from kernels import cpu_work_pool
+
+    threads = StepThreads(decode_threads=1, wide_threads=2, min_rows=4, kernel_rows=8)
+    try:
+        seen = []
+        for rows in ((1, 1, 1, 1), (1,) * 8, (1, 1), (1, 15), (1,) * 8):
+            out = _step(*rows)
+            want = threads.threads_for(out)
+            threads.apply(out)
+            seen.append((want, torch.get_num_threads(), cpu_work_pool.pool_threads(), threads.step_count))
+        assert seen == [
+            (2, 1, 2, 2),  # 4 rows, wide: torch on 1, the kernels on 2 of the pool
+            (2, 1, 2, 2),  # 8 rows: the kernels' reach
+            (1, 1, 0, 1),  # narrow: one thread, the kernels follow torch
+            (2, 2, 0, 2),  # 16 rows: past the kernels (oneDNN's linears): torch on 2
+            (2, 1, 2, 2),  # 8 rows again: back on the pool
+        ]
+    finally:
+        cpu_work_pool.set_pool_threads(0)
+    with pytest.raises(ValueError, match="kernel_rows"):
+        StepThreads(decode_threads=1, wide_threads=2, kernel_rows=-1)

@@ -13,6 +13,7 @@ import torch
 from bench.experiments import step_contention
 from bench.experiments.step_contention import main, parse_burn, summarize
 from engine.models.packed_linear import packing_supported
+from kernels import cpu_work_pool
 from tests.engine.tiny_models import make_tiny_model
 
 
@@ -35,19 +36,22 @@ def test_each_load_gets_its_blocks_and_its_burner_stops(
     out = tmp_path / "contention.json"
     threads = torch.get_num_threads()
     argv = ["--model", str(path), "--batch", "2", "--threads", "1", "--context-len", "8"]
-    argv += ["--max-model-len", "64", "--steps", "3", "--rounds", "2", "--warmup", "1"]
+    argv += ["--max-model-len", "96", "--steps", "3", "--rounds", "2", "--warmup", "1"]
     argv += ["--burn", "1/1", "2/0"]
     try:
         assert main([*argv, "--out", str(out)]) == 0
     finally:
         torch.set_num_threads(threads)
     report = json.loads(out.read_text())
-    assert list(report["steps"]) == ["quiet", "1/1", "2/0"]
-    for summary in report["steps"].values():
-        assert summary["steps"] == 6  # 2 rounds x 3 steps
-        assert 0 < summary["median_ms"] <= summary["p90_ms"] <= summary["max_ms"]
-    assert len(started) == 4  # one burner per loaded block
+    assert list(report["steps"]) == ["omp", "pool"]
+    for by_load in report["steps"].values():
+        assert list(by_load) == ["quiet", "1/1", "2/0"]
+        for summary in by_load.values():
+            assert summary["steps"] == 6  # 2 rounds x 3 steps
+            assert 0 < summary["median_ms"] <= summary["p90_ms"] <= summary["max_ms"]
+    assert len(started) == 8  # one burner per loaded block: 2 rounds x 2 modes x 2 loads
     assert all(proc.poll() is not None for proc in started)
+    assert cpu_work_pool.pool_threads() == 0  # the pool count is put back
 
 
 def test_runs_that_would_outgrow_the_context_are_refused(tmp_path: Path) -> None:
