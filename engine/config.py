@@ -300,6 +300,9 @@ class EngineConfig:
     # None: no switch.
     cpu_wide_step_threads: int | None = None
     cpu_wide_step_rows: int = WIDE_STEP_ROWS
+    # On CPU, decode steps within the C row kernels' reach run them on the kernels' work pool
+    # with torch on one thread (kernels/cpu_work_pool.py); False: on torch's OpenMP threads.
+    cpu_kernel_pool: bool = True
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)  # off by default
     lora: LoraConfig = field(default_factory=LoraConfig)  # off by default
 

@@ -585,6 +585,8 @@ def build_engine(
         # work pool rather than torch's OpenMP team (engine/step_threads.py).
         head = getattr(model, "packed_head", None)
         kernel_rows = head.row_inputs if head is not None and head.row_gemm is not None else 0
+        if not config.cpu_kernel_pool:
+            kernel_rows = 0
         threads = StepThreads(
             torch.get_num_threads(),
             config.cpu_wide_step_threads,

@@ -33,6 +33,7 @@ from gateway.server.settings import (
     AdmissionMode,
     AttentionBackend,
     AuthMode,
+    CpuKernelPoolMode,
     CpuRowWeightsMode,
     CudaGraphsMode,
     GcFreezeMode,
@@ -147,6 +148,7 @@ def engine_config(settings: Settings, model_path: Path, device: str) -> EngineCo
         cpu_row_weights=_row_weights_choice(settings),
         cpu_wide_step_threads=settings.wide_step_threads(device, usable_cores()),
         cpu_wide_step_rows=settings.cpu_wide_step_rows,
+        cpu_kernel_pool=settings.cpu_kernel_pool is CpuKernelPoolMode.ON,
         speculative=SpeculativeConfig.parse(settings.speculative, settings.num_speculative_tokens),
         lora=lora_config(settings),
     )

@@ -19,6 +19,7 @@ from gateway.server.settings import (
     AdmissionMode,
     AttentionBackend,
     AuthMode,
+    CpuKernelPoolMode,
     CpuRowWeightsMode,
     CudaGraphsMode,
     GcFreezeMode,
@@ -296,6 +297,13 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="a step is wide when it feeds N or more rows, decode rows plus prompt tokens (env "
         f"WEIR_CPU_WIDE_STEP_ROWS; default {WIDE_STEP_ROWS})",
+    )
+    choice(
+        "--cpu-kernel-pool",
+        CpuKernelPoolMode,
+        help="on a CPU device, wide decode steps of at most 8 rows run their C kernels on the kernels' "
+        "own helper threads, torch on one thread, so that no thread waits for one that lost its core "
+        "to the HTTP loop; off: on torch's OpenMP threads (default on)",
     )
     choice("--log-level", LogLevel, help="default info")
 

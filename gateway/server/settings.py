@@ -49,6 +49,14 @@ class PrefixCachingMode(enum.Enum):
     OFF = "off"
 
 
+class CpuKernelPoolMode(enum.Enum):
+    """ON: decode steps within the C row kernels' reach run them on the kernels' own helper
+    threads, torch on one thread (kernels/cpu_work_pool.py). OFF: on torch's OpenMP threads."""
+
+    ON = "on"
+    OFF = "off"
+
+
 class GcFreezeMode(enum.Enum):
     """ON: freeze the heap once loaded so full garbage collections do not walk it (gateway/server/gc_pauses.py).
     OFF: CPython's collector as it comes."""
@@ -220,6 +228,7 @@ class Settings:
     # may run on; 0: the engine's thread count for every step.
     cpu_wide_step_threads: int | None = None
     cpu_wide_step_rows: int = WIDE_STEP_ROWS
+    cpu_kernel_pool: CpuKernelPoolMode = CpuKernelPoolMode.ON
 
     def __post_init__(self) -> None:
         for f in fields(self):  # NaN passes every range check below (each comparison is False)
@@ -487,4 +496,5 @@ _FIELDS: dict[str, _FieldSpec] = {
     "cpu_reserved_cores": _FieldSpec("WEIR_CPU_RESERVED_CORES", int),
     "cpu_wide_step_threads": _FieldSpec("WEIR_CPU_WIDE_STEP_THREADS", int),
     "cpu_wide_step_rows": _FieldSpec("WEIR_CPU_WIDE_STEP_ROWS", int),
+    "cpu_kernel_pool": _FieldSpec("WEIR_CPU_KERNEL_POOL", CpuKernelPoolMode),
 }

@@ -4,14 +4,18 @@ faster per bucket of rows, the other explored now and then."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from engine.config import CacheConfig, EngineConfig, SchedulerConfig
+from engine.llm_engine import build_engine
 from engine.output import ScheduledRequest, SchedulerOutput
 from engine.step_threads import StepThreads, row_bucket
+from tests.engine.tiny_models import make_tiny_model
 
 
 def _step(*num_tokens: int) -> SchedulerOutput:
@@ -228,3 +232,29 @@ def test_steps_within_the_kernels_reach_run_wide_on_the_kernel_pool(restore_thre
         cpu_work_pool.set_pool_threads(0)
     with pytest.raises(ValueError, match="kernel_rows"):
         StepThreads(decode_threads=1, wide_threads=2, kernel_rows=-1)
+
+
+@pytest.mark.parametrize("pool", [True, False])
+def test_an_engine_gives_its_step_threads_the_row_kernels_reach(
+    tmp_path: Path, pool: bool, restore_threads: int
+) -> None:
+    from kernels import cpu_small_gemm
+
+    if not cpu_small_gemm.available():
+        pytest.skip("no C compiler here")
+    path = make_tiny_model(tmp_path / "model", "llama", num_kv_heads=2)
+    config = EngineConfig(
+        model_path=str(path),
+        dtype="float32",
+        device="cpu",
+        cache=CacheConfig(block_size=16, num_blocks=16, enable_prefix_caching=False),
+        scheduler=SchedulerConfig(max_num_batched_tokens=256, max_num_seqs=8, max_model_len=128),
+        cpu_packed_linear=True,
+        cpu_row_weights=True,
+        cpu_wide_step_threads=2,
+        cpu_kernel_pool=pool,
+    )
+    engine = build_engine(config)
+    assert engine.runner.threads is not None
+    expected = engine.runner.model.packed_head.row_inputs if pool else 0
+    assert engine.runner.threads.kernel_rows == expected and (expected > 0) == pool

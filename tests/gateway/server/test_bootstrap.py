@@ -47,6 +47,11 @@ def test_engine_config_from_settings() -> None:
     off = engine_config(Settings(max_model_len=64, cpu_wide_step_threads=0), Path("/m"), "cpu")
     assert off.cpu_wide_step_threads is None
     assert engine_config(Settings(max_model_len=64), Path("/m"), "cuda").cpu_wide_step_threads is None
+    assert config.cpu_kernel_pool  # the C kernels' own helper threads in decode steps, unless off
+    from gateway.server.settings import CpuKernelPoolMode
+
+    no_pool = Settings(max_model_len=64, cpu_kernel_pool=CpuKernelPoolMode.OFF)
+    assert not engine_config(no_pool, Path("/m"), "cpu").cpu_kernel_pool
 
 
 def test_explicit_model_path_is_used_as_is() -> None:

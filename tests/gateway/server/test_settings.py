@@ -270,3 +270,16 @@ def test_cpu_reserved_cores_leave_the_engine_the_rest() -> None:
     assert Settings.from_sources({}, {"WEIR_CPU_RESERVED_CORES": "3"}).cpu_reserved_cores == 3
     with pytest.raises(ValueError, match="cpu_reserved_cores"):
         Settings.from_sources({}, {"WEIR_CPU_RESERVED_CORES": "-1"})
+
+
+def test_the_c_kernels_pool_is_on_unless_turned_off() -> None:
+    from gateway.server.settings import CpuKernelPoolMode
+
+    assert Settings().cpu_kernel_pool is CpuKernelPoolMode.ON
+    assert Settings.from_sources({}, {"WEIR_CPU_KERNEL_POOL": "off"}).cpu_kernel_pool is CpuKernelPoolMode.OFF
+    args = parse(["--cpu-kernel-pool", "on"])
+    assert (
+        Settings.from_sources(args, {"WEIR_CPU_KERNEL_POOL": "off"}).cpu_kernel_pool is CpuKernelPoolMode.ON
+    )
+    with pytest.raises(ValueError, match="cpu_kernel_pool|WEIR_CPU_KERNEL_POOL"):
+        Settings.from_sources({}, {"WEIR_CPU_KERNEL_POOL": "maybe"})
