@@ -18,6 +18,8 @@
 #define WEIR_AVX2 1 /* the vector path needs both (an AVX2 CPU without FMA takes the plain one) */
 #endif
 
+#include "work_pool.h"
+
 #define MAX_HEADS 1024
 #define MAX_BLOCK 128
 
@@ -242,9 +244,6 @@ static void attend_sequence(const float *q, const float *k_cache, const float *v
         for (int64_t d = 0; d < head_dim; d++) out[h * head_dim + d] *= inv;
     }
 }
-
-typedef void (*pool_task)(const void *ctx, int64_t chunk);
-typedef int (*pool_run_fn)(pool_task task, const void *ctx, int64_t chunks, int threads);
 
 static pool_run_fn pool_run; /* work_pool.c's weir_pool_run, or NULL */
 

@@ -25,6 +25,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "work_pool.h"
+
 #define MAX_ROWS 8
 
 #if defined(__AVX512F__)
@@ -92,9 +94,6 @@ static const panels_fn PANELS[MAX_ROWS + 1] = {0,        panels_1, panels_2, pan
 int weir_small_gemm_max_rows(void) { return MAX_ROWS; }
 
 int weir_small_gemm_panel_width(void) { return PANEL; }
-
-typedef void (*pool_task)(const void *ctx, int64_t chunk);
-typedef int (*pool_run_fn)(pool_task task, const void *ctx, int64_t chunks, int threads);
 
 static pool_run_fn pool_run; /* work_pool.c's weir_pool_run, or NULL */
 

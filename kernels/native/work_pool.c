@@ -16,18 +16,18 @@
  *
  * One caller uses the helpers at a time; a second caller meanwhile (another engine's thread)
  * computes its chunks alone. A process forked while the helpers run keeps no helper: its calls
- * compute alone. Returns 0; -1 on a chunk count past MAX_CHUNKS (nothing computed).
+ * compute alone, as does a call of more than MAX_CHUNKS chunks. Returns 0.
  */
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 
+#include "work_pool.h"
+
 #define MAX_HELPERS 63
 #define MAX_CHUNKS ((1u << 18) - 1)
 #define SPIN_ROUNDS 2000 /* polls of 32 pauses each, a yield between, before a helper sleeps */
-
-typedef void (*pool_task)(const void *ctx, int64_t chunk);
 
 static pool_task job_task;      /* written by the caller before it publishes `ticket` */
 static const void *job_ctx;
@@ -119,9 +119,9 @@ static int start_helpers(int wanted) {
 }
 
 int weir_pool_run(pool_task task, const void *ctx, int64_t chunks, int threads) {
-    if (chunks < 0 || chunks > (int64_t)MAX_CHUNKS) return -1;
-    if (chunks == 0) return 0;
-    if (threads <= 1 || chunks == 1 || pthread_mutex_trylock(&use_lock) != 0) {
+    if (chunks <= 0) return 0;
+    if (threads <= 1 || chunks == 1 || chunks > (int64_t)MAX_CHUNKS ||
+        pthread_mutex_trylock(&use_lock) != 0) {
         for (int64_t c = 0; c < chunks; c++) task(ctx, c);
         return 0;
     }
