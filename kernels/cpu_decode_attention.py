@@ -41,9 +41,8 @@ def _function() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
         "weir_decode_attention",
         [ctypes.c_void_p] * 5 + [_I64] * 7 + [ctypes.c_float, ctypes.c_int, ctypes.c_int],
     )
-    lib = build.load("decode_attention")
-    if fn is not None and lib is not None:
-        cpu_work_pool.connect(lib.weir_decode_attention_set_pool)
+    if fn is not None:
+        cpu_work_pool.connect("decode_attention")
     return fn
 
 

@@ -43,9 +43,8 @@ def _function() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
     max_rows = build.function("small_gemm", "weir_small_gemm_max_rows", [])
     if max_rows is not None and max_rows() != MAX_ROWS:
         raise RuntimeError("native/small_gemm.c and kernels/cpu_small_gemm.py disagree on MAX_ROWS")
-    lib = build.load("small_gemm")
-    if fn is not None and lib is not None:
-        cpu_work_pool.connect(lib.weir_small_gemm_set_pool)
+    if fn is not None:
+        cpu_work_pool.connect("small_gemm")
     return fn
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import threading
-from typing import Any
 
 import torch
 
@@ -36,25 +35,18 @@ def _library() -> ctypes.CDLL | None:
     return build.load("work_pool")
 
 
-def _library_function() -> Any | None:
-    lib = _library()
-    return None if lib is None else lib.weir_pool_run
-
-
 def available() -> bool:
     """Whether the pool is built (or can be: the first call compiles it)."""
-    return _library_function() is not None
+    return _library() is not None
 
 
-def connect(set_pool: Any) -> None:
-    """Hand the pool's entry point to a kernel library through its `weir_<kernel>_set_pool`
-    (a ctypes function taking a `void *`); nothing where the pool is unavailable."""
-    run = _library_function()
-    if run is None:
-        return
-    set_pool.argtypes = [ctypes.c_void_p]
-    set_pool.restype = ctypes.c_int
-    set_pool(ctypes.cast(run, ctypes.c_void_p).value)
+def connect(kernel: str) -> None:
+    """Hand the pool's entry point to the compiled `<kernel>.c` through its
+    `weir_<kernel>_set_pool`; nothing where the pool or that library is unavailable."""
+    lib = _library()
+    set_pool = build.function(kernel, f"weir_{kernel}_set_pool", [ctypes.c_void_p])
+    if lib is not None and set_pool is not None:
+        set_pool(ctypes.cast(lib.weir_pool_run, ctypes.c_void_p).value)
 
 
 def set_pool_threads(threads: int) -> None:
@@ -85,6 +77,5 @@ def num_helpers() -> int:
     if lib is None:
         return 0
     count = lib.weir_pool_num_helpers
-    count.argtypes = []
     count.restype = ctypes.c_int
     return int(count())
