@@ -24,6 +24,9 @@ floor of a batch-1 decode step), `--reps` times, `--steps` decode steps per time
 - `torch_rope_kv`, `torch_silu_mul`: `rows_auto` with RoPE + the K/V store, or SiLU-and-mul, in
   torch instead of one C call (`LlamaForCausalLM.native_ops`, engine/models/native_ops.py): the
   same engine as `rows_auto` when both run, the switch flipped;
+- `layer_by_layer`: `rows_auto` with each layer's C kernels called one by one from Python instead
+  of a decode step's layers in one C call (`native_ops.decode_layers` off;
+  engine/models/native_decode.py): the same engine as `rows_auto` when both run, the switch flipped;
 - `compiled` (not run by default): plain weights, `torch.compile` (inductor's C++ backend, fixed
   shapes) over the model's forward with the attention backend left out of the graph
   (`torch.compiler.disable`: the paged metadata is Python); inductor fuses the small ops between
@@ -71,6 +74,7 @@ VARIANTS = (
     "torch_norms",
     "torch_rope_kv",
     "torch_silu_mul",
+    "layer_by_layer",
 )
 # variant -> the variant whose engine it steps with a switch flipped (see the module docstring)
 SWITCHED = {
@@ -79,6 +83,7 @@ SWITCHED = {
     "torch_norms": "packed",
     "torch_rope_kv": "rows_auto",
     "torch_silu_mul": "rows_auto",
+    "layer_by_layer": "rows_auto",
 }
 OPTIONAL_VARIANTS = ("compiled",)
 
@@ -151,6 +156,7 @@ def _set_switches(engine: LLMEngine, name: str) -> None:
     model.native_ops.norms = name != "torch_norms" and built.norms
     model.native_ops.rope_kv = name != "torch_rope_kv" and built.rope_kv
     model.native_ops.silu_mul = name != "torch_silu_mul" and built.silu_mul
+    model.native_ops.decode_layers = name != "layer_by_layer" and built.decode_layers
     for layer in model.layers:
         layer.self_attn.attn_backend.native_decode = name != "torch_attention"
 

@@ -33,6 +33,7 @@ from engine.attention import AttentionBackend, AttentionMetadata
 from engine.config import ModelConfig
 from engine.models.llama_layers import Linear, LlamaDecoderLayer, RMSNorm, empty_param
 from engine.models.lora import LoraStep, ProjectionLora, build_projection_loras
+from engine.models.native_decode import NativeDecodeLayers
 from engine.models.native_ops import NativeOps
 from engine.models.packed_linear import PackedLinear, pack_linear_layers
 from engine.rope import RotaryEmbedding
@@ -88,6 +89,9 @@ class LlamaForCausalLM(nn.Module):
             else empty_param((config.vocab_size, config.hidden_size), dtype, self.device)
         )
         self.packed_head: PackedLinear | None = None  # set by pack_linear_weights
+        # A decode step's layers in one C call (engine/models/native_decode.py): built by
+        # pack_linear_weights where every linear gets its C kernel.
+        self.native_decode: NativeDecodeLayers | None = None
         self.num_lora_slots = 0  # set by enable_lora
         # The torch path's hand-fused small ops: RoPE tables gathered once per step, q and k
         # rotated in one pass, RMSNorm as one op in float32; the same bits as without (off: the
@@ -156,6 +160,10 @@ class LlamaForCausalLM(nn.Module):
         head = self.embed_tokens if self.lm_head is None else self.lm_head
         self.packed_head = PackedLinear(head, None, row_inputs)
         self.lm_head = None
+        if row_inputs:
+            self.native_decode = NativeDecodeLayers.build(self)
+            built = self.native_decode is not None
+            self.native_ops_built.decode_layers = self.native_ops.decode_layers = built
 
     def forward(
         self,
@@ -176,6 +184,18 @@ class LlamaForCausalLM(nn.Module):
         if self.native_ops.norms:
             from kernels.cpu_rms_norm import add_rms_norm
 
+            ops = self.native_ops
+            if (
+                self.native_decode is not None
+                and ops.decode_layers
+                and ops.rope_kv
+                and ops.silu_mul
+                and lora is None
+                and rope_tables is not None
+            ):
+                out = self.native_decode.forward(hidden, rope_tables, kv_caches, attn_metadata)
+                if out is not None:
+                    return out
             # F.embedding's output is this step's own: the residual stream may be updated in place.
             residual: torch.Tensor | None = None
             for layer, kv_cache in zip(self.layers, kv_caches, strict=True):

@@ -12,6 +12,11 @@ have C kernels (kernels/native/, one ctypes call each, built with the machine's 
 - silu(gate) * up (`silu_mul`, kernels/cpu_silu_mul.py; rounding differs): a split, a silu on a
   strided half and a multiply in torch.
 
+A fourth switch, `decode_layers`, runs a whole decode step's layers, these ops and the linears'
+and attention's C kernels, in one C call (engine/models/native_decode.py): on only once the linears
+are packed with their C kernels (`LlamaForCausalLM.pack_linear_weights`), and used only while the
+other three are on.
+
 `NativeOps` is one object shared by the model and every layer, so one assignment switches an op
 for the whole model (the A/B in bench/experiments/decode_roofline.py; the model keeps what was
 built, `native_ops_built`, to switch back to). Each switch starts on where its kernel builds on
@@ -34,6 +39,7 @@ class NativeOps:
     norms: bool = False
     rope_kv: bool = False
     silu_mul: bool = False
+    decode_layers: bool = False  # set where the model builds it (engine/models/native_decode.py)
 
     @classmethod
     def for_model(cls, device: torch.device, dtype: torch.dtype) -> NativeOps:

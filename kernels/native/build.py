@@ -82,3 +82,12 @@ def function(name: str, symbol: str, argtypes: Sequence[Any]) -> Any | None:
     fn.argtypes = list(argtypes)
     fn.restype = ctypes.c_int
     return fn
+
+
+def address(name: str, symbol: str) -> int | None:
+    """The address of `symbol` in the compiled `<name>.c` (built on first use), to hand to another
+    kernel as a function pointer; None where the library cannot be built (warned once by `load`)."""
+    lib = load(name)
+    if lib is None:
+        return None
+    return ctypes.cast(getattr(lib, symbol), ctypes.c_void_p).value

@@ -21,7 +21,7 @@ from engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from engine.errors import ContextLengthError, InvalidRequestError
 from engine.llm_engine import LLMEngine, build_engine
 from engine.request import FinishReason, SamplingParams
-from kernels import cpu_small_gemm
+from kernels import cpu_decode_layers, cpu_small_gemm
 from tests.engine.tiny_models import load_hf_model, make_tiny_model
 
 PROMPT_LENGTHS = (1, 5, 17, 33, 64, 100, 180, 300)
@@ -149,17 +149,24 @@ def _row_weights_at_every_row_count(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(llm_engine, "row_weight_inputs", lambda config: cpu_small_gemm.MAX_ROWS)
 
 
+@pytest.mark.parametrize("decode_layers", [True, False], ids=["layers-in-one-call", "layer-by-layer"])
 def test_row_weights_at_every_row_count_keep_greedy_identical(
-    tiny: Path, monkeypatch: pytest.MonkeyPatch
+    tiny: Path, monkeypatch: pytest.MonkeyPatch, decode_layers: bool
 ) -> None:
     _row_weights_at_every_row_count(monkeypatch)
     engine = _engine(tiny)
     assert engine.stats().cpu_row_inputs == cpu_small_gemm.MAX_ROWS
+    model = engine.runner.model
+    native = model.native_decode  # the decode steps' layers in one C call (engine/models/native_decode.py)
+    assert (native is not None) == (cpu_decode_layers.available() and not model.config.qk_norm)
+    model.native_ops.decode_layers = decode_layers
     prompts = _prompts(engine.model_config.vocab_size, seed=5)  # 8 prompts: decode steps of 1-8 rows
     ours = _run_all(engine, prompts, SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0))
     ref = _hf_greedy(tiny, prompts, MAX_TOKENS)
     for i in range(len(prompts)):
         assert ours[f"r{i}"] == ref[i], f"prompt {i} (len {len(prompts[i])})"
+    if native is not None:  # every decode step of 1-8 rows took the C driver, or none did
+        assert (native.steps_taken > 0) == decode_layers
 
 
 def test_wide_steps_on_two_threads_keep_greedy_identical_to_transformers(llama_gqa: Path) -> None:

@@ -63,7 +63,10 @@ def test_the_variants_are_what_they_say(tmp_path: Path) -> None:
         assert model.fused_ops == fused, name
         assert all(layer.self_attn.attn_backend.native_decode == native for layer in model.layers), name
         assert model.native_ops.norms == (norms and model.native_ops_built.norms), name
-        built = NativeOps.for_model(model.device, model.dtype)
+        # the C decode layers where the model built them (row copies: engine/models/native_decode.py)
+        built = dataclasses.replace(
+            NativeOps.for_model(model.device, model.dtype), decode_layers=model.native_decode is not None
+        )
         # the other small ops at what builds (the norms' switch is the one checked above)
         assert dataclasses.replace(model.native_ops, norms=built.norms) == built, name
     # the small ops' switches, each alone
@@ -76,6 +79,14 @@ def test_the_variants_are_what_they_say(tmp_path: Path) -> None:
         assert all(
             getattr(ops, other) == getattr(built, other) for other in ("rope_kv", "silu_mul") if other != off
         )
+    # layer_by_layer: the decode layers' one C call off, every small op at what builds
+    engine = build_variant("layer_by_layer", path, 2, 64)
+    _set_switches(engine, "layer_by_layer")
+    model = engine.runner.model
+    assert not model.native_ops.decode_layers
+    assert model.native_ops_built.decode_layers == (model.native_decode is not None)
+    _set_switches(engine, "rows_auto")
+    assert model.native_ops.decode_layers == model.native_ops_built.decode_layers
     # rows_auto: as served, the copies serve as many rows as this host's probe finds
     auto = build_variant("rows_auto", path, 2, 64)
     assert auto.cpu_row_inputs == measured_row_inputs(load_model_config(str(path)).layer_linear_shapes())
