@@ -161,7 +161,7 @@ class LlamaForCausalLM(nn.Module):
         self.packed_head = PackedLinear(head, None, row_inputs)
         self.lm_head = None
         if row_inputs:
-            self.native_decode = NativeDecodeLayers.build(self)
+            self.native_decode = NativeDecodeLayers.build(self.layers, self.norm, self.config, self.dtype)
             built = self.native_decode is not None
             self.native_ops_built.decode_layers = self.native_ops.decode_layers = built
 

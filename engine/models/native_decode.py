@@ -23,19 +23,17 @@ per-head q/k norms (Qwen3 keeps the layer-by-layer path); None where it does not
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import torch
+from torch import nn
 
 from engine.attention import AttentionMetadata, TorchAttentionBackend
-from engine.models.llama_layers import LlamaDecoderLayer
+from engine.config import ModelConfig
+from engine.models.llama_layers import LlamaDecoderLayer, RMSNorm
 from engine.models.packed_linear import PackedLinear
 from kernels import cpu_decode_attention, cpu_decode_layers
 from kernels.cpu_decode_layers import DecodeLayers, LayerWeights, ModelShape
 from kernels.cpu_small_gemm import SmallGemm
-
-if TYPE_CHECKING:
-    from engine.models.llama import LlamaForCausalLM
 
 
 def _row_gemm(linear: object) -> tuple[SmallGemm, int] | None:
@@ -55,12 +53,14 @@ class NativeDecodeLayers:
         self.steps_taken = 0  # steps run through the C driver (tests and benchmarks read it)
 
     @classmethod
-    def build(cls, model: LlamaForCausalLM) -> NativeDecodeLayers | None:
-        """The model's layers laid out for the C driver, or None where it does not apply."""
-        config = model.config
+    def build(
+        cls, layers: nn.ModuleList, final_norm: RMSNorm, config: ModelConfig, dtype: torch.dtype
+    ) -> NativeDecodeLayers | None:
+        """A model's layers (engine/models/llama.py) laid out for the C driver, or None where it
+        does not apply."""
         if (
-            model.device.type != "cpu"
-            or model.dtype != torch.float32
+            final_norm.weight.device.type != "cpu"
+            or dtype != torch.float32
             or config.qk_norm
             or not cpu_decode_layers.available()
         ):
@@ -68,7 +68,7 @@ class NativeDecodeLayers:
         weights: list[LayerWeights] = []
         reaches: list[int] = []
         backends = set()
-        for layer in model.layers:
+        for layer in layers:
             assert isinstance(layer, LlamaDecoderLayer)
             attn, mlp = layer.self_attn, layer.mlp
             gemms: list[SmallGemm] = []
@@ -93,8 +93,8 @@ class NativeDecodeLayers:
         (backend,) = backends
         if not isinstance(backend, TorchAttentionBackend):
             return None
-        epsilons = {layer.input_layernorm.eps for layer in model.layers} | {
-            layer.post_attention_layernorm.eps for layer in model.layers
+        epsilons = {layer.input_layernorm.eps for layer in layers} | {
+            layer.post_attention_layernorm.eps for layer in layers
         }
         if len(epsilons) != 1:
             return None
@@ -103,10 +103,10 @@ class NativeDecodeLayers:
             kv_heads=config.num_kv_heads,
             head_dim=config.head_dim,
             eps=epsilons.pop(),
-            final_eps=model.norm.eps,
+            final_eps=final_norm.eps,
             scale=config.head_dim**-0.5,
         )
-        return cls(DecodeLayers(weights, model.norm.weight.data, shape), min(reaches), backend)
+        return cls(DecodeLayers(weights, final_norm.weight.data, shape), min(reaches), backend)
 
     def forward(
         self,
