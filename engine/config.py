@@ -303,6 +303,9 @@ class EngineConfig:
     # On CPU, decode steps within the C row kernels' reach run them on the kernels' work pool
     # with torch on one thread (kernels/cpu_work_pool.py); False: on torch's OpenMP threads.
     cpu_kernel_pool: bool = True
+    # On CPU in float32, decode steps within the C row kernels' reach run every layer in one C
+    # call (engine/models/native_decode.py); False: the layers' C kernels one by one from Python.
+    cpu_decode_layers: bool = True
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)  # off by default
     lora: LoraConfig = field(default_factory=LoraConfig)  # off by default
 

@@ -546,6 +546,9 @@ def build_engine(
         pack_linear=_pack_linear(config),
         row_inputs=row_inputs,
     )
+    native_ops = getattr(model, "native_ops", None)
+    if native_ops is not None and not config.cpu_decode_layers:
+        native_ops.decode_layers = False  # each layer's C kernels one by one (engine/models/native_decode.py)
     tokenizer = AutoTokenizer.from_pretrained(
         config.tokenizer_path or config.model_path, local_files_only=True
     )

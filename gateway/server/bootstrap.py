@@ -33,6 +33,7 @@ from gateway.server.settings import (
     AdmissionMode,
     AttentionBackend,
     AuthMode,
+    CpuDecodeLayersMode,
     CpuKernelPoolMode,
     CpuRowWeightsMode,
     CudaGraphsMode,
@@ -149,6 +150,7 @@ def engine_config(settings: Settings, model_path: Path, device: str) -> EngineCo
         cpu_wide_step_threads=settings.wide_step_threads(device, usable_cores()),
         cpu_wide_step_rows=settings.cpu_wide_step_rows,
         cpu_kernel_pool=settings.cpu_kernel_pool is CpuKernelPoolMode.ON,
+        cpu_decode_layers=settings.cpu_decode_layers is CpuDecodeLayersMode.ON,
         speculative=SpeculativeConfig.parse(settings.speculative, settings.num_speculative_tokens),
         lora=lora_config(settings),
     )

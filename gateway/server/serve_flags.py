@@ -19,6 +19,7 @@ from gateway.server.settings import (
     AdmissionMode,
     AttentionBackend,
     AuthMode,
+    CpuDecodeLayersMode,
     CpuKernelPoolMode,
     CpuRowWeightsMode,
     CudaGraphsMode,
@@ -304,6 +305,13 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="on a CPU device, wide decode steps of at most 8 rows run their C kernels on the kernels' "
         "own helper threads, torch on one thread, so that no thread waits for one that lost its core "
         "to the HTTP loop; off: on torch's OpenMP threads (default on)",
+    )
+    choice(
+        "--cpu-decode-layers",
+        CpuDecodeLayersMode,
+        help="on a CPU device in float32, decode steps of at most 8 rows run every layer in one C "
+        "call, the GIL released for the step; off: each layer's C kernels called one by one from "
+        "Python (default on)",
     )
     choice("--log-level", LogLevel, help="default info")
 

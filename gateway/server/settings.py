@@ -57,6 +57,14 @@ class CpuKernelPoolMode(enum.Enum):
     OFF = "off"
 
 
+class CpuDecodeLayersMode(enum.Enum):
+    """ON: decode steps within the C row kernels' reach run every layer in one C call
+    (engine/models/native_decode.py). OFF: the layers' C kernels one by one from Python."""
+
+    ON = "on"
+    OFF = "off"
+
+
 class GcFreezeMode(enum.Enum):
     """ON: freeze the heap once loaded so full garbage collections do not walk it (gateway/server/gc_pauses.py).
     OFF: CPython's collector as it comes."""
@@ -229,6 +237,7 @@ class Settings:
     cpu_wide_step_threads: int | None = None
     cpu_wide_step_rows: int = WIDE_STEP_ROWS
     cpu_kernel_pool: CpuKernelPoolMode = CpuKernelPoolMode.ON
+    cpu_decode_layers: CpuDecodeLayersMode = CpuDecodeLayersMode.ON
 
     def __post_init__(self) -> None:
         for f in fields(self):  # NaN passes every range check below (each comparison is False)
@@ -497,4 +506,5 @@ _FIELDS: dict[str, _FieldSpec] = {
     "cpu_wide_step_threads": _FieldSpec("WEIR_CPU_WIDE_STEP_THREADS", int),
     "cpu_wide_step_rows": _FieldSpec("WEIR_CPU_WIDE_STEP_ROWS", int),
     "cpu_kernel_pool": _FieldSpec("WEIR_CPU_KERNEL_POOL", CpuKernelPoolMode),
+    "cpu_decode_layers": _FieldSpec("WEIR_CPU_DECODE_LAYERS", CpuDecodeLayersMode),
 }

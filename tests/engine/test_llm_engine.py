@@ -41,6 +41,7 @@ def _engine(
     cpu_packed_linear: bool | None = None,
     cpu_row_weights: bool | None = None,
     cpu_wide_step_threads: int | None = None,
+    cpu_decode_layers: bool = True,
     **cache,
 ) -> LLMEngine:
     return build_engine(
@@ -51,6 +52,7 @@ def _engine(
             cpu_packed_linear=cpu_packed_linear,
             cpu_row_weights=cpu_row_weights,
             cpu_wide_step_threads=cpu_wide_step_threads,
+            cpu_decode_layers=cpu_decode_layers,
         )
     )
 
@@ -167,6 +169,21 @@ def test_row_weights_at_every_row_count_keep_greedy_identical(
         assert ours[f"r{i}"] == ref[i], f"prompt {i} (len {len(prompts[i])})"
     if native is not None:  # every decode step of 1-8 rows took the C driver, or none did
         assert (native.steps_taken > 0) == decode_layers
+
+
+def test_the_decode_layers_setting_off_keeps_the_layers_one_by_one(
+    llama_gqa: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _row_weights_at_every_row_count(monkeypatch)
+    if not cpu_decode_layers.available():
+        pytest.skip("no C compiler here")
+    engine = _engine(llama_gqa, cpu_decode_layers=False)
+    model = engine.runner.model
+    assert model.native_decode is not None and model.native_ops_built.decode_layers  # built, not used
+    assert not model.native_ops.decode_layers
+    prompts = _prompts(engine.model_config.vocab_size)[:2]
+    _run_all(engine, prompts, SamplingParams(max_tokens=4, temperature=0.0))
+    assert model.native_decode.steps_taken == 0
 
 
 def test_wide_steps_on_two_threads_keep_greedy_identical_to_transformers(llama_gqa: Path) -> None:

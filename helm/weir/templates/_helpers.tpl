@@ -208,6 +208,7 @@ numbers are printed as integers. */}}
 {{- $pairs = append $pairs (list "WEIR_CPU_WIDE_STEP_THREADS" .Values.config.cpuWideStepThreads) -}}
 {{- $pairs = append $pairs (list "WEIR_CPU_WIDE_STEP_ROWS" .Values.config.cpuWideStepRows) -}}
 {{- $pairs = append $pairs (list "WEIR_CPU_KERNEL_POOL" .Values.config.cpuKernelPool) -}}
+{{- $pairs = append $pairs (list "WEIR_CPU_DECODE_LAYERS" .Values.config.cpuDecodeLayers) -}}
 {{- $pairs = append $pairs (list "WEIR_SPECULATIVE" .Values.config.speculative) -}}
 {{- $pairs = append $pairs (list "WEIR_NUM_SPECULATIVE_TOKENS" .Values.config.numSpeculativeTokens) -}}
 {{- $pairs = append $pairs (list "WEIR_MAX_MODEL_LEN" .Values.config.maxModelLen) -}}

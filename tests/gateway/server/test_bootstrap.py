@@ -52,6 +52,11 @@ def test_engine_config_from_settings() -> None:
 
     no_pool = Settings(max_model_len=64, cpu_kernel_pool=CpuKernelPoolMode.OFF)
     assert not engine_config(no_pool, Path("/m"), "cpu").cpu_kernel_pool
+    assert config.cpu_decode_layers  # a decode step's layers in one C call, unless off
+    from gateway.server.settings import CpuDecodeLayersMode
+
+    layer_by_layer = Settings(max_model_len=64, cpu_decode_layers=CpuDecodeLayersMode.OFF)
+    assert not engine_config(layer_by_layer, Path("/m"), "cpu").cpu_decode_layers
 
 
 def test_explicit_model_path_is_used_as_is() -> None:

@@ -283,3 +283,17 @@ def test_the_c_kernels_pool_is_on_unless_turned_off() -> None:
     )
     with pytest.raises(ValueError, match="cpu_kernel_pool|WEIR_CPU_KERNEL_POOL"):
         Settings.from_sources({}, {"WEIR_CPU_KERNEL_POOL": "maybe"})
+
+
+def test_the_decode_layers_in_one_c_call_are_on_unless_turned_off() -> None:
+    from gateway.server.settings import CpuDecodeLayersMode
+
+    assert Settings().cpu_decode_layers is CpuDecodeLayersMode.ON
+    env = {"WEIR_CPU_DECODE_LAYERS": "off"}
+    assert Settings.from_sources({}, env).cpu_decode_layers is CpuDecodeLayersMode.OFF
+    assert (
+        Settings.from_sources(parse(["--cpu-decode-layers", "on"]), env).cpu_decode_layers
+        is CpuDecodeLayersMode.ON
+    )
+    with pytest.raises(ValueError, match="cpu_decode_layers|WEIR_CPU_DECODE_LAYERS"):
+        Settings.from_sources({}, {"WEIR_CPU_DECODE_LAYERS": "sometimes"})
