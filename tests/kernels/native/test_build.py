@@ -61,3 +61,15 @@ def test_a_function_gets_its_argument_types_and_an_int_status(monkeypatch: pytes
     assert fn is not None and fn.restype is ctypes.c_int and fn() == 8
     monkeypatch.setattr(build, "load", lambda name: None)  # nothing built: no function
     assert build.function("small_gemm", "weir_small_gemm_max_rows", []) is None
+
+
+def test_an_address_is_the_symbol_another_kernel_can_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    if build.compiler() is None:
+        pytest.skip("no C compiler here")
+    import ctypes
+
+    address = build.address("small_gemm", "weir_small_gemm_max_rows")
+    assert address is not None and address > 0
+    assert ctypes.CFUNCTYPE(ctypes.c_int)(address)() == 8  # the function itself, called through its address
+    monkeypatch.setattr(build, "load", lambda name: None)  # nothing built: no address
+    assert build.address("small_gemm", "weir_small_gemm_max_rows") is None
