@@ -90,13 +90,14 @@ class NativeDecodeLayers:
                     down,
                 )
             )
-        (backend,) = backends
+        backend = backends.pop() if len(backends) == 1 else None  # one backend shared by every layer
         if not isinstance(backend, TorchAttentionBackend):
             return None
         epsilons = {layer.input_layernorm.eps for layer in layers} | {
             layer.post_attention_layernorm.eps for layer in layers
         }
-        if len(epsilons) != 1:
+        scales = {layer.self_attn.scale for layer in layers}
+        if len(epsilons) != 1 or len(scales) != 1:
             return None
         shape = ModelShape(
             num_heads=config.num_heads,
@@ -104,7 +105,7 @@ class NativeDecodeLayers:
             head_dim=config.head_dim,
             eps=epsilons.pop(),
             final_eps=final_norm.eps,
-            scale=config.head_dim**-0.5,
+            scale=scales.pop(),
         )
         return cls(DecodeLayers(weights, final_norm.weight.data, shape), min(reaches), backend)
 
