@@ -486,6 +486,11 @@ class LLMEngine:
 
     # -- introspection ----------------------------------------------------------------------
 
+    def _native_decode_steps(self) -> int:
+        """Decode steps whose layers ran in one C call (0 where the model has no such path)."""
+        native = getattr(self.runner.model, "native_decode", None)
+        return int(native.steps_taken) if native is not None else 0
+
     def stats(self) -> EngineStats:
         by_prio = self.scheduler.waiting.waiting_tokens_by_priority
         return EngineStats(
@@ -516,6 +521,7 @@ class LLMEngine:
             slo=self.scheduler.slo.stats(),
             class_targets=self.scheduler.config.class_targets,
             cpu_row_inputs=self.cpu_row_inputs,
+            native_decode_steps=self._native_decode_steps(),
             step_threads=self.runner.threads.stats() if self.runner.threads is not None else None,
         )
 

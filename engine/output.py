@@ -183,6 +183,8 @@ class EngineStats:
     # Input rows up to which the CPU linears use their row copies (0: none; see
     # engine/models/row_weight_probe.py), as chosen for this engine at load.
     cpu_row_inputs: int = field(default=0, metadata={DESCRIBES_ENGINE: True})
+    # Decode steps whose layers ran in one C call (engine/models/native_decode.py), of step_times' decode steps.
+    native_decode_steps: int = 0
     step_threads: StepThreadsStats | None = None  # None: one count for every step (GPU, or switched off)
     step_times: StepTimeTotals = field(default_factory=StepTimeTotals)  # steps and seconds, decode / prefill
 

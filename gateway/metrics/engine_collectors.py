@@ -93,6 +93,12 @@ def engine_load_metrics(s: EngineStats) -> Iterator[Metric]:
     )
     yield from _step_time_metrics(s)
     yield CounterMetricFamily(
+        "weir_engine_native_decode_steps",
+        "Decode steps whose layers ran in one C call (CPU float32, at most 8 rows, no LoRA); the"
+        ' rest of weir_engine_steps{kind="decode"} ran layer by layer.',
+        value=s.native_decode_steps,
+    )
+    yield CounterMetricFamily(
         "weir_prefix_cache_queries",
         "Prompt tokens looked up in the prefix cache.",
         value=s.prefix_cache_queries,

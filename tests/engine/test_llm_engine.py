@@ -169,6 +169,7 @@ def test_row_weights_at_every_row_count_keep_greedy_identical(
         assert ours[f"r{i}"] == ref[i], f"prompt {i} (len {len(prompts[i])})"
     if native is not None:  # every decode step of 1-8 rows took the C driver, or none did
         assert (native.steps_taken > 0) == decode_layers
+        assert engine.stats().native_decode_steps == native.steps_taken  # /metrics reads it
 
 
 def test_the_decode_layers_setting_off_keeps_the_layers_one_by_one(

@@ -65,6 +65,16 @@ def test_the_cpu_row_input_choice_is_a_gauge_per_version() -> None:
     assert rows == {"m@v1": 2, "m@v2": 0}
 
 
+def test_the_decode_steps_in_one_c_call_are_a_counter_per_version() -> None:
+    snapshots = {"m@v1": _stats(native_decode_steps=12), "m@v2": _stats()}
+    steps = {
+        labels["model_version"]: value
+        for name, labels, value in _samples(FleetStatsCollector(lambda: snapshots))
+        if name == "weir_engine_native_decode_steps_total"
+    }
+    assert steps == {"m@v1": 12, "m@v2": 0}
+
+
 def test_step_counts_and_seconds_are_counters_by_kind_and_version() -> None:
     times = StepTimeTotals(decode_steps=300, decode_seconds=10.5, prefill_steps=40, prefill_seconds=6.25)
     snapshots = {"m@v1": EngineStats(0, 0, 100, 50, 16, step_times=times), "m@v2": _stats()}
