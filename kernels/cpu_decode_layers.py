@@ -178,7 +178,11 @@ class DecodeLayers:
             raise RuntimeError("the C decode-layers driver or one of its kernels is not available")
         if not layers:
             raise ValueError("a model needs at least one layer")
-        if shape.num_heads % shape.kv_heads or shape.num_heads > cpu_decode_attention.MAX_HEADS:
+        if (
+            shape.kv_heads < 1
+            or shape.num_heads % shape.kv_heads
+            or shape.num_heads > cpu_decode_attention.MAX_HEADS
+        ):
             raise ValueError(
                 f"{shape.num_heads} heads over {shape.kv_heads} KV heads: outside the attention kernel"
             )

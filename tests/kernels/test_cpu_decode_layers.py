@@ -206,5 +206,6 @@ def test_weights_of_the_wrong_shapes_are_refused() -> None:
         DecodeLayers(swapped, case.final_norm, case.shape)
     with pytest.raises(ValueError, match="final_norm"):
         DecodeLayers(case.layers, case.final_norm[:-1], case.shape)
-    with pytest.raises(ValueError, match="KV heads"):
-        DecodeLayers(case.layers, case.final_norm, ModelShape(NUM_HEADS, 3, 8, EPS, EPS, 1.0))
+    for kv_heads in (3, 0):
+        with pytest.raises(ValueError, match="KV heads"):
+            DecodeLayers(case.layers, case.final_norm, ModelShape(NUM_HEADS, kv_heads, 8, EPS, EPS, 1.0))
