@@ -25,6 +25,7 @@ import torch
 
 from kernels import cpu_decode_attention, cpu_small_gemm, cpu_work_pool
 from kernels.cpu_decode_attention import NativePlan
+from kernels.cpu_rope_kv import check_step_tables
 from kernels.cpu_small_gemm import SmallGemm
 from kernels.native import build
 
@@ -283,18 +284,7 @@ class DecodeLayers:
                 f"embeddings must be a contiguous float32 CPU [1..{cpu_small_gemm.MAX_ROWS}, {self.hidden}], got "
                 f"{embeddings.dtype} {tuple(embeddings.shape)}"
             )
-        half = self._head_dim // 2
-        for name, table in (("cos", cos), ("sin", sin)):
-            if table.dtype != torch.float32 or not table.is_contiguous() or table.numel() != rows * half:
-                raise ValueError(
-                    f"{name} must be a contiguous float32 [{rows}, {half}], got {tuple(table.shape)}"
-                )
-        if (
-            slot_mapping.dtype != torch.int64
-            or not slot_mapping.is_contiguous()
-            or slot_mapping.numel() != rows
-        ):
-            raise ValueError(f"slot_mapping must be a contiguous int64 [{rows}], got {slot_mapping.dtype}")
+        check_step_tables(cos, sin, slot_mapping, rows, self._head_dim // 2)
         self._bind_caches(kv_caches)
         if plan.seq_lens.shape[0] != rows or plan.max_block_id >= self._shape.num_blocks:
             raise ValueError(

@@ -41,6 +41,30 @@ def _cpu_f32(t: torch.Tensor) -> bool:
     return t.dtype == torch.float32 and t.device.type == "cpu"
 
 
+def check_step_tables(
+    cos: torch.Tensor, sin: torch.Tensor, slot_mapping: torch.Tensor, tokens: int, half: int
+) -> None:
+    """ValueError unless cos and sin are contiguous float32 CPU [tokens, half] (or [tokens, 1,
+    half]: the same bytes) and slot_mapping a contiguous int64 [tokens]: a step's tables as the
+    kernel reads them (also for kernels/cpu_decode_layers.py, which hands them to it)."""
+    for name, table in (("cos", cos), ("sin", sin)):
+        if (
+            table.dtype != _F32
+            or not table.is_cpu
+            or not table.is_contiguous()
+            or table.numel() != tokens * half
+        ):
+            raise ValueError(
+                f"{name} must be a contiguous float32 CPU [{tokens}, {half}], got {table.dtype} {tuple(table.shape)}"
+            )
+    if (
+        slot_mapping.dtype != torch.int64
+        or not slot_mapping.is_contiguous()
+        or slot_mapping.numel() != tokens
+    ):
+        raise ValueError(f"slot_mapping must be a contiguous int64 [{tokens}], got {slot_mapping.dtype}")
+
+
 def rope_kv_write(
     qkv: torch.Tensor,  # [tokens, >= (num_heads + 2 num_kv_heads) * head_dim] float32 (rows read in place)
     cos: torch.Tensor,  # [tokens, head_dim // 2] (or [tokens, 1, head_dim // 2]) float32, contiguous
@@ -78,22 +102,7 @@ def rope_kv_write(
     tokens = qkv_shape[0]
     if qkv.stride(1) != 1 or qkv.stride(0) < qkv_shape[1]:
         qkv = qkv.contiguous()
-    for name, table in (("cos", cos), ("sin", sin)):  # [tokens, half] or [tokens, 1, half]: the same bytes
-        if (
-            table.dtype != _F32
-            or not table.is_cpu
-            or not table.is_contiguous()
-            or table.numel() != tokens * half
-        ):
-            raise ValueError(
-                f"{name} must be a contiguous float32 CPU [{tokens}, {half}], got {table.dtype} {tuple(table.shape)}"
-            )
-    if (
-        slot_mapping.dtype != torch.int64
-        or not slot_mapping.is_contiguous()
-        or slot_mapping.numel() != tokens
-    ):
-        raise ValueError(f"slot_mapping must be a contiguous int64 [{tokens}], got {slot_mapping.dtype}")
+    check_step_tables(cos, sin, slot_mapping, tokens, half)
     q = torch.empty(tokens, num_heads, head_dim, dtype=torch.float32)
     if tokens == 0:
         return q
