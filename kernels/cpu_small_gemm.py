@@ -29,8 +29,9 @@ from kernels import cpu_work_pool
 from kernels.checks import check_tensor
 from kernels.native import build
 
-# native/small_gemm.c's MAX_ROWS: its loops are specialised for 1..8 input rows.
-MAX_ROWS = 8
+# native/small_gemm.c's MAX_ROWS: its loops are specialised for 1..8 input rows, and take 9..16 in
+# groups of 8 over each panel in turn (the panel from cache for the second group).
+MAX_ROWS = 16
 
 _I64 = ctypes.c_int64
 

@@ -11,7 +11,7 @@ is faster at every batch size, so it is used at every row count and the plain we
 
 Results differ from `F.linear` by rounding only (another summation order): ~1e-6 in fp32.
 
-Few-row calls (a decode step of up to 8 sequences, the LM head of a few) are bound by reading
+Few-row calls (a decode step of up to 16 sequences, the LM head of a few) are bound by reading
 the weight from memory. oneDNN's blocked weight streams at 1.1-1.6x the time of a plain `sum` over
 the same bytes at one row and 1.3-2.3x at eight, depending on the host and shape. With
 `row_inputs=n` a layer also keeps its weight packed in column panels for the C kernel

@@ -9,8 +9,8 @@ oneDNN's blocked weight took 1.43-1.49x that; on another of the same kind the bl
 plain row-major weight but lost to oneDNN from about four rows, and over its weight packed in
 column panels (its layout now) it beat oneDNN at 1, 2, 4 and 8 rows on the host measured
 (docs/benchmarks.md). A fixed default is wrong on some host and the copy doubles the linear
-weights' memory, so `auto` measures once per process and model shape: products of 1, 2, 4 and 8
-rows against synthetic weights of the model's layer shapes, repeated to 256 MiB (far past any
+weights' memory, so `auto` measures once per process and model shape: products of 1, 2, 4, 8 and
+16 rows (the C kernel's reach: 8 in registers, 16 as two groups over each panel) against synthetic weights of the model's layer shapes, repeated to 256 MiB (far past any
 last level cache), both layouts alternating. The copies are kept where one row wins by `MARGIN`;
 they then serve every row count up to the last that still wins. The shapes matter beside the memory
 path: a small model's ~120 products a step pay oneDNN's fixed cost per call (~18 us, the C
@@ -45,7 +45,7 @@ PROBE_BYTES = 256 << 20
 MAX_WEIGHTS = 128
 DEFAULT_SHAPES = ((16384, 1024),)  # [out_features, in_features]
 REPS = 5
-ROW_COUNTS = (1, 2, 4, 8)
+ROW_COUNTS = (1, 2, 4, 8, 16)
 # The copies cost twice the linear weights' memory: keep them only for a clear win.
 MARGIN = 0.9
 

@@ -94,7 +94,7 @@ def engine_load_metrics(s: EngineStats) -> Iterator[Metric]:
     yield from _step_time_metrics(s)
     yield CounterMetricFamily(
         "weir_engine_native_decode_steps",
-        "Decode steps whose layers ran in one C call (CPU float32, at most 8 rows, no LoRA); the"
+        "Decode steps whose layers ran in one C call (CPU float32, at most 16 rows, no LoRA); the"
         ' rest of weir_engine_steps{kind="decode"} ran layer by layer.',
         value=s.native_decode_steps,
     )

@@ -302,14 +302,14 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     choice(
         "--cpu-kernel-pool",
         CpuKernelPoolMode,
-        help="on a CPU device, wide decode steps of at most 8 rows run their C kernels on the kernels' "
+        help="on a CPU device, wide decode steps of at most 16 rows run their C kernels on the kernels' "
         "own helper threads, torch on one thread, so that no thread waits for one that lost its core "
         "to the HTTP loop; off: on torch's OpenMP threads (default on)",
     )
     choice(
         "--cpu-decode-layers",
         CpuDecodeLayersMode,
-        help="on a CPU device in float32, decode steps of at most 8 rows run every layer in one C "
+        help="on a CPU device in float32, decode steps of at most 16 rows run every layer in one C "
         "call, the GIL released for the step; off: each layer's C kernels called one by one from "
         "Python (default on)",
     )

@@ -1,6 +1,6 @@
 /* y = x W^T (+ bias) for a few rows of x, streaming a float32 weight packed in column panels once.
  *
- * A decode step multiplies 1-8 activation rows by every weight of the model: the product is
+ * A decode step multiplies 1-16 activation rows by every weight of the model: the product is
  * bound by reading the weight from memory, not by arithmetic, as long as each weight value read
  * is used for every row while it is in a register. This kernel takes the weight [out_features,
  * in_features] packed once into panels of PANEL output columns (`weir_small_gemm_panel_width`):
@@ -18,6 +18,8 @@
  * machine it compiles on with -march=native); loads are unaligned-safe (aligned(4) types). With
  * AVX-512's 32 registers, 8 rows take 24 accumulators, 3 weight vectors and a broadcast; with 16
  * registers the compiler spills at high row counts (the row-weight probe measures each host).
+ * 9-16 rows run as two groups (8, then the rest) over each panel in turn: the panel is read from
+ * memory once and from cache by the second group (SmolLM2's panels are 110-295 KiB, within L2).
  * With threads > 1 the panels are split over an OpenMP pool in contiguous ranges.
  *
  * Returns 0, or -1 on sizes outside its reach (rows not in 1..MAX_ROWS, a non-positive size).
@@ -27,7 +29,8 @@
 
 #include "work_pool.h"
 
-#define MAX_ROWS 8
+#define GROUP_ROWS 8 /* rows of the register-blocked copies below */
+#define MAX_ROWS 16  /* more than GROUP_ROWS: groups of them over each panel in turn */
 
 #if defined(__AVX512F__)
 #define VEC_BYTES 64
@@ -88,8 +91,25 @@ DEFINE_PANELS(8)
 typedef void (*panels_fn)(const float *, const float *, const float *, float *, int64_t, int64_t,
                           int64_t, int64_t);
 
-static const panels_fn PANELS[MAX_ROWS + 1] = {0,        panels_1, panels_2, panels_3, panels_4,
-                                               panels_5, panels_6, panels_7, panels_8};
+static const panels_fn PANELS[GROUP_ROWS + 1] = {0,        panels_1, panels_2, panels_3, panels_4,
+                                                 panels_5, panels_6, panels_7, panels_8};
+
+/* Panels [p_begin, p_end) of y for `rows` rows: up to GROUP_ROWS in one register-blocked pass;
+ * more in groups of GROUP_ROWS over one panel at a time, so that each panel comes from memory
+ * once and from cache for the later groups. Every row's sums run in the same order either way
+ * (the same bits as the row alone). */
+static void panels_rows(int64_t rows, const float *x, const float *wp, const float *bias, float *y,
+                        int64_t in, int64_t out, int64_t p_begin, int64_t p_end) {
+    if (rows <= GROUP_ROWS) {
+        PANELS[rows](x, wp, bias, y, in, out, p_begin, p_end);
+        return;
+    }
+    for (int64_t p = p_begin; p < p_end; p++)
+        for (int64_t r = 0; r < rows; r += GROUP_ROWS) {
+            const int64_t n = rows - r < GROUP_ROWS ? rows - r : GROUP_ROWS;
+            PANELS[n](x + r * in, wp, bias, y + r * out, in, out, p, p + 1);
+        }
+}
 
 int weir_small_gemm_max_rows(void) { return MAX_ROWS; }
 
@@ -105,16 +125,15 @@ int weir_small_gemm_set_pool(void *run) {
 }
 
 typedef struct {
-    panels_fn fn;
     const float *x, *wp, *bias;
     float *y;
-    int64_t in, out, panels, chunk;
+    int64_t rows, in, out, panels, chunk;
 } gemm_job;
 
 static void gemm_chunk(const void *ctx, int64_t c) {
     const gemm_job *j = ctx;
     const int64_t p0 = c * j->chunk, p1 = p0 + j->chunk < j->panels ? p0 + j->chunk : j->panels;
-    j->fn(j->x, j->wp, j->bias, j->y, j->in, j->out, p0, p1);
+    panels_rows(j->rows, j->x, j->wp, j->bias, j->y, j->in, j->out, p0, p1);
 }
 
 int weir_small_gemm(const float *x,    /* [rows, in] */
@@ -123,17 +142,16 @@ int weir_small_gemm(const float *x,    /* [rows, in] */
                     float *y,          /* [rows, out] */
                     int64_t rows, int64_t in, int64_t out, int threads, int pool) {
     if (rows < 1 || rows > MAX_ROWS || in < 1 || out < 1) return -1;
-    const panels_fn fn = PANELS[rows];
     const int64_t panels = (out + PANEL - 1) / PANEL;
     if (threads <= 1 || panels < 2 * threads) {
-        fn(x, wp, bias, y, in, out, 0, panels);
+        panels_rows(rows, x, wp, bias, y, in, out, 0, panels);
         return 0;
     }
     if (pool && pool_run) {
         /* Chunks of one panel (tens of microseconds) while that makes at most 256 (an LM head: a
          * few panels a chunk): a thread that loses its core holds up a chunk's worth at most. */
         const int64_t chunk = (panels + 255) / 256;
-        const gemm_job job = {fn, x, wp, bias, y, in, out, panels, chunk};
+        const gemm_job job = {x, wp, bias, y, rows, in, out, panels, chunk};
         return pool_run(gemm_chunk, &job, (panels + chunk - 1) / chunk, threads);
     }
     /* Chunks of panels handed out as threads come free (dynamic), not one fixed range per
@@ -144,7 +162,7 @@ int weir_small_gemm(const float *x,    /* [rows, in] */
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
     for (int64_t c = 0; c < chunks; c++) {
         const int64_t p0 = c * chunk, p1 = p0 + chunk < panels ? p0 + chunk : panels;
-        fn(x, wp, bias, y, in, out, p0, p1);
+        panels_rows(rows, x, wp, bias, y, in, out, p0, p1);
     }
     return 0;
 }

@@ -172,6 +172,25 @@ def test_row_weights_at_every_row_count_keep_greedy_identical(
         assert engine.stats().native_decode_steps == native.steps_taken  # /metrics reads it
 
 
+def test_decode_steps_of_nine_to_sixteen_rows_keep_greedy_identical(
+    llama_gqa: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """16 sequences at once: decode steps of up to 16 rows, whose linears take the C kernel in two
+    groups of 8 over each panel, every layer in one C call."""
+    _row_weights_at_every_row_count(monkeypatch)
+    engine = _engine(llama_gqa)
+    native = engine.runner.model.native_decode
+    assert native is not None and native.max_rows == cpu_small_gemm.MAX_ROWS == 16
+    prompts = _prompts(engine.model_config.vocab_size, seed=8) + _prompts(
+        engine.model_config.vocab_size, seed=9
+    )
+    ours = _run_all(engine, prompts, SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0))
+    assert native.steps_taken > 0
+    ref = _hf_greedy(llama_gqa, prompts, MAX_TOKENS)
+    for i in range(len(prompts)):
+        assert ours[f"r{i}"] == ref[i], f"prompt {i} (len {len(prompts[i])})"
+
+
 def test_the_decode_layers_setting_off_keeps_the_layers_one_by_one(
     llama_gqa: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

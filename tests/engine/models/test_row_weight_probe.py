@@ -23,7 +23,7 @@ pytestmark = pytest.mark.skipif(
 
 
 def _timing(packed: tuple[float, ...], rows: tuple[float, ...]) -> RowWeightTiming:
-    return RowWeightTiming(rows=(1, 2, 4, 8)[: len(packed)], packed_s=packed, rows_s=rows)
+    return RowWeightTiming(rows=(1, 2, 4, 8, 16)[: len(packed)], packed_s=packed, rows_s=rows)
 
 
 def test_the_copies_are_kept_only_for_a_clear_win_at_one_row() -> None:
@@ -39,6 +39,7 @@ def test_once_kept_the_copies_serve_every_row_count_up_to_the_last_that_is_not_s
     assert _timing((1.0, 1.0, 1.0, 1.0), (0.5, 0.9, 1.0, 2.0)).row_inputs == 4
     assert _timing((1.0, 1.0, 1.0, 1.0), (0.5, 1.1, 0.5, 0.5)).row_inputs == 1  # up to the first loss
     assert _timing((1.0, 1.0, 1.0, 1.0), (0.5, 0.5, 0.5, 0.5)).row_inputs == 8
+    assert _timing((1.0,) * 5, (0.5,) * 5).row_inputs == 16  # the C kernel's reach, in two groups of 8
 
 
 @pytest.mark.parametrize("native", [True, False])
@@ -48,7 +49,7 @@ def test_each_row_count_is_timed_on_both_layouts(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(row_weight_probe, "row_copy_native", lambda: native)
     timing = time_row_products(((256, 128), (64, 256)), total_bytes=1 << 20, reps=3)
     # without the C kernel the transposed copy serves one row only, so only one row is timed
-    assert timing.rows == ((1, 2, 4, 8) if native else (1,))
+    assert timing.rows == ((1, 2, 4, 8, 16) if native else (1,))
     assert len(timing.packed_s) == len(timing.rows_s) == len(timing.rows)
     assert all(t > 0 for t in (*timing.packed_s, *timing.rows_s))
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from kernels import cpu_small_gemm
 from kernels.native import build
 
 
@@ -58,7 +59,7 @@ def test_a_function_gets_its_argument_types_and_an_int_status(monkeypatch: pytes
     import ctypes
 
     fn = build.function("small_gemm", "weir_small_gemm_max_rows", [])
-    assert fn is not None and fn.restype is ctypes.c_int and fn() == 8
+    assert fn is not None and fn.restype is ctypes.c_int and fn() == cpu_small_gemm.MAX_ROWS
     monkeypatch.setattr(build, "load", lambda name: None)  # nothing built: no function
     assert build.function("small_gemm", "weir_small_gemm_max_rows", []) is None
 
@@ -70,6 +71,8 @@ def test_an_address_is_the_symbol_another_kernel_can_call(monkeypatch: pytest.Mo
 
     address = build.address("small_gemm", "weir_small_gemm_max_rows")
     assert address is not None and address > 0
-    assert ctypes.CFUNCTYPE(ctypes.c_int)(address)() == 8  # the function itself, called through its address
+    assert (
+        ctypes.CFUNCTYPE(ctypes.c_int)(address)() == cpu_small_gemm.MAX_ROWS
+    )  # the function itself, called through its address
     monkeypatch.setattr(build, "load", lambda name: None)  # nothing built: no address
     assert build.address("small_gemm", "weir_small_gemm_max_rows") is None
