@@ -18,6 +18,7 @@
 #define WEIR_AVX2 1 /* the vector path needs both (an AVX2 CPU without FMA takes the plain one) */
 #endif
 
+#include "layer_kernels.h"
 #include "work_pool.h"
 
 #define MAX_HEADS 1024

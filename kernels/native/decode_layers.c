@@ -8,31 +8,20 @@
  *
  * It calls no kernel of its own. Each kernel stays in its own library (small_gemm.c,
  * rms_norm.c, rope_kv.c, decode_attention.c, silu_mul.c) and is handed here as a function
- * pointer (`decode_kernels`), as work_pool.c's entry point is handed to the kernels that use it.
- * The caller (kernels/cpu_decode_layers.py) checks every tensor once per step. */
+ * pointer (`decode_kernels`, typed by layer_kernels.h, which each kernel's file includes too), as
+ * work_pool.c's entry point is handed to the kernels that use it. The caller
+ * (kernels/cpu_decode_layers.py) checks every tensor once per step. */
 #include <stddef.h>
 #include <stdint.h>
 
-typedef int (*gemm_fn)(const float *x, const float *panels, const float *bias, float *y, int64_t rows,
-                       int64_t in, int64_t out, int threads, int pool);
-typedef int (*add_rms_norm_fn)(const float *x, float *residual, const float *weight, float *out,
-                               int64_t rows, int64_t dim, float eps);
-typedef int (*rope_kv_fn)(const float *qkv, int64_t qkv_stride, const float *cos, const float *sin,
-                          const int64_t *slots, float *q_out, float *kv_cache, int64_t tokens,
-                          int64_t num_heads, int64_t kv_heads, int64_t head_dim, int64_t num_slots);
-typedef int (*attention_fn)(const float *query, const float *kv_cache, const int32_t *block_tables,
-                            const int32_t *seq_lens, float *out, int64_t num_seqs, int64_t num_heads,
-                            int64_t kv_heads, int64_t head_dim, int64_t num_blocks, int64_t block_size,
-                            int64_t max_blocks, float scale, int threads, int pool);
-typedef int (*silu_mul_fn)(const float *gate_up, float *out, int64_t rows, int64_t width,
-                           int64_t in_stride);
+#include "layer_kernels.h"
 
-typedef struct { /* the kernels' entry points, from their own libraries */
-    gemm_fn gemm;
-    add_rms_norm_fn add_rms_norm;
-    rope_kv_fn rope_kv;
-    attention_fn attention;
-    silu_mul_fn silu_mul;
+typedef struct { /* the kernels' entry points, from their own libraries (types: layer_kernels.h) */
+    __typeof__(weir_small_gemm) *gemm;
+    __typeof__(weir_add_rms_norm) *add_rms_norm;
+    __typeof__(weir_rope_kv_write) *rope_kv;
+    __typeof__(weir_decode_attention) *attention;
+    __typeof__(weir_silu_mul) *silu_mul;
 } decode_kernels;
 
 typedef struct { /* one decoder layer as the kernels read it; the GEMM weights in panels */

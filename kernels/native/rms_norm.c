@@ -9,6 +9,8 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "layer_kernels.h"
+
 #define LANES 16
 typedef float vec __attribute__((vector_size(LANES * 4), aligned(4), may_alias));
 

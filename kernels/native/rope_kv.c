@@ -14,6 +14,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "layer_kernels.h"
+
 static inline void rotate(const float *x, float *out, const float *cos, const float *sin, int64_t half) {
     const float *x1 = x, *x2 = x + half;
     for (int64_t i = 0; i < half; i++) {

@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "exp_poly.h"
+#include "layer_kernels.h"
 
 int weir_silu_mul(const float *gate_up, /* [rows, in_stride]: gate in [0, width), up in [width, 2 width) */
                   float *out,           /* [rows, width] */

@@ -27,6 +27,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "layer_kernels.h"
 #include "work_pool.h"
 
 #define GROUP_ROWS 8 /* rows of the register-blocked copies below */
