@@ -161,7 +161,9 @@ class LlamaForCausalLM(nn.Module):
         self.packed_head = PackedLinear(head, None, row_inputs)
         self.lm_head = None
         if row_inputs:
-            self.native_decode = NativeDecodeLayers.build(self.layers, self.norm, self.config, self.dtype)
+            self.native_decode = NativeDecodeLayers.build(
+                self.layers, self.norm, self.config, self.dtype, self.native_ops
+            )
             built = self.native_decode is not None
             self.native_ops_built.decode_layers = self.native_ops.decode_layers = built
 
@@ -181,21 +183,13 @@ class LlamaForCausalLM(nn.Module):
         if self.fused_kernels:
             return self._forward_fused(hidden, positions, kv_caches, attn_metadata, lora)
         rope_tables = self.rotary.tables(positions) if self.fused_ops else None
+        if self.native_decode is not None:  # a decode step within its reach: every layer in one C call
+            out = self.native_decode.forward(hidden, rope_tables, lora, kv_caches, attn_metadata)
+            if out is not None:
+                return out
         if self.native_ops.norms:
             from kernels.cpu_rms_norm import add_rms_norm
 
-            ops = self.native_ops
-            if (
-                self.native_decode is not None
-                and ops.decode_layers
-                and ops.rope_kv
-                and ops.silu_mul
-                and lora is None
-                and rope_tables is not None
-            ):
-                out = self.native_decode.forward(hidden, rope_tables, kv_caches, attn_metadata)
-                if out is not None:
-                    return out
             # F.embedding's output is this step's own: the residual stream may be updated in place.
             residual: torch.Tensor | None = None
             for layer, kv_cache in zip(self.layers, kv_caches, strict=True):

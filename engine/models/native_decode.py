@@ -30,6 +30,8 @@ from torch import nn
 from engine.attention import AttentionMetadata, TorchAttentionBackend
 from engine.config import ModelConfig
 from engine.models.llama_layers import LlamaDecoderLayer, RMSNorm
+from engine.models.lora import LoraStep
+from engine.models.native_ops import NativeOps
 from engine.models.packed_linear import PackedLinear
 from kernels import cpu_decode_attention, cpu_decode_layers
 from kernels.cpu_decode_layers import DecodeLayers, LayerWeights, ModelShape
@@ -46,15 +48,21 @@ def _row_gemm(linear: object) -> tuple[SmallGemm, int] | None:
 class NativeDecodeLayers:
     """A model's layers for the decode steps within the C kernels' reach."""
 
-    def __init__(self, layers: DecodeLayers, max_rows: int, backend: TorchAttentionBackend):
+    def __init__(self, layers: DecodeLayers, max_rows: int, backend: TorchAttentionBackend, ops: NativeOps):
         self.layers = layers
         self.max_rows = max_rows  # the fewest rows any linear's C kernel takes
         self.backend = backend
+        self.ops = ops  # the model's switches, shared with it and every layer
         self.steps_taken = 0  # steps run through the C driver (tests and benchmarks read it)
 
     @classmethod
     def build(
-        cls, layers: nn.ModuleList, final_norm: RMSNorm, config: ModelConfig, dtype: torch.dtype
+        cls,
+        layers: nn.ModuleList,
+        final_norm: RMSNorm,
+        config: ModelConfig,
+        dtype: torch.dtype,
+        ops: NativeOps,
     ) -> NativeDecodeLayers | None:
         """A model's layers (engine/models/llama.py) laid out for the C driver, or None where it
         does not apply."""
@@ -107,20 +115,24 @@ class NativeDecodeLayers:
             final_eps=final_norm.eps,
             scale=scales.pop(),
         )
-        return cls(DecodeLayers(weights, final_norm.weight.data, shape), min(reaches), backend)
+        return cls(DecodeLayers(weights, final_norm.weight.data, shape), min(reaches), backend, ops)
 
     def forward(
         self,
         embeddings: torch.Tensor,  # [num_tokens, hidden]: this step's own (the residual stream, in place)
-        rope_tables: tuple[torch.Tensor, torch.Tensor],  # RotaryEmbedding.tables of the step's positions
+        rope_tables: tuple[torch.Tensor, torch.Tensor] | None,  # RotaryEmbedding.tables; None: unfused ops
+        lora: LoraStep | None,
         kv_caches: Sequence[torch.Tensor],
         metadata: AttentionMetadata,
     ) -> torch.Tensor | None:  # [num_tokens, hidden]: the final norm's output; None: not this step
         """The step's final hidden states, or None (nothing done) where the step is outside its reach."""
         rows = embeddings.shape[0]
-        backend = self.backend
+        backend, ops = self.backend, self.ops
         if (
-            not metadata.is_decode_only
+            rope_tables is None
+            or lora is not None
+            or not (ops.decode_layers and ops.norms and ops.rope_kv and ops.silu_mul)
+            or not metadata.is_decode_only
             or rows > self.max_rows
             or rows != metadata.num_seqs
             or not (backend.fused_decode and backend.native_decode)

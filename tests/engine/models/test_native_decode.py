@@ -109,4 +109,4 @@ def test_not_built_without_row_kernels_or_in_half_precision(tmp_path: Path) -> N
     assert isinstance(plain, LlamaForCausalLM) and plain.native_decode is None
     half, _ = load_model(path, torch.bfloat16, CPU, TorchAttentionBackend())
     assert isinstance(half, LlamaForCausalLM)
-    assert NativeDecodeLayers.build(half.layers, half.norm, half.config, half.dtype) is None
+    assert NativeDecodeLayers.build(half.layers, half.norm, half.config, half.dtype, half.native_ops) is None
