@@ -7,6 +7,7 @@ and served by the (tenant_id, day) index) instead of a dialect-specific date fun
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -41,6 +42,7 @@ def usage_row(record: UsageRecordIn, tenant_id: int, now: dt.datetime) -> dict[s
     }
 
 
+@functools.cache
 def upsert_usage(backend: str) -> Insert:
     """An INSERT of usage rows where a later record of a (request_id, tenant) replaces the stored one.
 
@@ -48,7 +50,8 @@ def upsert_usage(backend: str) -> Insert:
     one; the usage writer replays its spool in order after an outage or a crash, so the last
     record written for a request is its latest state, and replaying a batch again is harmless.
     A statement must not name one key twice (`latest_per_request` first). `backend` is
-    `Database.backend`.
+    `Database.backend`. Built once per backend (immutable, so shared): building it compiles
+    the upsert's column collections, ~1 ms of the usage writer's GIL time per batch.
     """
     dialect_insert = postgresql.insert if backend == "postgresql" else sqlite.insert
     stmt = dialect_insert(UsageRecord)
