@@ -110,6 +110,7 @@ class OverheadConfig:
     timeout_s: float = 10.0  # per request
     client: LoadClient = LoadClient.RAW
     admission: bool = True  # the server's admission control, on by default as in `weir serve`
+    gil_switch_interval_ms: float | None = None  # the server's; None: the settings' default
     command: str = ""
 
     def __post_init__(self) -> None:
@@ -125,6 +126,10 @@ class OverheadConfig:
             raise ValueError(f"output_tokens must be >= 1, got {self.output_tokens}")
         if not self.timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
+        if self.gil_switch_interval_ms is not None and not 0 < self.gil_switch_interval_ms <= 1000:
+            raise ValueError(
+                f"gil_switch_interval_ms must be in (0, 1000], got {self.gil_switch_interval_ms}"
+            )
         if not self.auth:
             raise ValueError("auth must name at least one mode")
         if not self.scenarios:
@@ -210,6 +215,8 @@ def benchmark_server(config: OverheadConfig, auth: AuthSetup, data_dir: Path) ->
         "--admission",
         "on" if config.admission else "off",
     ]
+    if config.gil_switch_interval_ms is not None:
+        cmd += ["--gil-switch-interval-ms", str(config.gil_switch_interval_ms)]
     with log_path.open("w") as log:
         # cwd: `-m bench...` must import this checkout's packages.
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, cwd=_REPO_ROOT)

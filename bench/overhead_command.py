@@ -84,6 +84,7 @@ def build_report(
             "timeout_s": config.timeout_s,
             "client": config.client.value,
             "admission": config.admission,
+            "gil_switch_interval_ms": config.gil_switch_interval_ms,
         },
         "metadata": meta,
         "servers": servers,
@@ -112,7 +113,12 @@ def format_markdown(report: dict[str, Any]) -> str:
         f"- {cfg['rate']} requests/s, evenly spaced, open loop; {cfg['requests_per_scenario']} per scenario "
         f"(at most {cfg['max_duration_s']} s) after {cfg['warmup_per_scenario']} warm-up; "
         f"{cfg['output_tokens']} tokens per answer; tokenizer of `{cfg['model']}`; "
-        f"load client `{cfg['client']}`; admission {'on' if cfg['admission'] else 'off'}",
+        f"load client `{cfg['client']}`; admission {'on' if cfg['admission'] else 'off'}"
+        + (
+            f"; GIL switch interval {cfg['gil_switch_interval_ms']} ms"
+            if cfg.get("gil_switch_interval_ms") is not None
+            else ""
+        ),
         "",
         "Latency is client-measured (send to whole body read) against a zero-cost engine, so all of it",
         "is overhead. The floor is `GET /health` at the same rate. In-app: the time inside the ASGI app",
@@ -231,6 +237,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--admission", choices=["on", "off"], default="on", help="the server's admission control (default on)"
     )
+    p.add_argument(
+        "--gil-switch-interval-ms",
+        type=float,
+        default=None,
+        help="the server's GIL switch interval, as `weir serve --gil-switch-interval-ms` (default: its default)",
+    )
     p.set_defaults(func=overhead_command)
 
 
@@ -258,6 +270,7 @@ def overhead_command(args: argparse.Namespace, argv: Sequence[str] | None = None
             timeout_s=args.timeout_s,
             client=LoadClient(args.client),
             admission=args.admission == "on",
+            gil_switch_interval_ms=args.gil_switch_interval_ms,
             command=redacted_command(argv if argv is not None else getattr(args, "argv", None)),
         )
         report = run_overhead(config)

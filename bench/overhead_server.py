@@ -121,6 +121,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--auth", choices=["none", "keys"], default="none")
     parser.add_argument("--output-tokens", type=int, default=16, help="tokens per choice")
     parser.add_argument("--admission", choices=["on", "off"], default="on", help="as weir serve (default on)")
+    parser.add_argument(
+        "--gil-switch-interval-ms", type=float, default=None, help="as weir serve (default: its default)"
+    )
     args = parser.parse_args(argv)
 
     from gateway.admission.controller import build_admission
@@ -153,6 +156,11 @@ def main(argv: list[str] | None = None) -> int:
         served_model_name=MODEL_NAME,
         shutdown_grace_s=SHUTDOWN_GRACE_S,
         log_level=LogLevel.WARNING,
+        **(
+            {"gil_switch_interval_ms": args.gil_switch_interval_ms}
+            if args.gil_switch_interval_ms is not None
+            else {}
+        ),
     )
     # As `weir serve` does: tenancy (database, admin routes) always; admission unless turned off;
     # keys and usage records in keys mode.
@@ -175,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     if settings.auth_mode is AuthMode.KEYS:
         kwargs["authenticate"] = tenancy.authenticate
         kwargs["usage_sink"] = tenancy.usage_sink
+        kwargs["usage_journal"] = tenancy.usage_journal  # a stream's durable first record, as served
     freeze_start, freeze_stop = gc_pauses.lifespan_hooks(metrics.registry, True)  # last, as `weir serve`
     startup.append(freeze_start)
     shutdown.append(freeze_stop)

@@ -8,7 +8,9 @@ The path of one record:
 2. The spool thread takes a batch (up to `max_batch` records, or what arrives within
    `flush_interval_s` of the first one), appends it to the `UsageSpool` and fsyncs once.
 3. The database thread reads the spool in order and writes it in batches; the spool's cursor
-   moves only past a committed batch. While the database is unavailable (locked, unreachable,
+   moves only past a committed batch. After a short batch it lets records gather for up to
+   `flush_interval_s` (a full batch or the stop ends the wait): one transaction per spooled
+   batch would be one per stream, since each stream's first record is spooled on its own. While the database is unavailable (locked, unreachable,
    timing out) the batch stays in the spool and is retried with backoff (at most `retry_max_s`
    apart); new records are spooled behind it, so order is kept and memory stays bounded.
 4. A record the database refuses for good (e.g. its tenant was deleted) goes to
@@ -340,8 +342,29 @@ class UsageWriter:
                 if self._replaying:
                     self._num_replayed += len(batch.records)
                 delay = self._flush_interval_s
+                if batch.num_lines < self._max_batch:
+                    self._gather()
         finally:
             self._spool.close()
+
+    def _gather(self) -> None:
+        """After a short batch, let the next records gather in the spool for up to the flush
+        interval, unless a full batch is there sooner or the writer is stopping.
+
+        A transaction costs about the same for one record as for dozens (the tenant and price
+        lookups, the statement, the commit: ~1-2 ms of Python against ~0.07 ms a record in a
+        batch of 64, bench.experiments.usage_batch_cost). Every stream's first record is spooled
+        on its own (fsync'd before its first byte), so writing each spooled batch at once made a
+        transaction per stream: at 500 streams/s most of a core of GIL time. The spool already
+        holds these records durably; the database gets them at most one flush interval later.
+        """
+        deadline = time.monotonic() + self._flush_interval_s
+        while not self._stopping.is_set() and self._spool.num_pending < self._max_batch:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            self._wake.wait(left)
+            self._wake.clear()
 
     def _pause(self, delay_s: float) -> None:
         """Sleep before a retry; cut short by a stop, but never past the stop's deadline."""

@@ -70,13 +70,16 @@ def test_cli_run_writes_json_and_markdown(tokenizer_dir: Path, tmp_path: Path) -
     out = tmp_path / "out"
     argv = ["overhead", "--model", str(tokenizer_dir), "--out", str(out), "--requests", "8"]
     argv += ["--warmup", "2", "--rate", "100", "--auth", "none", "--output-tokens", "3"]
+    argv += ["--gil-switch-interval-ms", "0.25"]
     assert main(argv) == 0
     report = json.loads((out / "report.json").read_text())
     _check_report(report, ["none"], 8)
     assert report["config"]["output_tokens"] == 3
+    assert report["config"]["gil_switch_interval_ms"] == 0.25
     assert "overhead" in report["metadata"]["command"]
     markdown = (out / "report.md").read_text()
     assert "| none | chat_stream | 8/8 |" in markdown
+    assert "GIL switch interval 0.25 ms" in markdown
     assert (out / "server-none.log").exists()
 
 
@@ -112,7 +115,8 @@ def test_a_missing_model_folder_is_exit_status_2(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("rate", 0.0), ("num_requests", 0), ("num_warmup", -1), ("max_duration_s", 0.0), ("output_tokens", 0)],
+    [("rate", 0.0), ("num_requests", 0), ("num_warmup", -1), ("max_duration_s", 0.0), ("output_tokens", 0)]
+    + [("gil_switch_interval_ms", 0.0)],
 )
 def test_config_names_the_bad_field(field: str, value: float, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=field):

@@ -164,6 +164,51 @@ def test_a_full_batch_is_spooled_without_waiting_for_its_window(acme: TenancyRep
     assert len(_stored(acme)) == 9
 
 
+class CountingRepo:
+    """A repository that counts its usage transactions and the records in each."""
+
+    def __init__(self, repo: TenancyRepo) -> None:
+        self.repo = repo
+        self.batches: list[int] = []
+
+    def record_usages(self, records: Sequence[UsageRecordIn]) -> None:
+        self.batches.append(len(records))
+        self.repo.record_usages(records)
+
+
+def test_records_spooled_one_by_one_gather_into_few_transactions(acme: TenancyRepo, tmp_path: Path) -> None:
+    # Each durable record is spooled (fsync'd) on its own, as each stream's first record is; the
+    # database thread writes the first at once, then lets the next ones gather.
+    counting = CountingRepo(acme)
+    writer = UsageWriter(counting, tmp_path, max_batch=64, flush_interval_s=30.0, retry_max_s=30.0)  # type: ignore[arg-type]
+    writer.start()
+    try:
+        for i in range(12):
+            writer.submit_durable(_record(i)).result(timeout=30)
+        assert writer.stats().num_spooled == 12
+        assert wait_until(lambda: counting.batches == [1])  # the first at once; 11 wait in the spool
+        assert writer.stats().num_pending == 11
+    finally:
+        writer.close()  # the stop ends the wait: everything is written
+    assert counting.batches == [1, 11]
+    assert len(_stored(acme)) == 12
+
+
+def test_a_full_batch_in_the_spool_ends_the_wait(acme: TenancyRepo, tmp_path: Path) -> None:
+    counting = CountingRepo(acme)
+    writer = UsageWriter(counting, tmp_path, max_batch=4, flush_interval_s=30.0, retry_max_s=30.0)  # type: ignore[arg-type]
+    writer.start()
+    try:
+        writer.submit_durable(_record(0)).result(timeout=30)
+        assert wait_until(lambda: counting.batches == [1])
+        for i in range(1, 5):
+            writer.submit_durable(_record(i)).result(timeout=30)
+        assert wait_until(lambda: counting.batches == [1, 4])  # not held for the 30 s window
+    finally:
+        writer.close()
+    assert len(_stored(acme)) == 5
+
+
 def test_a_refused_record_is_kept_aside_and_the_batch_is_written(acme: TenancyRepo, tmp_path: Path) -> None:
     writer = UsageWriter(acme, tmp_path, max_batch=100)
     for i in range(5):
