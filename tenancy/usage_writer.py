@@ -10,9 +10,10 @@ The path of one record:
 3. The database thread reads the spool in order and writes it in batches; the spool's cursor
    moves only past a committed batch. After a short batch it lets records gather for up to
    `flush_interval_s` (a full batch or the stop ends the wait): one transaction per spooled
-   batch would be one per stream, since each stream's first record is spooled on its own. While the database is unavailable (locked, unreachable,
-   timing out) the batch stays in the spool and is retried with backoff (at most `retry_max_s`
-   apart); new records are spooled behind it, so order is kept and memory stays bounded.
+   batch would be one per stream, since each stream's first record is spooled on its own.
+   While the database is unavailable (locked, unreachable, timing out) the batch stays in the
+   spool and is retried with backoff (at most `retry_max_s` apart); new records are spooled
+   behind it, so order is kept and memory stays bounded.
 4. A record the database refuses for good (e.g. its tenant was deleted) goes to
    `rejected.jsonl` in the spool directory, with the reason, and is counted; the rest of its
    batch is written.
