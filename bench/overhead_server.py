@@ -17,6 +17,7 @@ Run by the benchmark, not by hand: `python -m bench.overhead_server --model DIR 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import socket
 import sys
@@ -156,12 +157,9 @@ def main(argv: list[str] | None = None) -> int:
         served_model_name=MODEL_NAME,
         shutdown_grace_s=SHUTDOWN_GRACE_S,
         log_level=LogLevel.WARNING,
-        **(
-            {"gil_switch_interval_ms": args.gil_switch_interval_ms}
-            if args.gil_switch_interval_ms is not None
-            else {}
-        ),
     )
+    if args.gil_switch_interval_ms is not None:  # else the settings' default, as `weir serve`'s
+        settings = dataclasses.replace(settings, gil_switch_interval_ms=args.gil_switch_interval_ms)
     # As `weir serve` does: tenancy (database, admin routes) always; admission unless turned off;
     # keys and usage records in keys mode.
     tenancy = build_tenancy(settings)
