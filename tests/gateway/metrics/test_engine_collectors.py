@@ -30,14 +30,18 @@ def _samples(collector: Collector) -> list[tuple[str, dict[str, str], float]]:
     return [(s.name, s.labels, s.value) for f in text_string_to_metric_families(text) for s in f.samples]
 
 
-def test_each_version_gets_its_own_sample_labelled_by_model_version() -> None:
-    snapshots = {"m@v1": _stats(num_running=3, num_waiting=1), "m@v2": _stats(num_running=5)}
-    running = {
+def _per_version(snapshots: dict[str, EngineStats], family: str) -> dict[str, float]:
+    """One sample family's value per model version, as the fleet collector exports it."""
+    return {
         labels["model_version"]: value
         for name, labels, value in _samples(FleetStatsCollector(lambda: snapshots))
-        if name == "weir_num_requests_running"
+        if name == family
     }
-    assert running == {"m@v1": 3, "m@v2": 5}
+
+
+def test_each_version_gets_its_own_sample_labelled_by_model_version() -> None:
+    snapshots = {"m@v1": _stats(num_running=3, num_waiting=1), "m@v2": _stats(num_running=5)}
+    assert _per_version(snapshots, "weir_num_requests_running") == {"m@v1": 3, "m@v2": 5}
 
 
 def test_every_family_of_one_snapshot_is_labelled_once_per_version() -> None:
@@ -57,22 +61,12 @@ def test_a_read_that_raises_yields_nothing_instead_of_failing_the_scrape() -> No
 
 def test_the_cpu_row_input_choice_is_a_gauge_per_version() -> None:
     snapshots = {"m@v1": _stats(cpu_row_inputs=2), "m@v2": _stats()}
-    rows = {
-        labels["model_version"]: value
-        for name, labels, value in _samples(FleetStatsCollector(lambda: snapshots))
-        if name == "weir_cpu_row_inputs"
-    }
-    assert rows == {"m@v1": 2, "m@v2": 0}
+    assert _per_version(snapshots, "weir_cpu_row_inputs") == {"m@v1": 2, "m@v2": 0}
 
 
 def test_the_decode_steps_in_one_c_call_are_a_counter_per_version() -> None:
     snapshots = {"m@v1": _stats(native_decode_steps=12), "m@v2": _stats()}
-    steps = {
-        labels["model_version"]: value
-        for name, labels, value in _samples(FleetStatsCollector(lambda: snapshots))
-        if name == "weir_engine_native_decode_steps_total"
-    }
-    assert steps == {"m@v1": 12, "m@v2": 0}
+    assert _per_version(snapshots, "weir_engine_native_decode_steps_total") == {"m@v1": 12, "m@v2": 0}
 
 
 def test_step_counts_and_seconds_are_counters_by_kind_and_version() -> None:
