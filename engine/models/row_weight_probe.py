@@ -10,8 +10,9 @@ plain row-major weight but lost to oneDNN from about four rows, and over its wei
 column panels (its layout now) it beat oneDNN at 1, 2, 4 and 8 rows on the host measured
 (docs/benchmarks.md). A fixed default is wrong on some host and the copy doubles the linear
 weights' memory, so `auto` measures once per process and model shape: products of 1, 2, 4, 8 and
-16 rows (the C kernel's reach: 8 in registers, 16 as two groups over each panel) against synthetic weights of the model's layer shapes, repeated to 256 MiB (far past any
-last level cache), both layouts alternating. The copies are kept where one row wins by `MARGIN`;
+16 rows (the C kernel's reach: 8 in registers, 16 as two groups over each panel) against
+synthetic weights of the model's layer shapes, repeated to 256 MiB (far past any last level
+cache), both layouts alternating. The copies are kept where one row wins by `MARGIN`;
 they then serve every row count up to the last that still wins. The shapes matter beside the memory
 path: a small model's ~120 products a step pay oneDNN's fixed cost per call (~18 us, the C
 kernel's ~5 us) as much as the read.
