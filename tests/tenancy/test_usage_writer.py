@@ -184,7 +184,8 @@ def test_records_spooled_one_by_one_gather_into_few_transactions(acme: TenancyRe
     writer.start()
     try:
         writer.submit_durable(_record(0)).result(timeout=30)
-        assert wait_until(lambda: counting.batches == [1])  # the first at once
+        # the first at once (counted as its write starts; committed to the spool's cursor after)
+        assert wait_until(lambda: counting.batches == [1] and writer.stats().num_pending == 0)
         for i in range(1, 12):
             writer.submit_durable(_record(i)).result(timeout=30)
         assert writer.stats().num_spooled == 12
