@@ -14,11 +14,11 @@ request's headers, or the read fails with a 408.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Callable
 
-import anyio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.http.errors import HeadersTooLargeError, PayloadTooLargeError, RequestTimeoutError, WeirError
@@ -79,10 +79,13 @@ class BodyLimitMiddleware:
             if body_done:  # after the body only http.disconnect comes, whenever it comes
                 return await receive()
             # Raised inside the endpoint's body read; the app's error handler answers 408 / 413.
-            with anyio.move_on_after(max(deadline - time.monotonic(), 0)) as scope:
-                message = await receive()
-            if scope.cancelled_caught:
-                raise RequestTimeoutError(f"the request body did not arrive within {self.body_timeout_s:g} s")
+            try:
+                async with asyncio.timeout(max(deadline - time.monotonic(), 0)):
+                    message = await receive()
+            except TimeoutError:
+                raise RequestTimeoutError(
+                    f"the request body did not arrive within {self.body_timeout_s:g} s"
+                ) from None
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > limit:
