@@ -149,7 +149,6 @@ class GenerationResponse:
         self._error: str | None = None
         self._streaming = False  # SSE headers sent
         self._complete = False  # last body message sent
-        self._cancelled_by_watcher = False  # the disconnect watcher cancelled the work
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         # Plain asyncio, not an anyio task group: the server's loop is asyncio (pinned), and a task
@@ -166,24 +165,22 @@ class GenerationResponse:
                     await self._respond(send)
             except asyncio.CancelledError:
                 # The watcher's cancel ends the work quietly; anyone else's goes on up.
-                if not (self._cancelled_by_watcher and task.uncancel() == 0):
+                if not (self._disconnected and task.uncancel() == 0):
                     raise
             finally:
                 watcher.cancel()
         finally:
             try:
-                if self._streaming and not self._complete and not self._disconnected:
-                    await _shielded(self._end_cut_stream(send))
-                if task.cancelling() or not self._all_finished():
-                    # The abort must reach the engine even though this task is being cancelled.
-                    await _shielded(self._cleanup())
-                else:
-                    await self._cleanup()  # nothing left to abort: no await here suspends
+                # Shielded: the abort and the usage record must happen even if this task is
+                # cancelled (again) meanwhile.
+                await _shielded(self._finish(send))
             finally:
                 self.job.state.request_finished()
 
-    def _all_finished(self) -> bool:
-        return all(self.tally.prompt_finished(i) for i in range(len(self.job.requests)))
+    async def _finish(self, send: Send) -> None:
+        if self._streaming and not self._complete and not self._disconnected:
+            await self._end_cut_stream(send)
+        await self._cleanup()
 
     async def _end_cut_stream(self, send: Send) -> None:
         # The server cancelled a running stream (shutdown past the grace period): end it with an
@@ -203,8 +200,7 @@ class GenerationResponse:
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
-                self._disconnected = True
-                self._cancelled_by_watcher = True
+                self._disconnected = True  # set only here: it marks the watcher's cancel too
                 work.cancel()
                 return
 

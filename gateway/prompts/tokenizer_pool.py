@@ -53,15 +53,12 @@ class TokenizerPool:
     async def run(self, tenant_id: str, fn: Callable[..., T], *args: object) -> T:
         """`fn(*args)` on a worker thread, once `tenant_id` may have one."""
         await self.acquire(tenant_id)
+        job: concurrent.futures.Future[T] | None = None
         try:
             job = self._threads.submit(fn, *args)
-        except BaseException:
-            self.release(tenant_id)
-            raise
-        try:
             return await asyncio.wrap_future(job)
         finally:
-            if job.done():
+            if job is None or job.done():
                 self.release(tenant_id)
             else:
                 # Cancelled while the thread runs: the worker is given back once the thread is done.

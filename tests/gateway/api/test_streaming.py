@@ -154,3 +154,30 @@ def test_merger_propagates_failures_and_cancels_the_rest() -> None:
         assert engine.num_active == 0 and engine.num_free_blocks == engine.num_total_blocks
 
     asyncio.run(run())
+
+
+def test_shielded_work_runs_to_its_end_through_repeated_cancels() -> None:
+    from gateway.api.streaming import _shielded
+
+    async def run() -> list[str]:
+        done: list[str] = []
+        release = asyncio.Event()
+
+        async def work() -> None:
+            await release.wait()
+            done.append("finished")
+
+        caller = asyncio.create_task(_shielded(work()))
+        for _ in range(3):  # a shutdown may cancel the request's task more than once
+            await asyncio.sleep(0)
+            caller.cancel()
+        await asyncio.sleep(0)
+        assert not caller.done() and done == []  # still waiting for the work, not abandoned
+        release.set()
+        try:
+            await caller
+        except asyncio.CancelledError:
+            done.append("cancel passed on")
+        return done
+
+    assert asyncio.run(run()) == ["finished", "cancel passed on"]

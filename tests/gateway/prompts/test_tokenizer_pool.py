@@ -108,3 +108,27 @@ def test_a_cancelled_waiter_leaves_nothing_behind() -> None:
 def test_bad_sizes_are_refused(workers: int, share: float) -> None:
     with pytest.raises(ValueError):
         TokenizerPool(workers, share)
+
+
+def test_a_job_cancelled_while_its_thread_runs_holds_the_worker_until_the_thread_ends() -> None:
+    pool = TokenizerPool(num_workers=1, tenant_share=1.0)
+    release, started = threading.Event(), threading.Event()
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tg:
+            running = anyio.CancelScope()
+
+            async def job() -> None:
+                with running:
+                    await pool.run("a", _blocking, release, started, "a")
+
+            tg.start_soon(job)
+            await _wait_for(started.is_set)
+            running.cancel()
+            await anyio.sleep(0.01)
+            assert pool.num_busy == 1  # the thread still runs: its worker is not lent again
+            release.set()
+            await _wait_for(lambda: pool.num_busy == 0)
+        assert await pool.run("b", lambda: "b") == "b"
+
+    anyio.run(main)
