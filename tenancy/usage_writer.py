@@ -23,8 +23,11 @@ by the next start before new ones. A request may have several records (a stream'
 ones, written before its first byte and as it goes, then its final one); the repository keeps
 the last written per request id and tenant, and the spool is replayed in order, so a replay
 is idempotent and ends on the latest state: a stream cut by a crash is billed from its last
-provisional record. `submit_durable` queues a record that is fsync'd at once (the stream's
-first record, before its first byte), not at the end of a batch window.
+provisional record. `spool_now` queues a record that is fsync'd at once (the stream's first
+record, before its first byte), not at the end of a batch window, and is awaited on the event
+loop: the spool thread settles every awaiting future of one fsync'd batch with one
+`call_soon_threadsafe`, and wakes the database thread only when the database has a batch to
+take (its first record after a wait, a full batch, the stop), not once per stream.
 
 The guarantee (also in docs/operations.md): a record is on disk once the spool thread has
 fsync'd it, at most `flush_interval_s` plus one fsync after `submit`. A graceful stop loses
@@ -36,7 +39,7 @@ stalled for `max_queue` records) drops records, counted and logged.
 
 from __future__ import annotations
 
-import concurrent.futures
+import asyncio
 import logging
 import os
 import threading
@@ -63,10 +66,34 @@ _UNAVAILABLE = (OperationalError, InterfaceError, DisconnectionError, PoolTimeou
 
 @dataclass(frozen=True)
 class _Durable:
-    """A record queued with `submit_durable`: its future completes once it is on disk."""
+    """A record queued with `spool_now`: its future (of `loop`) completes once it is on disk."""
 
     record: UsageRecordIn
-    future: concurrent.futures.Future[None]
+    future: asyncio.Future[None]
+    loop: asyncio.AbstractEventLoop
+
+
+def _settle(futures: list[asyncio.Future[None]], error: OSError | None) -> None:
+    """On the futures' loop: complete those still awaited (a cancelled or timed-out one is not)."""
+    for future in futures:
+        if future.done():
+            continue
+        if error is None:
+            future.set_result(None)
+        else:
+            future.set_exception(error)
+
+
+def _notify(waiting: list[_Durable], error: OSError | None) -> None:
+    """From the spool thread: settle a batch's durable records, one loop call per event loop."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future[None]]] = {}
+    for durable in waiting:
+        by_loop.setdefault(durable.loop, []).append(durable.future)
+    for loop, futures in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_settle, futures, error)
+        except RuntimeError:  # the loop closed while its record was being written: nobody awaits it
+            pass
 
 
 @dataclass(frozen=True)
@@ -136,7 +163,8 @@ class UsageWriter:
         self._ready = threading.Event()  # set when the spool thread must look at the queue
         self._spool_thread: threading.Thread | None = None
         self._db_thread: threading.Thread | None = None
-        self._wake = threading.Event()  # new records spooled, or stopping
+        self._wake = threading.Event()  # the database thread has a batch to take, or stopping
+        self._db_waiting = False  # the database thread waits for a first spooled record (under _lock)
         self._spool_done = threading.Event()  # the spool thread has spooled its last record
         self._stopping = threading.Event()
         self._stop_deadline = 0.0  # monotonic; set before _stopping
@@ -192,13 +220,15 @@ class UsageWriter:
         """Queue one record; never blocks. When the queue is full the record is dropped and logged."""
         self._put(record, record)
 
-    def submit_durable(self, record: UsageRecordIn) -> concurrent.futures.Future[None]:
+    async def spool_now(self, record: UsageRecordIn) -> None:
         """Queue one record that must reach the disk now (a stream's record before its first
-        byte); the future completes once it is fsync'd, without waiting for a batch to fill.
-        It fails if the record was dropped or could not be written."""
-        durable = _Durable(record, concurrent.futures.Future())
+        byte) and return once it is fsync'd, without waiting for a batch to fill. Raises OSError
+        if the record was dropped or could not be written. Call it on the event loop; bound it
+        with a timeout (a cancelled wait leaves the record queued: it is still written)."""
+        loop = asyncio.get_running_loop()
+        durable = _Durable(record, loop.create_future(), loop)
         self._put(durable, record)
-        return durable.future
+        await durable.future
 
     def _put(self, item: object, record: UsageRecordIn) -> None:
         with self._lock:
@@ -214,7 +244,9 @@ class UsageWriter:
             self._num_dropped += 1
             log.error("usage queue full: dropped the usage record of request %s", record.request_id)
             if isinstance(item, _Durable):
-                item.future.set_exception(OSError("the usage queue is full"))
+                item.future.set_exception(
+                    OSError("the usage queue is full")
+                )  # on its loop: spool_now's caller
         elif wake:
             self._ready.set()
 
@@ -263,19 +295,16 @@ class UsageWriter:
                 self._ready.wait(self._flush_interval_s)
             batch, waiting, stop = self._take_batch()
             written = self._spool_batch(batch, stopping=stop)
-            for future in waiting:
-                if written:
-                    future.set_result(None)
-                else:
-                    future.set_exception(OSError("the usage record could not be spooled"))
+            if waiting:
+                _notify(waiting, None if written else OSError("the usage record could not be spooled"))
         self._spool_done.set()
         self._wake.set()
 
-    def _take_batch(self) -> tuple[list[UsageRecordIn], list[concurrent.futures.Future[None]], bool]:
-        """Up to `max_batch` queued records, the futures of the durable ones, and whether the
-        stop was reached."""
+    def _take_batch(self) -> tuple[list[UsageRecordIn], list[_Durable], bool]:
+        """Up to `max_batch` queued records, the durable ones among them, and whether the stop
+        was reached."""
         batch: list[UsageRecordIn] = []
-        waiting: list[concurrent.futures.Future[None]] = []  # durable records of this batch
+        waiting: list[_Durable] = []  # durable records of this batch
         with self._lock:
             while self._items and len(batch) < self._max_batch:
                 item = self._items.popleft()
@@ -283,7 +312,7 @@ class UsageWriter:
                     return batch, waiting, True
                 if isinstance(item, _Durable):
                     batch.append(item.record)
-                    waiting.append(item.future)
+                    waiting.append(item)
                 elif isinstance(item, UsageRecordIn):
                     batch.append(item)
             # what stays queued is due at once if it would have closed a batch by itself
@@ -309,9 +338,19 @@ class UsageWriter:
                 delay = min(delay * 2, self._retry_max_s)
                 continue
             self._num_spooled += len(batch)
-            self._wake.set()
+            self._wake_database()
             return True
         return True
+
+    def _wake_database(self) -> None:
+        """After a batch is spooled: wake the database thread if it waits for a first record or a
+        full batch is there. Not per batch: each stream's first record is a batch of its own, and
+        a wake that finds nothing to write still costs a thread switch and the GIL."""
+        with self._lock:
+            wake = self._db_waiting or self._spool.num_pending >= self._max_batch
+            self._db_waiting = False
+        if wake:
+            self._wake.set()
 
     # -- the database thread ---------------------------------------------------------------------
 
@@ -330,7 +369,12 @@ class UsageWriter:
                     self._replaying = False
                     if self._spool_done.is_set():
                         return
-                    self._wake.wait(self._flush_interval_s)
+                    with (
+                        self._lock
+                    ):  # unless a batch was spooled since the read, the next one wakes this thread
+                        waiting = self._db_waiting = self._spool.num_pending == 0
+                    if waiting:
+                        self._wake.wait(self._flush_interval_s)
                     continue
                 if not self._write(list(batch.records)):
                     self._replaying = True
@@ -350,7 +394,8 @@ class UsageWriter:
 
     def _gather(self) -> None:
         """After a short batch, let the next records gather in the spool for up to the flush
-        interval, unless a full batch is there sooner or the writer is stopping.
+        interval, unless a full batch is there sooner or the writer is stopping (the spool
+        thread wakes this one for those, not for each batch it spools).
 
         A transaction costs about the same for one record as for dozens (the tenant and price
         lookups, the statement, the commit: ~1-2 ms of Python against ~0.07 ms a record in a

@@ -13,6 +13,7 @@ admission controller and the metrics listener all receive a registry that is com
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -25,6 +26,21 @@ from gateway.metrics.engine_collectors import SnapshotCollector, engine_load_met
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 _TOKEN_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5)
 _LABELS = ("model", "tenant")
+
+
+@dataclass(frozen=True)
+class _RequestSeries:
+    """The per-request series of one (model, tenant): looked up once, not eight times a request
+    (`labels()` validates, joins and locks on each call)."""
+
+    ttft: Histogram
+    tpot: Histogram
+    itl: Histogram
+    e2e: Histogram
+    queue: Histogram
+    prompt_tokens: Counter
+    cached_prompt_tokens: Counter
+    generation_tokens: Counter
 
 
 class GatewayMetrics:
@@ -86,6 +102,7 @@ class GatewayMetrics:
         self.errors = Counter(
             "weir_request_errors", "Requests answered with an error, by HTTP status.", ("status",), registry=r
         )
+        self._series: dict[tuple[str, str], _RequestSeries] = {}  # as many as the labels' series
         if stats is not None:  # None: the engines' load comes from a FleetStatsCollector in `collectors`
             r.register(SnapshotCollector(stats, engine_load_metrics))
         for collector in collectors:
@@ -103,27 +120,42 @@ class GatewayMetrics:
         itl_s: Sequence[float] = (),
     ) -> None:
         """Record one request's latencies; None means not measured."""
+        series = self._of(model, tenant)
         if ttft_s is not None:
-            self.ttft.labels(model, tenant).observe(ttft_s)
+            series.ttft.observe(ttft_s)
         if tpot_s is not None:
-            self.tpot.labels(model, tenant).observe(tpot_s)
+            series.tpot.observe(tpot_s)
         if e2e_s is not None:
-            self.e2e.labels(model, tenant).observe(e2e_s)
+            series.e2e.observe(e2e_s)
         if queue_s is not None:
-            self.queue.labels(model, tenant).observe(queue_s)
-        if itl_s:
-            child = self.itl.labels(model, tenant)
-            for gap in itl_s:
-                child.observe(gap)
+            series.queue.observe(queue_s)
+        for gap in itl_s:
+            series.itl.observe(gap)
 
     def count_tokens(self, model: str, tenant: str, *, prompt: int, cached: int, generated: int) -> None:
         """Add one request's token counts."""
+        series = self._of(model, tenant)
         if prompt:
-            self.prompt_tokens.labels(model, tenant).inc(prompt)
+            series.prompt_tokens.inc(prompt)
         if cached:
-            self.cached_prompt_tokens.labels(model, tenant).inc(cached)
+            series.cached_prompt_tokens.inc(cached)
         if generated:
-            self.generation_tokens.labels(model, tenant).inc(generated)
+            series.generation_tokens.inc(generated)
+
+    def _of(self, model: str, tenant: str) -> _RequestSeries:
+        series = self._series.get((model, tenant))
+        if series is None:
+            series = self._series[(model, tenant)] = _RequestSeries(
+                ttft=self.ttft.labels(model, tenant),
+                tpot=self.tpot.labels(model, tenant),
+                itl=self.itl.labels(model, tenant),
+                e2e=self.e2e.labels(model, tenant),
+                queue=self.queue.labels(model, tenant),
+                prompt_tokens=self.prompt_tokens.labels(model, tenant),
+                cached_prompt_tokens=self.cached_prompt_tokens.labels(model, tenant),
+                generation_tokens=self.generation_tokens.labels(model, tenant),
+            )
+        return series
 
     def count_finished(self, model: str, tenant: str, reason: str) -> None:
         """One choice finished for `reason` (stop, length, abort, error, ...)."""

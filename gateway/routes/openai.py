@@ -211,9 +211,8 @@ class OpenAIRoutes:
 
     async def _generate(self, request: Request, endpoint: Endpoint) -> Response:
         arrival_s = time.monotonic()
-        span = self.tracer.start_request(
-            f"POST {request.url.path}", request.headers, {"http.route": request.url.path}
-        )
+        path = request.scope["path"]  # not request.url: it builds and parses the whole URL
+        span = self.tracer.start_request(f"POST {path}", request.headers, {"http.route": path})
         lease: Lease | None = None
         adapter_name: str | None = None
         tools: ToolsRequest | None = None

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from starlette.applications import Starlette
 from starlette.routing import BaseRoute
 
+from engine.request import FinishReason
 from gateway.admission.accounting import Outcome, UsageJournal, UsageRecord, UsageSink
 from gateway.admission.controller import build_admission
 from gateway.admission.window_budget_gate import WindowBudgetMetrics
@@ -43,6 +44,8 @@ from gateway.server.settings import (
     Settings,
 )
 from gateway.server.uvicorn_runner import run_server
+from tenancy.enums import UsageStatus
+from tenancy.records import UsageRecordIn
 
 if TYPE_CHECKING:
     from prometheus_client.registry import Collector
@@ -53,7 +56,6 @@ if TYPE_CHECKING:
     from gateway.http.auth import AdminAuthenticator, Authenticator
     from tenancy.adapters import AdapterRepo
     from tenancy.model_versions import ModelVersionRepo
-    from tenancy.records import UsageRecordIn
     from tenancy.repo import TenancyRepo
     from tenancy.usage_writer import UsageWriterStats
 
@@ -217,19 +219,15 @@ class TenancyWiring:
 
 
 _STATUS_OF = {
-    Outcome.COMPLETED: "completed",
-    Outcome.FAILED: "failed",
-    Outcome.CLIENT_DISCONNECTED: "cancelled",
-    Outcome.CANCELLED: "cancelled",
+    Outcome.COMPLETED: UsageStatus.COMPLETED,
+    Outcome.FAILED: UsageStatus.FAILED,
+    Outcome.CLIENT_DISCONNECTED: UsageStatus.CANCELLED,
+    Outcome.CANCELLED: UsageStatus.CANCELLED,
 }
 
 
 def to_usage_record_in(record: UsageRecord) -> UsageRecordIn:
     """The gateway's usage record as tenancy stores it (times in ms, one finish reason)."""
-    from engine.request import FinishReason
-    from tenancy.enums import UsageStatus
-    from tenancy.records import UsageRecordIn
-
     try:
         finish: FinishReason | None = FinishReason(record.finish_reasons[0])
     except (IndexError, ValueError):
@@ -239,7 +237,7 @@ def to_usage_record_in(record: UsageRecord) -> UsageRecordIn:
         tenant_id=record.tenant_id,
         key_id=record.key_id,
         model=record.model,
-        status=UsageStatus(_STATUS_OF[record.outcome]),
+        status=_STATUS_OF[record.outcome],
         prompt_tokens=record.usage.billed_prompt_tokens,  # computed: a prefill cut short, only its part
         completion_tokens=record.usage.billed_completion_tokens,  # computed: every beam of a beam search
         cached_tokens=min(record.usage.cached_tokens, record.usage.billed_prompt_tokens),
@@ -295,7 +293,8 @@ def build_tenancy(settings: Settings) -> TenancyWiring:
 
     async def begin(record: UsageRecord) -> None:
         # On disk before the stream's first byte; bounded, so a stalled disk cannot hold streams.
-        await asyncio.wait_for(asyncio.wrap_future(writer.submit_durable(to_usage_record_in(record))), 5.0)
+        async with asyncio.timeout(5.0):
+            await writer.spool_now(to_usage_record_in(record))
 
     async def start() -> None:
         await asyncio.to_thread(writer.start)  # opens the spool; replays what a crash left

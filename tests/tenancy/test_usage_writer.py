@@ -6,6 +6,7 @@ process killed with SIGKILL) and injected where it must be quick (`FlakyRepo`).
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import datetime as dt
 import json
@@ -38,6 +39,11 @@ WHEN = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.UTC)
 def _record(i: int, tenant: str = "acme", status: UsageStatus = UsageStatus.COMPLETED) -> UsageRecordIn:
     return UsageRecordIn(f"r{i}", tenant, None, "m", status, prompt_tokens=i, completion_tokens=1,
                          finish_reason=FinishReason.STOP, created_at=WHEN)  # fmt: skip
+
+
+def _spool_now(writer: UsageWriter, record: UsageRecordIn) -> None:
+    """Await `spool_now` on an event loop of its own, as a stream's first record is awaited."""
+    asyncio.run(asyncio.wait_for(writer.spool_now(record), 30))
 
 
 def _stored(repo: TenancyRepo) -> dict[str, int]:
@@ -106,11 +112,11 @@ def test_a_later_record_of_a_request_replaces_the_stored_one(acme: TenancyRepo) 
     assert (day.num_requests, day.num_cancelled, day.completion_tokens) == (1, 1, 9)
 
 
-def test_a_durable_record_is_on_disk_when_its_future_completes(acme: TenancyRepo, tmp_path: Path) -> None:
+def test_a_durable_record_is_on_disk_when_spool_now_returns(acme: TenancyRepo, tmp_path: Path) -> None:
     writer = UsageWriter(acme, tmp_path, flush_interval_s=60.0, retry_max_s=60.0)  # batches never fill
     writer.start()
     try:
-        writer.submit_durable(_record(1)).result(timeout=30)  # not held for the 60 s window
+        _spool_now(writer, _record(1))  # not held for the 60 s window
         lines = b"".join(p.read_bytes() for p in tmp_path.glob(SEGMENT_GLOB))
         assert b'"r1"' in lines
     finally:
@@ -181,16 +187,19 @@ def test_records_spooled_one_by_one_gather_into_few_transactions(acme: TenancyRe
     # database thread writes the first at once, then lets the next ones gather.
     counting = CountingRepo(acme)
     writer = UsageWriter(counting, tmp_path, max_batch=64, flush_interval_s=30.0, retry_max_s=30.0)  # type: ignore[arg-type]
+    wake = writer._wake = CountingEvent()
     writer.start()
     try:
-        writer.submit_durable(_record(0)).result(timeout=30)
+        _spool_now(writer, _record(0))
         # the first at once (counted as its write starts; committed to the spool's cursor after)
         assert wait_until(lambda: counting.batches == [1] and writer.stats().num_pending == 0)
+        assert wake.num_sets == 1  # the database thread waited for a first record
         for i in range(1, 12):
-            writer.submit_durable(_record(i)).result(timeout=30)
+            _spool_now(writer, _record(i))
         assert writer.stats().num_spooled == 12
         assert counting.batches == [1]  # the other 11 wait in the spool
         assert writer.stats().num_pending == 11
+        assert wake.num_sets == 1  # and did not wake the gathering database thread, one by one
     finally:
         writer.close()  # the stop ends the wait: everything is written
     assert counting.batches == [1, 11]
@@ -202,10 +211,10 @@ def test_a_full_batch_in_the_spool_ends_the_wait(acme: TenancyRepo, tmp_path: Pa
     writer = UsageWriter(counting, tmp_path, max_batch=4, flush_interval_s=30.0, retry_max_s=30.0)  # type: ignore[arg-type]
     writer.start()
     try:
-        writer.submit_durable(_record(0)).result(timeout=30)
+        _spool_now(writer, _record(0))
         assert wait_until(lambda: counting.batches == [1])
         for i in range(1, 5):
-            writer.submit_durable(_record(i)).result(timeout=30)
+            _spool_now(writer, _record(i))
         assert wait_until(lambda: counting.batches == [1, 4])  # not held for the 30 s window
     finally:
         writer.close()
@@ -223,6 +232,79 @@ def test_a_refused_record_is_kept_aside_and_the_batch_is_written(acme: TenancyRe
     [line] = (tmp_path / REJECTED_FILENAME).read_text().splitlines()
     kept = json.loads(line)
     assert kept["request_id"] == "r2" and "deleted" in kept["error"]
+
+
+def test_a_durable_batch_is_settled_with_one_call_into_the_event_loop(
+    acme: TenancyRepo, tmp_path: Path
+) -> None:
+    writer = UsageWriter(acme, tmp_path, flush_interval_s=60.0, retry_max_s=60.0)
+    gate, appending = threading.Event(), threading.Event()
+    append = writer._spool.append
+
+    def held_append(records: Sequence[UsageRecordIn]) -> None:
+        appending.set()
+        gate.wait(30)  # the first batch holds the spool thread while the next records queue
+        append(records)
+
+    writer._spool.append = held_append  # type: ignore[method-assign]
+    writer.start()
+    calls: list[int] = []  # the number of futures each call from the spool thread settles
+
+    async def streams() -> None:
+        loop = asyncio.get_running_loop()
+        call = loop.call_soon_threadsafe
+
+        def counted(callback, *args):  # type: ignore[no-untyped-def]
+            if getattr(callback, "__name__", "") == "_settle":  # not the executor's calls (to_thread)
+                calls.append(len(args[0]))
+            return call(callback, *args)
+
+        loop.call_soon_threadsafe = counted  # type: ignore[method-assign]
+        first = asyncio.ensure_future(writer.spool_now(_record(0)))
+        assert await asyncio.to_thread(appending.wait, 30)
+        rest = [asyncio.ensure_future(writer.spool_now(_record(i))) for i in range(1, 6)]
+        gate.set()
+        await asyncio.wait_for(asyncio.gather(first, *rest), 30)
+
+    try:
+        asyncio.run(streams())
+        assert calls == [1, 5]  # one call for the first batch, one for the five queued behind it
+    finally:
+        gate.set()
+        writer.close()
+    assert len(_stored(acme)) == 6
+
+
+def test_a_durable_record_whose_wait_timed_out_is_still_written(acme: TenancyRepo, tmp_path: Path) -> None:
+    writer = UsageWriter(acme, tmp_path, flush_interval_s=60.0, retry_max_s=60.0)
+    gate = threading.Event()
+    append = writer._spool.append
+    writer._spool.append = lambda records: (gate.wait(30), append(records))[1]  # type: ignore[method-assign]
+    writer.start()
+
+    async def stream() -> None:
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.05):  # a stalled disk: the stream goes on without it
+                await writer.spool_now(_record(1))
+
+    try:
+        asyncio.run(stream())
+        gate.set()
+        assert wait_until(lambda: writer.stats().num_spooled == 1)
+    finally:
+        gate.set()
+        writer.close()
+    assert _stored(acme) == {"r1": 1}
+
+
+def test_a_durable_record_the_full_queue_drops_fails_its_wait(acme: TenancyRepo, tmp_path: Path) -> None:
+    writer = UsageWriter(acme, tmp_path, max_queue=1)  # not started: the queue does not drain
+    writer.submit(_record(0))
+    with pytest.raises(OSError, match="queue is full"):
+        _spool_now(writer, _record(1))
+    assert writer.stats().num_dropped == 1
+    writer.close()
+    assert _stored(acme) == {"r0": 1}
 
 
 def test_full_queue_drops_instead_of_blocking(acme: TenancyRepo, tmp_path: Path) -> None:
