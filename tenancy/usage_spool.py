@@ -2,7 +2,9 @@
 
 The usage writer appends every record here, and fsyncs it, before it tries the database; the
 database side reads the spool from its cursor, in append order, and moves the cursor only past
-a committed batch. A database outage therefore only delays records, and a crash leaves them on
+a committed batch. Appending is two steps: `write` puts records in the file (the page cache: a
+crash of the process keeps them, a crash of the machine may not), from any thread; `sync`
+fsyncs what was written, and only then does the reader see it. A database outage therefore only delays records, and a crash leaves them on
 disk, where the next start reads them again (the database skips a record it already stored, so
 reading a record twice is harmless).
 
@@ -15,7 +17,10 @@ Layout: `<dir>/seg-<time_ns>-<pid>-<seq>.jsonl`, one record per line (`tenancy.u
   what is pending plus at most one segment.
 - A line that does not decode (a torn write at a crash) is logged and skipped, never fatal.
 
-Threads: one appender (`append`) and one reader (`read`, `commit`), as `UsageWriter` runs them.
+Threads: writers (`write`: the usage writer's spool thread, and the event loop for a stream's
+first record), one syncing thread (`sync`, `append`) and one reader (`read`, `commit`), as
+`UsageWriter` runs them. A failed fsync rewrites what it did not make durable (the writes since
+the last good one, kept until then), so a retry syncs them again.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
@@ -48,6 +53,14 @@ class _Segment:
     size: int  # bytes on disk and fsync'd: the reader never reads past it
     num_lines: int  # lines in those bytes (a torn last line counts)
     sealed: bool  # no more appends: the reader drops it once past its end
+    # The writers' side (under the spool's `_append_lock`): bytes and lines in the file, fsync'd
+    # or not, and the writes past `size`, in order, kept until fsync'd (an fsync that failed
+    # leaves no promise about them: they are written again). `torn`: the file past `size` no
+    # longer matches them (a failed write or rewrite); the next write or sync rebuilds it.
+    written: int = 0
+    written_lines: int = 0
+    unsynced: list[bytes] = field(default_factory=list)
+    torn: bool = False
 
 
 @dataclass(frozen=True)
@@ -69,6 +82,10 @@ class UsageSpool:
         self.directory = directory
         self._segment_bytes = segment_bytes
         self._lock = threading.Lock()  # guards the segment deque, sizes and counts
+        # Guards the active segment's file end and its writers' fields; taken before `_lock`,
+        # never held across an fsync (a writer on the event loop must not wait for the disk).
+        self._append_lock = threading.Lock()
+        self._sealing: _Segment | None = None  # rotated out, its last writes not yet fsync'd
         self._segments: collections.deque[_Segment] = collections.deque()
         self._active: _Segment | None = None
         self._offset = 0  # the reader's cursor in self._segments[0]
@@ -112,8 +129,10 @@ class UsageSpool:
 
     def close(self) -> None:
         """Release the segments; delete them when every record is committed, else keep them."""
-        with self._lock:
-            self._num_left = self._num_pending_locked()
+        with self._append_lock, self._lock:
+            # Written counts, not fsync'd ones: a record written and not yet synced is kept too.
+            written = sum(s.written_lines for s in self._segments) - self._num_lines_committed
+            self._num_left = max(written, self._num_pending_locked())
             for segment in self._segments:
                 if self._num_left == 0:
                     segment.path.unlink(missing_ok=True)
@@ -125,41 +144,88 @@ class UsageSpool:
                 self._reader[1].close()
                 self._reader = None
 
-    # -- the appender thread ---------------------------------------------------------------------
+    # -- the writers and the syncing thread -----------------------------------------------------
 
-    def append(self, records: list[UsageRecordIn]) -> None:
-        """Write records at the end of the active segment and fsync: on disk when this returns.
+    def write(self, records: list[UsageRecordIn]) -> None:
+        """Write records at the end of the active segment, without fsyncing: in the page cache when
+        this returns, so a crash of the process keeps them; `sync` makes them survive the
+        machine's, and visible to the reader. Any thread; one write system call.
 
         Raises OSError (disk full, I/O error) with the segment cut back to its last good end,
-        so a failed append leaves no partial line behind; the caller keeps the records and retries.
+        so a failed write leaves no partial line behind; the caller keeps the records.
         """
-        active = self._active
-        if active is None:
-            raise RuntimeError("the usage spool is not open")
         if not records:
             return
         data = b"".join(encode_record(r) for r in records)
-        fd = active.handle.fileno()
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        except OSError:
+        with self._append_lock:
+            active = self._active
+            if active is None:
+                raise RuntimeError("the usage spool is not open")
+            fd = active.handle.fileno()
+            if active.torn:
+                _rebuild(active)
             try:
-                os.ftruncate(fd, active.size)
+                _write_all(fd, data)
             except OSError:
-                log.exception("usage spool: could not cut %s back after a failed write", active.path.name)
+                _cut(active, active.written)
+                raise
+            active.written += len(data)
+            active.written_lines += len(records)
+            active.unsynced.append(data)
+
+    def sync(self) -> None:
+        """Fsync what was written (by any writer) and let the reader see it; rotate the active
+        segment once it is full. One thread at a time (the usage writer's spool thread).
+
+        Raises OSError when an fsync fails: what it covered is written again, and the next
+        `sync` retries it.
+        """
+        if self._sealing is not None:  # rotated out by a sync that failed: finish it first
+            self._sync_segment(self._sealing)
+            self._seal(self._sealing)
+        active = self._active
+        if active is None:
+            raise RuntimeError("the usage spool is not open")
+        self._sync_segment(active)
+        if active.written < self._segment_bytes:
+            return
+        fresh = self._new_segment()  # a file create and a directory fsync: outside the locks
+        with self._append_lock, self._lock:
+            self._segments.append(fresh)
+            self._active = fresh
+            self._sealing = active
+        self._sync_segment(active)  # what was written between the first fsync and the swap
+        self._seal(active)
+
+    def append(self, records: list[UsageRecordIn]) -> None:
+        """`write` then `sync`: on disk, and readable, when this returns."""
+        self.write(records)
+        self.sync()
+
+    def _sync_segment(self, segment: _Segment) -> None:
+        with self._append_lock:
+            if segment.torn:
+                _rebuild(segment)
+            end, lines, num_writes = segment.written, segment.written_lines, len(segment.unsynced)
+        if end == segment.size:
+            return
+        try:
+            os.fsync(segment.handle.fileno())
+        except OSError:
+            with self._append_lock:  # the failed fsync promises nothing: write those bytes again
+                segment.torn = True
+                _rebuild(segment)
             raise
-        rotate = active.size + len(data) >= self._segment_bytes
-        fresh = self._new_segment() if rotate else None
+        with self._append_lock:
+            del segment.unsynced[:num_writes]
         with self._lock:
-            active.size += len(data)
-            active.num_lines += len(records)
-            if fresh is not None:
-                active.sealed = True
-                self._segments.append(fresh)
-                self._active = fresh
+            segment.size = end
+            segment.num_lines = lines
+
+    def _seal(self, segment: _Segment) -> None:
+        with self._lock:
+            segment.sealed = True
+        self._sealing = None
 
     # -- the reader thread -----------------------------------------------------------------------
 
@@ -253,6 +319,30 @@ class UsageSpool:
             return _Segment(path, handle, size=0, num_lines=0, sealed=False)
 
 
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _cut(segment: _Segment, end: int) -> None:
+    """After a failed write: cut the file back to `end`; if even that fails, mark it torn."""
+    try:
+        os.ftruncate(segment.handle.fileno(), end)
+    except OSError:
+        segment.torn = True
+        log.exception("usage spool: could not cut %s back after a failed write", segment.path.name)
+
+
+def _rebuild(segment: _Segment) -> None:
+    """Under the append lock: the file past the fsync'd end written again from `unsynced`.
+    Raises OSError (and stays torn) if that fails too."""
+    fd = segment.handle.fileno()
+    os.ftruncate(fd, segment.size)
+    _write_all(fd, b"".join(segment.unsynced))
+    segment.torn = False
+
+
 def _adopt(path: Path) -> _Segment | None:
     try:
         handle = path.open("rb")
@@ -267,7 +357,8 @@ def _adopt(path: Path) -> _Segment | None:
         handle.close()
         return None
     size = os.fstat(handle.fileno()).st_size
-    return _Segment(path, handle, size=size, num_lines=_count_lines(handle, size), sealed=True)
+    num_lines = _count_lines(handle, size)
+    return _Segment(path, handle, size, num_lines, sealed=True, written=size, written_lines=num_lines)
 
 
 def _count_lines(handle: BinaryIO, size: int) -> int:

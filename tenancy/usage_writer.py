@@ -2,15 +2,16 @@
 
 The path of one record:
 1. `submit` (on the event loop) puts it in a bounded in-memory queue; it never blocks, and it
-   wakes the spool thread only when a batch opens, fills or must close at once (a durable
-   record): not once per record, which at 500 requests/s cost the event loop a thread switch
+   wakes the spool thread only when a batch opens, fills or must close at once (the stop): not
+   once per record, which at 500 requests/s cost the event loop a thread switch
    and a GIL hand-off per request.
 2. The spool thread takes a batch (up to `max_batch` records, or what arrives within
-   `flush_interval_s` of the first one), appends it to the `UsageSpool` and fsyncs once.
+   `flush_interval_s` of the first one), appends it to the `UsageSpool` and fsyncs once (that
+   fsync also covers the records `write_now` put in the file meanwhile).
 3. The database thread reads the spool in order and writes it in batches; the spool's cursor
    moves only past a committed batch. After a short batch it lets records gather for up to
-   `flush_interval_s` (a full batch or the stop ends the wait): one transaction per spooled
-   batch would be one per stream, since each stream's first record is spooled on its own.
+   `flush_interval_s` (a full batch or the stop ends the wait): a transaction costs about
+   the same for one record as for dozens.
    While the database is unavailable (locked, unreachable, timing out) the batch stays in the
    spool and is retried with backoff (at most `retry_max_s` apart); new records are spooled
    behind it, so order is kept and memory stays bounded.
@@ -23,23 +24,22 @@ by the next start before new ones. A request may have several records (a stream'
 ones, written before its first byte and as it goes, then its final one); the repository keeps
 the last written per request id and tenant, and the spool is replayed in order, so a replay
 is idempotent and ends on the latest state: a stream cut by a crash is billed from its last
-provisional record. `spool_now` queues a record that is fsync'd at once (the stream's first
-record, before its first byte), not at the end of a batch window, and is awaited on the event
-loop: the spool thread settles every awaiting future of one fsync'd batch with one
-`call_soon_threadsafe`, and wakes the database thread only when the database has a batch to
-take (its first record after a wait, a full batch, the stop), not once per stream.
+provisional record. `write_now` writes a record into the spool file from the calling thread
+(the event loop, for a stream's first record before its first byte): one write system call, no
+thread hand-off, in the page cache when it returns, so a crash of the process (kill -9) keeps
+it; the spool thread fsyncs it with its batch window, like every record.
 
 The guarantee (also in docs/operations.md): a record is on disk once the spool thread has
-fsync'd it, at most `flush_interval_s` plus one fsync after `submit`. A graceful stop loses
-nothing (the queue is spooled before the threads end, whatever the database's state); a crash
-of the process or the machine loses at most the records of that last window. A database outage
-of any length loses nothing while the disk has room. Only a full in-memory queue (the disk
-stalled for `max_queue` records) drops records, counted and logged.
+fsync'd it, at most `flush_interval_s` plus one fsync after `submit` or `write_now`. A graceful
+stop loses nothing (the queue is spooled before the threads end, whatever the database's
+state); a crash of the process loses the `submit`ted records of that last window, never a
+`write_now` one; a crash of the machine loses at most the records of that last window. A
+database outage of any length loses nothing while the disk has room. Only a full in-memory
+queue (the disk stalled for `max_queue` records) drops records, counted and logged.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import threading
@@ -64,36 +64,7 @@ REJECTED_FILENAME = "rejected.jsonl"
 _UNAVAILABLE = (OperationalError, InterfaceError, DisconnectionError, PoolTimeoutError)
 
 
-@dataclass(frozen=True)
-class _Durable:
-    """A record queued with `spool_now`: its future (of `loop`) completes once it is on disk."""
-
-    record: UsageRecordIn
-    future: asyncio.Future[None]
-    loop: asyncio.AbstractEventLoop
-
-
-def _settle(futures: list[asyncio.Future[None]], error: OSError | None) -> None:
-    """On the futures' loop: complete those still awaited (a cancelled or timed-out one is not)."""
-    for future in futures:
-        if future.done():
-            continue
-        if error is None:
-            future.set_result(None)
-        else:
-            future.set_exception(error)
-
-
-def _notify(waiting: list[_Durable], error: OSError | None) -> None:
-    """From the spool thread: settle a batch's durable records, one loop call per event loop."""
-    by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future[None]]] = {}
-    for durable in waiting:
-        by_loop.setdefault(durable.loop, []).append(durable.future)
-    for loop, futures in by_loop.items():
-        try:
-            loop.call_soon_threadsafe(_settle, futures, error)
-        except RuntimeError:  # the loop closed while its record was being written: nobody awaits it
-            pass
+_WRITTEN = object()  # a record `write_now` put in the spool file: the next fsync must cover it
 
 
 @dataclass(frozen=True)
@@ -101,7 +72,7 @@ class UsageWriterStats:
     """A snapshot of the writer's counters, for metrics and tests."""
 
     num_pending: int  # accepted, not yet in the database: in memory or in the spool
-    num_spooled: int  # fsync'd to the spool by this process
+    num_spooled: int  # fsync'd to the spool by this process (`write_now`'s once the fsync covers them)
     num_written: int  # committed to the database (a record already there counts once more)
     num_replayed: int  # of those, written while catching up (after a failed write, or left by a crash)
     num_rejected: int  # refused by the database for good; kept in rejected.jsonl
@@ -159,7 +130,7 @@ class UsageWriter:
         self._items: deque[object] = deque()
         self._lock = threading.Lock()
         self._idle = False  # the spool thread waits for a first record
-        self._due = False  # a queued record closes the batch now: durable, a full batch, or the stop
+        self._due = False  # a queued record closes the batch now: a full batch, or the stop
         self._ready = threading.Event()  # set when the spool thread must look at the queue
         self._spool_thread: threading.Thread | None = None
         self._db_thread: threading.Thread | None = None
@@ -220,22 +191,32 @@ class UsageWriter:
         """Queue one record; never blocks. When the queue is full the record is dropped and logged."""
         self._put(record, record)
 
-    async def spool_now(self, record: UsageRecordIn) -> None:
-        """Queue one record that must reach the disk now (a stream's record before its first
-        byte) and return once it is fsync'd, without waiting for a batch to fill. Raises OSError
-        if the record was dropped or could not be written. Call it on the event loop; bound it
-        with a timeout (a cancelled wait leaves the record queued: it is still written)."""
-        loop = asyncio.get_running_loop()
-        durable = _Durable(record, loop.create_future(), loop)
-        self._put(durable, record)
-        await durable.future
+    def write_now(self, record: UsageRecordIn) -> None:
+        """Write one record into the spool file now, from this thread (a stream's record before
+        its first byte, on the event loop): in the page cache when this returns, so a crash of
+        the process keeps it; fsync'd with the spool thread's batch window, like `submit`ted ones.
+
+        One write system call and no thread hand-off: waiting for the spool thread (a wake, its
+        write and fsync, a call back onto the loop) was ~0.6 ms of CPU a stream across three
+        threads (docs/benchmarks.md, eighteenth stop). Raises OSError when the record could not
+        be written (the disk failed, or the queue is full because the disk stalled); the
+        caller goes on without it (its final record still comes through `submit`).
+        """
+        if not self._started:
+            raise RuntimeError("the usage writer is not started")
+        if len(self._items) >= self._max_queue:  # the spool thread is stuck: the disk stalled
+            self._num_submitted += 1
+            self._num_dropped += 1
+            raise OSError("the usage queue is full")
+        self._spool.write([record])
+        self._put(_WRITTEN, record)  # opens a batch window if none is open; never dropped
 
     def _put(self, item: object, record: UsageRecordIn) -> None:
         with self._lock:
-            accepted = len(self._items) < self._max_queue
+            accepted = item is _WRITTEN or len(self._items) < self._max_queue
             if accepted:
                 self._items.append(item)
-                if isinstance(item, _Durable) or len(self._items) >= self._max_batch:
+                if len(self._items) >= self._max_batch:
                     self._due = True
                 wake = self._idle or self._due
                 self._idle = False  # signalled once: the next records join the batch it opens
@@ -243,10 +224,6 @@ class UsageWriter:
         if not accepted:
             self._num_dropped += 1
             log.error("usage queue full: dropped the usage record of request %s", record.request_id)
-            if isinstance(item, _Durable):
-                item.future.set_exception(
-                    OSError("the usage queue is full")
-                )  # on its loop: spool_now's caller
         elif wake:
             self._ready.set()
 
@@ -290,57 +267,62 @@ class UsageWriter:
                 self._ready.wait(self._flush_interval_s)
                 continue
             # Keep the batch open until the flush interval after its first record: one fsync
-            # per batch, not per request. A durable record, a full batch or the stop closes it at once.
+            # per batch, not per request. A full batch or the stop closes it at once.
             if not due:
                 self._ready.wait(self._flush_interval_s)
-            batch, waiting, stop = self._take_batch()
-            written = self._spool_batch(batch, stopping=stop)
-            if waiting:
-                _notify(waiting, None if written else OSError("the usage record could not be spooled"))
+            batch, num_written, stop = self._take_batch()
+            self._spool_batch(batch, num_written, stopping=stop)
         self._spool_done.set()
         self._wake.set()
 
-    def _take_batch(self) -> tuple[list[UsageRecordIn], list[_Durable], bool]:
-        """Up to `max_batch` queued records, the durable ones among them, and whether the stop
-        was reached."""
+    def _take_batch(self) -> tuple[list[UsageRecordIn], int, bool]:
+        """Up to `max_batch` queued records, how many `write_now` records the batch's fsync
+        covers, and whether the stop was reached."""
         batch: list[UsageRecordIn] = []
-        waiting: list[_Durable] = []  # durable records of this batch
+        num_written = 0
         with self._lock:
-            while self._items and len(batch) < self._max_batch:
+            while self._items and len(batch) + num_written < self._max_batch:
                 item = self._items.popleft()
                 if item is _STOP:
-                    return batch, waiting, True
-                if isinstance(item, _Durable):
-                    batch.append(item.record)
-                    waiting.append(item)
+                    return batch, num_written, True
+                if item is _WRITTEN:
+                    num_written += 1
                 elif isinstance(item, UsageRecordIn):
                     batch.append(item)
             # what stays queued is due at once if it would have closed a batch by itself
-            self._due = len(self._items) >= self._max_batch or any(
-                item is _STOP or isinstance(item, _Durable) for item in self._items
-            )
-        return batch, waiting, False
+            self._due = len(self._items) >= self._max_batch or any(item is _STOP for item in self._items)
+        return batch, num_written, False
 
-    def _spool_batch(self, batch: list[UsageRecordIn], *, stopping: bool) -> bool:
+    def _spool_batch(self, batch: list[UsageRecordIn], num_written: int, *, stopping: bool) -> None:
+        """Write the batch into the spool, then fsync it with every `write_now` record before it."""
         delay = self._flush_interval_s
-        while batch:
+        pending = batch  # not yet in the spool file
+        while True:
             try:
-                self._spool.append(batch)
+                self._spool.write(pending)
+                pending = []
+                self._spool.sync()
             except OSError:
                 if stopping and time.monotonic() >= self._stop_deadline:
-                    log.critical("usage spool: could not write; LOST %d usage record(s) at stop", len(batch))
-                    self._num_lost += len(batch)
-                    return False
+                    # Records already written stay in the file (the page cache): the next start
+                    # replays them unless the machine goes down first.
+                    if pending:
+                        log.critical(
+                            "usage spool: could not write; LOST %d usage record(s) at stop", len(pending)
+                        )
+                        self._num_lost += len(pending)
+                    return
                 log.exception(
-                    "usage spool: could not write %d record(s); retrying in %.1f s", len(batch), delay
+                    "usage spool: could not write or fsync %d record(s); retrying in %.1f s",
+                    len(batch) + num_written,
+                    delay,
                 )
                 self._pause(delay)
                 delay = min(delay * 2, self._retry_max_s)
                 continue
-            self._num_spooled += len(batch)
+            self._num_spooled += len(batch) + num_written
             self._wake_database()
-            return True
-        return True
+            return
 
     def _wake_database(self) -> None:
         """After a batch is spooled: wake the database thread if it waits for a first record or a
@@ -399,9 +381,10 @@ class UsageWriter:
 
         A transaction costs about the same for one record as for dozens (the tenant and price
         lookups, the statement, the commit: ~1-2 ms of Python against ~0.07 ms a record in a
-        batch of 64, bench.experiments.usage_batch_cost). Every stream's first record is spooled
-        on its own (fsync'd before its first byte), so writing each spooled batch at once made a
-        transaction per stream: at 500 streams/s most of a core of GIL time. The spool already
+        batch of 64, bench.experiments.usage_batch_cost). Until the eighteenth stop every stream's
+        first record was spooled on its own (fsync'd before its first byte), and writing each
+        spooled batch at once made a transaction per stream: at 500 streams/s most of a core of
+        GIL time. The spool already
         holds these records durably; the database gets them at most one flush interval later.
         """
         deadline = time.monotonic() + self._flush_interval_s

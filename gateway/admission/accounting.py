@@ -130,12 +130,13 @@ UsageSink = Callable[[UsageRecord], None]
 class UsageJournal:
     """Provisional usage records of a stream, so a crash of the server still bills it.
 
-    `begin` is awaited before the stream's first byte and returns once its record is on disk;
-    `progress` queues an updated one as the stream goes. The final record (the `UsageSink`'s)
+    `begin` is called before the stream's first byte and returns once its record is in the
+    spool file (a crash of the process keeps it); `progress` queues an updated one as the
+    stream goes. The final record (the `UsageSink`'s)
     replaces them; after a crash the last one written is the bill (`tenancy.usage_writer`).
     """
 
-    begin: Callable[[UsageRecord], Awaitable[None]]
+    begin: UsageSink
     progress: UsageSink
 
 
@@ -296,13 +297,13 @@ class Accountant:
         self.usage_sink = usage_sink
         self.journal = journal
 
-    async def begin(self, info: RequestInfo, tally: RequestTally) -> None:
+    def begin(self, info: RequestInfo, tally: RequestTally) -> None:
         """Before a stream's first byte: its provisional record (what it is about to deliver, as
-        cancelled) on disk. Billing trouble is logged, never fails the request."""
+        cancelled) in the spool file. Billing trouble is logged, never fails the request."""
         if self.journal is None:
             return
         try:
-            await self.journal.begin(self._record(info, tally, Outcome.CANCELLED))
+            self.journal.begin(self._record(info, tally, Outcome.CANCELLED))
         except Exception:
             logger.exception("could not write the provisional usage record of %s", info.request_id)
 

@@ -262,9 +262,9 @@ class GenerationResponse:
         except Exception as exc:
             await self._send_error(send, self._log_error(exc))
             return
-        # Billed even if the server dies mid-stream: a provisional record on disk before the first
-        # byte, updated as the stream goes (the final record replaces it).
-        await job.accountant.begin(job.info, self.tally)
+        # Billed even if the server dies mid-stream: a provisional record in the spool file before
+        # the first byte, updated as the stream goes (the final record replaces it).
+        job.accountant.begin(job.info, self.tally)
         progress_at = time.monotonic()
         await send({"type": "http.response.start", "status": 200, "headers": job.raw_headers(_SSE_HEADERS)})
         self._streaming = True

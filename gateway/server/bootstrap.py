@@ -291,10 +291,10 @@ def build_tenancy(settings: Settings) -> TenancyWiring:
     def sink(record: UsageRecord) -> None:
         writer.submit(to_usage_record_in(record))  # queued; written in batches on its own thread
 
-    async def begin(record: UsageRecord) -> None:
-        # On disk before the stream's first byte; bounded, so a stalled disk cannot hold streams.
-        async with asyncio.timeout(5.0):
-            await writer.spool_now(to_usage_record_in(record))
+    def begin(record: UsageRecord) -> None:
+        # In the spool file before the stream's first byte (one write call; a process crash keeps
+        # it), fsync'd with the spool thread's batch window (docs/decisions.md, eighteenth stop).
+        writer.write_now(to_usage_record_in(record))
 
     async def start() -> None:
         await asyncio.to_thread(writer.start)  # opens the spool; replays what a crash left

@@ -1,8 +1,8 @@
 """The usage spool: append, read back in order, commit, rotate, adopt leftovers, skip torn lines.
 
 A "crash" here is a copy of the spool directory taken while the spool is open: exactly what a
-killed process leaves on disk (every append is fsync'd before it returns). The real kill -9 is
-in test_usage_writer.py.
+killed process leaves on disk (what was written is in the page cache, fsync'd or not). The real
+kill -9 is in test_usage_writer.py.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from unittest import mock
 
 import pytest
 from hypothesis import settings
@@ -159,6 +160,67 @@ def test_a_failed_append_leaves_no_partial_line(spool: UsageSpool, monkeypatch: 
     assert spool.num_corrupt == 0
 
 
+def test_written_records_are_read_only_once_synced(spool: UsageSpool) -> None:
+    spool.write([record(1)])
+    spool.write([record(2), record(3)])  # two writers' records, in the order written
+    assert spool.read(10) is None and spool.num_pending == 0  # not fsync'd: not for the database yet
+    with mock.patch("tenancy.usage_spool.os.fsync") as fsync:
+        spool.sync()
+        spool.sync()  # nothing new: no second fsync
+    assert fsync.call_count == 1
+    assert spool.num_pending == 3
+    assert drain(spool) == ["req-1", "req-2", "req-3"]
+
+
+def test_a_record_written_and_not_synced_is_kept_at_close(tmp_path: Path) -> None:
+    s = UsageSpool(tmp_path / "spool")
+    s.open()
+    s.write([record(1)])
+    s.close()
+    after = UsageSpool(tmp_path / "spool")
+    assert after.open() == 1
+    assert drain(after) == ["req-1"]
+    after.close()
+
+
+def test_a_failed_fsync_writes_its_records_again_and_the_next_sync_keeps_them(spool: UsageSpool) -> None:
+    spool.append([record(1)])
+    spool.write([record(2)])
+    seen: list[bytes] = []
+
+    def fsync_fails(fd: int) -> None:
+        seen.append(os.pread(fd, 10_000, 0))
+        raise OSError(5, "Input/output error")
+
+    with mock.patch("tenancy.usage_spool.os.fsync", side_effect=fsync_fails), pytest.raises(OSError):
+        spool.sync()
+    assert spool.read(10) is not None and spool.num_pending == 1  # only the fsync'd record
+    spool.write([record(3)])  # a writer goes on while the sync is retried
+    spool.sync()
+    assert drain(spool) == ["req-1", "req-2", "req-3"]
+    assert spool.num_corrupt == 0
+
+
+def test_a_record_written_while_the_full_segment_rotates_is_kept_in_order(tmp_path: Path) -> None:
+    s = UsageSpool(tmp_path / "spool", segment_bytes=300)  # one record fills it
+    s.open()
+    s.write([record(1)])
+    real_new_segment = s._new_segment
+
+    def new_segment_with_a_write_racing_it() -> object:
+        fresh = real_new_segment()
+        s.write([record(2)])  # the event loop writes while the spool thread rotates
+        return fresh
+
+    with mock.patch.object(s, "_new_segment", side_effect=new_segment_with_a_write_racing_it):
+        s.sync()
+    s.write([record(3)])
+    s.sync()
+    assert drain(s) == ["req-1", "req-2", "req-3"]
+    s.close()
+    assert segments(s.directory) == []
+
+
 class SpoolMachine(RuleBasedStateMachine):
     """Append, flush to a database that goes down and up, crash and restart (with a torn tail):
     every record appended ends up in the database exactly once, in append order."""
@@ -195,6 +257,37 @@ class SpoolMachine(RuleBasedStateMachine):
         self.next_id += n
         self.s.append(batch)
         self.appended.extend(r.request_id for r in batch)
+
+    @rule(n=st.integers(1, 3))
+    def write(self, n: int) -> None:
+        """A writer that does not sync (the event loop): readable after the next sync."""
+        batch = [record(self.next_id + i) for i in range(n)]
+        self.next_id += n
+        self.s.write(batch)
+        self.appended.extend(r.request_id for r in batch)
+
+    @rule()
+    def sync(self) -> None:
+        self.s.sync()
+
+    @rule()
+    def sync_fails(self) -> None:
+        with mock.patch("tenancy.usage_spool.os.fsync", side_effect=OSError(5, "Input/output error")):
+            try:
+                self.s.sync()
+            except OSError:
+                pass  # the writer retries later; nothing written is lost
+
+    @rule()
+    def write_fails(self) -> None:
+        real_write = os.write
+
+        def half_then_fail(fd: int, data: bytes | memoryview) -> int:
+            real_write(fd, bytes(data)[: max(len(data) // 2, 1)])
+            raise OSError(28, "No space left on device")
+
+        with mock.patch("tenancy.usage_spool.os.write", side_effect=half_then_fail), pytest.raises(OSError):
+            self.s.write([record(10_000 + self.next_id)])  # refused: the caller keeps it
 
     @rule(max_records=st.integers(1, 6))
     def flush(self, max_records: int) -> None:
@@ -236,6 +329,7 @@ class SpoolMachine(RuleBasedStateMachine):
         if self.spool is None:
             return
         self.down = False
+        self.s.sync()
         for _ in range(1000):
             if self.s.num_pending == 0:
                 break

@@ -6,7 +6,6 @@ process killed with SIGKILL) and injected where it must be quick (`FlakyRepo`).
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import datetime as dt
 import json
@@ -41,9 +40,10 @@ def _record(i: int, tenant: str = "acme", status: UsageStatus = UsageStatus.COMP
                          finish_reason=FinishReason.STOP, created_at=WHEN)  # fmt: skip
 
 
-def _spool_now(writer: UsageWriter, record: UsageRecordIn) -> None:
-    """Await `spool_now` on an event loop of its own, as a stream's first record is awaited."""
-    asyncio.run(asyncio.wait_for(writer.spool_now(record), 30))
+def _spool_alone(writer: UsageWriter, record: UsageRecordIn) -> None:
+    """Spool one record in a batch of its own, as the spool thread does for a lone request."""
+    writer._spool.append([record])
+    writer._wake_database()
 
 
 def _stored(repo: TenancyRepo) -> dict[str, int]:
@@ -112,16 +112,90 @@ def test_a_later_record_of_a_request_replaces_the_stored_one(acme: TenancyRepo) 
     assert (day.num_requests, day.num_cancelled, day.completion_tokens) == (1, 1, 9)
 
 
-def test_a_durable_record_is_on_disk_when_spool_now_returns(acme: TenancyRepo, tmp_path: Path) -> None:
+def test_a_record_written_now_is_in_the_spool_file_before_its_fsync(
+    acme: TenancyRepo, tmp_path: Path
+) -> None:
     writer = UsageWriter(acme, tmp_path, flush_interval_s=60.0, retry_max_s=60.0)  # batches never fill
     writer.start()
     try:
-        _spool_now(writer, _record(1))  # not held for the 60 s window
+        writer.write_now(_record(1))  # returns at once: no wait for the spool thread or the disk
         lines = b"".join(p.read_bytes() for p in tmp_path.glob(SEGMENT_GLOB))
-        assert b'"r1"' in lines
+        assert b'"r1"' in lines  # in the file (the page cache): a crash of the process keeps it
+        assert writer.stats().num_spooled == 0  # fsync'd with its batch window, not yet
+        assert writer.stats().num_pending == 1
+    finally:
+        writer.close()  # the stop closes the window: fsync'd, then written
+    assert _stored(acme) == {"r1": 1}
+    assert writer.stats().num_spooled == 1
+
+
+def test_write_now_does_not_wait_for_a_stalled_disk(acme: TenancyRepo, tmp_path: Path) -> None:
+    writer = UsageWriter(acme, tmp_path, flush_interval_s=0.01, retry_max_s=0.01)
+    gate, syncing = threading.Event(), threading.Event()
+    sync = writer._spool.sync
+
+    def stalled_sync() -> None:
+        syncing.set()
+        gate.wait(30)  # the fsync of the first batch hangs, as on a stalled disk
+        sync()
+
+    writer._spool.sync = stalled_sync  # type: ignore[method-assign]
+    writer.start()
+    try:
+        writer.write_now(_record(0))
+        assert syncing.wait(30)
+        for i in range(1, 6):
+            writer.write_now(_record(i))  # the event loop goes on while the spool thread is stuck
+        lines = b"".join(p.read_bytes() for p in tmp_path.glob(SEGMENT_GLOB))
+        assert all(f'"r{i}"'.encode() in lines for i in range(6))
+    finally:
+        gate.set()
+        writer.close()
+    assert len(_stored(acme)) == 6
+
+
+def test_a_burst_written_now_wakes_the_spool_thread_once_and_is_fsync_d_once(
+    acme: TenancyRepo, tmp_path: Path
+) -> None:
+    writer = UsageWriter(acme, tmp_path, max_batch=100, flush_interval_s=0.3)
+    ready = writer._ready = CountingEvent()
+    syncs: list[int] = []
+    sync = writer._spool.sync
+    writer._spool.sync = lambda: (syncs.append(writer.stats().num_spooled), sync())[1]  # type: ignore[method-assign]
+    writer.start()
+    try:
+        assert wait_until(lambda: writer._idle)
+        for i in range(20):
+            writer.write_now(_record(i))
+        assert ready.num_sets == 1  # the first opened the batch window; the other 19 did not signal
+        assert wait_until(lambda: writer.stats().num_spooled == 20)
+        assert syncs == [0]  # one fsync for the 20
     finally:
         writer.close()
-    assert _stored(acme) == {"r1": 1}
+    assert len(_stored(acme)) == 20
+
+
+def test_a_record_written_now_on_a_failing_disk_raises(
+    acme: TenancyRepo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    writer = UsageWriter(acme, tmp_path, flush_interval_s=60.0, retry_max_s=60.0)
+    writer.start()
+    try:
+        real_write = os.write
+
+        def disk_full(fd: int, data: bytes | memoryview) -> int:
+            if fd == writer._spool._active.handle.fileno():  # type: ignore[union-attr]
+                raise OSError(28, "No space left on device")
+            return real_write(fd, data)
+
+        monkeypatch.setattr(os, "write", disk_full)
+        with pytest.raises(OSError, match="No space"):
+            writer.write_now(_record(1))  # the caller logs it and streams on without it
+        monkeypatch.undo()
+        writer.write_now(_record(2))
+    finally:
+        writer.close()
+    assert _stored(acme) == {"r2": 1}
 
 
 class CountingEvent(threading.Event):
@@ -142,8 +216,8 @@ def test_a_burst_wakes_the_spool_thread_once_and_is_spooled_in_one_append(
     writer = UsageWriter(acme, tmp_path, max_batch=100, flush_interval_s=0.3)
     ready = writer._ready = CountingEvent()
     appends: list[int] = []
-    append = writer._spool.append
-    writer._spool.append = lambda records: (appends.append(len(records)), append(records))[1]  # type: ignore[method-assign]
+    write = writer._spool.write
+    writer._spool.write = lambda records: (appends.append(len(records)), write(records))[1]  # type: ignore[method-assign]
     writer.start()
     try:
         assert wait_until(lambda: writer._idle)  # the spool thread waits for a first record
@@ -151,7 +225,7 @@ def test_a_burst_wakes_the_spool_thread_once_and_is_spooled_in_one_append(
             writer.submit(_record(i))
         assert ready.num_sets == 1  # the first record opened the batch; the other 19 did not signal
         assert wait_until(lambda: writer.stats().num_spooled == 20)
-        assert appends == [20]  # one append, one fsync
+        assert appends == [20]  # one write (and one fsync)
     finally:
         writer.close()
     assert len(_stored(acme)) == 20
@@ -183,20 +257,19 @@ class CountingRepo:
 
 
 def test_records_spooled_one_by_one_gather_into_few_transactions(acme: TenancyRepo, tmp_path: Path) -> None:
-    # Each durable record is spooled (fsync'd) on its own, as each stream's first record is; the
-    # database thread writes the first at once, then lets the next ones gather.
+    # Each record is spooled (fsync'd) on its own, as lone requests are; the database thread
+    # writes the first at once, then lets the next ones gather.
     counting = CountingRepo(acme)
     writer = UsageWriter(counting, tmp_path, max_batch=64, flush_interval_s=30.0, retry_max_s=30.0)  # type: ignore[arg-type]
     wake = writer._wake = CountingEvent()
     writer.start()
     try:
-        _spool_now(writer, _record(0))
+        _spool_alone(writer, _record(0))
         # the first at once (counted as its write starts; committed to the spool's cursor after)
         assert wait_until(lambda: counting.batches == [1] and writer.stats().num_pending == 0)
         assert wake.num_sets == 1  # the database thread waited for a first record
         for i in range(1, 12):
-            _spool_now(writer, _record(i))
-        assert writer.stats().num_spooled == 12
+            _spool_alone(writer, _record(i))
         assert counting.batches == [1]  # the other 11 wait in the spool
         assert writer.stats().num_pending == 11
         assert wake.num_sets == 1  # and did not wake the gathering database thread, one by one
@@ -211,10 +284,10 @@ def test_a_full_batch_in_the_spool_ends_the_wait(acme: TenancyRepo, tmp_path: Pa
     writer = UsageWriter(counting, tmp_path, max_batch=4, flush_interval_s=30.0, retry_max_s=30.0)  # type: ignore[arg-type]
     writer.start()
     try:
-        _spool_now(writer, _record(0))
+        _spool_alone(writer, _record(0))
         assert wait_until(lambda: counting.batches == [1])
         for i in range(1, 5):
-            _spool_now(writer, _record(i))
+            _spool_alone(writer, _record(i))
         assert wait_until(lambda: counting.batches == [1, 4])  # not held for the 30 s window
     finally:
         writer.close()
@@ -234,77 +307,23 @@ def test_a_refused_record_is_kept_aside_and_the_batch_is_written(acme: TenancyRe
     assert kept["request_id"] == "r2" and "deleted" in kept["error"]
 
 
-def test_a_durable_batch_is_settled_with_one_call_into_the_event_loop(
-    acme: TenancyRepo, tmp_path: Path
-) -> None:
-    writer = UsageWriter(acme, tmp_path, flush_interval_s=60.0, retry_max_s=60.0)
-    gate, appending = threading.Event(), threading.Event()
-    append = writer._spool.append
-
-    def held_append(records: Sequence[UsageRecordIn]) -> None:
-        appending.set()
-        gate.wait(30)  # the first batch holds the spool thread while the next records queue
-        append(records)
-
-    writer._spool.append = held_append  # type: ignore[method-assign]
-    writer.start()
-    calls: list[int] = []  # the number of futures each call from the spool thread settles
-
-    async def streams() -> None:
-        loop = asyncio.get_running_loop()
-        call = loop.call_soon_threadsafe
-
-        def counted(callback, *args):  # type: ignore[no-untyped-def]
-            if getattr(callback, "__name__", "") == "_settle":  # not the executor's calls (to_thread)
-                calls.append(len(args[0]))
-            return call(callback, *args)
-
-        loop.call_soon_threadsafe = counted  # type: ignore[method-assign]
-        first = asyncio.ensure_future(writer.spool_now(_record(0)))
-        assert await asyncio.to_thread(appending.wait, 30)
-        rest = [asyncio.ensure_future(writer.spool_now(_record(i))) for i in range(1, 6)]
-        gate.set()
-        await asyncio.wait_for(asyncio.gather(first, *rest), 30)
-
-    try:
-        asyncio.run(streams())
-        assert calls == [1, 5]  # one call for the first batch, one for the five queued behind it
-    finally:
-        gate.set()
-        writer.close()
-    assert len(_stored(acme)) == 6
-
-
-def test_a_durable_record_whose_wait_timed_out_is_still_written(acme: TenancyRepo, tmp_path: Path) -> None:
-    writer = UsageWriter(acme, tmp_path, flush_interval_s=60.0, retry_max_s=60.0)
+def test_a_record_written_now_into_a_full_queue_raises(acme: TenancyRepo, tmp_path: Path) -> None:
+    writer = UsageWriter(acme, tmp_path, max_queue=1)
     gate = threading.Event()
-    append = writer._spool.append
-    writer._spool.append = lambda records: (gate.wait(30), append(records))[1]  # type: ignore[method-assign]
+    sync = writer._spool.sync
+    writer._spool.sync = lambda: (gate.wait(30), sync())[1]  # type: ignore[method-assign]
     writer.start()
-
-    async def stream() -> None:
-        with pytest.raises(TimeoutError):
-            async with asyncio.timeout(0.05):  # a stalled disk: the stream goes on without it
-                await writer.spool_now(_record(1))
-
     try:
-        asyncio.run(stream())
-        gate.set()
-        assert wait_until(lambda: writer.stats().num_spooled == 1)
+        writer.submit(_record(0))
+        assert wait_until(lambda: writer._items.__len__() == 0)  # taken: the spool thread is stuck
+        writer.submit(_record(1))  # fills the queue behind it
+        with pytest.raises(OSError, match="queue is full"):
+            writer.write_now(_record(2))  # the disk stalled for max_queue records: refused, counted
+        assert writer.stats().num_dropped == 1
     finally:
         gate.set()
         writer.close()
-    assert _stored(acme) == {"r1": 1}
-
-
-def test_a_durable_record_the_full_queue_drops_fails_its_wait(acme: TenancyRepo, tmp_path: Path) -> None:
-    writer = UsageWriter(acme, tmp_path, max_queue=1)  # not started: the queue does not drain
-    writer.submit(_record(0))
-    with pytest.raises(OSError, match="queue is full"):
-        _spool_now(writer, _record(1))
-    assert writer.stats().num_dropped == 1
-    writer.close()
-    assert _stored(acme) == {"r0": 1}
+    assert _stored(acme) == {"r0": 1, "r1": 1}
 
 
 def test_full_queue_drops_instead_of_blocking(acme: TenancyRepo, tmp_path: Path) -> None:
@@ -432,7 +451,7 @@ def test_a_locked_sqlite_file_delays_records_but_loses_none(tmp_path: Path) -> N
 
 
 _CHILD = """
-import datetime as dt, sys, time
+import datetime as dt, os, sys, time
 from pathlib import Path
 from tenancy.db import Database
 from tenancy.keys import KeyHasher
@@ -447,6 +466,9 @@ for i in range(40):
     writer.submit(_record(i))
 while writer.stats().num_spooled < 40:
     time.sleep(0.01)
+os.fsync = lambda fd: time.sleep(60)  # the disk stalls: what follows is never fsync'd
+for i in range(40, 45):
+    writer.write_now(_record(i))  # a stream's first record, in the page cache only
 print("SPOOLED", flush=True)
 time.sleep(60)
 """
@@ -454,7 +476,8 @@ time.sleep(60)
 
 @pytest.mark.slow
 def test_records_of_a_killed_process_are_replayed_once(tmp_path: Path) -> None:
-    """kill -9 while the database is locked: the next start writes every record, once."""
+    """kill -9 while the database is locked (and the disk stalls the last records' fsync): the
+    next start writes every record, once, those only written (`write_now`) included."""
     from tenancy.keys import KeyHasher
     from tenancy.migrate import upgrade
 
@@ -485,6 +508,6 @@ def test_records_of_a_killed_process_are_replayed_once(tmp_path: Path) -> None:
     writer.start()
     assert wait_until(lambda: writer.stats().num_pending == 0, 30)
     writer.close()
-    assert _stored(repo) == {f"r{i}": 1 for i in range(40)}
-    assert writer.stats().num_replayed == 40
+    assert _stored(repo) == {f"r{i}": 1 for i in range(45)}
+    assert writer.stats().num_replayed == 45
     db.dispose()
