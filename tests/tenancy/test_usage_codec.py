@@ -14,7 +14,7 @@ from tenancy.enums import UsageStatus
 from tenancy.models import UsageRecord
 from tenancy.records import TenantSpec, UsageRecordIn
 from tenancy.repo import TenancyRepo
-from tenancy.usage_codec import CorruptRecordError, decode_record, encode_record
+from tenancy.usage_codec import CorruptRecordError, decode_record, encode_record, record_json
 
 WHEN = dt.datetime(2030, 1, 1, 12, 0, tzinfo=dt.UTC)
 
@@ -39,6 +39,16 @@ def test_the_model_version_survives_the_round_trip(model_version: str | None) ->
     line = encode_record(_record(model_version))
     assert json.loads(line)["model_version"] == model_version
     assert decode_record(line) == _record(model_version)
+
+
+@pytest.mark.parametrize("user", ["bob", "zoë 東京", 'a "quoted"\nline', None])
+def test_every_line_is_the_json_modules_ascii_line(user: str | None) -> None:
+    record = dataclasses.replace(_record("smol@v2"), user=user, ttft_ms=1.25, e2e_ms=3.5)
+    line = encode_record(record)  # pydantic's dump_json, or the json path for non-ASCII text
+    expected = json.dumps(record_json(record), separators=(",", ":"), ensure_ascii=True).encode() + b"\n"
+    assert line == expected
+    assert line.isascii() and line.count(b"\n") == 1
+    assert decode_record(line) == record
 
 
 def test_a_line_spooled_before_model_versions_still_decodes() -> None:
