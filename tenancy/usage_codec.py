@@ -54,9 +54,10 @@ def decode_record(line: bytes) -> UsageRecordIn:
     """The record of one line (with or without its newline); fields it does not know are ignored
     (e.g. the reason `rejected.jsonl` adds)."""
     try:
-        obj = json.loads(line)
-        if not isinstance(obj, dict) or obj.get("v") != FORMAT_VERSION:
-            raise CorruptRecordError(f"not a version-{FORMAT_VERSION} usage record")
+        if not line.startswith(_LINE_HEAD):  # as `encode_record` writes it: one parse, not two
+            obj = json.loads(line)
+            if not isinstance(obj, dict) or obj.get("v") != FORMAT_VERSION:
+                raise CorruptRecordError(f"not a version-{FORMAT_VERSION} usage record")
         return _RECORD.validate_json(line)
     except CorruptRecordError:
         raise

@@ -51,6 +51,14 @@ def test_every_line_is_the_json_modules_ascii_line(user: str | None) -> None:
     assert decode_record(line) == record
 
 
+def test_the_version_is_checked_however_the_line_is_spaced() -> None:
+    obj = json.loads(encode_record(_record(None)))
+    assert decode_record(json.dumps(obj).encode()) == _record(None)  # '{"v": 1, ...}': the slow check
+    for version in (10, 2, "1"):
+        with pytest.raises(CorruptRecordError, match="version-1"):
+            decode_record(json.dumps({**obj, "v": version}, separators=(",", ":")).encode())
+
+
 def test_a_line_spooled_before_model_versions_still_decodes() -> None:
     old = json.loads(encode_record(_record(None)))
     del old["model_version"]
