@@ -216,9 +216,8 @@ class UsageSpool:
                 segment.torn = True
                 _rebuild(segment)
             raise
-        with self._append_lock:
+        with self._append_lock, self._lock:  # together: a rebuild starts from `size`
             del segment.unsynced[:num_writes]
-        with self._lock:
             segment.size = end
             segment.num_lines = lines
 
