@@ -42,11 +42,12 @@ def encode_record(record: UsageRecordIn, **extra: str) -> bytes:
     """
     if not extra:
         try:
-            body = _RECORD.dump_json(record)
+            body = _RECORD.dump_json(record)  # '{"request_id":...}'
         except PydanticSerializationError:
-            body = b""
-        if body.isascii() and body.startswith(b"{") and len(body) > 2:
-            return _LINE_HEAD + body[1:] + b"\n"
+            pass
+        else:
+            if body.isascii():
+                return _LINE_HEAD + body[1:] + b"\n"
     return json.dumps(record_json(record, **extra), separators=(",", ":"), ensure_ascii=True).encode() + b"\n"
 
 

@@ -4,9 +4,9 @@ The usage writer appends every record here, and fsyncs it, before it tries the d
 database side reads the spool from its cursor, in append order, and moves the cursor only past
 a committed batch. Appending is two steps: `write` puts records in the file (the page cache: a
 crash of the process keeps them, a crash of the machine may not), from any thread; `sync`
-fsyncs what was written, and only then does the reader see it. A database outage therefore only delays records, and a crash leaves them on
-disk, where the next start reads them again (the database skips a record it already stored, so
-reading a record twice is harmless).
+fsyncs what was written, and only then does the reader see it. A database outage therefore only
+delays records, and a crash leaves them on disk, where the next start reads them again (the
+database skips a record it already stored, so reading a record twice is harmless).
 
 Layout: `<dir>/seg-<time_ns>-<pid>-<seq>.jsonl`, one record per line (`tenancy.usage_codec`).
 - Each segment this process uses is held with an exclusive `flock`, so processes sharing a
@@ -53,14 +53,22 @@ class _Segment:
     size: int  # bytes on disk and fsync'd: the reader never reads past it
     num_lines: int  # lines in those bytes (a torn last line counts)
     sealed: bool  # no more appends: the reader drops it once past its end
-    # The writers' side (under the spool's `_append_lock`): bytes and lines in the file, fsync'd
-    # or not, and the writes past `size`, in order, kept until fsync'd (an fsync that failed
-    # leaves no promise about them: they are written again). `torn`: the file past `size` no
-    # longer matches them (a failed write or rewrite); the next write or sync rebuilds it.
-    written: int = 0
-    written_lines: int = 0
+    # The writers' side (under the spool's `_append_lock`): the writes past `size`, in order,
+    # kept until fsync'd (an fsync that failed leaves no promise about them: they are written
+    # again). `torn`: the file past `size` no longer matches them (a failed write or rewrite);
+    # the next write or sync rebuilds it.
     unsynced: list[bytes] = field(default_factory=list)
     torn: bool = False
+
+    @property
+    def written(self) -> int:
+        """Bytes in the file, fsync'd or not: where the next write goes."""
+        return self.size + sum(len(data) for data in self.unsynced)
+
+    @property
+    def written_lines(self) -> int:
+        """Lines in the file, fsync'd or not (each record is one line)."""
+        return self.num_lines + sum(data.count(b"\n") for data in self.unsynced)
 
 
 @dataclass(frozen=True)
@@ -169,8 +177,6 @@ class UsageSpool:
             except OSError:
                 _cut(active, active.written)
                 raise
-            active.written += len(data)
-            active.written_lines += len(records)
             active.unsynced.append(data)
 
     def sync(self) -> None:
@@ -357,7 +363,7 @@ def _adopt(path: Path) -> _Segment | None:
         return None
     size = os.fstat(handle.fileno()).st_size
     num_lines = _count_lines(handle, size)
-    return _Segment(path, handle, size, num_lines, sealed=True, written=size, written_lines=num_lines)
+    return _Segment(path, handle, size, num_lines, sealed=True)
 
 
 def _count_lines(handle: BinaryIO, size: int) -> int:

@@ -384,8 +384,8 @@ class UsageWriter:
         batch of 64, bench.experiments.usage_batch_cost). Until the eighteenth stop every stream's
         first record was spooled on its own (fsync'd before its first byte), and writing each
         spooled batch at once made a transaction per stream: at 500 streams/s most of a core of
-        GIL time. The spool already
-        holds these records durably; the database gets them at most one flush interval later.
+        GIL time. The spool already holds these records durably; the database gets them at most
+        one flush interval later.
         """
         deadline = time.monotonic() + self._flush_interval_s
         while not self._stopping.is_set() and self._spool.num_pending < self._max_batch:

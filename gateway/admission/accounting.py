@@ -132,8 +132,8 @@ class UsageJournal:
 
     `begin` is called before the stream's first byte and returns once its record is in the
     spool file (a crash of the process keeps it); `progress` queues an updated one as the
-    stream goes. The final record (the `UsageSink`'s)
-    replaces them; after a crash the last one written is the bill (`tenancy.usage_writer`).
+    stream goes. The final record (the `UsageSink`'s) replaces them; after a crash the last one
+    written is the bill (`tenancy.usage_writer`).
     """
 
     begin: UsageSink
