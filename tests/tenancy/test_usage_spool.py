@@ -251,20 +251,21 @@ class SpoolMachine(RuleBasedStateMachine):
         assert self.spool is not None
         return self.spool
 
-    @rule(n=st.integers(1, 5))
-    def append(self, n: int) -> None:
+    def _next_batch(self, n: int) -> list[UsageRecordIn]:
+        """`n` new records, counted as appended (in the order they go into the spool)."""
         batch = [record(self.next_id + i) for i in range(n)]
         self.next_id += n
-        self.s.append(batch)
         self.appended.extend(r.request_id for r in batch)
+        return batch
+
+    @rule(n=st.integers(1, 5))
+    def append(self, n: int) -> None:
+        self.s.append(self._next_batch(n))
 
     @rule(n=st.integers(1, 3))
     def write(self, n: int) -> None:
         """A writer that does not sync (the event loop): readable after the next sync."""
-        batch = [record(self.next_id + i) for i in range(n)]
-        self.next_id += n
-        self.s.write(batch)
-        self.appended.extend(r.request_id for r in batch)
+        self.s.write(self._next_batch(n))
 
     @rule()
     def sync(self) -> None:

@@ -15,7 +15,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -154,27 +154,6 @@ def test_write_now_does_not_wait_for_a_stalled_disk(acme: TenancyRepo, tmp_path:
     assert len(_stored(acme)) == 6
 
 
-def test_a_burst_written_now_wakes_the_spool_thread_once_and_is_fsync_d_once(
-    acme: TenancyRepo, tmp_path: Path
-) -> None:
-    writer = UsageWriter(acme, tmp_path, max_batch=100, flush_interval_s=0.3)
-    ready = writer._ready = CountingEvent()
-    syncs: list[int] = []
-    sync = writer._spool.sync
-    writer._spool.sync = lambda: (syncs.append(writer.stats().num_spooled), sync())[1]  # type: ignore[method-assign]
-    writer.start()
-    try:
-        assert wait_until(lambda: writer._idle)
-        for i in range(20):
-            writer.write_now(_record(i))
-        assert ready.num_sets == 1  # the first opened the batch window; the other 19 did not signal
-        assert wait_until(lambda: writer.stats().num_spooled == 20)
-        assert syncs == [0]  # one fsync for the 20
-    finally:
-        writer.close()
-    assert len(_stored(acme)) == 20
-
-
 def test_a_record_written_now_on_a_failing_disk_raises(
     acme: TenancyRepo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -210,6 +189,13 @@ class CountingEvent(threading.Event):
         super().set()
 
 
+def _burst(writer: UsageWriter, put: Callable[[UsageRecordIn], None]) -> None:
+    """Twenty records, once the spool thread waits for a first one."""
+    assert wait_until(lambda: writer._idle)
+    for i in range(20):
+        put(_record(i))
+
+
 def test_a_burst_wakes_the_spool_thread_once_and_is_spooled_in_one_append(
     acme: TenancyRepo, tmp_path: Path
 ) -> None:
@@ -220,12 +206,29 @@ def test_a_burst_wakes_the_spool_thread_once_and_is_spooled_in_one_append(
     writer._spool.write = lambda records: (appends.append(len(records)), write(records))[1]  # type: ignore[method-assign]
     writer.start()
     try:
-        assert wait_until(lambda: writer._idle)  # the spool thread waits for a first record
-        for i in range(20):
-            writer.submit(_record(i))
+        _burst(writer, writer.submit)
         assert ready.num_sets == 1  # the first record opened the batch; the other 19 did not signal
         assert wait_until(lambda: writer.stats().num_spooled == 20)
         assert appends == [20]  # one write (and one fsync)
+    finally:
+        writer.close()
+    assert len(_stored(acme)) == 20
+
+
+def test_a_burst_written_now_wakes_the_spool_thread_once_and_is_fsync_d_once(
+    acme: TenancyRepo, tmp_path: Path
+) -> None:
+    writer = UsageWriter(acme, tmp_path, max_batch=100, flush_interval_s=0.3)
+    ready = writer._ready = CountingEvent()
+    syncs: list[int] = []
+    sync = writer._spool.sync
+    writer._spool.sync = lambda: (syncs.append(writer.stats().num_spooled), sync())[1]  # type: ignore[method-assign]
+    writer.start()
+    try:
+        _burst(writer, writer.write_now)
+        assert ready.num_sets == 1  # the first opened the batch window; the other 19 did not signal
+        assert wait_until(lambda: writer.stats().num_spooled == 20)
+        assert syncs == [0]  # one fsync for the 20
     finally:
         writer.close()
     assert len(_stored(acme)) == 20
