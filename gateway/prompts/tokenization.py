@@ -5,9 +5,12 @@ Chat prompts go through the model's own chat template (`apply_chat_template` wit
 again, since the template already holds them.
 
 The async methods, which the routes use, run on a `TokenizerPool` worker with a tokenizer copy
-of their own: no template, tokenizer or token-id scan runs on the event loop, and a long prompt
-on one worker does not hold a lock that every other prompt needs (issue 21). The sync methods
-share the one tokenizer under a lock (tests, logprob token names).
+of their own: no template, tokenizer or token-id scan of a long prompt runs on the event loop, and
+a long prompt on one worker does not hold a lock that every other prompt needs (issue 21). A
+prompt of at most the pool's `inline_max_bytes` is tokenized on the calling thread with the
+loop's own copy (made with the workers' by `make_copies`), which no worker ever holds; it waits
+for no worker either, since the hand-off costs more than the work. The sync methods share the one
+tokenizer under a lock (tests, logprob token names).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any, Protocol, TypeVar
 
 from gateway.api.protocol import ChatMessage
 from gateway.http.errors import BadRequestError, UnprocessableError
+from gateway.prompts.prompt_limits import chat_bytes, prompts_bytes
 from gateway.prompts.tokenizer_pool import TokenizerPool
 
 T = TypeVar("T")
@@ -69,6 +73,10 @@ class PromptBuilder:
         self._copies: list[Tokenizer] = []  # idle private copies
         self.num_copies = 0  # private copies made, idle or in use
         self._copies_lock = threading.Lock()
+        # The calling thread's copy for short prompts (`_run_inline`); its lock is only contended
+        # when two event loops share this builder (tests), and then only for one short prompt.
+        self._inline_copy: Tokenizer | None = None
+        self._inline_lock = threading.Lock()
         self._copyable = True
         self._default_pool: TokenizerPool | None = None
         self.vocab_size = vocab_size if vocab_size is not None else len(tokenizer)
@@ -109,8 +117,11 @@ class PromptBuilder:
     async def encode_chat_async(
         self, messages: Sequence[ChatMessage], pool: TokenizerPool | None = None, tenant_id: str = ""
     ) -> tuple[int, ...]:
-        """`encode_chat`, on a worker of `pool` (a share of it per `tenant_id`)."""
-        return await self._pool(pool).run(tenant_id, self._with_private, _encode_chat, messages)
+        """`encode_chat`, on a worker of `pool` (a share of it per `tenant_id`), or here when short."""
+        pool = self._pool(pool)
+        if self._inline_ready(pool) and chat_bytes(messages, pool.inline_max_bytes) <= pool.inline_max_bytes:
+            return self._run_inline(_encode_chat, messages)
+        return await pool.run(tenant_id, self._with_private, _encode_chat, messages)
 
     async def encode_prompts_async(
         self,
@@ -118,8 +129,15 @@ class PromptBuilder:
         pool: TokenizerPool | None = None,
         tenant_id: str = "",
     ) -> tuple[tuple[int, ...], ...]:
-        """`encode_prompt` for each prompt, on a worker of `pool` (a share of it per `tenant_id`)."""
-        return await self._pool(pool).run(tenant_id, self._with_private, self._encode_all, prompts)
+        """`encode_prompt` for each prompt, on a worker of `pool` (a share of it per `tenant_id`), or
+        here when short."""
+        pool = self._pool(pool)
+        if (
+            self._inline_ready(pool)
+            and prompts_bytes(prompts, pool.inline_max_bytes) <= pool.inline_max_bytes
+        ):
+            return self._run_inline(self._encode_all, prompts)
+        return await pool.run(tenant_id, self._with_private, self._encode_all, prompts)
 
     async def encode_chat_prefix_async(self, messages: Sequence[ChatMessage]) -> tuple[int, ...]:
         """Token ids of `messages` rendered as the start of a chat, without the assistant's turn
@@ -156,10 +174,13 @@ class PromptBuilder:
         return prompt
 
     def make_copies(self, num_copies: int) -> int:
-        """Make the pool workers' private tokenizers now, up to `num_copies` in all; how many
-        there are. Off the serving path (the fleet calls it on its loading thread): one copy
-        holds the GIL for ~65 ms (SmolLM2's tokenizer, measured), a stall of every stream and of
-        the event loop when a worker had to make it on its first busy moment."""
+        """Make the pool workers' private tokenizers now, up to `num_copies` in all, and the
+        calling thread's copy for short prompts; how many the workers have. Off the serving path
+        (the fleet calls it on its loading thread): one copy holds the GIL for ~65 ms (SmolLM2's
+        tokenizer, measured), a stall of every stream and of the event loop when a worker had to
+        make it on its first busy moment. Without it, short prompts go to the workers too."""
+        if self._inline_copy is None:
+            self._inline_copy = self._new_copy()
         while self.num_copies < num_copies:
             private = self._new_copy()
             if private is None:
@@ -178,6 +199,16 @@ class PromptBuilder:
             except Exception:  # not copyable (a test double holding a lock): share, in turns
                 self._copyable = False
                 return None
+
+    def _inline_ready(self, pool: TokenizerPool) -> bool:
+        """Whether prompts of at most `pool.inline_max_bytes` may be tokenized on this thread."""
+        return pool.inline_max_bytes > 0 and self._inline_copy is not None
+
+    def _run_inline(self, fn: Callable[..., T], *args: Any) -> T:
+        """`fn(tokenizer, *args)` on the calling thread, with its own copy."""
+        assert self._inline_copy is not None  # `_inline_ready` said so
+        with self._inline_lock:
+            return fn(self._inline_copy, *args)
 
     def _with_private(self, fn: Callable[..., T], *args: Any) -> T:
         """`fn(tokenizer, *args)` with a tokenizer no other thread uses meanwhile."""

@@ -1,10 +1,16 @@
 """The worker threads that render chat templates, tokenize prompts and check token ids.
 
-Nothing that grows with a prompt runs on the event loop: every prompt of every request is
-tokenized here, on one of `num_workers` threads. One tenant holds at most `max_per_tenant` of
-them at a time; its further jobs wait in its own line, and a freed worker goes to the next tenant
-in turn that is under its share. So one tenant's huge prompts queue behind each other, not in
-front of everyone else's (issue 21).
+Nothing that grows with a prompt runs on the event loop: every prompt larger than
+`inline_max_bytes` (UTF-8 bytes, 512 when serving) is tokenized here, on one of `num_workers`
+threads. One tenant holds at most `max_per_tenant` of them at a time; its further jobs wait in its
+own line, and a freed worker goes to the next tenant in turn that is under its share. So one
+tenant's huge prompts queue behind each other, not in front of everyone else's (issue 21).
+
+A prompt of at most `inline_max_bytes` is tokenized on the calling thread instead
+(`PromptBuilder`, with a tokenizer copy of the loop's own): its template and tokenizer cost a
+bounded ~0.05-0.3 ms, less than the hand-off to a worker and back (the submit, the future, the
+loop's wake-up, two GIL hand-offs), which cost a keyed chat ~0.3-0.6 ms of server CPU on the
+2-core machine (docs/benchmarks.md, nineteenth stop).
 """
 
 from __future__ import annotations
@@ -21,12 +27,16 @@ T = TypeVar("T")
 class TokenizerPool:
     """A bounded pool of worker threads with a per-tenant share of them."""
 
-    def __init__(self, num_workers: int, tenant_share: float = 0.5) -> None:
+    def __init__(self, num_workers: int, tenant_share: float = 0.5, inline_max_bytes: int = 0) -> None:
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
         if not 0 < tenant_share <= 1:
             raise ValueError(f"tenant_share must be in (0, 1], got {tenant_share}")
+        if inline_max_bytes < 0:
+            raise ValueError(f"inline_max_bytes must be >= 0, got {inline_max_bytes}")
         self.num_workers = num_workers
+        # Prompts of at most this many UTF-8 bytes (see `PromptBuilder`) skip the workers; 0: none.
+        self.inline_max_bytes = inline_max_bytes
         self.max_per_tenant = max(1, int(num_workers * tenant_share))
         # Its own threads (started on first use): tokenization never takes the threads the event
         # loop lends everything else. Plain asyncio on the pinned loop, not anyio's `to_thread`

@@ -137,7 +137,9 @@ def create_app(
         accountant=Accountant(metrics, usage_sink, usage_journal),
         tracer=tracer,
         state=state,
-        tokenizer_pool=TokenizerPool(settings.tokenizer_workers, settings.tokenizer_tenant_share),
+        tokenizer_pool=TokenizerPool(
+            settings.tokenizer_workers, settings.tokenizer_tenant_share, settings.tokenizer_inline_bytes
+        ),
         prompt_limits=PromptLimits(settings.max_chat_messages, settings.prompt_chars_per_token),
         grammars=GrammarService(
             GrammarLimits(

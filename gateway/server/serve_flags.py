@@ -235,6 +235,13 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="most of the tokenizer threads (0-1] one tenant may hold at once "
         "(env WEIR_TOKENIZER_TENANT_SHARE; default 0.5)",
     )
+    add(
+        "--tokenizer-inline-bytes",
+        type=int,
+        metavar="N",
+        help="a prompt of at most N UTF-8 bytes (and 8 messages or prompts) is tokenized on the event "
+        "loop, not a tokenizer thread; 0: none (env WEIR_TOKENIZER_INLINE_BYTES; default 512)",
+    )
     choice(
         "--admission",
         AdmissionMode,

@@ -216,6 +216,9 @@ class Settings:
     # share of them one tenant may hold at a time.
     tokenizer_workers: int = 4
     tokenizer_tenant_share: float = 0.5
+    # A prompt of at most this many UTF-8 bytes (and at most 8 messages or prompts) is tokenized on
+    # the event loop, where it costs less than the hand-off to a worker; 0: every prompt on one.
+    tokenizer_inline_bytes: int = 512
     # Structured outputs / tool calls (gateway.prompts.grammar): a grammar that does not compile within
     # this time is refused (400); compiles run on this many worker threads.
     grammar_compile_timeout_s: float = 5.0
@@ -326,6 +329,8 @@ class Settings:
             raise ValueError(f"prompt_chars_per_token must be >= 1, got {self.prompt_chars_per_token}")
         if not 0 < self.tokenizer_tenant_share <= 1:
             raise ValueError(f"tokenizer_tenant_share must be in (0, 1], got {self.tokenizer_tenant_share}")
+        if self.tokenizer_inline_bytes < 0:
+            raise ValueError(f"tokenizer_inline_bytes must be >= 0, got {self.tokenizer_inline_bytes}")
 
     @property
     def auth_mode(self) -> AuthMode:
@@ -499,6 +504,7 @@ _FIELDS: dict[str, _FieldSpec] = {
     "prompt_chars_per_token": _FieldSpec("WEIR_PROMPT_CHARS_PER_TOKEN", int),
     "tokenizer_workers": _FieldSpec("WEIR_TOKENIZER_WORKERS", int),
     "tokenizer_tenant_share": _FieldSpec("WEIR_TOKENIZER_TENANT_SHARE", float),
+    "tokenizer_inline_bytes": _FieldSpec("WEIR_TOKENIZER_INLINE_BYTES", int),
     "grammar_compile_timeout_s": _FieldSpec("WEIR_GRAMMAR_COMPILE_TIMEOUT_S", float),
     "grammar_compile_workers": _FieldSpec("WEIR_GRAMMAR_COMPILE_WORKERS", int),
     "gil_switch_interval_ms": _FieldSpec("WEIR_GIL_SWITCH_INTERVAL_MS", float),

@@ -8,14 +8,20 @@ from typing import Any
 
 import httpx
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from gateway.api import structured_bodies as sb
 from gateway.api.protocol import ChatMessage, Role
 from gateway.http.errors import BadRequestError
 from gateway.prompts.prompt_limits import (
     FALLBACK_CHARS_PER_TOKEN,
+    INLINE_MAX_ITEMS,
     PromptLimits,
+    chat_bytes,
     check_chat_size,
     check_prompt_sizes,
+    prompts_bytes,
 )
 from gateway.prompts.tokenization import PromptBuilder, longest_token_chars
 from gateway.server.settings import Settings
@@ -143,3 +149,65 @@ def test_millions_of_token_ids_are_refused_from_their_count(counted: tuple[list[
             "param": "prompt",
             "code": "prompt_too_long",
         }
+
+
+# -- the sizes that decide where a prompt is tokenized ---------------------------------------------
+
+
+def _utf8(text: str) -> int:
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+_texts = st.text(max_size=40)
+
+
+@given(
+    st.lists(
+        st.tuples(_texts, st.none() | st.text(max_size=8), st.none() | _texts), max_size=INLINE_MAX_ITEMS
+    ),
+    st.integers(0, 200),
+)
+def test_chat_bytes_are_exact_up_to_the_limit(
+    parts: list[tuple[str, str | None, str | None]], limit: int
+) -> None:
+    messages = [
+        ChatMessage(Role.USER, content, name=name, tool_call_id=call_id) for content, name, call_id in parts
+    ]
+    exact = sum(_utf8(c) + _utf8(n or "") + _utf8(i or "") for c, n, i in parts)
+    got = chat_bytes(messages, limit)
+    if exact <= limit:
+        assert got == exact
+    else:
+        assert got > limit
+
+
+@given(
+    st.lists(_texts | st.lists(st.integers(0, 99), max_size=40).map(tuple), max_size=INLINE_MAX_ITEMS),
+    st.integers(0, 200),
+)
+def test_prompts_bytes_are_exact_up_to_the_limit(prompts: list[str | tuple[int, ...]], limit: int) -> None:
+    exact = sum(_utf8(p) if isinstance(p, str) else len(p) for p in prompts)
+    got = prompts_bytes(prompts, limit)
+    if exact <= limit:
+        assert got == exact
+    else:
+        assert got > limit
+
+
+def test_non_ascii_text_counts_its_utf8_bytes() -> None:
+    assert chat_bytes([ChatMessage(Role.USER, "héllo 世界")], 100) == len("héllo 世界".encode())
+    assert prompts_bytes(["世界"], 100) == 6
+
+
+def test_a_huge_text_is_sized_without_encoding_it() -> None:
+    # Past the limit in characters, hence in bytes: no encode of a megabyte to find that out.
+    assert chat_bytes([ChatMessage(Role.USER, "é" * 1_000_000)], 512) > 512
+    assert prompts_bytes(["é" * 1_000_000], 512) > 512
+
+
+def test_many_items_or_earlier_tool_calls_count_as_above_any_limit() -> None:
+    many = [ChatMessage(Role.USER, "")] * (INLINE_MAX_ITEMS + 1)
+    assert chat_bytes(many, 10_000) > 10_000
+    assert prompts_bytes([""] * (INLINE_MAX_ITEMS + 1), 10_000) > 10_000
+    call = sb.ToolCall(id="c1", function=sb.FunctionCall(name="f", arguments="{}"))
+    assert chat_bytes([ChatMessage(Role.ASSISTANT, "", tool_calls=(call,))], 10_000) > 10_000

@@ -12,7 +12,9 @@ import pytest
 
 from gateway.api.protocol import ChatMessage, Role
 from gateway.http.errors import BadRequestError, UnprocessableError
+from gateway.prompts.prompt_limits import INLINE_MAX_ITEMS
 from gateway.prompts.tokenization import PromptBuilder
+from gateway.prompts.tokenizer_pool import TokenizerPool
 from tests.gateway.harness import tokenizer
 from tests.gateway.tiny_tokenizer import word_token_id
 
@@ -181,7 +183,7 @@ class _GatedTokenizer:
         return 100
 
 
-def test_no_prompt_is_tokenized_or_rendered_on_the_event_loop() -> None:
+def test_by_default_no_prompt_is_tokenized_or_rendered_on_the_event_loop() -> None:
     tok = _GatedTokenizer()
     builder = PromptBuilder(tok)
 
@@ -192,6 +194,111 @@ def test_no_prompt_is_tokenized_or_rendered_on_the_event_loop() -> None:
 
     loop_thread = asyncio.run(main())
     assert len(tok.threads) == 3 and loop_thread not in tok.threads
+
+
+def _inline_pool(limit: int = 16) -> TokenizerPool:
+    return TokenizerPool(num_workers=1, tenant_share=1.0, inline_max_bytes=limit)
+
+
+def test_short_prompts_are_tokenized_on_the_loop_and_longer_ones_on_a_worker() -> None:
+    tok = _GatedTokenizer()
+    builder = PromptBuilder(tok)
+    builder.make_copies(1)
+    pool = _inline_pool(16)
+
+    async def main() -> list[tuple[str, bool]]:
+        loop_thread = threading.get_ident()
+        seen = []
+
+        async def where(label: str, call: Any) -> None:
+            before = len(tok.threads)
+            await call
+            seen.append((label, all(t == loop_thread for t in tok.threads[before:])))
+
+        await where("chat 16 bytes", builder.encode_chat_async([ChatMessage(Role.USER, "x" * 16)], pool, "t"))
+        await where("chat 17 bytes", builder.encode_chat_async([ChatMessage(Role.USER, "x" * 17)], pool, "t"))
+        await where(
+            "chat 9 bytes, 2 chars", builder.encode_chat_async([ChatMessage(Role.USER, "世界é")], pool)
+        )
+        await where(
+            "chat 18 bytes, 9 chars", builder.encode_chat_async([ChatMessage(Role.USER, "é" * 9)], pool)
+        )
+        many = [ChatMessage(Role.USER, "a")] * (INLINE_MAX_ITEMS + 1)  # 9 bytes, but many
+        await where("chat of many messages", builder.encode_chat_async(many, pool))
+        await where("prompts 16 bytes", builder.encode_prompts_async(["x" * 10, "y" * 6], pool))
+        await where("prompts 17 bytes", builder.encode_prompts_async(["x" * 10, "y" * 7], pool))
+        await where("ids", builder.encode_prompts_async([(1, 2, 3)], pool))
+        return seen
+
+    assert asyncio.run(main()) == [
+        ("chat 16 bytes", True),
+        ("chat 17 bytes", False),
+        ("chat 9 bytes, 2 chars", True),
+        ("chat 18 bytes, 9 chars", False),
+        ("chat of many messages", False),
+        ("prompts 16 bytes", True),
+        ("prompts 17 bytes", False),
+        ("ids", True),
+    ]
+
+
+def test_without_the_loops_own_copy_short_prompts_go_to_a_worker() -> None:
+    tok = _GatedTokenizer()
+    builder = PromptBuilder(tok)  # no make_copies: no copy for the loop, and none made on it
+
+    async def main() -> int:
+        await builder.encode_chat_async([ChatMessage(Role.USER, "hi")], _inline_pool())
+        return threading.get_ident()
+
+    loop_thread = asyncio.run(main())
+    assert tok.threads and loop_thread not in tok.threads
+
+
+def test_a_short_prompt_waits_for_no_worker() -> None:
+    tok = _GatedTokenizer()
+    builder = PromptBuilder(tok)
+    builder.make_copies(1)
+    pool = _inline_pool(16)  # one worker, all of it the tenant's share
+
+    async def main() -> None:
+        slow = asyncio.ensure_future(builder.encode_prompts_async(["slow " * 10], pool, "a"))
+        while not tok.threads:  # the long one holds the only worker
+            await asyncio.sleep(0.001)
+        assert pool.num_busy == 1
+        assert await builder.encode_chat_async([ChatMessage(Role.USER, "fast")], pool, "a") == (1,)
+        assert tok.done == ["fast"]
+        tok.gate.set()
+        await slow
+
+    asyncio.run(main())
+    assert tok.done == ["fast", "slow"]
+
+
+@pytest.mark.parametrize("text", ["hello world", "héllo wörld 世界", "", "<|im_start|>user", "hello " * 100])
+def test_the_loop_and_a_worker_give_the_same_ids_and_errors(text: str) -> None:
+    builder = PromptBuilder(tokenizer())
+    builder.make_copies(1)
+    inline, workers = _inline_pool(512), _inline_pool(0)
+
+    async def both(call: Any) -> tuple[Any, Any]:
+        out = []
+        for pool in (inline, workers):
+            try:
+                out.append(await call(pool))
+            except (BadRequestError, UnprocessableError) as exc:
+                out.append((type(exc), exc.param, exc.message))
+        return out[0], out[1]
+
+    async def main() -> None:
+        chat = [ChatMessage(Role.SYSTEM, "be brief"), ChatMessage(Role.USER, text)]
+        a, b = await both(lambda pool: builder.encode_chat_async(chat, pool))
+        assert a == b == builder.encode_chat(chat)
+        a, b = await both(lambda pool: builder.encode_prompts_async([text], pool))
+        assert a == b
+        a, b = await both(lambda pool: builder.encode_prompts_async([(1,), (builder.vocab_size,)], pool))
+        assert a == b and a[1] == "prompt[1]"
+
+    asyncio.run(main())
 
 
 def test_a_long_tokenization_does_not_hold_up_another_prompt() -> None:
@@ -225,14 +332,15 @@ class _CountedCopies(_GatedTokenizer):
 def test_copies_made_ahead_serve_the_workers_and_none_is_made_while_serving() -> None:
     _CountedCopies.copies = 0
     builder = PromptBuilder(_CountedCopies())
-    assert builder.make_copies(3) == 3 and _CountedCopies.copies == 3
+    # Three for the workers and one for short prompts tokenized on the calling thread.
+    assert builder.make_copies(3) == 3 and _CountedCopies.copies == 4
     assert builder.make_copies(2) == 3  # never fewer, never more than asked
 
     def work(i: int) -> None:
         builder._with_private(lambda tok, text: tok.encode(text), f"prompt {i}")
 
     assert _run_in_threads(work, 3) == []
-    assert _CountedCopies.copies == 3 and builder.num_copies == 3
+    assert _CountedCopies.copies == 4 and builder.num_copies == 3
 
 
 def test_more_workers_than_copies_made_ahead_make_one_more_each() -> None:
@@ -254,7 +362,7 @@ def test_more_workers_than_copies_made_ahead_make_one_more_each() -> None:
     finally:
         release.set()
         thread.join()
-    assert builder.num_copies == 2 and _CountedCopies.copies == 2
+    assert builder.num_copies == 2 and _CountedCopies.copies == 3  # and the inline one
 
 
 def test_a_tokenizer_that_cannot_be_copied_is_shared_in_turns() -> None:

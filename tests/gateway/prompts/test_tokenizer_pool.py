@@ -104,10 +104,12 @@ def test_a_cancelled_waiter_leaves_nothing_behind() -> None:
     anyio.run(main)
 
 
-@pytest.mark.parametrize(("workers", "share"), [(0, 0.5), (2, 0.0), (2, 1.5)])
-def test_bad_sizes_are_refused(workers: int, share: float) -> None:
+@pytest.mark.parametrize(
+    ("workers", "share", "inline"), [(0, 0.5, 0), (2, 0.0, 0), (2, 1.5, 0), (2, 0.5, -1)]
+)
+def test_bad_sizes_are_refused(workers: int, share: float, inline: int) -> None:
     with pytest.raises(ValueError):
-        TokenizerPool(workers, share)
+        TokenizerPool(workers, share, inline)
 
 
 def test_a_job_cancelled_while_its_thread_runs_holds_the_worker_until_the_thread_ends() -> None:

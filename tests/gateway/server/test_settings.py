@@ -232,6 +232,16 @@ def test_cpu_row_weights_flag_and_env() -> None:
         parse(["--cpu-row-weights", "maybe"])
 
 
+def test_tokenizer_inline_bytes_flag_and_env() -> None:
+    assert Settings.from_sources(parse([]), {}).tokenizer_inline_bytes == 512
+    assert Settings.from_sources({}, {"WEIR_TOKENIZER_INLINE_BYTES": "0"}).tokenizer_inline_bytes == 0
+    assert (
+        Settings.from_sources(parse(["--tokenizer-inline-bytes", "2048"]), {}).tokenizer_inline_bytes == 2048
+    )
+    with pytest.raises(ValueError, match="tokenizer_inline_bytes"):
+        Settings.from_sources({}, {"WEIR_TOKENIZER_INLINE_BYTES": "-1"})
+
+
 def test_gil_switch_interval_flag_and_env() -> None:
     assert Settings().gil_switch_interval_ms == 0.5
     args = parse(["--gil-switch-interval-ms", "2"])
