@@ -201,6 +201,7 @@ numbers are printed as integers. */}}
 {{- $pairs = append $pairs (list "WEIR_PROMPT_CHARS_PER_TOKEN" .Values.config.promptCharsPerToken) -}}
 {{- $pairs = append $pairs (list "WEIR_TOKENIZER_WORKERS" .Values.config.tokenizerWorkers) -}}
 {{- $pairs = append $pairs (list "WEIR_TOKENIZER_TENANT_SHARE" .Values.config.tokenizerTenantShare) -}}
+{{- $pairs = append $pairs (list "WEIR_TOKENIZER_INLINE_BYTES" .Values.config.tokenizerInlineBytes) -}}
 {{- $pairs = append $pairs (list "WEIR_GRAMMAR_COMPILE_TIMEOUT_S" .Values.config.grammarCompileTimeoutS) -}}
 {{- $pairs = append $pairs (list "WEIR_GRAMMAR_COMPILE_WORKERS" .Values.config.grammarCompileWorkers) -}}
 {{- $pairs = append $pairs (list "WEIR_GIL_SWITCH_INTERVAL_MS" .Values.config.gilSwitchIntervalMs) -}}
