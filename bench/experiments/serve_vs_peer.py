@@ -29,6 +29,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -110,6 +111,10 @@ def run_peer(args: argparse.Namespace, name: str) -> Iterator[tuple[str, str]]:
     port = free_port()
     proc = subprocess.run(
         ["bash", str(args.tools / script), str(port), *extra],
+        # Not from the repository: the scripts' `python -c` and `python -` put the working
+        # directory first on sys.path, where Weir's `kernels/` shadows Hugging Face's `kernels`
+        # package that newer transformers import (docs/decisions.md, the transformers pin).
+        cwd=tempfile.gettempdir(),
         capture_output=True,
         text=True,
         timeout=args.peer_start_timeout_s,

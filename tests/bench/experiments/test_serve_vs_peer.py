@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from bench.experiments.serve_vs_peer import parse_args, parse_variant, run_guidellm, run_peer
+from bench.weir_process import ROOT
 
 
 def test_variants_split_flags_and_environment() -> None:
@@ -42,6 +43,21 @@ def test_a_peer_is_stopped_by_the_pid_its_script_prints(tmp_path: Path) -> None:
         pid = int(pid_file.read_text())
         os.kill(pid, 0)  # running
     _assert_gone(pid)
+
+
+def test_a_peer_script_runs_outside_the_repository(tmp_path: Path) -> None:
+    # From the repository, a script's `python -c "import transformers"` would find Weir's kernels/.
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    seen = tmp_path / "cwd"
+    (tools / "peer-tserve.sh").write_text(
+        f'#!/usr/bin/env bash\npwd > {seen}\nsetsid sleep 300 >/dev/null 2>&1 &\necho "$! /m"\n'
+    )
+    args = argparse.Namespace(tools=tools, peer_start_timeout_s=30.0)
+    with run_peer(args, "tserve"):
+        pass
+    cwd = Path(seen.read_text().strip()).resolve()
+    assert cwd != ROOT.resolve() and ROOT.resolve() not in cwd.parents
 
 
 def test_a_peer_that_does_not_start_is_an_error_naming_it(tmp_path: Path) -> None:
