@@ -15,7 +15,7 @@ most `TokenizerPool.inline_max_bytes` is tokenized on the event loop rather than
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from gateway.api.openai_bodies import requests as rb
@@ -124,17 +124,7 @@ def chat_bytes(messages: Sequence[ChatMessage], limit: int) -> int:
     A chat of more than `INLINE_MAX_ITEMS` messages, or with an assistant's earlier tool calls
     (rendered into its content first), counts as above `limit`.
     """
-    if len(messages) > INLINE_MAX_ITEMS:
-        return limit + 1
-    total = 0
-    for m in messages:
-        if m.tool_calls:
-            return limit + 1
-        total += _utf8_len(m.content, limit)
-        total += _utf8_len(m.name or "", limit) + _utf8_len(m.tool_call_id or "", limit)
-        if total > limit:
-            break
-    return total
+    return _total_up_to((_message_bytes(m, limit) for m in messages), len(messages), limit)
 
 
 def prompts_bytes(prompts: Sequence[str | tuple[int, ...]], limit: int) -> int:
@@ -142,11 +132,25 @@ def prompts_bytes(prompts: Sequence[str | tuple[int, ...]], limit: int) -> int:
 
     More than `INLINE_MAX_ITEMS` prompts count as above `limit`.
     """
-    if len(prompts) > INLINE_MAX_ITEMS:
+    sizes = (_utf8_len(p, limit) if isinstance(p, str) else len(p) for p in prompts)
+    return _total_up_to(sizes, len(prompts), limit)
+
+
+def _message_bytes(message: ChatMessage, limit: int) -> int:
+    if message.tool_calls:
+        return limit + 1
+    return sum(
+        _utf8_len(text, limit) for text in (message.content, message.name or "", message.tool_call_id or "")
+    )
+
+
+def _total_up_to(sizes: Iterable[int], num_items: int, limit: int) -> int:
+    """The sum of `sizes`, stopped once past `limit`; above it when there are too many items."""
+    if num_items > INLINE_MAX_ITEMS:
         return limit + 1
     total = 0
-    for prompt in prompts:
-        total += _utf8_len(prompt, limit) if isinstance(prompt, str) else len(prompt)
+    for size in sizes:
+        total += size
         if total > limit:
             break
     return total

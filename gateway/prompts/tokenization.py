@@ -73,7 +73,7 @@ class PromptBuilder:
         self._copies: list[Tokenizer] = []  # idle private copies
         self.num_copies = 0  # private copies made, idle or in use
         self._copies_lock = threading.Lock()
-        # The calling thread's copy for short prompts (`_run_inline`); its lock is only contended
+        # The calling thread's copy for short prompts (`_tokenize`); its lock is only contended
         # when two event loops share this builder (tests), and then only for one short prompt.
         self._inline_copy: Tokenizer | None = None
         self._inline_lock = threading.Lock()
@@ -112,16 +112,13 @@ class PromptBuilder:
             self._token_text[token_id] = text
         return text
 
-    # -- on a pool worker -------------------------------------------------------------------------
+    # -- on a pool worker, or on the loop when short ----------------------------------------------
 
     async def encode_chat_async(
         self, messages: Sequence[ChatMessage], pool: TokenizerPool | None = None, tenant_id: str = ""
     ) -> tuple[int, ...]:
         """`encode_chat`, on a worker of `pool` (a share of it per `tenant_id`), or here when short."""
-        pool = self._pool(pool)
-        if self._inline_ready(pool) and chat_bytes(messages, pool.inline_max_bytes) <= pool.inline_max_bytes:
-            return self._run_inline(_encode_chat, messages)
-        return await pool.run(tenant_id, self._with_private, _encode_chat, messages)
+        return await self._tokenize(pool, tenant_id, chat_bytes, _encode_chat, messages)
 
     async def encode_prompts_async(
         self,
@@ -131,13 +128,7 @@ class PromptBuilder:
     ) -> tuple[tuple[int, ...], ...]:
         """`encode_prompt` for each prompt, on a worker of `pool` (a share of it per `tenant_id`), or
         here when short."""
-        pool = self._pool(pool)
-        if (
-            self._inline_ready(pool)
-            and prompts_bytes(prompts, pool.inline_max_bytes) <= pool.inline_max_bytes
-        ):
-            return self._run_inline(self._encode_all, prompts)
-        return await pool.run(tenant_id, self._with_private, self._encode_all, prompts)
+        return await self._tokenize(pool, tenant_id, prompts_bytes, self._encode_all, prompts)
 
     async def encode_chat_prefix_async(self, messages: Sequence[ChatMessage]) -> tuple[int, ...]:
         """Token ids of `messages` rendered as the start of a chat, without the assistant's turn
@@ -200,15 +191,23 @@ class PromptBuilder:
                 self._copyable = False
                 return None
 
-    def _inline_ready(self, pool: TokenizerPool) -> bool:
-        """Whether prompts of at most `pool.inline_max_bytes` may be tokenized on this thread."""
-        return pool.inline_max_bytes > 0 and self._inline_copy is not None
-
-    def _run_inline(self, fn: Callable[..., T], *args: Any) -> T:
-        """`fn(tokenizer, *args)` on the calling thread, with its own copy."""
-        assert self._inline_copy is not None  # `_inline_ready` said so
-        with self._inline_lock:
-            return fn(self._inline_copy, *args)
+    async def _tokenize(
+        self,
+        pool: TokenizerPool | None,
+        tenant_id: str,
+        size: Callable[[Any, int], int],
+        fn: Callable[..., T],
+        arg: Any,
+    ) -> T:
+        """`fn(tokenizer, arg)` on this thread when `size(arg, limit)` (the prompt's bytes, exact up
+        to `limit`) is within the pool's `inline_max_bytes` and the loop has its copy; else on a
+        worker of `pool`, within `tenant_id`'s share."""
+        pool = self._pool(pool)
+        limit, inline = pool.inline_max_bytes, self._inline_copy
+        if limit > 0 and inline is not None and size(arg, limit) <= limit:
+            with self._inline_lock:
+                return fn(inline, arg)
+        return await pool.run(tenant_id, self._with_private, fn, arg)
 
     def _with_private(self, fn: Callable[..., T], *args: Any) -> T:
         """`fn(tokenizer, *args)` with a tokenizer no other thread uses meanwhile."""

@@ -224,7 +224,8 @@ class OpenAIRoutes:
             prefix = "chatcmpl-" if endpoint is Endpoint.CHAT else "cmpl-"
             response_id = prefix + uuid.uuid4().hex
             # Sizes and counts are checked before anything reads, renders or tokenizes the prompts,
-            # which then happens on the tokenizer pool, within the tenant's share of it.
+            # which then happens on the tokenizer pool, within the tenant's share of it (or on the
+            # loop, for a prompt within the pool's `inline_max_bytes`).
             if endpoint is Endpoint.CHAT:
                 chat = parse_chat_request(body, self.prompt_limits.max_chat_messages)
                 model, options = chat.model, chat.options
