@@ -30,15 +30,22 @@ def test_variants_split_flags_and_environment() -> None:
     assert parse_args(["--rounds", "4"]).rounds == 4
 
 
-def test_a_peer_is_stopped_by_the_pid_its_script_prints(tmp_path: Path) -> None:
+def _tools(tmp_path: Path, script: str, body: str) -> Path:
+    """A tools folder holding one bash script `script` that runs `body`."""
     tools = tmp_path / "tools"
     tools.mkdir()
+    (tools / script).write_text(f"#!/usr/bin/env bash\n{body}")
+    return tools
+
+
+def _peer_args(tmp_path: Path, script: str, body: str) -> argparse.Namespace:
+    return argparse.Namespace(tools=_tools(tmp_path, script, body), peer_start_timeout_s=30.0)
+
+
+def test_a_peer_is_stopped_by_the_pid_its_script_prints(tmp_path: Path) -> None:
     pid_file = tmp_path / "peer.pid"
-    (tools / "peer-tserve.sh").write_text(
-        f'#!/usr/bin/env bash\nsetsid sleep 300 >/dev/null 2>&1 &\necho $! > {pid_file}\necho "$! /models/smol"\n'
-    )
-    args = argparse.Namespace(tools=tools, peer_start_timeout_s=30.0)
-    with run_peer(args, "tserve") as (url, model):
+    body = f'setsid sleep 300 >/dev/null 2>&1 &\necho $! > {pid_file}\necho "$! /models/smol"\n'
+    with run_peer(_peer_args(tmp_path, "peer-tserve.sh", body), "tserve") as (url, model):
         assert url.startswith("http://127.0.0.1:") and model == "/models/smol"
         pid = int(pid_file.read_text())
         os.kill(pid, 0)  # running
@@ -47,24 +54,16 @@ def test_a_peer_is_stopped_by_the_pid_its_script_prints(tmp_path: Path) -> None:
 
 def test_a_peer_script_runs_outside_the_repository(tmp_path: Path) -> None:
     # From the repository, a script's `python -c "import transformers"` would find Weir's kernels/.
-    tools = tmp_path / "tools"
-    tools.mkdir()
     seen = tmp_path / "cwd"
-    (tools / "peer-tserve.sh").write_text(
-        f'#!/usr/bin/env bash\npwd > {seen}\nsetsid sleep 300 >/dev/null 2>&1 &\necho "$! /m"\n'
-    )
-    args = argparse.Namespace(tools=tools, peer_start_timeout_s=30.0)
-    with run_peer(args, "tserve"):
+    body = f'pwd > {seen}\nsetsid sleep 300 >/dev/null 2>&1 &\necho "$! /m"\n'
+    with run_peer(_peer_args(tmp_path, "peer-tserve.sh", body), "tserve"):
         pass
     cwd = Path(seen.read_text().strip()).resolve()
     assert cwd != ROOT.resolve() and ROOT.resolve() not in cwd.parents
 
 
 def test_a_peer_that_does_not_start_is_an_error_naming_it(tmp_path: Path) -> None:
-    tools = tmp_path / "tools"
-    tools.mkdir()
-    (tools / "peer-llama.sh").write_text("#!/usr/bin/env bash\necho 'build failed' >&2\nexit 1\n")
-    args = argparse.Namespace(tools=tools, peer_start_timeout_s=30.0)
+    args = _peer_args(tmp_path, "peer-llama.sh", "echo 'build failed' >&2\nexit 1\n")
     with (
         pytest.raises(RuntimeError, match="llama-q4 did not start: build failed"),
         run_peer(args, "llama-q4"),
@@ -73,12 +72,9 @@ def test_a_peer_that_does_not_start_is_an_error_naming_it(tmp_path: Path) -> Non
 
 
 def test_a_guidellm_run_past_its_bound_is_stopped_with_its_children(tmp_path: Path) -> None:
-    tools = tmp_path / "tools"
-    tools.mkdir()
     pid_file = tmp_path / "child.pid"
-    (tools / "guidellm.sh").write_text(f"#!/usr/bin/env bash\nsleep 300 &\necho $! > {pid_file}\nwait\n")
     args = argparse.Namespace(
-        tools=tools,
+        tools=_tools(tmp_path, "guidellm.sh", f"sleep 300 &\necho $! > {pid_file}\nwait\n"),
         out=tmp_path / "out",
         model=tmp_path,
         requests=1,
