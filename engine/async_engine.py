@@ -96,6 +96,7 @@ class AsyncEngine:
         self.core = core
         self._commands: queue.SimpleQueue[_Add | _Abort | _Call | None] = queue.SimpleQueue()
         self._wake = threading.Event()
+        core.masks.on_ready = self._wake.set  # a grammar mask computed ahead wakes an idle engine
         self._sinks: dict[str, _Add] = {}  # engine thread: where each request's outputs go
         # Event loop side: the streams `generate` has open and not yet aborted, by request id.
         self._open: dict[str, asyncio.Queue[RequestOutput | BaseException]] = {}
@@ -161,6 +162,7 @@ class AsyncEngine:
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join, 30)
             self._thread = None
+        self.core.masks.close()
 
     # -- EngineClient -----------------------------------------------------------------------
 

@@ -276,6 +276,25 @@ class LoraConfig:
 
 
 @dataclass(frozen=True)
+class MaskConfig:
+    """How grammar masks are computed ahead (engine/mask_prefetch.py)."""
+
+    num_workers: int = 2
+    # A mask still computing this long after it started fails its request.
+    timeout_s: float = 5.0
+    # How long a step waits, after its forward, for the masks of the rows it samples (all together).
+    grace_s: float = 0.002
+
+    def __post_init__(self) -> None:
+        if self.num_workers < 1:
+            raise ValueError(f"num_workers must be >= 1, got {self.num_workers}")
+        if not 0 < self.timeout_s < float("inf"):
+            raise ValueError(f"timeout_s must be > 0 and finite, got {self.timeout_s}")
+        if not 0 <= self.grace_s <= self.timeout_s:
+            raise ValueError(f"grace_s must be in [0, timeout_s], got {self.grace_s}")
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     """Everything the engine needs to start."""
 
@@ -308,6 +327,7 @@ class EngineConfig:
     cpu_decode_layers: bool = True
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)  # off by default
     lora: LoraConfig = field(default_factory=LoraConfig)  # off by default
+    masks: MaskConfig = field(default_factory=MaskConfig)  # grammar masks computed ahead
 
     def __post_init__(self) -> None:
         if self.cpu_wide_step_threads is not None and self.cpu_wide_step_threads < 1:

@@ -41,6 +41,7 @@ from engine.kv_cache_manager import KVCacheManager
 from engine.lora_adapter import LoraAdapter
 from engine.lora_manager import LoraManager
 from engine.lora_types import AdapterInfo, AdapterInUseError, AdapterLoadError, UnknownAdapterError
+from engine.mask_prefetch import MaskPrefetcher
 from engine.output import EngineStats, RequestOutput, SchedulerOutput, StepTimeTotals
 from engine.prefix_cache_admin import PrefixCacheAdmin
 from engine.request import FinishReason, RequestStatus
@@ -106,6 +107,8 @@ class LLMEngine:
         self.faults = faults  # tests only; None in production
         if faults is not None:
             runner.faults = faults
+        self.masks = MaskPrefetcher(config.masks, clock)  # grammar masks, computed ahead of their steps
+        runner.masks = self.masks
         self._num_blocks = num_blocks
         if config.cache.host_num_blocks and runner.host_kv is None:
             raise ValueError("cache.host_num_blocks is set but the runner has no host KV cache")
@@ -362,10 +365,16 @@ class LLMEngine:
         """
         step_start = self.clock()
         outputs = self._expire()
+        for rid, error in self.masks.overdue(self.scheduler.requests):
+            outputs.extend(self._fail_request(rid, error))
+        self.masks.start(self.scheduler.running.values())
         if self.faults is not None:
             self.faults.before_schedule()
         has_work = self.scheduler.has_work()
         out = self.scheduler.schedule()
+        if not out.num_tokens and has_work and self.masks.num_pending:
+            # Requests sitting out for their grammar masks wait on a worker (and time out): no stall.
+            has_work = not any(r.awaits_mask for r in self.scheduler.running.values())
         if self.watchdog.observe(out.num_tokens, has_work):
             self._break_stall()
         self.last_step_idle = not out.scheduled and not out.preempted_ids and not outputs
@@ -396,7 +405,7 @@ class LLMEngine:
             (beam_results if self.beams.owns(rid) else tokens)[rid] = res
         verified = spec_step.verdicts(result, tokens)
         update = self.scheduler.update_from_output(
-            out, {rid: res.token_id for rid, res in tokens.items()}, verified
+            out, {rid: res.token_id for rid, res in tokens.items()}, verified, result.sat_out
         )
         for rid, error in update.failed.items():
             outputs.extend(self._fail_request(rid, error))
@@ -419,8 +428,13 @@ class LLMEngine:
         return outputs
 
     def idle_timeout_s(self, default_s: float) -> float:
-        """How long the caller may sleep after an idle step before time alone changes anything."""
-        return self.scheduler.idle_timeout_s(default_s)
+        """How long the caller may sleep after an idle step before time alone changes anything
+        (a grammar mask that becomes ready wakes the caller through `masks.on_ready`)."""
+        timeout = self.scheduler.idle_timeout_s(default_s)
+        deadline = self.masks.next_deadline_s()
+        if deadline is not None:
+            timeout = min(timeout, max(0.0, deadline - self.clock()))
+        return timeout
 
     def _expire(self) -> list[RequestOutput]:
         expired: list[RequestOutput] = []
@@ -511,6 +525,8 @@ class LLMEngine:
             running_by_priority=self.scheduler.running_by_priority,
             num_restarts=self.num_restarts,
             num_stalls=self.watchdog.num_stalls,
+            num_grammar_masks_late=self.masks.num_late_rows,
+            num_grammar_mask_timeouts=self.masks.num_timeouts,
             step_times=self.step_times,
             step_budget=self.step_budget.stats(),
             host_kv=self.kv.host.stats() if self.kv.host is not None else None,

@@ -341,6 +341,12 @@ class Request:
         return self.num_tokens - self.num_computed_tokens
 
     @property
+    def awaits_mask(self) -> bool:
+        """Whether the sequence's grammar mask was late for a step and is still computing: it
+        sits out steps until the mask arrives (`engine.mask_prefetch`)."""
+        return self.constraint is not None and self.constraint.late
+
+    @property
     def caller_id(self) -> str:
         """The id of the caller's request this sequence belongs to."""
         return self.parent_id if self.parent_id is not None else self.request_id

@@ -25,6 +25,7 @@ from engine.errors import InvalidRequestError
 from engine.faults import FaultInjector
 from engine.host_kv_tensors import HostKVCopier
 from engine.lora_manager import LoraManager
+from engine.mask_prefetch import MaskPrefetcher
 from engine.output import ScheduledRequest, SchedulerOutput
 from engine.request import Request
 from engine.sampler import Sampler, SampleResult, SamplingContext, make_generator
@@ -43,6 +44,8 @@ class StepResult:
     failed: dict[str, str] = field(default_factory=dict)  # request id -> error, for that request only
     # Requests that verified drafts: their accepted drafts (`sampled` holds the token after them).
     verified: dict[str, Verification] = field(default_factory=dict)
+    # Requests fed to sample whose grammar mask was not ready: they sit the step out, unsampled.
+    sat_out: list[str] = field(default_factory=list)
 
 
 def _describe(exc: BaseException) -> str:
@@ -70,6 +73,8 @@ class ModelRunner:
         threads: StepThreads | None = None,
     ) -> None:
         self.model = model
+        # Grammar masks computed ahead (set by the engine); None: each is computed in the sampler.
+        self.masks: MaskPrefetcher | None = None
         self.threads = threads  # the CPU's intra-op threads per step; None: as the process set them
         self.lora = lora  # the LoRA adapters and slots; None: no adapters
         self.host_kv = host_kv  # the host KV tier's tensors; None: no swapping
@@ -265,6 +270,8 @@ class ModelRunner:
             contexts.append(context)
             sampling.append(s)
             rows.append(row)
+        if self.masks is not None and any(c.constraint is not None for c in contexts):
+            sampling, rows, contexts = self._without_late_masks(sampling, rows, contexts, requests, result)
         if not sampling and not spec:
             return result
         index = torch.tensor(rows + spec_rows, dtype=torch.int64, device=self.device)
@@ -340,6 +347,26 @@ class ModelRunner:
         for (rid, _, _), v in zip(spec, verified, strict=True):
             result.verified[rid] = v
             result.sampled[rid] = v.sampled
+
+    def _without_late_masks(
+        self,
+        sampling: list[ScheduledRequest],
+        rows: list[int],
+        contexts: list[SamplingContext],
+        requests: Mapping[str, Request],
+        result: StepResult,
+    ) -> tuple[list[ScheduledRequest], list[int], list[SamplingContext]]:
+        """The rows to sample, less those whose grammar mask is still computing after the
+        prefetcher's grace wait: those sit the step out (`StepResult.sat_out`)."""
+        masks = self.masks
+        if masks is None:
+            return sampling, rows, contexts
+        late = {r.request_id for r in masks.wait_ready(requests[s.request_id] for s in sampling)}
+        if not late:
+            return sampling, rows, contexts
+        result.sat_out.extend(late)
+        keep = [i for i, s in enumerate(sampling) if s.request_id not in late]
+        return [sampling[i] for i in keep], [rows[i] for i in keep], [contexts[i] for i in keep]
 
     def _context(self, req: Request) -> SamplingContext:
         if self.faults is not None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
 from engine.config import BatchPolicy, PreemptionMode, QueuePolicy, SchedulerConfig
@@ -240,7 +240,10 @@ class Scheduler:
         # Decodes by class (stable: admission order within one); prefill chunks by class, then
         # TTFT deadline, then admission order: the earliest prompt takes what the budget allows
         # first, and finishes first.
-        decodes = sorted((r for r in running if r.num_remaining == 1), key=lambda r: int(r.priority))
+        # A sequence whose grammar mask is late sits out until it arrives (engine/mask_prefetch.py).
+        decodes = sorted(
+            (r for r in running if r.num_remaining == 1 and not r.awaits_mask), key=lambda r: int(r.priority)
+        )
         prefills = sorted((r for r in running if r.num_remaining > 1), key=prefill_key)
         head = self.waiting.peek()
         if target_s is not None and (throughput_s is None or target_s < throughput_s):
@@ -686,6 +689,7 @@ class Scheduler:
         out: SchedulerOutput,
         sampled: Mapping[str, int],
         verified: Mapping[str, VerifiedDraft] | None = None,
+        sat_out: Collection[str] = (),
     ) -> StepUpdate:
         """Apply an executed step to its requests: the one place a step's results change them.
 
@@ -698,12 +702,15 @@ class Scheduler:
         `verified` (speculation): accepted drafts are appended (and checked) before the sampled
         token, each counted as computed; then rejected slots are truncated and only then are full
         blocks cached, so a draft token is never hashed into the prefix cache.
+
+        `sat_out`: sampling requests the step fed but could not sample (their grammar mask was
+        late): their last fed position is not counted, so the next step feeds it again and samples.
         """
         for s in out.scheduled:
             req = self.requests.get(s.request_id)
             if req is None:
                 continue  # aborted while the step ran
-            req.num_computed_tokens += s.num_tokens
+            req.num_computed_tokens += s.num_tokens - (s.request_id in sat_out)
             self.kv.cache_full_blocks(req)
             self.waiting.on_tokens_served(req, s.num_tokens)
             if self.forks and req.num_computed_tokens >= req.num_prompt_tokens:

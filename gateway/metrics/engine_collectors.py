@@ -91,6 +91,16 @@ def engine_load_metrics(s: EngineStats) -> Iterator[Metric]:
         "Stalls: steps in a row that fed no token while work existed; each was logged and broken by a preemption.",
         value=s.num_stalls,
     )
+    yield CounterMetricFamily(
+        "weir_grammar_masks_late",
+        "Constrained rows that sat a step out because their grammar mask, computed ahead on a worker, was not ready.",
+        value=s.num_grammar_masks_late,
+    )
+    yield CounterMetricFamily(
+        "weir_grammar_mask_timeouts",
+        "Requests failed because their grammar mask stayed late past its time limit.",
+        value=s.num_grammar_mask_timeouts,
+    )
     yield from _step_time_metrics(s)
     yield CounterMetricFamily(
         "weir_engine_native_decode_steps",

@@ -231,6 +231,17 @@ class _Empty:
     vocab_size = 320
     num_accepted = 0
     is_terminated = False
+    # Masks are computed in the step (never ahead), so the prefetcher's questions have fixed answers.
+    has_next_mask = False
+    mask_ready = True
+    late = False
+    num_late_steps = 0
+
+    def start_mask(self, pool: Any, on_done: Any) -> bool:
+        return False
+
+    def wait_mask(self, timeout_s: float) -> bool:
+        return True
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
         bitmask[row] = 0
