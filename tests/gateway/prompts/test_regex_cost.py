@@ -1,0 +1,62 @@
+"""gateway/prompts/regex_cost.py: the product of nested counted repetitions, as xgrammar writes them out."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gateway.prompts.regex_cost import nested_repeat_product
+
+
+@pytest.mark.parametrize(
+    ("pattern", "product"),
+    [
+        ("abc", 1),
+        ("a*b+c?", 1),
+        ("[a-z]{0,256}", 256),
+        ("(([a-z]{0,64}){0,64}){0,16}", 65536),
+        ("(((([a-z]{0,256}){0,256}){0,256}){0,256})", 256**4),
+        ("a{3,}", 3),
+        ("a{7}", 7),
+        ("(a|b{5}){7}", 35),  # alternatives: the largest branch
+        ("(a{4})(b{9})", 9),  # siblings: the largest, not the sum
+        (r"\(x{9}\){5}", 9),  # escaped parentheses are characters, not a group
+        ("[(]{4}(b)", 4),  # so is a parenthesis in a class
+        ("[]{]{3}", 3),  # a leading ] in a class is a literal
+        ("(a{2,5}?){3}+", 15),  # lazy and possessive quantifiers count the same
+        ("a{,5}", 1),  # not a quantifier in xgrammar's or Python's syntax: literal text
+        ("((a{2}){3}", 6),  # an unclosed group still counts what it holds
+    ],
+)
+def test_nested_repetitions_multiply(pattern: str, product: int) -> None:
+    assert nested_repeat_product(pattern) == product
+
+
+_atom = st.sampled_from(["a", "[a-z]", r"\d", "."])
+
+
+@st.composite
+def _nested(draw: st.DrawFn) -> tuple[str, int]:
+    """A pattern of groups nested `depth` deep, each with a counted repetition, and its product."""
+    counts = draw(st.lists(st.integers(1, 300), min_size=1, max_size=5))
+    pattern = draw(_atom)
+    for count in counts:
+        suffix = draw(st.sampled_from(["", "?", "+"]))
+        lower = draw(st.integers(0, count))
+        pattern = f"(x{draw(_atom)}|{pattern}){{{lower},{count}}}{suffix}"
+    sibling = draw(st.sampled_from(["", "b{2}", "[xyz]*"]))
+    return pattern + sibling, max(math.prod(counts), 2 if sibling == "b{2}" else 1)
+
+
+@given(_nested())
+def test_the_product_follows_the_deepest_nesting(case: tuple[str, int]) -> None:
+    pattern, product = case
+    assert nested_repeat_product(pattern) == product
+
+
+@given(st.text(max_size=200))
+def test_any_text_is_scanned_without_error(pattern: str) -> None:
+    assert nested_repeat_product(pattern) >= 1
