@@ -238,14 +238,13 @@ def load_model(
     of at most that many rows (engine/models/packed_linear.py).
     """
     from engine.models import get_model_class
-    from engine.models.packed_linear import packing_supported
+    from engine.models.packed_linear import packing_unsupported_reason
 
     if dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise ModelLoadError(f"dtype must be float32, bfloat16 or float16, got {dtype}")
-    if pack_linear and not packing_supported(dtype, device):
-        raise ModelLoadError(
-            f"pre-packed linear weights need a CPU and float32 or bfloat16, not {dtype} on {device}"
-        )
+    unsupported = packing_unsupported_reason(dtype, device) if pack_linear else None
+    if unsupported is not None:
+        raise ModelLoadError(unsupported)
     if row_inputs and not (pack_linear and dtype == torch.float32):
         raise ModelLoadError(
             f"row weights need pack_linear and float32, got pack_linear={pack_linear} {dtype}"

@@ -16,8 +16,16 @@ connections (200 in the issue): `random_key_ids` (a well-formed key with a new r
 request) or `unknown_paths_victim_id` (unknown paths presenting the victim's public key id). Its
 target: the victim's TTFT p50 within 1.5x of its p50 alone.
 
+Issue 54's floods (bench/costly_floods.py) are valid requests at the most a field allows:
+`--flood regex` (`structured_outputs.regex` with nested repetitions: one past any cost bound, one
+of product 65536; a fresh literal in front of each so every request compiles), `logit-bias` (300
+biased tokens), `stop` (16 stop strings of 512 characters), `logprobs` (`top_logprobs` 20). Every
+flood's report gives the victim's TTFT p99 and its largest gap between two chunks, attacked /
+alone, beside the p50.
+
 Run: python -m bench.experiments.attacker --out bench-out/attacker [--model PATH] [--requests 120] [--rate 4]
      python -m bench.experiments.attacker --flood random_key_ids --attackers 200 --out bench-out/flood
+     python -m bench.experiments.attacker --flood regex --model PATH --out bench-out/flood-regex
 Writes summary.json and summary.md in --out.
 """
 
@@ -34,6 +42,7 @@ from typing import Any
 
 import httpx
 
+from bench.costly_floods import COSTLY_FLOODS, COSTLY_PROBES
 from bench.hostile import FLOODS, HOSTILE, StreamResult, Target, send, timed_stream
 from bench.stats import LatencySummary
 from bench.tenants import TenantSpec, create_tenants
@@ -41,6 +50,13 @@ from bench.weir_process import WeirProcess, resolve_model, run_weir, scrape_gaug
 from tenancy.keys import parse_key
 
 VICTIM, ATTACKER = "victim", "attacker"
+# --flood name -> the probes it loops: issue 21's one each, issue 54's (bench/costly_floods.py)
+FLOOD_PROBES: dict[str, tuple[str, ...]] = {**{f.name: (f.name,) for f in FLOODS}, **COSTLY_FLOODS}
+
+
+def attack_probe_names(args: argparse.Namespace) -> tuple[str, ...]:
+    """The probes the attacker loops: the flood's, or else `--probes`."""
+    return FLOOD_PROBES[args.flood] if args.flood else tuple(args.probes)
 
 
 async def _victim(args: argparse.Namespace, server: WeirProcess, key: str, model: str) -> list[StreamResult]:
@@ -65,7 +81,7 @@ async def _attack_loop(
     target: Target, stop: Any, num_clients: int, names: tuple[str, ...], started: Any = None
 ) -> dict[str, Counter[int]]:
     counts: dict[str, Counter[int]] = defaultdict(Counter)
-    probes = [p for p in (*HOSTILE, *FLOODS) if p.name in names]
+    probes = [p for p in (*HOSTILE, *FLOODS, *COSTLY_PROBES) if p.name in names]
 
     async def one(offset: int) -> None:
         async with httpx.AsyncClient(timeout=120) as client:
@@ -99,7 +115,7 @@ async def _phase(
     stop, out, started = ctx.Event(), ctx.Queue(), ctx.Event()
     victim = parse_key(keys[VICTIM])
     target = Target(server.url, model, keys[ATTACKER], args.kv_cache_tokens, victim.key_id if victim else "")
-    names = (args.flood,) if args.flood else tuple(args.probes)
+    names = attack_probe_names(args)
     proc = ctx.Process(
         target=_attacker_process, args=(target, stop, args.attackers, names, out, started), daemon=True
     )
@@ -123,7 +139,8 @@ def _phase_report(results: list[StreamResult]) -> dict[str, Any]:
     ok = [r for r in results if r.status == 200 and r.complete and r.ttft_s is not None]
     ttft = LatencySummary.of(r.ttft_s for r in ok if r.ttft_s is not None)
     e2e = LatencySummary.of(r.e2e_s for r in ok)
-    itl = LatencySummary.of(gap for r in ok for gap in r.itl_s)
+    gaps = [gap for r in ok for gap in r.itl_s]
+    itl = LatencySummary.of(gaps)
     statuses = Counter(r.status if r.status != 200 or r.complete else "200_incomplete" for r in results)
     return {
         "requests": len(results),
@@ -133,6 +150,7 @@ def _phase_report(results: list[StreamResult]) -> dict[str, Any]:
         "ttft_ms": {k: None if v is None else round(v * 1000, 1) for k, v in ttft.to_json(6).items()},
         "e2e_ms": {k: None if v is None else round(v * 1000, 1) for k, v in e2e.to_json(6).items()},
         "itl_ms": {k: None if v is None else round(v * 1000, 1) for k, v in itl.to_json(6).items()},
+        "largest_gap_ms": round(max(gaps) * 1000, 1) if gaps else None,  # between two chunks of a stream
     }
 
 
@@ -148,6 +166,7 @@ def summarize(
     ratio = _ratio(a["ttft_ms"]["p99"], b["ttft_ms"]["p99"])
     p50_ratio = _ratio(a["ttft_ms"]["p50"], b["ttft_ms"]["p50"])
     itl_ratios = {q: _ratio(a["itl_ms"][q], b["itl_ms"][q]) for q in ("p50", "p99")}
+    gap_ratio = _ratio(a["largest_gap_ms"], b["largest_gap_ms"])
     attacker = {name: {str(k): v for k, v in sorted(c.items())} for name, c in sorted(counts.items())}
     num_5xx = sum(v for c in counts.values() for k, v in c.items() if 500 <= k < 600)
     targets: dict[str, Any] = {
@@ -166,6 +185,7 @@ def summarize(
         "ttft_p50_ratio": None if p50_ratio is None else round(p50_ratio, 3),
         "itl_p50_ratio": None if itl_ratios["p50"] is None else round(itl_ratios["p50"], 3),
         "itl_p99_ratio": None if itl_ratios["p99"] is None else round(itl_ratios["p99"], 3),
+        "largest_gap_ratio": None if gap_ratio is None else round(gap_ratio, 3),
         "targets": targets,
         "attacker": attacker,
         "idle_after": idle,
@@ -183,15 +203,16 @@ def markdown(report: dict[str, Any], command: str) -> str:
         "",
         f"`{command}`",
         "",
-        "| victim | requests | success | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | e2e p50 ms | e2e p99 ms |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| victim | requests | success | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | largest gap ms "
+        "| e2e p50 ms | e2e p99 ms |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for phase in ("alone", "attacked"):
         p = report[phase]
         lines.append(
             f"| {phase} | {p['requests']} | {p['success_rate'] * 100:.1f}% | {p['ttft_ms']['p50']} | "
             f"{p['ttft_ms']['p99']} | {p['itl_ms']['p50']} | {p['itl_ms']['p99']} | "
-            f"{p['e2e_ms']['p50']} | {p['e2e_ms']['p99']} |"
+            f"{p.get('largest_gap_ms')} | {p['e2e_ms']['p50']} | {p['e2e_ms']['p99']} |"
         )
     t = report["targets"]
     lines += [
@@ -208,7 +229,8 @@ def markdown(report: dict[str, Any], command: str) -> str:
         lines += [
             "",
             f"Flood `{report['flood']}`: TTFT p50 attacked / alone: **{report['ttft_p50_ratio']}** "
-            f"(target <= 1.5: {'met' if t['ttft_p50_within_1_5x'] else 'NOT met'}).",
+            f"(target <= 1.5: {'met' if t['ttft_p50_within_1_5x'] else 'NOT met'}); TTFT p99 "
+            f"**{report['ttft_p99_ratio']}**; largest chunk gap **{report.get('largest_gap_ratio')}**.",
         ]
     lines += [
         "",
@@ -221,7 +243,7 @@ def markdown(report: dict[str, Any], command: str) -> str:
 
 
 def _wait_idle(server: WeirProcess, timeout_s: float = 60) -> dict[str, float]:
-    names = ("weir_num_requests_running", "weir_num_requests_waiting")
+    names: tuple[str, ...] = ("weir_num_requests_running", "weir_num_requests_waiting")
     names += ("weir_kv_cache_free_blocks", "weir_kv_cache_total_blocks")
     deadline = time.monotonic() + timeout_s
     while True:
@@ -250,9 +272,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--flood",
-        choices=[f.name for f in FLOODS],
+        choices=list(FLOOD_PROBES),
         default=None,
-        help="loop this flood of issue 21 from --attackers connections instead of --probes",
+        help="loop this flood (issue 21's, or issue 54's costly requests: regex, logit-bias, stop, "
+        "logprobs) from --attackers connections instead of --probes",
     )
     p.add_argument("--rounds", type=int, default=1, help="(alone, attacked) pairs, pooled per phase")
     p.add_argument("--kv-cache-tokens", type=int, default=4096)

@@ -1,9 +1,9 @@
 """What one guidellm run of `bench.experiments.serve_vs_peer` measured, and its tables.
 
 - `ServeFigures` / `parse_guidellm`: one system's figures from guidellm's benchmarks.json;
-- `gc_pause_totals`, `step_split`, `wide_step_choices`: what Weir's `/metrics` page says after the
-  run (garbage collections; decode-only steps against steps feeding prompt tokens; the threads
-  each bucket of wide steps chose);
+- `gc_pause_totals`, `step_split`, `wide_step_choices`, `admitted_by_class`: what Weir's `/metrics`
+  page says after the run (garbage collections; decode-only steps against steps feeding prompt
+  tokens; the threads each bucket of wide steps chose; the requests admitted per tenant class);
 - `ratios`, `TARGETS`: Weir over a peer, and the issues' targets;
 - `markdown` (one round), `over_rounds` / `rounds_markdown` (every round, each ratio's median).
 """
@@ -34,6 +34,8 @@ class ServeFigures:
     server_gauges: dict[str, float] = field(default_factory=dict)  # Weir's step budget after the run
     # other requests' first tokens inside a request's decode, mean (bench/experiments/prefill_overlap.py)
     prefills_in_decode: float | None = None
+    # the priority class of the tenant whose key the load used (Weir only; a peer has no tenants)
+    tenant_class: str | None = None
 
 
 def _stat(metrics: Mapping[str, Any], name: str, key: str) -> float:
@@ -118,6 +120,20 @@ def wide_step_choices(page: str) -> dict[str, float]:
     return out
 
 
+def admitted_by_class(page: str) -> dict[str, float]:
+    """`admitted_<class>`: the requests admission let through per tenant priority class, all tenants
+    summed (`weir_admission_admitted` on a metrics page): the class the load really ran under."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(page):
+        for sample in family.samples:
+            if sample.name == "weir_admission_admitted_total" and "priority" in sample.labels:
+                key = f"admitted_{sample.labels['priority']}"
+                out[key] = out.get(key, 0.0) + sample.value
+    return out
+
+
 # issue 27 against llama-server (fp32), issue 13 against transformers serve: (target, higher is better)
 TARGETS = {
     "llama": {"output_tok_s": (1.0, True), "itl_p50": (1.0, False)},
@@ -138,16 +154,20 @@ def markdown(rows: Sequence[ServeFigures], weir_names: Sequence[str], command: s
     lines = [
         f"`{command}`",
         "",
-        "| server | output tok/s | ITL p50 ms | ITL p99 ms | TTFT p50 ms | TTFT p99 ms | ok / errors | wall s "
-        "| prefills in a decode |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| server | tenant class | output tok/s | ITL p50 ms | ITL p99 ms | TTFT p50 ms | TTFT p99 ms "
+        "| ok / errors | wall s | prefills in a decode |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         overlap = "-" if r.prefills_in_decode is None else f"{r.prefills_in_decode:.1f}"
         lines.append(
-            f"| {r.system} | {r.output_tok_s:.1f} | {r.itl_p50_ms:.0f} | {r.itl_p99_ms:.0f} | {r.ttft_p50_ms:,.0f} "
+            f"| {r.system} | {r.tenant_class or '-'} | {r.output_tok_s:.1f} | {r.itl_p50_ms:.0f} | {r.itl_p99_ms:.0f} | {r.ttft_p50_ms:,.0f} "
             f"| {r.ttft_p99_ms:,.0f} | {r.num_ok} / {r.num_errored} | {r.wall_s} | {overlap} |"
         )
+    lines.append(
+        "\nTenant class: the priority of the tenant whose key Weir's load used (`--tenant-class`); "
+        "a peer has no tenants (-)."
+    )
     lines.append(
         "\nPrefills in a decode: other requests' first tokens inside a request's decode window, mean "
         "(bench/experiments/prefill_overlap.py); their prefill steps are in its ITL."
@@ -199,6 +219,12 @@ def markdown(rows: Sequence[ServeFigures], weir_names: Sequence[str], command: s
                 f"\n{fig.system} steps: {g.get('decode_steps', 0):.0f} decode-only, mean "
                 f"{g.get('decode_step_ms', 0):.1f} ms; {g.get('prefill_steps', 0):.0f} feeding prompt tokens, "
                 f"mean {g.get('prefill_step_ms', 0):.1f} ms"
+            )
+        admitted = {k.removeprefix("admitted_"): v for k, v in g.items() if k.startswith("admitted_")}
+        if admitted:
+            lines.append(
+                f"{fig.system} requests admitted by tenant class: "
+                + ", ".join(f"{cls} {count:.0f}" for cls, count in sorted(admitted.items()))
             )
         choices = sorted(
             (int(k.removeprefix("threads_")), v) for k, v in g.items() if k.startswith("threads_")

@@ -6,7 +6,8 @@ tokens, `/v1/completions` streaming), and stopped before the next starts:
 
 - peers from `../shared/tools/`: `tserve` (`peer-tserve.sh`, transformers serve with continuous
   batching), `llama` (`peer-llama.sh`, llama-server on the fp32 GGUF), `llama-q4` (its Q4_1 GGUF);
-- Weir variants: `weir serve --dtype float32` with a tenant key, plus each variant's flags and
+- Weir variants: `weir serve --dtype float32` with the key of one tenant of class `--tenant-class`
+  (`interactive` by default, as the README creates tenants), plus each variant's flags and
   environment (`--weir NAME=FLAGS`, e.g. `step200=--target-step-ms 200`; a `VAR=value` word is
   put in the server's environment instead, e.g. `1thread=OMP_NUM_THREADS=1`).
 
@@ -14,8 +15,8 @@ tokens, `/v1/completions` streaming), and stopped before the next starts:
 each ratio is taken within a round and summarised by its median over the rounds, so a slow spell
 of the shared host weighs on both sides. With N > 1 each round writes under `--out`/roundK/.
 
-Prints and writes (`--out`/summary.md, summary.json) output tok/s, ITL p50/p99, TTFT p50/p99 per
-system, the server's mean decode and prefill step from `/metrics`, and Weir's ratios to each peer
+Prints and writes (`--out`/summary.md, summary.json) the tenant class Weir was measured under,
+output tok/s, ITL p50/p99, TTFT p50/p99 per system, the server's mean decode and prefill step from `/metrics`, and Weir's ratios to each peer
 against the issue's targets. Every wait is bounded.
 """
 
@@ -41,6 +42,7 @@ import httpx
 from bench.experiments.alternation import round_orders
 from bench.experiments.serve_figures import (
     ServeFigures,
+    admitted_by_class,
     gc_pause_totals,
     parse_guidellm,
     rounds_markdown,
@@ -49,6 +51,7 @@ from bench.experiments.serve_figures import (
 )
 from bench.tenants import TenantSpec, create_tenants
 from bench.weir_process import ROOT, free_port, parse_gauges, run_weir
+from bench.workloads import PRIORITIES
 
 # ../shared/tools from the main checkout, ../../shared/tools from a worktree under wt/
 DEFAULT_TOOLS = next(
@@ -67,6 +70,12 @@ STEP_BUDGET_GAUGES = (
     "weir_scheduler_step_margin",
     "weir_scheduler_step_fit_resets_total",
 )
+
+
+def bench_tenant(tenant_class: str) -> TenantSpec:
+    """The one tenant whose key loads every Weir variant: of class `tenant_class`, with a token quota
+    no run reaches (the benchmark measures serving, not admission)."""
+    return TenantSpec(TENANT, priority=tenant_class, quota={"tokens_per_minute": 100_000_000})
 
 
 def run_guidellm(
@@ -170,7 +179,7 @@ def run_weir_variant(
 
             async def key() -> str:
                 async with httpx.AsyncClient(timeout=30) as client:
-                    spec = TenantSpec(TENANT, quota={"tokens_per_minute": 100_000_000})
+                    spec = bench_tenant(args.tenant_class)
                     return (await create_tenants(client, w.url, w.admin_token, [spec]))[TENANT]
 
             api_key = asyncio.run(key())
@@ -181,9 +190,10 @@ def run_weir_variant(
                 **gc_pause_totals(page),
                 **step_split(page),
                 **wide_step_choices(page),
+                **admitted_by_class(page),
             }
             print(f"{name}: {gauges}", flush=True)
-            return replace(figures, server_gauges=gauges)
+            return replace(figures, server_gauges=gauges, tenant_class=args.tenant_class)
     finally:
         for k, v in saved.items():
             if v is None:
@@ -207,6 +217,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=[parse_variant("weir=")],
         metavar="NAME=FLAGS",
         help="Weir variants, e.g. weir= step200='--target-step-ms 200' (default: weir=)",
+    )
+    p.add_argument(
+        "--tenant-class",
+        choices=PRIORITIES,
+        default="interactive",
+        help="priority class of the tenant whose key loads Weir (default: interactive, as the README's tenant)",
     )
     p.add_argument("--tools", type=Path, default=DEFAULT_TOOLS, help="the shared tools folder")
     p.add_argument("--requests", type=int, default=48)
@@ -257,7 +273,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         rounds.append(rows)
     text = rounds_markdown(rounds, list(variants), command, orders)
     (args.out / "summary.json").write_text(
-        json.dumps({"command": command, "rounds": [[asdict(r) for r in rows] for rows in rounds]}, indent=2)
+        json.dumps(
+            {
+                "command": command,
+                "tenant_class": args.tenant_class,
+                "rounds": [[asdict(r) for r in rows] for rows in rounds],
+            },
+            indent=2,
+        )
         + "\n"
     )
     (args.out / "summary.md").write_text(text)

@@ -40,13 +40,37 @@ def row_copy_native() -> bool:
     return cpu_small_gemm.available()
 
 
+# What oneDNN needs to pack bfloat16 on x86 (its avx512_core level, which AMX CPUs also have); an
+# AVX2-only CPU (e.g. an AMD EPYC before Zen 4) packs float32 only.
+BFLOAT16_PACKING_ISA = "AVX-512 (AVX512F, BW, VL and DQ) or AMX"
+
+
+def cpu_packs_bfloat16() -> bool:
+    """The probe of this CPU's bfloat16 packing (oneDNN's own check of the instruction set): the
+    engine's choice and every test that depends on the CPU's features ask it, nothing else."""
+    return torch.backends.mkldnn.is_available() and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def packing_unsupported_reason(dtype: torch.dtype, device: torch.device) -> str | None:
+    """Why this torch build on this machine cannot pack weights of `dtype` on `device`, naming what is
+    missing (the device, the dtype, oneDNN, or the CPU's instruction set); None where it can."""
+    if torch.device(device).type != "cpu":
+        return f"pre-packed linear weights need a CPU, not {device}"
+    if dtype not in _PACKABLE_DTYPES:
+        return f"pre-packed linear weights need float32 or bfloat16, not {dtype}"
+    if not torch.backends.mkldnn.is_available():
+        return "pre-packed linear weights need oneDNN, which this torch build lacks"
+    if dtype == torch.bfloat16 and not cpu_packs_bfloat16():
+        return (
+            f"bfloat16 packing needs {BFLOAT16_PACKING_ISA}, which this CPU lacks (torch sees "
+            f"{torch.backends.cpu.get_cpu_capability()}); use float32 or turn the packed path off"
+        )
+    return None
+
+
 def packing_supported(dtype: torch.dtype, device: torch.device) -> bool:
     """Whether this torch build can pack weights of `dtype` on `device` (oneDNN on CPU, fp32/bf16)."""
-    if torch.device(device).type != "cpu" or dtype not in _PACKABLE_DTYPES:
-        return False
-    if not torch.backends.mkldnn.is_available():
-        return False
-    return dtype != torch.bfloat16 or bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return packing_unsupported_reason(dtype, device) is None
 
 
 class PackedLinear(nn.Module):
@@ -58,8 +82,9 @@ class PackedLinear(nn.Module):
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, row_inputs: int = 0):
         super().__init__()
-        if not packing_supported(weight.dtype, weight.device):
-            raise ValueError(f"cannot pack a {weight.dtype} weight on {weight.device}")
+        reason = packing_unsupported_reason(weight.dtype, weight.device)
+        if reason is not None:
+            raise ValueError(f"cannot pack a {weight.dtype} weight on {weight.device}: {reason}")
         if row_inputs < 0:
             raise ValueError(f"row_inputs must be >= 0, got {row_inputs}")
         if row_inputs and weight.dtype != torch.float32:

@@ -1,10 +1,14 @@
-"""bench.experiments.attacker's report: the victim's success rate and TTFT p99 ratio, the attacker's 5xx."""
+"""bench.experiments.attacker's report: the victim's success rate and TTFT p99 ratio, the attacker's 5xx;
+which probes a flood loops (issue 21's, issue 54's costly requests) and the largest chunk gap."""
 
 from __future__ import annotations
 
 from collections import Counter
 
-from bench.experiments.attacker import markdown, parse_args, summarize
+import pytest
+
+from bench.costly_floods import COSTLY_PROBES
+from bench.experiments.attacker import attack_probe_names, markdown, parse_args, summarize
 from bench.hostile import StreamResult
 
 
@@ -78,3 +82,34 @@ def test_serve_args_pass_through_in_order() -> None:
     )
     assert args.serve_arg == ["--gil-switch-interval-ms", "5", "--cpu-reserved-cores=0"]
     assert parse_args([]).serve_arg == []
+
+
+def test_a_flood_names_the_probes_the_attacker_loops(capsys: pytest.CaptureFixture[str]) -> None:
+    assert attack_probe_names(parse_args(["--flood", "regex"])) == ("regex_nested_256", "regex_bounded_65536")
+    assert attack_probe_names(parse_args(["--flood", "logit-bias"])) == ("logit_bias_300",)
+    assert attack_probe_names(parse_args(["--flood", "stop"])) == ("stop_16x512",)
+    assert attack_probe_names(parse_args(["--flood", "logprobs"])) == ("top_logprobs_20",)
+    assert attack_probe_names(parse_args(["--flood", "random_key_ids"])) == ("random_key_ids",)
+    assert attack_probe_names(parse_args(["--probes", "seed_2_64,deep_json"])) == ("seed_2_64", "deep_json")
+    costly = {p.name for p in COSTLY_PROBES}
+    for flood in ("regex", "logit-bias", "stop", "logprobs"):
+        assert set(attack_probe_names(parse_args(["--flood", flood]))) <= costly
+    with pytest.raises(SystemExit):
+        parse_args(["--flood", "json-bomb"])
+    assert "--flood" in capsys.readouterr().err
+
+
+def test_a_flood_reports_the_victims_largest_chunk_gap_and_ttft_p99_against_alone() -> None:
+    def stream(ttft_s: float, *gaps: float) -> StreamResult:
+        return StreamResult(200, True, ttft_s, 1.0, 0.0, itl_s=gaps)
+
+    alone = [stream(0.1, 0.05, 0.05, 0.2)] * 4
+    attacked = [stream(0.1, 0.05, 0.05)] * 3 + [stream(0.3, 0.05, 0.6)]
+    report = summarize(alone, attacked, {"regex_bounded_65536": Counter({200: 7})}, {"idle": 1.0}, "regex")
+    assert report["alone"]["largest_gap_ms"] == 200.0 and report["attacked"]["largest_gap_ms"] == 600.0
+    assert report["largest_gap_ratio"] == 3.0 and report["ttft_p99_ratio"] is not None
+    text = markdown(report, "cmd")
+    assert "| 200.0 |" in text and "| 600.0 |" in text
+    assert f"TTFT p99 **{report['ttft_p99_ratio']}**; largest chunk gap **3.0**" in text
+    no_streams = summarize([], [], {}, {"idle": 1.0}, "stop")
+    assert no_streams["largest_gap_ratio"] is None and no_streams["alone"]["largest_gap_ms"] is None

@@ -1,12 +1,15 @@
 """bench.experiments.serve_figures: guidellm's report parsed, the server's metrics page read (garbage
-collections, decode against prefill steps), ratios and their tables, one round and several."""
+collections, decode against prefill steps, admissions per tenant class), ratios and their tables, one round and several."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from prometheus_client import CollectorRegistry, generate_latest
 
 from bench.experiments.serve_figures import (
     ServeFigures,
+    admitted_by_class,
     gc_pause_totals,
     markdown,
     over_rounds,
@@ -126,3 +129,29 @@ def test_wide_step_choices_read_each_bucket_from_the_metrics_page() -> None:
     assert wide_step_choices(page) == {"threads_8": 2.0, "threads_128": 1.0}
     fig = _fig("weir", 100.0, 40.0, decode_step_ms=30.0, threads_8=2.0, threads_128=1.0)
     assert "weir wide steps' threads at the end: 8+ rows 2, 128+ rows 1" in markdown([fig], ["weir"], "cmd")
+
+
+def test_the_table_says_which_tenant_class_weir_was_measured_under() -> None:
+    peer = _fig("llama", 100.0, 40.0)
+    weir = replace(_fig("weir", 120.0, 44.0, admitted_interactive=48.0), tenant_class="interactive")
+    text = markdown([peer, weir], ["weir"], "cmd")
+    assert "| server | tenant class |" in text
+    assert "| weir | interactive | 120.0 |" in text and "| llama | - | 100.0 |" in text
+    assert "weir requests admitted by tenant class: interactive 48" in text
+
+
+def test_admitted_by_class_sums_the_tenants_of_each_class() -> None:
+    from gateway.metrics.admission_metrics import AdmissionMetrics
+
+    registry = CollectorRegistry()
+    metrics = AdmissionMetrics(registry)
+    for tenant, priority in [
+        ("a", "interactive"),
+        ("a", "interactive"),
+        ("b", "interactive"),
+        ("c", "batch"),
+    ]:
+        metrics.count_admitted(tenant, priority)
+    page = generate_latest(registry).decode()
+    assert admitted_by_class(page) == {"admitted_interactive": 3.0, "admitted_batch": 1.0}
+    assert admitted_by_class("") == {}

@@ -21,12 +21,21 @@ from engine.loader import ModelLoadError, load_model
 from engine.models import packed_linear
 from engine.models.llama import LlamaForCausalLM
 from engine.models.llama_layers import Linear
-from engine.models.packed_linear import PackedLinear, pack_linear_layers, packing_supported
+from engine.models.packed_linear import (
+    PackedLinear,
+    cpu_packs_bfloat16,
+    pack_linear_layers,
+    packing_supported,
+    packing_unsupported_reason,
+)
 from kernels import cpu_small_gemm
 from tests.engine.models.test_llama import Runner, _block_table, _prompt
 from tests.engine.tiny_models import make_tiny_model
 
 CPU = torch.device("cpu")
+# Whether this CPU packs bfloat16 (AVX-512 or AMX): the engine's own probe decides every test below
+# that depends on the CPU's instruction set, so they pass on an AVX2-only CPU too.
+BF16_PACKING = cpu_packs_bfloat16()
 pytestmark = pytest.mark.skipif(not packing_supported(torch.float32, CPU), reason="no oneDNN in this torch")
 
 CASES = {
@@ -103,7 +112,7 @@ def test_without_the_c_kernel_the_copy_is_transposed_and_serves_one_row(
 def test_row_copies_are_float32_and_row_inputs_not_negative() -> None:
     with pytest.raises(ValueError, match="row_inputs"):
         PackedLinear(torch.zeros(4, 4), None, row_inputs=-1)
-    if packing_supported(torch.bfloat16, CPU):
+    if BF16_PACKING:
         with pytest.raises(ValueError, match="float32"):
             PackedLinear(torch.zeros(4, 4, dtype=torch.bfloat16), None, row_inputs=1)
 
@@ -112,7 +121,9 @@ def test_row_weights_need_the_packed_path_in_float32(tmp_path: Path) -> None:
     path = make_tiny_model(tmp_path, num_kv_heads=2)
     with pytest.raises(ModelLoadError, match="row weights"):
         load_model(path, torch.float32, CPU, TorchAttentionBackend(), row_inputs=1)
-    with pytest.raises(ModelLoadError, match="row weights"):
+    # bfloat16 row weights: refused for the dtype, or before that for the CPU that cannot pack it
+    refusal = "row weights" if BF16_PACKING else "bfloat16 packing needs AVX-512"
+    with pytest.raises(ModelLoadError, match=refusal):
         load_model(path, torch.bfloat16, CPU, TorchAttentionBackend(), pack_linear=True, row_inputs=1)
     with pytest.raises(ModelLoadError, match="row_inputs"):
         load_model(path, torch.float32, CPU, TorchAttentionBackend(), pack_linear=True, row_inputs=-1)
@@ -128,7 +139,7 @@ def test_row_weights_need_the_packed_path_in_float32(tmp_path: Path) -> None:
     assert {m.row_inputs for m in layers} == {2 if cpu_small_gemm.available() else 1}
 
 
-@pytest.mark.skipif(not packing_supported(torch.bfloat16, CPU), reason="no oneDNN bf16 on this CPU")
+@pytest.mark.skipif(not BF16_PACKING, reason="this CPU cannot pack bfloat16 (no AVX-512 or AMX)")
 def test_packed_linear_bfloat16_tracks_f_linear() -> None:
     gen = torch.Generator().manual_seed(0)
     weight = torch.randn(64, 48, generator=gen).bfloat16()
@@ -141,6 +152,14 @@ def test_packed_linear_bfloat16_tracks_f_linear() -> None:
 def test_packing_is_cpu_float32_or_bfloat16_only() -> None:
     assert not packing_supported(torch.float16, CPU)
     assert not packing_supported(torch.float32, torch.device("cuda"))
+    assert packing_supported(torch.bfloat16, CPU) == BF16_PACKING
+    assert packing_unsupported_reason(torch.float16, CPU) == (
+        "pre-packed linear weights need float32 or bfloat16, not torch.float16"
+    )
+    assert packing_unsupported_reason(torch.float32, torch.device("cuda")) == (
+        "pre-packed linear weights need a CPU, not cuda"
+    )
+    assert packing_unsupported_reason(torch.float32, CPU) is None
     with pytest.raises(ValueError, match="cannot pack"):
         PackedLinear(torch.zeros(4, 4, dtype=torch.float16), None)
     with pytest.raises(ValueError, match="cpu_packed_linear"):
@@ -148,6 +167,31 @@ def test_packing_is_cpu_float32_or_bfloat16_only() -> None:
     with pytest.raises(ValueError, match="cpu_packed_linear"):
         EngineConfig(model_path="m", device="cuda", cpu_packed_linear=True)
     EngineConfig(model_path="m", device="cuda", cpu_packed_linear=False)  # off is always allowed
+
+
+def test_a_cpu_without_bfloat16_packing_is_told_which_instruction_set_it_lacks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # an AVX2-only CPU (e.g. a 2-core AMD EPYC without AVX-512), whatever CPU runs this test
+    monkeypatch.setattr(packed_linear, "cpu_packs_bfloat16", lambda: False)
+    assert not packing_supported(torch.bfloat16, CPU) and packing_supported(torch.float32, CPU)
+    path = make_tiny_model(tmp_path, num_kv_heads=2)
+    with pytest.raises(ModelLoadError) as refused:
+        load_model(path, torch.bfloat16, CPU, TorchAttentionBackend(), pack_linear=True)
+    message = str(refused.value)
+    assert "bfloat16 packing needs AVX-512 (AVX512F, BW, VL and DQ) or AMX, which this CPU lacks" in message
+    assert "need a CPU" not in message  # it is a CPU: the message must not contradict itself
+    with pytest.raises(
+        ValueError, match="cannot pack a torch.bfloat16 weight on cpu: bfloat16 packing needs"
+    ):
+        PackedLinear(torch.zeros(4, 4, dtype=torch.bfloat16), None)
+    # the engine's default then leaves bfloat16 unpacked (and loads) instead of refusing to start
+    from engine import llm_engine
+
+    assert not llm_engine._pack_linear(EngineConfig(model_path="m", dtype="bfloat16"))
+    model, _ = load_model(path, torch.bfloat16, CPU, TorchAttentionBackend(), pack_linear=False)
+    assert not any(isinstance(m, PackedLinear) for m in model.modules())
+    assert llm_engine._pack_linear(EngineConfig(model_path="m", dtype="float32"))
 
 
 def test_packing_replaces_every_projection_and_refuses_reloading(tmp_path: Path) -> None:
