@@ -141,15 +141,6 @@ class WindowBudgetStore:
             )
             return budget
 
-    @staticmethod
-    def _buckets(window: WindowSpec, t: float) -> list[tuple[int, int]]:
-        """The buckets counted at `t`, oldest first, as [start, end) epoch seconds."""
-        last = window.bucket_start(t)
-        size = window.bucket_s
-        if window.kind is not WindowKind.ROLLING or size is None:
-            return [(last, window.window(t).end)]
-        return [(start, start + size) for start in range(window.counted_from(t), last + 1, size)]
-
     def _seed(self, session: Session, budget: Budget, tenant_id: int, t: float) -> None:
         """Count what the principal's usage records hold in each bucket of the current window."""
         amount = (
@@ -160,7 +151,7 @@ class WindowBudgetStore:
         whose = [UsageRow.tenant_id == tenant_id]
         if budget.key_id is not None:
             whose.append(UsageRow.key_id == budget.key_id)
-        for start, end in self._buckets(budget.window, t):
+        for start, end in budget.window.counted_buckets(t):
             total = session.scalar(
                 select(func.coalesce(func.sum(amount), 0)).where(
                     *whose,
