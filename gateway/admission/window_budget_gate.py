@@ -282,16 +282,16 @@ class WindowBudgetGate:
 
     def settle(self, hold: WindowHold, record: UsageRecord) -> None:
         """Charge what the request used instead of its reservation; never blocks, never raises."""
-        charges = hold.charges + self._uncharged(hold, record)
-        if not charges:
+        late = [(c, self.actual(c, record)) for c in self._uncharged(hold, record)]
+        pairs = [(c, self.actual(c, record)) for c in hold.charges] + [(c, n) for c, n in late if n > 0]
+        if not pairs:
             return
-        hold = WindowHold(charges)
-        actual = [self.actual(c, record) for c in hold.charges]
+        charges, actual = tuple(c for c, _ in pairs), [n for _, n in pairs]
         now = self.clock()
 
         def write() -> None:
             try:
-                self._count(self.store.settle(hold.charges, actual, now))
+                self._count(self.store.settle(charges, actual, now))
             except Exception:
                 logger.exception("window budget settlement of %s lost", record.request_id)
 
