@@ -16,8 +16,8 @@ window and starts again at the next one. Windows:
 Every window is counted in buckets keyed by their start (epoch seconds, an int): a calendar
 window is one bucket (itself); a rolling window is the last `ROLLING_BUCKETS` buckets. So storage
 and counting are the same for every kind: `bucket_start(t)` is where a charge at `t` is added,
-`counted_from(t)` the oldest bucket start that still counts at `t`, and `expires_at(b)` when
-bucket `b` stops counting (for a calendar window: its end, the next window's start, the reset).
+`counted_from(t)` the oldest bucket start that still counts at `t`, `counted_buckets(t)` every
+bucket counted at `t` with its end, and `expires_at(b)` when bucket `b` stops counting (for a calendar window: its end, the next window's start, the reset).
 
 Times are epoch seconds (floats in, ints out). No I/O, no torch, no wall clock: callers pass `t`.
 """
@@ -196,6 +196,17 @@ class WindowSpec:
         if self.kind is WindowKind.ROLLING:
             return start - (ROLLING_BUCKETS - 1) * (self.bucket_s or 0)
         return start
+
+    def counted_buckets(self, t: float) -> list[tuple[int, int]]:
+        """The buckets counted at `t`, oldest first, as [start, end): the calendar window itself,
+        or a rolling window's `ROLLING_BUCKETS` buckets (where a new budget's past usage goes)."""
+        size = self.bucket_s
+        if self.kind is not WindowKind.ROLLING or size is None:
+            window = self.window(t)
+            return [(window.start, window.end)]
+        return [
+            (start, start + size) for start in range(self.counted_from(t), self.bucket_start(t) + 1, size)
+        ]
 
     def expires_at(self, bucket_start: int) -> int:
         """When what was counted in the bucket starting at `bucket_start` stops counting."""

@@ -14,6 +14,12 @@ window's buckets, checks and adds. Only principals with such budgets pay these r
 
 Units: `tokens` (prompt plus output, as the token budgets count them) or `micros` (micro-units of
 the price table's currency, `tenancy.money`).
+
+A new budget starts with what its principal already used in its current window: the transaction
+that creates it adds the usage records of each bucket still counted (billed tokens, or their
+recorded spend), so `used` is never below what was served in the window before the budget was
+set. Requests still in flight then are charged when they settle (`gateway.admission.
+window_budget_gate`), not here: their records are written after this transaction.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from tenancy.db import Database
 from tenancy.enums import AuditAction
 from tenancy.errors import KeyNotFoundError, TenantNotFoundError
 from tenancy.models import ApiKey, Tenant, WindowBudget, WindowBudgetUsage
+from tenancy.models import UsageRecord as UsageRow
 from tenancy.window_budget_records import (
     Budget,
     BudgetNotFoundError,
@@ -106,6 +113,7 @@ class WindowBudgetStore:
                     else WindowBudget.rolling_s == w.rolling_s,
                 )
             ).first()
+            created = row is None
             if row is None:
                 row = WindowBudget(
                     tenant_id=tenant.id,
@@ -120,6 +128,8 @@ class WindowBudgetStore:
             row.updated_at, row.updated_by = now, actor[:128]
             session.flush()
             budget = _budget(row, tenant.name)
+            if created:
+                self._seed(session, budget, tenant.id, self.clock())
             record_event(
                 session,
                 when=now,
@@ -130,6 +140,27 @@ class WindowBudgetStore:
                 details=budget_details(budget),
             )
             return budget
+
+    def _seed(self, session: Session, budget: Budget, tenant_id: int, t: float) -> None:
+        """Count what the principal's usage records hold in each bucket of the current window."""
+        amount = (
+            UsageRow.prompt_tokens + UsageRow.completion_tokens
+            if budget.unit is BudgetUnit.TOKENS
+            else func.coalesce(UsageRow.spend_micros, 0)
+        )
+        whose = [UsageRow.tenant_id == tenant_id]
+        if budget.key_id is not None:
+            whose.append(UsageRow.key_id == budget.key_id)
+        for start, end in budget.window.counted_buckets(t):
+            total = session.scalar(
+                select(func.coalesce(func.sum(amount), 0)).where(
+                    *whose,
+                    UsageRow.created_at >= dt.datetime.fromtimestamp(start, dt.UTC),
+                    UsageRow.created_at < dt.datetime.fromtimestamp(end, dt.UTC),
+                )
+            )
+            if total:
+                self._add(session, budget, start, int(total))
 
     def delete_budget(self, budget_id: int, *, actor: str) -> Budget:
         now = self._now()

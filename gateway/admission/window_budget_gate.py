@@ -13,9 +13,16 @@ over the limit. A soft limit reached (at a settlement: once the real use is know
 `weir_budget_soft_limit_alerts`, once per window (and the store writes an audit event). Settlement replaces each reservation by what the request used: its billed
 tokens, or its spend at the price of the version that served it (as its usage record's).
 
-Which principals have budgets is read from the database at most every `refresh_s` (and at once
-after an admin change on this replica), so a request of a principal without budgets costs one
-dictionary lookup. Settlements are written in order on one worker thread, off the event loop.
+Which principals have budgets is read from the database at most every `refresh_s` (the auth
+cache TTL), and again before the admin API answers a change made on this replica
+(`refresh_now`), so a request of a principal without budgets costs one dictionary lookup. A
+change reaches the other replicas within `refresh_s`.
+
+Traffic a budget did not see at admission is still counted: the store seeds a new budget with the
+usage records of its current window (`tenancy.window_budgets`), and a request admitted without a
+charge for a budget its principal has by the time it settles (one in flight when the budget was
+set, or admitted by a replica that had not read it yet) is charged what it used in the bucket of
+its arrival. Settlements are written in order on one worker thread, off the event loop.
 """
 
 from __future__ import annotations
@@ -143,6 +150,7 @@ class WindowBudgetGate:
         self._budgets: dict[tuple[str, str | None], tuple[Budget, ...]] = {}
         self._book = PriceBook(())
         self._loaded_at = -math.inf
+        self._generation = 0  # bumped by every invalidation; a load that saw a bump is stale
         self._refresh_lock = asyncio.Lock()
         self._settler = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="weir-budget-settle")
 
@@ -156,7 +164,17 @@ class WindowBudgetGate:
 
     def invalidate(self) -> None:
         """Read budgets and prices again before the next request (after an admin change)."""
+        self._generation += 1
         self._loaded_at = -math.inf
+
+    async def refresh_now(self) -> None:
+        """Read budgets and prices again now: the admin API awaits this after a committed change,
+        so the change applies to every request admitted (and settled) after its answer."""
+        self.invalidate()
+        try:
+            await self._fresh()
+        except Exception:  # the change is committed: the next request's read applies it
+            logger.exception("window budgets cannot be read after an admin change")
 
     def _load(self) -> None:
         budgets: dict[tuple[str, str | None], list[Budget]] = {}
@@ -170,11 +188,19 @@ class WindowBudgetGate:
         if time.monotonic() - self._loaded_at < self.refresh_s:
             return
         async with self._refresh_lock:
-            if time.monotonic() - self._loaded_at >= self.refresh_s:
+            if time.monotonic() - self._loaded_at < self.refresh_s:
+                return  # read by the request this one waited for
+            while True:
+                generation = self._generation
                 try:
                     await asyncio.to_thread(self._load)
-                finally:
+                except BaseException:
                     self._loaded_at = time.monotonic()  # after a failure too: retried next period
+                    raise
+                if generation == self._generation:
+                    return
+                # An admin change was committed while this load ran: what it read may predate
+                # the change, so read again rather than keep it for a period.
 
     def budgets_of(self, tenant: TenantContext) -> tuple[Budget, ...]:
         return self._budgets.get((tenant.tenant_id, None), ()) + self._budgets.get(
@@ -239,16 +265,33 @@ class WindowBudgetGate:
         prompt = usage.billed_prompt_tokens
         return price.prices.spend(prompt, min(usage.cached_tokens, prompt), usage.billed_completion_tokens)
 
+    def _uncharged(self, hold: WindowHold, record: UsageRecord) -> tuple[Charge, ...]:
+        """Zero charges, in the bucket of the request's arrival, for the budgets its principal has
+        now that its admission did not charge (set while it ran, or not yet read at admission)."""
+        held = {c.budget.id for c in hold.charges}
+        now_known = {
+            b.id: b
+            for principal in ((record.tenant_id, None), (record.tenant_id, record.key_id))
+            for b in self._budgets.get(principal, ())
+        }
+        return tuple(
+            Charge(b, b.window.bucket_start(record.created_at), 0)
+            for b in now_known.values()
+            if b.id not in held
+        )
+
     def settle(self, hold: WindowHold, record: UsageRecord) -> None:
         """Charge what the request used instead of its reservation; never blocks, never raises."""
-        if not hold.charges:
+        late = [(c, self.actual(c, record)) for c in self._uncharged(hold, record)]
+        pairs = [(c, self.actual(c, record)) for c in hold.charges] + [(c, n) for c, n in late if n > 0]
+        if not pairs:
             return
-        actual = [self.actual(c, record) for c in hold.charges]
+        charges, actual = tuple(c for c, _ in pairs), [n for _, n in pairs]
         now = self.clock()
 
         def write() -> None:
             try:
-                self._count(self.store.settle(hold.charges, actual, now))
+                self._count(self.store.settle(charges, actual, now))
             except Exception:
                 logger.exception("window budget settlement of %s lost", record.request_id)
 

@@ -6,12 +6,15 @@
     GET    /admin/v1/budgets         every budget with its current window's count, ?tenant=
     DELETE /admin/v1/budgets/{id}    remove a budget
 
-Bodies and answers are `tenancy.spend_api`'s. Every change is audited by the repository. Replicas
-(this one included) apply changes within the auth cache TTL (`gateway.admission.window_budget_gate`).
+Bodies and answers are `tenancy.spend_api`'s. Every change is audited by the repository. This
+replica applies a change before it answers (`on_change`: the admission's window-budget gate reads
+budgets and prices again), so a request sent after the answer is admitted under it; other
+replicas apply it within the auth cache TTL (`gateway.admission.window_budget_gate`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from starlette.concurrency import run_in_threadpool
@@ -35,15 +38,24 @@ from tenancy.window_budget_records import BudgetNotFoundError
 
 MAX_BODY_BYTES = 64 * 1024
 
+OnChange = Callable[[], Awaitable[None]]  # after a committed change: apply it on this replica
+
 
 async def _body(request: Request) -> Any:
     return await read_json_body(request, MAX_BODY_BYTES)
 
 
 class SpendAdminRoutes:
-    def __init__(self, db: Database, admin_auth: AdminAuthenticator) -> None:
+    def __init__(
+        self, db: Database, admin_auth: AdminAuthenticator, on_change: OnChange | None = None
+    ) -> None:
         self.admin_api = SpendAdmin(db)
         self.admin_auth = admin_auth
+        self.on_change = on_change
+
+    async def _changed(self) -> None:
+        if self.on_change is not None:
+            await self.on_change()
 
     def admin(self, handler: AdminHandler) -> Endpoint:
         return admin_endpoint(self.admin_auth, handler)
@@ -60,7 +72,9 @@ class SpendAdminRoutes:
 
     async def set_price(self, request: Request, actor: str) -> Response:
         body = await _body(request)
-        return json_answer(await run_in_threadpool(self.admin_api.set_price, body, actor), 201)
+        answer = await run_in_threadpool(self.admin_api.set_price, body, actor)
+        await self._changed()
+        return json_answer(answer, 201)
 
     async def list_prices(self, request: Request, actor: str) -> Response:
         model = bounded_query(request, "model")
@@ -68,7 +82,9 @@ class SpendAdminRoutes:
 
     async def set_budget(self, request: Request, actor: str) -> Response:
         body = await _body(request)
-        return json_answer(await run_in_threadpool(self.admin_api.set_budget, body, actor))
+        answer = await run_in_threadpool(self.admin_api.set_budget, body, actor)
+        await self._changed()
+        return json_answer(answer)
 
     async def list_budgets(self, request: Request, actor: str) -> Response:
         tenant = bounded_query(request, "tenant")
@@ -79,11 +95,16 @@ class SpendAdminRoutes:
         if not text.isascii() or not text.isdigit() or len(text) > 18:
             raise NotFoundError(f"window budget {text[:32]!r} not found")
         try:
-            return json_answer(await run_in_threadpool(self.admin_api.delete_budget, int(text), actor))
+            answer = await run_in_threadpool(self.admin_api.delete_budget, int(text), actor)
         except BudgetNotFoundError as exc:
             raise NotFoundError(exc.message) from None
+        await self._changed()
+        return json_answer(answer)
 
 
-def spend_admin_routes(db: Database, admin_auth: AdminAuthenticator) -> list[BaseRoute]:
-    """The routes, to mount before the /admin/v1 catch-all."""
-    return SpendAdminRoutes(db, admin_auth).routes()
+def spend_admin_routes(
+    db: Database, admin_auth: AdminAuthenticator, on_change: OnChange | None = None
+) -> list[BaseRoute]:
+    """The routes, to mount before the /admin/v1 catch-all; `on_change` is awaited after every
+    committed change (`WindowBudgetGate.refresh_now` where admission is on)."""
+    return SpendAdminRoutes(db, admin_auth, on_change).routes()

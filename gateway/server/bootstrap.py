@@ -429,6 +429,7 @@ def build_server_app(settings: Settings) -> Starlette:
     if tenancy.close is not None:
         shutdown_hooks.append(tenancy.close)
     kwargs: dict[str, Any] = {}
+    on_budget_change: Callable[[], Awaitable[None]] | None = None  # the window-budget gate's refresh
     if settings.admission is AdmissionMode.ON:
         admission = build_admission(
             settings, fleet.stats, AdmissionMetrics(metrics.registry), WindowBudgetMetrics(metrics.registry)
@@ -436,6 +437,8 @@ def build_server_app(settings: Settings) -> Starlette:
         startup_hooks.append(admission.start)
         shutdown_hooks.append(admission.close)  # after requests settled: unused leases go back
         kwargs["admission"] = admission
+        if admission.window_budgets is not None:
+            on_budget_change = admission.window_budgets.refresh_now
     if auth is AuthMode.KEYS:
         kwargs["authenticate"] = tenancy.authenticate
         kwargs["usage_sink"] = tenancy.usage_sink
@@ -453,7 +456,9 @@ def build_server_app(settings: Settings) -> Starlette:
         if tenancy.repo is not None:
             from gateway.routes.spend_admin import spend_admin_routes
 
-            extra_routes[:0] = spend_admin_routes(tenancy.repo.db, tenancy.admin_auth)  # prices, budgets
+            # prices, budgets; a change applies on this replica before the answer
+            spend = spend_admin_routes(tenancy.repo.db, tenancy.admin_auth, on_budget_change)
+            extra_routes[:0] = spend
         if adapter_rollout is not None:
             extra_routes[:0] = adapters_admin_routes(adapter_rollout, tenancy.admin_auth)
         if tenancy.repo is not None and tenancy.authenticator is not None:

@@ -207,3 +207,23 @@ def test_describe() -> None:
     assert WindowSpec(WindowKind.DAY, "Europe/Paris").describe() == "day (Europe/Paris)"
     assert WindowSpec(WindowKind.ROLLING, rolling_s=3600).describe() == "rolling 3600s"
     assert WindowSpec(WindowKind.MINUTE).describe() == "minute"
+
+
+@settings(max_examples=300, deadline=None)
+@given(spec=any_spec, t=times, u=st.floats(min_value=-2 * 366 * 86_400, max_value=0))
+def test_the_counted_buckets_tile_what_is_counted_at_t(spec: WindowSpec, t: float, u: float) -> None:
+    """A new budget's past usage goes in `counted_buckets(t)`: contiguous, from `counted_from(t)`
+    to the end of t's bucket, each keyed where a charge at its times is added, and a time
+    `t + u` (in the past) falls in one of them exactly when its bucket is counted at t."""
+    buckets = spec.counted_buckets(t)
+    assert buckets[0][0] == spec.counted_from(t) and buckets[-1][0] == spec.bucket_start(t)
+    assert buckets[-1][1] == spec.window(t).end and buckets[-1][0] <= t < buckets[-1][1]
+    assert len(buckets) == (ROLLING_BUCKETS if spec.kind is WindowKind.ROLLING else 1)
+    for (start, end), (after, _) in zip(buckets, buckets[1:], strict=False):
+        assert start < end == after
+    for start, end in buckets:
+        assert spec.bucket_start(start) == start and spec.bucket_start(end - 1) == start
+    past = t + u
+    held = [start for start, end in buckets if start <= past < end]
+    counted = spec.counted_from(t) <= spec.bucket_start(past) <= spec.bucket_start(t)
+    assert held == ([spec.bucket_start(past)] if counted else [])

@@ -12,9 +12,9 @@ import pytest
 from engine.request import Priority
 from tenancy.budget_windows import WindowKind, WindowSpec
 from tenancy.db import Database
-from tenancy.enums import AuditAction
+from tenancy.enums import AuditAction, UsageStatus
 from tenancy.errors import FieldError, KeyNotFoundError, TenantNotFoundError
-from tenancy.records import KeySpec, TenantSpec
+from tenancy.records import KeySpec, TenantSpec, UsageRecordIn
 from tenancy.repo import TenancyRepo
 from tenancy.window_budget_records import BudgetSpec, BudgetUnit, window_spec
 from tenancy.window_budgets import WindowBudgetStore
@@ -234,3 +234,44 @@ def test_concurrent_takes_across_tenant_and_two_keys_hold_every_limit(
     assert admitted[narrow.id] + admitted[wide.id] == 1000 // 37  # the wide key's 30 tries fill the tenant
     assert setup.used(tenant_budget) == 37 * (1000 // 37)
     assert setup.used(narrow) == 37 * admitted[narrow.id]
+
+
+def _served(repo: TenancyRepo, request_id: str, t: float, tokens: int, key: str | None) -> None:
+    repo.record_usage(
+        UsageRecordIn(
+            request_id, "acme", key, "m", UsageStatus.COMPLETED, tokens - 1, 1,
+            created_at=dt.datetime.fromtimestamp(t, dt.UTC),
+        )
+    )  # fmt: skip
+
+
+def test_a_new_budget_counts_what_was_served_in_its_window_before_it(
+    migrated: Database, repo: TenancyRepo, key: str
+) -> None:
+    """Issue 54: `used` is never below what was served in the window, budget or not."""
+    clock = Clock()
+    store = _store(migrated, clock)
+    other = repo.issue_key("acme", KeySpec(), actor="t").view.id
+    _served(repo, "a", T - 10, 5, key)  # this minute's bucket of a rolling hour
+    _served(repo, "b", T - 1800, 7, key)  # half an hour ago: its own bucket
+    _served(repo, "c", T - 4000, 11, key)  # before the rolling hour, but today
+    _served(repo, "d", T - 13 * 3600, 13, key)  # yesterday
+    _served(repo, "e", T - 20, 17, other)  # the tenant's other key
+    rolling = WindowSpec(WindowKind.ROLLING, rolling_s=3600)
+    tenant_hour = store.set_budget(
+        BudgetSpec("acme", None, BudgetUnit.TOKENS, rolling, hard_limit=100), actor="a"
+    )
+    key_day = store.set_budget(BudgetSpec("acme", key, BudgetUnit.TOKENS, DAY, hard_limit=100), actor="a")
+    money = store.set_budget(BudgetSpec("acme", key, BudgetUnit.MICROS, DAY, soft_limit=1), actor="a")
+    assert store.used(tenant_hour) == 5 + 7 + 17
+    assert store.used(key_day) == 5 + 7 + 11
+    assert store.used(money) == 0  # no price: the records carry no spend
+    # Counted in the buckets they were served in: they leave a rolling window one by one.
+    assert store.used(tenant_hour, T + 1800 - 60) == 5 + 7 + 17
+    assert store.used(tenant_hour, T + 1800) == 5 + 17
+    # Changing a budget's limits counts nothing twice; the seeded use refuses like any other.
+    again = store.set_budget(BudgetSpec("acme", None, BudgetUnit.TOKENS, rolling, hard_limit=40), actor="a")
+    assert again.id == tenant_hour.id and store.used(again) == 29
+    refusal = store.take([(again, 12)]).refusal
+    assert refusal is not None and refusal.used == 29
+    assert store.take([(again, 11)]).refusal is None

@@ -127,3 +127,49 @@ def test_without_budgets_nothing_is_read_per_request(env: Env) -> None:
     for _ in range(3):
         asyncio.run(env.controller(ctx, [request()])).settle(record(ctx, 10, 5))
     assert env.gate.budgets_of(ctx) == ()
+
+
+def test_requests_a_budget_did_not_see_at_admission_count_when_they_settle(env: Env) -> None:
+    """Issue 54: a budget set (elsewhere) while requests run, or before this replica re-read its
+    budgets, still counts them once they settle, in the bucket of their arrival."""
+    env.gate.refresh_s = 3600.0  # no periodic re-read during the test
+    ctx = env.context()
+    running = asyncio.run(env.controller(ctx, [request(prompt_len=10, max_tokens=50)]))  # reads: none
+    tenant_day = env.store.set_budget(
+        BudgetSpec("acme", None, BudgetUnit.TOKENS, DAY, hard_limit=100), actor="t"
+    )
+    key_day = env.store.set_budget(
+        BudgetSpec("acme", env.key, BudgetUnit.TOKENS, DAY, soft_limit=1), actor="t"
+    )
+    stale = asyncio.run(env.controller(ctx, [request(prompt_len=10, max_tokens=95)]))  # not read yet
+    asyncio.run(env.gate.refresh_now())  # what the admin API awaits after a change on this replica
+    running.settle(record(ctx, 10, 20, key_id=env.key))
+    stale.settle(record(ctx, 10, 40, key_id=env.key))
+    env.gate.flush()
+    assert env.store.used(tenant_day) == env.store.used(key_day) == 30 + 50
+    with pytest.raises(RateLimitError):  # 25 more do not fit the 20 left
+        asyncio.run(env.controller(ctx, [request(prompt_len=10, max_tokens=15)]))
+    charged = asyncio.run(env.controller(ctx, [request(prompt_len=10, max_tokens=10)]))
+    assert env.store.used(tenant_day) == 100  # its reservation, taken at admission
+    charged.settle(record(ctx, 10, 5, key_id=env.key))  # charged once: its reservation settled
+    env.gate.flush()
+    assert env.store.used(tenant_day) == 95 and env.store.used(key_day) == 95
+
+
+def test_an_admin_change_committed_during_a_read_is_read_again(env: Env) -> None:
+    env.gate.refresh_s = 3600.0
+    read = env.store.list_budgets
+    num_reads = 0
+
+    def racing(tenant: str | None = None) -> list[Any]:
+        nonlocal num_reads
+        budgets = read(tenant)
+        num_reads += 1
+        if num_reads == 1:  # the change commits (and invalidates) after this read saw none
+            env.store.set_budget(BudgetSpec("acme", None, BudgetUnit.TOKENS, DAY, hard_limit=5), actor="t")
+            env.gate.invalidate()
+        return budgets
+
+    env.store.list_budgets = racing  # type: ignore[method-assign]
+    asyncio.run(env.gate.refresh_now())
+    assert num_reads == 2 and len(env.gate.budgets_of(env.context())) == 1
