@@ -24,10 +24,12 @@ by the next start before new ones. A request may have several records (a stream'
 ones, written before its first byte and as it goes, then its final one); the repository keeps
 the last written per request id and tenant, and the spool is replayed in order, so a replay
 is idempotent and ends on the latest state: a stream cut by a crash is billed from its last
-provisional record. `write_now` writes a record into the spool file from the calling thread
-(the event loop, for a stream's first record before its first byte): one write system call, no
+provisional record, and a stream that finished from its final one. `write_now` writes a record
+into the spool file from the calling thread (the event loop, for a stream's records: before its
+first byte, as it goes, and its final one before its last byte): one write system call, no
 thread hand-off, in the page cache when it returns, so a crash of the process (kill -9) keeps
-it; the spool thread fsyncs it with its batch window, like every record.
+it; the spool thread fsyncs it with its batch window, like every record. A stream's records all
+go through `write_now` on the one loop thread, so they reach the file in the order written.
 
 The guarantee (also in docs/operations.md): a record is on disk once the spool thread has
 fsync'd it, at most `flush_interval_s` plus one fsync after `submit` or `write_now`. A graceful
@@ -192,15 +194,15 @@ class UsageWriter:
         self._put(record, record)
 
     def write_now(self, record: UsageRecordIn) -> None:
-        """Write one record into the spool file now, from this thread (a stream's record before
-        its first byte, on the event loop): in the page cache when this returns, so a crash of
-        the process keeps it; fsync'd with the spool thread's batch window, like `submit`ted ones.
+        """Write one record into the spool file now, from this thread (a stream's records, on the
+        event loop): in the page cache when this returns, so a crash of the process keeps it;
+        fsync'd with the spool thread's batch window, like `submit`ted ones.
 
         One write system call and no thread hand-off: waiting for the spool thread (a wake, its
         write and fsync, a call back onto the loop) was ~0.6 ms of CPU a stream across three
         threads (docs/benchmarks.md, eighteenth stop). Raises OSError when the record could not
         be written (the disk failed, or the queue is full because the disk stalled); the
-        caller goes on without it (its final record still comes through `submit`).
+        caller goes on without it (a stream's final record then comes through `submit`).
         """
         if not self._started:
             raise RuntimeError("the usage writer is not started")

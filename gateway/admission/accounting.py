@@ -128,16 +128,16 @@ UsageSink = Callable[[UsageRecord], None]
 
 @dataclass(frozen=True)
 class UsageJournal:
-    """Provisional usage records of a stream, so a crash of the server still bills it.
+    """A stream's usage records written as it goes, so a crash of the server still bills it.
 
-    `begin` is called before the stream's first byte and returns once its record is in the
-    spool file (a crash of the process keeps it); `progress` queues an updated one as the
-    stream goes. The final record (the `UsageSink`'s) replaces them; after a crash the last one
-    written is the bill (`tenancy.usage_writer`).
+    `write` returns once the record is in the usage spool file (one `write` call on the event
+    loop: a crash of the process keeps it) and must feed the same spool as the `UsageSink`. A
+    stream writes a provisional record before its first byte, an updated one at most every
+    `USAGE_PROGRESS_INTERVAL_S` as chunks go out, and its final one before its last byte; after
+    a crash the last one written is the bill (`tenancy.usage_writer`).
     """
 
-    begin: UsageSink
-    progress: UsageSink
+    write: UsageSink
 
 
 @dataclass(frozen=True)
@@ -300,21 +300,26 @@ class Accountant:
     def begin(self, info: RequestInfo, tally: RequestTally) -> None:
         """Before a stream's first byte: its provisional record (what it is about to deliver, as
         cancelled) in the spool file. Billing trouble is logged, never fails the request."""
-        if self.journal is None:
-            return
-        try:
-            self.journal.begin(self._record(info, tally, Outcome.CANCELLED))
-        except Exception:
-            logger.exception("could not write the provisional usage record of %s", info.request_id)
+        self.conclude(info, tally, Outcome.CANCELLED)
 
     def progress(self, info: RequestInfo, tally: RequestTally) -> None:
-        """A stream's provisional record, updated to what it has delivered so far."""
+        """A stream's provisional record, updated to what it has delivered so far, in the spool file."""
+        self.conclude(info, tally, Outcome.CANCELLED)
+
+    def conclude(self, info: RequestInfo, tally: RequestTally, outcome: Outcome) -> UsageRecord | None:
+        """A stream's record as it stands, with `outcome`, in the spool file now; before its last
+        byte this is its final record (`finish` then writes no second one). Returns the record
+        written, None when there is no journal or the write failed (logged: billing trouble
+        never fails the request; `finish` then queues the record as for any request)."""
         if self.journal is None:
-            return
+            return None
+        record = self._record(info, tally, outcome)
         try:
-            self.journal.progress(self._record(info, tally, Outcome.CANCELLED))
+            self.journal.write(record)
         except Exception:
-            logger.exception("could not queue the provisional usage record of %s", info.request_id)
+            logger.exception("could not write the %s usage record of %s", outcome.value, info.request_id)
+            return None
+        return record
 
     def _record(self, info: RequestInfo, tally: RequestTally, outcome: Outcome) -> UsageRecord:
         return UsageRecord(
@@ -342,9 +347,22 @@ class Accountant:
         span: RequestSpan,
         settle: Settle,
         error_message: str | None = None,
+        journaled: UsageRecord | None = None,
     ) -> UsageRecord:
-        """Record everything about one ended request. Never raises."""
+        """Record everything about one ended request. Never raises.
+
+        `journaled`: the record `conclude` wrote before the stream's last byte. When it still
+        holds (the same outcome and counts) it is the request's record and is not written again.
+        """
         record = self._record(info, tally, outcome)
+        sink = self.usage_sink
+        if (
+            journaled is not None
+            and journaled.outcome is outcome
+            and journaled.usage == record.usage
+            and journaled.finish_reasons == record.finish_reasons
+        ):
+            record, sink = journaled, None  # already in the spool
         usage, reasons = record.usage, record.finish_reasons
         try:
             self._observe(info, tally, usage, reasons, span)
@@ -352,7 +370,7 @@ class Accountant:
         except Exception:
             logger.exception("recording metrics of %s failed", info.request_id)
         span.end(error_message)
-        for callback in (settle, self.usage_sink):
+        for callback in (settle, sink):
             if callback is None:
                 continue
             try:

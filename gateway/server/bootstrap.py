@@ -291,9 +291,10 @@ def build_tenancy(settings: Settings) -> TenancyWiring:
     def sink(record: UsageRecord) -> None:
         writer.submit(to_usage_record_in(record))  # queued; written in batches on its own thread
 
-    def begin(record: UsageRecord) -> None:
-        # In the spool file before the stream's first byte (one write call; a process crash keeps
-        # it), fsync'd with the spool thread's batch window (docs/decisions.md, eighteenth stop).
+    def journal(record: UsageRecord) -> None:
+        # A stream's record (before its first byte, as it goes, before its last byte) in the spool
+        # file now: one write call, which a process crash keeps; fsync'd with the spool thread's
+        # batch window (docs/decisions.md, eighteenth and twentieth stops).
         writer.write_now(to_usage_record_in(record))
 
     async def start() -> None:
@@ -308,7 +309,7 @@ def build_tenancy(settings: Settings) -> TenancyWiring:
         # The OpenAI routes need the inference scope; a usage-only key may only read its usage.
         authenticate=functools.partial(authenticator.authenticate_async, scope=KeyScope.INFERENCE),
         usage_sink=sink,
-        usage_journal=UsageJournal(begin=begin, progress=sink),
+        usage_journal=UsageJournal(write=journal),
         routes=admin_routes(repo, authenticator, admin_auth),
         num_tenants=len(repo.list_tenants()),
         start=start,

@@ -5,6 +5,12 @@ A real `weir serve` (a child process, tiny random model, keys on) streams a long
 with SIGKILL. Started again on the same data directory, it replays the spool, and the database
 holds the request's record: cancelled, the whole prompt and at least the 9 tokens delivered.
 Before the fix the stream had no usage record at all: records were written only at the end.
+
+Issue 54 finding 8 (`bench.experiments.crash_billing`): streams that finished just before the
+kill (the client had `[DONE]`) are stored `completed` with the exact counts their clients got,
+and streams cut by it are billed no more than they delivered and at least what they had
+delivered well before the kill. Before the fix the finished ones were stored as `cancelled`
+from a provisional record, and the cut ones were billed ~1 s of tokens short.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from bench.experiments.crash_billing import run_crash
 from bench.weir_process import run_weir
 from tenancy.records import UsageRecordIn
 from tenancy.usage_codec import CorruptRecordError, decode_record
@@ -95,3 +102,28 @@ def test_a_stream_cut_by_kill_9_is_billed_from_the_spool_after_the_restart(tmp_p
     assert status == "cancelled"
     assert prompt_tokens == num_prompt
     assert 9 <= completion_tokens < MAX_TOKENS  # what it delivered, not what it was allowed
+
+
+def test_streams_finished_before_kill_9_are_completed_and_cut_ones_billed_what_they_delivered(
+    tmp_path: Path,
+) -> None:
+    weights = make_tiny_model(tmp_path / "model", arch="llama", num_kv_heads=2, max_position_embeddings=8192)
+    bills = run_crash(
+        weights,
+        tmp_path / "data",
+        num_cut=6,
+        num_finished=3,
+        flags=("--served-model-name", "crash", "--device", "cpu", "--kv-cache-tokens", "65536"),
+    )
+    finished = [b for b in bills if b.kind == "finished"]
+    cut = [b for b in bills if b.kind == "cut"]
+    assert len(finished) == 3 and len(cut) == 6
+    for b in finished:  # the client read `[DONE]` just before the kill
+        assert b.status == "completed", b
+        assert b.billed == b.delivered == b.reported_tokens == 12, b
+    for b in cut:
+        assert b.status == "cancelled", b
+        assert b.billed is not None and b.billed <= b.delivered, b  # never what it did not deliver
+        # What it had delivered before the checkpoint, which was 2 s (8 progress intervals) before
+        # the kill, is billed: the records went on being written after it.
+        assert b.billed >= b.checkpoint > 0, b

@@ -11,7 +11,17 @@ import pytest
 from engine.client import EngineRequest
 from engine.output import RequestOutput
 from engine.request import FinishReason, Priority, SamplingParams
-from gateway.admission.accounting import Outcome, RequestTally, Settle, Usage, UsageRecord
+from gateway.admission.accounting import (
+    Accountant,
+    Outcome,
+    RequestInfo,
+    RequestTally,
+    Settle,
+    Usage,
+    UsageJournal,
+    UsageRecord,
+    _settle_nothing,
+)
 from gateway.api.protocol import Endpoint
 from gateway.http.errors import RateLimitError
 from tenancy.context import QuotaLimits, TenantContext
@@ -186,3 +196,75 @@ def test_tally_bills_what_a_beam_search_computed_and_reports_what_it_returned() 
     assert usage.billed_total_tokens == 44 + 417
     assert usage.to_openai()["completion_tokens"] == 96
     assert Usage(3, 5).billed_completion_tokens == 5  # nothing reported: the returned tokens
+
+
+def _accountant_and_stream() -> tuple[
+    Accountant, RequestInfo, RequestTally, list[UsageRecord], list[UsageRecord]
+]:
+    from gateway.metrics.registry import GatewayMetrics
+
+    journal: list[UsageRecord] = []
+    sink: list[UsageRecord] = []
+    request = EngineRequest("r", (1, 2, 3), SamplingParams(max_tokens=4))
+    info = RequestInfo("r", Endpoint.COMPLETIONS, MODEL, ACME, None, 0.0, request.arrival_s)
+    accountant = Accountant(
+        GatewayMetrics(FakeEngine().stats), sink.append, UsageJournal(write=journal.append)
+    )
+    return accountant, info, RequestTally([request], 1), journal, sink
+
+
+def _out(num_tokens: int, finished: bool = False) -> RequestOutput:
+    return RequestOutput(
+        request_id="r",
+        index=0,
+        new_token_ids=(7,),
+        new_text="x",
+        finished=finished,
+        finish_reason=FinishReason.LENGTH if finished else None,
+        num_output_tokens=num_tokens,
+    )
+
+
+def test_a_concluded_record_that_still_holds_is_the_request_record_and_not_written_twice() -> None:
+    from gateway.metrics.tracing import RequestTracer
+
+    accountant, info, tally, journal, sink = _accountant_and_stream()
+    settled: list[UsageRecord] = []
+    accountant.begin(info, tally)
+    tally.observe(0, _out(1))
+    accountant.progress(info, tally)
+    tally.observe(0, _out(4, finished=True))
+    final = accountant.conclude(info, tally, Outcome.COMPLETED)
+    span = RequestTracer(None).start_request("x", {}, {})
+    record = accountant.finish(info, tally, Outcome.COMPLETED, span, settled.append, journaled=final)
+    assert [(r.outcome, r.usage.completion_tokens) for r in journal] == [
+        (Outcome.CANCELLED, 0),
+        (Outcome.CANCELLED, 1),
+        (Outcome.COMPLETED, 4),
+    ]
+    assert record is final and settled == [final]
+    assert sink == []  # already in the spool: the journal wrote it
+
+
+def test_a_concluded_record_that_no_longer_holds_goes_to_the_sink() -> None:
+    from gateway.metrics.tracing import RequestTracer
+
+    accountant, info, tally, journal, sink = _accountant_and_stream()
+    tally.observe(0, _out(2))
+    stale = accountant.conclude(info, tally, Outcome.FAILED)
+    tally.observe(0, _out(3, finished=True))  # counted after the journal write
+    span = RequestTracer(None).start_request("x", {}, {})
+    record = accountant.finish(info, tally, Outcome.FAILED, span, _settle_nothing, journaled=stale)
+    assert sink == [record] and record.usage.completion_tokens == 3
+
+
+def test_a_failing_journal_write_is_logged_and_returns_nothing() -> None:
+    from gateway.metrics.registry import GatewayMetrics
+
+    def broken(record: UsageRecord) -> None:
+        raise OSError("the usage queue is full")
+
+    _, info, tally, _, _ = _accountant_and_stream()
+    accountant = Accountant(GatewayMetrics(FakeEngine().stats), None, UsageJournal(write=broken))
+    accountant.begin(info, tally)  # never fails the request
+    assert accountant.conclude(info, tally, Outcome.COMPLETED) is None

@@ -8,10 +8,11 @@ import json
 import httpx
 
 from engine.errors import RequestFailedError
+from gateway.admission.accounting import Outcome, UsageJournal, UsageRecord
 from gateway.api.streaming import OutputMerger
 from tests.gateway.conftest import Live
 from tests.gateway.fake_engine import FakeEngine
-from tests.gateway.harness import MODEL, wait_until
+from tests.gateway.harness import MODEL, make_app, serve_in_thread, wait_until
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "tell me a story"}]}
 
@@ -181,3 +182,47 @@ def test_shielded_work_runs_to_its_end_through_repeated_cancels() -> None:
         return done
 
     assert asyncio.run(run()) == ["finished", "cancel passed on"]
+
+
+def test_a_finished_stream_has_its_final_record_journaled_before_done() -> None:
+    """Issue 54 finding 8: the completed record is in the spool before the client sees `[DONE]`,
+    so a kill -9 right after cannot leave the stream billed as cancelled from a provisional one."""
+    journal: list[UsageRecord] = []
+    sink: list[UsageRecord] = []
+    app = make_app(FakeEngine(), usage_sink=sink.append, usage_journal=UsageJournal(write=journal.append))
+    body = {**CHAT, "max_tokens": 5, "stream": True, "stream_options": {"include_usage": True}}
+    with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=30) as client:
+        with client.stream("POST", "/v1/chat/completions", json=body) as r:
+            events = sse_events(list(r.iter_lines()))
+            # As the client reads `[DONE]`, the completed record is already written.
+            assert events[-1] == "[DONE]"
+            done_seen = list(journal)
+        usage = json.loads(events[-2])["usage"]
+        assert done_seen[0].outcome is Outcome.CANCELLED  # the provisional one, before the first byte
+        final = done_seen[-1]
+        assert final.outcome is Outcome.COMPLETED
+        assert final.usage.completion_tokens == usage["completion_tokens"] == 5
+        assert final.usage.prompt_tokens == usage["prompt_tokens"]
+        assert wait_until(lambda: app.state.gateway.num_active == 0)  # settled
+    assert sink == []  # the cleanup after `[DONE]` does not write the record again
+    assert journal[-1] is final
+
+
+def test_a_stream_whose_final_journal_write_fails_is_recorded_by_the_sink() -> None:
+    sink: list[UsageRecord] = []
+
+    def broken(record: UsageRecord) -> None:
+        if record.outcome is not Outcome.CANCELLED:
+            raise OSError("the usage queue is full")
+
+    engine = FakeEngine()
+    app = make_app(engine, usage_sink=sink.append, usage_journal=UsageJournal(write=broken))
+    with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=30) as client:
+        events = sse_events(
+            client.post(
+                "/v1/chat/completions", json={**CHAT, "max_tokens": 3, "stream": True}
+            ).text.splitlines()
+        )
+        assert events[-1] == "[DONE]"
+        assert wait_until(lambda: len(sink) == 1)
+    assert sink[0].outcome is Outcome.COMPLETED and sink[0].usage.completion_tokens == 3
