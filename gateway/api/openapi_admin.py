@@ -39,6 +39,7 @@ from tenancy.admin_bodies.model_versions import (
     Rollback,
     TrafficBody,
     TrafficPlanBody,
+    VersionAction,
 )
 from tenancy.admin_bodies.quota import KeyLimitsBody
 from tenancy.admin_bodies.tenants import Tenant, TenantCreate, TenantList, TenantPatch
@@ -59,6 +60,7 @@ _REQUESTS: dict[str, Any] = {
     "ModelVersionCreate": ModelVersionCreate,
     "TrafficBody": TrafficBody,
     "Rollback": Rollback,
+    "VersionAction": VersionAction,
     "PrefixRegister": PrefixRegisterBody,
     "PrefixFlush": PrefixFlushBody,
     "PriceBody": PriceBody,
@@ -253,6 +255,9 @@ def _model_paths(e: dict[str, Any]) -> dict[str, Any]:
     models = "/admin/v1/models"
     version = f"{models}/{{name}}/versions/{{version}}"
     mv = [_MODEL, _VERSION]
+    # Refused with 409 last_serving_version for the model's last ready version, unless forced.
+    forced = [*mv, {"name": "force", "in": "query", "required": False,
+                    "schema": {"type": "string", "enum": ["true", "false"]}}]  # fmt: skip
     return {
         models: {
             "get": _op("Every model version: state, traffic share, pins, in flight, KV use; every plan", e,
@@ -262,9 +267,14 @@ def _model_paths(e: dict[str, Any]) -> dict[str, Any]:
         f"{version}/load": {
             "post": _op("Load and warm up (ready), or 422 with the reason (failed)", e, "ModelVersion", parameters=mv)
         },
-        f"{version}/drain": {"post": _op("No new requests; in-flight ones finish", e, "ModelVersion", parameters=mv)},
+        f"{version}/drain": {
+            "post": _op("No new requests; in-flight ones finish (the model's last ready version: 409 unless "
+                        "forced)", e, "ModelVersion", body="VersionAction", parameters=forced)
+        },
         f"{version}/retire": {
-            "post": _op("After the drain: unload, free its memory and cached blocks", e, "ModelVersion", parameters=mv)
+            "post": _op("After the drain: unload, free its memory and cached blocks; it leaves the split (the "
+                        "model's last version: 409 unless forced)", e, "ModelVersion", body="VersionAction",
+                        parameters=forced)
         },
         f"{models}/{{name}}/traffic": {
             "put": _op("Replace the split and pins", e, "TrafficPlan", body="TrafficBody", parameters=[_MODEL])

@@ -35,12 +35,15 @@ from tenancy.errors import (
     InvalidModelTransitionError,
     KeyInactiveError,
     KeyNotFoundError,
+    LastServingVersionError,
     MigrationRequiredError,
     ModelVersionExistsError,
     ModelVersionNotFoundError,
+    NameInUseError,
     TenancyError,
     TenantExistsError,
     TenantNotFoundError,
+    VersionNotReadyError,
 )
 
 logger = logging.getLogger(__name__)
@@ -242,6 +245,12 @@ def from_tenancy_error(exc: TenancyError) -> WeirError:
         return ConflictError(exc.message, param="state", code="invalid_adapter_transition")
     if isinstance(exc, InvalidModelTransitionError):
         return ConflictError(exc.message, param="state", code="invalid_model_transition")
+    if isinstance(exc, LastServingVersionError):
+        return ConflictError(exc.message, param="version", code="last_serving_version")
+    if isinstance(exc, VersionNotReadyError):
+        return ConflictError(exc.message, param=exc.field, code="model_version_not_ready")
+    if isinstance(exc, NameInUseError):
+        return ConflictError(exc.message, param="name", code="name_in_use")
     if isinstance(exc, CacheScopeConflictError):
         return ConflictError(exc.message, param=exc.field, code="cache_scope_conflict")
     if isinstance(exc, TenantExistsError | KeyInactiveError):
