@@ -159,7 +159,7 @@ def openapi_schema(
         "/v1/chat/completions": _generation(
             "Chat completion", "ChatCompletionRequest", "ChatCompletion", "ChatCompletionChunk"
         ),
-        "/v1/completions": _generation("Completion", "CompletionRequest", "Completion", "Completion"),
+        "/v1/completions": _generation("Completion", "CompletionRequest", "Completion", "CompletionChunk"),
         "/v1/models": {
             "get": {
                 "summary": "Models this API key may use",

@@ -30,7 +30,7 @@ from gateway.api.prefix_cache_bodies import (
     TenantCacheStatsBody,
 )
 from tenancy.admin_bodies.audit import AuditList
-from tenancy.admin_bodies.fields import KeyId, ModelName, TenantName, VersionLabel
+from tenancy.admin_bodies.fields import MAX_QUERY_LEN, KeyId, ModelName, TenantName, VersionLabel
 from tenancy.admin_bodies.keys import ApiKey, ApiKeyList, IssuedApiKey, KeyCreate
 from tenancy.admin_bodies.model_versions import (
     ModelVersion,
@@ -129,6 +129,12 @@ def _query_params(model: Any) -> list[dict[str, Any]]:
 
 def _query(name: str, t: Any) -> dict[str, Any]:
     return {"name": name, "in": "query", "required": False, "schema": _schema(t)}
+
+
+def _filter(name: str) -> dict[str, Any]:
+    """An optional filter the routes read with `bounded_query`: 1-MAX_QUERY_LEN characters."""
+    schema = {"type": "string", "minLength": 1, "maxLength": MAX_QUERY_LEN}
+    return {"name": name, "in": "query", "required": False, "schema": schema}
 
 
 _TENANT = _path("name", TenantName)
@@ -314,13 +320,13 @@ def _spend_paths(e: dict[str, Any]) -> dict[str, Any]:
     """Prices and window budgets (gateway/routes/spend_admin.py)."""
     return {
         "/admin/v1/prices": {
-            "get": _op("The price table, oldest first per model", e, "PriceList", parameters=[_query("model", str)]),
+            "get": _op("The price table, oldest first per model", e, "PriceList", parameters=[_filter("model")]),
             "post": _op("Add a price of a model version or model, effective now or later (audited; recorded "
                         "spend is never rewritten)", e, "Price", ok="201", body="PriceBody"),
         },
         "/admin/v1/budgets": {
             "get": _op("Token and money budgets over windows, with the current window's count and reset", e,
-                       "BudgetList", parameters=[_query("tenant", str)]),
+                       "BudgetList", parameters=[_filter("tenant")]),
             "put": _op("Set a tenant's or key's budget over a window (soft: alert; hard: 429)", e, "Budget",
                        body="BudgetBody"),
         },
@@ -336,7 +342,7 @@ def _adapter_paths(e: dict[str, Any]) -> dict[str, Any]:
     return {
         adapters: {
             "get": _op("Every LoRA adapter: record, access, runtime", e, "AdapterList",
-                       parameters=[_query("model_version", str)]),
+                       parameters=[_filter("model_version")]),
             "post": _op("Register a LoRA adapter of a base model version", e, "Adapter", ok="201",
                         body="AdapterRegister"),
         },

@@ -26,6 +26,7 @@ from engine.errors import (
 from engine.lora_types import AdapterInUseError, AdapterLoadError
 from engine.memory_budget import MemoryBudgetError
 from engine.prefix_cache_types import InvalidPrefixError, PinCapacityError, UnknownPrefixError
+from gateway.http.allowed_methods import allow_header
 from tenancy.errors import (
     AdapterExistsError,
     AdapterNotFoundError,
@@ -122,6 +123,14 @@ class ConflictError(WeirError):
     default_code = "conflict"
 
 
+class MethodNotAllowedError(WeirError):
+    """The path exists but not with this method; the handler adds `Allow` (every method it takes)."""
+
+    status_code = 405
+    error_type = "invalid_request_error"
+    default_code = "405"  # as Starlette's own 405s are coded
+
+
 class PayloadTooLargeError(WeirError):
     status_code = 413
     error_type = "invalid_request_error"
@@ -161,8 +170,8 @@ class ServiceUnavailableError(WeirError):
 class HTTPStatusError(WeirError):
     """An error Starlette raised itself (no such route, method not allowed), by its status."""
 
-    def __init__(self, status_code: int, message: str) -> None:
-        super().__init__(message, code=str(status_code))
+    def __init__(self, status_code: int, message: str, headers: Mapping[str, str] | None = None) -> None:
+        super().__init__(message, code=str(status_code), headers=headers)
         self.status_code = status_code
         self.error_type = "invalid_request_error" if status_code < 500 else "server_error"
 
@@ -284,7 +293,7 @@ def to_http_error(exc: BaseException) -> WeirError:
     if isinstance(exc, WeirError):
         return exc
     if isinstance(exc, HTTPException):
-        return HTTPStatusError(exc.status_code, exc.detail)
+        return HTTPStatusError(exc.status_code, exc.detail, exc.headers)
     if isinstance(exc, EngineError):
         return from_engine_error(exc)
     if isinstance(exc, TenancyError):
@@ -311,6 +320,8 @@ def exception_handlers(count: Callable[[int], None] | None = None) -> dict[type[
         if count is not None:
             count(error.status_code)
         response = error_response(error)
+        if error.status_code == 405:  # the whole list of methods the path takes (RFC 9110)
+            response.headers.update(allow_header(request.app.router.routes, request.scope))
         version = getattr(request.state, "model_version", None)
         if version is not None:
             response.headers[MODEL_VERSION_HEADER] = version

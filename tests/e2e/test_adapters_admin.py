@@ -239,6 +239,18 @@ def test_one_name_names_one_thing(server: Server) -> None:
         assert len(ids) == len(set(ids)) and MODEL in ids and "acme-style" in ids
 
 
+def test_an_empty_model_version_filter_is_a_declared_refusal(server: Server) -> None:
+    """Issue 54 finding 9: `?model_version=` was refused though the document allowed it."""
+    with server.admin() as admin:
+        op = admin.get("/openapi.json").json()["paths"]["/admin/v1/adapters"]["get"]
+        (param,) = [p for p in op["parameters"] if p["name"] == "model_version"]
+        assert param["schema"]["minLength"] == 1  # the empty value is outside the schema
+        empty = admin.get("/admin/v1/adapters", params={"model_version": ""})
+        assert str(empty.status_code) in op["responses"] and empty.status_code == 422
+        assert empty.json()["error"]["param"] == "model_version"
+        assert admin.get("/admin/v1/adapters", params={"model_version": VERSION}).status_code == 200
+
+
 def test_bad_admin_bodies_are_refused_not_500(server: Server) -> None:
     bad_bodies = [
         {"name": "x", "model_version": VERSION},
