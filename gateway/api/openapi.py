@@ -55,7 +55,10 @@ _ERRORS = {
         (422, "Well-formed, but a value is not acceptable (admin fields; chat template)"),
         (429, "Rate limit or budget exceeded"),
         (500, "Engine failure on this request"),
-        (503, "Engine or database unavailable, or shutting down"),
+        (
+            503,
+            "Engine or database unavailable, shutting down, or the model has no ready version (Retry-After)",
+        ),
     ]
 }
 
