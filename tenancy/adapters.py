@@ -31,6 +31,7 @@ from tenancy.errors import (
     FieldError,
     InvalidAdapterTransitionError,
     ModelVersionNotFoundError,
+    NameInUseError,
     TenantNotFoundError,
 )
 from tenancy.model_version_records import MAX_REASON_LEN
@@ -138,6 +139,12 @@ class AdapterRepo:
                 ).first()
                 if found is None:
                     raise ModelVersionNotFoundError(base_name, base_version)
+                # Clients call models and adapters by the same `model` field: a model name wins,
+                # so an adapter under one could never be reached. (A version id holds '@', which
+                # adapter names may not.)
+                model = select(ModelVersion.id).where(ModelVersion.name == spec.name)
+                if session.scalars(model).first() is not None:
+                    raise NameInUseError(spec.name, f"the model {spec.name!r}")
                 owner_id = None
                 if spec.owner_tenant is not None:
                     owner_id = session.scalars(

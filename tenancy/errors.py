@@ -146,3 +146,43 @@ class InvalidAdapterTransitionError(TenancyError):
         self.name = name
         self.current = current
         self.new = new
+
+
+class LastServingVersionError(TenancyError):
+    """Draining or retiring this version would leave its model with no ready version: every
+    request for the model would fail. Refused unless the operator forces it."""
+
+    def __init__(self, name: str, version: str, action: str) -> None:
+        super().__init__(
+            f"model {name!r} has no other ready version than {version!r}; to {action} it would leave "
+            f"{name!r} unserved (its requests answered 503 model_unavailable). Load and route another "
+            "version first, or pass force to do it anyway"
+        )
+        self.name = name
+        self.version = version
+        self.action = action
+
+
+class NameInUseError(TenancyError):
+    """A model name, model version id or adapter name is already used by a thing of another kind:
+    clients call all three by the same `model` field, so one name names one thing."""
+
+    def __init__(self, name: str, taken_by: str) -> None:
+        super().__init__(
+            f"the name {name!r} is already used by {taken_by}; a client could not tell them apart"
+        )
+        self.name = name
+        self.taken_by = taken_by
+
+
+class VersionNotReadyError(TenancyError):
+    """A traffic plan gives a share or a pin to a version that is not ready; `field` names the entry."""
+
+    def __init__(self, name: str, version: str, state: str, field: str) -> None:
+        super().__init__(
+            f"{field}: model {name!r} version {version!r} is {state}; only ready versions take traffic"
+        )
+        self.name = name
+        self.version = version
+        self.state = state
+        self.field = field

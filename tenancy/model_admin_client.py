@@ -19,11 +19,13 @@ from tenancy.admin_bodies.model_versions import (
     Rollback,
     TrafficBody,
     TrafficPlanBody,
+    VersionAction,
 )
 from tenancy.admin_bodies.parsing import parse_model
 from tenancy.admin_client import CLI_ACTOR, HttpAdmin, JsonObject, path_segment
 from tenancy.model_version_records import ModelVersionSpec, ModelVersionState, TrafficPlan
 from tenancy.model_versions import ModelVersionRepo
+from tenancy.rollout_guards import check_keeps_serving, check_plan_serves
 
 # A load reads the weights and runs a warm-up generation before it answers.
 LOAD_TIMEOUT_S = 900.0
@@ -36,8 +38,8 @@ class ModelAdminBackend(Protocol):
     def register(self, spec: ModelVersionSpec) -> JsonObject: ...
     def load(self, name: str, version: str) -> JsonObject: ...
     def set_traffic(self, plan: TrafficPlan) -> JsonObject: ...
-    def drain(self, name: str, version: str) -> JsonObject: ...
-    def retire(self, name: str, version: str) -> JsonObject: ...
+    def drain(self, name: str, version: str, force: bool = False) -> JsonObject: ...
+    def retire(self, name: str, version: str, force: bool = False) -> JsonObject: ...
     def rollback(self, name: str, to: str) -> JsonObject: ...
 
 
@@ -68,13 +70,25 @@ class DirectModelAdmin:
         return self._version(name, version)
 
     def set_traffic(self, plan: TrafficPlan) -> JsonObject:
+        # The server refuses a share or a pin on a version it does not serve; so do the records.
+        # (A version the model lacks is the repository's error, which names it as not found.)
+        states = {v.version: v.state for v in self.repo.list(plan.name)}
+        if plan.versions() <= states.keys():
+            check_plan_serves(plan, states)
         return TrafficPlanBody.of(self.repo.set_traffic(plan, actor=self.actor)).model_dump(mode="json")
 
-    def drain(self, name: str, version: str) -> JsonObject:
+    def _ready(self, name: str) -> list[str]:
+        return [v.version for v in self.repo.list(name) if v.state is ModelVersionState.READY]
+
+    def drain(self, name: str, version: str, force: bool = False) -> JsonObject:
+        if self.repo.get(name, version).state is ModelVersionState.READY:
+            check_keeps_serving(name, version, self._ready(name), "drain", force=force)
         self.repo.set_state(name, version, ModelVersionState.DRAINING, actor=self.actor)
         return self._version(name, version)
 
-    def retire(self, name: str, version: str) -> JsonObject:
+    def retire(self, name: str, version: str, force: bool = False) -> JsonObject:
+        if self.repo.get(name, version).state is ModelVersionState.DRAINING:
+            check_keeps_serving(name, version, self._ready(name), "retire", force=force)
         self.repo.set_state(name, version, ModelVersionState.RETIRED, actor=self.actor)
         return self._version(name, version)
 
@@ -133,11 +147,13 @@ class HttpModelAdmin:
         path = f"/models/{path_segment(plan.name)}/traffic"
         return self._plan(self.server.call("PUT", path, json=TrafficBody.of(plan).model_dump(mode="json")))
 
-    def drain(self, name: str, version: str) -> JsonObject:
-        return self._version(self.server.call("POST", self._version_path(name, version, "drain")))
+    def drain(self, name: str, version: str, force: bool = False) -> JsonObject:
+        path = self._version_path(name, version, "drain")
+        return self._version(self.server.call("POST", path, json=VersionAction(force=force).model_dump()))
 
-    def retire(self, name: str, version: str) -> JsonObject:
-        return self._version(self.server.call("POST", self._version_path(name, version, "retire")))
+    def retire(self, name: str, version: str, force: bool = False) -> JsonObject:
+        path = self._version_path(name, version, "retire")
+        return self._version(self.server.call("POST", path, json=VersionAction(force=force).model_dump()))
 
     def rollback(self, name: str, to: str) -> JsonObject:
         path = f"/models/{path_segment(name)}/rollback"

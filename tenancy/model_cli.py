@@ -23,6 +23,10 @@ _WHERE = (
     "With --server the running server acts at once; without it only the database changes and a "
     "server picks the change up at its next start."
 )
+_FORCE_HELP = (
+    "even if it is the model's last ready version: its requests are then answered 503 "
+    "model_unavailable until a version is ready again (refused without --force)"
+)
 _LOAD_HELP = (
     "load a version and warm it up (with --server: ready when this returns; on the database: marks "
     "it loading, and the next server start loads it)"
@@ -139,12 +143,14 @@ def add_model_commands(
     p = leaf("drain", "stop sending new requests to a version; in-flight ones finish on it")
     p.add_argument("name")
     p.add_argument("version")
-    p.set_defaults(func=command(lambda b, a: b.drain(a.name, a.version)))
+    p.add_argument("--force", action="store_true", help=_FORCE_HELP)
+    p.set_defaults(func=command(lambda b, a: b.drain(a.name, a.version, a.force)))
 
     p = leaf("retire", "unload a drained version and free its memory and cached blocks")
     p.add_argument("name")
     p.add_argument("version")
-    p.set_defaults(func=command(lambda b, a: b.retire(a.name, a.version)))
+    p.add_argument("--force", action="store_true", help=_FORCE_HELP)
+    p.set_defaults(func=command(lambda b, a: b.retire(a.name, a.version, a.force)))
 
     p = leaf("rollback", "send all of a model's traffic back to one version and drain the others")
     p.add_argument("name")

@@ -18,6 +18,7 @@ from sqlalchemy import CursorResult, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from tenancy.adapter_records import AdapterState
 from tenancy.adapters import unload_adapters_of_version
 from tenancy.audit import record_event
 from tenancy.db import Database
@@ -27,6 +28,7 @@ from tenancy.errors import (
     InvalidModelTransitionError,
     ModelVersionExistsError,
     ModelVersionNotFoundError,
+    NameInUseError,
     TenantNotFoundError,
 )
 from tenancy.model_version_records import (
@@ -42,8 +44,9 @@ from tenancy.model_version_records import (
     validate_version_label,
     version_id,
 )
-from tenancy.models import ModelTraffic, ModelVersion, Tenant
+from tenancy.models import LoraAdapter, ModelTraffic, ModelVersion, Tenant
 from tenancy.repo import utc_now
+from tenancy.rollout_guards import pins_without, split_without
 
 __all__ = [
     "ALLOWED_TRANSITIONS",
@@ -118,6 +121,7 @@ class ModelVersionRepo:
         now = self._clock()
         try:
             with self.db.transaction() as session:
+                self._check_name_free(session, spec)
                 row = ModelVersion(
                     name=spec.name,
                     version=spec.version,
@@ -149,6 +153,16 @@ class ModelVersionRepo:
                 return version_view(row)
         except IntegrityError:
             raise ModelVersionExistsError(spec.name, spec.version) from None
+
+    def _check_name_free(self, session: Session, spec: ModelVersionSpec) -> None:
+        """`NameInUseError` if a LoRA adapter that may still serve is called like the model or the
+        version id: clients name both in the same `model` field, and the model would shadow it."""
+        clash = select(LoraAdapter.name).where(
+            LoraAdapter.name.in_([spec.name, spec.id]), LoraAdapter.state != AdapterState.RETIRED
+        )
+        taken = session.scalars(clash).first()
+        if taken is not None:
+            raise NameInUseError(taken, f"the LoRA adapter {taken!r}")
 
     def get(self, name: str, version: str) -> ModelVersionView:
         """One version; `ModelVersionNotFoundError` if absent."""
@@ -354,3 +368,25 @@ class ModelVersionRepo:
             # Its engine is gone: no adapter stays recorded as loaded on it (the CLI's retire on
             # the database, the server's, and a drain completed by a restart alike).
             unload_adapters_of_version(session, version_id(row.name, row.version), now, actor)
+            self._drop_from_plan(session, row.name, row.version, now, actor)
+
+    def _drop_from_plan(
+        self, session: Session, name: str, version: str, now: dt.datetime, actor: str
+    ) -> None:
+        """A retired version leaves its model's stored split (the others scaled back to 100) and
+        pins: a plan never points at a version that cannot serve."""
+        row = session.get(ModelTraffic, name, with_for_update=True)
+        if row is None or (version not in row.split and version not in row.pins.values()):
+            return
+        row.split = split_without(row.split, version)
+        row.pins = pins_without(row.pins, version)
+        row.updated_at = now
+        row.updated_by = actor[:_ACTOR_LEN]
+        record_event(
+            session,
+            when=now,
+            actor=actor,
+            action=AuditAction.MODEL_TRAFFIC,
+            target=name,
+            details={"split": dict(row.split), "pins": dict(row.pins), "retired": version},
+        )

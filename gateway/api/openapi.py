@@ -55,7 +55,10 @@ _ERRORS = {
         (422, "Well-formed, but a value is not acceptable (admin fields; chat template)"),
         (429, "Rate limit or budget exceeded"),
         (500, "Engine failure on this request"),
-        (503, "Engine or database unavailable, or shutting down"),
+        (
+            503,
+            "Engine or database unavailable, shutting down, or the model has no ready version (Retry-After)",
+        ),
     ]
 }
 
@@ -159,7 +162,7 @@ def openapi_schema(
         "/v1/chat/completions": _generation(
             "Chat completion", "ChatCompletionRequest", "ChatCompletion", "ChatCompletionChunk"
         ),
-        "/v1/completions": _generation("Completion", "CompletionRequest", "Completion", "Completion"),
+        "/v1/completions": _generation("Completion", "CompletionRequest", "Completion", "CompletionChunk"),
         "/v1/models": {
             "get": {
                 "summary": "Models this API key may use",

@@ -30,7 +30,7 @@ from gateway.api.prefix_cache_bodies import (
     TenantCacheStatsBody,
 )
 from tenancy.admin_bodies.audit import AuditList
-from tenancy.admin_bodies.fields import KeyId, ModelName, TenantName, VersionLabel
+from tenancy.admin_bodies.fields import MAX_QUERY_LEN, KeyId, ModelName, TenantName, VersionLabel
 from tenancy.admin_bodies.keys import ApiKey, ApiKeyList, IssuedApiKey, KeyCreate
 from tenancy.admin_bodies.model_versions import (
     ModelVersion,
@@ -39,6 +39,7 @@ from tenancy.admin_bodies.model_versions import (
     Rollback,
     TrafficBody,
     TrafficPlanBody,
+    VersionAction,
 )
 from tenancy.admin_bodies.quota import KeyLimitsBody
 from tenancy.admin_bodies.tenants import Tenant, TenantCreate, TenantList, TenantPatch
@@ -59,6 +60,7 @@ _REQUESTS: dict[str, Any] = {
     "ModelVersionCreate": ModelVersionCreate,
     "TrafficBody": TrafficBody,
     "Rollback": Rollback,
+    "VersionAction": VersionAction,
     "PrefixRegister": PrefixRegisterBody,
     "PrefixFlush": PrefixFlushBody,
     "PriceBody": PriceBody,
@@ -127,6 +129,12 @@ def _query_params(model: Any) -> list[dict[str, Any]]:
 
 def _query(name: str, t: Any) -> dict[str, Any]:
     return {"name": name, "in": "query", "required": False, "schema": _schema(t)}
+
+
+def _filter(name: str) -> dict[str, Any]:
+    """An optional filter the routes read with `bounded_query`: 1-MAX_QUERY_LEN characters."""
+    schema = {"type": "string", "minLength": 1, "maxLength": MAX_QUERY_LEN}
+    return {"name": name, "in": "query", "required": False, "schema": schema}
 
 
 _TENANT = _path("name", TenantName)
@@ -253,6 +261,9 @@ def _model_paths(e: dict[str, Any]) -> dict[str, Any]:
     models = "/admin/v1/models"
     version = f"{models}/{{name}}/versions/{{version}}"
     mv = [_MODEL, _VERSION]
+    # Refused with 409 last_serving_version for the model's last ready version, unless forced.
+    forced = [*mv, {"name": "force", "in": "query", "required": False,
+                    "schema": {"type": "string", "enum": ["true", "false"]}}]  # fmt: skip
     return {
         models: {
             "get": _op("Every model version: state, traffic share, pins, in flight, KV use; every plan", e,
@@ -262,9 +273,14 @@ def _model_paths(e: dict[str, Any]) -> dict[str, Any]:
         f"{version}/load": {
             "post": _op("Load and warm up (ready), or 422 with the reason (failed)", e, "ModelVersion", parameters=mv)
         },
-        f"{version}/drain": {"post": _op("No new requests; in-flight ones finish", e, "ModelVersion", parameters=mv)},
+        f"{version}/drain": {
+            "post": _op("No new requests; in-flight ones finish (the model's last ready version: 409 unless "
+                        "forced)", e, "ModelVersion", body="VersionAction", parameters=forced)
+        },
         f"{version}/retire": {
-            "post": _op("After the drain: unload, free its memory and cached blocks", e, "ModelVersion", parameters=mv)
+            "post": _op("After the drain: unload, free its memory and cached blocks; it leaves the split (the "
+                        "model's last version: 409 unless forced)", e, "ModelVersion", body="VersionAction",
+                        parameters=forced)
         },
         f"{models}/{{name}}/traffic": {
             "put": _op("Replace the split and pins", e, "TrafficPlan", body="TrafficBody", parameters=[_MODEL])
@@ -304,13 +320,13 @@ def _spend_paths(e: dict[str, Any]) -> dict[str, Any]:
     """Prices and window budgets (gateway/routes/spend_admin.py)."""
     return {
         "/admin/v1/prices": {
-            "get": _op("The price table, oldest first per model", e, "PriceList", parameters=[_query("model", str)]),
+            "get": _op("The price table, oldest first per model", e, "PriceList", parameters=[_filter("model")]),
             "post": _op("Add a price of a model version or model, effective now or later (audited; recorded "
                         "spend is never rewritten)", e, "Price", ok="201", body="PriceBody"),
         },
         "/admin/v1/budgets": {
             "get": _op("Token and money budgets over windows, with the current window's count and reset", e,
-                       "BudgetList", parameters=[_query("tenant", str)]),
+                       "BudgetList", parameters=[_filter("tenant")]),
             "put": _op("Set a tenant's or key's budget over a window (soft: alert; hard: 429)", e, "Budget",
                        body="BudgetBody"),
         },
@@ -326,7 +342,7 @@ def _adapter_paths(e: dict[str, Any]) -> dict[str, Any]:
     return {
         adapters: {
             "get": _op("Every LoRA adapter: record, access, runtime", e, "AdapterList",
-                       parameters=[_query("model_version", str)]),
+                       parameters=[_filter("model_version")]),
             "post": _op("Register a LoRA adapter of a base model version", e, "Adapter", ok="201",
                         body="AdapterRegister"),
         },

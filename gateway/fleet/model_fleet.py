@@ -120,6 +120,25 @@ class NoModelVersionError(ServiceUnavailableError):
     default_code = "model_version_unavailable"
 
 
+# How long a client is told to wait when a known model has no ready version (an operator drained
+# or retired its last one with force, or its next version is loading).
+MODEL_UNAVAILABLE_RETRY_AFTER_S = 30
+
+
+class ModelUnavailableError(ServiceUnavailableError):
+    """The model exists on this server but no version of it is ready: 503 with Retry-After,
+    never the 404 an SDK reads as "this model does not exist"."""
+
+    default_code = "model_unavailable"
+
+    def __init__(self, name: str) -> None:
+        super().__init__(
+            f"The model '{name}' is temporarily unavailable: no version of it is ready; retry later",
+            param="model",
+            headers={"Retry-After": str(MODEL_UNAVAILABLE_RETRY_AFTER_S)},
+        )
+
+
 def _alive(engine: EngineClient | None) -> bool:
     if engine is None:
         return False
@@ -191,6 +210,13 @@ class ModelFleet:
 
     def serves(self, name: str) -> bool:
         return bool(self.routable(name))
+
+    def knows(self, name: str) -> bool:
+        """Whether `name` is served, was served or is about to be: some version of it is loading,
+        ready, draining or retired. Such a model with no ready version is unavailable for a while,
+        not unknown; one only registered (or whose only loads failed) was never served."""
+        served = (State.LOADING, State.READY, State.DRAINING, State.RETIRED)
+        return any(v.spec.name == name and v.state in served for v in self._versions.values())
 
     def primary(self, name: str | None = None) -> FleetVersion | None:
         """The version most of `name`'s unpinned traffic goes to (any name's if None)."""

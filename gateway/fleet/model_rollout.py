@@ -29,6 +29,7 @@ from tenancy.model_versions import (
     ModelVersionView,
     TrafficPlan,
 )
+from tenancy.rollout_guards import check_keeps_serving, check_plan_serves
 
 logger = logging.getLogger("weir.rollout")
 
@@ -128,15 +129,17 @@ class ModelRollout:
     async def set_traffic(self, plan: TrafficPlan, actor: str) -> TrafficPlan:
         """Store and apply a split and pins; every version with a share or a pin must be ready."""
         async with self._lock:
-            for version in sorted({v for v, p in plan.split.items() if p > 0} | set(plan.pins.values())):
-                entry = self.fleet.get(f"{plan.name}@{version}")
-                if entry is None or entry.state is not State.READY:
-                    state = "unknown" if entry is None else entry.state.value
-                    raise ConflictError(
-                        f"model {plan.name!r} version {version!r} is {state}; only ready versions take traffic",
-                        param="split",
-                        code="model_version_not_ready",
-                    )
+            states = {v.spec.version: v.state for v in self.fleet.versions() if v.spec.name == plan.name}
+            check_plan_serves(plan, states)
+            routed = {v for v, p in plan.split.items() if p > 0} | set(plan.pins.values())
+            for version in sorted(routed - set(states)):
+                # Recorded, but unknown to this server (registered by the CLI since it started).
+                raise ConflictError(
+                    f"model {plan.name!r} version {version!r} is unknown to this server; "
+                    "only ready versions take traffic",
+                    param="split",
+                    code="model_version_not_ready",
+                )
             stored = await asyncio.to_thread(self.repo.set_traffic, plan, actor=actor)
             self.fleet.set_plan(plan.name, RoutePlan(stored.split, stored.pins))
             return stored
@@ -144,27 +147,37 @@ class ModelRollout:
     async def traffic(self, name: str) -> TrafficPlan:
         return await asyncio.to_thread(self.repo.get_traffic, name)
 
-    async def drain(self, name: str, version: str, actor: str) -> VersionStatus:
-        """No new requests; in-flight ones finish on it."""
+    async def drain(self, name: str, version: str, actor: str, force: bool = False) -> VersionStatus:
+        """No new requests; in-flight ones finish on it. The last ready version of its model is
+        drained only with `force` (409 `last_serving_version` otherwise)."""
         async with self._lock:
             record = await asyncio.to_thread(self.repo.get, name, version)
+            entry = self.fleet.get(record.id)
+            if entry is not None and entry.state is State.READY:
+                ready = [v.spec.version for v in self.fleet.routable(name)]
+                check_keeps_serving(name, version, ready, "drain", force=force)
             record = await asyncio.to_thread(self._set, record, State.DRAINING, None, actor)
             if self.fleet.get(record.id) is not None:
                 self.fleet.drain(record.id)
             return self.status(record)
 
-    async def retire(self, name: str, version: str, actor: str) -> VersionStatus:
-        """After its drain completes: unload it, flush its cached blocks, free its memory.
+    async def retire(self, name: str, version: str, actor: str, force: bool = False) -> VersionStatus:
+        """After its drain completes: unload it, flush its cached blocks, free its memory; it
+        leaves the stored split and pins. With no other ready version of its model (a drain that
+        was forced), only with `force` (409 `last_serving_version` otherwise): a draining version
+        can still be rolled back to, a retired one must be loaded again.
 
         The wait for its requests in flight (a stream may run for minutes, or a client may stop
         reading) holds no lock: every other admin change, a rollback above all, goes on meanwhile.
         The retire itself then checks the state again under the lock.
         """
         record = _draining(await asyncio.to_thread(self.repo.get, name, version))
+        self._check_retire(name, version, force)
         if self.fleet.get(record.id) is not None:
             await self.fleet.wait_drained(record.id)  # returns early if a rollback undrains it
         async with self._lock:
             record = _draining(await asyncio.to_thread(self.repo.get, name, version))
+            self._check_retire(name, version, force)
             entry = self.fleet.get(record.id)
             result = None
             if entry is not None and entry.state is State.DRAINING:
@@ -172,6 +185,8 @@ class ModelRollout:
             record = await asyncio.to_thread(self._set, record, State.RETIRED, None, actor)
             if entry is not None:
                 entry.state = State.RETIRED
+            plan = await asyncio.to_thread(self.repo.get_traffic, name)  # without the retired version
+            self.fleet.set_plan(name, RoutePlan(plan.split, plan.pins))
             for hook in self.retire_hooks:
                 await hook(record.id)
             status = self.status(record)
@@ -219,6 +234,10 @@ class ModelRollout:
         )
 
     # -- internals --------------------------------------------------------------------------------
+
+    def _check_retire(self, name: str, version: str, force: bool) -> None:
+        ready = [v.spec.version for v in self.fleet.routable(name)]
+        check_keeps_serving(name, version, ready, "retire", force=force)
 
     async def _hold_current_traffic(self, name: str, actor: str) -> None:
         """Before a load: store the plan that routes `name` as it is routed now, if none does.

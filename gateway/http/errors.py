@@ -26,6 +26,7 @@ from engine.errors import (
 from engine.lora_types import AdapterInUseError, AdapterLoadError
 from engine.memory_budget import MemoryBudgetError
 from engine.prefix_cache_types import InvalidPrefixError, PinCapacityError, UnknownPrefixError
+from gateway.http.allowed_methods import allow_header
 from tenancy.errors import (
     AdapterExistsError,
     AdapterNotFoundError,
@@ -35,12 +36,15 @@ from tenancy.errors import (
     InvalidModelTransitionError,
     KeyInactiveError,
     KeyNotFoundError,
+    LastServingVersionError,
     MigrationRequiredError,
     ModelVersionExistsError,
     ModelVersionNotFoundError,
+    NameInUseError,
     TenancyError,
     TenantExistsError,
     TenantNotFoundError,
+    VersionNotReadyError,
 )
 
 logger = logging.getLogger(__name__)
@@ -119,6 +123,14 @@ class ConflictError(WeirError):
     default_code = "conflict"
 
 
+class MethodNotAllowedError(WeirError):
+    """The path exists but not with this method; the handler adds `Allow` (every method it takes)."""
+
+    status_code = 405
+    error_type = "invalid_request_error"
+    default_code = "405"  # as Starlette's own 405s are coded
+
+
 class PayloadTooLargeError(WeirError):
     status_code = 413
     error_type = "invalid_request_error"
@@ -158,8 +170,8 @@ class ServiceUnavailableError(WeirError):
 class HTTPStatusError(WeirError):
     """An error Starlette raised itself (no such route, method not allowed), by its status."""
 
-    def __init__(self, status_code: int, message: str) -> None:
-        super().__init__(message, code=str(status_code))
+    def __init__(self, status_code: int, message: str, headers: Mapping[str, str] | None = None) -> None:
+        super().__init__(message, code=str(status_code), headers=headers)
         self.status_code = status_code
         self.error_type = "invalid_request_error" if status_code < 500 else "server_error"
 
@@ -242,6 +254,12 @@ def from_tenancy_error(exc: TenancyError) -> WeirError:
         return ConflictError(exc.message, param="state", code="invalid_adapter_transition")
     if isinstance(exc, InvalidModelTransitionError):
         return ConflictError(exc.message, param="state", code="invalid_model_transition")
+    if isinstance(exc, LastServingVersionError):
+        return ConflictError(exc.message, param="version", code="last_serving_version")
+    if isinstance(exc, VersionNotReadyError):
+        return ConflictError(exc.message, param=exc.field, code="model_version_not_ready")
+    if isinstance(exc, NameInUseError):
+        return ConflictError(exc.message, param="name", code="name_in_use")
     if isinstance(exc, CacheScopeConflictError):
         return ConflictError(exc.message, param=exc.field, code="cache_scope_conflict")
     if isinstance(exc, TenantExistsError | KeyInactiveError):
@@ -275,7 +293,7 @@ def to_http_error(exc: BaseException) -> WeirError:
     if isinstance(exc, WeirError):
         return exc
     if isinstance(exc, HTTPException):
-        return HTTPStatusError(exc.status_code, exc.detail)
+        return HTTPStatusError(exc.status_code, exc.detail, exc.headers)
     if isinstance(exc, EngineError):
         return from_engine_error(exc)
     if isinstance(exc, TenancyError):
@@ -302,6 +320,8 @@ def exception_handlers(count: Callable[[int], None] | None = None) -> dict[type[
         if count is not None:
             count(error.status_code)
         response = error_response(error)
+        if error.status_code == 405:  # the whole list of methods the path takes (RFC 9110)
+            response.headers.update(allow_header(request.app.router.routes, request.scope))
         version = getattr(request.state, "model_version", None)
         if version is not None:
             response.headers[MODEL_VERSION_HEADER] = version

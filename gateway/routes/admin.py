@@ -18,8 +18,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 
+from gateway.http.allowed_methods import allowed_methods
 from gateway.http.auth import AdminAuthenticator, Authenticator
 from gateway.http.errors import (
+    BadRequestError,
+    MethodNotAllowedError,
     NotFoundError,
     PermissionDeniedError,
 )
@@ -69,7 +72,15 @@ def _key_param(request: Request) -> str:
 
 
 def _usage_query(request: Request) -> UsageQuery:
-    return parse_model(UsageQuery, dict(request.query_params))
+    """`since` / `until`; each may be a valid day, but an empty range is a bad request (400)."""
+    query = parse_model(UsageQuery, dict(request.query_params))
+    if query.since is not None and query.until is not None and query.since > query.until:
+        raise BadRequestError(
+            f"since ({query.since}) must not be after until ({query.until})",
+            param="since",
+            code="invalid_value",
+        )
+    return query
 
 
 class _AdminApi:
@@ -188,6 +199,9 @@ class _AdminApi:
 
     async def unknown(self, request: Request, actor: str) -> Response:
         # Reached only with a valid admin token: probes without one get 401, not a route map.
+        if allowed_methods(request.app.router.routes, request.scope, catch_all=False):
+            # A path another admin route serves, with another method (the handler adds Allow).
+            raise MethodNotAllowedError(f"{request.method} is not allowed on {request.url.path}")
         raise NotFoundError(f"no admin endpoint {request.method} {request.url.path}")
 
     async def own_usage(self, request: Request) -> Response:

@@ -16,10 +16,10 @@ from starlette.responses import JSONResponse, Response
 from gateway.http.auth import AdminAuthenticator
 from gateway.http.errors import PayloadTooLargeError
 from gateway.http.json_body import loads_bounded
+from tenancy.admin_bodies.fields import MAX_QUERY_LEN
 from tenancy.errors import FieldError
 
 NO_STORE = {"Cache-Control": "no-store"}  # answers may carry a key, shown only once
-MAX_QUERY_LEN = 256
 
 AdminHandler = Callable[[Request, str], Awaitable[Response]]
 Endpoint = Callable[[Request], Awaitable[Response]]

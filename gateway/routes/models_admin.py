@@ -6,6 +6,10 @@
     PUT  /admin/v1/models/{name}/traffic                       {"split": {...}, "pins": {...}}
     POST /admin/v1/models/{name}/versions/{version}/drain      no new requests; in-flight ones finish
     POST /admin/v1/models/{name}/versions/{version}/retire     after the drain: unload, free memory and blocks
+
+A drain or retire that would leave the model with no ready version is refused with 409
+`last_serving_version` unless forced (`{"force": true}` or `?force=true`); see
+`tenancy.rollout_guards`.
     POST /admin/v1/models/{name}/rollback                      {"to": "<version>"}: split back, drain the others
 
 Bodies and answers are `tenancy.admin_bodies.model_versions`'s models (the `weir admin models` client reads the same
@@ -41,6 +45,7 @@ from tenancy.admin_bodies.model_versions import (
     parse_rollback,
     parse_spec,
     parse_traffic,
+    parse_version_action,
 )
 from tenancy.errors import FieldError
 from tenancy.model_version_records import validate_model_name, validate_version_label
@@ -50,6 +55,10 @@ MAX_BODY_BYTES = 1 << 20
 
 async def _body(request: Request) -> Any:
     return await read_json_body(request, MAX_BODY_BYTES, empty={})
+
+
+async def _force(request: Request) -> bool:
+    return parse_version_action(await _body(request), request.query_params.get("force"))
 
 
 def _name(request: Request) -> str:
@@ -126,10 +135,13 @@ class ModelsAdminRoutes:
         return json_answer(TrafficPlanBody.of(await self.rollout.set_traffic(plan, actor)))
 
     async def drain(self, request: Request, actor: str) -> Response:
-        return json_answer(status_body(await self.rollout.drain(_name(request), _version(request), actor)))
+        name, version = _name(request), _version(request)
+        status = await self.rollout.drain(name, version, actor, force=await _force(request))
+        return json_answer(status_body(status))
 
     async def retire(self, request: Request, actor: str) -> Response:
-        status = await self.rollout.retire(_name(request), _version(request), actor)
+        name, version = _name(request), _version(request)
+        status = await self.rollout.retire(name, version, actor, force=await _force(request))
         headers = {}
         if status.retire is not None:
             headers["x-weir-memory-released-bytes"] = str(status.retire.released_budget_bytes)

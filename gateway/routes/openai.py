@@ -33,7 +33,7 @@ from gateway.api.responses import ChatFormatter, CompletionFormatter, ResponseFo
 from gateway.api.streaming import GenerationJob, GenerationResponse
 from gateway.api.tool_calls import ToolsRequest
 from gateway.fleet.adapter_catalog import AdapterCatalog
-from gateway.fleet.model_fleet import Lease, ModelFleet
+from gateway.fleet.model_fleet import Lease, ModelFleet, ModelUnavailableError
 from gateway.http.error_tarpit import mark_key_proved
 from gateway.http.errors import (
     MODEL_VERSION_HEADER,
@@ -169,7 +169,7 @@ class OpenAIRoutes:
         return max_request_prompt_tokens(longest)
 
     def _check_model(self, name: str, tenant: TenantContext) -> None:
-        if not self.fleet.serves(name):
+        if not self.fleet.knows(name):
             # The name is client input: echo a bounded prefix of it (the error body escapes the rest).
             shown = name if len(name) <= 256 else name[:256] + "..."
             raise NotFoundError(f"The model '{shown}' does not exist", param="model", code="model_not_found")
@@ -177,6 +177,8 @@ class OpenAIRoutes:
             raise PermissionDeniedError(
                 f"this API key may not use the model '{name}'", param="model", code="model_not_allowed"
             )
+        if not self.fleet.serves(name):
+            raise ModelUnavailableError(name)
 
     def _adapter(self, name: str, tenant: TenantContext) -> AdapterView | None:
         """The adapter `name` names for this tenant, if any. A model name wins over an adapter

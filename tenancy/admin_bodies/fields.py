@@ -123,3 +123,7 @@ CacheScope = Annotated[str, Field(strict=True, pattern=f"^{CACHE_SCOPE_RE.patter
 KeyId = Annotated[str, Field(strict=True, pattern=f"^{PUBLIC_ID_RE.pattern}$")]
 ModelName = Annotated[str, Field(strict=True, pattern=f"^{MODEL_NAME_RE.pattern}$")]
 VersionLabel = Annotated[str, Field(strict=True, pattern=f"^{VERSION_RE.pattern}$")]
+
+# An optional filter in a query string (`?model_version=`, `?model=`, `?tenant=`): 1 to this many
+# characters; an empty or longer value is refused naming the parameter.
+MAX_QUERY_LEN = 256

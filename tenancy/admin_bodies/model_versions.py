@@ -126,6 +126,18 @@ class Rollback(BaseModel):
     to: VersionLabel
 
 
+class VersionAction(BaseModel):
+    """`POST .../drain` and `.../retire`'s optional body (`?force=true` says the same)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    force: bool = Field(
+        False,
+        description="Drain or retire the last ready version of the model anyway: its requests are "
+        "then answered 503 model_unavailable (with Retry-After) until a version is ready again.",
+    )
+
+
 class ModelVersion(BaseModel):
     """A version: its record, its traffic share and pins, and its runtime figures."""
 
@@ -210,6 +222,13 @@ def parse_spec(body: object) -> ModelVersionSpec:
 def parse_traffic(name: str, body: object) -> TrafficPlan:
     """`PUT /admin/v1/models/{name}/traffic`'s body as the plan of model `name`."""
     return parse_model(TrafficBody, body).plan(name)
+
+
+def parse_version_action(body: object, force_query: str | None) -> bool:
+    """Whether a drain or retire is forced: `{"force": true}` in the body or `?force=true`."""
+    if force_query is not None and force_query not in ("true", "false"):
+        raise FieldError("force", "must be true or false")
+    return parse_model(VersionAction, body).force or force_query == "true"
 
 
 def parse_rollback(body: object) -> str:

@@ -217,6 +217,40 @@ def test_a_hostile_adapter_is_refused_at_load_with_a_400(server: Server, path: s
         assert again.status_code == 400
 
 
+def test_one_name_names_one_thing(server: Server) -> None:
+    """Issue 54 finding 7: an adapter under a served model's name could never be reached (the
+    model wins) and `/v1/models` listed the id twice; a model named like an adapter likewise."""
+    with server.admin() as admin:
+        shadowed = _register(admin, MODEL, "style")
+        assert shadowed.status_code == 409, shadowed.text
+        error = shadowed.json()["error"]
+        assert (error["code"], error["param"]) == ("name_in_use", "name") and f"'{MODEL}'" in error["message"]
+        assert admin.get(f"/admin/v1/adapters/{MODEL}").status_code == 404  # nothing was recorded
+        # The other way: a model version registered under an adapter's name ("acme-style", loaded).
+        clash = admin.post("/admin/v1/models", json={"name": "acme-style", "version": "v1", "path": "x"})
+        assert clash.status_code == 409, clash.text
+        assert (
+            clash.json()["error"]["code"] == "name_in_use"
+            and "'acme-style'" in clash.json()["error"]["message"]
+        )
+        assert not [v for v in admin.get("/admin/v1/models").json()["data"] if v["name"] == "acme-style"]
+    with server.client("acme") as client:
+        ids = [m.id for m in client.models.list().data]
+        assert len(ids) == len(set(ids)) and MODEL in ids and "acme-style" in ids
+
+
+def test_an_empty_model_version_filter_is_a_declared_refusal(server: Server) -> None:
+    """Issue 54 finding 9: `?model_version=` was refused though the document allowed it."""
+    with server.admin() as admin:
+        op = admin.get("/openapi.json").json()["paths"]["/admin/v1/adapters"]["get"]
+        (param,) = [p for p in op["parameters"] if p["name"] == "model_version"]
+        assert param["schema"]["minLength"] == 1  # the empty value is outside the schema
+        empty = admin.get("/admin/v1/adapters", params={"model_version": ""})
+        assert str(empty.status_code) in op["responses"] and empty.status_code == 422
+        assert empty.json()["error"]["param"] == "model_version"
+        assert admin.get("/admin/v1/adapters", params={"model_version": VERSION}).status_code == 200
+
+
 def test_bad_admin_bodies_are_refused_not_500(server: Server) -> None:
     bad_bodies = [
         {"name": "x", "model_version": VERSION},

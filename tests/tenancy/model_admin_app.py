@@ -25,8 +25,10 @@ from tenancy.admin_bodies.model_versions import (
     parse_rollback,
     parse_spec,
     parse_traffic,
+    parse_version_action,
 )
 from tenancy.errors import FieldError
+from tenancy.model_admin_client import DirectModelAdmin
 from tenancy.model_versions import ModelVersionRepo, ModelVersionState
 
 ACTOR = "admin-api test"
@@ -67,17 +69,26 @@ def model_admin_app(repo: ModelVersionRepo) -> Starlette:
         repo.set_state(name, label, ModelVersionState.READY, actor=ACTOR)
         return version(name, label)
 
+    # The rollout guards (last ready version, plans on ready versions) as the records apply them.
+    direct = DirectModelAdmin(repo, ACTOR)
+
     def move(state: ModelVersionState) -> Callable[[Request], Awaitable[JSONResponse]]:
+        act = direct.drain if state is ModelVersionState.DRAINING else direct.retire
+
         async def handler(request: Request) -> JSONResponse:
             name, label = request.path_params["name"], request.path_params["version"]
-            repo.set_state(name, label, state, actor=ACTOR)
+            act(
+                name,
+                label,
+                parse_version_action(await body(request) or {}, request.query_params.get("force")),
+            )
             return version(name, label)
 
         return handler
 
     async def traffic(request: Request) -> JSONResponse:
         plan = parse_traffic(request.path_params["name"], await body(request))
-        return JSONResponse(TrafficPlanBody.of(repo.set_traffic(plan, actor=ACTOR)).model_dump(mode="json"))
+        return JSONResponse(direct.set_traffic(plan))
 
     async def rollback(request: Request) -> JSONResponse:
         plan, _ = repo.rollback(request.path_params["name"], parse_rollback(await body(request)), actor=ACTOR)

@@ -201,3 +201,24 @@ def test_the_help_says_where_changes_take_effect(capsys: pytest.CaptureFixture[s
         cli.main(["admin", "models", "load", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "next server start" in text and "--server" in text
+
+
+def test_the_last_ready_version_moves_only_with_force(
+    where: Where, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 54 finding 6: draining (then retiring) a model's only ready version needs --force."""
+    models = _models(capsys, where)
+    models("register", "smol", "v1", str(tmp_path))
+    models("register", "smol", "v2", str(tmp_path))
+    models("load", "smol", "v1")
+    if where.kind == "direct":
+        where.repo.set_state("smol", "v1", ModelVersionState.READY, actor="server start")
+    assert "only ready versions take traffic" in models("traffic", "smol", "--split", "v2=100", ok=False)
+    models("traffic", "smol", "--split", "v1=100")
+    refused = models("drain", "smol", "v1", ok=False)
+    assert "model 'smol' has no other ready version" in refused and "force" in refused
+    assert where.repo.get("smol", "v1").state is ModelVersionState.READY
+    assert models("drain", "smol", "v1", "--force")["state"] == "draining"
+    assert "no other ready version" in models("retire", "smol", "v1", ok=False)
+    assert models("retire", "smol", "v1", "--force")["state"] == "retired"
+    assert where.repo.get_traffic("smol").split == {}  # the retired version left the split

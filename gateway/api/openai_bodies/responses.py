@@ -135,8 +135,21 @@ class CompletionChoice(Answer):
 
 
 class Completion(Answer):
-    """The answer of `POST /v1/completions`, and each event of its stream (`usage` null then,
-    but in the last event with stream_options.include_usage)."""
+    """The answer of `POST /v1/completions`; with stream: true, an SSE stream of
+    `CompletionChunk` ending with `data: [DONE]`."""
+
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    system_fingerprint: str | None = None
+    choices: list[CompletionChoice]
+    usage: Usage
+
+
+class CompletionChunk(Answer):
+    """One event of a streamed completion (the object name is the answer's, as OpenAI sends it);
+    `usage` only in the last, with stream_options.include_usage, which has no choices."""
 
     id: str
     object: Literal["text_completion"]
@@ -180,6 +193,7 @@ ANSWERS: tuple[type[Answer], ...] = (
     ChatCompletion,
     ChatCompletionChunk,
     Completion,
+    CompletionChunk,
     ModelCard,
     ModelList,
     ErrorBody,

@@ -200,8 +200,9 @@ def test_retiring_the_base_version_through_the_rollout_unloads_its_adapters(db: 
         await adapters.register(AdapterSpec("a", VID, "a", "acme"), ACTOR)
         await adapters.load("a", ACTOR)
         assert adapters.catalog.resolve("a", "acme") is not None
-        await models.drain("tiny", "v1", ACTOR)
-        await models.retire("tiny", "v1", ACTOR)
+        # Its only version: the rollout guards ask for force.
+        await models.drain("tiny", "v1", ACTOR, force=True)
+        await models.retire("tiny", "v1", ACTOR, force=True)
         status = await adapters.get("a")
         assert status.record.state is AdapterState.UNLOADED and not status.serving
         assert adapters.catalog.resolve("a", "acme") is None
