@@ -28,10 +28,11 @@ from engine.lora_manager import LoraManager
 from engine.mask_prefetch import MaskPrefetcher
 from engine.output import ScheduledRequest, SchedulerOutput
 from engine.request import Request
-from engine.sampler import Sampler, SampleResult, SamplingContext, make_generator
+from engine.sampler import Sampler, SampleResult, SamplingContext, has_penalty, make_generator
 from engine.spec_decode.drafter import Draft
 from engine.spec_decode.verifier import Verification, Verifier
 from engine.step_threads import StepThreads
+from engine.token_counts import TokenCounts
 
 logger = logging.getLogger("weir.engine")
 
@@ -87,6 +88,8 @@ class ModelRunner:
         self.faults = faults  # tests only; None in production
         self.num_steps = 0
         self._generators: dict[str, torch.Generator | None] = {}
+        # Penalised requests' token counts, kept step by step (engine/token_counts.py).
+        self._counts: dict[str, TokenCounts] = {}
 
     def add_request(self, request_id: str, seed: int | None) -> None:
         """Build the request's sampling generator now, when it is added, not inside a step.
@@ -110,10 +113,12 @@ class ModelRunner:
     def forget(self, request_ids: tuple[str, ...]) -> None:
         for rid in request_ids:
             self._generators.pop(rid, None)
+            self._counts.pop(rid, None)
 
     def forget_all(self) -> None:
         """Drop every generator (the engine was reset)."""
         self._generators.clear()
+        self._counts.clear()
 
     @staticmethod
     def _input_tokens(s: ScheduledRequest, req: Request) -> list[int]:
@@ -377,7 +382,17 @@ class ModelRunner:
             output_token_ids=req.output_token_ids,
             generator=self._generator(req),
             constraint=req.constraint,
+            counts=self._token_counts(req),
         )
+
+    def _token_counts(self, req: Request) -> TokenCounts | None:
+        """The request's kept token counts when it has a penalty; None otherwise."""
+        if not has_penalty(req.sampling_params):
+            return None
+        counts = self._counts.get(req.request_id)
+        if counts is None:
+            counts = self._counts[req.request_id] = TokenCounts(self.device)
+        return counts
 
     def _sample(
         self,

@@ -36,6 +36,7 @@ from engine.constraints import TokenConstraint, allowed_tokens
 from engine.output import TokenLogprob
 from engine.request import SamplingParams
 from engine.sampling_filters import apply_filters, filter_floors
+from engine.token_counts import TokenCounts
 from kernels import cpu_argmax, cpu_sample
 
 # Below this temperature, logits / temperature can overflow float32; such rows are greedy.
@@ -52,6 +53,8 @@ class SamplingContext:
     generator: torch.Generator | None  # per-request, seeded; None when params.seed is None
     # The sequence's grammar matcher (structured outputs, tool calls); None: unconstrained.
     constraint: TokenConstraint | None = None
+    # Its token counts kept step by step (penalties); None: counted from the token lists here.
+    counts: TokenCounts | None = None
 
 
 @dataclass(frozen=True)
@@ -85,14 +88,15 @@ def _filters(params: SamplingParams) -> bool:
     return params.top_k >= 0 or params.top_p < 1.0 or params.min_p > 0.0
 
 
-def _has_penalty(params: SamplingParams) -> bool:
+def has_penalty(params: SamplingParams) -> bool:
+    """Whether a row with these parameters has a repetition, presence or frequency penalty."""
     return (
         params.repetition_penalty != 1.0 or params.presence_penalty != 0.0 or params.frequency_penalty != 0.0
     )
 
 
 def _adjusts_logits(params: SamplingParams) -> bool:
-    return _has_penalty(params) or bool(params.logit_bias)
+    return has_penalty(params) or bool(params.logit_bias)
 
 
 def _token_counts(rows: Sequence[Sequence[int]], vocab_size: int, device: torch.device) -> torch.Tensor:
@@ -133,9 +137,22 @@ def apply_penalties(logits: torch.Tensor, contexts: Sequence[SamplingContext]) -
     device = logits.device
     out = logits.clone()  # [rows, vocab]
     rep = torch.tensor([c.params.repetition_penalty for c in contexts], dtype=logits.dtype, device=device)
-    output_counts = _token_counts([c.output_token_ids for c in contexts], vocab_size, device)  # [rows, vocab]
+    kept = [c.counts for c in contexts if c.counts is not None]
+    if len(kept) == len(contexts):  # each row's counts kept step by step: no recount of long sequences
+        output_counts = torch.stack(
+            [k.output(c.output_token_ids, vocab_size) for k, c in zip(kept, contexts, strict=True)]
+        )  # [rows, vocab]
+    else:
+        output_counts = _token_counts(
+            [c.output_token_ids for c in contexts], vocab_size, device
+        )  # [rows, vocab]
     if bool((rep != 1.0).any()):
-        prompt_counts = _prompt_counts(contexts, vocab_size, device)
+        if len(kept) == len(contexts):
+            prompt_counts = torch.stack(
+                [k.prompt(c.prompt_token_ids, vocab_size) for k, c in zip(kept, contexts, strict=True)]
+            )  # [rows, vocab]
+        else:
+            prompt_counts = _prompt_counts(contexts, vocab_size, device)
         seen = (prompt_counts + output_counts) > 0  # [rows, vocab]
         penalised = torch.where(out > 0, out / rep[:, None], out * rep[:, None])
         out = torch.where(seen, penalised, out)
@@ -168,7 +185,7 @@ def apply_logit_bias(logits: torch.Tensor, contexts: Sequence[SamplingContext]) 
 
 def _adjust(logits: torch.Tensor, contexts: Sequence[SamplingContext]) -> torch.Tensor:
     """Penalised and biased copies of `logits` rows ([len(contexts), vocab])."""
-    if any(_has_penalty(c.params) for c in contexts):
+    if any(has_penalty(c.params) for c in contexts):
         out = apply_penalties(logits, contexts)
     else:
         out = logits.clone()

@@ -50,7 +50,11 @@ class Verification:
 def extended_contexts(context: SamplingContext, draft: Sequence[int]) -> list[SamplingContext]:
     """Row i's context: the request's output extended by the first i draft tokens (m + 1 rows)."""
     output = list(context.output_token_ids)
-    return [replace(context, output_token_ids=output + list(draft[:i])) for i in range(len(draft) + 1)]
+    # Each row's output differs: its counts come from its own list, not the sequence's kept ones.
+    return [
+        replace(context, output_token_ids=output + list(draft[:i]), counts=None)
+        for i in range(len(draft) + 1)
+    ]
 
 
 class Verifier:
