@@ -412,6 +412,22 @@ class StepBudget:
             return None
         return cost.seconds(num_decodes + self._deadline_chunk(ttft_tokens), num_decodes, decode_context)
 
+    def fitted_seconds(self, num_tokens: int, num_decodes: int = 0, decode_context: int = 0) -> float:
+        """The fitted time of a step (`StepCost.seconds`); 0 before the cost is fitted."""
+        cost = self.model.cost
+        return 0.0 if cost is None else cost.seconds(num_tokens, num_decodes, decode_context)
+
+    def prefill_tokens_within(self, step_s: float, num_decodes: int, decode_context: int = 0) -> int:
+        """Prompt tokens a step of `step_s` feeds beside `num_decodes` decode rows: what the fitted
+        cost leaves under the margin, at least the minimum chunk (a TTFT deadline lifts the floor to
+        it); 0 before the cost is fitted. The goodput trade weighs steps by it (engine/slo_trade.py)."""
+        cost = self.model.cost
+        if cost is None:
+            return 0
+        spare = step_s / (1.0 + self.margin) - cost.seconds(num_decodes, num_decodes, decode_context)
+        fitted = min(max(spare, 0.0) / cost.per_token_s, float(self.config.max_tokens))
+        return max(self.config.min_prefill_chunk, int(fitted))
+
     def decode_capacity(
         self, target_s: float | None, has_prefill_work: bool, mean_context: float = 0.0
     ) -> int | None:
