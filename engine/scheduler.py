@@ -355,7 +355,12 @@ class Scheduler:
         waits in the queue, not in the running set, and its deadlines pass there too."""
         if self.step_budget.model.cost is None:
             return target_s  # nothing to weigh before the step cost is fitted
-        prompts = [*prefills, *islice(self.waiting, _TRADE_WAITING)]
+        # (iterating a long queue is O(n), sorted for the priority queue: past 4x the look, the head)
+        if len(self.waiting) <= 4 * _TRADE_WAITING:
+            waiting = list(islice(self.waiting, _TRADE_WAITING))
+        else:
+            waiting = [head] if (head := self.waiting.peek()) is not None else []
+        prompts = [*prefills, *waiting]
         context = sum(r.num_computed_tokens for r in decodes)
         self.slo_standing.retain(self.requests)
         budget, rows = self.step_budget, len(decodes)
