@@ -111,7 +111,6 @@ class Scheduler:
         self.num_steps = 0
         self.num_deferred_decodes = 0  # looser-class decodes that sat out a step for a tighter ITL
         self.slo_standing = SloStanding()  # which requests still meet both targets (the goodput trade)
-        self.num_stretched_steps = 0  # steps planned past the tightest ITL for first tokens
         self._resident_since: dict[str, int] = {}  # running id -> step it started or resumed
         self._sat_out: set[str] = set()  # decodes that sat the last step out for a first answer
         # preempted id -> tokens it held then: it is not displaced for a fair share again before
@@ -372,7 +371,8 @@ class Scheduler:
         traded = traded_target(
             target_s, throughput_s, decodes, prompts, self.clock(), shape, self.slo_standing.stands
         )
-        self.num_stretched_steps += traded > target_s
+        if traded > target_s:
+            self.step_budget.num_stretched_steps += 1
         return traded
 
     def _ttft_need(

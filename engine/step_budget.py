@@ -326,6 +326,7 @@ class StepBudgetStats:
     step_target_s: float | None = None  # the last step's own target (tightest ITL running), if any
     num_fit_resets: int = 0  # fits dropped for over-predicting (`StepCostModel`)
     num_fit_refits: int = 0  # fits refitted after their steps drifted (engine/step_cost_drift.py)
+    num_stretched_steps: int = 0  # steps planned past the tightest ITL for first tokens (engine/slo_trade.py)
 
 
 def min_chunk(min_prefill_chunk: int, planned_s: float, overhead_s: float, per_token_s: float) -> int:
@@ -348,6 +349,9 @@ class StepBudget:
         self.last_target_s: float | None = config.target_step_s  # the last step's time target
         self.mean_decode_context = 0.0  # context tokens per decode row, moving average
         self._held_cap: int | None = None  # the running cap, moved only past its hysteresis band
+        self.num_stretched_steps = (
+            0  # steps the scheduler planned past the tightest ITL (engine/slo_trade.py)
+        )
         self._miss_sq = 0.0  # exponentially weighted sum of max(0, actual / predicted - 1)^2
         self._miss_w = 0.0
 
@@ -513,6 +517,7 @@ class StepBudget:
             self.last_target_s,
             self.model.num_resets,
             self.model.num_refits,
+            self.num_stretched_steps,
         )
 
 
