@@ -23,10 +23,12 @@ never past the throughput target) with the largest gain minus price, when that i
 target stands otherwise (ties keep the shorter step). A stream that already missed a target costs
 nothing, and a prompt already past its deadline gains nothing; but where a timed prompt is late
 and the stretch breaks no gap that the target would have kept (every row overruns the target
-anyway: the decode rows alone are longer than it), the shortest stretch is taken: a prompt whose first token
-is late anyway was otherwise fed the shrunk prefill floor, one token a step on a loaded CPU
-(engine/step_plan.py `ttft_tokens` lifts the floor only for prompts still in time), and
-trickled in for seconds while the streams it waited for had already missed their own targets.
+anyway: the decode rows alone are longer than it), the shortest stretch is taken: a prompt
+whose first token is late anyway was otherwise fed the shrunk prefill floor, one token a step
+on a loaded CPU (engine/step_plan.py `ttft_tokens` lifts the floor only for prompts still in
+time), and trickled in for seconds while the streams it waited for had missed their targets.
+A stretched step feeds at least the minimum prefill chunk (`Scheduler.schedule`); one that a
+standing stream pays for is never planned past `MAX_STRETCH` times the target at the fitted cost.
 
 Plain Python, no torch.
 """
