@@ -18,6 +18,7 @@ import logging
 import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
+from itertools import islice
 
 from engine.config import BatchPolicy, PreemptionMode, QueuePolicy, SchedulerConfig
 from engine.errors import ContextLengthError
@@ -26,7 +27,9 @@ from engine.kv_cache_manager import KVCacheManager
 from engine.output import ScheduledRequest, SchedulerOutput
 from engine.request import Priority, Request, RequestStatus, TokenDelta
 from engine.request_queue import WaitingQueue, make_waiting_queue
+from engine.slo_standing import SloStanding
 from engine.slo_tally import PreemptReason, SloTally
+from engine.slo_trade import StepShape, traded_target
 from engine.spec_decode.policy import SpeculationPolicy
 from engine.spec_decode.tally import VerifiedDraft
 from engine.step_budget import StepBudget, make_step_budget
@@ -47,6 +50,8 @@ logger = logging.getLogger("weir.engine")
 # A waiting request may displace a lower class past the running cap once it has waited this
 # share of its TTFT target (not at once: a wait that ends by itself soon costs no preemption).
 _SLO_URGENCY = 0.25
+# Waiting requests the goodput trade of a step looks at (engine/slo_trade.py), in queue order.
+_TRADE_WAITING = 64
 
 
 @dataclass
@@ -105,6 +110,7 @@ class Scheduler:
         self.slo = SloTally()  # targets met per class and tenant, preemptions by reason
         self.num_steps = 0
         self.num_deferred_decodes = 0  # looser-class decodes that sat out a step for a tighter ITL
+        self.slo_standing = SloStanding()  # which requests still meet both targets (the goodput trade)
         self._resident_since: dict[str, int] = {}  # running id -> step it started or resumed
         self._sat_out: set[str] = set()  # decodes that sat the last step out for a first answer
         # preempted id -> tokens it held then: it is not displaced for a fair share again before
@@ -246,11 +252,16 @@ class Scheduler:
         )
         prefills = sorted((r for r in running if r.num_remaining > 1), key=prefill_key)
         head = self.waiting.peek()
+        prompts = prefills if head is None else [*prefills, head]
+        itl_s = target_s  # the tightest ITL running (at most the throughput step)
+        if target_s is not None and prompts:
+            target_s = self._goodput_target(target_s, throughput_s, decodes, prefills)
         if target_s is not None and (throughput_s is None or target_s < throughput_s):
             decodes = self._fit_decodes(decodes, target_s, bool(prefills) or head is not None)
         context = sum(r.num_computed_tokens for r in decodes)
-        prompts = prefills if head is None else [*prefills, head]
         need = self._ttft_need(prompts, len(decodes), context, target_s)
+        if target_s != itl_s:  # stretched for first tokens: the prompts get at least the minimum chunk
+            need = max(need, self.step_budget.config.min_prefill_chunk)
         budget = self.step_budget.budget(
             len(decodes), bool(prefills) or head is not None, target_s, context, need
         )
@@ -336,6 +347,36 @@ class Scheduler:
             del scheduled[row.request_id]
             self._sat_out.add(row.request_id)
         self.num_deferred_decodes += len(self._sat_out)
+
+    def _goodput_target(
+        self, target_s: float, throughput_s: float | None, decodes: list[Request], prefills: list[Request]
+    ) -> float:
+        """The step's target after the goodput trade: longer than the tightest ITL when that saves
+        more first tokens than it breaks streams that still meet their SLO (engine/slo_trade.py).
+        The prompts weighed are the running ones and the first `_TRADE_WAITING` waiting: a burst
+        waits in the queue, not in the running set, and its deadlines pass there too."""
+        if self.step_budget.model.cost is None:
+            return target_s  # nothing to weigh before the step cost is fitted
+        # (iterating a long queue is O(n), sorted for the priority queue: past 4x the look, the head)
+        if len(self.waiting) <= 4 * _TRADE_WAITING:
+            waiting = list(islice(self.waiting, _TRADE_WAITING))
+        else:
+            waiting = [head] if (head := self.waiting.peek()) is not None else []
+        prompts = [*prefills, *waiting]
+        context = sum(r.num_computed_tokens for r in decodes)
+        self.slo_standing.retain(self.requests)
+        budget, rows = self.step_budget, len(decodes)
+        shape = StepShape(
+            tokens_within=lambda step_s: budget.prefill_tokens_within(step_s, rows, context),
+            seconds_with=lambda tokens: budget.fitted_seconds(rows + tokens, rows, context),
+            max_rows=budget.decode_capacity(target_s, True, context / rows if rows else 0.0),
+        )
+        traded = traded_target(
+            target_s, throughput_s, decodes, prompts, self.clock(), shape, self.slo_standing.stands
+        )
+        if traded > target_s:
+            self.step_budget.num_stretched_steps += 1
+        return traded
 
     def _ttft_need(
         self, prompts: list[Request], num_decodes: int, context: int, target_s: float | None

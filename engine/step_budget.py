@@ -39,6 +39,11 @@ its tokens. With a target step time the budget follows from this machine's measu
   took both cores: 27 ms a token, against 2.5 ms measured after it) otherwise kept every later
   step at ~30 tokens, all of one size that could not move the slope: a burst of eight 128-token
   prompts waited 2.7 s for their prefill instead of ~1 s.
+- A fit that drifted is refitted: when `DRIFT_STEPS` steps in a row all ran more than 15%
+  slower (or all faster) than fitted, a neighbour came or went; the model refits from those
+  steps alone, its slopes pulled towards the old ones times their mean ratio, so a fit made on a
+  contended machine does not pin the plan once the contention ends (engine/step_cost_drift.py,
+  issue 58). Logged once per refit and counted on `/metrics`.
 - Before the slope is known (no two steps of different enough sizes yet) the budget probes:
   `initial_tokens`, then twice the largest step seen, up to the maximum; nothing is capped.
   After, the budget still never exceeds twice the largest step measured: a fit whose slope
@@ -61,6 +66,7 @@ import math
 from dataclasses import dataclass
 
 from engine.config import SchedulerConfig
+from engine.step_cost_drift import Drift, DriftDetector, ObservedStep
 
 logger = logging.getLogger(__name__)
 
@@ -182,28 +188,33 @@ class StepCostModel:
         self.num_resets = 0  # fits dropped for over-predicting
         self._num_overpredicted = 0  # steps in a row that took under half their fitted time
         self._overpredicted_max_tokens = 0  # the largest of them
+        self.num_refits = 0  # fits refitted after a drift (engine/step_cost_drift.py)
+        self._drift = DriftDetector()
 
     def observe(self, num_tokens: int, seconds: float, num_decodes: int = 0, decode_context: int = 0) -> None:
         """Add one executed step. Steps without tokens or without a positive duration are ignored."""
         if num_tokens <= 0 or not (seconds > 0 and math.isfinite(seconds)):
             return
         num_decodes = min(max(num_decodes, 0), num_tokens)
+        x = (1.0, float(num_decodes), float(num_tokens - num_decodes), max(0, decode_context) / _KCTX)
+        predicted = self.cost.seconds(num_tokens, num_decodes, max(0, decode_context)) if self.cost else 0.0
         if self.cost is not None and num_tokens - num_decodes >= _MIN_PREFILL_TO_JUDGE:
             # judged on steps that feed prompt tokens: the slope a stalled step poisons is theirs;
             # decode-only steps change their thread count with their rows, which no line fits
-            if seconds < _OVERPREDICTED * self.cost.seconds(num_tokens, num_decodes, max(0, decode_context)):
+            if seconds < _OVERPREDICTED * predicted:
                 self._num_overpredicted += 1
                 self._overpredicted_max_tokens = max(self._overpredicted_max_tokens, num_tokens)
                 if self._num_overpredicted >= _RESET_AFTER:
                     self._forget()
             else:
                 self._num_overpredicted = self._overpredicted_max_tokens = 0
-        f = self._forgetting
-        x = (1.0, float(num_decodes), float(num_tokens - num_decodes), max(0, decode_context) / _KCTX)
-        for i in range(_N):
-            self._xty[i] = f * self._xty[i] + x[i] * seconds
-            for j in range(_N):
-                self._xtx[i][j] = f * self._xtx[i][j] + x[i] * x[j]
+        drift = self._drift.observe(ObservedStep(x, seconds), predicted) if self.cost is not None else None
+        if drift is not None and self._theta is not None:
+            self.num_observed += 1
+            self.max_tokens_seen = max(self.max_tokens_seen, num_tokens)
+            self._refit_after(drift)
+            return
+        self._add(x, seconds, self._forgetting)
         self.num_observed += 1
         self.max_tokens_seen = max(self.max_tokens_seen, num_tokens)
         if self._theta is None:
@@ -211,6 +222,40 @@ class StepCostModel:
         else:
             self._theta = self._refit(self._theta)
         self.cost = self._clamped_cost()
+
+    def _refit_after(self, drift: Drift) -> None:
+        """The fit drifted (engine/step_cost_drift.py): fit again from the drifted steps alone, the
+        slopes pulled towards the old ones times the drift's factor (a neighbour slows every part
+        of a step alike), so a slope the recent steps cannot identify follows the machine too."""
+        assert self._theta is not None
+        prior = [t * drift.factor for t in self._theta]
+        self._xtx = [[0.0] * _N for _ in range(_N)]
+        self._xty = [0.0] * _N
+        f = self._forgetting
+        for step in drift.steps:
+            self._add(step.features, step.seconds, f)
+        self._theta = self._refit(prior)
+        self.cost = self._clamped_cost()
+        self.num_refits += 1
+        cost = self.cost
+        assert cost is not None
+        logger.info(
+            "the step cost drifted: %d steps in a row took %.2fx their fitted time; refitted: overhead "
+            "%.1f ms, per decode row %.2f ms, per prefill token %.3f ms, per 1k context tokens %.2f ms",
+            len(drift.steps),
+            drift.factor,
+            cost.overhead_s * 1e3,
+            cost.per_decode_s * 1e3,
+            cost.per_token_s * 1e3,
+            cost.per_context_token_s * 1e6,
+        )
+
+    def _add(self, x: tuple[float, ...], seconds: float, f: float) -> None:
+        """Add one step to the weighted sums, the old ones weighted down by `f`."""
+        for i in range(_N):
+            self._xty[i] = f * self._xty[i] + x[i] * seconds
+            for j in range(_N):
+                self._xtx[i][j] = f * self._xtx[i][j] + x[i] * x[j]
 
     def _forget(self) -> None:
         """Drop the fit and what it was fitted on. The probe that follows starts from the steps
@@ -227,6 +272,7 @@ class StepCostModel:
         self.cost = None
         self.max_tokens_seen = self._overpredicted_max_tokens
         self._num_overpredicted = self._overpredicted_max_tokens = 0
+        self._drift.clear()
         self.num_resets += 1
 
     def _first_fit(self) -> list[float] | None:
@@ -279,6 +325,8 @@ class StepBudgetStats:
     margin: float = 0.0
     step_target_s: float | None = None  # the last step's own target (tightest ITL running), if any
     num_fit_resets: int = 0  # fits dropped for over-predicting (`StepCostModel`)
+    num_fit_refits: int = 0  # fits refitted after their steps drifted (engine/step_cost_drift.py)
+    num_stretched_steps: int = 0  # steps planned past the tightest ITL for first tokens (engine/slo_trade.py)
 
 
 def min_chunk(min_prefill_chunk: int, planned_s: float, overhead_s: float, per_token_s: float) -> int:
@@ -301,6 +349,9 @@ class StepBudget:
         self.last_target_s: float | None = config.target_step_s  # the last step's time target
         self.mean_decode_context = 0.0  # context tokens per decode row, moving average
         self._held_cap: int | None = None  # the running cap, moved only past its hysteresis band
+        self.num_stretched_steps = (
+            0  # steps the scheduler planned past the tightest ITL (engine/slo_trade.py)
+        )
         self._miss_sq = 0.0  # exponentially weighted sum of max(0, actual / predicted - 1)^2
         self._miss_w = 0.0
 
@@ -364,6 +415,22 @@ class StepBudget:
         if cost is None:
             return None
         return cost.seconds(num_decodes + self._deadline_chunk(ttft_tokens), num_decodes, decode_context)
+
+    def fitted_seconds(self, num_tokens: int, num_decodes: int = 0, decode_context: int = 0) -> float:
+        """The fitted time of a step (`StepCost.seconds`); 0 before the cost is fitted."""
+        cost = self.model.cost
+        return 0.0 if cost is None else cost.seconds(num_tokens, num_decodes, decode_context)
+
+    def prefill_tokens_within(self, step_s: float, num_decodes: int, decode_context: int = 0) -> int:
+        """Prompt tokens a step of `step_s` feeds beside `num_decodes` decode rows: what the fitted
+        cost leaves under the margin, at least the minimum chunk (a TTFT deadline lifts the floor to
+        it); 0 before the cost is fitted. The goodput trade weighs steps by it (engine/slo_trade.py)."""
+        cost = self.model.cost
+        if cost is None:
+            return 0
+        spare = step_s / (1.0 + self.margin) - cost.seconds(num_decodes, num_decodes, decode_context)
+        fitted = min(max(spare, 0.0) / cost.per_token_s, float(self.config.max_tokens))
+        return max(self.config.min_prefill_chunk, int(fitted))
 
     def decode_capacity(
         self, target_s: float | None, has_prefill_work: bool, mean_context: float = 0.0
@@ -449,6 +516,8 @@ class StepBudget:
             self.margin,
             self.last_target_s,
             self.model.num_resets,
+            self.model.num_refits,
+            self.num_stretched_steps,
         )
 
 

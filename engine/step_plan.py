@@ -3,7 +3,9 @@ order in which running requests get tokens, and each tenant's share of the prefi
 
 - **Step target:** the tightest ITL target among the requests running now; with none (only
   batch work runs) the throughput-optimal target (`SchedulerConfig.target_step_s`, 800 ms on the
-  CPU by default; None: the fixed budget). A step never plans to be longer than an ITL it owes.
+  CPU by default; None: the fixed budget). A step never plans to be longer than an ITL it owes,
+  but where the goodput trade (engine/slo_trade.py) finds that a longer one saves more first
+  tokens than it breaks streams still meeting both targets.
 - **Decodes:** by class, then least recently served first. Every decode of a class with an ITL
   target at least as tight as the step's goes; the others (looser classes, batch) fill what the
   step target leaves (`StepBudget.decode_capacity`) and the rest sit this step out, keeping their

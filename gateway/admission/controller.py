@@ -10,7 +10,9 @@ order, cheapest and least committal first:
    predicted TTFT (`gateway.admission.slo`) misses it (503 `slo_unattainable`) rather than waiting to miss.
    The prediction is scaled by the bias its class's admitted requests showed, actual TTFT over
    predicted (`gateway.admission.ttft_calibration`), so a model that runs pessimistic does not
-   refuse what the machine could serve in time.
+   refuse what the machine could serve in time. Both targets count: a request that would find no
+   seat under the running cap, or whose stream would tip the running streams' steps over their
+   ITL target, is refused the same way (`gateway.admission.stream_outlook`, issue 58).
 4. Budget: what the request may compute is reserved from the tenant's tokens-per-minute bucket
    and daily cap: the prompt once, plus max_tokens for each sequence (each of the n choices, or
    each of the beam_width beams of a beam search). A request without max_tokens reserves a
@@ -48,6 +50,7 @@ from engine.output import EngineStats
 from engine.request import Priority
 from gateway.admission.accounting import Admitted, Outcome, UsageRecord
 from gateway.admission.slo import RecentAdmissions, predict_ttft
+from gateway.admission.stream_outlook import stream_outlook
 from gateway.admission.ttft_calibration import TTFTCalibration
 from gateway.admission.window_budget_gate import WindowBudgetGate, WindowBudgetMetrics, WindowHold
 from gateway.http.errors import BadRequestError, RateLimitError, ServiceUnavailableError
@@ -263,7 +266,7 @@ class AdmissionController:
             raise
         grant = reservation.tenant_tokens
         priority = requests[0].priority if requests else tenant.priority
-        self._recent.add(priority, num_queued_tokens(requests))
+        self._recent.add(priority, num_queued_tokens(requests), sum(map(num_sequences, requests)))
         if self.metrics is not None:
             self.metrics.count_admitted(name, priority.name.lower())
             self.metrics.count_tokens(name, reserved=0 if grant.unlimited else grant.num_tokens)
@@ -324,6 +327,9 @@ class AdmissionController:
                         code="slo_unattainable",
                         headers=_retry_after(prediction.seconds - slo_s),
                     )
+            self._check_stream(
+                name, stats, priority, itl_s, quota.ttft_slo_ms / 1000, sum(map(num_sequences, requests))
+            )
         num_tokens = self._reservation(tenant, requests)
         try:
             result = await self.budgets.take(tenant, num_tokens)
@@ -343,6 +349,39 @@ class AdmissionController:
             self._reject(name, _REASON_OF[result.limit])
             raise rate_limit_error(result)
         return result, predicted_s
+
+    def _check_stream(
+        self,
+        name: str,
+        stats: EngineStats,
+        priority: Priority,
+        itl_s: float | None,
+        ttft_s: float,
+        num_seqs: int,
+    ) -> None:
+        """Refuse (503 `slo_unattainable`) a request that cannot meet both targets beside the
+        running streams: no seat under the running cap, or its row tips their step over the ITL
+        target (`gateway.admission.stream_outlook`). Retry-After: its TTFT target, about the time
+        in which running streams end and seats and rows free up."""
+        outlook = stream_outlook(stats, priority, self._recent.seqs_ahead(priority), num_seqs)
+        target = itl_s if itl_s is not None else stats.class_targets.of(priority).itl_s
+        if outlook is None or not outlook.refuses(target):
+            return
+        self._reject(name, RejectReason.SLO_UNATTAINABLE)
+        if outlook.seats_full:
+            why = "every running seat is taken by requests of its class or better"
+        else:
+            why = (
+                f"its stream beside the {outlook.rows} running would make every step "
+                f"{outlook.gap_s * 1000:.0f} ms, over the objective of {(target or 0.0) * 1000:.0f} ms "
+                "between tokens"
+            )
+        raise ServiceUnavailableError(
+            f"this request cannot meet both its time to first token and its time between tokens: {why}; "
+            "retry later",
+            code="slo_unattainable",
+            headers=_retry_after(ttft_s),
+        )
 
     def _waited_s(self, requests: Sequence[EngineRequest]) -> float:
         """Seconds since the request arrived (prompt rendering, tokenization, grammar compile)."""

@@ -73,7 +73,7 @@ def planned_step_s(stats: EngineStats, priority: Priority, itl_s: float | None =
     return min(targets) if targets else None
 
 
-def _rows_kept(stats: EngineStats, priority: Priority) -> int:
+def rows_kept(stats: EngineStats, priority: Priority) -> int:
     """The running decode rows that do not yield to a request of `priority`: its own class and
     better, plus one row of the looser classes (they give way but for one)."""
     rows = sum(stats.running_by_priority[: int(priority) + 1])
@@ -81,13 +81,13 @@ def _rows_kept(stats: EngineStats, priority: Priority) -> int:
 
 
 def _tokens_per_step(stats: EngineStats, priority: Priority, step_s: float) -> int:
-    """Prompt tokens a step planned at `step_s` holds beside the decode rows kept (`_rows_kept`)."""
+    """Prompt tokens a step planned at `step_s` holds beside the decode rows kept (`rows_kept`)."""
     budget = stats.step_budget
     assert budget is not None and budget.cost is not None
     cost = budget.cost
     planned = step_s / (1.0 + budget.margin)
     floor = min_chunk(_MIN_CHUNK, planned, cost.overhead_s, cost.per_token_s)
-    spare = planned - cost.overhead_s - cost.per_decode_s * _rows_kept(stats, priority)
+    spare = planned - cost.overhead_s - cost.per_decode_s * rows_kept(stats, priority)
     return max(floor, int(max(spare, 0.0) / cost.per_token_s))
 
 
@@ -95,7 +95,7 @@ def _lifted_step_s(stats: EngineStats, priority: Priority) -> float:
     """The fitted time of a step holding the minimum chunk beside the decode rows kept."""
     budget = stats.step_budget
     assert budget is not None and budget.cost is not None
-    rows = _rows_kept(stats, priority)
+    rows = rows_kept(stats, priority)
     return budget.cost.seconds(rows + _MIN_CHUNK, rows)
 
 
@@ -146,15 +146,22 @@ class RecentAdmissions:
     def __init__(self) -> None:
         self._seen: object | None = None
         self._generations: deque[list[int]] = deque([[0] * _NUM_CLASSES], maxlen=2)
+        self._seqs: deque[list[int]] = deque([[0] * _NUM_CLASSES], maxlen=2)  # sequences, likewise
 
     def observe(self, stats: EngineStats) -> None:
         """Start a new generation when the engine published a new snapshot."""
         if stats is not self._seen:
             self._seen = stats
             self._generations.appendleft([0] * _NUM_CLASSES)
+            self._seqs.appendleft([0] * _NUM_CLASSES)
 
-    def add(self, priority: Priority, num_tokens: int) -> None:
+    def add(self, priority: Priority, num_tokens: int, num_seqs: int = 1) -> None:
         self._generations[0][int(priority)] += num_tokens
+        self._seqs[0][int(priority)] += num_seqs
+
+    def seqs_ahead(self, priority: Priority) -> int:
+        """Unseen sequences of `priority` and better (they will run beside or before it)."""
+        return sum(sum(g[: int(priority) + 1]) for g in self._seqs)
 
     def ahead(self, priority: Priority) -> int:
         """Unseen tokens the scheduler would serve before (or with) `priority`."""

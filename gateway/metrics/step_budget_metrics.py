@@ -9,6 +9,12 @@
   recent RMS miss of the fitted step time).
 - `weir_scheduler_step_fit_resets_total`: fits dropped because steps kept taking under half their
   fitted time (a fit made of a stalled step); the engine fitted again from fresh steps.
+- `weir_scheduler_step_fit_refits_total`: fits refitted because their steps drifted (several
+  steps in a row all slower or all faster than fitted: a neighbour came or went,
+  engine/step_cost_drift.py); the fitted coefficients above are the refitted ones.
+- `weir_scheduler_stretched_steps_total`: steps the scheduler planned longer than the tightest ITL
+  target running, because that saved more first tokens than it broke streams still meeting both
+  targets, or fed prompts already late where every row overran anyway (engine/slo_trade.py).
 - `weir_scheduler_max_running`: how many sequences the target step time lets run at once;
   absent without a target or before the cost is measured (then only `--max-num-seqs` caps).
 """
@@ -45,6 +51,16 @@ def step_budget_metrics(stats: StepBudgetStats | None) -> Iterator[Metric]:
         "weir_scheduler_step_fit_resets",
         "Step cost fits dropped because steps kept taking under half their fitted time; fitted again.",
         value=stats.num_fit_resets,
+    )
+    yield CounterMetricFamily(
+        "weir_scheduler_step_fit_refits",
+        "Step cost fits refitted because several steps in a row ran slower (or faster) than fitted.",
+        value=stats.num_fit_refits,
+    )
+    yield CounterMetricFamily(
+        "weir_scheduler_stretched_steps",
+        "Steps planned longer than the tightest ITL target running, for first tokens (the goodput trade).",
+        value=stats.num_stretched_steps,
     )
     if stats.max_running is not None:
         yield GaugeMetricFamily(

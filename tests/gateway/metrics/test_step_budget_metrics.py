@@ -21,7 +21,20 @@ def _stats(step_budget: StepBudgetStats | None) -> EngineStats:
 
 def test_the_budget_the_target_and_the_fitted_cost_are_gauges() -> None:
     cost = StepCost(overhead_s=0.04, per_token_s=0.002, per_decode_s=0.005)
-    got = _scrape(_stats(StepBudgetStats(80, 0.2, cost, max_running=22, margin=0.06, num_fit_resets=1)))
+    got = _scrape(
+        _stats(
+            StepBudgetStats(
+                80,
+                0.2,
+                cost,
+                max_running=22,
+                margin=0.06,
+                num_fit_resets=1,
+                num_fit_refits=2,
+                num_stretched_steps=5,
+            )
+        )
+    )
     assert got["weir_scheduler_token_budget"] == 80
     assert got["weir_scheduler_target_step_seconds"] == 0.2
     assert got["weir_scheduler_step_cost_per_token_seconds"] == 0.002
@@ -30,6 +43,8 @@ def test_the_budget_the_target_and_the_fitted_cost_are_gauges() -> None:
     assert got["weir_scheduler_max_running"] == 22
     assert got["weir_scheduler_step_margin"] == 0.06
     assert got["weir_scheduler_step_fit_resets_total"] == 1
+    assert got["weir_scheduler_step_fit_refits_total"] == 2
+    assert got["weir_scheduler_stretched_steps_total"] == 5
 
 
 def test_a_fixed_budget_shows_target_zero_and_no_cost_before_it_is_measured() -> None:
