@@ -4,8 +4,9 @@ A grammar guarantees the shape of what a model writes, not that it finishes befo
 `max_tokens`: a sampled model may still be listing calls when its budget runs out, and the
 answer would be a partial array. For a tool-call grammar the engine keeps room to close it:
 
-- `closing_path` walks a fork of the matcher to an end of the grammar, one single-character token
-  at a time, trying the characters that close JSON first (`]`, `}`, `"`, a digit, `null`...).
+- `closing_path` walks a fork of the matcher to an end of the grammar: forced text (keys, the
+  function's name) in the backend's jump-forward tokens, otherwise one single-character token at
+  a time, trying the characters that close JSON first (`]`, `}`, `"`, a digit, `null`...).
   The walk is deterministic, so after taking its first token the rest of the path is the walk
   from the next state: its length only shrinks while the path is followed.
 - `ClosingConstraint` is the matcher of such a request. While the budget left is larger than
@@ -67,8 +68,19 @@ class ClosingAlphabet:
             encoded = tokenizer.encode(char, add_special_tokens=False)
             if len(encoded) == 1 and tokenizer.decode(encoded) == char:
                 ids.append(int(encoded[0]))
-        texts = tokenizer.batch_decode([[i] for i in range(len(tokenizer))])
-        plain = tuple(i for i, text in enumerate(texts) if text and not _STRUCTURAL.intersection(text))
+        # The vocabulary's own strings, not decoded (decoding 49k tokens one by one takes seconds):
+        # printable ASCII is itself in byte-level and SentencePiece vocabularies alike, and a
+        # byte-fallback token (`<0x22>`) counts as structural.
+        special = set(getattr(tokenizer, "all_special_ids", ()))
+        pieces = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+        plain = tuple(
+            i
+            for i, piece in enumerate(pieces)
+            if piece
+            and i not in special
+            and not _STRUCTURAL.intersection(piece)
+            and not piece.startswith("<0x")
+        )
         quote, probe = (tokenizer.encode(c, add_special_tokens=False) for c in '"#')
         return cls(
             tuple(ids),
@@ -92,6 +104,7 @@ class ClosableConstraint(CompiledConstraint):
     # shortest complete answers that start with one of the `openings` given to `closable`.
     reserve: int = 1
     plain_bits: Any = field(default=None, compare=False, repr=False)  # int32 [words], `plain_ids` packed
+    plain_set: frozenset[int] = field(default=frozenset(), compare=False, repr=False)
 
     def closing_matcher(self, max_tokens: int) -> ClosingConstraint:
         """A fresh matcher that keeps room to close within `max_tokens` output tokens."""
@@ -128,6 +141,7 @@ def closable(
         len(path) + 1,
         reserve,
         _packed(alphabet.plain_ids, matcher.vocab_size),
+        frozenset(alphabet.plain_ids),
     )
 
 
@@ -186,6 +200,10 @@ def closing_path(
     while not fork.is_completed():
         if len(path) >= limit:
             return None
+        jump = fork.find_jump_forward_tokens()  # forced text (keys, names) in long tokens
+        if jump and all(fork.accept_token(t) for t in jump):
+            path.extend(jump)
+            continue
         for token in alphabet.order(_in_string(fork, alphabet.probe_id)):
             if fork.accept_token(token):
                 path.append(token)
@@ -208,6 +226,7 @@ class ClosingConstraint(TokenConstraint):
         self._path: tuple[int, ...] | None = None
         self._reserve = compiled.reserve
         self._plain_bits = compiled.plain_bits
+        self._plain_set = compiled.plain_set
 
     def forced_token(self) -> int | None:
         """The only token the budget leaves room for now, or None while the grammar is free."""
@@ -258,4 +277,9 @@ class ClosingConstraint(TokenConstraint):
     def accept(self, token_id: int) -> None:
         super().accept(token_id)
         path = self._path
-        self._path = path[1:] if path and path[0] == token_id else None
+        if path and path[0] == token_id:
+            self._path = path[1:]
+        elif not (path and path[0] == self._alphabet.quote_id and token_id in self._plain_set):
+            # Plain text inside a string that could close now leaves the path as it was (most
+            # tokens of a call): the walk runs again only after the structure moved.
+            self._path = None
