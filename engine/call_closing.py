@@ -183,6 +183,7 @@ def _take_admitted(matcher: Any, vocab_size: int, stops: set[int], tries: int = 
 
 
 def _in_string(matcher: Any, probe_id: int) -> bool:
+    """Whether `matcher` (a walk's own fork) is inside a free string; it is left unchanged."""
     if probe_id < 0 or not matcher.accept_token(probe_id):
         return False
     matcher.rollback(1)
@@ -251,18 +252,19 @@ class ClosingConstraint(TokenConstraint):
         return self._max_tokens - self.num_accepted <= len(self._path) + 1 + self._reserve
 
     def fill_bitmask(self, bitmask: Any, row: int) -> None:
+        # The walk forks the matcher: never while a worker computes its mask ahead (if the base
+        # class does that), so read that mask first.
+        super().fill_bitmask(bitmask, row)
         forced = self.forced_token()
         if forced is None and self._tight():
-            if self._plain_bits is not None and _in_string(self._matcher, self._alphabet.probe_id):
+            if self._plain_bits is not None and _in_string(self._matcher.fork(), self._alphabet.probe_id):
                 # Inside a free string, text without a quote or backslash leaves the closing
                 # path as it is: the model may go on writing it.
-                super().fill_bitmask(bitmask, row)
                 bitmask[row, : self._plain_bits.shape[0]] &= self._plain_bits
                 self._admit(bitmask, row, self._path[0] if self._path else self._stop_token())
                 return
             forced = self._path[0] if self._path else self._stop_token()
         if forced is None:
-            super().fill_bitmask(bitmask, row)
             return
         bitmask[row] = 0
         self._admit(bitmask, row, forced)
