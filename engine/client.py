@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from engine.call_closing import new_matcher
 from engine.constraints import CompiledConstraint
 from engine.latency_targets import NO_TARGETS, LatencyTargets
 from engine.lora_types import AdapterInfo, AdapterRef
@@ -69,7 +70,11 @@ class EngineRequest:
             parent_id=self.request_id,
             index=index,
             checker=checker,
-            constraint=self.constraint.matcher() if self.constraint is not None else None,
+            constraint=(
+                new_matcher(self.constraint, sampling_params.max_tokens)
+                if self.constraint is not None
+                else None
+            ),
         )
 
 

@@ -21,6 +21,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, model_validator
 
 from engine.grammar import ConstraintSpec
+from gateway.api.json_schema_support import check_schema
 from gateway.api.openai_bodies.params import bad_request
 from gateway.http.errors import BadRequestError
 
@@ -104,7 +105,9 @@ class FunctionDefinition(_Body):
     name: str = Field(pattern=NAME_PATTERN)
     description: str | None = None
     parameters: dict[str, Any] | None = Field(
-        default=None, description="A JSON Schema of the arguments object; omitted: no arguments."
+        default=None,
+        description="A JSON Schema of the arguments object; omitted: no arguments. Keywords the "
+        "grammar cannot enforce are refused (docs/structured-outputs.md).",
     )
     strict: bool | None = None
 
@@ -168,6 +171,7 @@ def constraint_of(
         return ConstraintSpec.json_object("response_format")
     if isinstance(response_format, JsonSchemaFormat):
         schema = response_format.json_schema.schema_ or {"type": "object"}
+        check_schema(schema, "response_format.json_schema.schema")
         return ConstraintSpec.json_schema(schema, "response_format.json_schema.schema")
     if structured is None:
         return None
@@ -180,6 +184,7 @@ def constraint_of(
                 raise BadRequestError(
                     "'structured_outputs.json' is not valid JSON", param="structured_outputs.json"
                 ) from None
+        check_schema(given, "structured_outputs.json")
         return ConstraintSpec.json_schema(given, "structured_outputs.json")
     if structured.regex is not None:
         return ConstraintSpec.regex(structured.regex, "structured_outputs.regex")

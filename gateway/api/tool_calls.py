@@ -12,7 +12,14 @@ asks for calls in one of two formats:
 - `"required"` or a named function: the answer is constrained by a grammar (`calls_schema`) to a
   JSON array of calls, each `{"name": <an offered function>, "arguments": <its parameters>}`, so
   the arguments always validate against the function's schema. One call only unless
-  `parallel_tool_calls` (the default) allows more.
+  `parallel_tool_calls` (the default) allows more, up to `MAX_PARALLEL_CALLS`. A function's
+  parameters that use `$ref` move to the root's `$defs` (`relocate_refs`), so their references
+  still resolve inside the bigger schema. The engine keeps room to close the array before
+  `max_tokens` (`engine.call_closing`), so a constrained answer always ends with complete calls.
+
+Every function's parameters are checked against the keywords the grammar enforces
+(`gateway.api.json_schema_support`) whatever the tool choice, so a schema is refused or served
+the same way in every mode.
 
 Earlier calls of the conversation (assistant `tool_calls`) are rendered back into the assistant
 message in the `<tool_call>` format, and `tool` messages keep their role, so the model sees the
@@ -30,12 +37,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.grammar import ConstraintSpec
+from gateway.api.json_schema_support import check_schema, relocate_refs
 from gateway.api.structured_bodies import FunctionDefinition, NamedToolChoice, ToolCall, ToolFields
 from gateway.http.errors import BadRequestError
 
 _OPEN, _CLOSE = "<tool_call>", "</tool_call>"
 _BLOCK = re.compile(re.escape(_OPEN) + r"(.*?)(?:" + re.escape(_CLOSE) + r"|$)", re.DOTALL)
 _NO_ARGUMENTS: dict[str, Any] = {"type": "object", "properties": {}}
+# The most calls one constrained answer may hold with `parallel_tool_calls` (one without).
+MAX_PARALLEL_CALLS = 8
 
 
 class ToolChoiceMode(enum.Enum):
@@ -79,6 +89,9 @@ def tools_request(fields: ToolFields) -> ToolsRequest | None:
     if len(set(names)) != len(names):
         raise BadRequestError("'tools' has two functions with the same name", param="tools")
     functions = tuple(t.function for t in fields.tools)
+    for i, function in enumerate(functions):
+        if function.parameters is not None:
+            check_schema(function.parameters, f"tools[{i}].function.parameters")
     parallel = fields.parallel_tool_calls is not False
     if choice == "none":
         return None
@@ -99,21 +112,38 @@ def _parameters(function: FunctionDefinition) -> dict[str, Any]:
     return function.parameters if function.parameters else _NO_ARGUMENTS
 
 
+def _has_ref(schema: Any) -> bool:
+    if isinstance(schema, dict):
+        return "$ref" in schema or any(_has_ref(v) for v in schema.values())
+    return isinstance(schema, list) and any(_has_ref(v) for v in schema)
+
+
 def calls_schema(req: ToolsRequest) -> dict[str, Any]:
-    """The JSON Schema of a constrained answer: an array of calls of the offered functions."""
-    calls = [
-        {
-            "type": "object",
-            "properties": {"name": {"const": f.name}, "arguments": _parameters(f)},
-            "required": ["name", "arguments"],
-            "additionalProperties": False,
-        }
-        for f in req.offered()
-    ]
+    """The JSON Schema of a constrained answer: an array of 1 to `MAX_PARALLEL_CALLS` calls of the
+    offered functions (exactly one without `parallel_tool_calls`).
+
+    A function's parameters that hold a `$ref` are moved to `$defs.<function name>` of the root,
+    their references rewritten to point there (a reference is resolved against the root)."""
+    defs: dict[str, Any] = {}
+    calls = []
+    for f in req.offered():
+        arguments = _parameters(f)
+        if _has_ref(arguments):
+            defs[f.name] = relocate_refs(arguments, f"#/$defs/{f.name}")
+            arguments = {"$ref": f"#/$defs/{f.name}"}
+        calls.append(
+            {
+                "type": "object",
+                "properties": {"name": {"const": f.name}, "arguments": arguments},
+                "required": ["name", "arguments"],
+                "additionalProperties": False,
+            }
+        )
     items = calls[0] if len(calls) == 1 else {"anyOf": calls}
     schema: dict[str, Any] = {"type": "array", "items": items, "minItems": 1}
-    if not req.parallel:
-        schema["maxItems"] = 1
+    schema["maxItems"] = MAX_PARALLEL_CALLS if req.parallel else 1
+    if defs:
+        schema["$defs"] = defs
     return schema
 
 

@@ -28,6 +28,7 @@ from typing import Any
 from cachetools import LRUCache
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from engine.call_closing import ClosingAlphabet, closable
 from engine.constraints import CompiledConstraint, ConstraintKind
 from engine.errors import InvalidRequestError
 from engine.grammar import ConstraintSpec, GrammarBackend
@@ -137,6 +138,14 @@ def _check_schema(schema: Any, param: str, limits: GrammarLimits, start: int) ->
             raise _too_complex(param, f"more than {limits.max_enum_values} enum and const values")
 
 
+def _call_openings(spec: ConstraintSpec) -> list[str]:
+    """`[{"name": "<function>"` for each function of a tool-call schema (`calls_schema`'s shape)."""
+    items = json.loads(spec.source).get("items", {})
+    calls = items.get("anyOf", [items]) if isinstance(items, dict) else []
+    names = [c.get("properties", {}).get("name", {}).get("const") for c in calls if isinstance(c, dict)]
+    return ['[{"name": ' + json.dumps(n, ensure_ascii=False) for n in names if isinstance(n, str)]
+
+
 class GrammarMetrics:
     """Compile seconds, cache hits and misses, and constrained requests, by constraint kind."""
 
@@ -186,6 +195,7 @@ class GrammarService:
             maxsize=self.limits.cache_bytes, getsizeof=_grammar_bytes
         )
         self._backends: dict[tuple[int, int], tuple[Any, GrammarBackend]] = {}
+        self._alphabets: dict[str, ClosingAlphabet] = {}  # by tokenizer fingerprint
 
     def _backend(self, tokenizer: Any, vocab_size: int, stop_token_ids: Sequence[int]) -> GrammarBackend:
         """The backend of one tokenizer, built once (on a worker: it reads the whole vocabulary)."""
@@ -217,11 +227,32 @@ class GrammarService:
         self.metrics.cache_misses.labels(spec.kind.value).inc()
         start = time.perf_counter()
         compiled = backend.compile(spec)
+        if spec.kind is ConstraintKind.TOOL_CALLS:
+            compiled = self._closable(compiled, tokenizer, backend, spec)
         self.metrics.compile_seconds.labels(spec.kind.value).observe(time.perf_counter() - start)
         with self._lock:
             if _grammar_bytes(compiled) <= self.limits.cache_bytes:
                 self._cache[key] = compiled
         return compiled
+
+    def _closable(
+        self, compiled: CompiledConstraint, tokenizer: Any, backend: GrammarBackend, spec: ConstraintSpec
+    ) -> CompiledConstraint:
+        """A tool-call grammar the engine can close before `max_tokens` (`engine.call_closing`)."""
+        with self._lock:
+            alphabet = self._alphabets.get(backend.fingerprint)
+        if alphabet is None:
+            alphabet = ClosingAlphabet.of(tokenizer)
+            with self._lock:
+                self._alphabets[backend.fingerprint] = alphabet
+        result = closable(compiled, alphabet, _call_openings(spec))
+        if result is None:
+            raise InvalidRequestError(
+                f"'{spec.param}' admits no short complete call: a call of these functions cannot be closed "
+                "within a bounded number of tokens",
+                spec.param,
+            )
+        return result
 
     async def compile(
         self,

@@ -15,6 +15,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import Receive, Scope, Send
 
+from engine.call_closing import ClosableConstraint
 from engine.client import EngineRequest
 from engine.constraints import CompiledConstraint
 from engine.errors import ContextLengthError
@@ -385,6 +386,13 @@ class OpenAIRoutes:
                 if quota.max_output_tokens is not None:
                     max_tokens = min(max_tokens, quota.max_output_tokens)
             ContextLengthError.check(len(prompt), max_tokens, max_model_len, prompt_param)
+            if isinstance(constraint, ClosableConstraint) and max_tokens < constraint.min_tokens:
+                raise BadRequestError(
+                    f"max_tokens is {max_tokens}; a complete call of the offered tools needs at least "
+                    f"{constraint.min_tokens} tokens",
+                    param="max_tokens",
+                    code="max_tokens_too_small",
+                )
             params = options.sampling_params(max_tokens)
             requests.append(
                 EngineRequest(

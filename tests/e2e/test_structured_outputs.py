@@ -307,3 +307,109 @@ def test_langchain_structured_output_and_bound_tools(real: RealServer) -> None:
     message = llm.bind_tools([WEATHER], tool_choice="get_weather").invoke("Weather in Rome?")
     assert message.tool_calls and message.tool_calls[0]["name"] == "get_weather"
     jsonschema.validate(message.tool_calls[0]["args"], PARAMETERS["get_weather"])
+
+
+# -- issue 54: nested models, refused keywords, calls that always close ----------------------
+
+
+class City(BaseModel):
+    name: str
+    country: str | None = None
+
+
+class Trip(BaseModel):
+    origin: City
+    destination: City
+
+
+TRIP = {
+    "type": "function",
+    "function": {"name": "plan_trip", "description": "Plan a trip.", "parameters": Trip.model_json_schema()},
+}
+
+
+def test_a_pydantic_nested_model_as_tool_parameters_works_under_required(client: openai.OpenAI) -> None:
+    """`$defs` + `$ref` (what pydantic writes) compile inside the calls grammar and hold."""
+    assert "$defs" in TRIP["function"]["parameters"]  # type: ignore[index]
+    completion = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Plan a trip from Paris to Rome."}],
+        tools=[TRIP],  # type: ignore[list-item]
+        tool_choice="required",
+        temperature=1.0,
+        seed=5,
+        n=3,
+        max_tokens=120,
+    )
+    assert len(completion.choices) == 3
+    for choice in completion.choices:
+        assert choice.finish_reason == "tool_calls", choice.message.content
+        for call in choice.message.tool_calls or []:
+            assert call.function.name == "plan_trip"  # type: ignore[union-attr]
+            jsonschema.validate(json.loads(call.function.arguments), Trip.model_json_schema())  # type: ignore[union-attr]
+        assert choice.message.tool_calls
+
+
+REFUSED_SCHEMAS = [
+    ({"type": "array", "items": {"type": "string"}, "uniqueItems": True}, "uniqueItems"),
+    ({"type": "string", "pattern": "^[a-z]+$", "minLength": 2, "maxLength": 8}, "pattern"),
+    ({"type": "number", "multipleOf": 0.5}, "multipleOf"),
+    ({"type": "object", "properties": {"c": {"$ref": "http://example.com/city.json"}}}, "$ref"),
+]
+
+
+@pytest.mark.parametrize("schema, keyword", REFUSED_SCHEMAS)
+def test_keywords_the_grammar_ignores_are_refused_naming_them(
+    client: openai.OpenAI, schema: dict[str, Any], keyword: str
+) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=8,
+            response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": schema}},
+        )
+    body = info.value.body
+    assert body["param"] == "response_format.json_schema.schema" and keyword in body["message"]  # type: ignore[index]
+    parameters = {"type": "object", "properties": {"x": schema}, "required": ["x"]}
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=8,
+            tools=[{"type": "function", "function": {"name": "f", "parameters": parameters}}],
+            tool_choice="auto",
+        )
+    body = info.value.body
+    assert body["param"] == "tools[0].function.parameters" and "$.properties.x" in body["message"]  # type: ignore[index]
+
+
+def test_required_tool_calls_at_temperature_1_always_end_with_complete_calls(client: openai.OpenAI) -> None:
+    """A budget just above the shortest call: the engine closes the array before max_tokens."""
+    completion = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Weather in Paris, then the time in Tokyo, then more."}],
+        tools=[WEATHER, TIME],  # type: ignore[list-item]
+        tool_choice="required",
+        temperature=1.0,
+        seed=11,
+        n=5,
+        max_tokens=70,
+    )
+    for choice in completion.choices:
+        assert choice.finish_reason == "tool_calls", choice.message.content
+        calls = choice.message.tool_calls or []
+        assert 1 <= len(calls) <= 8
+        _check_calls([(c.function.name, c.function.arguments) for c in calls], {"get_weather", "get_time"})  # type: ignore[union-attr]
+
+
+def test_a_max_tokens_below_the_shortest_call_is_refused_naming_it(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "Weather?"}],
+            tools=[WEATHER],  # type: ignore[list-item]
+            tool_choice="required",
+            max_tokens=5,
+        )
+    assert info.value.body["param"] == "max_tokens"  # type: ignore[index]
