@@ -27,6 +27,7 @@ from typing import Any, cast
 from engine.async_engine import AsyncEngine, _Add
 from engine.client import EngineRequest
 from engine.llm_engine import LLMEngine
+from engine.mask_prefetch import MaskPrefetcher
 from engine.output import EngineStats, RequestOutput
 from engine.request import SamplingParams
 from gateway.api.responses import ChatFormatter
@@ -40,6 +41,7 @@ class _NullCore:
             return None
 
     prefix_cache = _Prefix()
+    masks = MaskPrefetcher()  # no constrained request: its pool never starts
 
     def stats(self) -> EngineStats:
         return EngineStats(0, 0, 1, 1, 16, 0, 0)

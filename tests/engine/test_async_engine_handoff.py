@@ -20,6 +20,7 @@ from engine.client import EngineRequest
 from engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from engine.errors import RetryableEngineError
 from engine.llm_engine import LLMEngine, build_engine
+from engine.mask_prefetch import MaskPrefetcher
 from engine.output import EngineStats, RequestOutput
 from engine.request import FinishReason, SamplingParams
 from tests.engine.tiny_models import make_tiny_model
@@ -50,6 +51,7 @@ class _FakeCore:
     def __init__(self) -> None:
         self.active: set[str] = set()
         self.prefix_cache = _FakePrefixCache()
+        self.masks = MaskPrefetcher()  # no constrained request: its pool never starts
 
     def stats(self) -> EngineStats:
         return EngineStats(
