@@ -1,4 +1,5 @@
-"""The OpenAI-compatible endpoints: chat completions, completions and models.
+"""The OpenAI-compatible endpoints (chat completions, completions, models) and Anthropic's
+Messages, which runs as a chat through the same steps.
 
 Everything that can be wrong with a request (auth, JSON, fields, model, quotas, context length,
 sampling values) is checked here, before admission and before anything reaches the engine.
@@ -21,6 +22,8 @@ from engine.errors import ContextLengthError
 from engine.grammar import ConstraintSpec
 from engine.latency_targets import LatencyTargets
 from gateway.admission.accounting import Accountant, Admission, Admitted, RequestInfo, Settle, UsageRecord
+from gateway.api.anthropic_protocol import parse_messages_request
+from gateway.api.anthropic_stream import AnthropicFormatter
 from gateway.api.openai_bodies import requests as rb
 from gateway.api.protocol import (
     Endpoint,
@@ -38,6 +41,7 @@ from gateway.http.error_tarpit import mark_key_proved
 from gateway.http.errors import (
     MODEL_VERSION_HEADER,
     BadRequestError,
+    ErrorShape,
     NotFoundError,
     PermissionDeniedError,
     ServiceUnavailableError,
@@ -62,6 +66,15 @@ Authenticate = Callable[[str | None, str], Awaitable[TenantContext]]
 # OpenAI's legacy completions default; chat defaults to the rest of the context (and admission
 # reserves a bounded default for it, see gateway.admission.controller).
 DEFAULT_COMPLETION_MAX_TOKENS = 16
+
+
+# Response ids, and answer shapes, by endpoint (`/v1/messages` answers in Anthropic's).
+_ID_PREFIXES = {Endpoint.CHAT: "chatcmpl-", Endpoint.COMPLETIONS: "cmpl-", Endpoint.MESSAGES: "msg_"}
+_FORMATTERS: dict[Endpoint, type[ResponseFormatter]] = {
+    Endpoint.CHAT: ChatFormatter,
+    Endpoint.COMPLETIONS: CompletionFormatter,
+    Endpoint.MESSAGES: AnthropicFormatter,
+}
 
 
 class _Started(Response):
@@ -107,13 +120,20 @@ class OpenAIRoutes:
         return [
             Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
             Route("/v1/completions", self.completions, methods=["POST"]),
+            Route("/v1/messages", self.messages, methods=["POST"]),
             Route("/v1/models", self.list_models, methods=["GET"]),
             Route("/v1/models/{model:path}", self.retrieve_model, methods=["GET"]),
         ]
 
-    async def _tenant(self, request: Request) -> TenantContext:
+    async def _tenant(self, request: Request, *, x_api_key: bool = False) -> TenantContext:
+        """The caller's tenant, by its `Authorization: Bearer` key (or, with `x_api_key`, by
+        Anthropic's `x-api-key` header when no Authorization is sent)."""
         client = request.client.host if request.client else ""
-        tenant = await self.authenticate(request.headers.get("authorization"), client)
+        authorization = request.headers.get("authorization")
+        if authorization is None and x_api_key:
+            key = request.headers.get("x-api-key")
+            authorization = None if key is None else "Bearer " + key
+        tenant = await self.authenticate(authorization, client)
         mark_key_proved(request.state)  # its errors may now count against its key (gateway.http.error_tarpit)
         return tenant
 
@@ -159,6 +179,11 @@ class OpenAIRoutes:
 
     async def completions(self, request: Request) -> Response:
         return await self._generate(request, Endpoint.COMPLETIONS)
+
+    async def messages(self, request: Request) -> Response:
+        """Anthropic's Messages API, run as a chat (`gateway.api.anthropic_protocol`)."""
+        request.state.error_shape = ErrorShape.ANTHROPIC
+        return await self._generate(request, Endpoint.MESSAGES)
 
     def _chars_per_token(self, prompt_builder: PromptBuilder) -> int:
         return self.prompt_limits.resolved_chars_per_token(prompt_builder.max_token_chars)
@@ -219,15 +244,15 @@ class OpenAIRoutes:
         try:
             if self.state.draining:
                 raise ServiceUnavailableError("the server is shutting down", code="shutting_down")
-            tenant = await self._tenant(request)
+            tenant = await self._tenant(request, x_api_key=endpoint is Endpoint.MESSAGES)
             body = decode_json_object(await request.body())
-            prefix = "chatcmpl-" if endpoint is Endpoint.CHAT else "cmpl-"
-            response_id = prefix + uuid.uuid4().hex
+            response_id = _ID_PREFIXES[endpoint] + uuid.uuid4().hex
             # Sizes and counts are checked before anything reads, renders or tokenizes the prompts,
             # which then happens on the tokenizer pool, within the tenant's share of it (or on the
             # loop, for a prompt within the pool's `inline_max_bytes`).
-            if endpoint is Endpoint.CHAT:
-                chat = parse_chat_request(body, self.prompt_limits.max_chat_messages)
+            if endpoint is not Endpoint.COMPLETIONS:
+                parse = parse_chat_request if endpoint is Endpoint.CHAT else parse_messages_request
+                chat = parse(body, self.prompt_limits.max_chat_messages)
                 model, options = chat.model, chat.options
                 lease, adapter_name = self._route(request, model, tenant, response_id)
                 prompt_builder, served = lease.version.prompts, lease.version.served
@@ -292,9 +317,9 @@ class OpenAIRoutes:
             lease.version.id,
             adapter_name,
         )
-        formatter_type: type[ResponseFormatter] = (
-            ChatFormatter if endpoint is Endpoint.CHAT else CompletionFormatter
-        )
+        formatter_type, extra = _FORMATTERS[endpoint], {}
+        if endpoint is Endpoint.MESSAGES:
+            extra = {"input_tokens": sum(len(p) for p in prompts)}
         formatter = formatter_type(
             response_id,
             int(info.created_at),
@@ -304,6 +329,7 @@ class OpenAIRoutes:
             logprobs=options.logprobs is not None,
             include_usage=options.include_usage,
             tools=tools,
+            **extra,
         )
         job = GenerationJob(
             engine=lease.engine,
@@ -359,7 +385,7 @@ class OpenAIRoutes:
         _check_request_bounds(endpoint, prompts, options, max_model_len)
         requests = []
         for i, prompt in enumerate(prompts):
-            prompt_param = "messages" if endpoint is Endpoint.CHAT else "prompt"
+            prompt_param = "prompt" if endpoint is Endpoint.COMPLETIONS else "messages"
             if quota.max_prompt_tokens is not None and len(prompt) > quota.max_prompt_tokens:
                 raise BadRequestError(
                     f"the prompt has {len(prompt)} tokens; this API key allows at most {quota.max_prompt_tokens}",
@@ -374,7 +400,7 @@ class OpenAIRoutes:
                         param="max_tokens",
                         code="max_tokens_exceeded",
                     )
-            elif endpoint is Endpoint.CHAT:
+            elif endpoint is not Endpoint.COMPLETIONS:
                 max_tokens = max(max_model_len - len(prompt), 1)
                 if quota.max_output_tokens is not None:
                     max_tokens = min(max_tokens, quota.max_output_tokens)
@@ -419,7 +445,7 @@ def _check_request_bounds(
     endpoint: Endpoint, prompts: Sequence[tuple[int, ...]], options: GenerationOptions, max_model_len: int
 ) -> None:
     """Bounds on the whole request: prompt tokens to prefill and sequences across all prompts."""
-    param = "messages" if endpoint is Endpoint.CHAT else "prompt"
+    param = "prompt" if endpoint is Endpoint.COMPLETIONS else "messages"
     total = sum(len(p) for p in prompts)
     limit = max_request_prompt_tokens(max_model_len)
     if total > limit:
