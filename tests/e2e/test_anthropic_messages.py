@@ -135,20 +135,20 @@ def test_tool_use_round_trip(client: anthropic.Anthropic, stream: bool) -> None:
     assert call.name == "get_weather" and call.id
     jsonschema.validate(call.input, WEATHER["input_schema"])
     # The answer to the call goes back as a tool_result; the model answers in text.
-    answer = client.messages.create(
-        model=MODEL,
-        max_tokens=24,
-        tools=[WEATHER],
-        extra_body=GREEDY,
-        messages=[
-            *ask,
-            {"role": "assistant", "content": [b.model_dump() for b in m.content]},
-            {
-                "role": "user",
-                "content": [{"type": "tool_result", "tool_use_id": call.id, "content": "18 degrees, sunny"}],
-            },
-        ],
-    )
+    result = {"type": "tool_result", "tool_use_id": call.id, "content": "18 degrees, sunny"}
+    conversation: list[dict[str, Any]] = [
+        *ask,
+        {"role": "assistant", "content": [b.model_dump() for b in m.content]},
+        {"role": "user", "content": [result]},
+    ]
+    round_trip: dict[str, Any] = {
+        "model": MODEL,
+        "max_tokens": 24,
+        "tools": [WEATHER],
+        "extra_body": GREEDY,
+        "messages": conversation,
+    }
+    answer = client.messages.create(**round_trip)
     assert answer.stop_reason in ("end_turn", "max_tokens", "tool_use")
     assert answer.usage.output_tokens > 0 and answer.content
 
