@@ -44,7 +44,7 @@ def _user_messages(message: ab.MessageParam, index: int) -> list[ChatMessage]:
     for j, block in enumerate(message.content):
         if isinstance(block, ab.ToolUseBlock):
             raise BadRequestError(
-                f"'messages[{index}].content[{j}]': a 'tool_use' block belongs in an assistant message",
+                f"'messages[{index}].content[{j}].type': a 'tool_use' block belongs in an assistant message",
                 param=f"messages[{index}].content[{j}].type",
             )
         if isinstance(block, ab.ToolResultBlock):
@@ -66,7 +66,7 @@ def _assistant_message(message: ab.MessageParam, index: int) -> ChatMessage:
     for j, block in enumerate(message.content):
         if isinstance(block, ab.ToolResultBlock):
             raise BadRequestError(
-                f"'messages[{index}].content[{j}]': a 'tool_result' block belongs in a user message",
+                f"'messages[{index}].content[{j}].type': a 'tool_result' block belongs in a user message",
                 param=f"messages[{index}].content[{j}].type",
             )
         if isinstance(block, ab.ToolUseBlock):

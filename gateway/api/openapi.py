@@ -184,8 +184,8 @@ def _schemas(models: list[str], vocab_size: int | None) -> dict[str, Any]:
         schemas[body]["properties"]["model"] = {"anyOf": [model, {"type": "null"}], "default": None}
     # `/tokenize` takes exactly one of the two.
     schemas["TokenizeRequest"]["oneOf"] = [
-        {"required": ["prompt"], "not": {"required": ["messages"]}},
-        {"required": ["messages"], "not": {"required": ["prompt"]}},
+        {"required": ["prompt"], "properties": {"prompt": {"type": "string"}, "messages": {"type": "null"}}},
+        {"required": ["messages"], "properties": {"messages": {"type": "array"}, "prompt": {"type": "null"}}},
     ]
     # Fields that only make sense with another one set (the validator refuses them otherwise).
     needs_stream = {"properties": {"stream": {"const": True}}, "required": ["stream"]}

@@ -104,7 +104,7 @@ def anthropic_error_body(error: WeirError) -> dict[str, Any]:
     """
     detail = error.body()["error"]
     message, param = detail["message"] or "", detail["param"]
-    if param and f"'{param}" not in message and not message.startswith(param):
+    if param and param not in message:
         message = f"{param}: {message}"
     kind = _ANTHROPIC_TYPES.get(error.status_code)
     if kind is None:
