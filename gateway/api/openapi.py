@@ -20,6 +20,8 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
+from gateway.api import anthropic_bodies as ab
+from gateway.api import tokenize_bodies as tb
 from gateway.api.openai_bodies import requests as rb
 from gateway.api.openai_bodies.responses import ANSWERS
 from gateway.api.openapi_admin import ADMIN, admin_paths
@@ -84,6 +86,42 @@ def _generation(summary: str, request: str, response: str, chunk: str) -> dict[s
     }
 
 
+def _messages() -> dict[str, Any]:
+    """`POST /v1/messages`: Anthropic's Messages API (its keys as `x-api-key` or bearer)."""
+    errors = {code: _json(_ref("AnthropicError"), item["description"]) for code, item in _ERRORS.items()}
+    return {
+        "post": {
+            "summary": "Anthropic Messages (run as a chat completion)",
+            "security": [{"bearer": []}, {"x_api_key": []}],
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": _ref("MessagesRequest")}},
+            },
+            "responses": {
+                "200": {
+                    "description": "The message, or an SSE stream of its events (message_start ... message_stop)",
+                    "content": {
+                        "application/json": {"schema": _ref("AnthropicMessage")},
+                        "text/event-stream": {},
+                    },
+                },
+                **{c: errors[c] for c in errors if c not in ("409", "422")},
+            },
+        }
+    }
+
+
+def _tokenizer(summary: str, request: str, answer: str) -> dict[str, Any]:
+    return {
+        "post": {
+            "summary": summary,
+            "security": [{"bearer": []}],
+            "requestBody": {"required": True, "content": {"application/json": {"schema": _ref(request)}}},
+            "responses": {"200": _json(_ref(answer), "OK"), **_ERRORS},
+        }
+    }
+
+
 def _answer_and_body_schemas() -> dict[str, Any]:
     """The component schemas of the bodies and answers, as pydantic generates them from the models
     (the same for every app; `openapi_schema` adds what the served models decide)."""
@@ -92,7 +130,11 @@ def _answer_and_body_schemas() -> dict[str, Any]:
         models: list[tuple[type[BaseModel], JsonSchemaMode]] = [
             (rb.ChatCompletionBody, "validation"),
             (rb.CompletionBody, "validation"),
+            (ab.MessagesBody, "validation"),
+            (tb.TokenizeBody, "validation"),
+            (tb.DetokenizeBody, "validation"),
             *((answer, "serialization") for answer in ANSWERS),
+            *((answer, "serialization") for answer in _OTHER_ANSWERS),
         ]
         _, top = models_json_schema(models, ref_template=_REF)
         text = json.dumps(top["$defs"])
@@ -103,7 +145,19 @@ def _answer_and_body_schemas() -> dict[str, Any]:
 
 
 # The documented names of the request bodies, as clients have known them.
-_COMPONENT_NAMES = {"ChatCompletionBody": "ChatCompletionRequest", "CompletionBody": "CompletionRequest"}
+_COMPONENT_NAMES = {
+    "ChatCompletionBody": "ChatCompletionRequest",
+    "CompletionBody": "CompletionRequest",
+    "MessagesBody": "MessagesRequest",
+    "TokenizeBody": "TokenizeRequest",
+    "DetokenizeBody": "DetokenizeRequest",
+}
+_OTHER_ANSWERS: tuple[type[BaseModel], ...] = (
+    ab.AnthropicMessage,
+    ab.AnthropicError,
+    tb.TokenizeAnswer,
+    tb.DetokenizeAnswer,
+)
 
 
 _REF = "#/components/schemas/{model}"
@@ -127,8 +181,15 @@ def _schemas(models: list[str], vocab_size: int | None) -> dict[str, Any]:
     schemas = copy.deepcopy(_answer_and_body_schemas())
     _bound_token_ids(schemas, vocab_size)
     model = {"type": "string", "enum": models} if models else {"type": "string", "minLength": 1}
-    for body in ("ChatCompletionRequest", "CompletionRequest"):
+    for body in ("ChatCompletionRequest", "CompletionRequest", "MessagesRequest"):
         schemas[body]["properties"]["model"] = model
+    for body in ("TokenizeRequest", "DetokenizeRequest"):  # optional there: null or left out
+        schemas[body]["properties"]["model"] = {"anyOf": [model, {"type": "null"}], "default": None}
+    # `/tokenize` takes exactly one of the two.
+    schemas["TokenizeRequest"]["oneOf"] = [
+        {"required": ["prompt"], "properties": {"prompt": {"type": "string"}, "messages": {"type": "null"}}},
+        {"required": ["messages"], "properties": {"messages": {"type": "array"}, "prompt": {"type": "null"}}},
+    ]
     # Fields that only make sense with another one set (the validator refuses them otherwise).
     needs_stream = {"properties": {"stream": {"const": True}}, "required": ["stream"]}
     schemas["ChatCompletionRequest"]["dependentSchemas"] = {
@@ -163,6 +224,9 @@ def openapi_schema(
             "Chat completion", "ChatCompletionRequest", "ChatCompletion", "ChatCompletionChunk"
         ),
         "/v1/completions": _generation("Completion", "CompletionRequest", "Completion", "CompletionChunk"),
+        "/v1/messages": _messages(),
+        "/tokenize": _tokenizer("Token ids of a prompt or a chat", "TokenizeRequest", "TokenizeAnswer"),
+        "/detokenize": _tokenizer("The text of token ids", "DetokenizeRequest", "DetokenizeAnswer"),
         "/v1/models": {
             "get": {
                 "summary": "Models this API key may use",
@@ -231,12 +295,22 @@ def openapi_schema(
     schemas = {**_schemas(names, vocab_size), **ADMIN_SCHEMAS}
     return {
         "openapi": "3.1.0",
-        "info": {"title": "Weir", "version": version, "description": "OpenAI-compatible inference gateway."},
+        "info": {
+            "title": "Weir",
+            "version": version,
+            "description": "OpenAI-compatible inference gateway (and Anthropic's Messages API).",
+        },
         "paths": paths,
         "components": {
             "schemas": schemas,
             "securitySchemes": {
                 "bearer": {"type": "http", "scheme": "bearer", "description": "A tenant's API key."},
+                "x_api_key": {
+                    "type": "apiKey",
+                    "in": "header",
+                    "name": "x-api-key",
+                    "description": "A tenant's API key, as Anthropic's clients send it (/v1/messages).",
+                },
                 "admin_token": {"type": "http", "scheme": "bearer", "description": "The admin token."},
             },
         },

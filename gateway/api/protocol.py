@@ -28,10 +28,13 @@ from gateway.http.json_body import loads_bounded
 
 
 class Endpoint(enum.Enum):
-    """The generation endpoints; the value is the OpenAI `object` prefix of their responses."""
+    """The endpoints a usage record names; for the OpenAI ones the value is the `object` prefix of
+    their responses."""
 
     CHAT = "chat.completion"
     COMPLETIONS = "text_completion"
+    MESSAGES = "message"  # Anthropic's `POST /v1/messages`, run as a chat
+    TOKENIZE = "tokenize"  # `POST /tokenize` and `/detokenize`: admitted, nothing generated
 
 
 @dataclass(frozen=True)
@@ -201,7 +204,7 @@ def _with_constraint(options: GenerationOptions, spec: ConstraintSpec | None) ->
     return replace(options, constraint=spec)
 
 
-def _check_chat_counts(data: Mapping[str, Any], max_messages: int) -> None:
+def check_chat_counts(data: Mapping[str, Any], max_messages: int) -> None:
     """Messages, and content parts across them, counted before any is read: 250,000 empty
     messages cost seconds to validate and render."""
     messages = data.get("messages")
@@ -240,7 +243,7 @@ def parse_chat_request(
     data: Mapping[str, Any], max_messages: int = rb.DEFAULT_MAX_CHAT_MESSAGES
 ) -> ChatCompletionRequest:
     """Validate a chat completion body of at most `max_messages` messages (and content parts)."""
-    _check_chat_counts(data, max_messages)
+    check_chat_counts(data, max_messages)
     _reject_unsupported(data, "functions", "function_call")
     body = _validate(rb.ChatCompletionBody, data)
     if body.top_logprobs is not None and not body.logprobs:

@@ -70,6 +70,7 @@ class ChoiceState:
     text_parts: list[str] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None
+    stop_reason: str | int | None = None  # the stop string or token id that ended it
 
     @property
     def text(self) -> str:
@@ -80,6 +81,7 @@ class ResponseFormatter:
     """Builds the bodies of one request; subclasses give the endpoint's shapes."""
 
     endpoint: Endpoint
+    stream_end = SSE_DONE  # after the stream's last event
 
     def __init__(
         self,
@@ -112,6 +114,14 @@ class ResponseFormatter:
         self._chunk_head = b"data: " + _dumps(head)[:-1].encode() + b',"choices":'
         self._chunk_tail = (b',"usage":null}' if include_usage else b"}") + b"\n\n"
         self._text_parts: dict[int, tuple[bytes, bytes]] = {}  # per choice, for `_text_chunk`
+
+    def error_body(self, error: WeirError) -> dict[str, Any]:
+        """The body of an error answered before the first byte of a stream or answer."""
+        return error.body()
+
+    def error_event(self, error: WeirError) -> bytes:
+        """The event of an error after a stream started."""
+        return sse_error(error)
 
     def _chunk(self, choices: list[dict[str, Any]]) -> bytes:
         return self._chunk_head + _dumps(choices).encode() + self._chunk_tail

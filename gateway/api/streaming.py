@@ -23,7 +23,7 @@ from engine.errors import DEADLINE_EXCEEDED, ENGINE_RETRYABLE, RequestFailedErro
 from engine.output import RequestOutput
 from engine.request import FinishReason
 from gateway.admission.accounting import Accountant, Outcome, RequestInfo, RequestTally, Settle, UsageRecord
-from gateway.api.responses import SSE_DONE, ChoiceState, ResponseFormatter, encode_json, sse_error
+from gateway.api.responses import ChoiceState, ResponseFormatter, encode_json
 from gateway.http.errors import ServiceUnavailableError, WeirError, from_engine_error
 from gateway.metrics.tracing import RequestSpan
 from gateway.server.state import GatewayState
@@ -194,9 +194,9 @@ class GenerationResponse:
         # Bounded: a client that stopped reading must not hold the shutdown up.
         with contextlib.suppress(Exception):
             async with asyncio.timeout(_CUT_STREAM_SEND_S):
-                await send(
-                    {"type": "http.response.body", "body": sse_error(error) + SSE_DONE, "more_body": False}
-                )
+                formatter = self.job.formatter
+                body = formatter.error_event(error) + formatter.stream_end
+                await send({"type": "http.response.body", "body": body, "more_body": False})
 
     async def _watch_disconnect(self, receive: Receive, work: asyncio.Task[None]) -> None:
         while True:
@@ -225,7 +225,7 @@ class GenerationResponse:
             (k.lower().encode(), v.encode()) for k, v in error.headers.items()
         ]
         await send({"type": "http.response.start", "status": error.status_code, "headers": headers})
-        await send({"type": "http.response.body", "body": encode_json(error.body())})
+        await send({"type": "http.response.body", "body": encode_json(self.job.formatter.error_body(error))})
 
     async def _respond(self, send: Send) -> None:
         job = self.job
@@ -242,6 +242,7 @@ class GenerationResponse:
                     state.logprobs.extend(out.new_logprobs)
                 if out.finished:
                     state.finish_reason = out.finish_reason.value if out.finish_reason else "stop"
+                    state.stop_reason = out.stop_reason
         except Exception as exc:
             await self._send_error(send, self._log_error(exc))
             return
@@ -292,13 +293,13 @@ class GenerationResponse:
             error = self._log_error(exc)
             outcome, self._error = Outcome.FAILED, error.message
             job.accountant.metrics.count_error(error.status_code)
-            tail = sse_error(error)
+            tail = formatter.error_event(error)
         self._outcome = outcome
         # The final record in the spool file before the last bytes: a client that saw `[DONE]` is
         # billed as completed, with its real counts, even if the process is killed right after.
         self._journaled = job.accountant.conclude(job.info, self.tally, outcome)
         self._complete = True
-        await send({"type": "http.response.body", "body": tail + SSE_DONE, "more_body": False})
+        await send({"type": "http.response.body", "body": tail + formatter.stream_end, "more_body": False})
 
     def _log_error(self, exc: Exception) -> WeirError:
         error = from_engine_error(exc)

@@ -1,12 +1,16 @@
 """One error type per failure kind, mapped to HTTP in this one place.
 
-Every error body is OpenAI-shaped: `{"error": {"message", "type", "param", "code"}}`.
+Every error body is OpenAI-shaped: `{"error": {"message", "type", "param", "code"}}`, but on the
+routes that note `ErrorShape.ANTHROPIC` (`/v1/messages`): `{"type": "error", "error": {"type",
+"message"}}`.
 """
 
 from __future__ import annotations
 
+import enum
 import logging
 from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 from sqlalchemy.exc import DBAPIError, DisconnectionError, SQLAlchemyError
 from sqlalchemy.exc import TimeoutError as SQLAlchemyTimeoutError
@@ -81,6 +85,45 @@ class WeirError(Exception):
                 "code": self.code,
             }
         }
+
+
+# Anthropic's error `type` by HTTP status (`/v1/messages` answers in Anthropic's shape).
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    503: "overloaded_error",
+}
+
+
+def anthropic_error_body(error: WeirError) -> dict[str, Any]:
+    """`error` in Anthropic's shape: `{"type": "error", "error": {"type", "message"}}`.
+
+    The field OpenAI's shape names in `param` leads the message when the message does not name
+    it already; `param` and `code` stay beside, for clients that read them.
+    """
+    detail = error.body()["error"]
+    message, param = detail["message"] or "", detail["param"]
+    if param and param not in message:
+        message = f"{param}: {message}"
+    kind = _ANTHROPIC_TYPES.get(error.status_code)
+    if kind is None:
+        kind = "invalid_request_error" if error.status_code < 500 else "api_error"
+    return {
+        "type": "error",
+        "error": {"type": kind, "message": message, "param": param, "code": detail["code"]},
+    }
+
+
+class ErrorShape(enum.Enum):
+    """How a route's errors are written (noted on `request.state.error_shape` by the route)."""
+
+    OPENAI = "openai"
+    ANTHROPIC = "anthropic"
 
 
 def printable(text: str) -> str:
@@ -269,9 +312,10 @@ def from_tenancy_error(exc: TenancyError) -> WeirError:
     return BadRequestError(exc.message)
 
 
-def error_response(exc: WeirError) -> JSONResponse:
+def error_response(exc: WeirError, shape: ErrorShape = ErrorShape.OPENAI) -> JSONResponse:
     """The HTTP response for an error, with its headers (e.g. Retry-After)."""
-    return JSONResponse(exc.body(), status_code=exc.status_code, headers=exc.headers)
+    body = anthropic_error_body(exc) if shape is ErrorShape.ANTHROPIC else exc.body()
+    return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
 
 
 # The failure kinds a route may raise and that have an HTTP answer of their own.
@@ -319,7 +363,7 @@ def exception_handlers(count: Callable[[int], None] | None = None) -> dict[type[
             logger.warning("%s %s: database error: %s", request.method, request.url.path, exc)
         if count is not None:
             count(error.status_code)
-        response = error_response(error)
+        response = error_response(error, getattr(request.state, "error_shape", ErrorShape.OPENAI))
         if error.status_code == 405:  # the whole list of methods the path takes (RFC 9110)
             response.headers.update(allow_header(request.app.router.routes, request.scope))
         version = getattr(request.state, "model_version", None)

@@ -16,6 +16,7 @@ tokenizer under a lock (tests, logprob token names).
 from __future__ import annotations
 
 import copy
+import functools
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
@@ -119,6 +120,40 @@ class PromptBuilder:
     ) -> tuple[int, ...]:
         """`encode_chat`, on a worker of `pool` (a share of it per `tenant_id`), or here when short."""
         return await self._tokenize(pool, tenant_id, chat_bytes, _encode_chat, messages)
+
+    async def tokenize_chat_async(
+        self,
+        messages: Sequence[ChatMessage],
+        pool: TokenizerPool | None = None,
+        tenant_id: str = "",
+        *,
+        generation_prompt: bool = True,
+        add_special_tokens: bool = False,
+    ) -> tuple[int, ...]:
+        """`POST /tokenize` of messages: the chat template, with or without the assistant's turn, and
+        the tokenizer's special tokens added or not (the defaults: what the chat route encodes)."""
+        fn = functools.partial(
+            _encode_chat, generation_prompt=generation_prompt, add_special_tokens=add_special_tokens
+        )
+        return await self._tokenize(pool, tenant_id, chat_bytes, fn, messages)
+
+    async def tokenize_text_async(
+        self,
+        text: str,
+        pool: TokenizerPool | None = None,
+        tenant_id: str = "",
+        add_special_tokens: bool = True,
+    ) -> tuple[int, ...]:
+        """`POST /tokenize` of a prompt: its token ids (possibly none), within `tenant_id`'s share."""
+        fn = functools.partial(_encode_plain, add_special_tokens=add_special_tokens)
+        return await self._tokenize(pool, tenant_id, _text_bytes, fn, text)
+
+    async def decode_async(
+        self, token_ids: Sequence[int], pool: TokenizerPool | None = None, tenant_id: str = ""
+    ) -> str:
+        """`POST /detokenize`: the text of `token_ids` (ids checked against the vocabulary first)."""
+        ids = self._check_ids(tuple(token_ids), "tokens")
+        return await self._tokenize(pool, tenant_id, _ids_bytes, _decode, ids)
 
     async def encode_prompts_async(
         self,
@@ -245,9 +280,13 @@ def _render_chat(
 
 
 def _encode_chat(
-    tokenizer: Tokenizer, messages: Sequence[ChatMessage], generation_prompt: bool = True
+    tokenizer: Tokenizer,
+    messages: Sequence[ChatMessage],
+    generation_prompt: bool = True,
+    add_special_tokens: bool = False,
 ) -> tuple[int, ...]:
-    ids = tokenizer.encode(_render_chat(tokenizer, messages, generation_prompt), add_special_tokens=False)
+    text = _render_chat(tokenizer, messages, generation_prompt)
+    ids = tokenizer.encode(text, add_special_tokens=add_special_tokens)
     if not ids:
         raise UnprocessableError("the messages produced an empty prompt", param="messages")
     return tuple(ids)
@@ -262,3 +301,15 @@ def _encode_text(tokenizer: Tokenizer, prompt: str, param: str) -> tuple[int, ..
 
 def _encode_plain(tokenizer: Tokenizer, text: str, add_special_tokens: bool) -> tuple[int, ...]:
     return tuple(tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+
+def _decode(tokenizer: Tokenizer, token_ids: tuple[int, ...]) -> str:
+    return tokenizer.decode(list(token_ids), skip_special_tokens=False)
+
+
+def _text_bytes(text: str, limit: int) -> int:
+    return prompts_bytes((text,), limit)
+
+
+def _ids_bytes(token_ids: tuple[int, ...], limit: int) -> int:
+    return prompts_bytes((token_ids,), limit)

@@ -1,4 +1,5 @@
-"""The OpenAI-compatible endpoints: chat completions, completions and models.
+"""The OpenAI-compatible endpoints (chat completions, completions, models) and Anthropic's
+Messages, which runs as a chat through the same steps.
 
 Everything that can be wrong with a request (auth, JSON, fields, model, quotas, context length,
 sampling values) is checked here, before admission and before anything reaches the engine.
@@ -15,17 +16,13 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import Receive, Scope, Send
 
-from engine.call_closing import ClosableConstraint
-from engine.client import EngineRequest
 from engine.constraints import CompiledConstraint
-from engine.errors import ContextLengthError
 from engine.grammar import ConstraintSpec
-from engine.latency_targets import LatencyTargets
 from gateway.admission.accounting import Accountant, Admission, Admitted, RequestInfo, Settle, UsageRecord
-from gateway.api.openai_bodies import requests as rb
+from gateway.api.anthropic_protocol import parse_messages_request
+from gateway.api.anthropic_stream import AnthropicFormatter
 from gateway.api.protocol import (
     Endpoint,
-    GenerationOptions,
     decode_json_object,
     parse_chat_request,
     parse_completion_request,
@@ -38,7 +35,7 @@ from gateway.fleet.model_fleet import Lease, ModelFleet, ModelUnavailableError
 from gateway.http.error_tarpit import mark_key_proved
 from gateway.http.errors import (
     MODEL_VERSION_HEADER,
-    BadRequestError,
+    ErrorShape,
     NotFoundError,
     PermissionDeniedError,
     ServiceUnavailableError,
@@ -53,6 +50,7 @@ from gateway.prompts.prompt_limits import (
 )
 from gateway.prompts.tokenization import PromptBuilder
 from gateway.prompts.tokenizer_pool import TokenizerPool
+from gateway.routes.engine_requests import engine_requests
 from gateway.server.state import GatewayState
 from tenancy.adapter_records import AdapterView
 from tenancy.context import TenantContext
@@ -60,9 +58,13 @@ from tenancy.model_version_records import ModelVersionState
 
 Authenticate = Callable[[str | None, str], Awaitable[TenantContext]]
 
-# OpenAI's legacy completions default; chat defaults to the rest of the context (and admission
-# reserves a bounded default for it, see gateway.admission.controller).
-DEFAULT_COMPLETION_MAX_TOKENS = 16
+# Response ids, and answer shapes, by endpoint (`/v1/messages` answers in Anthropic's).
+_ID_PREFIXES = {Endpoint.CHAT: "chatcmpl-", Endpoint.COMPLETIONS: "cmpl-", Endpoint.MESSAGES: "msg_"}
+_FORMATTERS: dict[Endpoint, type[ResponseFormatter]] = {
+    Endpoint.CHAT: ChatFormatter,
+    Endpoint.COMPLETIONS: CompletionFormatter,
+    Endpoint.MESSAGES: AnthropicFormatter,
+}
 
 
 class _Started(Response):
@@ -108,13 +110,20 @@ class OpenAIRoutes:
         return [
             Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
             Route("/v1/completions", self.completions, methods=["POST"]),
+            Route("/v1/messages", self.messages, methods=["POST"]),
             Route("/v1/models", self.list_models, methods=["GET"]),
             Route("/v1/models/{model:path}", self.retrieve_model, methods=["GET"]),
         ]
 
-    async def _tenant(self, request: Request) -> TenantContext:
+    async def _tenant(self, request: Request, *, x_api_key: bool = False) -> TenantContext:
+        """The caller's tenant, by its `Authorization: Bearer` key (or, with `x_api_key`, by
+        Anthropic's `x-api-key` header when no Authorization is sent)."""
         client = request.client.host if request.client else ""
-        tenant = await self.authenticate(request.headers.get("authorization"), client)
+        authorization = request.headers.get("authorization")
+        if authorization is None and x_api_key:
+            key = request.headers.get("x-api-key")
+            authorization = None if key is None else "Bearer " + key
+        tenant = await self.authenticate(authorization, client)
         mark_key_proved(request.state)  # its errors may now count against its key (gateway.http.error_tarpit)
         return tenant
 
@@ -160,6 +169,11 @@ class OpenAIRoutes:
 
     async def completions(self, request: Request) -> Response:
         return await self._generate(request, Endpoint.COMPLETIONS)
+
+    async def messages(self, request: Request) -> Response:
+        """Anthropic's Messages API, run as a chat (`gateway.api.anthropic_protocol`)."""
+        request.state.error_shape = ErrorShape.ANTHROPIC
+        return await self._generate(request, Endpoint.MESSAGES)
 
     def _chars_per_token(self, prompt_builder: PromptBuilder) -> int:
         return self.prompt_limits.resolved_chars_per_token(prompt_builder.max_token_chars)
@@ -222,15 +236,15 @@ class OpenAIRoutes:
         try:
             if self.state.draining:
                 raise ServiceUnavailableError("the server is shutting down", code="shutting_down")
-            tenant = await self._tenant(request)
+            tenant = await self._tenant(request, x_api_key=endpoint is Endpoint.MESSAGES)
             body = decode_json_object(await request.body())
-            prefix = "chatcmpl-" if endpoint is Endpoint.CHAT else "cmpl-"
-            response_id = prefix + uuid.uuid4().hex
+            response_id = _ID_PREFIXES[endpoint] + uuid.uuid4().hex
             # Sizes and counts are checked before anything reads, renders or tokenizes the prompts,
             # which then happens on the tokenizer pool, within the tenant's share of it (or on the
             # loop, for a prompt within the pool's `inline_max_bytes`).
-            if endpoint is Endpoint.CHAT:
-                chat = parse_chat_request(body, self.prompt_limits.max_chat_messages)
+            if endpoint is not Endpoint.COMPLETIONS:
+                parse = parse_chat_request if endpoint is Endpoint.CHAT else parse_messages_request
+                chat = parse(body, self.prompt_limits.max_chat_messages)
                 model, options = chat.model, chat.options
                 lease, adapter_name = self._route(request, model, tenant, response_id)
                 prompt_builder, served = lease.version.prompts, lease.version.served
@@ -254,7 +268,7 @@ class OpenAIRoutes:
                     completion.prompts, self.tokenizer_pool, tenant.tenant_id
                 )
             constraint = await self._compile(options.constraint, lease, prompt_builder.vocab_size, tenant)
-            requests = self._engine_requests(
+            requests = engine_requests(
                 response_id,
                 endpoint,
                 prompts,
@@ -295,9 +309,9 @@ class OpenAIRoutes:
             lease.version.id,
             adapter_name,
         )
-        formatter_type: type[ResponseFormatter] = (
-            ChatFormatter if endpoint is Endpoint.CHAT else CompletionFormatter
-        )
+        formatter_type, extra = _FORMATTERS[endpoint], {}
+        if endpoint is Endpoint.MESSAGES:
+            extra = {"input_tokens": sum(len(p) for p in prompts)}
         formatter = formatter_type(
             response_id,
             int(info.created_at),
@@ -307,6 +321,7 @@ class OpenAIRoutes:
             logprobs=options.logprobs is not None,
             include_usage=options.include_usage,
             tools=tools,
+            **extra,
         )
         job = GenerationJob(
             engine=lease.engine,
@@ -337,81 +352,6 @@ class OpenAIRoutes:
         stop_ids = [eos] if isinstance(eos, int) else []
         return await self.grammars.compile(spec, tokenizer, vocab_size, stop_ids, tenant.tenant_id)
 
-    def _engine_requests(
-        self,
-        response_id: str,
-        endpoint: Endpoint,
-        prompts: Sequence[tuple[int, ...]],
-        options: GenerationOptions,
-        tenant: TenantContext,
-        arrival_s: float,
-        max_model_len: int,
-        constraint: CompiledConstraint | None = None,
-        adapter_name: str | None = None,
-    ) -> tuple[EngineRequest, ...]:
-        quota = tenant.limits  # the tighter of the tenant's and the key's
-        # A client may lower its priority below its tenant's class, never raise it.
-        if options.priority is not None and options.priority < tenant.priority:
-            raise PermissionDeniedError(
-                f"priority '{options.priority.name.lower()}' is above this API key's class "
-                f"'{tenant.priority.name.lower()}'",
-                param="priority",
-                code="priority_not_allowed",
-            )
-        priority = tenant.priority if options.priority is None else options.priority
-        _check_request_bounds(endpoint, prompts, options, max_model_len)
-        requests = []
-        for i, prompt in enumerate(prompts):
-            prompt_param = "messages" if endpoint is Endpoint.CHAT else "prompt"
-            if quota.max_prompt_tokens is not None and len(prompt) > quota.max_prompt_tokens:
-                raise BadRequestError(
-                    f"the prompt has {len(prompt)} tokens; this API key allows at most {quota.max_prompt_tokens}",
-                    param=prompt_param,
-                    code="prompt_too_long",
-                )
-            max_tokens = options.max_tokens
-            if max_tokens is not None:
-                if quota.max_output_tokens is not None and max_tokens > quota.max_output_tokens:
-                    raise BadRequestError(
-                        f"max_tokens is {max_tokens}; this API key allows at most {quota.max_output_tokens}",
-                        param="max_tokens",
-                        code="max_tokens_exceeded",
-                    )
-            elif endpoint is Endpoint.CHAT:
-                max_tokens = max(max_model_len - len(prompt), 1)
-                if quota.max_output_tokens is not None:
-                    max_tokens = min(max_tokens, quota.max_output_tokens)
-            else:
-                max_tokens = DEFAULT_COMPLETION_MAX_TOKENS
-                if quota.max_output_tokens is not None:
-                    max_tokens = min(max_tokens, quota.max_output_tokens)
-            ContextLengthError.check(len(prompt), max_tokens, max_model_len, prompt_param)
-            if isinstance(constraint, ClosableConstraint) and max_tokens < constraint.min_tokens:
-                raise BadRequestError(
-                    f"max_tokens is {max_tokens}; a complete call of the offered tools needs at least "
-                    f"{constraint.min_tokens} tokens",
-                    param="max_tokens",
-                    code="max_tokens_too_small",
-                )
-            params = options.sampling_params(max_tokens)
-            requests.append(
-                EngineRequest(
-                    request_id=response_id if len(prompts) == 1 else f"{response_id}-{i}",
-                    prompt_token_ids=prompt,
-                    sampling_params=params,
-                    tenant_id=tenant.tenant_id,
-                    priority=priority,
-                    cache_scope=tenant.cache_scope,
-                    arrival_s=arrival_s,
-                    weight=tenant.weight,
-                    latency=LatencyTargets.from_slo_ms(quota.ttft_slo_ms, quota.tpot_slo_ms),
-                    max_tokens_defaulted=options.max_tokens is None,
-                    constraint=constraint,
-                    adapter_name=adapter_name,
-                )
-            )
-        return tuple(requests)
-
 
 def _releasing(settle: Settle, lease: Lease) -> Settle:
     """`settle`, then the request's hold on its version (a drain waits for it)."""
@@ -423,27 +363,3 @@ def _releasing(settle: Settle, lease: Lease) -> Settle:
             lease.release()
 
     return settle_and_release
-
-
-def _check_request_bounds(
-    endpoint: Endpoint, prompts: Sequence[tuple[int, ...]], options: GenerationOptions, max_model_len: int
-) -> None:
-    """Bounds on the whole request: prompt tokens to prefill and sequences across all prompts."""
-    param = "messages" if endpoint is Endpoint.CHAT else "prompt"
-    total = sum(len(p) for p in prompts)
-    limit = max_request_prompt_tokens(max_model_len)
-    if total > limit:
-        raise BadRequestError(
-            f"the prompts hold {total} tokens together; one request may hold at most {limit}",
-            param=param,
-            code="prompt_too_long",
-        )
-    per_prompt = options.beam_width if options.use_beam_search and options.beam_width else options.n
-    sequences = len(prompts) * per_prompt
-    if sequences > rb.MAX_REQUEST_SEQUENCES:
-        raise BadRequestError(
-            f"{len(prompts)} prompts x {per_prompt} sequences each = {sequences}; one request may run "
-            f"at most {rb.MAX_REQUEST_SEQUENCES}",
-            param="beam_width" if options.use_beam_search else "n",
-            code="too_many_sequences",
-        )

@@ -36,6 +36,7 @@ from gateway.prompts.prompt_limits import PromptLimits
 from gateway.prompts.tokenization import Tokenizer
 from gateway.prompts.tokenizer_pool import TokenizerPool
 from gateway.routes.openai import Authenticate, OpenAIRoutes
+from gateway.routes.tokenize import TokenizeRoutes
 from gateway.server.settings import AuthMode, Settings
 from gateway.server.state import GatewayState
 from tenancy.context import QuotaLimits, TenantContext
@@ -162,6 +163,7 @@ def create_app(
         *_operations_routes(fleet, state, metrics, metrics_auth),
         Route("/openapi.json", openapi, methods=["GET"]),
         *openai_routes.routes(),
+        *TokenizeRoutes(openai_routes).routes(),
         *extra_routes,
     ]
     document = LiveDocument(mounted=[r.path for r in routes if isinstance(r, Route | Mount)])

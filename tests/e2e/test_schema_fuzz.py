@@ -3,7 +3,8 @@ server (uvicorn on 127.0.0.1, the fake engine, tenancy on SQLite, the prefix-cac
 
 Every operation is fuzzed, the public ones with a tenant key and the admin ones with the admin
 token, with both valid bodies (generated from the document, so they must reach the engine) and
-invalid ones. The server must never answer 5xx, and every error must be OpenAI-shaped.
+invalid ones. The server must never answer 5xx, and every error must be OpenAI-shaped (Anthropic-shaped
+on `/v1/messages`).
 
 `make test` runs a bounded slice (a few cases per operation and mode); `make fuzz` runs the same
 tests with `-m fuzz`, 1,000+ cases in all.
@@ -59,13 +60,18 @@ def _check(tally: Tally, label: str, status: int, content_type: str, text: str, 
         return
     if status < 400:
         return
+    anthropic = label.endswith("POST /v1/messages")  # Anthropic's shape there, OpenAI's elsewhere
     try:
-        error = json.loads(text)["error"]
+        body = json.loads(text)
+        error = body["error"]
         ok = set(error) == {"message", "type", "param", "code"} and isinstance(error["message"], str)
+        if anthropic:
+            ok = ok and body["type"] == "error" and set(body) == {"type", "error"}
     except (ValueError, KeyError, TypeError):
         ok = False
     if not ok or "application/json" not in content_type:
-        tally.failures.append(f"{label}: {status} not OpenAI-shaped: {text[:200]}\n  {curl}")
+        shape = "Anthropic" if anthropic else "OpenAI"
+        tally.failures.append(f"{label}: {status} not {shape}-shaped: {text[:200]}\n  {curl}")
 
 
 def _runner(

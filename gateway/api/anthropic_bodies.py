@@ -1,0 +1,217 @@
+"""The body of `POST /v1/messages` (Anthropic's Messages API), declared once as pydantic v2 models.
+
+Strict like the OpenAI bodies (`gateway.api.openai_bodies.requests`): unknown fields are ignored,
+null is a field left out, and a field out of its bounds is a 400 naming its path
+(`messages[0].content[1].tool_use_id`). Content blocks are `text`, `tool_use` (an assistant's
+call) and `tool_result` (a user's answer to one); images, documents and thinking are refused by
+type. The translation into the chat route's request is `gateway.api.anthropic_protocol`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Discriminator, Field, Tag, model_validator
+
+from engine import sampling_bounds as b
+from gateway.api import structured_bodies as sb
+from gateway.api.openai_bodies.fields import AS_INT, AS_NUMBER
+from gateway.api.openai_bodies.requests import (
+    MAX_USER_CHARS,
+    MaxTokens,
+    StopString,
+    StrictBody,
+)
+from gateway.api.openai_bodies.responses import Answer
+
+
+class AnthropicBody(StrictBody):
+    """A part of a Messages body: a null field is a field left out."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_absent(cls, data: Any) -> Any:
+        if isinstance(data, dict) and None in data.values():
+            return {k: v for k, v in data.items() if v is not None}
+        return data
+
+
+class TextBlock(AnthropicBody):
+    type: Literal["text"]
+    text: str
+
+
+def _content_kind(value: Any) -> str | None:
+    return "~text" if isinstance(value, str) else "~blocks" if isinstance(value, list) else None
+
+
+_STRING_OR_BLOCKS = Discriminator(
+    _content_kind,
+    custom_error_type="invalid_type",
+    custom_error_message="must be a string or a list of content blocks",
+)
+# A string, or text blocks (`system`, a tool result's content).
+TextContent = Annotated[
+    Annotated[str, Tag("~text")] | Annotated[list[TextBlock], Tag("~blocks")], _STRING_OR_BLOCKS
+]
+
+
+class ToolUseBlock(AnthropicBody):
+    """An assistant's call of a tool, earlier in the conversation."""
+
+    type: Literal["tool_use"]
+    id: str = Field(min_length=1, max_length=256)
+    name: str = Field(pattern=sb.NAME_PATTERN)
+    input: dict[str, Any]
+
+
+class ToolResultBlock(AnthropicBody):
+    """A user's answer to the call `tool_use_id`."""
+
+    type: Literal["tool_result"]
+    tool_use_id: str = Field(min_length=1, max_length=256)
+    content: TextContent = ""
+    is_error: bool = False
+
+
+def _block_kind(value: Any) -> str | None:
+    kind = value.get("type") if isinstance(value, dict) else None
+    return "~" + kind if kind in ("text", "tool_use", "tool_result") else None
+
+
+ContentBlock = Annotated[
+    Annotated[TextBlock, Tag("~text")]
+    | Annotated[ToolUseBlock, Tag("~tool_use")]
+    | Annotated[ToolResultBlock, Tag("~tool_result")],
+    Discriminator(
+        _block_kind,
+        custom_error_type="unsupported_parameter",
+        custom_error_message="'type' must be one of text, tool_use, tool_result (this server reads no "
+        "images, documents or thinking)",
+    ),
+]
+
+
+class MessageParam(AnthropicBody):
+    role: Literal["user", "assistant"]
+    content: Annotated[
+        Annotated[str, Tag("~text")] | Annotated[list[ContentBlock], Tag("~blocks")], _STRING_OR_BLOCKS
+    ]
+
+
+class AnthropicTool(AnthropicBody):
+    """A client tool: its name, what it does, and the JSON Schema of its input."""
+
+    name: str = Field(pattern=sb.NAME_PATTERN)
+    description: str | None = None
+    input_schema: dict[str, Any]
+
+
+class ToolChoiceAuto(AnthropicBody):
+    type: Literal["auto"]
+    disable_parallel_tool_use: bool = False
+
+
+class ToolChoiceAny(AnthropicBody):
+    type: Literal["any"]
+    disable_parallel_tool_use: bool = False
+
+
+class ToolChoiceTool(AnthropicBody):
+    type: Literal["tool"]
+    name: str
+    disable_parallel_tool_use: bool = False
+
+
+class ToolChoiceNone(AnthropicBody):
+    type: Literal["none"]
+
+
+def _choice_kind(value: Any) -> str | None:
+    kind = value.get("type") if isinstance(value, dict) else None
+    return "~" + kind if kind in ("auto", "any", "tool", "none") else None
+
+
+ToolChoice = Annotated[
+    Annotated[ToolChoiceAuto, Tag("~auto")]
+    | Annotated[ToolChoiceAny, Tag("~any")]
+    | Annotated[ToolChoiceTool, Tag("~tool")]
+    | Annotated[ToolChoiceNone, Tag("~none")],
+    Discriminator(
+        _choice_kind,
+        custom_error_type="invalid_value",
+        custom_error_message="'type' must be one of auto, any, tool, none",
+    ),
+]
+
+
+class Metadata(AnthropicBody):
+    user_id: str | None = Field(None, max_length=MAX_USER_CHARS)
+
+
+class MessagesBody(AnthropicBody):
+    """A `POST /v1/messages` body."""
+
+    model: str = Field(min_length=1)
+    max_tokens: MaxTokens = Field(description="Prompt + max_tokens must fit the context.")
+    messages: list[MessageParam] = Field(min_length=1)
+    system: TextContent | None = None
+    stop_sequences: Annotated[list[StopString], Field(max_length=b.MAX_STOP_STRINGS)] | None = None
+    temperature: Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False), AS_NUMBER] | None = Field(
+        None, description="Default 1.0."
+    )
+    top_p: Annotated[float, Field(gt=0.0, le=1.0, allow_inf_nan=False), AS_NUMBER] | None = None
+    top_k: Annotated[int, Field(ge=1, le=b.INT32_MAX), AS_INT] | None = None
+    stream: bool = False
+    tools: Annotated[list[AnthropicTool], Field(max_length=sb.MAX_TOOLS)] | None = None
+    tool_choice: ToolChoice | None = None
+    metadata: Metadata | None = None
+
+
+# The answers, as `/openapi.json` declares them (`gateway.api.anthropic_stream` writes them).
+
+
+class AnthropicUsage(Answer):
+    input_tokens: int = Field(description="Prompt tokens not read from the prefix cache.")
+    output_tokens: int
+    cache_read_input_tokens: int = Field(description="Prompt tokens read from the prefix cache.")
+    cache_creation_input_tokens: int = 0
+
+
+class TextBlockAnswer(Answer):
+    type: Literal["text"]
+    text: str
+
+
+class ToolUseBlockAnswer(Answer):
+    type: Literal["tool_use"]
+    id: str
+    name: str
+    input: dict[str, Any]
+
+
+class AnthropicMessage(Answer):
+    """The answer of `POST /v1/messages` (streamed: as `message_start` ... `message_stop` events)."""
+
+    id: str
+    type: Literal["message"]
+    role: Literal["assistant"]
+    model: str
+    content: list[TextBlockAnswer | ToolUseBlockAnswer]
+    stop_reason: Literal["end_turn", "max_tokens", "stop_sequence", "tool_use"] | None
+    stop_sequence: str | None
+    usage: AnthropicUsage
+
+
+class AnthropicErrorDetail(Answer):
+    type: str
+    message: str
+    param: str | None = None
+    code: str | None = None
+
+
+class AnthropicError(Answer):
+    """Every error answer of `/v1/messages`: `{"type": "error", "error": {"type", "message"}}`."""
+
+    type: Literal["error"]
+    error: AnthropicErrorDetail
