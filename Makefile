@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 
 .PHONY: install serve test lint typecheck pytest fuzz prepare clean soak screenshots
 
-$(STAMP): pyproject.toml bench/pyproject.toml Makefile
+$(STAMP): pyproject.toml setup.py bench/pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet '$(TORCH_SPEC)'
 	$(BIN)/pip install --quiet -e '.[dev]'
@@ -32,8 +32,13 @@ lint: install
 	$(BIN)/ruff check weir gateway engine kernels tenancy bench tests migrations
 	$(BIN)/ruff format --check weir gateway engine kernels tenancy bench tests migrations
 
+# mypy cannot follow the editable install's import hook (setup.py's package_dir maps engine/ to
+# weir.engine), so it reads the packages through a view of symlinks: .mypy-view/weir/engine -> engine/.
 typecheck: install
-	$(BIN)/mypy weir gateway tenancy engine
+	rm -rf .mypy-view && mkdir -p .mypy-view/weir
+	for f in weir/*.py; do ln -s "$$PWD/$$f" .mypy-view/weir/; done
+	for d in engine gateway kernels tenancy migrations; do ln -s "$$PWD/$$d" .mypy-view/weir/$$d; done
+	MYPYPATH=.mypy-view $(BIN)/mypy --cache-dir .mypy_cache/view -p weir
 
 pytest: install
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
@@ -48,7 +53,7 @@ fuzz: install
 # 127.0.0.1; RSS growth and latency percentiles per minute in bench-out/soak/summary.{json,md}.
 SOAK_ARGS ?=
 soak: install
-	$(BIN)/python -m bench.experiments.soak --out bench-out/soak --duration-s 600 $(SOAK_ARGS)
+	$(BIN)/python -m weir_bench.experiments.soak --out bench-out/soak --duration-s 600 $(SOAK_ARGS)
 
 # One PNG per admin-console page into docs/console/ (playwright driving Debian's /usr/bin/chromium
 # against a real server on 127.0.0.1 over tiny random models; shown in docs/operations.md).
@@ -56,4 +61,4 @@ screenshots: install
 	$(BIN)/python -m tests.e2e.console_screenshots --out docs/console
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .mypy-view

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from bench.workloads import WorkloadRequest
+from weir_bench.workloads import WorkloadRequest
 
 
 class ArrivalMode(enum.Enum):

@@ -2,7 +2,7 @@
 
 `add_subcommands(subparsers)` adds them to the `bench` command's subparsers (the `weir` CLI
 calls it); each sets `func`, a handler taking the parsed args and returning an exit status.
-`python -m bench ...` runs the same commands without the rest of `weir`.
+`python -m weir_bench ...` runs the same commands without the rest of `weir`.
 """
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.arrivals import ArrivalMode, ArrivalSpec
-from bench.compare import compare_reports, comparison_json, format_table, load_report
-from bench.generators import LengthDist, LengthKind, multi_turn, random_lengths, shared_prefix
-from bench.loadgen import BodyOptions, LoadOptions
-from bench.metadata import redacted_command
-from bench.report import SLO
-from bench.serve import BenchSetupError, ServeConfig, run_serve
-from bench.workloads import RequestKind, save_trace
+from weir_bench.arrivals import ArrivalMode, ArrivalSpec
+from weir_bench.compare import compare_reports, comparison_json, format_table, load_report
+from weir_bench.generators import LengthDist, LengthKind, multi_turn, random_lengths, shared_prefix
+from weir_bench.loadgen import BodyOptions, LoadOptions
+from weir_bench.metadata import redacted_command
+from weir_bench.report import SLO
+from weir_bench.serve import BenchSetupError, ServeConfig, run_serve
+from weir_bench.workloads import RequestKind, save_trace
 
 
 def _label(text: str) -> tuple[str, str]:
@@ -226,7 +226,7 @@ def gen_command(args: argparse.Namespace) -> int:
 
 
 def _add_overhead(subparsers: Any) -> None:
-    from bench.overhead_command import add_arguments
+    from weir_bench.overhead_command import add_arguments
 
     p = subparsers.add_parser("overhead", help="time the gateway adds per request, over a zero-cost engine")
     add_arguments(p)
@@ -240,8 +240,8 @@ def add_subcommands(subparsers: Any) -> None:
     _add_overhead(subparsers)
 
 
-def build_parser(prog: str = "python -m bench") -> argparse.ArgumentParser:
-    """A standalone `bench` parser (what `python -m bench` uses)."""
+def build_parser(prog: str = "python -m weir_bench") -> argparse.ArgumentParser:
+    """A standalone `bench` parser (what `python -m weir_bench` uses)."""
     parser = argparse.ArgumentParser(prog=prog, description="Weir serving benchmarks")
     sub = parser.add_subparsers(dest="bench_command", required=True)
     add_subcommands(sub)
@@ -249,8 +249,8 @@ def build_parser(prog: str = "python -m bench") -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of `python -m bench`."""
+    """Entry point of `python -m weir_bench`."""
     args = build_parser().parse_args(argv)
     if argv is not None:  # called from code: record this command line, not the host process's
-        args.argv = ["python", "-m", "bench", *argv]
+        args.argv = ["python", "-m", "weir_bench", *argv]
     return int(args.func(args))

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.report import LATENCY_KEYS, LATENCY_METRICS
+from weir_bench.report import LATENCY_KEYS, LATENCY_METRICS
 
 # Scalar metrics of a group that are compared, with whether more is better.
 _SCALARS = {

@@ -1,6 +1,6 @@
 """Issue 54's floods: valid requests that ask the server for as much work as their bounds allow.
 
-Unlike `bench.hostile`'s inputs, most of these are accepted: each is the most expensive request a
+Unlike `weir_bench.hostile`'s inputs, most of these are accepted: each is the most expensive request a
 tenant may send for one field, so a benchmark can loop one beside a victim's streams and see
 whether it stalls them. `COSTLY_FLOODS` maps a `--flood` name to the probes it alternates:
 
@@ -21,8 +21,13 @@ import json
 import secrets
 from typing import Any
 
-from bench.hostile import Probe, Target
-from engine.sampling_bounds import MAX_LOGIT_BIAS, MAX_LOGPROBS, MAX_STOP_CHARS, MAX_STOP_STRINGS
+from weir.engine.sampling.sampling_bounds import (
+    MAX_LOGIT_BIAS,
+    MAX_LOGPROBS,
+    MAX_STOP_CHARS,
+    MAX_STOP_STRINGS,
+)
+from weir_bench.hostile import Probe, Target
 
 REGEX_NESTED_256 = "(((([a-z]{0,256}){0,256}){0,256}){0,256})"
 REGEX_BOUNDED = "(([a-z]{0,64}){0,64}){0,16}"  # repetition product 65536

@@ -1,4 +1,4 @@
-"""Engine runs for `bench.gpu_check`: greedy outputs per path, and decode throughput vs the roofline.
+"""Engine runs for `weir_bench.gpu_check`: greedy outputs per path, and decode throughput vs the roofline.
 
 Every engine here is built by `build_engine` and then adjusted the way `gpu_check` needs:
 decode CUDA graphs attached when asked for (if `build_engine` did not capture them itself),
@@ -18,13 +18,19 @@ from typing import Any
 
 import torch
 
-from bench.roofline import decode_step_bytes, roofline_tokens_per_s
-from engine.attention import AttentionMetadata
-from engine.client import EngineRequest
-from engine.config import CacheConfig, EngineConfig, SchedulerConfig
-from engine.cuda_graphs import CudaGraphCapture, DecodeGraphs, EagerCapture, GraphCapture, decode_buckets
-from engine.llm_engine import LLMEngine, build_engine
-from engine.request import SamplingParams
+from weir.engine.client import EngineRequest
+from weir.engine.config import CacheConfig, EngineConfig, SchedulerConfig
+from weir.engine.llm_engine import LLMEngine, build_engine
+from weir.engine.request import SamplingParams
+from weir.engine.runner.attention import AttentionMetadata
+from weir.engine.runner.cuda_graphs import (
+    CudaGraphCapture,
+    DecodeGraphs,
+    EagerCapture,
+    GraphCapture,
+    decode_buckets,
+)
+from weir_bench.roofline import decode_step_bytes, roofline_tokens_per_s
 
 BLOCK_SIZE = 16
 QUESTIONS = (

@@ -15,12 +15,12 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from engine.client import EngineRequest
-    from engine.output import RequestOutput
+    from weir.engine.client import EngineRequest
+    from weir.engine.output import RequestOutput
 
 
 class SteppedEngine(Protocol):
-    """What the loop needs of an engine (`engine.llm_engine.LLMEngine` has it)."""
+    """What the loop needs of an engine (`weir.engine.llm_engine.LLMEngine` has it)."""
 
     def add_request(self, er: EngineRequest) -> None: ...
 

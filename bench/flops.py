@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from engine.config import ModelConfig
+from weir.engine.config import ModelConfig
 
 
 @dataclass(frozen=True)

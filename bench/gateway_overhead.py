@@ -1,9 +1,9 @@
 """`weir bench overhead`: what the gateway adds to each request, against a zero-cost engine.
 
-The real gateway (`bench.overhead_server`: create_app, the model's tokenizer and chat template,
+The real gateway (`weir_bench.overhead_server`: create_app, the model's tokenizer and chat template,
 the SQLite tenancy, uvicorn) runs over `NullEngine` in a subprocess on 127.0.0.1. This process
 drives it open-loop at a fixed rate, one scenario at a time, with a lean HTTP/1.1 client
-(`bench.raw_http`; `--client httpx` uses httpx, which costs the client about 1 ms of CPU per
+(`weir_bench.raw_http`; `--client httpx` uses httpx, which costs the client about 1 ms of CPU per
 request, as much as the server, and so crowds a 2-core machine):
 
 - `health`: `GET /health`, the floor: HTTP on both sides plus the client's own cost;
@@ -20,7 +20,7 @@ late the client sent (if it lags, the machine is saturated and the figures say s
 `--auth none` serves everyone as the default tenant; `--auth keys` adds a tenant API key
 checked against SQLite (cached), and usage records written by the batched writer.
 
-This module is the server and the load; `bench.overhead_command` runs them and writes the report.
+This module is the server and the load; `weir_bench.overhead_command` runs them and writes the report.
 """
 
 from __future__ import annotations
@@ -42,10 +42,10 @@ from typing import Any
 
 import httpx
 
-from bench.overhead_server import MODEL_NAME, TIMINGS_PATH
-from bench.raw_http import HTTPProtocolError, RawClient, build_request
-from bench.stats import LatencySummary
-from gateway.server.settings import Settings
+from weir.gateway.server.settings import Settings
+from weir_bench.overhead_server import MODEL_NAME, TIMINGS_PATH
+from weir_bench.raw_http import HTTPProtocolError, RawClient, build_request
+from weir_bench.stats import LatencySummary
 
 _REPO_ROOT = Path(__file__).resolve().parent.parent
 _START_TIMEOUT_S = 120.0
@@ -197,12 +197,12 @@ def _process_cpu_s(pid: int) -> float | None:
 
 @contextmanager
 def benchmark_server(config: OverheadConfig, auth: AuthSetup, data_dir: Path) -> Iterator[ServerHandle]:
-    """Start `bench.overhead_server`, wait until ready, set up a key in keys mode; SIGTERM on exit."""
+    """Start `weir_bench.overhead_server`, wait until ready, set up a key in keys mode; SIGTERM on exit."""
     log_path = config.out_dir / f"server-{auth.value}.log"
     cmd = [
         sys.executable,
         "-m",
-        "bench.overhead_server",
+        "weir_bench.overhead_server",
         "--model",
         str(config.model.resolve()),
         "--data-dir",

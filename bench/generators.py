@@ -14,7 +14,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from bench.workloads import ChatMessage, RequestKind, WorkloadRequest
+from weir_bench.workloads import ChatMessage, RequestKind, WorkloadRequest
 
 _WORDS = (
     "alpha basin cable delta ember fabric garnet harbor island jigsaw kernel lantern meadow nickel "

@@ -1,13 +1,13 @@
-"""`python -m bench.gpu_check --out DIR`: the one prepared check of the CUDA path, for a lent GPU.
+"""`python -m weir_bench.gpu_check --out DIR`: the one prepared check of the CUDA path, for a lent GPU.
 
 Three sections, each recorded even if another fails:
 
 1. kernels: every Triton kernel compiled for real and compared with its torch oracle
-   (`bench.kernel_check`), fp32/fp16/bf16, real model head shapes, page sizes 16 and 32;
+   (`weir_bench.kernel_check`), fp32/fp16/bf16, real model head shapes, page sizes 16 and 32;
 2. engine: greedy output of the default model through the Triton path with and without decode
    CUDA graphs must be token-identical (and how far it agrees with the torch path, for info);
 3. decode: tokens/s of decode steps at a few batch sizes, forward-only (eager and graph
-   replay) and through the whole engine, against the HBM roofline (`bench.roofline`).
+   replay) and through the whole engine, against the HBM roofline (`weir_bench.roofline`).
 
 Writes DIR/gpu_check.json and DIR/gpu_check.md and prints the Markdown. Exit status: 0 all
 passed, 1 a check failed or raised, 2 it could not start (no CUDA, no model). A time budget
@@ -32,15 +32,15 @@ from typing import Any
 
 import torch
 
-from bench.decode_bench import greedy_outputs, measure_engine_decode, measure_forward_decode
-from bench.kernel_check import run_kernel_checks
-from bench.metadata import git_commit, machine_info, now_utc
+from weir_bench.decode_bench import greedy_outputs, measure_engine_decode, measure_forward_decode
+from weir_bench.kernel_check import run_kernel_checks
+from weir_bench.metadata import git_commit, machine_info, now_utc
 
 PASS, FAIL, ERROR, SKIPPED = "pass", "fail", "error", "skipped"
 
 
 def _kernels_interpreted() -> bool:
-    from kernels import rms_norm
+    from weir.kernels import rms_norm
 
     return type(rms_norm._rms_norm_kernel).__name__ == "InterpretedFunction"
 
@@ -48,7 +48,7 @@ def _kernels_interpreted() -> bool:
 def _model_path(args: argparse.Namespace) -> Path:
     if args.model is not None:
         return Path(args.model)
-    from engine.model_prepare import ensure_default_model
+    from weir.engine.runner.model_prepare import ensure_default_model
 
     return ensure_default_model(Path(args.cache_dir), progress=False)
 
@@ -171,7 +171,7 @@ def to_markdown(report: dict[str, Any]) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m bench.gpu_check", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m weir_bench.gpu_check", description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True, help="folder for gpu_check.json and gpu_check.md")
     p.add_argument(
         "--model", default=None, help="prepared HF model folder (default: the weir cache's SmolLM2)"

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import httpx
 
-from bench.sse import DONE, ChunkError, SSEDecoder, parse_chunk
-from tenancy.keys import KEY_PREFIX, generate_key
+from weir.tenancy.keys.keys import KEY_PREFIX, generate_key
+from weir_bench.sse import DONE, ChunkError, SSEDecoder, parse_chunk
 
 CANCELLED = 0
 TRANSPORT_ERROR = -1

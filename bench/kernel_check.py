@@ -1,6 +1,6 @@
 """Every Triton kernel against its torch oracle on random inputs, at real model sizes.
 
-Used by `bench.gpu_check` on a GPU (kernels compiled for real), and by the kernel tests,
+Used by `weir_bench.gpu_check` on a GPU (kernels compiled for real), and by the kernel tests,
 which share `random_step`. Each check returns a `KernelCheck` row instead of raising, so one
 failing case does not hide the others.
 """
@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from engine.attention import AttentionMetadata
+from weir.engine.runner.attention import AttentionMetadata
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # max |got - expected| / (1 + |expected|) allowed, per dtype
@@ -129,8 +129,8 @@ HEAD_SHAPES = ((9, 3, 64), (32, 8, 128), (16, 1, 128), (8, 8, 64))
 
 
 def _attention_error(step: Step) -> float:
-    from kernels import reference
-    from kernels.paged_attention import paged_attention
+    from weir.kernels import reference
+    from weir.kernels.paged_attention import paged_attention
 
     md, scale = step.metadata, step.query.shape[-1] ** -0.5
     reference.write_kv(step.key, step.value, step.kv_cache, md.slot_mapping)
@@ -181,8 +181,8 @@ def check_attention(device: torch.device, quick: bool) -> list[KernelCheck]:
 
 def _cache_error(k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor, cache: torch.Tensor) -> float:
     """0 when bit-identical to the reference scatter, else the (positive) relative error."""
-    from kernels import reference
-    from kernels.reshape_and_cache import reshape_and_cache
+    from weir.kernels import reference
+    from weir.kernels.reshape_and_cache import reshape_and_cache
 
     expected = cache.clone()
     reference.write_kv(k, v, expected, slots)
@@ -212,7 +212,7 @@ def check_reshape_and_cache(device: torch.device, quick: bool) -> list[KernelChe
 
 
 def _norm_error(norm: Any, x: torch.Tensor, res: torch.Tensor) -> float:
-    from kernels.rms_norm import fused_add_rms_norm, rms_norm
+    from weir.kernels.rms_norm import fused_add_rms_norm, rms_norm
 
     plain = _error(rms_norm(x, norm.weight, norm.eps), norm(x))
     expected = norm(x + res)
@@ -221,7 +221,7 @@ def _norm_error(norm: Any, x: torch.Tensor, res: torch.Tensor) -> float:
 
 
 def _silu_error(gate_up: torch.Tensor) -> float:
-    from kernels.silu_mul import silu_mul
+    from weir.kernels.silu_mul import silu_mul
 
     gate, up = gate_up.split(gate_up.shape[1] // 2, dim=-1)
     return _error(silu_mul(gate_up), F.silu(gate) * up)
@@ -230,7 +230,7 @@ def _silu_error(gate_up: torch.Tensor) -> float:
 def _rope_error(
     qkv: torch.Tensor, shape: tuple[int, int, int], rotary: Any, positions: torch.Tensor
 ) -> float:
-    from kernels.rotary import apply_rotary_
+    from weir.kernels.rotary import apply_rotary_
 
     heads, kv_heads, head_dim = shape
     q, k, _ = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
@@ -242,9 +242,9 @@ def _rope_error(
 
 def check_pointwise(device: torch.device, quick: bool) -> list[KernelCheck]:
     """RMSNorm (plain and fused with the residual add), RoPE, SiLU-and-mul against the torch path."""
-    from engine.config import RopeConfig
-    from engine.models.llama_layers import RMSNorm
-    from engine.rope import RotaryEmbedding
+    from weir.engine.config import RopeConfig
+    from weir.engine.models.llama_layers import RMSNorm
+    from weir.engine.runner.rope import RotaryEmbedding
 
     num_tokens = 9 if quick else 2000
     hiddens = (64,) if quick else (576, 4096)

@@ -19,10 +19,10 @@ from typing import Any
 import httpx
 from tqdm import tqdm
 
-from bench.arrivals import ArrivalMode, ArrivalSpec, send_offsets
-from bench.records import Outcome, RequestRecord
-from bench.sse import DONE, ChunkError, SSEDecoder, parse_chunk
-from bench.workloads import RequestKind, WorkloadRequest
+from weir_bench.arrivals import ArrivalMode, ArrivalSpec, send_offsets
+from weir_bench.records import Outcome, RequestRecord
+from weir_bench.sse import DONE, ChunkError, SSEDecoder, parse_chunk
+from weir_bench.workloads import RequestKind, WorkloadRequest
 
 _ERROR_BODY_BYTES = 2000
 

@@ -1,6 +1,6 @@
 """LoRA throughput: a mixed batch of the base model and 4 adapters against the base model alone.
 
-    python -m bench.lora_bench --model ~/.cache/weir/models/SmolLM2-135M-Instruct
+    python -m weir_bench.lora_bench --model ~/.cache/weir/models/SmolLM2-135M-Instruct
 
 Two identical engines (LoRA enabled, 4 slots, the same 4 random rank-16 adapters on all seven
 projections loaded in each) run the same prompts for the same number of generated tokens
@@ -26,11 +26,11 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from engine.client import EngineRequest
-from engine.config import CacheConfig, EngineConfig, LoraConfig, ModelConfig, SchedulerConfig
-from engine.llm_engine import LLMEngine, build_engine
-from engine.lora_adapter import CONFIG_FILE, TARGET_MODULES, WEIGHTS_FILE, projection_shape
-from engine.request import SamplingParams
+from weir.engine.client import EngineRequest
+from weir.engine.config import CacheConfig, EngineConfig, LoraConfig, ModelConfig, SchedulerConfig
+from weir.engine.llm_engine import LLMEngine, build_engine
+from weir.engine.lora.lora_adapter import CONFIG_FILE, TARGET_MODULES, WEIGHTS_FILE, projection_shape
+from weir.engine.request import SamplingParams
 
 QUESTIONS = (
     "What is the capital of France?",

@@ -1,6 +1,6 @@
 """A zero-cost engine: answers every request at once, for measuring what the gateway adds.
 
-`NullEngine` implements `engine.client.EngineClient` without a model, a scheduler or a single
+`NullEngine` implements `weir.engine.client.EngineClient` without a model, a scheduler or a single
 sleep. Each choice yields `num_tokens` outputs of one token each (capped by `max_tokens`), the
 way the real engine streams one decode step at a time, so a streamed response has as many SSE
 chunks as a real one of that length. Whatever time a client measures against it is the
@@ -14,9 +14,9 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 
-from engine.client import EngineHealth, EngineRequest
-from engine.output import EngineStats, RequestMetrics, RequestOutput
-from engine.request import FinishReason
+from weir.engine.client import EngineHealth, EngineRequest
+from weir.engine.output import EngineStats, RequestMetrics, RequestOutput
+from weir.engine.request import FinishReason
 
 
 class NullEngine:

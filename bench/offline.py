@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.engine_loop import run_until_done
-from bench.flops import WorkItem, measure_peak_gemm_flops, request_flops
-from bench.stats import Distribution, LatencySummary
+from weir_bench.engine_loop import run_until_done
+from weir_bench.flops import WorkItem, measure_peak_gemm_flops, request_flops
+from weir_bench.stats import Distribution, LatencySummary
 
 
 class System(enum.Enum):
@@ -86,10 +86,10 @@ def run_weir(
     model_path: str, reqs: list[OfflineRequest], system: System, args: argparse.Namespace
 ) -> RunResult:
     """Our engine, stepped directly (no HTTP), all requests queued at t=0."""
-    from engine.client import EngineRequest
-    from engine.config import BatchPolicy, CacheConfig, EngineConfig, SchedulerConfig
-    from engine.llm_engine import build_engine
-    from engine.request import SamplingParams
+    from weir.engine.client import EngineRequest
+    from weir.engine.config import BatchPolicy, CacheConfig, EngineConfig, SchedulerConfig
+    from weir.engine.llm_engine import build_engine
+    from weir.engine.request import SamplingParams
 
     policy = {
         System.WEIR_STATIC: BatchPolicy.STATIC,
@@ -311,7 +311,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--target-step-ms",
         type=float,
         default=None,
-        help="Weir's step budget follows this target step time (engine/step_budget.py); default: fixed",
+        help="Weir's step budget follows this target step time (engine/scheduling/step_budget.py); default: fixed",
     )
     p.add_argument("--kv-budget-mib", type=int, default=2048)
     p.add_argument("--out", type=Path, default=Path("bench-out/offline"))
@@ -322,13 +322,13 @@ def offline_command(args: argparse.Namespace, model_path: str | None = None) -> 
     """Run every selected system on the workload and write offline.json and offline.md."""
     from transformers import AutoTokenizer
 
-    from engine.loader import load_model_config
+    from weir.engine.runner.loader import load_model_config
 
     path = model_path or args.model
     if path is None:
         raise SystemExit("--model is required (the weir CLI fills in the default model)")
     if args.random_model:
-        from bench.random_model import make_random_llama
+        from weir_bench.random_model import make_random_llama
 
         path = str(make_random_llama(args.out / "random-model", tokenizer_dir=Path(path)))
     tokenizer = AutoTokenizer.from_pretrained(path)

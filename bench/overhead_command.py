@@ -1,4 +1,4 @@
-"""`weir bench overhead`: run the benchmark of `bench.gateway_overhead` and write its report.
+"""`weir bench overhead`: run the benchmark of `weir_bench.gateway_overhead` and write its report.
 
 For each auth mode a fresh benchmark server runs every scenario; the figures go to
 `report.json` and `report.md` in the output folder, and the main ones are printed.
@@ -21,7 +21,9 @@ from starlette.applications import Starlette
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from bench.gateway_overhead import (
+from weir.gateway.server.settings import Settings
+from weir.gateway.server.uvicorn_runner import uvicorn_config
+from weir_bench.gateway_overhead import (
     AuthSetup,
     LoadClient,
     OverheadConfig,
@@ -30,9 +32,7 @@ from bench.gateway_overhead import (
     benchmark_server,
     run_server_phases,
 )
-from bench.metadata import git_commit, machine_info, now_utc, redacted_command
-from gateway.server.settings import Settings
-from gateway.server.uvicorn_runner import uvicorn_config
+from weir_bench.metadata import git_commit, machine_info, now_utc, redacted_command
 
 _LITELLM_PUBLISHED = "LiteLLM publishes 2 ms p50 / 13 ms p99 added latency at ~1,170 RPS over 4 instances"
 _TARGET = "issue 3 target: p50 <= 2 ms at 200 requests/s on the 2-core machine; p99 below 13 ms"
@@ -247,8 +247,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _default_model(cache_dir: str | None) -> Path:
-    from engine.model_prepare import ensure_default_model
-    from gateway.server.settings import Settings
+    from weir.engine.runner.model_prepare import ensure_default_model
+    from weir.gateway.server.settings import Settings
 
     return ensure_default_model(Settings.from_environment({"cache_dir": cache_dir}).cache_dir)
 

@@ -1,16 +1,16 @@
 """The server side of `weir bench overhead`: the real gateway over the null engine, in its own process.
 
-Built the way `weir serve` builds it (`gateway.server.bootstrap`): the SQLite tenancy database with its
+Built the way `weir serve` builds it (`weir.gateway.server.bootstrap`): the SQLite tenancy database with its
 admin routes, admission control (on by default, as in `weir serve`), the same auth mode wiring
 (API keys and the batched usage writer in `keys` mode),
-the real tokenizer and chat template of a model folder, and `gateway.server.uvicorn_runner.run_server` (the
+the real tokenizer and chat template of a model folder, and `weir.gateway.server.uvicorn_runner.run_server` (the
 same uvicorn configuration, access log off). Only the engine is replaced, by `NullEngine`.
 
 The app is wrapped in `TimedApp`, which records how long each HTTP request spent inside the
 ASGI app (first call to last body byte handed to uvicorn). `GET /_bench/timings` returns and
 optionally clears those figures; it is not timed itself.
 
-Run by the benchmark, not by hand: `python -m bench.overhead_server --model DIR --data-dir DIR
+Run by the benchmark, not by hand: `python -m weir_bench.overhead_server --model DIR --data-dir DIR
 --auth none|keys`. Prints one JSON line, `{"port": N, "admin_token": "..."}`, once listening.
 """
 
@@ -31,12 +31,12 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import Message, Receive, Scope, Send
 
-from bench.null_engine import NullEngine
+from weir_bench.null_engine import NullEngine
 
 if TYPE_CHECKING:
-    from gateway.fleet.model_fleet import ModelFleet
-    from gateway.prompts.tokenization import Tokenizer
-    from gateway.server.settings import Settings
+    from weir.gateway.fleet.model_fleet import ModelFleet
+    from weir.gateway.prompts.tokenization import Tokenizer
+    from weir.gateway.server.settings import Settings
 
 MODEL_NAME = "null-model"
 MAX_MODEL_LEN = 8192  # SmolLM2's context; only bounds max_tokens checks here
@@ -97,8 +97,8 @@ def served_fleet(engine: NullEngine, tokenizer: Tokenizer, settings: Settings) -
     """The one-version fleet the server serves the null engine from, ready as `weir serve`'s fleet
     makes a version it loads: the tokenizer pool workers' private copies made before serving,
     not on a worker's first busy moment (a ~65 ms GIL hold each, a stall of every request then)."""
-    from gateway.fleet.fleet_types import model_fingerprint
-    from gateway.fleet.model_fleet import single_engine_fleet
+    from weir.gateway.fleet.fleet_types import model_fingerprint
+    from weir.gateway.fleet.model_fleet import single_engine_fleet
 
     fleet = single_engine_fleet(
         MODEL_NAME,
@@ -116,7 +116,7 @@ def served_fleet(engine: NullEngine, tokenizer: Tokenizer, settings: Settings) -
 
 def main(argv: list[str] | None = None) -> int:
     """Build the app, bind 127.0.0.1:0, print the port and admin token, serve until SIGTERM."""
-    parser = argparse.ArgumentParser(prog="python -m bench.overhead_server")
+    parser = argparse.ArgumentParser(prog="python -m weir_bench.overhead_server")
     parser.add_argument("--model", type=Path, required=True, help="a folder with the tokenizer")
     parser.add_argument("--data-dir", type=Path, required=True, help="SQLite database goes here")
     parser.add_argument("--auth", choices=["none", "keys"], default="none")
@@ -127,15 +127,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
 
-    from gateway.admission.controller import build_admission
-    from gateway.metrics.admission_metrics import AdmissionMetrics
-    from gateway.metrics.registry import GatewayMetrics
-    from gateway.server import gc_pauses
-    from gateway.server.app import create_app
-    from gateway.server.bootstrap import build_tenancy
-    from gateway.server.settings import AdmissionMode, AuthMode, LogLevel, Settings
-    from gateway.server.uvicorn_runner import run_server
-    from tenancy.keys import generate_admin_token
+    from weir.gateway.admission.controller import build_admission
+    from weir.gateway.metrics.admission_metrics import AdmissionMetrics
+    from weir.gateway.metrics.registry import GatewayMetrics
+    from weir.gateway.server import gc_pauses
+    from weir.gateway.server.app import create_app
+    from weir.gateway.server.bootstrap import build_tenancy
+    from weir.gateway.server.settings import AdmissionMode, AuthMode, LogLevel, Settings
+    from weir.gateway.server.uvicorn_runner import run_server
+    from weir.tenancy.keys.keys import generate_admin_token
 
     tokenizer = _load_tokenizer(args.model)
     admin_token = generate_admin_token()

@@ -13,7 +13,7 @@ from pathlib import Path
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from bench.records import RequestRecord
+from weir_bench.records import RequestRecord
 
 LATENCY_CDF_FILE = "latency_cdf.png"
 THROUGHPUT_FILE = "throughput.png"

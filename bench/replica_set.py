@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.weir_process import WeirProcess, run_weir
+from weir_bench.weir_process import WeirProcess, run_weir
 
 
 @contextlib.contextmanager

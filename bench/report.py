@@ -11,11 +11,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.arrivals import ArrivalSpec
-from bench.loadgen import LoadOptions, LoadResult
-from bench.metadata import machine_info, now_utc, server_settings
-from bench.records import RequestRecord
-from bench.stats import Distribution, LatencySummary
+from weir_bench.arrivals import ArrivalSpec
+from weir_bench.loadgen import LoadOptions, LoadResult
+from weir_bench.metadata import machine_info, now_utc, server_settings
+from weir_bench.records import RequestRecord
+from weir_bench.stats import Distribution, LatencySummary
 
 SCHEMA_VERSION = 1
 LATENCY_KEYS = ("p50", "p90", "p99", "mean")

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from engine.config import ModelConfig
+from weir.engine.config import ModelConfig
 
 H200_HBM_BYTES_PER_S = 4.8e12  # NVIDIA's H200 SXM datasheet: 4.8 TB/s
 

@@ -10,13 +10,13 @@ from typing import Any
 
 import httpx
 
-from bench.arrivals import ArrivalSpec
-from bench.loadgen import BodyOptions, LoadOptions, LoadResult, plan_requests, run_load, server_root
-from bench.metadata import git_commit
-from bench.records import write_records
-from bench.report import SLO, RunInfo, build_report, render_markdown
-from bench.tenants import TenantSetupError, create_tenants, keys_from_file, load_tenants
-from bench.workloads import file_sha256, load_trace, take
+from weir_bench.arrivals import ArrivalSpec
+from weir_bench.loadgen import BodyOptions, LoadOptions, LoadResult, plan_requests, run_load, server_root
+from weir_bench.metadata import git_commit
+from weir_bench.records import write_records
+from weir_bench.report import SLO, RunInfo, build_report, render_markdown
+from weir_bench.tenants import TenantSetupError, create_tenants, keys_from_file, load_tenants
+from weir_bench.workloads import file_sha256, load_trace, take
 
 REPORT_JSON = "report.json"
 REPORT_MD = "report.md"
@@ -152,7 +152,7 @@ def write_outputs(out_dir: Path, report: dict[str, Any], load: LoadResult) -> li
     """report.json, report.md, requests.jsonl and the plots."""
     out_dir.mkdir(parents=True, exist_ok=True)
     write_records(load.records, out_dir / REQUESTS_JSONL)
-    from bench.plots import write_plots  # matplotlib (the `bench` extra) only when plotting
+    from weir_bench.plots import write_plots  # matplotlib (the `bench` extra) only when plotting
 
     plots = write_plots(
         load.records, out_dir, title=f"{report['metadata']['model']} - {report['metadata']['workload']}"

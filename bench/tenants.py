@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from bench.workloads import PRIORITIES
+from weir_bench.workloads import PRIORITIES
 
 _ALLOWED_FIELDS = {"name", "priority", "weight", "quota", "cache_scope", "api_key"}
 

@@ -103,9 +103,9 @@ def resolve_model(model: Path | None, work_dir: Path) -> Path:
     """`model`, else a random 2-layer Llama (built once in work_dir) with SmolLM2's tokenizer."""
     if model is not None:
         return model
-    from bench.random_model import make_tiny_llama
-    from engine.model_prepare import ensure_default_model
-    from gateway.server.settings import Settings
+    from weir.engine.runner.model_prepare import ensure_default_model
+    from weir.gateway.server.settings import Settings
+    from weir_bench.random_model import make_tiny_llama
 
     tokenizer_dir = ensure_default_model(Settings.from_environment().cache_dir, progress=False)
     return make_tiny_llama(work_dir / "tiny-llama", tokenizer_dir)

@@ -25,14 +25,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from engine.client import EngineHealth, EngineRequest, PrefixCacheControl
-from engine.config import EngineConfig, ModelConfig
-from engine.errors import EngineDeadError, RetryableEngineError
-from engine.llm_engine import LLMEngine, build_engine
-from engine.lora_types import AdapterInfo
-from engine.output import EngineStats, RequestOutput
-from engine.prefix_cache_admin import AsyncPrefixCache, PrefixCacheAdmin
-from engine.request import SamplingParams
+from weir.engine.client import EngineHealth, EngineRequest, PrefixCacheControl
+from weir.engine.config import EngineConfig, ModelConfig
+from weir.engine.errors import EngineDeadError, RetryableEngineError
+from weir.engine.kv.prefix_cache_admin import AsyncPrefixCache, PrefixCacheAdmin
+from weir.engine.llm_engine import LLMEngine, build_engine
+from weir.engine.lora.lora_types import AdapterInfo
+from weir.engine.output import EngineStats, RequestOutput
+from weir.engine.request import SamplingParams
 
 logger = logging.getLogger("weir.engine")
 

@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from engine.constraints import CompiledConstraint, TokenConstraint
+from weir.engine.structured.constraints import CompiledConstraint, TokenConstraint
 
 # Tried in this order at each step of the walk: what closes a JSON value first, then what opens
 # the shortest values, then separators and letters (enum and const strings).

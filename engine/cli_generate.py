@@ -6,9 +6,9 @@ import argparse
 import sys
 import time
 
-from engine.client import EngineRequest
-from engine.config import CacheConfig, EngineConfig
-from engine.request import SamplingParams
+from weir.engine.client import EngineRequest
+from weir.engine.config import CacheConfig, EngineConfig
+from weir.engine.request import SamplingParams
 
 
 def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
@@ -28,7 +28,7 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace, model_path: str) -> int:
     """Load the engine, generate, stream the text to stdout."""
-    from engine.llm_engine import build_engine
+    from weir.engine.llm_engine import build_engine
 
     engine = build_engine(
         EngineConfig(

@@ -1,6 +1,6 @@
 """The contract between the gateway and the engine.
 
-The gateway only ever talks to an `EngineClient`. The real one is `engine.async_engine.AsyncEngine`;
+The gateway only ever talks to an `EngineClient`. The real one is `weir.engine.async_engine.AsyncEngine`;
 gateway tests use a fake that implements the same Protocol.
 """
 
@@ -11,13 +11,13 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from engine.call_closing import new_matcher
-from engine.constraints import CompiledConstraint
-from engine.latency_targets import NO_TARGETS, LatencyTargets
-from engine.lora_types import AdapterInfo, AdapterRef
-from engine.output import EngineStats, RequestOutput
-from engine.prefix_cache_types import FlushResult, PrefixCacheStats, SharedPrefixInfo
-from engine.request import Priority, Request, SamplingParams, TokenChecker
+from weir.engine.call_closing import new_matcher
+from weir.engine.kv.prefix_cache_types import FlushResult, PrefixCacheStats, SharedPrefixInfo
+from weir.engine.lora.lora_types import AdapterInfo, AdapterRef
+from weir.engine.output import EngineStats, RequestOutput
+from weir.engine.request import Priority, Request, SamplingParams, TokenChecker
+from weir.engine.scheduling.latency_targets import NO_TARGETS, LatencyTargets
+from weir.engine.structured.constraints import CompiledConstraint
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class EngineRequest:
     deadline_s: float | None = None  # monotonic time after which a still-waiting request is aborted
     weight: float = 1.0  # the tenant's fair-share weight (QueuePolicy.FAIR); set by the server
     # The tenant's TTFT/ITL objectives (quota ttft_slo_ms / tpot_slo_ms); None fields: the class
-    # defaults the engine resolves (engine/latency_targets.py). Set by the server.
+    # defaults the engine resolves (engine/scheduling/latency_targets.py). Set by the server.
     latency: LatencyTargets = NO_TARGETS
     # The client gave no max_tokens (it was filled in from the context left): admission reserves
     # a bounded default instead of all of it, and settles on what is used.
@@ -130,7 +130,7 @@ class PrefixCacheControl(Protocol):
 
     Separate from `EngineClient`: engines without a prefix cache (and gateway fakes) need not
     have one. Unknown prefix ids raise `UnknownPrefixError`; a prefix the engine cannot take
-    `InvalidPrefixError` (`PinCapacityError` past the pin budget); see `engine.prefix_cache_types`.
+    `InvalidPrefixError` (`PinCapacityError` past the pin budget); see `weir.engine.kv.prefix_cache_types`.
     """
 
     async def stats(self) -> PrefixCacheStats:

@@ -7,14 +7,14 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 
-from engine.latency_targets import NO_CLASS_TARGETS, ClassTargets
-from engine.spec_decode.config import SpeculativeConfig
+from weir.engine.scheduling.latency_targets import NO_CLASS_TARGETS, ClassTargets
+from weir.engine.spec_decode.config import SpeculativeConfig
 
 # The weight dtypes the engine runs (EngineConfig.dtype); model versions are checked against it.
 ENGINE_DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16")
 
 # On CPU, a step feeding this many rows or more (decode rows plus prompt tokens) is wide: it may
-# run on more intra-op threads (engine/step_threads.py; `--cpu-wide-step-rows`).
+# run on more intra-op threads (engine/runner/step_threads.py; `--cpu-wide-step-rows`).
 WIDE_STEP_ROWS = 4
 
 
@@ -159,7 +159,7 @@ class QueuePolicy(enum.Enum):
 
 
 class PreemptionMode(enum.Enum):
-    """How a preempted request gives back its KV blocks (engine/swap_policy.py decides under AUTO)."""
+    """How a preempted request gives back its KV blocks (engine/kv/swap_policy.py decides under AUTO)."""
 
     AUTO = "auto"  # swap or recompute, whichever the measured cost model says is cheaper
     SWAP = "swap"  # swap to the host pool whenever it has room (tests, benchmarks)
@@ -176,7 +176,7 @@ class CacheConfig:
     kv_dtype: str = "float32"
     enable_prefix_caching: bool = True
     tenant_cache_share: float = 1.0  # max share of the pool one tenant's cached blocks may hold
-    # Host-memory KV pool (engine/host_kv_tier.py): swapped requests and demoted prefix blocks.
+    # Host-memory KV pool (engine/kv/host_kv_tier.py): swapped requests and demoted prefix blocks.
     host_num_blocks: int = 0  # 0: no host tier
     preemption_mode: PreemptionMode = PreemptionMode.AUTO
 
@@ -209,12 +209,12 @@ class SchedulerConfig:
     static_max_wait_s: float = 1.0  # static batching fires a partial batch after this wait
     long_prefill_threshold: int = 0  # >0: a prefill chunk is capped at this many tokens per step
     # None: every step may feed max_num_batched_tokens; else the budget follows this target step
-    # time and the measured cost per token (engine/step_budget.py), up to max_num_batched_tokens.
+    # time and the measured cost per token (engine/scheduling/step_budget.py), up to max_num_batched_tokens.
     target_step_s: float | None = None
     # Steps in a row that feed no token while work exists before the stall watchdog acts
-    # (engine/stall_watchdog.py): it logs the scheduler's state, counts a stall and preempts.
+    # (engine/scheduling/stall_watchdog.py): it logs the scheduler's state, counts a stall and preempts.
     max_stalled_steps: int = 64
-    # TTFT/ITL defaults per priority class (engine/latency_targets.py; the server sets the CPU or
+    # TTFT/ITL defaults per priority class (engine/scheduling/latency_targets.py; the server sets the CPU or
     # GPU ones). A running request's ITL target caps the step time; none here: no class targets.
     class_targets: ClassTargets = NO_CLASS_TARGETS
     # Steps a request runs after it starts or resumes before it may be preempted for a higher
@@ -251,7 +251,7 @@ class SchedulerConfig:
 
 @dataclass(frozen=True)
 class LoraConfig:
-    """LoRA adapters (engine/lora_manager.py): `num_slots` device slots of rank up to `max_rank`.
+    """LoRA adapters (engine/lora/lora_manager.py): `num_slots` device slots of rank up to `max_rank`.
 
     `num_slots` 0: no adapters. Adapters are read only from under `adapter_dir` (None: no
     directory is allowed, so none can be loaded from disk).
@@ -315,7 +315,7 @@ class EngineConfig:
     # it pays, for the row counts it pays at (engine/models/row_weight_probe.py).
     cpu_row_weights: bool | None = None
     # On CPU, torch's intra-op threads for steps feeding at least `cpu_wide_step_rows` rows (decode
-    # rows plus prompt tokens; engine/step_threads.py); the other steps keep the process's count.
+    # rows plus prompt tokens; engine/runner/step_threads.py); the other steps keep the process's count.
     # None: no switch.
     cpu_wide_step_threads: int | None = None
     cpu_wide_step_rows: int = WIDE_STEP_ROWS

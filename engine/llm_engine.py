@@ -2,7 +2,7 @@
 
 One `step()` = schedule -> run the model -> `Scheduler.update_from_output` (advance, append
 sampled tokens after detokenizing and checking stops, free finished requests' blocks) -> the
-callers' outputs. `engine.async_engine` drives it from a background thread; tests and the
+callers' outputs. `weir.engine.async_engine` drives it from a background thread; tests and the
 offline benchmark drive it directly.
 
 Fault containment: a failure in one request's own work (its inputs, its sampling, its stop
@@ -22,40 +22,40 @@ from typing import Any
 
 import torch
 
-from engine.beam_group import BeamGroups
-from engine.block_hash import SHARED_SCOPE, CacheKeyRoot
-from engine.choice_groups import ChoiceGroups
-from engine.client import EngineRequest
-from engine.config import EngineConfig, ModelConfig
-from engine.engine_tokenizer import own_tokenizer, tokenizer_fingerprint
-from engine.errors import (
+from weir.engine.client import EngineRequest
+from weir.engine.config import EngineConfig, ModelConfig
+from weir.engine.errors import (
     DEADLINE_EXCEEDED,
     ENGINE_RETRYABLE,
     ContextLengthError,
     InvalidRequestError,
     KVCapacityError,
 )
-from engine.faults import FaultInjector
-from engine.host_kv_tensors import build_host_kv
-from engine.kv_cache_manager import KVCacheManager
-from engine.lora_adapter import LoraAdapter
-from engine.lora_manager import LoraManager
-from engine.lora_types import AdapterInfo, AdapterInUseError, AdapterLoadError, UnknownAdapterError
-from engine.mask_prefetch import MaskPrefetcher
-from engine.output import EngineStats, RequestOutput, SchedulerOutput, StepTimeTotals
-from engine.prefix_cache_admin import PrefixCacheAdmin
-from engine.request import FinishReason, RequestStatus
-from engine.runner import ModelRunner
-from engine.sampler import SampleResult
-from engine.scheduler import Scheduler
-from engine.spec_decode import engine_step as spec_step
-from engine.spec_decode.drafter import Drafter
-from engine.spec_decode.policy import SpeculationPolicy
-from engine.spec_decode.tally import SpeculationCounters
-from engine.stall_watchdog import StallWatchdog
-from engine.step_budget import make_step_budget
-from engine.step_threads import StepThreads
-from engine.swap_policy import SwapPolicy
+from weir.engine.faults import FaultInjector
+from weir.engine.kv.block_hash import SHARED_SCOPE, CacheKeyRoot
+from weir.engine.kv.host_kv_tensors import build_host_kv
+from weir.engine.kv.kv_cache_manager import KVCacheManager
+from weir.engine.kv.prefix_cache_admin import PrefixCacheAdmin
+from weir.engine.kv.swap_policy import SwapPolicy
+from weir.engine.lora.lora_adapter import LoraAdapter
+from weir.engine.lora.lora_manager import LoraManager
+from weir.engine.lora.lora_types import AdapterInfo, AdapterInUseError, AdapterLoadError, UnknownAdapterError
+from weir.engine.mask_prefetch import MaskPrefetcher
+from weir.engine.output import EngineStats, RequestOutput, SchedulerOutput, StepTimeTotals
+from weir.engine.request import FinishReason, RequestStatus
+from weir.engine.runner.runner import ModelRunner
+from weir.engine.runner.step_threads import StepThreads
+from weir.engine.sampling.beam_group import BeamGroups
+from weir.engine.sampling.choice_groups import ChoiceGroups
+from weir.engine.sampling.sampler import SampleResult
+from weir.engine.scheduling.scheduler import Scheduler
+from weir.engine.scheduling.stall_watchdog import StallWatchdog
+from weir.engine.scheduling.step_budget import make_step_budget
+from weir.engine.spec_decode import engine_step as spec_step
+from weir.engine.spec_decode.drafter import Drafter
+from weir.engine.spec_decode.policy import SpeculationPolicy
+from weir.engine.spec_decode.tally import SpeculationCounters
+from weir.engine.text.engine_tokenizer import own_tokenizer, tokenizer_fingerprint
 
 logger = logging.getLogger("weir.engine")
 
@@ -549,12 +549,12 @@ def build_engine(
 ) -> LLMEngine:
     """Load the model and tokenizer, size the KV pool, and assemble an engine.
 
-    `faults` is for tests only (see `engine.faults`); nothing in production passes one.
+    `faults` is for tests only (see `weir.engine.faults`); nothing in production passes one.
     """
     from transformers import AutoTokenizer
 
-    from engine.kv_tensors import allocate_kv_caches, num_blocks_for
-    from engine.loader import load_model
+    from weir.engine.kv.kv_tensors import allocate_kv_caches, num_blocks_for
+    from weir.engine.runner.loader import load_model
 
     dtype = getattr(torch, config.dtype)
     device = torch.device(config.device)
@@ -588,7 +588,7 @@ def build_engine(
         per_token,
         capacity * per_token / 2**20,
     )
-    from engine.cuda_graphs import build_decode_graphs
+    from weir.engine.runner.cuda_graphs import build_decode_graphs
 
     max_len = min(config.scheduler.max_model_len, model_config.max_model_len)
     graphs = build_decode_graphs(config, model, kv_caches, max_len, device)  # None on CPU
@@ -607,7 +607,7 @@ def build_engine(
     threads = None
     if device.type == "cpu" and config.cpu_wide_step_threads is not None:
         # Steps within the C row kernels' reach run their linears (and attention) on the kernels'
-        # work pool rather than torch's OpenMP team (engine/step_threads.py).
+        # work pool rather than torch's OpenMP team (engine/runner/step_threads.py).
         head = getattr(model, "packed_head", None)
         kernel_rows = head.row_inputs if head is not None and head.row_gemm is not None else 0
         if not config.cpu_kernel_pool:
@@ -636,7 +636,7 @@ def build_engine(
         lora=lora,
         threads=threads,
     )
-    from engine.spec_decode.factory import build_drafter
+    from weir.engine.spec_decode.factory import build_drafter
 
     drafter = build_drafter(config, model_config, tokenizer, runner, num_blocks, attn, _pack_linear(config))
     return LLMEngine(
@@ -656,7 +656,7 @@ def _pack_linear(config: EngineConfig) -> bool:
     """The CPU fast path (pre-packed linear weights): as configured, else wherever it is supported."""
     if config.cpu_packed_linear is not None:
         return config.cpu_packed_linear
-    from engine.models.packed_linear import packing_supported
+    from weir.engine.models.packed_linear import packing_supported
 
     return packing_supported(getattr(torch, config.dtype), torch.device(config.device))
 
@@ -669,8 +669,8 @@ def row_weight_inputs(config: EngineConfig) -> int:
         return 1 if config.cpu_row_weights else 0
     if config.dtype != "float32" or not _pack_linear(config):
         return 0
-    from engine.loader import load_model_config
-    from engine.models.row_weight_probe import measured_row_inputs
+    from weir.engine.models.row_weight_probe import measured_row_inputs
+    from weir.engine.runner.loader import load_model_config
 
     return measured_row_inputs(load_model_config(config.model_path).layer_linear_shapes())
 
@@ -683,9 +683,9 @@ def uses_row_weights(config: EngineConfig) -> bool:
 def _attention_backend(config: EngineConfig, device: torch.device):  # type: ignore[no-untyped-def]
     use_triton = config.use_triton if config.use_triton is not None else device.type == "cuda"
     if use_triton:
-        from engine.attention_triton import TritonAttentionBackend
+        from weir.engine.runner.attention_triton import TritonAttentionBackend
 
         return TritonAttentionBackend()
-    from engine.attention import TorchAttentionBackend
+    from weir.engine.runner.attention import TorchAttentionBackend
 
     return TorchAttentionBackend()

@@ -14,7 +14,7 @@ forward does. Then:
   until their mask arrives; the worker wakes the engine when it does;
 - a mask still late `timeout_s` after it started fails its request alone with `GRAMMAR_TIMEOUT`,
   freeing its blocks. A worker thread cannot be stopped: the gateway's cost bounds on grammars
-  (`gateway.prompts.grammar`) keep what a single mask may cost small, and this is the net
+  (`weir.gateway.prompts.grammar`) keep what a single mask may cost small, and this is the net
   under them.
 
 Plain Python over the requests' matchers; no torch here.
@@ -27,8 +27,8 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from engine.config import MaskConfig
-from engine.request import Request
+from weir.engine.config import MaskConfig
+from weir.engine.request import Request
 
 GRAMMAR_TIMEOUT = "grammar_timeout"
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from engine.host_kv_tier import HostKVStats
-from engine.kv_swap import NO_TRANSFERS, KVTransfers
-from engine.latency_targets import NO_CLASS_TARGETS, ClassTargets
-from engine.lora_types import AdapterInfo
-from engine.request import FinishReason
-from engine.slo_tally import SloStats
-from engine.step_budget import StepBudgetStats
+from weir.engine.kv.host_kv_tier import HostKVStats
+from weir.engine.kv.kv_swap import NO_TRANSFERS, KVTransfers
+from weir.engine.lora.lora_types import AdapterInfo
+from weir.engine.request import FinishReason
+from weir.engine.scheduling.latency_targets import NO_CLASS_TARGETS, ClassTargets
+from weir.engine.scheduling.slo_tally import SloStats
+from weir.engine.scheduling.step_budget import StepBudgetStats
 
 
 @dataclass(frozen=True)
@@ -23,7 +23,7 @@ class ScheduledRequest:
     block_ids: tuple[int, ...]  # the request's block table after allocation for this step
     samples: bool  # True when this chunk reaches the end of the known tokens: sample a token
     # Speculative decoding: blocks are allocated for this many draft tokens after the chunk; the
-    # drafter fills up to that many, the runner verifies them (engine.spec_decode).
+    # drafter fills up to that many, the runner verifies them (weir.engine.spec_decode).
     num_spec_slots: int = 0
 
 
@@ -120,7 +120,7 @@ DESCRIBES_ENGINE = "describes_engine"
 
 @dataclass(frozen=True)
 class StepThreadsStats:
-    """The CPU's intra-op threads per step (engine/step_threads.py): the counts, the steps run
+    """The CPU's intra-op threads per step (engine/runner/step_threads.py): the counts, the steps run
     wide, and each measured bucket's choice as (the bucket's least rows, the count it runs on)."""
 
     decode_threads: int
@@ -170,7 +170,7 @@ class EngineStats:
     waiting_tokens_by_priority: tuple[int, ...] = field(default=(0, 0, 0))
     running_by_priority: tuple[int, ...] = field(default=(0, 0, 0))  # running sequences per class
     num_restarts: int = 0  # times the engine loop restarted after an exception it could not contain
-    num_stalls: int = 0  # stalls the watchdog detected and broke (engine/stall_watchdog.py)
+    num_stalls: int = 0  # stalls the watchdog detected and broke (engine/scheduling/stall_watchdog.py)
     # Grammar masks computed ahead (engine/mask_prefetch.py): rows that sat a step out because
     # theirs was not ready, and requests failed because it stayed late past its time limit.
     num_grammar_masks_late: int = 0

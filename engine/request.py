@@ -12,14 +12,14 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from engine import sampling_bounds as b
-from engine.errors import InvalidRequestError
-from engine.latency_targets import NO_TARGETS, LatencyTargets
-from engine.lora_types import AdapterRef
-from engine.spec_decode.tally import SpeculationTally
+from weir.engine.errors import InvalidRequestError
+from weir.engine.lora.lora_types import AdapterRef
+from weir.engine.sampling import sampling_bounds as b
+from weir.engine.scheduling.latency_targets import NO_TARGETS, LatencyTargets
+from weir.engine.spec_decode.tally import SpeculationTally
 
 if TYPE_CHECKING:
-    from engine.constraints import TokenConstraint
+    from weir.engine.structured.constraints import TokenConstraint
 
 SEED_MIN, SEED_MAX = b.SEED_MIN, b.SEED_MAX
 _SEED_MODULUS = 2**64
@@ -127,7 +127,7 @@ class TokenDelta:
 
 class TokenChecker(Protocol):
     """Turns a sequence's sampled tokens into text and decides when it stops, one token at a time
-    (`engine.output_processor.OutputProcessor`)."""
+    (`weir.engine.text.output_processor.OutputProcessor`)."""
 
     def step(self, token_id: int) -> TokenDelta: ...
 
@@ -161,7 +161,7 @@ class SamplingParams:
     speculative: bool | None = None
 
     def __post_init__(self) -> None:
-        """The bounds of `engine.sampling_bounds`, which the gateway's bodies declare too."""
+        """The bounds of `weir.engine.sampling.sampling_bounds`, which the gateway's bodies declare too."""
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise InvalidRequestError(
                 f"max_tokens must be an integer >= 1, got {self.max_tokens!r}", "max_tokens"
@@ -272,7 +272,7 @@ class Request:
     deadline_s: float | None = None
     weight: float = 1.0  # the tenant's fair-share weight
     # TTFT and ITL targets: the tenant's overrides until the scheduler resolves them against the
-    # class defaults when it queues the request (engine/latency_targets.py).
+    # class defaults when it queues the request (engine/scheduling/latency_targets.py).
     latency: LatencyTargets = NO_TARGETS
     adapter: AdapterRef | None = None  # the LoRA adapter it runs through; None: the base model
     output_token_ids: list[int] = field(default_factory=list)
@@ -285,7 +285,7 @@ class Request:
     index: int = 0  # choice index within its parent
     # Detokenizer and stop checks of a sampled sequence; None for a beam (its group appends tokens).
     checker: TokenChecker | None = field(default=None, repr=False, compare=False)
-    # The grammar matcher of a constrained sequence (`engine.constraints`); it advances with each
+    # The grammar matcher of a constrained sequence (`weir.engine.structured.constraints`); it advances with each
     # appended token and lives here, so preemption and host swap keep its state with the tokens.
     constraint: TokenConstraint | None = field(default=None, repr=False, compare=False)
     spec: SpeculationTally = field(default_factory=SpeculationTally, repr=False, compare=False)
@@ -343,7 +343,7 @@ class Request:
     @property
     def awaits_mask(self) -> bool:
         """Whether the sequence's grammar mask was late for a step and is still computing: it
-        sits out steps until the mask arrives (`engine.mask_prefetch`)."""
+        sits out steps until the mask arrives (`weir.engine.mask_prefetch`)."""
         return self.constraint is not None and self.constraint.late
 
     @property

@@ -16,7 +16,7 @@ import functools
 
 import torch
 
-from kernels.native import build
+from weir.kernels.native import build
 
 _I64 = ctypes.c_int64
 
@@ -36,7 +36,7 @@ def argmax_rows(x: torch.Tensor) -> torch.Tensor:  # [rows, cols] float32 -> [ro
     device, not a matrix, no columns); rows that are not laid out in place are copied first."""
     fn = _function()
     if fn is None:
-        raise RuntimeError("the C argmax kernel is not available (kernels.native.build)")
+        raise RuntimeError("the C argmax kernel is not available (weir.kernels.native.build)")
     shape = x.shape
     if len(shape) != 2 or x.dtype != torch.float32 or not x.is_cpu or shape[1] == 0:
         raise ValueError(f"x must be a float32 CPU matrix with columns, got {x.dtype} {tuple(shape)}")

@@ -1,6 +1,6 @@
 """Decode attention over the paged KV cache in C, reading the cache in place (CPU, float32).
 
-The torch path (`kernels.decode_attention`) gathers every decode row's K and V blocks into a
+The torch path (`weir.kernels.decode_attention`) gathers every decode row's K and V blocks into a
 padded copy in each layer and runs SDPA over it. The C kernel (`native/decode_attention.c`)
 walks each sequence's block table instead, with an online softmax per query head, so K and V are
 read once and nothing is copied or padded; grouped-query heads share the KV head they read
@@ -11,7 +11,7 @@ both paths wait on reading each layer's K/V from memory (docs/benchmarks.md, fou
 `available()` is False where the kernel cannot be built (no C compiler, a failed build);
 `supports()` is False where it does not apply (another dtype or device, a non-contiguous cache,
 sizes past the kernel's fixed limits). Callers keep the torch path in both cases. The torch
-reference it is tested against is `kernels.reference.paged_attention`.
+reference it is tested against is `weir.kernels.reference.paged_attention`.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels import cpu_work_pool
-from kernels.checks import check_tensor
-from kernels.native import build
+from weir.kernels import cpu_work_pool
+from weir.kernels.checks import check_tensor
+from weir.kernels.native import build
 
 # The fixed per-call buffers of native/decode_attention.c.
 MAX_HEADS = 1024
@@ -103,7 +103,7 @@ def decode_attention(
     would misread (see `supports`; a plan whose blocks this cache does not hold)."""
     fn = _function()
     if fn is None:
-        raise RuntimeError("the C decode attention kernel is not available (kernels.native.build)")
+        raise RuntimeError("the C decode attention kernel is not available (weir.kernels.native.build)")
     check_tensor("kv_cache", kv_cache, ndim=5, dtypes=(torch.float32,), device=torch.device("cpu"))
     _, num_blocks, block_size, num_kv_heads, head_dim = kv_cache.shape
     query = check_tensor("query", query, ndim=3, dtypes=(torch.float32,), device=kv_cache.device)

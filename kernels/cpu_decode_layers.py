@@ -23,11 +23,11 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels import cpu_decode_attention, cpu_small_gemm, cpu_work_pool
-from kernels.cpu_decode_attention import NativePlan
-from kernels.cpu_rope_kv import check_step_tables
-from kernels.cpu_small_gemm import SmallGemm
-from kernels.native import build
+from weir.kernels import cpu_decode_attention, cpu_small_gemm, cpu_work_pool
+from weir.kernels.cpu_decode_attention import NativePlan
+from weir.kernels.cpu_rope_kv import check_step_tables
+from weir.kernels.cpu_small_gemm import SmallGemm
+from weir.kernels.native import build
 
 _P = ctypes.c_void_p
 _I64 = ctypes.c_int64

@@ -2,13 +2,13 @@
 
 `add_rms_norm(x, residual, weight, eps)` adds `x` into the residual stream in place and returns
 its RMSNorm (without a residual, the RMSNorm of `x`): the CPU counterpart of the Triton
-`kernels.rms_norm.fused_add_rms_norm`. On a decode row the torch form is an add and six ops
+`weir.kernels.rms_norm.fused_add_rms_norm`. On a decode row the torch form is an add and six ops
 (`F.rms_norm` in float32 on CPU is composite), each a dispatch of a few microseconds, twice a
 layer; the C kernel (`native/rms_norm.c`) is one ctypes call. Results differ from the torch form
 by rounding only (another order of the sum of squares).
 
 `available()` is False where the kernel cannot be built (no C compiler): callers keep the torch
-form. Tested against `kernels.reference` and Hugging Face's formula.
+form. Tested against `weir.kernels.reference` and Hugging Face's formula.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import functools
 
 import torch
 
-from kernels.native import build
+from weir.kernels.native import build
 
 _I64 = ctypes.c_int64
 
@@ -49,7 +49,7 @@ def add_rms_norm(
     ValueError on tensors the kernel would misread (checked with the least work: twice a layer)."""
     fn = _function()
     if fn is None:
-        raise RuntimeError("the C RMSNorm kernel is not available (kernels.native.build)")
+        raise RuntimeError("the C RMSNorm kernel is not available (weir.kernels.native.build)")
     if weight.dtype != torch.float32 or weight.device.type != "cpu" or weight.dim() != 1:
         raise ValueError(f"weight must be a float32 CPU vector, got {weight.dtype} {tuple(weight.shape)}")
     dim = weight.shape[0]

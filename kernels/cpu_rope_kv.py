@@ -6,8 +6,8 @@ qkv projection's output `[tokens, (heads + 2 kv_heads) * head_dim]`, returns the
 what the torch path does with a slice, four multiplies, a subtract, an add and a `cat` for the
 rotation, then a split, a copy of v and two `index_copy_` for the store (~60 us a layer at 8
 rows of SmolLM2, once per layer; the C kernel `native/rope_kv.c` is one ctypes call). The
-rotation is the same operations in the same order as `engine.rope.RotaryEmbedding.rotate`, so
-the same bits; `kernels.reference.write_kv`'s store is a copy.
+rotation is the same operations in the same order as `weir.engine.runner.rope.RotaryEmbedding.rotate`, so
+the same bits; `weir.kernels.reference.write_kv`'s store is a copy.
 
 `available()` is False where the kernel cannot be built (no C compiler): callers keep the torch
 form. Tested against the torch form.
@@ -20,7 +20,7 @@ import functools
 
 import torch
 
-from kernels.native import build
+from weir.kernels.native import build
 
 _I64 = ctypes.c_int64
 _F32 = torch.float32
@@ -78,7 +78,7 @@ def rope_kv_write(
     Checked with the least work (each tensor attribute read costs ~0.2-0.5 us; once a layer)."""
     fn = _function()
     if fn is None:
-        raise RuntimeError("the C RoPE + KV store kernel is not available (kernels.native.build)")
+        raise RuntimeError("the C RoPE + KV store kernel is not available (weir.kernels.native.build)")
     shape = kv_cache.shape
     if (
         len(shape) != 5

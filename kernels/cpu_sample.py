@@ -21,7 +21,7 @@ import functools
 
 import torch
 
-from kernels.native import build
+from weir.kernels.native import build
 
 _I64 = ctypes.c_int64
 BLOCK = 64  # native/sample_rows.c: the weights summed as one block
@@ -67,11 +67,11 @@ def sample_rows(
     floor: torch.Tensor | None = None,  # [rows] float32: logits below it have no chance
 ) -> torch.Tensor:  # [rows] int64
     """One token per row (see the module docstring); `floor` is each row's smallest kept logit
-    (engine/sampling_filters.py `filter_floors`, on logits already divided by the temperature).
+    (engine/sampling/sampling_filters.py `filter_floors`, on logits already divided by the temperature).
     ValueError on tensors the kernel would misread; rows not laid out in place are copied first."""
     fn = _function()
     if fn is None:
-        raise RuntimeError("the C sampling kernel is not available (kernels.native.build)")
+        raise RuntimeError("the C sampling kernel is not available (weir.kernels.native.build)")
     vectors = {"temperature": temperature.contiguous(), "uniform": uniform.contiguous()}
     if floor is not None:
         vectors["floor"] = floor.contiguous()
@@ -101,7 +101,7 @@ def logsumexp_rows(logits: torch.Tensor, floor: torch.Tensor) -> torch.Tensor:  
     up to rounding, in one pass over the row instead of torch's five."""
     fn = _logsumexp_function()
     if fn is None:
-        raise RuntimeError("the C sampling kernel is not available (kernels.native.build)")
+        raise RuntimeError("the C sampling kernel is not available (weir.kernels.native.build)")
     floor = floor.contiguous()
     logits = _check_rows(logits, floor=floor)
     rows, cols = logits.shape

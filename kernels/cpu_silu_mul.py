@@ -2,7 +2,7 @@
 
 `silu_mul(gate_up)` takes the fused gate_up projection's output `[rows, 2 * width]` (gate in the
 first half of each row, up in the second) and returns `silu(gate) * up`, `[rows, width]`: the
-CPU counterpart of the Triton `kernels.silu_mul`. In torch it is a split, `F.silu` on a strided
+CPU counterpart of the Triton `weir.kernels.silu_mul`. In torch it is a split, `F.silu` on a strided
 half (torch's slow path: ~20 us a call at 8 rows of SmolLM2's 1,536) and a multiply, once a
 layer; the C kernel (`native/silu_mul.c`) is one ctypes call. Results differ from the torch form
 by rounding only (another polynomial for exp).
@@ -18,7 +18,7 @@ import functools
 
 import torch
 
-from kernels.native import build
+from weir.kernels.native import build
 
 _I64 = ctypes.c_int64
 
@@ -39,7 +39,7 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:  # [rows, 2 * width] float3
     (a row stride of its own is fine: the fused output's rows may be a view)."""
     fn = _function()
     if fn is None:
-        raise RuntimeError("the C silu_mul kernel is not available (kernels.native.build)")
+        raise RuntimeError("the C silu_mul kernel is not available (weir.kernels.native.build)")
     if (
         gate_up.dtype != torch.float32
         or gate_up.device.type != "cpu"

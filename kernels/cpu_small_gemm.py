@@ -25,9 +25,9 @@ import functools
 
 import torch
 
-from kernels import cpu_work_pool
-from kernels.checks import check_tensor
-from kernels.native import build
+from weir.kernels import cpu_work_pool
+from weir.kernels.checks import check_tensor
+from weir.kernels.native import build
 
 # native/small_gemm.c's MAX_ROWS: its loops are specialised for 1..8 input rows, and take 9..16 in
 # groups of 8 over each panel in turn (the panel from cache for the second group).
@@ -59,7 +59,7 @@ def panel_width() -> int:
     """Output columns per panel of the packed weight (the build's vector width times its unroll)."""
     width = build.function("small_gemm", "weir_small_gemm_panel_width", [])
     if width is None:
-        raise RuntimeError("the C small-GEMM kernel is not available (kernels.native.build)")
+        raise RuntimeError("the C small-GEMM kernel is not available (weir.kernels.native.build)")
     return int(width())
 
 
@@ -84,7 +84,7 @@ class SmallGemm:
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
         fn = _function()
         if fn is None:
-            raise RuntimeError("the C small-GEMM kernel is not available (kernels.native.build)")
+            raise RuntimeError("the C small-GEMM kernel is not available (weir.kernels.native.build)")
         # Any strides: the weight is copied into panels.
         check_tensor(
             "weight",

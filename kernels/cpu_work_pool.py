@@ -8,7 +8,7 @@ workers or a client share the cores, a decode step (~150 regions) waits for whic
 its core, and the spinning takes the core the front end needs. `set_pool_threads(n)` moves this
 thread's kernel calls onto the work pool: the caller and up to n - 1 helpers take chunks as each
 comes free, the caller never waits for a helper that has not started, and idle helpers yield
-their core, then sleep. `engine/step_threads.py` sets it for decode steps whose linears are all
+their core, then sleep. `engine/runner/step_threads.py` sets it for decode steps whose linears are all
 C kernels, with torch itself on one thread, so that no OpenMP team runs in those steps at all.
 
 The pool is one shared library for the process; each kernel library is handed its entry point
@@ -24,7 +24,7 @@ import threading
 
 import torch
 
-from kernels.native import build
+from weir.kernels.native import build
 
 _local = threading.local()
 

@@ -19,11 +19,11 @@ last takes the rest). When the whole batch is within that bound it is one group 
 order, with no index ops at all.
 
 With `native` plans (the engine's default on CPU, `TorchAttentionBackend.native_decode`) a
-float32 cache skips the groups: the C kernel of `kernels.cpu_decode_attention` reads each row's
+float32 cache skips the groups: the C kernel of `weir.kernels.cpu_decode_attention` reads each row's
 blocks in place, one call per layer; the groups stay for other dtypes and where no compiler is.
 
 Mixed steps (decodes and prefill chunks, `mixed_attention`): the decode rows go through the
-groups above, the prefill chunks one sequence at a time through `kernels.prefill_attention`
+groups above, the prefill chunks one sequence at a time through `weir.kernels.prefill_attention`
 (the cached prefix and the chunk apart, merged by their log-sum-exps).
 """
 
@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kernels import cpu_decode_attention, prefill_attention, reference
+from weir.kernels import cpu_decode_attention, prefill_attention, reference
 
 MAX_WASTE = 0.5  # padded slots allowed per real slot in one group
 MAX_GROUPS = 8  # one gather + one SDPA per group and layer: bounded

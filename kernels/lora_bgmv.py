@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.checks import (
+from weir.kernels.checks import (
     FLOAT_DTYPES,
     INDEX_DTYPES,
     check_contiguous,

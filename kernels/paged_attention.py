@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.checks import FLOAT_DTYPES, check_contiguous, check_dim, check_tensor, next_power_of_2
+from weir.kernels.checks import FLOAT_DTYPES, check_contiguous, check_dim, check_tensor, next_power_of_2
 
 # Rows of one program: query tokens x heads of a KV group. 16 is tl.dot's minimum.
 _DECODE_BLOCK_M = 16
@@ -131,7 +131,7 @@ def paged_attention(
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """Causal attention of each sequence's new tokens over its whole paged context.
 
-    Same contract as `kernels.reference.paged_attention`, but the per-sequence offsets and
+    Same contract as `weir.kernels.reference.paged_attention`, but the per-sequence offsets and
     lengths are device tensors (nothing is read back to the host). The keys and values of this
     step's tokens must already be in the cache. `query` and `out` may be strided views as long
     as their last dimension is contiguous.

@@ -13,7 +13,7 @@ of each query's scores with its output:
   (`[kv_heads, group * q, head_dim]`), so K/V are not repeated;
 - the chunk: `is_causal` (the chunk is square), its `q` keys repeated per query head (small);
 - merged exactly: `out = o1 * exp(l1 - l) + o2 * exp(l2 - l)` with `l = logaddexp(l1, l2)`.
-Measured per layer on SmolLM2's heads (`bench.experiments.prefill_attention`, two runs,
+Measured per layer on SmolLM2's heads (`weir_bench.experiments.prefill_attention`, two runs,
 docs/benchmarks.md): 1.8-3.0x faster for 256-token chunks over 256-768 tokens, 2.0x for 64 over
 600, even (1.0-1.1x) for 32 over 100.
 
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels import reference
+from weir.kernels import reference
 
 _FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 

@@ -98,7 +98,7 @@ def prefill_attention_into(
     attend: ChunkAttention = chunk_attention,
 ) -> None:
     """Causal attention of each listed sequence's chunk over its paged context, one `attend` each
-    (the oracle's `chunk_attention`; the engine passes `kernels.prefill_attention`'s)."""
+    (the oracle's `chunk_attention`; the engine passes `weir.kernels.prefill_attention`'s)."""
     for i in rows:
         start, end = query_start_loc[i], query_start_loc[i + 1]
         k, v = gather_kv(kv_cache, block_tables[i], seq_lens[i])

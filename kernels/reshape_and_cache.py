@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.checks import FLOAT_DTYPES, check_contiguous, check_dim, check_tensor, next_power_of_2
+from weir.kernels.checks import FLOAT_DTYPES, check_contiguous, check_dim, check_tensor, next_power_of_2
 
 
 @triton.jit
@@ -70,7 +70,7 @@ def reshape_and_cache(
 ) -> None:
     """Scatter keys and values into `kv_cache` at their slots (cast to the cache dtype).
 
-    Same contract as `kernels.reference.write_kv`, plus: negative slots are skipped.
+    Same contract as `weir.kernels.reference.write_kv`, plus: negative slots are skipped.
     """
     check_tensor("kv_cache", kv_cache, ndim=5, dtypes=FLOAT_DTYPES)
     device = kv_cache.device

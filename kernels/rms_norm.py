@@ -4,7 +4,7 @@ Unfused, a decoder layer reads the hidden state three times per norm (add, squar
 scale) and writes it twice; fused, one program per row reads x and the residual once, writes
 the new residual and the normalised row once.
 
-Numerics follow `engine.models.llama_layers.RMSNorm` (Hugging Face's order): the sum is rounded to
+Numerics follow `weir.engine.models.llama_layers.RMSNorm` (Hugging Face's order): the sum is rounded to
 the activation dtype (it is the residual stream), the variance and scaling are in float32,
 the normalised row is rounded to the activation dtype, then multiplied by the weight and
 rounded again. Only the order of the mean's summation differs from torch.
@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.checks import FLOAT_DTYPES, check_dim, check_tensor, next_power_of_2
+from weir.kernels.checks import FLOAT_DTYPES, check_dim, check_tensor, next_power_of_2
 
 
 @triton.jit

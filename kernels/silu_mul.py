@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.checks import FLOAT_DTYPES, check_dim, check_tensor
+from weir.kernels.checks import FLOAT_DTYPES, check_dim, check_tensor
 
 _BLOCK = 1024  # columns per program
 

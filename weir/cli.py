@@ -1,7 +1,7 @@
 """The `weir` console script: serve, model prepare, generate, db, admin, bench.
 
 The composition root of the command line: each package adds its own subcommands
-(engine.cli_generate, tenancy.cli, bench.cli). The benchmarks are a separate distribution
+(weir.engine.cli_generate, weir.tenancy.cli.cli, weir_bench.cli). The benchmarks are a separate distribution
 (`weir-bench`, bench/pyproject.toml) that the server's wheel does not carry, so `bench` is imported
 only when a `weir bench ...` command runs; every other command starts without it.
 """
@@ -12,10 +12,10 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from engine import cli_generate
-from gateway.server.serve_flags import add_serve_arguments
-from gateway.server.settings import Settings
-from tenancy import cli as tenancy_cli
+from weir.engine import cli_generate
+from weir.gateway.server.serve_flags import add_serve_arguments
+from weir.gateway.server.settings import Settings
+from weir.tenancy.cli import cli as tenancy_cli
 
 
 def _settings(cli: argparse.Namespace | dict[str, object]) -> Settings:
@@ -28,9 +28,9 @@ def _settings(cli: argparse.Namespace | dict[str, object]) -> Settings:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from gateway.fleet.fleet_setup import StartupModelError
-    from gateway.fleet.model_rollout import StartupLoadError
-    from gateway.server.bootstrap import KernelChoiceError, serve
+    from weir.gateway.fleet.fleet_setup import StartupModelError
+    from weir.gateway.fleet.model_rollout import StartupLoadError
+    from weir.gateway.server.bootstrap import KernelChoiceError, serve
 
     settings = _settings(args)
     try:
@@ -44,7 +44,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _model_prepare(args: argparse.Namespace) -> int:
-    from engine.model_prepare import ensure_default_model
+    from weir.engine.runner.model_prepare import ensure_default_model
 
     cli = {"cache_dir": args.cache_dir}
     path = ensure_default_model(_settings(cli).cache_dir, progress=not args.quiet)
@@ -53,15 +53,15 @@ def _model_prepare(args: argparse.Namespace) -> int:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from gateway.server.bootstrap import resolve_model_path
+    from weir.gateway.server.bootstrap import resolve_model_path
 
     settings = _settings({"model_path": args.model, "cache_dir": args.cache_dir})
     return int(args.generate_func(args, str(resolve_model_path(settings))))
 
 
 def _bench_offline(args: argparse.Namespace) -> int:
-    from bench.offline import offline_command
-    from engine.model_prepare import ensure_default_model
+    from weir.engine.runner.model_prepare import ensure_default_model
+    from weir_bench.offline import offline_command
 
     model = args.model or str(ensure_default_model(_settings({"cache_dir": args.cache_dir}).cache_dir))
     return offline_command(args, model)
@@ -103,8 +103,8 @@ def build_parser(with_bench: bool = True) -> argparse.ArgumentParser:
 
 def _add_bench_commands(bench: argparse.ArgumentParser) -> None:
     try:
-        from bench import cli as bench_cli
-        from bench.offline import add_arguments as add_offline_arguments
+        from weir_bench import cli as bench_cli
+        from weir_bench.offline import add_arguments as add_offline_arguments
     except ImportError as exc:
         print(f"weir: the benchmarks are not installed ({exc}); pip install -e ./bench", file=sys.stderr)
         raise SystemExit(2) from None

@@ -1,4 +1,4 @@
-"""One-off experiments, each answering one question of one issue; run with `python -m bench.experiments.NAME`.
+"""One-off experiments, each answering one question of one issue; run with `python -m weir_bench.experiments.NAME`.
 
 The `weir bench` commands (bench/cli.py) are the general tools: serve, gen, compare, overhead,
 offline. An experiment here starts its own servers or engines, sets up its own tenants and

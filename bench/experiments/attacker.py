@@ -2,7 +2,7 @@
 
 Starts `weir serve` on 127.0.0.1 (a random 2-layer Llama by default; keys on, admission on) with
 two tenants. The victim sends the same steady, bounded traffic (streamed chats at a fixed rate)
-in two phases: `alone`, then `attacked`, while the attacker loops every input of `bench.hostile`
+in two phases: `alone`, then `attacked`, while the attacker loops every input of `weir_bench.hostile`
 (huge seeds, a prompt that can never fit the KV pool, bogus keys from the same address,
 beam_width 16, no max_tokens, lone surrogates, deep JSON, /metrics without the token, cancels)
 from `--attackers` concurrent clients. `--rounds` repeats the pair (alone, attacked) and pools
@@ -23,9 +23,9 @@ biased tokens), `stop` (16 stop strings of 512 characters), `logprobs` (`top_log
 flood's report gives the victim's TTFT p99 and its largest gap between two chunks, attacked /
 alone, beside the p50.
 
-Run: python -m bench.experiments.attacker --out bench-out/attacker [--model PATH] [--requests 120] [--rate 4]
-     python -m bench.experiments.attacker --flood random_key_ids --attackers 200 --out bench-out/flood
-     python -m bench.experiments.attacker --flood regex --model PATH --out bench-out/flood-regex
+Run: python -m weir_bench.experiments.attacker --out bench-out/attacker [--model PATH] [--requests 120] [--rate 4]
+     python -m weir_bench.experiments.attacker --flood random_key_ids --attackers 200 --out bench-out/flood
+     python -m weir_bench.experiments.attacker --flood regex --model PATH --out bench-out/flood-regex
 Writes summary.json and summary.md in --out.
 """
 
@@ -42,12 +42,12 @@ from typing import Any
 
 import httpx
 
-from bench.costly_floods import COSTLY_FLOODS, COSTLY_PROBES
-from bench.hostile import FLOODS, HOSTILE, StreamResult, Target, send, timed_stream
-from bench.stats import LatencySummary
-from bench.tenants import TenantSpec, create_tenants
-from bench.weir_process import WeirProcess, resolve_model, run_weir, scrape_gauges
-from tenancy.keys import parse_key
+from weir.tenancy.keys.keys import parse_key
+from weir_bench.costly_floods import COSTLY_FLOODS, COSTLY_PROBES
+from weir_bench.hostile import FLOODS, HOSTILE, StreamResult, Target, send, timed_stream
+from weir_bench.stats import LatencySummary
+from weir_bench.tenants import TenantSpec, create_tenants
+from weir_bench.weir_process import WeirProcess, resolve_model, run_weir, scrape_gauges
 
 VICTIM, ATTACKER = "victim", "attacker"
 # --flood name -> the probes it loops: issue 21's one each, issue 54's (bench/costly_floods.py)
@@ -256,7 +256,7 @@ def _wait_idle(server: WeirProcess, timeout_s: float = 60) -> dict[str, float]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python -m bench.experiments.attacker", description=__doc__.splitlines()[0]
+        prog="python -m weir_bench.experiments.attacker", description=__doc__.splitlines()[0]
     )
     p.add_argument("--out", type=Path, default=Path("bench-out/attacker"))
     p.add_argument("--model", type=Path, default=None, help="default: a random 2-layer Llama")
@@ -307,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"unknown --probes: {sorted(unknown)}")
     args.out.mkdir(parents=True, exist_ok=True)
     command = shlex.join(
-        ["python", "-m", "bench.experiments.attacker", *(sys.argv[1:] if argv is None else argv)]
+        ["python", "-m", "weir_bench.experiments.attacker", *(sys.argv[1:] if argv is None else argv)]
     )
     model = resolve_model(args.model, args.out)
     flags = ["--kv-cache-tokens", str(args.kv_cache_tokens), "--max-model-len", str(args.max_model_len)]

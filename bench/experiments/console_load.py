@@ -14,7 +14,7 @@ each chart query <= 200 ms.
 With --compare-raw, also the heaviest tenant's chart queries over the raw records (the statements
 the rollups of migration 0010 replaced), in the same run, for a ratio.
 
-Run: python -m bench.experiments.console_load --out bench-out/console-load [--records 1000000]
+Run: python -m weir_bench.experiments.console_load --out bench-out/console-load [--records 1000000]
      [--tenants 1000] [--db-url URL] [--reuse] [--compare-raw] [--time-backfill]
 Writes summary.json and summary.md in --out. Bounded: the record count is fixed, the loads are
 `--repeats` + 1 per page.
@@ -36,18 +36,18 @@ from sqlalchemy import insert, select, text
 from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
-from gateway.console.routes import ConsoleDeps, console_routes
-from gateway.http.auth import AdminAuthenticator, Authenticator, AuthSettings, FailureThrottle
-from gateway.http.errors import exception_handlers
-from tenancy.db import Database
-from tenancy.enums import UsageStatus
-from tenancy.keys import KeyHasher
-from tenancy.migrate import downgrade, upgrade
-from tenancy.models import Tenant, UsageRecord
-from tenancy.records import KeySpec, TenantSpec
-from tenancy.repo import TenancyRepo
-from tenancy.usage import daily_usage, daily_usage_query
-from tenancy.usage_report import ReportQuery, build_report, page_statement, totals_statement
+from weir.gateway.console.routes import ConsoleDeps, console_routes
+from weir.gateway.http.auth import AdminAuthenticator, Authenticator, AuthSettings, FailureThrottle
+from weir.gateway.http.errors import exception_handlers
+from weir.tenancy.keys.keys import KeyHasher
+from weir.tenancy.store.db import Database
+from weir.tenancy.store.enums import UsageStatus
+from weir.tenancy.store.migrate import downgrade, upgrade
+from weir.tenancy.store.models import Tenant, UsageRecord
+from weir.tenancy.store.records import KeySpec, TenantSpec
+from weir.tenancy.store.repo import TenancyRepo
+from weir.tenancy.usage.usage import daily_usage, daily_usage_query
+from weir.tenancy.usage.usage_report import ReportQuery, build_report, page_statement, totals_statement
 
 TOKEN = "console-load-admin-token"
 BATCH = 20_000

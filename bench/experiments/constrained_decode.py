@@ -1,6 +1,6 @@
 """Constrained vs unconstrained decode throughput on the same prompts (one run, CPU or GPU).
 
-`python -m bench.experiments.constrained_decode [model dir] [max tokens]`: SmolLM2 by default.
+`python -m weir_bench.experiments.constrained_decode [model dir] [max tokens]`: SmolLM2 by default.
 Both runs are greedy with `ignore_eos` off; the constrained one follows a JSON Schema with a
 free-text string field, so both generate up to max_tokens. Reports output tokens per second.
 """
@@ -11,11 +11,11 @@ import sys
 import time
 from pathlib import Path
 
-from engine.client import EngineRequest
-from engine.config import CacheConfig, EngineConfig, SchedulerConfig
-from engine.grammar import ConstraintSpec, GrammarBackend
-from engine.llm_engine import LLMEngine, build_engine
-from engine.request import SamplingParams
+from weir.engine.client import EngineRequest
+from weir.engine.config import CacheConfig, EngineConfig, SchedulerConfig
+from weir.engine.llm_engine import LLMEngine, build_engine
+from weir.engine.request import SamplingParams
+from weir.engine.structured.grammar import ConstraintSpec, GrammarBackend
 
 SCHEMA = {
     "type": "object",

@@ -1,10 +1,10 @@
-"""`python -m bench.experiments.cpu_decode_attention`: the C decode attention over every layer of a
+"""`python -m weir_bench.experiments.cpu_decode_attention`: the C decode attention over every layer of a
 step, against a `sum` of the K/V bytes it must read.
 
 Issue 27. SmolLM2-135M's attention shapes by default (30 layers, 9 query heads over 3 KV heads of
 64, blocks of 16 tokens): `--batch` sequences of `--context-len` tokens each, their blocks
 scattered over each layer's cache in a random order (as a long-running pool leaves them), one
-call of `kernels.cpu_decode_attention.decode_attention` per layer. Reported: medians of wall and
+call of `weir.kernels.cpu_decode_attention.decode_attention` per layer. Reported: medians of wall and
 calling-thread CPU time of the whole step's attention against one `sum` over the same K/V blocks,
 the order alternating, `--reps` times. The `sum` is the memory-read floor; the kernel's
 multiply-adds come on top.
@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from kernels import cpu_decode_attention
+from weir.kernels import cpu_decode_attention
 
 
 def workload(
@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m bench.experiments.cpu_decode_attention", description=__doc__.splitlines()[0]
+        prog="python -m weir_bench.experiments.cpu_decode_attention", description=__doc__.splitlines()[0]
     )
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--context-len", type=int, nargs="+", default=[160, 512])

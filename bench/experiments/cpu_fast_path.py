@@ -1,4 +1,4 @@
-"""`python -m bench.experiments.cpu_fast_path --model DIR`: the CPU fast path against the plain one, in one run.
+"""`python -m weir_bench.experiments.cpu_fast_path --model DIR`: the CPU fast path against the plain one, in one run.
 
 Two measurements, both in the same process so that they share the machine's state:
 
@@ -31,14 +31,14 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from bench.decode_bench import BLOCK_SIZE, _cdiv
-from engine.attention import TorchAttentionBackend
-from engine.client import EngineRequest
-from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from engine.llm_engine import LLMEngine, build_engine
-from engine.loader import load_model, load_model_config
-from engine.models.packed_linear import PackedLinear
-from engine.request import SamplingParams
+from weir.engine.client import EngineRequest
+from weir.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from weir.engine.llm_engine import LLMEngine, build_engine
+from weir.engine.models.packed_linear import PackedLinear
+from weir.engine.request import SamplingParams
+from weir.engine.runner.attention import TorchAttentionBackend
+from weir.engine.runner.loader import load_model, load_model_config
+from weir_bench.decode_bench import BLOCK_SIZE, _cdiv
 
 
 def gemm_shapes(config: ModelConfig) -> dict[str, tuple[int, int]]:
@@ -254,7 +254,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m bench.experiments.cpu_fast_path", description=__doc__.splitlines()[0]
+        prog="python -m weir_bench.experiments.cpu_fast_path", description=__doc__.splitlines()[0]
     )
     p.add_argument("--model", type=Path, required=True, help="a prepared model folder")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])

@@ -1,11 +1,11 @@
-"""`python -m bench.experiments.cpu_levers --model DIR`: CPU decode levers A/B, in one run.
+"""`python -m weir_bench.experiments.cpu_levers --model DIR`: CPU decode levers A/B, in one run.
 
 Each lever is a variant of one packed CPU engine (engine/models/packed_linear.py), switched on
 and off in the same process, so all variants share the machine's state:
 
-- `unfused`: decode attention through `kernels.reference.paged_attention` (per layer: the block
+- `unfused`: decode attention through `weir.kernels.reference.paged_attention` (per layer: the block
   index, two gathers, the mask, one scatter per row), 2 intra-op threads;
-- `fused`: `kernels.decode_attention` (plan once per step, one gather per layer and group of
+- `fused`: `weir.kernels.decode_attention` (plan once per step, one gather per layer and group of
   similar context lengths, grouped queries without repeating K/V), 2 threads;
 - `unfused_1thread`, `fused_1thread`: the same with `torch.set_num_threads(1)`: the engine
   thread alone on one core, leaving the other to the event loop, tokenizers and other processes;
@@ -29,7 +29,9 @@ from typing import Any
 
 import torch
 
-from bench.experiments.cpu_fast_path import (
+from weir.engine.llm_engine import LLMEngine
+from weir.engine.runner.attention import TorchAttentionBackend
+from weir_bench.experiments.cpu_fast_path import (
     WeightReader,
     _start_decoding,
     _time_call,
@@ -37,8 +39,6 @@ from bench.experiments.cpu_fast_path import (
     build_cpu_engine,
     plain_weight_reader,
 )
-from engine.attention import TorchAttentionBackend
-from engine.llm_engine import LLMEngine
 
 
 def torch_backend(engine: LLMEngine) -> TorchAttentionBackend:
@@ -138,7 +138,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m bench.experiments.cpu_levers", description=__doc__.splitlines()[0]
+        prog="python -m weir_bench.experiments.cpu_levers", description=__doc__.splitlines()[0]
     )
     p.add_argument("--model", type=Path, required=True, help="a prepared model folder")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])

@@ -1,4 +1,4 @@
-"""`python -m bench.experiments.crash_billing`: what streams are billed after kill -9 of `weir serve`.
+"""`python -m weir_bench.experiments.crash_billing`: what streams are billed after kill -9 of `weir serve`.
 
 A real `weir serve` (a child process on 127.0.0.1, keys on, SQLite) streams `--cut` long
 completions at once. Once each has delivered a few tokens, the count each client has is noted
@@ -36,7 +36,7 @@ from typing import Any
 
 import httpx
 
-from bench.weir_process import WeirProcess, resolve_model, run_weir
+from weir_bench.weir_process import WeirProcess, resolve_model, run_weir
 
 MODEL = "crash"
 FLAGS = ("--served-model-name", MODEL, "--kv-cache-tokens", "65536")

@@ -1,7 +1,7 @@
-"""`python -m bench.experiments.db_outage --out DIR`: usage records across a database outage under load.
+"""`python -m weir_bench.experiments.db_outage --out DIR`: usage records across a database outage under load.
 
 The gateway as `weir serve` wires it (keys on, SQLite, admission, the usage writer and its spool)
-runs over the null engine in a child process (`bench.overhead_server`) on 127.0.0.1. A bounded
+runs over the null engine in a child process (`weir_bench.overhead_server`) on 127.0.0.1. A bounded
 closed loop of chat requests runs for `--before-s`, then the SQLite file is locked (`BEGIN
 EXCLUSIVE` from this process, as the issue reproduced it) for `--outage-s`, then released for
 `--after-s`. After the load, the server gets SIGTERM (a graceful stop). The figures: requests
@@ -28,9 +28,9 @@ from typing import Any
 
 import httpx
 
-from bench.gateway_overhead import AuthSetup, OverheadConfig, benchmark_server
-from bench.metadata import git_commit, machine_info, now_utc, redacted_command
-from bench.overhead_server import MODEL_NAME
+from weir_bench.gateway_overhead import AuthSetup, OverheadConfig, benchmark_server
+from weir_bench.metadata import git_commit, machine_info, now_utc, redacted_command
+from weir_bench.overhead_server import MODEL_NAME
 
 PHASES = ("before", "outage", "after")
 
@@ -185,8 +185,8 @@ def run_outage(config: OutageConfig) -> dict[str, Any]:
 
 
 def _default_model() -> Path:
-    from engine.model_prepare import ensure_default_model
-    from gateway.server.settings import Settings
+    from weir.engine.runner.model_prepare import ensure_default_model
+    from weir.gateway.server.settings import Settings
 
     return ensure_default_model(Settings.from_environment({}).cache_dir)
 
@@ -194,7 +194,7 @@ def _default_model() -> Path:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run and print the figures; 1 if any record was lost, 2 on bad flags or a failed start."""
     p = argparse.ArgumentParser(
-        prog="python -m bench.experiments.db_outage", description=__doc__.split("\n")[0]
+        prog="python -m weir_bench.experiments.db_outage", description=__doc__.split("\n")[0]
     )
     p.add_argument("--out", type=Path, default=Path("bench-out/db-outage"), help="output directory")
     p.add_argument(
@@ -220,7 +220,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             concurrency=args.concurrency,
             max_requests=args.max_requests,
             command=redacted_command(
-                ["python", "-m", "bench.experiments.db_outage", *(argv if argv is not None else sys.argv[1:])]
+                [
+                    "python",
+                    "-m",
+                    "weir_bench.experiments.db_outage",
+                    *(argv if argv is not None else sys.argv[1:]),
+                ]
             ),
         )
         report = run_outage(config)

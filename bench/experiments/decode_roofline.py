@@ -1,4 +1,4 @@
-"""`python -m bench.experiments.decode_roofline --model DIR`: CPU decode-step variants against one read of every weight.
+"""`python -m weir_bench.experiments.decode_roofline --model DIR`: CPU decode-step variants against one read of every weight.
 
 Issue 27, items 1 and 2. Each variant is its own engine (SmolLM2-class model, fp32, packed CPU
 linears), all built in one process and stepped in an order that alternates (forwards, then
@@ -33,7 +33,7 @@ floor of a batch-1 decode step), `--reps` times, `--steps` decode steps per time
   the linears and calls MKL for the GEMMs. The first step of each batch size compiles (tens of
   seconds); the engine has no such path (docs/decisions.md).
 
-`--wide-step-threads N` steps each engine as `weir serve` does (engine/step_threads.py): steps
+`--wide-step-threads N` steps each engine as `weir serve` does (engine/runner/step_threads.py): steps
 of `--wide-step-rows` rows or more on N intra-op threads or on `--threads`, whichever its own
 measurements find faster (the warm-up covers its first measurements; one timed step in 16 runs
 on the other count); the others on `--threads`; the weight read always runs on `--threads`.
@@ -60,10 +60,10 @@ from typing import Any
 
 import torch
 
-from bench.experiments.cpu_fast_path import _start_decoding, cpu_engine_config, plain_weight_reader
-from bench.stats import ratio
-from engine.config import WIDE_STEP_ROWS
-from engine.llm_engine import LLMEngine, build_engine
+from weir.engine.config import WIDE_STEP_ROWS
+from weir.engine.llm_engine import LLMEngine, build_engine
+from weir_bench.experiments.cpu_fast_path import _start_decoding, cpu_engine_config, plain_weight_reader
+from weir_bench.stats import ratio
 
 VARIANTS = (
     "packed",
@@ -259,7 +259,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m bench.experiments.decode_roofline", description=__doc__.splitlines()[0]
+        prog="python -m weir_bench.experiments.decode_roofline", description=__doc__.splitlines()[0]
     )
     p.add_argument("--model", type=Path, required=True, help="a prepared model folder")
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS + OPTIONAL_VARIANTS)

@@ -1,11 +1,11 @@
-"""`python -m bench.experiments.gc_pauses`: what one full garbage collection costs a process that
+"""`python -m weir_bench.experiments.gc_pauses`: what one full garbage collection costs a process that
 holds a loaded model, with the heap frozen (gateway/server/gc_pauses.py) and without.
 
 The real engine is loaded (the CPU fast path, as `weir serve` builds it) beside the gateway's
 modules; then the median of `--reps` explicit `gc.collect()` calls, `thawed` (the heap as CPython
 leaves it) and `frozen` (after `refreeze_heap`). A full collection holds the GIL throughout: the
 engine thread and the event loop both stand still. How often a served run starts one by itself
-is on the server's `/metrics` (`weir_gc_pause_seconds`; `bench.experiments.serve_vs_peer`
+is on the server's `/metrics` (`weir_gc_pause_seconds`; `weir_bench.experiments.serve_vs_peer`
 reports it after each run).
 """
 
@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gateway.server.gc_pauses import refreeze_heap
+from weir.gateway.server.gc_pauses import refreeze_heap
 
 
 def full_collection_ms(reps: int) -> float:
@@ -35,9 +35,9 @@ def full_collection_ms(reps: int) -> float:
 
 
 def run(model: Path, reps: int) -> dict[str, Any]:
-    import gateway.server.bootstrap  # noqa: F401  (the gateway's modules, as in `weir serve`)
-    from bench.experiments.cpu_fast_path import cpu_engine_config
-    from engine.llm_engine import build_engine
+    import weir.gateway.server.bootstrap  # noqa: F401  (the gateway's modules, as in `weir serve`)
+    from weir.engine.llm_engine import build_engine
+    from weir_bench.experiments.cpu_fast_path import cpu_engine_config
 
     engine = build_engine(cpu_engine_config(model, "float32", True, 8, 512))
     gc.unfreeze()
@@ -52,7 +52,7 @@ def run(model: Path, reps: int) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m bench.experiments.gc_pauses", description=__doc__.splitlines()[0]
+        prog="python -m weir_bench.experiments.gc_pauses", description=__doc__.splitlines()[0]
     )
     p.add_argument("--model", type=Path, required=True)
     p.add_argument("--reps", type=int, default=5)

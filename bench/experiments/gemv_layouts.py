@@ -1,4 +1,4 @@
-"""`python -m bench.experiments.gemv_layouts`: SmolLM2-135M's 121 linears by weight layout, against a `sum` of the same bytes.
+"""`python -m weir_bench.experiments.gemv_layouts`: SmolLM2-135M's 121 linears by weight layout, against a `sum` of the same bytes.
 
 Issue 27, item 2. Random fp32 weights of the model's shapes (30 layers of fused qkv 960x576, o
 576x576, fused gate/up 3072x576, down 576x1536, and the 49152x576 LM head: 538 MB, far more than
@@ -12,7 +12,7 @@ thread's CPU time (`time.thread_time`: with `--threads 1`, the whole of the work
 - `nk_mv`: `torch.mv` (one row) or `x @ W.t()` on the plain `[out, in]` weight;
 - `kn`: `x @ W_t` with `W_t` a contiguous `[in, out]` copy (`PackedLinear`'s row weight where no C compiler builds the kernel);
 - `nk_t`, `kn_t`: the same two layouts with the product transposed (`(W @ x.t()).t()`);
-- `c_kernel`: the C kernel over the weight packed in column panels (`kernels.cpu_small_gemm`, the
+- `c_kernel`: the C kernel over the weight packed in column panels (`weir.kernels.cpu_small_gemm`, the
   row copy's product where it builds), for up to its `MAX_ROWS` rows.
 """
 
@@ -30,9 +30,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from bench.stats import ratio
-from engine.models.packed_linear import PackedLinear
-from kernels import cpu_small_gemm
+from weir.engine.models.packed_linear import PackedLinear
+from weir.kernels import cpu_small_gemm
+from weir_bench.stats import ratio
 
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)] * 30 + [(49152, 576)]
 
@@ -102,7 +102,7 @@ def run(rows: int, reps: int) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m bench.experiments.gemv_layouts", description=__doc__.splitlines()[0]
+        prog="python -m weir_bench.experiments.gemv_layouts", description=__doc__.splitlines()[0]
     )
     p.add_argument("--rows", type=int, nargs="+", default=[1, 8])
     p.add_argument("--reps", type=int, default=12)

@@ -1,4 +1,4 @@
-"""`python -m bench.experiments.gil_contention --model DIR`: decode steps beside a thread busy in Python, by GIL switch interval.
+"""`python -m weir_bench.experiments.gil_contention --model DIR`: decode steps beside a thread busy in Python, by GIL switch interval.
 
 Issue 27, item 3. In `weir serve` the engine thread and the HTTP event loop share one GIL. Every
 torch op of a step (~600 for a 30-layer model) releases the GIL and takes it back; when the
@@ -33,9 +33,9 @@ from typing import Any
 
 import torch
 
-from bench.experiments.cpu_fast_path import _start_decoding, cpu_engine_config
-from engine.llm_engine import LLMEngine, build_engine
-from gateway.server.uvicorn_runner import gil_switch_interval
+from weir.engine.llm_engine import LLMEngine, build_engine
+from weir.gateway.server.uvicorn_runner import gil_switch_interval
+from weir_bench.experiments.cpu_fast_path import _start_decoding, cpu_engine_config
 
 PERIOD_S = 0.002  # the busy thread's sleep between bursts (an event loop woken often)
 
@@ -123,7 +123,7 @@ def markdown(rows: Sequence[dict[str, Any]]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m bench.experiments.gil_contention", description=__doc__.splitlines()[0]
+        prog="python -m weir_bench.experiments.gil_contention", description=__doc__.splitlines()[0]
     )
     p.add_argument("--model", type=Path, required=True, help="a prepared model folder")
     p.add_argument("--batch", type=int, default=8, help="decoding sequences")

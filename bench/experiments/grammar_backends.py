@@ -2,7 +2,7 @@
 
 The measurement behind the grammar backend choice (docs/decisions.md). llguidance is not a
 dependency: `pip install llguidance` first. Run:
-`python -m bench.experiments.grammar_backends [tokenizer dir]` (default: the prepared SmolLM2).
+`python -m weir_bench.experiments.grammar_backends [tokenizer dir]` (default: the prepared SmolLM2).
 """
 
 from __future__ import annotations

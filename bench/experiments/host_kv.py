@@ -1,6 +1,6 @@
 """Host KV tier benchmark (issue 14): swap vs recompute vs an unconstrained pool, and multi-turn chat.
 
-    python -m bench.experiments.host_kv --model PATH [--workload mixed.jsonl] [--out report.json]
+    python -m weir_bench.experiments.host_kv --model PATH [--workload mixed.jsonl] [--out report.json]
 
 Part 1, preemption: the first `--requests` (48) requests of the workload are sent at once to
 three engines in one run, one after the other (`--rounds`, alternating the order): **swap** (device pool `--device-tokens`, 4,096;
@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.engine_loop import run_until_done
-from bench.stats import LatencySummary
+from weir_bench.engine_loop import run_until_done
+from weir_bench.stats import LatencySummary
 
 DEFAULT_WORKLOAD = Path(__file__).resolve().parents[2] / ".." / "shared" / "workloads" / "mixed.jsonl"
 BLOCK_SIZE = 16
@@ -94,8 +94,8 @@ def load_chat_rows(path: Path, limit: int) -> list[dict[str, Any]]:
 
 def build(args: argparse.Namespace, device_tokens: int, host_tokens: int) -> Any:
     """An engine with this device pool and host tier (the copy bandwidth is measured while it starts)."""
-    from engine.config import CacheConfig, EngineConfig, QueuePolicy, SchedulerConfig
-    from engine.llm_engine import build_engine
+    from weir.engine.config import CacheConfig, EngineConfig, QueuePolicy, SchedulerConfig
+    from weir.engine.llm_engine import build_engine
 
     config = EngineConfig(
         model_path=args.model,
@@ -138,8 +138,8 @@ def run_burst(
     args: argparse.Namespace, variant: Variant, prompts: list[tuple[str, str, list[int], int, str]]
 ) -> PreemptionRun:
     """Send every request at once to a fresh engine of `variant`; step until all are done."""
-    from engine.client import EngineRequest
-    from engine.request import Priority, SamplingParams
+    from weir.engine.client import EngineRequest
+    from weir.engine.request import Priority, SamplingParams
 
     engine = build(args, variant.device_tokens, variant.host_tokens)
     run = PreemptionRun(variant.name, variant.device_tokens, variant.host_tokens, len(prompts))
@@ -174,8 +174,8 @@ def run_burst(
 
 def run_chat(args: argparse.Namespace, host_tokens: int, users: list[str], tokenizer: Any) -> dict[str, Any]:
     """The multi-turn conversations on a small device pool, with `host_tokens` of host tier."""
-    from engine.client import EngineRequest
-    from engine.request import SamplingParams
+    from weir.engine.client import EngineRequest
+    from weir.engine.request import SamplingParams
 
     engine = build(args, args.chat_device_tokens, host_tokens)
     histories: list[list[dict[str, str]]] = [[] for _ in range(args.conversations)]

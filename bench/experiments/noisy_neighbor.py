@@ -12,7 +12,7 @@ issue's targets:
 - `noisy` is held to its budget within 5%: tokens served <= 1.05 x (a full minute's bucket plus
   the refill over the arrival span of the trace).
 
-Run: python -m bench.experiments.noisy_neighbor --out bench-out/noisy [--model PATH] [--limit N] [--rate-scale X]
+Run: python -m weir_bench.experiments.noisy_neighbor --out bench-out/noisy [--model PATH] [--limit N] [--rate-scale X]
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from typing import Any
 
 import httpx
 
-from bench.random_model import make_tiny_llama
+from weir_bench.random_model import make_tiny_llama
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKLOADS = ROOT.parent / "shared" / "workloads"
@@ -91,7 +91,7 @@ def serve_command(
 
 def bench_command(args: argparse.Namespace, mode: Mode, url: str, out: Path) -> list[str]:
     """The `weir bench serve` command line of one run (the admin token comes from the env)."""
-    cmd = [sys.executable, "-m", "bench", "serve", "--url", url, "--workload", str(args.workload)]
+    cmd = [sys.executable, "-m", "weir_bench", "serve", "--url", url, "--workload", str(args.workload)]
     cmd += ["--tenants", str(args.tenants), "--create-tenants", "--admin-token", "$WEIR_ADMIN_TOKEN"]
     cmd += ["--out", str(out), "--ttft-slo-ms", str(args.ttft_slo_ms), "--timeout-s", str(args.timeout_s)]
     cmd += ["--max-duration-s", str(args.max_duration_s), "--label", f"mode={mode.name}", "--no-progress"]
@@ -222,7 +222,7 @@ def render(summary: dict[str, Any], modes: list[str]) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m bench.experiments.noisy_neighbor", description=__doc__.split("\n")[0]
+        prog="python -m weir_bench.experiments.noisy_neighbor", description=__doc__.split("\n")[0]
     )
     p.add_argument("--out", type=Path, required=True, help="output folder (one sub-folder per run)")
     p.add_argument("--model", type=Path, help="model folder (default: weir's prepared SmolLM2)")

@@ -1,5 +1,5 @@
-"""`python -m bench.experiments.prefill_attention`: chunked-prefill attention, the oracle's masked SDPA
-(`reference.chunk_attention`) against `kernels.prefill_attention.chunk_attention` (prefix and chunk
+"""`python -m weir_bench.experiments.prefill_attention`: chunked-prefill attention, the oracle's masked SDPA
+(`reference.chunk_attention`) against `weir.kernels.prefill_attention.chunk_attention` (prefix and chunk
 apart, merged by log-sum-exp), per layer, on the same gathered K/V.
 
 Random fp32 queries and K/V of SmolLM2-135M's attention (9 query heads, 3 KV heads of 64) for a
@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from kernels import prefill_attention, reference
+from weir.kernels import prefill_attention, reference
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 9, 3, 64
 DEFAULT_SHAPES = ("32x100", "64x600", "256x256", "256x512", "256x768")
@@ -64,7 +64,9 @@ def measure(q_len: int, seq_len: int, reps: int, inner: int) -> dict[str, float]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.experiments.prefill_attention", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m weir_bench.experiments.prefill_attention", description=__doc__
+    )
     p.add_argument("--shapes", nargs="+", default=list(DEFAULT_SHAPES), help="chunk x context, e.g. 256x768")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--inner", type=int, default=5, help="calls per timed block")

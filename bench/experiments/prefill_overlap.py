@@ -27,7 +27,7 @@ from typing import Any
 @dataclass(frozen=True)
 class StreamTimes:
     """One streamed request as the client saw it, seconds on the client's clock (not the
-    engine's `engine.request.RequestTimes`)."""
+    engine's `weir.engine.request.RequestTimes`)."""
 
     first_token_s: float
     end_s: float

@@ -1,7 +1,7 @@
 """Prefix-cache benchmark: one workload replayed with the cache on and off, in one run, plus a
 cross-tenant timing probe.
 
-    python -m bench.experiments.prefix_cache --model PATH [--workload prefix.jsonl] [--out report.json]
+    python -m weir_bench.experiments.prefix_cache --model PATH [--workload prefix.jsonl] [--out report.json]
 
 The engine is driven directly (no HTTP): requests join at their trace arrival times (open loop,
 `--time-scale` stretches them), and TTFT is the engine's own arrival-to-first-token time. Both
@@ -32,12 +32,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.engine_loop import run_until_done
-from bench.stats import LatencySummary
-from engine.output import SchedulerOutput
-from engine.request import Request
-from engine.runner import ModelRunner, StepResult
-from engine.spec_decode.drafter import Draft
+from weir.engine.output import SchedulerOutput
+from weir.engine.request import Request
+from weir.engine.runner.runner import ModelRunner, StepResult
+from weir.engine.spec_decode.drafter import Draft
+from weir_bench.engine_loop import run_until_done
+from weir_bench.stats import LatencySummary
 
 DEFAULT_WORKLOAD = Path(__file__).resolve().parents[2] / ".." / "shared" / "workloads" / "prefix.jsonl"
 
@@ -127,8 +127,8 @@ class PrefillCountingRunner(ModelRunner):
 
 def build(args: argparse.Namespace, caching: bool) -> tuple[Any, PrefillCountingRunner]:
     """An LLMEngine with this run's configuration, and its runner (a `PrefillCountingRunner`)."""
-    from engine.config import CacheConfig, EngineConfig, SchedulerConfig
-    from engine.llm_engine import LLMEngine, build_engine
+    from weir.engine.config import CacheConfig, EngineConfig, SchedulerConfig
+    from weir.engine.llm_engine import LLMEngine, build_engine
 
     block_size = 16
     num_blocks = args.kv_cache_tokens // block_size + 1
@@ -156,7 +156,7 @@ def build(args: argparse.Namespace, caching: bool) -> tuple[Any, PrefillCounting
 
 
 def _params(max_tokens: int) -> Any:
-    from engine.request import SamplingParams
+    from weir.engine.request import SamplingParams
 
     return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
 
@@ -169,7 +169,7 @@ def replay(
     time_scale: float,
 ) -> RunResult:
     """Open-loop replay: each request joins at its arrival time; step while there is work."""
-    from engine.client import EngineRequest
+    from weir.engine.client import EngineRequest
 
     result = RunResult(caching, 0.0)
     prefill_before = runner.num_prefill_tokens
@@ -199,7 +199,7 @@ def replay(
 
 def _ttft_alone(engine: Any, rid: str, prompt: Sequence[int], tenant: str) -> tuple[float, int]:
     """TTFT of one request on an otherwise idle engine, and its cached tokens."""
-    from engine.client import EngineRequest
+    from weir.engine.client import EngineRequest
 
     engine.add_request(EngineRequest(rid, tuple(prompt), _params(1), tenant, cache_scope=tenant))
     ttft, cached = math.nan, -1
@@ -367,7 +367,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m bench.experiments.prefix_cache", description=__doc__.split("\n\n")[0]
+        prog="python -m weir_bench.experiments.prefix_cache", description=__doc__.split("\n\n")[0]
     )
     add_arguments(parser)
     args = parser.parse_args(argv)

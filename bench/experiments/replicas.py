@@ -15,7 +15,7 @@ returns its leases), it compares, per tenant:
 and the revocation delay on replica B against --auth-cache-ttl-s. Writes summary.json and
 summary.md to --out.
 
-Run: python -m bench.experiments.replicas --database-url postgresql+psycopg://... --out bench-out/replicas
+Run: python -m weir_bench.experiments.replicas --database-url postgresql+psycopg://... --out bench-out/replicas
 """
 
 from __future__ import annotations
@@ -34,18 +34,18 @@ from typing import Any
 import httpx
 from sqlalchemy import text
 
-from bench.loadgen import BodyOptions, request_body
-from bench.replica_set import revoke_key, run_replicas
-from bench.weir_process import resolve_model
-from bench.workloads import WorkloadRequest, load_trace, take
-from engine.request import Priority
-from tenancy.context import QuotaLimits
-from tenancy.db import Database
-from tenancy.keys import KeyHasher
-from tenancy.leases import LeaseStore
-from tenancy.migrate import upgrade
-from tenancy.records import KeySpec, TenantSpec
-from tenancy.repo import TenancyRepo
+from weir.engine.request import Priority
+from weir.tenancy.budgets.leases import LeaseStore
+from weir.tenancy.context import QuotaLimits
+from weir.tenancy.keys.keys import KeyHasher
+from weir.tenancy.store.db import Database
+from weir.tenancy.store.migrate import upgrade
+from weir.tenancy.store.records import KeySpec, TenantSpec
+from weir.tenancy.store.repo import TenancyRepo
+from weir_bench.loadgen import BodyOptions, request_body
+from weir_bench.replica_set import revoke_key, run_replicas
+from weir_bench.weir_process import resolve_model
+from weir_bench.workloads import WorkloadRequest, load_trace, take
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKLOADS = ROOT.parent / "shared" / "workloads"
@@ -226,7 +226,7 @@ def render(summary: dict[str, Any]) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m bench.experiments.replicas", description=__doc__.split("\n")[0]
+        prog="python -m weir_bench.experiments.replicas", description=__doc__.split("\n")[0]
     )
     p.add_argument(
         "--database-url", required=True, help="PostgreSQL (e.g. WEIR_TEST_PG_URL of .ci/postgres.sh)"

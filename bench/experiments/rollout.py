@@ -13,7 +13,7 @@ state before it (the target is <= 1.5x), the time from the load call to the firs
 v2 (and the load call alone), and the memory of the server process (RSS) around the load and the
 retire, with the retire answer's own figures.
 
-Run: python -m bench.experiments.rollout --out bench-out/rollout [--rate 0.25] [--steady-s 80]
+Run: python -m weir_bench.experiments.rollout --out bench-out/rollout [--rate 0.25] [--steady-s 80]
 Writes summary.json and summary.md in --out. Bounded: at most --max-requests requests.
 """
 
@@ -29,11 +29,11 @@ from typing import Any
 
 import httpx
 
-from bench.hostile import timed_stream
-from bench.stats import LatencySummary
-from bench.tenants import TenantSpec, create_tenants
-from bench.weir_process import ROOT, WeirProcess, rss_bytes, run_weir
-from bench.workloads import RequestKind, WorkloadRequest, load_trace
+from weir_bench.hostile import timed_stream
+from weir_bench.stats import LatencySummary
+from weir_bench.tenants import TenantSpec, create_tenants
+from weir_bench.weir_process import ROOT, WeirProcess, rss_bytes, run_weir
+from weir_bench.workloads import RequestKind, WorkloadRequest, load_trace
 
 MODEL = "smollm2"
 _SETTLE_S = 5.0  # the steady state after the switch starts this long after the retire answered
@@ -250,8 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout-s", type=float, default=300.0)
     args = parser.parse_args(argv)
     if args.model is None:
-        from engine.model_prepare import ensure_default_model
-        from gateway.server.settings import Settings
+        from weir.engine.runner.model_prepare import ensure_default_model
+        from weir.gateway.server.settings import Settings
 
         args.model = ensure_default_model(Settings.from_environment().cache_dir, progress=False)
     model_v2 = args.model_v2 or args.model

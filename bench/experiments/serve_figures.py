@@ -1,4 +1,4 @@
-"""What one guidellm run of `bench.experiments.serve_vs_peer` measured, and its tables.
+"""What one guidellm run of `weir_bench.experiments.serve_vs_peer` measured, and its tables.
 
 - `ServeFigures` / `parse_guidellm`: one system's figures from guidellm's benchmarks.json;
 - `gc_pause_totals`, `step_split`, `wide_step_choices`, `admitted_by_class`: what Weir's `/metrics`
@@ -14,8 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.experiments.alternation import RoundRatios, summarise
-from bench.experiments.prefill_overlap import prefills_in_decode, request_times
+from weir_bench.experiments.alternation import RoundRatios, summarise
+from weir_bench.experiments.prefill_overlap import prefills_in_decode, request_times
 
 
 @dataclass(frozen=True)
@@ -109,7 +109,7 @@ def step_split(page: str) -> dict[str, float]:
 
 def wide_step_choices(page: str) -> dict[str, float]:
     """`threads_<min_rows>`: the intra-op threads each bucket of wide steps ran on at the end
-    (`weir_engine_wide_step_threads_chosen` on a metrics page; engine/step_threads.py)."""
+    (`weir_engine_wide_step_threads_chosen` on a metrics page; engine/runner/step_threads.py)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     out: dict[str, float] = {}

@@ -1,4 +1,4 @@
-"""`python -m bench.experiments.serve_vs_peer`: Weir served live against OpenAI-compatible peers, one run.
+"""`python -m weir_bench.experiments.serve_vs_peer`: Weir served live against OpenAI-compatible peers, one run.
 
 Each system is started alone, loaded by guidellm through `../shared/tools/guidellm.sh` with the
 same settings (issue 13's table: 48 requests, 8 concurrent streams, 128-token prompts, 64 output
@@ -39,8 +39,8 @@ from pathlib import Path
 
 import httpx
 
-from bench.experiments.alternation import round_orders
-from bench.experiments.serve_figures import (
+from weir_bench.experiments.alternation import round_orders
+from weir_bench.experiments.serve_figures import (
     ServeFigures,
     admitted_by_class,
     gc_pause_totals,
@@ -49,9 +49,9 @@ from bench.experiments.serve_figures import (
     step_split,
     wide_step_choices,
 )
-from bench.tenants import TenantSpec, create_tenants
-from bench.weir_process import ROOT, free_port, parse_gauges, run_weir
-from bench.workloads import PRIORITIES
+from weir_bench.tenants import TenantSpec, create_tenants
+from weir_bench.weir_process import ROOT, free_port, parse_gauges, run_weir
+from weir_bench.workloads import PRIORITIES
 
 # ../shared/tools from the main checkout, ../../shared/tools from a worktree under wt/
 DEFAULT_TOOLS = next(
@@ -204,7 +204,7 @@ def run_weir_variant(
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python -m bench.experiments.serve_vs_peer", description=__doc__.splitlines()[0]
+        prog="python -m weir_bench.experiments.serve_vs_peer", description=__doc__.splitlines()[0]
     )
     p.add_argument("--out", type=Path, default=Path("bench-out/serve-vs-peer"))
     p.add_argument("--model", type=Path, default=Path.home() / ".cache/weir/models/SmolLM2-135M-Instruct")
@@ -245,7 +245,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     command = shlex.join(
-        ["python", "-m", "bench.experiments.serve_vs_peer", *(sys.argv[1:] if argv is None else argv)]
+        ["python", "-m", "weir_bench.experiments.serve_vs_peer", *(sys.argv[1:] if argv is None else argv)]
     )
     variants = {name: (flags, env) for name, flags, env in args.weir}
     rounds: list[list[ServeFigures]] = []

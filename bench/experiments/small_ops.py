@@ -1,4 +1,4 @@
-"""`python -m bench.experiments.small_ops`: each small op of a CPU decode layer, torch's form
+"""`python -m weir_bench.experiments.small_ops`: each small op of a CPU decode layer, torch's form
 against its C kernel, per call, at the row counts a decode step has.
 
 Issue 27, item 1 ("chosen per op with the numbers"). SmolLM2-135M's shapes by default (9 query
@@ -36,13 +36,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from bench.experiments.alternation import round_orders
-from bench.stats import ratio
-from engine.request import SamplingParams
-from engine.rope import RotaryEmbedding
-from engine.sampler import Sampler, SamplingContext
-from kernels import cpu_argmax, cpu_rms_norm, cpu_rope_kv, cpu_sample, cpu_silu_mul
-from kernels.reference import write_kv
+from weir.engine.request import SamplingParams
+from weir.engine.runner.rope import RotaryEmbedding
+from weir.engine.sampling.sampler import Sampler, SamplingContext
+from weir.kernels import cpu_argmax, cpu_rms_norm, cpu_rope_kv, cpu_sample, cpu_silu_mul
+from weir.kernels.reference import write_kv
+from weir_bench.experiments.alternation import round_orders
+from weir_bench.stats import ratio
 
 HEADS, KV_HEADS, HEAD_DIM, HIDDEN, INTERMEDIATE, VOCAB = 9, 3, 64, 576, 1536, 49152
 OPS = ("rope_kv", "silu_mul", "rms_norm", "argmax", "sample", "sample_top_p")
@@ -161,7 +161,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python -m bench.experiments.small_ops", description=__doc__.splitlines()[0]
+        prog="python -m weir_bench.experiments.small_ops", description=__doc__.splitlines()[0]
     )
     p.add_argument("--ops", nargs="*", default=list(OPS), choices=OPS)
     p.add_argument("--rows", nargs="*", type=int, default=[1, 8])

@@ -3,13 +3,13 @@
 Starts `weir serve` on 127.0.0.1 (a random 2-layer Llama by default, `--model` for SmolLM2 or any
 folder; keys on, admission on), creates `--tenants` tenants, and runs `--workers` clients for
 `--duration-s` (bounded also by `--max-requests`): well-behaved streams and non-streamed calls,
-streams cancelled after their first bytes, and bad inputs from `bench.hostile`. Every 5 s it
+streams cancelled after their first bytes, and bad inputs from `weir_bench.hostile`. Every 5 s it
 samples the server's RSS. Per minute it reports the count of each outcome, TTFT and end-to-end
 percentiles of the well-behaved streams, and the RSS; at the end, the RSS growth (from the end of
 the first minute, so warm-up allocations do not count) and whether the server went back to idle
 (every KV block free, nothing running or waiting).
 
-Run: python -m bench.experiments.soak --out bench-out/soak [--duration-s 600] [--model PATH]
+Run: python -m weir_bench.experiments.soak --out bench-out/soak [--duration-s 600] [--model PATH]
 Writes summary.json and summary.md in --out.
 """
 
@@ -28,9 +28,9 @@ from typing import Any
 
 import httpx
 
-from bench.hostile import HOSTILE, Probe, StreamResult, Target, send, timed_stream
-from bench.stats import LatencySummary
-from bench.weir_process import WeirProcess, resolve_model, rss_bytes, run_weir, scrape_gauges
+from weir_bench.hostile import HOSTILE, Probe, StreamResult, Target, send, timed_stream
+from weir_bench.stats import LatencySummary
+from weir_bench.weir_process import WeirProcess, resolve_model, rss_bytes, run_weir, scrape_gauges
 
 _BAD = tuple(p for p in HOSTILE if p.defect in {"1", "3", "5", "7"})
 _CANCEL = next(p for p in HOSTILE if p.stream_then_cancel)
@@ -194,7 +194,7 @@ def markdown(report: dict[str, Any]) -> str:
 
 
 async def _create_keys(server: WeirProcess, num_tenants: int) -> dict[str, str]:
-    from bench.tenants import TenantSpec, create_tenants
+    from weir_bench.tenants import TenantSpec, create_tenants
 
     specs = [TenantSpec(f"soak-{i}", quota={"tokens_per_minute": 10_000_000}) for i in range(num_tenants)]
     async with httpx.AsyncClient(timeout=30) as client:
@@ -218,7 +218,9 @@ def _wait_idle(server: WeirProcess, timeout_s: float = 60) -> dict[str, float]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench.experiments.soak", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="python -m weir_bench.experiments.soak", description=__doc__.splitlines()[0]
+    )
     p.add_argument("--out", type=Path, default=Path("bench-out/soak"))
     p.add_argument("--duration-s", type=float, default=600.0)
     p.add_argument(

@@ -1,4 +1,4 @@
-"""`python -m bench.experiments.spec_decode --model DIR`: speculative decoding on and off, in one run.
+"""`python -m weir_bench.experiments.spec_decode --model DIR`: speculative decoding on and off, in one run.
 
 Three parts, one engine (the n-gram drafter built in; "off" detaches it, so both arms share the
 weights, the KV pool and the machine's state):
@@ -30,16 +30,16 @@ from typing import Any
 
 import torch
 
-from bench.engine_loop import run_until_done
-from bench.offline import load_requests
-from engine.client import EngineRequest
-from engine.config import CacheConfig, EngineConfig, SchedulerConfig
-from engine.llm_engine import LLMEngine, build_engine
-from engine.output import ScheduledRequest
-from engine.request import SamplingParams
-from engine.spec_decode.config import SpeculativeConfig, SpeculativeMethod
-from engine.spec_decode.drafter import Drafter
-from engine.spec_decode.policy import SpeculationPolicy
+from weir.engine.client import EngineRequest
+from weir.engine.config import CacheConfig, EngineConfig, SchedulerConfig
+from weir.engine.llm_engine import LLMEngine, build_engine
+from weir.engine.output import ScheduledRequest
+from weir.engine.request import SamplingParams
+from weir.engine.spec_decode.config import SpeculativeConfig, SpeculativeMethod
+from weir.engine.spec_decode.drafter import Drafter
+from weir.engine.spec_decode.policy import SpeculationPolicy
+from weir_bench.engine_loop import run_until_done
+from weir_bench.offline import load_requests
 
 TEXT = (
     "The gateway admits each request or rejects it at once. Admitted requests wait in one queue, "

@@ -1,4 +1,4 @@
-"""`python -m bench.experiments.step_contention --model DIR`: the decode step while another process takes CPU.
+"""`python -m weir_bench.experiments.step_contention --model DIR`: the decode step while another process takes CPU.
 
 In `weir serve` on a small CPU host the engine's intra-op threads share the cores with the HTTP
 event loop, the tokenizer workers and, in a benchmark, the load generator. A thread of the step
@@ -12,7 +12,7 @@ bursts, as a front end's work arrives). Each block starts the load fresh and sto
 Each `--modes` runs every load in turn, alternated within each round: `omp` steps with torch on
 `--threads` intra-op threads and the C kernels on OpenMP teams of as many; `pool` steps with torch
 on one thread and the C kernels on `--threads` threads of their work pool
-(kernels/cpu_work_pool.py), as `weir serve`'s decode steps run (engine/step_threads.py).
+(kernels/cpu_work_pool.py), as `weir serve`'s decode steps run (engine/runner/step_threads.py).
 
 Reported per mode and load: the median, p90 and max step time over `--rounds` rounds. The context
 grows over the run (one token a step), the same for every cell, since the blocks alternate.
@@ -34,9 +34,9 @@ from typing import Any
 
 import torch
 
-from bench.experiments.cpu_fast_path import _start_decoding
-from bench.experiments.decode_roofline import build_variant
-from kernels import cpu_work_pool
+from weir.kernels import cpu_work_pool
+from weir_bench.experiments.cpu_fast_path import _start_decoding
+from weir_bench.experiments.decode_roofline import build_variant
 
 _BURNER = """
 import sys, time

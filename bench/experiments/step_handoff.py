@@ -1,6 +1,6 @@
 """Per-step Python around the engine (issue 27, item 3): the output hand-off and the SSE chunk.
 
-`python -m bench.experiments.step_handoff [--streams 32] [--steps 400] [--rounds 5]`
+`python -m weir_bench.experiments.step_handoff [--streams 32] [--steps 400] [--rounds 5]`
 
 Two in-process micro-benchmarks, each timing the current code against the previous one,
 alternated `--rounds` times in one run (the machine is shared: the spread across rounds is
@@ -24,13 +24,13 @@ import time
 from collections.abc import Callable
 from typing import Any, cast
 
-from engine.async_engine import AsyncEngine, _Add
-from engine.client import EngineRequest
-from engine.llm_engine import LLMEngine
-from engine.mask_prefetch import MaskPrefetcher
-from engine.output import EngineStats, RequestOutput
-from engine.request import SamplingParams
-from gateway.api.responses import ChatFormatter
+from weir.engine.async_engine import AsyncEngine, _Add
+from weir.engine.client import EngineRequest
+from weir.engine.llm_engine import LLMEngine
+from weir.engine.mask_prefetch import MaskPrefetcher
+from weir.engine.output import EngineStats, RequestOutput
+from weir.engine.request import SamplingParams
+from weir.gateway.api.responses import ChatFormatter
 
 
 class _NullCore:

@@ -1,6 +1,6 @@
-"""`python -m bench.experiments.usage_batch_cost`: the Python one usage-writer batch costs.
+"""`python -m weir_bench.experiments.usage_batch_cost`: the Python one usage-writer batch costs.
 
-The usage writer (tenancy/usage_writer.py) spools records and writes them to the database in
+The usage writer (tenancy/usage/usage_writer.py) spools records and writes them to the database in
 batches on two threads of the server's process. That work is Python: it holds the GIL, so while
 a batch is written the event loop and the engine thread run at about half speed. This measures
 the thread CPU (`time.thread_time`, so fsync waits do not count) of each stage of one batch on a
@@ -25,15 +25,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from tenancy.db import Database
-from tenancy.enums import UsageStatus
-from tenancy.keys import KeyHasher
-from tenancy.migrate import upgrade
-from tenancy.money import TokenPrices
-from tenancy.prices import PriceRepo, PriceSpec
-from tenancy.records import KeySpec, TenantSpec, UsageRecordIn
-from tenancy.repo import TenancyRepo
-from tenancy.usage_spool import UsageSpool
+from weir.tenancy.budgets.money import TokenPrices
+from weir.tenancy.budgets.prices import PriceRepo, PriceSpec
+from weir.tenancy.keys.keys import KeyHasher
+from weir.tenancy.store.db import Database
+from weir.tenancy.store.enums import UsageStatus
+from weir.tenancy.store.migrate import upgrade
+from weir.tenancy.store.records import KeySpec, TenantSpec, UsageRecordIn
+from weir.tenancy.store.repo import TenancyRepo
+from weir.tenancy.usage.usage_spool import UsageSpool
 
 MODEL = "bench-model"
 
@@ -100,7 +100,7 @@ def run(directory: Path, batch: int, reps: int, warmup: int) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m bench.experiments.usage_batch_cost", description=__doc__.splitlines()[0]
+        prog="python -m weir_bench.experiments.usage_batch_cost", description=__doc__.splitlines()[0]
     )
     p.add_argument("--batch", type=int, default=64, help="records a batch (the writer's max_batch)")
     p.add_argument("--reps", type=int, default=40)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.models.llama import LlamaForCausalLM
+from weir.engine.models.llama import LlamaForCausalLM
 
 # config.json model_type -> our implementation; the Llama family differs only in flags of ModelConfig
 _MODEL_CLASSES: dict[str, type[LlamaForCausalLM]] = {

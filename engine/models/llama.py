@@ -29,14 +29,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.attention import AttentionBackend, AttentionMetadata
-from engine.config import ModelConfig
-from engine.models.llama_layers import Linear, LlamaDecoderLayer, RMSNorm, empty_param
-from engine.models.lora import LoraStep, ProjectionLora, build_projection_loras
-from engine.models.native_decode import NativeDecodeLayers
-from engine.models.native_ops import NativeOps
-from engine.models.packed_linear import PackedLinear, pack_linear_layers
-from engine.rope import RotaryEmbedding
+from weir.engine.config import ModelConfig
+from weir.engine.models.llama_layers import Linear, LlamaDecoderLayer, RMSNorm, empty_param
+from weir.engine.models.lora import LoraStep, ProjectionLora, build_projection_loras
+from weir.engine.models.native_decode import NativeDecodeLayers
+from weir.engine.models.native_ops import NativeOps
+from weir.engine.models.packed_linear import PackedLinear, pack_linear_layers
+from weir.engine.runner.attention import AttentionBackend, AttentionMetadata
+from weir.engine.runner.rope import RotaryEmbedding
 
 
 def _triton_on_cuda(attn_backend: AttentionBackend, device: torch.device) -> bool:
@@ -188,7 +188,7 @@ class LlamaForCausalLM(nn.Module):
             if out is not None:
                 return out
         if self.native_ops.norms:
-            from kernels.cpu_rms_norm import add_rms_norm
+            from weir.kernels.cpu_rms_norm import add_rms_norm
 
             # F.embedding's output is this step's own: the residual stream may be updated in place.
             residual: torch.Tensor | None = None
@@ -209,7 +209,7 @@ class LlamaForCausalLM(nn.Module):
         attn_metadata: AttentionMetadata,
         lora: LoraStep | None = None,
     ) -> torch.Tensor:  # [num_tokens, hidden]
-        from kernels.rms_norm import fused_add_rms_norm
+        from weir.kernels.rms_norm import fused_add_rms_norm
 
         residual: torch.Tensor | None = None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):

@@ -14,11 +14,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.attention import AttentionBackend, AttentionMetadata
-from engine.config import ModelConfig
-from engine.models.lora import LoraStep, ProjectionLora
-from engine.models.native_ops import NativeOps
-from engine.rope import RotaryEmbedding
+from weir.engine.config import ModelConfig
+from weir.engine.models.lora import LoraStep, ProjectionLora
+from weir.engine.models.native_ops import NativeOps
+from weir.engine.runner.attention import AttentionBackend, AttentionMetadata
+from weir.engine.runner.rope import RotaryEmbedding
 
 
 def empty_param(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> nn.Parameter:
@@ -149,7 +149,7 @@ class LlamaAttention(nn.Module):
     ) -> torch.Tensor:  # [num_tokens, hidden]
         num_tokens = qkv.shape[0]
         if self.native_ops.rope_kv and kv_cache.dtype == torch.float32:
-            from kernels.cpu_rope_kv import rope_kv_write
+            from weir.kernels.cpu_rope_kv import rope_kv_write
 
             # q rotated out of qkv; k rotated and v copied straight into their cache slots
             q = rope_kv_write(qkv, *rope_tables, attn_metadata.slot_mapping, kv_cache, self.num_heads)
@@ -172,7 +172,7 @@ class LlamaAttention(nn.Module):
         lora: LoraStep | None = None,
     ) -> torch.Tensor:  # [num_tokens, hidden]
         """As `forward`, with RoPE applied in place by the Triton kernel on views of the qkv output."""
-        from kernels.rotary import apply_rotary_
+        from weir.kernels.rotary import apply_rotary_
 
         num_tokens = hidden.shape[0]
         qkv = self._qkv(hidden, lora)  # [num_tokens, q_size + 2 * kv_size]
@@ -223,7 +223,7 @@ class LlamaMLP(nn.Module):
     def forward(self, x: torch.Tensor, lora: LoraStep | None = None) -> torch.Tensor:
         gate_up = self._gate_up(x, lora)  # [num_tokens, 2 * intermediate]
         if self.native_ops.silu_mul and gate_up.dtype == torch.float32:
-            from kernels.cpu_silu_mul import silu_mul
+            from weir.kernels.cpu_silu_mul import silu_mul
 
             return self._down(silu_mul(gate_up), lora)
         gate, up = gate_up.split(self.intermediate_size, dim=-1)  # [num_tokens, intermediate]
@@ -231,7 +231,7 @@ class LlamaMLP(nn.Module):
 
     def forward_fused(self, x: torch.Tensor, lora: LoraStep | None = None) -> torch.Tensor:
         """As `forward`, with silu(gate) * up in one Triton kernel."""
-        from kernels.silu_mul import silu_mul
+        from weir.kernels.silu_mul import silu_mul
 
         return self._down(silu_mul(self._gate_up(x, lora)), lora)  # silu_mul: [num_tokens, intermediate]
 
@@ -281,8 +281,8 @@ class LlamaDecoderLayer(nn.Module):
         rope_tables: tuple[torch.Tensor, torch.Tensor] | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:  # (this layer's MLP output, residual stream before it)
         """As `forward` on the CPU in float32, each residual add and the RMSNorm after it one C call
-        (`kernels.cpu_rms_norm`); the residual stream is updated in place."""
-        from kernels.cpu_rms_norm import add_rms_norm
+        (`weir.kernels.cpu_rms_norm`); the residual stream is updated in place."""
+        from weir.kernels.cpu_rms_norm import add_rms_norm
 
         ln1, ln2 = self.input_layernorm, self.post_attention_layernorm
         normed, residual = add_rms_norm(hidden, residual, ln1.weight, ln1.eps)
@@ -303,7 +303,7 @@ class LlamaDecoderLayer(nn.Module):
 
         The residual stream is updated in place; `forward`'s `x + f(norm(x))` is the same sum.
         """
-        from kernels.rms_norm import fused_add_rms_norm, rms_norm
+        from weir.kernels.rms_norm import fused_add_rms_norm, rms_norm
 
         ln1, ln2 = self.input_layernorm, self.post_attention_layernorm
         if residual is None:  # first layer: the embeddings are the residual stream

@@ -32,9 +32,9 @@ from collections.abc import Mapping, Sequence
 import torch
 import torch.nn.functional as F
 
-from engine.config import ModelConfig
+from weir.engine.config import ModelConfig
 
-# The fused projections of engine.models.llama_layers and the PEFT targets each one holds, in order.
+# The fused projections of weir.engine.models.llama_layers and the PEFT targets each one holds, in order.
 FUSED_TARGETS: dict[str, tuple[str, ...]] = {
     "qkv": ("q_proj", "k_proj", "v_proj"),
     "o": ("o_proj",),
@@ -164,7 +164,7 @@ class LoraStep:
         self, y: torch.Tensor, x: torch.Tensor, proj: ProjectionLora, used: list[int]
     ) -> torch.Tensor:
         """`apply` through the gathered kernels: each token reads only its own slot's factors."""
-        from kernels.lora_bgmv import bgmv_expand_, bgmv_shrink
+        from weir.kernels.lora_bgmv import bgmv_expand_, bgmv_shrink
 
         r = proj.max_rank
         t = bgmv_shrink(x.contiguous(), proj.a, self.token_slots, proj.width)  # [num_tokens, width]
@@ -178,7 +178,7 @@ def build_projection_loras(
     config: ModelConfig, num_slots: int, max_rank: int, dtype: torch.dtype, device: torch.device
 ) -> dict[str, ProjectionLora]:
     """One layer's ProjectionLora per fused projection, all slots zero."""
-    from engine.lora_adapter import projection_shape
+    from weir.engine.lora.lora_adapter import projection_shape
 
     out: dict[str, ProjectionLora] = {}
     for fused, targets in FUSED_TARGETS.items():

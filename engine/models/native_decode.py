@@ -4,7 +4,7 @@ Layer by layer (engine/models/llama_layers.py, `forward_native_norms`), a decode
 rows already runs every op of a layer as a C kernel; what is left between them is Python: ~270
 ctypes calls a step for SmolLM2's 30 layers, each with its checks and output tensor, and the GIL
 taken back after each. `NativeDecodeLayers` hands a whole step's layers to
-`kernels.cpu_decode_layers` instead: the same kernels in the same order (the same bits), one call.
+`weir.kernels.cpu_decode_layers` instead: the same kernels in the same order (the same bits), one call.
 
 It takes a step when every one of these holds, and otherwise returns None so that the model runs
 its layers one by one:
@@ -27,15 +27,15 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from engine.attention import AttentionMetadata, TorchAttentionBackend
-from engine.config import ModelConfig
-from engine.models.llama_layers import LlamaDecoderLayer, RMSNorm
-from engine.models.lora import LoraStep
-from engine.models.native_ops import NativeOps
-from engine.models.packed_linear import PackedLinear
-from kernels import cpu_decode_attention, cpu_decode_layers
-from kernels.cpu_decode_layers import DecodeLayers, LayerWeights, ModelShape
-from kernels.cpu_small_gemm import SmallGemm
+from weir.engine.config import ModelConfig
+from weir.engine.models.llama_layers import LlamaDecoderLayer, RMSNorm
+from weir.engine.models.lora import LoraStep
+from weir.engine.models.native_ops import NativeOps
+from weir.engine.models.packed_linear import PackedLinear
+from weir.engine.runner.attention import AttentionMetadata, TorchAttentionBackend
+from weir.kernels import cpu_decode_attention, cpu_decode_layers
+from weir.kernels.cpu_decode_layers import DecodeLayers, LayerWeights, ModelShape
+from weir.kernels.cpu_small_gemm import SmallGemm
 
 
 def _row_gemm(linear: object) -> tuple[SmallGemm, int] | None:

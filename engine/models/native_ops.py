@@ -46,7 +46,7 @@ class NativeOps:
         """Every op whose kernel builds, on a float32 CPU model; none elsewhere."""
         if device.type != "cpu" or dtype != torch.float32:
             return cls()
-        from kernels import cpu_rms_norm, cpu_rope_kv, cpu_silu_mul
+        from weir.kernels import cpu_rms_norm, cpu_rope_kv, cpu_silu_mul
 
         return cls(
             norms=cpu_rms_norm.available(),

@@ -15,7 +15,7 @@ Few-row calls (a decode step of up to 16 sequences, the LM head of a few) are bo
 the weight from memory. oneDNN's blocked weight streams at 1.1-1.6x the time of a plain `sum` over
 the same bytes at one row and 1.3-2.3x at eight, depending on the host and shape. With
 `row_inputs=n` a layer also keeps its weight packed in column panels for the C kernel
-`kernels.cpu_small_gemm` and multiplies inputs of at most n rows with it (one read of the weight
+`weir.kernels.cpu_small_gemm` and multiplies inputs of at most n rows with it (one read of the weight
 per call: 0.96-1.08x the `sum`'s time on SmolLM2's linears at one row, 1.1-1.5x at eight).
 Where no C compiler builds that kernel, the copy is the weight transposed (`[in_features,
 out_features]`, contiguous), which MKL's GEMV walks row after row, for one-row inputs only (the
@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from kernels import cpu_small_gemm
+from weir.kernels import cpu_small_gemm
 
 _PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
 

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.models.packed_linear import row_copy_native
-from kernels import cpu_small_gemm
+from weir.engine.models.packed_linear import row_copy_native
+from weir.kernels import cpu_small_gemm
 
 logger = logging.getLogger(__name__)
 

@@ -29,11 +29,11 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.output import ScheduledRequest, SchedulerOutput
-from engine.request import Request
-from engine.runner import ModelRunner
-from engine.sampler import Sampler, SamplingContext, samples_greedily
-from engine.spec_decode.drafter import Draft
+from weir.engine.output import ScheduledRequest, SchedulerOutput
+from weir.engine.request import Request
+from weir.engine.runner.runner import ModelRunner
+from weir.engine.sampling.sampler import Sampler, SamplingContext, samples_greedily
+from weir.engine.spec_decode.drafter import Draft
 
 
 @dataclass

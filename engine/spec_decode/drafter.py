@@ -8,8 +8,8 @@ from typing import Protocol
 
 import torch
 
-from engine.output import SchedulerOutput
-from engine.request import Request
+from weir.engine.output import SchedulerOutput
+from weir.engine.request import Request
 
 
 @dataclass(frozen=True)

@@ -9,13 +9,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 
-from engine.output import SchedulerOutput
-from engine.request import Request
-from engine.runner import StepResult
-from engine.sampler import SampleResult
-from engine.scheduler import AppendedToken
-from engine.spec_decode.drafter import Draft, Drafter
-from engine.spec_decode.tally import VerifiedDraft
+from weir.engine.output import SchedulerOutput
+from weir.engine.request import Request
+from weir.engine.runner.runner import StepResult
+from weir.engine.sampling.sampler import SampleResult
+from weir.engine.scheduling.scheduler import AppendedToken
+from weir.engine.spec_decode.drafter import Draft, Drafter
+from weir.engine.spec_decode.tally import VerifiedDraft
 
 logger = logging.getLogger("weir.engine")
 

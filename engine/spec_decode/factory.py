@@ -6,13 +6,13 @@ from typing import Any
 
 import torch
 
-from engine.config import EngineConfig, ModelConfig
-from engine.engine_tokenizer import tokenizer_fingerprint
-from engine.runner import ModelRunner
-from engine.spec_decode.config import SpeculativeMethod
-from engine.spec_decode.draft_model_drafter import DraftModelDrafter
-from engine.spec_decode.drafter import Drafter
-from engine.spec_decode.ngram_drafter import NgramDrafter
+from weir.engine.config import EngineConfig, ModelConfig
+from weir.engine.runner.runner import ModelRunner
+from weir.engine.spec_decode.config import SpeculativeMethod
+from weir.engine.spec_decode.draft_model_drafter import DraftModelDrafter
+from weir.engine.spec_decode.drafter import Drafter
+from weir.engine.spec_decode.ngram_drafter import NgramDrafter
+from weir.engine.text.engine_tokenizer import tokenizer_fingerprint
 
 
 class DraftModelMismatchError(ValueError):
@@ -42,8 +42,8 @@ def build_drafter(
         return NgramDrafter(spec.ngram_min, spec.ngram_max)
     from transformers import AutoTokenizer
 
-    from engine.kv_tensors import allocate_kv_caches
-    from engine.loader import load_model, load_model_config
+    from weir.engine.kv.kv_tensors import allocate_kv_caches
+    from weir.engine.runner.loader import load_model, load_model_config
 
     path = str(spec.draft_model_path)
     max_len = min(config.scheduler.max_model_len, model_config.max_model_len)

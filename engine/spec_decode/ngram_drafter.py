@@ -16,9 +16,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from engine.output import SchedulerOutput
-from engine.request import Request
-from engine.spec_decode.drafter import Draft
+from weir.engine.output import SchedulerOutput
+from weir.engine.request import Request
+from weir.engine.spec_decode.drafter import Draft
 
 
 @dataclass

@@ -20,11 +20,11 @@ import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
-from engine.kv_cache_manager import KVCacheManager
-from engine.output import SchedulerOutput
-from engine.request import Request
-from engine.spec_decode.config import SpeculativeConfig
-from engine.spec_decode.tally import SpeculationCounters, VerifiedDraft
+from weir.engine.kv.kv_cache_manager import KVCacheManager
+from weir.engine.output import SchedulerOutput
+from weir.engine.request import Request
+from weir.engine.spec_decode.config import SpeculativeConfig
+from weir.engine.spec_decode.tally import SpeculationCounters, VerifiedDraft
 
 
 class SpeculationPolicy:

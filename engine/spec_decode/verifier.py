@@ -26,8 +26,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from engine.sampler import Sampler, SampleResult, SamplingContext, samples_greedily
-from engine.spec_decode.drafter import Draft
+from weir.engine.sampling.sampler import Sampler, SampleResult, SamplingContext, samples_greedily
+from weir.engine.spec_decode.drafter import Draft
 
 # accept(p(d), q(d), u) with u uniform in [0, 1): whether the draft token d is kept.
 AcceptRule = Callable[[float, float, float], bool]

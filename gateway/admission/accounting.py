@@ -18,12 +18,12 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from engine.client import EngineRequest
-from engine.output import RequestMetrics, RequestOutput
-from gateway.api.protocol import Endpoint
-from gateway.metrics.registry import GatewayMetrics
-from gateway.metrics.tracing import RequestSpan
-from tenancy.context import TenantContext
+from weir.engine.client import EngineRequest
+from weir.engine.output import RequestMetrics, RequestOutput
+from weir.gateway.api.protocol import Endpoint
+from weir.gateway.metrics.registry import GatewayMetrics
+from weir.gateway.metrics.tracing import RequestSpan
+from weir.tenancy.context import TenantContext
 
 logger = logging.getLogger(__name__)
 
@@ -134,7 +134,7 @@ class UsageJournal:
     loop: a crash of the process keeps it) and must feed the same spool as the `UsageSink`. A
     stream writes a provisional record before its first byte, an updated one at most every
     `USAGE_PROGRESS_INTERVAL_S` as chunks go out, and its final one before its last byte; after
-    a crash the last one written is the bill (`tenancy.usage_writer`).
+    a crash the last one written is the bill (`weir.tenancy.usage.usage_writer`).
     """
 
     write: UsageSink

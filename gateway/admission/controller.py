@@ -1,18 +1,18 @@
 """Admission control: token budgets, SLO-aware early rejection and a queue bounded in tokens.
 
-Awaited by the routes before a request reaches the engine (`gateway.admission.accounting.Admission`). In
+Awaited by the routes before a request reaches the engine (`weir.gateway.admission.accounting.Admission`). In
 order, cheapest and least committal first:
 
 1. Concurrency: at most `max_concurrent` requests of a tenant in flight on this replica (429).
 2. Queue bound: the engine's waiting prompt tokens plus this request's must stay within
    `max_queued_tokens` (503 `queue_full`), so nothing piles up without limit.
 3. SLO: an interactive request whose tenant has a TTFT objective is rejected at once when the
-   predicted TTFT (`gateway.admission.slo`) misses it (503 `slo_unattainable`) rather than waiting to miss.
+   predicted TTFT (`weir.gateway.admission.slo`) misses it (503 `slo_unattainable`) rather than waiting to miss.
    The prediction is scaled by the bias its class's admitted requests showed, actual TTFT over
-   predicted (`gateway.admission.ttft_calibration`), so a model that runs pessimistic does not
+   predicted (`weir.gateway.admission.ttft_calibration`), so a model that runs pessimistic does not
    refuse what the machine could serve in time. Both targets count: a request that would find no
    seat under the running cap, or whose stream would tip the running streams' steps over their
-   ITL target, is refused the same way (`gateway.admission.stream_outlook`, issue 58).
+   ITL target, is refused the same way (`weir.gateway.admission.stream_outlook`, issue 58).
 4. Budget: what the request may compute is reserved from the tenant's tokens-per-minute bucket
    and daily cap: the prompt once, plus max_tokens for each sequence (each of the n choices, or
    each of the beam_width beams of a beam search). A request without max_tokens reserves a
@@ -20,9 +20,9 @@ order, cheapest and least committal first:
    whole context, though it may still generate up to the context. 429 `rate_limit_exceeded` with
    Retry-After and `x-ratelimit-*` headers, as OpenAI sends them; a request larger than the
    tenant's whole budget can never be admitted, and gets a 400 `request_too_large` that clients
-   do not retry. Local budgets or database leases: any `tenancy.quotas.TokenBudget`.
+   do not retry. Local budgets or database leases: any `weir.tenancy.budgets.quotas.TokenBudget`.
 5. Window budgets: tokens and money of the tenant and the key over minute, hour, day, month or
-   rolling windows, with soft and hard limits (`gateway.admission.window_budget_gate`); a hard limit
+   rolling windows, with soft and hard limits (`weir.gateway.admission.window_budget_gate`); a hard limit
    refuses with 429 and Retry-After until the window has room, and what step 4 granted goes back.
 
 Admitted requests get a queue deadline (`max_queue_time_s` after arrival): the engine aborts them
@@ -45,20 +45,20 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from engine.client import EngineRequest
-from engine.output import EngineStats
-from engine.request import Priority
-from gateway.admission.accounting import Admitted, Outcome, UsageRecord
-from gateway.admission.slo import RecentAdmissions, predict_ttft
-from gateway.admission.stream_outlook import stream_outlook
-from gateway.admission.ttft_calibration import TTFTCalibration
-from gateway.admission.window_budget_gate import WindowBudgetGate, WindowBudgetMetrics, WindowHold
-from gateway.http.errors import BadRequestError, RateLimitError, ServiceUnavailableError
-from gateway.metrics.admission_metrics import AdmissionMetrics, RejectReason, SLOResult
-from gateway.server.settings import Settings
-from tenancy.context import QuotaLimits, TenantContext
-from tenancy.principal_budgets import PrincipalBudgets, RateWindow, Reservation
-from tenancy.quotas import ConcurrencyLimiter, Denial, LimitKind, LocalBudget, TokenBudget
+from weir.engine.client import EngineRequest
+from weir.engine.output import EngineStats
+from weir.engine.request import Priority
+from weir.gateway.admission.accounting import Admitted, Outcome, UsageRecord
+from weir.gateway.admission.slo import RecentAdmissions, predict_ttft
+from weir.gateway.admission.stream_outlook import stream_outlook
+from weir.gateway.admission.ttft_calibration import TTFTCalibration
+from weir.gateway.admission.window_budget_gate import WindowBudgetGate, WindowBudgetMetrics, WindowHold
+from weir.gateway.http.errors import BadRequestError, RateLimitError, ServiceUnavailableError
+from weir.gateway.metrics.admission_metrics import AdmissionMetrics, RejectReason, SLOResult
+from weir.gateway.server.settings import Settings
+from weir.tenancy.budgets.principal_budgets import PrincipalBudgets, RateWindow, Reservation
+from weir.tenancy.budgets.quotas import ConcurrencyLimiter, Denial, LimitKind, LocalBudget, TokenBudget
+from weir.tenancy.context import QuotaLimits, TenantContext
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ _REASON_OF = {
 
 @dataclass(frozen=True)
 class AdmissionConfig:
-    """Admission knobs (from `gateway.server.settings`)."""
+    """Admission knobs (from `weir.gateway.server.settings`)."""
 
     max_queue_time_s: float | None = 300.0  # None: requests may wait in the queue indefinitely
     max_queued_tokens: int | None = 65_536  # None: no bound on waiting prompt tokens
@@ -361,7 +361,7 @@ class AdmissionController:
     ) -> None:
         """Refuse (503 `slo_unattainable`) a request that cannot meet both targets beside the
         running streams: no seat under the running cap, or its row tips their step over the ITL
-        target (`gateway.admission.stream_outlook`). Retry-After: its TTFT target, about the time
+        target (`weir.gateway.admission.stream_outlook`). Retry-After: its TTFT target, about the time
         in which running streams end and seats and rows free up."""
         outlook = stream_outlook(stats, priority, self._recent.seqs_ahead(priority), num_seqs)
         target = itl_s if itl_s is not None else stats.class_targets.of(priority).itl_s
@@ -485,10 +485,10 @@ def build_admission(
 ) -> AdmissionController:
     """The admission of `weir serve`: leases from PostgreSQL, in-process budgets on SQLite.
 
-    SQLite means one replica (see `tenancy.leases`), whose own buckets are exact and cost no
+    SQLite means one replica (see `weir.tenancy.budgets.leases`), whose own buckets are exact and cost no
     database round trip.
     """
-    from tenancy.db import Database
+    from weir.tenancy.store.db import Database
 
     config = AdmissionConfig(
         max_queue_time_s=settings.max_queue_time_s or None,
@@ -507,7 +507,7 @@ def build_admission(
             closers=closers,
             window_budgets=gate,
         )
-    from tenancy.leases import LeasedBudget, LeaseStore, SubjectRows
+    from weir.tenancy.budgets.leases import LeasedBudget, LeaseStore, SubjectRows
 
     def leased(rows: SubjectRows | None = None) -> LeasedBudget:
         return LeasedBudget(

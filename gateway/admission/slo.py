@@ -22,7 +22,7 @@ The model is deliberately simple and cheap (it runs for every request):
   default; at most the throughput step). Lower classes' decodes and chunks yield to it but for
   one decode row, so each step holds `(step - overhead - rows * cost per row) / cost per prefill
   token` of its prompt and the queue ahead, rows being the running sequences of its class and
-  better (plus that one), and at least the minimum chunk (`engine.step_budget.min_chunk`: fewer
+  better (plus that one), and at least the minimum chunk (`weir.engine.scheduling.step_budget.min_chunk`: fewer
   tokens where 32 take more than a quarter of the step). A tenant whose own requests ran slowly
   (long steps shared with batch work) is not refused for that: its next request's steps are
   planned shorter.
@@ -40,9 +40,9 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
-from engine.output import EngineStats
-from engine.request import Priority
-from engine.step_budget import min_chunk
+from weir.engine.output import EngineStats
+from weir.engine.request import Priority
+from weir.engine.scheduling.step_budget import min_chunk
 
 _NUM_CLASSES = len(Priority)
 _MIN_CHUNK = 32  # the step budget's minimum prefill chunk (StepBudgetConfig.min_prefill_chunk)
@@ -126,7 +126,7 @@ def predict_ttft(
         if per_step < _MIN_CHUNK:
             # The request has a TTFT objective (else nothing is predicted): while its deadline
             # needs it, the scheduler lifts the prefill floor up to the minimum chunk
-            # (engine.step_plan.ttft_tokens), and such a step lasts what its cost says.
+            # (weir.engine.scheduling.step_plan.ttft_tokens), and such a step lasts what its cost says.
             per_step = _MIN_CHUNK
             rest_s = max(rest_s, _lifted_step_s(stats, priority))
         rest = math.ceil(max(0, total - first) / per_step)

@@ -1,5 +1,5 @@
 """Whether a new interactive request can meet both its targets beside the streams running now
-(issue 58): its TTFT (`gateway.admission.slo.predict_ttft`) and its ITL, without costing the
+(issue 58): its TTFT (`weir.gateway.admission.slo.predict_ttft`) and its ITL, without costing the
 running streams theirs.
 
 The TTFT prediction alone let through requests that the scheduler then kept out: a request that
@@ -26,9 +26,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.output import EngineStats
-from engine.request import Priority
-from gateway.admission.slo import rows_kept
+from weir.engine.output import EngineStats
+from weir.engine.request import Priority
+from weir.gateway.admission.slo import rows_kept
 
 
 @dataclass(frozen=True)

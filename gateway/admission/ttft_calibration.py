@@ -1,6 +1,6 @@
 """Calibrating the TTFT predictions by the TTFTs the admitted requests then got.
 
-`gateway.admission.slo.predict_ttft` is a model: planned steps, a fitted cost per token, the queue
+`weir.gateway.admission.slo.predict_ttft` is a model: planned steps, a fitted cost per token, the queue
 ahead. Whatever it leaves out (several waiting prompts sharing one step's chunk, steps shorter
 than their target when few rows run, a machine slower than its fit) biases it the same way for a
 while; measured on SmolLM2 under the noisy-neighbour trace its predictions were ~1.5x the TTFT
@@ -33,8 +33,8 @@ from dataclasses import dataclass, replace
 
 from cachetools import LRUCache
 
-from engine.request import Priority
-from gateway.admission.slo import TTFTPrediction
+from weir.engine.request import Priority
+from weir.gateway.admission.slo import TTFTPrediction
 
 MIN_SAMPLES = 4  # reports of a class before its factor is applied
 ALPHA = 0.2  # weight of each new report in the running mean of log(actual / predicted)

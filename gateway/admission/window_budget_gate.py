@@ -1,11 +1,11 @@
-"""Admission against window budgets (`tenancy.window_budgets`): tokens and money over windows.
+"""Admission against window budgets (`weir.tenancy.budgets.window_budgets`): tokens and money over windows.
 
 After the per-minute budgets admitted a request, the budgets over windows of its tenant and of
 its key (if any are set) each take the request's reservation in one database transaction:
 
 - `tokens` budgets take the tokens admission reserved (prompt + max_tokens per sequence);
 - `micros` budgets take the most the request may spend at the dearest price in effect (the model
-  version is picked later; one price table, `tenancy.prices`); nothing if no price is set.
+  version is picked later; one price table, `weir.tenancy.budgets.prices`); nothing if no price is set.
 
 A hard limit that would be passed refuses: 429 with `Retry-After` = until enough of the window is
 over (its reset for calendar windows), or 400 `request_too_large` if the reservation alone is
@@ -19,7 +19,7 @@ cache TTL), and again before the admin API answers a change made on this replica
 change reaches the other replicas within `refresh_s`.
 
 Traffic a budget did not see at admission is still counted: the store seeds a new budget with the
-usage records of its current window (`tenancy.window_budgets`), and a request admitted without a
+usage records of its current window (`weir.tenancy.budgets.window_budgets`), and a request admitted without a
 charge for a budget its principal has by the time it settles (one in flight when the budget was
 set, or admitted by a replica that had not read it yet) is charged what it used in the bucket of
 its arrival. Settlements are written in order on one worker thread, off the event loop.
@@ -38,15 +38,15 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter
 
-from engine.client import EngineRequest
-from gateway.admission.accounting import UsageRecord
-from gateway.http.errors import BadRequestError, RateLimitError, ServiceUnavailableError
-from tenancy.context import TenantContext
-from tenancy.db import Database
-from tenancy.money import TokenPrices, format_micros
-from tenancy.prices import PriceBook, PriceRepo
-from tenancy.window_budget_records import Budget, BudgetUnit, Charge, Refusal, SoftAlert
-from tenancy.window_budgets import WindowBudgetStore
+from weir.engine.client import EngineRequest
+from weir.gateway.admission.accounting import UsageRecord
+from weir.gateway.http.errors import BadRequestError, RateLimitError, ServiceUnavailableError
+from weir.tenancy.budgets.money import TokenPrices, format_micros
+from weir.tenancy.budgets.prices import PriceBook, PriceRepo
+from weir.tenancy.budgets.window_budget_records import Budget, BudgetUnit, Charge, Refusal, SoftAlert
+from weir.tenancy.budgets.window_budgets import WindowBudgetStore
+from weir.tenancy.context import TenantContext
+from weir.tenancy.store.db import Database
 
 logger = logging.getLogger(__name__)
 

@@ -1,8 +1,8 @@
 """The bodies of the LoRA adapter admin API (/admin/v1/adapters), declared once as pydantic v2 models.
 
-Validation, the OpenAPI schemas (`gateway.api.openapi_admin`) and the `weir admin adapters` client
-(`tenancy.adapter_admin_client` reads the same field names) derive from these. Bounds are the
-records' constants (`tenancy.adapter_records`), not restated; the records check them again.
+Validation, the OpenAPI schemas (`weir.gateway.api.openapi_admin`) and the `weir admin adapters` client
+(`weir.tenancy.cli.adapter_admin_client` reads the same field names) derive from these. Bounds are the
+records' constants (`weir.tenancy.catalog.adapter_records`), not restated; the records check them again.
 """
 
 from __future__ import annotations
@@ -12,15 +12,15 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tenancy.adapter_records import MAX_ADAPTER_NAME_LEN, AdapterSpec, AdapterState
-from tenancy.model_version_records import MAX_PATH_LEN
-from tenancy.models import (  # a tenant name's column; validate_tenant_name checks its characters
+from weir.tenancy.catalog.adapter_records import MAX_ADAPTER_NAME_LEN, AdapterSpec, AdapterState
+from weir.tenancy.catalog.model_version_records import MAX_PATH_LEN
+from weir.tenancy.store.models import (  # a tenant name's column; validate_tenant_name checks its characters
     MODEL_VERSION_ID_LEN,
     NAME_LEN,
 )
 
 if TYPE_CHECKING:
-    from gateway.fleet.adapter_rollout import AdapterStatus
+    from weir.gateway.fleet.adapter_rollout import AdapterStatus
 
 
 class _Body(BaseModel):

@@ -1,10 +1,10 @@
 """The body of `POST /v1/messages` (Anthropic's Messages API), declared once as pydantic v2 models.
 
-Strict like the OpenAI bodies (`gateway.api.openai_bodies.requests`): unknown fields are ignored,
+Strict like the OpenAI bodies (`weir.gateway.api.openai_bodies.requests`): unknown fields are ignored,
 null is a field left out, and a field out of its bounds is a 400 naming its path
 (`messages[0].content[1].tool_use_id`). Content blocks are `text`, `tool_use` (an assistant's
 call) and `tool_result` (a user's answer to one); images, documents and thinking are refused by
-type. The translation into the chat route's request is `gateway.api.anthropic_protocol`.
+type. The translation into the chat route's request is `weir.gateway.api.anthropic_protocol`.
 """
 
 from __future__ import annotations
@@ -13,16 +13,16 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, Tag, model_validator
 
-from engine import sampling_bounds as b
-from gateway.api import structured_bodies as sb
-from gateway.api.openai_bodies.fields import AS_INT, AS_NUMBER
-from gateway.api.openai_bodies.requests import (
+from weir.engine.sampling import sampling_bounds as b
+from weir.gateway.api import structured_bodies as sb
+from weir.gateway.api.openai_bodies.fields import AS_INT, AS_NUMBER
+from weir.gateway.api.openai_bodies.requests import (
     MAX_USER_CHARS,
     MaxTokens,
     StopString,
     StrictBody,
 )
-from gateway.api.openai_bodies.responses import Answer
+from weir.gateway.api.openai_bodies.responses import Answer
 
 
 class AnthropicBody(StrictBody):
@@ -168,7 +168,7 @@ class MessagesBody(AnthropicBody):
     metadata: Metadata | None = None
 
 
-# The answers, as `/openapi.json` declares them (`gateway.api.anthropic_stream` writes them).
+# The answers, as `/openapi.json` declares them (`weir.gateway.api.anthropic_stream` writes them).
 
 
 class AnthropicUsage(Answer):

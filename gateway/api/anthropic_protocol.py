@@ -1,7 +1,7 @@
-"""A Messages body (`gateway.api.anthropic_bodies`) as the chat route's own request.
+"""A Messages body (`weir.gateway.api.anthropic_bodies`) as the chat route's own request.
 
 `POST /v1/messages` runs as a chat completion: the same `ChatCompletionRequest` (messages, tools,
-sampling) goes through the same steps (`gateway.routes.openai`). The mapping:
+sampling) goes through the same steps (`weir.gateway.routes.openai`). The mapping:
 
 - `system` is the first message (role `system`); a string or text blocks;
 - a user message's text blocks are its content; each `tool_result` block becomes a `tool`
@@ -23,14 +23,14 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from engine.grammar import ConstraintSpec
-from gateway.api import anthropic_bodies as ab
-from gateway.api import structured_bodies as sb
-from gateway.api.openai_bodies.params import bad_request
-from gateway.api.openai_bodies.requests import DEFAULT_MAX_CHAT_MESSAGES, Role
-from gateway.api.protocol import ChatCompletionRequest, ChatMessage, GenerationOptions, check_chat_counts
-from gateway.api.tool_calls import calls_schema, tools_request
-from gateway.http.errors import BadRequestError
+from weir.engine.structured.grammar import ConstraintSpec
+from weir.gateway.api import anthropic_bodies as ab
+from weir.gateway.api import structured_bodies as sb
+from weir.gateway.api.openai_bodies.params import bad_request
+from weir.gateway.api.openai_bodies.requests import DEFAULT_MAX_CHAT_MESSAGES, Role
+from weir.gateway.api.protocol import ChatCompletionRequest, ChatMessage, GenerationOptions, check_chat_counts
+from weir.gateway.api.tool_calls import calls_schema, tools_request
+from weir.gateway.http.errors import BadRequestError
 
 
 def _text(content: str | list[ab.TextBlock]) -> str:

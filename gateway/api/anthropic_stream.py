@@ -1,11 +1,11 @@
 """Anthropic's answer shapes for `POST /v1/messages`: the message, its stream events, its errors.
 
-The request runs as a chat completion (`gateway.api.anthropic_protocol`); this formatter writes
+The request runs as a chat completion (`weir.gateway.api.anthropic_protocol`); this formatter writes
 what the engine produced as Anthropic's SDKs read it:
 
 - a message `{"id": "msg_...", "type": "message", "role": "assistant", "content": [blocks],
   "stop_reason", "stop_sequence", "usage"}`, its blocks `text` and `tool_use` (calls parsed out
-  of the text as for chat, `gateway.api.tool_calls`);
+  of the text as for chat, `weir.gateway.api.tool_calls`);
 - a stream of named events: `message_start`, then per block `content_block_start`,
   `content_block_delta` (`text_delta`, or the call's `input_json_delta`) and
   `content_block_stop`, then `message_delta` (the stop reason and the usage) and `message_stop`;
@@ -22,12 +22,12 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from engine.output import RequestOutput
-from gateway.admission.accounting import Usage
-from gateway.api.protocol import Endpoint
-from gateway.api.responses import ChoiceState, ResponseFormatter
-from gateway.api.tool_calls import ParsedCall, ToolCallParser
-from gateway.http.errors import WeirError, anthropic_error_body
+from weir.engine.output import RequestOutput
+from weir.gateway.admission.accounting import Usage
+from weir.gateway.api.protocol import Endpoint
+from weir.gateway.api.responses import ChoiceState, ResponseFormatter
+from weir.gateway.api.tool_calls import ParsedCall, ToolCallParser
+from weir.gateway.http.errors import WeirError, anthropic_error_body
 
 _STOP_REASONS = {"stop": "end_turn", "length": "max_tokens"}
 

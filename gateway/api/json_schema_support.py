@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from typing import Any
 from urllib.parse import unquote
 
-from gateway.http.errors import BadRequestError
+from weir.gateway.http.errors import BadRequestError
 
 # Keywords the grammar enforces, as long as `check_schema`'s extra rules hold (below).
 ENFORCED = frozenset(

@@ -3,7 +3,7 @@
 Every operation the app serves is listed, the admin ones included, with its security scheme
 (`bearer`: a tenant's API key; `admin_token`: the operator's). The OpenAI request bodies and
 answers are generated from the pydantic models the validator and the tests use
-(`gateway.api.openai_bodies`), with the served model names as the `model` enum and token ids bounded
+(`weir.gateway.api.openai_bodies`), with the served model names as the `model` enum and token ids bounded
 by the vocabulary, so that a client generating requests from this document
 (a fuzzer, an SDK generator) sends what the server accepts. OpenAI clients may send more fields,
 which are ignored.
@@ -20,12 +20,12 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
-from gateway.api import anthropic_bodies as ab
-from gateway.api import tokenize_bodies as tb
-from gateway.api.openai_bodies import requests as rb
-from gateway.api.openai_bodies.responses import ANSWERS
-from gateway.api.openapi_admin import ADMIN, admin_paths
-from gateway.api.openapi_admin import SCHEMAS as ADMIN_SCHEMAS
+from weir.gateway.api import anthropic_bodies as ab
+from weir.gateway.api import tokenize_bodies as tb
+from weir.gateway.api.openai_bodies import requests as rb
+from weir.gateway.api.openai_bodies.responses import ANSWERS
+from weir.gateway.api.openapi_admin import ADMIN, admin_paths
+from weir.gateway.api.openapi_admin import SCHEMAS as ADMIN_SCHEMAS
 
 _PREFIX_CACHE = "/admin/v1/prefix-cache"
 _MODELS = "/admin/v1/models"  # the model-version routes, mounted only with a fleet that loads

@@ -2,7 +2,7 @@
 model versions and their rollouts, the prefix-cache admin API, and the tenant's own /v1/usage.
 
 Every request and response body is generated from the pydantic models the routes parse and
-render with (`tenancy.admin_bodies`, `gateway.api.prefix_cache_bodies`), so the document cannot
+render with (`weir.tenancy.admin_bodies`, `weir.gateway.api.prefix_cache_bodies`), so the document cannot
 drift from them; `tests/gateway/api/test_openapi_admin.py` validates a real answer of every route
 against it. Only the operations (paths, parameters, summaries) are listed here.
 """
@@ -14,13 +14,13 @@ from typing import Any
 from pydantic import TypeAdapter
 from pydantic.json_schema import JsonSchemaMode
 
-from gateway.api.adapter_admin_bodies import (
+from weir.gateway.api.adapter_admin_bodies import (
     AdapterAccessBody,
     AdapterListOut,
     AdapterOut,
     AdapterRegisterBody,
 )
-from gateway.api.prefix_cache_bodies import (
+from weir.gateway.api.prefix_cache_bodies import (
     PrefixCacheFlush,
     PrefixCacheStatsBody,
     PrefixFlushBody,
@@ -29,10 +29,10 @@ from gateway.api.prefix_cache_bodies import (
     SharedPrefix,
     TenantCacheStatsBody,
 )
-from tenancy.admin_bodies.audit import AuditList
-from tenancy.admin_bodies.fields import MAX_QUERY_LEN, KeyId, ModelName, TenantName, VersionLabel
-from tenancy.admin_bodies.keys import ApiKey, ApiKeyList, IssuedApiKey, KeyCreate
-from tenancy.admin_bodies.model_versions import (
+from weir.tenancy.admin_bodies.audit import AuditList
+from weir.tenancy.admin_bodies.fields import MAX_QUERY_LEN, KeyId, ModelName, TenantName, VersionLabel
+from weir.tenancy.admin_bodies.keys import ApiKey, ApiKeyList, IssuedApiKey, KeyCreate
+from weir.tenancy.admin_bodies.model_versions import (
     ModelVersion,
     ModelVersionCreate,
     ModelVersionList,
@@ -41,12 +41,19 @@ from tenancy.admin_bodies.model_versions import (
     TrafficPlanBody,
     VersionAction,
 )
-from tenancy.admin_bodies.quota import KeyLimitsBody
-from tenancy.admin_bodies.tenants import Tenant, TenantCreate, TenantList, TenantPatch
-from tenancy.admin_bodies.usage import TenantUsage, UsageReportBody
-from tenancy.admin_bodies.usage_query import AuditQuery, ReportParams, UsageQuery
-from tenancy.quota_limits import QuotaLimits
-from tenancy.spend_api import BudgetBody, BudgetList, BudgetOut, PriceBody, PriceList, PriceOut
+from weir.tenancy.admin_bodies.quota import KeyLimitsBody
+from weir.tenancy.admin_bodies.spend_api import (
+    BudgetBody,
+    BudgetList,
+    BudgetOut,
+    PriceBody,
+    PriceList,
+    PriceOut,
+)
+from weir.tenancy.admin_bodies.tenants import Tenant, TenantCreate, TenantList, TenantPatch
+from weir.tenancy.admin_bodies.usage import TenantUsage, UsageReportBody
+from weir.tenancy.admin_bodies.usage_query import AuditQuery, ReportParams, UsageQuery
+from weir.tenancy.budgets.quota_limits import QuotaLimits
 
 ADMIN: list[dict[str, list[str]]] = [{"admin_token": []}]
 

@@ -1,7 +1,7 @@
 """The prefix-cache admin API's bodies (`/admin/v1/prefix-cache/...`), declared as pydantic models.
 
 `/openapi.json` is generated from them, and `tests/gateway/api/test_openapi_admin.py` validates real
-answers of `gateway.routes.prefix_cache` against that document. The route still parses its
+answers of `weir.gateway.routes.prefix_cache` against that document. The route still parses its
 two request bodies by hand (issue 22 item 5 moves it onto the chat body model and these).
 """
 
@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine.prefix_cache_types import PrefixCacheStats, SharedPrefixInfo, TenantCacheStats
+from weir.engine.kv.prefix_cache_types import PrefixCacheStats, SharedPrefixInfo, TenantCacheStats
 
 NonEmpty = Annotated[str, Field(min_length=1)]
 

@@ -1,4 +1,4 @@
-"""OpenAI request bodies, validated by their models (`gateway.api.openai_bodies.requests`), as the
+"""OpenAI request bodies, validated by their models (`weir.gateway.api.openai_bodies.requests`), as the
 typed requests the routes run.
 
 Before a model runs, the counts that would make validation itself slow are bounded (messages and
@@ -16,15 +16,15 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
-from engine.grammar import ConstraintSpec
-from engine.request import Priority, SamplingParams
-from gateway.api import structured_bodies as sb
-from gateway.api.openai_bodies import requests as rb
-from gateway.api.openai_bodies.params import bad_request
-from gateway.api.openai_bodies.requests import Role
-from gateway.api.tool_calls import ToolsRequest, calls_schema, render_calls, tools_prompt, tools_request
-from gateway.http.errors import BadRequestError
-from gateway.http.json_body import loads_bounded
+from weir.engine.request import Priority, SamplingParams
+from weir.engine.structured.grammar import ConstraintSpec
+from weir.gateway.api import structured_bodies as sb
+from weir.gateway.api.openai_bodies import requests as rb
+from weir.gateway.api.openai_bodies.params import bad_request
+from weir.gateway.api.openai_bodies.requests import Role
+from weir.gateway.api.tool_calls import ToolsRequest, calls_schema, render_calls, tools_prompt, tools_request
+from weir.gateway.http.errors import BadRequestError
+from weir.gateway.http.json_body import loads_bounded
 
 
 class Endpoint(enum.Enum):
@@ -51,7 +51,7 @@ class ChatMessage:
         """The dict a Hugging Face chat template expects.
 
         An assistant's earlier calls are written into its content in the format the model is
-        asked to call tools in (`gateway.api.tool_calls`), since templates without tool support
+        asked to call tools in (`weir.gateway.api.tool_calls`), since templates without tool support
         (SmolLM2's) would drop them.
         """
         # Templates written before OpenAI renamed the role only know `system`.
@@ -81,7 +81,7 @@ class GenerationOptions:
     stream: bool = False
     include_usage: bool = False
     # What the answer is constrained to (`response_format`, `structured_outputs`, a forced tool
-    # call); compiled by the route (`gateway.prompts.grammar`) before the request is queued.
+    # call); compiled by the route (`weir.gateway.prompts.grammar`) before the request is queued.
     constraint: ConstraintSpec | None = None
 
     @property

@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 from json.encoder import encode_basestring as _encode_basestring
 from typing import Any
 
-from engine.output import RequestOutput, TokenLogprob
-from gateway.admission.accounting import Usage
-from gateway.api.protocol import Endpoint
-from gateway.api.tool_calls import ParsedCall, ToolCallParser, ToolsRequest
-from gateway.http.errors import WeirError
+from weir.engine.output import RequestOutput, TokenLogprob
+from weir.gateway.admission.accounting import Usage
+from weir.gateway.api.protocol import Endpoint
+from weir.gateway.api.tool_calls import ParsedCall, ToolCallParser, ToolsRequest
+from weir.gateway.http.errors import WeirError
 
 # JSON has no -Infinity; OpenAI reports impossible tokens with this floor.
 _LOGPROB_FLOOR = -9999.0

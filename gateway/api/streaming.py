@@ -18,15 +18,22 @@ from dataclasses import dataclass
 
 from starlette.types import Receive, Scope, Send
 
-from engine.client import EngineClient, EngineRequest
-from engine.errors import DEADLINE_EXCEEDED, ENGINE_RETRYABLE, RequestFailedError, RetryableEngineError
-from engine.output import RequestOutput
-from engine.request import FinishReason
-from gateway.admission.accounting import Accountant, Outcome, RequestInfo, RequestTally, Settle, UsageRecord
-from gateway.api.responses import ChoiceState, ResponseFormatter, encode_json
-from gateway.http.errors import ServiceUnavailableError, WeirError, from_engine_error
-from gateway.metrics.tracing import RequestSpan
-from gateway.server.state import GatewayState
+from weir.engine.client import EngineClient, EngineRequest
+from weir.engine.errors import DEADLINE_EXCEEDED, ENGINE_RETRYABLE, RequestFailedError, RetryableEngineError
+from weir.engine.output import RequestOutput
+from weir.engine.request import FinishReason
+from weir.gateway.admission.accounting import (
+    Accountant,
+    Outcome,
+    RequestInfo,
+    RequestTally,
+    Settle,
+    UsageRecord,
+)
+from weir.gateway.api.responses import ChoiceState, ResponseFormatter, encode_json
+from weir.gateway.http.errors import ServiceUnavailableError, WeirError, from_engine_error
+from weir.gateway.metrics.tracing import RequestSpan
+from weir.gateway.server.state import GatewayState
 
 logger = logging.getLogger(__name__)
 

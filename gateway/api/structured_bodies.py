@@ -6,7 +6,7 @@
 - `tools`, `tool_choice`, `parallel_tool_calls` (chat), and the `tool_calls` / `tool_call_id` of
   conversation messages.
 
-They are fields of the chat and completion bodies (`gateway.api.openai_bodies.requests`), which
+They are fields of the chat and completion bodies (`weir.gateway.api.openai_bodies.requests`), which
 validation and `/openapi.json` derive from. A field that does not validate is a 400 naming its
 path (`response_format.json_schema.name`). The mapping to what the engine runs (a
 `ConstraintSpec`) is here too: `constraint_of`.
@@ -20,10 +20,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, model_validator
 
-from engine.grammar import ConstraintSpec
-from gateway.api.json_schema_support import check_schema
-from gateway.api.openai_bodies.params import bad_request
-from gateway.http.errors import BadRequestError
+from weir.engine.structured.grammar import ConstraintSpec
+from weir.gateway.api.json_schema_support import check_schema
+from weir.gateway.api.openai_bodies.params import bad_request
+from weir.gateway.http.errors import BadRequestError
 
 # OpenAI's rule for function and schema names.
 NAME_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
@@ -68,7 +68,7 @@ def _format_type(value: Any) -> str | None:
 
 
 # Tagged by `type`; the tags start with `~` so that error paths leave them out
-# (`gateway.api.openai_bodies.params`).
+# (`weir.gateway.api.openai_bodies.params`).
 ResponseFormat = Annotated[
     Annotated[TextFormat, Tag("~text")]
     | Annotated[JsonObjectFormat, Tag("~json_object")]

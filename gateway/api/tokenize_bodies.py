@@ -7,8 +7,8 @@ encoded without special tokens unless `add_special_tokens` is true): exactly wha
 completion routes feed the engine. It answers the ids, their count and the model's context length.
 `/detokenize` takes token ids and answers their text. `model` may be left out: the served model.
 
-Validation is strict like the generation bodies' (`gateway.api.openai_bodies.requests`); a
-`ValidationError` becomes the 400 naming the field (`gateway.api.openai_bodies.params`).
+Validation is strict like the generation bodies' (`weir.gateway.api.openai_bodies.requests`); a
+`ValidationError` becomes the 400 naming the field (`weir.gateway.api.openai_bodies.params`).
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from typing import Any
 
 from pydantic import Field, ValidationError, model_validator
 
-from gateway.api.openai_bodies import requests as rb
-from gateway.api.openai_bodies.params import bad_request
-from gateway.api.openai_bodies.responses import Answer
-from gateway.api.protocol import ChatMessage, check_chat_counts, message_of
-from gateway.http.errors import BadRequestError
+from weir.gateway.api.openai_bodies import requests as rb
+from weir.gateway.api.openai_bodies.params import bad_request
+from weir.gateway.api.openai_bodies.responses import Answer
+from weir.gateway.api.protocol import ChatMessage, check_chat_counts, message_of
+from weir.gateway.http.errors import BadRequestError
 
 
 class TokenizeBody(rb.StrictBody):

@@ -15,10 +15,10 @@ asks for calls in one of two formats:
   `parallel_tool_calls` (the default) allows more, up to `MAX_PARALLEL_CALLS`. A function's
   parameters that use `$ref` move to the root's `$defs` (`relocate_refs`), so their references
   still resolve inside the bigger schema. The engine keeps room to close the array before
-  `max_tokens` (`engine.call_closing`), so a constrained answer always ends with complete calls.
+  `max_tokens` (`weir.engine.call_closing`), so a constrained answer always ends with complete calls.
 
 Every function's parameters are checked against the keywords the grammar enforces
-(`gateway.api.json_schema_support`) whatever the tool choice, so a schema is refused or served
+(`weir.gateway.api.json_schema_support`) whatever the tool choice, so a schema is refused or served
 the same way in every mode.
 
 Earlier calls of the conversation (assistant `tool_calls`) are rendered back into the assistant
@@ -36,10 +36,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from engine.grammar import ConstraintSpec
-from gateway.api.json_schema_support import check_schema, relocate_refs
-from gateway.api.structured_bodies import FunctionDefinition, NamedToolChoice, ToolCall, ToolFields
-from gateway.http.errors import BadRequestError
+from weir.engine.structured.grammar import ConstraintSpec
+from weir.gateway.api.json_schema_support import check_schema, relocate_refs
+from weir.gateway.api.structured_bodies import FunctionDefinition, NamedToolChoice, ToolCall, ToolFields
+from weir.gateway.http.errors import BadRequestError
 
 _OPEN, _CLOSE = "<tool_call>", "</tool_call>"
 _BLOCK = re.compile(re.escape(_OPEN) + r"(.*?)(?:" + re.escape(_CLOSE) + r"|$)", re.DOTALL)

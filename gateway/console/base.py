@@ -15,16 +15,16 @@ from sqlalchemy.exc import SQLAlchemyError
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
-from engine.output import EngineStats
-from gateway.console.forms import read_form
-from gateway.console.live_tenants import LiveTenants
-from gateway.console.sessions import ConsoleSession, SessionStore
-from gateway.fleet.model_rollout import ModelRollout
-from gateway.http.auth import AdminAuthenticator, Authenticator
-from gateway.http.errors import WeirError
-from gateway.metrics.registry import GatewayMetrics
-from tenancy.errors import TenancyError
-from tenancy.repo import TenancyRepo
+from weir.engine.output import EngineStats
+from weir.gateway.console.forms import read_form
+from weir.gateway.console.live_tenants import LiveTenants
+from weir.gateway.console.sessions import ConsoleSession, SessionStore
+from weir.gateway.fleet.model_rollout import ModelRollout
+from weir.gateway.http.auth import AdminAuthenticator, Authenticator
+from weir.gateway.http.errors import WeirError
+from weir.gateway.metrics.registry import GatewayMetrics
+from weir.tenancy.errors import TenancyError
+from weir.tenancy.store.repo import TenancyRepo
 
 logger = logging.getLogger(__name__)
 

@@ -6,8 +6,8 @@ from urllib.parse import parse_qsl
 
 from starlette.requests import Request
 
-from gateway.http.errors import BadRequestError, PayloadTooLargeError
-from tenancy.errors import FieldError
+from weir.gateway.http.errors import BadRequestError, PayloadTooLargeError
+from weir.tenancy.errors import FieldError
 
 MAX_FORM_BYTES = 64 * 1024
 MAX_FORM_FIELDS = 64

@@ -13,14 +13,14 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.console.base import CONSOLE_ERRORS, ConsoleBase
-from gateway.console.forms import optional_int
-from gateway.console.sessions import ConsoleSession
-from gateway.http.errors import NotFoundError, to_http_error
-from tenancy.admin_bodies.keys import ApiKey
-from tenancy.admin_bodies.quota import parse_key_limits
-from tenancy.context import KEY_LIMIT_FIELDS
-from tenancy.keys import is_public_id
+from weir.gateway.console.base import CONSOLE_ERRORS, ConsoleBase
+from weir.gateway.console.forms import optional_int
+from weir.gateway.console.sessions import ConsoleSession
+from weir.gateway.http.errors import NotFoundError, to_http_error
+from weir.tenancy.admin_bodies.keys import ApiKey
+from weir.tenancy.admin_bodies.quota import parse_key_limits
+from weir.tenancy.context import KEY_LIMIT_FIELDS
+from weir.tenancy.keys.keys import is_public_id
 
 INT_KEY_LIMIT_FIELDS = tuple(f for f in KEY_LIMIT_FIELDS if f != "models")
 

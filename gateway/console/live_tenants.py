@@ -18,10 +18,10 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from gateway.metrics.registry import GatewayMetrics
+from weir.gateway.metrics.registry import GatewayMetrics
 
 Key = tuple[str, str]  # (model, tenant)
-SLO_METRIC = "weir_slo_requests_total"  # gateway.metrics.admission_metrics: completed requests by result
+SLO_METRIC = "weir_slo_requests_total"  # weir.gateway.metrics.admission_metrics: completed requests by result
 MIN_RATE_INTERVAL_S = 1.0  # reads closer together keep the previous rate
 
 

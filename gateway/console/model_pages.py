@@ -10,18 +10,22 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.console.base import (
+from weir.gateway.console.base import (
     CONSOLE_ERRORS,
     ConsoleBase,
 )
-from gateway.console.forms import optional_int
-from gateway.console.sessions import ConsoleSession
-from gateway.fleet.model_rollout import ModelRollout
-from gateway.http.errors import NotFoundError, UnprocessableError, to_http_error
-from tenancy.admin_bodies.model_versions import parse_spec
-from tenancy.errors import FieldError
-from tenancy.model_version_records import TrafficPlan, validate_model_name, validate_version_label
-from tenancy.records import validate_tenant_name
+from weir.gateway.console.forms import optional_int
+from weir.gateway.console.sessions import ConsoleSession
+from weir.gateway.fleet.model_rollout import ModelRollout
+from weir.gateway.http.errors import NotFoundError, UnprocessableError, to_http_error
+from weir.tenancy.admin_bodies.model_versions import parse_spec
+from weir.tenancy.catalog.model_version_records import (
+    TrafficPlan,
+    validate_model_name,
+    validate_version_label,
+)
+from weir.tenancy.errors import FieldError
+from weir.tenancy.store.records import validate_tenant_name
 
 VERSION_OPS = ("load", "drain", "retire")
 # The refusal (422) when a change comes without its confirmation box ticked.

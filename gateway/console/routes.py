@@ -19,8 +19,8 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 
-from engine.request import Priority
-from gateway.console.base import (
+from weir.engine.request import Priority
+from weir.gateway.console.base import (
     CONSOLE_ERRORS,
     HERE,
     LOGIN_COOKIE,
@@ -33,21 +33,21 @@ from gateway.console.base import (
     engine_rows,
     is_https,
 )
-from gateway.console.forms import optional_int, read_form
-from gateway.console.key_pages import KeyPages
-from gateway.console.model_pages import ModelPages
-from gateway.console.sessions import ConsoleSession
-from gateway.console.usage_pages import UsagePages
-from gateway.http.errors import NotFoundError, WeirError, to_http_error
-from tenancy.admin_bodies.keys import ApiKey, KeyCreate
-from tenancy.admin_bodies.parsing import parse_model
-from tenancy.admin_bodies.quota import parse_quota_limits
-from tenancy.admin_bodies.tenants import TenantCreate, TenantPatch
-from tenancy.enums import KeyScope
-from tenancy.errors import FieldError
-from tenancy.keys import is_public_id
-from tenancy.quota_limits import INT_QUOTA_FIELDS
-from tenancy.records import validate_tenant_name
+from weir.gateway.console.forms import optional_int, read_form
+from weir.gateway.console.key_pages import KeyPages
+from weir.gateway.console.model_pages import ModelPages
+from weir.gateway.console.sessions import ConsoleSession
+from weir.gateway.console.usage_pages import UsagePages
+from weir.gateway.http.errors import NotFoundError, WeirError, to_http_error
+from weir.tenancy.admin_bodies.keys import ApiKey, KeyCreate
+from weir.tenancy.admin_bodies.parsing import parse_model
+from weir.tenancy.admin_bodies.quota import parse_quota_limits
+from weir.tenancy.admin_bodies.tenants import TenantCreate, TenantPatch
+from weir.tenancy.budgets.quota_limits import INT_QUOTA_FIELDS
+from weir.tenancy.errors import FieldError
+from weir.tenancy.keys.keys import is_public_id
+from weir.tenancy.store.enums import KeyScope
+from weir.tenancy.store.records import validate_tenant_name
 
 logger = logging.getLogger(__name__)
 

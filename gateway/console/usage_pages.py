@@ -12,17 +12,17 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.console.base import (
+from weir.gateway.console.base import (
     CONSOLE_ERRORS,
     SECURITY_HEADERS,
     ConsoleBase,
 )
-from gateway.console.sessions import ConsoleSession
-from gateway.http.errors import to_http_error
-from tenancy.admin_bodies.fields import parse_date
-from tenancy.errors import FieldError
-from tenancy.records import DailyUsage
-from tenancy.usage_report import ReportQuery, ReportRow
+from weir.gateway.console.sessions import ConsoleSession
+from weir.gateway.http.errors import to_http_error
+from weir.tenancy.admin_bodies.fields import parse_date
+from weir.tenancy.errors import FieldError
+from weir.tenancy.store.records import DailyUsage
+from weir.tenancy.usage.usage_report import ReportQuery, ReportRow
 
 _USAGE_DAYS = 30
 BREAKDOWNS = ("key", "model", "model_version", "user")  # the usage page's "by" choices

@@ -1,6 +1,6 @@
 """The LoRA adapters this server serves now, and which tenant may call which.
 
-The records (`tenancy.adapters.AdapterRepo`) say what should be loaded and survive restarts; the
+The records (`weir.tenancy.catalog.adapters.AdapterRepo`) say what should be loaded and survive restarts; the
 catalog holds the adapters actually loaded on a base version's engine in this process, so the
 OpenAI routes resolve `model` without a database round trip on every request. An adapter private
 to another tenant resolves exactly like an unknown name (None): the routes then answer the same
@@ -9,7 +9,7 @@ to another tenant resolves exactly like an unknown name (None): the routes then 
 
 from __future__ import annotations
 
-from tenancy.adapter_records import AdapterView
+from weir.tenancy.catalog.adapter_records import AdapterView
 
 
 class AdapterCatalog:

@@ -1,8 +1,8 @@
 """LoRA adapter operations: each one applied to the records, the base version's engine and the catalog.
 
-The records (`tenancy.adapters.AdapterRepo`) are what survives a restart and what the audit log
+The records (`weir.tenancy.catalog.adapters.AdapterRepo`) are what survives a restart and what the audit log
 sees; the engine of the adapter's base version holds its weights; the catalog
-(`gateway.fleet.adapter_catalog`) is what the OpenAI routes resolve `model` against. Each operation
+(`weir.gateway.fleet.adapter_catalog`) is what the OpenAI routes resolve `model` against. Each operation
 checks the move against the records' one transition table first (409 otherwise), then acts on
 the engine, then records the outcome:
 
@@ -16,7 +16,7 @@ the engine, then records the outcome:
 - `grant` / `revoke`: the access list; the catalog's copy follows at once.
 - `version_retired`: the base version was retired (its engine and the adapters on it are gone);
   its adapters leave the catalog. Their records went `unloaded` with the version's own move
-  (`tenancy.model_versions`), audited, so a restart does not try to load them again.
+  (`weir.tenancy.catalog.model_versions`), audited, so a restart does not try to load them again.
 
 At start-up `start` loads every adapter recorded as `loaded` onto its base version's engine
 (after the versions themselves were restored); one that cannot load goes `failed` with the
@@ -31,17 +31,17 @@ import logging
 from collections import defaultdict
 from dataclasses import dataclass
 
-from engine.client import AdapterControl
-from engine.lora_types import AdapterInfo, AdapterInUseError, AdapterLoadError, UnknownAdapterError
-from engine.memory_budget import MemoryBudgetError, adapter_owner
-from gateway.fleet.adapter_catalog import AdapterCatalog
-from gateway.fleet.model_fleet import ModelFleet
-from gateway.fleet.model_rollout import STARTUP_ACTOR
-from gateway.http.errors import ConflictError
-from tenancy.adapter_records import ADAPTER_TRANSITIONS, AdapterSpec, AdapterState, AdapterView
-from tenancy.adapters import AdapterRepo
-from tenancy.errors import InvalidAdapterTransitionError
-from tenancy.model_version_records import ModelVersionState
+from weir.engine.client import AdapterControl
+from weir.engine.kv.memory_budget import MemoryBudgetError, adapter_owner
+from weir.engine.lora.lora_types import AdapterInfo, AdapterInUseError, AdapterLoadError, UnknownAdapterError
+from weir.gateway.fleet.adapter_catalog import AdapterCatalog
+from weir.gateway.fleet.model_fleet import ModelFleet
+from weir.gateway.fleet.model_rollout import STARTUP_ACTOR
+from weir.gateway.http.errors import ConflictError
+from weir.tenancy.catalog.adapter_records import ADAPTER_TRANSITIONS, AdapterSpec, AdapterState, AdapterView
+from weir.tenancy.catalog.adapters import AdapterRepo
+from weir.tenancy.catalog.model_version_records import ModelVersionState
+from weir.tenancy.errors import InvalidAdapterTransitionError
 
 logger = logging.getLogger("weir.adapters")
 

@@ -13,22 +13,22 @@ import functools
 import logging
 from pathlib import Path
 
-from engine.client import PrefixCacheControl
-from engine.memory_budget import MemoryBudget
-from engine.prefix_cache_types import PrefixCacheStats
-from gateway.fleet.model_fleet import FleetVersion, ModelFleet
-from gateway.fleet.version_engines import (
+from weir.engine.client import PrefixCacheControl
+from weir.engine.kv.memory_budget import MemoryBudget
+from weir.engine.kv.prefix_cache_types import PrefixCacheStats
+from weir.gateway.fleet.model_fleet import FleetVersion, ModelFleet
+from weir.gateway.fleet.version_engines import (
     BaseConfig,
     VersionEngineFactory,
     default_budget_bytes,
     memory_in_use,
     release_memory,
 )
-from gateway.http.errors import NotFoundError
-from gateway.prompts.tokenization import DEFAULT_POOL_WORKERS
-from gateway.routes.prefix_cache import PrefixCacheTarget
-from gateway.server.settings import Settings
-from tenancy.model_version_records import ModelVersionSpec
+from weir.gateway.http.errors import NotFoundError
+from weir.gateway.prompts.tokenization import DEFAULT_POOL_WORKERS
+from weir.gateway.routes.prefix_cache import PrefixCacheTarget
+from weir.gateway.server.settings import Settings
+from weir.tenancy.catalog.model_version_records import ModelVersionSpec
 
 logger = logging.getLogger("weir.serve")
 
@@ -56,7 +56,7 @@ def build_fleet(settings: Settings, device: str, base_config: BaseConfig) -> Mod
 
 def startup_spec(settings: Settings, model_path: Path) -> ModelVersionSpec:
     """The version `weir serve --model PATH` registers (if absent) and loads."""
-    from tenancy.errors import FieldError
+    from weir.tenancy.errors import FieldError
 
     name = settings.model_name(model_path)
     try:

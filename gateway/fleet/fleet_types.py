@@ -1,6 +1,6 @@
 """What the fleet of model versions is made of, apart from the fleet itself: the served model as
 clients see it, and the contract of the engine factory that loads versions (the real one is
-`gateway.fleet.version_engines.VersionEngineFactory`; fleet tests pass their own).
+`weir.gateway.fleet.version_engines.VersionEngineFactory`; fleet tests pass their own).
 """
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import hashlib
 from dataclasses import dataclass
 from typing import Protocol
 
-from engine.client import EngineClient
-from engine.memory_budget import VersionFootprint
-from gateway.prompts.tokenization import Tokenizer
-from tenancy.model_version_records import ModelVersionSpec
+from weir.engine.client import EngineClient
+from weir.engine.kv.memory_budget import VersionFootprint
+from weir.gateway.prompts.tokenization import Tokenizer
+from weir.tenancy.catalog.model_version_records import ModelVersionSpec
 
 
 def model_fingerprint(name: str, max_model_len: int, extra: str = "") -> str:

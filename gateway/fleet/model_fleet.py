@@ -3,7 +3,7 @@
 `ModelFleet` maps a version id (`name@version`) to its engine and is what the OpenAI routes,
 admission, metrics and health read instead of one engine:
 
-- `route(name, tenant, request_id)` picks the version of a new request (`gateway.fleet.traffic_router`:
+- `route(name, tenant, request_id)` picks the version of a new request (`weir.gateway.fleet.traffic_router`:
   pin, then weighted split, over the ready versions only) and hands out a `Lease` that counts the
   request in flight on that version until the response has settled; the request keeps that
   version's engine, tokenizer and limits for its whole life.
@@ -16,7 +16,7 @@ admission, metrics and health read instead of one engine:
   its reservation back; the memory actually freed is measured with the injected probe.
 
 Engines run on their own threads, so one crashing (its loop restarts, or dies) fails only its own
-requests. The fleet keeps the runtime truth; `gateway.fleet.model_rollout` persists it.
+requests. The fleet keeps the runtime truth; `weir.gateway.fleet.model_rollout` persists it.
 """
 
 from __future__ import annotations
@@ -30,14 +30,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from engine.client import EngineClient, EngineHealth
-from engine.memory_budget import MemoryBudget
-from engine.output import DESCRIBES_ENGINE, EngineStats
-from gateway.fleet.fleet_types import EngineFactory, ManagedEngine, ServedModel, model_fingerprint
-from gateway.fleet.traffic_router import RoutePlan, choose_version
-from gateway.http.errors import ServiceUnavailableError
-from gateway.prompts.tokenization import PromptBuilder, Tokenizer
-from tenancy.model_version_records import ModelVersionSpec, ModelVersionState, version_id
+from weir.engine.client import EngineClient, EngineHealth
+from weir.engine.kv.memory_budget import MemoryBudget
+from weir.engine.output import DESCRIBES_ENGINE, EngineStats
+from weir.gateway.fleet.fleet_types import EngineFactory, ManagedEngine, ServedModel, model_fingerprint
+from weir.gateway.fleet.traffic_router import RoutePlan, choose_version
+from weir.gateway.http.errors import ServiceUnavailableError
+from weir.gateway.prompts.tokenization import PromptBuilder, Tokenizer
+from weir.tenancy.catalog.model_version_records import ModelVersionSpec, ModelVersionState, version_id
 
 logger = logging.getLogger("weir.fleet")
 

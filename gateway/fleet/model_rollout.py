@@ -1,7 +1,7 @@
 """Model-version rollouts: the admin operations, each applied to the records and to the fleet.
 
-The records (`tenancy.model_versions.ModelVersionRepo`) are what survives a restart and what the
-audit log sees; the fleet (`gateway.fleet.model_fleet`) is what serves. Each operation moves the record
+The records (`weir.tenancy.catalog.model_versions.ModelVersionRepo`) are what survives a restart and what the
+audit log sees; the fleet (`weir.gateway.fleet.model_fleet`) is what serves. Each operation moves the record
 first where the move must be allowed (the repository's one transition table decides, 409
 otherwise), then acts on the fleet, then records the outcome (ready, or failed with its reason).
 
@@ -17,19 +17,19 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from gateway.fleet.model_fleet import FleetVersion, ModelFleet, RetireResult
-from gateway.fleet.traffic_router import RoutePlan
-from gateway.http.errors import ConflictError
-from tenancy.errors import ModelVersionExistsError
-from tenancy.model_version_records import check_transition
-from tenancy.model_versions import (
+from weir.gateway.fleet.model_fleet import FleetVersion, ModelFleet, RetireResult
+from weir.gateway.fleet.traffic_router import RoutePlan
+from weir.gateway.http.errors import ConflictError
+from weir.tenancy.catalog.model_version_records import check_transition
+from weir.tenancy.catalog.model_versions import (
     ModelVersionRepo,
     ModelVersionSpec,
     ModelVersionState,
     ModelVersionView,
     TrafficPlan,
 )
-from tenancy.rollout_guards import check_keeps_serving, check_plan_serves
+from weir.tenancy.errors import ModelVersionExistsError
+from weir.tenancy.rollout_guards import check_keeps_serving, check_plan_serves
 
 logger = logging.getLogger("weir.rollout")
 

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-# Percent points: a split is integers that sum to 100 (tenancy.model_version_records.TrafficPlan).
+# Percent points: a split is integers that sum to 100 (weir.tenancy.catalog.model_version_records.TrafficPlan).
 _BUCKETS = 10_000
 
 

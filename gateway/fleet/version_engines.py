@@ -20,14 +20,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from engine.memory_budget import MemoryBudget, VersionFootprint
-from gateway.fleet.fleet_types import BuiltEngine
-from gateway.server.gc_pauses import refreeze_heap_if_frozen
-from gateway.server.settings import Settings
-from tenancy.model_version_records import ModelVersionSpec
+from weir.engine.kv.memory_budget import MemoryBudget, VersionFootprint
+from weir.gateway.fleet.fleet_types import BuiltEngine
+from weir.gateway.server.gc_pauses import refreeze_heap_if_frozen
+from weir.gateway.server.settings import Settings
+from weir.tenancy.catalog.model_version_records import ModelVersionSpec
 
 if TYPE_CHECKING:
-    from engine.config import EngineConfig
+    from weir.engine.config import EngineConfig
 
 logger = logging.getLogger("weir.fleet")
 
@@ -113,12 +113,12 @@ class VersionEngineFactory:
     def footprint(self, spec: ModelVersionSpec) -> VersionFootprint:
         """Weights (parameter count x dtype size, plus the CPU row weights' copies where they are on)
         plus the KV pool, from config.json alone."""
-        from engine.loader import load_model_config
+        from weir.engine.runner.loader import load_model_config
 
         model_config = load_model_config(spec.path)
         itemsize = _DTYPE_BYTES[self.dtype(spec)]
         weights = model_config.num_params() * itemsize
-        from engine.llm_engine import uses_row_weights
+        from weir.engine.llm_engine import uses_row_weights
 
         if uses_row_weights(replace(self.base_config(Path(spec.path)), dtype=self.dtype(spec))):
             weights += model_config.linear_params() * itemsize  # the row copies (packed_linear.py)
@@ -140,7 +140,7 @@ class VersionEngineFactory:
 
     def build(self, spec: ModelVersionSpec, footprint: VersionFootprint, model_version: str) -> BuiltEngine:
         """Load the weights and allocate the KV pool; `model_version` goes into its cache keys."""
-        from engine.async_engine import AsyncEngine
+        from weir.engine.async_engine import AsyncEngine
 
         base = self.base_config(Path(spec.path))
         dtype = self.dtype(spec)

@@ -34,7 +34,7 @@ before querying is still current.
 
 `authenticate` is synchronous and may query the database on a cache miss; async code calls
 `authenticate_async`, which answers cache hits inline and runs only misses in the thread pool,
-one lookup per key id at a time (`gateway.http.single_flight`): concurrent misses of one key
+one lookup per key id at a time (`weir.gateway.http.single_flight`): concurrent misses of one key
 share it, each request still checking its own secret against what was read.
 """
 
@@ -53,18 +53,18 @@ from cachetools import TTLCache
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.concurrency import run_in_threadpool
 
-from gateway.http.errors import (
+from weir.gateway.http.errors import (
     AuthenticationError,
     PermissionDeniedError,
     RateLimitError,
     WeirError,
     from_database_error,
 )
-from gateway.http.single_flight import SingleFlight
-from tenancy.context import TenantContext
-from tenancy.enums import KeyScope, KeyState, TenantStatus
-from tenancy.keys import KeyHasher, ParsedKey, parse_key
-from tenancy.records import KeyRecord
+from weir.gateway.http.single_flight import SingleFlight
+from weir.tenancy.context import TenantContext
+from weir.tenancy.keys.keys import KeyHasher, ParsedKey, parse_key
+from weir.tenancy.store.enums import KeyScope, KeyState, TenantStatus
+from weir.tenancy.store.records import KeyRecord
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """ASGI middleware that bounds requests: headers over a size limit 431, bodies over a size limit
 413, bodies too slow to arrive 408.
 
-The server's protocol (`gateway.http.header_guard`) bounds headers that are still arriving, but
+The server's protocol (`weir.gateway.http.header_guard`) bounds headers that are still arriving, but
 not headers that arrive at once; `max_header_bytes` bounds what reaches the app either way.
 
 A declared `Content-Length` over the limit is refused before anything is read; a body without
@@ -21,11 +21,16 @@ from collections.abc import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.http.errors import HeadersTooLargeError, PayloadTooLargeError, RequestTimeoutError, WeirError
+from weir.gateway.http.errors import (
+    HeadersTooLargeError,
+    PayloadTooLargeError,
+    RequestTimeoutError,
+    WeirError,
+)
 
 # 30 s for at most 8 MiB (the default body limit) is ~280 KB/s; a real client sends it at once.
 BODY_TIMEOUT_S = 30.0
-# The request line and headers, as uvicorn is configured (gateway.server.uvicorn_runner); cookies and a bearer
+# The request line and headers, as uvicorn is configured (weir.gateway.server.uvicorn_runner); cookies and a bearer
 # key fit many times over.
 MAX_HEADER_BYTES = 16 * 1024
 

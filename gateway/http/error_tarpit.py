@@ -48,8 +48,8 @@ from typing import Any
 from cachetools import TTLCache
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.http.auth import bearer_token
-from tenancy.keys import parse_key
+from weir.gateway.http.auth import bearer_token
+from weir.tenancy.keys.keys import parse_key
 
 # A client may get this many 4xx answers within the window before its errors are slowed down:
 # far above what a careless client or an SDK retrying a 429 (it honours Retry-After) produces.

@@ -18,7 +18,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from engine.errors import (
+from weir.engine.errors import (
     ENGINE_RETRYABLE,
     ContextLengthError,
     EngineDeadError,
@@ -27,11 +27,11 @@ from engine.errors import (
     RequestFailedError,
     RetryableEngineError,
 )
-from engine.lora_types import AdapterInUseError, AdapterLoadError
-from engine.memory_budget import MemoryBudgetError
-from engine.prefix_cache_types import InvalidPrefixError, PinCapacityError, UnknownPrefixError
-from gateway.http.allowed_methods import allow_header
-from tenancy.errors import (
+from weir.engine.kv.memory_budget import MemoryBudgetError
+from weir.engine.kv.prefix_cache_types import InvalidPrefixError, PinCapacityError, UnknownPrefixError
+from weir.engine.lora.lora_types import AdapterInUseError, AdapterLoadError
+from weir.gateway.http.allowed_methods import allow_header
+from weir.tenancy.errors import (
     AdapterExistsError,
     AdapterNotFoundError,
     CacheScopeConflictError,
@@ -257,7 +257,7 @@ class DatabaseUnavailableError(ServiceUnavailableError):
 DATABASE_RETRY_AFTER_S = 1
 
 # Every answer of a routed generation request, an error included, names the model version that
-# served it (`gateway.routes.openai` notes it on `request.state.model_version`).
+# served it (`weir.gateway.routes.openai` notes it on `request.state.model_version`).
 MODEL_VERSION_HEADER = "x-weir-model-version"
 
 

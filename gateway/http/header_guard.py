@@ -8,11 +8,11 @@ line and headers before the app sees them:
   Here every request's line and headers must finish arriving within `header_timeout_s` of its
   first byte (or of the connection being made); otherwise the connection is closed. No response
   can be sent: there is no request to answer yet. The body has its own deadline in
-  `gateway.http.body_limit` (408).
+  `weir.gateway.http.body_limit` (408).
 - **Size:** httptools buffers a header until its line ends, then hands it to the protocol,
   which keeps every header; a header line that never ends would grow without limit. Past `MAX_HEADER_BYTES`
   received before the headers are complete, the connection gets a 400 and is closed. (Headers
-  that arrive whole are bounded in the app, with a 431: `gateway.http.body_limit`.)
+  that arrive whole are bounded in the app, with a 431: `weir.gateway.http.body_limit`.)
 
 httptools (llhttp, the C parser Node.js uses) replaced h11 here: h11 parses and frames every
 message in Python, which cost the event loop's one thread most of its time per streamed token
@@ -25,7 +25,7 @@ import asyncio
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from gateway.http.body_limit import MAX_HEADER_BYTES
+from weir.gateway.http.body_limit import MAX_HEADER_BYTES
 
 HEADER_TIMEOUT_S = 15.0
 

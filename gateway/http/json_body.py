@@ -18,7 +18,7 @@ import json
 import re
 from typing import Any
 
-from gateway.http.errors import BadRequestError, printable
+from weir.gateway.http.errors import BadRequestError, printable
 
 # Chat content parts sit at depth 4 (body, messages, message, content part); admin bodies at 3.
 MAX_JSON_DEPTH = 32

@@ -1,7 +1,7 @@
 """Per-adapter Prometheus metrics, read at scrape time from each engine's stats snapshot.
 
 Labels: `model_version` (the base version whose engine holds the adapter) and `adapter`. The
-counters are the engine's own (`engine.lora_types.AdapterInfo`): they restart at 0 when an
+counters are the engine's own (`weir.engine.lora.lora_types.AdapterInfo`): they restart at 0 when an
 adapter is loaded again, which Prometheus' `rate` treats as a counter reset.
 """
 
@@ -11,7 +11,7 @@ from collections.abc import Iterator, Mapping
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from engine.output import EngineStats
+from weir.engine.output import EngineStats
 
 _LABELS = ["model_version", "adapter"]
 

@@ -2,7 +2,7 @@
 
 Admitted and rejected requests (by reason), reserved and refunded tokens, the predicted TTFT,
 and goodput: finished requests that met their tenant's SLOs. Queue time and tokens served per
-tenant are already measured by `gateway.metrics.registry` (`weir_request_queue_time_seconds`,
+tenant are already measured by `weir.gateway.metrics.registry` (`weir_request_queue_time_seconds`,
 `weir_prompt_tokens`, `weir_generation_tokens`), so they are not repeated here.
 """
 
@@ -27,7 +27,9 @@ class RejectReason(enum.Enum):
     SLO_UNATTAINABLE = "slo_unattainable"
     DEADLINE_EXCEEDED = "deadline_exceeded"  # admitted, then aborted in the queue
     BUDGET_UNAVAILABLE = "budget_unavailable"  # the shared budget's database failed
-    WINDOW_BUDGET = "window_budget"  # a hard limit of a budget over a window (tenancy.window_budgets)
+    WINDOW_BUDGET = (
+        "window_budget"  # a hard limit of a budget over a window (weir.tenancy.budgets.window_budgets)
+    )
 
 
 class SLOResult(enum.Enum):

@@ -21,14 +21,14 @@ from typing import Generic, TypeVar
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from engine.output import EngineStats
-from gateway.metrics.adapter_metrics import adapter_metrics
-from gateway.metrics.host_kv_metrics import host_kv_metrics
-from gateway.metrics.server_load_metrics import server_load_metrics
-from gateway.metrics.slo_metrics import slo_metrics
-from gateway.metrics.spec_decode_metrics import spec_decode_metrics
-from gateway.metrics.step_budget_metrics import step_budget_metrics
-from gateway.metrics.step_threads_metrics import step_threads_metrics
+from weir.engine.output import EngineStats
+from weir.gateway.metrics.adapter_metrics import adapter_metrics
+from weir.gateway.metrics.host_kv_metrics import host_kv_metrics
+from weir.gateway.metrics.server_load_metrics import server_load_metrics
+from weir.gateway.metrics.slo_metrics import slo_metrics
+from weir.gateway.metrics.spec_decode_metrics import spec_decode_metrics
+from weir.gateway.metrics.step_budget_metrics import step_budget_metrics
+from weir.gateway.metrics.step_threads_metrics import step_threads_metrics
 
 _Snapshot = TypeVar("_Snapshot")
 
@@ -124,7 +124,7 @@ def engine_load_metrics(s: EngineStats) -> Iterator[Metric]:
 
 
 def _step_time_metrics(s: EngineStats) -> Iterator[Metric]:
-    """Model-runner steps and their seconds by kind (`engine.output.StepTimeTotals`)."""
+    """Model-runner steps and their seconds by kind (`weir.engine.output.StepTimeTotals`)."""
     kinds = "prefill (fed prompt tokens or drafts to verify) or decode (decode rows only)"
     steps = CounterMetricFamily("weir_engine_steps", f"Model-runner steps: {kinds}.", labels=["kind"])
     seconds = CounterMetricFamily(

@@ -1,4 +1,4 @@
-"""`/metrics` of the host KV tier and of preemption by mode (engine/host_kv_tier.py), read at scrape time.
+"""`/metrics` of the host KV tier and of preemption by mode (engine/kv/host_kv_tier.py), read at scrape time.
 
 Always, with or without a host tier:
 
@@ -23,7 +23,7 @@ from collections.abc import Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from engine.output import EngineStats
+from weir.engine.output import EngineStats
 
 
 def host_kv_metrics(stats: EngineStats) -> Iterator[Metric]:

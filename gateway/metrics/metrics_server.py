@@ -22,9 +22,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from gateway.http.errors import NotFoundError, error_response
-from gateway.http.header_guard import HeaderGuardProtocol
-from gateway.metrics.registry import GatewayMetrics
+from weir.gateway.http.errors import NotFoundError, error_response
+from weir.gateway.http.header_guard import HeaderGuardProtocol
+from weir.gateway.metrics.registry import GatewayMetrics
 
 logger = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from engine.prefix_cache_types import PrefixCacheStats
+from weir.engine.kv.prefix_cache_types import PrefixCacheStats
 
 
 class PrefixCacheCollector(Collector):

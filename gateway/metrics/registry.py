@@ -5,8 +5,8 @@ gauges (running, waiting, KV usage, prefix-cache hit rate, preemptions) are read
 `EngineClient.stats()` at scrape time, so the request path pays nothing for them.
 
 The registry is built first and handed to everything that adds to it: the per-concept metrics
-(`gateway.metrics.admission_metrics.AdmissionMetrics(registry)`) and the scrape-time collectors
-(`gateway.metrics.prefix_cache_metrics`, `gateway.metrics.usage_metrics`, passed as `collectors`), so the app, the
+(`weir.gateway.metrics.admission_metrics.AdmissionMetrics(registry)`) and the scrape-time collectors
+(`weir.gateway.metrics.prefix_cache_metrics`, `weir.gateway.metrics.usage_metrics`, passed as `collectors`), so the app, the
 admission controller and the metrics listener all receive a registry that is complete.
 """
 
@@ -19,8 +19,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
-from engine.output import EngineStats
-from gateway.metrics.engine_collectors import SnapshotCollector, engine_load_metrics
+from weir.engine.output import EngineStats
+from weir.gateway.metrics.engine_collectors import SnapshotCollector, engine_load_metrics
 
 # Seconds. Wide enough for a 135M model on two CPU cores and for a GPU.
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)

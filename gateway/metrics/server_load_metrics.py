@@ -1,6 +1,6 @@
 """The whole server's load as one series per pod, for routers and autoscalers.
 
-The engine gauges of `gateway.metrics.registry` carry a `model_version` label, one series per loaded model
+The engine gauges of `weir.gateway.metrics.registry` carry a `model_version` label, one series per loaded model
 version. A router that reads a model server's load from /metrics, like the Gateway API Inference
 Extension's endpoint picker (its model-server protocol: queued requests, running requests,
 KV-cache utilization as a fraction, block size, block count), or a HorizontalPodAutoscaler on
@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from engine.output import EngineStats
+from weir.engine.output import EngineStats
 
 # The names the Helm chart's endpoint-picker config and autoscaler read (docs/kubernetes.md).
 SERVER_REQUESTS_WAITING = "weir_server_requests_waiting"

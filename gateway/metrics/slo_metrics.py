@@ -1,4 +1,4 @@
-"""`/metrics` of the engine's own SLO accounting (engine/slo_tally.py), read at scrape time.
+"""`/metrics` of the engine's own SLO accounting (engine/scheduling/slo_tally.py), read at scrape time.
 
 - `weir_engine_slo_sequences_total{priority, tenant, target, result}`: finished sequences judged
   against their TTFT (`target="ttft"`) or ITL (`target="itl"`, mean inter-token time) target,
@@ -16,8 +16,8 @@ from collections.abc import Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from engine.slo_tally import SloStats
-from engine.step_budget import StepBudgetStats
+from weir.engine.scheduling.slo_tally import SloStats
+from weir.engine.scheduling.step_budget import StepBudgetStats
 
 
 def slo_metrics(stats: SloStats, step_budget: StepBudgetStats | None) -> Iterator[Metric]:

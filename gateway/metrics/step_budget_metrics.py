@@ -1,4 +1,4 @@
-"""`/metrics` gauges of the scheduler's step budget (engine/step_budget.py), read at scrape time.
+"""`/metrics` gauges of the scheduler's step budget (engine/scheduling/step_budget.py), read at scrape time.
 
 - `weir_scheduler_token_budget`: the token budget of the last scheduled step.
 - `weir_scheduler_target_step_seconds`: the target step time; 0 when none is set (fixed budget).
@@ -11,10 +11,10 @@
   fitted time (a fit made of a stalled step); the engine fitted again from fresh steps.
 - `weir_scheduler_step_fit_refits_total`: fits refitted because their steps drifted (several
   steps in a row all slower or all faster than fitted: a neighbour came or went,
-  engine/step_cost_drift.py); the fitted coefficients above are the refitted ones.
+  engine/scheduling/step_cost_drift.py); the fitted coefficients above are the refitted ones.
 - `weir_scheduler_stretched_steps_total`: steps the scheduler planned longer than the tightest ITL
   target running, because that saved more first tokens than it broke streams still meeting both
-  targets, or fed prompts already late where every row overran anyway (engine/slo_trade.py).
+  targets, or fed prompts already late where every row overran anyway (engine/scheduling/slo_trade.py).
 - `weir_scheduler_max_running`: how many sequences the target step time lets run at once;
   absent without a target or before the cost is measured (then only `--max-num-seqs` caps).
 """
@@ -25,7 +25,7 @@ from collections.abc import Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from engine.step_budget import StepBudgetStats
+from weir.engine.scheduling.step_budget import StepBudgetStats
 
 
 def step_budget_metrics(stats: StepBudgetStats | None) -> Iterator[Metric]:

@@ -1,4 +1,4 @@
-"""`/metrics` of the CPU's intra-op threads per step (engine/step_threads.py), read at scrape time.
+"""`/metrics` of the CPU's intra-op threads per step (engine/runner/step_threads.py), read at scrape time.
 
 - `weir_engine_step_threads`: the counts the engine switches between, labelled `steps="narrow"`
   (the process's count, for steps of few rows) and `steps="wide"` (the count it measures against
@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from engine.output import StepThreadsStats
+from weir.engine.output import StepThreadsStats
 
 
 def step_threads_metrics(stats: StepThreadsStats | None) -> Iterator[Metric]:

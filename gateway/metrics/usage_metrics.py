@@ -14,7 +14,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from tenancy.usage_writer import UsageWriterStats
+    from weir.tenancy.usage.usage_writer import UsageWriterStats
 
 
 class UsageRecordsCollector(Collector):

@@ -28,16 +28,16 @@ from typing import Any
 from cachetools import LRUCache
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from engine.call_closing import ClosingAlphabet, closable
-from engine.constraints import CompiledConstraint, ConstraintKind
-from engine.errors import InvalidRequestError
-from engine.grammar import ConstraintSpec, GrammarBackend
-from gateway.http.errors import BadRequestError
-from gateway.prompts.regex_cost import nested_repeat_product
-from gateway.prompts.tokenizer_pool import TokenizerPool
+from weir.engine.call_closing import ClosingAlphabet, closable
+from weir.engine.errors import InvalidRequestError
+from weir.engine.structured.constraints import CompiledConstraint, ConstraintKind
+from weir.engine.structured.grammar import ConstraintSpec, GrammarBackend
+from weir.gateway.http.errors import BadRequestError
+from weir.gateway.prompts.regex_cost import nested_repeat_product
+from weir.gateway.prompts.tokenizer_pool import TokenizerPool
 
 _KINDS = [k.value for k in ConstraintKind]
-# Levels `gateway.api.tool_calls.calls_schema` adds above a function's parameters.
+# Levels `weir.gateway.api.tool_calls.calls_schema` adds above a function's parameters.
 _TOOL_CALLS_WRAPPING = 6
 _REPEAT = re.compile(r"\{(\d+)(?:,(\d*))?\}")
 
@@ -51,7 +51,7 @@ class GrammarLimits:
     cache_bytes: int = 256 * 1024 * 1024
     max_source_bytes: int = 64 * 1024  # a schema (canonical JSON), regex or grammar
     # Nested JSON values of a schema (an object property is 2: `properties`, then the property).
-    # Less than the body's own bound (gateway.http.json_body.MAX_JSON_DEPTH), so it is this field
+    # Less than the body's own bound (weir.gateway.http.json_body.MAX_JSON_DEPTH), so it is this field
     # that a too deep schema is refused for.
     max_schema_depth: int = 20
     max_enum_values: int = 1024  # enum members plus const values in one schema, in total
@@ -238,7 +238,7 @@ class GrammarService:
     def _closable(
         self, compiled: CompiledConstraint, tokenizer: Any, backend: GrammarBackend, spec: ConstraintSpec
     ) -> CompiledConstraint:
-        """A tool-call grammar the engine can close before `max_tokens` (`engine.call_closing`)."""
+        """A tool-call grammar the engine can close before `max_tokens` (`weir.engine.call_closing`)."""
         with self._lock:
             alphabet = self._alphabets.get(backend.fingerprint)
         if alphabet is None:

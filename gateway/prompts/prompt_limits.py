@@ -18,9 +18,9 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from gateway.api.openai_bodies import requests as rb
-from gateway.api.protocol import ChatMessage
-from gateway.http.errors import BadRequestError
+from weir.gateway.api.openai_bodies import requests as rb
+from weir.gateway.api.protocol import ChatMessage
+from weir.gateway.http.errors import BadRequestError
 
 # The fallback when neither the settings nor the tokenizer's vocabulary give a bound.
 FALLBACK_CHARS_PER_TOKEN = 128
@@ -33,7 +33,7 @@ INLINE_MAX_ITEMS = 8
 
 @dataclass(frozen=True)
 class PromptLimits:
-    """The size bounds of prompts (from `gateway.server.settings`).
+    """The size bounds of prompts (from `weir.gateway.server.settings`).
 
     `max_chat_messages` bounds the messages of a chat, and the content parts across them, before
     any of them is read. `chars_per_token` None: the model's longest token (a sure bound for

@@ -21,10 +21,10 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
-from gateway.api.protocol import ChatMessage
-from gateway.http.errors import BadRequestError, UnprocessableError
-from gateway.prompts.prompt_limits import chat_bytes, prompts_bytes
-from gateway.prompts.tokenizer_pool import TokenizerPool
+from weir.gateway.api.protocol import ChatMessage
+from weir.gateway.http.errors import BadRequestError, UnprocessableError
+from weir.gateway.prompts.prompt_limits import chat_bytes, prompts_bytes
+from weir.gateway.prompts.tokenizer_pool import TokenizerPool
 
 T = TypeVar("T")
 

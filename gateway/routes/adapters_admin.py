@@ -10,8 +10,8 @@
     POST /admin/v1/adapters/{name}/grant                    {"tenant"}: add to the access list
     POST /admin/v1/adapters/{name}/revoke                   {"tenant"}: take off the access list
 
-Bodies are `gateway.api.adapter_admin_bodies`' pydantic models; every change is audited by the
-repository; errors map in `gateway.http.errors` (unknown adapter 404, a move the state does not allow
+Bodies are `weir.gateway.api.adapter_admin_bodies`' pydantic models; every change is audited by the
+repository; errors map in `weir.gateway.http.errors` (unknown adapter 404, a move the state does not allow
 or a base version that is not ready 409, a refused adapter folder 400).
 """
 
@@ -23,16 +23,16 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from gateway.api.adapter_admin_bodies import (
+from weir.gateway.api.adapter_admin_bodies import (
     AdapterAccessBody,
     AdapterListOut,
     AdapterOut,
     AdapterRegisterBody,
 )
-from gateway.fleet.adapter_rollout import AdapterRollout, AdapterStatus
-from gateway.http.auth import AdminAuthenticator
-from gateway.http.errors import NotFoundError
-from gateway.routes.admin_http import (
+from weir.gateway.fleet.adapter_rollout import AdapterRollout, AdapterStatus
+from weir.gateway.http.auth import AdminAuthenticator
+from weir.gateway.http.errors import NotFoundError
+from weir.gateway.routes.admin_http import (
     AdminHandler,
     Endpoint,
     admin_endpoint,
@@ -40,10 +40,10 @@ from gateway.routes.admin_http import (
     json_answer,
     read_json_body,
 )
-from tenancy.adapter_records import validate_adapter_name
-from tenancy.admin_bodies.parsing import parse_model
-from tenancy.errors import FieldError
-from tenancy.records import validate_tenant_name
+from weir.tenancy.admin_bodies.parsing import parse_model
+from weir.tenancy.catalog.adapter_records import validate_adapter_name
+from weir.tenancy.errors import FieldError
+from weir.tenancy.store.records import validate_tenant_name
 
 MAX_BODY_BYTES = 64 << 10
 

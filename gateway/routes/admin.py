@@ -6,7 +6,7 @@ Repository calls are synchronous and run in the thread pool.
 
 Body errors: a body that is not a JSON object is 400; a field that is unknown, of the wrong
 type or out of range is 422 with `param` naming the field. Errors are raised, and answered (and
-counted) by the app's handlers, `gateway.http.errors.exception_handlers`.
+counted) by the app's handlers, `weir.gateway.http.errors.exception_handlers`.
 """
 
 from __future__ import annotations
@@ -18,15 +18,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 
-from gateway.http.allowed_methods import allowed_methods
-from gateway.http.auth import AdminAuthenticator, Authenticator
-from gateway.http.errors import (
+from weir.gateway.http.allowed_methods import allowed_methods
+from weir.gateway.http.auth import AdminAuthenticator, Authenticator
+from weir.gateway.http.errors import (
     BadRequestError,
     MethodNotAllowedError,
     NotFoundError,
     PermissionDeniedError,
 )
-from gateway.routes.admin_http import (
+from weir.gateway.routes.admin_http import (
     NO_STORE,
     AdminHandler,
     Endpoint,
@@ -35,19 +35,19 @@ from gateway.routes.admin_http import (
     json_answer,
     read_json_body,
 )
-from tenancy.admin_bodies.audit import AuditEvent, AuditList
-from tenancy.admin_bodies.keys import ApiKey, ApiKeyList, IssuedApiKey, KeyCreate
-from tenancy.admin_bodies.parsing import parse_model
-from tenancy.admin_bodies.quota import parse_key_limits, parse_quota_limits
-from tenancy.admin_bodies.tenants import Tenant, TenantCreate, TenantList, TenantPatch
-from tenancy.admin_bodies.usage import TenantUsage, UsageReportBody
-from tenancy.admin_bodies.usage_query import AuditQuery, UsageQuery, parse_report_params
-from tenancy.enums import KeyScope
-from tenancy.errors import FieldError
-from tenancy.keys import is_public_id
-from tenancy.records import validate_tenant_name
-from tenancy.repo import TenancyRepo
-from tenancy.usage_report import report_csv
+from weir.tenancy.admin_bodies.audit import AuditEvent, AuditList
+from weir.tenancy.admin_bodies.keys import ApiKey, ApiKeyList, IssuedApiKey, KeyCreate
+from weir.tenancy.admin_bodies.parsing import parse_model
+from weir.tenancy.admin_bodies.quota import parse_key_limits, parse_quota_limits
+from weir.tenancy.admin_bodies.tenants import Tenant, TenantCreate, TenantList, TenantPatch
+from weir.tenancy.admin_bodies.usage import TenantUsage, UsageReportBody
+from weir.tenancy.admin_bodies.usage_query import AuditQuery, UsageQuery, parse_report_params
+from weir.tenancy.errors import FieldError
+from weir.tenancy.keys.keys import is_public_id
+from weir.tenancy.store.enums import KeyScope
+from weir.tenancy.store.records import validate_tenant_name
+from weir.tenancy.store.repo import TenancyRepo
+from weir.tenancy.usage.usage_report import report_csv
 
 MAX_ADMIN_BODY_BYTES = 1 << 20
 

@@ -1,7 +1,7 @@
 """The HTTP plumbing every /admin/v1 route module shares: the admin-token check, reading a bounded
 JSON body, a bounded query parameter, and answers that are never cached.
 
-Errors are raised, never answered here: the app's one mapper (`gateway.http.errors`) answers them.
+Errors are raised, never answered here: the app's one mapper (`weir.gateway.http.errors`) answers them.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from gateway.http.auth import AdminAuthenticator
-from gateway.http.errors import PayloadTooLargeError
-from gateway.http.json_body import loads_bounded
-from tenancy.admin_bodies.fields import MAX_QUERY_LEN
-from tenancy.errors import FieldError
+from weir.gateway.http.auth import AdminAuthenticator
+from weir.gateway.http.errors import PayloadTooLargeError
+from weir.gateway.http.json_body import loads_bounded
+from weir.tenancy.admin_bodies.fields import MAX_QUERY_LEN
+from weir.tenancy.errors import FieldError
 
 NO_STORE = {"Cache-Control": "no-store"}  # answers may carry a key, shown only once
 

@@ -1,6 +1,6 @@
 """The engine requests of a validated generation request: one per prompt, within the key's quota.
 
-Shared by every generation endpoint (`gateway.routes.openai`): the tenant's priority class (a
+Shared by every generation endpoint (`weir.gateway.routes.openai`): the tenant's priority class (a
 client may lower it, never raise it), its prefix-cache scope, weight and SLOs, the key's prompt and
 output bounds, `max_tokens` resolved per prompt (the client's, or the endpoint's default within
 the context), and the bounds on the whole request (prompt tokens, sequences).
@@ -10,19 +10,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from engine.call_closing import ClosableConstraint
-from engine.client import EngineRequest
-from engine.constraints import CompiledConstraint
-from engine.errors import ContextLengthError
-from engine.latency_targets import LatencyTargets
-from gateway.api.openai_bodies import requests as rb
-from gateway.api.protocol import Endpoint, GenerationOptions
-from gateway.http.errors import BadRequestError, PermissionDeniedError
-from gateway.prompts.prompt_limits import max_request_prompt_tokens
-from tenancy.context import TenantContext
+from weir.engine.call_closing import ClosableConstraint
+from weir.engine.client import EngineRequest
+from weir.engine.errors import ContextLengthError
+from weir.engine.scheduling.latency_targets import LatencyTargets
+from weir.engine.structured.constraints import CompiledConstraint
+from weir.gateway.api.openai_bodies import requests as rb
+from weir.gateway.api.protocol import Endpoint, GenerationOptions
+from weir.gateway.http.errors import BadRequestError, PermissionDeniedError
+from weir.gateway.prompts.prompt_limits import max_request_prompt_tokens
+from weir.tenancy.context import TenantContext
 
 # OpenAI's legacy completions default; chat defaults to the rest of the context (and admission
-# reserves a bounded default for it, see gateway.admission.controller).
+# reserves a bounded default for it, see weir.gateway.admission.controller).
 DEFAULT_COMPLETION_MAX_TOKENS = 16
 
 

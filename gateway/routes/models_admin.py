@@ -9,10 +9,10 @@
 
 A drain or retire that would leave the model with no ready version is refused with 409
 `last_serving_version` unless forced (`{"force": true}` or `?force=true`); see
-`tenancy.rollout_guards`.
+`weir.tenancy.rollout_guards`.
     POST /admin/v1/models/{name}/rollback                      {"to": "<version>"}: split back, drain the others
 
-Bodies and answers are `tenancy.admin_bodies.model_versions`'s models (the `weir admin models` client reads the same
+Bodies and answers are `weir.tenancy.admin_bodies.model_versions`'s models (the `weir admin models` client reads the same
 shapes). Every change is audited by the repository. A retire's answer also carries the budget
 released and the memory measured as freed, in `x-weir-memory-released-bytes` and
 `x-weir-memory-freed-bytes` (the version object's fields are fixed by its model).
@@ -27,17 +27,17 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from gateway.fleet.model_rollout import ModelRollout, VersionStatus
-from gateway.http.auth import AdminAuthenticator
-from gateway.http.errors import NotFoundError, UnprocessableError
-from gateway.routes.admin_http import (
+from weir.gateway.fleet.model_rollout import ModelRollout, VersionStatus
+from weir.gateway.http.auth import AdminAuthenticator
+from weir.gateway.http.errors import NotFoundError, UnprocessableError
+from weir.gateway.routes.admin_http import (
     AdminHandler,
     Endpoint,
     admin_endpoint,
     json_answer,
     read_json_body,
 )
-from tenancy.admin_bodies.model_versions import (
+from weir.tenancy.admin_bodies.model_versions import (
     ModelVersion,
     ModelVersionList,
     TrafficPlanBody,
@@ -47,8 +47,8 @@ from tenancy.admin_bodies.model_versions import (
     parse_traffic,
     parse_version_action,
 )
-from tenancy.errors import FieldError
-from tenancy.model_version_records import validate_model_name, validate_version_label
+from weir.tenancy.catalog.model_version_records import validate_model_name, validate_version_label
+from weir.tenancy.errors import FieldError
 
 MAX_BODY_BYTES = 1 << 20
 

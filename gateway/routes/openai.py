@@ -16,45 +16,52 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import Receive, Scope, Send
 
-from engine.constraints import CompiledConstraint
-from engine.grammar import ConstraintSpec
-from gateway.admission.accounting import Accountant, Admission, Admitted, RequestInfo, Settle, UsageRecord
-from gateway.api.anthropic_protocol import parse_messages_request
-from gateway.api.anthropic_stream import AnthropicFormatter
-from gateway.api.protocol import (
+from weir.engine.structured.constraints import CompiledConstraint
+from weir.engine.structured.grammar import ConstraintSpec
+from weir.gateway.admission.accounting import (
+    Accountant,
+    Admission,
+    Admitted,
+    RequestInfo,
+    Settle,
+    UsageRecord,
+)
+from weir.gateway.api.anthropic_protocol import parse_messages_request
+from weir.gateway.api.anthropic_stream import AnthropicFormatter
+from weir.gateway.api.protocol import (
     Endpoint,
     decode_json_object,
     parse_chat_request,
     parse_completion_request,
 )
-from gateway.api.responses import ChatFormatter, CompletionFormatter, ResponseFormatter
-from gateway.api.streaming import GenerationJob, GenerationResponse
-from gateway.api.tool_calls import ToolsRequest
-from gateway.fleet.adapter_catalog import AdapterCatalog
-from gateway.fleet.model_fleet import Lease, ModelFleet, ModelUnavailableError
-from gateway.http.error_tarpit import mark_key_proved
-from gateway.http.errors import (
+from weir.gateway.api.responses import ChatFormatter, CompletionFormatter, ResponseFormatter
+from weir.gateway.api.streaming import GenerationJob, GenerationResponse
+from weir.gateway.api.tool_calls import ToolsRequest
+from weir.gateway.fleet.adapter_catalog import AdapterCatalog
+from weir.gateway.fleet.model_fleet import Lease, ModelFleet, ModelUnavailableError
+from weir.gateway.http.error_tarpit import mark_key_proved
+from weir.gateway.http.errors import (
     MODEL_VERSION_HEADER,
     ErrorShape,
     NotFoundError,
     PermissionDeniedError,
     ServiceUnavailableError,
 )
-from gateway.metrics.tracing import RequestTracer
-from gateway.prompts.grammar import GrammarService
-from gateway.prompts.prompt_limits import (
+from weir.gateway.metrics.tracing import RequestTracer
+from weir.gateway.prompts.grammar import GrammarService
+from weir.gateway.prompts.prompt_limits import (
     PromptLimits,
     check_chat_size,
     check_prompt_sizes,
     max_request_prompt_tokens,
 )
-from gateway.prompts.tokenization import PromptBuilder
-from gateway.prompts.tokenizer_pool import TokenizerPool
-from gateway.routes.engine_requests import engine_requests
-from gateway.server.state import GatewayState
-from tenancy.adapter_records import AdapterView
-from tenancy.context import TenantContext
-from tenancy.model_version_records import ModelVersionState
+from weir.gateway.prompts.tokenization import PromptBuilder
+from weir.gateway.prompts.tokenizer_pool import TokenizerPool
+from weir.gateway.routes.engine_requests import engine_requests
+from weir.gateway.server.state import GatewayState
+from weir.tenancy.catalog.adapter_records import AdapterView
+from weir.tenancy.catalog.model_version_records import ModelVersionState
+from weir.tenancy.context import TenantContext
 
 Authenticate = Callable[[str | None, str], Awaitable[TenantContext]]
 
@@ -79,7 +86,7 @@ class _Started(Response):
 
 
 class OpenAIRoutes:
-    """Handlers of the `/v1` API over the fleet of model versions (`gateway.fleet.model_fleet`)."""
+    """Handlers of the `/v1` API over the fleet of model versions (`weir.gateway.fleet.model_fleet`)."""
 
     def __init__(
         self,
@@ -124,7 +131,9 @@ class OpenAIRoutes:
             key = request.headers.get("x-api-key")
             authorization = None if key is None else "Bearer " + key
         tenant = await self.authenticate(authorization, client)
-        mark_key_proved(request.state)  # its errors may now count against its key (gateway.http.error_tarpit)
+        mark_key_proved(
+            request.state
+        )  # its errors may now count against its key (weir.gateway.http.error_tarpit)
         return tenant
 
     async def list_models(self, request: Request) -> Response:
@@ -171,7 +180,7 @@ class OpenAIRoutes:
         return await self._generate(request, Endpoint.COMPLETIONS)
 
     async def messages(self, request: Request) -> Response:
-        """Anthropic's Messages API, run as a chat (`gateway.api.anthropic_protocol`)."""
+        """Anthropic's Messages API, run as a chat (`weir.gateway.api.anthropic_protocol`)."""
         request.state.error_shape = ErrorShape.ANTHROPIC
         return await self._generate(request, Endpoint.MESSAGES)
 
@@ -215,7 +224,7 @@ class OpenAIRoutes:
 
         A `model` naming an adapter the tenant may call goes to the adapter's base version. The
         version is noted on the request, so an error answered after this point names it too
-        (`gateway.http.errors` adds the header).
+        (`weir.gateway.http.errors` adds the header).
         """
         adapter = self._adapter(model, tenant)
         if adapter is not None:

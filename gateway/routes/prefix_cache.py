@@ -16,12 +16,12 @@ engine has just that one).
 
 Body errors follow the rest of the admin API: a body that is not a JSON object is 400; a field that
 is unknown, of the wrong type or out of range is 422 naming it. `messages` are those of a chat
-body (`gateway.api.openai_bodies.requests.ChatMessageBody`, content parts included): malformed, a 400
+body (`weir.gateway.api.openai_bodies.requests.ChatMessageBody`, content parts included): malformed, a 400
 naming the field, as `/v1/chat/completions` answers. Text and messages are tokenized by the model
 version's `PromptBuilder`, off the event loop and under its lock, as the chat route's are. Every error, the engine's included
 (unknown prefix 404, pin budget 409, refused prefix 422), is raised to the app's one mapper in
-`gateway.http.errors`, which answers and counts it. Everything runs on the engine thread through the
-engine's prefix-cache facade (`engine.client.PrefixCacheControl`).
+`weir.gateway.http.errors`, which answers and counts it. Everything runs on the engine thread through the
+engine's prefix-cache facade (`weir.engine.client.PrefixCacheControl`).
 """
 
 from __future__ import annotations
@@ -35,16 +35,16 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 
-from engine.client import PrefixCacheControl
-from engine.prefix_cache_types import PrefixCacheStats, SharedPrefixInfo, TenantCacheStats
-from gateway.api.openai_bodies.params import bad_request
-from gateway.api.openai_bodies.requests import DEFAULT_MAX_CHAT_MESSAGES, ChatMessageBody
-from gateway.api.protocol import ChatMessage, message_of
-from gateway.http.auth import AdminAuthenticator
-from gateway.http.errors import BadRequestError, NotFoundError, PayloadTooLargeError, UnprocessableError
-from gateway.http.json_body import loads_bounded
-from gateway.prompts.tokenization import PromptBuilder, Tokenizer
-from gateway.routes.admin_http import client_addr
+from weir.engine.client import PrefixCacheControl
+from weir.engine.kv.prefix_cache_types import PrefixCacheStats, SharedPrefixInfo, TenantCacheStats
+from weir.gateway.api.openai_bodies.params import bad_request
+from weir.gateway.api.openai_bodies.requests import DEFAULT_MAX_CHAT_MESSAGES, ChatMessageBody
+from weir.gateway.api.protocol import ChatMessage, message_of
+from weir.gateway.http.auth import AdminAuthenticator
+from weir.gateway.http.errors import BadRequestError, NotFoundError, PayloadTooLargeError, UnprocessableError
+from weir.gateway.http.json_body import loads_bounded
+from weir.gateway.prompts.tokenization import PromptBuilder, Tokenizer
+from weir.gateway.routes.admin_http import client_addr
 
 MAX_BODY_BYTES = 4 << 20  # a long system prompt as token ids is a few hundred KB
 _REGISTER_FIELDS = frozenset({"token_ids", "text", "messages", "add_special_tokens", "name", "pin"})
@@ -210,7 +210,7 @@ class PrefixCacheRoutes:
 
     def admin(self, handler: Handler) -> Handler:
         """Check the admin token first. Errors are raised, never answered here: the app's one
-        mapper (`gateway.http.errors.to_http_error`) answers and counts them, like every route's."""
+        mapper (`weir.gateway.http.errors.to_http_error`) answers and counts them, like every route's."""
 
         async def endpoint(request: Request) -> Response:
             await self.admin_auth.authenticate_async(

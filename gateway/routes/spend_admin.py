@@ -6,10 +6,10 @@
     GET    /admin/v1/budgets         every budget with its current window's count, ?tenant=
     DELETE /admin/v1/budgets/{id}    remove a budget
 
-Bodies and answers are `tenancy.spend_api`'s. Every change is audited by the repository. This
+Bodies and answers are `weir.tenancy.admin_bodies.spend_api`'s. Every change is audited by the repository. This
 replica applies a change before it answers (`on_change`: the admission's window-budget gate reads
 budgets and prices again), so a request sent after the answer is admitted under it; other
-replicas apply it within the auth cache TTL (`gateway.admission.window_budget_gate`).
+replicas apply it within the auth cache TTL (`weir.gateway.admission.window_budget_gate`).
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from gateway.http.auth import AdminAuthenticator
-from gateway.http.errors import NotFoundError
-from gateway.routes.admin_http import (
+from weir.gateway.http.auth import AdminAuthenticator
+from weir.gateway.http.errors import NotFoundError
+from weir.gateway.routes.admin_http import (
     AdminHandler,
     Endpoint,
     admin_endpoint,
@@ -32,9 +32,9 @@ from gateway.routes.admin_http import (
     json_answer,
     read_json_body,
 )
-from tenancy.db import Database
-from tenancy.spend_admin import SpendAdmin
-from tenancy.window_budget_records import BudgetNotFoundError
+from weir.tenancy.budgets.spend_admin import SpendAdmin
+from weir.tenancy.budgets.window_budget_records import BudgetNotFoundError
+from weir.tenancy.store.db import Database
 
 MAX_BODY_BYTES = 64 * 1024
 

@@ -1,6 +1,6 @@
 """`POST /tokenize` and `POST /detokenize` (vLLM's shapes), under the tenant's key and limits.
 
-They share the generation routes' steps (`gateway.routes.openai`): the key, the model check and
+They share the generation routes' steps (`weir.gateway.routes.openai`): the key, the model check and
 routing (a tenant's pin, an adapter's base), the size checks before anything is rendered, and the
 tokenizer pool within the tenant's share. A call goes through admission with no engine request, so
 a key's concurrency and requests-per-minute limits count it and its answer carries the same
@@ -17,20 +17,20 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from gateway.admission.accounting import Admitted, Outcome, Usage, UsageRecord
-from gateway.api.protocol import Endpoint, decode_json_object
-from gateway.api.tokenize_bodies import (
+from weir.gateway.admission.accounting import Admitted, Outcome, Usage, UsageRecord
+from weir.gateway.api.protocol import Endpoint, decode_json_object
+from weir.gateway.api.tokenize_bodies import (
     DetokenizeAnswer,
     TokenizeAnswer,
     parse_detokenize,
     parse_tokenize,
     tokenize_messages,
 )
-from gateway.http.errors import MODEL_VERSION_HEADER, ServiceUnavailableError
-from gateway.prompts.prompt_limits import check_chat_size, check_prompt_sizes
-from gateway.prompts.tokenization import PromptBuilder
-from gateway.routes.openai import OpenAIRoutes
-from tenancy.context import TenantContext
+from weir.gateway.http.errors import MODEL_VERSION_HEADER, ServiceUnavailableError
+from weir.gateway.prompts.prompt_limits import check_chat_size, check_prompt_sizes
+from weir.gateway.prompts.tokenization import PromptBuilder
+from weir.gateway.routes.openai import OpenAIRoutes
+from weir.tenancy.context import TenantContext
 
 Work = Callable[[PromptBuilder, int, TenantContext], Awaitable[dict[str, object]]]
 

@@ -19,27 +19,27 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 
-from engine.client import EngineClient
-from engine.request import Priority
-from gateway.admission.accounting import Accountant, Admission, UsageJournal, UsageSink, admit_all
-from gateway.api.openapi import LiveDocument
-from gateway.fleet.adapter_catalog import AdapterCatalog
-from gateway.fleet.fleet_types import model_fingerprint
-from gateway.fleet.model_fleet import ModelFleet, single_engine_fleet
-from gateway.http.body_limit import BodyLimitMiddleware
-from gateway.http.error_tarpit import DEFAULT_LIMITS, ErrorTarpitMiddleware, TarpitLimits
-from gateway.http.errors import NotFoundError, exception_handlers
-from gateway.metrics.registry import GatewayMetrics
-from gateway.metrics.tracing import RequestTracer, build_tracer_provider
-from gateway.prompts.grammar import GrammarLimits, GrammarService
-from gateway.prompts.prompt_limits import PromptLimits
-from gateway.prompts.tokenization import Tokenizer
-from gateway.prompts.tokenizer_pool import TokenizerPool
-from gateway.routes.openai import Authenticate, OpenAIRoutes
-from gateway.routes.tokenize import TokenizeRoutes
-from gateway.server.settings import AuthMode, Settings
-from gateway.server.state import GatewayState
-from tenancy.context import QuotaLimits, TenantContext
+from weir.engine.client import EngineClient
+from weir.engine.request import Priority
+from weir.gateway.admission.accounting import Accountant, Admission, UsageJournal, UsageSink, admit_all
+from weir.gateway.api.openapi import LiveDocument
+from weir.gateway.fleet.adapter_catalog import AdapterCatalog
+from weir.gateway.fleet.fleet_types import model_fingerprint
+from weir.gateway.fleet.model_fleet import ModelFleet, single_engine_fleet
+from weir.gateway.http.body_limit import BodyLimitMiddleware
+from weir.gateway.http.error_tarpit import DEFAULT_LIMITS, ErrorTarpitMiddleware, TarpitLimits
+from weir.gateway.http.errors import NotFoundError, exception_handlers
+from weir.gateway.metrics.registry import GatewayMetrics
+from weir.gateway.metrics.tracing import RequestTracer, build_tracer_provider
+from weir.gateway.prompts.grammar import GrammarLimits, GrammarService
+from weir.gateway.prompts.prompt_limits import PromptLimits
+from weir.gateway.prompts.tokenization import Tokenizer
+from weir.gateway.prompts.tokenizer_pool import TokenizerPool
+from weir.gateway.routes.openai import Authenticate, OpenAIRoutes
+from weir.gateway.routes.tokenize import TokenizeRoutes
+from weir.gateway.server.settings import AuthMode, Settings
+from weir.gateway.server.state import GatewayState
+from weir.tenancy.context import QuotaLimits, TenantContext
 
 logger = logging.getLogger(__name__)
 
@@ -100,9 +100,9 @@ def create_app(
     `on_startup`/`on_shutdown` run in the lifespan (e.g. `engine.start`, `engine.shutdown`).
     `/metrics` names every tenant, so on this (the API) port it answers only callers that
     `metrics_auth` accepts (the admin token); without one it is not served here (404) and
-    Prometheus scrapes the metrics listener (gateway.metrics.metrics_server).
+    Prometheus scrapes the metrics listener (weir.gateway.metrics.metrics_server).
     `adapters` holds the LoRA adapters loaded on the fleet's engines (`model` may name one).
-    `error_tarpit` delays the 4xx answers of a client in a tight error loop (gateway.http.error_tarpit);
+    `error_tarpit` delays the 4xx answers of a client in a tight error loop (weir.gateway.http.error_tarpit);
     None turns it off.
     """
     if authenticate is None:

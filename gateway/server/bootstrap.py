@@ -20,17 +20,17 @@ from typing import TYPE_CHECKING, Any
 from starlette.applications import Starlette
 from starlette.routing import BaseRoute
 
-from engine.request import FinishReason
-from gateway.admission.accounting import Outcome, UsageJournal, UsageRecord, UsageSink
-from gateway.admission.controller import build_admission
-from gateway.admission.window_budget_gate import WindowBudgetMetrics
-from gateway.metrics.admission_metrics import AdmissionMetrics
-from gateway.metrics.metrics_server import MetricsListener
-from gateway.metrics.registry import GatewayMetrics
-from gateway.routes.openai import Authenticate
-from gateway.server import gc_pauses
-from gateway.server.app import create_app
-from gateway.server.settings import (
+from weir.engine.request import FinishReason
+from weir.gateway.admission.accounting import Outcome, UsageJournal, UsageRecord, UsageSink
+from weir.gateway.admission.controller import build_admission
+from weir.gateway.admission.window_budget_gate import WindowBudgetMetrics
+from weir.gateway.metrics.admission_metrics import AdmissionMetrics
+from weir.gateway.metrics.metrics_server import MetricsListener
+from weir.gateway.metrics.registry import GatewayMetrics
+from weir.gateway.routes.openai import Authenticate
+from weir.gateway.server import gc_pauses
+from weir.gateway.server.app import create_app
+from weir.gateway.server.settings import (
     AdmissionMode,
     AttentionBackend,
     AuthMode,
@@ -43,21 +43,21 @@ from gateway.server.settings import (
     PrefixCachingMode,
     Settings,
 )
-from gateway.server.uvicorn_runner import run_server
-from tenancy.enums import UsageStatus
-from tenancy.records import UsageRecordIn
+from weir.gateway.server.uvicorn_runner import run_server
+from weir.tenancy.store.enums import UsageStatus
+from weir.tenancy.store.records import UsageRecordIn
 
 if TYPE_CHECKING:
     from prometheus_client.registry import Collector
 
-    from engine.config import EngineConfig, LoraConfig
-    from gateway.fleet.model_fleet import ModelFleet
-    from gateway.fleet.model_rollout import ModelRollout
-    from gateway.http.auth import AdminAuthenticator, Authenticator
-    from tenancy.adapters import AdapterRepo
-    from tenancy.model_versions import ModelVersionRepo
-    from tenancy.repo import TenancyRepo
-    from tenancy.usage_writer import UsageWriterStats
+    from weir.engine.config import EngineConfig, LoraConfig
+    from weir.gateway.fleet.model_fleet import ModelFleet
+    from weir.gateway.fleet.model_rollout import ModelRollout
+    from weir.gateway.http.auth import AdminAuthenticator, Authenticator
+    from weir.tenancy.catalog.adapters import AdapterRepo
+    from weir.tenancy.catalog.model_versions import ModelVersionRepo
+    from weir.tenancy.store.repo import TenancyRepo
+    from weir.tenancy.usage.usage_writer import UsageWriterStats
 
 logger = logging.getLogger("weir.serve")
 
@@ -76,7 +76,7 @@ def resolve_model_path(settings: Settings) -> Path:
     """`--model`, or the default SmolLM2 prepared into the cache (converted once if missing)."""
     if settings.model_path is not None:
         return settings.model_path
-    from engine.model_prepare import ensure_default_model
+    from weir.engine.runner.model_prepare import ensure_default_model
 
     return ensure_default_model(settings.cache_dir)
 
@@ -102,7 +102,7 @@ def set_engine_threads(settings: Settings, device: str) -> int | None:
     a cgroup CPU quota (a Kubernetes CPU limit; gateway/server/cpu_cores.py)."""
     import torch
 
-    from gateway.server.cpu_cores import usable_cores
+    from weir.gateway.server.cpu_cores import usable_cores
 
     threads = settings.engine_threads(device, usable_cores())
     if threads is not None:
@@ -112,11 +112,11 @@ def set_engine_threads(settings: Settings, device: str) -> int | None:
 
 def engine_config(settings: Settings, model_path: Path, device: str) -> EngineConfig:
     """The EngineConfig for these settings."""
-    from engine.config import CacheConfig, EngineConfig, SchedulerConfig
-    from engine.latency_targets import class_targets_for
-    from engine.loader import load_model_config
-    from engine.spec_decode.config import SpeculativeConfig
-    from gateway.server.cpu_cores import usable_cores
+    from weir.engine.config import CacheConfig, EngineConfig, SchedulerConfig
+    from weir.engine.runner.loader import load_model_config
+    from weir.engine.scheduling.latency_targets import class_targets_for
+    from weir.engine.spec_decode.config import SpeculativeConfig
+    from weir.gateway.server.cpu_cores import usable_cores
 
     dtype = settings.resolved_dtype(device)
     block_size = CacheConfig().block_size
@@ -160,7 +160,7 @@ def engine_config(settings: Settings, model_path: Path, device: str) -> EngineCo
 
 def lora_config(settings: Settings) -> LoraConfig:
     """LoRA slots when an adapter directory is set (`--adapter-dir`), else none."""
-    from engine.config import LoraConfig
+    from weir.engine.config import LoraConfig
 
     if settings.adapter_dir is None:
         return LoraConfig()
@@ -211,8 +211,10 @@ class TenancyWiring:
     close: Callable[[], Awaitable[None]] | None = None
     admin_auth: AdminAuthenticator | None = None  # also guards the prefix-cache admin routes
     usage_stats: Callable[[], UsageWriterStats] | None = None  # the usage writer's, for metrics
-    model_versions: ModelVersionRepo | None = None  # the model-version records (gateway.fleet.model_rollout)
-    adapters: AdapterRepo | None = None  # the LoRA adapter records (gateway.fleet.adapter_rollout)
+    model_versions: ModelVersionRepo | None = (
+        None  # the model-version records (weir.gateway.fleet.model_rollout)
+    )
+    adapters: AdapterRepo | None = None  # the LoRA adapter records (weir.gateway.fleet.adapter_rollout)
     # The admin console (/admin/ui) calls these in-process, as the admin API does.
     repo: TenancyRepo | None = None
     authenticator: Authenticator | None = None
@@ -260,17 +262,17 @@ def build_tenancy(settings: Settings) -> TenancyWiring:
     """
     from sqlalchemy import inspect
 
-    from gateway.http.auth import AdminAuthenticator, Authenticator, AuthSettings
-    from gateway.routes.admin import admin_routes
-    from tenancy.adapters import AdapterRepo
-    from tenancy.admin_token import admin_token_banner, ensure_admin_token
-    from tenancy.db import Database
-    from tenancy.enums import KeyScope
-    from tenancy.keys import KeyHasher
-    from tenancy.migrate import check_migrated, upgrade
-    from tenancy.model_versions import ModelVersionRepo
-    from tenancy.repo import TenancyRepo
-    from tenancy.usage_writer import UsageWriter
+    from weir.gateway.http.auth import AdminAuthenticator, Authenticator, AuthSettings
+    from weir.gateway.routes.admin import admin_routes
+    from weir.tenancy.catalog.adapters import AdapterRepo
+    from weir.tenancy.catalog.model_versions import ModelVersionRepo
+    from weir.tenancy.keys.admin_token import admin_token_banner, ensure_admin_token
+    from weir.tenancy.keys.keys import KeyHasher
+    from weir.tenancy.store.db import Database
+    from weir.tenancy.store.enums import KeyScope
+    from weir.tenancy.store.migrate import check_migrated, upgrade
+    from weir.tenancy.store.repo import TenancyRepo
+    from weir.tenancy.usage.usage_writer import UsageWriter
 
     db = Database(settings.resolved_database_url)
     if db.backend == "sqlite" and not inspect(db.engine).get_table_names():
@@ -285,7 +287,7 @@ def build_tenancy(settings: Settings) -> TenancyWiring:
     authenticator = Authenticator(repo, AuthSettings(cache_ttl_s=settings.auth_cache_ttl_s))
     admin_auth = AdminAuthenticator(repo, settings.admin_token)
     # Usage is billing data: records are fsync'd here before the database sees them, and
-    # replayed from here after an outage or a crash (tenancy/usage_writer.py).
+    # replayed from here after an outage or a crash (tenancy/usage/usage_writer.py).
     writer = UsageWriter(repo, usage_spool_dir(settings))
 
     def sink(record: UsageRecord) -> None:
@@ -341,14 +343,14 @@ def build_metrics(fleet: ModelFleet, tenancy: TenancyWiring, default_name: str) 
     """The app's registry, complete before anything uses it: the gateway's own metrics, every
     engine's load (labelled by model version), the serving version's prefix cache and, with
     tenancy, the usage-record writer."""
-    from gateway.fleet.fleet_setup import primary_prefix_stats
-    from gateway.metrics.engine_collectors import (
+    from weir.gateway.fleet.fleet_setup import primary_prefix_stats
+    from weir.gateway.metrics.engine_collectors import (
         AdapterMetricsCollector,
         FleetStatsCollector,
         ServerLoadCollector,
     )
-    from gateway.metrics.prefix_cache_metrics import PrefixCacheCollector
-    from gateway.metrics.usage_metrics import UsageRecordsCollector
+    from weir.gateway.metrics.prefix_cache_metrics import PrefixCacheCollector
+    from weir.gateway.metrics.usage_metrics import UsageRecordsCollector
 
     collectors: list[Collector] = [
         FleetStatsCollector(fleet.stats_by_version),
@@ -365,9 +367,9 @@ def start_fleet(settings: Settings, tenancy: TenancyWiring) -> tuple[ModelFleet,
     """Build the fleet and load, before the server listens: the `--model` version (registered if
     absent) and every version recorded as ready, with their split and pins. Returns the fleet,
     its rollout control and the default model name."""
-    from gateway.fleet.fleet_setup import build_fleet, check_startup_record, startup_spec
-    from gateway.fleet.model_rollout import ModelRollout
-    from tenancy.errors import ModelVersionNotFoundError
+    from weir.gateway.fleet.fleet_setup import build_fleet, check_startup_record, startup_spec
+    from weir.gateway.fleet.model_rollout import ModelRollout
+    from weir.tenancy.errors import ModelVersionNotFoundError
 
     model_path = resolve_model_path(settings)
     device = resolve_device(settings)
@@ -400,11 +402,11 @@ def build_server_app(settings: Settings) -> Starlette:
     Every collaborator is built before the app and passed in: the fleet of model versions (loaded
     and warm), the metrics registry, then admission (counting into it) and the metrics listener.
     """
-    from gateway.fleet.adapter_catalog import AdapterCatalog
-    from gateway.fleet.adapter_rollout import AdapterRollout
-    from gateway.fleet.fleet_setup import prefix_cache_target
-    from gateway.routes.adapters_admin import adapters_admin_routes
-    from gateway.routes.models_admin import models_admin_routes
+    from weir.gateway.fleet.adapter_catalog import AdapterCatalog
+    from weir.gateway.fleet.adapter_rollout import AdapterRollout
+    from weir.gateway.fleet.fleet_setup import prefix_cache_target
+    from weir.gateway.routes.adapters_admin import adapters_admin_routes
+    from weir.gateway.routes.models_admin import models_admin_routes
 
     tenancy = build_tenancy(settings)
     auth = resolve_auth(settings, tenancy.num_tenants)
@@ -446,7 +448,7 @@ def build_server_app(settings: Settings) -> Starlette:
         kwargs["usage_journal"] = tenancy.usage_journal
     extra_routes = list(tenancy.routes)
     if tenancy.admin_auth is not None:
-        from gateway.routes.prefix_cache import prefix_cache_routes
+        from weir.gateway.routes.prefix_cache import prefix_cache_routes
 
         # Before the /admin/v1 mount, whose catch-all would answer these paths with 404.
         select = functools.partial(prefix_cache_target, fleet, default_name)
@@ -455,7 +457,7 @@ def build_server_app(settings: Settings) -> Starlette:
             *models_admin_routes(rollout, tenancy.admin_auth),
         ]
         if tenancy.repo is not None:
-            from gateway.routes.spend_admin import spend_admin_routes
+            from weir.gateway.routes.spend_admin import spend_admin_routes
 
             # prices, budgets; a change applies on this replica before the answer
             spend = spend_admin_routes(tenancy.repo.db, tenancy.admin_auth, on_budget_change)
@@ -463,7 +465,7 @@ def build_server_app(settings: Settings) -> Starlette:
         if adapter_rollout is not None:
             extra_routes[:0] = adapters_admin_routes(adapter_rollout, tenancy.admin_auth)
         if tenancy.repo is not None and tenancy.authenticator is not None:
-            from gateway.console.routes import ConsoleDeps, console_routes
+            from weir.gateway.console.routes import ConsoleDeps, console_routes
 
             extra_routes += console_routes(
                 ConsoleDeps(

@@ -13,8 +13,8 @@ import argparse
 import enum
 import functools
 
-from engine.config import WIDE_STEP_ROWS, QueuePolicy
-from gateway.server.settings import (
+from weir.engine.config import WIDE_STEP_ROWS, QueuePolicy
+from weir.gateway.server.settings import (
     DTYPES,
     AdmissionMode,
     AttentionBackend,

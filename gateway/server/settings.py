@@ -17,13 +17,13 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from engine.config import WIDE_STEP_ROWS, QueuePolicy
-from engine.spec_decode.config import SpeculativeConfig
-from gateway.api.openai_bodies.requests import DEFAULT_MAX_CHAT_MESSAGES
+from weir.engine.config import WIDE_STEP_ROWS, QueuePolicy
+from weir.engine.spec_decode.config import SpeculativeConfig
+from weir.gateway.api.openai_bodies.requests import DEFAULT_MAX_CHAT_MESSAGES
 
 DTYPES = ("float32", "float16", "bfloat16")
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
-# A model version label (tenancy.model_version_records checks the same form for stored versions).
+# A model version label (weir.tenancy.catalog.model_version_records checks the same form for stored versions).
 _VERSION_LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
@@ -102,7 +102,7 @@ class CpuRowWeightsMode(enum.Enum):
 
 
 class AdmissionMode(enum.Enum):
-    """ON: token budgets, SLO-aware rejection and the queue bound (gateway.admission.controller). OFF: admit all."""
+    """ON: token budgets, SLO-aware rejection and the queue bound (weir.gateway.admission.controller). OFF: admit all."""
 
     ON = "on"
     OFF = "off"
@@ -171,7 +171,7 @@ class Settings:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     # The per-step token budget and running cap follow this target step time and the measured
-    # costs (engine/step_budget.py). None: CPU_TARGET_STEP_MS on CPU, none on an accelerator;
+    # costs (engine/scheduling/step_budget.py). None: CPU_TARGET_STEP_MS on CPU, none on an accelerator;
     # 0: none (every step may feed max_num_batched_tokens).
     target_step_ms: float | None = None
     # While sequences run, a new request waits up to this long (or until as many wait as run) so
@@ -207,19 +207,19 @@ class Settings:
     cuda_graphs: CudaGraphsMode = CudaGraphsMode.AUTO
     cpu_row_weights: CpuRowWeightsMode = CpuRowWeightsMode.AUTO
     gc_freeze: GcFreezeMode = GcFreezeMode.ON
-    # Input bounds checked before any chat template or tokenizer runs (gateway.prompts.prompt_limits).
+    # Input bounds checked before any chat template or tokenizer runs (weir.gateway.prompts.prompt_limits).
     max_chat_messages: int = DEFAULT_MAX_CHAT_MESSAGES  # messages, and content parts across them
     # A text prompt of more than this x max_model_len characters is refused untokenized; None: the
     # model's longest token (no token covers more characters, for byte-level BPE).
     prompt_chars_per_token: int | None = None
-    # Threads that render chat templates and tokenize prompts (gateway.prompts.tokenizer_pool), and the
+    # Threads that render chat templates and tokenize prompts (weir.gateway.prompts.tokenizer_pool), and the
     # share of them one tenant may hold at a time.
     tokenizer_workers: int = 4
     tokenizer_tenant_share: float = 0.5
     # A prompt of at most this many UTF-8 bytes (and at most 8 messages or prompts) is tokenized on
     # the event loop, where it costs less than the hand-off to a worker; 0: every prompt on one.
     tokenizer_inline_bytes: int = 512
-    # Structured outputs / tool calls (gateway.prompts.grammar): a grammar that does not compile within
+    # Structured outputs / tool calls (weir.gateway.prompts.grammar): a grammar that does not compile within
     # this time is refused (400); compiles run on this many worker threads.
     grammar_compile_timeout_s: float = 5.0
     grammar_compile_workers: int = 2
@@ -235,7 +235,7 @@ class Settings:
     # On a CPU device, the engine's intra-op threads for wide steps: those that feed at least
     # `cpu_wide_step_rows` rows (decode rows plus prompt tokens), matrix-matrix work a second core
     # shortens by a quarter to a half on a quiet host; the engine runs each size of wide step on
-    # whichever count it measures faster (engine/step_threads.py). None: every core this process
+    # whichever count it measures faster (engine/runner/step_threads.py). None: every core this process
     # may run on; 0: the engine's thread count for every step.
     cpu_wide_step_threads: int | None = None
     cpu_wide_step_rows: int = WIDE_STEP_ROWS

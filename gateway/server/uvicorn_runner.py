@@ -21,9 +21,9 @@ from types import FrameType
 import uvicorn
 from starlette.applications import Starlette
 
-from gateway.http.header_guard import HeaderGuardProtocol
-from gateway.server.settings import LogLevel, Settings
-from gateway.server.state import GatewayState
+from weir.gateway.http.header_guard import HeaderGuardProtocol
+from weir.gateway.server.settings import LogLevel, Settings
+from weir.gateway.server.state import GatewayState
 
 logger = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ def gil_switch_interval(seconds: float) -> Iterator[None]:
     admission), a retake waits until the loop's thread is asked to drop the GIL, which CPython
     does after the switch interval, 5 ms by default: a busy front end then stretches every step.
     Measured beside batch-8 decode steps of SmolLM2 with a thread busy 60% of the time in pure
-    Python (`bench.experiments.gil_contention`, one intra-op thread): 5 ms -> 0.5 ms took the
+    Python (`weir_bench.experiments.gil_contention`, one intra-op thread): 5 ms -> 0.5 ms took the
     step from 2.7x to 1.7-1.95x its time alone, the busy thread doing as much work
     (docs/benchmarks.md). The cost is more frequent switches between Python threads.
     """

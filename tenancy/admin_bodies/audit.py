@@ -6,9 +6,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tenancy.admin_bodies.fields import UtcTime
-from tenancy.enums import AuditAction
-from tenancy.records import AuditEventView
+from weir.tenancy.admin_bodies.fields import UtcTime
+from weir.tenancy.store.enums import AuditAction
+from weir.tenancy.store.records import AuditEventView
 
 
 class AuditEvent(BaseModel):

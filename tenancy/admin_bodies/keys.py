@@ -1,5 +1,5 @@
 """API key bodies: issue (`POST /admin/v1/tenants/{name}/keys`), a key's own limits
-(`PUT /admin/v1/keys/{id}/limits`, in `tenancy.admin_bodies.quota`) and the key object the key
+(`PUT /admin/v1/keys/{id}/limits`, in `weir.tenancy.admin_bodies.quota`) and the key object the key
 routes answer (never the secret, except once in `IssuedApiKey`)."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tenancy.admin_bodies.fields import KeyId, TenantName, UtcTime
-from tenancy.admin_bodies.quota import KeyLimitsBody, key_limits_body
-from tenancy.enums import KeyScope, KeyState
-from tenancy.records import ApiKeyView, IssuedKey, KeySpec
+from weir.tenancy.admin_bodies.fields import KeyId, TenantName, UtcTime
+from weir.tenancy.admin_bodies.quota import KeyLimitsBody, key_limits_body
+from weir.tenancy.store.enums import KeyScope, KeyState
+from weir.tenancy.store.records import ApiKeyView, IssuedKey, KeySpec
 
 Scopes = Annotated[list[KeyScope], Field(min_length=1, json_schema_extra={"uniqueItems": True})]
 

@@ -1,6 +1,6 @@
 """Model-version bodies (`/admin/v1/models...`): register, traffic, rollback, and the version,
 plan and list objects the routes answer. The server's routes parse and render with them, and
-`weir admin models` (`tenancy.model_admin_client`) builds its requests and reads the answers
+`weir admin models` (`weir.tenancy.cli.model_admin_client`) builds its requests and reads the answers
 with them."""
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from typing import Annotated
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from engine.config import ENGINE_DTYPES
-from tenancy.admin_bodies.fields import ModelName, UtcTime, VersionLabel
-from tenancy.admin_bodies.parsing import parse_model
-from tenancy.errors import FieldError
-from tenancy.model_version_records import (
+from weir.engine.config import ENGINE_DTYPES
+from weir.tenancy.admin_bodies.fields import ModelName, UtcTime, VersionLabel
+from weir.tenancy.admin_bodies.parsing import parse_model
+from weir.tenancy.budgets.quota_limits import integral
+from weir.tenancy.catalog.model_version_records import (
     MAX_KV_CACHE_TOKENS,
     MAX_PATH_LEN,
     ModelVersionSpec,
@@ -24,7 +24,7 @@ from tenancy.model_version_records import (
     ModelVersionView,
     TrafficPlan,
 )
-from tenancy.quota_limits import integral
+from weir.tenancy.errors import FieldError
 
 
 @dataclass(frozen=True)

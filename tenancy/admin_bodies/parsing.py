@@ -1,7 +1,7 @@
 """Validate decoded JSON against a body model; the first problem as a `FieldError` naming the field.
 
 `FieldError("body", ...)` (the body is not an object) is answered 400, any other field 422
-(`gateway.http.errors`), as the hand-made codecs did.
+(`weir.gateway.http.errors`), as the hand-made codecs did.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from tenancy.errors import FieldError
+from weir.tenancy.errors import FieldError
 
 M = TypeVar("M", bound=BaseModel)
 T = TypeVar("T")

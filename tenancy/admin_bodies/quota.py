@@ -1,7 +1,7 @@
 """The quota bodies: a tenant's quota (`PUT /admin/v1/tenants/{name}/quota`, `quota` of a tenant)
 and a key's own limits (`PUT /admin/v1/keys/{id}/limits`).
 
-Both derive from `tenancy.quota_limits.QuotaLimits`, where each field is declared once: the
+Both derive from `weir.tenancy.budgets.quota_limits.QuotaLimits`, where each field is declared once: the
 tenant's quota validates as that dataclass itself, the key's limits as a model of the fields
 marked `KEY_LIMIT` (a key cannot set SLOs or reservations: such a field is refused as unknown).
 """
@@ -12,8 +12,13 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter, create_model
 
-from tenancy.admin_bodies.parsing import parse_model, parse_with
-from tenancy.quota_limits import KEY_LIMIT_FIELDS, QuotaLimits, quota_field_annotation, quota_from
+from weir.tenancy.admin_bodies.parsing import parse_model, parse_with
+from weir.tenancy.budgets.quota_limits import (
+    KEY_LIMIT_FIELDS,
+    QuotaLimits,
+    quota_field_annotation,
+    quota_from,
+)
 
 QUOTA_ADAPTER: TypeAdapter[QuotaLimits] = TypeAdapter(QuotaLimits)
 

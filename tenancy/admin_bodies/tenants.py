@@ -2,7 +2,7 @@
 object every tenant route answers.
 
 A tenant's cache scope is its own unless it names one (`cache_scope`) or joins another tenant's
-on purpose (`share_cache_scope_with`, audited); see `tenancy.cache_scopes`.
+on purpose (`share_cache_scope_with`, audited); see `weir.tenancy.keys.cache_scopes`.
 """
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine.request import Priority
-from tenancy.admin_bodies.fields import CacheScope, PriorityName, TenantName, UtcTime, Weight
-from tenancy.enums import TenantStatus
-from tenancy.quota_limits import QuotaLimits
-from tenancy.records import TenantSpec, TenantUpdate, TenantView
+from weir.engine.request import Priority
+from weir.tenancy.admin_bodies.fields import CacheScope, PriorityName, TenantName, UtcTime, Weight
+from weir.tenancy.budgets.quota_limits import QuotaLimits
+from weir.tenancy.store.enums import TenantStatus
+from weir.tenancy.store.records import TenantSpec, TenantUpdate, TenantView
 
 _SHARE = (
     "Join this existing tenant's cache scope on purpose (audited); not with cache_scope. "

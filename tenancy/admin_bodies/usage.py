@@ -9,9 +9,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tenancy.admin_bodies.fields import Day, TenantName
-from tenancy.records import DailyUsage
-from tenancy.usage_report import MEASURES, UsageReport, UsageSums
+from weir.tenancy.admin_bodies.fields import Day, TenantName
+from weir.tenancy.store.records import DailyUsage
+from weir.tenancy.usage.usage_report import MEASURES, UsageReport, UsageSums
 
 
 class UsageTotals(BaseModel):

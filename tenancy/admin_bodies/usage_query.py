@@ -11,12 +11,12 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tenancy.admin_bodies.fields import Day
-from tenancy.admin_bodies.parsing import parse_model
-from tenancy.audit import MAX_AUDIT_PAGE
-from tenancy.keys import PUBLIC_ID_RE
-from tenancy.records import TENANT_NAME_RE
-from tenancy.usage_report import (
+from weir.tenancy.admin_bodies.fields import Day
+from weir.tenancy.admin_bodies.parsing import parse_model
+from weir.tenancy.keys.keys import PUBLIC_ID_RE
+from weir.tenancy.store.audit import MAX_AUDIT_PAGE
+from weir.tenancy.store.records import TENANT_NAME_RE
+from weir.tenancy.usage.usage_report import (
     DEFAULT_GROUP_BY,
     DEFAULT_LIMIT,
     GROUPS,

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from bench.records import Outcome, RequestRecord
+from weir_bench.records import Outcome, RequestRecord
 
 SERVER_SCRIPT = Path(__file__).with_name("fake_openai_server.py")
 

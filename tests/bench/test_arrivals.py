@@ -1,11 +1,11 @@
-"""bench.arrivals: schedules of the open-loop modes."""
+"""weir_bench.arrivals: schedules of the open-loop modes."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench.arrivals import ArrivalMode, ArrivalSpec, send_offsets
-from bench.workloads import RequestKind, WorkloadRequest
+from weir_bench.arrivals import ArrivalMode, ArrivalSpec, send_offsets
+from weir_bench.workloads import RequestKind, WorkloadRequest
 
 
 def reqs(times: list[float]) -> list[WorkloadRequest]:

@@ -1,4 +1,4 @@
-"""bench.cli: `bench serve` end to end against the fake server, `bench gen`, `python -m bench`.
+"""weir_bench.cli: `bench serve` end to end against the fake server, `bench gen`, `python -m weir_bench`.
 
 (Named test_bench_cli.py, not test_cli.py, so it never collides with another package's CLI test.)
 """
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.cli import add_subcommands, main
-from bench.workloads import load_trace
+from weir_bench.cli import add_subcommands, main
+from weir_bench.workloads import load_trace
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -107,5 +107,7 @@ def test_subcommands_attach_to_another_cli() -> None:
 
 
 def test_python_dash_m_bench() -> None:
-    done = subprocess.run([sys.executable, "-m", "bench", "serve", "--help"], capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "weir_bench", "serve", "--help"], capture_output=True, text=True
+    )
     assert done.returncode == 0 and "--rate-scale" in done.stdout and "--tenants" in done.stdout

@@ -1,4 +1,4 @@
-"""bench.compare and `bench compare`: ratios per metric."""
+"""weir_bench.compare and `bench compare`: ratios per metric."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.cli import main
-from bench.compare import Verdict, compare_reports, load_report
+from weir_bench.cli import main
+from weir_bench.compare import Verdict, compare_reports, load_report
 
 
 def report(ttft_p50: float, tok_s: float) -> dict:

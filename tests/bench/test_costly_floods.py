@@ -1,4 +1,4 @@
-"""bench.costly_floods: every issue-54 flood is a request the gateway's own parser accepts, at the
+"""weir_bench.costly_floods: every issue-54 flood is a request the gateway's own parser accepts, at the
 bound of its field (300 biases, 16 stop strings of 512 characters, top_logprobs 20), and a regex
 flood compiles anew each request (a fresh literal defeats the grammar cache)."""
 
@@ -10,10 +10,15 @@ import re
 
 import pytest
 
-from bench.costly_floods import COSTLY_FLOODS, COSTLY_PROBES, REGEX_BOUNDED, REGEX_NESTED_256
-from bench.hostile import Target
-from engine.sampling_bounds import MAX_LOGIT_BIAS, MAX_LOGPROBS, MAX_STOP_CHARS, MAX_STOP_STRINGS
-from gateway.api.protocol import parse_chat_request
+from weir.engine.sampling.sampling_bounds import (
+    MAX_LOGIT_BIAS,
+    MAX_LOGPROBS,
+    MAX_STOP_CHARS,
+    MAX_STOP_STRINGS,
+)
+from weir.gateway.api.protocol import parse_chat_request
+from weir_bench.costly_floods import COSTLY_FLOODS, COSTLY_PROBES, REGEX_BOUNDED, REGEX_NESTED_256
+from weir_bench.hostile import Target
 
 TARGET = Target("http://127.0.0.1:1", "smol", "sk-weir-attacker", 4096)
 PROBES = {p.name: p for p in COSTLY_PROBES}

@@ -1,4 +1,4 @@
-"""bench.engine_loop: the one loop that steps an engine until every request is done."""
+"""weir_bench.engine_loop: the one loop that steps an engine until every request is done."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from bench.engine_loop import run_until_done
-from engine.client import EngineRequest
-from engine.request import SamplingParams
+from weir.engine.client import EngineRequest
+from weir.engine.request import SamplingParams
+from weir_bench.engine_loop import run_until_done
 
 
 @dataclass

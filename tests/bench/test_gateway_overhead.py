@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from bench.cli import main
-from bench.gateway_overhead import AuthSetup, LoadClient, OverheadConfig, PhaseResult, Scenario
-from bench.overhead_command import build_report, format_markdown, run_overhead
 from tests.gateway.tiny_tokenizer import build_tokenizer
+from weir_bench.cli import main
+from weir_bench.gateway_overhead import AuthSetup, LoadClient, OverheadConfig, PhaseResult, Scenario
+from weir_bench.overhead_command import build_report, format_markdown, run_overhead
 
 SUMMARY_KEYS = {"p50", "p90", "p99", "mean"}
 PHASE_KEYS = {

@@ -1,4 +1,4 @@
-"""bench.generators: seeded, replayable synthetic traces."""
+"""weir_bench.generators: seeded, replayable synthetic traces."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bench.generators import LengthDist, LengthKind, multi_turn, random_lengths, shared_prefix
-from bench.workloads import RequestKind, check_trace
+from weir_bench.generators import LengthDist, LengthKind, multi_turn, random_lengths, shared_prefix
+from weir_bench.workloads import RequestKind, check_trace
 
 OUT = LengthDist(LengthKind.LOGNORMAL, median=32, lo=4, hi=256, sigma=0.8)
 WORDS = LengthDist(LengthKind.UNIFORM, median=20, lo=10, hi=40)

@@ -1,4 +1,4 @@
-"""bench.gpu_check: it fails clearly where it cannot run, renders its report, and (slow) a
+"""weir_bench.gpu_check: it fails clearly where it cannot run, renders its report, and (slow) a
 whole CPU dry run on a tiny model under the Triton interpreter passes."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from pathlib import Path  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from bench.gpu_check import main, to_markdown  # noqa: E402
 from tests.engine.tiny_models import make_tiny_model  # noqa: E402
+from weir_bench.gpu_check import main, to_markdown  # noqa: E402
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: the check would really run")

@@ -1,4 +1,4 @@
-"""bench.hostile.timed_stream: status, completion, TTFT and the answer's model version."""
+"""weir_bench.hostile.timed_stream: status, completion, TTFT and the answer's model version."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 
 import httpx
 
-from bench.hostile import StreamResult, timed_stream
+from weir_bench.hostile import StreamResult, timed_stream
 
 _CHUNK = {"choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": None}]}
 
@@ -48,8 +48,8 @@ def test_a_refusal_keeps_its_status_and_version() -> None:
 
 
 def test_the_floods_present_new_key_ids_or_the_victims() -> None:
-    from bench.hostile import FLOODS, Target
-    from tenancy.keys import parse_key
+    from weir.tenancy.keys.keys import parse_key
+    from weir_bench.hostile import FLOODS, Target
 
     target = Target("http://127.0.0.1:1", "m", "sk-weir-x", 64, victim_key_id="v" * 16)
     random_ids, victim_id = FLOODS

@@ -1,4 +1,4 @@
-"""bench.loadgen against the scripted fake server: timings, replay, cancellation, failures."""
+"""weir_bench.loadgen against the scripted fake server: timings, replay, cancellation, failures."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import asyncio
 import json
 import socket
 
-from bench.arrivals import ArrivalMode, ArrivalSpec
-from bench.loadgen import (
+from weir_bench.arrivals import ArrivalMode, ArrivalSpec
+from weir_bench.loadgen import (
     BodyOptions,
     LoadOptions,
     LoadResult,
@@ -16,10 +16,10 @@ from bench.loadgen import (
     run_load,
     server_root,
 )
-from bench.records import Outcome
-from bench.report import SLO, GroupReport
-from bench.stats import LatencySummary
-from bench.workloads import ChatMessage, RequestKind, WorkloadRequest
+from weir_bench.records import Outcome
+from weir_bench.report import SLO, GroupReport
+from weir_bench.stats import LatencySummary
+from weir_bench.workloads import ChatMessage, RequestKind, WorkloadRequest
 
 QUIET = LoadOptions(timeout_s=10.0, max_duration_s=60.0, progress=False)
 

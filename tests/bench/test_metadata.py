@@ -1,8 +1,8 @@
-"""bench.metadata: machine description, secret redaction, server settings."""
+"""weir_bench.metadata: machine description, secret redaction, server settings."""
 
 from __future__ import annotations
 
-from bench.metadata import machine_info, now_utc, redacted_command, server_settings
+from weir_bench.metadata import machine_info, now_utc, redacted_command, server_settings
 
 
 def test_machine_info() -> None:

@@ -6,10 +6,10 @@ import asyncio
 
 import pytest
 
-from bench.null_engine import NullEngine
-from engine.client import EngineRequest
-from engine.output import RequestOutput
-from engine.request import FinishReason, SamplingParams
+from weir.engine.client import EngineRequest
+from weir.engine.output import RequestOutput
+from weir.engine.request import FinishReason, SamplingParams
+from weir_bench.null_engine import NullEngine
 
 
 def _collect(engine: NullEngine, params: SamplingParams) -> list[RequestOutput]:

@@ -1,10 +1,10 @@
-"""bench.offline: report arithmetic (ratios, roofline) and the Markdown table, without running models."""
+"""weir_bench.offline: report arithmetic (ratios, roofline) and the Markdown table, without running models."""
 
 from __future__ import annotations
 
-from bench.flops import WorkItem, request_flops
-from bench.offline import OfflineRequest, RunResult, build_report, to_markdown
-from engine.config import ModelConfig, RopeConfig
+from weir.engine.config import ModelConfig, RopeConfig
+from weir_bench.flops import WorkItem, request_flops
+from weir_bench.offline import OfflineRequest, RunResult, build_report, to_markdown
 
 MODEL = ModelConfig(
     model_type="llama",

@@ -1,10 +1,10 @@
-"""bench.overhead_server: the null engine's fleet is ready as `weir serve` makes a version it loads."""
+"""weir_bench.overhead_server: the null engine's fleet is ready as `weir serve` makes a version it loads."""
 
 from __future__ import annotations
 
-from bench.null_engine import NullEngine
-from bench.overhead_server import served_fleet
-from gateway.server.settings import Settings
+from weir.gateway.server.settings import Settings
+from weir_bench.null_engine import NullEngine
+from weir_bench.overhead_server import served_fleet
 
 
 class _Tokenizer:

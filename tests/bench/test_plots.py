@@ -1,4 +1,4 @@
-"""bench.plots: the PNGs exist, are valid, and matplotlib reads them back."""
+"""weir_bench.plots: the PNGs exist, are valid, and matplotlib reads them back."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 import matplotlib.image
 import pytest
 
-from bench.plots import LATENCY_CDF_FILE, THROUGHPUT_FILE, throughput_series, write_plots
-from bench.records import RequestRecord
+from weir_bench.plots import LATENCY_CDF_FILE, THROUGHPUT_FILE, throughput_series, write_plots
+from weir_bench.records import RequestRecord
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from bench.raw_http import HTTPProtocolError, RawClient, build_request
+from weir_bench.raw_http import HTTPProtocolError, RawClient, build_request
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 

@@ -1,4 +1,4 @@
-"""bench.records: derived timings, error keys, JSONL round trip."""
+"""weir_bench.records: derived timings, error keys, JSONL round trip."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.records import Outcome, RequestRecord, read_records, write_records
+from weir_bench.records import Outcome, RequestRecord, read_records, write_records
 
 
 def rec(**kw: object) -> RequestRecord:

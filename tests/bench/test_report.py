@@ -1,4 +1,4 @@
-"""bench.report: figures of a known run and the exact JSON schema."""
+"""weir_bench.report: figures of a known run and the exact JSON schema."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from bench.arrivals import ArrivalSpec
-from bench.loadgen import LoadOptions, LoadResult
-from bench.records import RequestRecord
-from bench.report import SLO, GroupReport, RunInfo, build_report, render_markdown
+from weir_bench.arrivals import ArrivalSpec
+from weir_bench.loadgen import LoadOptions, LoadResult
+from weir_bench.records import RequestRecord
+from weir_bench.report import SLO, GroupReport, RunInfo, build_report, render_markdown
 
 # The schema of report.json. Changing these sets breaks every stored report and `bench compare`:
 # add keys (and update this test on purpose), never rename or drop them.

@@ -1,4 +1,4 @@
-"""bench.roofline: bytes of a decode step and the bandwidth-bound tokens/s."""
+"""weir_bench.roofline: bytes of a decode step and the bandwidth-bound tokens/s."""
 
 from __future__ import annotations
 
@@ -6,8 +6,13 @@ import dataclasses
 
 import pytest
 
-from bench.roofline import H200_HBM_BYTES_PER_S, decode_step_bytes, roofline_tokens_per_s, weight_bytes_read
-from engine.config import ModelConfig, RopeConfig
+from weir.engine.config import ModelConfig, RopeConfig
+from weir_bench.roofline import (
+    H200_HBM_BYTES_PER_S,
+    decode_step_bytes,
+    roofline_tokens_per_s,
+    weight_bytes_read,
+)
 
 SMOLLM2 = ModelConfig(
     model_type="llama",

@@ -1,10 +1,10 @@
-"""bench.server_metrics: parsing /metrics and checking a report against it."""
+"""weir_bench.server_metrics: parsing /metrics and checking a report against it."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench.server_metrics import MetricNames, check_agreement, parse_server_metrics
+from weir_bench.server_metrics import MetricNames, check_agreement, parse_server_metrics
 
 BEFORE = """
 # TYPE weir_prompt_tokens counter

@@ -1,4 +1,4 @@
-"""bench.sse: the SSE decoder and chunk parsing."""
+"""weir_bench.sse: the SSE decoder and chunk parsing."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from bench.sse import DONE, ChunkError, SSEDecoder, parse_chunk
+from weir_bench.sse import DONE, ChunkError, SSEDecoder, parse_chunk
 
 
 def feed_all(lines: list[str]) -> list[str]:

@@ -1,4 +1,4 @@
-"""bench.stats: percentiles and means agree with numpy's default definitions."""
+"""weir_bench.stats: percentiles and means agree with numpy's default definitions."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bench.stats import Distribution, LatencySummary, ratio
+from weir_bench.stats import Distribution, LatencySummary, ratio
 
 floats = st.floats(min_value=0.0, max_value=1e6, allow_nan=False)
 

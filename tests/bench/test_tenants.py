@@ -1,4 +1,4 @@
-"""bench.tenants: the tenants file and key creation through the admin API."""
+"""weir_bench.tenants: the tenants file and key creation through the admin API."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bench.tenants import TenantSetupError, create_tenants, keys_from_file, load_tenants, parse_tenants
+from weir_bench.tenants import TenantSetupError, create_tenants, keys_from_file, load_tenants, parse_tenants
 
 SHARED_FORMAT = [
     {"name": "acme", "priority": "interactive", "weight": 1, "quota": {"tokens_per_minute": 2000000}},

@@ -1,8 +1,8 @@
-"""bench.weir_process.parse_gauges: the gauges a benchmark reads off a Weir /metrics page."""
+"""weir_bench.weir_process.parse_gauges: the gauges a benchmark reads off a Weir /metrics page."""
 
 from __future__ import annotations
 
-from bench.weir_process import parse_gauges
+from weir_bench.weir_process import parse_gauges
 
 PAGE = """\
 # HELP weir_scheduler_token_budget Tokens the scheduler allowed in the last step.

@@ -1,4 +1,4 @@
-"""bench.workloads: trace parsing, validation, round trips, limits."""
+"""weir_bench.workloads: trace parsing, validation, round trips, limits."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.workloads import (
+from weir_bench.workloads import (
     RequestKind,
     WorkloadRequest,
     file_sha256,

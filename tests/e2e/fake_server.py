@@ -11,10 +11,10 @@ import argparse
 import socket
 import sys
 
-from gateway.server.settings import LogLevel, Settings
-from gateway.server.uvicorn_runner import run_server
 from tests.gateway.fake_engine import FakeEngine
 from tests.gateway.harness import make_app
+from weir.gateway.server.settings import LogLevel, Settings
+from weir.gateway.server.uvicorn_runner import run_server
 
 
 def main() -> int:

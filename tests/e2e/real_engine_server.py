@@ -11,11 +11,11 @@ import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from engine.async_engine import AsyncEngine
-from engine.config import EngineConfig
-from gateway.server.app import create_app
-from gateway.server.settings import Settings
 from tests.gateway.harness import check_admin_token, serve_in_thread
+from weir.engine.async_engine import AsyncEngine
+from weir.engine.config import EngineConfig
+from weir.gateway.server.app import create_app
+from weir.gateway.server.settings import Settings
 
 TINY_MODEL_NAME = "tiny-llama"
 

@@ -11,14 +11,14 @@ import argparse
 import socket
 import sys
 
-from gateway.admission.controller import build_admission
-from gateway.metrics.admission_metrics import AdmissionMetrics
-from gateway.metrics.registry import GatewayMetrics
-from gateway.server.bootstrap import build_tenancy
-from gateway.server.settings import AuthMode, LogLevel, Settings
-from gateway.server.uvicorn_runner import run_server
 from tests.gateway.fake_engine import FakeEngine
 from tests.gateway.harness import make_app
+from weir.gateway.admission.controller import build_admission
+from weir.gateway.metrics.admission_metrics import AdmissionMetrics
+from weir.gateway.metrics.registry import GatewayMetrics
+from weir.gateway.server.bootstrap import build_tenancy
+from weir.gateway.server.settings import AuthMode, LogLevel, Settings
+from weir.gateway.server.uvicorn_runner import run_server
 
 
 def main() -> int:

@@ -11,15 +11,15 @@ from pathlib import Path
 
 import httpx
 
-from gateway.fleet.model_fleet import single_engine_fleet
-from gateway.fleet.model_rollout import ModelRollout
-from gateway.http.error_tarpit import TarpitLimits
-from gateway.routes.models_admin import models_admin_routes
-from gateway.routes.prefix_cache import prefix_cache_routes
-from gateway.server.bootstrap import build_tenancy
-from gateway.server.settings import AuthMode, Settings
 from tests.gateway.fake_engine import FakeEngine, FakePrefixCache
 from tests.gateway.harness import MAX_MODEL_LEN, MODEL, make_app, serve_in_thread, tokenizer
+from weir.gateway.fleet.model_fleet import single_engine_fleet
+from weir.gateway.fleet.model_rollout import ModelRollout
+from weir.gateway.http.error_tarpit import TarpitLimits
+from weir.gateway.routes.models_admin import models_admin_routes
+from weir.gateway.routes.prefix_cache import prefix_cache_routes
+from weir.gateway.server.bootstrap import build_tenancy
+from weir.gateway.server.settings import AuthMode, Settings
 
 ADMIN_TOKEN = "admin-secret-for-tests"
 ADMIN = {"authorization": f"Bearer {ADMIN_TOKEN}"}

@@ -20,10 +20,10 @@ import httpx
 import openai
 import pytest
 
-from gateway.server.bootstrap import build_server_app
-from gateway.server.settings import AuthMode, Settings
 from tests.engine.lora_adapters import make_adapter
 from tests.gateway.harness import serve_in_thread, wait_until
+from weir.gateway.server.bootstrap import build_server_app
+from weir.gateway.server.settings import AuthMode, Settings
 
 pytestmark = pytest.mark.slow
 

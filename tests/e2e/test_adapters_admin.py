@@ -23,12 +23,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from engine.lora_adapter import CONFIG_FILE, WEIGHTS_FILE
-from gateway.server.bootstrap import build_server_app
-from gateway.server.settings import AuthMode, Settings
 from tests.engine.lora_adapters import make_adapter
 from tests.engine.tiny_models import make_tiny_model
 from tests.gateway.harness import serve_in_thread
+from weir.engine.lora.lora_adapter import CONFIG_FILE, WEIGHTS_FILE
+from weir.gateway.server.bootstrap import build_server_app
+from weir.gateway.server.settings import AuthMode, Settings
 
 pytestmark = pytest.mark.slow
 

@@ -16,17 +16,17 @@ import httpx
 import openai
 import pytest
 
-from engine.request import Priority
-from gateway.admission.accounting import UsageRecord
-from gateway.admission.controller import AdmissionConfig, AdmissionController, build_admission
-from gateway.metrics.admission_metrics import AdmissionMetrics
-from gateway.metrics.registry import GatewayMetrics
-from gateway.server.bootstrap import build_tenancy, to_usage_record_in
-from gateway.server.settings import AuthMode, Settings
-from tenancy.context import QuotaLimits, TenantContext
-from tenancy.quotas import LocalBudget
 from tests.gateway.fake_engine import FakeEngine, num_beam_tokens
 from tests.gateway.harness import MAX_MODEL_LEN, MODEL, make_app, serve_in_thread, wait_until
+from weir.engine.request import Priority
+from weir.gateway.admission.accounting import UsageRecord
+from weir.gateway.admission.controller import AdmissionConfig, AdmissionController, build_admission
+from weir.gateway.metrics.admission_metrics import AdmissionMetrics
+from weir.gateway.metrics.registry import GatewayMetrics
+from weir.gateway.server.bootstrap import build_tenancy, to_usage_record_in
+from weir.gateway.server.settings import AuthMode, Settings
+from weir.tenancy.budgets.quotas import LocalBudget
+from weir.tenancy.context import QuotaLimits, TenantContext
 
 START = 1_900_000_000.0
 DEFAULT_RESERVATION = 32  # the server's --default-max-tokens-reservation in this test

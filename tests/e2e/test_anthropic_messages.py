@@ -18,10 +18,10 @@ import httpx
 import jsonschema
 import pytest
 
-from engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from tests.e2e.real_engine_server import RealServer, serve_engine
 from tests.e2e.tenancy_server import FullServer, serve_everything
 from tests.gateway.harness import MODEL as FAKE_MODEL
+from weir.engine.config import CacheConfig, EngineConfig, SchedulerConfig
 
 MODEL = "smollm2"
 # Greedy decoding (the server reads `temperature`; newer SDKs no longer take it as an argument).

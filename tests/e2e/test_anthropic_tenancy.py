@@ -15,14 +15,14 @@ import anthropic
 import httpx
 import pytest
 
-from engine.request import Priority
-from gateway.admission.accounting import UsageRecord
-from gateway.admission.controller import AdmissionConfig, AdmissionController
-from gateway.api.protocol import Endpoint
-from tenancy.context import QuotaLimits, TenantContext
-from tenancy.quotas import LocalBudget
 from tests.gateway.fake_engine import FakeEngine
 from tests.gateway.harness import MODEL, make_app, serve_in_thread
+from weir.engine.request import Priority
+from weir.gateway.admission.accounting import UsageRecord
+from weir.gateway.admission.controller import AdmissionConfig, AdmissionController
+from weir.gateway.api.protocol import Endpoint
+from weir.tenancy.budgets.quotas import LocalBudget
+from weir.tenancy.context import QuotaLimits, TenantContext
 
 ASK = [{"role": "user", "content": "hello"}]
 TENANTS = {

@@ -5,7 +5,7 @@ valid key from that address, and X-Forwarded-For from loopback let a client aim 
 Defect 6: an uncached key on a locked database waited 5 s; admin writes answered 500.
 The revocation race: a lookup that began before a revoke cached the key as active afterwards.
 
-The server is built as `weir serve` builds it (`gateway.server.uvicorn_runner.uvicorn_config`), on 127.0.0.1,
+The server is built as `weir serve` builds it (`weir.gateway.server.uvicorn_runner.uvicorn_config`), on 127.0.0.1,
 with small throttle limits so the tests stay short.
 """
 
@@ -23,18 +23,18 @@ from typing import Any
 import httpx
 import openai
 
-from gateway.http.auth import AdminAuthenticator, Authenticator, AuthSettings
-from gateway.routes.admin import admin_routes
-from gateway.server.settings import AuthMode, LogLevel, Settings
-from gateway.server.uvicorn_runner import uvicorn_config
-from tenancy.db import Database
-from tenancy.enums import KeyScope
-from tenancy.keys import KeyHasher, generate_key
-from tenancy.migrate import upgrade
-from tenancy.records import KeyRecord
-from tenancy.repo import TenancyRepo
 from tests.gateway.fake_engine import FakeEngine
 from tests.gateway.harness import MODEL, make_app, serve_in_thread
+from weir.gateway.http.auth import AdminAuthenticator, Authenticator, AuthSettings
+from weir.gateway.routes.admin import admin_routes
+from weir.gateway.server.settings import AuthMode, LogLevel, Settings
+from weir.gateway.server.uvicorn_runner import uvicorn_config
+from weir.tenancy.keys.keys import KeyHasher, generate_key
+from weir.tenancy.store.db import Database
+from weir.tenancy.store.enums import KeyScope
+from weir.tenancy.store.migrate import upgrade
+from weir.tenancy.store.records import KeyRecord
+from weir.tenancy.store.repo import TenancyRepo
 
 ADMIN_TOKEN = "admin-token-for-auth-isolation"
 ADMIN = {"authorization": f"Bearer {ADMIN_TOKEN}"}

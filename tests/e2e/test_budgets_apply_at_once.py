@@ -23,17 +23,17 @@ import openai
 import pytest
 from sqlalchemy import text
 
-from gateway.admission.controller import build_admission
-from gateway.admission.window_budget_gate import WindowBudgetMetrics
-from gateway.metrics.admission_metrics import AdmissionMetrics
-from gateway.metrics.registry import GatewayMetrics
-from gateway.routes.spend_admin import spend_admin_routes
-from gateway.server.bootstrap import build_tenancy
-from gateway.server.settings import AuthMode, Settings
-from tenancy.db import Database
-from tenancy.migrate import upgrade
 from tests.gateway.fake_engine import FakeEngine
 from tests.gateway.harness import MODEL, make_app, serve_in_thread, wait_until
+from weir.gateway.admission.controller import build_admission
+from weir.gateway.admission.window_budget_gate import WindowBudgetMetrics
+from weir.gateway.metrics.admission_metrics import AdmissionMetrics
+from weir.gateway.metrics.registry import GatewayMetrics
+from weir.gateway.routes.spend_admin import spend_admin_routes
+from weir.gateway.server.bootstrap import build_tenancy
+from weir.gateway.server.settings import AuthMode, Settings
+from weir.tenancy.store.db import Database
+from weir.tenancy.store.migrate import upgrade
 
 ADMIN = {"authorization": "Bearer admin-secret"}
 MESSAGES: Any = [{"role": "user", "content": "hello"}]

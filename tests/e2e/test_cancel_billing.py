@@ -20,19 +20,19 @@ from pathlib import Path
 import httpx
 import pytest
 
-from engine.async_engine import AsyncEngine
-from engine.config import CacheConfig, EngineConfig, SchedulerConfig
-from engine.faults import FaultInjector
-from engine.llm_engine import build_engine
-from engine.request import Priority
-from gateway.admission.accounting import Outcome, UsageRecord
-from gateway.admission.controller import AdmissionConfig, AdmissionController
-from gateway.server.app import create_app
-from gateway.server.settings import Settings
-from tenancy.context import QuotaLimits, TenantContext
-from tenancy.quotas import LocalBudget
 from tests.engine.tiny_models import make_tiny_model
 from tests.gateway.harness import serve_in_thread, wait_until
+from weir.engine.async_engine import AsyncEngine
+from weir.engine.config import CacheConfig, EngineConfig, SchedulerConfig
+from weir.engine.faults import FaultInjector
+from weir.engine.llm_engine import build_engine
+from weir.engine.request import Priority
+from weir.gateway.admission.accounting import Outcome, UsageRecord
+from weir.gateway.admission.controller import AdmissionConfig, AdmissionController
+from weir.gateway.server.app import create_app
+from weir.gateway.server.settings import Settings
+from weir.tenancy.budgets.quotas import LocalBudget
+from weir.tenancy.context import QuotaLimits, TenantContext
 
 MODEL = "tiny-llama"
 PROMPT = [5] * 1000

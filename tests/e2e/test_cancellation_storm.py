@@ -24,16 +24,16 @@ from typing import Any
 import httpx
 import pytest
 
-from engine.async_engine import AsyncEngine
-from engine.config import CacheConfig, EngineConfig, SchedulerConfig
-from gateway.admission.controller import AdmissionConfig, AdmissionController
-from gateway.server.bootstrap import build_tenancy
-from gateway.server.settings import AuthMode, Settings
-from gateway.server.state import GatewayState
-from tenancy.context import QuotaLimits
-from tenancy.quotas import Denial, Grant, LocalBudget
 from tests.engine.tiny_models import make_tiny_model
 from tests.gateway.harness import ADMIN_HEADERS, ADMIN_TOKEN, make_app, serve_in_thread, wait_until
+from weir.engine.async_engine import AsyncEngine
+from weir.engine.config import CacheConfig, EngineConfig, SchedulerConfig
+from weir.gateway.admission.controller import AdmissionConfig, AdmissionController
+from weir.gateway.server.bootstrap import build_tenancy
+from weir.gateway.server.settings import AuthMode, Settings
+from weir.gateway.server.state import GatewayState
+from weir.tenancy.budgets.quotas import Denial, Grant, LocalBudget
+from weir.tenancy.context import QuotaLimits
 
 pytestmark = pytest.mark.slow
 

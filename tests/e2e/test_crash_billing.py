@@ -6,7 +6,7 @@ with SIGKILL. Started again on the same data directory, it replays the spool, an
 holds the request's record: cancelled, the whole prompt and at least the 9 tokens delivered.
 Before the fix the stream had no usage record at all: records were written only at the end.
 
-Issue 54 finding 8 (`bench.experiments.crash_billing`): streams that finished just before the
+Issue 54 finding 8 (`weir_bench.experiments.crash_billing`): streams that finished just before the
 kill (the client had `[DONE]`) are stored `completed` with the exact counts their clients got,
 and streams cut by it are billed no more than they delivered and at least what they had
 delivered well before the kill. Before the fix the finished ones were stored as `cancelled`
@@ -23,12 +23,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bench.experiments.crash_billing import run_crash
-from bench.weir_process import run_weir
-from tenancy.records import UsageRecordIn
-from tenancy.usage_codec import CorruptRecordError, decode_record
 from tests.engine.tiny_models import make_tiny_model
 from tests.gateway.harness import wait_until
+from weir.tenancy.store.records import UsageRecordIn
+from weir.tenancy.usage.usage_codec import CorruptRecordError, decode_record
+from weir_bench.experiments.crash_billing import run_crash
+from weir_bench.weir_process import run_weir
 
 pytestmark = pytest.mark.slow
 

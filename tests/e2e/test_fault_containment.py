@@ -19,16 +19,16 @@ import httpx
 import openai
 import pytest
 
-from engine.async_engine import AsyncEngine
-from engine.config import CacheConfig, EngineConfig, SchedulerConfig
-from engine.faults import FaultInjector
-from engine.llm_engine import build_engine
-from gateway.http.errors import AuthenticationError
-from gateway.server.app import create_app
-from gateway.server.bootstrap import build_tenancy
-from gateway.server.settings import AuthMode, Settings
 from tests.engine.tiny_models import make_tiny_model
 from tests.gateway.harness import serve_in_thread
+from weir.engine.async_engine import AsyncEngine
+from weir.engine.config import CacheConfig, EngineConfig, SchedulerConfig
+from weir.engine.faults import FaultInjector
+from weir.engine.llm_engine import build_engine
+from weir.gateway.http.errors import AuthenticationError
+from weir.gateway.server.app import create_app
+from weir.gateway.server.bootstrap import build_tenancy
+from weir.gateway.server.settings import AuthMode, Settings
 
 MODEL = "tiny-llama"
 ADMIN = {"authorization": "Bearer admin-secret"}

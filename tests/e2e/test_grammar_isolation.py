@@ -5,7 +5,7 @@ victim streams, an attacker sends the regex that once held every tenant's step f
 (refused with 400 before anything compiles: its nested repetitions multiply past the bound) and
 then a regex of nested counted repetitions within the bound, which is served and follows its pattern. The
 victim's stream runs to its end with every token. Behaviour only: no timing thresholds here
-(`python -m bench.experiments.attacker --flood regex` measures the gaps).
+(`python -m weir_bench.experiments.attacker --flood regex` measures the gaps).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from pathlib import Path
 import openai
 import pytest
 
-from engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from tests.e2e.real_engine_server import RealServer, serve_engine
+from weir.engine.config import CacheConfig, EngineConfig, SchedulerConfig
 
 pytestmark = pytest.mark.slow
 

@@ -13,9 +13,9 @@ from typing import Any
 import openai
 import pytest
 
-from engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from tests.e2e.real_engine_server import RealServer, serve_engine
 from tests.engine.tiny_models import make_tiny_model
+from weir.engine.config import CacheConfig, EngineConfig, SchedulerConfig
 
 MODEL = "tiny-llama"
 PROMPT = [5] * 960  # 60 full blocks of 16

@@ -15,10 +15,10 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.config import CacheConfig, EngineConfig, PreemptionMode, SchedulerConfig
 from tests.e2e.real_engine_server import serve_engine
 from tests.engine.tiny_models import make_tiny_model
 from tests.gateway.harness import ADMIN_HEADERS
+from weir.engine.config import CacheConfig, EngineConfig, PreemptionMode, SchedulerConfig
 
 MODEL = "tiny-llama"
 PROMPTS = [f"The scheduler runs decode tokens first, request {i}, then chunked prefill." for i in range(6)]

@@ -21,16 +21,16 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from engine.sampling_bounds import MAX_STOP_CHARS, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS
-from gateway.api.openai_bodies import requests as openai_bodies
-from gateway.api.openai_bodies.requests import MAX_PROMPTS
-from gateway.http.body_limit import MAX_HEADER_BYTES, BodyLimitMiddleware
-from gateway.http.errors import WeirError, error_response
-from gateway.http.header_guard import HeaderGuardProtocol
-from gateway.server.settings import Settings
-from gateway.server.uvicorn_runner import uvicorn_config
 from tests.e2e.tenancy_server import ADMIN, TENANT, FullServer, serve_everything
 from tests.gateway.harness import MODEL, serve_in_thread
+from weir.engine.sampling.sampling_bounds import MAX_STOP_CHARS, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS
+from weir.gateway.api.openai_bodies import requests as openai_bodies
+from weir.gateway.api.openai_bodies.requests import MAX_PROMPTS
+from weir.gateway.http.body_limit import MAX_HEADER_BYTES, BodyLimitMiddleware
+from weir.gateway.http.errors import WeirError, error_response
+from weir.gateway.http.header_guard import HeaderGuardProtocol
+from weir.gateway.server.settings import Settings
+from weir.gateway.server.uvicorn_runner import uvicorn_config
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 

@@ -17,10 +17,10 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.weir_process import WeirProcess, run_weir
 from tests.engine.tiny_models import make_tiny_model
 from tests.gateway.harness import wait_until
 from tests.helm.rendering import picker_config, picker_metric_names, render_profile
+from weir_bench.weir_process import WeirProcess, run_weir
 
 MODEL = "tiny"
 KV_CACHE_TOKENS = 2048

@@ -10,13 +10,13 @@ import httpx
 import openai
 import pytest
 
-from gateway.admission.controller import build_admission
-from gateway.metrics.admission_metrics import AdmissionMetrics
-from gateway.metrics.registry import GatewayMetrics
-from gateway.server.bootstrap import build_tenancy
-from gateway.server.settings import AuthMode, Settings
 from tests.gateway.fake_engine import FakeEngine
 from tests.gateway.harness import MODEL, make_app, serve_in_thread
+from weir.gateway.admission.controller import build_admission
+from weir.gateway.metrics.admission_metrics import AdmissionMetrics
+from weir.gateway.metrics.registry import GatewayMetrics
+from weir.gateway.server.bootstrap import build_tenancy
+from weir.gateway.server.settings import AuthMode, Settings
 
 ADMIN = {"authorization": "Bearer admin-secret"}
 MESSAGES = [{"role": "user", "content": "hello"}]

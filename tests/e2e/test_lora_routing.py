@@ -17,21 +17,21 @@ from pathlib import Path
 import openai
 import pytest
 
-from engine.async_engine import AsyncEngine
-from engine.client import EngineRequest
-from engine.config import CacheConfig, EngineConfig, LoraConfig, SchedulerConfig
-from engine.llm_engine import build_engine
-from engine.request import Priority, SamplingParams
-from gateway.admission.accounting import UsageRecord
-from gateway.fleet.adapter_catalog import AdapterCatalog
-from gateway.http.errors import AuthenticationError
-from gateway.server.app import create_app
-from gateway.server.settings import Settings
-from tenancy.adapter_records import AdapterState, AdapterView
-from tenancy.context import QuotaLimits, TenantContext
 from tests.engine.lora_adapters import make_adapter
 from tests.engine.tiny_models import make_tiny_model
 from tests.gateway.harness import serve_in_thread, wait_until
+from weir.engine.async_engine import AsyncEngine
+from weir.engine.client import EngineRequest
+from weir.engine.config import CacheConfig, EngineConfig, LoraConfig, SchedulerConfig
+from weir.engine.llm_engine import build_engine
+from weir.engine.request import Priority, SamplingParams
+from weir.gateway.admission.accounting import UsageRecord
+from weir.gateway.fleet.adapter_catalog import AdapterCatalog
+from weir.gateway.http.errors import AuthenticationError
+from weir.gateway.server.app import create_app
+from weir.gateway.server.settings import Settings
+from weir.tenancy.catalog.adapter_records import AdapterState, AdapterView
+from weir.tenancy.context import QuotaLimits, TenantContext
 
 MODEL = "tiny-llama"
 ADAPTER = "acme-style"

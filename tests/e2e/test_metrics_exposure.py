@@ -12,8 +12,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from bench.weir_process import WeirProcess, run_weir
 from tests.engine.tiny_models import make_tiny_model
+from weir_bench.weir_process import WeirProcess, run_weir
 
 
 @pytest.fixture(scope="module")

@@ -21,12 +21,12 @@ import openai
 import pytest
 from sqlalchemy import select
 
-from gateway.server.bootstrap import build_server_app
-from gateway.server.settings import AuthMode, Settings
-from tenancy.db import Database
-from tenancy.models import UsageRecord
 from tests.engine.tiny_models import make_tiny_model
 from tests.gateway.harness import serve_in_thread, wait_until
+from weir.gateway.server.bootstrap import build_server_app
+from weir.gateway.server.settings import AuthMode, Settings
+from weir.tenancy.store.db import Database
+from weir.tenancy.store.models import UsageRecord
 
 pytestmark = pytest.mark.slow
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import openai
 import pytest
 
-from engine.errors import RequestFailedError
 from tests.gateway.fake_engine import FakeEngine
 from tests.gateway.harness import MAX_MODEL_LEN, MODEL
+from weir.engine.errors import RequestFailedError
 
 MESSAGES = [{"role": "system", "content": "you are helpful"}, {"role": "user", "content": "tell me a story"}]
 

@@ -15,11 +15,11 @@ import httpx
 import openai
 import pytest
 
-from bench.server_metrics import check_agreement, parse_server_metrics
-from engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from tests.e2e.real_engine_server import RealServer, serve_engine
 from tests.engine.tiny_models import make_tiny_model
 from tests.gateway.harness import ADMIN_HEADERS, wait_until
+from weir.engine.config import CacheConfig, EngineConfig, SchedulerConfig
+from weir_bench.server_metrics import check_agreement, parse_server_metrics
 
 MODEL = "tiny-llama"
 
@@ -158,7 +158,7 @@ def test_client_disconnect_frees_every_kv_block(real: RealServer) -> None:
 
 
 def test_bench_report_agrees_with_the_server_metrics(real: RealServer, tmp_path: Path) -> None:
-    from bench.serve import ServeConfig, run_serve
+    from weir_bench.serve import ServeConfig, run_serve
 
     trace = tmp_path / "trace.jsonl"
     rows = [

@@ -23,16 +23,16 @@ import httpx
 import pytest
 from sqlalchemy import text
 
-from bench.replica_set import revoke_key, run_replicas
-from tenancy.context import QuotaLimits
-from tenancy.db import Database
-from tenancy.keys import KeyHasher
-from tenancy.leases import LeaseStore
-from tenancy.migrate import upgrade
-from tenancy.records import KeySpec, TenantSpec
-from tenancy.repo import TenancyRepo
 from tests.engine.tiny_models import make_tiny_model
 from tests.gateway.harness import MODEL, wait_until
+from weir.tenancy.budgets.leases import LeaseStore
+from weir.tenancy.context import QuotaLimits
+from weir.tenancy.keys.keys import KeyHasher
+from weir.tenancy.store.db import Database
+from weir.tenancy.store.migrate import upgrade
+from weir.tenancy.store.records import KeySpec, TenantSpec
+from weir.tenancy.store.repo import TenancyRepo
+from weir_bench.replica_set import revoke_key, run_replicas
 
 pytestmark = pytest.mark.postgres
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bench.weir_process import WeirProcess, run_weir
 from tests.engine.tiny_models import make_tiny_model
+from weir_bench.weir_process import WeirProcess, run_weir
 
 pytestmark = pytest.mark.slow
 

@@ -20,9 +20,9 @@ import httpx
 import jsonschema
 import pytest
 
-from tenancy.admin_bodies.fields import MAX_QUERY_LEN
 from tests.e2e.tenancy_server import ADMIN, FullServer, serve_everything
 from tests.gateway.harness import MODEL
+from weir.tenancy.admin_bodies.fields import MAX_QUERY_LEN
 
 pytestmark = pytest.mark.slow
 

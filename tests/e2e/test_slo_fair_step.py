@@ -22,13 +22,13 @@ import httpx
 import openai
 import pytest
 
-from engine.async_engine import AsyncEngine
-from engine.config import CacheConfig, EngineConfig, QueuePolicy, SchedulerConfig
-from gateway.server.app import create_app
-from gateway.server.bootstrap import build_tenancy
-from gateway.server.settings import AuthMode, Settings
 from tests.engine.tiny_models import make_tiny_model
 from tests.gateway.harness import serve_in_thread
+from weir.engine.async_engine import AsyncEngine
+from weir.engine.config import CacheConfig, EngineConfig, QueuePolicy, SchedulerConfig
+from weir.gateway.server.app import create_app
+from weir.gateway.server.bootstrap import build_tenancy
+from weir.gateway.server.settings import AuthMode, Settings
 
 MODEL = "tiny-llama"
 ADMIN_TOKEN = "admin-secret-for-slo-tests"

@@ -16,15 +16,15 @@ import openai
 import pytest
 from prometheus_client import generate_latest
 
-from gateway.admission.controller import build_admission
-from gateway.admission.window_budget_gate import WindowBudgetMetrics
-from gateway.metrics.admission_metrics import AdmissionMetrics
-from gateway.metrics.registry import GatewayMetrics
-from gateway.routes.spend_admin import spend_admin_routes
-from gateway.server.bootstrap import build_tenancy
-from gateway.server.settings import AuthMode, Settings
 from tests.gateway.fake_engine import FakeEngine
 from tests.gateway.harness import MODEL, make_app, serve_in_thread
+from weir.gateway.admission.controller import build_admission
+from weir.gateway.admission.window_budget_gate import WindowBudgetMetrics
+from weir.gateway.metrics.admission_metrics import AdmissionMetrics
+from weir.gateway.metrics.registry import GatewayMetrics
+from weir.gateway.routes.spend_admin import spend_admin_routes
+from weir.gateway.server.bootstrap import build_tenancy
+from weir.gateway.server.settings import AuthMode, Settings
 
 ADMIN = {"authorization": "Bearer admin-secret"}
 MESSAGES = [{"role": "user", "content": "hello"}]

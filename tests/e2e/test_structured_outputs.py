@@ -20,8 +20,8 @@ import openai
 import pytest
 from pydantic import BaseModel
 
-from engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from tests.e2e.real_engine_server import RealServer, serve_engine
+from weir.engine.config import CacheConfig, EngineConfig, SchedulerConfig
 
 pytestmark = pytest.mark.slow
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from tests.e2e.real_engine_server import RealServer, serve_engine
 from tests.e2e.tenancy_server import FullServer, serve_everything
+from weir.engine.config import CacheConfig, EngineConfig, SchedulerConfig
 
 MODEL = "smollm2"
 MESSAGES = [

@@ -17,12 +17,12 @@ import openai
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gateway.metrics.registry import GatewayMetrics
-from gateway.metrics.usage_metrics import UsageRecordsCollector
-from gateway.server.bootstrap import build_tenancy
-from gateway.server.settings import AuthMode, Settings
 from tests.gateway.fake_engine import FakeEngine
 from tests.gateway.harness import MODEL, make_app, serve_in_thread, wait_until
+from weir.gateway.metrics.registry import GatewayMetrics
+from weir.gateway.metrics.usage_metrics import UsageRecordsCollector
+from weir.gateway.server.bootstrap import build_tenancy
+from weir.gateway.server.settings import AuthMode, Settings
 
 ADMIN = {"authorization": "Bearer admin-secret"}
 MESSAGES = [{"role": "user", "content": "hello"}]

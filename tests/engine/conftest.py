@@ -14,7 +14,7 @@ def smollm2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     Skips the test when the wheel is not installed.
     """
-    from engine.model_prepare import DEFAULT_DISTRIBUTION, ensure_default_model
+    from weir.engine.runner.model_prepare import DEFAULT_DISTRIBUTION, ensure_default_model
 
     try:
         importlib.metadata.distribution(DEFAULT_DISTRIBUTION)

@@ -1,5 +1,5 @@
-"""What the KV cache manager's state machines share (tests/engine/test_kv_cache_manager.py and
-tests/engine/test_host_kv_tier.py): request ids, the model of what each cached hash holds, the
+"""What the KV cache manager's state machines share (tests/engine/kv/test_kv_cache_manager.py and
+tests/engine/kv/test_host_kv_tier.py): request ids, the model of what each cached hash holds, the
 fork and shared-prefix rules, and the ref-count check of one block pool."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from collections.abc import Iterable
 import hypothesis.strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
-from engine.block_pool import Block, BlockPool
-from engine.kv_cache_manager import KVCacheManager
-from engine.request import Request, SamplingParams
+from weir.engine.kv.block_pool import Block, BlockPool
+from weir.engine.kv.kv_cache_manager import KVCacheManager
+from weir.engine.request import Request, SamplingParams
 
 BS = 2
 SCOPES = ("a", "b")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from engine.request import SamplingParams
+from weir.engine.request import SamplingParams
 
 # One sampled row's parameters: any temperature, and top-k, top-p and min-p on or off.
 row_params = st.builds(

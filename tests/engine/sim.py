@@ -12,12 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.block_hash import CacheKeyRoot
-from engine.config import SchedulerConfig
-from engine.kv_cache_manager import KVCacheManager
-from engine.output_processor import OutputProcessor
-from engine.request import Priority, Request, SamplingParams
-from engine.scheduler import Scheduler
+from weir.engine.config import SchedulerConfig
+from weir.engine.kv.block_hash import CacheKeyRoot
+from weir.engine.kv.kv_cache_manager import KVCacheManager
+from weir.engine.request import Priority, Request, SamplingParams
+from weir.engine.scheduling.scheduler import Scheduler
+from weir.engine.text.output_processor import OutputProcessor
 
 
 def next_token(tokens: list[int]) -> int:

@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from engine.async_engine import AsyncEngine
-from engine.client import EngineRequest
-from engine.config import CacheConfig, EngineConfig, SchedulerConfig
-from engine.errors import InvalidRequestError
-from engine.llm_engine import LLMEngine, build_engine
-from engine.output import RequestOutput
-from engine.request import FinishReason, SamplingParams
 from tests.engine.tiny_models import make_tiny_model
+from weir.engine.async_engine import AsyncEngine
+from weir.engine.client import EngineRequest
+from weir.engine.config import CacheConfig, EngineConfig, SchedulerConfig
+from weir.engine.errors import InvalidRequestError
+from weir.engine.llm_engine import LLMEngine, build_engine
+from weir.engine.output import RequestOutput
+from weir.engine.request import FinishReason, SamplingParams
 
 LONG = SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True)
 SHORT = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)

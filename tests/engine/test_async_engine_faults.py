@@ -13,15 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from engine.async_engine import AsyncEngine
-from engine.client import EngineHealth, EngineRequest
-from engine.config import CacheConfig, EngineConfig, SchedulerConfig
-from engine.errors import EngineDeadError, RetryableEngineError
-from engine.faults import FaultInjector
-from engine.llm_engine import LLMEngine, build_engine
-from engine.output import RequestOutput
-from engine.request import FinishReason, Request, SamplingParams
 from tests.engine.tiny_models import make_tiny_model
+from weir.engine.async_engine import AsyncEngine
+from weir.engine.client import EngineHealth, EngineRequest
+from weir.engine.config import CacheConfig, EngineConfig, SchedulerConfig
+from weir.engine.errors import EngineDeadError, RetryableEngineError
+from weir.engine.faults import FaultInjector
+from weir.engine.llm_engine import LLMEngine, build_engine
+from weir.engine.output import RequestOutput
+from weir.engine.request import FinishReason, Request, SamplingParams
 
 GREEDY = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
 

@@ -15,15 +15,15 @@ from typing import Any, cast
 
 import pytest
 
-from engine.async_engine import AsyncEngine, _Add, _dispatch
-from engine.client import EngineRequest
-from engine.config import CacheConfig, EngineConfig, SchedulerConfig
-from engine.errors import RetryableEngineError
-from engine.llm_engine import LLMEngine, build_engine
-from engine.mask_prefetch import MaskPrefetcher
-from engine.output import EngineStats, RequestOutput
-from engine.request import FinishReason, SamplingParams
 from tests.engine.tiny_models import make_tiny_model
+from weir.engine.async_engine import AsyncEngine, _Add, _dispatch
+from weir.engine.client import EngineRequest
+from weir.engine.config import CacheConfig, EngineConfig, SchedulerConfig
+from weir.engine.errors import RetryableEngineError
+from weir.engine.llm_engine import LLMEngine, build_engine
+from weir.engine.mask_prefetch import MaskPrefetcher
+from weir.engine.output import EngineStats, RequestOutput
+from weir.engine.request import FinishReason, SamplingParams
 
 
 class _FakeLoop:

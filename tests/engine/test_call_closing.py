@@ -18,10 +18,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
-from engine.call_closing import ClosableConstraint, ClosingAlphabet, ClosingConstraint, closable, new_matcher
-from engine.constraints import allowed_tokens
-from engine.grammar import ConstraintSpec, GrammarBackend
 from tests.engine.tiny_models import make_tiny_tokenizer
+from weir.engine.call_closing import (
+    ClosableConstraint,
+    ClosingAlphabet,
+    ClosingConstraint,
+    closable,
+    new_matcher,
+)
+from weir.engine.structured.constraints import allowed_tokens
+from weir.engine.structured.grammar import ConstraintSpec, GrammarBackend
 
 CITY = {
     "type": "object",

@@ -13,10 +13,10 @@ from collections.abc import Callable
 
 import pytest
 
-from bench.null_engine import NullEngine
-from engine.async_engine import AsyncEngine
-from engine.client import EngineClient
 from tests.gateway.fake_engine import FakeEngine
+from weir.engine.async_engine import AsyncEngine
+from weir.engine.client import EngineClient
+from weir_bench.null_engine import NullEngine
 
 
 def _protocol_methods(protocol: type) -> dict[str, Callable[..., object]]:

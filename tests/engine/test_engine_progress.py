@@ -15,12 +15,12 @@ from typing import Any
 
 import pytest
 
-from engine.client import EngineRequest
-from engine.config import CacheConfig, EngineConfig, QueuePolicy, SchedulerConfig
-from engine.llm_engine import build_engine
-from engine.request import FinishReason, Priority, SamplingParams
-from engine.spec_decode.config import SpeculativeConfig, SpeculativeMethod
 from tests.engine.tiny_models import make_tiny_model
+from weir.engine.client import EngineRequest
+from weir.engine.config import CacheConfig, EngineConfig, QueuePolicy, SchedulerConfig
+from weir.engine.llm_engine import build_engine
+from weir.engine.request import FinishReason, Priority, SamplingParams
+from weir.engine.spec_decode.config import SpeculativeConfig, SpeculativeMethod
 
 NUM_REQUESTS = 500
 POOL_TOKENS = 1024

@@ -15,15 +15,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.client import EngineRequest
-from engine.config import CacheConfig, EngineConfig, SchedulerConfig
-from engine.errors import ENGINE_RETRYABLE, ContextLengthError, InvalidRequestError, KVCapacityError
-from engine.faults import FaultInjector
-from engine.llm_engine import LLMEngine, build_engine
-from engine.output import RequestOutput
-from engine.request import SEED_MAX, FinishReason, Request, RequestStatus, SamplingParams, child_seed
-from engine.sampler import Sampler, SampleResult, SamplingContext
 from tests.engine.tiny_models import make_tiny_model
+from weir.engine.client import EngineRequest
+from weir.engine.config import CacheConfig, EngineConfig, SchedulerConfig
+from weir.engine.errors import ENGINE_RETRYABLE, ContextLengthError, InvalidRequestError, KVCapacityError
+from weir.engine.faults import FaultInjector
+from weir.engine.llm_engine import LLMEngine, build_engine
+from weir.engine.output import RequestOutput
+from weir.engine.request import SEED_MAX, FinishReason, Request, RequestStatus, SamplingParams, child_seed
+from weir.engine.sampling.sampler import Sampler, SampleResult, SamplingContext
 
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
 

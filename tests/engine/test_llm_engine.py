@@ -15,14 +15,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine import llm_engine
-from engine.client import EngineRequest
-from engine.config import CacheConfig, EngineConfig, SchedulerConfig
-from engine.errors import ContextLengthError, InvalidRequestError
-from engine.llm_engine import LLMEngine, build_engine
-from engine.request import FinishReason, SamplingParams
-from kernels import cpu_decode_layers, cpu_small_gemm
 from tests.engine.tiny_models import load_hf_model, make_tiny_model
+from weir.engine import llm_engine
+from weir.engine.client import EngineRequest
+from weir.engine.config import CacheConfig, EngineConfig, SchedulerConfig
+from weir.engine.errors import ContextLengthError, InvalidRequestError
+from weir.engine.llm_engine import LLMEngine, build_engine
+from weir.engine.request import FinishReason, SamplingParams
+from weir.kernels import cpu_decode_layers, cpu_small_gemm
 
 PROMPT_LENGTHS = (1, 5, 17, 33, 64, 100, 180, 300)
 MAX_TOKENS = 12

@@ -19,14 +19,14 @@ from typing import Any
 import pytest
 import torch
 
-from engine.client import EngineRequest
-from engine.config import CacheConfig, EngineConfig, MaskConfig, SchedulerConfig
-from engine.constraints import CompiledConstraint, TokenConstraint
-from engine.grammar import ConstraintSpec, GrammarBackend
-from engine.llm_engine import LLMEngine, build_engine
-from engine.mask_prefetch import GRAMMAR_TIMEOUT, MaskPrefetcher
-from engine.request import FinishReason, Request, SamplingParams
 from tests.engine.tiny_models import make_tiny_model
+from weir.engine.client import EngineRequest
+from weir.engine.config import CacheConfig, EngineConfig, MaskConfig, SchedulerConfig
+from weir.engine.llm_engine import LLMEngine, build_engine
+from weir.engine.mask_prefetch import GRAMMAR_TIMEOUT, MaskPrefetcher
+from weir.engine.request import FinishReason, Request, SamplingParams
+from weir.engine.structured.constraints import CompiledConstraint, TokenConstraint
+from weir.engine.structured.grammar import ConstraintSpec, GrammarBackend
 
 BS = 4
 PATTERN = "a[a-z]{3,12}"

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.errors import InvalidRequestError
-from engine.output_processor import OutputProcessor
-from engine.request import (
+from weir.engine.errors import InvalidRequestError
+from weir.engine.request import (
     FinishReason,
     Priority,
     Request,
@@ -15,6 +14,7 @@ from engine.request import (
     SamplingParams,
     TokenDelta,
 )
+from weir.engine.text.output_processor import OutputProcessor
 
 
 def _request(max_tokens: int = 3, stop_token_ids: tuple[int, ...] = ()) -> Request:

@@ -6,9 +6,9 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.request import SamplingParams
-from engine.sampler import SamplingContext, apply_penalties
-from engine.token_counts import TokenCounts, count_tokens
+from weir.engine.request import SamplingParams
+from weir.engine.sampling.sampler import SamplingContext, apply_penalties
+from weir.engine.token_counts import TokenCounts, count_tokens
 
 VOCAB = 50
 CPU = torch.device("cpu")

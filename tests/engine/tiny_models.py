@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 import torch
 
-from engine.attention import AttentionMetadata
+from weir.engine.runner.attention import AttentionMetadata
 
 Arch = Literal["llama", "mistral", "qwen2", "qwen3"]
 

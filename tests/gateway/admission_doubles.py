@@ -8,16 +8,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.client import EngineRequest
-from engine.output import EngineStats
-from engine.request import Priority, SamplingParams
-from gateway.admission.accounting import Admitted, Outcome, Usage, UsageRecord
-from gateway.admission.controller import AdmissionConfig, AdmissionController
-from gateway.api.protocol import Endpoint
-from gateway.metrics.admission_metrics import AdmissionMetrics
-from tenancy.context import QuotaLimits, TenantContext
-from tenancy.quotas import LocalBudget
 from tests.gateway.harness import MODEL
+from weir.engine.client import EngineRequest
+from weir.engine.output import EngineStats
+from weir.engine.request import Priority, SamplingParams
+from weir.gateway.admission.accounting import Admitted, Outcome, Usage, UsageRecord
+from weir.gateway.admission.controller import AdmissionConfig, AdmissionController
+from weir.gateway.api.protocol import Endpoint
+from weir.gateway.metrics.admission_metrics import AdmissionMetrics
+from weir.tenancy.budgets.quotas import LocalBudget
+from weir.tenancy.context import QuotaLimits, TenantContext
 
 START = 1_900_000_000.0
 

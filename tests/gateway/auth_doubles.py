@@ -9,13 +9,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
-from engine.request import Priority
-from tenancy.context import QuotaLimits
-from tenancy.db import Database
-from tenancy.keys import KeyHasher
-from tenancy.migrate import upgrade
-from tenancy.records import KeyRecord, TenantSpec
-from tenancy.repo import TenancyRepo
+from weir.engine.request import Priority
+from weir.tenancy.context import QuotaLimits
+from weir.tenancy.keys.keys import KeyHasher
+from weir.tenancy.store.db import Database
+from weir.tenancy.store.migrate import upgrade
+from weir.tenancy.store.records import KeyRecord, TenantSpec
+from weir.tenancy.store.repo import TenancyRepo
 
 START = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
 ADDR = "203.0.113.7"

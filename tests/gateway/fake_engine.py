@@ -19,10 +19,10 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from engine.client import EngineHealth, EngineRequest
-from engine.errors import EngineDeadError, RequestFailedError
-from engine.output import EngineStats, RequestMetrics, RequestOutput, TokenLogprob
-from engine.prefix_cache_types import (
+from tests.gateway.tiny_tokenizer import SPECIAL_TOKENS, WORDS
+from weir.engine.client import EngineHealth, EngineRequest
+from weir.engine.errors import EngineDeadError, RequestFailedError
+from weir.engine.kv.prefix_cache_types import (
     FlushResult,
     InvalidPrefixError,
     PinCapacityError,
@@ -32,8 +32,8 @@ from engine.prefix_cache_types import (
     TenantCacheStats,
     UnknownPrefixError,
 )
-from engine.request import FinishReason
-from tests.gateway.tiny_tokenizer import SPECIAL_TOKENS, WORDS
+from weir.engine.output import EngineStats, RequestMetrics, RequestOutput, TokenLogprob
+from weir.engine.request import FinishReason
 
 FIRST_WORD_ID = len(SPECIAL_TOKENS)
 
@@ -79,7 +79,7 @@ def _holdback(text: str, stops: tuple[str, ...]) -> int:
 
 
 class FakeEngine:
-    """Implements `engine.client.EngineClient`; knobs are plain attributes tests may change."""
+    """Implements `weir.engine.client.EngineClient`; knobs are plain attributes tests may change."""
 
     def __init__(
         self,

@@ -12,11 +12,11 @@ from typing import Any
 import uvicorn
 from starlette.applications import Starlette
 
-from gateway.http.errors import AuthenticationError
-from gateway.server.app import create_app
-from gateway.server.settings import Settings
 from tests.gateway.fake_engine import FakeEngine
 from tests.gateway.tiny_tokenizer import build_tokenizer
+from weir.gateway.http.errors import AuthenticationError
+from weir.gateway.server.app import create_app
+from weir.gateway.server.settings import Settings
 
 MODEL = "tiny-model"
 MAX_MODEL_LEN = 256
@@ -49,7 +49,7 @@ def make_app(engine: FakeEngine, settings: Settings | None = None, **kwargs: Any
 def serve_in_thread(app: Starlette, config: uvicorn.Config | None = None) -> Iterator[str]:
     """Serve `app` on an ephemeral port; yields the base URL, stops the server on exit.
 
-    `config`: e.g. `gateway.server.uvicorn_runner.uvicorn_config` with host 127.0.0.1 and port 0, to serve as
+    `config`: e.g. `weir.gateway.server.uvicorn_runner.uvicorn_config` with host 127.0.0.1 and port 0, to serve as
     `weir serve` does (forwarded headers, limits); by default a plain uvicorn configuration.
     """
     if config is None:

@@ -14,7 +14,6 @@ import tomllib
 
 import yaml
 
-from gateway.server.settings import Settings
 from tests.helm.chart_files import (
     CHART,
     COMMENT,
@@ -26,6 +25,7 @@ from tests.helm.chart_files import (
     read,
     templates,
 )
+from weir.gateway.server.settings import Settings
 
 VALUES_PATH = re.compile(r"\.Values((?:\.[A-Za-z_][A-Za-z0-9_]*)+)")
 INCLUDE = re.compile(r"\b(?:include|template)\s+\"([^\"]+)\"")

@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 
-from gateway.server.settings import Settings
 from tests.helm.chart_files import ROOT, read
 from tests.helm.rendering import (
     Manifest,
@@ -25,6 +24,7 @@ from tests.helm.rendering import (
     render_profile,
 )
 from weir.cli import build_parser
+from weir.gateway.server.settings import Settings
 
 PROFILES = profile_names()
 POD_OWNERS = ("Deployment", "Job")

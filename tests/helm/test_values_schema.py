@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 from jsonschema import Draft7Validator
 
-from engine.config import QueuePolicy
-from gateway.server.settings import (
+from tests.helm.chart_files import CHART, chart_values, read
+from weir.engine.config import QueuePolicy
+from weir.gateway.server.settings import (
     DTYPES,
     AdmissionMode,
     AttentionBackend,
@@ -22,7 +23,6 @@ from gateway.server.settings import (
     OtelExporter,
     PrefixCachingMode,
 )
-from tests.helm.chart_files import CHART, chart_values, read
 
 
 def _schema() -> dict[str, Any]:

@@ -14,12 +14,12 @@ import sys
 import torch
 
 _KERNEL_MODULES = (
-    "kernels.lora_bgmv",
-    "kernels.paged_attention",
-    "kernels.reshape_and_cache",
-    "kernels.rms_norm",
-    "kernels.rotary",
-    "kernels.silu_mul",
+    "weir.kernels.lora_bgmv",
+    "weir.kernels.paged_attention",
+    "weir.kernels.reshape_and_cache",
+    "weir.kernels.rms_norm",
+    "weir.kernels.rotary",
+    "weir.kernels.silu_mul",
 )
 
 

@@ -1,4 +1,4 @@
-"""kernels.cpu_argmax: the C row argmax against torch.argmax: random rows, ties (the first index),
+"""weir.kernels.cpu_argmax: the C row argmax against torch.argmax: random rows, ties (the first index),
 infinities, NaNs (the first NaN), every tail length, strided rows; misread tensors refused."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernels import cpu_argmax
+from weir.kernels import cpu_argmax
 
 pytestmark = pytest.mark.skipif(not cpu_argmax.available(), reason="no C compiler")
 

@@ -1,5 +1,5 @@
-"""kernels.cpu_decode_attention (the C kernel, the cache read in place) against the oracle
-kernels.reference.paged_attention, directly and through the decode plan the engine uses."""
+"""weir.kernels.cpu_decode_attention (the C kernel, the cache read in place) against the oracle
+weir.kernels.reference.paged_attention, directly and through the decode plan the engine uses."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernels import cpu_decode_attention, reference
-from kernels.decode_attention import decode_attention, plan_decode
 from tests.kernels.steps import Step, random_step
+from weir.kernels import cpu_decode_attention, reference
+from weir.kernels.decode_attention import decode_attention, plan_decode
 
 CPU = torch.device("cpu")
 pytestmark = pytest.mark.skipif(not cpu_decode_attention.available(), reason="no C compiler here")

@@ -1,4 +1,4 @@
-"""kernels.cpu_decode_layers: every layer of a decode step in one C call gives the same bits as the
+"""weir.kernels.cpu_decode_layers: every layer of a decode step in one C call gives the same bits as the
 kernels called one by one (the layer-by-layer path), on any shape within its reach, and refuses,
 with nothing written, what the kernels would misread."""
 
@@ -12,12 +12,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernels import cpu_decode_attention, cpu_decode_layers, cpu_work_pool
-from kernels.cpu_decode_layers import DecodeLayers, LayerWeights, ModelShape
-from kernels.cpu_rms_norm import add_rms_norm
-from kernels.cpu_rope_kv import rope_kv_write
-from kernels.cpu_silu_mul import silu_mul
-from kernels.cpu_small_gemm import MAX_ROWS, SmallGemm
+from weir.kernels import cpu_decode_attention, cpu_decode_layers, cpu_work_pool
+from weir.kernels.cpu_decode_layers import DecodeLayers, LayerWeights, ModelShape
+from weir.kernels.cpu_rms_norm import add_rms_norm
+from weir.kernels.cpu_rope_kv import rope_kv_write
+from weir.kernels.cpu_silu_mul import silu_mul
+from weir.kernels.cpu_small_gemm import MAX_ROWS, SmallGemm
 
 pytestmark = pytest.mark.skipif(
     not cpu_decode_layers.available(), reason="no C compiler: the C decode layers are not built"

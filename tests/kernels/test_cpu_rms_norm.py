@@ -1,4 +1,4 @@
-"""kernels.cpu_rms_norm (the C residual add + RMSNorm) against Hugging Face's float32 formula."""
+"""weir.kernels.cpu_rms_norm (the C residual add + RMSNorm) against Hugging Face's float32 formula."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernels import cpu_rms_norm
-from kernels.cpu_rms_norm import add_rms_norm
+from weir.kernels import cpu_rms_norm
+from weir.kernels.cpu_rms_norm import add_rms_norm
 
 pytestmark = pytest.mark.skipif(not cpu_rms_norm.available(), reason="no C compiler here")
 

@@ -1,5 +1,5 @@
-"""kernels.cpu_rope_kv: the C RoPE + K/V store against the torch form (`RotaryEmbedding.rotate` and
-`kernels.reference.write_kv`): the same bits in q and in the cache, other slots untouched; misread
+"""weir.kernels.cpu_rope_kv: the C RoPE + K/V store against the torch form (`RotaryEmbedding.rotate` and
+`weir.kernels.reference.write_kv`): the same bits in q and in the cache, other slots untouched; misread
 tensors and slots outside the cache refused with nothing written."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.rope import RotaryEmbedding
-from kernels import cpu_rope_kv
-from kernels.reference import write_kv
+from weir.engine.runner.rope import RotaryEmbedding
+from weir.kernels import cpu_rope_kv
+from weir.kernels.reference import write_kv
 
 pytestmark = pytest.mark.skipif(not cpu_rope_kv.available(), reason="no C compiler")
 

@@ -1,4 +1,4 @@
-"""kernels.cpu_sample: the C draw from softmax(logits / t) against the cumulative distribution in
+"""weir.kernels.cpu_sample: the C draw from softmax(logits / t) against the cumulative distribution in
 float64 (each token's interval holds u * total), torch's own draw, and the softmax itself (a grid of
 uniform numbers lands on each token in proportion to its probability); masked tokens, NaNs, every
 tail length, strided rows; misread tensors refused."""
@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernels import cpu_sample
+from weir.kernels import cpu_sample
 
 pytestmark = pytest.mark.skipif(not cpu_sample.available(), reason="no C compiler")
 

@@ -1,4 +1,4 @@
-"""kernels.cpu_silu_mul: the C silu(gate) * up against torch's, on SmolLM2's shapes and odd ones,
+"""weir.kernels.cpu_silu_mul: the C silu(gate) * up against torch's, on SmolLM2's shapes and odd ones,
 extreme values, strided rows; misread tensors refused."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels import cpu_silu_mul
+from weir.kernels import cpu_silu_mul
 
 pytestmark = pytest.mark.skipif(not cpu_silu_mul.available(), reason="no C compiler")
 

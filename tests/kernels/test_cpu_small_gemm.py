@@ -1,4 +1,4 @@
-"""kernels.cpu_small_gemm (the C kernel over a weight packed in panels) against torch.nn.functional.linear."""
+"""weir.kernels.cpu_small_gemm (the C kernel over a weight packed in panels) against torch.nn.functional.linear."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernels import cpu_small_gemm
-from kernels.cpu_small_gemm import MAX_ROWS, SmallGemm, pack_panels, panel_width, small_gemm
+from weir.kernels import cpu_small_gemm
+from weir.kernels.cpu_small_gemm import MAX_ROWS, SmallGemm, pack_panels, panel_width, small_gemm
 
 pytestmark = pytest.mark.skipif(not cpu_small_gemm.available(), reason="no C compiler here")
 

@@ -1,4 +1,4 @@
-"""kernels.cpu_work_pool (native/work_pool.c): the C kernels on the pool's helper threads give the
+"""weir.kernels.cpu_work_pool (native/work_pool.c): the C kernels on the pool's helper threads give the
 bits they give on one thread or on OpenMP; the count is the calling thread's own; callers that
 meet at the pool both get their answers."""
 
@@ -13,9 +13,9 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernels import cpu_decode_attention, cpu_small_gemm, cpu_work_pool, reference
-from kernels.cpu_small_gemm import MAX_ROWS, SmallGemm, panel_width
 from tests.kernels.steps import random_step
+from weir.kernels import cpu_decode_attention, cpu_small_gemm, cpu_work_pool, reference
+from weir.kernels.cpu_small_gemm import MAX_ROWS, SmallGemm, panel_width
 
 pytestmark = pytest.mark.skipif(
     not (cpu_work_pool.available() and cpu_small_gemm.available() and cpu_decode_attention.available()),

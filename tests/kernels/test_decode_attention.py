@@ -1,4 +1,4 @@
-"""kernels.decode_attention (the CPU path of every step) against the oracle kernels.reference.paged_attention."""
+"""weir.kernels.decode_attention (the CPU path of every step) against the oracle weir.kernels.reference.paged_attention."""
 
 from __future__ import annotations
 
@@ -7,15 +7,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernels import reference
-from kernels.decode_attention import (
+from tests.kernels.steps import Step, random_step
+from weir.kernels import reference
+from weir.kernels.decode_attention import (
     MAX_GROUPS,
     decode_attention,
     mixed_attention,
     plan_decode,
     plan_step,
 )
-from tests.kernels.steps import Step, random_step
 
 CPU = torch.device("cpu")
 

@@ -1,11 +1,11 @@
-"""kernels.lora_bgmv against a torch reference: each token through its own slot, base tokens none."""
+"""weir.kernels.lora_bgmv against a torch reference: each token through its own slot, base tokens none."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from kernels.lora_bgmv import bgmv_expand_, bgmv_shrink
+from weir.kernels.lora_bgmv import bgmv_expand_, bgmv_shrink
 
 TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (2e-2, 2e-2)}
 SLOTS = [2, -1, 0, 1, 1, -1, 0, 2, 2]

@@ -1,4 +1,4 @@
-"""kernels.paged_attention against the torch oracle kernels.reference.paged_attention."""
+"""weir.kernels.paged_attention against the torch oracle weir.kernels.reference.paged_attention."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernels import reference
-from kernels.paged_attention import paged_attention
 from tests.kernels.interpret import interpreted
 from tests.kernels.steps import Step, random_step
+from weir.kernels import reference
+from weir.kernels.paged_attention import paged_attention
 
-# bfloat16 tl.dot is not emulated by the CPU interpreter; it runs in bench.gpu_check on a GPU
+# bfloat16 tl.dot is not emulated by the CPU interpreter; it runs in weir_bench.gpu_check on a GPU
 DTYPES = [torch.float32, torch.float16] + ([] if interpreted() else [torch.bfloat16])
 TOL = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
 

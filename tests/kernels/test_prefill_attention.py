@@ -1,5 +1,5 @@
-"""kernels.prefill_attention (the CPU path of prefill chunks) against the oracle
-kernels.reference.prefill_attention_into: prefix and chunk apart, merged by log-sum-exp."""
+"""weir.kernels.prefill_attention (the CPU path of prefill chunks) against the oracle
+weir.kernels.reference.prefill_attention_into: prefix and chunk apart, merged by log-sum-exp."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernels import prefill_attention, reference
+from weir.kernels import prefill_attention, reference
 
 CPU = torch.device("cpu")
 

@@ -1,13 +1,13 @@
-"""kernels.reshape_and_cache against kernels.reference.write_kv."""
+"""weir.kernels.reshape_and_cache against weir.kernels.reference.write_kv."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from kernels import reference
-from kernels.reshape_and_cache import reshape_and_cache
 from tests.kernels.interpret import bf16_slack
+from weir.kernels import reference
+from weir.kernels.reshape_and_cache import reshape_and_cache
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 

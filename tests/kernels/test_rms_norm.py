@@ -1,13 +1,13 @@
-"""kernels.rms_norm against the model's torch RMSNorm (the CPU path)."""
+"""weir.kernels.rms_norm against the model's torch RMSNorm (the CPU path)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from engine.models.llama_layers import RMSNorm
-from kernels.rms_norm import fused_add_rms_norm, rms_norm
 from tests.kernels.interpret import bf16_slack
+from weir.engine.models.llama_layers import RMSNorm
+from weir.kernels.rms_norm import fused_add_rms_norm, rms_norm
 
 TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
 

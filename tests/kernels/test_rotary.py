@@ -1,14 +1,14 @@
-"""kernels.rotary against engine.rope.RotaryEmbedding.apply (the CPU path)."""
+"""weir.kernels.rotary against weir.engine.runner.rope.RotaryEmbedding.apply (the CPU path)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from engine.config import RopeConfig, RopeScalingType
-from engine.rope import RotaryEmbedding
-from kernels.rotary import apply_rotary_
 from tests.kernels.interpret import bf16_slack
+from weir.engine.config import RopeConfig, RopeScalingType
+from weir.engine.runner.rope import RotaryEmbedding
+from weir.kernels.rotary import apply_rotary_
 
 TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
 

@@ -1,4 +1,4 @@
-"""kernels.silu_mul against torch's silu(gate) * up."""
+"""weir.kernels.silu_mul against torch's silu(gate) * up."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels.silu_mul import silu_mul
 from tests.kernels.interpret import bf16_slack
+from weir.kernels.silu_mul import silu_mul
 
 TOL = {torch.float32: (1e-6, 1e-6), torch.float16: (1e-3, 1e-3), torch.bfloat16: (8e-3, 8e-3)}
 

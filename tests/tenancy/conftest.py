@@ -13,11 +13,11 @@ from collections.abc import Iterator
 import pytest
 from sqlalchemy import text
 
-from tenancy.db import Database
-from tenancy.keys import KeyHasher
-from tenancy.migrate import upgrade
-from tenancy.repo import TenancyRepo
 from tests.tenancy.clock import FakeClock
+from weir.tenancy.keys.keys import KeyHasher
+from weir.tenancy.store.db import Database
+from weir.tenancy.store.migrate import upgrade
+from weir.tenancy.store.repo import TenancyRepo
 
 PG_ENV = "WEIR_TEST_PG_URL"
 BACKENDS = [

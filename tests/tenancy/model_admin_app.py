@@ -1,7 +1,7 @@
 """An in-process stand-in for the server's `/admin/v1/models` routes, for the CLI's HTTP path.
 
-It speaks the documented shapes through the shared body models (`tenancy.admin_bodies.model_versions`) over a real
-`ModelVersionRepo`, with the real error mapping (`gateway.http.errors`). It has no engines: `load`
+It speaks the documented shapes through the shared body models (`weir.tenancy.admin_bodies.model_versions`) over a real
+`ModelVersionRepo`, with the real error mapping (`weir.gateway.http.errors`). It has no engines: `load`
 moves the record loading -> ready (a path that is not a directory fails the load with its
 reason, as a server's would). The real routes live in the gateway and are tested end to end
 there; this checks that the client and the models agree on every route, method and shape.
@@ -17,8 +17,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from gateway.http.errors import exception_handlers
-from tenancy.admin_bodies.model_versions import (
+from weir.gateway.http.errors import exception_handlers
+from weir.tenancy.admin_bodies.model_versions import (
     ModelVersion,
     ModelVersionList,
     TrafficPlanBody,
@@ -27,9 +27,9 @@ from tenancy.admin_bodies.model_versions import (
     parse_traffic,
     parse_version_action,
 )
-from tenancy.errors import FieldError
-from tenancy.model_admin_client import DirectModelAdmin
-from tenancy.model_versions import ModelVersionRepo, ModelVersionState
+from weir.tenancy.catalog.model_versions import ModelVersionRepo, ModelVersionState
+from weir.tenancy.cli.model_admin_client import DirectModelAdmin
+from weir.tenancy.errors import FieldError
 
 ACTOR = "admin-api test"
 

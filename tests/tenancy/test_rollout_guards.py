@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tenancy.errors import LastServingVersionError, VersionNotReadyError
-from tenancy.model_version_records import ModelVersionState, TrafficPlan
-from tenancy.rollout_guards import check_keeps_serving, check_plan_serves, pins_without, split_without
+from weir.tenancy.catalog.model_version_records import ModelVersionState, TrafficPlan
+from weir.tenancy.errors import LastServingVersionError, VersionNotReadyError
+from weir.tenancy.rollout_guards import check_keeps_serving, check_plan_serves, pins_without, split_without
 
 S = ModelVersionState
 

@@ -43,7 +43,7 @@ def test_invalid_settings_are_one_line_errors(capsys: pytest.CaptureFixture[str]
 def test_model_prepare_uses_the_cache_dir(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import engine.model_prepare
+    import weir.engine.runner.model_prepare
 
     seen = {}
 
@@ -51,17 +51,19 @@ def test_model_prepare_uses_the_cache_dir(
         seen["cache_dir"], seen["progress"] = cache_dir, progress
         return cache_dir / "models" / "x"
 
-    monkeypatch.setattr(engine.model_prepare, "ensure_default_model", fake_ensure)
+    monkeypatch.setattr(weir.engine.runner.model_prepare, "ensure_default_model", fake_ensure)
     assert cli.main(["model", "prepare", "--cache-dir", "/c", "--quiet"]) == 0
     assert seen == {"cache_dir": Path("/c"), "progress": False}
     assert capsys.readouterr().out.strip() == "/c/models/x"
 
 
 def test_generate_gets_the_resolved_model_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    import engine.cli_generate
+    import weir.engine.cli_generate
 
     calls = []
-    monkeypatch.setattr(engine.cli_generate, "run", lambda args, model_path: calls.append(model_path) or 0)
+    monkeypatch.setattr(
+        weir.engine.cli_generate, "run", lambda args, model_path: calls.append(model_path) or 0
+    )
     assert cli.main(["generate", "--prompt", "hi", "--model", "/models/tiny"]) == 0
     assert calls == ["/models/tiny"]
 
@@ -91,7 +93,7 @@ def test_a_non_bench_command_parses_without_bench() -> None:
 
 
 def test_sigterm_handlers_are_restored_after_serving() -> None:
-    from gateway.server.uvicorn_runner import _signals_end_quietly
+    from weir.gateway.server.uvicorn_runner import _signals_end_quietly
 
     before = signal.getsignal(signal.SIGTERM)
     with _signals_end_quietly():

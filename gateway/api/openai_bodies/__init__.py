@@ -5,7 +5,7 @@
 - `responses`: completions, streamed chunks, usage, models and errors, as the server answers them;
 - `params`: a `ValidationError` as the 400 naming the field (`error.param`).
 
-Validation, `/openapi.json` (`gateway.api.openapi`) and the mapping to the engine's
-`SamplingParams` (`gateway.api.protocol`) derive from these models. The sampling bounds are those of
-`engine.sampling_bounds`, shared with the engine.
+Validation, `/openapi.json` (`weir.gateway.api.openapi`) and the mapping to the engine's
+`SamplingParams` (`weir.gateway.api.protocol`) derive from these models. The sampling bounds are those of
+`weir.engine.sampling.sampling_bounds`, shared with the engine.
 """

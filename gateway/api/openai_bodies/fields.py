@@ -1,6 +1,6 @@
 """The JSON scalar types of the OpenAI bodies, as pydantic annotated types.
 
-The bodies validate in strict mode from the parsed JSON (`gateway.http.json_body`): a string is never
+The bodies validate in strict mode from the parsed JSON (`weir.gateway.http.json_body`): a string is never
 an integer and a boolean is never a number. JSON has one number type, so an integral float (3.0)
 is the integer 3. A number too large for a float is infinite, and refused as such.
 """

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
-from gateway.http.errors import BadRequestError
+from weir.gateway.http.errors import BadRequestError
 
 # Named as a whole: `param` is the body field, the message says where inside it.
 WHOLE_FIELDS = frozenset(
@@ -28,7 +28,7 @@ WHOLE_FIELDS = frozenset(
 )
 # Error types that mean a value of the wrong JSON type.
 _TYPE_ERRORS = frozenset({"model_type", "model_attributes_type", "union_tag_not_found", "invalid_type"})
-# Error types this layer raises with their own `code` (see `gateway.api.openai_bodies.fields`).
+# Error types this layer raises with their own `code` (see `weir.gateway.api.openai_bodies.fields`).
 _OWN_CODES = frozenset({"unsupported_parameter", "invalid_value"})
 
 

@@ -2,7 +2,7 @@
 
 `/openapi.json` documents the answers from these models, and tests/gateway/api/test_openapi_answers.py
 validates real answers of every route against that document, so the renderers
-(`gateway.api.responses`, `gateway.admission.accounting.Usage.to_openai`, the model cards) cannot drift from it.
+(`weir.gateway.api.responses`, `weir.gateway.admission.accounting.Usage.to_openai`, the model cards) cannot drift from it.
 The renderers build the bytes by hand on the per-token path, for speed.
 """
 
@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gateway.api.structured_bodies import ToolCall
+from weir.gateway.api.structured_bodies import ToolCall
 
 FinishReason = Literal["stop", "length", "abort", "error", "tool_calls"]
 

@@ -1,4 +1,4 @@
-"""bench.experiments.alternation: rounds alternate the order of the systems, and a ratio is
+"""weir_bench.experiments.alternation: rounds alternate the order of the systems, and a ratio is
 summarised by its median over the rounds against its target."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bench.experiments.alternation import RoundRatios, round_orders, summarise
+from weir_bench.experiments.alternation import RoundRatios, round_orders, summarise
 
 
 def test_rounds_alternate_the_order() -> None:

@@ -1,4 +1,4 @@
-"""bench.experiments.attacker's report: the victim's success rate and TTFT p99 ratio, the attacker's 5xx;
+"""weir_bench.experiments.attacker's report: the victim's success rate and TTFT p99 ratio, the attacker's 5xx;
 which probes a flood loops (issue 21's, issue 54's costly requests) and the largest chunk gap."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from collections import Counter
 
 import pytest
 
-from bench.costly_floods import COSTLY_PROBES
-from bench.experiments.attacker import attack_probe_names, markdown, parse_args, summarize
-from bench.hostile import StreamResult
+from weir_bench.costly_floods import COSTLY_PROBES
+from weir_bench.experiments.attacker import attack_probe_names, markdown, parse_args, summarize
+from weir_bench.hostile import StreamResult
 
 
 def _ok(ttft_s: float) -> StreamResult:
@@ -28,7 +28,7 @@ def test_targets_are_checked() -> None:
         "ttft_p99_within_1_5x": True,
         "attacker_5xx": 0,
     }
-    assert "| seed_2_64 | 400: 3 |" in markdown(report, "python -m bench.experiments.attacker")
+    assert "| seed_2_64 | 400: 3 |" in markdown(report, "python -m weir_bench.experiments.attacker")
 
 
 def test_issue_24s_looser_target_is_checked_beside_issue_10s() -> None:

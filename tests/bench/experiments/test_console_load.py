@@ -1,4 +1,4 @@
-"""bench.experiments.console_load at a small size: it fills, measures every page and chart query
+"""weir_bench.experiments.console_load at a small size: it fills, measures every page and chart query
 (rollup-backed and, with --compare-raw, over the raw records) and writes its summary."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.experiments import console_load
+from weir_bench.experiments import console_load
 
 
 def test_a_small_run_measures_every_page_and_query(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

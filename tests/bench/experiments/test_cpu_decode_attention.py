@@ -1,4 +1,4 @@
-"""bench.experiments.cpu_decode_attention: the step it times is the real kernel over scattered
+"""weir_bench.experiments.cpu_decode_attention: the step it times is the real kernel over scattered
 blocks, and one run reports it against the read of the same bytes."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import argparse
 import pytest
 import torch
 
-from bench.experiments import cpu_decode_attention as experiment
-from kernels import cpu_decode_attention, reference
+from weir.kernels import cpu_decode_attention, reference
+from weir_bench.experiments import cpu_decode_attention as experiment
 
 pytestmark = pytest.mark.skipif(not cpu_decode_attention.available(), reason="no C compiler here")
 

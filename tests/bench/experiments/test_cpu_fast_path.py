@@ -1,4 +1,4 @@
-"""bench.experiments.cpu_fast_path on a tiny model: every section runs, and its shapes are the model's own."""
+"""weir_bench.experiments.cpu_fast_path on a tiny model: every section runs, and its shapes are the model's own."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.experiments.cpu_fast_path import gemm_shapes, main
-from engine.attention import TorchAttentionBackend
-from engine.loader import load_model
-from engine.models.llama import LlamaForCausalLM
-from engine.models.llama_layers import Linear
-from engine.models.packed_linear import packing_supported
 from tests.engine.tiny_models import make_tiny_model
+from weir.engine.models.llama import LlamaForCausalLM
+from weir.engine.models.llama_layers import Linear
+from weir.engine.models.packed_linear import packing_supported
+from weir.engine.runner.attention import TorchAttentionBackend
+from weir.engine.runner.loader import load_model
+from weir_bench.experiments.cpu_fast_path import gemm_shapes, main
 
 pytestmark = pytest.mark.skipif(
     not packing_supported(torch.float32, torch.device("cpu")), reason="no oneDNN in this torch"

@@ -1,4 +1,4 @@
-"""bench.experiments.cpu_levers on a tiny model: every variant is timed, and switching leaves the
+"""weir_bench.experiments.cpu_levers on a tiny model: every variant is timed, and switching leaves the
 engine on the fused path with the threads it started with."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.experiments.cpu_levers import main
-from engine.models.packed_linear import packing_supported
 from tests.engine.tiny_models import make_tiny_model
+from weir.engine.models.packed_linear import packing_supported
+from weir_bench.experiments.cpu_levers import main
 
 pytestmark = pytest.mark.skipif(
     not packing_supported(torch.float32, torch.device("cpu")), reason="no oneDNN in this torch"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.experiments.crash_billing import StreamBill, StreamReading, summary
+from weir_bench.experiments.crash_billing import StreamBill, StreamReading, summary
 
 
 def _bill(

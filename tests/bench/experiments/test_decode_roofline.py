@@ -1,4 +1,4 @@
-"""bench.experiments.decode_roofline on a tiny model: every variant and the weight read are timed
+"""weir_bench.experiments.decode_roofline on a tiny model: every variant and the weight read are timed
 on both clocks, the variants are what they say (row weights, the fused-ops and attention
 switches), and `rows_unfused` steps the `rows` engine, `torch_attention` the `packed` one."""
 
@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.experiments.decode_roofline import _set_switches, build_variant, main
-from engine.loader import load_model_config
-from engine.models.native_ops import NativeOps
-from engine.models.packed_linear import PackedLinear, packing_supported
-from engine.models.row_weight_probe import measured_row_inputs
 from tests.engine.tiny_models import make_tiny_model
+from weir.engine.models.native_ops import NativeOps
+from weir.engine.models.packed_linear import PackedLinear, packing_supported
+from weir.engine.models.row_weight_probe import measured_row_inputs
+from weir.engine.runner.loader import load_model_config
+from weir_bench.experiments.decode_roofline import _set_switches, build_variant, main
 
 pytestmark = pytest.mark.skipif(
     not packing_supported(torch.float32, torch.device("cpu")), reason="no oneDNN in this torch"

@@ -1,12 +1,12 @@
-"""bench.experiments.gc_pauses: a full collection timed with the model loaded, thawed and frozen."""
+"""weir_bench.experiments.gc_pauses: a full collection timed with the model loaded, thawed and frozen."""
 
 from __future__ import annotations
 
 import gc
 from pathlib import Path
 
-from bench.experiments import gc_pauses
 from tests.engine.tiny_models import make_tiny_model
+from weir_bench.experiments import gc_pauses
 
 
 def test_one_run_times_a_full_collection_thawed_and_frozen(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""bench.experiments.gemv_layouts: every layout gives the same product, and one run reports each
+"""weir_bench.experiments.gemv_layouts: every layout gives the same product, and one run reports each
 against the `sum` of the same bytes."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bench.experiments import gemv_layouts
-from engine.models.packed_linear import packing_supported
-from kernels import cpu_small_gemm
+from weir.engine.models.packed_linear import packing_supported
+from weir.kernels import cpu_small_gemm
+from weir_bench.experiments import gemv_layouts
 
 pytestmark = pytest.mark.skipif(
     not packing_supported(torch.float32, torch.device("cpu")), reason="no oneDNN in this torch"

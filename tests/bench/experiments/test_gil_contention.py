@@ -1,4 +1,4 @@
-"""bench.experiments.gil_contention on a tiny model: every (interval, duty) cell is timed, the busy
+"""weir_bench.experiments.gil_contention on a tiny model: every (interval, duty) cell is timed, the busy
 thread really runs beside the steps, and the process's switch interval is left as it was."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.experiments.gil_contention import BusyThread, main, markdown
-from engine.models.packed_linear import packing_supported
 from tests.engine.tiny_models import make_tiny_model
+from weir.engine.models.packed_linear import packing_supported
+from weir_bench.experiments.gil_contention import BusyThread, main, markdown
 
 pytestmark = pytest.mark.skipif(
     not packing_supported(torch.float32, torch.device("cpu")), reason="no oneDNN in this torch"

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.experiments.host_kv import main
 from tests.engine.tiny_models import make_tiny_model
+from weir_bench.experiments.host_kv import main
 
 
 @pytest.fixture(scope="module")

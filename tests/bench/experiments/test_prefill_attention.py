@@ -1,4 +1,4 @@
-"""bench.experiments.prefill_attention: both paths agree, and a run reports each shape's times and ratio."""
+"""weir_bench.experiments.prefill_attention: both paths agree, and a run reports each shape's times and ratio."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.experiments import prefill_attention
+from weir_bench.experiments import prefill_attention
 
 
 def test_a_run_reports_each_shape(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,8 +1,8 @@
-"""bench.experiments.prefill_overlap: other requests' first tokens inside each decode window."""
+"""weir_bench.experiments.prefill_overlap: other requests' first tokens inside each decode window."""
 
 from __future__ import annotations
 
-from bench.experiments.prefill_overlap import StreamTimes, prefills_in_decode, request_times
+from weir_bench.experiments.prefill_overlap import StreamTimes, prefills_in_decode, request_times
 
 
 def test_waves_of_equal_requests_count_no_prefill_inside_a_decode() -> None:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.experiments.prefix_cache import add_arguments, mann_whitney_p, run, to_markdown
 from tests.engine.tiny_models import make_tiny_model
+from weir_bench.experiments.prefix_cache import add_arguments, mann_whitney_p, run, to_markdown
 
 
 def test_mann_whitney() -> None:

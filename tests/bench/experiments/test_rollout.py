@@ -1,10 +1,10 @@
-"""bench.experiments.rollout's report: errors, TTFT per phase and their ratio, first v2 token, memory."""
+"""weir_bench.experiments.rollout's report: errors, TTFT per phase and their ratio, first v2 token, memory."""
 
 from __future__ import annotations
 
 import argparse
 
-from bench.experiments.rollout import Record, _markdown, summarize
+from weir_bench.experiments.rollout import Record, _markdown, summarize
 
 MIB = 2**20
 

@@ -1,4 +1,4 @@
-"""bench.experiments.serve_figures: guidellm's report parsed, the server's metrics page read (garbage
+"""weir_bench.experiments.serve_figures: guidellm's report parsed, the server's metrics page read (garbage
 collections, decode against prefill steps, admissions per tenant class), ratios and their tables, one round and several."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from bench.experiments.serve_figures import (
+from weir_bench.experiments.serve_figures import (
     ServeFigures,
     admitted_by_class,
     gc_pause_totals,
@@ -56,7 +56,7 @@ def test_ratios_and_table() -> None:
 def test_gc_pause_totals_read_each_generation_from_a_metrics_page() -> None:
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from gateway.server.gc_pauses import GcPauseRecorder
+    from weir.gateway.server.gc_pauses import GcPauseRecorder
 
     registry = CollectorRegistry()
     recorder = GcPauseRecorder(registry)
@@ -70,8 +70,8 @@ def test_gc_pause_totals_read_each_generation_from_a_metrics_page() -> None:
 
 def test_step_split_reads_the_engine_collectors_page() -> None:
 
-    from engine.output import EngineStats, StepTimeTotals
-    from gateway.metrics.engine_collectors import FleetStatsCollector
+    from weir.engine.output import EngineStats, StepTimeTotals
+    from weir.gateway.metrics.engine_collectors import FleetStatsCollector
 
     times = StepTimeTotals(decode_steps=300, decode_seconds=10.5, prefill_steps=40, prefill_seconds=6.0)
     registry = CollectorRegistry()
@@ -112,8 +112,8 @@ def test_a_peer_missing_from_a_round_is_left_out_of_the_summary() -> None:
 
 
 def test_wide_step_choices_read_each_bucket_from_the_metrics_page() -> None:
-    from engine.output import StepThreadsStats
-    from gateway.metrics.step_threads_metrics import step_threads_metrics
+    from weir.engine.output import StepThreadsStats
+    from weir.gateway.metrics.step_threads_metrics import step_threads_metrics
 
     class _Collector:
         def collect(self):  # type: ignore[no-untyped-def]
@@ -141,7 +141,7 @@ def test_the_table_says_which_tenant_class_weir_was_measured_under() -> None:
 
 
 def test_admitted_by_class_sums_the_tenants_of_each_class() -> None:
-    from gateway.metrics.admission_metrics import AdmissionMetrics
+    from weir.gateway.metrics.admission_metrics import AdmissionMetrics
 
     registry = CollectorRegistry()
     metrics = AdmissionMetrics(registry)

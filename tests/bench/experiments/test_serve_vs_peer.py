@@ -1,4 +1,4 @@
-"""bench.experiments.serve_vs_peer: variants parsed, and a peer started by a tool script is stopped by
+"""weir_bench.experiments.serve_vs_peer: variants parsed, and a peer started by a tool script is stopped by
 its PID (a fake tool: no guidellm, no peer build); a Weir variant is loaded through a tenant of the
 class asked for (a real `weir serve` on a tiny model, a fake guidellm sending one request)."""
 
@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.experiments.serve_vs_peer import (
+from tests.engine.tiny_models import make_tiny_model
+from weir_bench.experiments.serve_vs_peer import (
     bench_tenant,
     main,
     parse_args,
@@ -22,8 +23,7 @@ from bench.experiments.serve_vs_peer import (
     run_guidellm,
     run_peer,
 )
-from bench.weir_process import ROOT
-from tests.engine.tiny_models import make_tiny_model
+from weir_bench.weir_process import ROOT
 
 
 def test_variants_split_flags_and_environment() -> None:

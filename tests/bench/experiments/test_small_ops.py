@@ -1,4 +1,4 @@
-"""bench.experiments.small_ops: both forms of every op compute the same thing, and one short run
+"""weir_bench.experiments.small_ops: both forms of every op compute the same thing, and one short run
 reports each op at each row count."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.experiments import small_ops
-from kernels import cpu_argmax, cpu_rms_norm, cpu_rope_kv, cpu_sample, cpu_silu_mul
+from weir.kernels import cpu_argmax, cpu_rms_norm, cpu_rope_kv, cpu_sample, cpu_silu_mul
+from weir_bench.experiments import small_ops
 
 pytestmark = pytest.mark.skipif(
     not all(m.available() for m in (cpu_argmax, cpu_rms_norm, cpu_rope_kv, cpu_sample, cpu_silu_mul)),

@@ -1,4 +1,4 @@
-"""bench.experiments.soak's report and bench.hostile's probes, without a server."""
+"""weir_bench.experiments.soak's report and weir_bench.hostile's probes, without a server."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import argparse
 import json
 import time
 
-from bench.experiments.soak import Minute, Soak, markdown, summarize
-from bench.hostile import HOSTILE, Target
+from weir_bench.experiments.soak import Minute, Soak, markdown, summarize
+from weir_bench.hostile import HOSTILE, Target
 
 
 def test_every_probe_builds_a_request() -> None:

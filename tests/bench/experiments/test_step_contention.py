@@ -1,4 +1,4 @@
-"""bench.experiments.step_contention on a tiny model: every load's blocks are stepped and summarised,
+"""weir_bench.experiments.step_contention on a tiny model: every load's blocks are stepped and summarised,
 the load is a separate process that is gone after its block, and bad `--burn` values are refused."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.experiments import step_contention
-from bench.experiments.step_contention import main, parse_burn, summarize
-from engine.models.packed_linear import packing_supported
-from kernels import cpu_work_pool
 from tests.engine.tiny_models import make_tiny_model
+from weir.engine.models.packed_linear import packing_supported
+from weir.kernels import cpu_work_pool
+from weir_bench.experiments import step_contention
+from weir_bench.experiments.step_contention import main, parse_burn, summarize
 
 
 @pytest.mark.skipif(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.experiments import step_handoff
+from weir_bench.experiments import step_handoff
 
 
 def test_a_tiny_run_reports_one_callback_per_step_after(capsys: pytest.CaptureFixture[str]) -> None:

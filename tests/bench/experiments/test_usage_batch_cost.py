@@ -1,4 +1,4 @@
-"""bench.experiments.usage_batch_cost: each stage of a usage-writer batch timed, its records stored."""
+"""weir_bench.experiments.usage_batch_cost: each stage of a usage-writer batch timed, its records stored."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ from pathlib import Path
 
 from sqlalchemy import func, select
 
-from bench.experiments import usage_batch_cost
-from tenancy.db import Database
-from tenancy.models import UsageRecord
+from weir.tenancy.store.db import Database
+from weir.tenancy.store.models import UsageRecord
+from weir_bench.experiments import usage_batch_cost
 
 
 def test_one_run_times_each_stage_and_stores_every_record(tmp_path: Path) -> None:

@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 import torch
 
-from engine.attention import TorchAttentionBackend
-from engine.config import ModelConfig
-from engine.kv_tensors import allocate_kv_caches
-from engine.loader import load_model
-from engine.models.llama import LlamaForCausalLM
-from kernels import cpu_rms_norm, cpu_rope_kv, cpu_silu_mul
 from tests.engine.tiny_models import build_metadata, load_hf_model, make_tiny_model
+from weir.engine.config import ModelConfig
+from weir.engine.kv.kv_tensors import allocate_kv_caches
+from weir.engine.models.llama import LlamaForCausalLM
+from weir.engine.runner.attention import TorchAttentionBackend
+from weir.engine.runner.loader import load_model
+from weir.kernels import cpu_rms_norm, cpu_rope_kv, cpu_silu_mul
 
 BLOCK_SIZE = 4
 NUM_BLOCKS = 64  # enough for _block_table of ~60-token sequences (ids up to 1 + 3 * 15)
@@ -175,7 +175,7 @@ def test_cuda_forward_tracks_hf(tmp_path: Path, dtype: torch.dtype) -> None:
 @pytest.mark.filterwarnings("ignore:`past_key_values` is deprecated")
 def test_dynamic_rope_past_max_positions_matches_hf_decoding(tmp_path: Path) -> None:
     """Past max_position_embeddings dynamic NTK depends on the length; we match HF's
-    token-by-token decoding there (see engine/rope.py)."""
+    token-by-token decoding there (see engine/runner/rope.py)."""
     from transformers import DynamicCache
 
     max_pos = 16

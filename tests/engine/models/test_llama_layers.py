@@ -12,10 +12,10 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaMLP as HfLlamaMLP
 from transformers.models.llama.modeling_llama import LlamaRMSNorm as HfLlamaRMSNorm
 
-from engine.config import ModelConfig, RopeConfig
-from engine.models.llama_layers import Linear, LlamaMLP, RMSNorm, has_o_proj_bias
-from engine.models.native_ops import NativeOps
-from kernels import cpu_silu_mul
+from weir.engine.config import ModelConfig, RopeConfig
+from weir.engine.models.llama_layers import Linear, LlamaMLP, RMSNorm, has_o_proj_bias
+from weir.engine.models.native_ops import NativeOps
+from weir.kernels import cpu_silu_mul
 
 CPU = torch.device("cpu")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.models.lora import LoraStep, ProjectionLora
+from weir.engine.models.lora import LoraStep, ProjectionLora
 
 IN, OUTS, RANK, SLOTS = 24, (16, 8, 8), 4, 3
 TARGETS = ("q_proj", "k_proj", "v_proj")

@@ -10,7 +10,7 @@ DEVICE = kernel_device()  # before kernels.* is imported: TRITON_INTERPRET=1 wit
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from engine.models.lora import LoraStep, ProjectionLora  # noqa: E402
+from weir.engine.models.lora import LoraStep, ProjectionLora  # noqa: E402
 
 IN, RANK, SLOTS = 40, 4, 3
 

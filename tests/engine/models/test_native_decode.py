@@ -1,4 +1,4 @@
-"""engine.models.native_decode: a decode step's layers in one C call give the layer-by-layer path's
+"""weir.engine.models.native_decode: a decode step's layers in one C call give the layer-by-layer path's
 bits on every model it is built for, take only the steps within their reach, and are not built
 where they do not apply."""
 
@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.attention import TorchAttentionBackend
-from engine.loader import load_model
-from engine.models.llama import LlamaForCausalLM
-from engine.models.native_decode import NativeDecodeLayers
-from kernels import cpu_decode_layers
 from tests.engine.models.test_llama import CASES, Runner, _block_table, _prompt, _steps_with
 from tests.engine.tiny_models import make_tiny_model
+from weir.engine.models.llama import LlamaForCausalLM
+from weir.engine.models.native_decode import NativeDecodeLayers
+from weir.engine.runner.attention import TorchAttentionBackend
+from weir.engine.runner.loader import load_model
+from weir.kernels import cpu_decode_layers
 
 CPU = torch.device("cpu")
 

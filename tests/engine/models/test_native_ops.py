@@ -1,4 +1,4 @@
-"""engine.models.native_ops: the C small ops are on for a float32 CPU model where they build, off
+"""weir.engine.models.native_ops: the C small ops are on for a float32 CPU model where they build, off
 elsewhere, and one object is shared by the model and every layer."""
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.attention import TorchAttentionBackend
-from engine.loader import load_model
-from engine.models.llama import LlamaForCausalLM
-from engine.models.native_ops import NativeOps
-from kernels import cpu_rms_norm, cpu_rope_kv, cpu_silu_mul
 from tests.engine.tiny_models import make_tiny_model
+from weir.engine.models.llama import LlamaForCausalLM
+from weir.engine.models.native_ops import NativeOps
+from weir.engine.runner.attention import TorchAttentionBackend
+from weir.engine.runner.loader import load_model
+from weir.kernels import cpu_rms_norm, cpu_rope_kv, cpu_silu_mul
 
 CPU = torch.device("cpu")
 

@@ -15,22 +15,22 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.attention import TorchAttentionBackend
-from engine.config import EngineConfig
-from engine.loader import ModelLoadError, load_model
-from engine.models import packed_linear
-from engine.models.llama import LlamaForCausalLM
-from engine.models.llama_layers import Linear
-from engine.models.packed_linear import (
+from tests.engine.models.test_llama import Runner, _block_table, _prompt
+from tests.engine.tiny_models import make_tiny_model
+from weir.engine.config import EngineConfig
+from weir.engine.models import packed_linear
+from weir.engine.models.llama import LlamaForCausalLM
+from weir.engine.models.llama_layers import Linear
+from weir.engine.models.packed_linear import (
     PackedLinear,
     cpu_packs_bfloat16,
     pack_linear_layers,
     packing_supported,
     packing_unsupported_reason,
 )
-from kernels import cpu_small_gemm
-from tests.engine.models.test_llama import Runner, _block_table, _prompt
-from tests.engine.tiny_models import make_tiny_model
+from weir.engine.runner.attention import TorchAttentionBackend
+from weir.engine.runner.loader import ModelLoadError, load_model
+from weir.kernels import cpu_small_gemm
 
 CPU = torch.device("cpu")
 # Whether this CPU packs bfloat16 (AVX-512 or AMX): the engine's own probe decides every test below
@@ -186,7 +186,7 @@ def test_a_cpu_without_bfloat16_packing_is_told_which_instruction_set_it_lacks(
     ):
         PackedLinear(torch.zeros(4, 4, dtype=torch.bfloat16), None)
     # the engine's default then leaves bfloat16 unpacked (and loads) instead of refusing to start
-    from engine import llm_engine
+    from weir.engine import llm_engine
 
     assert not llm_engine._pack_linear(EngineConfig(model_path="m", dtype="bfloat16"))
     model, _ = load_model(path, torch.bfloat16, CPU, TorchAttentionBackend(), pack_linear=False)

@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine import llm_engine
-from engine.config import EngineConfig
-from engine.loader import load_model_config
-from engine.models import row_weight_probe
-from engine.models.packed_linear import packing_supported
-from engine.models.row_weight_probe import MARGIN, RowWeightTiming, probe_shapes, time_row_products
-from kernels import cpu_small_gemm
 from tests.engine.tiny_models import make_tiny_model
+from weir.engine import llm_engine
+from weir.engine.config import EngineConfig
+from weir.engine.models import row_weight_probe
+from weir.engine.models.packed_linear import packing_supported
+from weir.engine.models.row_weight_probe import MARGIN, RowWeightTiming, probe_shapes, time_row_products
+from weir.engine.runner.loader import load_model_config
+from weir.kernels import cpu_small_gemm
 
 pytestmark = pytest.mark.skipif(
     not packing_supported(torch.float32, torch.device("cpu")), reason="no oneDNN in this torch"

@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
-from engine.output import ScheduledRequest
-from engine.request import SamplingParams
-from engine.spec_decode.config import SpeculativeConfig, SpeculativeMethod
-from engine.spec_decode.draft_model_drafter import DraftModelDrafter
-from engine.spec_decode.factory import DraftModelMismatchError
 from tests.engine.test_spec_decode_engine import GREEDY, OFF, copy_prompts, engine_for, run, tokens
 from tests.engine.tiny_models import make_tiny_model
+from weir.engine.output import ScheduledRequest
+from weir.engine.request import SamplingParams
+from weir.engine.spec_decode.config import SpeculativeConfig, SpeculativeMethod
+from weir.engine.spec_decode.draft_model_drafter import DraftModelDrafter
+from weir.engine.spec_decode.factory import DraftModelMismatchError
 
 
 @pytest.fixture(scope="module")

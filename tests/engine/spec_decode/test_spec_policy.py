@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from engine.spec_decode.tally import VerifiedDraft
-from tests.engine.test_scheduler_spec import K, _kv, _request, _scheduler
+from tests.engine.scheduling.test_scheduler_spec import K, _kv, _request, _scheduler
+from weir.engine.spec_decode.tally import VerifiedDraft
 
 
 def test_slots_that_get_no_draft_shrink_to_one() -> None:

@@ -8,10 +8,12 @@ from dataclasses import dataclass, field
 import httpx
 import pytest
 
-from engine.client import EngineRequest
-from engine.output import RequestOutput
-from engine.request import FinishReason, Priority, SamplingParams
-from gateway.admission.accounting import (
+from tests.gateway.fake_engine import FakeEngine
+from tests.gateway.harness import MODEL, make_app, serve_in_thread, wait_until
+from weir.engine.client import EngineRequest
+from weir.engine.output import RequestOutput
+from weir.engine.request import FinishReason, Priority, SamplingParams
+from weir.gateway.admission.accounting import (
     Accountant,
     Outcome,
     RequestInfo,
@@ -22,11 +24,9 @@ from gateway.admission.accounting import (
     UsageRecord,
     _settle_nothing,
 )
-from gateway.api.protocol import Endpoint
-from gateway.http.errors import RateLimitError
-from tenancy.context import QuotaLimits, TenantContext
-from tests.gateway.fake_engine import FakeEngine
-from tests.gateway.harness import MODEL, make_app, serve_in_thread, wait_until
+from weir.gateway.api.protocol import Endpoint
+from weir.gateway.http.errors import RateLimitError
+from weir.tenancy.context import QuotaLimits, TenantContext
 
 ACME = TenantContext("acme", "key-1", Priority.STANDARD, 1.0, "acme", QuotaLimits())
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}], "user": "end-user-7"}
@@ -133,9 +133,9 @@ def test_failed_request_is_recorded_as_failed(fresh: tuple[FakeEngine, Recorder,
 
 
 def test_a_failing_sink_does_not_fail_the_request() -> None:
-    from gateway.admission.accounting import Accountant, RequestInfo
-    from gateway.metrics.registry import GatewayMetrics
-    from gateway.metrics.tracing import RequestTracer
+    from weir.gateway.admission.accounting import Accountant, RequestInfo
+    from weir.gateway.metrics.registry import GatewayMetrics
+    from weir.gateway.metrics.tracing import RequestTracer
 
     def broken(record: UsageRecord) -> None:
         raise RuntimeError("db down")
@@ -201,7 +201,7 @@ def test_tally_bills_what_a_beam_search_computed_and_reports_what_it_returned() 
 def _accountant_and_stream() -> tuple[
     Accountant, RequestInfo, RequestTally, list[UsageRecord], list[UsageRecord]
 ]:
-    from gateway.metrics.registry import GatewayMetrics
+    from weir.gateway.metrics.registry import GatewayMetrics
 
     journal: list[UsageRecord] = []
     sink: list[UsageRecord] = []
@@ -226,7 +226,7 @@ def _out(num_tokens: int, finished: bool = False) -> RequestOutput:
 
 
 def test_a_concluded_record_that_still_holds_is_the_request_record_and_not_written_twice() -> None:
-    from gateway.metrics.tracing import RequestTracer
+    from weir.gateway.metrics.tracing import RequestTracer
 
     accountant, info, tally, journal, sink = _accountant_and_stream()
     settled: list[UsageRecord] = []
@@ -247,7 +247,7 @@ def test_a_concluded_record_that_still_holds_is_the_request_record_and_not_writt
 
 
 def test_a_concluded_record_that_no_longer_holds_goes_to_the_sink() -> None:
-    from gateway.metrics.tracing import RequestTracer
+    from weir.gateway.metrics.tracing import RequestTracer
 
     accountant, info, tally, journal, sink = _accountant_and_stream()
     tally.observe(0, _out(2))
@@ -259,7 +259,7 @@ def test_a_concluded_record_that_no_longer_holds_goes_to_the_sink() -> None:
 
 
 def test_a_failing_journal_write_is_logged_and_returns_nothing() -> None:
-    from gateway.metrics.registry import GatewayMetrics
+    from weir.gateway.metrics.registry import GatewayMetrics
 
     def broken(record: UsageRecord) -> None:
         raise OSError("the usage queue is full")

@@ -15,16 +15,6 @@ from typing import Any
 import httpx
 import pytest
 
-from engine.client import EngineRequest
-from engine.output import RequestOutput
-from engine.request import FinishReason, Priority
-from gateway.admission.controller import AdmissionConfig, AdmissionController, format_duration, met_slo
-from gateway.api.streaming import DEADLINE_EXCEEDED
-from gateway.http.errors import BadRequestError, RateLimitError, ServiceUnavailableError, error_response
-from gateway.metrics.admission_metrics import AdmissionMetrics
-from gateway.metrics.registry import GatewayMetrics
-from tenancy.context import QuotaLimits, TenantContext
-from tenancy.quotas import LocalBudget
 from tests.gateway.admission_doubles import (
     Clock,
     Setup,
@@ -45,6 +35,16 @@ from tests.gateway.harness import (
     serve_in_thread,
     wait_until,
 )
+from weir.engine.client import EngineRequest
+from weir.engine.output import RequestOutput
+from weir.engine.request import FinishReason, Priority
+from weir.gateway.admission.controller import AdmissionConfig, AdmissionController, format_duration, met_slo
+from weir.gateway.api.streaming import DEADLINE_EXCEEDED
+from weir.gateway.http.errors import BadRequestError, RateLimitError, ServiceUnavailableError, error_response
+from weir.gateway.metrics.admission_metrics import AdmissionMetrics
+from weir.gateway.metrics.registry import GatewayMetrics
+from weir.tenancy.budgets.quotas import LocalBudget
+from weir.tenancy.context import QuotaLimits, TenantContext
 
 
 @pytest.fixture
@@ -338,9 +338,9 @@ def test_weight_and_priority_reach_the_engine(served: Served) -> None:
 
 
 def test_serve_flags_and_environment_reach_the_settings() -> None:
-    from engine.config import QueuePolicy
-    from gateway.server.settings import AdmissionMode, Settings
     from weir.cli import build_parser
+    from weir.engine.config import QueuePolicy
+    from weir.gateway.server.settings import AdmissionMode, Settings
 
     args = build_parser().parse_args(
         ["serve", "--queue-policy", "fcfs", "--admission", "off", "--max-queue-time-s", "12.5"]
@@ -357,8 +357,8 @@ def test_serve_flags_and_environment_reach_the_settings() -> None:
 
 
 def test_sqlite_means_one_replica_with_in_process_budgets(tmp_path: Any) -> None:
-    from gateway.admission.controller import build_admission
-    from gateway.server.settings import Settings
+    from weir.gateway.admission.controller import build_admission
+    from weir.gateway.server.settings import Settings
 
     settings = Settings(data_dir=tmp_path, max_queue_time_s=0, max_queued_tokens=0)
     controller = build_admission(settings, stats)

@@ -8,12 +8,6 @@ from typing import Any
 
 import pytest
 
-from engine.client import EngineRequest
-from engine.request import SamplingParams
-from gateway.admission.accounting import Outcome, Usage
-from gateway.admission.controller import AdmissionConfig, num_reserved_tokens
-from gateway.http.errors import BadRequestError, RateLimitError
-from tenancy.context import TenantContext
 from tests.gateway.admission_doubles import (
     Setup,
     admit,
@@ -24,6 +18,12 @@ from tests.gateway.admission_doubles import (
     stats,
     tenant,
 )
+from weir.engine.client import EngineRequest
+from weir.engine.request import SamplingParams
+from weir.gateway.admission.accounting import Outcome, Usage
+from weir.gateway.admission.controller import AdmissionConfig, num_reserved_tokens
+from weir.gateway.http.errors import BadRequestError, RateLimitError
+from weir.tenancy.context import TenantContext
 
 
 @pytest.fixture
@@ -150,9 +150,9 @@ def test_overshoot_is_debt_that_delays_the_next_admission(setup: Setup) -> None:
 
 
 def test_the_default_reservation_is_a_flag_an_env_variable_and_reaches_admission(tmp_path: Any) -> None:
-    from gateway.admission.controller import build_admission
-    from gateway.server.settings import Settings
     from weir.cli import build_parser
+    from weir.gateway.admission.controller import build_admission
+    from weir.gateway.server.settings import Settings
 
     args = build_parser().parse_args(["serve", "--default-max-tokens-reservation", "77"])
     assert Settings.from_sources(args, {}).default_max_tokens_reservation == 77

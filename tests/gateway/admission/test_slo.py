@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from engine.output import EngineStats
-from engine.request import Priority
-from engine.step_budget import StepBudgetStats, StepCost
-from gateway.admission.slo import planned_step_s, predict_ttft
 from tests.engine.latency_scenarios import SCENARIO_CLASS_TARGETS
+from weir.engine.output import EngineStats
+from weir.engine.request import Priority
+from weir.engine.scheduling.step_budget import StepBudgetStats, StepCost
+from weir.gateway.admission.slo import planned_step_s, predict_ttft
 
 # a 2-core CPU: 35 ms a step, 1.7 ms per prefill token, 5 ms per decode row; 800 ms steps
 _COST = StepCost(overhead_s=0.035, per_token_s=0.0017, per_decode_s=0.005)
@@ -98,7 +98,7 @@ def test_running_rows_of_its_own_class_and_better_take_their_share_of_each_step(
 def test_on_a_loaded_cpu_the_deadline_lifted_chunk_and_its_longer_step_are_predicted() -> None:
     # The served machine of the noisy trace: 240 ms a step, 5 ms a prompt token, 8 ms a row. A
     # 300 ms step beside 4 quiet rows leaves nothing for prefill, but the scheduler lifts the floor
-    # to the 32-token minimum chunk while the TTFT deadline needs it (engine.step_plan), and such
+    # to the 32-token minimum chunk while the TTFT deadline needs it (weir.engine.scheduling.step_plan), and such
     # a step takes 0.24 + 4 * 0.008 + 32 * 0.005 = 0.432 s: 140 tokens (70 ahead + 70) are the
     # first step's 5, then 5 lifted steps, not a trickle of 5 tokens a step (27 steps, 8.3 s).
     loaded = StepCost(overhead_s=0.24, per_token_s=0.005, per_decode_s=0.008)

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import pytest
 
-from engine.latency_targets import CPU_CLASS_TARGETS
-from engine.output import EngineStats
-from engine.request import Priority
-from engine.step_budget import StepBudgetStats, StepCost
-from gateway.admission.stream_outlook import stream_outlook
-from gateway.http.errors import ServiceUnavailableError
 from tests.gateway.admission_doubles import Setup, admit, make_setup, request, sample, stats, tenant
+from weir.engine.output import EngineStats
+from weir.engine.request import Priority
+from weir.engine.scheduling.latency_targets import CPU_CLASS_TARGETS
+from weir.engine.scheduling.step_budget import StepBudgetStats, StepCost
+from weir.gateway.admission.stream_outlook import stream_outlook
+from weir.gateway.http.errors import ServiceUnavailableError
 
 _COST = StepCost(overhead_s=0.03, per_token_s=0.0015, per_decode_s=0.004)
 

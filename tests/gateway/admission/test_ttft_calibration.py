@@ -7,9 +7,9 @@ import math
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.request import Priority
-from gateway.admission.slo import TTFTPrediction
-from gateway.admission.ttft_calibration import (
+from weir.engine.request import Priority
+from weir.gateway.admission.slo import TTFTPrediction
+from weir.gateway.admission.ttft_calibration import (
     MAX_FACTOR,
     MIN_FACTOR,
     MIN_PREDICTED_S,

@@ -13,23 +13,23 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from engine.request import Priority
-from gateway.admission.controller import AdmissionConfig, AdmissionController
-from gateway.admission.window_budget_gate import WindowBudgetGate, WindowBudgetMetrics
-from gateway.http.errors import BadRequestError, RateLimitError
-from tenancy.budget_windows import WindowKind, WindowSpec
-from tenancy.context import QuotaLimits, TenantContext
-from tenancy.db import Database
-from tenancy.keys import KeyHasher
-from tenancy.migrate import upgrade
-from tenancy.money import TokenPrices
-from tenancy.prices import PriceRepo, PriceSpec
-from tenancy.quotas import LocalBudget
-from tenancy.records import KeySpec, TenantSpec
-from tenancy.repo import TenancyRepo
-from tenancy.window_budget_records import BudgetSpec, BudgetUnit
-from tenancy.window_budgets import WindowBudgetStore
 from tests.gateway.admission_doubles import START, Clock, record, request, stats
+from weir.engine.request import Priority
+from weir.gateway.admission.controller import AdmissionConfig, AdmissionController
+from weir.gateway.admission.window_budget_gate import WindowBudgetGate, WindowBudgetMetrics
+from weir.gateway.http.errors import BadRequestError, RateLimitError
+from weir.tenancy.budgets.budget_windows import WindowKind, WindowSpec
+from weir.tenancy.budgets.money import TokenPrices
+from weir.tenancy.budgets.prices import PriceRepo, PriceSpec
+from weir.tenancy.budgets.quotas import LocalBudget
+from weir.tenancy.budgets.window_budget_records import BudgetSpec, BudgetUnit
+from weir.tenancy.budgets.window_budgets import WindowBudgetStore
+from weir.tenancy.context import QuotaLimits, TenantContext
+from weir.tenancy.keys.keys import KeyHasher
+from weir.tenancy.store.db import Database
+from weir.tenancy.store.migrate import upgrade
+from weir.tenancy.store.records import KeySpec, TenantSpec
+from weir.tenancy.store.repo import TenancyRepo
 
 DAY = WindowSpec(WindowKind.DAY)
 MONTH_PARIS = WindowSpec(WindowKind.MONTH, "Europe/Paris")

@@ -1,4 +1,4 @@
-"""A Messages body as the chat route's request (`gateway.api.anthropic_protocol`)."""
+"""A Messages body as the chat route's request (`weir.gateway.api.anthropic_protocol`)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from gateway.api.anthropic_protocol import parse_messages_request
-from gateway.api.openai_bodies.requests import Role
-from gateway.api.tool_calls import ToolChoiceMode
-from gateway.http.errors import BadRequestError
+from weir.gateway.api.anthropic_protocol import parse_messages_request
+from weir.gateway.api.openai_bodies.requests import Role
+from weir.gateway.api.tool_calls import ToolChoiceMode
+from weir.gateway.http.errors import BadRequestError
 
 WEATHER = {"name": "get_weather", "description": "Weather.", "input_schema": {"type": "object"}}
 

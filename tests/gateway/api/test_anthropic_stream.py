@@ -1,18 +1,18 @@
-"""Anthropic's message, event stream, usage and error shapes (`gateway.api.anthropic_stream`)."""
+"""Anthropic's message, event stream, usage and error shapes (`weir.gateway.api.anthropic_stream`)."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from engine.output import RequestOutput
-from engine.request import FinishReason
-from gateway.admission.accounting import Usage
-from gateway.api.anthropic_stream import AnthropicFormatter
-from gateway.api.responses import ChoiceState
-from gateway.api.structured_bodies import FunctionDefinition
-from gateway.api.tool_calls import ToolChoiceMode, ToolsRequest
-from gateway.http.errors import BadRequestError, ServiceUnavailableError
+from weir.engine.output import RequestOutput
+from weir.engine.request import FinishReason
+from weir.gateway.admission.accounting import Usage
+from weir.gateway.api.anthropic_stream import AnthropicFormatter
+from weir.gateway.api.responses import ChoiceState
+from weir.gateway.api.structured_bodies import FunctionDefinition
+from weir.gateway.api.tool_calls import ToolChoiceMode, ToolsRequest
+from weir.gateway.http.errors import BadRequestError, ServiceUnavailableError
 
 TOOLS = ToolsRequest(
     (FunctionDefinition(name="get_weather", parameters={"type": "object"}),), ToolChoiceMode.AUTO

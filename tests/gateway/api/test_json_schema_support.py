@@ -20,11 +20,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
-from engine.constraints import CompiledConstraint, allowed_tokens
-from engine.grammar import ConstraintSpec, GrammarBackend
-from gateway.api.json_schema_support import REFUSED, check_schema, relocate_refs, resolve_pointer
-from gateway.http.errors import BadRequestError
 from tests.engine.tiny_models import make_tiny_tokenizer
+from weir.engine.structured.constraints import CompiledConstraint, allowed_tokens
+from weir.engine.structured.grammar import ConstraintSpec, GrammarBackend
+from weir.gateway.api.json_schema_support import REFUSED, check_schema, relocate_refs, resolve_pointer
+from weir.gateway.http.errors import BadRequestError
 
 PARAM = "response_format.json_schema.schema"
 

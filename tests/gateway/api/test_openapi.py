@@ -1,5 +1,5 @@
 """/openapi.json: every served operation is documented, and the request bounds it states are the
-ones the validator enforces (both come from the models of gateway.api.openai_bodies)."""
+ones the validator enforces (both come from the models of weir.gateway.api.openai_bodies)."""
 
 from __future__ import annotations
 
@@ -12,21 +12,21 @@ import pytest
 from starlette.routing import Mount, Route
 from starlette.testclient import TestClient
 
-from engine.sampling_bounds import MAX_LOGIT_BIAS, MAX_LOGPROBS, MAX_N, PENALTY_MAX
-from gateway.api.openai_bodies.requests import SAMPLING_FIELDS, TOKEN_KEY_PATTERN
-from gateway.api.openapi import LiveDocument, openapi_schema
-from gateway.api.protocol import parse_chat_request
-from gateway.fleet.model_fleet import ModelFleet
-from gateway.fleet.model_rollout import ModelRollout
-from gateway.http.errors import BadRequestError
-from gateway.routes.models_admin import models_admin_routes
-from gateway.routes.prefix_cache import prefix_cache_routes
-from gateway.routes.spend_admin import spend_admin_routes
-from gateway.server.bootstrap import build_tenancy
-from gateway.server.settings import AuthMode, Settings
 from tests.e2e.tenancy_server import serve_everything
 from tests.gateway.fake_engine import FakeEngine, FakePrefixCache
 from tests.gateway.harness import MODEL, make_app, tokenizer
+from weir.engine.sampling.sampling_bounds import MAX_LOGIT_BIAS, MAX_LOGPROBS, MAX_N, PENALTY_MAX
+from weir.gateway.api.openai_bodies.requests import SAMPLING_FIELDS, TOKEN_KEY_PATTERN
+from weir.gateway.api.openapi import LiveDocument, openapi_schema
+from weir.gateway.api.protocol import parse_chat_request
+from weir.gateway.fleet.model_fleet import ModelFleet
+from weir.gateway.fleet.model_rollout import ModelRollout
+from weir.gateway.http.errors import BadRequestError
+from weir.gateway.routes.models_admin import models_admin_routes
+from weir.gateway.routes.prefix_cache import prefix_cache_routes
+from weir.gateway.routes.spend_admin import spend_admin_routes
+from weir.gateway.server.bootstrap import build_tenancy
+from weir.gateway.server.settings import AuthMode, Settings
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 

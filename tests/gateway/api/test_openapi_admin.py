@@ -14,26 +14,26 @@ import jsonschema
 import pytest
 from starlette.testclient import TestClient
 
-from engine.memory_budget import MemoryBudget
-from gateway.fleet.model_fleet import ModelFleet
-from gateway.fleet.model_rollout import ModelRollout
-from gateway.http.auth import AdminAuthenticator, Authenticator, AuthSettings
-from gateway.routes.admin import admin_routes
-from gateway.routes.models_admin import models_admin_routes
-from gateway.routes.prefix_cache import prefix_cache_routes
-from gateway.routes.spend_admin import spend_admin_routes
-from tenancy.admin_token import ensure_admin_token
-from tenancy.db import Database
-from tenancy.enums import UsageStatus
-from tenancy.keys import KeyHasher
-from tenancy.migrate import upgrade
-from tenancy.model_versions import ModelVersionRepo
-from tenancy.records import UsageRecordIn
-from tenancy.repo import TenancyRepo
 from tests.gateway.fake_engine import FakePrefixCache
 from tests.gateway.fleet.test_model_fleet import MIB, Factory
 from tests.gateway.harness import make_app, tokenizer
 from tests.tenancy.clock import START, FakeClock
+from weir.engine.kv.memory_budget import MemoryBudget
+from weir.gateway.fleet.model_fleet import ModelFleet
+from weir.gateway.fleet.model_rollout import ModelRollout
+from weir.gateway.http.auth import AdminAuthenticator, Authenticator, AuthSettings
+from weir.gateway.routes.admin import admin_routes
+from weir.gateway.routes.models_admin import models_admin_routes
+from weir.gateway.routes.prefix_cache import prefix_cache_routes
+from weir.gateway.routes.spend_admin import spend_admin_routes
+from weir.tenancy.catalog.model_versions import ModelVersionRepo
+from weir.tenancy.keys.admin_token import ensure_admin_token
+from weir.tenancy.keys.keys import KeyHasher
+from weir.tenancy.store.db import Database
+from weir.tenancy.store.enums import UsageStatus
+from weir.tenancy.store.migrate import upgrade
+from weir.tenancy.store.records import UsageRecordIn
+from weir.tenancy.store.repo import TenancyRepo
 
 
 @dataclass

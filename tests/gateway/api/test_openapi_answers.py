@@ -1,6 +1,6 @@
 """Real answers of every OpenAI route validate against the `/openapi.json` the server serves: the
-document is generated from the models of `gateway.api.openai_bodies.responses`, the answers are
-rendered by hand (`gateway.api.responses`, `Usage.to_openai`, the model cards), so drift fails here."""
+document is generated from the models of `weir.gateway.api.openai_bodies.responses`, the answers are
+rendered by hand (`weir.gateway.api.responses`, `Usage.to_openai`, the model cards), so drift fails here."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ from typing import Any
 import jsonschema
 import pytest
 
-from engine.output import RequestOutput
-from engine.request import FinishReason
-from gateway.admission.accounting import Usage
-from gateway.api.responses import ChatFormatter, ChoiceState
-from gateway.api.structured_bodies import parse_tool_fields
-from gateway.api.tool_calls import tools_request
 from tests.gateway.conftest import Live
 from tests.gateway.harness import MODEL
+from weir.engine.output import RequestOutput
+from weir.engine.request import FinishReason
+from weir.gateway.admission.accounting import Usage
+from weir.gateway.api.responses import ChatFormatter, ChoiceState
+from weir.gateway.api.structured_bodies import parse_tool_fields
+from weir.gateway.api.tool_calls import tools_request
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hello world"}], "max_tokens": 4}
 COMPLETION = {"model": MODEL, "prompt": "hello world", "max_tokens": 4}

@@ -6,14 +6,14 @@ from typing import Any
 
 import pytest
 
-from engine.request import Priority, SamplingParams
-from gateway.api.protocol import (
+from weir.engine.request import Priority, SamplingParams
+from weir.gateway.api.protocol import (
     Role,
     decode_json_object,
     parse_chat_request,
     parse_completion_request,
 )
-from gateway.http.errors import BadRequestError
+from weir.gateway.http.errors import BadRequestError
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 

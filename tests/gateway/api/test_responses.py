@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 
-from engine.output import RequestOutput, TokenLogprob
-from engine.request import FinishReason
-from gateway.admission.accounting import Usage
-from gateway.api.responses import SSE_DONE, ChatFormatter, ChoiceState, CompletionFormatter, sse_error
-from gateway.http.errors import ServiceUnavailableError
+from weir.engine.output import RequestOutput, TokenLogprob
+from weir.engine.request import FinishReason
+from weir.gateway.admission.accounting import Usage
+from weir.gateway.api.responses import SSE_DONE, ChatFormatter, ChoiceState, CompletionFormatter, sse_error
+from weir.gateway.http.errors import ServiceUnavailableError
 
 
 def names(token_id: int) -> str:

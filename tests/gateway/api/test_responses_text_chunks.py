@@ -10,9 +10,15 @@ from typing import Any
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from engine.output import RequestOutput
-from engine.request import FinishReason
-from gateway.api.responses import ChatFormatter, CompletionFormatter, ResponseFormatter, _dumps, _dumps_str
+from weir.engine.output import RequestOutput
+from weir.engine.request import FinishReason
+from weir.gateway.api.responses import (
+    ChatFormatter,
+    CompletionFormatter,
+    ResponseFormatter,
+    _dumps,
+    _dumps_str,
+)
 
 # Characters JSON escapes, the three line breaks it leaves raw (and `_dumps` escapes), quotes,
 # backslashes and multi-byte text.

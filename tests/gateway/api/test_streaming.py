@@ -7,12 +7,12 @@ import json
 
 import httpx
 
-from engine.errors import RequestFailedError
-from gateway.admission.accounting import Outcome, UsageJournal, UsageRecord
-from gateway.api.streaming import OutputMerger
 from tests.gateway.conftest import Live
 from tests.gateway.fake_engine import FakeEngine
 from tests.gateway.harness import MODEL, make_app, serve_in_thread, wait_until
+from weir.engine.errors import RequestFailedError
+from weir.gateway.admission.accounting import Outcome, UsageJournal, UsageRecord
+from weir.gateway.api.streaming import OutputMerger
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "tell me a story"}]}
 
@@ -119,8 +119,8 @@ def test_dead_engine_is_503(live: Live) -> None:
 
 
 def test_merger_interleaves_prompts_and_closes_streams() -> None:
-    from engine.client import EngineRequest
-    from engine.request import SamplingParams
+    from weir.engine.client import EngineRequest
+    from weir.engine.request import SamplingParams
 
     async def run() -> list[tuple[int, int]]:
         engine = FakeEngine()
@@ -136,8 +136,8 @@ def test_merger_interleaves_prompts_and_closes_streams() -> None:
 
 
 def test_merger_propagates_failures_and_cancels_the_rest() -> None:
-    from engine.client import EngineRequest
-    from engine.request import SamplingParams
+    from weir.engine.client import EngineRequest
+    from weir.engine.request import SamplingParams
 
     async def run() -> None:
         engine = FakeEngine(token_delay_s=0.01)
@@ -158,7 +158,7 @@ def test_merger_propagates_failures_and_cancels_the_rest() -> None:
 
 
 def test_shielded_work_runs_to_its_end_through_repeated_cancels() -> None:
-    from gateway.api.streaming import _shielded
+    from weir.gateway.api.streaming import _shielded
 
     async def run() -> list[str]:
         done: list[str] = []

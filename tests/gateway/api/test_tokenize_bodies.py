@@ -1,4 +1,4 @@
-"""The bodies of `/tokenize` and `/detokenize` (`gateway.api.tokenize_bodies`)."""
+"""The bodies of `/tokenize` and `/detokenize` (`weir.gateway.api.tokenize_bodies`)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from gateway.api.openai_bodies.requests import Role
-from gateway.api.tokenize_bodies import parse_detokenize, parse_tokenize, tokenize_messages
-from gateway.http.errors import BadRequestError
+from weir.gateway.api.openai_bodies.requests import Role
+from weir.gateway.api.tokenize_bodies import parse_detokenize, parse_tokenize, tokenize_messages
+from weir.gateway.http.errors import BadRequestError
 
 
 def test_prompt_or_messages() -> None:

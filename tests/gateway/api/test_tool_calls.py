@@ -8,10 +8,10 @@ from typing import Any
 import jsonschema
 import pytest
 
-from gateway.api.protocol import Role, parse_chat_request
-from gateway.api.structured_bodies import parse_tool_fields
-from gateway.api.tool_calls import ToolCallParser, ToolChoiceMode, calls_schema, tools_request
-from gateway.http.errors import BadRequestError
+from weir.gateway.api.protocol import Role, parse_chat_request
+from weir.gateway.api.structured_bodies import parse_tool_fields
+from weir.gateway.api.tool_calls import ToolCallParser, ToolChoiceMode, calls_schema, tools_request
+from weir.gateway.http.errors import BadRequestError
 
 WEATHER = {
     "type": "function",

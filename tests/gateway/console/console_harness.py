@@ -12,21 +12,21 @@ from pathlib import Path
 from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
-from engine.memory_budget import MemoryBudget
-from engine.output import EngineStats
-from gateway.console.routes import ConsoleDeps, console_routes
-from gateway.console.sessions import SessionStore
-from gateway.fleet.model_fleet import ModelFleet
-from gateway.fleet.model_rollout import ModelRollout
-from gateway.http.auth import AdminAuthenticator, Authenticator, AuthSettings, FailureThrottle
-from gateway.http.errors import exception_handlers
-from tenancy.db import Database
-from tenancy.keys import KeyHasher
-from tenancy.migrate import upgrade
-from tenancy.model_versions import ModelVersionRepo
-from tenancy.repo import TenancyRepo
 from tests.gateway.fleet.test_model_fleet import MIB, Factory
 from tests.tenancy.clock import FakeClock
+from weir.engine.kv.memory_budget import MemoryBudget
+from weir.engine.output import EngineStats
+from weir.gateway.console.routes import ConsoleDeps, console_routes
+from weir.gateway.console.sessions import SessionStore
+from weir.gateway.fleet.model_fleet import ModelFleet
+from weir.gateway.fleet.model_rollout import ModelRollout
+from weir.gateway.http.auth import AdminAuthenticator, Authenticator, AuthSettings, FailureThrottle
+from weir.gateway.http.errors import exception_handlers
+from weir.tenancy.catalog.model_versions import ModelVersionRepo
+from weir.tenancy.keys.keys import KeyHasher
+from weir.tenancy.store.db import Database
+from weir.tenancy.store.migrate import upgrade
+from weir.tenancy.store.repo import TenancyRepo
 
 TOKEN = "console-admin-token-0123456789"
 UI = "/admin/ui"

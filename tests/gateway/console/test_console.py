@@ -9,12 +9,6 @@ import re
 import pytest
 from starlette.testclient import TestClient
 
-from gateway.console.routes import LOGIN_COOKIE, SESSION_COOKIE
-from gateway.console.sessions import SessionStore
-from tenancy.enums import UsageStatus
-from tenancy.keys import KEY_PREFIX
-from tenancy.model_version_records import ModelVersionSpec
-from tenancy.records import KeySpec, TenantSpec, UsageRecordIn
 from tests.gateway.console.console_harness import (
     HOSTILE,
     MAX_LOGIN_FAILURES,
@@ -24,6 +18,12 @@ from tests.gateway.console.console_harness import (
     csrf_of,
 )
 from tests.tenancy.clock import START
+from weir.gateway.console.routes import LOGIN_COOKIE, SESSION_COOKIE
+from weir.gateway.console.sessions import SessionStore
+from weir.tenancy.catalog.model_version_records import ModelVersionSpec
+from weir.tenancy.keys.keys import KEY_PREFIX
+from weir.tenancy.store.enums import UsageStatus
+from weir.tenancy.store.records import KeySpec, TenantSpec, UsageRecordIn
 
 # -- login, cookie, logout --------------------------------------------------------------------------
 

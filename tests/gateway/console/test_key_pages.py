@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from tenancy.records import KeySpec, TenantSpec
 from tests.gateway.console.console_harness import (
     HOSTILE,
     UI,
     Console,
 )
+from weir.tenancy.store.records import KeySpec, TenantSpec
 
 
 def test_a_keys_own_limits_are_shown_and_set_within_its_tenant(console: Console) -> None:

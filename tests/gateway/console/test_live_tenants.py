@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.console.live_tenants import LiveTenants, histogram_quantile, slo_attainment
-from gateway.metrics.admission_metrics import AdmissionMetrics, SLOResult
-from gateway.metrics.registry import GatewayMetrics
+from weir.gateway.console.live_tenants import LiveTenants, histogram_quantile, slo_attainment
+from weir.gateway.metrics.admission_metrics import AdmissionMetrics, SLOResult
+from weir.gateway.metrics.registry import GatewayMetrics
 
 
 def test_quantiles_interpolate_within_a_bucket_like_promql() -> None:

@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from tenancy.model_version_records import ModelVersionSpec
-from tenancy.records import TenantSpec
 from tests.gateway.console.console_harness import (
     HOSTILE,
     Console,
 )
+from weir.tenancy.catalog.model_version_records import ModelVersionSpec
+from weir.tenancy.store.records import TenantSpec
 
 
 def test_traffic_needs_confirmation_and_shows_refusals_in_place(console: Console) -> None:

@@ -11,23 +11,23 @@ from pathlib import Path
 
 import pytest
 
-from engine.lora_types import AdapterInfo, AdapterLoadError, UnknownAdapterError
-from engine.memory_budget import MemoryBudget, MemoryBudgetError, adapter_owner
-from gateway.fleet.adapter_catalog import AdapterCatalog
-from gateway.fleet.adapter_rollout import AdapterRollout
-from gateway.fleet.model_fleet import ModelFleet
-from gateway.fleet.model_rollout import ModelRollout
-from gateway.http.errors import ConflictError, to_http_error
-from tenancy.adapter_records import AdapterSpec, AdapterState
-from tenancy.adapters import AdapterRepo
-from tenancy.db import Database
-from tenancy.keys import KeyHasher
-from tenancy.migrate import upgrade
-from tenancy.model_versions import ModelVersionRepo, ModelVersionSpec, ModelVersionState
-from tenancy.records import TenantSpec
-from tenancy.repo import TenancyRepo
 from tests.gateway.fake_engine import FakeEngine
 from tests.gateway.harness import tokenizer
+from weir.engine.kv.memory_budget import MemoryBudget, MemoryBudgetError, adapter_owner
+from weir.engine.lora.lora_types import AdapterInfo, AdapterLoadError, UnknownAdapterError
+from weir.gateway.fleet.adapter_catalog import AdapterCatalog
+from weir.gateway.fleet.adapter_rollout import AdapterRollout
+from weir.gateway.fleet.model_fleet import ModelFleet
+from weir.gateway.fleet.model_rollout import ModelRollout
+from weir.gateway.http.errors import ConflictError, to_http_error
+from weir.tenancy.catalog.adapter_records import AdapterSpec, AdapterState
+from weir.tenancy.catalog.adapters import AdapterRepo
+from weir.tenancy.catalog.model_versions import ModelVersionRepo, ModelVersionSpec, ModelVersionState
+from weir.tenancy.keys.keys import KeyHasher
+from weir.tenancy.store.db import Database
+from weir.tenancy.store.migrate import upgrade
+from weir.tenancy.store.records import TenantSpec
+from weir.tenancy.store.repo import TenancyRepo
 
 ACTOR = "test"
 VID = "tiny@v1"

@@ -9,13 +9,13 @@ import asyncio
 
 import pytest
 
-from engine.memory_budget import MemoryBudget, VersionFootprint
-from gateway.fleet.fleet_types import BuiltEngine
-from gateway.fleet.model_fleet import ModelFleet, NoModelVersionError
-from gateway.fleet.traffic_router import RoutePlan
-from tenancy.model_version_records import ModelVersionSpec, ModelVersionState
 from tests.gateway.fake_engine import FakeEngine, FakePrefixCache
 from tests.gateway.harness import tokenizer
+from weir.engine.kv.memory_budget import MemoryBudget, VersionFootprint
+from weir.gateway.fleet.fleet_types import BuiltEngine
+from weir.gateway.fleet.model_fleet import ModelFleet, NoModelVersionError
+from weir.gateway.fleet.traffic_router import RoutePlan
+from weir.tenancy.catalog.model_version_records import ModelVersionSpec, ModelVersionState
 
 State = ModelVersionState
 MIB = 2**20

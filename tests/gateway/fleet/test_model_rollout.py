@@ -13,17 +13,17 @@ from pathlib import Path
 
 import pytest
 
-from engine.memory_budget import MemoryBudget, VersionFootprint
-from gateway.fleet.fleet_types import BuiltEngine
-from gateway.fleet.model_fleet import ModelFleet
-from gateway.fleet.model_rollout import ModelRollout
-from gateway.http.errors import ConflictError
-from tenancy.db import Database
-from tenancy.errors import InvalidModelTransitionError
-from tenancy.migrate import upgrade
-from tenancy.model_version_records import ModelVersionSpec, ModelVersionState, TrafficPlan
-from tenancy.model_versions import ModelVersionRepo
 from tests.gateway.fleet.test_model_fleet import MIB, Factory, spec
+from weir.engine.kv.memory_budget import MemoryBudget, VersionFootprint
+from weir.gateway.fleet.fleet_types import BuiltEngine
+from weir.gateway.fleet.model_fleet import ModelFleet
+from weir.gateway.fleet.model_rollout import ModelRollout
+from weir.gateway.http.errors import ConflictError
+from weir.tenancy.catalog.model_version_records import ModelVersionSpec, ModelVersionState, TrafficPlan
+from weir.tenancy.catalog.model_versions import ModelVersionRepo
+from weir.tenancy.errors import InvalidModelTransitionError
+from weir.tenancy.store.db import Database
+from weir.tenancy.store.migrate import upgrade
 
 State = ModelVersionState
 

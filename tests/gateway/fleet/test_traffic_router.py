@@ -6,7 +6,7 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import given, settings
 
-from gateway.fleet.traffic_router import RoutePlan, choose_version, request_bucket
+from weir.gateway.fleet.traffic_router import RoutePlan, choose_version, request_bucket
 
 VERSIONS = ("v1", "v2", "v3")
 

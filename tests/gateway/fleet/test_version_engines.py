@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from engine.loader import load_model_config
-from engine.memory_budget import MemoryBudget
-from gateway.fleet.model_fleet import ModelFleet
-from gateway.fleet.version_engines import VersionEngineFactory, default_budget_bytes, memory_in_use
-from gateway.server.bootstrap import engine_config
-from gateway.server.settings import CpuRowWeightsMode, Settings
-from tenancy.model_version_records import ModelVersionSpec
 from tests.engine.tiny_models import make_tiny_model
+from weir.engine.kv.memory_budget import MemoryBudget
+from weir.engine.runner.loader import load_model_config
+from weir.gateway.fleet.model_fleet import ModelFleet
+from weir.gateway.fleet.version_engines import VersionEngineFactory, default_budget_bytes, memory_in_use
+from weir.gateway.server.bootstrap import engine_config
+from weir.gateway.server.settings import CpuRowWeightsMode, Settings
+from weir.tenancy.catalog.model_version_records import ModelVersionSpec
 
 
 @pytest.fixture(scope="module")

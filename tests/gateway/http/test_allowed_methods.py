@@ -9,8 +9,8 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Mount, Route
 from starlette.testclient import TestClient
 
-from gateway.http.allowed_methods import allow_header, allowed_methods
-from gateway.http.errors import exception_handlers
+from weir.gateway.http.allowed_methods import allow_header, allowed_methods
+from weir.gateway.http.errors import exception_handlers
 
 
 async def ok(request: Request) -> Response:

@@ -15,13 +15,6 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from engine.request import Priority
-from gateway.http.auth import AdminAuthenticator, Authenticator, AuthSettings, FailureThrottle, bearer_token
-from gateway.http.errors import AuthenticationError, PermissionDeniedError, RateLimitError
-from tenancy.context import QuotaLimits
-from tenancy.enums import KeyScope
-from tenancy.keys import generate_admin_token, generate_key
-from tenancy.records import KeyRecord, KeySpec
 from tests.gateway.auth_doubles import (
     ACME,
     ADDR,
@@ -32,6 +25,19 @@ from tests.gateway.auth_doubles import (
     bearer,
     open_repo,
 )
+from weir.engine.request import Priority
+from weir.gateway.http.auth import (
+    AdminAuthenticator,
+    Authenticator,
+    AuthSettings,
+    FailureThrottle,
+    bearer_token,
+)
+from weir.gateway.http.errors import AuthenticationError, PermissionDeniedError, RateLimitError
+from weir.tenancy.context import QuotaLimits
+from weir.tenancy.keys.keys import generate_admin_token, generate_key
+from weir.tenancy.store.enums import KeyScope
+from weir.tenancy.store.records import KeyRecord, KeySpec
 
 
 @pytest.fixture

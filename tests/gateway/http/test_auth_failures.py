@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from sqlalchemy.exc import OperationalError
 
-from gateway.http.auth import AdminAuthenticator, Authenticator, AuthSettings
-from gateway.http.errors import AuthenticationError, DatabaseUnavailableError, PermissionDeniedError
-from tenancy.keys import generate_admin_token, generate_key
-from tenancy.records import KeyRecord, KeySpec, TenantSpec
 from tests.gateway.auth_doubles import ACME, ADDR, GLOBEX, Clocks, CountingRepo, bearer, open_repo
+from weir.gateway.http.auth import AdminAuthenticator, Authenticator, AuthSettings
+from weir.gateway.http.errors import AuthenticationError, DatabaseUnavailableError, PermissionDeniedError
+from weir.tenancy.keys.keys import generate_admin_token, generate_key
+from weir.tenancy.store.records import KeyRecord, KeySpec, TenantSpec
 
 
 @pytest.fixture

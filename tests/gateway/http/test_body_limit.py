@@ -7,9 +7,9 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from gateway.server.settings import Settings
 from tests.gateway.fake_engine import FakeEngine
 from tests.gateway.harness import MODEL, make_app, serve_in_thread
+from weir.gateway.server.settings import Settings
 
 LIMIT = 2048
 

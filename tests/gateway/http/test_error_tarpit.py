@@ -14,7 +14,9 @@ import openai
 import pytest
 from starlette.types import Receive, Scope, Send
 
-from gateway.http.error_tarpit import (
+from tests.gateway.fake_engine import FakeEngine
+from tests.gateway.harness import MODEL, make_app, serve_in_thread, tokenizer
+from weir.gateway.http.error_tarpit import (
     DEFAULT_LIMITS,
     NUM_SLOTS,
     ErrorCounts,
@@ -22,10 +24,8 @@ from gateway.http.error_tarpit import (
     TarpitLimits,
     error_subject,
 )
-from gateway.server.app import create_app
-from gateway.server.settings import Settings
-from tests.gateway.fake_engine import FakeEngine
-from tests.gateway.harness import MODEL, make_app, serve_in_thread, tokenizer
+from weir.gateway.server.app import create_app
+from weir.gateway.server.settings import Settings
 
 KEY_A = "sk-weir-" + "a" * 16 + "-" + "b" * 52
 KEY_B = "sk-weir-" + "c" * 16 + "-" + "d" * 52

@@ -13,13 +13,13 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from gateway.http.header_guard import HeaderGuardProtocol
-from gateway.metrics.metrics_server import MetricsListener
-from gateway.metrics.registry import GatewayMetrics
-from gateway.server.settings import Settings
-from gateway.server.uvicorn_runner import uvicorn_config
 from tests.gateway.fake_engine import FakeEngine
 from tests.gateway.harness import make_app, serve_in_thread
+from weir.gateway.http.header_guard import HeaderGuardProtocol
+from weir.gateway.metrics.metrics_server import MetricsListener
+from weir.gateway.metrics.registry import GatewayMetrics
+from weir.gateway.server.settings import Settings
+from weir.gateway.server.uvicorn_runner import uvicorn_config
 
 SHORT_TIMEOUT_S = 0.5
 

@@ -1,4 +1,4 @@
-"""gateway.http.single_flight: one call in flight per key, shared by concurrent callers."""
+"""weir.gateway.http.single_flight: one call in flight per key, shared by concurrent callers."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from gateway.http.single_flight import SingleFlight
+from weir.gateway.http.single_flight import SingleFlight
 
 
 class Gate:

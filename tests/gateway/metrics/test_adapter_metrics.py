@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from engine.lora_types import AdapterInfo
-from engine.output import EngineStats
-from gateway.fleet.model_fleet import ModelFleet
-from gateway.metrics.engine_collectors import AdapterMetricsCollector
+from weir.engine.lora.lora_types import AdapterInfo
+from weir.engine.output import EngineStats
+from weir.gateway.fleet.model_fleet import ModelFleet
+from weir.gateway.metrics.engine_collectors import AdapterMetricsCollector
 
 
 def info(name: str, slot: int | None, requests: int, tokens: int, loads: int, evictions: int) -> AdapterInfo:

@@ -6,8 +6,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
-from engine.output import EngineStats, StepTimeTotals
-from gateway.metrics.engine_collectors import FleetStatsCollector, SnapshotCollector, engine_load_metrics
+from weir.engine.output import EngineStats, StepTimeTotals
+from weir.gateway.metrics.engine_collectors import FleetStatsCollector, SnapshotCollector, engine_load_metrics
 
 
 def _stats(**fields: int) -> EngineStats:

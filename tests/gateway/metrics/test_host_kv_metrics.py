@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.host_kv_tier import HostKVStats
-from engine.output import EngineStats
-from gateway.metrics.engine_collectors import FleetStatsCollector
-from gateway.metrics.registry import GatewayMetrics
 from tests.gateway.metrics.engine_snapshot import engine_stats
+from weir.engine.kv.host_kv_tier import HostKVStats
+from weir.engine.output import EngineStats
+from weir.gateway.metrics.engine_collectors import FleetStatsCollector
+from weir.gateway.metrics.registry import GatewayMetrics
 
 
 def _scrape(stats: EngineStats) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -8,9 +8,6 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.request import Priority
-from gateway.metrics.registry import GatewayMetrics
-from tenancy.context import QuotaLimits, TenantContext
 from tests.gateway.fake_engine import FakeEngine
 from tests.gateway.harness import (
     ADMIN_HEADERS,
@@ -20,6 +17,9 @@ from tests.gateway.harness import (
     serve_in_thread,
     wait_until,
 )
+from weir.engine.request import Priority
+from weir.gateway.metrics.registry import GatewayMetrics
+from weir.tenancy.context import QuotaLimits, TenantContext
 
 ACME = TenantContext("acme", "k1", Priority.STANDARD, 1.0, "acme", QuotaLimits())
 
@@ -114,11 +114,11 @@ def test_requests_refused_before_the_app_are_counted_too(server: tuple[FakeEngin
 
 
 def test_aborted_choices_count_as_abort() -> None:
-    from engine.client import EngineRequest
-    from engine.request import SamplingParams
-    from gateway.admission.accounting import Accountant, Outcome, RequestInfo, RequestTally
-    from gateway.api.protocol import Endpoint
-    from gateway.metrics.tracing import RequestTracer
+    from weir.engine.client import EngineRequest
+    from weir.engine.request import SamplingParams
+    from weir.gateway.admission.accounting import Accountant, Outcome, RequestInfo, RequestTally
+    from weir.gateway.api.protocol import Endpoint
+    from weir.gateway.metrics.tracing import RequestTracer
 
     metrics = GatewayMetrics(FakeEngine().stats)
     request = EngineRequest("r", (1, 2, 3), SamplingParams(max_tokens=5))

@@ -5,8 +5,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.output import EngineStats
-from gateway.metrics.engine_collectors import ServerLoadCollector
+from weir.engine.output import EngineStats
+from weir.gateway.metrics.engine_collectors import ServerLoadCollector
 
 
 def _scrape(collector: ServerLoadCollector) -> dict[str, tuple[dict[str, str], float]]:

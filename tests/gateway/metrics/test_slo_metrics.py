@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.output import EngineStats
-from engine.request import Priority
-from engine.slo_tally import PreemptReason, SloCount, SloStats
-from engine.step_budget import StepBudgetStats
-from gateway.metrics.registry import GatewayMetrics
 from tests.gateway.metrics.engine_snapshot import engine_stats
+from weir.engine.output import EngineStats
+from weir.engine.request import Priority
+from weir.engine.scheduling.slo_tally import PreemptReason, SloCount, SloStats
+from weir.engine.scheduling.step_budget import StepBudgetStats
+from weir.gateway.metrics.registry import GatewayMetrics
 
 
 def _scrape(stats: EngineStats) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

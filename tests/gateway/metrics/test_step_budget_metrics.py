@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.output import EngineStats
-from engine.step_budget import StepBudgetStats, StepCost
-from gateway.metrics.registry import GatewayMetrics
 from tests.gateway.metrics.engine_snapshot import engine_stats
+from weir.engine.output import EngineStats
+from weir.engine.scheduling.step_budget import StepBudgetStats, StepCost
+from weir.gateway.metrics.registry import GatewayMetrics
 
 
 def _scrape(stats: EngineStats) -> dict[str, float]:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.output import EngineStats, StepThreadsStats
-from gateway.metrics.registry import GatewayMetrics
 from tests.gateway.metrics.engine_snapshot import engine_stats
+from weir.engine.output import EngineStats, StepThreadsStats
+from weir.gateway.metrics.registry import GatewayMetrics
 
 
 def _scrape(stats: EngineStats) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -15,10 +15,10 @@ import pytest
 from prometheus_client import CollectorRegistry
 from transformers import AutoTokenizer
 
-from engine.grammar import ConstraintSpec, GrammarBackend
-from gateway.http.errors import BadRequestError
-from gateway.prompts.grammar import GrammarLimits, GrammarService, check_limits
 from tests.engine.tiny_models import make_tiny_tokenizer
+from weir.engine.structured.grammar import ConstraintSpec, GrammarBackend
+from weir.gateway.http.errors import BadRequestError
+from weir.gateway.prompts.grammar import GrammarLimits, GrammarService, check_limits
 
 VOCAB = 320
 

@@ -11,10 +11,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.api import structured_bodies as sb
-from gateway.api.protocol import ChatMessage, Role
-from gateway.http.errors import BadRequestError
-from gateway.prompts.prompt_limits import (
+from tests.gateway.fake_engine import FakeEngine
+from tests.gateway.harness import MAX_MODEL_LEN, MODEL, make_app, serve_in_thread, tokenizer
+from weir.gateway.api import structured_bodies as sb
+from weir.gateway.api.protocol import ChatMessage, Role
+from weir.gateway.http.errors import BadRequestError
+from weir.gateway.prompts.prompt_limits import (
     FALLBACK_CHARS_PER_TOKEN,
     INLINE_MAX_ITEMS,
     PromptLimits,
@@ -23,10 +25,8 @@ from gateway.prompts.prompt_limits import (
     check_prompt_sizes,
     prompts_bytes,
 )
-from gateway.prompts.tokenization import PromptBuilder, longest_token_chars
-from gateway.server.settings import Settings
-from tests.gateway.fake_engine import FakeEngine
-from tests.gateway.harness import MAX_MODEL_LEN, MODEL, make_app, serve_in_thread, tokenizer
+from weir.gateway.prompts.tokenization import PromptBuilder, longest_token_chars
+from weir.gateway.server.settings import Settings
 
 LONGEST = 13  # "<|endoftext|>", the tiny tokenizer's longest token
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.prompts.regex_cost import nested_repeat_product
+from weir.gateway.prompts.regex_cost import nested_repeat_product
 
 
 @pytest.mark.parametrize(

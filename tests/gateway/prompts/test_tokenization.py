@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
-from gateway.api.protocol import ChatMessage, Role
-from gateway.http.errors import BadRequestError, UnprocessableError
-from gateway.prompts.prompt_limits import INLINE_MAX_ITEMS
-from gateway.prompts.tokenization import PromptBuilder
-from gateway.prompts.tokenizer_pool import TokenizerPool
 from tests.gateway.harness import tokenizer
 from tests.gateway.tiny_tokenizer import word_token_id
+from weir.gateway.api.protocol import ChatMessage, Role
+from weir.gateway.http.errors import BadRequestError, UnprocessableError
+from weir.gateway.prompts.prompt_limits import INLINE_MAX_ITEMS
+from weir.gateway.prompts.tokenization import PromptBuilder
+from weir.gateway.prompts.tokenizer_pool import TokenizerPool
 
 # Long enough to have been tokenized on a worker thread before issue 21 (now every prompt is).
 INLINE_TOKENIZE_CHARS = 4096

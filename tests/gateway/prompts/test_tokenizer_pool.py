@@ -7,7 +7,7 @@ import threading
 import anyio
 import pytest
 
-from gateway.prompts.tokenizer_pool import TokenizerPool
+from weir.gateway.prompts.tokenizer_pool import TokenizerPool
 
 # A hang guard only: every wait below ends by an event, never by the clock.
 HANG_S = 30

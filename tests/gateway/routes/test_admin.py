@@ -13,19 +13,19 @@ import pytest
 from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
-from gateway.http.auth import AdminAuthenticator, Authenticator, AuthSettings
-from gateway.http.errors import exception_handlers
-from gateway.routes.admin import admin_routes
-from tenancy.admin_token import ensure_admin_token
-from tenancy.db import Database
-from tenancy.enums import UsageStatus
-from tenancy.keys import KeyHasher, generate_key
-from tenancy.migrate import upgrade
-from tenancy.records import UsageRecordIn
-from tenancy.repo import TenancyRepo
 from tests.gateway.fake_engine import FakeEngine
 from tests.gateway.harness import make_app
 from tests.tenancy.clock import START, FakeClock
+from weir.gateway.http.auth import AdminAuthenticator, Authenticator, AuthSettings
+from weir.gateway.http.errors import exception_handlers
+from weir.gateway.routes.admin import admin_routes
+from weir.tenancy.keys.admin_token import ensure_admin_token
+from weir.tenancy.keys.keys import KeyHasher, generate_key
+from weir.tenancy.store.db import Database
+from weir.tenancy.store.enums import UsageStatus
+from weir.tenancy.store.migrate import upgrade
+from weir.tenancy.store.records import UsageRecordIn
+from weir.tenancy.store.repo import TenancyRepo
 
 QUIET = {"name": "quiet", "priority": "interactive", "weight": 1,
          "quota": {"tokens_per_minute": 20000, "max_concurrent": 8, "ttft_slo_ms": 2000}}  # fmt: skip

@@ -11,9 +11,9 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from gateway.http.errors import WeirError, to_http_error
-from gateway.routes.admin_http import bounded_query, json_answer, read_json_body
-from tenancy.errors import TenancyError
+from weir.gateway.http.errors import WeirError, to_http_error
+from weir.gateway.routes.admin_http import bounded_query, json_answer, read_json_body
+from weir.tenancy.errors import TenancyError
 
 
 class _Answer(BaseModel):

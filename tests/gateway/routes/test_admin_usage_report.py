@@ -6,10 +6,10 @@ import csv
 import datetime as dt
 import io
 
-from tenancy.enums import UsageStatus
-from tenancy.records import UsageRecordIn
 from tests.gateway.routes import test_admin
 from tests.gateway.routes.test_admin import QUIET, Api
+from weir.tenancy.store.enums import UsageStatus
+from weir.tenancy.store.records import UsageRecordIn
 
 api = test_admin.api  # the admin API fixture
 

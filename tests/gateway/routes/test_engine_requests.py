@@ -1,15 +1,15 @@
-"""The engine requests every generation endpoint builds (`gateway.routes.engine_requests`)."""
+"""The engine requests every generation endpoint builds (`weir.gateway.routes.engine_requests`)."""
 
 from __future__ import annotations
 
 import pytest
 
-from engine.client import EngineRequest
-from engine.request import Priority
-from gateway.api.protocol import Endpoint, GenerationOptions
-from gateway.http.errors import BadRequestError, PermissionDeniedError
-from gateway.routes.engine_requests import DEFAULT_COMPLETION_MAX_TOKENS, engine_requests
-from tenancy.context import QuotaLimits, TenantContext
+from weir.engine.client import EngineRequest
+from weir.engine.request import Priority
+from weir.gateway.api.protocol import Endpoint, GenerationOptions
+from weir.gateway.http.errors import BadRequestError, PermissionDeniedError
+from weir.gateway.routes.engine_requests import DEFAULT_COMPLETION_MAX_TOKENS, engine_requests
+from weir.tenancy.context import QuotaLimits, TenantContext
 
 TENANT = TenantContext("t", "k", Priority.STANDARD, 2.0, "scope-t", QuotaLimits(max_output_tokens=50))
 

@@ -10,27 +10,27 @@ from pathlib import Path
 import pytest
 from starlette.testclient import TestClient
 
-from engine.memory_budget import MemoryBudget
-from gateway.fleet.model_fleet import ModelFleet
-from gateway.fleet.model_rollout import ModelRollout
-from gateway.http.auth import AdminAuthenticator, AuthSettings, FailureThrottle
-from gateway.routes.models_admin import models_admin_routes
-from tenancy.admin_bodies.model_versions import (
+from tests.gateway.fleet.test_model_fleet import MIB, Factory
+from tests.gateway.harness import make_app
+from tests.gateway.routes.test_prefix_cache import ADMIN, TOKEN, _Store
+from weir.engine.kv.memory_budget import MemoryBudget
+from weir.gateway.fleet.model_fleet import ModelFleet
+from weir.gateway.fleet.model_rollout import ModelRollout
+from weir.gateway.http.auth import AdminAuthenticator, AuthSettings, FailureThrottle
+from weir.gateway.routes.models_admin import models_admin_routes
+from weir.tenancy.admin_bodies.model_versions import (
     ModelVersion,
     ModelVersionList,
     ModelVersionListing,
     TrafficPlanBody,
 )
-from tenancy.db import Database
-from tenancy.keys import KeyHasher
-from tenancy.migrate import upgrade
-from tenancy.model_version_records import TrafficPlan
-from tenancy.model_versions import ModelVersionRepo
-from tenancy.records import TenantSpec
-from tenancy.repo import TenancyRepo
-from tests.gateway.fleet.test_model_fleet import MIB, Factory
-from tests.gateway.harness import make_app
-from tests.gateway.routes.test_prefix_cache import ADMIN, TOKEN, _Store
+from weir.tenancy.catalog.model_version_records import TrafficPlan
+from weir.tenancy.catalog.model_versions import ModelVersionRepo
+from weir.tenancy.keys.keys import KeyHasher
+from weir.tenancy.store.db import Database
+from weir.tenancy.store.migrate import upgrade
+from weir.tenancy.store.records import TenantSpec
+from weir.tenancy.store.repo import TenancyRepo
 
 
 # The answers read through the body models (the codec's parse functions before them).

@@ -8,11 +8,11 @@ from typing import Any
 import httpx
 import pytest
 
-from engine.request import Priority
-from tenancy.context import QuotaLimits, TenantContext
 from tests.gateway.conftest import Live
 from tests.gateway.fake_engine import FakeEngine
 from tests.gateway.harness import MAX_MODEL_LEN, MODEL, make_app, serve_in_thread, tokenizer
+from weir.engine.request import Priority
+from weir.tenancy.context import QuotaLimits, TenantContext
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hello world"}]}
 
@@ -172,7 +172,7 @@ def quota_server() -> Any:
     }
 
     async def authenticate(authorization: str | None, client: str) -> TenantContext:
-        from gateway.http.errors import AuthenticationError
+        from weir.gateway.http.errors import AuthenticationError
 
         if authorization not in tenants:
             raise AuthenticationError("bad key")

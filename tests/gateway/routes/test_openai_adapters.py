@@ -9,14 +9,14 @@ from typing import Any
 import httpx
 import pytest
 
-from engine.request import Priority
-from gateway.admission.accounting import UsageRecord
-from gateway.fleet.adapter_catalog import AdapterCatalog
-from gateway.http.errors import AuthenticationError
-from tenancy.adapter_records import AdapterState, AdapterView
-from tenancy.context import QuotaLimits, TenantContext
 from tests.gateway.fake_engine import FakeEngine
 from tests.gateway.harness import MODEL, make_app, serve_in_thread, wait_until
+from weir.engine.request import Priority
+from weir.gateway.admission.accounting import UsageRecord
+from weir.gateway.fleet.adapter_catalog import AdapterCatalog
+from weir.gateway.http.errors import AuthenticationError
+from weir.tenancy.catalog.adapter_records import AdapterState, AdapterView
+from weir.tenancy.context import QuotaLimits, TenantContext
 
 BASE_VERSION = f"{MODEL}@default"
 NOW = dt.datetime(2025, 1, 1, tzinfo=dt.UTC)

@@ -8,12 +8,12 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from gateway.http.auth import AdminAuthenticator, AuthSettings, FailureThrottle
-from gateway.metrics.prefix_cache_metrics import PrefixCacheCollector
-from gateway.routes.prefix_cache import prefix_cache_routes
-from tenancy.keys import KeyHasher
 from tests.gateway.fake_engine import FakeEngine, FakePrefixCache
 from tests.gateway.harness import make_app, tokenizer
+from weir.gateway.http.auth import AdminAuthenticator, AuthSettings, FailureThrottle
+from weir.gateway.metrics.prefix_cache_metrics import PrefixCacheCollector
+from weir.gateway.routes.prefix_cache import prefix_cache_routes
+from weir.tenancy.keys.keys import KeyHasher
 
 TOKEN = "the-admin-token-0123456789"
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from engine.request import FinishReason
-from gateway.admission.accounting import Outcome, Usage, UsageRecord
-from gateway.api.protocol import Endpoint
-from gateway.server.bootstrap import (
+from weir.engine.request import FinishReason
+from weir.gateway.admission.accounting import Outcome, Usage, UsageRecord
+from weir.gateway.api.protocol import Endpoint
+from weir.gateway.server.bootstrap import (
     KernelChoiceError,
     build_tenancy,
     engine_config,
@@ -21,7 +21,7 @@ from gateway.server.bootstrap import (
     set_engine_threads,
     to_usage_record_in,
 )
-from gateway.server.settings import AuthMode, Settings
+from weir.gateway.server.settings import AuthMode, Settings
 
 
 def test_engine_config_from_settings() -> None:
@@ -40,7 +40,7 @@ def test_engine_config_from_settings() -> None:
     assert config.cache.host_num_blocks == 0  # no host tier by default
     host = engine_config(Settings(max_model_len=64, host_kv_cache_tokens=1000), Path("/m"), "cpu")
     assert host.cache.host_num_blocks == 63  # ceil(1000 / 16): the host pool has no reserved block
-    from gateway.server.cpu_cores import usable_cores
+    from weir.gateway.server.cpu_cores import usable_cores
 
     cores = usable_cores()
     assert config.cpu_wide_step_threads == (cores if cores > 1 else None)  # prefill on every core
@@ -48,12 +48,12 @@ def test_engine_config_from_settings() -> None:
     assert off.cpu_wide_step_threads is None
     assert engine_config(Settings(max_model_len=64), Path("/m"), "cuda").cpu_wide_step_threads is None
     assert config.cpu_kernel_pool  # the C kernels' own helper threads in decode steps, unless off
-    from gateway.server.settings import CpuKernelPoolMode
+    from weir.gateway.server.settings import CpuKernelPoolMode
 
     no_pool = Settings(max_model_len=64, cpu_kernel_pool=CpuKernelPoolMode.OFF)
     assert not engine_config(no_pool, Path("/m"), "cpu").cpu_kernel_pool
     assert config.cpu_decode_layers  # a decode step's layers in one C call, unless off
-    from gateway.server.settings import CpuDecodeLayersMode
+    from weir.gateway.server.settings import CpuDecodeLayersMode
 
     layer_by_layer = Settings(max_model_len=64, cpu_decode_layers=CpuDecodeLayersMode.OFF)
     assert not engine_config(layer_by_layer, Path("/m"), "cpu").cpu_decode_layers
@@ -79,7 +79,7 @@ def record(outcome: Outcome, reasons: tuple[str, ...], ttft_s: float | None) -> 
 
 
 def test_usage_record_conversion() -> None:
-    from tenancy.enums import UsageStatus
+    from weir.tenancy.store.enums import UsageStatus
 
     r = to_usage_record_in(record(Outcome.COMPLETED, ("length", "stop"), 0.1))
     assert (r.request_id, r.tenant_id, r.key_id, r.model) == ("chatcmpl-1", "acme", "k1", "m")
@@ -117,7 +117,7 @@ def test_tenancy_wiring_on_a_fresh_sqlite(tmp_path: Path, capsys: pytest.Capture
 def test_serve_refuses_an_unmigrated_database_and_names_the_command(tmp_path: Path) -> None:
     from sqlalchemy import create_engine, text
 
-    from tenancy.errors import MigrationRequiredError
+    from weir.tenancy.errors import MigrationRequiredError
 
     url = f"sqlite:///{tmp_path / 'old.db'}"
     engine = create_engine(url)
@@ -129,7 +129,7 @@ def test_serve_refuses_an_unmigrated_database_and_names_the_command(tmp_path: Pa
 
 
 def test_prefix_caching_settings_reach_the_engine() -> None:
-    from gateway.server.settings import PrefixCachingMode
+    from weir.gateway.server.settings import PrefixCachingMode
 
     on = engine_config(Settings(max_model_len=64, tenant_cache_share=0.25), Path("/m"), "cpu")
     assert on.cache.enable_prefix_caching and on.cache.tenant_cache_share == 0.25
@@ -142,7 +142,7 @@ def test_prefix_caching_settings_reach_the_engine() -> None:
 
 
 def test_kernel_settings_reach_the_engine_and_cpu_refuses_cuda_only_choices() -> None:
-    from gateway.server.settings import AttentionBackend, CudaGraphsMode
+    from weir.gateway.server.settings import AttentionBackend, CudaGraphsMode
 
     auto = engine_config(Settings(max_model_len=64), Path("/m"), "cpu")
     assert (auto.use_triton, auto.use_cuda_graphs) == (None, None)  # the engine's auto: on CUDA only
@@ -182,7 +182,7 @@ def test_target_step_ms_reaches_the_scheduler_in_seconds() -> None:
 
 
 def test_cpu_row_weights_reach_the_engine_and_on_needs_cpu_float32() -> None:
-    from gateway.server.settings import CpuRowWeightsMode
+    from weir.gateway.server.settings import CpuRowWeightsMode
 
     assert engine_config(Settings(max_model_len=64), Path("/m"), "cpu").cpu_row_weights is None  # auto
     off = Settings(max_model_len=64, cpu_row_weights=CpuRowWeightsMode.OFF)
@@ -197,7 +197,7 @@ def test_the_engine_threads_leave_a_core_to_the_front_end_on_cpu_only() -> None:
 
     import torch
 
-    from gateway.server.cpu_cores import usable_cores
+    from weir.gateway.server.cpu_cores import usable_cores
 
     before = torch.get_num_threads()
     cores = usable_cores()

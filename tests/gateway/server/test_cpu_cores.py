@@ -1,4 +1,4 @@
-"""gateway.server.cpu_cores: the affinity narrowed by a cgroup v2 or v1 CPU quota (a Kubernetes limit)."""
+"""weir.gateway.server.cpu_cores: the affinity narrowed by a cgroup v2 or v1 CPU quota (a Kubernetes limit)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.server.cpu_cores import cgroup_cpu_limit, usable_cores
+from weir.gateway.server.cpu_cores import cgroup_cpu_limit, usable_cores
 
 
 def _affinity() -> int:

@@ -1,4 +1,4 @@
-"""gateway.server.gc_pauses: the heap frozen after start-up, garbage still collected, pauses timed."""
+"""weir.gateway.server.gc_pauses: the heap frozen after start-up, garbage still collected, pauses timed."""
 
 from __future__ import annotations
 
@@ -10,7 +10,12 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gateway.server.gc_pauses import GcPauseRecorder, lifespan_hooks, refreeze_heap, refreeze_heap_if_frozen
+from weir.gateway.server.gc_pauses import (
+    GcPauseRecorder,
+    lifespan_hooks,
+    refreeze_heap,
+    refreeze_heap_if_frozen,
+)
 
 
 class _Node:

@@ -9,9 +9,9 @@ import asyncio
 
 import httpx
 
-from gateway.server.state import GatewayState
 from tests.gateway.conftest import Live
 from tests.gateway.harness import MODEL, wait_until
+from weir.gateway.server.state import GatewayState
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "tell me a story"}]}
 

@@ -8,10 +8,10 @@ import sys
 import pytest
 from starlette.testclient import TestClient
 
-from gateway.server.settings import LogLevel, Settings
-from gateway.server.uvicorn_runner import DrainingServer, gil_switch_interval, run_server, uvicorn_config
 from tests.gateway.fake_engine import FakeEngine
 from tests.gateway.harness import MODEL, make_app
+from weir.gateway.server.settings import LogLevel, Settings
+from weir.gateway.server.uvicorn_runner import DrainingServer, gil_switch_interval, run_server, uvicorn_config
 
 
 def test_uvicorn_config() -> None:

@@ -1,4 +1,4 @@
-"""kernels.native.build: the C kernels compile here, and a machine without a compiler keeps the torch path."""
+"""weir.kernels.native.build: the C kernels compile here, and a machine without a compiler keeps the torch path."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from kernels import cpu_small_gemm
-from kernels.native import build
+from weir.kernels import cpu_small_gemm
+from weir.kernels.native import build
 
 
 def test_a_kernel_compiles_and_loads_once_per_process(tmp_path: Path) -> None:

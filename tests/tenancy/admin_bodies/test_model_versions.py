@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tenancy.admin_bodies.model_versions import (
+from tests.tenancy.clock import START
+from weir.tenancy.admin_bodies.model_versions import (
     ModelVersion,
     ModelVersionCreate,
     ModelVersionList,
@@ -24,10 +25,14 @@ from tenancy.admin_bodies.model_versions import (
     parse_spec,
     parse_traffic,
 )
-from tenancy.admin_bodies.parsing import parse_model
-from tenancy.errors import FieldError
-from tenancy.model_version_records import ModelVersionSpec, ModelVersionState, ModelVersionView, TrafficPlan
-from tests.tenancy.clock import START
+from weir.tenancy.admin_bodies.parsing import parse_model
+from weir.tenancy.catalog.model_version_records import (
+    ModelVersionSpec,
+    ModelVersionState,
+    ModelVersionView,
+    TrafficPlan,
+)
+from weir.tenancy.errors import FieldError
 
 # The codec's functions, as the models spell them.
 VERSION_FIELDS = tuple(ModelVersion.model_fields)

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from tenancy.admin_bodies.keys import KeyCreate
-from tenancy.admin_bodies.model_versions import TrafficBody
-from tenancy.admin_bodies.parsing import parse_model
-from tenancy.admin_bodies.quota import parse_quota_limits
-from tenancy.admin_bodies.tenants import TenantCreate
-from tenancy.errors import FieldError
+from weir.tenancy.admin_bodies.keys import KeyCreate
+from weir.tenancy.admin_bodies.model_versions import TrafficBody
+from weir.tenancy.admin_bodies.parsing import parse_model
+from weir.tenancy.admin_bodies.quota import parse_quota_limits
+from weir.tenancy.admin_bodies.tenants import TenantCreate
+from weir.tenancy.errors import FieldError
 
 
 @pytest.mark.parametrize(

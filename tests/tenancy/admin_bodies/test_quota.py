@@ -7,14 +7,14 @@ import json
 
 import pytest
 
-from tenancy.admin_bodies.quota import KeyLimitsBody, parse_key_limits
-from tenancy.cli import main
-from tenancy.context import QuotaLimits
-from tenancy.db import Database
-from tenancy.enums import AuditAction
-from tenancy.errors import FieldError
-from tenancy.records import KeySpec, TenantSpec
-from tenancy.repo import TenancyRepo
+from weir.tenancy.admin_bodies.quota import KeyLimitsBody, parse_key_limits
+from weir.tenancy.cli.cli import main
+from weir.tenancy.context import QuotaLimits
+from weir.tenancy.errors import FieldError
+from weir.tenancy.store.db import Database
+from weir.tenancy.store.enums import AuditAction
+from weir.tenancy.store.records import KeySpec, TenantSpec
+from weir.tenancy.store.repo import TenancyRepo
 
 
 def test_the_body_parses_to_limits_and_refuses_what_a_key_cannot_set() -> None:
@@ -85,10 +85,10 @@ def test_the_cli_sets_a_keys_limits(
 def test_the_requests_user_field_is_saved_on_its_usage_record(repo: TenancyRepo, migrated: Database) -> None:
     from sqlalchemy import select
 
-    from tenancy.enums import UsageStatus
-    from tenancy.models import UsageRecord
-    from tenancy.records import UsageRecordIn
-    from tenancy.usage_codec import decode_record, encode_record
+    from weir.tenancy.store.enums import UsageStatus
+    from weir.tenancy.store.models import UsageRecord
+    from weir.tenancy.store.records import UsageRecordIn
+    from weir.tenancy.usage.usage_codec import decode_record, encode_record
 
     repo.create_tenant(TenantSpec(name="acme"), actor="t")
     hostile = '=HYPERLINK("http://x")' + "é" * 200

@@ -11,17 +11,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.request import Priority
-from tenancy.admin_bodies.keys import KeyCreate
-from tenancy.admin_bodies.parsing import parse_model
-from tenancy.admin_bodies.quota import parse_quota_limits as parse_quota
-from tenancy.admin_bodies.quota import quota_json
-from tenancy.admin_bodies.tenants import TenantCreate, TenantPatch
-from tenancy.context import QuotaLimits
-from tenancy.enums import KeyScope, TenantStatus
-from tenancy.errors import FieldError
-from tenancy.quota_limits import QUOTA_FIELDS
-from tenancy.records import KeySpec, TenantSpec, TenantUpdate
+from weir.engine.request import Priority
+from weir.tenancy.admin_bodies.keys import KeyCreate
+from weir.tenancy.admin_bodies.parsing import parse_model
+from weir.tenancy.admin_bodies.quota import parse_quota_limits as parse_quota
+from weir.tenancy.admin_bodies.quota import quota_json
+from weir.tenancy.admin_bodies.tenants import TenantCreate, TenantPatch
+from weir.tenancy.budgets.quota_limits import QUOTA_FIELDS
+from weir.tenancy.context import QuotaLimits
+from weir.tenancy.errors import FieldError
+from weir.tenancy.store.enums import KeyScope, TenantStatus
+from weir.tenancy.store.records import KeySpec, TenantSpec, TenantUpdate
 
 
 # The codec's functions, as the models spell them.

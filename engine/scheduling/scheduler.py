@@ -1,0 +1,851 @@
+"""Iteration-level scheduler: decodes first, then chunked prefill within a token budget.
+
+Every step it walks the running requests (decodes before prefill chunks), gives each the tokens
+it needs within `max_num_batched_tokens`, preempting the lowest-ranked running request when KV
+blocks run out, then admits waiting requests in queue order while their blocks fit. A request's
+progress is `num_computed_tokens`; there is no prefill flag. Plain Python, no torch.
+
+Prefix sharing within a step: a waiting request whose next uncached block is being computed by
+a running request right now is held back (continuous batching only), so the block is computed
+once and the held request finds it cached a step later. Forks: the other choices of an n>1
+request wait for the first one's prefill, then reference its blocks (copy-on-write) instead of
+computing the prompt again; beam search forks running beams the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
+from itertools import islice
+
+from weir.engine.config import BatchPolicy, PreemptionMode, QueuePolicy, SchedulerConfig
+from weir.engine.errors import ContextLengthError
+from weir.engine.kv.kv_cache_manager import KVCacheManager
+from weir.engine.output import ScheduledRequest, SchedulerOutput
+from weir.engine.request import Priority, Request, RequestStatus, TokenDelta
+from weir.engine.sampling.fork_tracker import PendingForks
+from weir.engine.scheduling.request_queue import WaitingQueue, make_waiting_queue
+from weir.engine.scheduling.slo_standing import SloStanding
+from weir.engine.scheduling.slo_tally import PreemptReason, SloTally
+from weir.engine.scheduling.slo_trade import StepShape, traded_target
+from weir.engine.scheduling.step_budget import StepBudget, make_step_budget
+from weir.engine.scheduling.step_plan import (
+    FIRST_ANSWER_TOKENS,
+    fair_rows,
+    fair_shares,
+    first_answer_yields,
+    owes_itl,
+    prefill_key,
+    share_victim,
+    step_target_s,
+    ttft_tokens,
+)
+from weir.engine.spec_decode.policy import SpeculationPolicy
+from weir.engine.spec_decode.tally import VerifiedDraft
+
+logger = logging.getLogger("weir.engine")
+
+# A waiting request may displace a lower class past the running cap once it has waited this
+# share of its TTFT target (not at once: a wait that ends by itself soon costs no preemption).
+_SLO_URGENCY = 0.25
+# Waiting requests the goodput trade of a step looks at (engine/scheduling/slo_trade.py), in queue order.
+_TRADE_WAITING = 64
+
+
+@dataclass
+class _Feed:
+    """What the feeding of one step accumulates (`Scheduler._feed`)."""
+
+    scheduled: dict[str, int]
+    preempted: list[str]
+    spec_slots: dict[str, int]
+    spec_ok: bool
+    chunk_cap: int
+
+
+@dataclass(frozen=True)
+class AppendedToken:
+    """A token appended to a request by `Scheduler.update_from_output`, with what it added."""
+
+    request: Request
+    token_id: int
+    delta: TokenDelta
+
+
+@dataclass
+class StepUpdate:
+    """What `Scheduler.update_from_output` did: tokens appended (in order), requests it could not update."""
+
+    appended: list[AppendedToken] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)  # request id -> error, for that request only
+
+
+class Scheduler:
+    """Decides, each step, which requests run and how many tokens each feeds."""
+
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        kv: KVCacheManager,
+        clock: Callable[[], float] = time.monotonic,
+        queue: WaitingQueue | None = None,
+        step_budget: StepBudget | None = None,
+    ) -> None:
+        self.config = config
+        # The token budget of each step: fixed, or following a target step time (engine/scheduling/step_budget.py).
+        self.step_budget = step_budget if step_budget is not None else make_step_budget(config)
+        self.kv = kv
+        self.clock = clock
+        self.waiting: WaitingQueue = queue if queue is not None else make_waiting_queue(config.queue_policy)
+        self.running: dict[str, Request] = {}  # insertion-ordered; O(1) removal
+        self.requests: dict[str, Request] = {}
+        self._finished_ids: list[str] = []
+        self.forks = PendingForks()  # n>1 choices awaiting their first choice's prefill
+        self.num_preemptions = 0
+        self.num_held_back = 0  # admissions deferred because the same block was being computed
+        self._num_deadlines = 0  # requests with a queue deadline, so steps without any skip the scan
+        self.speculation: SpeculationPolicy | None = None  # set by the engine when it speculates
+        self.slo = SloTally()  # targets met per class and tenant, preemptions by reason
+        self.num_steps = 0
+        self.num_deferred_decodes = 0  # looser-class decodes that sat out a step for a tighter ITL
+        self.slo_standing = SloStanding()  # which requests still meet both targets (the goodput trade)
+        self._resident_since: dict[str, int] = {}  # running id -> step it started or resumed
+        self._sat_out: set[str] = set()  # decodes that sat the last step out for a first answer
+        # preempted id -> tokens it held then: it is not displaced for a fair share again before
+        # it has computed past them (two tenants each needing most of the pool would otherwise
+        # displace each other just before each one's next token, for ever)
+        self._held_at_preemption: dict[str, int] = {}
+
+    # -- queue management -------------------------------------------------------------------
+
+    def add_request(self, req: Request) -> None:
+        """Queue a validated request. Raises ContextLengthError if it can never fit."""
+        max_len = self.config.max_model_len
+        ContextLengthError.check(req.num_prompt_tokens, req.sampling_params.max_tokens, max_len)
+        if self.kv.blocks_for(req.num_prompt_tokens + 1) > self.kv.num_total_blocks:
+            raise ContextLengthError(req.num_prompt_tokens, 1, self.kv.num_total_blocks * self.kv.block_size)
+        self.requests[req.request_id] = req
+        req.status = RequestStatus.WAITING
+        req.latency = self.config.class_targets.resolve(req.priority, req.latency)
+        self.waiting.add(req)
+        if req.deadline_s is not None:
+            self._num_deadlines += 1
+
+    def add_fork_group(self, parent: Request, children: list[Request]) -> None:
+        """Queue `parent`; `children` (same prompt) fork from it once its prompt is computed.
+
+        Each child then references the parent's prompt blocks and computes only the last prompt
+        token itself, for its own sample; the partial last block is copied when first written.
+        """
+        if any(child.prompt_token_ids != parent.prompt_token_ids for child in children):
+            raise ValueError("a fork must have its parent's prompt")
+        self.add_request(parent)
+        for child in children:
+            self.requests[child.request_id] = child
+            child.status = RequestStatus.WAITING
+            child.latency = parent.latency
+        self.forks.add(parent, children)
+
+    def fork_request(self, parent: Request, child: Request) -> None:
+        """Start `child` running at once on `parent`'s blocks for its first `child.num_computed_tokens`
+        tokens (beam search). Its tokens must begin with those of the parent."""
+        self.kv.fork(parent, child)
+        self.requests[child.request_id] = child
+        child.latency = parent.latency
+        self._start_running(child)
+
+    def _start_running(self, req: Request, stamp: bool = True) -> None:
+        """Move `req` to the running set; `stamp`: it is scheduled now (see `RequestTimes`)."""
+        req.status = RequestStatus.RUNNING
+        self.running[req.request_id] = req
+        self._resident_since[req.request_id] = self.num_steps
+        self.waiting.on_running(req, +1)
+        if stamp and req.times.first_scheduled_s is None:
+            req.times.first_scheduled_s = self.clock()
+
+    def _run_forks(self, parent: Request) -> None:
+        """The parent's prompt is computed: its waiting children start on its blocks."""
+        for child in self.forks.take_children(parent.request_id):
+            child.num_computed_tokens = child.num_prompt_tokens - 1
+            child.num_cached_tokens = parent.num_cached_tokens
+            self.kv.fork(parent, child)
+            if child.deadline_s is not None:
+                self._num_deadlines += 1  # a request of its own from now on (finish_request counts down)
+            self._start_running(child)
+
+    def _release_forks(self, parent: Request) -> None:
+        """The parent ended before its prefill (abort, error, deadline): its children queue on their own."""
+        for child in self.forks.take_children(parent.request_id):
+            self.waiting.add(child)
+            if child.deadline_s is not None:
+                self._num_deadlines += 1
+
+    def num_seats(self, req: Request) -> int:
+        """Running slots `req` takes with the forks waiting on it."""
+        return 1 + self.forks.num_children(req.request_id)
+
+    def finish_request(self, request_id: str, status: RequestStatus) -> Request | None:
+        """End a request (stopped, length, aborted, error) and free its blocks at once."""
+        req = self.requests.pop(request_id, None)
+        if req is None:
+            return None
+        if self.forks.drop_child(req):  # a fork still waiting for its parent's prefill
+            req.status = status
+            self._finished_ids.append(request_id)
+            req.times.finished_s = self.clock()
+            return req
+        if self.forks.is_parent(request_id):
+            self._release_forks(req)
+        if req.deadline_s is not None:
+            self._num_deadlines -= 1
+        self._held_at_preemption.pop(request_id, None)
+        if self.running.pop(request_id, None) is not None:
+            self._resident_since.pop(request_id, None)
+            self.waiting.on_running(req, -1)
+        else:
+            self.waiting.remove(req)
+        req.status = status
+        self.kv.free(req)
+        self._finished_ids.append(request_id)
+        req.times.finished_s = self.clock()
+        self.slo.on_finished(req)
+        return req
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def running_by_priority(self) -> tuple[int, ...]:
+        """Running sequences of each priority class (interactive, standard, batch)."""
+        counts = [0] * len(Priority)
+        for req in self.running.values():
+            counts[int(req.priority)] += 1
+        return tuple(counts)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests)
+
+    # -- one step ---------------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        """Decide the next step (the order and the step target: engine/scheduling/step_plan.py)."""
+        scheduled: dict[str, int] = {}
+        preempted: list[str] = []
+        self.num_steps += 1
+
+        running = list(self.running.values())
+        throughput_s = self.step_budget.config.target_step_s
+        target_s = step_target_s(running, throughput_s)
+        # Decodes by class (stable: admission order within one); prefill chunks by class, then
+        # TTFT deadline, then admission order: the earliest prompt takes what the budget allows
+        # first, and finishes first.
+        # A sequence whose grammar mask is late sits out until it arrives (engine/mask_prefetch.py).
+        decodes = sorted(
+            (r for r in running if r.num_remaining == 1 and not r.awaits_mask), key=lambda r: int(r.priority)
+        )
+        prefills = sorted((r for r in running if r.num_remaining > 1), key=prefill_key)
+        head = self.waiting.peek()
+        prompts = prefills if head is None else [*prefills, head]
+        itl_s = target_s  # the tightest ITL running (at most the throughput step)
+        if target_s is not None and prompts:
+            target_s = self._goodput_target(target_s, throughput_s, decodes, prefills)
+        if target_s is not None and (throughput_s is None or target_s < throughput_s):
+            decodes = self._fit_decodes(decodes, target_s, bool(prefills) or head is not None)
+        context = sum(r.num_computed_tokens for r in decodes)
+        need = self._ttft_need(prompts, len(decodes), context, target_s)
+        if target_s != itl_s:  # stretched for first tokens: the prompts get at least the minimum chunk
+            need = max(need, self.step_budget.config.min_prefill_chunk)
+        budget = self.step_budget.budget(
+            len(decodes), bool(prefills) or head is not None, target_s, context, need
+        )
+        chunk_cap = self.config.long_prefill_threshold or budget
+        spec = self.speculation
+        spec_ok = spec is not None and spec.step_allows(len(decodes))
+        spec_slots: dict[str, int] = {}  # decode id -> draft slots allocated after its token
+        feed = _Feed(scheduled, preempted, spec_slots, spec_ok, chunk_cap)
+        budget = self._feed(decodes, budget, feed)
+        # Running prompts of a lower class than the waiting head wait for its admission.
+        first = [r for r in prefills if head is None or r.priority <= head.priority]
+        later = prefills[len(first) :]  # `prefills` is sorted by class: `first` is its head
+        budget = self._feed_fairly(first, budget, feed, head)
+        admitted = False
+        if later and not preempted and self._may_admit():
+            budget = self._admit(budget, chunk_cap, scheduled, preempted)
+            admitted = True
+        budget = self._feed_fairly(later, budget, feed, None)
+        # Tokens given back by preempted victims scheduled earlier are not reused this step.
+
+        if not admitted and not preempted and self._may_admit():
+            budget = self._admit(budget, chunk_cap, scheduled, preempted)
+        if budget > 0 and not preempted and len(self.waiting) and self._may_admit():
+            budget = self._displace_for_slo(budget, chunk_cap, scheduled, preempted)
+        if not scheduled and self.running and len(self.waiting):
+            budget = self._unstall(budget, chunk_cap, scheduled, preempted)
+        self._yield_to_first_answers(scheduled, feed.spec_slots)
+
+        out = SchedulerOutput(
+            scheduled=tuple(
+                ScheduledRequest(
+                    request_id=rid,
+                    num_tokens=n,
+                    num_computed_tokens=self.requests[rid].num_computed_tokens,
+                    block_ids=self.kv.block_ids(rid),
+                    samples=self.requests[rid].num_computed_tokens + n == self.requests[rid].num_tokens,
+                    num_spec_slots=feed.spec_slots.get(rid, 0),
+                )
+                for rid, n in scheduled.items()
+            ),
+            preempted_ids=tuple(preempted),
+            finished_ids=tuple(self._finished_ids),
+            blocks_to_copy=self.kv.take_copies(),
+            swaps=self.kv.take_transfers(),
+        )
+        self._finished_ids = []
+        now = self.clock()
+        for rid in scheduled:
+            req = self.requests[rid]
+            if req.times.first_scheduled_s is None:
+                req.times.first_scheduled_s = now
+        return out
+
+    def _yield_to_first_answers(self, scheduled: dict[str, int], spec_slots: Mapping[str, int]) -> None:
+        """Take out of the planned step the decode rows that sit it out for another tenant's first
+        answer (`first_answer_yields`). Decided once the answer's last chunk is in the step, so
+        the step still moves; a row keeps the slot it was given and runs next step."""
+        sat_out, self._sat_out = self._sat_out, set()
+        cost = self.step_budget.model.cost
+        if cost is None:
+            return
+        firsts: list[Request] = []
+        decodes: list[Request] = []
+        others: list[Request] = []  # every other row: the tenants' load in the step counts them too
+        for rid, n in scheduled.items():
+            req = self.requests[rid]
+            if req.output_token_ids and n == 1 and rid not in spec_slots:
+                decodes.append(req)
+            elif (
+                not req.output_token_ids
+                and req.num_computed_tokens + n == req.num_tokens
+                and n <= FIRST_ANSWER_TOKENS
+            ):
+                firsts.append(req)
+            else:
+                others.append(req)
+        if not firsts or not decodes:
+            return
+        step_s = cost.seconds(
+            sum(scheduled.values()), len(decodes), sum(r.num_computed_tokens for r in decodes)
+        )
+        for row in first_answer_yields(firsts, decodes, sat_out, self.clock(), step_s, others):
+            del scheduled[row.request_id]
+            self._sat_out.add(row.request_id)
+        self.num_deferred_decodes += len(self._sat_out)
+
+    def _goodput_target(
+        self, target_s: float, throughput_s: float | None, decodes: list[Request], prefills: list[Request]
+    ) -> float:
+        """The step's target after the goodput trade: longer than the tightest ITL when that saves
+        more first tokens than it breaks streams that still meet their SLO (engine/scheduling/slo_trade.py).
+        The prompts weighed are the running ones and the first `_TRADE_WAITING` waiting: a burst
+        waits in the queue, not in the running set, and its deadlines pass there too."""
+        if self.step_budget.model.cost is None:
+            return target_s  # nothing to weigh before the step cost is fitted
+        # (iterating a long queue is O(n), sorted for the priority queue: past 4x the look, the head)
+        if len(self.waiting) <= 4 * _TRADE_WAITING:
+            waiting = list(islice(self.waiting, _TRADE_WAITING))
+        else:
+            waiting = [head] if (head := self.waiting.peek()) is not None else []
+        prompts = [*prefills, *waiting]
+        context = sum(r.num_computed_tokens for r in decodes)
+        self.slo_standing.retain(self.requests)
+        budget, rows = self.step_budget, len(decodes)
+        shape = StepShape(
+            tokens_within=lambda step_s: budget.prefill_tokens_within(step_s, rows, context),
+            seconds_with=lambda tokens: budget.fitted_seconds(rows + tokens, rows, context),
+            max_rows=budget.decode_capacity(target_s, True, context / rows if rows else 0.0),
+        )
+        traded = traded_target(
+            target_s, throughput_s, decodes, prompts, self.clock(), shape, self.slo_standing.stands
+        )
+        if traded > target_s:
+            self.step_budget.num_stretched_steps += 1
+        return traded
+
+    def _ttft_need(
+        self, prompts: list[Request], num_decodes: int, context: int, target_s: float | None
+    ) -> int:
+        """Prompt tokens this step must feed for the waiting TTFT deadlines (`ttft_tokens`), the
+        steps left counted at the time a step feeding them takes when that is longer than the
+        target (`StepBudget.lifted_step_s`): on a loaded CPU the lifted floor itself stretches the
+        step (measured in the simulation: 430 ms steps under a 300 ms target), and fewer remain."""
+        if target_s is None:
+            return 0
+        now = self.clock()
+        need = ttft_tokens(prompts, now, target_s)
+        step_s = self.step_budget.lifted_step_s(num_decodes, need, context) if need else None
+        return ttft_tokens(prompts, now, step_s) if step_s is not None and step_s > target_s else need
+
+    def _fit_decodes(self, decodes: list[Request], target_s: float, has_prefill_work: bool) -> list[Request]:
+        """The decodes a step of `target_s` holds: every one owed this ITL, then the others (looser
+        classes) up to the decode capacity, at least one of them; the rest sit out a step. Where
+        a class does not fit whole its rows are shared between its tenants by weight, least
+        recently served first within a tenant (`fair_rows`). Owed decodes are shared so only
+        when several tenants owe: one tenant alone keeps all its rows (one longer step beats
+        two at the same ITL)."""
+        mean_context = sum(r.num_computed_tokens for r in decodes) / len(decodes) if decodes else 0.0
+        capacity = self.step_budget.decode_capacity(target_s, has_prefill_work, mean_context)
+        if capacity is None or len(decodes) <= capacity:
+            return decodes
+        owed = [r for r in decodes if owes_itl(r, target_s)]
+        rest = [r for r in decodes if not owes_itl(r, target_s)]
+        if len(owed) > capacity and len({r.tenant_id for r in owed}) > 1:
+            kept = fair_rows(owed, capacity)
+        else:
+            kept = owed
+        # The looser classes get what is left, and one row at least: they rotate through it
+        # least recently served first, so none waits for ever behind owed decodes.
+        kept = kept + fair_rows(rest, max(capacity - len(kept), 1 if rest else 0))
+        self.num_deferred_decodes += len(decodes) - len(kept)
+        return sorted(kept, key=lambda r: int(r.priority))
+
+    def _feed_fairly(self, prefills: list[Request], budget: int, feed: _Feed, head: Request | None) -> int:
+        """Feed prefill chunks class by class; within a class of several tenants, each tenant
+        gets at most its weighted fair share of the budget left (engine/scheduling/step_plan.py). The
+        waiting head counts as a tenant of its class: its share is left for its admission, so
+        running prompts of one tenant cannot keep another tenant's request out of every step."""
+        i = 0
+        while i < len(prefills) and budget > 0:
+            cls = prefills[i].priority
+            j = i
+            while j < len(prefills) and prefills[j].priority is cls:
+                j += 1
+            group = prefills[i:j]
+            demands: dict[str, int] = {}
+            weights: dict[str, float] = {}
+            for r in group:
+                demands[r.tenant_id] = demands.get(r.tenant_id, 0) + min(r.num_remaining, feed.chunk_cap)
+                weights[r.tenant_id] = r.weight
+            if (
+                head is not None
+                and head.priority is cls
+                and head.tenant_id not in demands
+                and self._may_seat(head)
+            ):
+                demands[head.tenant_id] = min(head.num_remaining, feed.chunk_cap)
+                weights[head.tenant_id] = head.weight
+            limits = fair_shares(budget, demands, weights) if len(demands) > 1 else None
+            budget = self._feed(group, budget, feed, limits)
+            i = j
+        return budget
+
+    def _may_seat(self, head: Request) -> bool:
+        """Whether `head` could be admitted this step as far as seats go (no budget share is kept
+        for a request the running cap keeps out anyway: that would waste the step)."""
+        max_seqs = self.config.max_num_seqs
+        return (
+            self._may_admit()
+            and len(self.running) + min(self.num_seats(head), max_seqs) <= max_seqs
+            and self.step_budget.admits(len(self.running))
+        )
+
+    def _feed(
+        self, reqs: list[Request], budget: int, feed: _Feed, limits: dict[str, int] | None = None
+    ) -> int:
+        """Give each running request of `reqs`, in order, the tokens it needs within `budget` (and
+        its tenant's `limits`), preempting the lowest-ranked running request when blocks run out."""
+        scheduled, spec_slots, spec = feed.scheduled, feed.spec_slots, self.speculation
+        for req in reqs:
+            if budget <= 0:
+                break
+            if req.status is not RequestStatus.RUNNING:
+                continue  # preempted earlier in this step
+            allowed = budget if limits is None else min(budget, limits.get(req.tenant_id, 0))
+            if allowed <= 0:
+                continue
+            num_new = min(req.num_remaining, allowed, feed.chunk_cap if req.num_remaining > 1 else 1)
+            if spec is not None and (k := spec.reserve(req, self.kv, feed.spec_ok, num_new, budget)):
+                scheduled[req.request_id], spec_slots[req.request_id] = num_new, k
+                budget -= num_new + k
+                continue
+            while not self.kv.allocate_slots(req, req.num_computed_tokens + num_new):
+                if spec_slots:  # the draft slots reserved so far go before anyone is preempted
+                    for rid, k in spec_slots.items():
+                        held = self.requests[rid]
+                        self.kv.truncate(held, held.num_computed_tokens + scheduled[rid])
+                        budget += k
+                    spec_slots.clear()
+                    continue
+                victim = self._pick_victim()
+                self._preempt(victim, reason=PreemptReason.KV)
+                feed.preempted.append(victim.request_id)
+                scheduled.pop(victim.request_id, None)
+                spec_slots.pop(victim.request_id, None)
+                if victim is req:
+                    break
+            else:
+                scheduled[req.request_id] = num_new
+                budget -= num_new
+                if limits is not None:
+                    limits[req.tenant_id] -= num_new
+        return budget
+
+    def _displace_for_slo(
+        self, budget: int, chunk_cap: int, scheduled: dict[str, int], preempted: list[str]
+    ) -> int:
+        """The waiting head is kept out by the running cap. Preempt one running request and admit
+        again: a lower-class one (least advanced, resident for at least `min_residency_steps`)
+        when the head has used up a quarter of its TTFT target waiting; else, when the head's
+        tenant is under its share of its class's seats, one of the tenant most over its share
+        (`share_victim`). One per step: the cap is not chased."""
+        head = self.waiting.peek()
+        if head is None or self.config.queue_policy is QueuePolicy.FCFS:
+            return budget
+        victim, reason = None, PreemptReason.SLO
+        ttft = head.latency.ttft_s
+        if ttft is not None and self.clock() - head.arrival_s >= _SLO_URGENCY * ttft:
+            candidates = [r for r in self.running.values() if r.priority > head.priority and self._settled(r)]
+            if candidates:
+                victim = max(candidates, key=lambda r: (int(r.priority), -r.num_computed_tokens, r.arrival_s))
+        if victim is None and not self._may_seat(head):
+            victim = share_victim(
+                head, self.running.values(), _one_seat, self.num_seats(head), self._may_share_preempt
+            )
+            reason = PreemptReason.FAIR_SHARE
+        if victim is None:
+            return budget
+        self._preempt(victim, reason=reason)
+        preempted.append(victim.request_id)
+        budget += scheduled.pop(victim.request_id, 0)
+        self.waiting.remove(victim)  # it sits out this admission (else it comes straight back)
+        budget = self._admit(budget, chunk_cap, scheduled, preempted)
+        self.waiting.prepend(victim)
+        return budget
+
+    def _num_blocks(self, req: Request) -> int:
+        return len(self.kv.block_ids(req.request_id))
+
+    def _settled(self, req: Request) -> bool:
+        """Whether `req` has run `min_residency_steps` since it last started (it may be preempted)."""
+        since = self._resident_since.get(req.request_id, 0)
+        return self.num_steps - since >= self.config.min_residency_steps
+
+    def _may_share_preempt(self, req: Request) -> bool:
+        """Whether `req` may be displaced for another tenant's fair share: it is `_settled` and has
+        computed past what it held when it was last preempted (each residency yields a token)."""
+        return self._settled(req) and req.num_computed_tokens >= self._held_at_preemption.get(
+            req.request_id, 0
+        )
+
+    def _may_admit(self) -> bool:
+        policy = self.config.batch_policy
+        if policy is BatchPolicy.CONTINUOUS:
+            return self._hold_over()
+        if self.running or not len(self.waiting):
+            return False
+        head = self.waiting.peek()
+        waited = self.clock() - head.arrival_s if head is not None else 0.0
+        if policy is BatchPolicy.STATIC:
+            return (
+                len(self.waiting) >= self.config.static_batch_size or waited >= self.config.static_max_wait_s
+            )
+        return len(self.waiting) >= self.config.max_num_seqs or waited >= self.config.dynamic_window_s
+
+    def _hold_over(self) -> bool:
+        """Continuous batching: whether waiting requests may be admitted now. At once when the
+        admission hold is off or nothing runs; else once as many requests wait as run, or the
+        longest-waiting request has waited the hold (`SchedulerConfig.admission_hold_s`). The
+        longest wait, not the head's: under the fair or priority queue the head can be a newer
+        request, and a tenant cancelling and resending would keep it new and hold everyone."""
+        hold = self.config.admission_hold_s
+        if hold <= 0 or not self.running or not len(self.waiting):
+            return True
+        if len(self.waiting) >= len(self.running):
+            return True
+        # fewer wait than run here: the scan is bounded by the running count
+        return self.clock() - min(r.arrival_s for r in self.waiting) >= hold
+
+    def _admit(self, budget: int, chunk_cap: int, scheduled: dict[str, int], preempted: list[str]) -> int:
+        policy = self.config.batch_policy
+        max_seqs = self.config.max_num_seqs
+        if policy is BatchPolicy.STATIC:
+            max_seqs = min(max_seqs, self.config.static_batch_size)
+        # Continuous batching stops admitting when the budget is spent; static and dynamic
+        # batches admit the whole group now and feed its prompts over the next steps.
+        group = policy is not BatchPolicy.CONTINUOUS
+        # Holding a request back one step is free under continuous batching; a static batch
+        # would leave it out until the whole batch ends, so there duplicates are computed.
+        may_hold = not group and self.kv.enable_caching
+        held: list[Request] = []
+        displaced: list[Request] = []  # preempted for a higher class during this admission
+        # A target step time also caps how many run at once (StepBudget.admits): past it, requests wait.
+        admits = self.step_budget.admits
+        while len(self.running) < max_seqs and (group or (budget > 0 and admits(len(self.running)))):
+            req = self.waiting.peek()
+            if req is None:
+                break
+            # A swapped-out request comes back with its blocks from the host tier.
+            swapped = req.status is RequestStatus.SWAPPED
+            computed, num_cached = ([], 0) if swapped else self.kv.get_computed_blocks(req)
+            if not swapped and may_hold and self.kv.inflight_owner(req, num_cached) is not None:
+                self.waiting.remove(req)
+                held.append(req)
+                self.num_held_back += 1
+                if len(held) >= 2 * max_seqs:
+                    break
+                continue
+            if len(self.running) + min(self.num_seats(req), max_seqs) > max_seqs:
+                break  # the request's forks need seats too
+            # Admission reserves blocks for the whole known sequence, so a prompt never stalls.
+            if swapped:
+                fits = self.kv.swap_in(req, watermark=True)
+            else:
+                fits = self.kv.allocate_slots(req, req.num_tokens, computed, watermark=True)
+            if not fits:
+                victim, reason = self._lower_class_victim(req), PreemptReason.CLASS
+                if victim is None and self.config.queue_policy is not QueuePolicy.FCFS:
+                    need = self.kv.blocks_for(req.num_tokens)
+                    victim = share_victim(
+                        req, self.running.values(), self._num_blocks, need, self._may_share_preempt
+                    )
+                    reason = PreemptReason.FAIR_SHARE
+                if victim is None:
+                    break
+                self._preempt(victim, reason=reason)
+                preempted.append(victim.request_id)  # SchedulerOutput lists every preemption
+                budget += scheduled.pop(victim.request_id, 0)
+                # A victim sits out the rest of this admission: back at the head of its queue, it
+                # would be admitted again and displaced again by `req`, for ever (issue 29).
+                self.waiting.remove(victim)
+                displaced.append(victim)
+                continue
+            self.waiting.remove(req)
+            if not swapped:
+                if req.num_preemptions == 0:
+                    req.num_cached_tokens = num_cached
+                    self.kv.record_lookup(req, num_cached)
+                req.num_computed_tokens = num_cached
+                self.kv.mark_inflight(req)
+            self._start_running(req, stamp=False)  # schedule() stamps it once it feeds tokens
+            num_new = min(req.num_remaining, budget, chunk_cap)
+            if num_new > 0:
+                scheduled[req.request_id] = num_new
+                budget -= num_new
+        for req in reversed(held):
+            self.waiting.prepend(req)
+        for req in reversed(displaced):
+            self.waiting.prepend(req)
+        return budget
+
+    def _unstall(self, budget: int, chunk_cap: int, scheduled: dict[str, int], preempted: list[str]) -> int:
+        """Only idle sequences hold blocks (beams waiting for a sibling that was preempted) and the
+        waiting ones cannot get any: preempt idle ones until a waiting request is admitted.
+
+        The victims sit out this step's admission (else the first would just come back), and
+        recompute later, mostly from the prefix cache. Without this no step would do anything.
+        """
+        victims: list[Request] = []
+        while not scheduled and self.running and len(self.waiting):
+            victim = self._pick_victim()
+            self._preempt(victim, reason=PreemptReason.STALL)
+            preempted.append(victim.request_id)
+            self.waiting.remove(victim)
+            victims.append(victim)
+            if len(self.waiting):
+                budget = self._admit(budget, chunk_cap, scheduled, preempted)
+        for victim in reversed(victims):
+            self.waiting.prepend(victim)
+        return budget
+
+    def has_work(self) -> bool:
+        """Whether a step should feed tokens: requests run, or (continuous batching) wait to be admitted.
+
+        Static and dynamic batches may rightly wait for their window with nothing running."""
+        if self.running:
+            return True
+        return bool(len(self.waiting)) and self.config.batch_policy is BatchPolicy.CONTINUOUS
+
+    def describe(self) -> str:
+        """The scheduler's state in one line per running request, for the stall watchdog's log."""
+        lines = [
+            f"running {len(self.running)}, waiting {len(self.waiting)}, free blocks "
+            f"{self.kv.num_free_blocks}/{self.kv.num_total_blocks}, budget {self.step_budget.last_budget}, "
+            f"running cap {self.step_budget.max_running()}, pending forks {len(self.forks)}"
+        ]
+        for req in self.running.values():
+            lines.append(
+                f"  {req.request_id}: {req.status.name} computed {req.num_computed_tokens}/{req.num_tokens} "
+                f"(prompt {req.num_prompt_tokens}), blocks {len(self.kv.blocks(req.request_id))}, "
+                f"class {req.priority.name}, preempted {req.num_preemptions}x"
+            )
+        return "\n".join(lines)
+
+    def break_stall(self) -> Request | None:
+        """Preempt the lowest-ranked running request (it recomputes), so the waiting ones get its blocks."""
+        if not self.running:
+            return None
+        victim = self._pick_victim()
+        self._preempt(victim, allow_swap=False, reason=PreemptReason.STALL)
+        return victim
+
+    def _lower_class_victim(self, req: Request) -> Request | None:
+        """A running request of a strictly lower priority class that `req` may displace."""
+        if self.config.queue_policy is QueuePolicy.FCFS or not self.running:
+            return None
+        victim = self._pick_victim()
+        return victim if victim.priority > req.priority else None
+
+    def _pick_victim(self) -> Request:
+        return max(self.running.values(), key=self.waiting.victim_key)
+
+    def _preempt(
+        self, req: Request, allow_swap: bool = True, reason: PreemptReason = PreemptReason.KV
+    ) -> None:
+        """Swap the KV blocks to the host tier or drop them (the KV manager's cost model picks),
+        and go back to the front of the queue."""
+        self.slo.on_preempted(reason)
+        del self.running[req.request_id]
+        self._held_at_preemption[req.request_id] = req.num_tokens
+        self._resident_since.pop(req.request_id, None)
+        self.waiting.on_running(req, -1)
+        if self.kv.preempt(req, allow_swap) is PreemptionMode.SWAP:
+            req.status = RequestStatus.SWAPPED  # keeps num_computed_tokens; swapped in before it runs
+        else:
+            req.num_computed_tokens = 0
+            req.status = RequestStatus.PREEMPTED
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.prepend(req)
+
+    # -- after the step ---------------------------------------------------------------------
+
+    def update_from_output(
+        self,
+        out: SchedulerOutput,
+        sampled: Mapping[str, int],
+        verified: Mapping[str, VerifiedDraft] | None = None,
+        sat_out: Collection[str] = (),
+    ) -> StepUpdate:
+        """Apply an executed step to its requests: the one place a step's results change them.
+
+        Every scheduled request still here advances `num_computed_tokens` and caches its full
+        blocks (a parent whose prompt is now computed starts its forks). Then each token of
+        `sampled` (request id -> token id; sequences with a `checker`, not beams, whose group
+        appends their tokens) is appended after its stop checks, and a request that ended is
+        finished and its blocks freed. A request whose checks raise is left for the caller to fail.
+
+        `verified` (speculation): accepted drafts are appended (and checked) before the sampled
+        token, each counted as computed; then rejected slots are truncated and only then are full
+        blocks cached, so a draft token is never hashed into the prefix cache.
+
+        `sat_out`: sampling requests the step fed but could not sample (their grammar mask was
+        late): their last fed position is not counted, so the next step feeds it again and samples.
+        """
+        for s in out.scheduled:
+            req = self.requests.get(s.request_id)
+            if req is None:
+                continue  # aborted while the step ran
+            req.num_computed_tokens += s.num_tokens - (s.request_id in sat_out)
+            self.kv.cache_full_blocks(req)
+            self.waiting.on_tokens_served(req, s.num_tokens)
+            if self.forks and req.num_computed_tokens >= req.num_prompt_tokens:
+                self._run_forks(req)
+        update = StepUpdate()
+        now = self.clock()
+        for rid, token_id in sampled.items():
+            req = self.requests.get(rid)
+            if req is None:
+                continue
+            accepted = verified[rid].accepted if verified and rid in verified else ()
+            for i, tok in enumerate((*accepted, token_id)):
+                try:
+                    delta = req.append_token(tok, now)
+                except Exception as exc:  # this request's detokenization or stop checks
+                    logger.exception("processing the output of request %s failed", rid)
+                    update.failed[rid] = f"{type(exc).__name__}: {exc}"
+                    break
+                req.num_computed_tokens += i < len(accepted)  # an accepted draft's KV is cached
+                update.appended.append(AppendedToken(req, tok, delta))
+                if delta.finish_reason is not None:
+                    self.finish_request(rid, delta.finish_reason.status)
+                    break
+        if self.speculation is not None:  # counts, then rejected slots truncated, then caching
+            self.speculation.after_step(out, verified or {}, [a.request for a in update.appended], self.kv)
+        return update
+
+    def expire_deadlines(self) -> list[Request]:
+        """Abort waiting requests whose queue deadline has passed; their blocks are freed now.
+
+        The queue deadline bounds the wait before a request first starts. A request that has
+        been scheduled once (and maybe streamed tokens) and was then preempted or requeued is
+        never expired as "waited in the queue".
+        """
+        if not self._num_deadlines:
+            return []
+        now = self.clock()
+        expired = [r for r in self.waiting if (d := _queued_deadline(r)) is not None and d <= now]
+        for req in expired:
+            self.finish_request(req.request_id, RequestStatus.FINISHED_ABORTED)
+        return expired
+
+    def requeue(self, req: Request) -> None:
+        """Put a running request back at the front of the queue; it recomputes its blocks.
+
+        After a failed model forward: the blocks written in that step are not trusted.
+        """
+        self._preempt(req, allow_swap=False, reason=PreemptReason.REQUEUE)
+
+    def discard_swaps(self, out: SchedulerOutput) -> None:
+        """`out`'s step failed: its copies may not have run. Its swapped-out victims and the
+        requests its swap-ins filled recompute instead; the blocks it filled lose their hashes."""
+        for rid in (*out.preempted_ids, *out.swaps.swapped_in_ids) if not out.swaps.is_empty else ():
+            req = self.requests.get(rid)
+            if req is not None and req.status is RequestStatus.SWAPPED:
+                self.kv.drop_swapped(req)
+                req.num_computed_tokens = 0
+                req.status = RequestStatus.PREEMPTED
+            elif req is not None and req.status is RequestStatus.RUNNING and rid in out.swaps.swapped_in_ids:
+                self._preempt(req, allow_swap=False, reason=PreemptReason.REQUEUE)
+        if not out.swaps.is_empty:
+            self.kv.forget_transfers(out.swaps)
+
+    def idle_timeout_s(self, default_s: float) -> float:
+        """How long the engine may sleep after a step that scheduled nothing.
+
+        Only time changes what an idle scheduler decides: a queue deadline passing, or a static
+        or dynamic batch's wait ending. Anything else (a new request, an abort) wakes the engine.
+        """
+        now = self.clock()
+        timeout = default_s
+        if self._num_deadlines:
+            for req in self.waiting:
+                deadline = _queued_deadline(req)
+                if deadline is not None:
+                    timeout = min(timeout, deadline - now)
+        policy = self.config.batch_policy
+        head = self.waiting.peek() if policy is not BatchPolicy.CONTINUOUS else None
+        if head is not None:
+            window = (
+                self.config.static_max_wait_s
+                if policy is BatchPolicy.STATIC
+                else self.config.dynamic_window_s
+            )
+            timeout = min(timeout, head.arrival_s + window - now)
+        return max(0.0, timeout)
+
+
+def _one_seat(req: Request) -> int:
+    return 1
+
+
+def _queued_deadline(req: Request) -> float | None:
+    """The queue deadline of a request that has never been scheduled; None otherwise."""
+    if req.deadline_s is None or req.times.first_scheduled_s is not None:
+        return None
+    return req.deadline_s

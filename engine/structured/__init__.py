@@ -1,0 +1,1 @@
+"""Structured outputs: grammars compiled per tokenizer and the per-sequence token masks."""

@@ -1,0 +1,1 @@
+"""What may be called: model versions and LoRA adapters, their records and repositories."""

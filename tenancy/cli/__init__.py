@@ -1,0 +1,1 @@
+"""`weir db` and `weir admin`: every command module and every admin client behind them."""

@@ -1,0 +1,395 @@
+"""`weir db ...` and `weir admin ...`: schema migrations and tenant administration.
+
+`weir/cli.py` calls `add_subcommands(subparsers, settings_factory)`; each leaf parser sets
+`func` (called as `args.func(args)`, returning the exit status). The database comes from
+`--database-url`, else `--data-dir` (its SQLite file), else the settings. `weir admin` talks to
+the database directly, or to a running server with `--server URL` (the admin token from
+`--admin-token` or the settings). Results are printed as the admin API's JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from weir.engine.request import Priority
+from weir.tenancy.admin_bodies.fields import parse_date, parse_datetime
+from weir.tenancy.budgets.quota_limits import (
+    KEY_LIMIT_FIELDS,
+    QUOTA_FIELDS,
+    QuotaLimits,
+    quota_field_description,
+    quota_from,
+)
+from weir.tenancy.cli.adapter_cli import add_adapter_commands
+from weir.tenancy.cli.admin_client import CLI_ACTOR, AdminBackend, DirectAdmin, JsonObject
+from weir.tenancy.cli.cli_support import (
+    CliSettings,
+    Handler,
+    SettingsFactory,
+    SettingsOf,
+    connection_parser,
+    guard,
+    json_command,
+    open_backend,
+    print_json,
+)
+from weir.tenancy.cli.cli_support import database_url as _database_url
+from weir.tenancy.cli.model_cli import add_model_commands
+from weir.tenancy.cli.spend_cli import add_spend_commands
+from weir.tenancy.errors import FieldError
+from weir.tenancy.keys.admin_token import reset_admin_token
+from weir.tenancy.keys.keys import KeyHasher
+from weir.tenancy.store.db import Database, safe_url
+from weir.tenancy.store.enums import KeyScope, TenantStatus
+from weir.tenancy.store.migrate import check_migrated, current_revision, downgrade, head_revision, upgrade
+from weir.tenancy.store.records import KeySpec, TenantSpec, TenantUpdate
+from weir.tenancy.store.repo import TenancyRepo, utc_now
+from weir.tenancy.usage.usage_report import (
+    DEFAULT_GROUP_BY,
+    DEFAULT_LIMIT,
+    FORMATS,
+    GROUPS,
+    MAX_LIMIT,
+    ReportQuery,
+    parse_group_by,
+    parse_time,
+    report_csv,
+)
+
+__all__ = ["CliSettings", "add_subcommands", "check_migrated", "main"]
+
+_SHARE_HELP = "join this tenant's prefix-cache scope on purpose (audited); a scope is never shared otherwise"
+
+
+# -- weir db ---------------------------------------------------------------------------------------
+
+
+def _add_db(subparsers: argparse._SubParsersAction, settings_of: SettingsOf) -> None:
+    db = subparsers.add_parser("db", help="database schema migrations (Alembic)")
+    db_sub = db.add_subparsers(dest="db_command", metavar="{upgrade,downgrade,current}", required=True)
+
+    @contextmanager
+    def database(args: argparse.Namespace) -> Iterator[Database]:
+        database = Database(_database_url(args, settings_of(args)))
+        try:
+            yield database
+        finally:
+            database.dispose()
+
+    def do_upgrade(args: argparse.Namespace) -> int:
+        with database(args) as db_:
+            upgrade(db_.engine, args.revision)
+            print(f"{safe_url(db_.url)}: at revision {current_revision(db_.engine)} (head {head_revision()})")
+        return 0
+
+    def do_downgrade(args: argparse.Namespace) -> int:
+        with database(args) as db_:
+            downgrade(db_.engine, args.revision)
+            print(f"{safe_url(db_.url)}: at revision {current_revision(db_.engine) or 'base (empty)'}")
+        return 0
+
+    def do_current(args: argparse.Namespace) -> int:
+        with database(args) as db_:
+            current, head = current_revision(db_.engine), head_revision()
+            state = "up to date" if current == head else "needs `weir db upgrade`"
+            print(f"{safe_url(db_.url)}: at revision {current or 'none'}; head is {head} ({state})")
+            return 0 if current == head else 1
+
+    for name, handler, help_text, default_rev in (
+        ("upgrade", do_upgrade, "migrate the database to the newest schema", "head"),
+        ("downgrade", do_downgrade, "undo migrations (default: one step; 'base' drops all tables)", "-1"),
+        ("current", do_current, "show the database's revision; exit 1 unless it is the newest", None),
+    ):
+        p = db_sub.add_parser(name, help=help_text)
+        _add_database_options(p)
+        if default_rev is not None:
+            p.add_argument("--revision", default=default_rev, help=f"target revision (default {default_rev})")
+        p.set_defaults(func=guard(handler))
+
+
+def _add_database_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--database-url", dest="database_url", help="SQLAlchemy URL (default: from the settings)"
+    )
+    parser.add_argument("--data-dir", dest="data_dir", help="use the SQLite database in this data directory")
+
+
+# -- weir admin ------------------------------------------------------------------------------------
+
+
+def _add_limit_options(
+    parser: argparse.ArgumentParser, title: str, names: tuple[str, ...], models: str
+) -> None:
+    g = parser.add_argument_group(title)
+    for name in names:
+        if name == "models":
+            g.add_argument("--model", dest="models", action="append", default=[], metavar="NAME", help=models)
+        else:
+            metavar = "MS" if name.endswith("_ms") else "N"
+            g.add_argument(
+                f"--{name.replace('_', '-')}", type=int, metavar=metavar, help=quota_field_description(name)
+            )
+
+
+def add_quota_options(parser: argparse.ArgumentParser) -> None:
+    models = "an allowed model; repeat for several (omitted: every model)"
+    _add_limit_options(parser, "quota (omitted: unlimited)", QUOTA_FIELDS, models)
+
+
+def _quota_from(args: argparse.Namespace) -> QuotaLimits:
+    return quota_from(args, QUOTA_FIELDS)
+
+
+def add_key_limit_options(parser: argparse.ArgumentParser) -> None:
+    title = "the key's own limits (omitted: its tenant's; the tighter applies)"
+    models = "an allowed model, one of the tenant's; repeat for several (omitted: the tenant's)"
+    _add_limit_options(parser, title, KEY_LIMIT_FIELDS, models)
+
+
+def _key_limits_from(args: argparse.Namespace) -> QuotaLimits:
+    return quota_from(args, KEY_LIMIT_FIELDS)
+
+
+def _priority(value: str) -> Priority:
+    try:
+        return Priority[value.upper()]
+    except KeyError:
+        raise argparse.ArgumentTypeError("must be one of interactive, standard, batch") from None
+
+
+def _key_spec(args: argparse.Namespace) -> KeySpec:
+    scopes = tuple(KeyScope(s) for s in args.scopes) if args.scopes else tuple(KeyScope)
+    expires_at = None
+    if args.expires_at is not None:
+        expires_at = parse_datetime(args.expires_at, "--expires-at")
+    elif args.expires_in_days is not None:
+        if args.expires_in_days <= 0:
+            raise FieldError("--expires-in-days", "must be positive")
+        expires_at = utc_now() + dt.timedelta(days=args.expires_in_days)
+    return KeySpec(scopes=scopes, expires_at=expires_at)
+
+
+def _admin_leaf(
+    parent: argparse._SubParsersAction, name: str, help_text: str, conn: argparse.ArgumentParser
+) -> argparse.ArgumentParser:
+    return parent.add_parser(name, help=help_text, parents=[conn])
+
+
+def _add_admin(subparsers: argparse._SubParsersAction, settings_of: SettingsOf) -> None:
+    conn = connection_parser()
+
+    @contextmanager
+    def backend(args: argparse.Namespace) -> Iterator[AdminBackend]:
+        settings = settings_of(args)
+        pepper = settings.key_pepper if settings is not None else None
+
+        def direct(database: Database) -> AdminBackend:
+            return DirectAdmin(TenancyRepo(database, KeyHasher.from_pepper(pepper)))
+
+        with open_backend(args, settings, direct, lambda server: server) as chosen:
+            yield chosen
+
+    def command(op: Callable[[AdminBackend, argparse.Namespace], JsonObject]) -> Handler:
+        return json_command(backend, op)
+
+    def report(args: argparse.Namespace) -> int:
+        query = ReportQuery(
+            since=parse_time(args.since, "since"),
+            until=parse_time(args.until, "until"),
+            group_by=parse_group_by(args.group_by),
+            tenant=args.tenant,
+            key_id=args.key_id,
+            limit=args.limit,
+            offset=args.offset,
+        )
+        with backend(args) as b:
+            body = b.usage_report(query)
+        if args.format == "csv":
+            sys.stdout.write(report_csv(body))
+        else:
+            print_json(body)
+        return 0
+
+    admin = subparsers.add_parser(
+        "admin", help="tenants, API keys, quotas, usage, the audit log, models, LoRA adapters"
+    )
+    admin_sub = admin.add_subparsers(dest="admin_command", required=True)
+    add_model_commands(admin_sub, conn, settings_of)
+    add_spend_commands(admin_sub, conn, settings_of)  # prices and window budgets (issue 25)
+    add_adapter_commands(admin_sub, conn, settings_of)
+
+    # tenants
+    tenants = admin_sub.add_parser("tenants", help="create, list, show, update, suspend tenants")
+    t_sub = tenants.add_subparsers(dest="tenants_command", required=True)
+    p = _admin_leaf(t_sub, "create", "create a tenant", conn)
+    p.add_argument("name")
+    p.add_argument(
+        "--priority", type=_priority, default=Priority.STANDARD, help="interactive, standard or batch"
+    )
+    p.add_argument("--weight", type=float, default=1.0, help="fair-share weight (default 1)")
+    p.add_argument("--cache-scope", help="prefix-cache scope (default: the tenant's name)")
+    p.add_argument("--share-cache-scope-with", metavar="TENANT", help=_SHARE_HELP)
+    add_quota_options(p)
+    p.set_defaults(
+        func=command(
+            lambda b, a: b.create_tenant(
+                TenantSpec(
+                    a.name,
+                    a.priority,
+                    a.weight,
+                    a.cache_scope,
+                    quota=_quota_from(a),
+                    share_cache_scope_with=a.share_cache_scope_with,
+                )
+            )
+        )
+    )
+    p = _admin_leaf(t_sub, "list", "list tenants", conn)
+    p.set_defaults(func=command(lambda b, a: b.list_tenants()))
+    p = _admin_leaf(t_sub, "get", "show one tenant", conn)
+    p.add_argument("name")
+    p.set_defaults(func=command(lambda b, a: b.get_tenant(a.name)))
+    p = _admin_leaf(t_sub, "update", "change a tenant's priority, weight, cache scope or status", conn)
+    p.add_argument("name")
+    p.add_argument("--priority", type=_priority)
+    p.add_argument("--weight", type=float)
+    p.add_argument("--cache-scope")
+    p.add_argument("--share-cache-scope-with", metavar="TENANT", help=_SHARE_HELP)
+    p.add_argument("--status", type=TenantStatus, choices=list(TenantStatus))
+    p.set_defaults(
+        func=command(
+            lambda b, a: b.update_tenant(
+                a.name,
+                TenantUpdate(
+                    a.priority,
+                    a.weight,
+                    a.cache_scope,
+                    a.status,
+                    share_cache_scope_with=a.share_cache_scope_with,
+                ),
+            )
+        )
+    )
+    p = _admin_leaf(t_sub, "suspend", "suspend a tenant (its keys get 403)", conn)
+    p.add_argument("name")
+    p.set_defaults(func=command(lambda b, a: b.suspend_tenant(a.name)))
+
+    # keys
+    keys = admin_sub.add_parser("keys", help="issue, list, revoke, rotate API keys; set their limits")
+    k_sub = keys.add_subparsers(dest="keys_command", required=True)
+    p = _admin_leaf(k_sub, "issue", "issue a key; the key is printed only this once", conn)
+    p.add_argument("tenant")
+    p.add_argument("--scope", dest="scopes", action="append", choices=[s.value for s in KeyScope],
+                   help="repeat for several (default: all)")  # fmt: skip
+    when = p.add_mutually_exclusive_group()
+    when.add_argument("--expires-at", help="ISO 8601 time with a zone, e.g. 2030-01-01T00:00:00Z")
+    when.add_argument("--expires-in-days", type=int, metavar="N")
+    p.set_defaults(func=command(lambda b, a: b.issue_key(a.tenant, _key_spec(a))))
+    p = _admin_leaf(k_sub, "list", "list a tenant's keys (never their secrets)", conn)
+    p.add_argument("tenant")
+    p.set_defaults(func=command(lambda b, a: b.list_keys(a.tenant)))
+    p = _admin_leaf(k_sub, "revoke", "revoke a key", conn)
+    p.add_argument("key_id")
+    p.set_defaults(func=command(lambda b, a: b.revoke_key(a.key_id)))
+    p = _admin_leaf(k_sub, "rotate", "issue a replacement key and revoke the old one", conn)
+    p.add_argument("key_id")
+    p.set_defaults(func=command(lambda b, a: b.rotate_key(a.key_id)))
+    p = _admin_leaf(k_sub, "limits", "replace a key's own limits (omitted: its tenant's)", conn)
+    p.add_argument("key_id")
+    add_key_limit_options(p)
+    p.set_defaults(func=command(lambda b, a: b.set_key_limits(a.key_id, _key_limits_from(a))))
+
+    # quota
+    quota = admin_sub.add_parser("quota", help="set a tenant's quota")
+    q_sub = quota.add_subparsers(dest="quota_command", required=True)
+    p = _admin_leaf(q_sub, "set", "replace a tenant's whole quota (omitted fields: unlimited)", conn)
+    p.add_argument("tenant")
+    add_quota_options(p)
+    p.set_defaults(func=command(lambda b, a: b.set_quota(a.tenant, _quota_from(a))))
+
+    # usage and audit
+    usage = admin_sub.add_parser("usage", help="usage: a tenant's per UTC day, or grouped reports")
+    u_sub = usage.add_subparsers(dest="usage_command", required=True)
+    p = _admin_leaf(u_sub, "daily", "a tenant's usage per UTC day", conn)
+    p.add_argument("tenant")
+    p.add_argument("--since", type=_date, metavar="YYYY-MM-DD")
+    p.add_argument("--until", type=_date, metavar="YYYY-MM-DD")
+    p.set_defaults(func=command(lambda b, a: b.usage(a.tenant, a.since, a.until)))
+    p = _admin_leaf(u_sub, "report", "usage over [since, until) grouped, one page, JSON or CSV", conn)
+    p.add_argument("--since", required=True, help="YYYY-MM-DD (midnight UTC) or ISO 8601 time with a zone")
+    p.add_argument("--until", required=True, help="exclusive; same forms as --since")
+    p.add_argument(
+        "--group-by", default=",".join(DEFAULT_GROUP_BY), help=f"comma-separated: {', '.join(GROUPS)}"
+    )
+    p.add_argument("--tenant")
+    p.add_argument("--key-id")
+    p.add_argument("--limit", type=int, default=DEFAULT_LIMIT, help=f"groups per page, 1-{MAX_LIMIT}")
+    p.add_argument("--offset", type=int, default=0, help="the previous page's next_offset")
+    p.add_argument("--format", choices=FORMATS, default="json")
+    p.set_defaults(func=guard(report))
+    p = _admin_leaf(admin_sub, "audit", "the audit log, newest first", conn)
+    p.add_argument("--tenant")
+    p.add_argument("--limit", type=int, default=100)
+    p.set_defaults(func=command(lambda b, a: b.audit(a.tenant, a.limit)))
+
+    # admin token (database only: a server cannot hand out its own replacement token)
+    token = admin_sub.add_parser("token", help="the admin token")
+    tk_sub = token.add_subparsers(dest="token_command", required=True)
+    p = tk_sub.add_parser("reset", help="generate a new admin token, store its hash, print it once")
+    _add_database_options(p)
+
+    def do_reset(args: argparse.Namespace) -> int:
+        settings = settings_of(args)
+        database = Database(_database_url(args, settings))
+        try:
+            check_migrated(database.engine)
+            repo = TenancyRepo(database, KeyHasher.from_pepper(settings.key_pepper if settings else None))
+            print(reset_admin_token(repo, actor=CLI_ACTOR))
+        finally:
+            database.dispose()
+        if settings is not None and settings.admin_token:
+            print(
+                "weir: note: WEIR_ADMIN_TOKEN is set and takes precedence over the stored token",
+                file=sys.stderr,
+            )
+        return 0
+
+    p.set_defaults(func=guard(do_reset))
+
+
+def _date(value: str) -> dt.date:
+    try:
+        return parse_date(value, "date")
+    except FieldError:
+        raise argparse.ArgumentTypeError("must be a date, YYYY-MM-DD") from None
+
+
+def add_subcommands(
+    subparsers: argparse._SubParsersAction, settings_factory: SettingsFactory | None = None
+) -> None:
+    """Add `db` and `admin` to a `weir` parser. `settings_factory(args)` is called only when a
+    command runs (never at import or parse time); without it, --database-url/--data-dir are needed."""
+
+    def settings_of(args: argparse.Namespace) -> CliSettings | None:
+        return settings_factory(args) if settings_factory is not None else None
+
+    _add_db(subparsers, settings_of)
+    _add_admin(subparsers, settings_of)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m weir.tenancy.cli.cli db|admin ...`, without server settings (pass --database-url)."""
+    parser = argparse.ArgumentParser(prog="weir", description="Weir database and tenant administration")
+    add_subcommands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    result: Any = args.func(args)
+    return int(result)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

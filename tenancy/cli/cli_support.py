@@ -1,0 +1,140 @@
+"""What the `weir db` / `weir admin` command modules share: where the database or the server is,
+one-line errors with exit statuses, and printing results as the admin API's JSON.
+
+`weir.tenancy.cli.cli` (tenants, keys, quotas, usage, audit) and `weir.tenancy.cli.model_cli` (model versions) both
+build on it, so `--server`, `--database-url` and `--data-dir` mean the same everywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
+from typing import Protocol, TypeVar
+
+from weir.tenancy.cli.admin_client import HttpAdmin, JsonObject
+from weir.tenancy.errors import TenancyError
+from weir.tenancy.store.db import Database, sqlite_url_for
+from weir.tenancy.store.migrate import check_migrated
+
+T = TypeVar("T")
+
+
+class CliSettings(Protocol):
+    """What the commands need from the server settings (`weir.gateway.server.settings.Settings` fits)."""
+
+    @property
+    def resolved_database_url(self) -> str: ...
+
+    @property
+    def key_pepper(self) -> str | None: ...
+
+    @property
+    def admin_token(self) -> str | None: ...
+
+
+SettingsFactory = Callable[[argparse.Namespace], CliSettings]
+SettingsOf = Callable[[argparse.Namespace], CliSettings | None]
+Handler = Callable[[argparse.Namespace], int]
+
+
+class CliError(Exception):
+    """A usage problem the CLI reports in one line (exit status 2)."""
+
+
+def database_url(args: argparse.Namespace, settings: CliSettings | None) -> str:
+    """`--database-url`, else `--data-dir`'s SQLite file, else the settings' database."""
+    if args.database_url:
+        return str(args.database_url)
+    if args.data_dir:
+        return sqlite_url_for(Path(args.data_dir))
+    if settings is not None:
+        return settings.resolved_database_url
+    raise CliError("no database given: pass --database-url URL or --data-dir DIR")
+
+
+def print_json(obj: JsonObject) -> None:
+    """A result on stdout, as indented JSON."""
+    json.dump(obj, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+
+
+def guard(handler: Handler) -> Handler:
+    """Turn expected failures into a one-line message and an exit status."""
+
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return handler(args)
+        except CliError as exc:
+            print(f"weir: {exc}", file=sys.stderr)
+            return 2
+        except TenancyError as exc:
+            print(f"weir: {exc.message}", file=sys.stderr)
+            return 1
+
+    return run
+
+
+_Backend = TypeVar("_Backend")
+
+
+def json_command(
+    backend: Callable[[argparse.Namespace], AbstractContextManager[_Backend]],
+    op: Callable[[_Backend, argparse.Namespace], JsonObject],
+) -> Handler:
+    """A subcommand that runs `op` on the backend `backend(args)` opens and prints its answer as
+    JSON, behind `guard`."""
+
+    def run(args: argparse.Namespace) -> int:
+        with backend(args) as b:
+            print_json(op(b, args))
+        return 0
+
+    return guard(run)
+
+
+def connection_parser() -> argparse.ArgumentParser:
+    """The parent parser of every `weir admin` leaf: the database, or a server and its token."""
+    conn = argparse.ArgumentParser(add_help=False)
+    g = conn.add_argument_group("where (default: the database from the settings)")
+    g.add_argument("--database-url", dest="database_url", help="SQLAlchemy URL of the database")
+    g.add_argument("--data-dir", dest="data_dir", help="use the SQLite database in this data directory")
+    g.add_argument(
+        "--server", dest="server", metavar="URL", help="talk to a running server's admin API instead"
+    )
+    g.add_argument(
+        "--admin-token", dest="admin_token", help="admin token for --server (default: WEIR_ADMIN_TOKEN)"
+    )
+    return conn
+
+
+@contextmanager
+def open_backend(
+    args: argparse.Namespace,
+    settings: CliSettings | None,
+    direct: Callable[[Database], T],
+    http: Callable[[HttpAdmin], T],
+) -> Iterator[T]:
+    """The backend the options select: `http(server)` with `--server`, else `direct(database)`
+    on a migrated database; closed on exit."""
+    if args.server:
+        if args.database_url or args.data_dir:
+            raise CliError("give either --server or a database, not both")
+        token = args.admin_token or (settings.admin_token if settings is not None else None)
+        if not token:
+            raise CliError("--server needs --admin-token (or WEIR_ADMIN_TOKEN)")
+        server = HttpAdmin.connect(args.server, token)
+        try:
+            yield http(server)
+        finally:
+            server.close()
+        return
+    database = Database(database_url(args, settings))
+    try:
+        check_migrated(database.engine)
+        yield direct(database)
+    finally:
+        database.dispose()

@@ -1,0 +1,124 @@
+"""`weir admin prices ...` and `weir admin budgets ...`: the price table and window budgets.
+
+With `--server URL` each command goes to the running server's admin API; without it, to the
+database. Either way the change is audited, and servers apply it within their auth cache TTL.
+`weir.tenancy.cli.cli` adds these commands under `weir admin`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from weir.tenancy.admin_bodies.spend_api import JsonObject
+from weir.tenancy.budgets.budget_windows import WindowKind
+from weir.tenancy.budgets.spend_admin import HttpSpendAdmin, SpendAdmin, SpendAdminBackend
+from weir.tenancy.budgets.window_budget_records import BudgetUnit
+from weir.tenancy.cli.admin_client import HttpAdmin
+from weir.tenancy.cli.cli_support import Handler, SettingsOf, json_command, open_backend
+from weir.tenancy.store.db import Database
+
+
+def _integer(value: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError("must be an integer") from None
+
+
+def price_body(args: argparse.Namespace) -> JsonObject:
+    """The admin API's price body from the command's options (amounts stay decimal text)."""
+    body: JsonObject = {
+        "model": args.model,
+        "currency": args.currency,
+        "input_per_million": args.input,
+        "output_per_million": args.output,
+    }
+    if args.cached_input is not None:
+        body["cached_input_per_million"] = args.cached_input
+    if args.effective_from is not None:
+        body["effective_from"] = args.effective_from
+    return body
+
+
+def budget_body(args: argparse.Namespace) -> JsonObject:
+    body: JsonObject = {
+        "tenant": args.tenant,
+        "unit": args.unit,
+        "window": args.window,
+        "time_zone": args.time_zone,
+        "soft_limit": args.soft,
+        "hard_limit": args.hard,
+    }
+    if args.key_id is not None:
+        body["key_id"] = args.key_id
+    if args.rolling_s is not None:
+        body["rolling_s"] = args.rolling_s
+    return body
+
+
+def add_spend_commands(
+    admin_sub: argparse._SubParsersAction, conn: argparse.ArgumentParser, settings_of: SettingsOf
+) -> None:
+    """Add `prices` and `budgets` under `weir admin`; `conn` is the connection parent parser."""
+
+    @contextmanager
+    def backend(args: argparse.Namespace) -> Iterator[SpendAdminBackend]:
+        def direct(database: Database) -> SpendAdminBackend:
+            return SpendAdmin(database)
+
+        def http(server: HttpAdmin) -> SpendAdminBackend:
+            return HttpSpendAdmin(server)
+
+        with open_backend(args, settings_of(args), direct, http) as chosen:
+            yield chosen
+
+    def command(op: Callable[[SpendAdminBackend, argparse.Namespace], JsonObject]) -> Handler:
+        return json_command(backend, op)
+
+    prices = admin_sub.add_parser("prices", help="the price table: per model version, per million tokens")
+    p_sub = prices.add_subparsers(dest="prices_command", required=True)
+    p = p_sub.add_parser("set", help="add a price, effective now or from a later time", parents=[conn])
+    p.add_argument("model", help="a model version (name@version) or a model (every version without its own)")
+    p.add_argument(
+        "--currency", default="USD", help="three capital letters (default USD; one per deployment)"
+    )
+    p.add_argument(
+        "--input", required=True, metavar="AMOUNT", help="per million uncached prompt tokens, e.g. 0.15"
+    )
+    p.add_argument("--cached-input", dest="cached_input", metavar="AMOUNT",
+                   help="per million prompt tokens served from the prefix cache (default: --input)")  # fmt: skip
+    p.add_argument("--output", required=True, metavar="AMOUNT", help="per million output tokens")
+    p.add_argument("--effective-from", dest="effective_from", metavar="TIME",
+                   help="ISO 8601 time with a zone, not in the past (default: now)")  # fmt: skip
+    p.set_defaults(func=command(lambda b, a: b.set_price(price_body(a))))
+    p = p_sub.add_parser("list", help="every price, oldest first per model", parents=[conn])
+    p.add_argument("--model", help="only this model or model version")
+    p.set_defaults(func=command(lambda b, a: b.list_prices(a.model)))
+
+    budgets = admin_sub.add_parser(
+        "budgets",
+        help="token and money budgets of tenants and keys over minute/hour/day/month/rolling windows",
+    )
+    b_sub = budgets.add_subparsers(dest="budgets_command", required=True)
+    p = b_sub.add_parser("set", help="set a budget (same principal, unit and window: its limits change)",
+                         parents=[conn])  # fmt: skip
+    p.add_argument("tenant")
+    p.add_argument("--key", dest="key_id", metavar="KEY_ID", help="a key of the tenant (default: the tenant)")
+    p.add_argument("--unit", required=True, choices=[u.value for u in BudgetUnit],
+                   help="tokens, or micros (micro-units of the price table's currency)")  # fmt: skip
+    p.add_argument("--window", required=True, choices=[w.value for w in WindowKind])
+    p.add_argument("--time-zone", dest="time_zone", default="UTC",
+                   help="IANA zone of day and month windows (default UTC)")  # fmt: skip
+    p.add_argument("--rolling-s", dest="rolling_s", type=_integer, metavar="SECONDS",
+                   help="length of a rolling window (a multiple of 60)")  # fmt: skip
+    p.add_argument("--soft", type=_integer, metavar="N", help="alert (metric and audit event) when reached")
+    p.add_argument("--hard", type=_integer, metavar="N", help="refuse (429) what would pass it")
+    p.set_defaults(func=command(lambda b, a: b.set_budget(budget_body(a))))
+    p = b_sub.add_parser("list", help="budgets with their current window's count and reset", parents=[conn])
+    p.add_argument("--tenant")
+    p.set_defaults(func=command(lambda b, a: b.list_budgets(a.tenant)))
+    p = b_sub.add_parser("delete", help="remove a budget", parents=[conn])
+    p.add_argument("budget_id", type=_integer)
+    p.set_defaults(func=command(lambda b, a: b.delete_budget(a.budget_id)))
