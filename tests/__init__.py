@@ -1,10 +1,2 @@
-# weir: the repository root goes last on sys.path. It is there when this runs from a checkout (pytest's
-# rootdir, `python -m` from the root), and its folders (engine/, kernels/, ...) would shadow installed
-# top-level packages of the same names: Hugging Face's `kernels`, which transformers imports. Weir itself
-# imports as weir.* from its installed (editable) distribution; only `tests` is found through the root.
-import os as _os
-import sys as _sys
-
-_ROOT = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
-if _os.path.isfile(_os.path.join(_ROOT, "pyproject.toml")):  # a checkout, not site-packages
-    _sys.path[:] = [p for p in _sys.path if _os.path.abspath(p or _os.curdir) != _ROOT] + [_ROOT]
+# Importing weir first puts the repository root last on sys.path (weir/__init__.py says why).
+import weir  # noqa: F401
