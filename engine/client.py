@@ -11,12 +11,12 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from weir.engine.call_closing import new_matcher
 from weir.engine.kv.prefix_cache_types import FlushResult, PrefixCacheStats, SharedPrefixInfo
 from weir.engine.lora.lora_types import AdapterInfo, AdapterRef
 from weir.engine.output import EngineStats, RequestOutput
 from weir.engine.request import Priority, Request, SamplingParams, TokenChecker
 from weir.engine.scheduling.latency_targets import NO_TARGETS, LatencyTargets
+from weir.engine.structured.call_closing import new_matcher
 from weir.engine.structured.constraints import CompiledConstraint
 
 

@@ -277,7 +277,7 @@ class LoraConfig:
 
 @dataclass(frozen=True)
 class MaskConfig:
-    """How grammar masks are computed ahead (engine/mask_prefetch.py)."""
+    """How grammar masks are computed ahead (engine/structured/mask_prefetch.py)."""
 
     num_workers: int = 2
     # A mask still computing this long after it started fails its request.

@@ -40,7 +40,6 @@ from weir.engine.kv.swap_policy import SwapPolicy
 from weir.engine.lora.lora_adapter import LoraAdapter
 from weir.engine.lora.lora_manager import LoraManager
 from weir.engine.lora.lora_types import AdapterInfo, AdapterInUseError, AdapterLoadError, UnknownAdapterError
-from weir.engine.mask_prefetch import MaskPrefetcher
 from weir.engine.output import EngineStats, RequestOutput, SchedulerOutput, StepTimeTotals
 from weir.engine.request import FinishReason, RequestStatus
 from weir.engine.runner.runner import ModelRunner
@@ -55,6 +54,7 @@ from weir.engine.spec_decode import engine_step as spec_step
 from weir.engine.spec_decode.drafter import Drafter
 from weir.engine.spec_decode.policy import SpeculationPolicy
 from weir.engine.spec_decode.tally import SpeculationCounters
+from weir.engine.structured.mask_prefetch import MaskPrefetcher
 from weir.engine.text.engine_tokenizer import own_tokenizer, tokenizer_fingerprint
 
 logger = logging.getLogger("weir.engine")

@@ -171,7 +171,7 @@ class EngineStats:
     running_by_priority: tuple[int, ...] = field(default=(0, 0, 0))  # running sequences per class
     num_restarts: int = 0  # times the engine loop restarted after an exception it could not contain
     num_stalls: int = 0  # stalls the watchdog detected and broke (engine/scheduling/stall_watchdog.py)
-    # Grammar masks computed ahead (engine/mask_prefetch.py): rows that sat a step out because
+    # Grammar masks computed ahead (engine/structured/mask_prefetch.py): rows that sat a step out because
     # theirs was not ready, and requests failed because it stayed late past its time limit.
     num_grammar_masks_late: int = 0
     num_grammar_mask_timeouts: int = 0

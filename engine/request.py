@@ -343,7 +343,7 @@ class Request:
     @property
     def awaits_mask(self) -> bool:
         """Whether the sequence's grammar mask was late for a step and is still computing: it
-        sits out steps until the mask arrives (`weir.engine.mask_prefetch`)."""
+        sits out steps until the mask arrives (`weir.engine.structured.mask_prefetch`)."""
         return self.constraint is not None and self.constraint.late
 
     @property

@@ -23,16 +23,16 @@ from weir.engine.errors import InvalidRequestError
 from weir.engine.faults import FaultInjector
 from weir.engine.kv.host_kv_tensors import HostKVCopier
 from weir.engine.lora.lora_manager import LoraManager
-from weir.engine.mask_prefetch import MaskPrefetcher
 from weir.engine.output import ScheduledRequest, SchedulerOutput
 from weir.engine.request import Request
 from weir.engine.runner.attention import AttentionMetadata
 from weir.engine.runner.cuda_graphs import DecodeGraphs
 from weir.engine.runner.step_threads import StepThreads
 from weir.engine.sampling.sampler import Sampler, SampleResult, SamplingContext, has_penalty, make_generator
+from weir.engine.sampling.token_counts import TokenCounts
 from weir.engine.spec_decode.drafter import Draft
 from weir.engine.spec_decode.verifier import Verification, Verifier
-from weir.engine.token_counts import TokenCounts
+from weir.engine.structured.mask_prefetch import MaskPrefetcher
 
 logger = logging.getLogger("weir.engine")
 
@@ -88,7 +88,7 @@ class ModelRunner:
         self.faults = faults  # tests only; None in production
         self.num_steps = 0
         self._generators: dict[str, torch.Generator | None] = {}
-        # Penalised requests' token counts, kept step by step (engine/token_counts.py).
+        # Penalised requests' token counts, kept step by step (engine/sampling/token_counts.py).
         self._counts: dict[str, TokenCounts] = {}
 
     def add_request(self, request_id: str, seed: int | None) -> None:

@@ -35,8 +35,8 @@ import torch
 from weir.engine.output import TokenLogprob
 from weir.engine.request import SamplingParams
 from weir.engine.sampling.sampling_filters import apply_filters, filter_floors
+from weir.engine.sampling.token_counts import TokenCounts
 from weir.engine.structured.constraints import TokenConstraint, allowed_tokens
-from weir.engine.token_counts import TokenCounts
 from weir.kernels import cpu_argmax, cpu_sample
 
 # Below this temperature, logits / temperature can overflow float32; such rows are greedy.

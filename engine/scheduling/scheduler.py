@@ -246,7 +246,7 @@ class Scheduler:
         # Decodes by class (stable: admission order within one); prefill chunks by class, then
         # TTFT deadline, then admission order: the earliest prompt takes what the budget allows
         # first, and finishes first.
-        # A sequence whose grammar mask is late sits out until it arrives (engine/mask_prefetch.py).
+        # A sequence whose grammar mask is late sits out until it arrives (engine/structured/mask_prefetch.py).
         decodes = sorted(
             (r for r in running if r.num_remaining == 1 and not r.awaits_mask), key=lambda r: int(r.priority)
         )

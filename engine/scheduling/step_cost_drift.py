@@ -66,6 +66,8 @@ class DriftDetector:
         if not (predicted_s > 0 and step.seconds > 0 and math.isfinite(predicted_s + step.seconds)):
             return None
         ratio = step.seconds / predicted_s
+        if not 0 < ratio < math.inf:  # a subnormal time over a large prediction underflows to 0
+            return None
         direction = 1 if ratio > 1 + self._tolerance else -1 if ratio < 1 - self._tolerance else 0
         if direction == 0 or direction != self._direction:
             self.clear()

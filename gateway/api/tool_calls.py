@@ -15,7 +15,7 @@ asks for calls in one of two formats:
   `parallel_tool_calls` (the default) allows more, up to `MAX_PARALLEL_CALLS`. A function's
   parameters that use `$ref` move to the root's `$defs` (`relocate_refs`), so their references
   still resolve inside the bigger schema. The engine keeps room to close the array before
-  `max_tokens` (`weir.engine.call_closing`), so a constrained answer always ends with complete calls.
+  `max_tokens` (`weir.engine.structured.call_closing`), so a constrained answer always ends with complete calls.
 
 Every function's parameters are checked against the keywords the grammar enforces
 (`weir.gateway.api.json_schema_support`) whatever the tool choice, so a schema is refused or served

@@ -28,8 +28,8 @@ from typing import Any
 from cachetools import LRUCache
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from weir.engine.call_closing import ClosingAlphabet, closable
 from weir.engine.errors import InvalidRequestError
+from weir.engine.structured.call_closing import ClosingAlphabet, closable
 from weir.engine.structured.constraints import CompiledConstraint, ConstraintKind
 from weir.engine.structured.grammar import ConstraintSpec, GrammarBackend
 from weir.gateway.http.errors import BadRequestError
@@ -238,7 +238,7 @@ class GrammarService:
     def _closable(
         self, compiled: CompiledConstraint, tokenizer: Any, backend: GrammarBackend, spec: ConstraintSpec
     ) -> CompiledConstraint:
-        """A tool-call grammar the engine can close before `max_tokens` (`weir.engine.call_closing`)."""
+        """A tool-call grammar the engine can close before `max_tokens` (`weir.engine.structured.call_closing`)."""
         with self._lock:
             alphabet = self._alphabets.get(backend.fingerprint)
         if alphabet is None:

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from weir.engine.call_closing import ClosableConstraint
 from weir.engine.client import EngineRequest
 from weir.engine.errors import ContextLengthError
 from weir.engine.scheduling.latency_targets import LatencyTargets
+from weir.engine.structured.call_closing import ClosableConstraint
 from weir.engine.structured.constraints import CompiledConstraint
 from weir.gateway.api.openai_bodies import requests as rb
 from weir.gateway.api.protocol import Endpoint, GenerationOptions

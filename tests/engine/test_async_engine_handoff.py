@@ -21,9 +21,9 @@ from weir.engine.client import EngineRequest
 from weir.engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from weir.engine.errors import RetryableEngineError
 from weir.engine.llm_engine import LLMEngine, build_engine
-from weir.engine.mask_prefetch import MaskPrefetcher
 from weir.engine.output import EngineStats, RequestOutput
 from weir.engine.request import FinishReason, SamplingParams
+from weir.engine.structured.mask_prefetch import MaskPrefetcher
 
 
 class _FakeLoop:

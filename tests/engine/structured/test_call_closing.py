@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
 from tests.engine.tiny_models import make_tiny_tokenizer
-from weir.engine.call_closing import (
+from weir.engine.structured.call_closing import (
     ClosableConstraint,
     ClosingAlphabet,
     ClosingConstraint,

@@ -1,4 +1,4 @@
-"""engine/token_counts.py: counts kept step by step equal counting the whole sequence again."""
+"""engine/sampling/token_counts.py: counts kept step by step equal counting the whole sequence again."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from weir.engine.request import SamplingParams
 from weir.engine.sampling.sampler import SamplingContext, apply_penalties
-from weir.engine.token_counts import TokenCounts, count_tokens
+from weir.engine.sampling.token_counts import TokenCounts, count_tokens
 
 VOCAB = 50
 CPU = torch.device("cpu")
