@@ -29,6 +29,7 @@ from typing import Any
 
 from weir.engine.config import MaskConfig
 from weir.engine.request import Request
+from weir.engine.structured.worker_priority import lower_thread_priority
 
 GRAMMAR_TIMEOUT = "grammar_timeout"
 
@@ -58,7 +59,9 @@ class MaskPrefetcher:
 
     def _workers(self) -> ThreadPoolExecutor:
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.config.num_workers, thread_name_prefix="weir-mask")
+            self._pool = ThreadPoolExecutor(
+                self.config.num_workers, thread_name_prefix="weir-mask", initializer=lower_thread_priority
+            )
         return self._pool
 
     def _done(self, _: Future[Any]) -> None:

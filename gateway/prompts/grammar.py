@@ -32,8 +32,9 @@ from weir.engine.errors import InvalidRequestError
 from weir.engine.structured.call_closing import ClosingAlphabet, closable
 from weir.engine.structured.constraints import CompiledConstraint, ConstraintKind
 from weir.engine.structured.grammar import ConstraintSpec, GrammarBackend
+from weir.engine.structured.worker_priority import lower_thread_priority
 from weir.gateway.http.errors import BadRequestError
-from weir.gateway.prompts.regex_cost import nested_repeat_product
+from weir.gateway.prompts.regex_cost import nested_repeat_depth, nested_repeat_product
 from weir.gateway.prompts.tokenizer_pool import TokenizerPool
 
 _KINDS = [k.value for k in ConstraintKind]
@@ -59,9 +60,12 @@ class GrammarLimits:
     # A counted repetition ({n}, {n,m}) in a regex or a schema's `pattern`: compile time grows
     # with it (xgrammar 0.2.9: [a-z]{1,500} takes 0.9 s on one core).
     max_regex_repeat: int = 256
-    # The product of counted repetitions nested in one another (gateway/prompts/regex_cost.py):
-    # what a grammar's masks cost grows with it. 65,536 masks in ~20 ms on one core (xgrammar 0.2.9).
-    max_regex_repeat_product: int = 65536
+    # The product of counted repetitions nested in one another, and how many repetitions stack
+    # along one path (gateway/prompts/regex_cost.py): what a grammar's masks cost grows with
+    # both. ([a-z]{0,64}){0,64} (4,096, two levels) fills a mask in ~30 ms on one core; three
+    # levels of {0,8} took 2.7 s (xgrammar 0.2.9).
+    max_regex_repeat_product: int = 4096
+    max_regex_repeat_depth: int = 2
     max_choices: int = 256
 
     def __post_init__(self) -> None:
@@ -75,6 +79,7 @@ class GrammarLimits:
             "max_schema_depth",
             "max_enum_values",
             "max_regex_repeat_product",
+            "max_regex_repeat_depth",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -107,6 +112,13 @@ def _check_regex(pattern: str, param: str, limits: GrammarLimits) -> None:
             raise _too_complex(
                 param, f"a repetition {match.group(0)} above {limits.max_regex_repeat} in a regex"
             )
+    depth = nested_repeat_depth(pattern)
+    if depth > limits.max_regex_repeat_depth:
+        raise _too_complex(
+            param,
+            f"{depth} repetitions nested in one another in a regex, at most {limits.max_regex_repeat_depth} "
+            "(a repeated group inside a repeated group inside another: its masks cost seconds)",
+        )
     product = nested_repeat_product(pattern)
     if product > limits.max_regex_repeat_product:
         raise _too_complex(
@@ -183,8 +195,11 @@ class GrammarService:
     ) -> None:
         self.limits = limits or GrammarLimits()
         self.metrics = GrammarMetrics(registry)
+        # At the lowest CPU priority: a costly compile takes only the CPU the engine leaves idle.
         self._pool = concurrent.futures.ThreadPoolExecutor(
-            max_workers=self.limits.num_workers, thread_name_prefix="weir-grammar"
+            max_workers=self.limits.num_workers,
+            thread_name_prefix="weir-grammar",
+            initializer=lower_thread_priority,
         )
         # One tenant holds at most half the workers, counted until its compile's thread is done
         # (a timed-out compile still runs): its slow grammars queue behind each other, and never

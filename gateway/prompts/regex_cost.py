@@ -6,6 +6,13 @@ a mask's cost grows with the product of the counts along the deepest nesting, no
 `(((([a-z]{0,256}){0,256}){0,256}){0,256})` is 256^4 ≈ 4.3e9 copies: each of its masks took
 minutes (issue 54), while `(([a-z]{0,64}){0,64}){0,16}` (65,536) takes ~20 ms on one core.
 
+Ambiguity multiplies too: a repetition of a repetition of a repetition is written out so that
+one text splits into its items in very many ways, and xgrammar's masks follow every split
+(`(([a-z]{0,8}){0,8}){0,8}`, product 512, took 2.7 s a mask; `(([a-z]{0,2}){0,2}){0,2}` 9 ms;
+`([a-z]{0,64}){0,64}` 32 ms; `([a-z]*)*` 0.1 ms). So `nested_repeat_depth` counts the repetitions
+stacked along one path and the gateway refuses three; what two levels can still cost is the
+mask workers' problem (engine/structured/mask_prefetch.py), at the lowest CPU priority.
+
 `nested_repeat_product` scans the pattern itself (escapes, character classes, groups and
 quantifiers), so it needs no regex engine and cannot be fooled by syntax Python's `re` would
 reject. `*`, `+` and `?` loop without copies and count 1; `{n}` and `{m,n}` count their upper
@@ -77,3 +84,39 @@ def nested_repeat_product(pattern: str) -> int:
         copies, i = _quantifier(pattern, i)
         stack[-1] = max(stack[-1], copies)
     return max(stack)
+
+
+def nested_repeat_depth(pattern: str) -> int:
+    """The most repetitions (counted or not: `*`, `+`, `{m,n}`; not `?`) nested in one another
+    along one path of `pattern`: `[a-z]{0,8}` is 1, `([a-z]{0,8})*` 2, `(([a-z]{0,8})*){0,4}` 3."""
+    stack: list[int] = [0]
+    i = 0
+    while i < len(pattern):
+        char = pattern[i]
+        if char == "(":
+            stack.append(0)
+            i += 1
+            continue
+        if char == ")" and len(stack) > 1:
+            inner = stack.pop()
+            repeats, i = _repeats(pattern, i + 1)
+            stack[-1] = max(stack[-1], inner + repeats)
+            continue
+        if char == "[":
+            i = _skip_class(pattern, i)
+        elif char == "\\":
+            i += 2
+        else:
+            i += 1
+        repeats, i = _repeats(pattern, i)
+        stack[-1] = max(stack[-1], repeats)
+    return max(stack)
+
+
+def _repeats(pattern: str, i: int) -> tuple[int, int]:
+    """(1 if a repeating quantifier stands at `pattern[i]` else 0, index after it)."""
+    optional = i < len(pattern) and pattern[i] == "?"
+    copies, end = _quantifier(pattern, i)
+    if end == i or optional:
+        return 0, end
+    return 1, end

@@ -16,7 +16,10 @@ from weir.engine.sampling.sampling_bounds import (
     MAX_STOP_CHARS,
     MAX_STOP_STRINGS,
 )
+from weir.engine.structured.grammar import ConstraintSpec
 from weir.gateway.api.protocol import parse_chat_request
+from weir.gateway.http.errors import BadRequestError
+from weir.gateway.prompts.grammar import GrammarLimits, check_limits
 from weir_bench.costly_floods import COSTLY_FLOODS, COSTLY_PROBES, REGEX_BOUNDED, REGEX_NESTED_256
 from weir_bench.hostile import Target
 
@@ -35,6 +38,14 @@ def _repetition_product(pattern: str) -> int:
     return math.prod(int(n) for n in re.findall(r"\{\d+,(\d+)\}", pattern))
 
 
+def check_limits_admits(pattern: str) -> bool:
+    try:
+        check_limits(ConstraintSpec.regex(pattern, "structured_outputs.regex"), GrammarLimits())
+    except BadRequestError:
+        return False
+    return True
+
+
 def test_every_flood_names_probes_that_exist() -> None:
     assert set(COSTLY_FLOODS) == {"regex", "logit-bias", "stop", "logprobs"}
     assert {name for names in COSTLY_FLOODS.values() for name in names} == set(PROBES)
@@ -48,8 +59,11 @@ def test_each_body_passes_the_gateways_request_validation(name: str) -> None:
 
 def test_the_regex_flood_sends_both_patterns_each_behind_a_fresh_literal() -> None:
     assert _repetition_product(REGEX_NESTED_256) == 256**4
-    assert _repetition_product(REGEX_BOUNDED) == 65536  # at a cost bound of 65536, not past it
-    for name, pattern in [("regex_nested_256", REGEX_NESTED_256), ("regex_bounded_65536", REGEX_BOUNDED)]:
+    assert check_limits_admits(REGEX_BOUNDED) and not check_limits_admits(REGEX_NESTED_256)
+    for name, pattern in [
+        ("regex_nested_256", REGEX_NESTED_256),
+        ("regex_admitted_ambiguous", REGEX_BOUNDED),
+    ]:
         sent = [_body(name)["structured_outputs"]["regex"] for _ in range(5)]
         assert all(s.endswith(pattern) and re.fullmatch(r"q[a-z]{8}", s[: -len(pattern)]) for s in sent)
         assert len(set(sent)) == 5  # no two alike: the grammar cache never answers one

@@ -85,7 +85,10 @@ def test_serve_args_pass_through_in_order() -> None:
 
 
 def test_a_flood_names_the_probes_the_attacker_loops(capsys: pytest.CaptureFixture[str]) -> None:
-    assert attack_probe_names(parse_args(["--flood", "regex"])) == ("regex_nested_256", "regex_bounded_65536")
+    assert attack_probe_names(parse_args(["--flood", "regex"])) == (
+        "regex_nested_256",
+        "regex_admitted_ambiguous",
+    )
     assert attack_probe_names(parse_args(["--flood", "logit-bias"])) == ("logit_bias_300",)
     assert attack_probe_names(parse_args(["--flood", "stop"])) == ("stop_16x512",)
     assert attack_probe_names(parse_args(["--flood", "logprobs"])) == ("top_logprobs_20",)
@@ -105,7 +108,9 @@ def test_a_flood_reports_the_victims_largest_chunk_gap_and_ttft_p99_against_alon
 
     alone = [stream(0.1, 0.05, 0.05, 0.2)] * 4
     attacked = [stream(0.1, 0.05, 0.05)] * 3 + [stream(0.3, 0.05, 0.6)]
-    report = summarize(alone, attacked, {"regex_bounded_65536": Counter({200: 7})}, {"idle": 1.0}, "regex")
+    report = summarize(
+        alone, attacked, {"regex_admitted_ambiguous": Counter({200: 7})}, {"idle": 1.0}, "regex"
+    )
     assert report["alone"]["largest_gap_ms"] == 200.0 and report["attacked"]["largest_gap_ms"] == 600.0
     assert report["largest_gap_ratio"] == 3.0 and report["ttft_p99_ratio"] is not None
     text = markdown(report, "cmd")

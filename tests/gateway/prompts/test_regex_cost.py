@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from weir.gateway.prompts.regex_cost import nested_repeat_product
+from weir.gateway.prompts.regex_cost import nested_repeat_depth, nested_repeat_product
 
 
 @pytest.mark.parametrize(
@@ -60,3 +60,35 @@ def test_the_product_follows_the_deepest_nesting(case: tuple[str, int]) -> None:
 @given(st.text(max_size=200))
 def test_any_text_is_scanned_without_error(pattern: str) -> None:
     assert nested_repeat_product(pattern) >= 1
+
+
+@pytest.mark.parametrize(
+    ("pattern", "depth"),
+    [
+        ("abc", 0),
+        ("(a|b)?", 0),  # an optional item is not a repetition
+        ("[a-z]{0,8}", 1),
+        ("(((a)))+", 1),
+        (r"\(x{9}\){5}", 1),
+        ("([a-z]*)*", 2),
+        ("(a|aa|aaa|[a-z]{1,3}){0,64}", 2),
+        ("(a{2,5}?){3}+", 2),
+        ("(([a-z]{0,8})*){0,4}", 3),
+        ("(((([a-z]{0,256}){0,256}){0,256}){0,256})", 4),
+    ],
+)
+def test_repetitions_stacked_along_one_path_are_counted(pattern: str, depth: int) -> None:
+    assert nested_repeat_depth(pattern) == depth
+
+
+@given(st.lists(st.sampled_from(["*", "+", "{2}", "{0,3}", "?", ""]), min_size=1, max_size=6))
+def test_the_depth_counts_each_repeating_quantifier_of_the_nest(quantifiers: list[str]) -> None:
+    pattern = "a"
+    for q in quantifiers:
+        pattern = f"({pattern}){q}"
+    assert nested_repeat_depth(pattern) == sum(q not in ("?", "") for q in quantifiers)
+
+
+@given(st.text(max_size=200))
+def test_any_text_has_a_depth(pattern: str) -> None:
+    assert nested_repeat_depth(pattern) >= 0
