@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from weir_bench.experiments.serve_figures import (
     ServeFigures,
     admitted_by_class,
     gc_pause_totals,
+    goodput,
     markdown,
     over_rounds,
     parse_guidellm,
@@ -40,6 +42,22 @@ def test_parse_guidellm_reads_the_issue_figures() -> None:
     }
     got = parse_guidellm("weir", report, 91.23)
     assert got == ServeFigures("weir", 42.1, 152.0, 400.0, 2468.0, 5000.0, 47, 1, 91.2)
+
+
+def _request(ttft_ms: float, itl_ms: float) -> dict:
+    return {"time_to_first_token_ms": ttft_ms, "inter_token_latency_ms": itl_ms}
+
+
+def test_goodput_counts_requests_within_both_targets_over_all_requests() -> None:
+    requests = {
+        "successful": [_request(500, 50), _request(2000, 100), _request(2001, 50), _request(100, 101)],
+        "errored": [{}],
+        "incomplete": [],
+    }
+    report = {"benchmarks": [{"requests": requests}]}
+    assert goodput(report) == pytest.approx(2 / 5)  # the failed request is a miss too
+    assert goodput(report, ttft_ms=3000, itl_ms=200) == pytest.approx(4 / 5)
+    assert goodput({"benchmarks": [{}]}) is None
 
 
 def test_ratios_and_table() -> None:
