@@ -23,6 +23,7 @@ take the largest of their branches.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 _QUANTIFIER = re.compile(r"\{(\d+)(?:(,)(\d*))?\}")
 
@@ -59,58 +60,47 @@ def _quantifier(pattern: str, i: int) -> tuple[int, int]:
     return max(1, copies), end
 
 
-def nested_repeat_product(pattern: str) -> int:
-    """The largest product of counted repetitions along one nesting path of `pattern`."""
-    # One frame per open group: the largest cost seen among its items so far.
-    stack: list[int] = [1]
+def _deepest(pattern: str, empty: int, quantified: Callable[[int, str, int], tuple[int, int]]) -> int:
+    """The largest value of `pattern` along one nesting path. Each item (an atom, a class, an
+    escape or a closed group) gets `quantified(inner, pattern, i)`: its value from its group's
+    (`empty` for an atom) and the quantifier at `i`, with the index after that quantifier."""
+    stack: list[int] = [empty]  # one frame per open group: the largest value among its items so far
     i = 0
     while i < len(pattern):
         char = pattern[i]
         if char == "(":
-            stack.append(1)
+            stack.append(empty)
             i += 1
             continue
         if char == ")" and len(stack) > 1:
-            inner = stack.pop()
-            copies, i = _quantifier(pattern, i + 1)
-            stack[-1] = max(stack[-1], inner * copies)
-            continue
-        if char == "[":
-            i = _skip_class(pattern, i)
-        elif char == "\\":
-            i += 2
+            inner, i = stack.pop(), i + 1
         else:
-            i += 1
-        copies, i = _quantifier(pattern, i)
-        stack[-1] = max(stack[-1], copies)
+            inner = empty
+            i = _skip_class(pattern, i) if char == "[" else i + (2 if char == "\\" else 1)
+        value, i = quantified(inner, pattern, i)
+        stack[-1] = max(stack[-1], value)
     return max(stack)
+
+
+def _times_copies(inner: int, pattern: str, i: int) -> tuple[int, int]:
+    copies, end = _quantifier(pattern, i)
+    return inner * copies, end
+
+
+def _plus_repeats(inner: int, pattern: str, i: int) -> tuple[int, int]:
+    repeats, end = _repeats(pattern, i)
+    return inner + repeats, end
+
+
+def nested_repeat_product(pattern: str) -> int:
+    """The largest product of counted repetitions along one nesting path of `pattern`."""
+    return _deepest(pattern, 1, _times_copies)
 
 
 def nested_repeat_depth(pattern: str) -> int:
     """The most repetitions (counted or not: `*`, `+`, `{m,n}`; not `?`) nested in one another
     along one path of `pattern`: `[a-z]{0,8}` is 1, `([a-z]{0,8})*` 2, `(([a-z]{0,8})*){0,4}` 3."""
-    stack: list[int] = [0]
-    i = 0
-    while i < len(pattern):
-        char = pattern[i]
-        if char == "(":
-            stack.append(0)
-            i += 1
-            continue
-        if char == ")" and len(stack) > 1:
-            inner = stack.pop()
-            repeats, i = _repeats(pattern, i + 1)
-            stack[-1] = max(stack[-1], inner + repeats)
-            continue
-        if char == "[":
-            i = _skip_class(pattern, i)
-        elif char == "\\":
-            i += 2
-        else:
-            i += 1
-        repeats, i = _repeats(pattern, i)
-        stack[-1] = max(stack[-1], repeats)
-    return max(stack)
+    return _deepest(pattern, 0, _plus_repeats)
 
 
 def _repeats(pattern: str, i: int) -> tuple[int, int]:
