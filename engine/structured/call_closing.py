@@ -121,12 +121,12 @@ def closable(
     cannot leave it without room to close."""
     probe = ClosableConstraint(compiled.kind, compiled.grammar, compiled.key, alphabet)
     matcher = probe.matcher()
-    path = closing_path(matcher._matcher, alphabet, matcher.vocab_size)
+    path = closing_path(matcher.fork_backend(), alphabet, matcher.vocab_size)
     if path is None:
         return None
     reserve = len(path) + 1
     for opening in openings:
-        fork = matcher._matcher.fork()
+        fork = matcher.fork_backend()
         if not fork.accept_string(opening):
             continue
         after = closing_path(fork, alphabet, matcher.vocab_size)

@@ -93,6 +93,13 @@ class TokenConstraint:
         """Whether the grammar has accepted its stop token: nothing may follow."""
         return bool(self._matcher.is_terminated())
 
+    def fork_backend(self) -> Any:
+        """A copy of the backend's matcher in this sequence's state, to walk ahead without
+        advancing the sequence (forced tool calls' closing walk, engine/structured/call_closing.py)."""
+        if self._next_mask is not None:
+            self._next_mask.exception()  # waits: never read the matcher while a worker fills a mask
+        return self._matcher.fork()
+
     @property
     def num_words(self) -> int:
         return (self.vocab_size + _BITS - 1) // _BITS
