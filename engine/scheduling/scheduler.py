@@ -10,6 +10,11 @@ a running request right now is held back (continuous batching only), so the bloc
 once and the held request finds it cached a step later. Forks: the other choices of an n>1
 request wait for the first one's prefill, then reference its blocks (copy-on-write) instead of
 computing the prompt again; beam search forks running beams the same way.
+
+KV store (optional): a request whose prefix the KV cache manager decides to fetch from the shared
+store leaves the queue for the FETCHING_KV state while its blocks arrive on the store's I/O
+thread; the others keep stepping. When the fetch ends (blocks landed, a miss, a fault or its
+deadline), it goes back to the head of its queue and is admitted on what landed.
 """
 
 from __future__ import annotations
@@ -117,6 +122,7 @@ class Scheduler:
         # it has computed past them (two tenants each needing most of the pool would otherwise
         # displace each other just before each one's next token, for ever)
         self._held_at_preemption: dict[str, int] = {}
+        self.fetching: dict[str, tuple[Request, RequestStatus]] = {}  # id -> (request, status before)
 
     # -- queue management -------------------------------------------------------------------
 
@@ -204,7 +210,7 @@ class Scheduler:
         if self.running.pop(request_id, None) is not None:
             self._resident_since.pop(request_id, None)
             self.waiting.on_running(req, -1)
-        else:
+        elif self.fetching.pop(request_id, None) is None:
             self.waiting.remove(req)
         req.status = status
         self.kv.free(req)
@@ -239,6 +245,8 @@ class Scheduler:
         scheduled: dict[str, int] = {}
         preempted: list[str] = []
         self.num_steps += 1
+        if self.fetching or self.kv.store is not None:
+            self._end_fetches()
 
         running = list(self.running.values())
         throughput_s = self.step_budget.config.target_step_s
@@ -593,6 +601,11 @@ class Scheduler:
             # A swapped-out request comes back with its blocks from the host tier.
             swapped = req.status is RequestStatus.SWAPPED
             computed, num_cached = ([], 0) if swapped else self.kv.get_computed_blocks(req)
+            if not swapped and self.kv.start_fetch(req, num_cached):
+                self.waiting.remove(req)  # it waits for its blocks out of the queue; others step on
+                self.fetching[req.request_id] = (req, req.status)
+                req.status = RequestStatus.FETCHING_KV
+                continue
             if not swapped and may_hold and self.kv.inflight_owner(req, num_cached) is not None:
                 self.waiting.remove(req)
                 held.append(req)
@@ -642,6 +655,17 @@ class Scheduler:
         for req in reversed(displaced):
             self.waiting.prepend(req)
         return budget
+
+    def _end_fetches(self) -> None:
+        """Requests whose store fetch ended go back to the head of their queue."""
+        if self.kv.store is None:
+            return
+        for rid in self.kv.store.poll():
+            entry = self.fetching.pop(rid, None)
+            if entry is not None:
+                req, status = entry
+                req.status = status
+                self.waiting.prepend(req)
 
     def _unstall(self, budget: int, chunk_cap: int, scheduled: dict[str, int], preempted: list[str]) -> int:
         """Only idle sequences hold blocks (beams waiting for a sibling that was preempted) and the
@@ -823,6 +847,10 @@ class Scheduler:
         """
         now = self.clock()
         timeout = default_s
+        store = self.kv.store
+        fetch_deadline = store.next_deadline_s() if store is not None else None
+        if fetch_deadline is not None:
+            timeout = min(timeout, fetch_deadline - now)
         if self._num_deadlines:
             for req in self.waiting:
                 deadline = _queued_deadline(req)
