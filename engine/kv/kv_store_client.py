@@ -1,9 +1,10 @@
 """The shared KV store's I/O: two threads over a Redis/Valkey connection, off the engine step.
 
-- The **fetch thread** takes one fetch at a time (a request's chain of block keys), reads them
-  with one pipelined round of MGETs, unseals each value (`weir.engine.kv.kv_store_codec`: a
-  wrong length or a bad MAC is counted and ends the chain: nothing after it is trusted), and
-  queues the verified payloads for the engine thread (`poll`), waking it (`on_ready`).
+- The **fetch threads** (two, each with its own connection, so one slow fetch does not hold
+  every other) take one fetch at a time each: a request's chain of block keys, read with one
+  pipelined round of MGETs. Each value is unsealed (`weir.engine.kv.kv_store_codec`: a wrong
+  length or a bad MAC is counted and ends the chain: nothing after it is trusted), and the
+  verified payloads are queued for the engine thread (`poll`), which is woken (`on_ready`).
 - The **write thread** drains a bounded queue of blocks to write. `write` never blocks: a full
   queue drops the block (counted), so a slow store can never hold the engine or grow memory.
   Each batch is sealed and written per scope index by one Lua script: SET with a TTL, the key
@@ -36,6 +37,8 @@ from weir.engine.kv.kv_store_stats import FETCH_LATENCY_BUCKETS_S, BreakerState,
 
 logger = logging.getLogger("weir.engine")
 
+# Fetches read at once (each thread its own connection): one slow fetch does not hold the others.
+_FETCH_THREADS = 2
 # Keys per MGET of a fetch's pipeline, and blocks per write script call.
 _FETCH_CHUNK = 16
 _WRITE_BATCH = 16
@@ -102,7 +105,10 @@ class KVStoreClient:
         self._cap_share = 1.0
         self._pending_flushes: list[bytes] = []  # flushes that found the write queue full
         self._threads = [
-            threading.Thread(target=self._fetch_loop, name="weir-kv-store-fetch", daemon=True),
+            *(
+                threading.Thread(target=self._fetch_loop, name=f"weir-kv-store-fetch-{i}", daemon=True)
+                for i in range(_FETCH_THREADS)
+            ),
             threading.Thread(target=self._write_loop, name="weir-kv-store-write", daemon=True),
         ]
         for t in self._threads:
@@ -172,7 +178,8 @@ class KVStoreClient:
                 self._pending_flushes.append(pattern)
 
     def close(self) -> None:
-        self._fetches.put(None)
+        for _ in range(_FETCH_THREADS):
+            self._fetches.put(None)
         try:
             self._writes.put(None, timeout=self.config.timeout_s)
         except queue.Full:
@@ -182,7 +189,7 @@ class KVStoreClient:
         with self._lock:
             self.counters.num_dropped_writes += 1
 
-    # -- the fetch thread ----------------------------------------------------------------------------
+    # -- the fetch threads ---------------------------------------------------------------------------
 
     def _fetch_loop(self) -> None:
         conn: Any = None

@@ -155,6 +155,7 @@ def engine_config(settings: Settings, model_path: Path, device: str) -> EngineCo
         cpu_decode_layers=settings.cpu_decode_layers is CpuDecodeLayersMode.ON,
         speculative=SpeculativeConfig.parse(settings.speculative, settings.num_speculative_tokens),
         lora=lora_config(settings),
+        kv_store=settings.kv_store_config(),
     )
 
 

@@ -83,6 +83,32 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         "evicted prefix blocks are demoted there (env WEIR_HOST_KV_CACHE_TOKENS; default 0: none)",
     )
     add(
+        "--kv-store",
+        dest="kv_store_url",
+        metavar="URL",
+        help="shared KV tier on a Redis/Valkey server, redis://host:port/db, below the host tier; the "
+        "MAC secret and password come from WEIR_KV_STORE_SECRET / WEIR_KV_STORE_PASSWORD only "
+        "(env WEIR_KV_STORE_URL; default none)",
+    )
+    add(
+        "--kv-store-namespace",
+        metavar="NAME",
+        help="keeps deployments sharing one store apart (env WEIR_KV_STORE_NAMESPACE; default weir)",
+    )
+    add("--kv-store-ttl-s", type=int, metavar="S", help="every store entry expires after S s (default 3600)")
+    add(
+        "--kv-store-max-mib",
+        type=int,
+        metavar="MIB",
+        help="store bytes this deployment may hold; a tenant holds --tenant-cache-share of it (default 1024)",
+    )
+    add(
+        "--kv-store-timeout-ms",
+        type=float,
+        metavar="MS",
+        help="bound of one store call; a fetch also waits no longer than its prefill would take (default 500)",
+    )
+    add(
         "--memory-budget-mib",
         type=int,
         metavar="MIB",

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from weir.engine.config import WIDE_STEP_ROWS, QueuePolicy
+from weir.engine.config import WIDE_STEP_ROWS, KVStoreConfig, QueuePolicy
 from weir.engine.spec_decode.config import SpeculativeConfig
 from weir.gateway.api.openai_bodies.requests import DEFAULT_MAX_CHAT_MESSAGES
 
@@ -160,6 +160,15 @@ class Settings:
     kv_cache_tokens: int | None = None  # caps the KV pool; None: sized from memory
     # Host-memory KV tier per model version (swapped requests, demoted prefix blocks); 0: none.
     host_kv_cache_tokens: int = 0
+    # The shared KV store tier (engine/kv/kv_store_tier.py) on a Redis/Valkey server; None: off. Its
+    # MAC secret and password come from the environment only (WEIR_KV_STORE_SECRET / _PASSWORD).
+    kv_store_url: str | None = None
+    kv_store_namespace: str = "weir"
+    kv_store_secret: str | None = field(default=None, repr=False)
+    kv_store_password: str | None = field(default=None, repr=False)
+    kv_store_ttl_s: int = 3600
+    kv_store_max_mib: int = 1024  # what this deployment may hold in the store; a tenant its cache share
+    kv_store_timeout_ms: float = 500.0
     # The memory every loaded model version's weights + KV pool must fit in together; None: 90% of
     # the device memory free at start (CUDA) or 80% of the machine's available memory (CPU).
     memory_budget_mib: int | None = None
@@ -287,6 +296,7 @@ class Settings:
             raise ValueError(
                 f"host_kv_cache_tokens must be >= 0 (0: no host tier), got {self.host_kv_cache_tokens}"
             )
+        self.kv_store_config()  # ValueError names the field
         if not 1 <= self.lora_slots <= 64:
             raise ValueError(f"lora_slots must be in [1, 64], got {self.lora_slots}")
         if not 1 <= self.lora_max_rank <= 256:
@@ -352,6 +362,25 @@ class Settings:
             return self.served_model_name
         path = model_path or self.model_path
         return path.name if path is not None else DEFAULT_MODEL_NAME
+
+    def kv_store_config(self) -> KVStoreConfig | None:
+        """The engine's KV store tier settings; None when `kv_store_url` is not set."""
+        if self.kv_store_url is None:
+            return None
+        if not self.kv_store_secret:
+            raise ValueError("kv_store_url is set but WEIR_KV_STORE_SECRET is not (the values' MAC key)")
+        try:
+            return KVStoreConfig(
+                url=self.kv_store_url,
+                secret=self.kv_store_secret.encode(),
+                password=self.kv_store_password,
+                namespace=self.kv_store_namespace,
+                ttl_s=self.kv_store_ttl_s,
+                max_bytes=self.kv_store_max_mib << 20,
+                timeout_s=self.kv_store_timeout_ms / 1e3,
+            )
+        except ValueError as exc:
+            raise ValueError(f"kv_store: {exc}") from None
 
     def resolved_dtype(self, device: str) -> str:
         """`dtype`, defaulting to float32 on CPU and bfloat16 on an accelerator."""
@@ -464,6 +493,13 @@ _FIELDS: dict[str, _FieldSpec] = {
     "dtype": _FieldSpec("WEIR_DTYPE", str),
     "kv_cache_tokens": _FieldSpec("WEIR_KV_CACHE_TOKENS", int),
     "host_kv_cache_tokens": _FieldSpec("WEIR_HOST_KV_CACHE_TOKENS", int),
+    "kv_store_url": _FieldSpec("WEIR_KV_STORE_URL", str),
+    "kv_store_namespace": _FieldSpec("WEIR_KV_STORE_NAMESPACE", str),
+    "kv_store_secret": _FieldSpec("WEIR_KV_STORE_SECRET", str, cli=False),
+    "kv_store_password": _FieldSpec("WEIR_KV_STORE_PASSWORD", str, cli=False),
+    "kv_store_ttl_s": _FieldSpec("WEIR_KV_STORE_TTL_S", int),
+    "kv_store_max_mib": _FieldSpec("WEIR_KV_STORE_MAX_MIB", int),
+    "kv_store_timeout_ms": _FieldSpec("WEIR_KV_STORE_TIMEOUT_MS", float),
     "memory_budget_mib": _FieldSpec("WEIR_MEMORY_BUDGET_MIB", int),
     "adapter_dir": _FieldSpec("WEIR_ADAPTER_DIR", parse_path),
     "lora_slots": _FieldSpec("WEIR_LORA_SLOTS", int),
