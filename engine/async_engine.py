@@ -295,6 +295,7 @@ class AsyncEngine:
             if not self._drain_commands():
                 return
             if not core.has_unfinished():
+                core.run_pending_transfers()  # the last requests' blocks go to the KV store now
                 self._stats = core.stats()
                 self._refresh_prefix_stats()
                 self._sleep(IDLE_WAIT_S)

@@ -461,6 +461,19 @@ class LLMEngine:
         )
         return outputs
 
+    def run_pending_transfers(self) -> None:
+        """With nothing to step, carry out the block transfers decided since the last step now (the
+        store's write-behind of the requests that just ended), so they do not wait for the next
+        request. A failure drops them (the store is an optimisation) and forgets what they filled."""
+        if not self.kv.has_pending_transfers():
+            return
+        transfers = self.kv.take_transfers()
+        try:
+            self.runner.transfer_blocks(SchedulerOutput(scheduled=(), swaps=transfers))
+        except Exception:
+            logger.exception("block transfers of an idle engine failed; dropped")
+            self.kv.forget_transfers(transfers)
+
     def idle_timeout_s(self, default_s: float) -> float:
         """How long the caller may sleep after an idle step before time alone changes anything
         (a grammar mask that becomes ready wakes the caller through `masks.on_ready`)."""

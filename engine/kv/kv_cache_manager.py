@@ -525,6 +525,10 @@ class KVCacheManager:
         if self.host is not None:
             self.host.drop(req.request_id)
 
+    def has_pending_transfers(self) -> bool:
+        """Whether store transfers wait for a step (the host tier's wait only while requests run)."""
+        return bool(self._store_in) or (self.store is not None and self.store.has_saves)
+
     def take_transfers(self) -> KVTransfers:
         """The copies between the tiers decided since the last call, for this step's runner."""
         transfers = self.host.take() if self.host is not None else KVTransfers()

@@ -215,6 +215,10 @@ class KVStoreTier:
         )
         self._saves.append((block_id, tag))
 
+    @property
+    def has_saves(self) -> bool:
+        return bool(self._saves)
+
     def take_saves(self) -> tuple[tuple[int, StoreWrite], ...]:
         saves, self._saves = tuple(self._saves), []
         return saves
