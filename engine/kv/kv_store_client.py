@@ -258,6 +258,7 @@ class KVStoreClient:
         while True:
             first = self._writes.get()
             if first is None:
+                self._last_flushes(conn)
                 return
             batch = [first]
             while len(batch) < _WRITE_BATCH:
@@ -293,6 +294,16 @@ class KVStoreClient:
                 self.breaker.record_failure(f"write: {type(exc).__name__}: {exc}")
                 if flushes:
                     logger.error("kv store flush of %s failed: %s", flushes, exc)
+
+    def _last_flushes(self, conn: Any) -> None:
+        """Closing: flushes still queued (a retired version's) run before the thread ends."""
+        with self._lock:
+            flushes, self._pending_flushes = self._pending_flushes, []
+        for pattern in flushes:
+            try:
+                self._flush(conn if conn is not None else self._connect(), pattern)
+            except Exception as exc:
+                logger.error("kv store flush of %s failed: %s", pattern, exc)
 
     def _write_batch(self, conn: Any, writes: list[tuple[StoreWrite, bytes]]) -> None:
         by_index: dict[bytes, list[tuple[StoreWrite, bytes]]] = {}

@@ -157,6 +157,9 @@ then stops the engine and writes the last usage records; the preStop sleep count
 {{- if and .Values.metrics.serviceMonitor.enabled (not $metricsPort) -}}
 {{- fail "metrics.serviceMonitor needs config.metricsPort > 0: /metrics on the API port needs the admin token" -}}
 {{- end -}}
+{{- if and (include "weir.kvStoreUrl" .) (not .Values.kvStore.existingSecret) -}}
+{{- fail (printf "kvStore needs kvStore.existingSecret: a Secret holding %s, the MAC key of the store's values (the chart never renders secret values)" .Values.kvStore.keys.secret) -}}
+{{- end -}}
 {{- if and .Values.inferenceGateway.enabled (not $metricsPort) -}}
 {{- fail "inferenceGateway needs config.metricsPort > 0: the endpoint picker scrapes Weir's metrics there" -}}
 {{- end -}}
@@ -188,6 +191,11 @@ numbers are printed as integers. */}}
 {{- $pairs = append $pairs (list "WEIR_DTYPE" .Values.config.dtype) -}}
 {{- $pairs = append $pairs (list "WEIR_KV_CACHE_TOKENS" .Values.config.kvCacheTokens) -}}
 {{- $pairs = append $pairs (list "WEIR_HOST_KV_CACHE_TOKENS" .Values.config.hostKvCacheTokens) -}}
+{{- $pairs = append $pairs (list "WEIR_KV_STORE_URL" (include "weir.kvStoreUrl" .)) -}}
+{{- $pairs = append $pairs (list "WEIR_KV_STORE_NAMESPACE" .Values.kvStore.namespace) -}}
+{{- $pairs = append $pairs (list "WEIR_KV_STORE_TTL_S" .Values.kvStore.ttlS) -}}
+{{- $pairs = append $pairs (list "WEIR_KV_STORE_MAX_MIB" .Values.kvStore.maxMib) -}}
+{{- $pairs = append $pairs (list "WEIR_KV_STORE_TIMEOUT_MS" .Values.kvStore.timeoutMs) -}}
 {{- $pairs = append $pairs (list "WEIR_MEMORY_BUDGET_MIB" .Values.config.memoryBudgetMib) -}}
 {{- $pairs = append $pairs (list "WEIR_ADAPTER_DIR" .Values.config.adapterDir) -}}
 {{- $pairs = append $pairs (list "WEIR_LORA_SLOTS" .Values.config.loraSlots) -}}
@@ -251,6 +259,39 @@ numbers are printed as integers. */}}
 
 {{/* WEIR_ADMIN_TOKEN, WEIR_KEY_PEPPER and WEIR_DATABASE_URL from secrets.existingSecret, by
 reference; the first two as optional keys, the database URL required with PostgreSQL. */}}
+{{/* Labels that select the chart's Valkey pod (not the server's: another name). */}}
+{{- define "weir.kvStoreSelectorLabels" -}}
+app.kubernetes.io/name: {{ include "weir.name" . }}-kv-store
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{/* The KV store's URL: kvStore.url, else the chart's Valkey when enabled, else empty (off). */}}
+{{- define "weir.kvStoreUrl" -}}
+{{- if .Values.kvStore.url -}}
+{{- .Values.kvStore.url -}}
+{{- else if .Values.kvStore.valkey.enabled -}}
+{{- printf "redis://%s-kv-store:6379/0" (include "weir.fullname" .) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* WEIR_KV_STORE_SECRET (required) and WEIR_KV_STORE_PASSWORD (optional) from
+kvStore.existingSecret, by reference. */}}
+{{- define "weir.kvStoreSecretEnv" -}}
+{{- with .Values.kvStore.existingSecret }}
+- name: WEIR_KV_STORE_SECRET
+  valueFrom:
+    secretKeyRef:
+      name: {{ . }}
+      key: {{ $.Values.kvStore.keys.secret }}
+- name: WEIR_KV_STORE_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ . }}
+      key: {{ $.Values.kvStore.keys.password }}
+      optional: true
+{{- end }}
+{{- end -}}
+
 {{- define "weir.secretEnv" -}}
 {{- with .Values.secrets.existingSecret }}
 - name: WEIR_ADMIN_TOKEN

@@ -28,10 +28,11 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
 
 
-def _engine(path: Path, server: RedisServer | None, **store) -> LLMEngine:  # type: ignore[no-untyped-def]
+def _engine(path: Path, server: RedisServer | None, version: str = "default", **store) -> LLMEngine:  # type: ignore[no-untyped-def]
     return build_engine(
         EngineConfig(
             model_path=str(path),
+            model_version=version,
             cache=CacheConfig(block_size=16, num_blocks=64),
             scheduler=SchedulerConfig(max_num_batched_tokens=512, max_num_seqs=8, max_model_len=512),
             kv_store=KVStoreConfig(url=server.url, secret=SECRET, **store) if server is not None else None,
@@ -162,3 +163,21 @@ def test_an_admin_flush_of_a_scope_reaches_the_store(tiny: Path, redis_server: R
         time.sleep(0.01)
     assert len(r.keys("weir:kv:*")) == before - 12  # t1's 12 blocks; t2's 2 stay
     assert not a.kv.has_pending_transfers()
+
+
+def test_retiring_a_version_drops_its_entries_and_only_its(tiny: Path, redis_server: RedisServer) -> None:
+    old, new = _engine(tiny, redis_server, version="v1"), _engine(tiny, redis_server, version="v2")
+    for engine in (old, new):
+        _run(engine, "a")
+        _flush_writes(engine)
+    r = redis_server.client()
+    assert len(r.keys("weir:kv:*")) == 24  # the same tokens under two versions: two chains
+    old.prefix_cache.flush(include_pinned=True)  # what retiring v1 does before its engine stops
+    assert old.store_io is not None
+    old.store_io.close()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and len(r.keys("weir:kv:*")) > 12:
+        time.sleep(0.01)
+    assert len(r.keys("weir:kv:*")) == 12
+    _, cached = _run(_engine(tiny, redis_server, version="v2"), "b")
+    assert cached == 12 * 16  # v2's chain is intact
