@@ -25,14 +25,13 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import redis
 
 from weir.engine.config import KVStoreConfig
 from weir.engine.kv.circuit_breaker import CircuitBreaker
-from weir.engine.kv.kv_store_codec import StoreWrite, UnsealError, seal, unseal
+from weir.engine.kv.kv_store_codec import FetchResult, StoreWrite, UnsealError, seal, unseal
 from weir.engine.kv.kv_store_stats import FETCH_LATENCY_BUCKETS_S, BreakerState, StoreCounters
 
 logger = logging.getLogger("weir.engine")
@@ -66,16 +65,6 @@ if n > cap then
 end
 return {evicted, redis.call('ZCARD', idx)}
 """
-
-
-@dataclass(frozen=True)
-class FetchResult:
-    """What one fetch found: the verified payloads of the chain's leading blocks, in order."""
-
-    ticket: int
-    payloads: tuple[bytes, ...]
-    num_asked: int
-    failed: bool  # the store could not be asked (breaker open, error, timeout)
 
 
 class KVStoreClient:

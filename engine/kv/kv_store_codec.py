@@ -43,6 +43,16 @@ class StoreWrite:
     scope: str
 
 
+@dataclass(frozen=True)
+class FetchResult:
+    """What one fetch found: the verified payloads of the chain's leading blocks, in order."""
+
+    ticket: int
+    payloads: tuple[bytes, ...]
+    num_asked: int
+    failed: bool  # the store could not be asked (breaker open, error, timeout)
+
+
 def block_key(namespace: str, block_hash: bytes) -> bytes:
     return f"{namespace}:kv:{block_hash.hex()}".encode()
 

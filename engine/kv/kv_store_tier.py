@@ -32,17 +32,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from weir.engine.kv.kv_store_codec import StoreWrite, block_key, index_key, index_pattern
+from weir.engine.kv.kv_store_codec import FetchResult, StoreWrite, block_key, index_key, index_pattern
 from weir.engine.kv.kv_store_stats import BreakerState, FetchDecisions, KVStoreStats, StoreCounters
 
 # Hashes remembered as written or fetched (so they are not written again soon).
 _MAX_REMEMBERED = 1 << 16
-
-
-class FetchResultLike(Protocol):
-    ticket: int
-    payloads: tuple[bytes, ...]
-    failed: bool
 
 
 class StoreIO(Protocol):
@@ -56,7 +50,7 @@ class StoreIO(Protocol):
 
     def fetch(self, ticket: int, keys: list[bytes]) -> None: ...
 
-    def poll(self) -> list[FetchResultLike]: ...  # type: ignore[override]
+    def poll(self) -> list[FetchResult]: ...
 
     def flush(self, pattern: bytes) -> None: ...
 

@@ -290,5 +290,7 @@ def test_the_kv_store_profile_runs_its_own_valkey_and_reads_the_mac_key_from_the
     store_labels = store["spec"]["template"]["metadata"]["labels"]
     # The server's Service and Deployment never select the store's pod.
     assert not set(service["spec"]["selector"].items()) <= set(store_labels.items())
-    assert only(render_profile("kv-store"), "Service", "weir-kv-store").doc["spec"]["ports"][0]["port"] == 6379
+    assert (
+        only(render_profile("kv-store"), "Service", "weir-kv-store").doc["spec"]["ports"][0]["port"] == 6379
+    )
     assert "WEIR_KV_STORE_URL" not in only(render_profile("default"), "ConfigMap", "weir-config").doc["data"]

@@ -9,8 +9,8 @@ import time
 from tests.gateway.harness import wait_until
 from tests.redis_server import RedisServer
 from weir.engine.config import KVStoreConfig
-from weir.engine.kv.kv_store_client import FetchResult, KVStoreClient
-from weir.engine.kv.kv_store_codec import StoreWrite, block_key, index_key, index_pattern
+from weir.engine.kv.kv_store_client import KVStoreClient
+from weir.engine.kv.kv_store_codec import FetchResult, StoreWrite, block_key, index_key, index_pattern
 from weir.engine.kv.kv_store_stats import BreakerState
 
 SECRET = b"s" * 32

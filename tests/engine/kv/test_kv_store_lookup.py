@@ -26,15 +26,10 @@ from tests.engine.kv_machine import BS, SCOPES
 from tests.engine.kv_machine import make_request as _req
 from weir.engine.kv.block_hash import SHARED_SCOPE, CacheKeyRoot
 from weir.engine.kv.kv_cache_manager import KVCacheManager
-from weir.engine.kv.kv_store_codec import block_key
+from weir.engine.kv.kv_store_codec import FetchResult, block_key
 from weir.engine.kv.kv_store_stats import BreakerState, StoreCounters
 from weir.engine.kv.kv_store_tier import KVStoreTier
 from weir.engine.kv.swap_policy import SwapPolicy
-
-
-class _Result:
-    def __init__(self, ticket: int, payloads: tuple[bytes, ...], failed: bool) -> None:
-        self.ticket, self.payloads, self.failed = ticket, payloads, failed
 
 
 class FakeStoreIO:
@@ -46,7 +41,7 @@ class FakeStoreIO:
     def __init__(self) -> None:
         self.data: dict[bytes, bytes] = {}
         self.pending: list[tuple[int, list[bytes]]] = []
-        self.done: list[_Result] = []
+        self.done: list[FetchResult] = []
         self.flushed: list[bytes] = []
         self.on_ready = None
 
@@ -61,10 +56,12 @@ class FakeStoreIO:
                 if k not in self.data:
                     break
                 payloads.append(self.data[k])
-            self.done.append(_Result(ticket, tuple(payloads) if mode == "ok" else (), mode == "fail"))
+            self.done.append(
+                FetchResult(ticket, tuple(payloads) if mode == "ok" else (), len(keys), mode == "fail")
+            )
         self.pending.clear()
 
-    def poll(self) -> list[_Result]:
+    def poll(self) -> list[FetchResult]:
         out, self.done = self.done, []
         return out
 
