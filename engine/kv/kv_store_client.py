@@ -19,6 +19,7 @@ turns fetches into misses and drops writes. Every call has a socket timeout, so 
 from __future__ import annotations
 
 import copy
+import itertools
 import logging
 import queue
 import threading
@@ -90,6 +91,7 @@ class KVStoreClient:
             maxsize=config.max_write_queue
         )
         self._done: deque[FetchResult] = deque()
+        self._tickets = itertools.count(1)  # next() is atomic under the GIL; only the engine thread calls it
         self._lock = threading.Lock()  # counters updated from two threads
         self._cap_share = 1.0
         self._pending_flushes: list[bytes] = []  # flushes that found the write queue full
@@ -135,9 +137,11 @@ class KVStoreClient:
 
     # -- the engine thread's side ------------------------------------------------------------------
 
-    def fetch(self, ticket: int, keys: list[bytes]) -> None:
-        """Queue the read of a chain of keys; its `FetchResult` comes back through `poll`."""
+    def fetch(self, keys: list[bytes]) -> int:
+        """Queue the read of a chain of keys; its `FetchResult` (this ticket) comes back through `poll`."""
+        ticket = next(self._tickets)
         self._fetches.put((ticket, keys))
+        return ticket
 
     def poll(self) -> list[FetchResult]:
         out: list[FetchResult] = []

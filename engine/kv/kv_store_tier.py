@@ -26,7 +26,6 @@ does the I/O on its own threads). Plain Python, no torch; the tensor side is
 
 from __future__ import annotations
 
-import itertools
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -48,7 +47,7 @@ class StoreIO(Protocol):
 
     def close(self) -> None: ...
 
-    def fetch(self, ticket: int, keys: list[bytes]) -> None: ...
+    def fetch(self, keys: list[bytes]) -> int: ...  # queues the read; its ticket (unique for the process)
 
     def poll(self) -> list[FetchResult]: ...
 
@@ -97,7 +96,6 @@ class KVStoreTier:
         self.rewrite_after_s = ttl_s / 2
         self.clock = clock
         self.decisions = decisions if decisions is not None else FetchDecisions()
-        self._tickets = itertools.count(1)
         self._fetches: dict[int, _Fetch] = {}  # ticket -> fetch in flight
         self._ticket_of: dict[str, int] = {}
         self._landed: dict[str, dict[bytes, bytes]] = {}  # request id -> hash -> payload
@@ -131,12 +129,13 @@ class KVStoreTier:
         d.num_fetched += 1
         d.last_fetch_bytes_per_s = bandwidth
         d.last_recompute_tokens_per_s = num_tokens / recompute_s if recompute_s > 0 else 0.0
-        ticket = next(self._tickets)
         wait_s = recompute_s if recompute_s > 0 else self.timeout_s
+        # The I/O numbers tickets, not this tier: one rebuilt by an engine reset never takes a
+        # late answer to its predecessor's fetch for one of its own.
+        ticket = self.io.fetch([block_key(self.namespace, h) for h in hashes])
         self._fetches[ticket] = _Fetch(request_id, hashes, self.clock() + wait_s, num_bytes)
         self._ticket_of[request_id] = ticket
         self._held_bytes += num_bytes
-        self.io.fetch(ticket, [block_key(self.namespace, h) for h in hashes])
         return True
 
     def poll(self) -> list[str]:

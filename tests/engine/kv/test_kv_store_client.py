@@ -26,10 +26,11 @@ def _tag(i: int, scope: str = "a", version: str = "v1") -> StoreWrite:
     return StoreWrite(block_key("weir", bytes([i]) * 32), index_key("weir", version, scope), scope)
 
 
-def _fetch(client: KVStoreClient, keys: list[bytes], ticket: int = 1) -> FetchResult:
-    client.fetch(ticket, keys)
+def _fetch(client: KVStoreClient, keys: list[bytes]) -> FetchResult:
+    ticket = client.fetch(keys)
     got: list[FetchResult] = []
     assert wait_until(lambda: bool(got.extend(client.poll()) or got), 10)
+    assert got[0].ticket == ticket
     return got[0]
 
 
@@ -67,7 +68,7 @@ def test_a_tampered_or_foreign_value_is_refused_and_ends_the_chain(redis_server:
         got = _fetch(c, [_tag(i).key for i in (1, 2, 3)])
         assert got.payloads == (b"\x01" * PAYLOAD,)
         r.set(_tag(1).key, b"garbage")
-        assert _fetch(c, [_tag(1).key], ticket=2).payloads == ()
+        assert _fetch(c, [_tag(1).key]).payloads == ()
         s = c.snapshot()
         assert s.num_bad_mac == 1 and s.num_bad_length == 1
     finally:
@@ -125,7 +126,7 @@ def test_a_paused_store_opens_the_breaker_and_writes_are_dropped_not_queued(
         assert c.breaker.state is BreakerState.OPEN
         accepted = sum(c.write(_tag(i), b"x" * PAYLOAD) for i in range(2, 40))
         assert accepted == 0 and c.snapshot().num_dropped_writes >= 38
-        assert _fetch(c, [_tag(1).key], ticket=2).failed  # open: not even asked
+        assert _fetch(c, [_tag(1).key]).failed  # open: not even asked
     finally:
         redis_server.resume()
         c.close()

@@ -44,9 +44,12 @@ class FakeStoreIO:
         self.done: list[FetchResult] = []
         self.flushed: list[bytes] = []
         self.on_ready = None
+        self.next_ticket = 0
 
-    def fetch(self, ticket: int, keys: list[bytes]) -> None:
-        self.pending.append((ticket, keys))
+    def fetch(self, keys: list[bytes]) -> int:
+        self.next_ticket += 1
+        self.pending.append((self.next_ticket, keys))
+        return self.next_ticket
 
     def answer(self, mode: str) -> None:
         """Answer every pending fetch: 'ok' (the chain as far as the store has it), 'fail', 'late'."""
@@ -227,3 +230,18 @@ def test_a_landed_chain_is_admitted_into_device_blocks_that_hold_its_tokens() ->
     m._apply()  # checks that the device blocks hold the request's tokens
     assert m.store.decisions.num_landed_blocks == 2
     m.teardown()
+
+
+def test_a_tier_rebuilt_by_a_reset_never_takes_its_predecessors_late_answer() -> None:
+    io = FakeStoreIO()
+    io.data[block_key("ns", b"\x01" * 32)] = b"[1, 2]"
+
+    def tier() -> KVStoreTier:
+        return KVStoreTier(io, "ns", "m", BS, lambda n: 0.0, 1.0, 10_000, 100.0, clock=lambda: 0.0)
+
+    old, new = tier(), tier()
+    assert old.try_fetch("r1", [b"\x01" * 32])
+    assert new.try_fetch("r1", [b"\x02" * 32])  # the same request id after the reset, another chain
+    io.answer("ok")
+    assert new.poll() == ["r1"]
+    assert new.landed("r1") == {}  # the old tier's answer (block \x01) is not taken for it
