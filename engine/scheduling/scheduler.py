@@ -700,7 +700,8 @@ class Scheduler:
         lines = [
             f"running {len(self.running)}, waiting {len(self.waiting)}, free blocks "
             f"{self.kv.num_free_blocks}/{self.kv.num_total_blocks}, budget {self.step_budget.last_budget}, "
-            f"running cap {self.step_budget.max_running()}, pending forks {len(self.forks)}"
+            f"running cap {self.step_budget.max_running()}, pending forks {len(self.forks)}, "
+            f"fetching KV {len(self.fetching)}"
         ]
         for req in self.running.values():
             lines.append(

@@ -129,3 +129,19 @@ def test_a_prompt_computed_on_one_replica_is_served_from_the_store_on_another(
     for replica, key in ((a, acme_a), (b, acme_b)):
         text, _ = _ask(replica, key, PROMPTS[3])
         assert text
+
+
+def test_a_restarted_replica_gets_its_hits_back_from_the_store(
+    default_model_dir: Path, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    flags = ["--kv-store", redis_server.url, "--served-model-name", "smol", "--dtype", "float32"]
+    flags += ["--kv-store-timeout-ms", "2000"]
+    env = {"WEIR_KV_STORE_SECRET": SECRET}
+    with run_weir(default_model_dir, tmp_path / "r", flags, env=env, start_timeout_s=300) as first:
+        key = _key(first, "acme")
+        cold, _ = _ask(first, key, PROMPTS[0])
+        assert wait_until(lambda: _written(first) > 0, 30)
+    # The same replica after a restart (its data dir, so its tenants and keys): a cold device cache.
+    with run_weir(default_model_dir, tmp_path / "r", flags, env=env, start_timeout_s=300) as again:
+        text, cached = _ask(again, key, PROMPTS[0])
+    assert text == cold and cached >= 16 * 10

@@ -181,3 +181,23 @@ def test_retiring_a_version_drops_its_entries_and_only_its(tiny: Path, redis_ser
     assert len(r.keys("weir:kv:*")) == 12
     _, cached = _run(_engine(tiny, redis_server, version="v2"), "b")
     assert cached == 12 * 16  # v2's chain is intact
+
+
+def test_a_request_aborted_while_it_waits_for_the_store_frees_everything(
+    tiny: Path, redis_server: RedisServer
+) -> None:
+    engine = _engine(tiny, redis_server, timeout_s=3.0)
+    redis_server.pause()
+    try:
+        params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+        engine.add_request(EngineRequest("x", PROMPT, params, tenant_id="t1", cache_scope="t1"))
+        engine.step()
+        assert engine.scheduler.requests["x"].status is RequestStatus.FETCHING_KV
+        (out,) = engine.abort("x")
+        assert out.finished and not engine.has_unfinished()
+        store = engine.kv.store
+        assert store is not None and store._held_bytes == 0 and not store._fetches
+        assert not engine.scheduler.fetching and engine.kv.num_free_blocks == engine.kv.num_total_blocks
+        engine.step()  # the late answer, when it comes, finds nobody: nothing breaks
+    finally:
+        redis_server.resume()
