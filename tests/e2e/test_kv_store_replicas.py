@@ -2,8 +2,10 @@
 
 A prompt computed on replica A is served from the store on replica B: `cached_tokens` reports it
 and the greedy answer equals A's cold one. Another tenant asking B the same prompt gets nothing
-from the store. Values tampered with in the store are refused (counted) and recomputed. A paused
-(SIGSTOP) store and then a stopped one leave every request answered: they recompute.
+from the store. Values tampered with in the store are refused (counted) and recomputed; the admin
+prefix-cache route reports the store. A paused (SIGSTOP) store, a changed password and then a
+stopped store leave every request answered: they recompute. A restarted replica finds its
+prefixes in the store again.
 """
 
 from __future__ import annotations
@@ -69,6 +71,16 @@ def _written(replica: WeirProcess) -> float:
     )
 
 
+def _store_refusals(replica: WeirProcess) -> float:
+    """Fetches that failed, timed out, or were not tried because the breaker was open."""
+    got = _metrics(replica)
+    return (
+        got[("weir_kv_store_errors_total", (("op", "fetch"),))]
+        + got[("weir_kv_store_fetch_timeouts_total", ())]
+        + got[("weir_kv_store_fetch_decisions_total", (("decision", "breaker_open"),))]
+    )
+
+
 @pytest.fixture
 def replicas(
     default_model_dir: Path, redis_server: RedisServer, tmp_path: Path
@@ -117,7 +129,12 @@ def test_a_prompt_computed_on_one_replica_is_served_from_the_store_on_another(
     refused = _metrics(b)[("weir_kv_store_refused_blocks_total", (("reason", "bad_mac"),))]
     assert refused >= 1
 
-    # A paused store, then a stopped one: every request is answered (recomputed).
+    # The admin prefix-cache route reports the store as B sees it.
+    stats = httpx.get(b.url + "/admin/v1/prefix-cache/stats", headers=b.admin_headers(), timeout=30).json()
+    store = stats["store"]
+    assert store["breaker_state"] == "closed" and store["hit_blocks"] >= 10 and store["refused_blocks"] >= 1
+
+    # A paused store, one whose password changed, then a stopped one: every request is answered.
     redis_server.pause()
     try:
         t0 = time.monotonic()
@@ -125,6 +142,12 @@ def test_a_prompt_computed_on_one_replica_is_served_from_the_store_on_another(
         assert text and time.monotonic() - t0 < 120
     finally:
         redis_server.resume()
+    r.config_set("requirepass", "rotated-by-the-operator")
+    r.client_kill_filter(_type="normal", skipme=True)  # the replicas' connections must log in again
+    refused = _store_refusals(b)
+    text, cached = _ask(b, acme_b, PROMPTS[3])
+    assert text and cached == 0
+    assert _store_refusals(b) > refused  # the store refused the login, or the open breaker the call
     redis_server.stop()
     for replica, key in ((a, acme_a), (b, acme_b)):
         text, _ = _ask(replica, key, PROMPTS[3])
