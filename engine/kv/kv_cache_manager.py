@@ -224,7 +224,7 @@ class KVCacheManager:
         last = min(len(self.hashes(req)), (req.num_prompt_tokens - 1) // self.block_size)
         if last <= first:
             return False
-        return self.store.try_fetch(req.request_id, self.hashes(req)[first:last])
+        return self.store.try_fetch(req.request_id, self.hashes(req)[first:last], req.cache_scope)
 
     def inflight_owner(self, req: Request, num_hit_tokens: int) -> str | None:
         """The running request computing `req`'s first uncached block right now, if another one."""

@@ -53,6 +53,7 @@ class FetchDecisions:
     num_recompute_cheaper: int = 0
     num_breaker_open: int = 0
     num_over_bytes: int = 0  # the bytes held for waiting requests were at their cap
+    num_scope_busy: int = 0  # its cache scope had its most fetches in flight already
     num_timeouts: int = 0  # the fetch did not end within its request's prefill time
     num_landed_blocks: int = 0  # blocks copied into device blocks from the store
     # The figures that decided the last fetch: the store's bandwidth and the recompute rate.

@@ -36,6 +36,9 @@ from weir.engine.kv.kv_store_stats import BreakerState, FetchDecisions, KVStoreS
 
 # Hashes remembered as written or fetched (so they are not written again soon).
 _MAX_REMEMBERED = 1 << 16
+# Fetches one cache scope may have in flight (the I/O's fetch threads): a tenant flooding a slow
+# store queues at most this many ahead of another tenant's fetch; its other requests recompute.
+MAX_FETCHES_PER_SCOPE = 2
 
 
 class StoreIO(Protocol):
@@ -65,6 +68,7 @@ class StoreIO(Protocol):
 @dataclass
 class _Fetch:
     request_id: str
+    scope: str
     hashes: list[bytes]
     deadline_s: float
     num_bytes: int
@@ -104,16 +108,21 @@ class KVStoreTier:
         self._remembered: OrderedDict[bytes, float] = OrderedDict()  # hash -> when written / fetched
         self._saves: list[tuple[int, StoreWrite]] = []
         self._ended: list[str] = []
+        self._in_flight_by_scope: dict[str, int] = {}
 
     # -- fetch ------------------------------------------------------------------------------------
 
-    def try_fetch(self, request_id: str, hashes: list[bytes]) -> bool:
-        """Ask the store for `hashes` (a chain continuing a prefix hit) if that beats recompute."""
+    def try_fetch(self, request_id: str, hashes: list[bytes], scope: str = "") -> bool:
+        """Ask the store for `hashes` (a chain continuing a prefix hit of cache scope `scope`) if
+        that beats recompute."""
         if not hashes or request_id in self._tried:
             return False
         d = self.decisions
         if self.io.breaker_state is BreakerState.OPEN:
             d.num_breaker_open += 1
+            return False
+        if self._in_flight_by_scope.get(scope, 0) >= MAX_FETCHES_PER_SCOPE:
+            d.num_scope_busy += 1
             return False
         num_bytes = len(hashes) * self.io.value_bytes
         if self._held_bytes + num_bytes > self.max_fetch_bytes:
@@ -133,19 +142,27 @@ class KVStoreTier:
         # The I/O numbers tickets, not this tier: one rebuilt by an engine reset never takes a
         # late answer to its predecessor's fetch for one of its own.
         ticket = self.io.fetch([block_key(self.namespace, h) for h in hashes])
-        self._fetches[ticket] = _Fetch(request_id, hashes, self.clock() + wait_s, num_bytes)
+        self._fetches[ticket] = _Fetch(request_id, scope, hashes, self.clock() + wait_s, num_bytes)
         self._ticket_of[request_id] = ticket
         self._held_bytes += num_bytes
+        self._in_flight_by_scope[scope] = self._in_flight_by_scope.get(scope, 0) + 1
         return True
+
+    def _end_fetch(self, ticket: int) -> _Fetch:
+        f = self._fetches.pop(ticket)
+        del self._ticket_of[f.request_id]
+        self._held_bytes -= f.num_bytes
+        left = self._in_flight_by_scope.pop(f.scope) - 1
+        if left:
+            self._in_flight_by_scope[f.scope] = left
+        return f
 
     def poll(self) -> list[str]:
         """Requests whose fetch ended since the last call (answered, failed or past its deadline)."""
         for result in self.io.poll():
-            f = self._fetches.pop(result.ticket, None)
-            if f is None:
+            if result.ticket not in self._fetches:
                 continue  # its request gave up (deadline) or ended meanwhile
-            del self._ticket_of[f.request_id]
-            self._held_bytes -= f.num_bytes
+            f = self._end_fetch(result.ticket)
             if result.payloads:
                 landed = dict(zip(f.hashes, result.payloads, strict=False))
                 self._landed[f.request_id] = landed
@@ -157,9 +174,7 @@ class KVStoreTier:
         now = self.clock()
         for ticket, f in list(self._fetches.items()):
             if f.deadline_s <= now:
-                del self._fetches[ticket]
-                del self._ticket_of[f.request_id]
-                self._held_bytes -= f.num_bytes
+                self._end_fetch(ticket)
                 self.decisions.num_timeouts += 1
                 self._ended.append(f.request_id)
         ended, self._ended = self._ended, []
@@ -184,10 +199,9 @@ class KVStoreTier:
         landed = self._landed.pop(request_id, None)
         if landed:
             self._held_bytes -= len(landed) * self.io.value_bytes
-        ticket = self._ticket_of.pop(request_id, None)
+        ticket = self._ticket_of.get(request_id)
         if ticket is not None:
-            f = self._fetches.pop(ticket)
-            self._held_bytes -= f.num_bytes
+            self._end_fetch(ticket)
 
     def end(self, request_id: str) -> None:
         """The request is gone: forget it, and that it asked (its id may come back)."""

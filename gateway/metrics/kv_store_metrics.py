@@ -11,7 +11,8 @@ Only with a store (`--kv-store`):
   `weir_kv_store_flushed_entries`;
 - `weir_kv_store_breaker_state`: 0 closed, 1 open, 2 half-open;
 - `weir_kv_store_fetch_decisions{decision}`: lookups that fetched, or recomputed because that was
-  cheaper, the breaker was open or the bytes held for fetches were at their cap;
+  cheaper, the breaker was open, the bytes held for fetches were at their cap or the tenant's scope
+  had its most fetches in flight;
   `weir_kv_store_fetch_timeouts`, `weir_kv_store_landed_blocks`, `weir_kv_store_requests_fetching`;
 - `weir_kv_store_fetch_bandwidth_bytes_per_second` (measured) and
   `weir_kv_store_decision_recompute_tokens_per_second`: the figures the last fetch was decided on;
@@ -91,6 +92,7 @@ def kv_store_metrics(stats: EngineStats) -> Iterator[Metric]:
         ("recompute_cheaper", d.num_recompute_cheaper),
         ("breaker_open", d.num_breaker_open),
         ("over_bytes", d.num_over_bytes),
+        ("scope_busy", d.num_scope_busy),
     ):
         decisions.add_metric([label], value)
     yield decisions

@@ -245,3 +245,15 @@ def test_a_tier_rebuilt_by_a_reset_never_takes_its_predecessors_late_answer() ->
     io.answer("ok")
     assert new.poll() == ["r1"]
     assert new.landed("r1") == {}  # the old tier's answer (block \x01) is not taken for it
+
+
+def test_a_scope_has_at_most_two_fetches_in_flight_and_others_are_not_held_up() -> None:
+    io = FakeStoreIO()
+    tier = KVStoreTier(io, "ns", "m", BS, lambda n: 0.0, 1.0, 10_000, 100.0, clock=lambda: 0.0)
+    flood = [tier.try_fetch(f"x{i}", [bytes([i]) * 32], "flooder") for i in range(5)]
+    assert flood == [True, True, False, False, False]
+    assert tier.try_fetch("y", [b"\xff" * 32], "victim")
+    assert tier.decisions.num_scope_busy == 3
+    io.answer("ok")
+    assert sorted(tier.poll()) == ["x0", "x1", "y"]
+    assert tier.try_fetch("x9", [b"\x09" * 32], "flooder")  # its slots are free again
