@@ -18,8 +18,9 @@ the (src, dst) pairs of copy-on-write.
 - Store tier (optional, `weir.engine.kv.kv_store_tier`): a lookup that misses both may go on in the
   shared store. `start_fetch` asks for the rest of the chain (the scheduler parks the request
   meanwhile); once its blocks landed, the lookup continues into them and admission copies them into
-  fresh device blocks, cached there (`KVTransfers.store_in`). A request that ends has its cached
-  blocks written behind (`KVTransfers.store_out`).
+  fresh device blocks, cached there (`KVTransfers.store_in`). Each block a request registers is
+  written behind with the next step's transfers (`KVTransfers.store_out`), and a request that ends
+  has any of its cached blocks not written lately written too.
 """
 
 from __future__ import annotations
@@ -388,6 +389,10 @@ class KVCacheManager:
                 continue
             # The shared scope holds only admin-registered prefixes: it has no cap.
             self._cache_block(block, h, SHARED_SCOPE if i < st.num_shared else req.cache_scope)
+            if self.store is not None and block.block_hash == h and block.cache_scope is not None:
+                # Written behind as soon as it is computed (read before the next step writes any
+                # block), so another replica finds it while this request still decodes.
+                self.store.plan_write(block.block_id, h, block.cache_scope)
         st.num_cached = num_full
 
     # -- forks and frees --------------------------------------------------------------------------

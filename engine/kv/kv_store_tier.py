@@ -16,10 +16,12 @@ does the I/O on its own threads). Plain Python, no torch; the tensor side is
   store longer than its prefill would take. An answer after the deadline is ignored.
 - **Land.** The verified payloads of the chain's leading blocks are kept by request (`landed`)
   until the KV cache manager copies them into device blocks at admission (`forget` then).
-- **Write behind.** A finished request's cached blocks are planned for writing (`plan_write`,
-  skipping hashes written or fetched within half the TTL) and taken with the step's transfers:
-  the runner reads their bytes before anything of the step writes a block, and hands them to
-  the write queue, which drops them when full.
+- **Write behind.** A block is planned for writing when a request registers it in the prefix
+  cache (so other replicas find a prompt's blocks while it still decodes), and a finished
+  request's cached blocks are planned again (`plan_write` skips hashes written or fetched within
+  half the TTL). The plan is taken with the step's transfers: the runner reads the bytes before
+  anything of the step writes a block and hands them to the write queue, which drops them when
+  full.
 - **Flush.** An admin flush of scopes, or of the whole version, queues the removal of their
   store indexes' entries (`weir.engine.kv.kv_store_codec` names them).
 """
