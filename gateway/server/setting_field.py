@@ -33,8 +33,8 @@ class SettingInfo:
     `help`: the one line of `weir serve --help` (the env name and the default are added to it).
     `doc`: docs/operations.md's text, Markdown, where it says more than `help`.
     `default_text`: how the default reads where it is not a plain value (None: "the model's").
-    `env`/`flag`/`helm_key`: where the name does not follow from the field's (`WEIR_<NAME>`,
-    `--<name>`, camelCase); `secret`: read from the environment only, never a flag, never in the
+    `env`/`flag`: where the name does not follow from the field's (`WEIR_<NAME>`, `--<name>`; the
+    chart's key is the variable's name in camelCase); `secret`: read from the environment only, never a flag, never in the
     chart's values, never shown. `in_chart` False: the chart passes it another way.
     `parse`: the text parser where the type's is not enough.
     """
@@ -45,7 +45,6 @@ class SettingInfo:
     env: str | None = None
     flag: str | None = None
     metavar: str | None = None
-    helm_key: str | None = None
     secret: bool = False
     in_chart: bool = True
     parse: Callable[[str], Any] | None = None
@@ -109,12 +108,11 @@ class DeclaredSetting:
 
     @property
     def helm_key(self) -> str | None:
-        """The key under the chart's `config:`; None where the chart does not take it there."""
+        """The key under the chart's `config:`, the variable's name in camelCase (`WEIR_MODEL`:
+        `model`); None where the chart does not take it there."""
         if self.info.secret or not self.info.in_chart:
             return None
-        if self.info.helm_key:
-            return self.info.helm_key
-        head, *rest = self.name.split("_")
+        head, *rest = self.env.removeprefix(ENV_PREFIX).lower().split("_")
         return head + "".join(part.capitalize() for part in rest)
 
     @property

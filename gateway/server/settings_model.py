@@ -26,7 +26,6 @@ class ModelFields:
         env="WEIR_MODEL",
         flag="--model",
         metavar="PATH",
-        helm_key="model",
     )
     served_model_name: str | None = setting(
         None,

@@ -67,9 +67,8 @@ class ServerFields:
     auth: AuthMode | None = setting(
         None,
         "keys: API keys required; none: every request is the default tenant",
-        doc="`keys` or `none`",
-        default_text="see [auth modes](#auth-modes): none on a loopback address without "
-        "WEIR_ADMIN_TOKEN, else keys",
+        doc="`keys` or `none` ([auth modes](#auth-modes))",
+        default_text="none on a loopback address without WEIR_ADMIN_TOKEN, else keys",
     )
     auth_cache_ttl_s: float = setting(
         30.0,
