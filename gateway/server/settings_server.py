@@ -91,7 +91,12 @@ class ServerFields:
         default_text="`8388608` (8 MiB)",
         ge=1024,
     )
-    log_level: LogLevel = setting(LogLevel.INFO, "log level; debug also turns on uvicorn's access log")
+    log_level: LogLevel = setting(
+        LogLevel.INFO,
+        "log level; debug also turns on uvicorn's access log",
+        doc="`debug`, `info`, `warning`, `error`; `debug` also turns on uvicorn's access log",
+    )
+
     gc_freeze: bool = setting(
         True,
         "freeze the loaded heap so full garbage collections do not walk it (~230 ms each with "
