@@ -24,7 +24,7 @@ def parse_bool(value: str) -> bool:
         return True
     if text in _FALSE:
         return False
-    raise ValueError(f"expected on or off (or true/false, 1/0), got {value!r}")
+    raise ValueError("expected on or off (or true/false, yes/no, 1/0)")
 
 
 def bool_text(value: bool) -> str:
