@@ -142,7 +142,8 @@ def config_block(declared: Sequence[DeclaredSetting]) -> str:
         if key in CHART_VALUES:
             words += f" Weir's default: {_plain(setting.default_display())}."
         else:
-            words += f" {unset}: {_plain(setting.default_display())}."
+            spellings = " on or off (or true or false);" if setting.kind is bool else ""
+            words += f"{spellings} {unset}: {_plain(setting.default_display())}."
         if key in CHART_NOTES:
             words += " " + CHART_NOTES[key]
         lines += textwrap.wrap(
