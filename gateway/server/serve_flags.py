@@ -11,18 +11,23 @@ validates the values.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import enum
 from typing import Any
 
 from weir.gateway.server.setting_field import DeclaredSetting
-from weir.gateway.server.settings import declared
+from weir.gateway.server.settings import declared, setting_groups
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
-    """The `weir serve` flags. Every default is None so env and built-in defaults can apply."""
-    for setting in declared():
-        if setting.flag is not None:
-            parser.add_argument(setting.flag, dest=setting.name, **_argument(setting))
+    """The `weir serve` flags, listed by settings group. Every default is None so env and built-in
+    defaults can apply."""
+    for group_class in setting_groups():
+        group = parser.add_argument_group((group_class.__doc__ or group_class.__name__).splitlines()[0])
+        names = {field.name for field in dataclasses.fields(group_class)}
+        for setting in declared():
+            if setting.name in names and setting.flag is not None:
+                group.add_argument(setting.flag, dest=setting.name, **_argument(setting))
 
 
 def flag_help(setting: DeclaredSetting) -> str:

@@ -68,6 +68,8 @@ def setting(
     **info: Any,
 ) -> Any:
     """A setting's declaration: a pydantic `Field` carrying its `SettingInfo`."""
+    if not help.strip():
+        raise TypeError("a setting is declared with its help line")
     extra = SettingInfo(help=help, **info)
     bounds: dict[str, Any] = {
         "ge": ge,

@@ -63,6 +63,7 @@ __all__ = [
     "declared",
     "parse_forwarded_allow_ips",
     "parse_path",
+    "setting_groups",
 ]
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -168,6 +169,11 @@ class Settings(PromptFields, SchedulingFields, DeviceFields, ModelFields, Server
 def declared() -> tuple[DeclaredSetting, ...]:
     """Every setting's declaration, in the order of the groups (flags, docs and chart follow it)."""
     return tuple(declared_settings(Settings))
+
+
+def setting_groups() -> tuple[type, ...]:
+    """The field groups `Settings` joins, in its fields' order (`weir serve --help` lists by group)."""
+    return tuple(cls for cls in reversed(Settings.__mro__) if cls not in (object, Settings))
 
 
 def _one_line_errors(init: Callable[..., None]) -> Callable[..., None]:

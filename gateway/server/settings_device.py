@@ -12,7 +12,7 @@ from weir.gateway.server.settings_enums import AttentionBackend, CpuRowWeightsMo
 
 @dataclass(frozen=True)
 class DeviceFields:
-    """Kernel paths on an accelerator, threads and C kernels on a CPU."""
+    """The device: kernel paths on an accelerator, threads and C kernels on a CPU"""
 
     attention_backend: AttentionBackend = setting(
         AttentionBackend.AUTO,

@@ -17,7 +17,7 @@ VERSION_LABEL = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 
 @dataclass(frozen=True)
 class ModelFields:
-    """The start-up model, its memory, adapters and speculative decoding."""
+    """The start-up model: its memory, adapters and speculative decoding"""
 
     model_path: Path | None = setting(
         None,

@@ -11,8 +11,10 @@ from weir.gateway.server.setting_field import setting
 
 @dataclass(frozen=True)
 class PromptFields:
-    """Prompt bounds (weir.gateway.prompts.prompt_limits), tokenizer threads
-    (weir.gateway.prompts.tokenizer_pool) and grammar compiles (weir.gateway.prompts.grammar)."""
+    """Prompts: bounds, tokenizer threads and grammar compiles
+
+    (weir.gateway.prompts.prompt_limits, tokenizer_pool and grammar)
+    """
 
     max_chat_messages: int = setting(
         DEFAULT_MAX_CHAT_MESSAGES,

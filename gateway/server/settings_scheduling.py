@@ -11,7 +11,7 @@ from weir.gateway.server.setting_field import setting
 
 @dataclass(frozen=True)
 class SchedulingFields:
-    """Steps, the waiting queue, admission, budgets and the prefix cache."""
+    """Scheduling: steps, the waiting queue, admission, budgets and the prefix cache"""
 
     max_num_seqs: int = setting(64, "most sequences in one batch", ge=1)
     max_num_batched_tokens: int = setting(

@@ -14,7 +14,7 @@ from weir.gateway.server.settings_parsing import parse_forwarded_allow_ips
 
 @dataclass(frozen=True)
 class ServerFields:
-    """Listening, state, callers, logs and traces, shutdown, the Python process."""
+    """The server: where it listens and keeps state, who may call it, logs, traces, shutdown"""
 
     host: str = setting("127.0.0.1", "bind address", min_length=1)
     port: int = setting(8000, "port; 0 picks a free one", doc="port; `0` picks a free one", ge=0, le=65535)
