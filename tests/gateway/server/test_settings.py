@@ -283,27 +283,18 @@ def test_cpu_reserved_cores_leave_the_engine_the_rest() -> None:
 
 
 def test_the_c_kernels_pool_is_on_unless_turned_off() -> None:
-    from weir.gateway.server.settings import CpuKernelPoolMode
-
-    assert Settings().cpu_kernel_pool is CpuKernelPoolMode.ON
-    assert Settings.from_sources({}, {"WEIR_CPU_KERNEL_POOL": "off"}).cpu_kernel_pool is CpuKernelPoolMode.OFF
+    assert Settings().cpu_kernel_pool is True
+    assert Settings.from_sources({}, {"WEIR_CPU_KERNEL_POOL": "off"}).cpu_kernel_pool is False
     args = parse(["--cpu-kernel-pool", "on"])
-    assert (
-        Settings.from_sources(args, {"WEIR_CPU_KERNEL_POOL": "off"}).cpu_kernel_pool is CpuKernelPoolMode.ON
-    )
+    assert Settings.from_sources(args, {"WEIR_CPU_KERNEL_POOL": "off"}).cpu_kernel_pool is True
     with pytest.raises(ValueError, match="cpu_kernel_pool|WEIR_CPU_KERNEL_POOL"):
         Settings.from_sources({}, {"WEIR_CPU_KERNEL_POOL": "maybe"})
 
 
 def test_the_decode_layers_in_one_c_call_are_on_unless_turned_off() -> None:
-    from weir.gateway.server.settings import CpuDecodeLayersMode
-
-    assert Settings().cpu_decode_layers is CpuDecodeLayersMode.ON
+    assert Settings().cpu_decode_layers is True
     env = {"WEIR_CPU_DECODE_LAYERS": "off"}
-    assert Settings.from_sources({}, env).cpu_decode_layers is CpuDecodeLayersMode.OFF
-    assert (
-        Settings.from_sources(parse(["--cpu-decode-layers", "on"]), env).cpu_decode_layers
-        is CpuDecodeLayersMode.ON
-    )
+    assert Settings.from_sources({}, env).cpu_decode_layers is False
+    assert Settings.from_sources(parse(["--cpu-decode-layers", "on"]), env).cpu_decode_layers is True
     with pytest.raises(ValueError, match="cpu_decode_layers|WEIR_CPU_DECODE_LAYERS"):
         Settings.from_sources({}, {"WEIR_CPU_DECODE_LAYERS": "sometimes"})
