@@ -41,9 +41,9 @@ typecheck: install
 	MYPYPATH=.mypy-view $(BIN)/mypy --cache-dir .mypy_cache/view -p weir
 
 # docs/operations.md's settings table and the Helm chart's config values, schema and ConfigMap list,
-# made anew from the settings' declarations (gateway/server/settings_*.py).
+# made anew from the settings' declarations (gateway/settings/settings_*.py).
 settings-reference: install
-	$(BIN)/python -m weir.gateway.server.settings_reference
+	$(BIN)/python -m weir.gateway.settings.settings_reference
 
 pytest: install
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)

@@ -36,7 +36,7 @@ from weir_bench.null_engine import NullEngine
 if TYPE_CHECKING:
     from weir.gateway.fleet.model_fleet import ModelFleet
     from weir.gateway.prompts.tokenization import Tokenizer
-    from weir.gateway.server.settings import Settings
+    from weir.gateway.settings.settings import Settings
 
 MODEL_NAME = "null-model"
 MAX_MODEL_LEN = 8192  # SmolLM2's context; only bounds max_tokens checks here
@@ -133,8 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     from weir.gateway.server import gc_pauses
     from weir.gateway.server.app import create_app
     from weir.gateway.server.bootstrap import build_tenancy
-    from weir.gateway.server.settings import AuthMode, LogLevel, Settings
     from weir.gateway.server.uvicorn_runner import run_server
+    from weir.gateway.settings.settings import AuthMode, LogLevel, Settings
     from weir.tenancy.keys.keys import generate_admin_token
 
     tokenizer = _load_tokenizer(args.model)

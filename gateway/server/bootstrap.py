@@ -30,7 +30,8 @@ from weir.gateway.metrics.registry import GatewayMetrics
 from weir.gateway.routes.openai import Authenticate
 from weir.gateway.server import gc_pauses
 from weir.gateway.server.app import create_app
-from weir.gateway.server.settings import (
+from weir.gateway.server.uvicorn_runner import run_server
+from weir.gateway.settings.settings import (
     AttentionBackend,
     AuthMode,
     CpuRowWeightsMode,
@@ -38,7 +39,6 @@ from weir.gateway.server.settings import (
     LogLevel,
     Settings,
 )
-from weir.gateway.server.uvicorn_runner import run_server
 from weir.tenancy.store.enums import UsageStatus
 from weir.tenancy.store.records import UsageRecordIn
 

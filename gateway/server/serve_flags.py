@@ -1,10 +1,10 @@
 """The `weir serve` command-line flags, one per setting that is not a secret, made from the
-settings' declarations (gateway/server/setting_field.py): the name, the value's type and choices,
+settings' declarations (gateway/settings/setting_field.py): the name, the value's type and choices,
 and the help line with the `WEIR_*` variable and the default.
 
 Each flag's `dest` is its `Settings` field; every default is None so that `Settings.from_sources`
 can apply the environment variable or the built-in default when a flag is not given. This module
-only declares flags: gateway/server/settings.py stays the one place that reads the environment and
+only declares flags: gateway/settings/settings.py stays the one place that reads the environment and
 validates the values.
 """
 
@@ -15,8 +15,8 @@ import dataclasses
 import enum
 from typing import Any
 
-from weir.gateway.server.setting_field import DeclaredSetting
-from weir.gateway.server.settings import declared, setting_groups
+from weir.gateway.settings.setting_field import DeclaredSetting
+from weir.gateway.settings.settings import declared, setting_groups
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:

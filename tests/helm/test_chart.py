@@ -25,7 +25,7 @@ from tests.helm.chart_files import (
     read,
     templates,
 )
-from weir.gateway.server.settings import Settings, declared
+from weir.gateway.settings.settings import Settings, declared
 
 VALUES_PATH = re.compile(r"\.Values((?:\.[A-Za-z_][A-Za-z0-9_]*)+)")
 INCLUDE = re.compile(r"\b(?:include|template)\s+\"([^\"]+)\"")

@@ -24,7 +24,7 @@ from tests.helm.rendering import (
     render_profile,
 )
 from weir.cli import build_parser
-from weir.gateway.server.settings import Settings
+from weir.gateway.settings.settings import Settings
 
 PROFILES = profile_names()
 POD_OWNERS = ("Deployment", "Job")

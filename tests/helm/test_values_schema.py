@@ -13,7 +13,7 @@ from jsonschema import Draft7Validator
 
 from tests.helm.chart_files import CHART, chart_values, read
 from weir.engine.config import QueuePolicy
-from weir.gateway.server.settings import (
+from weir.gateway.settings.settings import (
     DTYPES,
     AttentionBackend,
     AuthMode,

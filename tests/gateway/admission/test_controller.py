@@ -340,7 +340,7 @@ def test_weight_and_priority_reach_the_engine(served: Served) -> None:
 def test_serve_flags_and_environment_reach_the_settings() -> None:
     from weir.cli import build_parser
     from weir.engine.config import QueuePolicy
-    from weir.gateway.server.settings import Settings
+    from weir.gateway.settings.settings import Settings
 
     args = build_parser().parse_args(
         ["serve", "--queue-policy", "fcfs", "--admission", "off", "--max-queue-time-s", "12.5"]
@@ -358,7 +358,7 @@ def test_serve_flags_and_environment_reach_the_settings() -> None:
 
 def test_sqlite_means_one_replica_with_in_process_budgets(tmp_path: Any) -> None:
     from weir.gateway.admission.controller import build_admission
-    from weir.gateway.server.settings import Settings
+    from weir.gateway.settings.settings import Settings
 
     settings = Settings(data_dir=tmp_path, max_queue_time_s=0, max_queued_tokens=0)
     controller = build_admission(settings, stats)

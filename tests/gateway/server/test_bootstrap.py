@@ -21,7 +21,7 @@ from weir.gateway.server.bootstrap import (
     set_engine_threads,
     to_usage_record_in,
 )
-from weir.gateway.server.settings import AuthMode, Settings
+from weir.gateway.settings.settings import AuthMode, Settings
 
 
 def test_engine_config_from_settings() -> None:
@@ -136,7 +136,7 @@ def test_prefix_caching_settings_reach_the_engine() -> None:
 
 
 def test_kernel_settings_reach_the_engine_and_cpu_refuses_cuda_only_choices() -> None:
-    from weir.gateway.server.settings import AttentionBackend, CudaGraphsMode
+    from weir.gateway.settings.settings import AttentionBackend, CudaGraphsMode
 
     auto = engine_config(Settings(max_model_len=64), Path("/m"), "cpu")
     assert (auto.use_triton, auto.use_cuda_graphs) == (None, None)  # the engine's auto: on CUDA only
@@ -176,7 +176,7 @@ def test_target_step_ms_reaches_the_scheduler_in_seconds() -> None:
 
 
 def test_cpu_row_weights_reach_the_engine_and_on_needs_cpu_float32() -> None:
-    from weir.gateway.server.settings import CpuRowWeightsMode
+    from weir.gateway.settings.settings import CpuRowWeightsMode
 
     assert engine_config(Settings(max_model_len=64), Path("/m"), "cpu").cpu_row_weights is None  # auto
     off = Settings(max_model_len=64, cpu_row_weights=CpuRowWeightsMode.OFF)

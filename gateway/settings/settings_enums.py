@@ -1,6 +1,6 @@
 """The settings whose values are one of a few names: the enums of `weir serve`'s settings.
 
-Settings that are on or off are booleans (gateway/server/settings_parsing.py's `parse_bool` reads
+Settings that are on or off are booleans (gateway/settings/settings_parsing.py's `parse_bool` reads
 `on`/`off`, `true`/`false`, `1`/`0`); the enums here name more than two choices, or AUTO beside
 ON and OFF.
 """

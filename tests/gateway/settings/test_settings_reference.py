@@ -18,10 +18,10 @@ import yaml
 from pydantic import TypeAdapter
 
 from weir.gateway.server.serve_flags import add_serve_arguments
-from weir.gateway.server.setting_field import DeclaredSetting
-from weir.gateway.server.settings import Settings, declared
-from weir.gateway.server.settings_chart import CHART_FLAGS, CHART_VALUES
-from weir.gateway.server.settings_reference import HELPERS, OPERATIONS, SCHEMA, VALUES, main, stale_files
+from weir.gateway.settings.setting_field import DeclaredSetting
+from weir.gateway.settings.settings import Settings, declared
+from weir.gateway.settings.settings_chart import CHART_FLAGS, CHART_VALUES
+from weir.gateway.settings.settings_reference import HELPERS, OPERATIONS, SCHEMA, VALUES, main, stale_files
 
 ROOT = Path(__file__).resolve().parents[3]
 SECRETS = {"admin_token", "key_pepper"}

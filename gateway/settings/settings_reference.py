@@ -1,10 +1,10 @@
 """Rewrite (or check) what is made from the settings' declarations outside the code:
 docs/operations.md's table and the Helm chart's `config:` values, schema and ConfigMap list.
 
-    python -m weir.gateway.server.settings_reference [--check] [--root DIR]
+    python -m weir.gateway.settings.settings_reference [--check] [--root DIR]
 
 `make settings-reference` runs it from the checkout; `--check` exits 1 naming each file that
-differs (tests/gateway/server/test_settings_reference.py makes the same comparison).
+differs (tests/gateway/settings/test_settings_reference.py makes the same comparison).
 """
 
 from __future__ import annotations
@@ -15,16 +15,16 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from weir.gateway.server.setting_field import DeclaredSetting
-from weir.gateway.server.settings import declared
-from weir.gateway.server.settings_chart import (
+from weir.gateway.settings.setting_field import DeclaredSetting
+from weir.gateway.settings.settings import declared
+from weir.gateway.settings.settings_chart import (
     config_block,
     env_pairs,
     with_config_block,
     with_env_pairs,
     with_schema,
 )
-from weir.gateway.server.settings_docs import settings_table, with_table
+from weir.gateway.settings.settings_docs import settings_table, with_table
 
 OPERATIONS = Path("docs/operations.md")
 VALUES = Path("helm/weir/values.yaml")

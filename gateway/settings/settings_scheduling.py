@@ -6,7 +6,7 @@ from __future__ import annotations
 from pydantic.dataclasses import dataclass
 
 from weir.engine.config import QueuePolicy
-from weir.gateway.server.setting_field import setting
+from weir.gateway.settings.setting_field import setting
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,8 @@ from __future__ import annotations
 from pydantic.dataclasses import dataclass
 
 from weir.engine.config import WIDE_STEP_ROWS
-from weir.gateway.server.setting_field import setting
-from weir.gateway.server.settings_enums import AttentionBackend, CpuRowWeightsMode, CudaGraphsMode
+from weir.gateway.settings.setting_field import setting
+from weir.gateway.settings.settings_enums import AttentionBackend, CpuRowWeightsMode, CudaGraphsMode
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """One declaration per `weir serve` setting, and what the rest of Weir reads from it.
 
-A setting is a field of `Settings` (gateway/server/settings.py) declared with `setting(...)`:
+A setting is a field of `Settings` (gateway/settings/settings.py) declared with `setting(...)`:
 its type and default, its bounds (pydantic's `ge`/`gt`/`le`/`lt`, checked on every construction)
 and a `SettingInfo`: the help line, the longer text of docs/operations.md where it says more, how
 a default that is not a plain value reads, and the few names that do not follow from the field's
@@ -21,7 +21,7 @@ import annotated_types
 from pydantic import Field
 from pydantic.fields import FieldInfo
 
-from weir.gateway.server.settings_parsing import bool_text, choices_of, parser_for, without_none
+from weir.gateway.settings.settings_parsing import bool_text, choices_of, parser_for, without_none
 
 ENV_PREFIX = "WEIR_"
 

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from weir.gateway.server.setting_field import DeclaredSetting
-from weir.gateway.server.settings import Settings, declared
-from weir.gateway.server.settings_parsing import parse_bool
+from weir.gateway.settings.setting_field import DeclaredSetting
+from weir.gateway.settings.settings import Settings, declared
+from weir.gateway.settings.settings_parsing import parse_bool
 
 # Settings whose value must also agree with another (metrics_port != port) or with a method.
 _CROSS_CHECKED = {"metrics_port", "port"}

@@ -1,17 +1,17 @@
 """docs/operations.md's table of `weir serve` settings, made from their declarations.
 
 The table sits between two marker comments in the page; `make settings-reference` rewrites it and
-tests/gateway/server/test_settings_reference.py fails while the page's copy differs.
+tests/gateway/settings/test_settings_reference.py fails while the page's copy differs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from weir.gateway.server.setting_field import DeclaredSetting
+from weir.gateway.settings.setting_field import DeclaredSetting
 
 TABLE_BEGIN = (
-    "<!-- settings table: made from gateway/server/settings_*.py by `make settings-reference`; "
+    "<!-- settings table: made from gateway/settings/settings_*.py by `make settings-reference`; "
     "edit the declarations, not these rows -->"
 )
 TABLE_END = "<!-- end of the settings table -->"

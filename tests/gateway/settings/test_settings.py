@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from weir.gateway.server.serve_flags import add_serve_arguments
-from weir.gateway.server.settings import CPU_TARGET_STEP_MS, AuthMode, LogLevel, OtelExporter, Settings
+from weir.gateway.settings.settings import CPU_TARGET_STEP_MS, AuthMode, LogLevel, OtelExporter, Settings
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -135,7 +135,7 @@ def test_forwarded_allow_ips() -> None:
 
 
 def test_kernel_fallback_flags_and_env() -> None:
-    from weir.gateway.server.settings import AttentionBackend, CudaGraphsMode
+    from weir.gateway.settings.settings import AttentionBackend, CudaGraphsMode
 
     assert (Settings().attention_backend, Settings().cuda_graphs) == (
         AttentionBackend.AUTO,
@@ -217,7 +217,7 @@ def test_speculative_decoding_settings() -> None:
 
 
 def test_cpu_row_weights_flag_and_env() -> None:
-    from weir.gateway.server.settings import CpuRowWeightsMode
+    from weir.gateway.settings.settings import CpuRowWeightsMode
 
     assert Settings().cpu_row_weights is CpuRowWeightsMode.AUTO
     args = parse(["--cpu-row-weights", "off"])

@@ -5,7 +5,7 @@ with their comments (values.yaml), their schema (values.schema.json) and the Con
 Each non-secret setting is one key under `config:`, its variable's name in camelCase, unset (null
 or "") unless the chart needs a value of its own; what only the chart says (the pod's side) is in
 the tables below. `make settings-reference` rewrites the three places and
-tests/gateway/server/test_settings_reference.py fails while they differ.
+tests/gateway/settings/test_settings_reference.py fails while they differ.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 
 import annotated_types
 
-from weir.gateway.server.setting_field import DeclaredSetting
+from weir.gateway.settings.setting_field import DeclaredSetting
 
 # Passed as the server container's flags (deployment.yaml), not through the ConfigMap.
 CHART_FLAGS = ("host", "port")

@@ -7,9 +7,9 @@ from pathlib import Path
 
 from pydantic.dataclasses import dataclass
 
-from weir.gateway.server.setting_field import setting
-from weir.gateway.server.settings_enums import AuthMode, LogLevel, OtelExporter
-from weir.gateway.server.settings_parsing import parse_forwarded_allow_ips
+from weir.gateway.settings.setting_field import setting
+from weir.gateway.settings.settings_enums import AuthMode, LogLevel, OtelExporter
+from weir.gateway.settings.settings_parsing import parse_forwarded_allow_ips
 
 
 @dataclass(frozen=True)

@@ -25,9 +25,9 @@ from pydantic import ConfigDict, ValidationError
 from pydantic.dataclasses import dataclass
 
 from weir.engine.spec_decode.config import SpeculativeConfig
-from weir.gateway.server.setting_field import DeclaredSetting, declared_settings
-from weir.gateway.server.settings_device import DeviceFields
-from weir.gateway.server.settings_enums import (
+from weir.gateway.settings.setting_field import DeclaredSetting, declared_settings
+from weir.gateway.settings.settings_device import DeviceFields
+from weir.gateway.settings.settings_enums import (
     DTYPES,
     AttentionBackend,
     AuthMode,
@@ -36,18 +36,18 @@ from weir.gateway.server.settings_enums import (
     LogLevel,
     OtelExporter,
 )
-from weir.gateway.server.settings_model import ModelFields
-from weir.gateway.server.settings_parsing import (
+from weir.gateway.settings.settings_model import ModelFields
+from weir.gateway.settings.settings_parsing import (
     check_forwarded_entry,
     is_loopback,
     parse_forwarded_allow_ips,
     parse_path,
     xdg_dir,
 )
-from weir.gateway.server.settings_prompts import PromptFields
-from weir.gateway.server.settings_scheduling import SchedulingFields
-from weir.gateway.server.settings_server import ServerFields
-from weir.gateway.server.settings_sources import describe_errors, given_values
+from weir.gateway.settings.settings_prompts import PromptFields
+from weir.gateway.settings.settings_scheduling import SchedulingFields
+from weir.gateway.settings.settings_server import ServerFields
+from weir.gateway.settings.settings_sources import describe_errors, given_values
 
 __all__ = [
     "CPU_TARGET_STEP_MS",

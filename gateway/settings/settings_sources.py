@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from weir.gateway.server.setting_field import DeclaredSetting
+from weir.gateway.settings.setting_field import DeclaredSetting
 
 # pydantic's error types for a value outside the declared bounds.
 _BOUND_ERRORS = frozenset({"greater_than", "greater_than_equal", "less_than", "less_than_equal"})

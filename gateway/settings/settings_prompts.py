@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from pydantic.dataclasses import dataclass
 
-from weir.gateway.api.openai_bodies.requests import DEFAULT_MAX_CHAT_MESSAGES
-from weir.gateway.server.setting_field import setting
+from weir.gateway.settings.setting_field import setting
+
+# Messages in one chat, and content parts across them: the default of `--max-chat-messages`.
+DEFAULT_MAX_CHAT_MESSAGES = 2048
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,8 @@ from pathlib import Path
 from pydantic.dataclasses import dataclass
 
 from weir.engine.spec_decode.config import MAX_SPECULATIVE_TOKENS
-from weir.gateway.server.setting_field import setting
-from weir.gateway.server.settings_enums import Dtype
+from weir.gateway.settings.setting_field import setting
+from weir.gateway.settings.settings_enums import Dtype
 
 # A model version label (weir.tenancy.catalog.model_version_records checks the same form for stored versions).
 VERSION_LABEL = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
