@@ -128,9 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from weir.gateway.admission.controller import build_admission
+    from weir.gateway.fleet import gc_pauses
     from weir.gateway.metrics.admission_metrics import AdmissionMetrics
     from weir.gateway.metrics.registry import GatewayMetrics
-    from weir.gateway.server import gc_pauses
     from weir.gateway.server.app import create_app
     from weir.gateway.server.bootstrap import build_tenancy
     from weir.gateway.server.uvicorn_runner import run_server

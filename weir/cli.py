@@ -28,9 +28,9 @@ def _settings(cli: argparse.Namespace | dict[str, object]) -> Settings:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from weir.gateway.fleet.fleet_setup import StartupModelError
     from weir.gateway.fleet.model_rollout import StartupLoadError
     from weir.gateway.server.bootstrap import KernelChoiceError, serve
+    from weir.gateway.server.fleet_setup import StartupModelError
 
     settings = _settings(args)
     try:

@@ -24,11 +24,11 @@ from weir.engine.request import FinishReason
 from weir.gateway.admission.accounting import Outcome, UsageJournal, UsageRecord, UsageSink
 from weir.gateway.admission.controller import build_admission
 from weir.gateway.admission.window_budget_gate import WindowBudgetMetrics
+from weir.gateway.fleet import gc_pauses
 from weir.gateway.metrics.admission_metrics import AdmissionMetrics
 from weir.gateway.metrics.metrics_server import MetricsListener
 from weir.gateway.metrics.registry import GatewayMetrics
 from weir.gateway.routes.openai import Authenticate
-from weir.gateway.server import gc_pauses
 from weir.gateway.server.app import create_app
 from weir.gateway.server.uvicorn_runner import run_server
 from weir.gateway.settings.settings import (
@@ -338,7 +338,6 @@ def build_metrics(fleet: ModelFleet, tenancy: TenancyWiring, default_name: str) 
     """The app's registry, complete before anything uses it: the gateway's own metrics, every
     engine's load (labelled by model version), the serving version's prefix cache and, with
     tenancy, the usage-record writer."""
-    from weir.gateway.fleet.fleet_setup import primary_prefix_stats
     from weir.gateway.metrics.engine_collectors import (
         AdapterMetricsCollector,
         FleetStatsCollector,
@@ -346,6 +345,7 @@ def build_metrics(fleet: ModelFleet, tenancy: TenancyWiring, default_name: str) 
     )
     from weir.gateway.metrics.prefix_cache_metrics import PrefixCacheCollector
     from weir.gateway.metrics.usage_metrics import UsageRecordsCollector
+    from weir.gateway.server.fleet_setup import primary_prefix_stats
 
     collectors: list[Collector] = [
         FleetStatsCollector(fleet.stats_by_version),
@@ -362,8 +362,8 @@ def start_fleet(settings: Settings, tenancy: TenancyWiring) -> tuple[ModelFleet,
     """Build the fleet and load, before the server listens: the `--model` version (registered if
     absent) and every version recorded as ready, with their split and pins. Returns the fleet,
     its rollout control and the default model name."""
-    from weir.gateway.fleet.fleet_setup import build_fleet, check_startup_record, startup_spec
     from weir.gateway.fleet.model_rollout import ModelRollout
+    from weir.gateway.server.fleet_setup import build_fleet, check_startup_record, startup_spec
     from weir.tenancy.errors import ModelVersionNotFoundError
 
     model_path = resolve_model_path(settings)
@@ -399,9 +399,9 @@ def build_server_app(settings: Settings) -> Starlette:
     """
     from weir.gateway.fleet.adapter_catalog import AdapterCatalog
     from weir.gateway.fleet.adapter_rollout import AdapterRollout
-    from weir.gateway.fleet.fleet_setup import prefix_cache_target
     from weir.gateway.routes.adapters_admin import adapters_admin_routes
     from weir.gateway.routes.models_admin import models_admin_routes
+    from weir.gateway.server.fleet_setup import prefix_cache_target
 
     tenancy = build_tenancy(settings)
     auth = resolve_auth(settings, tenancy.num_tenants)
@@ -479,7 +479,7 @@ def build_server_app(settings: Settings) -> Starlette:
         listener = MetricsListener(metrics, settings.host, settings.metrics_port)
         startup_hooks.append(listener.start)
         shutdown_hooks.append(listener.stop)
-    # Last: the heap is frozen once everything the server keeps is loaded (gateway/server/gc_pauses.py).
+    # Last: the heap is frozen once everything the server keeps is loaded (gateway/fleet/gc_pauses.py).
     freeze_start, freeze_stop = gc_pauses.lifespan_hooks(metrics.registry, settings.gc_freeze)
     startup_hooks.append(freeze_start)
     shutdown_hooks.append(freeze_stop)

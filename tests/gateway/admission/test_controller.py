@@ -39,10 +39,10 @@ from weir.engine.client import EngineRequest
 from weir.engine.output import RequestOutput
 from weir.engine.request import FinishReason, Priority
 from weir.gateway.admission.controller import AdmissionConfig, AdmissionController, format_duration, met_slo
-from weir.gateway.api.streaming import DEADLINE_EXCEEDED
 from weir.gateway.http.errors import BadRequestError, RateLimitError, ServiceUnavailableError, error_response
 from weir.gateway.metrics.admission_metrics import AdmissionMetrics
 from weir.gateway.metrics.registry import GatewayMetrics
+from weir.gateway.routes.streaming import DEADLINE_EXCEEDED
 from weir.tenancy.budgets.quotas import LocalBudget
 from weir.tenancy.context import QuotaLimits, TenantContext
 

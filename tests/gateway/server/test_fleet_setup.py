@@ -1,13 +1,13 @@
-"""weir.gateway.fleet.fleet_setup: the fleet `weir serve` builds."""
+"""weir.gateway.server.fleet_setup: the fleet `weir serve` builds."""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
 
-from weir.gateway.fleet.fleet_setup import build_fleet
 from weir.gateway.prompts.tokenization import DEFAULT_POOL_WORKERS
 from weir.gateway.server.bootstrap import engine_config
+from weir.gateway.server.fleet_setup import build_fleet
 from weir.gateway.settings.settings import Settings
 
 
