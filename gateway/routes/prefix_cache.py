@@ -40,7 +40,7 @@ from weir.engine.kv.prefix_cache_types import PrefixCacheStats, SharedPrefixInfo
 from weir.gateway.api.openai_bodies.params import bad_request
 from weir.gateway.api.openai_bodies.requests import ChatMessageBody
 from weir.gateway.api.protocol import ChatMessage, message_of
-from weir.gateway.http.auth import AdminAuthenticator
+from weir.gateway.http.admin_auth import AdminAuthenticator
 from weir.gateway.http.errors import BadRequestError, NotFoundError, PayloadTooLargeError, UnprocessableError
 from weir.gateway.http.json_body import loads_bounded
 from weir.gateway.prompts.tokenization import PromptBuilder, Tokenizer

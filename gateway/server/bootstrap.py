@@ -48,7 +48,8 @@ if TYPE_CHECKING:
     from weir.engine.config import EngineConfig, LoraConfig
     from weir.gateway.fleet.model_fleet import ModelFleet
     from weir.gateway.fleet.model_rollout import ModelRollout
-    from weir.gateway.http.auth import AdminAuthenticator, Authenticator
+    from weir.gateway.http.admin_auth import AdminAuthenticator
+    from weir.gateway.http.auth import Authenticator
     from weir.tenancy.catalog.adapters import AdapterRepo
     from weir.tenancy.catalog.model_versions import ModelVersionRepo
     from weir.tenancy.store.repo import TenancyRepo
@@ -257,7 +258,9 @@ def build_tenancy(settings: Settings) -> TenancyWiring:
     """
     from sqlalchemy import inspect
 
-    from weir.gateway.http.auth import AdminAuthenticator, Authenticator, AuthSettings
+    from weir.gateway.http.admin_auth import AdminAuthenticator
+    from weir.gateway.http.auth import Authenticator
+    from weir.gateway.http.auth_settings import AuthSettings
     from weir.gateway.routes.admin import admin_routes
     from weir.tenancy.catalog.adapters import AdapterRepo
     from weir.tenancy.catalog.model_versions import ModelVersionRepo
