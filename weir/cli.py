@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from weir.engine import cli_generate
 from weir.gateway.server.serve_flags import add_serve_arguments
-from weir.gateway.server.settings import Settings
+from weir.gateway.settings.settings import Settings
 from weir.tenancy.cli import cli as tenancy_cli
 
 
@@ -28,9 +28,9 @@ def _settings(cli: argparse.Namespace | dict[str, object]) -> Settings:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from weir.gateway.fleet.fleet_setup import StartupModelError
     from weir.gateway.fleet.model_rollout import StartupLoadError
     from weir.gateway.server.bootstrap import KernelChoiceError, serve
+    from weir.gateway.server.fleet_setup import StartupModelError
 
     settings = _settings(args)
     try:

@@ -37,8 +37,11 @@ from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
 from weir.gateway.console.routes import ConsoleDeps, console_routes
-from weir.gateway.http.auth import AdminAuthenticator, Authenticator, AuthSettings, FailureThrottle
+from weir.gateway.http.admin_auth import AdminAuthenticator
+from weir.gateway.http.auth import Authenticator
+from weir.gateway.http.auth_settings import AuthSettings
 from weir.gateway.http.errors import exception_handlers
+from weir.gateway.http.failure_throttle import FailureThrottle
 from weir.tenancy.keys.keys import KeyHasher
 from weir.tenancy.store.db import Database
 from weir.tenancy.store.enums import UsageStatus

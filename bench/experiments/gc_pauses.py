@@ -1,5 +1,5 @@
 """`python -m weir_bench.experiments.gc_pauses`: what one full garbage collection costs a process that
-holds a loaded model, with the heap frozen (gateway/server/gc_pauses.py) and without.
+holds a loaded model, with the heap frozen (gateway/fleet/gc_pauses.py) and without.
 
 The real engine is loaded (the CPU fast path, as `weir serve` builds it) beside the gateway's
 modules; then the median of `--reps` explicit `gc.collect()` calls, `thawed` (the heap as CPython
@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from weir.gateway.server.gc_pauses import refreeze_heap
+from weir.gateway.fleet.gc_pauses import refreeze_heap
 
 
 def full_collection_ms(reps: int) -> float:

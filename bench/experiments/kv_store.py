@@ -303,7 +303,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     model = args.model
     if model is None:
         from weir.engine.runner.model_prepare import ensure_default_model
-        from weir.gateway.server.settings import Settings
+        from weir.gateway.settings.settings import Settings
 
         model = ensure_default_model(Settings.from_environment().cache_dir, progress=False)
     requests = take(load_trace(args.workload), args.limit)

@@ -8,19 +8,30 @@ records' constants (`weir.tenancy.catalog.adapter_records`), not restated; the r
 from __future__ import annotations
 
 import datetime as dt
-from typing import TYPE_CHECKING, Literal
+from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from weir.tenancy.catalog.adapter_records import MAX_ADAPTER_NAME_LEN, AdapterSpec, AdapterState
+from weir.engine.lora.lora_types import AdapterInfo
+from weir.tenancy.catalog.adapter_records import MAX_ADAPTER_NAME_LEN, AdapterSpec, AdapterState, AdapterView
 from weir.tenancy.catalog.model_version_records import MAX_PATH_LEN
 from weir.tenancy.store.models import (  # a tenant name's column; validate_tenant_name checks its characters
     MODEL_VERSION_ID_LEN,
     NAME_LEN,
 )
 
-if TYPE_CHECKING:
-    from weir.gateway.fleet.adapter_rollout import AdapterStatus
+
+class AdapterStatusView(Protocol):
+    """What `AdapterOut.of` reads of an adapter's status (weir.gateway.fleet.adapter_rollout.AdapterStatus)."""
+
+    @property
+    def record(self) -> AdapterView: ...
+    @property
+    def serving(self) -> bool: ...
+    @property
+    def in_flight(self) -> int: ...
+    @property
+    def engine(self) -> AdapterInfo | None: ...
 
 
 class _Body(BaseModel):
@@ -89,7 +100,7 @@ class AdapterOut(BaseModel):
     updated_by: str
 
     @classmethod
-    def of(cls, status: AdapterStatus) -> AdapterOut:
+    def of(cls, status: AdapterStatusView) -> AdapterOut:
         r, info = status.record, status.engine
         runtime = None
         if info is not None:

@@ -23,10 +23,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from weir.engine.output import RequestOutput
-from weir.gateway.admission.accounting import Usage
 from weir.gateway.api.protocol import Endpoint
 from weir.gateway.api.responses import ChoiceState, ResponseFormatter
 from weir.gateway.api.tool_calls import ParsedCall, ToolCallParser
+from weir.gateway.api.usage import Usage
 from weir.gateway.http.errors import WeirError, anthropic_error_body
 
 _STOP_REASONS = {"stop": "end_turn", "length": "max_tokens"}

@@ -17,9 +17,9 @@ from json.encoder import encode_basestring as _encode_basestring
 from typing import Any
 
 from weir.engine.output import RequestOutput, TokenLogprob
-from weir.gateway.admission.accounting import Usage
 from weir.gateway.api.protocol import Endpoint
 from weir.gateway.api.tool_calls import ParsedCall, ToolCallParser, ToolsRequest
+from weir.gateway.api.usage import Usage
 from weir.gateway.http.errors import WeirError
 
 # JSON has no -Infinity; OpenAI reports impossible tokens with this floor.

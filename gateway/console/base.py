@@ -20,7 +20,8 @@ from weir.gateway.console.forms import read_form
 from weir.gateway.console.live_tenants import LiveTenants
 from weir.gateway.console.sessions import ConsoleSession, SessionStore
 from weir.gateway.fleet.model_rollout import ModelRollout
-from weir.gateway.http.auth import AdminAuthenticator, Authenticator
+from weir.gateway.http.admin_auth import AdminAuthenticator
+from weir.gateway.http.auth import Authenticator
 from weir.gateway.http.errors import WeirError
 from weir.gateway.metrics.registry import GatewayMetrics
 from weir.tenancy.errors import TenancyError

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING
 
 from weir.engine.kv.memory_budget import MemoryBudget, VersionFootprint
 from weir.gateway.fleet.fleet_types import BuiltEngine
-from weir.gateway.server.gc_pauses import refreeze_heap_if_frozen
-from weir.gateway.server.settings import Settings
+from weir.gateway.fleet.gc_pauses import refreeze_heap_if_frozen
+from weir.gateway.settings.settings import Settings
 from weir.tenancy.catalog.model_version_records import ModelVersionSpec
 
 if TYPE_CHECKING:
@@ -82,7 +82,7 @@ def memory_in_use(device: str) -> int | None:
 
 
 def release_memory(device: str) -> None:
-    """Collect a retired (or failed) version's objects, frozen ones included (gateway/server/gc_pauses.py),
+    """Collect a retired (or failed) version's objects, frozen ones included (gateway/fleet/gc_pauses.py),
     and hand the memory freed back to the device / the OS, so the retire is visible."""
     refreeze_heap_if_frozen("a model version was unloaded")
     if device.startswith("cuda"):

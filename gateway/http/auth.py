@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import math
 import threading
 import time
 from collections.abc import Callable
@@ -53,13 +52,13 @@ from cachetools import TTLCache
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.concurrency import run_in_threadpool
 
+from weir.gateway.http.auth_settings import INVALID_KEY_MESSAGE, SUSPENDED_MESSAGE, AuthSettings, bearer_token
 from weir.gateway.http.errors import (
     AuthenticationError,
     PermissionDeniedError,
-    RateLimitError,
-    WeirError,
     from_database_error,
 )
+from weir.gateway.http.failure_throttle import FailureThrottle, refuse
 from weir.gateway.http.single_flight import SingleFlight
 from weir.tenancy.context import TenantContext
 from weir.tenancy.keys.keys import KeyHasher, ParsedKey, parse_key
@@ -67,55 +66,6 @@ from weir.tenancy.store.enums import KeyScope, KeyState, TenantStatus
 from weir.tenancy.store.records import KeyRecord
 
 log = logging.getLogger(__name__)
-
-INVALID_KEY_MESSAGE = "Invalid API key. Send a valid key as 'Authorization: Bearer <key>'."
-INVALID_ADMIN_MESSAGE = "Invalid admin token. Send it as 'Authorization: Bearer <admin token>'."
-SUSPENDED_MESSAGE = "This tenant is suspended. Contact the service administrator."
-_MAX_HEADER_LEN = 1024
-
-
-@dataclass(frozen=True)
-class AuthSettings:
-    """Auth cache, failure-throttle and database-timeout knobs."""
-
-    cache_ttl_s: float = 30.0  # how long another replica's revocation can take to apply here
-    cache_max_keys: int = 10_000
-    # Failed attempts per window before 429: per presented key id (and per address for the
-    # admin token, which has no id), and per address for tenant keys, a far higher bar since
-    # every tenant behind one ingress or NAT shares it. A valid credential is never refused.
-    max_failures: int = 20
-    max_address_failures: int = 1000
-    failure_window_s: float = 60.0
-    max_tracked: int = 100_000  # key ids and addresses each; the oldest are forgotten past it
-    # Lookups of ids that were not found, per window, before uncached ids are checked against the
-    # set of stored ids instead of one query each: per client address, and for all together.
-    max_unknown_lookups: int = 20
-    max_total_unknown_lookups: int = 200
-    known_ids_refresh_s: float = 1.0  # the set of stored ids is re-read at most this often
-    lookup_timeout_s: float = 1.0  # an uncached key waits at most this on a locked database
-    touch_timeout_s: float = 0.2  # writing last_used_at is best effort: it never holds a request
-
-    def __post_init__(self) -> None:
-        for name in (
-            "cache_ttl_s",
-            "failure_window_s",
-            "lookup_timeout_s",
-            "touch_timeout_s",
-            "known_ids_refresh_s",
-        ):
-            value = getattr(self, name)
-            if not math.isfinite(value) or value <= 0:
-                raise ValueError(f"{name} must be a positive number of seconds, got {value}")
-        for name in (
-            "cache_max_keys",
-            "max_failures",
-            "max_address_failures",
-            "max_tracked",
-            "max_unknown_lookups",
-            "max_total_unknown_lookups",
-        ):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
 
 class KeyStore(Protocol):
@@ -130,114 +80,6 @@ class KeyStore(Protocol):
     def key_ids(self, *, timeout_s: float | None = None) -> frozenset[str]: ...
 
     def touch_key(self, key_id: str, when: dt.datetime, *, timeout_s: float | None = None) -> None: ...
-
-
-class AdminTokenStore(Protocol):
-    """What the admin authenticator needs from the tenancy repository."""
-
-    hasher: KeyHasher
-
-    def admin_token_hash(self) -> str | None: ...
-
-
-def bearer_token(authorization: str | None) -> str | None:
-    """The token of an `Authorization: Bearer <token>` header; None if absent or not of that form."""
-    if authorization is None or len(authorization) > _MAX_HEADER_LEN:
-        return None
-    scheme, _, token = authorization.strip().partition(" ")
-    token = token.strip()
-    if scheme.lower() != "bearer" or not token or any(c.isspace() for c in token):
-        return None
-    return token
-
-
-class FailureThrottle:
-    """Counts authentication failures per subject (a key id, an address) in fixed windows.
-
-    Callers consult it only for attempts that already failed, so it can turn a 401 into a 429
-    but never refuses a valid credential. Memory is bounded: at most `max_tracked` subjects,
-    each forgotten a window after its first failure. Thread-safe.
-    """
-
-    def __init__(
-        self,
-        max_failures: int,
-        window_s: float,
-        max_tracked: int = 100_000,
-        *,
-        timer: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self._max_failures = max_failures
-        self._window_s = window_s
-        self._timer = timer
-        self._windows: TTLCache[str, tuple[float, int]] = TTLCache(max_tracked, ttl=window_s, timer=timer)
-        self._lock = threading.Lock()
-
-    @classmethod
-    def from_settings(
-        cls, settings: AuthSettings, *, timer: Callable[[], float] = time.monotonic
-    ) -> FailureThrottle:
-        return cls(settings.max_failures, settings.failure_window_s, settings.max_tracked, timer=timer)
-
-    @classmethod
-    def for_addresses(
-        cls, settings: AuthSettings, *, timer: Callable[[], float] = time.monotonic
-    ) -> FailureThrottle:
-        """The per-address throttle of tenant keys (`max_address_failures`)."""
-        return cls(
-            settings.max_address_failures, settings.failure_window_s, settings.max_tracked, timer=timer
-        )
-
-    @property
-    def num_tracked(self) -> int:
-        """How many subjects are remembered now (bounded by `max_tracked`)."""
-        with self._lock:
-            return len(self._windows)
-
-    def check(self, subject: str) -> None:
-        """Raise RateLimitError (429, Retry-After) if this subject used up its failures."""
-        error = self.blocked(subject)
-        if error is not None:
-            raise error
-
-    def blocked(self, subject: str) -> RateLimitError | None:
-        """The 429 to answer while this subject has used up its failures; None otherwise."""
-        now = self._timer()
-        with self._lock:
-            window = self._windows.get(subject)
-        if window is None:
-            return None
-        start, count = window
-        remaining_s = start + self._window_s - now
-        if count < self._max_failures or remaining_s <= 0:
-            return None
-        return RateLimitError(
-            "Too many failed authentication attempts; retry later.",
-            code="too_many_auth_failures",
-            # The epsilon keeps float noise (10.000000000000002) from announcing 11 s.
-            headers={"Retry-After": str(max(1, math.ceil(remaining_s - 1e-6)))},
-        )
-
-    def record_failure(self, subject: str) -> None:
-        """Count one failed attempt of this subject."""
-        now = self._timer()
-        with self._lock:
-            window = self._windows.get(subject)
-            if window is None or now >= window[0] + self._window_s:
-                self._windows[subject] = (now, 1)
-            else:
-                self._windows[subject] = (window[0], window[1] + 1)
-
-
-def refuse(error: AuthenticationError, subjects: list[tuple[FailureThrottle, str]]) -> WeirError:
-    """The answer to a failed attempt: 429 if any of its subjects is blocked, else count it, 401."""
-    for throttle, subject in subjects:
-        blocked = throttle.blocked(subject)
-        if blocked is not None:
-            return blocked
-    for throttle, subject in subjects:
-        throttle.record_failure(subject)
-    return error
 
 
 @dataclass(frozen=True)
@@ -445,75 +287,3 @@ class _Miss:
 
 
 _MISS = _Miss()
-
-
-class AdminAuthenticator:
-    """Checks the admin bearer token, separate from tenant keys.
-
-    A configured token (WEIR_ADMIN_TOKEN) is the only one accepted when set; otherwise the
-    token whose hash is stored (generated at first start) is. With neither, every admin request
-    is refused. The stored hash is cached for `cache_ttl_s`, so `weir admin token reset`
-    reaches running servers within that time.
-    """
-
-    def __init__(
-        self,
-        store: AdminTokenStore,
-        configured_token: str | None,
-        *,
-        throttle: FailureThrottle | None = None,
-        cache_ttl_s: float = 30.0,
-        timer: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self._store = store
-        self._configured_hash = store.hasher.hash(configured_token) if configured_token else None
-        self.throttle = throttle or FailureThrottle.from_settings(AuthSettings(), timer=timer)
-        self._stored: TTLCache[str, str | None] = TTLCache(1, ttl=cache_ttl_s, timer=timer)
-        self._lock = threading.Lock()
-
-    def authenticate(self, authorization: str | None, client_addr: str) -> None:
-        """Return if the header carries the admin token; raise 401 (429 past the limit) otherwise."""
-        expected = self._expected_hash()
-        if expected is _UNKNOWN:
-            expected = self._load_or_unavailable()
-        self._finish(authorization, expected, client_addr)
-
-    async def authenticate_async(self, authorization: str | None, client_addr: str) -> None:
-        """`authenticate` for async code: the stored hash is loaded in the thread pool when stale."""
-        expected = self._expected_hash()
-        if expected is _UNKNOWN:
-            expected = await run_in_threadpool(self._load_or_unavailable)
-        self._finish(authorization, expected, client_addr)
-
-    def invalidate(self) -> None:
-        """Re-read the stored hash on the next request."""
-        with self._lock:
-            self._stored.clear()
-
-    def _expected_hash(self) -> str | None:
-        if self._configured_hash is not None:
-            return self._configured_hash
-        with self._lock:
-            return self._stored.get("hash", _UNKNOWN)
-
-    def _load_or_unavailable(self) -> str | None:
-        try:
-            return self._load()
-        except SQLAlchemyError as exc:
-            log.warning("reading the stored admin token hash failed: %s", exc)
-            raise from_database_error(exc) from exc
-
-    def _load(self) -> str | None:
-        stored = self._store.admin_token_hash()
-        with self._lock:
-            self._stored["hash"] = stored
-        return stored
-
-    def _finish(self, authorization: str | None, expected: str | None, client_addr: str) -> None:
-        token = bearer_token(authorization)
-        if token is None or expected is None or not self._store.hasher.verify(token, expected):
-            error = AuthenticationError(INVALID_ADMIN_MESSAGE, code="invalid_admin_token")
-            raise refuse(error, [(self.throttle, client_addr)])
-
-
-_UNKNOWN = "\0unknown"  # sentinel: the stored hash has not been read (None means none is stored)

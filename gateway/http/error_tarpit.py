@@ -48,7 +48,7 @@ from typing import Any
 from cachetools import TTLCache
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from weir.gateway.http.auth import bearer_token
+from weir.gateway.http.auth_settings import bearer_token
 from weir.tenancy.keys.keys import parse_key
 
 # A client may get this many 4xx answers within the window before its errors are slowed down:

@@ -30,7 +30,7 @@ from weir.gateway.api.adapter_admin_bodies import (
     AdapterRegisterBody,
 )
 from weir.gateway.fleet.adapter_rollout import AdapterRollout, AdapterStatus
-from weir.gateway.http.auth import AdminAuthenticator
+from weir.gateway.http.admin_auth import AdminAuthenticator
 from weir.gateway.http.errors import NotFoundError
 from weir.gateway.routes.admin_http import (
     AdminHandler,

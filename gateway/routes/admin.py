@@ -18,8 +18,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 
+from weir.gateway.http.admin_auth import AdminAuthenticator
 from weir.gateway.http.allowed_methods import allowed_methods
-from weir.gateway.http.auth import AdminAuthenticator, Authenticator
+from weir.gateway.http.auth import Authenticator
 from weir.gateway.http.errors import (
     BadRequestError,
     MethodNotAllowedError,

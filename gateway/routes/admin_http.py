@@ -13,7 +13,7 @@ from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from weir.gateway.http.auth import AdminAuthenticator
+from weir.gateway.http.admin_auth import AdminAuthenticator
 from weir.gateway.http.errors import PayloadTooLargeError
 from weir.gateway.http.json_body import loads_bounded
 from weir.tenancy.admin_bodies.fields import MAX_QUERY_LEN

@@ -28,7 +28,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from weir.gateway.fleet.model_rollout import ModelRollout, VersionStatus
-from weir.gateway.http.auth import AdminAuthenticator
+from weir.gateway.http.admin_auth import AdminAuthenticator
 from weir.gateway.http.errors import NotFoundError, UnprocessableError
 from weir.gateway.routes.admin_http import (
     AdminHandler,

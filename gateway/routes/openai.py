@@ -35,7 +35,6 @@ from weir.gateway.api.protocol import (
     parse_completion_request,
 )
 from weir.gateway.api.responses import ChatFormatter, CompletionFormatter, ResponseFormatter
-from weir.gateway.api.streaming import GenerationJob, GenerationResponse
 from weir.gateway.api.tool_calls import ToolsRequest
 from weir.gateway.fleet.adapter_catalog import AdapterCatalog
 from weir.gateway.fleet.model_fleet import Lease, ModelFleet, ModelUnavailableError
@@ -58,7 +57,8 @@ from weir.gateway.prompts.prompt_limits import (
 from weir.gateway.prompts.tokenization import PromptBuilder
 from weir.gateway.prompts.tokenizer_pool import TokenizerPool
 from weir.gateway.routes.engine_requests import engine_requests
-from weir.gateway.server.state import GatewayState
+from weir.gateway.routes.gateway_state import GatewayState
+from weir.gateway.routes.streaming import GenerationJob, GenerationResponse
 from weir.tenancy.catalog.adapter_records import AdapterView
 from weir.tenancy.catalog.model_version_records import ModelVersionState
 from weir.tenancy.context import TenantContext

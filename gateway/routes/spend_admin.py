@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from weir.gateway.http.auth import AdminAuthenticator
+from weir.gateway.http.admin_auth import AdminAuthenticator
 from weir.gateway.http.errors import NotFoundError
 from weir.gateway.routes.admin_http import (
     AdminHandler,

@@ -35,10 +35,10 @@ from weir.gateway.prompts.grammar import GrammarLimits, GrammarService
 from weir.gateway.prompts.prompt_limits import PromptLimits
 from weir.gateway.prompts.tokenization import Tokenizer
 from weir.gateway.prompts.tokenizer_pool import TokenizerPool
+from weir.gateway.routes.gateway_state import GatewayState
 from weir.gateway.routes.openai import Authenticate, OpenAIRoutes
 from weir.gateway.routes.tokenize import TokenizeRoutes
-from weir.gateway.server.settings import AuthMode, Settings
-from weir.gateway.server.state import GatewayState
+from weir.gateway.settings.settings import AuthMode, Settings
 from weir.tenancy.context import QuotaLimits, TenantContext
 
 logger = logging.getLogger(__name__)

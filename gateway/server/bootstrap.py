@@ -24,26 +24,21 @@ from weir.engine.request import FinishReason
 from weir.gateway.admission.accounting import Outcome, UsageJournal, UsageRecord, UsageSink
 from weir.gateway.admission.controller import build_admission
 from weir.gateway.admission.window_budget_gate import WindowBudgetMetrics
+from weir.gateway.fleet import gc_pauses
 from weir.gateway.metrics.admission_metrics import AdmissionMetrics
 from weir.gateway.metrics.metrics_server import MetricsListener
 from weir.gateway.metrics.registry import GatewayMetrics
 from weir.gateway.routes.openai import Authenticate
-from weir.gateway.server import gc_pauses
 from weir.gateway.server.app import create_app
-from weir.gateway.server.settings import (
-    AdmissionMode,
+from weir.gateway.server.uvicorn_runner import run_server
+from weir.gateway.settings.settings import (
     AttentionBackend,
     AuthMode,
-    CpuDecodeLayersMode,
-    CpuKernelPoolMode,
     CpuRowWeightsMode,
     CudaGraphsMode,
-    GcFreezeMode,
     LogLevel,
-    PrefixCachingMode,
     Settings,
 )
-from weir.gateway.server.uvicorn_runner import run_server
 from weir.tenancy.store.enums import UsageStatus
 from weir.tenancy.store.records import UsageRecordIn
 
@@ -53,7 +48,8 @@ if TYPE_CHECKING:
     from weir.engine.config import EngineConfig, LoraConfig
     from weir.gateway.fleet.model_fleet import ModelFleet
     from weir.gateway.fleet.model_rollout import ModelRollout
-    from weir.gateway.http.auth import AdminAuthenticator, Authenticator
+    from weir.gateway.http.admin_auth import AdminAuthenticator
+    from weir.gateway.http.auth import Authenticator
     from weir.tenancy.catalog.adapters import AdapterRepo
     from weir.tenancy.catalog.model_versions import ModelVersionRepo
     from weir.tenancy.store.repo import TenancyRepo
@@ -133,7 +129,7 @@ def engine_config(settings: Settings, model_path: Path, device: str) -> EngineCo
             block_size=block_size,
             num_blocks=num_blocks,
             kv_dtype=dtype,
-            enable_prefix_caching=settings.prefix_caching is PrefixCachingMode.ON,
+            enable_prefix_caching=settings.prefix_caching,
             tenant_cache_share=settings.tenant_cache_share,
             host_num_blocks=math.ceil(settings.host_kv_cache_tokens / block_size),
         ),
@@ -151,8 +147,8 @@ def engine_config(settings: Settings, model_path: Path, device: str) -> EngineCo
         cpu_row_weights=_row_weights_choice(settings),
         cpu_wide_step_threads=settings.wide_step_threads(device, usable_cores()),
         cpu_wide_step_rows=settings.cpu_wide_step_rows,
-        cpu_kernel_pool=settings.cpu_kernel_pool is CpuKernelPoolMode.ON,
-        cpu_decode_layers=settings.cpu_decode_layers is CpuDecodeLayersMode.ON,
+        cpu_kernel_pool=settings.cpu_kernel_pool,
+        cpu_decode_layers=settings.cpu_decode_layers,
         speculative=SpeculativeConfig.parse(settings.speculative, settings.num_speculative_tokens),
         lora=lora_config(settings),
         kv_store=settings.kv_store_config(),
@@ -263,7 +259,9 @@ def build_tenancy(settings: Settings) -> TenancyWiring:
     """
     from sqlalchemy import inspect
 
-    from weir.gateway.http.auth import AdminAuthenticator, Authenticator, AuthSettings
+    from weir.gateway.http.admin_auth import AdminAuthenticator
+    from weir.gateway.http.auth import Authenticator
+    from weir.gateway.http.auth_settings import AuthSettings
     from weir.gateway.routes.admin import admin_routes
     from weir.tenancy.catalog.adapters import AdapterRepo
     from weir.tenancy.catalog.model_versions import ModelVersionRepo
@@ -344,7 +342,6 @@ def build_metrics(fleet: ModelFleet, tenancy: TenancyWiring, default_name: str) 
     """The app's registry, complete before anything uses it: the gateway's own metrics, every
     engine's load (labelled by model version), the serving version's prefix cache and, with
     tenancy, the usage-record writer."""
-    from weir.gateway.fleet.fleet_setup import primary_prefix_stats
     from weir.gateway.metrics.engine_collectors import (
         AdapterMetricsCollector,
         FleetStatsCollector,
@@ -352,6 +349,7 @@ def build_metrics(fleet: ModelFleet, tenancy: TenancyWiring, default_name: str) 
     )
     from weir.gateway.metrics.prefix_cache_metrics import PrefixCacheCollector
     from weir.gateway.metrics.usage_metrics import UsageRecordsCollector
+    from weir.gateway.server.fleet_setup import primary_prefix_stats
 
     collectors: list[Collector] = [
         FleetStatsCollector(fleet.stats_by_version),
@@ -368,8 +366,8 @@ def start_fleet(settings: Settings, tenancy: TenancyWiring) -> tuple[ModelFleet,
     """Build the fleet and load, before the server listens: the `--model` version (registered if
     absent) and every version recorded as ready, with their split and pins. Returns the fleet,
     its rollout control and the default model name."""
-    from weir.gateway.fleet.fleet_setup import build_fleet, check_startup_record, startup_spec
     from weir.gateway.fleet.model_rollout import ModelRollout
+    from weir.gateway.server.fleet_setup import build_fleet, check_startup_record, startup_spec
     from weir.tenancy.errors import ModelVersionNotFoundError
 
     model_path = resolve_model_path(settings)
@@ -405,9 +403,9 @@ def build_server_app(settings: Settings) -> Starlette:
     """
     from weir.gateway.fleet.adapter_catalog import AdapterCatalog
     from weir.gateway.fleet.adapter_rollout import AdapterRollout
-    from weir.gateway.fleet.fleet_setup import prefix_cache_target
     from weir.gateway.routes.adapters_admin import adapters_admin_routes
     from weir.gateway.routes.models_admin import models_admin_routes
+    from weir.gateway.server.fleet_setup import prefix_cache_target
 
     tenancy = build_tenancy(settings)
     auth = resolve_auth(settings, tenancy.num_tenants)
@@ -434,7 +432,7 @@ def build_server_app(settings: Settings) -> Starlette:
         shutdown_hooks.append(tenancy.close)
     kwargs: dict[str, Any] = {}
     on_budget_change: Callable[[], Awaitable[None]] | None = None  # the window-budget gate's refresh
-    if settings.admission is AdmissionMode.ON:
+    if settings.admission:
         admission = build_admission(
             settings, fleet.stats, AdmissionMetrics(metrics.registry), WindowBudgetMetrics(metrics.registry)
         )
@@ -485,10 +483,8 @@ def build_server_app(settings: Settings) -> Starlette:
         listener = MetricsListener(metrics, settings.host, settings.metrics_port)
         startup_hooks.append(listener.start)
         shutdown_hooks.append(listener.stop)
-    # Last: the heap is frozen once everything the server keeps is loaded (gateway/server/gc_pauses.py).
-    freeze_start, freeze_stop = gc_pauses.lifespan_hooks(
-        metrics.registry, settings.gc_freeze is GcFreezeMode.ON
-    )
+    # Last: the heap is frozen once everything the server keeps is loaded (gateway/fleet/gc_pauses.py).
+    freeze_start, freeze_stop = gc_pauses.lifespan_hooks(metrics.registry, settings.gc_freeze)
     startup_hooks.append(freeze_start)
     shutdown_hooks.append(freeze_stop)
     return create_app(

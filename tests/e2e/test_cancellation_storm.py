@@ -29,9 +29,9 @@ from tests.gateway.harness import ADMIN_HEADERS, ADMIN_TOKEN, make_app, serve_in
 from weir.engine.async_engine import AsyncEngine
 from weir.engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from weir.gateway.admission.controller import AdmissionConfig, AdmissionController
+from weir.gateway.routes.gateway_state import GatewayState
 from weir.gateway.server.bootstrap import build_tenancy
-from weir.gateway.server.settings import AuthMode, Settings
-from weir.gateway.server.state import GatewayState
+from weir.gateway.settings.settings import AuthMode, Settings
 from weir.tenancy.budgets.quotas import Denial, Grant, LocalBudget
 from weir.tenancy.context import QuotaLimits
 

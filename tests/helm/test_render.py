@@ -176,7 +176,7 @@ def test_a_value_against_the_schema_fails_rendering(values: dict[str, Any], mess
             },
             "would publish",
         ),
-        ({"kvStore": {"url": "redis://valkey:6379/0"}}, "kvStore needs kvStore.existingSecret"),
+        ({"config": {"kvStoreUrl": "redis://valkey:6379/0"}}, "kvStore needs kvStore.existingSecret"),
         ({"kvStore": {"valkey": {"enabled": True}}}, "kvStore needs kvStore.existingSecret"),
     ],
 )

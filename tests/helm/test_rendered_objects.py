@@ -24,7 +24,7 @@ from tests.helm.rendering import (
     render_profile,
 )
 from weir.cli import build_parser
-from weir.gateway.server.settings import Settings
+from weir.gateway.settings.settings import Settings
 
 PROFILES = profile_names()
 POD_OWNERS = ("Deployment", "Job")
@@ -294,3 +294,15 @@ def test_the_kv_store_profile_runs_its_own_valkey_and_reads_the_mac_key_from_the
         only(render_profile("kv-store"), "Service", "weir-kv-store").doc["spec"]["ports"][0]["port"] == 6379
     )
     assert "WEIR_KV_STORE_URL" not in only(render_profile("default"), "ConfigMap", "weir-config").doc["data"]
+
+
+def test_on_off_settings_take_yaml_booleans_and_their_old_spelling() -> None:
+    values = {"config": {"prefixCaching": False, "admission": True, "gcFreeze": "off"}}
+    config = only(render(values), "ConfigMap", "weir-config").doc["data"]
+    assert (config["WEIR_PREFIX_CACHING"], config["WEIR_ADMISSION"], config["WEIR_GC_FREEZE"]) == (
+        "false",
+        "true",
+        "off",
+    )
+    settings = Settings.from_sources({}, config)
+    assert (settings.prefix_caching, settings.admission, settings.gc_freeze) == (False, True, False)

@@ -2,7 +2,7 @@
 
 `/openapi.json` documents the answers from these models, and tests/gateway/api/test_openapi_answers.py
 validates real answers of every route against that document, so the renderers
-(`weir.gateway.api.responses`, `weir.gateway.admission.accounting.Usage.to_openai`, the model cards) cannot drift from it.
+(`weir.gateway.api.responses`, `weir.gateway.api.usage.Usage.to_openai`, the model cards) cannot drift from it.
 The renderers build the bytes by hand on the per-token path, for speed.
 """
 

@@ -185,26 +185,56 @@ numbers are printed as integers. */}}
 {{- $pairs = append $pairs (list "WEIR_FORWARDED_ALLOW_IPS" .Values.config.forwardedAllowIps) -}}
 {{- $pairs = append $pairs (list "WEIR_DATA_DIR" .Values.config.dataDir) -}}
 {{- $pairs = append $pairs (list "WEIR_CACHE_DIR" .Values.config.cacheDir) -}}
+{{- $pairs = append $pairs (list "WEIR_AUTH" .Values.config.auth) -}}
+{{- $pairs = append $pairs (list "WEIR_AUTH_CACHE_TTL_S" .Values.config.authCacheTtlS) -}}
+{{- $pairs = append $pairs (list "WEIR_OTEL_EXPORTER" .Values.config.otelExporter) -}}
+{{- $pairs = append $pairs (list "WEIR_OTEL_ENDPOINT" .Values.config.otelEndpoint) -}}
+{{- $pairs = append $pairs (list "WEIR_OTEL_SERVICE_NAME" .Values.config.otelServiceName) -}}
+{{- $pairs = append $pairs (list "WEIR_SHUTDOWN_GRACE_S" .Values.config.shutdownGraceS) -}}
+{{- $pairs = append $pairs (list "WEIR_MAX_REQUEST_BODY_BYTES" .Values.config.maxRequestBodyBytes) -}}
+{{- $pairs = append $pairs (list "WEIR_LOG_LEVEL" .Values.config.logLevel) -}}
+{{- $pairs = append $pairs (list "WEIR_GC_FREEZE" .Values.config.gcFreeze) -}}
+{{- $pairs = append $pairs (list "WEIR_GIL_SWITCH_INTERVAL_MS" .Values.config.gilSwitchIntervalMs) -}}
 {{- $pairs = append $pairs (list "WEIR_MODEL" .Values.config.model) -}}
 {{- $pairs = append $pairs (list "WEIR_SERVED_MODEL_NAME" .Values.config.servedModelName) -}}
+{{- $pairs = append $pairs (list "WEIR_MODEL_VERSION" .Values.config.modelVersion) -}}
 {{- $pairs = append $pairs (list "WEIR_DEVICE" $device) -}}
 {{- $pairs = append $pairs (list "WEIR_DTYPE" .Values.config.dtype) -}}
 {{- $pairs = append $pairs (list "WEIR_KV_CACHE_TOKENS" .Values.config.kvCacheTokens) -}}
 {{- $pairs = append $pairs (list "WEIR_HOST_KV_CACHE_TOKENS" .Values.config.hostKvCacheTokens) -}}
-{{- $pairs = append $pairs (list "WEIR_KV_STORE_URL" (include "weir.kvStoreUrl" .)) -}}
-{{- $pairs = append $pairs (list "WEIR_KV_STORE_NAMESPACE" .Values.kvStore.namespace) -}}
-{{- $pairs = append $pairs (list "WEIR_KV_STORE_TTL_S" .Values.kvStore.ttlS) -}}
-{{- $pairs = append $pairs (list "WEIR_KV_STORE_MAX_MIB" .Values.kvStore.maxMib) -}}
-{{- $pairs = append $pairs (list "WEIR_KV_STORE_TIMEOUT_MS" .Values.kvStore.timeoutMs) -}}
+{{- $pairs = append $pairs (list "WEIR_KV_STORE_URL" .Values.config.kvStoreUrl) -}}
+{{- $pairs = append $pairs (list "WEIR_KV_STORE_NAMESPACE" .Values.config.kvStoreNamespace) -}}
+{{- $pairs = append $pairs (list "WEIR_KV_STORE_TTL_S" .Values.config.kvStoreTtlS) -}}
+{{- $pairs = append $pairs (list "WEIR_KV_STORE_MAX_MIB" .Values.config.kvStoreMaxMib) -}}
+{{- $pairs = append $pairs (list "WEIR_KV_STORE_TIMEOUT_MS" .Values.config.kvStoreTimeoutMs) -}}
 {{- $pairs = append $pairs (list "WEIR_MEMORY_BUDGET_MIB" .Values.config.memoryBudgetMib) -}}
 {{- $pairs = append $pairs (list "WEIR_ADAPTER_DIR" .Values.config.adapterDir) -}}
 {{- $pairs = append $pairs (list "WEIR_LORA_SLOTS" .Values.config.loraSlots) -}}
 {{- $pairs = append $pairs (list "WEIR_LORA_MAX_RANK" .Values.config.loraMaxRank) -}}
-{{- $pairs = append $pairs (list "WEIR_MODEL_VERSION" .Values.config.modelVersion) -}}
+{{- $pairs = append $pairs (list "WEIR_MAX_MODEL_LEN" .Values.config.maxModelLen) -}}
+{{- $pairs = append $pairs (list "WEIR_SPECULATIVE" .Values.config.speculative) -}}
+{{- $pairs = append $pairs (list "WEIR_NUM_SPECULATIVE_TOKENS" .Values.config.numSpeculativeTokens) -}}
+{{- $pairs = append $pairs (list "WEIR_ATTENTION_BACKEND" .Values.config.attentionBackend) -}}
+{{- $pairs = append $pairs (list "WEIR_CUDA_GRAPHS" .Values.config.cudaGraphs) -}}
+{{- $pairs = append $pairs (list "WEIR_CPU_ROW_WEIGHTS" .Values.config.cpuRowWeights) -}}
+{{- $pairs = append $pairs (list "WEIR_CPU_RESERVED_CORES" .Values.config.cpuReservedCores) -}}
+{{- $pairs = append $pairs (list "WEIR_CPU_WIDE_STEP_THREADS" .Values.config.cpuWideStepThreads) -}}
+{{- $pairs = append $pairs (list "WEIR_CPU_WIDE_STEP_ROWS" .Values.config.cpuWideStepRows) -}}
+{{- $pairs = append $pairs (list "WEIR_CPU_KERNEL_POOL" .Values.config.cpuKernelPool) -}}
+{{- $pairs = append $pairs (list "WEIR_CPU_DECODE_LAYERS" .Values.config.cpuDecodeLayers) -}}
 {{- $pairs = append $pairs (list "WEIR_MAX_NUM_SEQS" .Values.config.maxNumSeqs) -}}
 {{- $pairs = append $pairs (list "WEIR_MAX_NUM_BATCHED_TOKENS" .Values.config.maxNumBatchedTokens) -}}
 {{- $pairs = append $pairs (list "WEIR_TARGET_STEP_MS" .Values.config.targetStepMs) -}}
 {{- $pairs = append $pairs (list "WEIR_ADMISSION_HOLD_MS" .Values.config.admissionHoldMs) -}}
+{{- $pairs = append $pairs (list "WEIR_QUEUE_POLICY" .Values.config.queuePolicy) -}}
+{{- $pairs = append $pairs (list "WEIR_ADMISSION" .Values.config.admission) -}}
+{{- $pairs = append $pairs (list "WEIR_MAX_QUEUE_TIME_S" .Values.config.maxQueueTimeS) -}}
+{{- $pairs = append $pairs (list "WEIR_MAX_QUEUED_TOKENS" .Values.config.maxQueuedTokens) -}}
+{{- $pairs = append $pairs (list "WEIR_LEASE_TOKENS" .Values.config.leaseTokens) -}}
+{{- $pairs = append $pairs (list "WEIR_LEASE_TTL_S" .Values.config.leaseTtlS) -}}
+{{- $pairs = append $pairs (list "WEIR_DEFAULT_MAX_TOKENS_RESERVATION" .Values.config.defaultMaxTokensReservation) -}}
+{{- $pairs = append $pairs (list "WEIR_PREFIX_CACHING" .Values.config.prefixCaching) -}}
+{{- $pairs = append $pairs (list "WEIR_TENANT_CACHE_SHARE" .Values.config.tenantCacheShare) -}}
 {{- $pairs = append $pairs (list "WEIR_MAX_CHAT_MESSAGES" .Values.config.maxChatMessages) -}}
 {{- $pairs = append $pairs (list "WEIR_PROMPT_CHARS_PER_TOKEN" .Values.config.promptCharsPerToken) -}}
 {{- $pairs = append $pairs (list "WEIR_TOKENIZER_WORKERS" .Values.config.tokenizerWorkers) -}}
@@ -212,36 +242,6 @@ numbers are printed as integers. */}}
 {{- $pairs = append $pairs (list "WEIR_TOKENIZER_INLINE_BYTES" .Values.config.tokenizerInlineBytes) -}}
 {{- $pairs = append $pairs (list "WEIR_GRAMMAR_COMPILE_TIMEOUT_S" .Values.config.grammarCompileTimeoutS) -}}
 {{- $pairs = append $pairs (list "WEIR_GRAMMAR_COMPILE_WORKERS" .Values.config.grammarCompileWorkers) -}}
-{{- $pairs = append $pairs (list "WEIR_GIL_SWITCH_INTERVAL_MS" .Values.config.gilSwitchIntervalMs) -}}
-{{- $pairs = append $pairs (list "WEIR_CPU_RESERVED_CORES" .Values.config.cpuReservedCores) -}}
-{{- $pairs = append $pairs (list "WEIR_CPU_WIDE_STEP_THREADS" .Values.config.cpuWideStepThreads) -}}
-{{- $pairs = append $pairs (list "WEIR_CPU_WIDE_STEP_ROWS" .Values.config.cpuWideStepRows) -}}
-{{- $pairs = append $pairs (list "WEIR_CPU_KERNEL_POOL" .Values.config.cpuKernelPool) -}}
-{{- $pairs = append $pairs (list "WEIR_CPU_DECODE_LAYERS" .Values.config.cpuDecodeLayers) -}}
-{{- $pairs = append $pairs (list "WEIR_SPECULATIVE" .Values.config.speculative) -}}
-{{- $pairs = append $pairs (list "WEIR_NUM_SPECULATIVE_TOKENS" .Values.config.numSpeculativeTokens) -}}
-{{- $pairs = append $pairs (list "WEIR_MAX_MODEL_LEN" .Values.config.maxModelLen) -}}
-{{- $pairs = append $pairs (list "WEIR_AUTH" .Values.config.auth) -}}
-{{- $pairs = append $pairs (list "WEIR_ADMISSION" .Values.config.admission) -}}
-{{- $pairs = append $pairs (list "WEIR_QUEUE_POLICY" .Values.config.queuePolicy) -}}
-{{- $pairs = append $pairs (list "WEIR_MAX_QUEUE_TIME_S" .Values.config.maxQueueTimeS) -}}
-{{- $pairs = append $pairs (list "WEIR_MAX_QUEUED_TOKENS" .Values.config.maxQueuedTokens) -}}
-{{- $pairs = append $pairs (list "WEIR_LEASE_TOKENS" .Values.config.leaseTokens) -}}
-{{- $pairs = append $pairs (list "WEIR_LEASE_TTL_S" .Values.config.leaseTtlS) -}}
-{{- $pairs = append $pairs (list "WEIR_AUTH_CACHE_TTL_S" .Values.config.authCacheTtlS) -}}
-{{- $pairs = append $pairs (list "WEIR_DEFAULT_MAX_TOKENS_RESERVATION" .Values.config.defaultMaxTokensReservation) -}}
-{{- $pairs = append $pairs (list "WEIR_PREFIX_CACHING" .Values.config.prefixCaching) -}}
-{{- $pairs = append $pairs (list "WEIR_TENANT_CACHE_SHARE" .Values.config.tenantCacheShare) -}}
-{{- $pairs = append $pairs (list "WEIR_ATTENTION_BACKEND" .Values.config.attentionBackend) -}}
-{{- $pairs = append $pairs (list "WEIR_CUDA_GRAPHS" .Values.config.cudaGraphs) -}}
-{{- $pairs = append $pairs (list "WEIR_CPU_ROW_WEIGHTS" .Values.config.cpuRowWeights) -}}
-{{- $pairs = append $pairs (list "WEIR_GC_FREEZE" .Values.config.gcFreeze) -}}
-{{- $pairs = append $pairs (list "WEIR_OTEL_EXPORTER" .Values.config.otelExporter) -}}
-{{- $pairs = append $pairs (list "WEIR_OTEL_ENDPOINT" .Values.config.otelEndpoint) -}}
-{{- $pairs = append $pairs (list "WEIR_OTEL_SERVICE_NAME" .Values.config.otelServiceName) -}}
-{{- $pairs = append $pairs (list "WEIR_SHUTDOWN_GRACE_S" .Values.config.shutdownGraceS) -}}
-{{- $pairs = append $pairs (list "WEIR_MAX_REQUEST_BODY_BYTES" .Values.config.maxRequestBodyBytes) -}}
-{{- $pairs = append $pairs (list "WEIR_LOG_LEVEL" .Values.config.logLevel) -}}
 {{- $env := dict -}}
 {{- range $pairs -}}
 {{- $value := index . 1 -}}
@@ -254,6 +254,10 @@ numbers are printed as integers. */}}
 {{- $_ := set $env (index . 0) (toString $value) -}}
 {{- end -}}
 {{- end -}}
+{{- if and (not .Values.config.kvStoreUrl) .Values.kvStore.valkey.enabled -}}
+{{- /* The chart's own Valkey (kvStore.valkey) when config sets no external store. */ -}}
+{{- $_ := set $env "WEIR_KV_STORE_URL" (include "weir.kvStoreUrl" .) -}}
+{{- end -}}
 {{- toYaml $env -}}
 {{- end -}}
 
@@ -265,10 +269,10 @@ app.kubernetes.io/name: {{ include "weir.name" . }}-kv-store
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
-{{/* The KV store's URL: kvStore.url, else the chart's Valkey when enabled, else empty (off). */}}
+{{/* The KV store's URL: config.kvStoreUrl, else the chart's Valkey when enabled, else empty (off). */}}
 {{- define "weir.kvStoreUrl" -}}
-{{- if .Values.kvStore.url -}}
-{{- .Values.kvStore.url -}}
+{{- if .Values.config.kvStoreUrl -}}
+{{- .Values.config.kvStoreUrl -}}
 {{- else if .Values.kvStore.valkey.enabled -}}
 {{- printf "redis://%s-kv-store:6379/0" (include "weir.fullname" .) -}}
 {{- end -}}

@@ -74,7 +74,7 @@ def test_ratios_and_table() -> None:
 def test_gc_pause_totals_read_each_generation_from_a_metrics_page() -> None:
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from weir.gateway.server.gc_pauses import GcPauseRecorder
+    from weir.gateway.fleet.gc_pauses import GcPauseRecorder
 
     registry = CollectorRegistry()
     recorder = GcPauseRecorder(registry)

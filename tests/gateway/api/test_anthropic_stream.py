@@ -7,11 +7,11 @@ from typing import Any
 
 from weir.engine.output import RequestOutput
 from weir.engine.request import FinishReason
-from weir.gateway.admission.accounting import Usage
 from weir.gateway.api.anthropic_stream import AnthropicFormatter
 from weir.gateway.api.responses import ChoiceState
 from weir.gateway.api.structured_bodies import FunctionDefinition
 from weir.gateway.api.tool_calls import ToolChoiceMode, ToolsRequest
+from weir.gateway.api.usage import Usage
 from weir.gateway.http.errors import BadRequestError, ServiceUnavailableError
 
 TOOLS = ToolsRequest(

@@ -21,7 +21,9 @@ from tests.tenancy.clock import START, FakeClock
 from weir.engine.kv.memory_budget import MemoryBudget
 from weir.gateway.fleet.model_fleet import ModelFleet
 from weir.gateway.fleet.model_rollout import ModelRollout
-from weir.gateway.http.auth import AdminAuthenticator, Authenticator, AuthSettings
+from weir.gateway.http.admin_auth import AdminAuthenticator
+from weir.gateway.http.auth import Authenticator
+from weir.gateway.http.auth_settings import AuthSettings
 from weir.gateway.routes.admin import admin_routes
 from weir.gateway.routes.models_admin import models_admin_routes
 from weir.gateway.routes.prefix_cache import prefix_cache_routes

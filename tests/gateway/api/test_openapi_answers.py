@@ -14,10 +14,10 @@ from tests.gateway.conftest import Live
 from tests.gateway.harness import MODEL
 from weir.engine.output import RequestOutput
 from weir.engine.request import FinishReason
-from weir.gateway.admission.accounting import Usage
 from weir.gateway.api.responses import ChatFormatter, ChoiceState
 from weir.gateway.api.structured_bodies import parse_tool_fields
 from weir.gateway.api.tool_calls import tools_request
+from weir.gateway.api.usage import Usage
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hello world"}], "max_tokens": 4}
 COMPLETION = {"model": MODEL, "prompt": "hello world", "max_tokens": 4}

@@ -6,8 +6,8 @@ import json
 
 from weir.engine.output import RequestOutput, TokenLogprob
 from weir.engine.request import FinishReason
-from weir.gateway.admission.accounting import Usage
 from weir.gateway.api.responses import SSE_DONE, ChatFormatter, ChoiceState, CompletionFormatter, sse_error
+from weir.gateway.api.usage import Usage
 from weir.gateway.http.errors import ServiceUnavailableError
 
 

@@ -20,8 +20,11 @@ from weir.gateway.console.routes import ConsoleDeps, console_routes
 from weir.gateway.console.sessions import SessionStore
 from weir.gateway.fleet.model_fleet import ModelFleet
 from weir.gateway.fleet.model_rollout import ModelRollout
-from weir.gateway.http.auth import AdminAuthenticator, Authenticator, AuthSettings, FailureThrottle
+from weir.gateway.http.admin_auth import AdminAuthenticator
+from weir.gateway.http.auth import Authenticator
+from weir.gateway.http.auth_settings import AuthSettings
 from weir.gateway.http.errors import exception_handlers
+from weir.gateway.http.failure_throttle import FailureThrottle
 from weir.tenancy.catalog.model_versions import ModelVersionRepo
 from weir.tenancy.keys.keys import KeyHasher
 from weir.tenancy.store.db import Database

@@ -11,9 +11,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from hypothesis import settings
-from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from tests.gateway.auth_doubles import (
     ACME,
@@ -26,13 +23,8 @@ from tests.gateway.auth_doubles import (
     open_repo,
 )
 from weir.engine.request import Priority
-from weir.gateway.http.auth import (
-    AdminAuthenticator,
-    Authenticator,
-    AuthSettings,
-    FailureThrottle,
-    bearer_token,
-)
+from weir.gateway.http.auth import Authenticator
+from weir.gateway.http.auth_settings import AuthSettings
 from weir.gateway.http.errors import AuthenticationError, PermissionDeniedError, RateLimitError
 from weir.tenancy.context import QuotaLimits
 from weir.tenancy.keys.keys import generate_admin_token, generate_key
@@ -245,13 +237,6 @@ def test_a_flood_of_random_key_ids_costs_no_query_each(repo: CountingRepo, clock
     assert repo.lookups == 10
 
 
-def test_throttle_memory_is_bounded(clocks: Clocks) -> None:
-    throttle = FailureThrottle(3, 60, max_tracked=100, timer=clocks.timer)
-    for i in range(1000):
-        throttle.record_failure(f"subject-{i}")
-    assert throttle.num_tracked <= 100
-
-
 def test_async_variant(repo: CountingRepo, auth: Authenticator) -> None:
     issued = repo.issue_key("globex", KeySpec(), actor="t")
     ctx = asyncio.run(auth.authenticate_async(bearer(issued.key), ADDR))
@@ -299,119 +284,3 @@ def test_a_burst_with_an_uncached_key_sends_one_lookup_and_one_touch(tmp_path: P
         assert repo.lookups == 1 and repo.touches == 1
         assert all(getattr(r, "tenant_id", None) == "acme" for r in results[:-1])
         assert isinstance(results[-1], AuthenticationError)  # its own secret is still checked
-
-
-def test_bearer_token_parsing() -> None:
-    assert bearer_token("Bearer abc") == "abc"
-    assert bearer_token("BEARER abc") == "abc"
-    for bad in (None, "", "Bearer", "Bearer ", "Token abc", "Bearer a b"):
-        assert bearer_token(bad) is None
-
-
-def test_auth_settings_validation() -> None:
-    with pytest.raises(ValueError, match="cache_ttl_s"):
-        AuthSettings(cache_ttl_s=0)
-    with pytest.raises(ValueError, match="max_failures"):
-        AuthSettings(max_failures=0)
-    with pytest.raises(ValueError, match="max_address_failures"):
-        AuthSettings(max_address_failures=0)
-    with pytest.raises(ValueError, match="lookup_timeout_s"):
-        AuthSettings(lookup_timeout_s=float("nan"))
-
-
-# -- admin token -----------------------------------------------------------------------------------
-
-
-def test_admin_token_stored_hash(repo: CountingRepo, clocks: Clocks) -> None:
-    admin = AdminAuthenticator(repo, None, timer=clocks.timer)
-    token = generate_admin_token()
-    with pytest.raises(AuthenticationError):  # nothing stored yet: admin API closed
-        admin.authenticate(bearer(token), ADDR)
-    repo.store_admin_token(token, actor="t", replace=False)
-    admin.invalidate()
-    admin.authenticate(bearer(token), ADDR)
-    tenant_key = repo.issue_key("acme", KeySpec(), actor="t").key
-    for header in (None, bearer(tenant_key), bearer(token + "x"), token):
-        with pytest.raises(AuthenticationError) as info:
-            admin.authenticate(header, "10.1.1.1")
-        assert info.value.status_code == 401
-
-
-def test_configured_admin_token_wins(repo: CountingRepo, clocks: Clocks) -> None:
-    stored = generate_admin_token()
-    repo.store_admin_token(stored, actor="t", replace=False)
-    admin = AdminAuthenticator(repo, "operator-chosen-token-0123456789", timer=clocks.timer)
-    admin.authenticate(bearer("operator-chosen-token-0123456789"), ADDR)
-    asyncio.run(admin.authenticate_async(bearer("operator-chosen-token-0123456789"), ADDR))
-    with pytest.raises(AuthenticationError):
-        admin.authenticate(bearer(stored), ADDR)
-
-
-def test_admin_failures_are_throttled_but_never_the_token(repo: CountingRepo, clocks: Clocks) -> None:
-    throttle = FailureThrottle(3, 60, timer=clocks.timer)
-    admin = AdminAuthenticator(
-        repo, "operator-chosen-token-0123456789", throttle=throttle, timer=clocks.timer
-    )
-    for _ in range(3):
-        with pytest.raises(AuthenticationError):
-            admin.authenticate(bearer("guess"), ADDR)
-    with pytest.raises(RateLimitError):
-        admin.authenticate(bearer("guess"), ADDR)
-    admin.authenticate(bearer("operator-chosen-token-0123456789"), ADDR)  # the real token passes
-
-
-# -- the throttle against a model -------------------------------------------------------------------
-
-
-class ThrottleMachine(RuleBasedStateMachine):
-    """FailureThrottle behaves like a plain per-address fixed-window counter."""
-
-    MAX = 3
-    WINDOW = 10.0
-
-    @initialize()
-    def setup(self) -> None:
-        self.t = 0.0
-        self.throttle = FailureThrottle(self.MAX, self.WINDOW, timer=lambda: self.t)
-        self.model: dict[str, tuple[float, int]] = {}
-
-    def _blocked(self, addr: str) -> bool:
-        window = self.model.get(addr)
-        return window is not None and window[1] >= self.MAX and self.t < window[0] + self.WINDOW
-
-    @rule(addr=st.sampled_from(["a", "b", "c"]))
-    def fail(self, addr: str) -> None:
-        blocked = self._blocked(addr)
-        try:
-            self.throttle.check(addr)
-        except RateLimitError:
-            assert blocked
-            return
-        assert not blocked
-        self.throttle.record_failure(addr)
-        window = self.model.get(addr)
-        if window is None or self.t >= window[0] + self.WINDOW:
-            self.model[addr] = (self.t, 1)
-        else:
-            self.model[addr] = (window[0], window[1] + 1)
-
-    @rule(seconds=st.floats(0, 15))
-    def wait(self, seconds: float) -> None:
-        self.t += seconds
-
-    @invariant()
-    def check_matches_model(self) -> None:
-        if not hasattr(self, "throttle"):
-            return
-        for addr in ("a", "b", "c"):
-            try:
-                self.throttle.check(addr)
-                refused = False
-            except RateLimitError as exc:
-                refused = True
-                assert 1 <= int(exc.headers["Retry-After"]) <= self.WINDOW
-            assert refused == self._blocked(addr)
-
-
-ThrottleMachine.TestCase.settings = settings(max_examples=40, stateful_step_count=30, deadline=None)
-test_throttle_state_machine = ThrottleMachine.TestCase

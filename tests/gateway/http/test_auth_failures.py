@@ -12,7 +12,9 @@ import pytest
 from sqlalchemy.exc import OperationalError
 
 from tests.gateway.auth_doubles import ACME, ADDR, GLOBEX, Clocks, CountingRepo, bearer, open_repo
-from weir.gateway.http.auth import AdminAuthenticator, Authenticator, AuthSettings
+from weir.gateway.http.admin_auth import AdminAuthenticator
+from weir.gateway.http.auth import Authenticator
+from weir.gateway.http.auth_settings import AuthSettings
 from weir.gateway.http.errors import AuthenticationError, DatabaseUnavailableError, PermissionDeniedError
 from weir.tenancy.keys.keys import generate_admin_token, generate_key
 from weir.tenancy.store.records import KeyRecord, KeySpec, TenantSpec

@@ -16,7 +16,9 @@ from starlette.testclient import TestClient
 from tests.gateway.fake_engine import FakeEngine
 from tests.gateway.harness import make_app
 from tests.tenancy.clock import START, FakeClock
-from weir.gateway.http.auth import AdminAuthenticator, Authenticator, AuthSettings
+from weir.gateway.http.admin_auth import AdminAuthenticator
+from weir.gateway.http.auth import Authenticator
+from weir.gateway.http.auth_settings import AuthSettings
 from weir.gateway.http.errors import exception_handlers
 from weir.gateway.routes.admin import admin_routes
 from weir.tenancy.keys.admin_token import ensure_admin_token

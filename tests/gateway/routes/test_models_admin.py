@@ -16,7 +16,9 @@ from tests.gateway.routes.test_prefix_cache import ADMIN, TOKEN, _Store
 from weir.engine.kv.memory_budget import MemoryBudget
 from weir.gateway.fleet.model_fleet import ModelFleet
 from weir.gateway.fleet.model_rollout import ModelRollout
-from weir.gateway.http.auth import AdminAuthenticator, AuthSettings, FailureThrottle
+from weir.gateway.http.admin_auth import AdminAuthenticator
+from weir.gateway.http.auth_settings import AuthSettings
+from weir.gateway.http.failure_throttle import FailureThrottle
 from weir.gateway.routes.models_admin import models_admin_routes
 from weir.tenancy.admin_bodies.model_versions import (
     ModelVersion,

@@ -10,7 +10,9 @@ from starlette.testclient import TestClient
 
 from tests.gateway.fake_engine import FakeEngine, FakePrefixCache
 from tests.gateway.harness import make_app, tokenizer
-from weir.gateway.http.auth import AdminAuthenticator, AuthSettings, FailureThrottle
+from weir.gateway.http.admin_auth import AdminAuthenticator
+from weir.gateway.http.auth_settings import AuthSettings
+from weir.gateway.http.failure_throttle import FailureThrottle
 from weir.gateway.metrics.prefix_cache_metrics import PrefixCacheCollector
 from weir.gateway.routes.prefix_cache import prefix_cache_routes
 from weir.tenancy.keys.keys import KeyHasher

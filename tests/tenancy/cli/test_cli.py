@@ -11,7 +11,8 @@ import pytest
 from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
-from weir.gateway.http.auth import AdminAuthenticator, Authenticator
+from weir.gateway.http.admin_auth import AdminAuthenticator
+from weir.gateway.http.auth import Authenticator
 from weir.gateway.routes.admin import admin_routes
 from weir.tenancy.cli import cli
 from weir.tenancy.cli.admin_client import HttpAdmin
@@ -150,7 +151,7 @@ def test_server_needs_a_token(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 class FakeSettings:
-    """Stands in for weir.gateway.server.settings.Settings."""
+    """Stands in for weir.gateway.settings.settings.Settings."""
 
     def __init__(self, url: str) -> None:
         self.resolved_database_url = url

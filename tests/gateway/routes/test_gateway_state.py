@@ -11,7 +11,7 @@ import httpx
 
 from tests.gateway.conftest import Live
 from tests.gateway.harness import MODEL, wait_until
-from weir.gateway.server.state import GatewayState
+from weir.gateway.routes.gateway_state import GatewayState
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "tell me a story"}]}
 

@@ -33,7 +33,7 @@ from weir.gateway.admission.accounting import (
 from weir.gateway.api.responses import ChoiceState, ResponseFormatter, encode_json
 from weir.gateway.http.errors import ServiceUnavailableError, WeirError, from_engine_error
 from weir.gateway.metrics.tracing import RequestSpan
-from weir.gateway.server.state import GatewayState
+from weir.gateway.routes.gateway_state import GatewayState
 
 logger = logging.getLogger(__name__)
 

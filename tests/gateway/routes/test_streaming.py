@@ -12,7 +12,7 @@ from tests.gateway.fake_engine import FakeEngine
 from tests.gateway.harness import MODEL, make_app, serve_in_thread, wait_until
 from weir.engine.errors import RequestFailedError
 from weir.gateway.admission.accounting import Outcome, UsageJournal, UsageRecord
-from weir.gateway.api.streaming import OutputMerger
+from weir.gateway.routes.streaming import OutputMerger
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "tell me a story"}]}
 
@@ -158,7 +158,7 @@ def test_merger_propagates_failures_and_cancels_the_rest() -> None:
 
 
 def test_shielded_work_runs_to_its_end_through_repeated_cancels() -> None:
-    from weir.gateway.api.streaming import _shielded
+    from weir.gateway.routes.streaming import _shielded
 
     async def run() -> list[str]:
         done: list[str] = []

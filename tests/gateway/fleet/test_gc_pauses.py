@@ -1,4 +1,4 @@
-"""weir.gateway.server.gc_pauses: the heap frozen after start-up, garbage still collected, pauses timed."""
+"""weir.gateway.fleet.gc_pauses: the heap frozen after start-up, garbage still collected, pauses timed."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client import CollectorRegistry
 
-from weir.gateway.server.gc_pauses import (
+from weir.gateway.fleet.gc_pauses import (
     GcPauseRecorder,
     lifespan_hooks,
     refreeze_heap,
