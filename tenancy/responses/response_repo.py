@@ -1,0 +1,105 @@
+"""Stored responses in the tenancy database (`stored_responses`, migration 0011).
+
+Every query names the tenant by its name through a join on `tenants`, so one tenant's ids never
+reach another's rows. The rows cascade with their tenant. A read of an expired row deletes it in
+the same transaction; `sweep` deletes the rest in bounded batches.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from sqlalchemy import delete, func, select
+
+from weir.tenancy.errors import TenantNotFoundError
+from weir.tenancy.responses.response_records import ResponseStorageLimits, StoredResponse
+from weir.tenancy.store.db import Database
+from weir.tenancy.store.models import StoredResponse as StoredResponseRow
+from weir.tenancy.store.models import Tenant
+
+# A statement on the request path waits at most this long for a lock (then 503, not a stall).
+REQUEST_TIMEOUT_S = 5.0
+_SWEEP_BATCH = 500
+
+
+def _tenant_id(name: str):  # type: ignore[no-untyped-def]  # a scalar subquery
+    return select(Tenant.id).where(Tenant.name == name).scalar_subquery()
+
+
+class DatabaseResponseStore:
+    """`weir.tenancy.responses.response_records.ResponseStore` over one `Database`."""
+
+    def __init__(self, db: Database, limits: ResponseStorageLimits | None = None) -> None:
+        self.db = db
+        self.limits = limits if limits is not None else ResponseStorageLimits()
+
+    def put(self, tenant: str, record: StoredResponse) -> None:
+        with self.db.transaction(timeout_s=REQUEST_TIMEOUT_S) as session:
+            tenant_id = session.scalar(select(Tenant.id).where(Tenant.name == tenant))
+            if tenant_id is None:
+                raise TenantNotFoundError(tenant)
+            session.merge(
+                StoredResponseRow(
+                    id=record.response_id,
+                    tenant_id=tenant_id,
+                    created_at=record.created_at,
+                    expires_at=record.expires_at,
+                    num_bytes=record.num_bytes,
+                    body=record.body,
+                    input_items=list(record.input_items),
+                )
+            )
+
+    def get(self, tenant: str, response_id: str, now: dt.datetime) -> StoredResponse | None:
+        with self.db.transaction(timeout_s=REQUEST_TIMEOUT_S) as session:
+            row = session.scalars(
+                select(StoredResponseRow).where(
+                    StoredResponseRow.id == response_id, StoredResponseRow.tenant_id == _tenant_id(tenant)
+                )
+            ).one_or_none()
+            if row is None:
+                return None
+            if row.expires_at <= now:
+                session.delete(row)
+                return None
+            return StoredResponse(
+                response_id=row.id,
+                body=row.body,
+                input_items=tuple(row.input_items),
+                created_at=row.created_at,
+                expires_at=row.expires_at,
+                num_bytes=row.num_bytes,
+            )
+
+    def delete(self, tenant: str, response_id: str) -> bool:
+        with self.db.transaction(timeout_s=REQUEST_TIMEOUT_S) as session:
+            result = session.execute(
+                delete(StoredResponseRow).where(
+                    StoredResponseRow.id == response_id, StoredResponseRow.tenant_id == _tenant_id(tenant)
+                )
+            )
+            return bool(getattr(result, "rowcount", 0))
+
+    def bytes_used(self, tenant: str, now: dt.datetime) -> int:
+        with self.db.transaction(timeout_s=REQUEST_TIMEOUT_S) as session:
+            total = session.scalar(
+                select(func.coalesce(func.sum(StoredResponseRow.num_bytes), 0)).where(
+                    StoredResponseRow.tenant_id == _tenant_id(tenant), StoredResponseRow.expires_at > now
+                )
+            )
+            return int(total or 0)
+
+    def sweep(self, now: dt.datetime) -> int:
+        deleted = 0
+        while True:
+            with self.db.transaction() as session:
+                ids = session.scalars(
+                    select(StoredResponseRow.id)
+                    .where(StoredResponseRow.expires_at <= now)
+                    .limit(_SWEEP_BATCH)
+                ).all()
+                if ids:
+                    session.execute(delete(StoredResponseRow).where(StoredResponseRow.id.in_(ids)))
+            deleted += len(ids)
+            if len(ids) < _SWEEP_BATCH:
+                return deleted
