@@ -147,6 +147,11 @@ class ResponseFormatter:
         """Chunks sent before the first token."""
         return []
 
+    async def seal(self, choices: Sequence[ChoiceState] | None, usage: Usage) -> None:
+        """Called once a request completed, before its last bytes (the whole body, with its
+        `choices`; or a stream's tail, with None): what the endpoint does with a finished answer
+        (`/v1/responses` stores it). Nothing by default."""
+
     def output_chunks(self, choice: int, out: RequestOutput) -> list[bytes]:
         """Chunks for one engine output of choice `choice`."""
         raise NotImplementedError

@@ -446,6 +446,14 @@ def build_server_app(settings: Settings) -> Starlette:
         kwargs["authenticate"] = tenancy.authenticate
         kwargs["usage_sink"] = tenancy.usage_sink
         kwargs["usage_journal"] = tenancy.usage_journal
+        if tenancy.repo is not None:
+            from weir.tenancy.responses.response_repo import DatabaseResponseStore
+
+            # Stored responses are the tenant's data: in its database, deleted with it. (Auth mode
+            # `none` serves a tenant with no row there: its responses stay in memory.)
+            kwargs["response_store"] = DatabaseResponseStore(
+                tenancy.repo.db, settings.response_storage_limits
+            )
     extra_routes = list(tenancy.routes)
     if tenancy.admin_auth is not None:
         from weir.gateway.routes.prefix_cache import prefix_cache_routes

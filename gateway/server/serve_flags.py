@@ -216,6 +216,27 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         "template runs (env WEIR_MAX_CHAT_MESSAGES; default 2048)",
     )
     add(
+        "--response-storage-bytes",
+        type=int,
+        metavar="N",
+        help="bytes one tenant's stored /v1/responses answers may hold together; 0 refuses storing "
+        "(env WEIR_RESPONSE_STORAGE_BYTES; default 64 MiB)",
+    )
+    add(
+        "--response-retention-s",
+        type=float,
+        metavar="S",
+        help="a stored /v1/responses answer is deleted S seconds after it was stored "
+        "(env WEIR_RESPONSE_RETENTION_S; default 30 days)",
+    )
+    add(
+        "--response-sweep-interval-s",
+        type=float,
+        metavar="S",
+        help="how often expired stored responses are deleted (env WEIR_RESPONSE_SWEEP_INTERVAL_S; "
+        "default 300)",
+    )
+    add(
         "--prompt-chars-per-token",
         type=int,
         metavar="N",

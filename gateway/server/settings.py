@@ -20,6 +20,12 @@ from typing import Any
 from weir.engine.config import WIDE_STEP_ROWS, QueuePolicy
 from weir.engine.spec_decode.config import SpeculativeConfig
 from weir.gateway.api.openai_bodies.requests import DEFAULT_MAX_CHAT_MESSAGES
+from weir.tenancy.responses.response_records import (
+    DEFAULT_QUOTA_BYTES,
+    DEFAULT_RETENTION_S,
+    DEFAULT_SWEEP_INTERVAL_S,
+    ResponseStorageLimits,
+)
 
 DTYPES = ("float32", "float16", "bfloat16")
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -241,6 +247,11 @@ class Settings:
     cpu_wide_step_rows: int = WIDE_STEP_ROWS
     cpu_kernel_pool: CpuKernelPoolMode = CpuKernelPoolMode.ON
     cpu_decode_layers: CpuDecodeLayersMode = CpuDecodeLayersMode.ON
+    # Stored responses of /v1/responses (weir.tenancy.responses): the bytes one tenant's may hold
+    # together (0: storing refused), how long one is kept, and how often expired ones are swept.
+    response_storage_bytes: int = DEFAULT_QUOTA_BYTES
+    response_retention_s: float = DEFAULT_RETENTION_S
+    response_sweep_interval_s: float = DEFAULT_SWEEP_INTERVAL_S
 
     def __post_init__(self) -> None:
         for f in fields(self):  # NaN passes every range check below (each comparison is False)
@@ -265,6 +276,12 @@ class Settings:
             raise ValueError(
                 f"gil_switch_interval_ms must be in (0, 1000], got {self.gil_switch_interval_ms}"
             )
+        if self.response_storage_bytes < 0:
+            raise ValueError(f"response_storage_bytes must be >= 0, got {self.response_storage_bytes}")
+        for name in ("response_retention_s", "response_sweep_interval_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be > 0 and finite, got {value}")
         if self.grammar_compile_workers < 1:
             raise ValueError(f"grammar_compile_workers must be >= 1, got {self.grammar_compile_workers}")
         if not 0 <= self.metrics_port <= 65535:
@@ -340,6 +357,11 @@ class Settings:
         if _is_loopback(self.host) and not self.admin_token:
             return AuthMode.NONE
         return AuthMode.KEYS
+
+    @property
+    def response_storage_limits(self) -> ResponseStorageLimits:
+        """Each tenant's storage quota and retention period for stored responses."""
+        return ResponseStorageLimits(self.response_storage_bytes, self.response_retention_s)
 
     @property
     def resolved_database_url(self) -> str:
@@ -513,4 +535,7 @@ _FIELDS: dict[str, _FieldSpec] = {
     "cpu_wide_step_rows": _FieldSpec("WEIR_CPU_WIDE_STEP_ROWS", int),
     "cpu_kernel_pool": _FieldSpec("WEIR_CPU_KERNEL_POOL", CpuKernelPoolMode),
     "cpu_decode_layers": _FieldSpec("WEIR_CPU_DECODE_LAYERS", CpuDecodeLayersMode),
+    "response_storage_bytes": _FieldSpec("WEIR_RESPONSE_STORAGE_BYTES", int),
+    "response_retention_s": _FieldSpec("WEIR_RESPONSE_RETENTION_S", float),
+    "response_sweep_interval_s": _FieldSpec("WEIR_RESPONSE_SWEEP_INTERVAL_S", float),
 }
