@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import ScalarSelect, delete, func, select
 
 from weir.tenancy.errors import TenantNotFoundError
 from weir.tenancy.responses.response_records import ResponseStorageLimits, StoredResponse
@@ -22,7 +22,7 @@ REQUEST_TIMEOUT_S = 5.0
 _SWEEP_BATCH = 500
 
 
-def _tenant_id(name: str):  # type: ignore[no-untyped-def]  # a scalar subquery
+def _tenant_id(name: str) -> ScalarSelect[int]:
     return select(Tenant.id).where(Tenant.name == name).scalar_subquery()
 
 
