@@ -8,6 +8,7 @@ import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -20,6 +21,7 @@ from weir.gateway.routes.models_admin import models_admin_routes
 from weir.gateway.routes.prefix_cache import prefix_cache_routes
 from weir.gateway.server.bootstrap import build_tenancy
 from weir.gateway.server.settings import AuthMode, Settings
+from weir.tenancy.responses.response_repo import DatabaseResponseStore
 
 ADMIN_TOKEN = "admin-secret-for-tests"
 ADMIN = {"authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -39,9 +41,11 @@ class FullServer:
 
 
 @contextlib.contextmanager
-def serve_everything(data_dir: Path) -> Iterator[FullServer]:
-    """Serve the app with every route mounted; yields once a tenant and its key exist."""
-    settings = Settings(data_dir=data_dir, admin_token=ADMIN_TOKEN, auth=AuthMode.KEYS)
+def serve_everything(data_dir: Path, **settings_fields: Any) -> Iterator[FullServer]:
+    """Serve the app with every route mounted (stored responses in the tenancy database, as
+    `weir serve` keeps them); yields once a tenant and its key exist. `settings_fields` override
+    the settings."""
+    settings = Settings(data_dir=data_dir, admin_token=ADMIN_TOKEN, auth=AuthMode.KEYS, **settings_fields)
     tenancy = build_tenancy(settings)
     assert tenancy.admin_auth is not None
     # Room for the largest valid request (128 prompts x n=16 x the whole context): the fake
@@ -72,6 +76,9 @@ def serve_everything(data_dir: Path) -> Iterator[FullServer]:
         # The fuzzer sends hundreds of 4xx from one key and one address on purpose: the tarpit
         # stays in the path, with a bar it never reaches.
         error_tarpit=TarpitLimits(max_errors=1_000_000),
+        response_store=DatabaseResponseStore(tenancy.repo.db, settings.response_storage_limits)
+        if tenancy.repo is not None
+        else None,
     )
     with serve_in_thread(app) as url, httpx.Client(base_url=url, headers=ADMIN, timeout=30) as admin:
         assert admin.post("/admin/v1/tenants", json={"name": TENANT}).status_code == 201
