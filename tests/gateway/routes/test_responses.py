@@ -302,3 +302,35 @@ def test_hostile_bodies_are_refused_naming_the_field(live: Server, body: dict[st
 def test_get_and_delete_need_a_key(live: Server) -> None:
     assert httpx.get(live.url + "/v1/responses/resp_x").status_code == 401
     assert httpx.delete(live.url + "/v1/responses/resp_x").status_code == 401
+
+
+def test_the_sweeper_deletes_expired_responses() -> None:
+    import asyncio
+    import datetime as dt
+
+    from weir.gateway.routes.responses import ResponseSweeper
+    from weir.tenancy.responses.memory_responses import MemoryResponseStore
+    from weir.tenancy.responses.response_records import StoredResponse
+
+    store = MemoryResponseStore()
+    past = dt.datetime.now(dt.UTC) - dt.timedelta(days=2)
+    old = StoredResponse("resp_old", {}, (), past, past + dt.timedelta(days=1))
+    new = StoredResponse("resp_new", {}, (), past, past + dt.timedelta(days=9))
+    store.put("t", old)
+    store.put("t", new)
+    both = old.num_bytes + new.num_bytes
+
+    async def run() -> None:
+        sweeper = ResponseSweeper(store, 0.01)
+        await sweeper.start()
+        for _ in range(500):  # bounded: the first sweep runs at once
+            if store.bytes_used("t", past) < both:  # read at a time both were alive: one is gone
+                break
+            await asyncio.sleep(0.01)
+        await sweeper.stop()
+
+    asyncio.run(run())
+    assert store.bytes_used("t", past) == new.num_bytes
+    assert store.get("t", "resp_new", past) == new
+    with pytest.raises(ValueError, match="interval_s"):
+        ResponseSweeper(store, 0)
