@@ -21,7 +21,6 @@ from weir.gateway.routes.models_admin import models_admin_routes
 from weir.gateway.routes.prefix_cache import prefix_cache_routes
 from weir.gateway.server.bootstrap import build_tenancy
 from weir.gateway.server.settings import AuthMode, Settings
-from weir.tenancy.responses.response_repo import DatabaseResponseStore
 
 ADMIN_TOKEN = "admin-secret-for-tests"
 ADMIN = {"authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -76,9 +75,7 @@ def serve_everything(data_dir: Path, **settings_fields: Any) -> Iterator[FullSer
         # The fuzzer sends hundreds of 4xx from one key and one address on purpose: the tarpit
         # stays in the path, with a bar it never reaches.
         error_tarpit=TarpitLimits(max_errors=1_000_000),
-        response_store=DatabaseResponseStore(tenancy.repo.db, settings.response_storage_limits)
-        if tenancy.repo is not None
-        else None,
+        response_store=tenancy.response_store,
     )
     with serve_in_thread(app) as url, httpx.Client(base_url=url, headers=ADMIN, timeout=30) as admin:
         assert admin.post("/admin/v1/tenants", json={"name": TENANT}).status_code == 201

@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from tests.e2e.tenancy_server import ADMIN, serve_everything
+from tests.e2e.tenancy_server import ADMIN, TENANT, serve_everything
 from tests.gateway.fake_engine import FakeEngine
 from tests.gateway.harness import MODEL, make_app, serve_in_thread
 from weir.engine.request import Priority
@@ -120,3 +120,18 @@ def test_storage_quota_in_the_database(tmp_path: Path) -> None:
         assert other.responses.create(model=MODEL, input="hello", max_output_tokens=2).id
         with pytest.raises(openai.NotFoundError):
             other.responses.retrieve(kept[0])
+
+
+def test_the_admin_sees_a_tenants_stored_responses(tmp_path: Path) -> None:
+    with serve_everything(tmp_path, response_storage_bytes=50_000, response_retention_s=3600) as full:
+        client = openai.OpenAI(base_url=full.url + "/v1", api_key=full.tenant_key, max_retries=0)
+        path = f"/admin/v1/tenants/{TENANT}/stored-responses"
+        with httpx.Client(base_url=full.url, headers=ADMIN, timeout=30) as admin:
+            before = admin.get(path).json()
+            assert before == {"tenant": TENANT, "bytes_used": 0, "quota_bytes": 50_000, "retention_s": 3600.0}
+            r = client.responses.create(model=MODEL, input="hello", max_output_tokens=2)
+            assert admin.get(path).json()["bytes_used"] > 0
+            client.responses.delete(r.id)
+            assert admin.get(path).json()["bytes_used"] == 0
+            assert admin.get("/admin/v1/tenants/nobody/stored-responses").status_code == 404
+            assert httpx.get(full.url + path, headers=full.tenant).status_code == 401
