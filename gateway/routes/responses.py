@@ -11,7 +11,8 @@ records with the endpoint `response`); only the conversation is this module's:
   `previous_response_id`, unless `truncation: "auto"`: then its oldest items are dropped, the
   fewest that make it fit (found by a binary search, a few tokenizations);
 - with `store` (the default) the tenant's storage quota is checked before anything runs (400
-  naming `store`, code `storage_quota_exceeded`), and the finished response is stored before its
+  naming `store`, code `storage_quota_exceeded`; the bytes stored as `StoredBytesGauge` knows
+  them), and the finished response is stored before its
   last bytes go out. Stored responses expire after the retention period: gone on the first read
   after it, and swept periodically (`ResponseSweeper`).
 """
@@ -49,6 +50,7 @@ from weir.gateway.prompts.prompt_limits import check_chat_size
 from weir.gateway.prompts.tokenization import PromptBuilder
 from weir.gateway.routes.engine_requests import Prepared
 from weir.gateway.routes.openai import OpenAIRoutes
+from weir.gateway.routes.response_quota import StoredBytesGauge
 from weir.tenancy.context import TenantContext
 from weir.tenancy.responses.response_records import ResponseStore, StoredResponse, json_bytes
 
@@ -71,9 +73,12 @@ def _not_found(response_id: str) -> NotFoundError:
 class ResponsesRoutes:
     """The four handlers, over the generation routes and a response store."""
 
-    def __init__(self, routes: OpenAIRoutes, store: ResponseStore) -> None:
+    def __init__(
+        self, routes: OpenAIRoutes, store: ResponseStore, gauge: StoredBytesGauge | None = None
+    ) -> None:
         self.openai = routes
         self.store = store
+        self.gauge = gauge if gauge is not None else StoredBytesGauge(store)
 
     def routes(self) -> list[BaseRoute]:
         return [
@@ -99,6 +104,7 @@ class ResponsesRoutes:
         response_id = request.path_params["response_id"]
         if not await asyncio.to_thread(self.store.delete, tenant.tenant_id, response_id):
             raise _not_found(response_id)
+        self.gauge.forget(tenant.tenant_id)
         return JSONResponse({"id": response_id, "object": "response.deleted", "deleted": True})
 
     async def input_items(self, request: Request) -> Response:
@@ -155,7 +161,7 @@ class ResponsesRoutes:
 
     async def _check_quota(self, tenant: TenantContext, conversation: Sequence[dict[str, Any]]) -> None:
         limits = self.store.limits
-        used = await asyncio.to_thread(self.store.bytes_used, tenant.tenant_id, _now())
+        used = await self.gauge.used(tenant.tenant_id)
         needed = json_bytes(list(conversation))
         if used + needed > limits.quota_bytes:
             raise BadRequestError(
@@ -275,6 +281,7 @@ class ResponsesRoutes:
         expires = now + dt.timedelta(seconds=self.store.limits.retention_s)
         record = StoredResponse(body["id"], body, items, now, expires)
         await asyncio.to_thread(self.store.put, tenant_id, record)
+        self.gauge.add(tenant_id, record.num_bytes)
 
 
 def _echo(parsed: ResponsesRequest) -> dict[str, Any]:

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import datetime as dt
 
-from sqlalchemy import ScalarSelect, delete, func, select
+from sqlalchemy import JSON, BigInteger, ScalarSelect, String, delete, func, insert, literal, select
 
 from weir.tenancy.errors import TenantNotFoundError
 from weir.tenancy.responses.response_records import ResponseStorageLimits, StoredResponse
 from weir.tenancy.store.db import Database
 from weir.tenancy.store.models import StoredResponse as StoredResponseRow
-from weir.tenancy.store.models import Tenant
+from weir.tenancy.store.models import Tenant, UTCDateTime
 
 # A statement on the request path waits at most this long for a lock (then 503, not a stall).
 REQUEST_TIMEOUT_S = 5.0
@@ -34,21 +34,22 @@ class DatabaseResponseStore:
         self.limits = limits if limits is not None else ResponseStorageLimits()
 
     def put(self, tenant: str, record: StoredResponse) -> None:
+        # One statement: the tenant's id is looked up inside the insert (ids are fresh, never replaced).
+        columns = StoredResponseRow.__table__.c
+        values = select(
+            literal(record.response_id, String),
+            Tenant.id,
+            literal(record.created_at, UTCDateTime()),
+            literal(record.expires_at, UTCDateTime()),
+            literal(record.num_bytes, BigInteger),
+            literal(record.body, JSON),
+            literal(list(record.input_items), JSON),
+        ).where(Tenant.name == tenant)
+        names = ("id", "tenant_id", "created_at", "expires_at", "num_bytes", "body", "input_items")
         with self.db.transaction(timeout_s=REQUEST_TIMEOUT_S) as session:
-            tenant_id = session.scalar(select(Tenant.id).where(Tenant.name == tenant))
-            if tenant_id is None:
+            statement = insert(StoredResponseRow).from_select([columns[n] for n in names], values)
+            if session.execute(statement.returning(columns["id"])).first() is None:
                 raise TenantNotFoundError(tenant)
-            session.merge(
-                StoredResponseRow(
-                    id=record.response_id,
-                    tenant_id=tenant_id,
-                    created_at=record.created_at,
-                    expires_at=record.expires_at,
-                    num_bytes=record.num_bytes,
-                    body=record.body,
-                    input_items=list(record.input_items),
-                )
-            )
 
     def get(self, tenant: str, response_id: str, now: dt.datetime) -> StoredResponse | None:
         with self.db.transaction(timeout_s=REQUEST_TIMEOUT_S) as session:
