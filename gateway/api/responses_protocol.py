@@ -23,7 +23,7 @@ OpenAI lists input items), so a stored conversation validates again as input.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
@@ -39,6 +39,7 @@ from weir.gateway.api.tool_calls import ToolsRequest, calls_schema, tools_reques
 from weir.gateway.http.errors import BadRequestError
 
 _ITEMS: TypeAdapter[list[rb.InputItem]] = TypeAdapter(list[rb.InputItem])
+Item = rb.MessageItem | rb.FunctionCallItem | rb.FunctionCallOutputItem
 _ROLES = {"user": Role.USER, "assistant": Role.ASSISTANT, "system": Role.SYSTEM, "developer": Role.DEVELOPER}
 
 
@@ -51,10 +52,23 @@ class ResponsesRequest:
     items: tuple[dict[str, Any], ...]
     options: GenerationOptions
     tools: ToolsRequest | None
+    # Each normal-form item already validated, by its id (the item kept with it, so the id
+    # stays its own): a conversation is validated once however often truncation rebuilds it.
+    _validated: dict[int, tuple[dict[str, Any], Item]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+
+    def _items(self, conversation: Sequence[dict[str, Any]]) -> list[Item]:
+        known = self._validated
+        new = [item for item in conversation if known.get(id(item), (None,))[0] is not item]
+        if new:
+            for item, valid in zip(new, validate_items(new, "previous_response_id"), strict=True):
+                known[id(item)] = (item, valid)
+        return [known[id(item)][1] for item in conversation]
 
     def chat(self, conversation: Sequence[dict[str, Any]]) -> ChatCompletionRequest:
         """The chat request of `conversation` (normal-form items) behind the instructions."""
-        messages = chat_messages(validate_items(conversation, "previous_response_id"))
+        messages = chat_messages(self._items(conversation))
         if self.body.instructions:
             messages = (ChatMessage(Role.SYSTEM, self.body.instructions), *messages)
         return ChatCompletionRequest(self.body.model, messages, self.options, self.tools)
@@ -251,11 +265,12 @@ def parse_responses_request(data: Mapping[str, Any], max_items: int) -> Response
     if body.stream_options is not None and not body.stream:
         raise BadRequestError("'stream_options' is only allowed with stream: true", param="stream_options")
     given = body.input
-    items = (
-        [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": given}]}]
+    validated: list[Item] = (
+        [rb.MessageItem(role="user", content=[rb.InputTextPart(type="input_text", text=given)])]
         if isinstance(given, str)
-        else normal_items(given)
+        else list(given)
     )
+    items = normal_items(validated)
     tools = tools_request(_tool_fields(body))
     options = _options(body)
     if tools is not None and tools.constrained:
@@ -265,7 +280,9 @@ def parse_responses_request(data: Mapping[str, Any], max_items: int) -> Response
                 param="tool_choice",
             )
         options = replace(options, constraint=ConstraintSpec.tool_calls(calls_schema(tools), "tools"))
-    return ResponsesRequest(body, tuple(items), options, tools)
+    request = ResponsesRequest(body, tuple(items), options, tools)
+    request._validated.update((id(item), (item, valid)) for item, valid in zip(items, validated, strict=True))
+    return request
 
 
 def format_echo(body: rb.ResponsesBody) -> dict[str, Any]:

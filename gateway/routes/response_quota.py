@@ -15,11 +15,20 @@ import datetime as dt
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from weir.tenancy.responses.response_records import ResponseStore
 
+T = TypeVar("T")
 DEFAULT_TTL_S = 1.0
 MAX_TENANTS = 10_000  # entries kept; the oldest go first
+
+
+async def store_call(store: ResponseStore, fn: Callable[..., T], *args: object) -> T:
+    """`fn(*args)`, a call of `store`: on a worker thread when the store blocks, else here."""
+    if store.inline:
+        return fn(*args)
+    return await asyncio.to_thread(fn, *args)
 
 
 @dataclass
@@ -50,7 +59,7 @@ class StoredBytesGauge:
         if reading is not None and self._clock() - reading.read_at < self.ttl_s:
             return reading.num_bytes
         started = self._clock()
-        num_bytes = await asyncio.to_thread(self.store.bytes_used, tenant, dt.datetime.now(dt.UTC))
+        num_bytes = await store_call(self.store, self.store.bytes_used, tenant, dt.datetime.now(dt.UTC))
         if len(self._readings) >= MAX_TENANTS:
             self._readings.pop(next(iter(self._readings)))
         self._readings.pop(tenant, None)

@@ -50,7 +50,7 @@ from weir.gateway.prompts.prompt_limits import check_chat_size
 from weir.gateway.prompts.tokenization import PromptBuilder
 from weir.gateway.routes.engine_requests import Prepared
 from weir.gateway.routes.openai import OpenAIRoutes
-from weir.gateway.routes.response_quota import StoredBytesGauge
+from weir.gateway.routes.response_quota import StoredBytesGauge, store_call
 from weir.tenancy.context import TenantContext
 from weir.tenancy.responses.response_records import ResponseStore, StoredResponse, json_bytes
 
@@ -89,7 +89,7 @@ class ResponsesRoutes:
         ]
 
     async def _stored(self, tenant: TenantContext, response_id: str) -> StoredResponse:
-        record = await asyncio.to_thread(self.store.get, tenant.tenant_id, response_id, _now())
+        record = await store_call(self.store, self.store.get, tenant.tenant_id, response_id, _now())
         if record is None:
             raise _not_found(response_id)
         return record
@@ -102,7 +102,7 @@ class ResponsesRoutes:
     async def delete(self, request: Request) -> Response:
         tenant = await self.openai._tenant(request)
         response_id = request.path_params["response_id"]
-        if not await asyncio.to_thread(self.store.delete, tenant.tenant_id, response_id):
+        if not await store_call(self.store, self.store.delete, tenant.tenant_id, response_id):
             raise _not_found(response_id)
         self.gauge.forget(tenant.tenant_id)
         return JSONResponse({"id": response_id, "object": "response.deleted", "deleted": True})
@@ -280,7 +280,7 @@ class ResponsesRoutes:
         now = _now()
         expires = now + dt.timedelta(seconds=self.store.limits.retention_s)
         record = StoredResponse(body["id"], body, items, now, expires)
-        await asyncio.to_thread(self.store.put, tenant_id, record)
+        await store_call(self.store, self.store.put, tenant_id, record)
         self.gauge.add(tenant_id, record.num_bytes)
 
 
@@ -317,6 +317,7 @@ class ResponseSweeper:
     async def _run(self) -> None:
         while True:
             try:
+                # On a worker thread whatever the store: a sweep walks every stored response.
                 deleted = await asyncio.to_thread(self.store.sweep, _now())
                 if deleted:
                     logger.info("deleted %d expired stored responses", deleted)

@@ -16,6 +16,8 @@ from weir.tenancy.responses.response_records import ResponseStorageLimits, Store
 class MemoryResponseStore:
     """Stored responses per tenant, in dicts."""
 
+    inline = True  # dict work under a lock held for microseconds: called on the event loop
+
     def __init__(self, limits: ResponseStorageLimits | None = None) -> None:
         self.limits = limits if limits is not None else ResponseStorageLimits()
         self._lock = threading.Lock()

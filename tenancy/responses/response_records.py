@@ -64,11 +64,13 @@ class StoredResponse:
 class ResponseStore(Protocol):
     """Where stored responses live (the tenancy database, or memory for a server without one).
 
-    Calls block (database I/O): the gateway runs them in a worker thread. `now` is passed in so
-    expiry is decided by one clock, the caller's.
+    Calls block (database I/O) unless `inline`: the gateway runs them in a worker thread, or on
+    its event loop for a store whose calls are plain memory work. `now` is passed in so expiry is
+    decided by one clock, the caller's.
     """
 
     limits: ResponseStorageLimits
+    inline: bool
 
     def put(self, tenant: str, record: StoredResponse) -> None:
         """Store `record` for `tenant` (the caller checked the quota before generating it)."""

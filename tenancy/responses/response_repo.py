@@ -29,6 +29,8 @@ def _tenant_id(name: str) -> ScalarSelect[int]:
 class DatabaseResponseStore:
     """`weir.tenancy.responses.response_records.ResponseStore` over one `Database`."""
 
+    inline = False  # database I/O: called on a worker thread
+
     def __init__(self, db: Database, limits: ResponseStorageLimits | None = None) -> None:
         self.db = db
         self.limits = limits if limits is not None else ResponseStorageLimits()
