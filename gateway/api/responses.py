@@ -49,6 +49,11 @@ def _dumps_str(text: str) -> bytes:
     return quoted.encode()
 
 
+def json_string(text: str) -> bytes:
+    """`text` as a JSON string literal in UTF-8, line breaks escaped as in every SSE event here."""
+    return _dumps_str(text)
+
+
 def _logprob(value: float) -> float:
     return value if math.isfinite(value) else _LOGPROB_FLOOR
 

@@ -33,7 +33,7 @@ from typing import Any
 from weir.engine.output import RequestOutput
 from weir.gateway.admission.accounting import Usage
 from weir.gateway.api.protocol import Endpoint
-from weir.gateway.api.responses import ChoiceState, ResponseFormatter
+from weir.gateway.api.responses import ChoiceState, ResponseFormatter, json_string
 from weir.gateway.api.tool_calls import ParsedCall, ToolCallParser
 from weir.gateway.http.errors import WeirError
 
@@ -89,6 +89,9 @@ class ResponsesFormatter(ResponseFormatter):
         self._seq = 0
         self._parser = ToolCallParser(self.tools) if self.tools is not None else None
         self._message_id: str | None = None  # the streamed message item, once opened
+        # The bytes of the open message's delta event around its sequence number and its text:
+        # the per-token event serializes only those two (byte for byte `_event`'s output).
+        self._delta_parts: tuple[bytes, bytes, bytes] = (b"", b"", b"")
         self._text: list[str] = []
         self._output: list[dict[str, Any]] = []  # finished output items, streamed
         self._finish_reason: str | None = None
@@ -144,17 +147,19 @@ class ResponsesFormatter(ResponseFormatter):
 
     def _delta(self, text: str) -> list[bytes]:
         events = self._open_message() if self._message_id is None else []
-        self._text.append(text)
-        events.append(
-            self._event(
-                "response.output_text.delta",
-                output_index=len(self._output),
-                item_id=self._message_id,
-                content_index=0,
-                delta=text,
-                logprobs=[],
+        if not self._delta_parts[0]:
+            kind = "response.output_text.delta"
+            where = {"output_index": len(self._output), "item_id": self._message_id, "content_index": 0}
+            fields = json.dumps(where, separators=(",", ":"))[1:-1]
+            self._delta_parts = (
+                b"event: " + kind.encode() + b'\ndata: {"type":"' + kind.encode() + b'","sequence_number":',
+                b"," + fields.encode() + b',"delta":',
+                b',"logprobs":[]}\n\n',
             )
-        )
+        self._text.append(text)
+        head, middle, tail = self._delta_parts
+        seq, self._seq = self._seq, self._seq + 1
+        events.append(head + str(seq).encode() + middle + json_string(text) + tail)
         return events
 
     def _close_message(self, status: str) -> list[bytes]:
@@ -163,7 +168,7 @@ class ResponsesFormatter(ResponseFormatter):
         index, item_id, text = len(self._output), self._message_id, "".join(self._text)
         item = _message(item_id, text, status)
         self._output.append(item)
-        self._message_id = None
+        self._message_id, self._delta_parts = None, (b"", b"", b"")
         return [
             self._event(
                 "response.output_text.done",

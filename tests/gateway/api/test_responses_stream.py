@@ -148,3 +148,20 @@ def test_error_event_and_a_failing_store() -> None:
     g = ResponsesFormatter("resp_2", 1, "m", "fp", str, echo={}, store=broken)
     asyncio.run(g.seal([ChoiceState(["x"], finish_reason="stop")], USAGE))  # logged, not raised
     assert g.response([], USAGE)["output"][0]["content"][0]["text"] == "x"
+
+
+def test_the_per_token_event_is_byte_for_byte_the_generic_one() -> None:
+    f = formatter()
+    f.start_chunks(1)
+    for text in ("plain", 'quo"te \\ back', "naïve \u2028 line", ""):
+        (fast,) = [e for e in f.output_chunks(0, out(text or " ")) if b"output_text.delta" in e]
+        f._seq -= 1  # the same number again, written by the generic serializer
+        slow = f._event(
+            "response.output_text.delta",
+            output_index=0,
+            item_id=f._message_id,
+            content_index=0,
+            delta=text or " ",
+            logprobs=[],
+        )
+        assert fast == slow
