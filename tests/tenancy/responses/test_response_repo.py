@@ -11,12 +11,7 @@ from sqlalchemy import delete, select
 from tests.tenancy.clock import START
 from weir.tenancy.errors import TenantNotFoundError
 from weir.tenancy.responses.memory_responses import MemoryResponseStore
-from weir.tenancy.responses.response_records import (
-    ResponseStorageLimits,
-    ResponseStore,
-    StoredResponse,
-    json_bytes,
-)
+from weir.tenancy.responses.response_records import ResponseStorageLimits, ResponseStore, StoredResponse
 from weir.tenancy.responses.response_repo import DatabaseResponseStore
 from weir.tenancy.store.models import StoredResponse as StoredResponseRow
 from weir.tenancy.store.models import Tenant
@@ -39,12 +34,6 @@ def store(request: pytest.FixtureRequest, repo: TenancyRepo) -> ResponseStore:
     if request.param == "memory":
         return MemoryResponseStore()
     return DatabaseResponseStore(repo.db)
-
-
-def test_bytes_are_the_json_of_both_parts() -> None:
-    record = _record("resp_1")
-    assert record.num_bytes == json_bytes(record.body) + json_bytes(list(record.input_items))
-    assert json_bytes("é") == 4  # UTF-8 bytes, not characters: '"', two bytes, '"'
 
 
 def test_put_get_delete_per_tenant(store: ResponseStore) -> None:
@@ -91,12 +80,3 @@ def test_database_refuses_a_tenant_it_does_not_know(repo: TenancyRepo) -> None:
     with pytest.raises(TenantNotFoundError):
         store.put("nobody", _record("resp_1"))
     assert store.get("nobody", "resp_1", START) is None and store.bytes_used("nobody", START) == 0
-
-
-def test_limits_are_checked() -> None:
-    with pytest.raises(ValueError, match="quota_bytes"):
-        ResponseStorageLimits(quota_bytes=-1)
-    with pytest.raises(ValueError, match="retention_s"):
-        ResponseStorageLimits(retention_s=0)
-    with pytest.raises(ValueError, match="retention_s"):
-        ResponseStorageLimits(retention_s=float("inf"))
