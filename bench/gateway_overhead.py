@@ -45,7 +45,7 @@ from typing import Any
 
 import httpx
 
-from weir.gateway.server.settings import Settings
+from weir.gateway.settings.settings import Settings
 from weir_bench.overhead_server import MODEL_NAME, TIMINGS_PATH
 from weir_bench.raw_http import HTTPProtocolError, RawClient, build_request
 from weir_bench.stats import LatencySummary

@@ -21,8 +21,8 @@ from starlette.applications import Starlette
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from weir.gateway.server.settings import Settings
 from weir.gateway.server.uvicorn_runner import uvicorn_config
+from weir.gateway.settings.settings import Settings
 from weir_bench.gateway_overhead import (
     AuthSetup,
     LoadClient,
@@ -255,7 +255,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _default_model(cache_dir: str | None) -> Path:
     from weir.engine.runner.model_prepare import ensure_default_model
-    from weir.gateway.server.settings import Settings
+    from weir.gateway.settings.settings import Settings
 
     return ensure_default_model(Settings.from_environment({"cache_dir": cache_dir}).cache_dir)
 

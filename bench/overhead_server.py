@@ -36,7 +36,7 @@ from weir_bench.null_engine import NullEngine
 if TYPE_CHECKING:
     from weir.gateway.fleet.model_fleet import ModelFleet
     from weir.gateway.prompts.tokenization import Tokenizer
-    from weir.gateway.server.settings import Settings
+    from weir.gateway.settings.settings import Settings
 
 MODEL_NAME = "null-model"
 MAX_MODEL_LEN = 8192  # SmolLM2's context; only bounds max_tokens checks here
@@ -133,8 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     from weir.gateway.server import gc_pauses
     from weir.gateway.server.app import create_app
     from weir.gateway.server.bootstrap import build_tenancy
-    from weir.gateway.server.settings import AdmissionMode, AuthMode, LogLevel, Settings
     from weir.gateway.server.uvicorn_runner import run_server
+    from weir.gateway.settings.settings import AuthMode, LogLevel, Settings
     from weir.tenancy.keys.keys import generate_admin_token
 
     tokenizer = _load_tokenizer(args.model)
@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         data_dir=args.data_dir,
         cache_dir=args.data_dir,
         auth=AuthMode(args.auth),
-        admission=AdmissionMode(args.admission),
+        admission=args.admission == "on",
         admin_token=admin_token,
         served_model_name=MODEL_NAME,
         shutdown_grace_s=SHUTDOWN_GRACE_S,
@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         shutdown.append(tenancy.close)
     kwargs: dict[str, Any] = {}
     metrics = GatewayMetrics(engine.stats)
-    if settings.admission is AdmissionMode.ON:
+    if settings.admission:
         admission = build_admission(settings, engine.stats, AdmissionMetrics(metrics.registry))
         startup.append(admission.start)
         shutdown.append(admission.close)

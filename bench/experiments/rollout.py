@@ -251,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.model is None:
         from weir.engine.runner.model_prepare import ensure_default_model
-        from weir.gateway.server.settings import Settings
+        from weir.gateway.settings.settings import Settings
 
         args.model = ensure_default_model(Settings.from_environment().cache_dir, progress=False)
     model_v2 = args.model_v2 or args.model

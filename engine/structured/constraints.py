@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Sequence
-from concurrent.futures import Executor, Future, wait
+from concurrent.futures import Future, wait
 from dataclasses import dataclass
 from typing import Any
 
@@ -119,12 +119,17 @@ class TokenConstraint:
         """Whether the next mask is still computing after a step already had to do without it."""
         return self.num_late_steps > 0 and not self.mask_ready
 
-    def start_mask(self, pool: Executor, on_done: Callable[[Future[torch.Tensor]], None]) -> bool:
-        """Compute the next mask on `pool`; False (nothing started) if one is already under way or
-        the grammar has ended. `on_done` runs on the worker when the mask is ready."""
+    def start_mask(
+        self,
+        submit: Callable[[Callable[[], torch.Tensor]], Future[torch.Tensor]],
+        on_done: Callable[[Future[torch.Tensor]], None],
+    ) -> bool:
+        """Compute the next mask through `submit` (it queues the job on a worker); False (nothing
+        started) if one is already under way or the grammar has ended. `on_done` runs on the worker
+        when the mask is ready."""
         if self._next_mask is not None or self.is_terminated:
             return False
-        self._next_mask = pool.submit(self._compute_mask)
+        self._next_mask = submit(self._compute_mask)
         self._next_mask.add_done_callback(on_done)
         return True
 

@@ -3,17 +3,18 @@
 A constrained sequence needs its grammar's mask of allowed tokens before each sample. Computing
 it inside the step (as the sampler once did) put every grammar's cost on every request in the
 batch: a regex with nested counted repetitions took minutes per mask and held the whole engine.
-Here each mask starts on a small pool of worker threads as soon as the sequence runs with a new
-grammar state (xgrammar releases the GIL while it fills a mask), and runs while the step's
-forward does. Then:
+Here each mask starts on worker threads shared fairly between tenants (`mask_pool`) as soon as
+the sequence runs with a new grammar state (xgrammar releases the GIL while it fills a mask), and
+runs while the step's forward does. Then:
 
 - the runner samples a row only if its mask is ready, after waiting at most `grace_s` for the
   whole batch's masks together; a row whose mask is not ready sits the step out (its token is
   not sampled and its last position is fed again next step) and is marked late;
 - the scheduler leaves late rows out of the next steps (no forward for a row that cannot sample)
   until their mask arrives; the worker wakes the engine when it does;
-- a mask still late `timeout_s` after it started fails its request alone with `GRAMMAR_TIMEOUT`,
-  freeing its blocks. A worker thread cannot be stopped: the gateway's cost bounds on grammars
+- a mask still late `timeout_s` after a worker took it (or `queue_timeout_s` after it was asked
+  for, if it never got one) fails its request alone with `GRAMMAR_TIMEOUT`, freeing its blocks.
+  Time spent queued behind other tenants' masks is not charged to the request's budget. A worker thread cannot be stopped: the gateway's cost bounds on grammars
   (`weir.gateway.prompts.grammar`) keep what a single mask may cost small, and this is the net
   under them.
 
@@ -22,14 +23,15 @@ Plain Python over the requests' matchers; no torch here.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any
 
 from weir.engine.config import MaskConfig
 from weir.engine.request import Request
-from weir.engine.structured.worker_priority import lower_thread_priority
+from weir.engine.structured.mask_pool import FairMaskPool
 
 GRAMMAR_TIMEOUT = "grammar_timeout"
 
@@ -44,24 +46,23 @@ def timeout_error(request_id: str, timeout_s: float, num_late_steps: int) -> str
 
 
 class MaskPrefetcher:
-    """Starts each running sequence's next grammar mask on worker threads and times them out."""
+    """Starts each running sequence's next grammar mask on the tenants' shared workers and times
+    them out."""
 
     def __init__(self, config: MaskConfig | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config or MaskConfig()
         self.clock = clock
-        self._pool: ThreadPoolExecutor | None = None  # started with the first constrained request
-        self._started_s: dict[str, float] = {}  # request id -> when its pending mask started
+        self._pool: FairMaskPool | None = None  # started with the first constrained request
+        self._asked_s: dict[str, float] = {}  # request id -> when its pending mask was asked for
         # Called (on a worker thread) when a mask is ready: the engine's loop wakes for it.
         self.on_ready: Callable[[], None] = lambda: None
         self.num_started = 0
         self.num_late_rows = 0  # rows that sat a step out for their mask
         self.num_timeouts = 0  # requests failed because their mask stayed late
 
-    def _workers(self) -> ThreadPoolExecutor:
+    def _workers(self) -> FairMaskPool:
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(
-                self.config.num_workers, thread_name_prefix="weir-mask", initializer=lower_thread_priority
-            )
+            self._pool = FairMaskPool(self.config.num_workers, self.config.max_workers, self.clock)
         return self._pool
 
     def _done(self, _: Future[Any]) -> None:
@@ -74,9 +75,10 @@ class MaskPrefetcher:
             constraint = req.constraint
             if constraint is None or constraint.has_next_mask:
                 continue
-            if constraint.start_mask(self._workers(), self._done):
+            submit = functools.partial(self._workers().submit, req.tenant_id, req.request_id)
+            if constraint.start_mask(submit, self._done):
                 now = self.clock() if now is None else now
-                self._started_s[req.request_id] = now
+                self._asked_s[req.request_id] = now
                 self.num_started += 1
 
     def wait_ready(self, requests: Iterable[Request]) -> list[Request]:
@@ -96,35 +98,55 @@ class MaskPrefetcher:
         self.num_late_rows += len(late)
         return late
 
+    def _deadline_s(self, rid: str, asked: float) -> float:
+        # A mask's time budget runs from when a worker took it; one still waiting for a worker (other
+        # tenants' masks hold them all) has the longer queue budget from when it was asked for.
+        ran = self._pool.run_started_s(rid) if self._pool is not None else None
+        if ran is None:
+            return asked + self.config.queue_timeout_s
+        return ran + self.config.timeout_s
+
+    def _forget(self, rid: str) -> None:
+        del self._asked_s[rid]
+        if self._pool is not None:
+            self._pool.forget(rid)
+
     def overdue(self, requests: Mapping[str, Request]) -> list[tuple[str, str]]:
-        """(request id, error) of the requests whose mask has been computing past `timeout_s`;
-        forgets the masks that are ready and the requests that are gone."""
-        if not self._started_s:
+        """(request id, error) of the requests whose mask has run past `timeout_s` (or waited for a
+        worker past `queue_timeout_s`); forgets the masks that are ready and the requests that are gone."""
+        if not self._asked_s:
             return []
         now = self.clock()
         failed: list[tuple[str, str]] = []
-        for rid, started in list(self._started_s.items()):
+        for rid, asked in list(self._asked_s.items()):
             req = requests.get(rid)
             constraint = req.constraint if req is not None else None
             if constraint is None or constraint.mask_ready or not constraint.has_next_mask:
-                del self._started_s[rid]
-            elif now - started >= self.config.timeout_s:
-                del self._started_s[rid]
+                self._forget(rid)
+            elif now >= self._deadline_s(rid, asked):
+                ran = self._pool is not None and self._pool.run_started_s(rid) is not None
+                self._forget(rid)
                 self.num_timeouts += 1
-                failed.append((rid, timeout_error(rid, self.config.timeout_s, constraint.num_late_steps)))
+                budget_s = self.config.timeout_s if ran else self.config.queue_timeout_s
+                failed.append((rid, timeout_error(rid, budget_s, constraint.num_late_steps)))
         return failed
 
     def next_deadline_s(self) -> float | None:
         """When the earliest pending mask times out; None when none is pending."""
-        if not self._started_s:
+        if not self._asked_s:
             return None
-        return min(self._started_s.values()) + self.config.timeout_s
+        return min(self._deadline_s(rid, asked) for rid, asked in self._asked_s.items())
 
     @property
     def num_pending(self) -> int:
-        return len(self._started_s)
+        return len(self._asked_s)
+
+    @property
+    def num_extra_workers_started(self) -> int:
+        """Threads started beyond `num_workers` so that a tenant got a worker at once."""
+        return self._pool.num_extra_started if self._pool is not None else 0
 
     def close(self) -> None:
         """Stop the workers (a mask under way finishes in the background)."""
         if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool.close()

@@ -55,7 +55,7 @@ from weir.gateway.admission.ttft_calibration import TTFTCalibration
 from weir.gateway.admission.window_budget_gate import WindowBudgetGate, WindowBudgetMetrics, WindowHold
 from weir.gateway.http.errors import BadRequestError, RateLimitError, ServiceUnavailableError
 from weir.gateway.metrics.admission_metrics import AdmissionMetrics, RejectReason, SLOResult
-from weir.gateway.server.settings import Settings
+from weir.gateway.settings.settings import Settings
 from weir.tenancy.budgets.principal_budgets import PrincipalBudgets, RateWindow, Reservation
 from weir.tenancy.budgets.quotas import ConcurrencyLimiter, Denial, LimitKind, LocalBudget, TokenBudget
 from weir.tenancy.context import QuotaLimits, TenantContext
@@ -72,7 +72,7 @@ _REASON_OF = {
 
 @dataclass(frozen=True)
 class AdmissionConfig:
-    """Admission knobs (from `weir.gateway.server.settings`)."""
+    """Admission knobs (from `weir.gateway.settings.settings`)."""
 
     max_queue_time_s: float | None = 300.0  # None: requests may wait in the queue indefinitely
     max_queued_tokens: int | None = 65_536  # None: no bound on waiting prompt tokens

@@ -27,10 +27,11 @@ from weir.engine.structured.grammar import ConstraintSpec
 from weir.gateway.api import anthropic_bodies as ab
 from weir.gateway.api import structured_bodies as sb
 from weir.gateway.api.openai_bodies.params import bad_request
-from weir.gateway.api.openai_bodies.requests import DEFAULT_MAX_CHAT_MESSAGES, Role
+from weir.gateway.api.openai_bodies.requests import Role
 from weir.gateway.api.protocol import ChatCompletionRequest, ChatMessage, GenerationOptions, check_chat_counts
 from weir.gateway.api.tool_calls import calls_schema, tools_request
 from weir.gateway.http.errors import BadRequestError
+from weir.gateway.settings.settings_prompts import DEFAULT_MAX_CHAT_MESSAGES
 
 
 def _text(content: str | list[ab.TextBlock]) -> str:

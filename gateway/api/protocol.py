@@ -25,6 +25,7 @@ from weir.gateway.api.openai_bodies.requests import Role
 from weir.gateway.api.tool_calls import ToolsRequest, calls_schema, render_calls, tools_prompt, tools_request
 from weir.gateway.http.errors import BadRequestError
 from weir.gateway.http.json_body import loads_bounded
+from weir.gateway.settings.settings_prompts import DEFAULT_MAX_CHAT_MESSAGES
 
 
 class Endpoint(enum.Enum):
@@ -241,7 +242,7 @@ def message_of(body: rb.ChatMessageBody) -> ChatMessage:
 
 
 def parse_chat_request(
-    data: Mapping[str, Any], max_messages: int = rb.DEFAULT_MAX_CHAT_MESSAGES
+    data: Mapping[str, Any], max_messages: int = DEFAULT_MAX_CHAT_MESSAGES
 ) -> ChatCompletionRequest:
     """Validate a chat completion body of at most `max_messages` messages (and content parts)."""
     check_chat_counts(data, max_messages)

@@ -27,7 +27,7 @@ from weir.gateway.fleet.version_engines import (
 from weir.gateway.http.errors import NotFoundError
 from weir.gateway.prompts.tokenization import DEFAULT_POOL_WORKERS
 from weir.gateway.routes.prefix_cache import PrefixCacheTarget
-from weir.gateway.server.settings import Settings
+from weir.gateway.settings.settings import Settings
 from weir.tenancy.catalog.model_version_records import ModelVersionSpec
 
 logger = logging.getLogger("weir.serve")

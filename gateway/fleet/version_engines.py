@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from weir.engine.kv.memory_budget import MemoryBudget, VersionFootprint
 from weir.gateway.fleet.fleet_types import BuiltEngine
 from weir.gateway.server.gc_pauses import refreeze_heap_if_frozen
-from weir.gateway.server.settings import Settings
+from weir.gateway.settings.settings import Settings
 from weir.tenancy.catalog.model_version_records import ModelVersionSpec
 
 if TYPE_CHECKING:

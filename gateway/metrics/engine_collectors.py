@@ -101,6 +101,12 @@ def engine_load_metrics(s: EngineStats) -> Iterator[Metric]:
         "Requests failed because their grammar mask stayed late past its time limit.",
         value=s.num_grammar_mask_timeouts,
     )
+    yield CounterMetricFamily(
+        "weir_grammar_mask_workers_added",
+        "Grammar mask threads started beyond the pool's size so that a tenant with no mask running got a "
+        "worker at once while other tenants' masks held them all.",
+        value=s.num_grammar_mask_workers_added,
+    )
     yield from _step_time_metrics(s)
     yield CounterMetricFamily(
         "weir_engine_native_decode_steps",

@@ -19,7 +19,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.util.types import AttributeValue
 
-from weir.gateway.server.settings import OtelExporter
+from weir.gateway.settings.settings import OtelExporter
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 

@@ -34,7 +34,7 @@ from weir.engine.structured.constraints import CompiledConstraint, ConstraintKin
 from weir.engine.structured.grammar import ConstraintSpec, GrammarBackend
 from weir.engine.structured.worker_priority import lower_thread_priority
 from weir.gateway.http.errors import BadRequestError
-from weir.gateway.prompts.regex_cost import nested_repeat_depth, nested_repeat_product
+from weir.gateway.prompts.regex_cost import nested_repeat_depth, nested_repeat_product, wide_split_ways
 from weir.gateway.prompts.tokenizer_pool import TokenizerPool
 
 _KINDS = [k.value for k in ConstraintKind]
@@ -66,6 +66,10 @@ class GrammarLimits:
     # levels of {0,8} took 2.7 s (xgrammar 0.2.9).
     max_regex_repeat_product: int = 4096
     max_regex_repeat_depth: int = 2
+    # A repeated group ending in a variable count of `.` or a negated class: that count's range
+    # times the group's repeats (`wide_split_ways`). (.{0,8}){0,8} (72) took 6.3 s a mask,
+    # (.{0,2}){0,8} (24) 0.16 s; found by tests/gateway/prompts/test_grammar_mask_cost.py.
+    max_regex_wide_split_ways: int = 32
     max_choices: int = 256
 
     def __post_init__(self) -> None:
@@ -80,6 +84,7 @@ class GrammarLimits:
             "max_enum_values",
             "max_regex_repeat_product",
             "max_regex_repeat_depth",
+            "max_regex_wide_split_ways",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -118,6 +123,14 @@ def _check_regex(pattern: str, param: str, limits: GrammarLimits) -> None:
             param,
             f"{depth} repetitions nested in one another in a regex, at most {limits.max_regex_repeat_depth} "
             "(a repeated group inside a repeated group inside another: its masks cost seconds)",
+        )
+    ways = wide_split_ways(pattern)
+    if ways > limits.max_regex_wide_split_ways:
+        raise _too_complex(
+            param,
+            f"a repeated group ends in a variable count of '.' or a negated class: {ways} ways to split "
+            f"its text into items, at most {limits.max_regex_wide_split_ways} (end each item with a fixed "
+            "character, e.g. '(.{1,8} ){0,8}', or lower the counts)",
         )
     product = nested_repeat_product(pattern)
     if product > limits.max_regex_repeat_product:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from weir.gateway.api.openai_bodies import requests as rb
 from weir.gateway.api.protocol import ChatMessage
 from weir.gateway.http.errors import BadRequestError
+from weir.gateway.settings.settings_prompts import DEFAULT_MAX_CHAT_MESSAGES
 
 # The fallback when neither the settings nor the tokenizer's vocabulary give a bound.
 FALLBACK_CHARS_PER_TOKEN = 128
@@ -33,7 +34,7 @@ INLINE_MAX_ITEMS = 8
 
 @dataclass(frozen=True)
 class PromptLimits:
-    """The size bounds of prompts (from `weir.gateway.server.settings`).
+    """The size bounds of prompts (from `weir.gateway.settings.settings`).
 
     `max_chat_messages` bounds the messages of a chat, and the content parts across them, before
     any of them is read. `chars_per_token` None: the model's longest token (a sure bound for
@@ -41,7 +42,7 @@ class PromptLimits:
     characters into a token on average.
     """
 
-    max_chat_messages: int = rb.DEFAULT_MAX_CHAT_MESSAGES
+    max_chat_messages: int = DEFAULT_MAX_CHAT_MESSAGES
     chars_per_token: int | None = None
 
     def __post_init__(self) -> None:

@@ -38,13 +38,14 @@ from starlette.routing import BaseRoute, Mount, Route
 from weir.engine.client import PrefixCacheControl
 from weir.engine.kv.prefix_cache_types import PrefixCacheStats, SharedPrefixInfo, TenantCacheStats
 from weir.gateway.api.openai_bodies.params import bad_request
-from weir.gateway.api.openai_bodies.requests import DEFAULT_MAX_CHAT_MESSAGES, ChatMessageBody
+from weir.gateway.api.openai_bodies.requests import ChatMessageBody
 from weir.gateway.api.protocol import ChatMessage, message_of
 from weir.gateway.http.auth import AdminAuthenticator
 from weir.gateway.http.errors import BadRequestError, NotFoundError, PayloadTooLargeError, UnprocessableError
 from weir.gateway.http.json_body import loads_bounded
 from weir.gateway.prompts.tokenization import PromptBuilder, Tokenizer
 from weir.gateway.routes.admin_http import client_addr
+from weir.gateway.settings.settings_prompts import DEFAULT_MAX_CHAT_MESSAGES
 
 MAX_BODY_BYTES = 4 << 20  # a long system prompt as token ids is a few hundred KB
 _REGISTER_FIELDS = frozenset({"token_ids", "text", "messages", "add_special_tokens", "name", "pin"})

@@ -38,8 +38,8 @@ from weir.gateway.prompts.tokenizer_pool import TokenizerPool
 from weir.gateway.routes.openai import Authenticate, OpenAIRoutes
 from weir.gateway.routes.responses import ResponsesRoutes, ResponseSweeper
 from weir.gateway.routes.tokenize import TokenizeRoutes
-from weir.gateway.server.settings import AuthMode, Settings
 from weir.gateway.server.state import GatewayState
+from weir.gateway.settings.settings import AuthMode, Settings
 from weir.tenancy.context import QuotaLimits, TenantContext
 from weir.tenancy.responses.memory_responses import MemoryResponseStore
 from weir.tenancy.responses.response_records import ResponseStore

@@ -30,20 +30,15 @@ from weir.gateway.metrics.registry import GatewayMetrics
 from weir.gateway.routes.openai import Authenticate
 from weir.gateway.server import gc_pauses
 from weir.gateway.server.app import create_app
-from weir.gateway.server.settings import (
-    AdmissionMode,
+from weir.gateway.server.uvicorn_runner import run_server
+from weir.gateway.settings.settings import (
     AttentionBackend,
     AuthMode,
-    CpuDecodeLayersMode,
-    CpuKernelPoolMode,
     CpuRowWeightsMode,
     CudaGraphsMode,
-    GcFreezeMode,
     LogLevel,
-    PrefixCachingMode,
     Settings,
 )
-from weir.gateway.server.uvicorn_runner import run_server
 from weir.tenancy.store.enums import UsageStatus
 from weir.tenancy.store.records import UsageRecordIn
 
@@ -134,7 +129,7 @@ def engine_config(settings: Settings, model_path: Path, device: str) -> EngineCo
             block_size=block_size,
             num_blocks=num_blocks,
             kv_dtype=dtype,
-            enable_prefix_caching=settings.prefix_caching is PrefixCachingMode.ON,
+            enable_prefix_caching=settings.prefix_caching,
             tenant_cache_share=settings.tenant_cache_share,
             host_num_blocks=math.ceil(settings.host_kv_cache_tokens / block_size),
         ),
@@ -152,8 +147,8 @@ def engine_config(settings: Settings, model_path: Path, device: str) -> EngineCo
         cpu_row_weights=_row_weights_choice(settings),
         cpu_wide_step_threads=settings.wide_step_threads(device, usable_cores()),
         cpu_wide_step_rows=settings.cpu_wide_step_rows,
-        cpu_kernel_pool=settings.cpu_kernel_pool is CpuKernelPoolMode.ON,
-        cpu_decode_layers=settings.cpu_decode_layers is CpuDecodeLayersMode.ON,
+        cpu_kernel_pool=settings.cpu_kernel_pool,
+        cpu_decode_layers=settings.cpu_decode_layers,
         speculative=SpeculativeConfig.parse(settings.speculative, settings.num_speculative_tokens),
         lora=lora_config(settings),
     )
@@ -438,7 +433,7 @@ def build_server_app(settings: Settings) -> Starlette:
         shutdown_hooks.append(tenancy.close)
     kwargs: dict[str, Any] = {}
     on_budget_change: Callable[[], Awaitable[None]] | None = None  # the window-budget gate's refresh
-    if settings.admission is AdmissionMode.ON:
+    if settings.admission:
         admission = build_admission(
             settings, fleet.stats, AdmissionMetrics(metrics.registry), WindowBudgetMetrics(metrics.registry)
         )
@@ -493,9 +488,7 @@ def build_server_app(settings: Settings) -> Starlette:
         startup_hooks.append(listener.start)
         shutdown_hooks.append(listener.stop)
     # Last: the heap is frozen once everything the server keeps is loaded (gateway/server/gc_pauses.py).
-    freeze_start, freeze_stop = gc_pauses.lifespan_hooks(
-        metrics.registry, settings.gc_freeze is GcFreezeMode.ON
-    )
+    freeze_start, freeze_stop = gc_pauses.lifespan_hooks(metrics.registry, settings.gc_freeze)
     startup_hooks.append(freeze_start)
     shutdown_hooks.append(freeze_stop)
     return create_app(

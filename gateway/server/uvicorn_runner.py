@@ -22,8 +22,8 @@ import uvicorn
 from starlette.applications import Starlette
 
 from weir.gateway.http.header_guard import HeaderGuardProtocol
-from weir.gateway.server.settings import LogLevel, Settings
 from weir.gateway.server.state import GatewayState
+from weir.gateway.settings.settings import LogLevel, Settings
 
 logger = logging.getLogger(__name__)
 

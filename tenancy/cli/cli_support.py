@@ -24,7 +24,7 @@ T = TypeVar("T")
 
 
 class CliSettings(Protocol):
-    """What the commands need from the server settings (`weir.gateway.server.settings.Settings` fits)."""
+    """What the commands need from the server settings (`weir.gateway.settings.settings.Settings` fits)."""
 
     @property
     def resolved_database_url(self) -> str: ...

@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-# Defaults of the settings (`weir.gateway.server.settings`): 64 MiB per tenant, kept 30 days.
+# Defaults of the settings (`weir.gateway.settings.settings_server`): 64 MiB per tenant, kept 30 days.
 DEFAULT_QUOTA_BYTES = 64 * 1024 * 1024
 DEFAULT_RETENTION_S = 30 * 24 * 3600.0
 DEFAULT_SWEEP_INTERVAL_S = 300.0

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from weir.gateway.server.settings import Settings
+from weir.gateway.settings.settings import Settings
 from weir_bench.null_engine import NullEngine
 from weir_bench.overhead_server import served_fleet
 

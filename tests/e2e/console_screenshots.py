@@ -23,7 +23,7 @@ from tests.e2e.console_browser import console_context, launch_chromium
 from tests.engine.tiny_models import make_tiny_model
 from tests.gateway.harness import serve_in_thread, wait_until
 from weir.gateway.server.bootstrap import build_server_app
-from weir.gateway.server.settings import AuthMode, LogLevel, Settings
+from weir.gateway.settings.settings import AuthMode, LogLevel, Settings
 
 MODEL = "tiny"
 TOKEN = "screenshots-admin-token"

@@ -13,8 +13,8 @@ import sys
 
 from tests.gateway.fake_engine import FakeEngine
 from tests.gateway.harness import make_app
-from weir.gateway.server.settings import LogLevel, Settings
 from weir.gateway.server.uvicorn_runner import run_server
+from weir.gateway.settings.settings import LogLevel, Settings
 
 
 def main() -> int:

@@ -16,7 +16,7 @@ from tests.gateway.harness import check_admin_token, serve_in_thread
 from weir.engine.async_engine import AsyncEngine
 from weir.engine.config import EngineConfig
 from weir.gateway.server.app import create_app
-from weir.gateway.server.settings import Settings
+from weir.gateway.settings.settings import Settings
 
 TINY_MODEL_NAME = "tiny-llama"
 

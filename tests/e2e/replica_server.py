@@ -17,8 +17,8 @@ from weir.gateway.admission.controller import build_admission
 from weir.gateway.metrics.admission_metrics import AdmissionMetrics
 from weir.gateway.metrics.registry import GatewayMetrics
 from weir.gateway.server.bootstrap import build_tenancy
-from weir.gateway.server.settings import AuthMode, LogLevel, Settings
 from weir.gateway.server.uvicorn_runner import run_server
+from weir.gateway.settings.settings import AuthMode, LogLevel, Settings
 
 
 def main() -> int:

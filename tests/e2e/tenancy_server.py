@@ -20,7 +20,7 @@ from weir.gateway.http.error_tarpit import TarpitLimits
 from weir.gateway.routes.models_admin import models_admin_routes
 from weir.gateway.routes.prefix_cache import prefix_cache_routes
 from weir.gateway.server.bootstrap import build_tenancy
-from weir.gateway.server.settings import AuthMode, Settings
+from weir.gateway.settings.settings import AuthMode, Settings
 
 ADMIN_TOKEN = "admin-secret-for-tests"
 ADMIN = {"authorization": f"Bearer {ADMIN_TOKEN}"}

@@ -23,7 +23,7 @@ import pytest
 from tests.engine.lora_adapters import make_adapter
 from tests.gateway.harness import serve_in_thread, wait_until
 from weir.gateway.server.bootstrap import build_server_app
-from weir.gateway.server.settings import AuthMode, Settings
+from weir.gateway.settings.settings import AuthMode, Settings
 
 pytestmark = pytest.mark.slow
 

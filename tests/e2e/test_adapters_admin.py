@@ -28,7 +28,7 @@ from tests.engine.tiny_models import make_tiny_model
 from tests.gateway.harness import serve_in_thread
 from weir.engine.lora.lora_adapter import CONFIG_FILE, WEIGHTS_FILE
 from weir.gateway.server.bootstrap import build_server_app
-from weir.gateway.server.settings import AuthMode, Settings
+from weir.gateway.settings.settings import AuthMode, Settings
 
 pytestmark = pytest.mark.slow
 

@@ -24,7 +24,7 @@ from weir.gateway.admission.controller import AdmissionConfig, AdmissionControll
 from weir.gateway.metrics.admission_metrics import AdmissionMetrics
 from weir.gateway.metrics.registry import GatewayMetrics
 from weir.gateway.server.bootstrap import build_tenancy, to_usage_record_in
-from weir.gateway.server.settings import AuthMode, Settings
+from weir.gateway.settings.settings import AuthMode, Settings
 from weir.tenancy.budgets.quotas import LocalBudget
 from weir.tenancy.context import QuotaLimits, TenantContext
 

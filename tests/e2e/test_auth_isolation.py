@@ -27,8 +27,8 @@ from tests.gateway.fake_engine import FakeEngine
 from tests.gateway.harness import MODEL, make_app, serve_in_thread
 from weir.gateway.http.auth import AdminAuthenticator, Authenticator, AuthSettings
 from weir.gateway.routes.admin import admin_routes
-from weir.gateway.server.settings import AuthMode, LogLevel, Settings
 from weir.gateway.server.uvicorn_runner import uvicorn_config
+from weir.gateway.settings.settings import AuthMode, LogLevel, Settings
 from weir.tenancy.keys.keys import KeyHasher, generate_key
 from weir.tenancy.store.db import Database
 from weir.tenancy.store.enums import KeyScope

@@ -31,7 +31,7 @@ from weir.gateway.metrics.admission_metrics import AdmissionMetrics
 from weir.gateway.metrics.registry import GatewayMetrics
 from weir.gateway.routes.spend_admin import spend_admin_routes
 from weir.gateway.server.bootstrap import build_tenancy
-from weir.gateway.server.settings import AuthMode, Settings
+from weir.gateway.settings.settings import AuthMode, Settings
 from weir.tenancy.store.db import Database
 from weir.tenancy.store.migrate import upgrade
 

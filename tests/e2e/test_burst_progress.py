@@ -26,7 +26,7 @@ from tests.e2e.real_engine_server import serve_engine
 from tests.gateway.harness import ADMIN_HEADERS
 from weir.engine.scheduling.latency_targets import NO_CLASS_TARGETS
 from weir.gateway.server.bootstrap import engine_config
-from weir.gateway.server.settings import Settings
+from weir.gateway.settings.settings import Settings
 
 pytestmark = pytest.mark.slow
 

@@ -30,7 +30,7 @@ from weir.engine.request import Priority
 from weir.gateway.admission.accounting import Outcome, UsageRecord
 from weir.gateway.admission.controller import AdmissionConfig, AdmissionController
 from weir.gateway.server.app import create_app
-from weir.gateway.server.settings import Settings
+from weir.gateway.settings.settings import Settings
 from weir.tenancy.budgets.quotas import LocalBudget
 from weir.tenancy.context import QuotaLimits, TenantContext
 

@@ -30,8 +30,8 @@ from weir.engine.async_engine import AsyncEngine
 from weir.engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from weir.gateway.admission.controller import AdmissionConfig, AdmissionController
 from weir.gateway.server.bootstrap import build_tenancy
-from weir.gateway.server.settings import AuthMode, Settings
 from weir.gateway.server.state import GatewayState
+from weir.gateway.settings.settings import AuthMode, Settings
 from weir.tenancy.budgets.quotas import Denial, Grant, LocalBudget
 from weir.tenancy.context import QuotaLimits
 

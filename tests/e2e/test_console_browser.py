@@ -30,7 +30,7 @@ from tests.e2e.console_browser import (
 from tests.engine.tiny_models import make_tiny_model
 from tests.gateway.harness import serve_in_thread, wait_until
 from weir.gateway.server.bootstrap import build_server_app
-from weir.gateway.server.settings import AuthMode, Settings
+from weir.gateway.settings.settings import AuthMode, Settings
 
 playwright_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (dev extra)")
 pytestmark = [

@@ -28,7 +28,7 @@ from weir.engine.llm_engine import build_engine
 from weir.gateway.http.errors import AuthenticationError
 from weir.gateway.server.app import create_app
 from weir.gateway.server.bootstrap import build_tenancy
-from weir.gateway.server.settings import AuthMode, Settings
+from weir.gateway.settings.settings import AuthMode, Settings
 
 MODEL = "tiny-llama"
 ADMIN = {"authorization": "Bearer admin-secret"}

@@ -29,8 +29,8 @@ from weir.gateway.api.openai_bodies.requests import MAX_PROMPTS
 from weir.gateway.http.body_limit import MAX_HEADER_BYTES, BodyLimitMiddleware
 from weir.gateway.http.errors import WeirError, error_response
 from weir.gateway.http.header_guard import HeaderGuardProtocol
-from weir.gateway.server.settings import Settings
 from weir.gateway.server.uvicorn_runner import uvicorn_config
+from weir.gateway.settings.settings import Settings
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 

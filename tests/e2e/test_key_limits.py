@@ -16,7 +16,7 @@ from weir.gateway.admission.controller import build_admission
 from weir.gateway.metrics.admission_metrics import AdmissionMetrics
 from weir.gateway.metrics.registry import GatewayMetrics
 from weir.gateway.server.bootstrap import build_tenancy
-from weir.gateway.server.settings import AuthMode, Settings
+from weir.gateway.settings.settings import AuthMode, Settings
 
 ADMIN = {"authorization": "Bearer admin-secret"}
 MESSAGES = [{"role": "user", "content": "hello"}]

@@ -29,7 +29,7 @@ from weir.gateway.admission.accounting import UsageRecord
 from weir.gateway.fleet.adapter_catalog import AdapterCatalog
 from weir.gateway.http.errors import AuthenticationError
 from weir.gateway.server.app import create_app
-from weir.gateway.server.settings import Settings
+from weir.gateway.settings.settings import Settings
 from weir.tenancy.catalog.adapter_records import AdapterState, AdapterView
 from weir.tenancy.context import QuotaLimits, TenantContext
 

@@ -24,7 +24,7 @@ from sqlalchemy import select
 from tests.engine.tiny_models import make_tiny_model
 from tests.gateway.harness import serve_in_thread, wait_until
 from weir.gateway.server.bootstrap import build_server_app
-from weir.gateway.server.settings import AuthMode, Settings
+from weir.gateway.settings.settings import AuthMode, Settings
 from weir.tenancy.store.db import Database
 from weir.tenancy.store.models import UsageRecord
 

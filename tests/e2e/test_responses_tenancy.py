@@ -16,7 +16,7 @@ import pytest
 
 from tests.e2e.tenancy_server import ADMIN, TENANT, serve_everything
 from tests.gateway.fake_engine import FakeEngine
-from tests.gateway.harness import MODEL, make_app, serve_in_thread
+from tests.gateway.harness import MODEL, make_app, serve_in_thread, wait_until
 from weir.engine.request import Priority
 from weir.gateway.admission.accounting import UsageRecord
 from weir.gateway.admission.controller import AdmissionConfig, AdmissionController
@@ -69,6 +69,8 @@ def test_priority_usage_record_and_rate_headers(served: Served) -> None:
     assert (
         request.tenant_id == "batch" and request.priority is Priority.BATCH and request.cache_scope == "batch"
     )
+    # The record is written when the request settles, just after its last byte.
+    assert wait_until(lambda: any(r.request_id == response.id for r in served.records))
     record = next(r for r in served.records if r.request_id == response.id)
     assert record.endpoint is Endpoint.RESPONSES and record.key_id == "key-batch"
     assert record.usage.completion_tokens == 3

@@ -22,7 +22,7 @@ import pytest
 from tests.engine.tiny_models import make_tiny_model
 from tests.gateway.harness import serve_in_thread
 from weir.gateway.server.bootstrap import build_server_app
-from weir.gateway.server.settings import AuthMode, Settings
+from weir.gateway.settings.settings import AuthMode, Settings
 
 pytestmark = pytest.mark.slow
 

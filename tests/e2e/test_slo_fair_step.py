@@ -28,7 +28,7 @@ from weir.engine.async_engine import AsyncEngine
 from weir.engine.config import CacheConfig, EngineConfig, QueuePolicy, SchedulerConfig
 from weir.gateway.server.app import create_app
 from weir.gateway.server.bootstrap import build_tenancy
-from weir.gateway.server.settings import AuthMode, Settings
+from weir.gateway.settings.settings import AuthMode, Settings
 
 MODEL = "tiny-llama"
 ADMIN_TOKEN = "admin-secret-for-slo-tests"

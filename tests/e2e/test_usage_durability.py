@@ -22,7 +22,7 @@ from tests.gateway.harness import MODEL, make_app, serve_in_thread, wait_until
 from weir.gateway.metrics.registry import GatewayMetrics
 from weir.gateway.metrics.usage_metrics import UsageRecordsCollector
 from weir.gateway.server.bootstrap import build_tenancy
-from weir.gateway.server.settings import AuthMode, Settings
+from weir.gateway.settings.settings import AuthMode, Settings
 
 ADMIN = {"authorization": "Bearer admin-secret"}
 MESSAGES = [{"role": "user", "content": "hello"}]

@@ -16,7 +16,7 @@ from tests.gateway.fake_engine import FakeEngine
 from tests.gateway.tiny_tokenizer import build_tokenizer
 from weir.gateway.http.errors import AuthenticationError
 from weir.gateway.server.app import create_app
-from weir.gateway.server.settings import Settings
+from weir.gateway.settings.settings import Settings
 
 MODEL = "tiny-model"
 MAX_MODEL_LEN = 256

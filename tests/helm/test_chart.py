@@ -25,7 +25,7 @@ from tests.helm.chart_files import (
     read,
     templates,
 )
-from weir.gateway.server.settings import Settings
+from weir.gateway.settings.settings import Settings, declared
 
 VALUES_PATH = re.compile(r"\.Values((?:\.[A-Za-z_][A-Za-z0-9_]*)+)")
 INCLUDE = re.compile(r"\b(?:include|template)\s+\"([^\"]+)\"")
@@ -36,7 +36,7 @@ ALLOWED_OTHER_ENV = frozenset({"HOME"})
 
 
 def _settings_env_names() -> set[str]:
-    return set(re.findall(r"\"(WEIR_[A-Z0-9_]+)\"", read(ROOT / "gateway" / "server" / "settings.py")))
+    return {setting.env for setting in declared()}
 
 
 def _camel_to_env(key: str) -> str:

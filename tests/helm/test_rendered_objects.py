@@ -24,7 +24,7 @@ from tests.helm.rendering import (
     render_profile,
 )
 from weir.cli import build_parser
-from weir.gateway.server.settings import Settings
+from weir.gateway.settings.settings import Settings
 
 PROFILES = profile_names()
 POD_OWNERS = ("Deployment", "Job")
@@ -270,3 +270,15 @@ def test_the_picker_scrapes_the_metrics_port_for_weirs_metric_names() -> None:
     # The names are documented for operators.
     docs = read(ROOT / "docs" / "kubernetes.md") + read(ROOT / "docs" / "operations.md")
     assert all(f"`{name}`" in docs for name in picker_metric_names(config).values())
+
+
+def test_on_off_settings_take_yaml_booleans_and_their_old_spelling() -> None:
+    values = {"config": {"prefixCaching": False, "admission": True, "gcFreeze": "off"}}
+    config = only(render(values), "ConfigMap", "weir-config").doc["data"]
+    assert (config["WEIR_PREFIX_CACHING"], config["WEIR_ADMISSION"], config["WEIR_GC_FREEZE"]) == (
+        "false",
+        "true",
+        "off",
+    )
+    settings = Settings.from_sources({}, config)
+    assert (settings.prefix_caching, settings.admission, settings.gc_freeze) == (False, True, False)

@@ -13,15 +13,13 @@ from jsonschema import Draft7Validator
 
 from tests.helm.chart_files import CHART, chart_values, read
 from weir.engine.config import QueuePolicy
-from weir.gateway.server.settings import (
+from weir.gateway.settings.settings import (
     DTYPES,
-    AdmissionMode,
     AttentionBackend,
     AuthMode,
     CudaGraphsMode,
     LogLevel,
     OtelExporter,
-    PrefixCachingMode,
 )
 
 
@@ -88,9 +86,7 @@ def test_schema_enums_are_the_ones_settings_accepts() -> None:
     expected = {
         "dtype": DTYPES,
         "auth": [m.value for m in AuthMode],
-        "admission": [m.value for m in AdmissionMode],
         "queuePolicy": [m.value for m in QueuePolicy],
-        "prefixCaching": [m.value for m in PrefixCachingMode],
         "attentionBackend": [m.value for m in AttentionBackend],
         "cudaGraphs": [m.value for m in CudaGraphsMode],
         "otelExporter": [m.value for m in OtelExporter],
@@ -98,6 +94,8 @@ def test_schema_enums_are_the_ones_settings_accepts() -> None:
     }
     for key, allowed in expected.items():
         assert config[key]["enum"] == ["", *allowed], key
+    for key in ("admission", "prefixCaching", "gcFreeze", "cpuKernelPool", "cpuDecodeLayers"):
+        assert config[key]["enum"] == ["", "on", "off", True, False], key  # booleans, or their old spelling
     # Every config value has a schema, and nothing else does.
     assert set(config) == set(chart_values()["config"])
 

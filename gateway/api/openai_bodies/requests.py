@@ -38,8 +38,6 @@ MAX_PROMPTS = 128  # prompts in one batched /v1/completions request
 MAX_REQUEST_PROMPT_TOKENS = 65536  # or the model's context, when that is longer
 MAX_REQUEST_SEQUENCES = 256
 MAX_USER_CHARS = 256
-# Messages in one chat, and content parts across them; `--max-chat-messages` may set another bound.
-DEFAULT_MAX_CHAT_MESSAGES = 2048
 # Token ids as JSON keys (`logit_bias`): no sign, no leading zero, at most 9 digits.
 TOKEN_KEY_PATTERN = "^(0|[1-9][0-9]{0,8})$"
 # Marks a token id in the generated schema: `/openapi.json` bounds it by the served vocabulary.

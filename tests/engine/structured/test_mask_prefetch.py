@@ -162,6 +162,8 @@ def test_a_mask_late_past_its_limit_fails_its_request_alone(tiny: Path) -> None:
         for _ in range(5):
             out.step(engine)
         assert "hostile" not in out.done
+        # Its time budget runs from when a worker takes its mask (workers run at the lowest priority).
+        assert _wait_until(lambda: engine.masks._workers().run_started_s("hostile") is not None)
         assert engine.idle_timeout_s(60.0) <= 2.0  # an idle engine wakes for the deadline
         clock.now += 2.5
         out.step(engine)
@@ -227,11 +229,12 @@ class _FakeConstraint:
     def late(self) -> bool:
         return self.num_late_steps > 0 and not self.mask_ready
 
-    def start_mask(self, pool: Any, on_done: Any) -> bool:
+    def start_mask(self, submit: Any, on_done: Any) -> bool:
         if self._has:
             return False
         self._has = True
         self.started += 1
+        self.future = submit(lambda: self._ready.wait(10))
         return True
 
     def wait_mask(self, timeout_s: float) -> bool:
@@ -252,6 +255,7 @@ def test_the_prefetcher_starts_each_mask_once_and_times_out_the_late() -> None:
     masks.start(reqs.values())
     masks.start(reqs.values())
     assert (slow.started, fast.started, masks.num_pending) == (1, 1, 2)
+    assert _wait_until(lambda: masks._workers().run_started_s("slow") is not None)
     fast._ready.set()
     late = masks.wait_ready(reqs.values())
     assert [r.request_id for r in late] == ["slow"] and reqs["slow"].awaits_mask
@@ -263,12 +267,68 @@ def test_the_prefetcher_starts_each_mask_once_and_times_out_the_late() -> None:
     assert rid == "slow" and error.startswith(GRAMMAR_TIMEOUT) and "sat out 1 steps" in error
     assert masks.num_pending == 0 and masks.num_timeouts == 1 and masks.num_late_rows == 1
     assert masks.next_deadline_s() is None
+    slow._ready.set()
+    masks.close()
+
+
+def _wait_until(check: Any, timeout_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+def test_time_queued_behind_other_masks_is_not_charged_to_the_request() -> None:
+    # One worker, no room to grow: b's mask waits while a's runs. Its 1 s budget starts only when
+    # a worker takes it; until then only the (longer) queue budget runs.
+    clock = _Clock()
+    masks = MaskPrefetcher(
+        MaskConfig(num_workers=1, max_workers=1, timeout_s=1.0, queue_timeout_s=30.0), clock
+    )
+    first, queued = _FakeConstraint(), _FakeConstraint()
+    reqs = {"a": _request("a", first), "b": _request("b", queued)}
+    masks.start(reqs.values())
+    assert _wait_until(lambda: masks._workers().run_started_s("a") is not None)
+    clock.now += 0.9
+    assert masks.next_deadline_s() == pytest.approx(clock.now + 0.1)  # a's 1 s, a's run started first
+    first._ready.set()
+    assert _wait_until(lambda: masks._workers().run_started_s("b") is not None)
+    assert masks.overdue(reqs) == []  # a is ready; b ran for 0 s of its budget
+    assert masks.next_deadline_s() == pytest.approx(clock.now + 1.0)
+    clock.now += 0.99
+    assert masks.overdue(reqs) == []
+    queued._ready.set()
+    masks.close()
+
+
+def test_a_mask_that_never_gets_a_worker_fails_after_the_queue_budget() -> None:
+    clock = _Clock()
+    masks = MaskPrefetcher(
+        MaskConfig(num_workers=1, max_workers=1, timeout_s=1.0, queue_timeout_s=3.0), clock
+    )
+    hog, starved = _FakeConstraint(), _FakeConstraint()
+    reqs = {"hog": _request("hog", hog), "starved": _request("starved", starved)}
+    masks.start([reqs["hog"]])
+    assert _wait_until(lambda: masks._workers().run_started_s("hog") is not None)
+    masks.start([reqs["starved"]])
+    clock.now += 2.0
+    failed = dict(masks.overdue(reqs))
+    assert set(failed) == {"hog"} and "1 s" in failed["hog"]  # the hog's own budget ran out
+    clock.now += 1.0
+    failed = dict(masks.overdue(reqs))
+    assert set(failed) == {"starved"} and "3 s" in failed["starved"]
+    hog._ready.set()
+    starved._ready.set()
     masks.close()
 
 
 def test_mask_config_is_validated() -> None:
     for bad in (
         {"num_workers": 0},
+        {"num_workers": 3, "max_workers": 2},
+        {"queue_timeout_s": 0.0},
         {"timeout_s": 0.0},
         {"grace_s": -1.0},
         {"timeout_s": 1.0, "grace_s": 2.0},

@@ -26,7 +26,7 @@ def test_the_mask_and_compile_workers_run_at_the_lowest_priority() -> None:
     masks = MaskPrefetcher()
     service = GrammarService()
     try:
-        assert masks._workers().submit(thread_nice).result() == LOWEST_NICE
+        assert masks._workers().submit("acme", "r1", thread_nice).result() == LOWEST_NICE
         assert service._pool.submit(thread_nice).result() == LOWEST_NICE
     finally:
         masks.close()

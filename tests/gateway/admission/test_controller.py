@@ -340,16 +340,16 @@ def test_weight_and_priority_reach_the_engine(served: Served) -> None:
 def test_serve_flags_and_environment_reach_the_settings() -> None:
     from weir.cli import build_parser
     from weir.engine.config import QueuePolicy
-    from weir.gateway.server.settings import AdmissionMode, Settings
+    from weir.gateway.settings.settings import Settings
 
     args = build_parser().parse_args(
         ["serve", "--queue-policy", "fcfs", "--admission", "off", "--max-queue-time-s", "12.5"]
     )
     settings = Settings.from_sources(args, {"WEIR_MAX_QUEUED_TOKENS": "0", "WEIR_LEASE_TOKENS": "64"})
-    assert settings.queue_policy is QueuePolicy.FCFS and settings.admission is AdmissionMode.OFF
+    assert settings.queue_policy is QueuePolicy.FCFS and settings.admission is False
     assert (settings.max_queue_time_s, settings.max_queued_tokens, settings.lease_tokens) == (12.5, 0, 64)
     defaults = Settings()
-    assert defaults.queue_policy is QueuePolicy.FAIR and defaults.admission is AdmissionMode.ON
+    assert defaults.queue_policy is QueuePolicy.FAIR and defaults.admission is True
     with pytest.raises(ValueError, match="lease_tokens"):
         Settings(lease_tokens=0)
     with pytest.raises(ValueError, match="max_queue_time_s"):
@@ -358,7 +358,7 @@ def test_serve_flags_and_environment_reach_the_settings() -> None:
 
 def test_sqlite_means_one_replica_with_in_process_budgets(tmp_path: Any) -> None:
     from weir.gateway.admission.controller import build_admission
-    from weir.gateway.server.settings import Settings
+    from weir.gateway.settings.settings import Settings
 
     settings = Settings(data_dir=tmp_path, max_queue_time_s=0, max_queued_tokens=0)
     controller = build_admission(settings, stats)

@@ -152,7 +152,7 @@ def test_overshoot_is_debt_that_delays_the_next_admission(setup: Setup) -> None:
 def test_the_default_reservation_is_a_flag_an_env_variable_and_reaches_admission(tmp_path: Any) -> None:
     from weir.cli import build_parser
     from weir.gateway.admission.controller import build_admission
-    from weir.gateway.server.settings import Settings
+    from weir.gateway.settings.settings import Settings
 
     args = build_parser().parse_args(["serve", "--default-max-tokens-reservation", "77"])
     assert Settings.from_sources(args, {}).default_max_tokens_reservation == 77

@@ -26,7 +26,7 @@ from weir.gateway.routes.models_admin import models_admin_routes
 from weir.gateway.routes.prefix_cache import prefix_cache_routes
 from weir.gateway.routes.spend_admin import spend_admin_routes
 from weir.gateway.server.bootstrap import build_tenancy
-from weir.gateway.server.settings import AuthMode, Settings
+from weir.gateway.settings.settings import AuthMode, Settings
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 

@@ -8,7 +8,7 @@ import functools
 from weir.gateway.fleet.fleet_setup import build_fleet
 from weir.gateway.prompts.tokenization import DEFAULT_POOL_WORKERS
 from weir.gateway.server.bootstrap import engine_config
-from weir.gateway.server.settings import Settings
+from weir.gateway.settings.settings import Settings
 
 
 def test_the_fleet_makes_one_tokenizer_copy_per_pool_worker_at_load() -> None:

@@ -18,7 +18,7 @@ from weir.engine.runner.loader import load_model_config
 from weir.gateway.fleet.model_fleet import ModelFleet
 from weir.gateway.fleet.version_engines import VersionEngineFactory, default_budget_bytes, memory_in_use
 from weir.gateway.server.bootstrap import engine_config
-from weir.gateway.server.settings import CpuRowWeightsMode, Settings
+from weir.gateway.settings.settings import CpuRowWeightsMode, Settings
 from weir.tenancy.catalog.model_version_records import ModelVersionSpec
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from tests.gateway.fake_engine import FakeEngine
 from tests.gateway.harness import MODEL, make_app, serve_in_thread
-from weir.gateway.server.settings import Settings
+from weir.gateway.settings.settings import Settings
 
 LIMIT = 2048
 

@@ -25,7 +25,7 @@ from weir.gateway.http.error_tarpit import (
     error_subject,
 )
 from weir.gateway.server.app import create_app
-from weir.gateway.server.settings import Settings
+from weir.gateway.settings.settings import Settings
 
 KEY_A = "sk-weir-" + "a" * 16 + "-" + "b" * 52
 KEY_B = "sk-weir-" + "c" * 16 + "-" + "d" * 52

@@ -18,8 +18,8 @@ from tests.gateway.harness import make_app, serve_in_thread
 from weir.gateway.http.header_guard import HeaderGuardProtocol
 from weir.gateway.metrics.metrics_server import MetricsListener
 from weir.gateway.metrics.registry import GatewayMetrics
-from weir.gateway.server.settings import Settings
 from weir.gateway.server.uvicorn_runner import uvicorn_config
+from weir.gateway.settings.settings import Settings
 
 SHORT_TIMEOUT_S = 0.5
 

@@ -14,7 +14,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from tests.gateway.fake_engine import FakeEngine
 from tests.gateway.harness import MODEL, make_app, serve_in_thread, wait_until
 from weir.gateway.metrics.tracing import RequestTracer, build_tracer_provider
-from weir.gateway.server.settings import OtelExporter
+from weir.gateway.settings.settings import OtelExporter
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_ID = "00f067aa0ba902b7"

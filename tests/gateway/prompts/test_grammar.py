@@ -97,6 +97,13 @@ def test_another_tokenizer_never_shares_an_entry(tokenizer: Any, tmp_path: Path)
             ),
             "multiply to 9801",
         ),
+        (ConstraintSpec.regex("(.{0,8}){0,8}", "structured_outputs.regex"), "72 ways to split"),
+        (
+            ConstraintSpec.json_schema(
+                {"type": "string", "pattern": "([^,]{0,16})+"}, "response_format.json_schema.schema"
+            ),
+            "ways to split",
+        ),
         (ConstraintSpec.choice([str(i) for i in range(1000)], "structured_outputs.choice"), "choices"),
         (ConstraintSpec.grammar("root ::= " + '"a" ' * 40_000, "structured_outputs.grammar"), "bytes"),
     ],

@@ -26,7 +26,7 @@ from weir.gateway.prompts.prompt_limits import (
     prompts_bytes,
 )
 from weir.gateway.prompts.tokenization import PromptBuilder, longest_token_chars
-from weir.gateway.server.settings import Settings
+from weir.gateway.settings.settings import Settings
 
 LONGEST = 13  # "<|endoftext|>", the tiny tokenizer's longest token
 

@@ -8,7 +8,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from weir.gateway.prompts.regex_cost import nested_repeat_depth, nested_repeat_product
+from weir.gateway.prompts.regex_cost import (
+    UNBOUNDED_OUTER,
+    nested_repeat_depth,
+    nested_repeat_product,
+    wide_split_ways,
+)
 
 
 @pytest.mark.parametrize(
@@ -92,3 +97,43 @@ def test_the_depth_counts_each_repeating_quantifier_of_the_nest(quantifiers: lis
 @given(st.text(max_size=200))
 def test_any_text_has_a_depth(pattern: str) -> None:
     assert nested_repeat_depth(pattern) >= 0
+
+
+@pytest.mark.parametrize(
+    ("pattern", "ways"),
+    [
+        ("(.{0,8}){0,8}", 72),  # 6.3 s a mask on SmolLM2 (xgrammar 0.2.9)
+        ("(.{1,8}){0,8}", 64),
+        ("(.{0,16}){0,4}", 68),
+        ("(.{0,8})*", 9 * UNBOUNDED_OUTER),  # an unbounded outer repeat
+        ("(x|.{0,8}){0,8}", 72),  # any branch
+        ("(.{0,8}|x){0,8}", 72),
+        ("((.{0,8})){0,8}", 72),  # through a group that does not repeat
+        ("([^a]{0,4}){0,8}", 40),  # a negated class is wide
+        (r"(\W{0,8}){0,8}", 72),
+        ("(.?){0,16}", 32),
+        ("(.{0,2}){0,8}", 24),  # 0.16 s a mask
+        ("(.{1,8} ){0,8}", 1),  # each item ends in a fixed character: 28 ms
+        ("(.{0,8}a){0,8}", 1),
+        ("(.{8}){0,8}", 1),  # a fixed count splits one way
+        ("(.*){0,8}", 1),  # a loop without copies
+        ("(.|..){0,16}", 1),
+        ("(([a-z]{0,64}){0,64})", 1),  # a narrow class
+        ("[.]{0,8}", 1),
+    ],
+)
+def test_wide_items_ending_a_repeated_group_count_their_splits(pattern: str, ways: int) -> None:
+    assert wide_split_ways(pattern) == ways
+
+
+@given(st.integers(0, 40), st.integers(0, 40), st.integers(2, 300))
+def test_the_splits_are_the_inner_range_times_the_outer_count(low: int, extra: int, outer: int) -> None:
+    span = extra + 1
+    expected = span * outer if span > 1 else 1
+    assert wide_split_ways(f"(.{{{low},{low + extra}}}){{0,{outer}}}") == expected
+    assert wide_split_ways(f"(.{{{low},{low + extra}}};){{0,{outer}}}") == 1  # ended by a fixed ';'
+
+
+@given(st.text(max_size=200))
+def test_any_text_has_a_split_count(pattern: str) -> None:
+    assert wide_split_ways(pattern) >= 1

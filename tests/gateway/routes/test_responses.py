@@ -15,7 +15,7 @@ from tests.gateway.fake_engine import FakeEngine
 from tests.gateway.harness import MAX_MODEL_LEN, MODEL, make_app, serve_in_thread, tokenizer
 from weir.engine.request import Priority
 from weir.gateway.http.errors import AuthenticationError
-from weir.gateway.server.settings import Settings
+from weir.gateway.settings.settings import Settings
 from weir.tenancy.context import QuotaLimits, TenantContext
 
 KEYS = {"key-a": "tenant-a", "key-b": "tenant-b"}

@@ -8,7 +8,7 @@ from tests.gateway.conftest import Live
 from tests.gateway.fake_engine import FakeEngine
 from tests.gateway.harness import MODEL, make_app, tokenizer
 from weir.gateway.server.app import ANONYMOUS_TENANT, create_app
-from weir.gateway.server.settings import AuthMode, Settings
+from weir.gateway.settings.settings import AuthMode, Settings
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}]}
 

@@ -21,7 +21,7 @@ from weir.gateway.server.bootstrap import (
     set_engine_threads,
     to_usage_record_in,
 )
-from weir.gateway.server.settings import AuthMode, Settings
+from weir.gateway.settings.settings import AuthMode, Settings
 
 
 def test_engine_config_from_settings() -> None:
@@ -48,14 +48,10 @@ def test_engine_config_from_settings() -> None:
     assert off.cpu_wide_step_threads is None
     assert engine_config(Settings(max_model_len=64), Path("/m"), "cuda").cpu_wide_step_threads is None
     assert config.cpu_kernel_pool  # the C kernels' own helper threads in decode steps, unless off
-    from weir.gateway.server.settings import CpuKernelPoolMode
-
-    no_pool = Settings(max_model_len=64, cpu_kernel_pool=CpuKernelPoolMode.OFF)
+    no_pool = Settings(max_model_len=64, cpu_kernel_pool=False)
     assert not engine_config(no_pool, Path("/m"), "cpu").cpu_kernel_pool
     assert config.cpu_decode_layers  # a decode step's layers in one C call, unless off
-    from weir.gateway.server.settings import CpuDecodeLayersMode
-
-    layer_by_layer = Settings(max_model_len=64, cpu_decode_layers=CpuDecodeLayersMode.OFF)
+    layer_by_layer = Settings(max_model_len=64, cpu_decode_layers=False)
     assert not engine_config(layer_by_layer, Path("/m"), "cpu").cpu_decode_layers
 
 
@@ -129,20 +125,18 @@ def test_serve_refuses_an_unmigrated_database_and_names_the_command(tmp_path: Pa
 
 
 def test_prefix_caching_settings_reach_the_engine() -> None:
-    from weir.gateway.server.settings import PrefixCachingMode
-
     on = engine_config(Settings(max_model_len=64, tenant_cache_share=0.25), Path("/m"), "cpu")
     assert on.cache.enable_prefix_caching and on.cache.tenant_cache_share == 0.25
-    off = engine_config(Settings(max_model_len=64, prefix_caching=PrefixCachingMode.OFF), Path("/m"), "cpu")
+    off = engine_config(Settings(max_model_len=64, prefix_caching=False), Path("/m"), "cpu")
     assert not off.cache.enable_prefix_caching
     with pytest.raises(ValueError, match="tenant_cache_share"):
         Settings(tenant_cache_share=0.0)
     env = Settings.from_sources({}, {"WEIR_PREFIX_CACHING": "off", "WEIR_TENANT_CACHE_SHARE": "0.5"})
-    assert env.prefix_caching is PrefixCachingMode.OFF and env.tenant_cache_share == 0.5
+    assert env.prefix_caching is False and env.tenant_cache_share == 0.5
 
 
 def test_kernel_settings_reach_the_engine_and_cpu_refuses_cuda_only_choices() -> None:
-    from weir.gateway.server.settings import AttentionBackend, CudaGraphsMode
+    from weir.gateway.settings.settings import AttentionBackend, CudaGraphsMode
 
     auto = engine_config(Settings(max_model_len=64), Path("/m"), "cpu")
     assert (auto.use_triton, auto.use_cuda_graphs) == (None, None)  # the engine's auto: on CUDA only
@@ -182,7 +176,7 @@ def test_target_step_ms_reaches_the_scheduler_in_seconds() -> None:
 
 
 def test_cpu_row_weights_reach_the_engine_and_on_needs_cpu_float32() -> None:
-    from weir.gateway.server.settings import CpuRowWeightsMode
+    from weir.gateway.settings.settings import CpuRowWeightsMode
 
     assert engine_config(Settings(max_model_len=64), Path("/m"), "cpu").cpu_row_weights is None  # auto
     off = Settings(max_model_len=64, cpu_row_weights=CpuRowWeightsMode.OFF)

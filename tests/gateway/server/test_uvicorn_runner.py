@@ -10,8 +10,8 @@ from starlette.testclient import TestClient
 
 from tests.gateway.fake_engine import FakeEngine
 from tests.gateway.harness import MODEL, make_app
-from weir.gateway.server.settings import LogLevel, Settings
 from weir.gateway.server.uvicorn_runner import DrainingServer, gil_switch_interval, run_server, uvicorn_config
+from weir.gateway.settings.settings import LogLevel, Settings
 
 
 def test_uvicorn_config() -> None:

@@ -150,7 +150,7 @@ def test_server_needs_a_token(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 class FakeSettings:
-    """Stands in for weir.gateway.server.settings.Settings."""
+    """Stands in for weir.gateway.settings.settings.Settings."""
 
     def __init__(self, url: str) -> None:
         self.resolved_database_url = url

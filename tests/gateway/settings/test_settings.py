@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from weir.gateway.server.serve_flags import add_serve_arguments
-from weir.gateway.server.settings import CPU_TARGET_STEP_MS, AuthMode, LogLevel, OtelExporter, Settings
+from weir.gateway.settings.settings import CPU_TARGET_STEP_MS, AuthMode, LogLevel, OtelExporter, Settings
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -135,7 +135,7 @@ def test_forwarded_allow_ips() -> None:
 
 
 def test_kernel_fallback_flags_and_env() -> None:
-    from weir.gateway.server.settings import AttentionBackend, CudaGraphsMode
+    from weir.gateway.settings.settings import AttentionBackend, CudaGraphsMode
 
     assert (Settings().attention_backend, Settings().cuda_graphs) == (
         AttentionBackend.AUTO,
@@ -217,7 +217,7 @@ def test_speculative_decoding_settings() -> None:
 
 
 def test_cpu_row_weights_flag_and_env() -> None:
-    from weir.gateway.server.settings import CpuRowWeightsMode
+    from weir.gateway.settings.settings import CpuRowWeightsMode
 
     assert Settings().cpu_row_weights is CpuRowWeightsMode.AUTO
     args = parse(["--cpu-row-weights", "off"])
@@ -283,28 +283,19 @@ def test_cpu_reserved_cores_leave_the_engine_the_rest() -> None:
 
 
 def test_the_c_kernels_pool_is_on_unless_turned_off() -> None:
-    from weir.gateway.server.settings import CpuKernelPoolMode
-
-    assert Settings().cpu_kernel_pool is CpuKernelPoolMode.ON
-    assert Settings.from_sources({}, {"WEIR_CPU_KERNEL_POOL": "off"}).cpu_kernel_pool is CpuKernelPoolMode.OFF
+    assert Settings().cpu_kernel_pool is True
+    assert Settings.from_sources({}, {"WEIR_CPU_KERNEL_POOL": "off"}).cpu_kernel_pool is False
     args = parse(["--cpu-kernel-pool", "on"])
-    assert (
-        Settings.from_sources(args, {"WEIR_CPU_KERNEL_POOL": "off"}).cpu_kernel_pool is CpuKernelPoolMode.ON
-    )
+    assert Settings.from_sources(args, {"WEIR_CPU_KERNEL_POOL": "off"}).cpu_kernel_pool is True
     with pytest.raises(ValueError, match="cpu_kernel_pool|WEIR_CPU_KERNEL_POOL"):
         Settings.from_sources({}, {"WEIR_CPU_KERNEL_POOL": "maybe"})
 
 
 def test_the_decode_layers_in_one_c_call_are_on_unless_turned_off() -> None:
-    from weir.gateway.server.settings import CpuDecodeLayersMode
-
-    assert Settings().cpu_decode_layers is CpuDecodeLayersMode.ON
+    assert Settings().cpu_decode_layers is True
     env = {"WEIR_CPU_DECODE_LAYERS": "off"}
-    assert Settings.from_sources({}, env).cpu_decode_layers is CpuDecodeLayersMode.OFF
-    assert (
-        Settings.from_sources(parse(["--cpu-decode-layers", "on"]), env).cpu_decode_layers
-        is CpuDecodeLayersMode.ON
-    )
+    assert Settings.from_sources({}, env).cpu_decode_layers is False
+    assert Settings.from_sources(parse(["--cpu-decode-layers", "on"]), env).cpu_decode_layers is True
     with pytest.raises(ValueError, match="cpu_decode_layers|WEIR_CPU_DECODE_LAYERS"):
         Settings.from_sources({}, {"WEIR_CPU_DECODE_LAYERS": "sometimes"})
 
