@@ -8,7 +8,10 @@ request, as much as the server, and so crowds a 2-core machine):
 
 - `health`: `GET /health`, the floor: HTTP on both sides plus the client's own cost;
 - `chat`: a non-streaming chat completion;
-- `chat_stream`: the same, streamed, with usage in the last chunk.
+- `chat_stream`: the same, streamed, with usage in the last chunk;
+- `responses`, `responses_stream`: the same prompt through `POST /v1/responses` (stored, the
+  default, so a stored answer's write is counted), whole and streamed; not run by default
+  (`--scenarios`).
 
 With an engine that costs nothing, a chat request's whole client-measured latency is overhead.
 For streams, the time to the first body chunk is reported too (the TTFT the gateway adds).
@@ -75,20 +78,40 @@ class Scenario(enum.Enum):
     HEALTH = "health"
     CHAT = "chat"
     CHAT_STREAM = "chat_stream"
+    RESPONSES = "responses"
+    RESPONSES_STREAM = "responses_stream"
 
     @property
     def path(self) -> str:
-        return "/health" if self is Scenario.HEALTH else "/v1/chat/completions"
+        if self is Scenario.HEALTH:
+            return "/health"
+        return "/v1/responses" if self.responses_api else "/v1/chat/completions"
+
+    @property
+    def responses_api(self) -> bool:
+        return self in (Scenario.RESPONSES, Scenario.RESPONSES_STREAM)
 
     @property
     def stream(self) -> bool:
-        return self is Scenario.CHAT_STREAM
+        return self in (Scenario.CHAT_STREAM, Scenario.RESPONSES_STREAM)
+
+    @property
+    def stream_end(self) -> bytes:
+        """The last bytes of a complete stream."""
+        return b"}" if self.responses_api else b"data: [DONE]"
 
     def body(self, max_tokens: int) -> bytes | None:
         """The request body (None for GET)."""
         if self is Scenario.HEALTH:
             return None
-        body: dict[str, Any] = {"model": MODEL_NAME, "messages": _MESSAGES, "max_tokens": max_tokens}
+        body: dict[str, Any] = {"model": MODEL_NAME}
+        if self.responses_api:
+            body |= {"instructions": _MESSAGES[0]["content"], "input": _MESSAGES[1]["content"]}
+            body["max_output_tokens"] = max_tokens
+            if self.stream:
+                body["stream"] = True
+            return json.dumps(body).encode()
+        body |= {"messages": _MESSAGES, "max_tokens": max_tokens}
         if self.stream:
             body["stream"] = True
             body["stream_options"] = {"include_usage": True}
@@ -271,8 +294,12 @@ Send = Callable[[], Awaitable[tuple[str | None, float | None]]]
 def _ok(scenario: Scenario, status_code: int, body: bytes) -> str | None:
     if status_code != 200:
         return str(status_code)
-    if scenario.stream and not body.rstrip().endswith(b"data: [DONE]"):
+    if scenario.stream and not body.rstrip().endswith(scenario.stream_end):
         return "bad_stream"
+    if scenario.responses_api and scenario.stream:
+        tail = body[-8192:]  # the last event holds the whole response (the null engine stops at the bound)
+        if b"event: response.completed" not in tail and b"event: response.incomplete" not in tail:
+            return "bad_stream"
     return None
 
 

@@ -227,6 +227,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=int, default=200, help="warm-up requests per scenario (default 200)")
     p.add_argument("--output-tokens", type=int, default=16, help="tokens per answer (default 16)")
     p.add_argument("--auth", choices=["none", "keys", "both"], default="both", help="default both")
+    p.add_argument(
+        "--scenarios",
+        default="health,chat,chat_stream",
+        help="comma-separated, of "
+        + ", ".join(s.value for s in Scenario)
+        + " (default health,chat,chat_stream)",
+    )
     p.add_argument("--timeout-s", type=float, default=10.0, help="per request (default 10)")
     p.add_argument(
         "--client",
@@ -267,6 +274,7 @@ def overhead_command(args: argparse.Namespace, argv: Sequence[str] | None = None
             num_warmup=args.warmup,
             output_tokens=args.output_tokens,
             auth=auth,
+            scenarios=tuple(Scenario(name.strip()) for name in args.scenarios.split(",") if name.strip()),
             timeout_s=args.timeout_s,
             client=LoadClient(args.client),
             admission=args.admission == "on",

@@ -182,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         kwargs["authenticate"] = tenancy.authenticate
         kwargs["usage_sink"] = tenancy.usage_sink
         kwargs["usage_journal"] = tenancy.usage_journal  # a stream's durable first record, as served
+        kwargs["response_store"] = tenancy.response_store  # stored /v1/responses, in SQLite, as served
     freeze_start, freeze_stop = gc_pauses.lifespan_hooks(metrics.registry, True)  # last, as `weir serve`
     startup.append(freeze_start)
     shutdown.append(freeze_stop)

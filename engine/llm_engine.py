@@ -246,7 +246,7 @@ class LLMEngine:
         self.kv.totals, self.kv.by_tenant = old_kv.totals, old_kv.by_tenant
         if old_kv.host is not None and self.kv.host is not None:
             self.kv.host.carry_counters(old_kv.host)
-        self.scheduler.num_preemptions = old_scheduler.num_preemptions
+        self.scheduler.preemption.num_preemptions = old_scheduler.num_preemptions
         self.scheduler.slo.carry_over(old_scheduler.slo)
         for prefix in old_kv.shared_prefixes.prefixes():
             try:

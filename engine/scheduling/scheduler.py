@@ -25,12 +25,13 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from itertools import islice
 
-from weir.engine.config import BatchPolicy, PreemptionMode, QueuePolicy, SchedulerConfig
+from weir.engine.config import BatchPolicy, QueuePolicy, SchedulerConfig
 from weir.engine.errors import ContextLengthError
 from weir.engine.kv.kv_cache_manager import KVCacheManager
 from weir.engine.output import ScheduledRequest, SchedulerOutput
 from weir.engine.request import Priority, Request, RequestStatus, TokenDelta
 from weir.engine.sampling.fork_tracker import PendingForks
+from weir.engine.scheduling.preemption import Preemption
 from weir.engine.scheduling.request_queue import WaitingQueue, make_waiting_queue
 from weir.engine.scheduling.slo_standing import SloStanding
 from weir.engine.scheduling.slo_tally import PreemptReason, SloTally
@@ -43,7 +44,6 @@ from weir.engine.scheduling.step_plan import (
     first_answer_yields,
     owes_itl,
     prefill_key,
-    share_victim,
     step_target_s,
     ttft_tokens,
 )
@@ -60,14 +60,25 @@ _TRADE_WAITING = 64
 
 
 @dataclass
-class _Feed:
-    """What the feeding of one step accumulates (`Scheduler._feed`)."""
+class StepDraft:
+    """One step being planned: the tokens it may still feed, what it feeds each request, the
+    draft slots reserved after decodes, and the requests preempted in it."""
 
-    scheduled: dict[str, int]
-    preempted: list[str]
-    spec_slots: dict[str, int]
-    spec_ok: bool
-    chunk_cap: int
+    budget: int
+    chunk_cap: int  # the most tokens one prompt feeds in the step
+    spec_ok: bool = False  # the step may speculate
+    scheduled: dict[str, int] = field(default_factory=dict)  # request id -> tokens fed
+    spec_slots: dict[str, int] = field(default_factory=dict)  # decode id -> draft slots after its token
+    preempted: list[str] = field(default_factory=list)
+
+    def drop(self, victim: Request, refund: bool) -> None:
+        """`victim` was preempted: it feeds nothing in this step; `refund`: its tokens may go to
+        others in this admission (while feeding running requests they are not reused)."""
+        self.preempted.append(victim.request_id)  # SchedulerOutput lists every preemption
+        tokens = self.scheduled.pop(victim.request_id, 0)
+        self.spec_slots.pop(victim.request_id, None)
+        if refund:
+            self.budget += tokens
 
 
 @dataclass(frozen=True)
@@ -108,7 +119,6 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
         self._finished_ids: list[str] = []
         self.forks = PendingForks()  # n>1 choices awaiting their first choice's prefill
-        self.num_preemptions = 0
         self.num_held_back = 0  # admissions deferred because the same block was being computed
         self._num_deadlines = 0  # requests with a queue deadline, so steps without any skip the scan
         self.speculation: SpeculationPolicy | None = None  # set by the engine when it speculates
@@ -116,12 +126,9 @@ class Scheduler:
         self.num_steps = 0
         self.num_deferred_decodes = 0  # looser-class decodes that sat out a step for a tighter ITL
         self.slo_standing = SloStanding()  # which requests still meet both targets (the goodput trade)
-        self._resident_since: dict[str, int] = {}  # running id -> step it started or resumed
         self._sat_out: set[str] = set()  # decodes that sat the last step out for a first answer
-        # preempted id -> tokens it held then: it is not displaced for a fair share again before
-        # it has computed past them (two tenants each needing most of the pool would otherwise
-        # displace each other just before each one's next token, for ever)
-        self._held_at_preemption: dict[str, int] = {}
+        # Who gives way when blocks or seats run out, and the residency that decides it.
+        self.preemption = Preemption(config, kv, self.running, self.waiting, self.slo, lambda: self.num_steps)
         self.fetching: dict[str, tuple[Request, RequestStatus]] = {}  # id -> (request, status before)
 
     # -- queue management -------------------------------------------------------------------
@@ -166,7 +173,7 @@ class Scheduler:
         """Move `req` to the running set; `stamp`: it is scheduled now (see `RequestTimes`)."""
         req.status = RequestStatus.RUNNING
         self.running[req.request_id] = req
-        self._resident_since[req.request_id] = self.num_steps
+        self.preemption.started(req)
         self.waiting.on_running(req, +1)
         if stamp and req.times.first_scheduled_s is None:
             req.times.first_scheduled_s = self.clock()
@@ -206,9 +213,8 @@ class Scheduler:
             self._release_forks(req)
         if req.deadline_s is not None:
             self._num_deadlines -= 1
-        self._held_at_preemption.pop(request_id, None)
+        self.preemption.forget(request_id)
         if self.running.pop(request_id, None) is not None:
-            self._resident_since.pop(request_id, None)
             self.waiting.on_running(req, -1)
         elif self.fetching.pop(request_id, None) is None:
             self.waiting.remove(req)
@@ -218,6 +224,10 @@ class Scheduler:
         req.times.finished_s = self.clock()
         self.slo.on_finished(req)
         return req
+
+    @property
+    def num_preemptions(self) -> int:
+        return self.preemption.num_preemptions
 
     @property
     def num_waiting(self) -> int:
@@ -242,8 +252,6 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         """Decide the next step (the order and the step target: engine/scheduling/step_plan.py)."""
-        scheduled: dict[str, int] = {}
-        preempted: list[str] = []
         self.num_steps += 1
         if self.fetching or self.kv.store is not None:
             self._end_fetches()
@@ -273,30 +281,32 @@ class Scheduler:
         budget = self.step_budget.budget(
             len(decodes), bool(prefills) or head is not None, target_s, context, need
         )
-        chunk_cap = self.config.long_prefill_threshold or budget
         spec = self.speculation
-        spec_ok = spec is not None and spec.step_allows(len(decodes))
-        spec_slots: dict[str, int] = {}  # decode id -> draft slots allocated after its token
-        feed = _Feed(scheduled, preempted, spec_slots, spec_ok, chunk_cap)
-        budget = self._feed(decodes, budget, feed)
+        step = StepDraft(
+            budget,
+            chunk_cap=self.config.long_prefill_threshold or budget,
+            spec_ok=spec is not None and spec.step_allows(len(decodes)),
+        )
+        self._feed(decodes, step)
         # Running prompts of a lower class than the waiting head wait for its admission.
         first = [r for r in prefills if head is None or r.priority <= head.priority]
         later = prefills[len(first) :]  # `prefills` is sorted by class: `first` is its head
-        budget = self._feed_fairly(first, budget, feed, head)
+        self._feed_fairly(first, step, head)
         admitted = False
-        if later and not preempted and self._may_admit():
-            budget = self._admit(budget, chunk_cap, scheduled, preempted)
+        if later and not step.preempted and self._may_admit():
+            self._admit(step)
             admitted = True
-        budget = self._feed_fairly(later, budget, feed, None)
+        self._feed_fairly(later, step, None)
         # Tokens given back by preempted victims scheduled earlier are not reused this step.
 
-        if not admitted and not preempted and self._may_admit():
-            budget = self._admit(budget, chunk_cap, scheduled, preempted)
-        if budget > 0 and not preempted and len(self.waiting) and self._may_admit():
-            budget = self._displace_for_slo(budget, chunk_cap, scheduled, preempted)
-        if not scheduled and self.running and len(self.waiting):
-            budget = self._unstall(budget, chunk_cap, scheduled, preempted)
-        self._yield_to_first_answers(scheduled, feed.spec_slots)
+        if not admitted and not step.preempted and self._may_admit():
+            self._admit(step)
+        if step.budget > 0 and not step.preempted and len(self.waiting) and self._may_admit():
+            self._displace_for_slo(step)
+        if not step.scheduled and self.running and len(self.waiting):
+            self._unstall(step)
+        scheduled = step.scheduled
+        self._yield_to_first_answers(scheduled, step.spec_slots)
 
         out = SchedulerOutput(
             scheduled=tuple(
@@ -306,11 +316,11 @@ class Scheduler:
                     num_computed_tokens=self.requests[rid].num_computed_tokens,
                     block_ids=self.kv.block_ids(rid),
                     samples=self.requests[rid].num_computed_tokens + n == self.requests[rid].num_tokens,
-                    num_spec_slots=feed.spec_slots.get(rid, 0),
+                    num_spec_slots=step.spec_slots.get(rid, 0),
                 )
                 for rid, n in scheduled.items()
             ),
-            preempted_ids=tuple(preempted),
+            preempted_ids=tuple(step.preempted),
             finished_ids=tuple(self._finished_ids),
             blocks_to_copy=self.kv.take_copies(),
             swaps=self.kv.take_transfers(),
@@ -423,13 +433,13 @@ class Scheduler:
         self.num_deferred_decodes += len(decodes) - len(kept)
         return sorted(kept, key=lambda r: int(r.priority))
 
-    def _feed_fairly(self, prefills: list[Request], budget: int, feed: _Feed, head: Request | None) -> int:
+    def _feed_fairly(self, prefills: list[Request], step: StepDraft, head: Request | None) -> None:
         """Feed prefill chunks class by class; within a class of several tenants, each tenant
         gets at most its weighted fair share of the budget left (engine/scheduling/step_plan.py). The
         waiting head counts as a tenant of its class: its share is left for its admission, so
         running prompts of one tenant cannot keep another tenant's request out of every step."""
         i = 0
-        while i < len(prefills) and budget > 0:
+        while i < len(prefills) and step.budget > 0:
             cls = prefills[i].priority
             j = i
             while j < len(prefills) and prefills[j].priority is cls:
@@ -438,7 +448,7 @@ class Scheduler:
             demands: dict[str, int] = {}
             weights: dict[str, float] = {}
             for r in group:
-                demands[r.tenant_id] = demands.get(r.tenant_id, 0) + min(r.num_remaining, feed.chunk_cap)
+                demands[r.tenant_id] = demands.get(r.tenant_id, 0) + min(r.num_remaining, step.chunk_cap)
                 weights[r.tenant_id] = r.weight
             if (
                 head is not None
@@ -446,12 +456,11 @@ class Scheduler:
                 and head.tenant_id not in demands
                 and self._may_seat(head)
             ):
-                demands[head.tenant_id] = min(head.num_remaining, feed.chunk_cap)
+                demands[head.tenant_id] = min(head.num_remaining, step.chunk_cap)
                 weights[head.tenant_id] = head.weight
-            limits = fair_shares(budget, demands, weights) if len(demands) > 1 else None
-            budget = self._feed(group, budget, feed, limits)
+            limits = fair_shares(step.budget, demands, weights) if len(demands) > 1 else None
+            self._feed(group, step, limits)
             i = j
-        return budget
 
     def _may_seat(self, head: Request) -> bool:
         """Whether `head` could be admitted this step as far as seats go (no budget share is kept
@@ -463,13 +472,13 @@ class Scheduler:
             and self.step_budget.admits(len(self.running))
         )
 
-    def _feed(
-        self, reqs: list[Request], budget: int, feed: _Feed, limits: dict[str, int] | None = None
-    ) -> int:
-        """Give each running request of `reqs`, in order, the tokens it needs within `budget` (and
-        its tenant's `limits`), preempting the lowest-ranked running request when blocks run out."""
-        scheduled, spec_slots, spec = feed.scheduled, feed.spec_slots, self.speculation
+    def _feed(self, reqs: list[Request], step: StepDraft, limits: dict[str, int] | None = None) -> None:
+        """Give each running request of `reqs`, in order, the tokens it needs within the step's
+        budget (and its tenant's `limits`), preempting the lowest-ranked running request when
+        blocks run out."""
+        scheduled, spec_slots, spec = step.scheduled, step.spec_slots, self.speculation
         for req in reqs:
+            budget = step.budget
             if budget <= 0:
                 break
             if req.status is not RequestStatus.RUNNING:
@@ -477,79 +486,56 @@ class Scheduler:
             allowed = budget if limits is None else min(budget, limits.get(req.tenant_id, 0))
             if allowed <= 0:
                 continue
-            num_new = min(req.num_remaining, allowed, feed.chunk_cap if req.num_remaining > 1 else 1)
-            if spec is not None and (k := spec.reserve(req, self.kv, feed.spec_ok, num_new, budget)):
+            num_new = min(req.num_remaining, allowed, step.chunk_cap if req.num_remaining > 1 else 1)
+            if spec is not None and (k := spec.reserve(req, self.kv, step.spec_ok, num_new, budget)):
                 scheduled[req.request_id], spec_slots[req.request_id] = num_new, k
-                budget -= num_new + k
+                step.budget -= num_new + k
                 continue
             while not self.kv.allocate_slots(req, req.num_computed_tokens + num_new):
                 if spec_slots:  # the draft slots reserved so far go before anyone is preempted
                     for rid, k in spec_slots.items():
                         held = self.requests[rid]
                         self.kv.truncate(held, held.num_computed_tokens + scheduled[rid])
-                        budget += k
+                        step.budget += k
                     spec_slots.clear()
                     continue
-                victim = self._pick_victim()
-                self._preempt(victim, reason=PreemptReason.KV)
-                feed.preempted.append(victim.request_id)
-                scheduled.pop(victim.request_id, None)
-                spec_slots.pop(victim.request_id, None)
+                victim = self.preemption.lowest_ranked()
+                self.preemption.preempt(victim, reason=PreemptReason.KV)
+                step.drop(victim, refund=False)
                 if victim is req:
                     break
             else:
                 scheduled[req.request_id] = num_new
-                budget -= num_new
+                step.budget -= num_new
                 if limits is not None:
                     limits[req.tenant_id] -= num_new
-        return budget
 
-    def _displace_for_slo(
-        self, budget: int, chunk_cap: int, scheduled: dict[str, int], preempted: list[str]
-    ) -> int:
+    def _displace_for_slo(self, step: StepDraft) -> None:
         """The waiting head is kept out by the running cap. Preempt one running request and admit
         again: a lower-class one (least advanced, resident for at least `min_residency_steps`)
         when the head has used up a quarter of its TTFT target waiting; else, when the head's
         tenant is under its share of its class's seats, one of the tenant most over its share
-        (`share_victim`). One per step: the cap is not chased."""
+        (`Preemption.victim_for_seat`). One per step: the cap is not chased."""
         head = self.waiting.peek()
         if head is None or self.config.queue_policy is QueuePolicy.FCFS:
-            return budget
-        victim, reason = None, PreemptReason.SLO
+            return
         ttft = head.latency.ttft_s
-        if ttft is not None and self.clock() - head.arrival_s >= _SLO_URGENCY * ttft:
-            candidates = [r for r in self.running.values() if r.priority > head.priority and self._settled(r)]
-            if candidates:
-                victim = max(candidates, key=lambda r: (int(r.priority), -r.num_computed_tokens, r.arrival_s))
-        if victim is None and not self._may_seat(head):
-            victim = share_victim(
-                head, self.running.values(), _one_seat, self.num_seats(head), self._may_share_preempt
-            )
-            reason = PreemptReason.FAIR_SHARE
-        if victim is None:
-            return budget
-        self._preempt(victim, reason=reason)
-        preempted.append(victim.request_id)
-        budget += scheduled.pop(victim.request_id, 0)
-        self.waiting.remove(victim)  # it sits out this admission (else it comes straight back)
-        budget = self._admit(budget, chunk_cap, scheduled, preempted)
-        self.waiting.prepend(victim)
-        return budget
-
-    def _num_blocks(self, req: Request) -> int:
-        return len(self.kv.block_ids(req.request_id))
-
-    def _settled(self, req: Request) -> bool:
-        """Whether `req` has run `min_residency_steps` since it last started (it may be preempted)."""
-        since = self._resident_since.get(req.request_id, 0)
-        return self.num_steps - since >= self.config.min_residency_steps
-
-    def _may_share_preempt(self, req: Request) -> bool:
-        """Whether `req` may be displaced for another tenant's fair share: it is `_settled` and has
-        computed past what it held when it was last preempted (each residency yields a token)."""
-        return self._settled(req) and req.num_computed_tokens >= self._held_at_preemption.get(
-            req.request_id, 0
+        urgent = ttft is not None and self.clock() - head.arrival_s >= _SLO_URGENCY * ttft
+        victim, reason = self.preemption.victim_for_seat(
+            head, urgent, self._may_seat(head), self.num_seats(head)
         )
+        if victim is not None:
+            self._displace(victim, reason, step)
+            self._admit(step)
+            self.waiting.prepend(victim)
+
+    def _displace(self, victim: Request, reason: PreemptReason, step: StepDraft) -> None:
+        """Preempt `victim` for a waiting request; it sits out the rest of this admission (back at
+        the head of its queue it would be admitted again and displaced again, for ever: issue
+        29). The caller puts it back at the head once the admission is over."""
+        self.preemption.preempt(victim, reason=reason)
+        step.drop(victim, refund=True)
+        self.waiting.remove(victim)
 
     def _may_admit(self) -> bool:
         policy = self.config.batch_policy
@@ -579,7 +565,7 @@ class Scheduler:
         # fewer wait than run here: the scan is bounded by the running count
         return self.clock() - min(r.arrival_s for r in self.waiting) >= hold
 
-    def _admit(self, budget: int, chunk_cap: int, scheduled: dict[str, int], preempted: list[str]) -> int:
+    def _admit(self, step: StepDraft) -> None:
         policy = self.config.batch_policy
         max_seqs = self.config.max_num_seqs
         if policy is BatchPolicy.STATIC:
@@ -594,7 +580,7 @@ class Scheduler:
         displaced: list[Request] = []  # preempted for a higher class during this admission
         # A target step time also caps how many run at once (StepBudget.admits): past it, requests wait.
         admits = self.step_budget.admits
-        while len(self.running) < max_seqs and (group or (budget > 0 and admits(len(self.running)))):
+        while len(self.running) < max_seqs and (group or (step.budget > 0 and admits(len(self.running)))):
             req = self.waiting.peek()
             if req is None:
                 break
@@ -621,21 +607,10 @@ class Scheduler:
             else:
                 fits = self.kv.allocate_slots(req, req.num_tokens, computed, watermark=True)
             if not fits:
-                victim, reason = self._lower_class_victim(req), PreemptReason.CLASS
-                if victim is None and self.config.queue_policy is not QueuePolicy.FCFS:
-                    need = self.kv.blocks_for(req.num_tokens)
-                    victim = share_victim(
-                        req, self.running.values(), self._num_blocks, need, self._may_share_preempt
-                    )
-                    reason = PreemptReason.FAIR_SHARE
+                victim, reason = self.preemption.victim_for_blocks(req)
                 if victim is None:
                     break
-                self._preempt(victim, reason=reason)
-                preempted.append(victim.request_id)  # SchedulerOutput lists every preemption
-                budget += scheduled.pop(victim.request_id, 0)
-                # A victim sits out the rest of this admission: back at the head of its queue, it
-                # would be admitted again and displaced again by `req`, for ever (issue 29).
-                self.waiting.remove(victim)
+                self._displace(victim, reason, step)
                 displaced.append(victim)
                 continue
             self.waiting.remove(req)
@@ -646,15 +621,14 @@ class Scheduler:
                 req.num_computed_tokens = num_cached
                 self.kv.mark_inflight(req)
             self._start_running(req, stamp=False)  # schedule() stamps it once it feeds tokens
-            num_new = min(req.num_remaining, budget, chunk_cap)
+            num_new = min(req.num_remaining, step.budget, step.chunk_cap)
             if num_new > 0:
-                scheduled[req.request_id] = num_new
-                budget -= num_new
+                step.scheduled[req.request_id] = num_new
+                step.budget -= num_new
         for req in reversed(held):
             self.waiting.prepend(req)
         for req in reversed(displaced):
             self.waiting.prepend(req)
-        return budget
 
     def _end_fetches(self) -> None:
         """Requests whose store fetch ended go back to the head of their queue."""
@@ -667,7 +641,7 @@ class Scheduler:
                 req.status = status
                 self.waiting.prepend(req)
 
-    def _unstall(self, budget: int, chunk_cap: int, scheduled: dict[str, int], preempted: list[str]) -> int:
+    def _unstall(self, step: StepDraft) -> None:
         """Only idle sequences hold blocks (beams waiting for a sibling that was preempted) and the
         waiting ones cannot get any: preempt idle ones until a waiting request is admitted.
 
@@ -675,17 +649,14 @@ class Scheduler:
         recompute later, mostly from the prefix cache. Without this no step would do anything.
         """
         victims: list[Request] = []
-        while not scheduled and self.running and len(self.waiting):
-            victim = self._pick_victim()
-            self._preempt(victim, reason=PreemptReason.STALL)
-            preempted.append(victim.request_id)
-            self.waiting.remove(victim)
+        while not step.scheduled and self.running and len(self.waiting):
+            victim = self.preemption.lowest_ranked()
+            self._displace(victim, PreemptReason.STALL, step)
             victims.append(victim)
             if len(self.waiting):
-                budget = self._admit(budget, chunk_cap, scheduled, preempted)
+                self._admit(step)
         for victim in reversed(victims):
             self.waiting.prepend(victim)
-        return budget
 
     def has_work(self) -> bool:
         """Whether a step should feed tokens: requests run, or (continuous batching) wait to be admitted.
@@ -715,38 +686,9 @@ class Scheduler:
         """Preempt the lowest-ranked running request (it recomputes), so the waiting ones get its blocks."""
         if not self.running:
             return None
-        victim = self._pick_victim()
-        self._preempt(victim, allow_swap=False, reason=PreemptReason.STALL)
+        victim = self.preemption.lowest_ranked()
+        self.preemption.preempt(victim, allow_swap=False, reason=PreemptReason.STALL)
         return victim
-
-    def _lower_class_victim(self, req: Request) -> Request | None:
-        """A running request of a strictly lower priority class that `req` may displace."""
-        if self.config.queue_policy is QueuePolicy.FCFS or not self.running:
-            return None
-        victim = self._pick_victim()
-        return victim if victim.priority > req.priority else None
-
-    def _pick_victim(self) -> Request:
-        return max(self.running.values(), key=self.waiting.victim_key)
-
-    def _preempt(
-        self, req: Request, allow_swap: bool = True, reason: PreemptReason = PreemptReason.KV
-    ) -> None:
-        """Swap the KV blocks to the host tier or drop them (the KV manager's cost model picks),
-        and go back to the front of the queue."""
-        self.slo.on_preempted(reason)
-        del self.running[req.request_id]
-        self._held_at_preemption[req.request_id] = req.num_tokens
-        self._resident_since.pop(req.request_id, None)
-        self.waiting.on_running(req, -1)
-        if self.kv.preempt(req, allow_swap) is PreemptionMode.SWAP:
-            req.status = RequestStatus.SWAPPED  # keeps num_computed_tokens; swapped in before it runs
-        else:
-            req.num_computed_tokens = 0
-            req.status = RequestStatus.PREEMPTED
-        req.num_preemptions += 1
-        self.num_preemptions += 1
-        self.waiting.prepend(req)
 
     # -- after the step ---------------------------------------------------------------------
 
@@ -824,7 +766,7 @@ class Scheduler:
 
         After a failed model forward: the blocks written in that step are not trusted.
         """
-        self._preempt(req, allow_swap=False, reason=PreemptReason.REQUEUE)
+        self.preemption.preempt(req, allow_swap=False, reason=PreemptReason.REQUEUE)
 
     def discard_swaps(self, out: SchedulerOutput) -> None:
         """`out`'s step failed: its copies may not have run. Its swapped-out victims and the
@@ -836,7 +778,7 @@ class Scheduler:
                 req.num_computed_tokens = 0
                 req.status = RequestStatus.PREEMPTED
             elif req is not None and req.status is RequestStatus.RUNNING and rid in out.swaps.swapped_in_ids:
-                self._preempt(req, allow_swap=False, reason=PreemptReason.REQUEUE)
+                self.preemption.preempt(req, allow_swap=False, reason=PreemptReason.REQUEUE)
         if not out.swaps.is_empty:
             self.kv.forget_transfers(out.swaps)
 
@@ -867,10 +809,6 @@ class Scheduler:
             )
             timeout = min(timeout, head.arrival_s + window - now)
         return max(0.0, timeout)
-
-
-def _one_seat(req: Request) -> int:
-    return 1
 
 
 def _queued_deadline(req: Request) -> float | None:

@@ -21,6 +21,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
 from weir.gateway.api import anthropic_bodies as ab
+from weir.gateway.api import responses_bodies as resb
 from weir.gateway.api import tokenize_bodies as tb
 from weir.gateway.api.openai_bodies import requests as rb
 from weir.gateway.api.openai_bodies.responses import ANSWERS
@@ -111,6 +112,67 @@ def _messages() -> dict[str, Any]:
     }
 
 
+def _responses() -> dict[str, Any]:
+    """OpenAI's Responses API: create, and the stored responses of the caller's tenant."""
+    response_id = [{"name": "response_id", "in": "path", "required": True, "schema": {"type": "string"}}]
+    stored = {c: _ERRORS[c] for c in ("401", "404", "429", "503")}
+    listing = [
+        *response_id,
+        {"name": "order", "in": "query", "schema": {"type": "string", "enum": ["asc", "desc"]}},
+        {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 100}},
+        {"name": "after", "in": "query", "schema": {"type": "string"}},
+    ]
+    return {
+        "/v1/responses": {
+            "post": {
+                "summary": "OpenAI Responses (run as a chat completion; stored per tenant unless store: false)",
+                "security": [{"bearer": []}],
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/json": {"schema": _ref("ResponsesRequest")}},
+                },
+                "responses": {
+                    "200": {
+                        "description": "The response, or an SSE stream of its typed events "
+                        "(response.created ... response.completed)",
+                        "content": {
+                            "application/json": {"schema": _ref("ResponseObject")},
+                            "text/event-stream": {},
+                        },
+                    },
+                    **{c: _ERRORS[c] for c in _ERRORS if c not in ("409", "422")},
+                },
+            }
+        },
+        "/v1/responses/{response_id}": {
+            "get": {
+                "summary": "A stored response of this tenant",
+                "security": [{"bearer": []}],
+                "parameters": response_id,
+                "responses": {"200": _json(_ref("ResponseObject"), "The response"), **stored},
+            },
+            "delete": {
+                "summary": "Delete a stored response of this tenant",
+                "security": [{"bearer": []}],
+                "parameters": response_id,
+                "responses": {"200": _json(_ref("DeletedResponse"), "Deleted"), **stored},
+            },
+        },
+        "/v1/responses/{response_id}/input_items": {
+            "get": {
+                "summary": "The input items that made a stored response's prompt",
+                "security": [{"bearer": []}],
+                "parameters": listing,
+                "responses": {
+                    "200": _json(_ref("InputItemList"), "A page of items"),
+                    **stored,
+                    "400": _ERRORS["400"],
+                },
+            }
+        },
+    }
+
+
 def _tokenizer(summary: str, request: str, answer: str) -> dict[str, Any]:
     return {
         "post": {
@@ -131,6 +193,7 @@ def _answer_and_body_schemas() -> dict[str, Any]:
             (rb.ChatCompletionBody, "validation"),
             (rb.CompletionBody, "validation"),
             (ab.MessagesBody, "validation"),
+            (resb.ResponsesBody, "validation"),
             (tb.TokenizeBody, "validation"),
             (tb.DetokenizeBody, "validation"),
             *((answer, "serialization") for answer in ANSWERS),
@@ -149,12 +212,14 @@ _COMPONENT_NAMES = {
     "ChatCompletionBody": "ChatCompletionRequest",
     "CompletionBody": "CompletionRequest",
     "MessagesBody": "MessagesRequest",
+    "ResponsesBody": "ResponsesRequest",
     "TokenizeBody": "TokenizeRequest",
     "DetokenizeBody": "DetokenizeRequest",
 }
 _OTHER_ANSWERS: tuple[type[BaseModel], ...] = (
     ab.AnthropicMessage,
     ab.AnthropicError,
+    *resb.RESPONSES_ANSWERS,
     tb.TokenizeAnswer,
     tb.DetokenizeAnswer,
 )
@@ -181,7 +246,7 @@ def _schemas(models: list[str], vocab_size: int | None) -> dict[str, Any]:
     schemas = copy.deepcopy(_answer_and_body_schemas())
     _bound_token_ids(schemas, vocab_size)
     model = {"type": "string", "enum": models} if models else {"type": "string", "minLength": 1}
-    for body in ("ChatCompletionRequest", "CompletionRequest", "MessagesRequest"):
+    for body in ("ChatCompletionRequest", "CompletionRequest", "MessagesRequest", "ResponsesRequest"):
         schemas[body]["properties"]["model"] = model
     for body in ("TokenizeRequest", "DetokenizeRequest"):  # optional there: null or left out
         schemas[body]["properties"]["model"] = {"anyOf": [model, {"type": "null"}], "default": None}
@@ -197,6 +262,7 @@ def _schemas(models: list[str], vocab_size: int | None) -> dict[str, Any]:
         "stream_options": needs_stream,
     }
     schemas["CompletionRequest"]["dependentSchemas"] = {"stream_options": needs_stream}
+    schemas["ResponsesRequest"]["dependentSchemas"] = {"stream_options": needs_stream}
     schemas["Error"] = _ref("ErrorBody")  # the name the admin operations refer to
     return schemas
 
@@ -225,6 +291,7 @@ def openapi_schema(
         ),
         "/v1/completions": _generation("Completion", "CompletionRequest", "Completion", "CompletionChunk"),
         "/v1/messages": _messages(),
+        **_responses(),
         "/tokenize": _tokenizer("Token ids of a prompt or a chat", "TokenizeRequest", "TokenizeAnswer"),
         "/detokenize": _tokenizer("The text of token ids", "DetokenizeRequest", "DetokenizeAnswer"),
         "/v1/models": {
@@ -298,7 +365,8 @@ def openapi_schema(
         "info": {
             "title": "Weir",
             "version": version,
-            "description": "OpenAI-compatible inference gateway (and Anthropic's Messages API).",
+            "description": "OpenAI-compatible inference gateway (chat, completions, Responses; and "
+            "Anthropic's Messages API).",
         },
         "paths": paths,
         "components": {

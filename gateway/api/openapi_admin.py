@@ -50,6 +50,7 @@ from weir.tenancy.admin_bodies.spend_api import (
     PriceList,
     PriceOut,
 )
+from weir.tenancy.admin_bodies.stored_responses import StoredResponsesView
 from weir.tenancy.admin_bodies.tenants import Tenant, TenantCreate, TenantList, TenantPatch
 from weir.tenancy.admin_bodies.usage import TenantUsage, UsageReportBody
 from weir.tenancy.admin_bodies.usage_query import AuditQuery, ReportParams, UsageQuery
@@ -82,6 +83,7 @@ _ANSWERS: dict[str, Any] = {
     "IssuedApiKey": IssuedApiKey,
     "ApiKeyList": ApiKeyList,
     "TenantUsage": TenantUsage,
+    "StoredResponses": StoredResponsesView,
     "UsageReport": UsageReportBody,
     "AuditList": AuditList,
     "ModelVersion": ModelVersion,
@@ -224,6 +226,14 @@ def _tenancy_paths(e: dict[str, Any]) -> dict[str, Any]:
                 e,
                 "TenantUsage",
                 parameters=[_TENANT, *_query_params(UsageQuery)],
+            )
+        },  # fmt: skip
+        "/admin/v1/tenants/{name}/stored-responses": {
+            "get": _op(
+                "A tenant's stored /v1/responses: bytes held against the storage quota, retention",
+                e,
+                "StoredResponses",
+                parameters=[_TENANT],
             )
         },  # fmt: skip
         "/admin/v1/usage/report": {"get": _usage_report_op(e)},

@@ -35,6 +35,7 @@ class Endpoint(enum.Enum):
     CHAT = "chat.completion"
     COMPLETIONS = "text_completion"
     MESSAGES = "message"  # Anthropic's `POST /v1/messages`, run as a chat
+    RESPONSES = "response"  # OpenAI's `POST /v1/responses`, run as a chat
     TOKENIZE = "tokenize"  # `POST /tokenize` and `/detokenize`: admitted, nothing generated
 
 

@@ -49,6 +49,11 @@ def _dumps_str(text: str) -> bytes:
     return quoted.encode()
 
 
+def json_string(text: str) -> bytes:
+    """`text` as a JSON string literal in UTF-8, line breaks escaped as in every SSE event here."""
+    return _dumps_str(text)
+
+
 def _logprob(value: float) -> float:
     return value if math.isfinite(value) else _LOGPROB_FLOOR
 
@@ -146,6 +151,11 @@ class ResponseFormatter:
     def start_chunks(self, num_choices: int) -> list[bytes]:
         """Chunks sent before the first token."""
         return []
+
+    async def seal(self, choices: Sequence[ChoiceState] | None, usage: Usage) -> None:
+        """Called once a request completed, before its last bytes (the whole body, with its
+        `choices`; or a stream's tail, with None): what the endpoint does with a finished answer
+        (`/v1/responses` stores it). Nothing by default."""
 
     def output_chunks(self, choice: int, out: RequestOutput) -> list[bytes]:
         """Chunks for one engine output of choice `choice`."""

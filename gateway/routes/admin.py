@@ -40,11 +40,14 @@ from weir.tenancy.admin_bodies.audit import AuditEvent, AuditList
 from weir.tenancy.admin_bodies.keys import ApiKey, ApiKeyList, IssuedApiKey, KeyCreate
 from weir.tenancy.admin_bodies.parsing import parse_model
 from weir.tenancy.admin_bodies.quota import parse_key_limits, parse_quota_limits
+from weir.tenancy.admin_bodies.stored_responses import StoredResponsesView
 from weir.tenancy.admin_bodies.tenants import Tenant, TenantCreate, TenantList, TenantPatch
 from weir.tenancy.admin_bodies.usage import TenantUsage, UsageReportBody
 from weir.tenancy.admin_bodies.usage_query import AuditQuery, UsageQuery, parse_report_params
 from weir.tenancy.errors import FieldError
 from weir.tenancy.keys.keys import is_public_id
+from weir.tenancy.responses.response_records import ResponseStore
+from weir.tenancy.responses.response_repo import DatabaseResponseStore
 from weir.tenancy.store.enums import KeyScope
 from weir.tenancy.store.records import validate_tenant_name
 from weir.tenancy.store.repo import TenancyRepo
@@ -88,11 +91,16 @@ class _AdminApi:
     """The endpoints, sharing the repository and the two authenticators."""
 
     def __init__(
-        self, repo: TenancyRepo, authenticator: Authenticator, admin_auth: AdminAuthenticator
+        self,
+        repo: TenancyRepo,
+        authenticator: Authenticator,
+        admin_auth: AdminAuthenticator,
+        responses: ResponseStore,
     ) -> None:
         self.repo = repo
         self.auth = authenticator
         self.admin_auth = admin_auth
+        self.responses = responses
 
     def admin(self, handler: AdminHandler) -> Endpoint:
         """Wrap an admin endpoint: check the admin token; the handler gets the actor."""
@@ -179,6 +187,18 @@ class _AdminApi:
         days = await run_in_threadpool(lambda: self.repo.usage_by_day(name, since=q.since, until=q.until))
         return json_answer(TenantUsage.of(name, days))
 
+    async def stored_responses(self, request: Request, actor: str) -> Response:
+        """GET /admin/v1/tenants/{name}/stored-responses: bytes held against the quota, retention."""
+        name = _tenant_param(request)
+        await run_in_threadpool(self.repo.get_tenant, name)  # 404 for an unknown tenant
+        used = await run_in_threadpool(self.responses.bytes_used, name, self.repo.now())
+        limits = self.responses.limits
+        return json_answer(
+            StoredResponsesView(
+                tenant=name, bytes_used=used, quota_bytes=limits.quota_bytes, retention_s=limits.retention_s
+            )
+        )
+
     async def usage_report(self, request: Request, actor: str) -> Response:
         """GET /admin/v1/usage/report: grouped usage over a time range, one page, JSON or CSV."""
         query, fmt = parse_report_params(dict(request.query_params))
@@ -221,10 +241,14 @@ class _AdminApi:
 
 
 def admin_routes(
-    repo: TenancyRepo, authenticator: Authenticator, admin_auth: AdminAuthenticator
+    repo: TenancyRepo,
+    authenticator: Authenticator,
+    admin_auth: AdminAuthenticator,
+    responses: ResponseStore | None = None,
 ) -> list[BaseRoute]:
-    """The `/admin/v1/...` mount and the tenant's `/v1/usage` route, for the app factory to mount."""
-    api = _AdminApi(repo, authenticator, admin_auth)
+    """The `/admin/v1/...` mount and the tenant's `/v1/usage` route, for the app factory to mount.
+    `responses`: the stored responses the tenants' views count (the database's, by default)."""
+    api = _AdminApi(repo, authenticator, admin_auth, responses or DatabaseResponseStore(repo.db))
     a = api.admin
     return [
         Mount(
@@ -239,6 +263,7 @@ def admin_routes(
                 Route("/tenants/{name}/keys", a(api.issue_key), methods=["POST"]),
                 Route("/tenants/{name}/keys", a(api.list_keys), methods=["GET"]),
                 Route("/tenants/{name}/usage", a(api.tenant_usage), methods=["GET"]),
+                Route("/tenants/{name}/stored-responses", a(api.stored_responses), methods=["GET"]),
                 Route("/keys/{key_id}", a(api.revoke_key), methods=["DELETE"]),
                 Route("/keys/{key_id}", a(api.get_key), methods=["GET"]),
                 Route("/keys/{key_id}/limits", a(api.set_key_limits), methods=["PUT"]),

@@ -9,14 +9,18 @@ the context), and the bounds on the whole request (prompt tokens, sequences).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from weir.engine.client import EngineRequest
 from weir.engine.errors import ContextLengthError
 from weir.engine.scheduling.latency_targets import LatencyTargets
 from weir.engine.structured.call_closing import ClosableConstraint
 from weir.engine.structured.constraints import CompiledConstraint
+from weir.gateway.admission.accounting import Settle
 from weir.gateway.api.openai_bodies import requests as rb
 from weir.gateway.api.protocol import Endpoint, GenerationOptions
+from weir.gateway.api.tool_calls import ToolsRequest
+from weir.gateway.fleet.model_fleet import Lease
 from weir.gateway.http.errors import BadRequestError, PermissionDeniedError
 from weir.gateway.prompts.prompt_limits import max_request_prompt_tokens
 from weir.tenancy.context import TenantContext
@@ -24,6 +28,33 @@ from weir.tenancy.context import TenantContext
 # OpenAI's legacy completions default; chat defaults to the rest of the context (and admission
 # reserves a bounded default for it, see weir.gateway.admission.controller).
 DEFAULT_COMPLETION_MAX_TOKENS = 16
+# The body fields that hold the prompt and the output bound, where an endpoint names them otherwise.
+_PROMPT_PARAMS = {Endpoint.COMPLETIONS: "prompt", Endpoint.RESPONSES: "input"}
+_MAX_TOKENS_PARAMS = {Endpoint.RESPONSES: "max_output_tokens"}
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A generation request checked, routed and tokenized: what admission and the run need.
+    `lease` holds its model version until the request settles."""
+
+    tenant: TenantContext
+    response_id: str
+    model: str
+    options: GenerationOptions
+    prompts: tuple[tuple[int, ...], ...]
+    lease: Lease
+    adapter_name: str | None
+    tools: ToolsRequest | None
+
+
+@dataclass(frozen=True)
+class AdmittedRun:
+    """What admission let through: the engine requests, their settle, the rate-limit headers."""
+
+    requests: tuple[EngineRequest, ...]
+    settle: Settle
+    headers: tuple[tuple[str, str], ...] = ()
 
 
 def engine_requests(
@@ -49,8 +80,9 @@ def engine_requests(
     priority = tenant.priority if options.priority is None else options.priority
     check_request_bounds(endpoint, prompts, options, max_model_len)
     requests = []
+    prompt_param = _PROMPT_PARAMS.get(endpoint, "messages")
+    max_tokens_param = _MAX_TOKENS_PARAMS.get(endpoint, "max_tokens")
     for i, prompt in enumerate(prompts):
-        prompt_param = "prompt" if endpoint is Endpoint.COMPLETIONS else "messages"
         if quota.max_prompt_tokens is not None and len(prompt) > quota.max_prompt_tokens:
             raise BadRequestError(
                 f"the prompt has {len(prompt)} tokens; this API key allows at most {quota.max_prompt_tokens}",
@@ -61,8 +93,8 @@ def engine_requests(
         if max_tokens is not None:
             if quota.max_output_tokens is not None and max_tokens > quota.max_output_tokens:
                 raise BadRequestError(
-                    f"max_tokens is {max_tokens}; this API key allows at most {quota.max_output_tokens}",
-                    param="max_tokens",
+                    f"{max_tokens_param} is {max_tokens}; this API key allows at most {quota.max_output_tokens}",
+                    param=max_tokens_param,
                     code="max_tokens_exceeded",
                 )
         elif endpoint is not Endpoint.COMPLETIONS:
@@ -76,9 +108,9 @@ def engine_requests(
         ContextLengthError.check(len(prompt), max_tokens, max_model_len, prompt_param)
         if isinstance(constraint, ClosableConstraint) and max_tokens < constraint.min_tokens:
             raise BadRequestError(
-                f"max_tokens is {max_tokens}; a complete call of the offered tools needs at least "
+                f"{max_tokens_param} is {max_tokens}; a complete call of the offered tools needs at least "
                 f"{constraint.min_tokens} tokens",
-                param="max_tokens",
+                param=max_tokens_param,
                 code="max_tokens_too_small",
             )
         params = options.sampling_params(max_tokens)
@@ -105,7 +137,7 @@ def check_request_bounds(
     endpoint: Endpoint, prompts: Sequence[tuple[int, ...]], options: GenerationOptions, max_model_len: int
 ) -> None:
     """Bounds on the whole request: prompt tokens to prefill and sequences across all prompts."""
-    param = "prompt" if endpoint is Endpoint.COMPLETIONS else "messages"
+    param = _PROMPT_PARAMS.get(endpoint, "messages")
     total = sum(len(p) for p in prompts)
     limit = max_request_prompt_tokens(max_model_len)
     if total > limit:

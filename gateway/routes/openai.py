@@ -46,7 +46,7 @@ from weir.gateway.http.errors import (
     PermissionDeniedError,
     ServiceUnavailableError,
 )
-from weir.gateway.metrics.tracing import RequestTracer
+from weir.gateway.metrics.tracing import RequestSpan, RequestTracer
 from weir.gateway.prompts.grammar import GrammarService
 from weir.gateway.prompts.prompt_limits import (
     PromptLimits,
@@ -56,7 +56,7 @@ from weir.gateway.prompts.prompt_limits import (
 )
 from weir.gateway.prompts.tokenization import PromptBuilder
 from weir.gateway.prompts.tokenizer_pool import TokenizerPool
-from weir.gateway.routes.engine_requests import engine_requests
+from weir.gateway.routes.engine_requests import AdmittedRun, Prepared, engine_requests
 from weir.gateway.routes.gateway_state import GatewayState
 from weir.gateway.routes.streaming import GenerationJob, GenerationResponse
 from weir.tenancy.catalog.adapter_records import AdapterView
@@ -235,16 +235,22 @@ class OpenAIRoutes:
         request.state.model_version = lease.version.spec.version
         return lease, adapter.name if adapter is not None else None
 
+    def start_span(self, request: Request) -> RequestSpan:
+        path = request.scope["path"]  # not request.url: it builds and parses the whole URL
+        return self.tracer.start_request(f"POST {path}", request.headers, {"http.route": path})
+
+    def check_open(self) -> None:
+        if self.state.draining:
+            raise ServiceUnavailableError("the server is shutting down", code="shutting_down")
+
     async def _generate(self, request: Request, endpoint: Endpoint) -> Response:
         arrival_s = time.monotonic()
-        path = request.scope["path"]  # not request.url: it builds and parses the whole URL
-        span = self.tracer.start_request(f"POST {path}", request.headers, {"http.route": path})
+        span = self.start_span(request)
         lease: Lease | None = None
         adapter_name: str | None = None
         tools: ToolsRequest | None = None
         try:
-            if self.state.draining:
-                raise ServiceUnavailableError("the server is shutting down", code="shutting_down")
+            self.check_open()
             tenant = await self._tenant(request, x_api_key=endpoint is Endpoint.MESSAGES)
             body = decode_json_object(await request.body())
             response_id = _ID_PREFIXES[endpoint] + uuid.uuid4().hex
@@ -276,74 +282,103 @@ class OpenAIRoutes:
                 prompts = await prompt_builder.encode_prompts_async(
                     completion.prompts, self.tokenizer_pool, tenant.tenant_id
                 )
-            constraint = await self._compile(options.constraint, lease, prompt_builder.vocab_size, tenant)
-            requests = engine_requests(
-                response_id,
-                endpoint,
-                prompts,
-                options,
-                tenant,
-                arrival_s,
-                served.max_model_len,
-                constraint,
-                adapter_name,
+            prepared = Prepared(
+                tenant, response_id, model, options, tuple(prompts), lease, adapter_name, tools
             )
-            span.set_attributes(
-                {
-                    "weir.request_id": response_id,
-                    "weir.tenant": tenant.tenant_id,
-                    "gen_ai.request.model": model,
-                }
-            )
-            with span.child("admission"):
-                admitted = await self.admission(tenant, requests)
-            extra_headers: tuple[tuple[str, str], ...] = ()
-            if isinstance(admitted, Admitted):
-                settle, requests, extra_headers = admitted.settle, admitted.requests, admitted.headers
-            else:
-                settle = admitted
+            admitted = await self.admit(prepared, endpoint, arrival_s, span)
         except BaseException as exc:  # cancelled too (e.g. waiting in admission): the lease goes back
             if lease is not None:
                 lease.release()
             span.end(str(exc))
             raise
-        info = RequestInfo(
-            response_id,
+        extra: dict[str, object] = {}
+        if endpoint is Endpoint.MESSAGES:
+            extra = {"input_tokens": sum(len(p) for p in prompts)}
+        return self.start(prepared, endpoint, arrival_s, span, admitted, _FORMATTERS[endpoint], **extra)
+
+    async def admit(
+        self, prepared: Prepared, endpoint: Endpoint, arrival_s: float, span: RequestSpan
+    ) -> AdmittedRun:
+        """Compile the request's constraint, build its engine requests within the key's limits and
+        admit them; the caller releases `prepared.lease` if this raises."""
+        lease, tenant = prepared.lease, prepared.tenant
+        prompt_builder, served = lease.version.prompts, lease.version.served
+        assert prompt_builder is not None and served is not None
+        options = prepared.options
+        constraint = await self._compile(options.constraint, lease, prompt_builder.vocab_size, tenant)
+        requests = engine_requests(
+            prepared.response_id,
             endpoint,
-            model,
+            prepared.prompts,
+            options,
             tenant,
+            arrival_s,
+            served.max_model_len,
+            constraint,
+            prepared.adapter_name,
+        )
+        span.set_attributes(
+            {
+                "weir.request_id": prepared.response_id,
+                "weir.tenant": tenant.tenant_id,
+                "gen_ai.request.model": prepared.model,
+            }
+        )
+        with span.child("admission"):
+            admitted = await self.admission(tenant, requests)
+        if isinstance(admitted, Admitted):
+            return AdmittedRun(admitted.requests, admitted.settle, admitted.headers)
+        return AdmittedRun(requests, admitted)
+
+    def start(
+        self,
+        prepared: Prepared,
+        endpoint: Endpoint,
+        arrival_s: float,
+        span: RequestSpan,
+        admitted: AdmittedRun,
+        formatter_type: type[ResponseFormatter],
+        **extra: object,
+    ) -> Response:
+        """The response that runs an admitted request on its version's engine and answers it with
+        `formatter_type` (given `extra` keywords); settling releases the lease."""
+        lease, options = prepared.lease, prepared.options
+        prompt_builder, served = lease.version.prompts, lease.version.served
+        assert prompt_builder is not None and served is not None
+        info = RequestInfo(
+            prepared.response_id,
+            endpoint,
+            prepared.model,
+            prepared.tenant,
             options.user,
             time.time(),
             arrival_s,
             lease.version.id,
-            adapter_name,
+            prepared.adapter_name,
         )
-        formatter_type, extra = _FORMATTERS[endpoint], {}
-        if endpoint is Endpoint.MESSAGES:
-            extra = {"input_tokens": sum(len(p) for p in prompts)}
         formatter = formatter_type(
-            response_id,
+            prepared.response_id,
             int(info.created_at),
-            model,
+            prepared.model,
             served.fingerprint,
             prompt_builder.token_text,
             logprobs=options.logprobs is not None,
             include_usage=options.include_usage,
-            tools=tools,
+            tools=prepared.tools,
             **extra,
         )
         job = GenerationJob(
             engine=lease.engine,
-            requests=requests,
+            requests=admitted.requests,
             n=options.n,
             stream=options.stream,
             formatter=formatter,
             info=info,
             span=span,
-            settle=_releasing(settle, lease),
+            settle=_releasing(admitted.settle, lease),
             accountant=self.accountant,
             state=self.state,
-            headers=((MODEL_VERSION_HEADER, lease.version.spec.version), *extra_headers),
+            headers=((MODEL_VERSION_HEADER, lease.version.spec.version), *admitted.headers),
         )
         return _Started(GenerationResponse(job))
 

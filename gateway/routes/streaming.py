@@ -253,7 +253,9 @@ class GenerationResponse:
         except Exception as exc:
             await self._send_error(send, self._log_error(exc))
             return
-        body = encode_json(job.formatter.response(choices, self.tally.usage()))
+        usage = self.tally.usage()
+        await job.formatter.seal(choices, usage)
+        body = encode_json(job.formatter.response(choices, usage))
         await send({"type": "http.response.start", "status": 200, "headers": job.raw_headers(_JSON_HEADERS)})
         await send({"type": "http.response.body", "body": body})
         self._outcome = Outcome.COMPLETED
@@ -294,7 +296,9 @@ class GenerationResponse:
                         if time.monotonic() - progress_at >= USAGE_PROGRESS_INTERVAL_S:
                             progress_at = time.monotonic()
                             job.accountant.progress(job.info, self.tally)
-            tail = formatter.usage_chunk(self.tally.usage()) if formatter.include_usage else b""
+            usage = self.tally.usage()
+            await formatter.seal(None, usage)
+            tail = formatter.usage_chunk(usage) if formatter.include_usage else b""
             outcome = Outcome.COMPLETED
         except Exception as exc:
             error = self._log_error(exc)

@@ -37,9 +37,12 @@ from weir.gateway.prompts.tokenization import Tokenizer
 from weir.gateway.prompts.tokenizer_pool import TokenizerPool
 from weir.gateway.routes.gateway_state import GatewayState
 from weir.gateway.routes.openai import Authenticate, OpenAIRoutes
+from weir.gateway.routes.responses import ResponsesRoutes, ResponseSweeper
 from weir.gateway.routes.tokenize import TokenizeRoutes
 from weir.gateway.settings.settings import AuthMode, Settings
 from weir.tenancy.context import QuotaLimits, TenantContext
+from weir.tenancy.responses.memory_responses import MemoryResponseStore
+from weir.tenancy.responses.response_records import ResponseStore
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +89,7 @@ def create_app(
     error_tarpit: TarpitLimits | None = DEFAULT_LIMITS,
     fleet: ModelFleet | None = None,
     adapters: AdapterCatalog | None = None,
+    response_store: ResponseStore | None = None,
 ) -> Starlette:
     """Build the gateway app from collaborators built beforehand.
 
@@ -102,6 +106,8 @@ def create_app(
     `metrics_auth` accepts (the admin token); without one it is not served here (404) and
     Prometheus scrapes the metrics listener (weir.gateway.metrics.metrics_server).
     `adapters` holds the LoRA adapters loaded on the fleet's engines (`model` may name one).
+    `response_store` keeps the stored answers of `/v1/responses` (the tenancy database under
+    `weir serve` with keys); None keeps them in memory, within the settings' quota and retention.
     `error_tarpit` delays the 4xx answers of a client in a tight error loop (weir.gateway.http.error_tarpit);
     None turns it off.
     """
@@ -159,10 +165,14 @@ def create_app(
         body = document.render([m.name for m in fleet.served_models()], vocab_size)
         return Response(body, media_type="application/json")
 
+    if response_store is None:
+        response_store = MemoryResponseStore(settings.response_storage_limits)
+    sweeper = ResponseSweeper(response_store, settings.response_sweep_interval_s)
     routes: list[BaseRoute] = [
         *_operations_routes(fleet, state, metrics, metrics_auth),
         Route("/openapi.json", openapi, methods=["GET"]),
         *openai_routes.routes(),
+        *ResponsesRoutes(openai_routes, response_store).routes(),
         *TokenizeRoutes(openai_routes).routes(),
         *extra_routes,
     ]
@@ -182,7 +192,7 @@ def create_app(
             ),
         ],
         exception_handlers=exception_handlers(metrics.count_error),
-        lifespan=_lifespan(state, tracer, on_startup, on_shutdown),
+        lifespan=_lifespan(state, tracer, [*on_startup, sweeper.start], [sweeper.stop, *on_shutdown]),
     )
     app.state.gateway = state
     app.state.fleet = fleet

@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     from weir.gateway.http.auth import Authenticator
     from weir.tenancy.catalog.adapters import AdapterRepo
     from weir.tenancy.catalog.model_versions import ModelVersionRepo
+    from weir.tenancy.responses.response_records import ResponseStore
     from weir.tenancy.store.repo import TenancyRepo
     from weir.tenancy.usage.usage_writer import UsageWriterStats
 
@@ -214,6 +215,7 @@ class TenancyWiring:
     adapters: AdapterRepo | None = None  # the LoRA adapter records (weir.gateway.fleet.adapter_rollout)
     # The admin console (/admin/ui) calls these in-process, as the admin API does.
     repo: TenancyRepo | None = None
+    response_store: ResponseStore | None = None  # stored /v1/responses, in the database
     authenticator: Authenticator | None = None
 
 
@@ -267,6 +269,7 @@ def build_tenancy(settings: Settings) -> TenancyWiring:
     from weir.tenancy.catalog.model_versions import ModelVersionRepo
     from weir.tenancy.keys.admin_token import admin_token_banner, ensure_admin_token
     from weir.tenancy.keys.keys import KeyHasher
+    from weir.tenancy.responses.response_repo import DatabaseResponseStore
     from weir.tenancy.store.db import Database
     from weir.tenancy.store.enums import KeyScope
     from weir.tenancy.store.migrate import check_migrated, upgrade
@@ -288,6 +291,7 @@ def build_tenancy(settings: Settings) -> TenancyWiring:
     # Usage is billing data: records are fsync'd here before the database sees them, and
     # replayed from here after an outage or a crash (tenancy/usage/usage_writer.py).
     writer = UsageWriter(repo, usage_spool_dir(settings))
+    responses = DatabaseResponseStore(db, settings.response_storage_limits)
 
     def sink(record: UsageRecord) -> None:
         writer.submit(to_usage_record_in(record))  # queued; written in batches on its own thread
@@ -311,7 +315,7 @@ def build_tenancy(settings: Settings) -> TenancyWiring:
         authenticate=functools.partial(authenticator.authenticate_async, scope=KeyScope.INFERENCE),
         usage_sink=sink,
         usage_journal=UsageJournal(write=journal),
-        routes=admin_routes(repo, authenticator, admin_auth),
+        routes=admin_routes(repo, authenticator, admin_auth, responses),
         num_tenants=len(repo.list_tenants()),
         start=start,
         close=close,
@@ -321,6 +325,7 @@ def build_tenancy(settings: Settings) -> TenancyWiring:
         adapters=AdapterRepo(db),
         repo=repo,
         authenticator=authenticator,
+        response_store=responses,
     )
 
 
@@ -445,6 +450,9 @@ def build_server_app(settings: Settings) -> Starlette:
         kwargs["authenticate"] = tenancy.authenticate
         kwargs["usage_sink"] = tenancy.usage_sink
         kwargs["usage_journal"] = tenancy.usage_journal
+        # Stored responses are the tenant's data: in its database, deleted with it. (Auth mode
+        # `none` serves a tenant with no row there: its responses stay in memory.)
+        kwargs["response_store"] = tenancy.response_store
     extra_routes = list(tenancy.routes)
     if tenancy.admin_auth is not None:
         from weir.gateway.routes.prefix_cache import prefix_cache_routes

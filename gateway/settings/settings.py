@@ -49,6 +49,7 @@ from weir.gateway.settings.settings_prompts import PromptFields
 from weir.gateway.settings.settings_scheduling import SchedulingFields
 from weir.gateway.settings.settings_server import ServerFields
 from weir.gateway.settings.settings_sources import describe_errors, given_values
+from weir.tenancy.responses.response_records import ResponseStorageLimits
 
 __all__ = [
     "CPU_TARGET_STEP_MS",
@@ -104,6 +105,11 @@ class Settings(PromptFields, SchedulingFields, DeviceFields, ModelFields, Server
         if is_loopback(self.host) and not self.admin_token:
             return AuthMode.NONE
         return AuthMode.KEYS
+
+    @property
+    def response_storage_limits(self) -> ResponseStorageLimits:
+        """Each tenant's storage quota and retention period for stored responses."""
+        return ResponseStorageLimits(self.response_storage_bytes, self.response_retention_s)
 
     @property
     def resolved_database_url(self) -> str:

@@ -10,6 +10,11 @@ from pydantic.dataclasses import dataclass
 from weir.gateway.settings.setting_field import setting
 from weir.gateway.settings.settings_enums import AuthMode, LogLevel, OtelExporter
 from weir.gateway.settings.settings_parsing import parse_forwarded_allow_ips
+from weir.tenancy.responses.response_records import (
+    DEFAULT_QUOTA_BYTES,
+    DEFAULT_RETENTION_S,
+    DEFAULT_SWEEP_INTERVAL_S,
+)
 
 
 @dataclass(frozen=True)
@@ -75,6 +80,34 @@ class ServerFields:
         "API-key lookups are cached this long: a revocation on another replica applies within it",
         doc="API-key lookups are cached this long per replica: a key revoked or a tenant changed through "
         "another replica (or `weir admin --database-url`) applies here within it",
+        gt=0,
+        finite=True,
+    )
+    # Stored responses of /v1/responses (weir.tenancy.responses, docs/responses-api.md).
+    response_storage_bytes: int = setting(
+        DEFAULT_QUOTA_BYTES,
+        "bytes one tenant's stored /v1/responses answers may hold together; 0 refuses storing",
+        doc="bytes one tenant's stored `/v1/responses` answers may hold together (their JSON); a stored "
+        "request past it: `400 storage_quota_exceeded` naming `store`; `0`: storing refused "
+        "([responses-api.md](responses-api.md))",
+        default_text="`67108864` (64 MiB)",
+        metavar="N",
+        ge=0,
+    )
+    response_retention_s: float = setting(
+        DEFAULT_RETENTION_S,
+        "a stored /v1/responses answer is deleted S seconds after it was stored",
+        doc="a stored response is deleted this long after it was stored (on its first read after that, "
+        "or by the sweep)",
+        default_text="`2592000` (30 days)",
+        metavar="S",
+        gt=0,
+        finite=True,
+    )
+    response_sweep_interval_s: float = setting(
+        DEFAULT_SWEEP_INTERVAL_S,
+        "how often expired stored responses are deleted",
+        metavar="S",
         gt=0,
         finite=True,
     )

@@ -47,6 +47,7 @@ USER_LEN = 256  # the request's `user` field as stored (weir.gateway.api.openai_
 PRINCIPAL_LEN = 96  # a budget bucket's subject: "key:<id>:tokens"
 MODEL_VERSION_ID_LEN = MAX_NAME_LEN + 1 + MAX_VERSION_LEN  # name@version
 CURRENCY_LEN = 3
+RESPONSE_ID_LEN = 64  # resp_ and 32 hex digits, with room
 
 # Deterministic constraint names, so migrations can drop and alter them on every backend.
 NAMING_CONVENTION = {
@@ -467,3 +468,20 @@ class UsageDailyUser(_UsageDailySums, Base):
 
     user: Mapped[str] = mapped_column(String(USER_LEN), primary_key=True)
     null_mask: Mapped[int] = mapped_column(Integer, primary_key=True)
+
+
+class StoredResponse(Base):
+    """A stored answer of `POST /v1/responses` (`store: true`; `weir.tenancy.responses`): the
+    response object as answered and the conversation items that made its prompt. Deleted with
+    its tenant; expired rows are deleted on read and by the periodic sweep."""
+
+    __tablename__ = "stored_responses"
+    __table_args__ = (Index("ix_stored_responses_tenant_expires", "tenant_id", "expires_at"),)
+
+    id: Mapped[str] = mapped_column(String(RESPONSE_ID_LEN), primary_key=True)
+    tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
+    expires_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), index=True)
+    num_bytes: Mapped[int] = mapped_column(BigInteger)  # counted in the tenant's storage quota
+    body: Mapped[dict[str, Any]] = mapped_column(JSON)
+    input_items: Mapped[list[dict[str, Any]]] = mapped_column(JSON)

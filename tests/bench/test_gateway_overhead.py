@@ -143,3 +143,15 @@ def test_report_subtracts_the_health_floor_per_percentile(tmp_path: Path) -> Non
     assert figures["minus_floor_ms"]["p50"] == 2.0
     assert report["servers"]["none"]["chat"]["errors"] == {"500": 1}
     assert "| none | chat | 10/10 | 3.00 |" in format_markdown(report)
+
+
+def test_responses_scenarios_send_the_chats_prompt_to_v1_responses() -> None:
+    import json
+
+    chat = json.loads(Scenario.CHAT.body(7) or b"")
+    whole = json.loads(Scenario.RESPONSES.body(7) or b"")
+    streamed = json.loads(Scenario.RESPONSES_STREAM.body(7) or b"")
+    assert Scenario.RESPONSES.path == Scenario.RESPONSES_STREAM.path == "/v1/responses"
+    assert [whole["instructions"], whole["input"]] == [m["content"] for m in chat["messages"]]
+    assert whole["max_output_tokens"] == 7 and "stream" not in whole and streamed["stream"] is True
+    assert Scenario.RESPONSES_STREAM.stream and not Scenario.RESPONSES.stream

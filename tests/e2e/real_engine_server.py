@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from tests.gateway.harness import check_admin_token, serve_in_thread
 from weir.engine.async_engine import AsyncEngine
@@ -29,8 +30,11 @@ class RealServer:
 
 
 @contextlib.contextmanager
-def serve_engine(config: EngineConfig, model_name: str = TINY_MODEL_NAME) -> Iterator[RealServer]:
-    """Build the engine from `config`, serve it without tenancy; stops both on exit."""
+def serve_engine(
+    config: EngineConfig, model_name: str = TINY_MODEL_NAME, **app_kwargs: Any
+) -> Iterator[RealServer]:
+    """Build the engine from `config`, serve it (without tenancy unless `app_kwargs` bring an
+    authenticator and stores for `create_app`); stops both on exit."""
     engine = AsyncEngine(config)
     app = create_app(
         Settings(),
@@ -42,6 +46,7 @@ def serve_engine(config: EngineConfig, model_name: str = TINY_MODEL_NAME) -> Ite
         on_startup=[engine.start],
         on_shutdown=[engine.shutdown],
         metrics_auth=check_admin_token,
+        **app_kwargs,
     )
     with serve_in_thread(app) as url:
         yield RealServer(engine, url)

@@ -8,6 +8,7 @@ import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -39,9 +40,11 @@ class FullServer:
 
 
 @contextlib.contextmanager
-def serve_everything(data_dir: Path) -> Iterator[FullServer]:
-    """Serve the app with every route mounted; yields once a tenant and its key exist."""
-    settings = Settings(data_dir=data_dir, admin_token=ADMIN_TOKEN, auth=AuthMode.KEYS)
+def serve_everything(data_dir: Path, **settings_fields: Any) -> Iterator[FullServer]:
+    """Serve the app with every route mounted (stored responses in the tenancy database, as
+    `weir serve` keeps them); yields once a tenant and its key exist. `settings_fields` override
+    the settings."""
+    settings = Settings(data_dir=data_dir, admin_token=ADMIN_TOKEN, auth=AuthMode.KEYS, **settings_fields)
     tenancy = build_tenancy(settings)
     assert tenancy.admin_auth is not None
     # Room for the largest valid request (128 prompts x n=16 x the whole context): the fake
@@ -72,6 +75,7 @@ def serve_everything(data_dir: Path) -> Iterator[FullServer]:
         # The fuzzer sends hundreds of 4xx from one key and one address on purpose: the tarpit
         # stays in the path, with a bar it never reaches.
         error_tarpit=TarpitLimits(max_errors=1_000_000),
+        response_store=tenancy.response_store,
     )
     with serve_in_thread(app) as url, httpx.Client(base_url=url, headers=ADMIN, timeout=30) as admin:
         assert admin.post("/admin/v1/tenants", json={"name": TENANT}).status_code == 201

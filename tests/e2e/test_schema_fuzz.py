@@ -4,7 +4,8 @@ server (uvicorn on 127.0.0.1, the fake engine, tenancy on SQLite, the prefix-cac
 Every operation is fuzzed, the public ones with a tenant key and the admin ones with the admin
 token, with both valid bodies (generated from the document, so they must reach the engine) and
 invalid ones. The server must never answer 5xx, and every error must be OpenAI-shaped (Anthropic-shaped
-on `/v1/messages`).
+on `/v1/messages`). The Responses routes (`/v1/responses`, its stored responses by id) are fuzzed
+like the others, their stored responses in the tenancy database.
 
 `make test` runs a bounded slice (a few cases per operation and mode); `make fuzz` runs the same
 tests with `-m fuzz`, 1,000+ cases in all.

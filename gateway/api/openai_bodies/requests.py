@@ -103,6 +103,10 @@ def _only_false(name: str) -> Any:
     return AfterValidator(check)
 
 
+# A priority class by name or number (`priority`, an extension of the generation bodies).
+PriorityValue = Annotated[Priority, PlainValidator(_priority), WithJsonSchema(_PRIORITY_SCHEMA)]
+
+
 class StreamOptions(StrictBody):
     include_usage: bool | None = None
 
@@ -166,7 +170,7 @@ class GenerationBody(StrictBody):
     stream_options: StreamOptions | None = Field(None, description="Only with stream: true.")
     beam_width: Count | None = Field(None, description="Extension, with use_beam_search. Default: n.")
     user: str | None = Field(None, max_length=MAX_USER_CHARS)
-    priority: Annotated[Priority, PlainValidator(_priority), WithJsonSchema(_PRIORITY_SCHEMA)] | None = None
+    priority: PriorityValue | None = None
     response_format: sb.ResponseFormat | None = None
     structured_outputs: sb.StructuredOutputs | None = None
 

@@ -187,6 +187,9 @@ numbers are printed as integers. */}}
 {{- $pairs = append $pairs (list "WEIR_CACHE_DIR" .Values.config.cacheDir) -}}
 {{- $pairs = append $pairs (list "WEIR_AUTH" .Values.config.auth) -}}
 {{- $pairs = append $pairs (list "WEIR_AUTH_CACHE_TTL_S" .Values.config.authCacheTtlS) -}}
+{{- $pairs = append $pairs (list "WEIR_RESPONSE_STORAGE_BYTES" .Values.config.responseStorageBytes) -}}
+{{- $pairs = append $pairs (list "WEIR_RESPONSE_RETENTION_S" .Values.config.responseRetentionS) -}}
+{{- $pairs = append $pairs (list "WEIR_RESPONSE_SWEEP_INTERVAL_S" .Values.config.responseSweepIntervalS) -}}
 {{- $pairs = append $pairs (list "WEIR_OTEL_EXPORTER" .Values.config.otelExporter) -}}
 {{- $pairs = append $pairs (list "WEIR_OTEL_ENDPOINT" .Values.config.otelEndpoint) -}}
 {{- $pairs = append $pairs (list "WEIR_OTEL_SERVICE_NAME" .Values.config.otelServiceName) -}}

@@ -295,7 +295,7 @@ def test_a_displaced_request_is_not_displaced_for_a_fair_share_again_before_its_
         sim.step()
     sched = sim.sched
     held = req.num_tokens
-    sched._preempt(req)
+    sched.preemption.preempt(req)
     assert req.status is RequestStatus.PREEMPTED and req.num_computed_tokens == 0
     sim.step()  # readmitted, recomputing
     assert req.status is RequestStatus.RUNNING
@@ -303,10 +303,10 @@ def test_a_displaced_request_is_not_displaced_for_a_fair_share_again_before_its_
     while req.num_computed_tokens < held:
         steps += 1
         if steps > config.min_residency_steps:
-            assert sched._settled(req) and not sched._may_share_preempt(req)
+            assert sched.preemption.settled(req) and not sched.preemption.may_share_preempt(req)
         sim.step()
     assert steps > config.min_residency_steps  # the recompute outlasted the residency
-    assert sched._may_share_preempt(req)  # past its old tokens (its next token sampled): fair game
+    assert sched.preemption.may_share_preempt(req)  # past its old tokens (its next token sampled): fair game
     sim.run()
     assert sim.outputs["c"] == reference_output(list(range(1, 41)), 12)  # recomputed, unchanged
 

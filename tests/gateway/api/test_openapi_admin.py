@@ -137,6 +137,8 @@ def _tenancy(api: Checked) -> None:
     api.repo.record_usage(record)
     since = {"since": START.date().isoformat()}
     usage = api.call("get", "/admin/v1/tenants/{name}/usage", params=since, name="acme")
+    stored = api.call("get", "/admin/v1/tenants/{name}/stored-responses", name="acme")
+    assert stored["tenant"] == "acme" and stored["bytes_used"] == 0
     assert usage["total"]["total_tokens"] == 13
     own = api.call("get", "/v1/usage", params=since, headers={"Authorization": f"Bearer {rotated['key']}"})
     assert own["total"] == usage["total"]

@@ -120,3 +120,30 @@ def test_tool_calls_usage_details_and_refusal(doc: dict[str, Any]) -> None:
     assert any("tool_calls" in e["choices"][0]["delta"] for e in events if e["choices"])
     for event in events:
         _validator(doc, "ChatCompletionChunk").validate(event)
+
+
+def test_responses_answers(live: Live, doc: dict[str, Any]) -> None:
+    """The Responses route's answers: created, stored, listed, deleted, refused."""
+    r = live.client.post(
+        "/v1/responses", json={"model": MODEL, "input": "hello world", "max_output_tokens": 4}
+    )
+    assert r.status_code == 200, r.text
+    _check(doc, "/v1/responses", "post", r.json())
+    response_id = r.json()["id"]
+    _check(doc, "/v1/responses/{response_id}", "get", live.client.get(f"/v1/responses/{response_id}").json())
+    items = live.client.get(f"/v1/responses/{response_id}/input_items").json()
+    _check(doc, "/v1/responses/{response_id}/input_items", "get", items)
+    assert items["data"]
+    _check(
+        doc,
+        "/v1/responses/{response_id}",
+        "delete",
+        live.client.delete(f"/v1/responses/{response_id}").json(),
+    )
+    missing = live.client.get(f"/v1/responses/{response_id}")
+    _check(doc, "/v1/responses/{response_id}", "get", missing.json(), "404")
+    bad = live.client.post("/v1/responses", json={"model": MODEL, "input": "x", "temperature": "hot"})
+    _check(doc, "/v1/responses", "post", bad.json(), "400")
+    streamed = live.client.post("/v1/responses", json={"model": MODEL, "input": "hello", "stream": True})
+    last = json.loads(streamed.text.split("\n\n")[-2].split("\n")[1].removeprefix("data: "))
+    _validator(doc, "ResponseObject").validate(last["response"])

@@ -329,3 +329,23 @@ def test_the_kv_store_is_off_by_default_and_its_secrets_come_from_the_environmen
         )
     with pytest.raises(ValueError, match="url"):
         Settings.from_sources({"kv_store_url": "http://valkey:6379"}, {"WEIR_KV_STORE_SECRET": secret})
+
+
+def test_response_storage_flags_and_env() -> None:
+    defaults = Settings.from_sources(parse([]), {})
+    assert defaults.response_storage_limits.quota_bytes == 64 * 1024 * 1024
+    assert defaults.response_storage_limits.retention_s == 30 * 24 * 3600
+    args = parse(["--response-storage-bytes", "1000", "--response-retention-s", "60"])
+    s = Settings.from_sources(args, {"WEIR_RESPONSE_SWEEP_INTERVAL_S": "5"})
+    assert (s.response_storage_bytes, s.response_retention_s, s.response_sweep_interval_s) == (
+        1000,
+        60.0,
+        5.0,
+    )
+    for name, bad in (
+        ("WEIR_RESPONSE_STORAGE_BYTES", "-1"),
+        ("WEIR_RESPONSE_RETENTION_S", "0"),
+        ("WEIR_RESPONSE_SWEEP_INTERVAL_S", "inf"),
+    ):
+        with pytest.raises(ValueError, match=name.removeprefix("WEIR_").lower()):
+            Settings.from_sources({}, {name: bad})

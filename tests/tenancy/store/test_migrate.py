@@ -42,7 +42,8 @@ TABLES_0009 = {
     "lora_adapter_grants",
 }
 ROLLUPS = {"usage_daily", "usage_daily_users"}  # 0010
-TABLES = TABLES_0009 | ROLLUPS
+TABLES_0010 = TABLES_0009 | ROLLUPS
+TABLES = TABLES_0010 | {"stored_responses"}  # 0011
 NEW_IN_0008 = {"model_prices", "window_budgets", "window_budget_usage"}
 
 
@@ -53,7 +54,7 @@ def _tables(db: Database) -> set[str]:
 def test_scripts_are_found_next_to_the_package() -> None:
     assert (MIGRATIONS_DIR / "env.py").is_file()
     assert (MIGRATIONS_DIR / "script.py.mako").is_file()
-    assert head_revision() == "0010"
+    assert head_revision() == "0011"
 
 
 def test_upgrade_downgrade_round_trip(database: Database) -> None:
@@ -67,6 +68,8 @@ def test_upgrade_downgrade_round_trip(database: Database) -> None:
     upgrade(database.engine)
     assert _tables(database) == TABLES
     usage_indexes = {i["name"] for i in inspect(database.engine).get_indexes("usage_records")}
+    downgrade(database.engine)  # one step: 0011 -> 0010 drops the stored responses
+    assert _tables(database) == TABLES_0010
     downgrade(database.engine)  # one step: 0010 -> 0009 drops the usage rollups and their triggers
     assert _tables(database) == TABLES_0009
     assert {i["name"] for i in inspect(database.engine).get_indexes("usage_records")} == usage_indexes

@@ -1,0 +1,1 @@
+"""Stored responses of `POST /v1/responses`: per tenant, counted in a quota, expiring."""

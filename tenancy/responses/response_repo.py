@@ -1,0 +1,108 @@
+"""Stored responses in the tenancy database (`stored_responses`, migration 0011).
+
+Every query names the tenant by its name through a join on `tenants`, so one tenant's ids never
+reach another's rows. The rows cascade with their tenant. A read of an expired row deletes it in
+the same transaction; `sweep` deletes the rest in bounded batches.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from sqlalchemy import JSON, BigInteger, ScalarSelect, String, delete, func, insert, literal, select
+
+from weir.tenancy.errors import TenantNotFoundError
+from weir.tenancy.responses.response_records import ResponseStorageLimits, StoredResponse
+from weir.tenancy.store.db import Database
+from weir.tenancy.store.models import StoredResponse as StoredResponseRow
+from weir.tenancy.store.models import Tenant, UTCDateTime
+
+# A statement on the request path waits at most this long for a lock (then 503, not a stall).
+REQUEST_TIMEOUT_S = 5.0
+_SWEEP_BATCH = 500
+
+
+def _tenant_id(name: str) -> ScalarSelect[int]:
+    return select(Tenant.id).where(Tenant.name == name).scalar_subquery()
+
+
+class DatabaseResponseStore:
+    """`weir.tenancy.responses.response_records.ResponseStore` over one `Database`."""
+
+    inline = False  # database I/O: called on a worker thread
+
+    def __init__(self, db: Database, limits: ResponseStorageLimits | None = None) -> None:
+        self.db = db
+        self.limits = limits if limits is not None else ResponseStorageLimits()
+
+    def put(self, tenant: str, record: StoredResponse) -> None:
+        # One statement: the tenant's id is looked up inside the insert (ids are fresh, never replaced).
+        columns = StoredResponseRow.__table__.c
+        values = select(
+            literal(record.response_id, String),
+            Tenant.id,
+            literal(record.created_at, UTCDateTime()),
+            literal(record.expires_at, UTCDateTime()),
+            literal(record.num_bytes, BigInteger),
+            literal(record.body, JSON),
+            literal(list(record.input_items), JSON),
+        ).where(Tenant.name == tenant)
+        names = ("id", "tenant_id", "created_at", "expires_at", "num_bytes", "body", "input_items")
+        with self.db.transaction(timeout_s=REQUEST_TIMEOUT_S) as session:
+            statement = insert(StoredResponseRow).from_select([columns[n] for n in names], values)
+            if session.execute(statement.returning(columns["id"])).first() is None:
+                raise TenantNotFoundError(tenant)
+
+    def get(self, tenant: str, response_id: str, now: dt.datetime) -> StoredResponse | None:
+        with self.db.transaction(timeout_s=REQUEST_TIMEOUT_S) as session:
+            row = session.scalars(
+                select(StoredResponseRow).where(
+                    StoredResponseRow.id == response_id, StoredResponseRow.tenant_id == _tenant_id(tenant)
+                )
+            ).one_or_none()
+            if row is None:
+                return None
+            if row.expires_at <= now:
+                session.delete(row)
+                return None
+            return StoredResponse(
+                response_id=row.id,
+                body=row.body,
+                input_items=tuple(row.input_items),
+                created_at=row.created_at,
+                expires_at=row.expires_at,
+                num_bytes=row.num_bytes,
+            )
+
+    def delete(self, tenant: str, response_id: str) -> bool:
+        with self.db.transaction(timeout_s=REQUEST_TIMEOUT_S) as session:
+            result = session.execute(
+                delete(StoredResponseRow).where(
+                    StoredResponseRow.id == response_id, StoredResponseRow.tenant_id == _tenant_id(tenant)
+                )
+            )
+            return bool(getattr(result, "rowcount", 0))
+
+    def bytes_used(self, tenant: str, now: dt.datetime) -> int:
+        with self.db.transaction(timeout_s=REQUEST_TIMEOUT_S) as session:
+            total = session.scalar(
+                select(func.coalesce(func.sum(StoredResponseRow.num_bytes), 0)).where(
+                    StoredResponseRow.tenant_id == _tenant_id(tenant), StoredResponseRow.expires_at > now
+                )
+            )
+            return int(total or 0)
+
+    def sweep(self, now: dt.datetime) -> int:
+        deleted = 0
+        while True:
+            with self.db.transaction() as session:
+                ids = session.scalars(
+                    select(StoredResponseRow.id)
+                    .where(StoredResponseRow.expires_at <= now)
+                    .limit(_SWEEP_BATCH)
+                ).all()
+                if ids:
+                    session.execute(delete(StoredResponseRow).where(StoredResponseRow.id.in_(ids)))
+            deleted += len(ids)
+            if len(ids) < _SWEEP_BATCH:
+                return deleted

@@ -1,0 +1,92 @@
+"""Agent frameworks on `/v1/responses`, unchanged, against SmolLM2-135M-Instruct behind a real
+server (uvicorn on 127.0.0.1, the real engine on CPU): the OpenAI Agents SDK with its default
+Responses model (`OpenAIResponsesModel`) running a function tool, and pydantic-ai's Responses
+model with a nested pydantic `output_type`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel, Field
+
+from tests.e2e.real_engine_server import RealServer, serve_engine
+from weir.engine.config import CacheConfig, EngineConfig, SchedulerConfig
+
+agents = pytest.importorskip("agents")
+pydantic_ai = pytest.importorskip("pydantic_ai")
+
+pytestmark = pytest.mark.slow
+
+MODEL = "smollm2"
+
+
+@pytest.fixture(scope="module")
+def real(default_model_dir: Path) -> Iterator[RealServer]:
+    config = EngineConfig(
+        model_path=str(default_model_dir),
+        cache=CacheConfig(num_blocks=512, block_size=16),
+        scheduler=SchedulerConfig(max_num_batched_tokens=512, max_num_seqs=8, max_model_len=2048),
+    )
+    with serve_engine(config, MODEL) as served:
+        yield served
+
+
+def test_openai_agents_sdk_runs_a_tool_through_its_responses_model(real: RealServer) -> None:
+    from agents import Agent, ModelSettings, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
+    from openai import AsyncOpenAI
+
+    set_tracing_disabled(True)  # no export to OpenAI's tracing backend
+    calls: list[str] = []
+
+    @function_tool
+    def get_weather(city: str) -> str:
+        """The current weather in a city."""
+        calls.append(city)
+        return f"It is 18 degrees and sunny in {city}."
+
+    client = AsyncOpenAI(base_url=real.url + "/v1", api_key="local", max_retries=0, timeout=120)
+    agent = Agent(
+        name="weather",
+        instructions="You answer questions about the weather. Use the get_weather tool.",
+        model=OpenAIResponsesModel(model=MODEL, openai_client=client),
+        model_settings=ModelSettings(tool_choice="required", temperature=0, max_tokens=48),
+        tools=[get_weather],
+        tool_use_behavior="stop_on_first_tool",
+    )
+    result = Runner.run_sync(agent, "What is the weather in Paris?", max_turns=3)
+    assert calls and isinstance(calls[0], str) and calls[0]
+    assert result.final_output == f"It is 18 degrees and sunny in {calls[0]}."
+    # Without a tool: a plain answer, through the same model.
+    plain = Agent(
+        name="plain",
+        instructions="Answer in one short sentence.",
+        model=OpenAIResponsesModel(model=MODEL, openai_client=client),
+        model_settings=ModelSettings(temperature=0, max_tokens=24),
+    )
+    answer = Runner.run_sync(plain, "What is the capital of France?", max_turns=1)
+    assert isinstance(answer.final_output, str) and answer.final_output
+
+
+class City(BaseModel):
+    name: str = Field(max_length=24)
+    country: str = Field(max_length=24)
+
+
+class Trip(BaseModel):
+    origin: City
+    destination: City
+
+
+def test_pydantic_ai_with_a_nested_output_type(real: RealServer) -> None:
+    from pydantic_ai import Agent
+    from pydantic_ai.models.openai import OpenAIResponsesModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+
+    model = OpenAIResponsesModel(MODEL, provider=OpenAIProvider(base_url=real.url + "/v1", api_key="local"))
+    agent = Agent(model, output_type=Trip, model_settings={"temperature": 0, "max_tokens": 120})
+    result = agent.run_sync("Plan a trip from Paris, France to Rome, Italy.")
+    assert isinstance(result.output, Trip)
+    assert isinstance(result.output.origin, City) and result.output.destination.name
