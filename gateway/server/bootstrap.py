@@ -249,6 +249,7 @@ def to_usage_record_in(record: UsageRecord) -> UsageRecordIn:
         model_version=record.model_version,
         user=record.user,
         adapter=record.adapter,
+        endpoint=record.endpoint.value,
     )
 
 

@@ -34,6 +34,9 @@ CACHE_SCOPE_RE = re.compile(r"[A-Za-z0-9._:/-]{1,128}")
 MAX_WEIGHT = 1e6
 _MODEL_VERSION_LEN = 193
 _USER_LEN = 256  # weir.tenancy.store.models.USER_LEN  # a model version id, name@version (weir.tenancy.catalog.model_version_records)
+_ENDPOINT = re.compile(
+    r"[a-z][a-z._]{0,31}"
+)  # a usage record's endpoint (weir.tenancy.store.models.ENDPOINT_LEN)
 
 
 def validate_tenant_name(name: object, field_name: str = "name") -> str:
@@ -279,6 +282,8 @@ class UsageRecordIn:
     user: str | None = None  # the request's `user` field (the client's end user), at most 256 chars
     # The LoRA adapter the request ran through (its name); None: the base model.
     adapter: str | None = None
+    # The API the request came through (`chat.completion`, `message`, `response`, ...); None: not known.
+    endpoint: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.request_id, str) or not 1 <= len(self.request_id) <= 128:
@@ -298,6 +303,10 @@ class UsageRecordIn:
             not isinstance(self.adapter, str) or not 1 <= len(self.adapter) <= 128
         ):
             raise FieldError("adapter", "must be a string of 1-128 characters or None")
+        if self.endpoint is not None and (
+            not isinstance(self.endpoint, str) or _ENDPOINT.fullmatch(self.endpoint) is None
+        ):
+            raise FieldError("endpoint", "must be 1-32 lowercase letters, dots or underscores, or None")
         if not isinstance(self.status, UsageStatus):
             raise FieldError("status", "must be a UsageStatus")
         for name in ("prompt_tokens", "completion_tokens", "cached_tokens"):

@@ -93,6 +93,9 @@ def test_usage_record_conversion() -> None:
     assert r.model_version is None  # no version known: the column stays NULL
     served = dataclasses.replace(record(Outcome.COMPLETED, ("stop",), 0.1), model_version="m@v2")
     assert to_usage_record_in(served).model_version == "m@v2"
+    assert r.endpoint == "chat.completion"  # the API it came through (Endpoint's value)
+    anthropic = dataclasses.replace(record(Outcome.COMPLETED, ("stop",), 0.1), endpoint=Endpoint.MESSAGES)
+    assert to_usage_record_in(anthropic).endpoint == "message"
 
 
 def test_tenancy_wiring_on_a_fresh_sqlite(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
