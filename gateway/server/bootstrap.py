@@ -158,6 +158,7 @@ def engine_config(settings: Settings, model_path: Path, device: str) -> EngineCo
             timeout_s=settings.grammar_mask_timeout_s,
             queue_timeout_s=6 * settings.grammar_mask_timeout_s,
         ),
+        kv_store=settings.kv_store_config(),
     )
 
 
