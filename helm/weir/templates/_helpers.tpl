@@ -245,6 +245,9 @@ numbers are printed as integers. */}}
 {{- $pairs = append $pairs (list "WEIR_TOKENIZER_INLINE_BYTES" .Values.config.tokenizerInlineBytes) -}}
 {{- $pairs = append $pairs (list "WEIR_GRAMMAR_COMPILE_TIMEOUT_S" .Values.config.grammarCompileTimeoutS) -}}
 {{- $pairs = append $pairs (list "WEIR_GRAMMAR_COMPILE_WORKERS" .Values.config.grammarCompileWorkers) -}}
+{{- $pairs = append $pairs (list "WEIR_GRAMMAR_MASK_WORKERS" .Values.config.grammarMaskWorkers) -}}
+{{- $pairs = append $pairs (list "WEIR_GRAMMAR_MASK_EXTRA_WORKERS" .Values.config.grammarMaskExtraWorkers) -}}
+{{- $pairs = append $pairs (list "WEIR_GRAMMAR_MASK_TIMEOUT_S" .Values.config.grammarMaskTimeoutS) -}}
 {{- $env := dict -}}
 {{- range $pairs -}}
 {{- $value := index . 1 -}}

@@ -40,6 +40,7 @@ def test_engine_config_from_settings() -> None:
     assert config.cache.host_num_blocks == 0  # no host tier by default
     host = engine_config(Settings(max_model_len=64, host_kv_cache_tokens=1000), Path("/m"), "cpu")
     assert host.cache.host_num_blocks == 63  # ceil(1000 / 16): the host pool has no reserved block
+
     from weir.gateway.server.cpu_cores import usable_cores
 
     cores = usable_cores()
@@ -208,3 +209,23 @@ def test_the_engine_threads_leave_a_core_to_the_front_end_on_cpu_only() -> None:
         assert torch.get_num_threads() == 1  # untouched on a GPU
     finally:
         torch.set_num_threads(before)
+
+
+def test_grammar_mask_settings_reach_the_engine() -> None:
+    default = engine_config(Settings(max_model_len=64), Path("/m"), "cpu").masks
+    assert (default.num_workers, default.max_workers, default.timeout_s, default.queue_timeout_s) == (
+        2,
+        8,
+        5.0,
+        30.0,
+    )
+    s = Settings(
+        max_model_len=64, grammar_mask_workers=3, grammar_mask_extra_workers=9, grammar_mask_timeout_s=2.0
+    )
+    masks = engine_config(s, Path("/m"), "cpu").masks
+    assert (masks.num_workers, masks.max_workers, masks.timeout_s, masks.queue_timeout_s) == (
+        3,
+        12,
+        2.0,
+        12.0,
+    )
