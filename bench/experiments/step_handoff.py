@@ -42,6 +42,7 @@ class _NullCore:
 
     prefix_cache = _Prefix()
     masks = MaskPrefetcher()  # no constrained request: its pool never starts
+    store_io = None  # no KV store tier
 
     def stats(self) -> EngineStats:
         return EngineStats(0, 0, 1, 1, 16, 0, 0)

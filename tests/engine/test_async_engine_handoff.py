@@ -52,6 +52,7 @@ class _FakeCore:
         self.active: set[str] = set()
         self.prefix_cache = _FakePrefixCache()
         self.masks = MaskPrefetcher()  # no constrained request: its pool never starts
+        self.store_io = None  # no KV store tier
 
     def stats(self) -> EngineStats:
         return EngineStats(
