@@ -7,6 +7,6 @@ read answers with them, and `/openapi.json`'s admin part is generated from them
 
 - `parsing`: a validation error -> `FieldError` naming the field (the admin API's 422/400);
 - `fields`: the shared field types (times, tenant names, priorities);
-- `quota`: the quota and key-limits bodies, derived from `weir.tenancy.budgets.quota_limits.QuotaLimits`;
+- `quota`: the quota and key-limits bodies, derived from `weir.tenancy.quota_limits.QuotaLimits`;
 - `tenants`, `keys`, `usage`, `audit`, `model_versions`, `usage_record`.
 """

@@ -14,12 +14,12 @@ from starlette.testclient import TestClient
 from weir.gateway.http.admin_auth import AdminAuthenticator
 from weir.gateway.http.auth import Authenticator
 from weir.gateway.routes.admin import admin_routes
-from weir.tenancy.cli import cli
+from weir.migrations import cli  # the `db` and `admin` commands together
+from weir.migrations.migrate import upgrade
 from weir.tenancy.cli.admin_client import HttpAdmin
 from weir.tenancy.keys.keys import KeyHasher
+from weir.tenancy.repository.repo import TenancyRepo
 from weir.tenancy.store.db import Database, sqlite_url_for
-from weir.tenancy.store.migrate import upgrade
-from weir.tenancy.store.repo import TenancyRepo
 
 ADMIN_TOKEN = "weir-admin-cli-test-token-0123456789"
 

@@ -10,8 +10,9 @@ import pytest
 from weir.engine.request import Priority
 from weir.tenancy.context import QuotaLimits
 from weir.tenancy.errors import FieldError
+from weir.tenancy.repository.records import KeySpec, TenantSpec, TenantUpdate, validate_quota
 from weir.tenancy.store.enums import KeyScope, UsageStatus
-from weir.tenancy.store.records import KeySpec, TenantSpec, TenantUpdate, UsageRecordIn, validate_quota
+from weir.tenancy.usage.usage_records import UsageRecordIn
 
 
 @pytest.mark.parametrize("name", ["", "Acme", "-x", "a b", "a/b", "x" * 65, "é"])
