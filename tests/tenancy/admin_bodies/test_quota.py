@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from weir.tenancy.admin_bodies.quota import KeyLimitsBody, parse_key_limits
 from weir.migrations.cli import main
+from weir.tenancy.admin_bodies.quota import KeyLimitsBody, parse_key_limits
 from weir.tenancy.context import QuotaLimits
 from weir.tenancy.errors import FieldError
 from weir.tenancy.repository.records import KeySpec, TenantSpec
