@@ -127,4 +127,3 @@ def test_migrations_stand_above_tenancy() -> None:
 def test_tenancy_has_wings_to_check() -> None:
     edges = wing_imports("tenancy")
     assert "repository" in edges and "store" in edges["repository"]  # the check reads real imports
-
