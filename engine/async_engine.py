@@ -97,6 +97,8 @@ class AsyncEngine:
         self._commands: queue.SimpleQueue[_Add | _Abort | _Call | None] = queue.SimpleQueue()
         self._wake = threading.Event()
         core.masks.on_ready = self._wake.set  # a grammar mask computed ahead wakes an idle engine
+        if core.store_io is not None:
+            core.store_io.on_ready = self._wake.set  # so does a KV store fetch that ended
         self._sinks: dict[str, _Add] = {}  # engine thread: where each request's outputs go
         # Event loop side: the streams `generate` has open and not yet aborted, by request id.
         self._open: dict[str, asyncio.Queue[RequestOutput | BaseException]] = {}
@@ -163,6 +165,8 @@ class AsyncEngine:
             await asyncio.to_thread(self._thread.join, 30)
             self._thread = None
         self.core.masks.close()
+        if self.core.store_io is not None:
+            self.core.store_io.close()
 
     # -- EngineClient -----------------------------------------------------------------------
 
@@ -291,6 +295,7 @@ class AsyncEngine:
             if not self._drain_commands():
                 return
             if not core.has_unfinished():
+                core.run_pending_transfers()  # the last requests' blocks go to the KV store now
                 self._stats = core.stats()
                 self._refresh_prefix_stats()
                 self._sleep(IDLE_WAIT_S)

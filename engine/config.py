@@ -196,6 +196,43 @@ class CacheConfig:
 
 
 @dataclass(frozen=True)
+class KVStoreConfig:
+    """The shared KV store tier below the host tier (engine/kv/kv_store_tier.py), on a Redis or
+    Valkey server. The secret keys the values' MACs; the password (if the store wants one) and
+    the secret come from the environment only (gateway/settings/settings_model.py)."""
+
+    url: str  # redis://host:port/db (rediss:// for TLS); never with a password in it
+    secret: bytes = field(repr=False)  # HMAC-SHA256 key of every stored value
+    password: str | None = field(default=None, repr=False)
+    namespace: str = "weir"  # keeps deployments sharing one store apart
+    ttl_s: int = 3600  # every key expires after this (rewritten keys start again)
+    max_bytes: int = 1 << 30  # what this deployment may hold in the store; a scope holds its share
+    timeout_s: float = 0.5  # one store call (connect, read); a fetch waits at most its prefill's time
+    max_write_queue: int = 256  # blocks waiting to be written; more are dropped (counted)
+    max_fetch_bytes: int = 256 << 20  # fetched and in-flight bytes held for waiting requests at once
+    breaker_failures: int = 3  # failures in a row that open the circuit breaker
+    breaker_open_s: float = 5.0  # how long it stays open before one probe
+
+    def __post_init__(self) -> None:
+        if not self.url.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError(f"kv_store url must be redis://, rediss:// or unix://, got {self.url!r}")
+        if "@" in self.url.split("//", 1)[1].split("/", 1)[0]:
+            raise ValueError("kv_store url must not carry a password: set WEIR_KV_STORE_PASSWORD")
+        if len(self.secret) < 16:
+            raise ValueError("kv_store secret must be at least 16 bytes (WEIR_KV_STORE_SECRET)")
+        if not self.namespace or any(c in self.namespace for c in "*?[]: \\"):
+            raise ValueError(
+                f"kv_store namespace must be non-empty without *?[]: or spaces, got {self.namespace!r}"
+            )
+        for name in ("ttl_s", "max_bytes", "max_write_queue", "max_fetch_bytes", "breaker_failures"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"kv_store {name} must be >= 1, got {getattr(self, name)}")
+        for name in ("timeout_s", "breaker_open_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"kv_store {name} must be > 0, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
 class SchedulerConfig:
     """Limits of one scheduler step and the batching/queue policies."""
 
@@ -339,6 +376,7 @@ class EngineConfig:
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)  # off by default
     lora: LoraConfig = field(default_factory=LoraConfig)  # off by default
     masks: MaskConfig = field(default_factory=MaskConfig)  # grammar masks computed ahead
+    kv_store: KVStoreConfig | None = None  # the shared KV store tier; None: off
 
     def __post_init__(self) -> None:
         if self.cpu_wide_step_threads is not None and self.cpu_wide_step_threads < 1:

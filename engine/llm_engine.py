@@ -35,6 +35,8 @@ from weir.engine.faults import FaultInjector
 from weir.engine.kv.block_hash import SHARED_SCOPE, CacheKeyRoot
 from weir.engine.kv.host_kv_tensors import build_host_kv
 from weir.engine.kv.kv_cache_manager import KVCacheManager
+from weir.engine.kv.kv_store_stats import FetchDecisions
+from weir.engine.kv.kv_store_tier import KVStoreTier, StoreIO
 from weir.engine.kv.prefix_cache_admin import PrefixCacheAdmin
 from weir.engine.kv.swap_policy import SwapPolicy
 from weir.engine.lora.lora_adapter import LoraAdapter
@@ -94,8 +96,12 @@ class LLMEngine:
         faults: FaultInjector | None = None,
         drafter: Drafter | None = None,
         cpu_row_inputs: int = 0,
+        store_io: StoreIO | None = None,
     ) -> None:
         self.config = config
+        # The shared KV store's I/O threads (engine/kv/kv_store_client.py); outlive reset().
+        self.store_io = store_io if config.kv_store is not None else None
+        self.store_decisions = FetchDecisions()  # monotonic: kept across reset()
         self.cpu_row_inputs = cpu_row_inputs  # what the model's linears were built with, for /metrics
         self.drafter = drafter  # speculative decoding's proposer; None: no speculation
         self.spec_counters = SpeculationCounters()  # monotonic: kept across reset()
@@ -125,6 +131,7 @@ class LLMEngine:
         self.step_budget = make_step_budget(config.scheduler)
         # Outlives the scheduler too: its stall count is monotonic, like the restarts.
         self.watchdog = StallWatchdog(config.scheduler.max_stalled_steps)
+        self.prefill_rate = _RateMeter()
         self._build_state()
         capacity = self.num_blocks_per_request * self.kv.block_size
         if capacity < self.max_model_len:
@@ -142,7 +149,6 @@ class LLMEngine:
                 raise ValueError(f"the KV cache holds {capacity} tokens for one request; it needs at least 1")
             self.max_model_len = capacity
             self._build_state()
-        self.prefill_rate = _RateMeter()
         self.decode_rate = _RateMeter()
         self.step_times = StepTimeTotals()  # model-runner steps and seconds, decode / prefill
         self.num_prompt_tokens_total = 0
@@ -161,6 +167,7 @@ class LLMEngine:
             tenant_cache_share=config.cache.tenant_cache_share,
             host_num_blocks=config.cache.host_num_blocks,
             swap_policy=self._swap_policy(),
+            store=self._store_tier(),
         )
         if self.kv.host is not None and self.runner.host_kv is not None:
             self.kv.host.copy_bytes_per_s = self.runner.host_kv.copy_bytes_per_s
@@ -180,6 +187,33 @@ class LLMEngine:
         if self.drafter is not None:
             self.scheduler.speculation = SpeculationPolicy(config.speculative, self.spec_counters)
             self.drafter.forget_all()
+
+    def _store_tier(self) -> KVStoreTier | None:
+        """The shared store tier's engine-thread state (fresh at each reset; its I/O and counters stay)."""
+        store = self.config.kv_store
+        if store is None or self.store_io is None:
+            return None
+        return KVStoreTier(
+            self.store_io,
+            namespace=store.namespace,
+            model_version=self.config.model_version,
+            block_size=self.config.cache.block_size,
+            prefill_seconds=self._prefill_seconds,
+            timeout_s=store.timeout_s,
+            max_fetch_bytes=store.max_fetch_bytes,
+            ttl_s=store.ttl_s,
+            clock=self.clock,
+            decisions=self.store_decisions,
+        )
+
+    def _prefill_seconds(self, num_tokens: int) -> float:
+        """The estimated time to prefill `num_tokens` tokens now: the step budget's fitted cost, else
+        the measured prefill rate; 0 before either is known."""
+        fitted = self.step_budget.fitted_seconds(num_tokens)
+        if fitted > 0:
+            return fitted
+        rate = self.prefill_rate.value
+        return num_tokens / rate if rate > 0 else 0.0
 
     def _swap_policy(self) -> SwapPolicy:
         """Swap or recompute, from the copy bandwidth measured at start-up and the prefill rate
@@ -427,6 +461,19 @@ class LLMEngine:
         )
         return outputs
 
+    def run_pending_transfers(self) -> None:
+        """With nothing to step, carry out the block transfers decided since the last step now (the
+        store's write-behind of the requests that just ended), so they do not wait for the next
+        request. A failure drops them (the store is an optimisation) and forgets what they filled."""
+        if not self.kv.has_pending_transfers():
+            return
+        transfers = self.kv.take_transfers()
+        try:
+            self.runner.transfer_blocks(SchedulerOutput(scheduled=(), swaps=transfers))
+        except Exception:
+            logger.exception("block transfers of an idle engine failed; dropped")
+            self.kv.forget_transfers(transfers)
+
     def idle_timeout_s(self, default_s: float) -> float:
         """How long the caller may sleep after an idle step before time alone changes anything
         (a grammar mask that becomes ready wakes the caller through `masks.on_ready`)."""
@@ -531,6 +578,7 @@ class LLMEngine:
             step_times=self.step_times,
             step_budget=self.step_budget.stats(),
             host_kv=self.kv.host.stats() if self.kv.host is not None else None,
+            kv_store=self.kv.store.stats() if self.kv.store is not None else None,
             num_spec_draft_tokens_total=self.spec_counters.num_drafted,
             num_spec_accepted_tokens_total=self.spec_counters.num_accepted,
             num_spec_emitted_tokens_total=self.spec_counters.num_emitted,
@@ -579,6 +627,22 @@ def build_engine(
     num_blocks = num_blocks_for(config.cache, model_config, kv_dtype, device)
     kv_caches = allocate_kv_caches(model_config, num_blocks, config.cache.block_size, kv_dtype, device)
     host_kv = build_host_kv(config, model_config, kv_caches, kv_dtype, device)  # None: no host tier
+    store_client = None
+    store_io = None
+    if config.kv_store is not None:
+        from weir.engine.kv.kv_store_client import KVStoreClient
+        from weir.engine.kv.store_kv_tensors import StoreBlockIO
+
+        store_client = KVStoreClient(config.kv_store, StoreBlockIO.payload_bytes_of(kv_caches))
+        store_client.set_scope_share(config.cache.tenant_cache_share)
+        store_io = StoreBlockIO(kv_caches, device, store_client.write)
+        logger.info(
+            "KV store tier: %s namespace %r, %.1f KiB per block, %d blocks per scope at most",
+            config.kv_store.url,
+            config.kv_store.namespace,
+            store_client.value_bytes / 1024,
+            store_client.max_entries_in_scope,
+        )
     capacity = (num_blocks - 1) * config.cache.block_size
     per_token = model_config.kv_bytes_per_token(kv_dtype.itemsize)
     logger.info(
@@ -637,6 +701,7 @@ def build_engine(
         lora=lora,
         threads=threads,
     )
+    runner.store_io = store_io
     from weir.engine.spec_decode.factory import build_drafter
 
     drafter = build_drafter(config, model_config, tokenizer, runner, num_blocks, attn, _pack_linear(config))
@@ -650,6 +715,7 @@ def build_engine(
         faults=faults,
         drafter=drafter,
         cpu_row_inputs=row_inputs,
+        store_io=store_client,
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from weir.engine.kv.host_kv_tier import HostKVStats
+from weir.engine.kv.kv_store_stats import KVStoreStats
 from weir.engine.kv.kv_swap import NO_TRANSFERS, KVTransfers
 from weir.engine.lora.lora_types import AdapterInfo
 from weir.engine.request import FinishReason
@@ -180,6 +181,7 @@ class EngineStats:
     num_grammar_mask_workers_added: int = 0
     step_budget: StepBudgetStats | None = None  # the scheduler's token budget and fitted step cost
     host_kv: HostKVStats | None = None  # the host KV tier; None: it is off
+    kv_store: KVStoreStats | None = None  # the shared KV store tier; None: it is off
     # Speculative decoding totals: draft tokens verified, accepted, and tokens emitted by verify steps.
     num_spec_draft_tokens_total: int = 0
     num_spec_accepted_tokens_total: int = 0

@@ -70,6 +70,7 @@ class RequestStatus(enum.Enum):
     RUNNING = "running"
     PREEMPTED = "preempted"  # its blocks were dropped: it recomputes them when admitted again
     SWAPPED = "swapped"  # its blocks are in the host tier: swapped in when admitted again
+    FETCHING_KV = "fetching_kv"  # out of the queue while its prefix's blocks come from the KV store
     FINISHED_STOPPED = "finished_stopped"
     FINISHED_LENGTH = "finished_length"
     FINISHED_ABORTED = "finished_aborted"

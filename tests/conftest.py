@@ -38,3 +38,12 @@ def default_model_dir() -> Path:
     except importlib.metadata.PackageNotFoundError:
         pytest.skip(f"{DEFAULT_DISTRIBUTION} is not installed")
     return ensure_default_model(Settings().cache_dir, progress=False)
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """A real redis-server on a free loopback port for one test (tests/redis_server.py)."""
+    from tests.redis_server import run_redis_server
+
+    with run_redis_server(tmp_path) as server:
+        yield server

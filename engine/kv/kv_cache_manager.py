@@ -15,17 +15,24 @@ the (src, dst) pairs of copy-on-write.
 - Host tier (optional, `weir.engine.kv.host_kv_tier`): a lookup continues into the host pool, whose hits
   are promoted (copied into device blocks at allocation); `preempt` swaps a victim's blocks to
   the host or drops them, as `weir.engine.kv.swap_policy` decides, and `swap_in` brings them back.
+- Store tier (optional, `weir.engine.kv.kv_store_tier`): a lookup that misses both may go on in the
+  shared store. `start_fetch` asks for the rest of the chain (the scheduler parks the request
+  meanwhile); once its blocks landed, the lookup continues into them and admission copies them into
+  fresh device blocks, cached there (`KVTransfers.store_in`). Each block a request registers is
+  written behind with the next step's transfers (`KVTransfers.store_out`), and a request that ends
+  has any of its cached blocks not written lately written too.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from weir.engine.config import PreemptionMode
 from weir.engine.kv.block_hash import SHARED_SCOPE, hash_blocks
 from weir.engine.kv.block_pool import Block, BlockPool
 from weir.engine.kv.host_kv_tier import HostKVTier
+from weir.engine.kv.kv_store_tier import KVStoreTier
 from weir.engine.kv.kv_swap import KVTransfers
 from weir.engine.kv.shared_prefixes import SharedPrefixRegistry
 from weir.engine.kv.swap_policy import SwapPolicy
@@ -53,6 +60,8 @@ class _ReqKV:
     num_shared: int = 0  # leading hashes in the shared scope
     num_cached: int = 0  # leading blocks already registered in (or found in) the cache
     inflight: list[bytes] = field(default_factory=list)  # hashes it is computing, first to register
+    # Store hits found by the last lookup, after its device and host hits: (hash, payload, scope).
+    store_hits: list[tuple[bytes, bytes, str]] = field(default_factory=list)
 
 
 class KVCacheManager:
@@ -68,6 +77,7 @@ class KVCacheManager:
         tenant_cache_share: float = 1.0,
         host_num_blocks: int = 0,
         swap_policy: SwapPolicy | None = None,  # the host tier's swap-or-recompute cost model
+        store: KVStoreTier | None = None,  # the shared store tier; None: off
     ) -> None:
         self.block_size = block_size
         self.pool = BlockPool(num_blocks, enable_caching)
@@ -76,6 +86,9 @@ class KVCacheManager:
         if host_num_blocks:
             policy = swap_policy if swap_policy is not None else SwapPolicy(block_bytes=1)
             self.host = HostKVTier(host_num_blocks, self.pool, block_size, policy, tenant_cache_share)
+        self.store = store if enable_caching else None
+        self._store_in: list[tuple[int, bytes]] = []  # (device block, payload) for the next step
+        self._store_filled: dict[str, None] = {}  # requests whose blocks the next step's store_in fills
         self.enable_caching = enable_caching
         self._root_digest = root_digest
         self._roots: dict[tuple[str, str], bytes] = {}
@@ -172,16 +185,47 @@ class KVCacheManager:
             return [], 0
         hits: list[Block] = []
         host = self.host
-        for h in self.hashes(req):
+        hashes = self.hashes(req)
+        for h in hashes:
             block = self.pool.lookup(h)
             if block is None and host is not None:
                 block = host.lookup(h)
             if block is None:
                 break
             hits.append(block)
-        if hits and len(hits) * self.block_size >= req.num_tokens:
+        st = self._state(req.request_id)
+        st.store_hits = self._store_hits(req, hashes, len(hits), st.num_shared)
+        if st.store_hits and (len(hits) + len(st.store_hits)) * self.block_size >= req.num_tokens:
+            st.store_hits.pop()
+        elif hits and len(hits) * self.block_size >= req.num_tokens:
             hits.pop()
-        return hits, len(hits) * self.block_size
+        return hits, (len(hits) + len(st.store_hits)) * self.block_size
+
+    def _store_hits(
+        self, req: Request, hashes: list[bytes], start: int, num_shared: int
+    ) -> list[tuple[bytes, bytes, str]]:
+        """The chain from block `start` on as far as the store's landed payloads for `req` go."""
+        landed = self.store.landed(req.request_id) if self.store is not None else None
+        if not landed:
+            return []
+        out: list[tuple[bytes, bytes, str]] = []
+        for i in range(start, len(hashes)):
+            payload = landed.get(hashes[i])
+            if payload is None:
+                break
+            out.append((hashes[i], payload, SHARED_SCOPE if i < num_shared else req.cache_scope))
+        return out
+
+    def start_fetch(self, req: Request, num_hit_tokens: int) -> bool:
+        """Ask the store for the blocks of `req`'s prompt after its `num_hit_tokens` cached tokens
+        (never its last token's block), if that beats recompute; True: the request waits for them."""
+        if self.store is None or req.num_preemptions or self.blocks(req.request_id):
+            return False
+        first = num_hit_tokens // self.block_size
+        last = min(len(self.hashes(req)), (req.num_prompt_tokens - 1) // self.block_size)
+        if last <= first:
+            return False
+        return self.store.try_fetch(req.request_id, self.hashes(req)[first:last], req.cache_scope)
 
     def inflight_owner(self, req: Request, num_hit_tokens: int) -> str | None:
         """The running request computing `req`'s first uncached block right now, if another one."""
@@ -257,6 +301,9 @@ class KVCacheManager:
         if computed:
             self._take_hits(req, computed)
             st.num_cached = len(blocks)
+        if st.store_hits:
+            self._take_store_hits(req, st)
+            st.num_cached = len(blocks)
         need_new = self.blocks_for(num_total_tokens) - len(blocks)
         if need_new > 0:
             blocks.extend(self.pool.allocate(need_new))
@@ -281,6 +328,20 @@ class KVCacheManager:
                     self._cache_block(dst, b.block_hash, b.cache_scope or "")
                 b = dst
             table.append(b)
+
+    def _take_store_hits(self, req: Request, st: _ReqKV) -> None:
+        """Copy the store's landed blocks into fresh device blocks (the step's `store_in`), cached."""
+        for block_hash, payload, scope in st.store_hits:
+            (dst,) = self.pool.allocate(1)
+            self._store_in.append((dst.block_id, payload))
+            if block_hash not in self.pool.cached:
+                self._cache_block(dst, block_hash, scope)
+            st.blocks.append(dst)
+        self._store_filled[req.request_id] = None
+        if self.store is not None:
+            self.store.on_landed(len(st.store_hits))
+            self.store.forget(req.request_id)
+        st.store_hits = []
 
     def _cache_block(self, block: Block, block_hash: bytes, scope: str) -> None:
         """Register a device block in the prefix cache, within its scope's cap (else leave it uncached)."""
@@ -328,6 +389,10 @@ class KVCacheManager:
                 continue
             # The shared scope holds only admin-registered prefixes: it has no cap.
             self._cache_block(block, h, SHARED_SCOPE if i < st.num_shared else req.cache_scope)
+            if self.store is not None and block.block_hash == h and block.cache_scope is not None:
+                # Written behind as soon as it is computed (read before the next step writes any
+                # block), so another replica finds it while this request still decodes.
+                self.store.plan_write(block.block_id, h, block.cache_scope)
         st.num_cached = num_full
 
     # -- forks and frees --------------------------------------------------------------------------
@@ -384,14 +449,21 @@ class KVCacheManager:
         Without `keep_hashes` the request is gone: a swapped-out request's host blocks go too."""
         if self.host is not None and not keep_hashes:
             self.host.drop(req.request_id)  # it ended while swapped out
+        if self.store is not None and not keep_hashes:
+            self.store.end(req.request_id)
         st = self._reqs.get(req.request_id)
         if st is None:
             return
         blocks, st.blocks = st.blocks, []
-        if self._copies and blocks:
+        if self.store is not None and not keep_hashes:
+            for b in blocks[: st.num_cached]:  # written behind: read before the next step writes any block
+                if b.block_hash is not None and b.cache_scope is not None:
+                    self.store.plan_write(b.block_id, b.block_hash, b.cache_scope)
+        if (self._copies or self._store_in) and blocks:
             # A copy into a block given back now must not land on the block's next owner.
             gone = {b.block_id for b in blocks}
             self._copies = [c for c in self._copies if c[1] not in gone]
+            self._store_in = [c for c in self._store_in if c[0] not in gone]
         if blocks:
             self.pool.free(reversed(blocks))
         for h in st.inflight:
@@ -405,7 +477,10 @@ class KVCacheManager:
     # -- admin ------------------------------------------------------------------------------------
 
     def flush(self, scopes: set[str] | None = None, include_pinned: bool = False) -> int:
-        """Forget cached blocks (of `scopes`, or all) in both tiers; returns how many."""
+        """Forget cached blocks (of `scopes`, or all) in every tier; returns how many on the device
+        and the host (the store's removal is queued: `KVStoreTier.flush`)."""
+        if self.store is not None:
+            self.store.flush(scopes)
         pools = [self.pool] if self.host is None else [self.pool, self.host.pool]
         if scopes is None:
             return sum(p.flush(include_pinned=include_pinned) for p in pools)
@@ -418,6 +493,8 @@ class KVCacheManager:
         cost model says so) or freed to recompute; the caller resets a recomputing request."""
         mode = PreemptionMode.RECOMPUTE
         blocks = self.blocks(req.request_id)[: self.blocks_for(req.num_computed_tokens)]
+        if req.request_id in self._store_filled:
+            allow_swap = False  # the store's bytes land after this step's swap-out would read them
         if allow_swap and self.host is not None and blocks:
             # A copy-on-write decided this step for a block being swapped out has not run: copy its source.
             cow_src = {dst: src for src, dst in self._copies}
@@ -453,16 +530,29 @@ class KVCacheManager:
         if self.host is not None:
             self.host.drop(req.request_id)
 
+    def has_pending_transfers(self) -> bool:
+        """Whether store transfers wait for a step (the host tier's wait only while requests run)."""
+        return bool(self._store_in) or (self.store is not None and self.store.has_saves)
+
     def take_transfers(self) -> KVTransfers:
-        """The device <-> host copies decided since the last call, for this step's runner."""
-        return self.host.take() if self.host is not None else KVTransfers()
+        """The copies between the tiers decided since the last call, for this step's runner."""
+        transfers = self.host.take() if self.host is not None else KVTransfers()
+        if self.store is None:
+            return transfers
+        saves = self.store.take_saves()
+        if not saves and not self._store_in:
+            self._store_filled.clear()
+            return transfers
+        store_in, self._store_in = tuple(self._store_in), []
+        filled, self._store_filled = tuple(self._store_filled), {}
+        ids = transfers.swapped_in_ids + tuple(r for r in filled if r not in transfers.swapped_in_ids)
+        return replace(transfers, store_out=saves, store_in=store_in, swapped_in_ids=ids)
 
     def forget_transfers(self, transfers: KVTransfers) -> None:
         """A step failed with these copies: the blocks they were to fill, in either tier, lose
         their hashes (their contents are not trusted). O(cached blocks); failures only."""
-        if self.host is None:
-            return
-        self.host.forget_copied(transfers)
-        filled = {dst for _, dst in transfers.swap_in}
+        if self.host is not None:
+            self.host.forget_copied(transfers)
+        filled = {dst for _, dst in transfers.swap_in} | {dst for dst, _ in transfers.store_in}
         if filled:
             self.pool.flush(lambda b: b.block_id in filled, include_pinned=True)

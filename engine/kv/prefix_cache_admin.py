@@ -22,6 +22,7 @@ from weir.engine.kv.prefix_cache_types import (
     PrefixCacheStats,
     ScopeCacheStats,
     SharedPrefixInfo,
+    StoreCacheStats,
     TenantCacheStats,
 )
 from weir.engine.request import Priority, SamplingParams
@@ -85,6 +86,26 @@ class PrefixCacheAdmin:
             max_cached_blocks_per_scope=kv.max_cached_blocks_per_scope,
             tenants=tuple(tenants),
             scopes=scopes,
+            store=self._store_stats(),
+        )
+
+    def _store_stats(self) -> StoreCacheStats | None:
+        if self.kv.store is None:
+            return None
+        s = self.kv.store.stats()
+        io = s.io
+        return StoreCacheStats(
+            breaker_state=s.breaker_state.name.lower(),
+            num_hit_blocks=io.num_hit_blocks,
+            num_miss_blocks=io.num_miss_blocks,
+            num_refused_blocks=io.num_bad_mac + io.num_bad_length,
+            num_landed_blocks=s.decisions.num_landed_blocks,
+            num_written_blocks=io.num_written_blocks,
+            num_dropped_writes=io.num_dropped_writes,
+            bytes_read=io.bytes_read,
+            bytes_written=io.bytes_written,
+            max_bytes_per_scope=s.max_entries_per_scope * s.value_bytes,
+            scope_bytes=tuple((k, n * s.value_bytes) for k, n in sorted(io.scope_entries.items())),
         )
 
     # -- shared prefixes --------------------------------------------------------------------------

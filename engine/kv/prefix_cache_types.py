@@ -66,6 +66,23 @@ class ScopeCacheStats:
 
 
 @dataclass(frozen=True)
+class StoreCacheStats:
+    """The shared KV store tier as this replica sees it (engine/kv/kv_store_tier.py)."""
+
+    breaker_state: str  # closed | open | half_open
+    num_hit_blocks: int
+    num_miss_blocks: int
+    num_refused_blocks: int  # bad MAC or wrong length: never loaded
+    num_landed_blocks: int  # copied into device blocks
+    num_written_blocks: int
+    num_dropped_writes: int
+    bytes_read: int
+    bytes_written: int
+    max_bytes_per_scope: int  # each cache scope's cap in the store
+    scope_bytes: tuple[tuple[str, int], ...] = ()  # a scope's bytes after this replica's last write
+
+
+@dataclass(frozen=True)
 class PrefixCacheStats:
     """The whole prefix cache: totals, per tenant, per scope."""
 
@@ -84,6 +101,7 @@ class PrefixCacheStats:
     max_cached_blocks_per_scope: int  # the per-tenant cap
     tenants: tuple[TenantCacheStats, ...] = ()
     scopes: tuple[ScopeCacheStats, ...] = ()
+    store: StoreCacheStats | None = None  # the shared KV store tier; None: off
 
     @property
     def hit_rate(self) -> float:

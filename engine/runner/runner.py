@@ -22,6 +22,7 @@ import torch
 from weir.engine.errors import InvalidRequestError
 from weir.engine.faults import FaultInjector
 from weir.engine.kv.host_kv_tensors import HostKVCopier
+from weir.engine.kv.store_kv_tensors import StoreBlockIO
 from weir.engine.lora.lora_manager import LoraManager
 from weir.engine.output import ScheduledRequest, SchedulerOutput
 from weir.engine.request import Request
@@ -79,6 +80,7 @@ class ModelRunner:
         self.threads = threads  # the CPU's intra-op threads per step; None: as the process set them
         self.lora = lora  # the LoRA adapters and slots; None: no adapters
         self.host_kv = host_kv  # the host KV tier's tensors; None: no swapping
+        self.store_io: StoreBlockIO | None = None  # the shared KV store's block bytes; None: no store
         self.graphs = graphs  # decode steps that fit a captured bucket replay a CUDA graph
         self.kv_caches = kv_caches
         self.block_size = block_size
@@ -189,13 +191,19 @@ class ModelRunner:
     def transfer_blocks(self, out: SchedulerOutput) -> None:
         """The step's block copies in their order (engine/kv/kv_swap.py): swap-out, COW, swap-in."""
         swaps = out.swaps
-        if not swaps.is_empty and self.host_kv is None:
+        if swaps.has_swaps and self.host_kv is None:
             raise RuntimeError("the step swaps blocks but this runner has no host KV cache")
+        if (swaps.store_out or swaps.store_in) and self.store_io is None:
+            raise RuntimeError("the step moves blocks to or from the KV store but this runner has no store")
+        if self.store_io is not None:
+            self.store_io.save(swaps.store_out)  # before anything of this step writes a block
         if self.host_kv is not None:
             self.host_kv.swap_out(swaps.swap_out)
         self.copy_blocks(out.blocks_to_copy)
         if self.host_kv is not None:
             self.host_kv.swap_in(swaps.swap_in)
+        if self.store_io is not None:
+            self.store_io.load(swaps.store_in)
 
     @torch.inference_mode()
     def execute(

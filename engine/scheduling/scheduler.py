@@ -10,6 +10,11 @@ a running request right now is held back (continuous batching only), so the bloc
 once and the held request finds it cached a step later. Forks: the other choices of an n>1
 request wait for the first one's prefill, then reference its blocks (copy-on-write) instead of
 computing the prompt again; beam search forks running beams the same way.
+
+KV store (optional): a request whose prefix the KV cache manager decides to fetch from the shared
+store leaves the queue for the FETCHING_KV state while its blocks arrive on the store's I/O
+thread; the others keep stepping. When the fetch ends (blocks landed, a miss, a fault or its
+deadline), it goes back to the head of its queue and is admitted on what landed.
 """
 
 from __future__ import annotations
@@ -124,6 +129,7 @@ class Scheduler:
         self._sat_out: set[str] = set()  # decodes that sat the last step out for a first answer
         # Who gives way when blocks or seats run out, and the residency that decides it.
         self.preemption = Preemption(config, kv, self.running, self.waiting, self.slo, lambda: self.num_steps)
+        self.fetching: dict[str, tuple[Request, RequestStatus]] = {}  # id -> (request, status before)
 
     # -- queue management -------------------------------------------------------------------
 
@@ -210,7 +216,7 @@ class Scheduler:
         self.preemption.forget(request_id)
         if self.running.pop(request_id, None) is not None:
             self.waiting.on_running(req, -1)
-        else:
+        elif self.fetching.pop(request_id, None) is None:
             self.waiting.remove(req)
         req.status = status
         self.kv.free(req)
@@ -247,6 +253,8 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         """Decide the next step (the order and the step target: engine/scheduling/step_plan.py)."""
         self.num_steps += 1
+        if self.fetching or self.kv.store is not None:
+            self._end_fetches()
 
         running = list(self.running.values())
         throughput_s = self.step_budget.config.target_step_s
@@ -579,6 +587,11 @@ class Scheduler:
             # A swapped-out request comes back with its blocks from the host tier.
             swapped = req.status is RequestStatus.SWAPPED
             computed, num_cached = ([], 0) if swapped else self.kv.get_computed_blocks(req)
+            if not swapped and self.kv.start_fetch(req, num_cached):
+                self.waiting.remove(req)  # it waits for its blocks out of the queue; others step on
+                self.fetching[req.request_id] = (req, req.status)
+                req.status = RequestStatus.FETCHING_KV
+                continue
             if not swapped and may_hold and self.kv.inflight_owner(req, num_cached) is not None:
                 self.waiting.remove(req)
                 held.append(req)
@@ -617,6 +630,17 @@ class Scheduler:
         for req in reversed(displaced):
             self.waiting.prepend(req)
 
+    def _end_fetches(self) -> None:
+        """Requests whose store fetch ended go back to the head of their queue."""
+        if self.kv.store is None:
+            return
+        for rid in self.kv.store.poll():
+            entry = self.fetching.pop(rid, None)
+            if entry is not None:
+                req, status = entry
+                req.status = status
+                self.waiting.prepend(req)
+
     def _unstall(self, step: StepDraft) -> None:
         """Only idle sequences hold blocks (beams waiting for a sibling that was preempted) and the
         waiting ones cannot get any: preempt idle ones until a waiting request is admitted.
@@ -647,7 +671,8 @@ class Scheduler:
         lines = [
             f"running {len(self.running)}, waiting {len(self.waiting)}, free blocks "
             f"{self.kv.num_free_blocks}/{self.kv.num_total_blocks}, budget {self.step_budget.last_budget}, "
-            f"running cap {self.step_budget.max_running()}, pending forks {len(self.forks)}"
+            f"running cap {self.step_budget.max_running()}, pending forks {len(self.forks)}, "
+            f"fetching KV {len(self.fetching)}"
         ]
         for req in self.running.values():
             lines.append(
@@ -765,6 +790,10 @@ class Scheduler:
         """
         now = self.clock()
         timeout = default_s
+        store = self.kv.store
+        fetch_deadline = store.next_deadline_s() if store is not None else None
+        if fetch_deadline is not None:
+            timeout = min(timeout, fetch_deadline - now)
         if self._num_deadlines:
             for req in self.waiting:
                 deadline = _queued_deadline(req)

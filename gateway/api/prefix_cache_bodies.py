@@ -11,7 +11,12 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from weir.engine.kv.prefix_cache_types import PrefixCacheStats, SharedPrefixInfo, TenantCacheStats
+from weir.engine.kv.prefix_cache_types import (
+    PrefixCacheStats,
+    SharedPrefixInfo,
+    StoreCacheStats,
+    TenantCacheStats,
+)
 
 NonEmpty = Annotated[str, Field(min_length=1)]
 
@@ -82,6 +87,45 @@ class ScopeCacheStatsBody(BaseModel):
     evictions: int
 
 
+class StoreCacheStatsBody(BaseModel):
+    """The shared KV store tier as this replica sees it (`--kv-store`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    breaker_state: Literal["closed", "open", "half_open"]
+    hit_blocks: int
+    miss_blocks: int
+    refused_blocks: int
+    landed_blocks: int
+    written_blocks: int
+    dropped_writes: int
+    bytes_read: int
+    bytes_written: int
+    max_bytes_per_tenant: int
+    scope_bytes: dict[str, int]
+
+    @classmethod
+    def of(cls, s: StoreCacheStats) -> StoreCacheStatsBody:
+        return cls.model_validate(store_json(s))
+
+
+def store_json(s: StoreCacheStats) -> dict[str, Any]:
+    """The store tier's part of the stats (the route's JSON and the body share it)."""
+    return {
+        "breaker_state": s.breaker_state,
+        "hit_blocks": s.num_hit_blocks,
+        "miss_blocks": s.num_miss_blocks,
+        "refused_blocks": s.num_refused_blocks,
+        "landed_blocks": s.num_landed_blocks,
+        "written_blocks": s.num_written_blocks,
+        "dropped_writes": s.num_dropped_writes,
+        "bytes_read": s.bytes_read,
+        "bytes_written": s.bytes_written,
+        "max_bytes_per_tenant": s.max_bytes_per_scope,
+        "scope_bytes": dict(s.scope_bytes),
+    }
+
+
 class PrefixCacheStatsBody(BaseModel):
     """The whole cache of one model version: totals, tenants, scopes."""
 
@@ -105,6 +149,7 @@ class PrefixCacheStatsBody(BaseModel):
     max_cached_blocks_per_tenant: int
     tenants: list[TenantCacheStatsBody]
     scopes: list[ScopeCacheStatsBody]
+    store: StoreCacheStatsBody | None = None  # the shared KV store tier; null: off
 
     @classmethod
     def of(cls, s: PrefixCacheStats) -> PrefixCacheStatsBody:
@@ -131,6 +176,7 @@ class PrefixCacheStatsBody(BaseModel):
                 )
                 for c in s.scopes
             ],
+            store=StoreCacheStatsBody.of(s.store) if s.store is not None else None,
         )
 
 

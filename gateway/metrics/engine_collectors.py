@@ -24,6 +24,7 @@ from prometheus_client.registry import Collector
 from weir.engine.output import EngineStats
 from weir.gateway.metrics.adapter_metrics import adapter_metrics
 from weir.gateway.metrics.host_kv_metrics import host_kv_metrics
+from weir.gateway.metrics.kv_store_metrics import kv_store_metrics
 from weir.gateway.metrics.server_load_metrics import server_load_metrics
 from weir.gateway.metrics.slo_metrics import slo_metrics
 from weir.gateway.metrics.spec_decode_metrics import spec_decode_metrics
@@ -125,6 +126,7 @@ def engine_load_metrics(s: EngineStats) -> Iterator[Metric]:
     yield from step_budget_metrics(s.step_budget)
     yield from slo_metrics(s.slo, s.step_budget)
     yield from host_kv_metrics(s)
+    yield from kv_store_metrics(s)
     yield from spec_decode_metrics(s)
     yield from step_threads_metrics(s.step_threads)
 

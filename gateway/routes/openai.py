@@ -7,9 +7,12 @@ sampling values) is checked here, before admission and before anything reaches t
 
 from __future__ import annotations
 
+import functools
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -29,13 +32,13 @@ from weir.gateway.admission.accounting import (
 from weir.gateway.api.anthropic_protocol import parse_messages_request
 from weir.gateway.api.anthropic_stream import AnthropicFormatter
 from weir.gateway.api.protocol import (
+    ChatCompletionRequest,
     Endpoint,
     decode_json_object,
     parse_chat_request,
     parse_completion_request,
 )
 from weir.gateway.api.responses import ChatFormatter, CompletionFormatter, ResponseFormatter
-from weir.gateway.api.tool_calls import ToolsRequest
 from weir.gateway.fleet.adapter_catalog import AdapterCatalog
 from weir.gateway.fleet.model_fleet import Lease, ModelFleet, ModelUnavailableError
 from weir.gateway.http.error_tarpit import mark_key_proved
@@ -65,13 +68,28 @@ from weir.tenancy.store.enums import ModelVersionState
 
 Authenticate = Callable[[str | None, str], Awaitable[TenantContext]]
 
-# Response ids, and answer shapes, by endpoint (`/v1/messages` answers in Anthropic's).
-_ID_PREFIXES = {Endpoint.CHAT: "chatcmpl-", Endpoint.COMPLETIONS: "cmpl-", Endpoint.MESSAGES: "msg_"}
-_FORMATTERS: dict[Endpoint, type[ResponseFormatter]] = {
-    Endpoint.CHAT: ChatFormatter,
-    Endpoint.COMPLETIONS: CompletionFormatter,
-    Endpoint.MESSAGES: AnthropicFormatter,
-}
+# Reads a body into a generation request checked, routed and tokenized (the lease released if it raises).
+Prepare = Callable[[Request, TenantContext, dict[str, Any], str], Awaitable[Prepared]]
+
+
+def _no_extra(prepared: Prepared) -> dict[str, object]:
+    return {}
+
+
+def _anthropic_extra(prepared: Prepared) -> dict[str, object]:
+    return {"input_tokens": sum(len(p) for p in prepared.prompts)}  # Anthropic's message_start reports it
+
+
+@dataclass(frozen=True)
+class _GenerationRoute:
+    """What differs between the generation endpoints: the rest of the path is one."""
+
+    endpoint: Endpoint
+    id_prefix: str  # of the response ids
+    prepare: Prepare
+    formatter: type[ResponseFormatter]  # the answer's shape (`/v1/messages` answers in Anthropic's)
+    x_api_key: bool = False  # the key may come as `x-api-key` (Anthropic's clients send it so)
+    extra: Callable[[Prepared], dict[str, object]] = _no_extra  # the formatter's endpoint-only arguments
 
 
 class _Started(Response):
@@ -112,6 +130,23 @@ class OpenAIRoutes:
         self.accountant = accountant
         self.tracer = tracer
         self.state = state
+        self._chat = _GenerationRoute(
+            Endpoint.CHAT,
+            "chatcmpl-",
+            functools.partial(self._prepare_chat, parse_chat_request),
+            ChatFormatter,
+        )
+        self._completions = _GenerationRoute(
+            Endpoint.COMPLETIONS, "cmpl-", self._prepare_completion, CompletionFormatter
+        )
+        self._messages = _GenerationRoute(
+            Endpoint.MESSAGES,
+            "msg_",
+            functools.partial(self._prepare_chat, parse_messages_request),
+            AnthropicFormatter,
+            x_api_key=True,
+            extra=_anthropic_extra,
+        )
 
     def routes(self) -> list[BaseRoute]:
         return [
@@ -174,15 +209,15 @@ class OpenAIRoutes:
         return JSONResponse(served.card())
 
     async def chat_completions(self, request: Request) -> Response:
-        return await self._generate(request, Endpoint.CHAT)
+        return await self._generate(request, self._chat)
 
     async def completions(self, request: Request) -> Response:
-        return await self._generate(request, Endpoint.COMPLETIONS)
+        return await self._generate(request, self._completions)
 
     async def messages(self, request: Request) -> Response:
         """Anthropic's Messages API, run as a chat (`weir.gateway.api.anthropic_protocol`)."""
         request.state.error_shape = ErrorShape.ANTHROPIC
-        return await self._generate(request, Endpoint.MESSAGES)
+        return await self._generate(request, self._messages)
 
     def _chars_per_token(self, prompt_builder: PromptBuilder) -> int:
         return self.prompt_limits.resolved_chars_per_token(prompt_builder.max_token_chars)
@@ -243,58 +278,84 @@ class OpenAIRoutes:
         if self.state.draining:
             raise ServiceUnavailableError("the server is shutting down", code="shutting_down")
 
-    async def _generate(self, request: Request, endpoint: Endpoint) -> Response:
+    async def _generate(self, request: Request, route: _GenerationRoute) -> Response:
+        """Authenticate, prepare (the endpoint's own step), admit and start one generation request."""
         arrival_s = time.monotonic()
         span = self.start_span(request)
-        lease: Lease | None = None
-        adapter_name: str | None = None
-        tools: ToolsRequest | None = None
         try:
             self.check_open()
-            tenant = await self._tenant(request, x_api_key=endpoint is Endpoint.MESSAGES)
+            tenant = await self._tenant(request, x_api_key=route.x_api_key)
             body = decode_json_object(await request.body())
-            response_id = _ID_PREFIXES[endpoint] + uuid.uuid4().hex
-            # Sizes and counts are checked before anything reads, renders or tokenizes the prompts,
-            # which then happens on the tokenizer pool, within the tenant's share of it (or on the
-            # loop, for a prompt within the pool's `inline_max_bytes`).
-            if endpoint is not Endpoint.COMPLETIONS:
-                parse = parse_chat_request if endpoint is Endpoint.CHAT else parse_messages_request
-                chat = parse(body, self.prompt_limits.max_chat_messages)
-                model, options = chat.model, chat.options
-                lease, adapter_name = self._route(request, model, tenant, response_id)
-                prompt_builder, served = lease.version.prompts, lease.version.served
-                assert prompt_builder is not None and served is not None  # a routed version is loaded
-                tools = chat.tools
-                messages = chat.prompt_messages()
-                check_chat_size(messages, served.max_model_len, self._chars_per_token(prompt_builder))
-                prompts: Sequence[tuple[int, ...]] = (
-                    await prompt_builder.encode_chat_async(messages, self.tokenizer_pool, tenant.tenant_id),
-                )
-            else:
-                completion = parse_completion_request(body, self._max_prompt_ids())
-                model, options = completion.model, completion.options
-                lease, adapter_name = self._route(request, model, tenant, response_id)
-                prompt_builder, served = lease.version.prompts, lease.version.served
-                assert prompt_builder is not None and served is not None
-                check_prompt_sizes(
-                    completion.prompts, served.max_model_len, self._chars_per_token(prompt_builder)
-                )
-                prompts = await prompt_builder.encode_prompts_async(
-                    completion.prompts, self.tokenizer_pool, tenant.tenant_id
-                )
-            prepared = Prepared(
-                tenant, response_id, model, options, tuple(prompts), lease, adapter_name, tools
-            )
-            admitted = await self.admit(prepared, endpoint, arrival_s, span)
-        except BaseException as exc:  # cancelled too (e.g. waiting in admission): the lease goes back
-            if lease is not None:
-                lease.release()
+            prepared = await route.prepare(request, tenant, body, route.id_prefix + uuid.uuid4().hex)
+        except BaseException as exc:
             span.end(str(exc))
             raise
-        extra: dict[str, object] = {}
-        if endpoint is Endpoint.MESSAGES:
-            extra = {"input_tokens": sum(len(p) for p in prompts)}
-        return self.start(prepared, endpoint, arrival_s, span, admitted, _FORMATTERS[endpoint], **extra)
+        try:
+            admitted = await self.admit(prepared, route.endpoint, arrival_s, span)
+        except BaseException as exc:  # cancelled too (e.g. waiting in admission): the lease goes back
+            prepared.lease.release()
+            span.end(str(exc))
+            raise
+        return self.start(
+            prepared, route.endpoint, arrival_s, span, admitted, route.formatter, **route.extra(prepared)
+        )
+
+    # Sizes and counts are checked before anything reads, renders or tokenizes the prompts, which
+    # then happens on the tokenizer pool, within the tenant's share of it (or on the loop, for a
+    # prompt within the pool's `inline_max_bytes`).
+
+    async def _prepare_chat(
+        self,
+        parse: Callable[[Mapping[str, Any], int], ChatCompletionRequest],
+        request: Request,
+        tenant: TenantContext,
+        body: dict[str, Any],
+        response_id: str,
+    ) -> Prepared:
+        """A chat (OpenAI's or Anthropic's body, by `parse`): its messages rendered by the chat template."""
+        chat = parse(body, self.prompt_limits.max_chat_messages)
+        lease, adapter_name = self._route(request, chat.model, tenant, response_id)
+        try:
+            prompt_builder, served = lease.version.prompts, lease.version.served
+            assert prompt_builder is not None and served is not None  # a routed version is loaded
+            messages = chat.prompt_messages()
+            check_chat_size(messages, served.max_model_len, self._chars_per_token(prompt_builder))
+            prompt = await prompt_builder.encode_chat_async(messages, self.tokenizer_pool, tenant.tenant_id)
+        except BaseException:
+            lease.release()
+            raise
+        return Prepared(
+            tenant, response_id, chat.model, chat.options, (prompt,), lease, adapter_name, chat.tools
+        )
+
+    async def _prepare_completion(
+        self, request: Request, tenant: TenantContext, body: dict[str, Any], response_id: str
+    ) -> Prepared:
+        """A completion: its prompts (texts or token ids) as they are."""
+        completion = parse_completion_request(body, self._max_prompt_ids())
+        lease, adapter_name = self._route(request, completion.model, tenant, response_id)
+        try:
+            prompt_builder, served = lease.version.prompts, lease.version.served
+            assert prompt_builder is not None and served is not None
+            check_prompt_sizes(
+                completion.prompts, served.max_model_len, self._chars_per_token(prompt_builder)
+            )
+            prompts = await prompt_builder.encode_prompts_async(
+                completion.prompts, self.tokenizer_pool, tenant.tenant_id
+            )
+        except BaseException:
+            lease.release()
+            raise
+        return Prepared(
+            tenant,
+            response_id,
+            completion.model,
+            completion.options,
+            tuple(prompts),
+            lease,
+            adapter_name,
+            None,
+        )
 
     async def admit(
         self, prepared: Prepared, endpoint: Endpoint, arrival_s: float, span: RequestSpan

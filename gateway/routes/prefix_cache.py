@@ -39,6 +39,7 @@ from weir.engine.client import PrefixCacheControl
 from weir.engine.kv.prefix_cache_types import PrefixCacheStats, SharedPrefixInfo, TenantCacheStats
 from weir.gateway.api.openai_bodies.params import bad_request
 from weir.gateway.api.openai_bodies.requests import ChatMessageBody
+from weir.gateway.api.prefix_cache_bodies import store_json
 from weir.gateway.api.protocol import ChatMessage, message_of
 from weir.gateway.http.admin_auth import AdminAuthenticator
 from weir.gateway.http.errors import BadRequestError, NotFoundError, PayloadTooLargeError, UnprocessableError
@@ -95,6 +96,7 @@ def stats_json(s: PrefixCacheStats) -> dict[str, Any]:
             {"cache_scope": c.cache_scope, "cached_blocks": c.num_cached_blocks, "evictions": c.num_evictions}
             for c in s.scopes
         ],
+        "store": store_json(s.store) if s.store is not None else None,
     }
 
 

@@ -109,7 +109,7 @@ def set_engine_threads(settings: Settings, device: str) -> int | None:
 
 def engine_config(settings: Settings, model_path: Path, device: str) -> EngineConfig:
     """The EngineConfig for these settings."""
-    from weir.engine.config import CacheConfig, EngineConfig, SchedulerConfig
+    from weir.engine.config import CacheConfig, EngineConfig, MaskConfig, SchedulerConfig
     from weir.engine.runner.loader import load_model_config
     from weir.engine.scheduling.latency_targets import class_targets_for
     from weir.engine.spec_decode.config import SpeculativeConfig
@@ -152,6 +152,13 @@ def engine_config(settings: Settings, model_path: Path, device: str) -> EngineCo
         cpu_decode_layers=settings.cpu_decode_layers,
         speculative=SpeculativeConfig.parse(settings.speculative, settings.num_speculative_tokens),
         lora=lora_config(settings),
+        masks=MaskConfig(
+            num_workers=settings.grammar_mask_workers,
+            max_workers=settings.grammar_mask_workers + settings.grammar_mask_extra_workers,
+            timeout_s=settings.grammar_mask_timeout_s,
+            queue_timeout_s=6 * settings.grammar_mask_timeout_s,
+        ),
+        kv_store=settings.kv_store_config(),
     )
 
 
@@ -248,6 +255,7 @@ def to_usage_record_in(record: UsageRecord) -> UsageRecordIn:
         model_version=record.model_version,
         user=record.user,
         adapter=record.adapter,
+        endpoint=record.endpoint.value,
     )
 
 

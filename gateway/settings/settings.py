@@ -24,6 +24,7 @@ from typing import Any
 from pydantic import ConfigDict, ValidationError
 from pydantic.dataclasses import dataclass
 
+from weir.engine.config import KVStoreConfig
 from weir.engine.spec_decode.config import SpeculativeConfig
 from weir.gateway.settings.setting_field import DeclaredSetting, declared_settings
 from weir.gateway.settings.settings_device import DeviceFields
@@ -94,6 +95,7 @@ class Settings(PromptFields, SchedulingFields, DeviceFields, ModelFields, Server
         if self.served_model_name is not None and not self.served_model_name.strip():
             raise ValueError("served_model_name must not be blank")
         SpeculativeConfig.parse(self.speculative, self.num_speculative_tokens)  # ValueError names it
+        self.kv_store_config()  # ValueError names the setting
 
     @property
     def auth_mode(self) -> AuthMode:
@@ -120,6 +122,25 @@ class Settings(PromptFields, SchedulingFields, DeviceFields, ModelFields, Server
             return self.served_model_name
         path = model_path or self.model_path
         return path.name if path is not None else DEFAULT_MODEL_NAME
+
+    def kv_store_config(self) -> KVStoreConfig | None:
+        """The engine's KV store tier settings; None when `kv_store_url` is not set."""
+        if self.kv_store_url is None:
+            return None
+        if not self.kv_store_secret:
+            raise ValueError("kv_store_url is set but WEIR_KV_STORE_SECRET is not (the values' MAC key)")
+        try:
+            return KVStoreConfig(
+                url=self.kv_store_url,
+                secret=self.kv_store_secret.encode(),
+                password=self.kv_store_password,
+                namespace=self.kv_store_namespace,
+                ttl_s=self.kv_store_ttl_s,
+                max_bytes=self.kv_store_max_mib << 20,
+                timeout_s=self.kv_store_timeout_ms / 1e3,
+            )
+        except ValueError as exc:
+            raise ValueError(f"kv_store: {exc}") from None
 
     def resolved_dtype(self, device: str) -> str:
         """`dtype`, defaulting to float32 on CPU and bfloat16 on an accelerator."""

@@ -66,6 +66,46 @@ class ModelFields:
         metavar="N",
         ge=0,
     )
+    kv_store_url: str | None = setting(
+        None,
+        "shared KV tier on a Redis/Valkey server, redis://host:port/db, below the host tier; needs "
+        "WEIR_KV_STORE_SECRET",
+        doc="the shared KV store tier on a Redis/Valkey server, `redis://host:6379/0` (`rediss://` for "
+        "TLS, never with a password in it), below the host tier: replicas share prefix blocks "
+        "([prefix-cache.md](prefix-cache.md#the-store-tier-one-cache-for-every-replica)); needs "
+        "`WEIR_KV_STORE_SECRET`",
+        default_text="none",
+        flag="--kv-store",
+        metavar="URL",
+    )
+    kv_store_namespace: str = setting(
+        "weir",
+        "keeps deployments sharing one KV store apart",
+        metavar="NAME",
+        pattern=r"^[^*?\[\]: \\]+$",
+    )
+    kv_store_secret: str | None = setting(
+        None,
+        "the KV store values' HMAC key (at least 16 bytes); required with --kv-store",
+        secret=True,
+    )
+    kv_store_password: str | None = setting(
+        None, "the KV store's password (AUTH), if it has one", secret=True
+    )
+    kv_store_ttl_s: int = setting(3600, "every KV store entry expires after S s", metavar="S", ge=1)
+    kv_store_max_mib: int = setting(
+        1024,
+        "KV store bytes this deployment may hold; a tenant holds --tenant-cache-share of it",
+        metavar="MIB",
+        ge=1,
+    )
+    kv_store_timeout_ms: float = setting(
+        500.0,
+        "bound of one KV store call; a fetch also waits no longer than its prefill would take",
+        metavar="MS",
+        gt=0,
+        finite=True,
+    )
     memory_budget_mib: int | None = setting(
         None,
         "memory all loaded model versions (weights + KV pools) must fit in together",

@@ -75,3 +75,31 @@ class PromptFields:
         gt=0,
     )
     grammar_compile_workers: int = setting(2, "worker threads that compile grammars", metavar="N", ge=1)
+    grammar_mask_workers: int = setting(
+        2,
+        "worker threads that compute constrained requests' next-token masks ahead of each step",
+        doc="worker threads (lowest CPU priority) that compute constrained requests' next-token masks while "
+        "the step's forward runs, shared fairly between tenants (engine/structured/mask_pool.py)",
+        metavar="N",
+        ge=1,
+        le=64,
+    )
+    grammar_mask_extra_workers: int = setting(
+        6,
+        "mask threads started beyond the workers for a tenant with no mask running while others' hold them all",
+        doc="mask threads the pool may start beyond `--grammar-mask-workers`, each for a tenant with no mask "
+        "running while other tenants' slow masks hold every worker (they end when idle)",
+        metavar="N",
+        ge=0,
+        le=256,
+    )
+    grammar_mask_timeout_s: float = setting(
+        5.0,
+        "a constrained request whose next-token mask runs past S seconds fails alone with grammar_timeout",
+        doc="a constrained request whose next mask has been computing this long on a worker fails alone "
+        "(`grammar_timeout`, its blocks freed); time spent waiting for a worker is not counted (a mask "
+        "that never gets one fails after 6x this)",
+        metavar="S",
+        gt=0,
+        le=600,
+    )

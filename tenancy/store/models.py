@@ -43,6 +43,7 @@ MAX_ADAPTER_NAME_LEN = 128
 KEY_ID_LEN = 32
 HASH_LEN = 64
 USER_LEN = 256  # the request's `user` field as stored (weir.gateway.api.openai_bodies.requests bounds it)
+ENDPOINT_LEN = 32  # a usage record's endpoint name
 PRINCIPAL_LEN = 96  # a budget bucket's subject: "key:<id>:tokens"
 MODEL_VERSION_ID_LEN = MAX_NAME_LEN + 1 + MAX_VERSION_LEN  # name@version
 CURRENCY_LEN = 3
@@ -236,6 +237,9 @@ class UsageRecord(Base):
     spend_micros: Mapped[int | None] = mapped_column(BigInteger)
     currency: Mapped[str | None] = mapped_column(String(CURRENCY_LEN))
     price_id: Mapped[int | None] = mapped_column(Integer)
+    # The API the request came through (chat.completion, text_completion, message, response,
+    # tokenize: weir.gateway.api.protocol.Endpoint's values); NULL before 0012.
+    endpoint: Mapped[str | None] = mapped_column(String(ENDPOINT_LEN))
 
 
 class AuditEvent(Base):

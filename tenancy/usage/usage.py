@@ -30,6 +30,7 @@ def usage_row(record: UsageRecordIn, tenant_id: int, now: dt.datetime) -> dict[s
         "model_version": record.model_version,
         "user": record.user,
         "adapter": record.adapter,
+        "endpoint": record.endpoint,
         "prompt_tokens": record.prompt_tokens,
         "completion_tokens": record.completion_tokens,
         "cached_tokens": record.cached_tokens,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import re
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -18,6 +19,10 @@ from weir.tenancy.quota_limits import MAX_INT32
 from weir.tenancy.store.enums import UsageStatus
 from weir.tenancy.store.field_rules import check_aware, validate_tenant_name
 from weir.tenancy.store.models import MODEL_VERSION_ID_LEN, USER_LEN
+
+_ENDPOINT = re.compile(
+    r"[a-z][a-z._]{0,31}"
+)  # a usage record's endpoint (weir.tenancy.store.models.ENDPOINT_LEN)
 
 
 @dataclass(frozen=True)
@@ -48,6 +53,8 @@ class UsageRecordIn:
     user: str | None = None  # the request's `user` field (the client's end user), at most 256 chars
     # The LoRA adapter the request ran through (its name); None: the base model.
     adapter: str | None = None
+    # The API the request came through (`chat.completion`, `message`, `response`, ...); None: not known.
+    endpoint: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.request_id, str) or not 1 <= len(self.request_id) <= 128:
@@ -68,6 +75,10 @@ class UsageRecordIn:
             not isinstance(self.adapter, str) or not 1 <= len(self.adapter) <= 128
         ):
             raise FieldError("adapter", "must be a string of 1-128 characters or None")
+        if self.endpoint is not None and (
+            not isinstance(self.endpoint, str) or _ENDPOINT.fullmatch(self.endpoint) is None
+        ):
+            raise FieldError("endpoint", "must be 1-32 lowercase letters, dots or underscores, or None")
         if not isinstance(self.status, UsageStatus):
             raise FieldError("status", "must be a UsageStatus")
         for name in ("prompt_tokens", "completion_tokens", "cached_tokens"):

@@ -1,6 +1,7 @@
 """Agent frameworks on `/v1/responses`, unchanged, against SmolLM2-135M-Instruct behind a real
 server (uvicorn on 127.0.0.1, the real engine on CPU): the OpenAI Agents SDK with its default
-Responses model (`OpenAIResponsesModel`) running a function tool, and pydantic-ai's Responses
+Responses model (`OpenAIResponsesModel`) and its `OpenAIChatCompletionsModel` running a function
+tool, LangChain with `use_responses_api=True`, and pydantic-ai's Responses
 model with a nested pydantic `output_type`.
 """
 
@@ -70,6 +71,41 @@ def test_openai_agents_sdk_runs_a_tool_through_its_responses_model(real: RealSer
     assert isinstance(answer.final_output, str) and answer.final_output
 
 
+def test_openai_agents_sdk_runs_a_tool_through_its_chat_completions_model(real: RealServer) -> None:
+    # The same agent on the SDK's other model, which speaks /v1/chat/completions.
+    from agents import (
+        Agent,
+        ModelSettings,
+        OpenAIChatCompletionsModel,
+        Runner,
+        function_tool,
+        set_tracing_disabled,
+    )
+    from openai import AsyncOpenAI
+
+    set_tracing_disabled(True)
+    calls: list[str] = []
+
+    @function_tool
+    def get_weather(city: str) -> str:
+        """The current weather in a city."""
+        calls.append(city)
+        return f"It is 18 degrees and sunny in {city}."
+
+    client = AsyncOpenAI(base_url=real.url + "/v1", api_key="local", max_retries=0, timeout=120)
+    agent = Agent(
+        name="weather",
+        instructions="You answer questions about the weather. Use the get_weather tool.",
+        model=OpenAIChatCompletionsModel(model=MODEL, openai_client=client),
+        model_settings=ModelSettings(tool_choice="required", temperature=0, max_tokens=48),
+        tools=[get_weather],
+        tool_use_behavior="stop_on_first_tool",
+    )
+    result = Runner.run_sync(agent, "What is the weather in Paris?", max_turns=3)
+    assert calls and isinstance(calls[0], str) and calls[0]
+    assert result.final_output == f"It is 18 degrees and sunny in {calls[0]}."
+
+
 class City(BaseModel):
     name: str = Field(max_length=24)
     country: str = Field(max_length=24)
@@ -90,3 +126,30 @@ def test_pydantic_ai_with_a_nested_output_type(real: RealServer) -> None:
     result = agent.run_sync("Plan a trip from Paris, France to Rome, Italy.")
     assert isinstance(result.output, Trip)
     assert isinstance(result.output.origin, City) and result.output.destination.name
+
+
+def test_langchain_on_the_responses_api(real: RealServer) -> None:
+    # LangChain's ChatOpenAI with `use_responses_api=True` sends /v1/responses: a nested
+    # structured output and a bound tool come back parsed.
+    langchain_openai = pytest.importorskip("langchain_openai")
+    llm = langchain_openai.ChatOpenAI(
+        model=MODEL,
+        base_url=real.url + "/v1",
+        api_key="local",
+        temperature=0,
+        max_tokens=80,
+        max_retries=0,
+        use_responses_api=True,
+    )
+    trip = llm.with_structured_output(Trip, method="json_schema").invoke(
+        "A trip from Lyon, France to Oslo, Norway."
+    )
+    assert isinstance(trip, Trip) and isinstance(trip.origin, City)
+
+    def get_weather(city: str) -> str:
+        """The current weather in a city."""
+        return city
+
+    message = llm.bind_tools([get_weather], tool_choice="get_weather").invoke("Weather in Rome?")
+    assert message.tool_calls and message.tool_calls[0]["name"] == "get_weather"
+    assert isinstance(message.tool_calls[0]["args"].get("city"), str)

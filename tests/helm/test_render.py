@@ -176,6 +176,8 @@ def test_a_value_against_the_schema_fails_rendering(values: dict[str, Any], mess
             },
             "would publish",
         ),
+        ({"config": {"kvStoreUrl": "redis://valkey:6379/0"}}, "kvStore needs kvStore.existingSecret"),
+        ({"kvStore": {"valkey": {"enabled": True}}}, "kvStore needs kvStore.existingSecret"),
     ],
 )
 def test_values_that_cannot_work_fail_rendering_with_a_message(values: dict[str, Any], message: str) -> None:

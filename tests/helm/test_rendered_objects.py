@@ -44,7 +44,13 @@ def _weir_settings(profile: str) -> Settings:
     assert all(isinstance(v, str) for v in config.values()), config
     (server,) = _server(profile).doc["spec"]["template"]["spec"]["containers"]
     args = build_parser().parse_args([*server["command"][1:], *server["args"]])
-    return Settings.from_sources({"host": args.host, "port": args.port}, config)
+    # Required secrets come by reference (secretKeyRef): a stand-in value each, as the pod would have.
+    secrets = {
+        e["name"]: "stand-in-secret-value-0123456789"
+        for e in server.get("env", [])
+        if "secretKeyRef" in e.get("valueFrom", {}) and not e["valueFrom"]["secretKeyRef"].get("optional")
+    }
+    return Settings.from_sources({"host": args.host, "port": args.port}, {**config, **secrets})
 
 
 @pytest.mark.parametrize("profile", PROFILES)
@@ -270,6 +276,24 @@ def test_the_picker_scrapes_the_metrics_port_for_weirs_metric_names() -> None:
     # The names are documented for operators.
     docs = read(ROOT / "docs" / "kubernetes.md") + read(ROOT / "docs" / "operations.md")
     assert all(f"`{name}`" in docs for name in picker_metric_names(config).values())
+
+
+def test_the_kv_store_profile_runs_its_own_valkey_and_reads_the_mac_key_from_the_secret() -> None:
+    settings = _weir_settings("kv-store")
+    assert settings.kv_store_url == "redis://weir-kv-store:6379/0"
+    (server,) = _server("kv-store").doc["spec"]["template"]["spec"]["containers"]
+    refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in server["env"] if "valueFrom" in e}
+    assert refs["WEIR_KV_STORE_SECRET"] == {"name": "weir-kv-store", "key": "WEIR_KV_STORE_SECRET"}
+    assert refs["WEIR_KV_STORE_PASSWORD"]["optional"] is True
+    store = only(render_profile("kv-store"), "Deployment", "weir-kv-store").doc
+    service = only(render_profile("kv-store"), "Service", "weir").doc
+    store_labels = store["spec"]["template"]["metadata"]["labels"]
+    # The server's Service and Deployment never select the store's pod.
+    assert not set(service["spec"]["selector"].items()) <= set(store_labels.items())
+    assert (
+        only(render_profile("kv-store"), "Service", "weir-kv-store").doc["spec"]["ports"][0]["port"] == 6379
+    )
+    assert "WEIR_KV_STORE_URL" not in only(render_profile("default"), "ConfigMap", "weir-config").doc["data"]
 
 
 def test_on_off_settings_take_yaml_booleans_and_their_old_spelling() -> None:

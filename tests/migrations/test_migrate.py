@@ -54,7 +54,7 @@ def _tables(db: Database) -> set[str]:
 def test_scripts_are_found_next_to_the_package() -> None:
     assert (MIGRATIONS_DIR / "env.py").is_file()
     assert (MIGRATIONS_DIR / "script.py.mako").is_file()
-    assert head_revision() == "0011"
+    assert head_revision() == "0012"
 
 
 def test_upgrade_downgrade_round_trip(database: Database) -> None:
@@ -68,6 +68,9 @@ def test_upgrade_downgrade_round_trip(database: Database) -> None:
     upgrade(database.engine)
     assert _tables(database) == TABLES
     usage_indexes = {i["name"] for i in inspect(database.engine).get_indexes("usage_records")}
+    downgrade(database.engine)  # one step: 0012 -> 0011 drops the usage records' endpoint
+    assert "endpoint" not in {c["name"] for c in inspect(database.engine).get_columns("usage_records")}
+    assert _tables(database) == TABLES
     downgrade(database.engine)  # one step: 0011 -> 0010 drops the stored responses
     assert _tables(database) == TABLES_0010
     downgrade(database.engine)  # one step: 0010 -> 0009 drops the usage rollups and their triggers
@@ -238,7 +241,15 @@ _SNAPSHOT_TABLES = (
 )  # fmt: skip
 
 
-_ADDED_AFTER_0005 = {"user", "requests_per_minute", "adapter", "spend_micros", "currency", "price_id"}
+_ADDED_AFTER_0005 = {
+    "user",
+    "requests_per_minute",
+    "adapter",
+    "spend_micros",
+    "currency",
+    "price_id",
+    "endpoint",
+}
 
 
 def _snapshot(database: Database) -> dict[str, list[dict[str, object]]]:
@@ -299,7 +310,11 @@ def test_a_populated_0007_database_upgrades_to_0008_and_back_with_nothing_lost(d
         with database.engine.connect() as conn:
             return {
                 t: [
-                    {k: v for k, v in r.items() if k not in {"spend_micros", "currency", "price_id"}}
+                    {
+                        k: v
+                        for k, v in r.items()
+                        if k not in {"spend_micros", "currency", "price_id", "endpoint"}
+                    }
                     for r in conn.execute(text(f"SELECT * FROM {t} ORDER BY 1")).mappings().all()
                 ]
                 for t in tables
@@ -310,8 +325,10 @@ def test_a_populated_0007_database_upgrades_to_0008_and_back_with_nothing_lost(d
     upgrade(database.engine)
     assert snapshot() == before
     with database.engine.connect() as conn:
-        spends = conn.execute(text("SELECT spend_micros, currency, price_id FROM usage_records")).all()
-        assert [tuple(r) for r in spends] == [(None, None, None), (None, None, None)]
+        spends = conn.execute(
+            text("SELECT spend_micros, currency, price_id, endpoint FROM usage_records")
+        ).all()
+        assert [tuple(r) for r in spends] == [(None, None, None, None), (None, None, None, None)]
         for table in NEW_IN_0008:
             assert conn.execute(text(f"SELECT count(*) FROM {table}")).scalar_one() == 0
     downgrade(database.engine, "0007")

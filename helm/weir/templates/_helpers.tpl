@@ -157,6 +157,9 @@ then stops the engine and writes the last usage records; the preStop sleep count
 {{- if and .Values.metrics.serviceMonitor.enabled (not $metricsPort) -}}
 {{- fail "metrics.serviceMonitor needs config.metricsPort > 0: /metrics on the API port needs the admin token" -}}
 {{- end -}}
+{{- if and (include "weir.kvStoreUrl" .) (not .Values.kvStore.existingSecret) -}}
+{{- fail (printf "kvStore needs kvStore.existingSecret: a Secret holding %s, the MAC key of the store's values (the chart never renders secret values)" .Values.kvStore.keys.secret) -}}
+{{- end -}}
 {{- if and .Values.inferenceGateway.enabled (not $metricsPort) -}}
 {{- fail "inferenceGateway needs config.metricsPort > 0: the endpoint picker scrapes Weir's metrics there" -}}
 {{- end -}}
@@ -202,6 +205,11 @@ numbers are printed as integers. */}}
 {{- $pairs = append $pairs (list "WEIR_DTYPE" .Values.config.dtype) -}}
 {{- $pairs = append $pairs (list "WEIR_KV_CACHE_TOKENS" .Values.config.kvCacheTokens) -}}
 {{- $pairs = append $pairs (list "WEIR_HOST_KV_CACHE_TOKENS" .Values.config.hostKvCacheTokens) -}}
+{{- $pairs = append $pairs (list "WEIR_KV_STORE_URL" .Values.config.kvStoreUrl) -}}
+{{- $pairs = append $pairs (list "WEIR_KV_STORE_NAMESPACE" .Values.config.kvStoreNamespace) -}}
+{{- $pairs = append $pairs (list "WEIR_KV_STORE_TTL_S" .Values.config.kvStoreTtlS) -}}
+{{- $pairs = append $pairs (list "WEIR_KV_STORE_MAX_MIB" .Values.config.kvStoreMaxMib) -}}
+{{- $pairs = append $pairs (list "WEIR_KV_STORE_TIMEOUT_MS" .Values.config.kvStoreTimeoutMs) -}}
 {{- $pairs = append $pairs (list "WEIR_MEMORY_BUDGET_MIB" .Values.config.memoryBudgetMib) -}}
 {{- $pairs = append $pairs (list "WEIR_ADAPTER_DIR" .Values.config.adapterDir) -}}
 {{- $pairs = append $pairs (list "WEIR_LORA_SLOTS" .Values.config.loraSlots) -}}
@@ -237,6 +245,9 @@ numbers are printed as integers. */}}
 {{- $pairs = append $pairs (list "WEIR_TOKENIZER_INLINE_BYTES" .Values.config.tokenizerInlineBytes) -}}
 {{- $pairs = append $pairs (list "WEIR_GRAMMAR_COMPILE_TIMEOUT_S" .Values.config.grammarCompileTimeoutS) -}}
 {{- $pairs = append $pairs (list "WEIR_GRAMMAR_COMPILE_WORKERS" .Values.config.grammarCompileWorkers) -}}
+{{- $pairs = append $pairs (list "WEIR_GRAMMAR_MASK_WORKERS" .Values.config.grammarMaskWorkers) -}}
+{{- $pairs = append $pairs (list "WEIR_GRAMMAR_MASK_EXTRA_WORKERS" .Values.config.grammarMaskExtraWorkers) -}}
+{{- $pairs = append $pairs (list "WEIR_GRAMMAR_MASK_TIMEOUT_S" .Values.config.grammarMaskTimeoutS) -}}
 {{- $env := dict -}}
 {{- range $pairs -}}
 {{- $value := index . 1 -}}
@@ -249,11 +260,48 @@ numbers are printed as integers. */}}
 {{- $_ := set $env (index . 0) (toString $value) -}}
 {{- end -}}
 {{- end -}}
+{{- if and (not .Values.config.kvStoreUrl) .Values.kvStore.valkey.enabled -}}
+{{- /* The chart's own Valkey (kvStore.valkey) when config sets no external store. */ -}}
+{{- $_ := set $env "WEIR_KV_STORE_URL" (include "weir.kvStoreUrl" .) -}}
+{{- end -}}
 {{- toYaml $env -}}
 {{- end -}}
 
 {{/* WEIR_ADMIN_TOKEN, WEIR_KEY_PEPPER and WEIR_DATABASE_URL from secrets.existingSecret, by
 reference; the first two as optional keys, the database URL required with PostgreSQL. */}}
+{{/* Labels that select the chart's Valkey pod (not the server's: another name). */}}
+{{- define "weir.kvStoreSelectorLabels" -}}
+app.kubernetes.io/name: {{ include "weir.name" . }}-kv-store
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{/* The KV store's URL: config.kvStoreUrl, else the chart's Valkey when enabled, else empty (off). */}}
+{{- define "weir.kvStoreUrl" -}}
+{{- if .Values.config.kvStoreUrl -}}
+{{- .Values.config.kvStoreUrl -}}
+{{- else if .Values.kvStore.valkey.enabled -}}
+{{- printf "redis://%s-kv-store:6379/0" (include "weir.fullname" .) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* WEIR_KV_STORE_SECRET (required) and WEIR_KV_STORE_PASSWORD (optional) from
+kvStore.existingSecret, by reference. */}}
+{{- define "weir.kvStoreSecretEnv" -}}
+{{- with .Values.kvStore.existingSecret }}
+- name: WEIR_KV_STORE_SECRET
+  valueFrom:
+    secretKeyRef:
+      name: {{ . }}
+      key: {{ $.Values.kvStore.keys.secret }}
+- name: WEIR_KV_STORE_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ . }}
+      key: {{ $.Values.kvStore.keys.password }}
+      optional: true
+{{- end }}
+{{- end -}}
+
 {{- define "weir.secretEnv" -}}
 {{- with .Values.secrets.existingSecret }}
 - name: WEIR_ADMIN_TOKEN

@@ -40,6 +40,7 @@ def test_engine_config_from_settings() -> None:
     assert config.cache.host_num_blocks == 0  # no host tier by default
     host = engine_config(Settings(max_model_len=64, host_kv_cache_tokens=1000), Path("/m"), "cpu")
     assert host.cache.host_num_blocks == 63  # ceil(1000 / 16): the host pool has no reserved block
+
     from weir.gateway.server.cpu_cores import usable_cores
 
     cores = usable_cores()
@@ -93,6 +94,9 @@ def test_usage_record_conversion() -> None:
     assert r.model_version is None  # no version known: the column stays NULL
     served = dataclasses.replace(record(Outcome.COMPLETED, ("stop",), 0.1), model_version="m@v2")
     assert to_usage_record_in(served).model_version == "m@v2"
+    assert r.endpoint == "chat.completion"  # the API it came through (Endpoint's value)
+    anthropic = dataclasses.replace(record(Outcome.COMPLETED, ("stop",), 0.1), endpoint=Endpoint.MESSAGES)
+    assert to_usage_record_in(anthropic).endpoint == "message"
 
 
 def test_tenancy_wiring_on_a_fresh_sqlite(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -205,3 +209,23 @@ def test_the_engine_threads_leave_a_core_to_the_front_end_on_cpu_only() -> None:
         assert torch.get_num_threads() == 1  # untouched on a GPU
     finally:
         torch.set_num_threads(before)
+
+
+def test_grammar_mask_settings_reach_the_engine() -> None:
+    default = engine_config(Settings(max_model_len=64), Path("/m"), "cpu").masks
+    assert (default.num_workers, default.max_workers, default.timeout_s, default.queue_timeout_s) == (
+        2,
+        8,
+        5.0,
+        30.0,
+    )
+    s = Settings(
+        max_model_len=64, grammar_mask_workers=3, grammar_mask_extra_workers=9, grammar_mask_timeout_s=2.0
+    )
+    masks = engine_config(s, Path("/m"), "cpu").masks
+    assert (masks.num_workers, masks.max_workers, masks.timeout_s, masks.queue_timeout_s) == (
+        3,
+        12,
+        2.0,
+        12.0,
+    )

@@ -300,6 +300,37 @@ def test_the_decode_layers_in_one_c_call_are_on_unless_turned_off() -> None:
         Settings.from_sources({}, {"WEIR_CPU_DECODE_LAYERS": "sometimes"})
 
 
+def test_the_kv_store_is_off_by_default_and_its_secrets_come_from_the_environment_only() -> None:
+    assert Settings().kv_store_config() is None
+    secret = "0123456789abcdef-mac"
+    s = Settings.from_sources(
+        parse(
+            ["--kv-store", "redis://valkey:6379/2", "--kv-store-namespace", "prod", "--kv-store-ttl-s", "60"]
+        ),
+        {"WEIR_KV_STORE_SECRET": secret, "WEIR_KV_STORE_PASSWORD": "hunter22", "WEIR_KV_STORE_MAX_MIB": "8"},
+    )
+    config = s.kv_store_config()
+    assert config is not None and config.url == "redis://valkey:6379/2" and config.namespace == "prod"
+    assert config.secret == secret.encode() and config.password == "hunter22"
+    assert (config.ttl_s, config.max_bytes, config.timeout_s) == (60, 8 << 20, 0.5)
+    assert secret not in repr(s) and "hunter22" not in repr(s) and secret not in repr(config)
+    with pytest.raises(SystemExit):  # no flag for either secret
+        parse(["--kv-store-secret", "x"])
+    with pytest.raises(SystemExit):
+        parse(["--kv-store-password", "x"])
+    with pytest.raises(ValueError, match="WEIR_KV_STORE_SECRET"):
+        Settings.from_sources(parse(["--kv-store", "redis://valkey:6379/0"]), {})
+    with pytest.raises(ValueError, match="password"):
+        Settings.from_sources({"kv_store_url": "redis://:pw@valkey:6379/0"}, {"WEIR_KV_STORE_SECRET": secret})
+    with pytest.raises(ValueError, match="namespace"):
+        Settings.from_sources(
+            {"kv_store_url": "redis://valkey:6379/0", "kv_store_namespace": "a*b"},
+            {"WEIR_KV_STORE_SECRET": secret},
+        )
+    with pytest.raises(ValueError, match="url"):
+        Settings.from_sources({"kv_store_url": "http://valkey:6379"}, {"WEIR_KV_STORE_SECRET": secret})
+
+
 def test_response_storage_flags_and_env() -> None:
     defaults = Settings.from_sources(parse([]), {})
     assert defaults.response_storage_limits.quota_bytes == 64 * 1024 * 1024

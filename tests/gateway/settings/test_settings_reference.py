@@ -24,7 +24,7 @@ from weir.gateway.settings.settings_chart import CHART_FLAGS, CHART_VALUES
 from weir.gateway.settings.settings_reference import HELPERS, OPERATIONS, SCHEMA, VALUES, main, stale_files
 
 ROOT = Path(__file__).resolve().parents[3]
-SECRETS = {"admin_token", "key_pepper"}
+SECRETS = {"admin_token", "key_pepper", "kv_store_secret", "kv_store_password"}
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -98,3 +98,26 @@ def test_the_adapter_survives_the_spool_and_is_stored(repo: TenancyRepo) -> None
         rows = session.execute(select(UsageRecord.request_id, UsageRecord.adapter)).tuples()
         stored = {request_id: adapter for request_id, adapter in rows}
     assert stored == {"req-1": "acme-support", "r2": None}
+
+
+def test_the_endpoint_survives_the_spool_and_is_stored(repo: TenancyRepo) -> None:
+    record = dataclasses.replace(_record("smol@v2"), endpoint="response")
+    line = encode_record(record)
+    assert decode_record(line) == record
+    old = json.loads(line)
+    del old["endpoint"]  # spooled before endpoints were recorded
+    assert decode_record(json.dumps(old).encode()).endpoint is None
+    repo.create_tenant(TenantSpec(name="acme"), actor="test")
+    repo.record_usages([record, dataclasses.replace(_record(None), request_id="r2", endpoint="message")])
+    with repo.db.transaction() as session:
+        rows = session.execute(select(UsageRecord.request_id, UsageRecord.endpoint)).tuples()
+        stored = {request_id: endpoint for request_id, endpoint in rows}
+    assert stored == {"req-1": "response", "r2": "message"}
+
+
+@pytest.mark.parametrize("bad", ["", "Chat", "chat completion", "x" * 33, 7])
+def test_a_malformed_endpoint_is_refused(bad: object) -> None:
+    from weir.tenancy.errors import FieldError
+
+    with pytest.raises(FieldError, match="endpoint"):
+        dataclasses.replace(_record(None), endpoint=bad)

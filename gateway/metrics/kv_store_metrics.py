@@ -1,0 +1,130 @@
+"""`/metrics` of the shared KV store tier (engine/kv/kv_store_tier.py), read at scrape time.
+
+Only with a store (`--kv-store`):
+
+- `weir_kv_store_blocks{result="hit"|"miss"}`: blocks asked of the store, found (verified) or not;
+- `weir_kv_store_refused_blocks{reason="bad_mac"|"wrong_length"}`: values never loaded;
+- `weir_kv_store_bytes_read`, `weir_kv_store_bytes_written`; `weir_kv_store_written_blocks{scope}`;
+- `weir_kv_store_fetch_latency_seconds`: one pipelined chain read, a histogram;
+- `weir_kv_store_errors{op="fetch"|"write"}`, `weir_kv_store_dropped_writes` (queue full or breaker
+  open), `weir_kv_store_evicted_entries` (a scope's cap evicting its own oldest),
+  `weir_kv_store_flushed_entries`;
+- `weir_kv_store_breaker_state`: 0 closed, 1 open, 2 half-open;
+- `weir_kv_store_fetch_decisions{decision}`: lookups that fetched, or recomputed because that was
+  cheaper, the breaker was open, the bytes held for fetches were at their cap or the tenant's scope
+  had its most fetches in flight;
+  `weir_kv_store_fetch_timeouts`, `weir_kv_store_landed_blocks`, `weir_kv_store_requests_fetching`;
+- `weir_kv_store_fetch_bandwidth_bytes_per_second` (measured) and
+  `weir_kv_store_decision_recompute_tokens_per_second`: the figures the last fetch was decided on;
+- `weir_kv_store_scope_bytes{scope}`: a scope's bytes in the store after this replica's last write
+  to it, and `weir_kv_store_scope_max_bytes`, the cap each scope has.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+
+from weir.engine.kv.kv_store_stats import FETCH_LATENCY_BUCKETS_S
+from weir.engine.output import EngineStats
+
+
+def kv_store_metrics(stats: EngineStats) -> Iterator[Metric]:
+    """The store tier's families of one engine snapshot (none without a store)."""
+    store = stats.kv_store
+    if store is None:
+        return
+    io, d = store.io, store.decisions
+    blocks = CounterMetricFamily(
+        "weir_kv_store_blocks", "KV blocks asked of the shared store, by result.", labels=["result"]
+    )
+    blocks.add_metric(["hit"], io.num_hit_blocks)
+    blocks.add_metric(["miss"], io.num_miss_blocks)
+    yield blocks
+    refused = CounterMetricFamily(
+        "weir_kv_store_refused_blocks",
+        "Store values never loaded (recomputed), by reason.",
+        labels=["reason"],
+    )
+    refused.add_metric(["bad_mac"], io.num_bad_mac)
+    refused.add_metric(["wrong_length"], io.num_bad_length)
+    yield refused
+    errors = CounterMetricFamily("weir_kv_store_errors", "Failed store calls, by operation.", labels=["op"])
+    errors.add_metric(["fetch"], io.num_fetch_errors)
+    errors.add_metric(["write"], io.num_write_errors)
+    yield errors
+    for name, doc, value in (
+        ("weir_kv_store_bytes_read", "Bytes read from the shared KV store.", io.bytes_read),
+        ("weir_kv_store_bytes_written", "Bytes written to the shared KV store.", io.bytes_written),
+        (
+            "weir_kv_store_dropped_writes",
+            "KV blocks not written because the write queue was full or the breaker open.",
+            io.num_dropped_writes,
+        ),
+        (
+            "weir_kv_store_evicted_entries",
+            "Store entries a scope's cap evicted (its oldest).",
+            io.num_evicted,
+        ),
+        ("weir_kv_store_flushed_entries", "Store entries removed by flushes.", io.num_flushed),
+        (
+            "weir_kv_store_fetch_timeouts",
+            "Fetches that outlasted their request's prefill time.",
+            d.num_timeouts,
+        ),
+        ("weir_kv_store_landed_blocks", "Store blocks copied into device blocks.", d.num_landed_blocks),
+    ):
+        yield CounterMetricFamily(name, doc, value=value)
+    written = CounterMetricFamily(
+        "weir_kv_store_written_blocks", "KV blocks written to the store, by cache scope.", labels=["scope"]
+    )
+    for scope, n in sorted(io.written_blocks_by_scope.items()):
+        written.add_metric([scope], n)
+    yield written
+    decisions = CounterMetricFamily(
+        "weir_kv_store_fetch_decisions",
+        "Lookups that could continue into the store: fetched, or recomputed and why.",
+        labels=["decision"],
+    )
+    for label, value in (
+        ("fetch", d.num_fetched),
+        ("recompute_cheaper", d.num_recompute_cheaper),
+        ("breaker_open", d.num_breaker_open),
+        ("over_bytes", d.num_over_bytes),
+        ("scope_busy", d.num_scope_busy),
+    ):
+        decisions.add_metric([label], value)
+    yield decisions
+    cumulative, buckets = 0, []
+    for bound, count in zip(FETCH_LATENCY_BUCKETS_S, io.fetch_latency_buckets, strict=True):
+        cumulative += count
+        buckets.append((repr(bound), cumulative))
+    buckets.append(("+Inf", io.num_fetches))
+    yield HistogramMetricFamily(
+        "weir_kv_store_fetch_latency_seconds",
+        "Time of one pipelined read of a hash chain from the store.",
+        buckets=buckets,
+        sum_value=io.fetch_latency_sum_s,
+    )
+    for name, doc, gauge in (
+        ("weir_kv_store_breaker_state", "The store's circuit breaker: 0 closed, 1 open, 2 half-open.",
+         store.breaker_state.value),
+        ("weir_kv_store_requests_fetching", "Requests waiting for their blocks from the store.", store.num_fetching),
+        ("weir_kv_store_fetch_bandwidth_bytes_per_second", "Store read bandwidth (moving average).",
+         io.bytes_per_s),
+        ("weir_kv_store_decision_recompute_tokens_per_second",
+         "The prefill rate the last fetch decision weighed the store's bandwidth against.",
+         d.last_recompute_tokens_per_s),
+        ("weir_kv_store_scope_max_bytes", "The store bytes each cache scope may hold.",
+         store.max_entries_per_scope * store.value_bytes),
+    ):  # fmt: skip
+        yield GaugeMetricFamily(name, doc, value=gauge)
+    by_scope = GaugeMetricFamily(
+        "weir_kv_store_scope_bytes",
+        "A cache scope's bytes in the store after this replica's last write to it.",
+        labels=["scope"],
+    )
+    for scope, entries in sorted(io.scope_entries.items()):
+        by_scope.add_metric([scope], entries * store.value_bytes)
+    yield by_scope
