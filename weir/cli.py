@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from weir.engine import cli_generate
 from weir.gateway.server.serve_flags import add_serve_arguments
 from weir.gateway.settings.settings import Settings
-from weir.migrations import cli as db_cli
+from weir.migrations.cli import add_subcommands as add_db_and_admin_commands
 
 
 def _settings(cli: argparse.Namespace | dict[str, object]) -> Settings:
@@ -91,7 +91,7 @@ def build_parser(with_bench: bool = True) -> argparse.ArgumentParser:
     # The engine's handler takes (args, model_path); the model is resolved here.
     gen_parser.set_defaults(generate_func=gen_parser.get_default("func"), func=_generate)
 
-    db_cli.add_subcommands(sub, lambda args: Settings.from_environment())
+    add_db_and_admin_commands(sub, lambda args: Settings.from_environment())
 
     bench = sub.add_parser("bench", help="serving benchmarks (the weir-bench distribution)")
     if with_bench:
