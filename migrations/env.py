@@ -1,6 +1,6 @@
 """Alembic environment for the tenancy database.
 
-Run through `weir.tenancy.store.migrate` (which `weir db ...` calls): it passes an open connection in
+Run through `weir.migrations.migrate` (which `weir db ...` calls): it passes an open connection in
 `config.attributes["connection"]`. A plain URL in the `sqlalchemy.url` option also works.
 """
 

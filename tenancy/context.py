@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from weir.engine.request import Priority
-from weir.tenancy.budgets.quota_limits import KEY_LIMIT_FIELDS, QuotaLimits, quota_values
+from weir.tenancy.quota_limits import KEY_LIMIT_FIELDS, QuotaLimits, quota_values
 
 __all__ = ["KEY_LIMIT_FIELDS", "QuotaLimits", "TenantContext", "key_limits_dict", "narrowest"]
 

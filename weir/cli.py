@@ -1,7 +1,7 @@
 """The `weir` console script: serve, model prepare, generate, db, admin, bench.
 
 The composition root of the command line: each package adds its own subcommands
-(weir.engine.cli_generate, weir.tenancy.cli.cli, weir_bench.cli). The benchmarks are a separate distribution
+(weir.engine.cli_generate, weir.migrations.cli with weir.tenancy.cli.cli, weir_bench.cli). The benchmarks are a separate distribution
 (`weir-bench`, bench/pyproject.toml) that the server's wheel does not carry, so `bench` is imported
 only when a `weir bench ...` command runs; every other command starts without it.
 """
@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from weir.engine import cli_generate
 from weir.gateway.server.serve_flags import add_serve_arguments
 from weir.gateway.settings.settings import Settings
-from weir.tenancy.cli import cli as tenancy_cli
+from weir.migrations.cli import add_subcommands as add_db_and_admin_commands
 
 
 def _settings(cli: argparse.Namespace | dict[str, object]) -> Settings:
@@ -91,7 +91,7 @@ def build_parser(with_bench: bool = True) -> argparse.ArgumentParser:
     # The engine's handler takes (args, model_path); the model is resolved here.
     gen_parser.set_defaults(generate_func=gen_parser.get_default("func"), func=_generate)
 
-    tenancy_cli.add_subcommands(sub, lambda args: Settings.from_environment())
+    add_db_and_admin_commands(sub, lambda args: Settings.from_environment())
 
     bench = sub.add_parser("bench", help="serving benchmarks (the weir-bench distribution)")
     if with_bench:

@@ -42,13 +42,13 @@ from weir.gateway.http.auth import Authenticator
 from weir.gateway.http.auth_settings import AuthSettings
 from weir.gateway.http.errors import exception_handlers
 from weir.gateway.http.failure_throttle import FailureThrottle
+from weir.migrations.migrate import downgrade, upgrade
 from weir.tenancy.keys.keys import KeyHasher
+from weir.tenancy.repository.records import KeySpec, TenantSpec
+from weir.tenancy.repository.repo import TenancyRepo
 from weir.tenancy.store.db import Database
 from weir.tenancy.store.enums import UsageStatus
-from weir.tenancy.store.migrate import downgrade, upgrade
 from weir.tenancy.store.models import Tenant, UsageRecord
-from weir.tenancy.store.records import KeySpec, TenantSpec
-from weir.tenancy.store.repo import TenancyRepo
 from weir.tenancy.usage.usage import daily_usage, daily_usage_query
 from weir.tenancy.usage.usage_report import ReportQuery, build_report, page_statement, totals_statement
 

@@ -35,13 +35,13 @@ import httpx
 from sqlalchemy import text
 
 from weir.engine.request import Priority
+from weir.migrations.migrate import upgrade
 from weir.tenancy.budgets.leases import LeaseStore
 from weir.tenancy.context import QuotaLimits
 from weir.tenancy.keys.keys import KeyHasher
+from weir.tenancy.repository.records import KeySpec, TenantSpec
+from weir.tenancy.repository.repo import TenancyRepo
 from weir.tenancy.store.db import Database
-from weir.tenancy.store.migrate import upgrade
-from weir.tenancy.store.records import KeySpec, TenantSpec
-from weir.tenancy.store.repo import TenancyRepo
 from weir_bench.loadgen import BodyOptions, request_body
 from weir_bench.replica_set import revoke_key, run_replicas
 from weir_bench.weir_process import resolve_model

@@ -25,14 +25,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from weir.migrations.migrate import upgrade
 from weir.tenancy.budgets.money import TokenPrices
 from weir.tenancy.budgets.prices import PriceRepo, PriceSpec
 from weir.tenancy.keys.keys import KeyHasher
+from weir.tenancy.repository.records import KeySpec, TenantSpec
+from weir.tenancy.repository.repo import TenancyRepo
 from weir.tenancy.store.db import Database
 from weir.tenancy.store.enums import UsageStatus
-from weir.tenancy.store.migrate import upgrade
-from weir.tenancy.store.records import KeySpec, TenantSpec, UsageRecordIn
-from weir.tenancy.store.repo import TenancyRepo
+from weir.tenancy.usage.usage_records import UsageRecordIn
 from weir.tenancy.usage.usage_spool import UsageSpool
 
 MODEL = "bench-model"

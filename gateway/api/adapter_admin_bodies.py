@@ -13,9 +13,11 @@ from typing import Literal, Protocol
 from pydantic import BaseModel, ConfigDict, Field
 
 from weir.engine.lora.lora_types import AdapterInfo
-from weir.tenancy.catalog.adapter_records import MAX_ADAPTER_NAME_LEN, AdapterSpec, AdapterState, AdapterView
-from weir.tenancy.catalog.model_version_records import MAX_PATH_LEN
+from weir.tenancy.catalog.adapter_records import AdapterSpec, AdapterView
+from weir.tenancy.store.enums import AdapterState
 from weir.tenancy.store.models import (  # a tenant name's column; validate_tenant_name checks its characters
+    MAX_ADAPTER_NAME_LEN,
+    MAX_PATH_LEN,
     MODEL_VERSION_ID_LEN,
     NAME_LEN,
 )

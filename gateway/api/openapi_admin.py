@@ -54,7 +54,7 @@ from weir.tenancy.admin_bodies.stored_responses import StoredResponsesView
 from weir.tenancy.admin_bodies.tenants import Tenant, TenantCreate, TenantList, TenantPatch
 from weir.tenancy.admin_bodies.usage import TenantUsage, UsageReportBody
 from weir.tenancy.admin_bodies.usage_query import AuditQuery, ReportParams, UsageQuery
-from weir.tenancy.budgets.quota_limits import QuotaLimits
+from weir.tenancy.quota_limits import QuotaLimits
 
 ADMIN: list[dict[str, list[str]]] = [{"admin_token": []}]
 

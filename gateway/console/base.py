@@ -25,7 +25,7 @@ from weir.gateway.http.auth import Authenticator
 from weir.gateway.http.errors import WeirError
 from weir.gateway.metrics.registry import GatewayMetrics
 from weir.tenancy.errors import TenancyError
-from weir.tenancy.store.repo import TenancyRepo
+from weir.tenancy.repository.repo import TenancyRepo
 
 logger = logging.getLogger(__name__)
 

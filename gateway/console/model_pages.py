@@ -25,7 +25,7 @@ from weir.tenancy.catalog.model_version_records import (
     validate_version_label,
 )
 from weir.tenancy.errors import FieldError
-from weir.tenancy.store.records import validate_tenant_name
+from weir.tenancy.store.field_rules import validate_tenant_name
 
 VERSION_OPS = ("load", "drain", "retire")
 # The refusal (422) when a change comes without its confirmation box ticked.

@@ -40,14 +40,13 @@ from weir.gateway.console.sessions import ConsoleSession
 from weir.gateway.console.usage_pages import UsagePages
 from weir.gateway.http.errors import NotFoundError, WeirError, to_http_error
 from weir.tenancy.admin_bodies.keys import ApiKey, KeyCreate
-from weir.tenancy.admin_bodies.parsing import parse_model
-from weir.tenancy.admin_bodies.quota import parse_quota_limits
 from weir.tenancy.admin_bodies.tenants import TenantCreate, TenantPatch
-from weir.tenancy.budgets.quota_limits import INT_QUOTA_FIELDS
 from weir.tenancy.errors import FieldError
 from weir.tenancy.keys.keys import is_public_id
+from weir.tenancy.parsing import parse_model
+from weir.tenancy.quota_limits import INT_QUOTA_FIELDS, parse_quota_limits
 from weir.tenancy.store.enums import KeyScope
-from weir.tenancy.store.records import validate_tenant_name
+from weir.tenancy.store.field_rules import validate_tenant_name
 
 logger = logging.getLogger(__name__)
 

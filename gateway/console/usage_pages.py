@@ -21,7 +21,7 @@ from weir.gateway.console.sessions import ConsoleSession
 from weir.gateway.http.errors import to_http_error
 from weir.tenancy.admin_bodies.fields import parse_date
 from weir.tenancy.errors import FieldError
-from weir.tenancy.store.records import DailyUsage
+from weir.tenancy.usage.usage_records import DailyUsage
 from weir.tenancy.usage.usage_report import ReportQuery, ReportRow
 
 _USAGE_DAYS = 30

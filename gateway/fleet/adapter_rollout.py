@@ -38,10 +38,10 @@ from weir.gateway.fleet.adapter_catalog import AdapterCatalog
 from weir.gateway.fleet.model_fleet import ModelFleet
 from weir.gateway.fleet.model_rollout import STARTUP_ACTOR
 from weir.gateway.http.errors import ConflictError
-from weir.tenancy.catalog.adapter_records import ADAPTER_TRANSITIONS, AdapterSpec, AdapterState, AdapterView
+from weir.tenancy.catalog.adapter_records import ADAPTER_TRANSITIONS, AdapterSpec, AdapterView
 from weir.tenancy.catalog.adapters import AdapterRepo
-from weir.tenancy.catalog.model_version_records import ModelVersionState
 from weir.tenancy.errors import InvalidAdapterTransitionError
+from weir.tenancy.store.enums import AdapterState, ModelVersionState
 
 logger = logging.getLogger("weir.adapters")
 

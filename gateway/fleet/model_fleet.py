@@ -37,7 +37,8 @@ from weir.gateway.fleet.fleet_types import EngineFactory, ManagedEngine, ServedM
 from weir.gateway.fleet.traffic_router import RoutePlan, choose_version
 from weir.gateway.http.errors import ServiceUnavailableError
 from weir.gateway.prompts.tokenization import PromptBuilder, Tokenizer
-from weir.tenancy.catalog.model_version_records import ModelVersionSpec, ModelVersionState, version_id
+from weir.tenancy.catalog.model_version_records import ModelVersionSpec, version_id
+from weir.tenancy.store.enums import ModelVersionState
 
 logger = logging.getLogger("weir.fleet")
 

@@ -28,8 +28,8 @@ from weir.tenancy.catalog.model_versions import (
     ModelVersionView,
     TrafficPlan,
 )
+from weir.tenancy.catalog.rollout_guards import check_keeps_serving, check_plan_serves
 from weir.tenancy.errors import ModelVersionExistsError
-from weir.tenancy.rollout_guards import check_keeps_serving, check_plan_serves
 
 logger = logging.getLogger("weir.rollout")
 

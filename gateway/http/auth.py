@@ -62,8 +62,8 @@ from weir.gateway.http.failure_throttle import FailureThrottle, refuse
 from weir.gateway.http.single_flight import SingleFlight
 from weir.tenancy.context import TenantContext
 from weir.tenancy.keys.keys import KeyHasher, ParsedKey, parse_key
+from weir.tenancy.repository.records import KeyRecord
 from weir.tenancy.store.enums import KeyScope, KeyState, TenantStatus
-from weir.tenancy.store.records import KeyRecord
 
 log = logging.getLogger(__name__)
 

@@ -40,10 +40,10 @@ from weir.gateway.routes.admin_http import (
     json_answer,
     read_json_body,
 )
-from weir.tenancy.admin_bodies.parsing import parse_model
 from weir.tenancy.catalog.adapter_records import validate_adapter_name
 from weir.tenancy.errors import FieldError
-from weir.tenancy.store.records import validate_tenant_name
+from weir.tenancy.parsing import parse_model
+from weir.tenancy.store.field_rules import validate_tenant_name
 
 MAX_BODY_BYTES = 64 << 10
 

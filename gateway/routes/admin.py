@@ -38,19 +38,20 @@ from weir.gateway.routes.admin_http import (
 )
 from weir.tenancy.admin_bodies.audit import AuditEvent, AuditList
 from weir.tenancy.admin_bodies.keys import ApiKey, ApiKeyList, IssuedApiKey, KeyCreate
-from weir.tenancy.admin_bodies.parsing import parse_model
-from weir.tenancy.admin_bodies.quota import parse_key_limits, parse_quota_limits
+from weir.tenancy.admin_bodies.quota import parse_key_limits
 from weir.tenancy.admin_bodies.stored_responses import StoredResponsesView
 from weir.tenancy.admin_bodies.tenants import Tenant, TenantCreate, TenantList, TenantPatch
 from weir.tenancy.admin_bodies.usage import TenantUsage, UsageReportBody
 from weir.tenancy.admin_bodies.usage_query import AuditQuery, UsageQuery, parse_report_params
 from weir.tenancy.errors import FieldError
 from weir.tenancy.keys.keys import is_public_id
+from weir.tenancy.parsing import parse_model
+from weir.tenancy.quota_limits import parse_quota_limits
+from weir.tenancy.repository.repo import TenancyRepo
 from weir.tenancy.responses.response_records import ResponseStore
 from weir.tenancy.responses.response_repo import DatabaseResponseStore
 from weir.tenancy.store.enums import KeyScope
-from weir.tenancy.store.records import validate_tenant_name
-from weir.tenancy.store.repo import TenancyRepo
+from weir.tenancy.store.field_rules import validate_tenant_name
 from weir.tenancy.usage.usage_report import report_csv
 
 MAX_ADMIN_BODY_BYTES = 1 << 20

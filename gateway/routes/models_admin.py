@@ -9,7 +9,7 @@
 
 A drain or retire that would leave the model with no ready version is refused with 409
 `last_serving_version` unless forced (`{"force": true}` or `?force=true`); see
-`weir.tenancy.rollout_guards`.
+`weir.tenancy.catalog.rollout_guards`.
     POST /admin/v1/models/{name}/rollback                      {"to": "<version>"}: split back, drain the others
 
 Bodies and answers are `weir.tenancy.admin_bodies.model_versions`'s models (the `weir admin models` client reads the same

@@ -63,8 +63,8 @@ from weir.gateway.routes.engine_requests import AdmittedRun, Prepared, engine_re
 from weir.gateway.routes.gateway_state import GatewayState
 from weir.gateway.routes.streaming import GenerationJob, GenerationResponse
 from weir.tenancy.catalog.adapter_records import AdapterView
-from weir.tenancy.catalog.model_version_records import ModelVersionState
 from weir.tenancy.context import TenantContext
+from weir.tenancy.store.enums import ModelVersionState
 
 Authenticate = Callable[[str | None, str], Awaitable[TenantContext]]
 

@@ -32,8 +32,8 @@ from weir.gateway.routes.admin_http import (
     json_answer,
     read_json_body,
 )
-from weir.tenancy.budgets.spend_admin import SpendAdmin
 from weir.tenancy.budgets.window_budget_records import BudgetNotFoundError
+from weir.tenancy.cli.spend_admin import SpendAdmin
 from weir.tenancy.store.db import Database
 
 MAX_BODY_BYTES = 64 * 1024

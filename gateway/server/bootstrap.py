@@ -40,7 +40,7 @@ from weir.gateway.settings.settings import (
     Settings,
 )
 from weir.tenancy.store.enums import UsageStatus
-from weir.tenancy.store.records import UsageRecordIn
+from weir.tenancy.usage.usage_records import UsageRecordIn
 
 if TYPE_CHECKING:
     from prometheus_client.registry import Collector
@@ -52,8 +52,8 @@ if TYPE_CHECKING:
     from weir.gateway.http.auth import Authenticator
     from weir.tenancy.catalog.adapters import AdapterRepo
     from weir.tenancy.catalog.model_versions import ModelVersionRepo
+    from weir.tenancy.repository.repo import TenancyRepo
     from weir.tenancy.responses.response_records import ResponseStore
-    from weir.tenancy.store.repo import TenancyRepo
     from weir.tenancy.usage.usage_writer import UsageWriterStats
 
 logger = logging.getLogger("weir.serve")
@@ -272,15 +272,15 @@ def build_tenancy(settings: Settings) -> TenancyWiring:
     from weir.gateway.http.auth import Authenticator
     from weir.gateway.http.auth_settings import AuthSettings
     from weir.gateway.routes.admin import admin_routes
+    from weir.migrations.migrate import check_migrated, upgrade
     from weir.tenancy.catalog.adapters import AdapterRepo
     from weir.tenancy.catalog.model_versions import ModelVersionRepo
-    from weir.tenancy.keys.admin_token import admin_token_banner, ensure_admin_token
     from weir.tenancy.keys.keys import KeyHasher
+    from weir.tenancy.repository.admin_token import admin_token_banner, ensure_admin_token
+    from weir.tenancy.repository.repo import TenancyRepo
     from weir.tenancy.responses.response_repo import DatabaseResponseStore
     from weir.tenancy.store.db import Database
     from weir.tenancy.store.enums import KeyScope
-    from weir.tenancy.store.migrate import check_migrated, upgrade
-    from weir.tenancy.store.repo import TenancyRepo
     from weir.tenancy.usage.usage_writer import UsageWriter
 
     db = Database(settings.resolved_database_url)

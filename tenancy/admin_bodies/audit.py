@@ -7,8 +7,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from weir.tenancy.admin_bodies.fields import UtcTime
+from weir.tenancy.store.audit import AuditEventView
 from weir.tenancy.store.enums import AuditAction
-from weir.tenancy.store.records import AuditEventView
 
 
 class AuditEvent(BaseModel):

@@ -1,7 +1,7 @@
 """Field types shared by the admin bodies: times, names, priorities.
 
 Patterns and bounds come from the module that enforces them on the records
-(`weir.tenancy.store.records`, `weir.tenancy.keys.keys`, `weir.tenancy.catalog.model_version_records`), so the schema and the
+(`weir.tenancy.repository.records`, `weir.tenancy.keys.keys`, `weir.tenancy.catalog.model_version_records`), so the schema and the
 checks cannot drift.
 """
 
@@ -22,7 +22,8 @@ from weir.engine.request import Priority
 from weir.tenancy.catalog.model_version_records import MODEL_NAME_RE, VERSION_RE
 from weir.tenancy.errors import FieldError
 from weir.tenancy.keys.keys import PUBLIC_ID_RE
-from weir.tenancy.store.records import CACHE_SCOPE_RE, MAX_WEIGHT, TENANT_NAME_RE
+from weir.tenancy.repository.records import CACHE_SCOPE_RE, MAX_WEIGHT
+from weir.tenancy.store.field_rules import TENANT_NAME_RE
 
 
 def time_json(value: dt.datetime | None) -> str | None:

@@ -11,8 +11,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from weir.tenancy.admin_bodies.fields import KeyId, TenantName, UtcTime
 from weir.tenancy.admin_bodies.quota import KeyLimitsBody, key_limits_body
+from weir.tenancy.repository.records import ApiKeyView, IssuedKey, KeySpec
 from weir.tenancy.store.enums import KeyScope, KeyState
-from weir.tenancy.store.records import ApiKeyView, IssuedKey, KeySpec
 
 Scopes = Annotated[list[KeyScope], Field(min_length=1, json_schema_extra={"uniqueItems": True})]
 

@@ -14,17 +14,17 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from weir.engine.config import ENGINE_DTYPES
 from weir.tenancy.admin_bodies.fields import ModelName, UtcTime, VersionLabel
-from weir.tenancy.admin_bodies.parsing import parse_model
-from weir.tenancy.budgets.quota_limits import integral
 from weir.tenancy.catalog.model_version_records import (
     MAX_KV_CACHE_TOKENS,
-    MAX_PATH_LEN,
     ModelVersionSpec,
-    ModelVersionState,
     ModelVersionView,
     TrafficPlan,
 )
 from weir.tenancy.errors import FieldError
+from weir.tenancy.parsing import parse_model
+from weir.tenancy.quota_limits import integral
+from weir.tenancy.store.enums import ModelVersionState
+from weir.tenancy.store.models import MAX_PATH_LEN
 
 
 @dataclass(frozen=True)

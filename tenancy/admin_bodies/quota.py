@@ -1,7 +1,7 @@
 """The quota bodies: a tenant's quota (`PUT /admin/v1/tenants/{name}/quota`, `quota` of a tenant)
 and a key's own limits (`PUT /admin/v1/keys/{id}/limits`).
 
-Both derive from `weir.tenancy.budgets.quota_limits.QuotaLimits`, where each field is declared once: the
+Both derive from `weir.tenancy.quota_limits.QuotaLimits`, where each field is declared once: the
 tenant's quota validates as that dataclass itself, the key's limits as a model of the fields
 marked `KEY_LIMIT` (a key cannot set SLOs or reservations: such a field is refused as unknown).
 """
@@ -10,17 +10,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, TypeAdapter, create_model
+from pydantic import BaseModel, ConfigDict, create_model
 
-from weir.tenancy.admin_bodies.parsing import parse_model, parse_with
-from weir.tenancy.budgets.quota_limits import (
+from weir.tenancy.parsing import parse_model
+from weir.tenancy.quota_limits import (
     KEY_LIMIT_FIELDS,
+    QUOTA_ADAPTER,
     QuotaLimits,
     quota_field_annotation,
     quota_from,
 )
-
-QUOTA_ADAPTER: TypeAdapter[QuotaLimits] = TypeAdapter(QuotaLimits)
 
 if TYPE_CHECKING:
     KeyLimitsBody = BaseModel
@@ -31,11 +30,6 @@ else:
         __doc__="An API key's own limits, nested in its tenant's (the tighter applies); null: the tenant's.",
         **{name: (quota_field_annotation(name), getattr(QuotaLimits(), name)) for name in KEY_LIMIT_FIELDS},
     )
-
-
-def parse_quota_limits(body: object, where: str = "quota") -> QuotaLimits:
-    """A quota object (absent or null fields: unlimited; `models` absent: every model)."""
-    return parse_with(QUOTA_ADAPTER, {} if body is None else body, where)
 
 
 def parse_key_limits(body: object) -> QuotaLimits:

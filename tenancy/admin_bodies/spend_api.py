@@ -19,7 +19,6 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from weir.tenancy.admin_bodies.parsing import parse_model
 from weir.tenancy.budgets.budget_windows import MAX_ROLLING_S, MAX_TIME_ZONE_LEN, WindowKind
 from weir.tenancy.budgets.money import (
     MAX_AMOUNT_MICROS,
@@ -31,6 +30,7 @@ from weir.tenancy.budgets.money import (
 from weir.tenancy.budgets.prices import Price, PriceSpec
 from weir.tenancy.budgets.window_budget_records import Budget, BudgetSpec, BudgetUnit, window_spec
 from weir.tenancy.errors import FieldError
+from weir.tenancy.parsing import parse_model
 from weir.tenancy.store.models import MODEL_VERSION_ID_LEN
 
 JsonObject = dict[str, Any]

@@ -13,9 +13,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from weir.engine.request import Priority
 from weir.tenancy.admin_bodies.fields import CacheScope, PriorityName, TenantName, UtcTime, Weight
-from weir.tenancy.budgets.quota_limits import QuotaLimits
+from weir.tenancy.quota_limits import QuotaLimits
+from weir.tenancy.repository.records import TenantSpec, TenantUpdate, TenantView
 from weir.tenancy.store.enums import TenantStatus
-from weir.tenancy.store.records import TenantSpec, TenantUpdate, TenantView
 
 _SHARE = (
     "Join this existing tenant's cache scope on purpose (audited); not with cache_scope. "

@@ -10,7 +10,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from weir.tenancy.admin_bodies.fields import Day, TenantName
-from weir.tenancy.store.records import DailyUsage
+from weir.tenancy.usage.usage_records import DailyUsage
 from weir.tenancy.usage.usage_report import MEASURES, UsageReport, UsageSums
 
 

@@ -12,10 +12,10 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from weir.tenancy.admin_bodies.fields import Day
-from weir.tenancy.admin_bodies.parsing import parse_model
 from weir.tenancy.keys.keys import PUBLIC_ID_RE
+from weir.tenancy.parsing import parse_model
 from weir.tenancy.store.audit import MAX_AUDIT_PAGE
-from weir.tenancy.store.records import TENANT_NAME_RE
+from weir.tenancy.store.field_rules import TENANT_NAME_RE
 from weir.tenancy.usage.usage_report import (
     DEFAULT_GROUP_BY,
     DEFAULT_LIMIT,

@@ -197,7 +197,7 @@ class TenantAllowance:
 
     def update(self, limits: QuotaLimits, now: float) -> None:
         """Follow a quota change (the auth cache hands us the tenant's current limits)."""
-        # Limits are >= 1 (weir.tenancy.store.records validates them); None means unlimited.
+        # Limits are >= 1 (weir.tenancy.repository.records validates them); None means unlimited.
         tpm, tpd = limits.tokens_per_minute, limits.tokens_per_day
         if tpm is None:
             self.bucket = None

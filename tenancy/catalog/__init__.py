@@ -1,1 +1,1 @@
-"""What may be called: model versions and LoRA adapters, their records and repositories."""
+"""What may be called: model versions and LoRA adapters, their records and repositories, and the rollout guards."""

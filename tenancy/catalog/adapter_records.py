@@ -10,26 +10,14 @@ other tenant it does not exist (the gateway answers 404, as for an unknown model
 from __future__ import annotations
 
 import datetime as dt
-import enum
 import re
 from dataclasses import dataclass
 
-from weir.tenancy.catalog.model_version_records import MAX_PATH_LEN, MAX_REASON_LEN
 from weir.tenancy.errors import FieldError
+from weir.tenancy.store.enums import AdapterState
+from weir.tenancy.store.models import MAX_ADAPTER_NAME_LEN, MAX_PATH_LEN, MAX_REASON_LEN
 
-MAX_ADAPTER_NAME_LEN = 128
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")
-
-
-class AdapterState(enum.StrEnum):
-    """Where an adapter is: registered (not loaded), loaded (servable), unloaded, failed, or
-    retired (never loaded again; the row stays, usage records name it)."""
-
-    REGISTERED = "registered"
-    LOADED = "loaded"
-    UNLOADED = "unloaded"
-    FAILED = "failed"
-    RETIRED = "retired"
 
 
 ADAPTER_TRANSITIONS: dict[AdapterState, frozenset[AdapterState]] = {

@@ -18,11 +18,9 @@ from sqlalchemy.orm import Session
 from weir.tenancy.catalog.adapter_records import (
     ADAPTER_TRANSITIONS,
     AdapterSpec,
-    AdapterState,
     AdapterView,
     validate_adapter_name,
 )
-from weir.tenancy.catalog.model_version_records import MAX_REASON_LEN
 from weir.tenancy.errors import (
     AdapterExistsError,
     AdapterNotFoundError,
@@ -33,10 +31,9 @@ from weir.tenancy.errors import (
     TenantNotFoundError,
 )
 from weir.tenancy.store.audit import record_event
-from weir.tenancy.store.db import Database
-from weir.tenancy.store.enums import AuditAction
-from weir.tenancy.store.models import LoraAdapter, LoraAdapterGrant, ModelVersion, Tenant
-from weir.tenancy.store.repo import utc_now
+from weir.tenancy.store.db import Database, utc_now
+from weir.tenancy.store.enums import AdapterState, AuditAction
+from weir.tenancy.store.models import MAX_REASON_LEN, LoraAdapter, LoraAdapterGrant, ModelVersion, Tenant
 
 _ACTOR_LEN = 128
 

@@ -10,7 +10,6 @@ other tenancy specs. A version's `id` is `"<name>@<version>"`: stable, unique pe
 from __future__ import annotations
 
 import datetime as dt
-import enum
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -19,12 +18,10 @@ from typing import Any
 
 from weir.engine.config import ENGINE_DTYPES
 from weir.tenancy.errors import FieldError, InvalidModelTransitionError
-from weir.tenancy.store.records import validate_tenant_name
+from weir.tenancy.store.enums import ModelVersionState
+from weir.tenancy.store.field_rules import validate_tenant_name
+from weir.tenancy.store.models import MAX_NAME_LEN, MAX_PATH_LEN, MAX_VERSION_LEN
 
-MAX_NAME_LEN = 128
-MAX_VERSION_LEN = 64
-MAX_PATH_LEN = 4096
-MAX_REASON_LEN = 2000
 MAX_KV_CACHE_TOKENS = 2**31 - 1
 MAX_SPLIT_VERSIONS = 64
 MAX_PINS = 10_000
@@ -33,17 +30,6 @@ MAX_PINS = 10_000
 MODEL_NAME_RE = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._-]{{0,{MAX_NAME_LEN - 1}}}")
 VERSION_RE = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._-]{{0,{MAX_VERSION_LEN - 1}}}")
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
-
-
-class ModelVersionState(enum.StrEnum):
-    """Where a model version is in its life. Values are stored in the database."""
-
-    REGISTERED = "registered"  # known, never loaded
-    LOADING = "loading"  # weights being loaded and warmed up
-    READY = "ready"  # serving (the traffic plan decides how much)
-    DRAINING = "draining"  # no new requests; in-flight ones finish on it
-    RETIRED = "retired"  # unloaded, memory and cached blocks freed
-    FAILED = "failed"  # the last load failed; `failure_reason` says why
 
 
 # The one table of allowed moves. `failed` is reached only from `loading`; `draining -> ready`

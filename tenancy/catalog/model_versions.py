@@ -18,13 +18,10 @@ from sqlalchemy import CursorResult, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from weir.tenancy.catalog.adapter_records import AdapterState
 from weir.tenancy.catalog.adapters import unload_adapters_of_version
 from weir.tenancy.catalog.model_version_records import (
     ALLOWED_TRANSITIONS,
-    MAX_REASON_LEN,
     ModelVersionSpec,
-    ModelVersionState,
     ModelVersionView,
     TrafficPlan,
     can_transition,
@@ -33,6 +30,7 @@ from weir.tenancy.catalog.model_version_records import (
     validate_version_label,
     version_id,
 )
+from weir.tenancy.catalog.rollout_guards import pins_without, split_without
 from weir.tenancy.errors import (
     FieldError,
     InvalidModelTransitionError,
@@ -41,12 +39,10 @@ from weir.tenancy.errors import (
     NameInUseError,
     TenantNotFoundError,
 )
-from weir.tenancy.rollout_guards import pins_without, split_without
 from weir.tenancy.store.audit import record_event
-from weir.tenancy.store.db import Database
-from weir.tenancy.store.enums import AuditAction
-from weir.tenancy.store.models import LoraAdapter, ModelTraffic, ModelVersion, Tenant
-from weir.tenancy.store.repo import utc_now
+from weir.tenancy.store.db import Database, utc_now
+from weir.tenancy.store.enums import AdapterState, AuditAction, ModelVersionState
+from weir.tenancy.store.models import MAX_REASON_LEN, LoraAdapter, ModelTraffic, ModelVersion, Tenant
 
 __all__ = [
     "ALLOWED_TRANSITIONS",

@@ -1,1 +1,1 @@
-"""`weir db` and `weir admin`: every command module and every admin client behind them."""
+"""`weir admin`: every command module and every admin client behind them (`weir db` is weir.migrations.cli)."""

@@ -16,14 +16,24 @@ from contextlib import contextmanager
 from weir.tenancy.catalog.adapter_records import AdapterSpec
 from weir.tenancy.cli.adapter_admin_client import HttpAdapterAdmin
 from weir.tenancy.cli.admin_client import HttpAdmin, JsonObject
-from weir.tenancy.cli.cli_support import CliError, Handler, SettingsOf, json_command, open_backend
+from weir.tenancy.cli.cli_support import (
+    CliError,
+    Handler,
+    SchemaCheck,
+    SettingsOf,
+    json_command,
+    open_backend,
+)
 from weir.tenancy.store.db import Database
 
 _WHERE = "Needs --server URL: adapters are loaded by a running server, which records every change."
 
 
 def add_adapter_commands(
-    admin_sub: argparse._SubParsersAction, conn: argparse.ArgumentParser, settings_of: SettingsOf
+    admin_sub: argparse._SubParsersAction,
+    conn: argparse.ArgumentParser,
+    settings_of: SettingsOf,
+    check_schema: SchemaCheck,
 ) -> None:
     """Add `adapters` and its subcommands under `weir admin`; `conn` is the connection parent parser."""
 
@@ -38,7 +48,7 @@ def add_adapter_commands(
         def http(server: HttpAdmin) -> HttpAdapterAdmin:
             return HttpAdapterAdmin(server)
 
-        with open_backend(args, settings_of(args), direct, http) as chosen:
+        with open_backend(args, settings_of(args), direct, http, check_schema) as chosen:
             yield chosen
 
     def command(op: Callable[[HttpAdapterAdmin, argparse.Namespace], JsonObject]) -> Handler:

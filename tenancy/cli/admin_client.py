@@ -17,14 +17,14 @@ from pydantic import BaseModel
 
 from weir.tenancy.admin_bodies.audit import AuditEvent, AuditList
 from weir.tenancy.admin_bodies.keys import ApiKey, ApiKeyList, IssuedApiKey, KeyCreate
-from weir.tenancy.admin_bodies.parsing import parse_model
 from weir.tenancy.admin_bodies.quota import key_limits_body, quota_json
 from weir.tenancy.admin_bodies.tenants import Tenant, TenantCreate, TenantList, TenantPatch
 from weir.tenancy.admin_bodies.usage import TenantUsage, UsageReportBody
 from weir.tenancy.context import QuotaLimits
 from weir.tenancy.errors import TenancyError
-from weir.tenancy.store.records import KeySpec, TenantSpec, TenantUpdate
-from weir.tenancy.store.repo import TenancyRepo
+from weir.tenancy.parsing import parse_model
+from weir.tenancy.repository.records import KeySpec, TenantSpec, TenantUpdate
+from weir.tenancy.repository.repo import TenancyRepo
 from weir.tenancy.usage.usage_report import ReportQuery, report_params
 
 JsonObject = dict[str, Any]

@@ -1,6 +1,7 @@
-"""`weir db ...` and `weir admin ...`: schema migrations and tenant administration.
+"""`weir admin ...`: tenant administration (tenants, keys, quotas, usage, audit, models, adapters).
 
-`weir/cli.py` calls `add_subcommands(subparsers, settings_factory)`; each leaf parser sets
+`weir.migrations.cli` (beside `weir db ...`) calls `add_admin_commands(subparsers, settings_of,
+check_schema)`; each leaf parser sets
 `func` (called as `args.func(args)`, returning the exit status). The database comes from
 `--database-url`, else `--data-dir` (its SQLite file), else the settings. `weir admin` talks to
 the database directly, or to a running server with `--server URL` (the admin token from
@@ -12,26 +13,19 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
 
 from weir.engine.request import Priority
 from weir.tenancy.admin_bodies.fields import parse_date, parse_datetime
-from weir.tenancy.budgets.quota_limits import (
-    KEY_LIMIT_FIELDS,
-    QUOTA_FIELDS,
-    QuotaLimits,
-    quota_field_description,
-    quota_from,
-)
 from weir.tenancy.cli.adapter_cli import add_adapter_commands
 from weir.tenancy.cli.admin_client import CLI_ACTOR, AdminBackend, DirectAdmin, JsonObject
 from weir.tenancy.cli.cli_support import (
     CliSettings,
     Handler,
-    SettingsFactory,
+    SchemaCheck,
     SettingsOf,
+    add_database_options,
     connection_parser,
     guard,
     json_command,
@@ -42,13 +36,19 @@ from weir.tenancy.cli.cli_support import database_url as _database_url
 from weir.tenancy.cli.model_cli import add_model_commands
 from weir.tenancy.cli.spend_cli import add_spend_commands
 from weir.tenancy.errors import FieldError
-from weir.tenancy.keys.admin_token import reset_admin_token
 from weir.tenancy.keys.keys import KeyHasher
-from weir.tenancy.store.db import Database, safe_url
+from weir.tenancy.quota_limits import (
+    KEY_LIMIT_FIELDS,
+    QUOTA_FIELDS,
+    QuotaLimits,
+    quota_field_description,
+    quota_from,
+)
+from weir.tenancy.repository.admin_token import reset_admin_token
+from weir.tenancy.repository.records import KeySpec, TenantSpec, TenantUpdate
+from weir.tenancy.repository.repo import TenancyRepo
+from weir.tenancy.store.db import Database, utc_now
 from weir.tenancy.store.enums import KeyScope, TenantStatus
-from weir.tenancy.store.migrate import check_migrated, current_revision, downgrade, head_revision, upgrade
-from weir.tenancy.store.records import KeySpec, TenantSpec, TenantUpdate
-from weir.tenancy.store.repo import TenancyRepo, utc_now
 from weir.tenancy.usage.usage_report import (
     DEFAULT_GROUP_BY,
     DEFAULT_LIMIT,
@@ -61,62 +61,9 @@ from weir.tenancy.usage.usage_report import (
     report_csv,
 )
 
-__all__ = ["CliSettings", "add_subcommands", "check_migrated", "main"]
+__all__ = ["CliSettings", "add_admin_commands"]
 
 _SHARE_HELP = "join this tenant's prefix-cache scope on purpose (audited); a scope is never shared otherwise"
-
-
-# -- weir db ---------------------------------------------------------------------------------------
-
-
-def _add_db(subparsers: argparse._SubParsersAction, settings_of: SettingsOf) -> None:
-    db = subparsers.add_parser("db", help="database schema migrations (Alembic)")
-    db_sub = db.add_subparsers(dest="db_command", metavar="{upgrade,downgrade,current}", required=True)
-
-    @contextmanager
-    def database(args: argparse.Namespace) -> Iterator[Database]:
-        database = Database(_database_url(args, settings_of(args)))
-        try:
-            yield database
-        finally:
-            database.dispose()
-
-    def do_upgrade(args: argparse.Namespace) -> int:
-        with database(args) as db_:
-            upgrade(db_.engine, args.revision)
-            print(f"{safe_url(db_.url)}: at revision {current_revision(db_.engine)} (head {head_revision()})")
-        return 0
-
-    def do_downgrade(args: argparse.Namespace) -> int:
-        with database(args) as db_:
-            downgrade(db_.engine, args.revision)
-            print(f"{safe_url(db_.url)}: at revision {current_revision(db_.engine) or 'base (empty)'}")
-        return 0
-
-    def do_current(args: argparse.Namespace) -> int:
-        with database(args) as db_:
-            current, head = current_revision(db_.engine), head_revision()
-            state = "up to date" if current == head else "needs `weir db upgrade`"
-            print(f"{safe_url(db_.url)}: at revision {current or 'none'}; head is {head} ({state})")
-            return 0 if current == head else 1
-
-    for name, handler, help_text, default_rev in (
-        ("upgrade", do_upgrade, "migrate the database to the newest schema", "head"),
-        ("downgrade", do_downgrade, "undo migrations (default: one step; 'base' drops all tables)", "-1"),
-        ("current", do_current, "show the database's revision; exit 1 unless it is the newest", None),
-    ):
-        p = db_sub.add_parser(name, help=help_text)
-        _add_database_options(p)
-        if default_rev is not None:
-            p.add_argument("--revision", default=default_rev, help=f"target revision (default {default_rev})")
-        p.set_defaults(func=guard(handler))
-
-
-def _add_database_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--database-url", dest="database_url", help="SQLAlchemy URL (default: from the settings)"
-    )
-    parser.add_argument("--data-dir", dest="data_dir", help="use the SQLite database in this data directory")
 
 
 # -- weir admin ------------------------------------------------------------------------------------
@@ -180,7 +127,10 @@ def _admin_leaf(
     return parent.add_parser(name, help=help_text, parents=[conn])
 
 
-def _add_admin(subparsers: argparse._SubParsersAction, settings_of: SettingsOf) -> None:
+def add_admin_commands(
+    subparsers: argparse._SubParsersAction, settings_of: SettingsOf, check_schema: SchemaCheck
+) -> None:
+    """Add `admin` to a `weir` parser; a direct (database) command runs only past `check_schema`."""
     conn = connection_parser()
 
     @contextmanager
@@ -191,7 +141,7 @@ def _add_admin(subparsers: argparse._SubParsersAction, settings_of: SettingsOf) 
         def direct(database: Database) -> AdminBackend:
             return DirectAdmin(TenancyRepo(database, KeyHasher.from_pepper(pepper)))
 
-        with open_backend(args, settings, direct, lambda server: server) as chosen:
+        with open_backend(args, settings, direct, lambda server: server, check_schema) as chosen:
             yield chosen
 
     def command(op: Callable[[AdminBackend, argparse.Namespace], JsonObject]) -> Handler:
@@ -219,9 +169,9 @@ def _add_admin(subparsers: argparse._SubParsersAction, settings_of: SettingsOf) 
         "admin", help="tenants, API keys, quotas, usage, the audit log, models, LoRA adapters"
     )
     admin_sub = admin.add_subparsers(dest="admin_command", required=True)
-    add_model_commands(admin_sub, conn, settings_of)
-    add_spend_commands(admin_sub, conn, settings_of)  # prices and window budgets (issue 25)
-    add_adapter_commands(admin_sub, conn, settings_of)
+    add_model_commands(admin_sub, conn, settings_of, check_schema)
+    add_spend_commands(admin_sub, conn, settings_of, check_schema)  # prices and window budgets (issue 25)
+    add_adapter_commands(admin_sub, conn, settings_of, check_schema)
 
     # tenants
     tenants = admin_sub.add_parser("tenants", help="create, list, show, update, suspend tenants")
@@ -341,13 +291,13 @@ def _add_admin(subparsers: argparse._SubParsersAction, settings_of: SettingsOf) 
     token = admin_sub.add_parser("token", help="the admin token")
     tk_sub = token.add_subparsers(dest="token_command", required=True)
     p = tk_sub.add_parser("reset", help="generate a new admin token, store its hash, print it once")
-    _add_database_options(p)
+    add_database_options(p)
 
     def do_reset(args: argparse.Namespace) -> int:
         settings = settings_of(args)
         database = Database(_database_url(args, settings))
         try:
-            check_migrated(database.engine)
+            check_schema(database.engine)
             repo = TenancyRepo(database, KeyHasher.from_pepper(settings.key_pepper if settings else None))
             print(reset_admin_token(repo, actor=CLI_ACTOR))
         finally:
@@ -367,29 +317,3 @@ def _date(value: str) -> dt.date:
         return parse_date(value, "date")
     except FieldError:
         raise argparse.ArgumentTypeError("must be a date, YYYY-MM-DD") from None
-
-
-def add_subcommands(
-    subparsers: argparse._SubParsersAction, settings_factory: SettingsFactory | None = None
-) -> None:
-    """Add `db` and `admin` to a `weir` parser. `settings_factory(args)` is called only when a
-    command runs (never at import or parse time); without it, --database-url/--data-dir are needed."""
-
-    def settings_of(args: argparse.Namespace) -> CliSettings | None:
-        return settings_factory(args) if settings_factory is not None else None
-
-    _add_db(subparsers, settings_of)
-    _add_admin(subparsers, settings_of)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m weir.tenancy.cli.cli db|admin ...`, without server settings (pass --database-url)."""
-    parser = argparse.ArgumentParser(prog="weir", description="Weir database and tenant administration")
-    add_subcommands(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    result: Any = args.func(args)
-    return int(result)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,6 +1,9 @@
 """What the `weir db` / `weir admin` command modules share: where the database or the server is,
 one-line errors with exit statuses, and printing results as the admin API's JSON.
 
+The schema check (`weir.migrations.migrate.check_migrated`) comes in as a `SchemaCheck` from the
+composition root (`weir.migrations.cli`): tenancy stands below migrations and never imports it.
+
 `weir.tenancy.cli.cli` (tenants, keys, quotas, usage, audit) and `weir.tenancy.cli.model_cli` (model versions) both
 build on it, so `--server`, `--database-url` and `--data-dir` mean the same everywhere.
 """
@@ -15,12 +18,15 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Protocol, TypeVar
 
+from sqlalchemy import Engine
+
 from weir.tenancy.cli.admin_client import HttpAdmin, JsonObject
 from weir.tenancy.errors import TenancyError
 from weir.tenancy.store.db import Database, sqlite_url_for
-from weir.tenancy.store.migrate import check_migrated
 
 T = TypeVar("T")
+# Raises `MigrationRequiredError` unless the database is at the schema this code expects.
+SchemaCheck = Callable[[Engine], None]
 
 
 class CliSettings(Protocol):
@@ -117,9 +123,10 @@ def open_backend(
     settings: CliSettings | None,
     direct: Callable[[Database], T],
     http: Callable[[HttpAdmin], T],
+    check_schema: SchemaCheck,
 ) -> Iterator[T]:
     """The backend the options select: `http(server)` with `--server`, else `direct(database)`
-    on a migrated database; closed on exit."""
+    on a database that passes `check_schema`; closed on exit."""
     if args.server:
         if args.database_url or args.data_dir:
             raise CliError("give either --server or a database, not both")
@@ -134,7 +141,15 @@ def open_backend(
         return
     database = Database(database_url(args, settings))
     try:
-        check_migrated(database.engine)
+        check_schema(database.engine)
         yield direct(database)
     finally:
         database.dispose()
+
+
+def add_database_options(parser: argparse.ArgumentParser) -> None:
+    """`--database-url` and `--data-dir` (the commands that only ever use the database)."""
+    parser.add_argument(
+        "--database-url", dest="database_url", help="SQLAlchemy URL (default: from the settings)"
+    )
+    parser.add_argument("--data-dir", dest="data_dir", help="use the SQLite database in this data directory")

@@ -21,11 +21,12 @@ from weir.tenancy.admin_bodies.model_versions import (
     TrafficPlanBody,
     VersionAction,
 )
-from weir.tenancy.admin_bodies.parsing import parse_model
-from weir.tenancy.catalog.model_version_records import ModelVersionSpec, ModelVersionState, TrafficPlan
+from weir.tenancy.catalog.model_version_records import ModelVersionSpec, TrafficPlan
 from weir.tenancy.catalog.model_versions import ModelVersionRepo
+from weir.tenancy.catalog.rollout_guards import check_keeps_serving, check_plan_serves
 from weir.tenancy.cli.admin_client import CLI_ACTOR, HttpAdmin, JsonObject, path_segment
-from weir.tenancy.rollout_guards import check_keeps_serving, check_plan_serves
+from weir.tenancy.parsing import parse_model
+from weir.tenancy.store.enums import ModelVersionState
 
 # A load reads the weights and runs a warm-up generation before it answers.
 LOAD_TIMEOUT_S = 900.0

@@ -15,7 +15,14 @@ from contextlib import contextmanager
 from weir.tenancy.catalog.model_version_records import ModelVersionSpec, TrafficPlan
 from weir.tenancy.catalog.model_versions import ModelVersionRepo
 from weir.tenancy.cli.admin_client import HttpAdmin, JsonObject
-from weir.tenancy.cli.cli_support import CliError, Handler, SettingsOf, json_command, open_backend
+from weir.tenancy.cli.cli_support import (
+    CliError,
+    Handler,
+    SchemaCheck,
+    SettingsOf,
+    json_command,
+    open_backend,
+)
 from weir.tenancy.cli.model_admin_client import DirectModelAdmin, HttpModelAdmin, ModelAdminBackend
 from weir.tenancy.store.db import Database
 
@@ -75,7 +82,10 @@ def _integer(value: str) -> int:
 
 
 def add_model_commands(
-    admin_sub: argparse._SubParsersAction, conn: argparse.ArgumentParser, settings_of: SettingsOf
+    admin_sub: argparse._SubParsersAction,
+    conn: argparse.ArgumentParser,
+    settings_of: SettingsOf,
+    check_schema: SchemaCheck,
 ) -> None:
     """Add `models` and its subcommands under `weir admin`; `conn` is the connection parent parser."""
 
@@ -87,7 +97,7 @@ def add_model_commands(
         def http(server: HttpAdmin) -> ModelAdminBackend:
             return HttpModelAdmin(server)
 
-        with open_backend(args, settings_of(args), direct, http) as chosen:
+        with open_backend(args, settings_of(args), direct, http, check_schema) as chosen:
             yield chosen
 
     def command(op: Callable[[ModelAdminBackend, argparse.Namespace], JsonObject]) -> Handler:

@@ -13,10 +13,10 @@ from contextlib import contextmanager
 
 from weir.tenancy.admin_bodies.spend_api import JsonObject
 from weir.tenancy.budgets.budget_windows import WindowKind
-from weir.tenancy.budgets.spend_admin import HttpSpendAdmin, SpendAdmin, SpendAdminBackend
 from weir.tenancy.budgets.window_budget_records import BudgetUnit
 from weir.tenancy.cli.admin_client import HttpAdmin
-from weir.tenancy.cli.cli_support import Handler, SettingsOf, json_command, open_backend
+from weir.tenancy.cli.cli_support import Handler, SchemaCheck, SettingsOf, json_command, open_backend
+from weir.tenancy.cli.spend_admin import HttpSpendAdmin, SpendAdmin, SpendAdminBackend
 from weir.tenancy.store.db import Database
 
 
@@ -59,7 +59,10 @@ def budget_body(args: argparse.Namespace) -> JsonObject:
 
 
 def add_spend_commands(
-    admin_sub: argparse._SubParsersAction, conn: argparse.ArgumentParser, settings_of: SettingsOf
+    admin_sub: argparse._SubParsersAction,
+    conn: argparse.ArgumentParser,
+    settings_of: SettingsOf,
+    check_schema: SchemaCheck,
 ) -> None:
     """Add `prices` and `budgets` under `weir admin`; `conn` is the connection parent parser."""
 
@@ -71,7 +74,7 @@ def add_spend_commands(
         def http(server: HttpAdmin) -> SpendAdminBackend:
             return HttpSpendAdmin(server)
 
-        with open_backend(args, settings_of(args), direct, http) as chosen:
+        with open_backend(args, settings_of(args), direct, http, check_schema) as chosen:
             yield chosen
 
     def command(op: Callable[[SpendAdminBackend, argparse.Namespace], JsonObject]) -> Handler:

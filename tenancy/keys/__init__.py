@@ -1,1 +1,1 @@
-"""Who is calling: API key and admin token formats, the admin token file, the caller's context, prefix-cache scopes."""
+"""Who is calling: API key and admin token formats, prefix-cache scopes."""

@@ -1,1 +1,1 @@
-"""The database: engine and sessions, the SQLAlchemy tables, the repository, records and row mapping, enums, the audit log, migrations run from code."""
+"""The ground floor: engine and sessions, the SQLAlchemy tables, stored enums, the audit log, field rules."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -14,11 +15,23 @@ from sqlalchemy.orm import Session
 from weir.tenancy.errors import FieldError
 from weir.tenancy.store.enums import AuditAction
 from weir.tenancy.store.models import AuditEvent
-from weir.tenancy.store.records import AuditEventView
 
 MAX_AUDIT_PAGE = 1000
 # Field names whose values must never reach the log, even by mistake.
 _FORBIDDEN_DETAIL_KEYS = frozenset({"key", "secret", "secret_hash", "token", "token_hash", "password"})
+
+
+@dataclass(frozen=True)
+class AuditEventView:
+    """One admin action as recorded."""
+
+    id: int
+    created_at: dt.datetime
+    actor: str
+    action: AuditAction
+    tenant: str | None
+    target: str | None
+    details: dict[str, object]
 
 
 def record_event(

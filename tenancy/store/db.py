@@ -6,6 +6,7 @@ auth cache keeps the database off the hot path.
 
 from __future__ import annotations
 
+import datetime as dt
 import sqlite3
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -20,6 +21,11 @@ SQLITE_FILENAME = "weir.db"
 # How long an SQLite statement waits for a lock before "database is locked" (writers queue here).
 DEFAULT_BUSY_TIMEOUT_MS = 5000
 _CONNECT_BUSY_TIMEOUT_MS = 1000
+
+
+def utc_now() -> dt.datetime:
+    """The current time as an aware UTC datetime."""
+    return dt.datetime.now(dt.UTC)
 
 
 def sqlite_url_for(data_dir: Path) -> str:

@@ -65,3 +65,25 @@ class AuditAction(enum.StrEnum):
     BUDGET_DELETE = "budget.delete"
     BUDGET_SOFT_LIMIT = "budget.soft_limit"
     ADAPTER_ACCESS = "adapter.access"
+
+
+class ModelVersionState(enum.StrEnum):
+    """Where a model version is in its life. Values are stored in the database."""
+
+    REGISTERED = "registered"  # known, never loaded
+    LOADING = "loading"  # weights being loaded and warmed up
+    READY = "ready"  # serving (the traffic plan decides how much)
+    DRAINING = "draining"  # no new requests; in-flight ones finish on it
+    RETIRED = "retired"  # unloaded, memory and cached blocks freed
+    FAILED = "failed"  # the last load failed; `failure_reason` says why
+
+
+class AdapterState(enum.StrEnum):
+    """Where an adapter is: registered (not loaded), loaded (servable), unloaded, failed, or
+    retired (never loaded again; the row stays, usage records name it)."""
+
+    REGISTERED = "registered"
+    LOADED = "loaded"
+    UNLOADED = "unloaded"
+    FAILED = "failed"
+    RETIRED = "retired"

@@ -30,17 +30,16 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 from weir.engine.request import FinishReason, Priority
-from weir.tenancy.catalog.adapter_records import MAX_ADAPTER_NAME_LEN, AdapterState
-from weir.tenancy.catalog.model_version_records import (
-    MAX_NAME_LEN,
-    MAX_PATH_LEN,
-    MAX_REASON_LEN,
-    MAX_VERSION_LEN,
-    ModelVersionState,
-)
-from weir.tenancy.store.enums import AuditAction, TenantStatus, UsageStatus
+from weir.tenancy.store.enums import AdapterState, AuditAction, ModelVersionState, TenantStatus, UsageStatus
 
 NAME_LEN = 64
+# The catalog's names and texts (weir.tenancy.catalog): model name, version label, weights path,
+# failure reason, adapter name.
+MAX_NAME_LEN = 128
+MAX_VERSION_LEN = 64
+MAX_PATH_LEN = 4096
+MAX_REASON_LEN = 2000
+MAX_ADAPTER_NAME_LEN = 128
 KEY_ID_LEN = 32
 HASH_LEN = 64
 USER_LEN = 256  # the request's `user` field as stored (weir.gateway.api.openai_bodies.requests bounds it)

@@ -1,1 +1,1 @@
-"""What was spent: usage rows, the durable spool and its codec, the writer, rollups and reports."""
+"""What was spent: the usage record, usage rows, the durable spool and its codec, the writer, rollups and reports."""

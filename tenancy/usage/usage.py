@@ -16,7 +16,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from weir.tenancy.store.enums import UsageStatus
 from weir.tenancy.store.models import UsageRecord
-from weir.tenancy.store.records import DailyUsage, UsageRecordIn
+from weir.tenancy.usage.usage_records import DailyUsage, UsageRecordIn
 
 
 def usage_row(record: UsageRecordIn, tenant_id: int, now: dt.datetime) -> dict[str, object]:

@@ -1,7 +1,7 @@
 """Usage records as single JSON lines, for the usage spool (and its `rejected.jsonl`).
 
 One record is one line: a JSON object with a format version `v`, ending in a newline. The
-fields are `weir.tenancy.store.records.UsageRecordIn`'s, encoded and decoded by pydantic from that one
+fields are `weir.tenancy.usage.usage_records.UsageRecordIn`'s, encoded and decoded by pydantic from that one
 declaration (a field added there travels through the spool with no edit here; give it a default
 so that lines spooled before it still decode). A line that does not decode (a torn write at a
 crash, a flipped byte) raises `CorruptRecordError`.
@@ -16,7 +16,7 @@ from pydantic import TypeAdapter, ValidationError
 from pydantic_core import PydanticSerializationError
 
 from weir.tenancy.errors import TenancyError
-from weir.tenancy.store.records import UsageRecordIn
+from weir.tenancy.usage.usage_records import UsageRecordIn
 
 FORMAT_VERSION = 1
 _RECORD: TypeAdapter[UsageRecordIn] = TypeAdapter(UsageRecordIn)

@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-from weir.tenancy.store.records import UsageRecordIn
 from weir.tenancy.usage.usage_codec import CorruptRecordError, decode_record, encode_record
+from weir.tenancy.usage.usage_records import UsageRecordIn
 
 log = logging.getLogger(__name__)
 

@@ -47,15 +47,16 @@ import os
 import threading
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
-from weir.tenancy.store.records import UsageRecordIn
-from weir.tenancy.store.repo import TenancyRepo
 from weir.tenancy.usage.usage_codec import encode_record
+from weir.tenancy.usage.usage_records import UsageRecordIn
 from weir.tenancy.usage.usage_spool import UsageSpool
 
 log = logging.getLogger(__name__)
@@ -96,12 +97,19 @@ def database_unavailable(exc: BaseException) -> bool:
     return False
 
 
+class UsageSink(Protocol):
+    """Where the writer's batches go: `weir.tenancy.repository.repo.TenancyRepo` (one transaction,
+    all or none). A protocol, so usage stands below the repository that reads its records."""
+
+    def record_usages(self, records: Sequence[UsageRecordIn]) -> None: ...
+
+
 class UsageWriter:
     """A bounded queue of usage records, the spool behind it, and the two threads that move them."""
 
     def __init__(
         self,
-        repo: TenancyRepo,
+        repo: UsageSink,
         spool_dir: Path,
         *,
         # Each batch is Python that holds the GIL in the writer's threads (encoding, SQLAlchemy):

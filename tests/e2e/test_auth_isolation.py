@@ -31,12 +31,12 @@ from weir.gateway.http.auth_settings import AuthSettings
 from weir.gateway.routes.admin import admin_routes
 from weir.gateway.server.uvicorn_runner import uvicorn_config
 from weir.gateway.settings.settings import AuthMode, LogLevel, Settings
+from weir.migrations.migrate import upgrade
 from weir.tenancy.keys.keys import KeyHasher, generate_key
+from weir.tenancy.repository.records import KeyRecord
+from weir.tenancy.repository.repo import TenancyRepo
 from weir.tenancy.store.db import Database
 from weir.tenancy.store.enums import KeyScope
-from weir.tenancy.store.migrate import upgrade
-from weir.tenancy.store.records import KeyRecord
-from weir.tenancy.store.repo import TenancyRepo
 
 ADMIN_TOKEN = "admin-token-for-auth-isolation"
 ADMIN = {"authorization": f"Bearer {ADMIN_TOKEN}"}

@@ -32,8 +32,8 @@ from weir.gateway.metrics.registry import GatewayMetrics
 from weir.gateway.routes.spend_admin import spend_admin_routes
 from weir.gateway.server.bootstrap import build_tenancy
 from weir.gateway.settings.settings import AuthMode, Settings
+from weir.migrations.migrate import upgrade
 from weir.tenancy.store.db import Database
-from weir.tenancy.store.migrate import upgrade
 
 ADMIN = {"authorization": "Bearer admin-secret"}
 MESSAGES: Any = [{"role": "user", "content": "hello"}]

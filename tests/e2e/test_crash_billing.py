@@ -25,8 +25,8 @@ import pytest
 
 from tests.engine.tiny_models import make_tiny_model
 from tests.gateway.harness import wait_until
-from weir.tenancy.store.records import UsageRecordIn
 from weir.tenancy.usage.usage_codec import CorruptRecordError, decode_record
+from weir.tenancy.usage.usage_records import UsageRecordIn
 from weir_bench.experiments.crash_billing import run_crash
 from weir_bench.weir_process import run_weir
 

@@ -30,8 +30,9 @@ from weir.gateway.fleet.adapter_catalog import AdapterCatalog
 from weir.gateway.http.errors import AuthenticationError
 from weir.gateway.server.app import create_app
 from weir.gateway.settings.settings import Settings
-from weir.tenancy.catalog.adapter_records import AdapterState, AdapterView
+from weir.tenancy.catalog.adapter_records import AdapterView
 from weir.tenancy.context import QuotaLimits, TenantContext
+from weir.tenancy.store.enums import AdapterState
 
 MODEL = "tiny-llama"
 ADAPTER = "acme-style"

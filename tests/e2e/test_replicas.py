@@ -25,13 +25,13 @@ from sqlalchemy import text
 
 from tests.engine.tiny_models import make_tiny_model
 from tests.gateway.harness import MODEL, wait_until
+from weir.migrations.migrate import upgrade
 from weir.tenancy.budgets.leases import LeaseStore
 from weir.tenancy.context import QuotaLimits
 from weir.tenancy.keys.keys import KeyHasher
+from weir.tenancy.repository.records import KeySpec, TenantSpec
+from weir.tenancy.repository.repo import TenancyRepo
 from weir.tenancy.store.db import Database
-from weir.tenancy.store.migrate import upgrade
-from weir.tenancy.store.records import KeySpec, TenantSpec
-from weir.tenancy.store.repo import TenancyRepo
 from weir_bench.replica_set import revoke_key, run_replicas
 
 pytestmark = pytest.mark.postgres

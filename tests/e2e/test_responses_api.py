@@ -25,13 +25,13 @@ from tests.e2e.real_engine_server import RealServer, serve_engine
 from weir.engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from weir.engine.request import Priority
 from weir.gateway.http.errors import AuthenticationError
+from weir.migrations.migrate import upgrade
 from weir.tenancy.context import QuotaLimits, TenantContext
 from weir.tenancy.keys.keys import KeyHasher
+from weir.tenancy.repository.records import TenantSpec
+from weir.tenancy.repository.repo import TenancyRepo
 from weir.tenancy.responses.response_repo import DatabaseResponseStore
 from weir.tenancy.store.db import Database
-from weir.tenancy.store.migrate import upgrade
-from weir.tenancy.store.records import TenantSpec
-from weir.tenancy.store.repo import TenancyRepo
 
 pytestmark = pytest.mark.slow
 

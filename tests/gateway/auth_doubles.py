@@ -10,12 +10,12 @@ from pathlib import Path
 from typing import TypeVar
 
 from weir.engine.request import Priority
+from weir.migrations.migrate import upgrade
 from weir.tenancy.context import QuotaLimits
 from weir.tenancy.keys.keys import KeyHasher
+from weir.tenancy.repository.records import KeyRecord, TenantSpec
+from weir.tenancy.repository.repo import TenancyRepo
 from weir.tenancy.store.db import Database
-from weir.tenancy.store.migrate import upgrade
-from weir.tenancy.store.records import KeyRecord, TenantSpec
-from weir.tenancy.store.repo import TenancyRepo
 
 START = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
 ADDR = "203.0.113.7"

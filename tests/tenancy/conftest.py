@@ -14,10 +14,10 @@ import pytest
 from sqlalchemy import text
 
 from tests.tenancy.clock import FakeClock
+from weir.migrations.migrate import upgrade
 from weir.tenancy.keys.keys import KeyHasher
+from weir.tenancy.repository.repo import TenancyRepo
 from weir.tenancy.store.db import Database
-from weir.tenancy.store.migrate import upgrade
-from weir.tenancy.store.repo import TenancyRepo
 
 PG_ENV = "WEIR_TEST_PG_URL"
 BACKENDS = [

@@ -18,6 +18,7 @@ from weir.engine.request import Priority
 from weir.gateway.admission.controller import AdmissionConfig, AdmissionController
 from weir.gateway.admission.window_budget_gate import WindowBudgetGate, WindowBudgetMetrics
 from weir.gateway.http.errors import BadRequestError, RateLimitError
+from weir.migrations.migrate import upgrade
 from weir.tenancy.budgets.budget_windows import WindowKind, WindowSpec
 from weir.tenancy.budgets.money import TokenPrices
 from weir.tenancy.budgets.prices import PriceRepo, PriceSpec
@@ -26,10 +27,9 @@ from weir.tenancy.budgets.window_budget_records import BudgetSpec, BudgetUnit
 from weir.tenancy.budgets.window_budgets import WindowBudgetStore
 from weir.tenancy.context import QuotaLimits, TenantContext
 from weir.tenancy.keys.keys import KeyHasher
+from weir.tenancy.repository.records import KeySpec, TenantSpec
+from weir.tenancy.repository.repo import TenancyRepo
 from weir.tenancy.store.db import Database
-from weir.tenancy.store.migrate import upgrade
-from weir.tenancy.store.records import KeySpec, TenantSpec
-from weir.tenancy.store.repo import TenancyRepo
 
 DAY = WindowSpec(WindowKind.DAY)
 MONTH_PARIS = WindowSpec(WindowKind.MONTH, "Europe/Paris")

@@ -28,14 +28,14 @@ from weir.gateway.routes.admin import admin_routes
 from weir.gateway.routes.models_admin import models_admin_routes
 from weir.gateway.routes.prefix_cache import prefix_cache_routes
 from weir.gateway.routes.spend_admin import spend_admin_routes
+from weir.migrations.migrate import upgrade
 from weir.tenancy.catalog.model_versions import ModelVersionRepo
-from weir.tenancy.keys.admin_token import ensure_admin_token
 from weir.tenancy.keys.keys import KeyHasher
+from weir.tenancy.repository.admin_token import ensure_admin_token
+from weir.tenancy.repository.repo import TenancyRepo
 from weir.tenancy.store.db import Database
 from weir.tenancy.store.enums import UsageStatus
-from weir.tenancy.store.migrate import upgrade
-from weir.tenancy.store.records import UsageRecordIn
-from weir.tenancy.store.repo import TenancyRepo
+from weir.tenancy.usage.usage_records import UsageRecordIn
 
 
 @dataclass

@@ -25,11 +25,11 @@ from weir.gateway.http.auth import Authenticator
 from weir.gateway.http.auth_settings import AuthSettings
 from weir.gateway.http.errors import exception_handlers
 from weir.gateway.http.failure_throttle import FailureThrottle
+from weir.migrations.migrate import upgrade
 from weir.tenancy.catalog.model_versions import ModelVersionRepo
 from weir.tenancy.keys.keys import KeyHasher
+from weir.tenancy.repository.repo import TenancyRepo
 from weir.tenancy.store.db import Database
-from weir.tenancy.store.migrate import upgrade
-from weir.tenancy.store.repo import TenancyRepo
 
 TOKEN = "console-admin-token-0123456789"
 UI = "/admin/ui"

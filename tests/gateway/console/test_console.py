@@ -22,8 +22,9 @@ from weir.gateway.console.routes import LOGIN_COOKIE, SESSION_COOKIE
 from weir.gateway.console.sessions import SessionStore
 from weir.tenancy.catalog.model_version_records import ModelVersionSpec
 from weir.tenancy.keys.keys import KEY_PREFIX
+from weir.tenancy.repository.records import KeySpec, TenantSpec
 from weir.tenancy.store.enums import UsageStatus
-from weir.tenancy.store.records import KeySpec, TenantSpec, UsageRecordIn
+from weir.tenancy.usage.usage_records import UsageRecordIn
 
 # -- login, cookie, logout --------------------------------------------------------------------------
 

@@ -9,7 +9,7 @@ from tests.gateway.console.console_harness import (
     UI,
     Console,
 )
-from weir.tenancy.store.records import KeySpec, TenantSpec
+from weir.tenancy.repository.records import KeySpec, TenantSpec
 
 
 def test_a_keys_own_limits_are_shown_and_set_within_its_tenant(console: Console) -> None:

@@ -10,7 +10,7 @@ from tests.gateway.console.console_harness import (
     Console,
 )
 from weir.tenancy.catalog.model_version_records import ModelVersionSpec
-from weir.tenancy.store.records import TenantSpec
+from weir.tenancy.repository.records import TenantSpec
 
 
 def test_traffic_needs_confirmation_and_shows_refusals_in_place(console: Console) -> None:

@@ -20,14 +20,15 @@ from weir.gateway.fleet.adapter_rollout import AdapterRollout
 from weir.gateway.fleet.model_fleet import ModelFleet
 from weir.gateway.fleet.model_rollout import ModelRollout
 from weir.gateway.http.errors import ConflictError, to_http_error
-from weir.tenancy.catalog.adapter_records import AdapterSpec, AdapterState
+from weir.migrations.migrate import upgrade
+from weir.tenancy.catalog.adapter_records import AdapterSpec
 from weir.tenancy.catalog.adapters import AdapterRepo
 from weir.tenancy.catalog.model_versions import ModelVersionRepo, ModelVersionSpec, ModelVersionState
 from weir.tenancy.keys.keys import KeyHasher
+from weir.tenancy.repository.records import TenantSpec
+from weir.tenancy.repository.repo import TenancyRepo
 from weir.tenancy.store.db import Database
-from weir.tenancy.store.migrate import upgrade
-from weir.tenancy.store.records import TenantSpec
-from weir.tenancy.store.repo import TenancyRepo
+from weir.tenancy.store.enums import AdapterState
 
 ACTOR = "test"
 VID = "tiny@v1"

@@ -15,7 +15,8 @@ from weir.engine.kv.memory_budget import MemoryBudget, VersionFootprint
 from weir.gateway.fleet.fleet_types import BuiltEngine
 from weir.gateway.fleet.model_fleet import ModelFleet, NoModelVersionError
 from weir.gateway.fleet.traffic_router import RoutePlan
-from weir.tenancy.catalog.model_version_records import ModelVersionSpec, ModelVersionState
+from weir.tenancy.catalog.model_version_records import ModelVersionSpec
+from weir.tenancy.store.enums import ModelVersionState
 
 State = ModelVersionState
 MIB = 2**20

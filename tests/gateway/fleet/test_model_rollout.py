@@ -19,11 +19,12 @@ from weir.gateway.fleet.fleet_types import BuiltEngine
 from weir.gateway.fleet.model_fleet import ModelFleet
 from weir.gateway.fleet.model_rollout import ModelRollout
 from weir.gateway.http.errors import ConflictError
-from weir.tenancy.catalog.model_version_records import ModelVersionSpec, ModelVersionState, TrafficPlan
+from weir.migrations.migrate import upgrade
+from weir.tenancy.catalog.model_version_records import ModelVersionSpec, TrafficPlan
 from weir.tenancy.catalog.model_versions import ModelVersionRepo
 from weir.tenancy.errors import InvalidModelTransitionError
 from weir.tenancy.store.db import Database
-from weir.tenancy.store.migrate import upgrade
+from weir.tenancy.store.enums import ModelVersionState
 
 State = ModelVersionState
 

@@ -13,7 +13,7 @@ from weir.gateway.http.admin_auth import AdminAuthenticator
 from weir.gateway.http.errors import AuthenticationError, RateLimitError
 from weir.gateway.http.failure_throttle import FailureThrottle
 from weir.tenancy.keys.keys import generate_admin_token
-from weir.tenancy.store.records import KeySpec
+from weir.tenancy.repository.records import KeySpec
 
 
 @pytest.fixture

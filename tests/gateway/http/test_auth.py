@@ -28,8 +28,8 @@ from weir.gateway.http.auth_settings import AuthSettings
 from weir.gateway.http.errors import AuthenticationError, PermissionDeniedError, RateLimitError
 from weir.tenancy.context import QuotaLimits
 from weir.tenancy.keys.keys import generate_admin_token, generate_key
+from weir.tenancy.repository.records import KeyRecord, KeySpec
 from weir.tenancy.store.enums import KeyScope
-from weir.tenancy.store.records import KeyRecord, KeySpec
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from weir.gateway.http.auth import Authenticator
 from weir.gateway.http.auth_settings import AuthSettings
 from weir.gateway.http.errors import AuthenticationError, DatabaseUnavailableError, PermissionDeniedError
 from weir.tenancy.keys.keys import generate_admin_token, generate_key
-from weir.tenancy.store.records import KeyRecord, KeySpec, TenantSpec
+from weir.tenancy.repository.records import KeyRecord, KeySpec, TenantSpec
 
 
 @pytest.fixture

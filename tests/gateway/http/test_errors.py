@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 
 from weir.gateway.http.errors import error_response, from_tenancy_error, to_http_error
-from weir.tenancy.catalog.model_version_records import ModelVersionSpec, ModelVersionState, check_transition
+from weir.tenancy.catalog.model_version_records import ModelVersionSpec, check_transition
 from weir.tenancy.errors import (
     FieldError,
     InvalidModelTransitionError,
     ModelVersionExistsError,
     ModelVersionNotFoundError,
 )
+from weir.tenancy.store.enums import ModelVersionState
 
 
 def _answer(exc: Exception) -> tuple[int, dict[str, object]]:

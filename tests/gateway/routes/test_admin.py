@@ -21,13 +21,13 @@ from weir.gateway.http.auth import Authenticator
 from weir.gateway.http.auth_settings import AuthSettings
 from weir.gateway.http.errors import exception_handlers
 from weir.gateway.routes.admin import admin_routes
-from weir.tenancy.keys.admin_token import ensure_admin_token
+from weir.migrations.migrate import upgrade
 from weir.tenancy.keys.keys import KeyHasher, generate_key
+from weir.tenancy.repository.admin_token import ensure_admin_token
+from weir.tenancy.repository.repo import TenancyRepo
 from weir.tenancy.store.db import Database
 from weir.tenancy.store.enums import UsageStatus
-from weir.tenancy.store.migrate import upgrade
-from weir.tenancy.store.records import UsageRecordIn
-from weir.tenancy.store.repo import TenancyRepo
+from weir.tenancy.usage.usage_records import UsageRecordIn
 
 QUIET = {"name": "quiet", "priority": "interactive", "weight": 1,
          "quota": {"tokens_per_minute": 20000, "max_concurrent": 8, "ttft_slo_ms": 2000}}  # fmt: skip

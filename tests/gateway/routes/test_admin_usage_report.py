@@ -9,7 +9,7 @@ import io
 from tests.gateway.routes import test_admin
 from tests.gateway.routes.test_admin import QUIET, Api
 from weir.tenancy.store.enums import UsageStatus
-from weir.tenancy.store.records import UsageRecordIn
+from weir.tenancy.usage.usage_records import UsageRecordIn
 
 api = test_admin.api  # the admin API fixture
 

@@ -20,6 +20,7 @@ from weir.gateway.http.admin_auth import AdminAuthenticator
 from weir.gateway.http.auth_settings import AuthSettings
 from weir.gateway.http.failure_throttle import FailureThrottle
 from weir.gateway.routes.models_admin import models_admin_routes
+from weir.migrations.migrate import upgrade
 from weir.tenancy.admin_bodies.model_versions import (
     ModelVersion,
     ModelVersionList,
@@ -29,10 +30,9 @@ from weir.tenancy.admin_bodies.model_versions import (
 from weir.tenancy.catalog.model_version_records import TrafficPlan
 from weir.tenancy.catalog.model_versions import ModelVersionRepo
 from weir.tenancy.keys.keys import KeyHasher
+from weir.tenancy.repository.records import TenantSpec
+from weir.tenancy.repository.repo import TenancyRepo
 from weir.tenancy.store.db import Database
-from weir.tenancy.store.migrate import upgrade
-from weir.tenancy.store.records import TenantSpec
-from weir.tenancy.store.repo import TenancyRepo
 
 
 # The answers read through the body models (the codec's parse functions before them).

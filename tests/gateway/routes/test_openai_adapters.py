@@ -15,8 +15,9 @@ from weir.engine.request import Priority
 from weir.gateway.admission.accounting import UsageRecord
 from weir.gateway.fleet.adapter_catalog import AdapterCatalog
 from weir.gateway.http.errors import AuthenticationError
-from weir.tenancy.catalog.adapter_records import AdapterState, AdapterView
+from weir.tenancy.catalog.adapter_records import AdapterView
 from weir.tenancy.context import QuotaLimits, TenantContext
+from weir.tenancy.store.enums import AdapterState
 
 BASE_VERSION = f"{MODEL}@default"
 NOW = dt.datetime(2025, 1, 1, tzinfo=dt.UTC)

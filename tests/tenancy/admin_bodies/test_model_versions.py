@@ -25,14 +25,10 @@ from weir.tenancy.admin_bodies.model_versions import (
     parse_spec,
     parse_traffic,
 )
-from weir.tenancy.admin_bodies.parsing import parse_model
-from weir.tenancy.catalog.model_version_records import (
-    ModelVersionSpec,
-    ModelVersionState,
-    ModelVersionView,
-    TrafficPlan,
-)
+from weir.tenancy.catalog.model_version_records import ModelVersionSpec, ModelVersionView, TrafficPlan
 from weir.tenancy.errors import FieldError
+from weir.tenancy.parsing import parse_model
+from weir.tenancy.store.enums import ModelVersionState
 
 # The codec's functions, as the models spell them.
 VERSION_FIELDS = tuple(ModelVersion.model_fields)

@@ -7,14 +7,14 @@ import json
 
 import pytest
 
+from weir.migrations.cli import main
 from weir.tenancy.admin_bodies.quota import KeyLimitsBody, parse_key_limits
-from weir.tenancy.cli.cli import main
 from weir.tenancy.context import QuotaLimits
 from weir.tenancy.errors import FieldError
+from weir.tenancy.repository.records import KeySpec, TenantSpec
+from weir.tenancy.repository.repo import TenancyRepo
 from weir.tenancy.store.db import Database
 from weir.tenancy.store.enums import AuditAction
-from weir.tenancy.store.records import KeySpec, TenantSpec
-from weir.tenancy.store.repo import TenancyRepo
 
 
 def test_the_body_parses_to_limits_and_refuses_what_a_key_cannot_set() -> None:
@@ -87,8 +87,8 @@ def test_the_requests_user_field_is_saved_on_its_usage_record(repo: TenancyRepo,
 
     from weir.tenancy.store.enums import UsageStatus
     from weir.tenancy.store.models import UsageRecord
-    from weir.tenancy.store.records import UsageRecordIn
     from weir.tenancy.usage.usage_codec import decode_record, encode_record
+    from weir.tenancy.usage.usage_records import UsageRecordIn
 
     repo.create_tenant(TenantSpec(name="acme"), actor="t")
     hostile = '=HYPERLINK("http://x")' + "é" * 200

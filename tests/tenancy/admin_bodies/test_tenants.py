@@ -13,15 +13,15 @@ from hypothesis import strategies as st
 
 from weir.engine.request import Priority
 from weir.tenancy.admin_bodies.keys import KeyCreate
-from weir.tenancy.admin_bodies.parsing import parse_model
-from weir.tenancy.admin_bodies.quota import parse_quota_limits as parse_quota
 from weir.tenancy.admin_bodies.quota import quota_json
 from weir.tenancy.admin_bodies.tenants import TenantCreate, TenantPatch
-from weir.tenancy.budgets.quota_limits import QUOTA_FIELDS
 from weir.tenancy.context import QuotaLimits
 from weir.tenancy.errors import FieldError
+from weir.tenancy.parsing import parse_model
+from weir.tenancy.quota_limits import QUOTA_FIELDS
+from weir.tenancy.quota_limits import parse_quota_limits as parse_quota
+from weir.tenancy.repository.records import KeySpec, TenantSpec, TenantUpdate
 from weir.tenancy.store.enums import KeyScope, TenantStatus
-from weir.tenancy.store.records import KeySpec, TenantSpec, TenantUpdate
 
 
 # The codec's functions, as the models spell them.

@@ -12,9 +12,9 @@ import pytest
 from weir.tenancy.budgets.leases import LeasedBudget, LeaseStore
 from weir.tenancy.budgets.quotas import SECONDS_PER_DAY, Denial, Grant, LimitKind
 from weir.tenancy.context import QuotaLimits
+from weir.tenancy.repository.records import TenantSpec
+from weir.tenancy.repository.repo import TenancyRepo
 from weir.tenancy.store.db import Database
-from weir.tenancy.store.records import TenantSpec
-from weir.tenancy.store.repo import TenancyRepo
 
 START = 1_900_000_000.0
 

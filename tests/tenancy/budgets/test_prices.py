@@ -12,10 +12,11 @@ from weir.engine.request import Priority
 from weir.tenancy.budgets.money import TokenPrices
 from weir.tenancy.budgets.prices import PriceBook, PriceRepo, PriceSpec
 from weir.tenancy.errors import FieldError
+from weir.tenancy.repository.records import TenantSpec
+from weir.tenancy.repository.repo import TenancyRepo
 from weir.tenancy.store.enums import AuditAction, UsageStatus
 from weir.tenancy.store.models import UsageRecord
-from weir.tenancy.store.records import TenantSpec, UsageRecordIn
-from weir.tenancy.store.repo import TenancyRepo
+from weir.tenancy.usage.usage_records import UsageRecordIn
 
 P1 = TokenPrices(input=150_000, cached_input=75_000, output=600_000)
 P2 = TokenPrices(input=300_000, cached_input=100_000, output=1_200_000)

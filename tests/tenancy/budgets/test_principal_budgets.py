@@ -12,9 +12,9 @@ from weir.tenancy.budgets.leases import LeasedBudget, LeaseStore, SubjectRows
 from weir.tenancy.budgets.principal_budgets import PrincipalBudgets, Reservation
 from weir.tenancy.budgets.quotas import Denial, LimitKind, LocalBudget
 from weir.tenancy.context import QuotaLimits, TenantContext, narrowest
+from weir.tenancy.repository.records import KeySpec, TenantSpec
+from weir.tenancy.repository.repo import TenancyRepo
 from weir.tenancy.store.db import Database
-from weir.tenancy.store.records import KeySpec, TenantSpec
-from weir.tenancy.store.repo import TenancyRepo
 
 START = 1_900_000_000.0
 

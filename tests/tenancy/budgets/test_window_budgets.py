@@ -14,10 +14,11 @@ from weir.tenancy.budgets.budget_windows import WindowKind, WindowSpec
 from weir.tenancy.budgets.window_budget_records import BudgetSpec, BudgetUnit, window_spec
 from weir.tenancy.budgets.window_budgets import WindowBudgetStore
 from weir.tenancy.errors import FieldError, KeyNotFoundError, TenantNotFoundError
+from weir.tenancy.repository.records import KeySpec, TenantSpec
+from weir.tenancy.repository.repo import TenancyRepo
 from weir.tenancy.store.db import Database
 from weir.tenancy.store.enums import AuditAction, UsageStatus
-from weir.tenancy.store.records import KeySpec, TenantSpec, UsageRecordIn
-from weir.tenancy.store.repo import TenancyRepo
+from weir.tenancy.usage.usage_records import UsageRecordIn
 
 # 2030-01-01 12:00 UTC
 T = dt.datetime(2030, 1, 1, 12, 0, tzinfo=dt.UTC).timestamp()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tests.tenancy.clock import FakeClock
-from weir.tenancy.catalog.adapter_records import AdapterSpec, AdapterState
+from weir.tenancy.catalog.adapter_records import AdapterSpec
 from weir.tenancy.catalog.adapters import AdapterRepo
 from weir.tenancy.catalog.model_versions import ModelVersionRepo, ModelVersionSpec, ModelVersionState
 from weir.tenancy.errors import (
@@ -18,11 +18,11 @@ from weir.tenancy.errors import (
     TenantNotFoundError,
 )
 from weir.tenancy.keys.keys import KeyHasher
+from weir.tenancy.repository.records import TenantSpec
+from weir.tenancy.repository.repo import TenancyRepo
 from weir.tenancy.store.audit import list_events
 from weir.tenancy.store.db import Database
-from weir.tenancy.store.enums import AuditAction
-from weir.tenancy.store.records import TenantSpec
-from weir.tenancy.store.repo import TenancyRepo
+from weir.tenancy.store.enums import AdapterState, AuditAction
 
 ACTOR = "cli test"
 

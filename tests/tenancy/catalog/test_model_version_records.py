@@ -12,11 +12,7 @@ from weir.engine.config import ENGINE_DTYPES
 from weir.tenancy.catalog.model_version_records import (
     ALLOWED_TRANSITIONS,
     MAX_KV_CACHE_TOKENS,
-    MAX_NAME_LEN,
-    MAX_PATH_LEN,
-    MAX_VERSION_LEN,
     ModelVersionSpec,
-    ModelVersionState,
     TrafficPlan,
     can_transition,
     check_transition,
@@ -24,9 +20,9 @@ from weir.tenancy.catalog.model_version_records import (
     version_id,
 )
 from weir.tenancy.errors import FieldError, InvalidModelTransitionError
-from weir.tenancy.store.enums import UsageStatus
-from weir.tenancy.store.models import MODEL_VERSION_ID_LEN
-from weir.tenancy.store.records import UsageRecordIn
+from weir.tenancy.store.enums import ModelVersionState, UsageStatus
+from weir.tenancy.store.models import MAX_NAME_LEN, MAX_PATH_LEN, MAX_VERSION_LEN, MODEL_VERSION_ID_LEN
+from weir.tenancy.usage.usage_records import UsageRecordIn
 
 S = ModelVersionState
 # The table, spelt out edge by edge so a change to ALLOWED_TRANSITIONS shows up here.

@@ -27,12 +27,12 @@ from weir.tenancy.catalog.model_versions import (
 )
 from weir.tenancy.errors import FieldError, TenantNotFoundError
 from weir.tenancy.keys.keys import KeyHasher
+from weir.tenancy.repository.records import TenantSpec
+from weir.tenancy.repository.repo import TenancyRepo
 from weir.tenancy.store.audit import list_events
 from weir.tenancy.store.db import Database
 from weir.tenancy.store.enums import AuditAction
 from weir.tenancy.store.models import Base, ModelVersion
-from weir.tenancy.store.records import TenantSpec
-from weir.tenancy.store.repo import TenancyRepo
 
 S = ModelVersionState
 ACTOR = "cli test"

@@ -16,7 +16,7 @@ from tests.engine.tiny_models import make_tiny_model
 from tests.gateway.harness import serve_in_thread
 from weir.gateway.server.bootstrap import build_server_app
 from weir.gateway.settings.settings import AuthMode, Settings
-from weir.tenancy.cli import cli
+from weir.migrations import cli  # the `db` and `admin` commands together
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
-"""`weir db` and `weir admin`, against the database and against a server (same output)."""
+"""`weir admin`, against the database and against a server (same output)."""
 
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ from starlette.testclient import TestClient
 from weir.gateway.http.admin_auth import AdminAuthenticator
 from weir.gateway.http.auth import Authenticator
 from weir.gateway.routes.admin import admin_routes
-from weir.tenancy.cli import cli
+from weir.migrations import cli  # the `db` and `admin` commands together
+from weir.migrations.migrate import upgrade
 from weir.tenancy.cli.admin_client import HttpAdmin
 from weir.tenancy.keys.keys import KeyHasher
-from weir.tenancy.store.db import Database, sqlite_url_for
-from weir.tenancy.store.migrate import upgrade
-from weir.tenancy.store.repo import TenancyRepo
+from weir.tenancy.repository.repo import TenancyRepo
+from weir.tenancy.store.db import Database
 
 ADMIN_TOKEN = "weir-admin-cli-test-token-0123456789"
 
@@ -28,24 +28,6 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     code = cli.main(list(argv))
     out, err = capsys.readouterr()
     return code, out, err
-
-
-def test_db_commands(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    data = str(tmp_path / "data")
-    code, out, _ = run(capsys, "db", "current", "--data-dir", data)
-    assert code == 1 and "weir db upgrade" in out
-    code, _, err = run(capsys, "admin", "tenants", "list", "--data-dir", data)
-    assert code == 1 and "weir db upgrade" in err  # refuses an un-migrated database
-    assert run(capsys, "db", "upgrade", "--data-dir", data)[0] == 0
-    code, out, _ = run(capsys, "db", "current", "--database-url", sqlite_url_for(Path(data)))
-    assert code == 0 and "up to date" in out
-    assert run(capsys, "db", "downgrade", "--data-dir", data, "--revision", "base")[0] == 0
-    assert run(capsys, "db", "current", "--data-dir", data)[0] == 1
-
-
-def test_no_database_given(capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = run(capsys, "db", "upgrade")
-    assert code == 2 and "--database-url" in err
 
 
 @pytest.fixture

@@ -11,17 +11,17 @@ import pytest
 from starlette.testclient import TestClient
 
 from tests.tenancy.model_admin_app import model_admin_app
+from weir.migrations import cli  # the `db` and `admin` commands together
+from weir.migrations.migrate import upgrade
 from weir.tenancy.catalog.model_versions import ModelVersionRepo, ModelVersionState
-from weir.tenancy.cli import cli
 from weir.tenancy.cli.admin_client import HttpAdmin
 from weir.tenancy.cli.cli_support import CliError
 from weir.tenancy.cli.model_cli import parse_pins, parse_split
 from weir.tenancy.keys.keys import KeyHasher
+from weir.tenancy.repository.records import TenantSpec
+from weir.tenancy.repository.repo import TenancyRepo
 from weir.tenancy.store.audit import list_events
 from weir.tenancy.store.db import Database, sqlite_url_for
-from weir.tenancy.store.migrate import upgrade
-from weir.tenancy.store.records import TenantSpec
-from weir.tenancy.store.repo import TenancyRepo
 
 TOKEN = "weir-admin-cli-test-token-0123456789"
 # A load passes its own long timeout; Starlette's TestClient warns that it ignores timeouts.

@@ -14,13 +14,13 @@ from starlette.testclient import TestClient
 from weir.gateway.http.admin_auth import AdminAuthenticator
 from weir.gateway.http.errors import exception_handlers
 from weir.gateway.routes.spend_admin import spend_admin_routes
-from weir.tenancy.cli import cli
+from weir.migrations import cli  # the `db` and `admin` commands together
 from weir.tenancy.cli.admin_client import HttpAdmin
 from weir.tenancy.keys.keys import KeyHasher
+from weir.tenancy.repository.records import KeySpec, TenantSpec
+from weir.tenancy.repository.repo import TenancyRepo
 from weir.tenancy.store.db import Database, sqlite_url_for
 from weir.tenancy.store.enums import AuditAction
-from weir.tenancy.store.records import KeySpec, TenantSpec
-from weir.tenancy.store.repo import TenancyRepo
 
 TOKEN = "weir-admin-cli-test-token-0123456789"
 

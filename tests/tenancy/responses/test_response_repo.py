@@ -10,13 +10,13 @@ from sqlalchemy import delete, select
 
 from tests.tenancy.clock import START
 from weir.tenancy.errors import TenantNotFoundError
+from weir.tenancy.repository.records import TenantSpec
+from weir.tenancy.repository.repo import TenancyRepo
 from weir.tenancy.responses.memory_responses import MemoryResponseStore
 from weir.tenancy.responses.response_records import ResponseStorageLimits, ResponseStore, StoredResponse
 from weir.tenancy.responses.response_repo import DatabaseResponseStore
 from weir.tenancy.store.models import StoredResponse as StoredResponseRow
 from weir.tenancy.store.models import Tenant
-from weir.tenancy.store.records import TenantSpec
-from weir.tenancy.store.repo import TenancyRepo
 
 DAY = dt.timedelta(days=1)
 

@@ -9,8 +9,8 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.exc import OperationalError
 
+from weir.migrations.migrate import upgrade
 from weir.tenancy.store.db import DEFAULT_BUSY_TIMEOUT_MS, Database
-from weir.tenancy.store.migrate import upgrade
 
 
 def _busy_timeout(db: Database) -> int:

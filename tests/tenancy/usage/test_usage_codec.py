@@ -10,11 +10,12 @@ import pytest
 from sqlalchemy import select
 
 from weir.engine.request import FinishReason
+from weir.tenancy.repository.records import TenantSpec
+from weir.tenancy.repository.repo import TenancyRepo
 from weir.tenancy.store.enums import UsageStatus
 from weir.tenancy.store.models import UsageRecord
-from weir.tenancy.store.records import TenantSpec, UsageRecordIn
-from weir.tenancy.store.repo import TenancyRepo
 from weir.tenancy.usage.usage_codec import CorruptRecordError, decode_record, encode_record, record_json
+from weir.tenancy.usage.usage_records import UsageRecordIn
 
 WHEN = dt.datetime(2030, 1, 1, 12, 0, tzinfo=dt.UTC)
 

@@ -19,9 +19,10 @@ from weir.tenancy.admin_bodies.usage_query import parse_report_params
 from weir.tenancy.budgets.money import TokenPrices
 from weir.tenancy.budgets.prices import PriceRepo, PriceSpec
 from weir.tenancy.errors import FieldError, TenantNotFoundError
+from weir.tenancy.repository.records import KeySpec, TenantSpec
+from weir.tenancy.repository.repo import TenancyRepo
 from weir.tenancy.store.enums import UsageStatus
-from weir.tenancy.store.records import KeySpec, TenantSpec, UsageRecordIn
-from weir.tenancy.store.repo import TenancyRepo
+from weir.tenancy.usage.usage_records import UsageRecordIn
 from weir.tenancy.usage.usage_report import (
     GROUPS,
     ReportQuery,

@@ -15,11 +15,12 @@ from weir.engine.request import Priority
 from weir.tenancy.admin_bodies.usage import UsageReportBody
 from weir.tenancy.budgets.money import TokenPrices
 from weir.tenancy.budgets.prices import PriceRepo, PriceSpec
+from weir.tenancy.repository.records import KeySpec, TenantSpec
+from weir.tenancy.repository.repo import TenancyRepo
 from weir.tenancy.store.enums import UsageStatus
 from weir.tenancy.store.models import Tenant, UsageDaily, UsageDailyUser
-from weir.tenancy.store.records import DailyUsage, KeySpec, TenantSpec, UsageRecordIn
-from weir.tenancy.store.repo import TenancyRepo
 from weir.tenancy.usage.usage import daily_usage, daily_usage_query
+from weir.tenancy.usage.usage_records import DailyUsage, UsageRecordIn
 from weir.tenancy.usage.usage_report import (
     GROUPS,
     ReportQuery,

@@ -21,8 +21,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from weir.engine.request import FinishReason
 from weir.tenancy.store.enums import UsageStatus
-from weir.tenancy.store.records import UsageRecordIn
 from weir.tenancy.usage.usage_codec import CorruptRecordError, decode_record, encode_record
+from weir.tenancy.usage.usage_records import UsageRecordIn
 from weir.tenancy.usage.usage_spool import SEGMENT_GLOB, UsageSpool
 
 WHEN = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.UTC)

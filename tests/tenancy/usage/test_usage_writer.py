@@ -24,11 +24,12 @@ from sqlalchemy.exc import OperationalError
 
 from tests.gateway.harness import wait_until
 from weir.engine.request import FinishReason
+from weir.tenancy.repository.records import TenantSpec
+from weir.tenancy.repository.repo import TenancyRepo
 from weir.tenancy.store.db import Database
 from weir.tenancy.store.enums import UsageStatus
 from weir.tenancy.store.models import UsageRecord
-from weir.tenancy.store.records import TenantSpec, UsageRecordIn
-from weir.tenancy.store.repo import TenancyRepo
+from weir.tenancy.usage.usage_records import UsageRecordIn
 from weir.tenancy.usage.usage_spool import SEGMENT_GLOB
 from weir.tenancy.usage.usage_writer import REJECTED_FILENAME, UsageWriter, database_unavailable
 
@@ -426,8 +427,8 @@ def test_a_slow_database_does_not_hold_records_in_memory(acme: TenancyRepo, tmp_
 @pytest.mark.slow
 def test_a_locked_sqlite_file_delays_records_but_loses_none(tmp_path: Path) -> None:
     """The defect as reported: the SQLite file locked (BEGIN EXCLUSIVE) by another connection."""
+    from weir.migrations.migrate import upgrade
     from weir.tenancy.keys.keys import KeyHasher
-    from weir.tenancy.store.migrate import upgrade
 
     path = tmp_path / "weir.db"
     db = Database(f"sqlite:///{path}")
@@ -458,7 +459,7 @@ import datetime as dt, os, sys, time
 from pathlib import Path
 from weir.tenancy.store.db import Database
 from weir.tenancy.keys.keys import KeyHasher
-from weir.tenancy.store.repo import TenancyRepo
+from weir.tenancy.repository.repo import TenancyRepo
 from weir.tenancy.usage.usage_writer import UsageWriter
 from tests.tenancy.usage.test_usage_writer import _record
 
@@ -481,8 +482,8 @@ time.sleep(60)
 def test_records_of_a_killed_process_are_replayed_once(tmp_path: Path) -> None:
     """kill -9 while the database is locked (and the disk stalls the last records' fsync): the
     next start writes every record, once, those only written (`write_now`) included."""
+    from weir.migrations.migrate import upgrade
     from weir.tenancy.keys.keys import KeyHasher
-    from weir.tenancy.store.migrate import upgrade
 
     path, spool = tmp_path / "weir.db", tmp_path / "spool"
     url = f"sqlite:///{path}"

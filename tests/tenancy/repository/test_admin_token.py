@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from weir.tenancy.keys.admin_token import admin_token_banner, ensure_admin_token, reset_admin_token
 from weir.tenancy.keys.keys import ADMIN_TOKEN_PREFIX, parse_key
+from weir.tenancy.repository.admin_token import admin_token_banner, ensure_admin_token, reset_admin_token
+from weir.tenancy.repository.repo import TenancyRepo
 from weir.tenancy.store.enums import AuditAction
-from weir.tenancy.store.repo import TenancyRepo
 
 
 def test_generated_once_and_only_its_hash_stored(repo: TenancyRepo) -> None:

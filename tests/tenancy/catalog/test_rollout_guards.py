@@ -7,9 +7,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from weir.tenancy.catalog.model_version_records import ModelVersionState, TrafficPlan
+from weir.tenancy.catalog.model_version_records import TrafficPlan
+from weir.tenancy.catalog.rollout_guards import (
+    check_keeps_serving,
+    check_plan_serves,
+    pins_without,
+    split_without,
+)
 from weir.tenancy.errors import LastServingVersionError, VersionNotReadyError
-from weir.tenancy.rollout_guards import check_keeps_serving, check_plan_serves, pins_without, split_without
+from weir.tenancy.store.enums import ModelVersionState
 
 S = ModelVersionState
 

@@ -1,4 +1,4 @@
-"""tenancy/budgets/quota_limits.py: the quota fields are declared once, and everything that lists them
+"""tenancy/quota_limits.py: the quota fields are declared once, and everything that lists them
 (the admin bodies, the row mapping, the CLI flags, the key's subset) derives from that."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from pydantic import TypeAdapter
 
 from weir.tenancy.admin_bodies.quota import KeyLimitsBody
-from weir.tenancy.budgets.quota_limits import (
+from weir.tenancy.cli.cli import add_key_limit_options, add_quota_options
+from weir.tenancy.quota_limits import (
     INT_QUOTA_FIELDS,
     KEY_LIMIT_FIELDS,
     MAX_INT32,
@@ -21,7 +22,6 @@ from weir.tenancy.budgets.quota_limits import (
     quota_from,
     quota_values,
 )
-from weir.tenancy.cli.cli import add_key_limit_options, add_quota_options
 from weir.tenancy.store.models import KeyLimit, Quota
 
 limit32 = st.one_of(st.none(), st.integers(1, MAX_INT32))

@@ -21,10 +21,11 @@ from weir.tenancy.errors import (
     TenantExistsError,
     TenantNotFoundError,
 )
+from weir.tenancy.repository.records import KeySpec, TenantSpec, TenantUpdate
+from weir.tenancy.repository.repo import TenancyRepo
 from weir.tenancy.store.enums import AuditAction, KeyScope, KeyState, TenantStatus, UsageStatus
 from weir.tenancy.store.models import Base
-from weir.tenancy.store.records import KeySpec, TenantSpec, TenantUpdate, UsageRecordIn
-from weir.tenancy.store.repo import TenancyRepo
+from weir.tenancy.usage.usage_records import UsageRecordIn
 
 ACTOR = "test"
 QUOTA = QuotaLimits(

@@ -10,43 +10,22 @@ import datetime as dt
 import math
 import re
 from dataclasses import dataclass, field
-from typing import ClassVar
 
-from pydantic import ConfigDict
-
-from weir.engine.request import FinishReason, Priority
-from weir.tenancy.admin_bodies.quota import parse_quota_limits
-from weir.tenancy.budgets.quota_limits import KEY_LIMIT_FIELDS, MAX_INT32, QUOTA_FIELDS, quota_values
+from weir.engine.request import Priority
 from weir.tenancy.context import QuotaLimits, TenantContext
 from weir.tenancy.errors import FieldError
 from weir.tenancy.keys.keys import key_prefix
+from weir.tenancy.quota_limits import KEY_LIMIT_FIELDS, QUOTA_FIELDS, parse_quota_limits, quota_values
 from weir.tenancy.store.enums import (
     ALL_KEY_SCOPES,
-    AuditAction,
     KeyScope,
     KeyState,
     TenantStatus,
-    UsageStatus,
 )
+from weir.tenancy.store.field_rules import check_aware, validate_tenant_name
 
-TENANT_NAME_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 CACHE_SCOPE_RE = re.compile(r"[A-Za-z0-9._:/-]{1,128}")
 MAX_WEIGHT = 1e6
-_MODEL_VERSION_LEN = 193
-_USER_LEN = 256  # weir.tenancy.store.models.USER_LEN  # a model version id, name@version (weir.tenancy.catalog.model_version_records)
-_ENDPOINT = re.compile(
-    r"[a-z][a-z._]{0,31}"
-)  # a usage record's endpoint (weir.tenancy.store.models.ENDPOINT_LEN)
-
-
-def validate_tenant_name(name: object, field_name: str = "name") -> str:
-    """A tenant name: 1-64 of [a-z0-9._-], starting with a letter or digit (it appears in URLs)."""
-    if not isinstance(name, str) or TENANT_NAME_RE.fullmatch(name) is None:
-        raise FieldError(
-            field_name,
-            "must be 1-64 characters of a-z, 0-9, '.', '_' or '-', starting with a letter or digit",
-        )
-    return name
 
 
 def validate_weight(weight: float, field_name: str = "weight") -> float:
@@ -99,11 +78,6 @@ def _check_share(cache_scope: str | None, share_with: str | None, own_name: str 
         )
     if share_with == own_name:
         raise FieldError("share_cache_scope_with", "must name another tenant")
-
-
-def _check_aware(value: dt.datetime | None, field_name: str) -> None:
-    if value is not None and value.tzinfo is None:
-        raise FieldError(field_name, "must include a time zone (e.g. 2030-01-01T00:00:00Z)")
 
 
 @dataclass(frozen=True)
@@ -178,7 +152,7 @@ class KeySpec:
             raise FieldError("scopes", f"each scope must be one of {', '.join(s.value for s in KeyScope)}")
         if len(set(self.scopes)) != len(self.scopes):
             raise FieldError("scopes", "must not repeat a scope")
-        _check_aware(self.expires_at, "expires_at")
+        check_aware(self.expires_at, "expires_at")
 
 
 @dataclass(frozen=True)
@@ -252,104 +226,3 @@ class KeyRecord:
     view: ApiKeyView
     secret_hash: str = field(repr=False)
     tenant: TenantView
-
-
-@dataclass(frozen=True)
-class UsageRecordIn:
-    """One request's usage, as the gateway's accounting reports it (completed, failed or cancelled).
-
-    The one declaration of the usage record: the database row is written from it
-    (`weir.tenancy.store.repo`), and the spool's JSON lines are generated from it by pydantic
-    (`weir.tenancy.usage.usage_codec`; strict, so a line of another shape is refused, never coerced).
-    """
-
-    __pydantic_config__: ClassVar[ConfigDict] = ConfigDict(strict=True)
-
-    request_id: str
-    tenant_id: str  # the tenant's name, as in TenantContext.tenant_id
-    key_id: str | None
-    model: str  # the model name the client asked for
-    status: UsageStatus
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int = 0
-    ttft_ms: float | None = None  # None: no token was produced
-    e2e_ms: float | None = None
-    finish_reason: FinishReason | None = None
-    created_at: dt.datetime | None = None  # None: now
-    # The id (name@version) of the model version that generated the tokens; None: not known.
-    model_version: str | None = None
-    user: str | None = None  # the request's `user` field (the client's end user), at most 256 chars
-    # The LoRA adapter the request ran through (its name); None: the base model.
-    adapter: str | None = None
-    # The API the request came through (`chat.completion`, `message`, `response`, ...); None: not known.
-    endpoint: str | None = None
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.request_id, str) or not 1 <= len(self.request_id) <= 128:
-            raise FieldError("request_id", "must be a string of 1-128 characters")
-        validate_tenant_name(self.tenant_id, "tenant_id")
-        if not isinstance(self.model, str) or not 1 <= len(self.model) <= 256:
-            raise FieldError("model", "must be a string of 1-256 characters")
-        if self.model_version is not None and (
-            not isinstance(self.model_version, str) or not 1 <= len(self.model_version) <= _MODEL_VERSION_LEN
-        ):
-            raise FieldError(
-                "model_version", f"must be a string of 1-{_MODEL_VERSION_LEN} characters or None"
-            )
-        if self.user is not None and (not isinstance(self.user, str) or len(self.user) > _USER_LEN):
-            raise FieldError("user", f"must be a string of at most {_USER_LEN} characters or None")
-        if self.adapter is not None and (
-            not isinstance(self.adapter, str) or not 1 <= len(self.adapter) <= 128
-        ):
-            raise FieldError("adapter", "must be a string of 1-128 characters or None")
-        if self.endpoint is not None and (
-            not isinstance(self.endpoint, str) or _ENDPOINT.fullmatch(self.endpoint) is None
-        ):
-            raise FieldError("endpoint", "must be 1-32 lowercase letters, dots or underscores, or None")
-        if not isinstance(self.status, UsageStatus):
-            raise FieldError("status", "must be a UsageStatus")
-        for name in ("prompt_tokens", "completion_tokens", "cached_tokens"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_INT32:
-                raise FieldError(name, "must be a non-negative integer")
-        if self.cached_tokens > self.prompt_tokens:
-            raise FieldError("cached_tokens", "cannot exceed prompt_tokens")
-        for name in ("ttft_ms", "e2e_ms"):
-            value = getattr(self, name)
-            if value is not None and (not math.isfinite(value) or value < 0):
-                raise FieldError(name, "must be a non-negative finite number or None")
-        if self.finish_reason is not None and not isinstance(self.finish_reason, FinishReason):
-            raise FieldError("finish_reason", "must be a FinishReason or None")
-        _check_aware(self.created_at, "created_at")
-
-
-@dataclass(frozen=True)
-class DailyUsage:
-    """A tenant's usage over one UTC day."""
-
-    day: dt.date
-    num_requests: int
-    num_completed: int
-    num_failed: int
-    num_cancelled: int
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int
-
-    @property
-    def total_tokens(self) -> int:
-        return self.prompt_tokens + self.completion_tokens
-
-
-@dataclass(frozen=True)
-class AuditEventView:
-    """One admin action as recorded."""
-
-    id: int
-    created_at: dt.datetime
-    actor: str
-    action: AuditAction
-    tenant: str | None
-    target: str | None
-    details: dict[str, object]

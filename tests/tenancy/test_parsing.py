@@ -1,4 +1,4 @@
-"""tenancy/admin_bodies/parsing.py: a validation error names the field as the admin API always has
+"""tenancy/parsing.py: a validation error names the field as the admin API always has
 (`param` in the 422), and a body that is not an object is the 400 case (`body`)."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ import pytest
 
 from weir.tenancy.admin_bodies.keys import KeyCreate
 from weir.tenancy.admin_bodies.model_versions import TrafficBody
-from weir.tenancy.admin_bodies.parsing import parse_model
-from weir.tenancy.admin_bodies.quota import parse_quota_limits
 from weir.tenancy.admin_bodies.tenants import TenantCreate
 from weir.tenancy.errors import FieldError
+from weir.tenancy.parsing import parse_model
+from weir.tenancy.quota_limits import parse_quota_limits
 
 
 @pytest.mark.parametrize(

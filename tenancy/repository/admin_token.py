@@ -8,7 +8,7 @@ caller prints it to stdout once, and nothing keeps the plain token afterwards.
 from __future__ import annotations
 
 from weir.tenancy.keys.keys import generate_admin_token
-from weir.tenancy.store.repo import TenancyRepo
+from weir.tenancy.repository.repo import TenancyRepo
 
 BOOTSTRAP_ACTOR = "bootstrap"
 

@@ -10,9 +10,7 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect, text
 from sqlalchemy.exc import IntegrityError
 
-from weir.tenancy.errors import MigrationRequiredError
-from weir.tenancy.store.db import Database, safe_url
-from weir.tenancy.store.migrate import (
+from weir.migrations.migrate import (
     MIGRATIONS_DIR,
     check_migrated,
     current_revision,
@@ -20,6 +18,8 @@ from weir.tenancy.store.migrate import (
     head_revision,
     upgrade,
 )
+from weir.tenancy.errors import MigrationRequiredError
+from weir.tenancy.store.db import Database, safe_url
 from weir.tenancy.store.models import Base
 
 WHEN = dt.datetime(2030, 1, 1, 12, 0)  # naive UTC, as the columns store it on SQLite

@@ -25,26 +25,18 @@ from weir.tenancy.errors import (
 )
 from weir.tenancy.keys.cache_scopes import resolve_cache_scope
 from weir.tenancy.keys.keys import KeyHasher, generate_key
-from weir.tenancy.store.audit import list_events, record_event
-from weir.tenancy.store.db import Database
-from weir.tenancy.store.enums import AuditAction, KeyScope, KeyState, TenantStatus
-from weir.tenancy.store.models import AdminToken, ApiKey, KeyLimit, Quota, Tenant
-from weir.tenancy.store.records import (
+from weir.tenancy.repository.records import (
     ApiKeyView,
-    AuditEventView,
-    DailyUsage,
     IssuedKey,
     KeyRecord,
     KeySpec,
     TenantSpec,
     TenantUpdate,
     TenantView,
-    UsageRecordIn,
     validate_key_limits,
     validate_quota,
-    validate_tenant_name,
 )
-from weir.tenancy.store.row_mapping import (
+from weir.tenancy.repository.row_mapping import (
     apply_key_limits,
     apply_quota,
     key_limits_view,
@@ -52,7 +44,13 @@ from weir.tenancy.store.row_mapping import (
     quota_view,
     tenant_view,
 )
+from weir.tenancy.store.audit import AuditEventView, list_events, record_event
+from weir.tenancy.store.db import Database, utc_now
+from weir.tenancy.store.enums import AuditAction, KeyScope, KeyState, TenantStatus
+from weir.tenancy.store.field_rules import validate_tenant_name
+from weir.tenancy.store.models import AdminToken, ApiKey, KeyLimit, Quota, Tenant
 from weir.tenancy.usage.usage import daily_usage, latest_per_request, upsert_usage, usage_row
+from weir.tenancy.usage.usage_records import DailyUsage, UsageRecordIn
 from weir.tenancy.usage.usage_report import (
     ReportQuery,
     UsageReport,
@@ -63,11 +61,6 @@ from weir.tenancy.usage.usage_report import (
 from weir.tenancy.usage.usage_rollups import daily_rollup_query, rollup_statements
 
 _ADMIN_TOKEN_ROW = 1
-
-
-def utc_now() -> dt.datetime:
-    """The current time as an aware UTC datetime."""
-    return dt.datetime.now(dt.UTC)
 
 
 class TenancyRepo:

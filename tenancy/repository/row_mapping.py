@@ -1,23 +1,23 @@
-"""Between the database rows (`weir.tenancy.store.models`) and the detached records (`weir.tenancy.store.records`).
+"""Between the database rows (`weir.tenancy.store.models`) and the detached records (`weir.tenancy.repository.records`).
 
 The repository returns views built here, so no caller ever holds a row bound to a session; and
-quota reads and writes iterate the fields declared in `weir.tenancy.budgets.quota_limits`.
+quota reads and writes iterate the fields declared in `weir.tenancy.quota_limits`.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 
-from weir.tenancy.budgets.quota_limits import (
+from weir.tenancy.quota_limits import (
     KEY_LIMIT_FIELDS,
     QUOTA_FIELDS,
     QuotaLimits,
     quota_from,
     quota_values,
 )
+from weir.tenancy.repository.records import ApiKeyView, TenantView
 from weir.tenancy.store.enums import KeyScope
 from weir.tenancy.store.models import ApiKey, KeyLimit, Quota, Tenant
-from weir.tenancy.store.records import ApiKeyView, TenantView
 
 
 def quota_view(row: Quota | None) -> QuotaLimits:

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 
-from weir.tenancy.catalog.model_version_records import ModelVersionState, TrafficPlan
+from weir.tenancy.catalog.model_version_records import TrafficPlan
 from weir.tenancy.errors import LastServingVersionError, VersionNotReadyError
+from weir.tenancy.store.enums import ModelVersionState
 
 
 def check_keeps_serving(

@@ -10,8 +10,8 @@ import pytest
 from weir.engine.request import Priority
 from weir.tenancy.context import QuotaLimits
 from weir.tenancy.errors import FieldError
-from weir.tenancy.store.enums import KeyScope, UsageStatus
-from weir.tenancy.store.records import KeySpec, TenantSpec, TenantUpdate, UsageRecordIn, validate_quota
+from weir.tenancy.repository.records import KeySpec, TenantSpec, TenantUpdate, validate_quota
+from weir.tenancy.store.enums import KeyScope
 
 
 @pytest.mark.parametrize("name", ["", "Acme", "-x", "a b", "a/b", "x" * 65, "é"])
@@ -63,36 +63,3 @@ def test_key_spec_validation() -> None:
         KeySpec(scopes=(KeyScope.USAGE, KeyScope.USAGE))
     with pytest.raises(FieldError, match="expires_at"):
         KeySpec(expires_at=dt.datetime(2030, 1, 1))
-
-
-def _usage(**kw: object) -> UsageRecordIn:
-    base: dict[str, object] = dict(
-        request_id="r", tenant_id="acme", key_id=None, model="m", status=UsageStatus.COMPLETED,
-        prompt_tokens=10, completion_tokens=2,
-    )  # fmt: skip
-    base.update(kw)
-    return UsageRecordIn(**base)  # type: ignore[arg-type]
-
-
-@pytest.mark.parametrize(
-    ("change", "field"),
-    [
-        ({"prompt_tokens": -1}, "prompt_tokens"),
-        ({"cached_tokens": 11}, "cached_tokens"),
-        ({"completion_tokens": 1.5}, "completion_tokens"),
-        ({"ttft_ms": -1.0}, "ttft_ms"),
-        ({"e2e_ms": math.nan}, "e2e_ms"),
-        ({"request_id": ""}, "request_id"),
-        ({"tenant_id": "Nope"}, "tenant_id"),
-        ({"status": "completed"}, "status"),
-        ({"created_at": dt.datetime(2030, 1, 1)}, "created_at"),
-    ],
-)
-def test_bad_usage_records(change: dict[str, object], field: str) -> None:
-    with pytest.raises(FieldError) as info:
-        _usage(**change)
-    assert info.value.field == field
-
-
-def test_zero_token_usage_is_valid() -> None:
-    assert _usage(prompt_tokens=0, completion_tokens=0).prompt_tokens == 0

@@ -6,7 +6,7 @@ pydantic validates it as an admin API body. Everything else derives from these a
 
 - the admin API's quota body, the key-limits body and their JSON Schema
   (`weir.tenancy.admin_bodies.quota`);
-- the database mapping (`weir.tenancy.store.row_mapping`, through `QUOTA_FIELDS` / `KEY_LIMIT_FIELDS`);
+- the database mapping (`weir.tenancy.repository.row_mapping`, through `QUOTA_FIELDS` / `KEY_LIMIT_FIELDS`);
 - the CLI flags (`weir.tenancy.cli.cli`) and the console's form (`weir.gateway.console`).
 
 Adding a limit: add a field here (with `KEY_LIMIT` if a key may set it), a column on `Quota`
@@ -19,7 +19,9 @@ import typing
 from dataclasses import dataclass, fields
 from typing import Annotated, Any, ClassVar
 
-from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field
+from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field, TypeAdapter
+
+from weir.tenancy.parsing import parse_with
 
 MAX_INT32 = 2**31 - 1
 MAX_INT64 = 2**63 - 1
@@ -136,3 +138,11 @@ def quota_from(source: object, names: tuple[str, ...]) -> QuotaLimits:
     if "models" in values:
         values["models"] = tuple(values["models"] or ())
     return QuotaLimits(**values)
+
+
+QUOTA_ADAPTER: TypeAdapter[QuotaLimits] = TypeAdapter(QuotaLimits)
+
+
+def parse_quota_limits(body: object, where: str = "quota") -> QuotaLimits:
+    """A quota object (absent or null fields: unlimited; `models` absent: every model)."""
+    return parse_with(QUOTA_ADAPTER, {} if body is None else body, where)

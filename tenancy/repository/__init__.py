@@ -1,0 +1,1 @@
+"""The repository facade over every tenancy resource: tenants, keys, quotas, usage, audit."""
