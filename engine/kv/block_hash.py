@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 # The scope of admin-registered shared prefixes. '<' and '>' are outside the characters a
-# tenant's cache scope may use (weir.tenancy.store.records.validate_cache_scope), and the engine refuses
+# tenant's cache scope may use (weir.tenancy.repository.records.validate_cache_scope), and the engine refuses
 # requests that name it, so no tenant can chain into the shared root by choosing a scope.
 SHARED_SCOPE = "<shared>"
 
