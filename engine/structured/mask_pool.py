@@ -123,10 +123,9 @@ class FairMaskPool:
         threading.Thread(target=self._work, name=f"{self._name}-{self._threads}", daemon=True).start()
 
     def _next_job(self) -> _Job | None:
-        owners = [o for o, q in self._queues.items() if q]
-        if not owners:
+        if not self._queues:  # an owner's queue is dropped once empty: every one here has a job
             return None
-        owner = min(owners, key=lambda o: (self._running.get(o, 0), self._last_served.get(o, -1)))
+        owner = min(self._queues, key=lambda o: (self._running.get(o, 0), self._last_served.get(o, -1)))
         job = self._queues[owner].popleft()
         if not self._queues[owner]:
             del self._queues[owner]

@@ -98,13 +98,14 @@ class MaskPrefetcher:
         self.num_late_rows += len(late)
         return late
 
-    def _deadline_s(self, rid: str, asked: float) -> float:
-        # A mask's time budget runs from when a worker took it; one still waiting for a worker (other
-        # tenants' masks hold them all) has the longer queue budget from when it was asked for.
+    def _deadline_s(self, rid: str, asked: float) -> tuple[float, float]:
+        """(when the pending mask of `rid` times out, the budget that applies). A mask's budget runs
+        from when a worker took it; one still waiting for a worker (other tenants' masks hold them
+        all) has the longer queue budget from when it was asked for."""
         ran = self._pool.run_started_s(rid) if self._pool is not None else None
         if ran is None:
-            return asked + self.config.queue_timeout_s
-        return ran + self.config.timeout_s
+            return asked + self.config.queue_timeout_s, self.config.queue_timeout_s
+        return ran + self.config.timeout_s, self.config.timeout_s
 
     def _forget(self, rid: str) -> None:
         del self._asked_s[rid]
@@ -123,11 +124,11 @@ class MaskPrefetcher:
             constraint = req.constraint if req is not None else None
             if constraint is None or constraint.mask_ready or not constraint.has_next_mask:
                 self._forget(rid)
-            elif now >= self._deadline_s(rid, asked):
-                ran = self._pool is not None and self._pool.run_started_s(rid) is not None
+                continue
+            deadline_s, budget_s = self._deadline_s(rid, asked)
+            if now >= deadline_s:
                 self._forget(rid)
                 self.num_timeouts += 1
-                budget_s = self.config.timeout_s if ran else self.config.queue_timeout_s
                 failed.append((rid, timeout_error(rid, budget_s, constraint.num_late_steps)))
         return failed
 
@@ -135,7 +136,7 @@ class MaskPrefetcher:
         """When the earliest pending mask times out; None when none is pending."""
         if not self._asked_s:
             return None
-        return min(self._deadline_s(rid, asked) for rid, asked in self._asked_s.items())
+        return min(self._deadline_s(rid, asked)[0] for rid, asked in self._asked_s.items())
 
     @property
     def num_pending(self) -> int:

@@ -131,14 +131,14 @@ def _is_wide(pattern: str, start: int, end: int) -> bool:
 def _count_range(pattern: str, i: int) -> tuple[int, int]:
     """(how many different counts the quantifier at `pattern[i]` allows, index after it): `?` 2,
     `{m,n}` n-m+1, `*`/`+` and none 1 (a loop without copies does not multiply the splits)."""
-    if i < len(pattern) and pattern[i] == "?":
-        return 2, i + 1 + (i + 1 < len(pattern) and pattern[i + 1] in "?+")
-    match = _QUANTIFIER.match(pattern, i) if i < len(pattern) else None
+    _, end = _quantifier(pattern, i)
+    if end > i and pattern[i] == "?":
+        return 2, end
+    match = _QUANTIFIER.match(pattern, i)
     if match is None:
-        return 1, _quantifier(pattern, i)[1]
+        return 1, end
     low, comma, high = match.groups()
-    span = int(high) - int(low) + 1 if comma and high else 1
-    return max(1, span), _quantifier(pattern, i)[1]
+    return (max(1, int(high) - int(low) + 1) if comma and high else 1), end
 
 
 def _outer_count(pattern: str, i: int) -> int:
