@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import BaseModel, Field
@@ -35,9 +36,10 @@ def real(default_model_dir: Path) -> Iterator[RealServer]:
         yield served
 
 
-def test_openai_agents_sdk_runs_a_tool_through_its_responses_model(real: RealServer) -> None:
-    from agents import Agent, ModelSettings, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
-    from openai import AsyncOpenAI
+def _weather_run(real: RealServer, model_type: Any) -> None:
+    """An agent on `model_type` (one of the SDK's two OpenAI models) that must call its tool and
+    stop on the first call: the tool's answer is the agent's."""
+    from agents import Agent, ModelSettings, Runner, function_tool, set_tracing_disabled
 
     set_tracing_disabled(True)  # no export to OpenAI's tracing backend
     calls: list[str] = []
@@ -48,11 +50,10 @@ def test_openai_agents_sdk_runs_a_tool_through_its_responses_model(real: RealSer
         calls.append(city)
         return f"It is 18 degrees and sunny in {city}."
 
-    client = AsyncOpenAI(base_url=real.url + "/v1", api_key="local", max_retries=0, timeout=120)
     agent = Agent(
         name="weather",
         instructions="You answer questions about the weather. Use the get_weather tool.",
-        model=OpenAIResponsesModel(model=MODEL, openai_client=client),
+        model=model_type(model=MODEL, openai_client=_client(real)),
         model_settings=ModelSettings(tool_choice="required", temperature=0, max_tokens=48),
         tools=[get_weather],
         tool_use_behavior="stop_on_first_tool",
@@ -60,11 +61,23 @@ def test_openai_agents_sdk_runs_a_tool_through_its_responses_model(real: RealSer
     result = Runner.run_sync(agent, "What is the weather in Paris?", max_turns=3)
     assert calls and isinstance(calls[0], str) and calls[0]
     assert result.final_output == f"It is 18 degrees and sunny in {calls[0]}."
+
+
+def _client(real: RealServer) -> Any:
+    from openai import AsyncOpenAI
+
+    return AsyncOpenAI(base_url=real.url + "/v1", api_key="local", max_retries=0, timeout=120)
+
+
+def test_openai_agents_sdk_runs_a_tool_through_its_responses_model(real: RealServer) -> None:
+    from agents import Agent, ModelSettings, OpenAIResponsesModel, Runner
+
+    _weather_run(real, OpenAIResponsesModel)
     # Without a tool: a plain answer, through the same model.
     plain = Agent(
         name="plain",
         instructions="Answer in one short sentence.",
-        model=OpenAIResponsesModel(model=MODEL, openai_client=client),
+        model=OpenAIResponsesModel(model=MODEL, openai_client=_client(real)),
         model_settings=ModelSettings(temperature=0, max_tokens=24),
     )
     answer = Runner.run_sync(plain, "What is the capital of France?", max_turns=1)
@@ -73,37 +86,9 @@ def test_openai_agents_sdk_runs_a_tool_through_its_responses_model(real: RealSer
 
 def test_openai_agents_sdk_runs_a_tool_through_its_chat_completions_model(real: RealServer) -> None:
     # The same agent on the SDK's other model, which speaks /v1/chat/completions.
-    from agents import (
-        Agent,
-        ModelSettings,
-        OpenAIChatCompletionsModel,
-        Runner,
-        function_tool,
-        set_tracing_disabled,
-    )
-    from openai import AsyncOpenAI
+    from agents import OpenAIChatCompletionsModel
 
-    set_tracing_disabled(True)
-    calls: list[str] = []
-
-    @function_tool
-    def get_weather(city: str) -> str:
-        """The current weather in a city."""
-        calls.append(city)
-        return f"It is 18 degrees and sunny in {city}."
-
-    client = AsyncOpenAI(base_url=real.url + "/v1", api_key="local", max_retries=0, timeout=120)
-    agent = Agent(
-        name="weather",
-        instructions="You answer questions about the weather. Use the get_weather tool.",
-        model=OpenAIChatCompletionsModel(model=MODEL, openai_client=client),
-        model_settings=ModelSettings(tool_choice="required", temperature=0, max_tokens=48),
-        tools=[get_weather],
-        tool_use_behavior="stop_on_first_tool",
-    )
-    result = Runner.run_sync(agent, "What is the weather in Paris?", max_turns=3)
-    assert calls and isinstance(calls[0], str) and calls[0]
-    assert result.final_output == f"It is 18 degrees and sunny in {calls[0]}."
+    _weather_run(real, OpenAIChatCompletionsModel)
 
 
 class City(BaseModel):
