@@ -86,18 +86,13 @@ class Preemption:
     def victim_for_blocks(self, req: Request) -> tuple[Request | None, PreemptReason]:
         """Who gives `req` the blocks it needs at admission: a running request of a strictly lower
         class, else (fair or priority queue) one of the tenant most over its share of the pool."""
-        fcfs = self.config.queue_policy is QueuePolicy.FCFS
-        if not fcfs and self._running:
-            lowest = self.lowest_ranked()
-            if lowest.priority > req.priority:
-                return lowest, PreemptReason.CLASS
-        if fcfs:
+        if self.config.queue_policy is QueuePolicy.FCFS:
             return None, PreemptReason.CLASS
+        if self._running and (lowest := self.lowest_ranked()).priority > req.priority:
+            return lowest, PreemptReason.CLASS
         need = self.kv.blocks_for(req.num_tokens)
-        num_blocks = self._num_blocks
-        return share_victim(req, self._running.values(), num_blocks, need, self.may_share_preempt), (
-            PreemptReason.FAIR_SHARE
-        )
+        victim = share_victim(req, self._running.values(), self._num_blocks, need, self.may_share_preempt)
+        return victim, PreemptReason.FAIR_SHARE
 
     def victim_for_seat(
         self, head: Request, urgent: bool, may_seat: bool, seats: int
@@ -108,14 +103,12 @@ class Preemption:
         if urgent:
             lower = [r for r in self._running.values() if r.priority > head.priority and self.settled(r)]
             if lower:
-                return max(lower, key=lambda r: (int(r.priority), -r.num_computed_tokens, r.arrival_s)), (
-                    PreemptReason.SLO
-                )
+                victim = max(lower, key=lambda r: (int(r.priority), -r.num_computed_tokens, r.arrival_s))
+                return victim, PreemptReason.SLO
         if may_seat:
             return None, PreemptReason.FAIR_SHARE
-        return share_victim(head, self._running.values(), _one_seat, seats, self.may_share_preempt), (
-            PreemptReason.FAIR_SHARE
-        )
+        victim = share_victim(head, self._running.values(), _one_seat, seats, self.may_share_preempt)
+        return victim, PreemptReason.FAIR_SHARE
 
     def _num_blocks(self, req: Request) -> int:
         return len(self.kv.block_ids(req.request_id))
