@@ -463,7 +463,13 @@ class KVCacheManager:
             # A copy into a block given back now must not land on the block's next owner.
             gone = {b.block_id for b in blocks}
             self._copies = [c for c in self._copies if c[1] not in gone]
-            self._store_in = [c for c in self._store_in if c[0] not in gone]
+            unfilled = {dst for dst, _ in self._store_in if dst in gone}
+            if unfilled:
+                # Store hits cached at admission whose copy will not run now (the request was
+                # preempted in the step that admitted it): their hashes must not outlive them, or
+                # the next request with this prefix would read blocks never filled.
+                self._store_in = [c for c in self._store_in if c[0] not in unfilled]
+                self.pool.flush(lambda b: b.block_id in unfilled, include_pinned=True)
         if blocks:
             self.pool.free(reversed(blocks))
         for h in st.inflight:

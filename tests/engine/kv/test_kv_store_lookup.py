@@ -232,6 +232,35 @@ def test_a_landed_chain_is_admitted_into_device_blocks_that_hold_its_tokens() ->
     m.teardown()
 
 
+def test_store_hits_of_a_request_preempted_before_its_step_are_not_left_cached() -> None:
+    # Admitted on two landed store blocks, then preempted in the same schedule (its copies never
+    # run): the next request with that prefix must not find those unfilled blocks cached.
+    m = ThreeTierMachine()
+    m.complete([1, 2, 1, 2, 1], "a")
+    m._apply()
+    m.kv.flush({"a"})
+    m.io.flushed.clear()
+    m.store._remembered.clear()
+    m.complete([1, 2, 1, 2, 1], "a")
+    m._apply()
+    m.kv.pool.flush()
+    assert m.kv.host is not None
+    m.kv.host.pool.flush()
+    req = _req("x", [1, 2, 1, 2, 1, 2], "a")
+    _, num_hit = m.kv.get_computed_blocks(req)
+    assert num_hit == 0 and m.kv.start_fetch(req, 0)
+    m.io.answer("ok")
+    assert m.store.poll() == ["x"]
+    computed, num_hit = m.kv.get_computed_blocks(req)
+    assert num_hit == 4 and m.kv.allocate_slots(req, req.num_tokens, computed)
+    m.kv.free(req, keep_hashes=True)  # preempted before the step that would fill them
+    again = _req("y", [1, 2, 1, 2, 1, 2], "a")
+    _, num_hit = m.kv.get_computed_blocks(again)
+    assert num_hit == 0  # the store's blocks were never copied in: not a device hit
+    m.kv.free(req)
+    m.teardown()
+
+
 def test_a_tier_rebuilt_by_a_reset_never_takes_its_predecessors_late_answer() -> None:
     io = FakeStoreIO()
     io.data[block_key("ns", b"\x01" * 32)] = b"[1, 2]"
