@@ -221,11 +221,12 @@ class KVCacheManager:
         (never its last token's block), if that beats recompute; True: the request waits for them."""
         if self.store is None or req.num_preemptions or self.blocks(req.request_id):
             return False
+        hashes = self.hashes(req)
         first = num_hit_tokens // self.block_size
-        last = min(len(self.hashes(req)), (req.num_prompt_tokens - 1) // self.block_size)
+        last = min(len(hashes), (req.num_prompt_tokens - 1) // self.block_size)
         if last <= first:
             return False
-        return self.store.try_fetch(req.request_id, self.hashes(req)[first:last], req.cache_scope)
+        return self.store.try_fetch(req.request_id, hashes[first:last], req.cache_scope)
 
     def inflight_owner(self, req: Request, num_hit_tokens: int) -> str | None:
         """The running request computing `req`'s first uncached block right now, if another one."""

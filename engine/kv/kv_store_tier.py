@@ -47,8 +47,10 @@ class StoreIO(Protocol):
     """What the tier needs of the store's I/O (`KVStoreClient`)."""
 
     value_bytes: int
-    max_entries_per_scope: int
     on_ready: Callable[[], None] | None  # called on an I/O thread when a fetch ends
+
+    @property
+    def max_entries_in_scope(self) -> int: ...  # the cap each scope is held to (its share applied)
 
     def close(self) -> None: ...
 
@@ -185,10 +187,6 @@ class KVStoreTier:
     def next_deadline_s(self) -> float | None:
         return min((f.deadline_s for f in self._fetches.values()), default=None)
 
-    @property
-    def num_fetching(self) -> int:
-        return len(self._fetches)
-
     def landed(self, request_id: str) -> dict[bytes, bytes]:
         """The payloads fetched for a request, by block hash (empty: none)."""
         return self._landed.get(request_id, {})
@@ -232,11 +230,6 @@ class KVStoreTier:
         saves, self._saves = tuple(self._saves), []
         return saves
 
-    def drop_saves(self, block_ids: set[int]) -> None:
-        """Blocks about to be handed out again before the next step reads them: not written."""
-        if self._saves:
-            self._saves = [s for s in self._saves if s[0] not in block_ids]
-
     def _remember(self, block_hash: bytes, now: float) -> None:
         self._remembered[block_hash] = now
         self._remembered.move_to_end(block_hash)
@@ -263,5 +256,5 @@ class KVStoreTier:
             num_fetching=len(self._fetches),
             breaker_state=self.io.breaker_state,
             value_bytes=self.io.value_bytes,
-            max_entries_per_scope=self.io.max_entries_per_scope,
+            max_entries_per_scope=self.io.max_entries_in_scope,
         )

@@ -107,8 +107,8 @@ class Preemption:
                 return victim, PreemptReason.SLO
         if may_seat:
             return None, PreemptReason.FAIR_SHARE
-        victim = share_victim(head, self._running.values(), _one_seat, seats, self.may_share_preempt)
-        return victim, PreemptReason.FAIR_SHARE
+        over_share = share_victim(head, self._running.values(), _one_seat, seats, self.may_share_preempt)
+        return over_share, PreemptReason.FAIR_SHARE
 
     def _num_blocks(self, req: Request) -> int:
         return len(self.kv.block_ids(req.request_id))

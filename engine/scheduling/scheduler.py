@@ -253,8 +253,7 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         """Decide the next step (the order and the step target: engine/scheduling/step_plan.py)."""
         self.num_steps += 1
-        if self.fetching or self.kv.store is not None:
-            self._end_fetches()
+        self._end_fetches()  # nothing without a store tier
 
         running = list(self.running.values())
         throughput_s = self.step_budget.config.target_step_s

@@ -36,7 +36,7 @@ class FakeStoreIO:
     """The store model: key -> payload (a block's tokens as JSON); fetches answered on demand."""
 
     value_bytes = 10
-    max_entries_per_scope = 1000
+    max_entries_in_scope = 1000
 
     def __init__(self) -> None:
         self.data: dict[bytes, bytes] = {}
