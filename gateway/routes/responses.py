@@ -219,7 +219,7 @@ class ResponsesRoutes:
                 code="context_length_exceeded",
             )
         # The fewest oldest items to drop: the last item alone must fit.
-        low, high = max(first, 0) + 1, len(conversation) - 1
+        low, high = first + 1, len(conversation) - 1
         best = await prompt_of(high)
         if best is None:
             raise BadRequestError(
@@ -249,11 +249,12 @@ class ResponsesRoutes:
             parsed = parse_responses_request(data, openai.prompt_limits.max_chat_messages)
             body = parsed.body
             response_id = "resp_" + uuid.uuid4().hex
+            # The model and the key's right to it are checked before any store read, as chat routes first.
+            lease, adapter_name = openai._route(request, body.model, tenant, response_id)
             previous = await self._previous(tenant, body.previous_response_id)
             conversation = [*previous, *parsed.items]
             if body.store:
                 await self._check_quota(tenant, conversation)
-            lease, adapter_name = openai._route(request, body.model, tenant, response_id)
             conversation, prompt = await self._fit(parsed, conversation, len(previous), lease, tenant)
             prepared = Prepared(
                 tenant, response_id, body.model, parsed.options, (prompt,), lease, adapter_name, parsed.tools
