@@ -136,7 +136,7 @@ def normal_items(
                 }
             )
         else:
-            output = item.output if isinstance(item.output, str) else _text(item.output)
+            output = _text(item.output)
             out.append({"type": "function_call_output", "call_id": item.call_id, "output": output})
     return out
 
@@ -169,7 +169,7 @@ def chat_messages(
             else:
                 out.append(ChatMessage(Role.ASSISTANT, "", None, (call,)))
         else:
-            output = item.output if isinstance(item.output, str) else _text(item.output)
+            output = _text(item.output)
             out.append(ChatMessage(Role.TOOL, output, None, (), item.call_id))
     return tuple(out)
 

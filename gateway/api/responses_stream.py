@@ -64,13 +64,13 @@ def _message(item_id: str, text: str, status: str) -> dict[str, Any]:
     return {"id": item_id, "type": "message", "role": "assistant", "status": status, "content": [part]}
 
 
-def _function_call(call: ParsedCall, arguments: str | None = None) -> dict[str, Any]:
+def _function_call(call: ParsedCall) -> dict[str, Any]:
     return {
         "id": "fc_" + uuid.uuid4().hex,
         "type": "function_call",
         "call_id": call.id,
         "name": call.name,
-        "arguments": call.arguments if arguments is None else arguments,
+        "arguments": call.arguments,
         "status": "completed",
     }
 
@@ -83,7 +83,6 @@ class ResponsesFormatter(ResponseFormatter):
 
     def __init__(self, *args: Any, echo: dict[str, Any], store: Store | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.include_usage = True  # the last event carries the whole response
         self.echo = echo  # the request's fields the response states (instructions, tools, ...)
         self.store = store
         self._seq = 0
