@@ -72,6 +72,7 @@ class _StepPlan:
     swap_in: list[tuple[int, int]] = field(default_factory=list)
     filled_ids: dict[str, None] = field(default_factory=dict)  # insertion-ordered set
     held: list[Block] = field(default_factory=list)  # host blocks read this step, released at `take`
+    cow_fills: set[int] = field(default_factory=set)  # device blocks `fill_also` added to swap_in
 
 
 class HostKVTier:
@@ -135,6 +136,28 @@ class HostKVTier:
         self._plan.swap_in.append((host_block.block_id, device_block.block_id))
         self._plan.filled_ids[request_id] = None
         self.num_promotions += 1
+
+    def fill_also(self, device_block_id: int, dst_block_id: int) -> bool:
+        """If this step copies a host block into `device_block_id`, copy it into `dst_block_id` too.
+
+        For a copy-on-write of a block whose contents arrive in this same step: the host block
+        stays held until the plan is taken, so both copies read it. False if no copy fills it.
+        """
+        for host_id, dev_id in self._plan.swap_in:
+            if dev_id == device_block_id:
+                self._plan.swap_in.append((host_id, dst_block_id))
+                self._plan.cow_fills.add(dst_block_id)
+                return True
+        return False
+
+    def unfill(self, blocks: list[Block]) -> None:
+        """Drop `fill_also` copies into device blocks given back in this step (they may be handed out again)."""
+        if not self._plan.cow_fills:
+            return
+        gone = self._plan.cow_fills & {b.block_id for b in blocks}
+        if gone:
+            self._plan.swap_in = [c for c in self._plan.swap_in if c[1] not in gone]
+            self._plan.cow_fills -= gone
 
     def hold(self, blocks: list[Block]) -> None:
         """Reference host blocks until this step's plan is taken (promotion sources)."""

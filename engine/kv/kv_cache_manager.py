@@ -296,7 +296,7 @@ class KVCacheManager:
             for i in self._cow_indices(req, st, num_total_tokens):
                 src = blocks[i]
                 (dst,) = self.pool.allocate(1)
-                self._copies.append((src.block_id, dst.block_id))
+                self._plan_copy(src.block_id, dst.block_id)
                 blocks[i] = dst
                 self.pool.free([src])
         if computed:
@@ -360,6 +360,27 @@ class KVCacheManager:
             if h not in self._inflight and self.pool.lookup(h) is None:
                 self._inflight[h] = req.request_id
                 st.inflight.append(h)
+
+    def _plan_copy(self, src: int, dst: int) -> None:
+        """Plan `dst` to hold what `src` will hold when this step's forward runs.
+
+        The runner copies device blocks before this step's host and store fills
+        (engine/kv/kv_swap.py), and all copy-on-write pairs at once: a source that one of those
+        fills in this same step (a prefix block just promoted, a store hit, a block copied
+        earlier in the step) is read before it holds anything. Then `dst` is filled from where
+        `src`'s contents come from instead.
+        """
+        if self.host is not None and self.host.fill_also(src, dst):
+            return
+        for block_id, payload in self._store_in:
+            if block_id == src:
+                self._store_in.append((dst, payload))
+                return
+        for copy_src, copy_dst in self._copies:
+            if copy_dst == src:
+                src = copy_src
+                break
+        self._copies.append((src, dst))
 
     def take_copies(self) -> tuple[tuple[int, int], ...]:
         """The copy-on-write pairs decided since the last call, for this step's runner."""
@@ -460,6 +481,8 @@ class KVCacheManager:
             for b in blocks[: st.num_cached]:  # written behind: read before the next step writes any block
                 if b.block_hash is not None and b.cache_scope is not None:
                     self.store.plan_write(b.block_id, b.block_hash, b.cache_scope)
+        if blocks and self.host is not None:
+            self.host.unfill(blocks)
         if (self._copies or self._store_in) and blocks:
             # A copy into a block given back now must not land on the block's next owner.
             gone = {b.block_id for b in blocks}

@@ -124,6 +124,35 @@ def test_evicted_blocks_are_demoted_and_a_later_hit_promotes_them() -> None:
     )
 
 
+def test_a_copy_on_write_of_a_block_promoted_in_the_same_step_copies_from_the_host() -> None:
+    # The runner copies device blocks before the host fills them (engine/kv/kv_swap.py): a fork
+    # that writes into a prefix block promoted in this step must take that block's host copy.
+    kv = _kv(num_blocks=6, host=8)
+    first = _req("1", [1, 2, 3, 4, 5, 6, 7])
+    _run(kv, first)
+    kv.free(first)
+    kv.take_transfers()
+    other = _req("2", [9] * 9)
+    _run(kv, other)  # demotes first's three cached blocks
+    kv.free(other)
+    kv.take_transfers()
+    kv.take_copies()
+    parent = _req("3", [1, 2, 3, 4, 5, 6, 7, 8])
+    computed, num_hit = kv.get_computed_blocks(parent)
+    assert num_hit == 6 and kv.allocate_slots(parent, parent.num_tokens, computed)
+    parent.num_computed_tokens = num_hit
+    child = _req("4", [1, 2, 3, 9])
+    child.num_computed_tokens = 3
+    kv.fork(parent, child)
+    assert kv.allocate_slots(child, 4)  # writes token 3 into the shared second block: copy first
+    promoted = kv.blocks("3")[1].block_id
+    written = kv.blocks("4")[1].block_id
+    assert written != promoted
+    assert all(src != promoted for src, _ in kv.take_copies())
+    swap_in = dict((dst, src) for src, dst in kv.take_transfers().swap_in)
+    assert swap_in[written] == swap_in[promoted]
+
+
 def test_a_tenant_never_finds_another_tenants_private_block_on_the_host() -> None:
     kv = _kv(num_blocks=5, host=8)
     mine = _req("1", [1, 2, 3, 4, 5, 6, 7], scope="a")
