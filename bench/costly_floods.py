@@ -12,7 +12,10 @@ whether it stalls them. `COSTLY_FLOODS` maps a `--flood` name to the probes it a
 - `logit-bias`: `MAX_LOGIT_BIAS` (300) biased tokens, each sampling step adjusts them;
 - `stop`: `MAX_STOP_STRINGS` stop strings of `MAX_STOP_CHARS` characters, matched against the
   tail of the text after every token;
-- `logprobs`: `top_logprobs` at `MAX_LOGPROBS`, a top-k and its detokenized entries every token.
+- `logprobs`: `top_logprobs` at `MAX_LOGPROBS`, a top-k and its detokenized entries every token;
+- `plain`: the control: the same chats with no costly field (`MAX_TOKENS` tokens, `ignore_eos`).
+  What the victim loses to it is the price of four more streams on the same cores; what a costly
+  flood costs beyond it is the price of its field.
 """
 
 from __future__ import annotations
@@ -74,6 +77,10 @@ def _stop(t: Target) -> tuple[str, dict[str, str], bytes]:
     return _chat(t, "Go on.", stop=stop_strings(), ignore_eos=True)
 
 
+def _plain(t: Target) -> tuple[str, dict[str, str], bytes]:
+    return _chat(t, "Go on.", ignore_eos=True)
+
+
 def _logprobs(t: Target) -> tuple[str, dict[str, str], bytes]:
     return _chat(t, "Go on.", logprobs=True, top_logprobs=MAX_LOGPROBS, ignore_eos=True)
 
@@ -84,6 +91,7 @@ COSTLY_PROBES: tuple[Probe, ...] = (
     Probe("logit_bias_300", "54", _logit_bias),
     Probe(f"stop_{MAX_STOP_STRINGS}x{MAX_STOP_CHARS}", "54", _stop),
     Probe(f"top_logprobs_{MAX_LOGPROBS}", "54", _logprobs),
+    Probe("plain_chat", "54", _plain),
 )
 
 # --flood name -> the probes it alternates (by name)
@@ -92,4 +100,5 @@ COSTLY_FLOODS: dict[str, tuple[str, ...]] = {
     "logit-bias": ("logit_bias_300",),
     "stop": (f"stop_{MAX_STOP_STRINGS}x{MAX_STOP_CHARS}",),
     "logprobs": (f"top_logprobs_{MAX_LOGPROBS}",),
+    "plain": ("plain_chat",),
 }

@@ -18,8 +18,10 @@ target: the victim's TTFT p50 within 1.5x of its p50 alone.
 
 Issue 54's floods (bench/costly_floods.py) are valid requests at the most a field allows:
 `--flood regex` (`structured_outputs.regex` with nested repetitions: one past any cost bound, one
-of product 65536; a fresh literal in front of each so every request compiles), `logit-bias` (300
-biased tokens), `stop` (16 stop strings of 512 characters), `logprobs` (`top_logprobs` 20). Every
+admitted but ambiguous; a fresh literal in front of each so every request compiles), `logit-bias` (300
+biased tokens), `stop` (16 stop strings of 512 characters), `logprobs` (`top_logprobs` 20), and
+`plain`, the control: the same chats without a costly field (the price of the attacker's streams
+alone, which a costly flood should not exceed by much). Every
 flood's report gives the victim's TTFT p99 and its largest gap between two chunks, attacked /
 alone, beside the p50.
 
@@ -275,7 +277,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=list(FLOOD_PROBES),
         default=None,
         help="loop this flood (issue 21's, or issue 54's costly requests: regex, logit-bias, stop, "
-        "logprobs) from --attackers connections instead of --probes",
+        "logprobs; plain: the same chats with no costly field, the control) from --attackers "
+        "connections instead of --probes",
     )
     p.add_argument("--rounds", type=int, default=1, help="(alone, attacked) pairs, pooled per phase")
     p.add_argument("--kv-cache-tokens", type=int, default=4096)

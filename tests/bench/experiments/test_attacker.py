@@ -92,10 +92,11 @@ def test_a_flood_names_the_probes_the_attacker_loops(capsys: pytest.CaptureFixtu
     assert attack_probe_names(parse_args(["--flood", "logit-bias"])) == ("logit_bias_300",)
     assert attack_probe_names(parse_args(["--flood", "stop"])) == ("stop_16x512",)
     assert attack_probe_names(parse_args(["--flood", "logprobs"])) == ("top_logprobs_20",)
+    assert attack_probe_names(parse_args(["--flood", "plain"])) == ("plain_chat",)
     assert attack_probe_names(parse_args(["--flood", "random_key_ids"])) == ("random_key_ids",)
     assert attack_probe_names(parse_args(["--probes", "seed_2_64,deep_json"])) == ("seed_2_64", "deep_json")
     costly = {p.name for p in COSTLY_PROBES}
-    for flood in ("regex", "logit-bias", "stop", "logprobs"):
+    for flood in ("regex", "logit-bias", "stop", "logprobs", "plain"):
         assert set(attack_probe_names(parse_args(["--flood", flood]))) <= costly
     with pytest.raises(SystemExit):
         parse_args(["--flood", "json-bomb"])
