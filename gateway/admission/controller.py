@@ -324,7 +324,9 @@ class AdmissionController:
                 slo_s = ttft_s * self.config.slo_margin
                 if prediction.seconds > slo_s:
                     self._reject(name, RejectReason.SLO_UNATTAINABLE)
-                    whose = "this API key's" if own_ttft_s is not None else f"the {priority.name.lower()} class's"
+                    whose = (
+                        "this API key's" if own_ttft_s is not None else f"the {priority.name.lower()} class's"
+                    )
                     raise ServiceUnavailableError(
                         f"the predicted time to first token ({prediction.seconds * 1000:.0f} ms, "
                         f"{prediction.tokens_ahead} tokens queued ahead) exceeds {whose} "
@@ -333,7 +335,9 @@ class AdmissionController:
                         headers=_retry_after(prediction.seconds - slo_s),
                     )
             if own_ttft_s is not None:  # the seats and rows check: for tenants that set objectives
-                self._check_stream(name, stats, priority, itl_s, own_ttft_s, sum(map(num_sequences, requests)))
+                self._check_stream(
+                    name, stats, priority, itl_s, own_ttft_s, sum(map(num_sequences, requests))
+                )
         num_tokens = self._reservation(tenant, requests)
         try:
             result = await self.budgets.take(tenant, num_tokens)
