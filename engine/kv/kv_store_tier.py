@@ -57,6 +57,7 @@ class StoreIO(Protocol):
     def close(self) -> None: ...
 
     def fetch(self, keys: list[bytes], owner: str) -> int | None: ...  # its ticket (unique for the
+
     # process); None: refused (the fetch queue is full for tenant `owner`)
 
     def cancel(self, ticket: int) -> None: ...  # its request is gone: never run it if still queued
