@@ -166,7 +166,7 @@ class AsyncEngine:
             self._thread = None
         self.core.masks.close()
         if self.core.store_io is not None:
-            self.core.store_io.close()
+            await asyncio.to_thread(self.core.store_io.close)  # waits for the write thread, bounded
 
     # -- EngineClient -----------------------------------------------------------------------
 

@@ -204,6 +204,7 @@ class LLMEngine:
             ttl_s=store.ttl_s,
             clock=self.clock,
             decisions=self.store_decisions,
+            tenant_share=self.config.cache.tenant_cache_share,
         )
 
     def _prefill_seconds(self, num_tokens: int) -> float:
@@ -602,7 +603,7 @@ def build_engine(
     """
     from transformers import AutoTokenizer
 
-    from weir.engine.kv.kv_tensors import allocate_kv_caches, num_blocks_for
+    from weir.engine.kv.kv_tensors import allocate_kv_caches, kv_block_bytes, num_blocks_for
     from weir.engine.runner.loader import load_model
 
     dtype = getattr(torch, config.dtype)
@@ -633,7 +634,8 @@ def build_engine(
         from weir.engine.kv.kv_store_client import KVStoreClient
         from weir.engine.kv.store_kv_tensors import StoreBlockIO
 
-        store_client = KVStoreClient(config.kv_store, StoreBlockIO.payload_bytes_of(kv_caches))
+        block_bytes = kv_block_bytes(model_config, config.cache.block_size, kv_dtype)
+        store_client = KVStoreClient(config.kv_store, block_bytes)
         store_client.set_scope_share(config.cache.tenant_cache_share)
         store_io = StoreBlockIO(kv_caches, device, store_client.write)
         logger.info(

@@ -226,7 +226,7 @@ class KVCacheManager:
         last = min(len(hashes), (req.num_prompt_tokens - 1) // self.block_size)
         if last <= first:
             return False
-        return self.store.try_fetch(req.request_id, hashes[first:last], req.cache_scope)
+        return self.store.try_fetch(req.request_id, hashes[first:last], req.tenant_id)
 
     def inflight_owner(self, req: Request, num_hit_tokens: int) -> str | None:
         """The running request computing `req`'s first uncached block right now, if another one."""

@@ -31,6 +31,9 @@ class StoreCounters:
     num_bad_mac: int = 0
     num_bad_length: int = 0
     num_fetch_errors: int = 0
+    num_fetches_refused: int = 0  # the fetch queue was full for the tenant (its request recomputes)
+    num_fetches_shed: int = 0  # queued, then given up for a tenant with a shorter backlog
+    num_fetches_cancelled: int = 0  # still queued when its request ended: never run
     bytes_read: int = 0
     num_written_blocks: int = 0
     bytes_written: int = 0
@@ -43,17 +46,22 @@ class StoreCounters:
     bytes_per_s: float = 0.0  # fetch bandwidth, moving average; 0: not measured yet
     scope_entries: dict[str, int] = field(default_factory=dict)  # index size after this replica's last write
     written_blocks_by_scope: dict[str, int] = field(default_factory=dict)
+    dropped_writes_by_scope: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
 class FetchDecisions:
-    """Why each lookup that could continue into the store did or did not (monotonic)."""
+    """Requests whose lookup could continue into the store, by what was decided (monotonic).
+
+    Each request counts once per decision, not once per step it was looked up in: a request
+    refused for the same reason step after step counts once."""
 
     num_fetched: int = 0  # the read was estimated to beat recompute
     num_recompute_cheaper: int = 0
     num_breaker_open: int = 0
-    num_over_bytes: int = 0  # the bytes held for waiting requests were at their cap
-    num_scope_busy: int = 0  # its cache scope had its most fetches in flight already
+    num_over_bytes: int = 0  # the bytes held for every waiting request were at their cap
+    num_tenant_over_bytes: int = 0  # the bytes held for its tenant's waiting requests were at its share
+    num_queue_full: int = 0  # the fetch queue was full for its tenant
     num_timeouts: int = 0  # the fetch did not end within its request's prefill time
     num_landed_blocks: int = 0  # blocks copied into device blocks from the store
     # The figures that decided the last fetch: the store's bandwidth and the recompute rate.

@@ -8,20 +8,25 @@ does the I/O on its own threads). Plain Python, no torch; the tensor side is
 - **Fetch.** A request whose prefix misses the device and the host from block `i` on may find
   blocks `i..` in the store. `try_fetch` decides whether to ask: only where the estimated read
   (the blocks' bytes at the fetch bandwidth measured so far) beats their recompute (the
-  engine's prefill cost for those tokens), while the breaker lets calls through and the bytes
-  held for waiting requests stay under `max_fetch_bytes`. The request then waits in its own
+  engine's prefill cost for those tokens), while the breaker lets calls through, the bytes
+  held for waiting requests stay under `max_fetch_bytes` and those of its tenant under the
+  tenant's share of it, and the I/O's fetch queue has room for its tenant (it is fair per
+  tenant: `weir.engine.kv.kv_store_queue`). Each request's decision counts once per outcome
+  (`FetchDecisions`), not once per step it is looked at. The request then waits in its own
   state (the scheduler's FETCHING_KV) while other requests step. Its fetch ends when the I/O
   thread answers or at its deadline, whichever is first: the deadline is the estimated recompute
   time (the configured timeout before a prefill cost is known), so no request waits for the
-  store longer than its prefill would take. An answer after the deadline is ignored.
+  store longer than its prefill would take. An answer after the deadline is ignored; a fetch
+  past its deadline, or whose request ended, is cancelled if it still waits for a thread.
 - **Land.** The verified payloads of the chain's leading blocks are kept by request (`landed`)
   until the KV cache manager copies them into device blocks at admission (`forget` then).
 - **Write behind.** A block is planned for writing when a request registers it in the prefix
   cache (so other replicas find a prompt's blocks while it still decodes), and a finished
   request's cached blocks are planned again (`plan_write` skips hashes written or fetched within
   half the TTL). The plan is taken with the step's transfers: the runner reads the bytes before
-  anything of the step writes a block and hands them to the write queue, which drops them when
-  full.
+  anything of the step writes a block and hands them to the write queue. Blocks the queue has
+  no room for (its scope's share is full, or the breaker is open) are dropped before their
+  bytes are copied out, counted per scope.
 - **Flush.** An admin flush of scopes, or of the whole version, queues the removal of their
   store indexes' entries (`weir.engine.kv.kv_store_codec` names them).
 """
@@ -38,9 +43,6 @@ from weir.engine.kv.kv_store_stats import BreakerState, FetchDecisions, KVStoreS
 
 # Hashes remembered as written or fetched (so they are not written again soon).
 _MAX_REMEMBERED = 1 << 16
-# Fetches one cache scope may have in flight (the I/O's fetch threads): a tenant flooding a slow
-# store queues at most this many ahead of another tenant's fetch; its other requests recompute.
-MAX_FETCHES_PER_SCOPE = 2
 
 
 class StoreIO(Protocol):
@@ -54,9 +56,17 @@ class StoreIO(Protocol):
 
     def close(self) -> None: ...
 
-    def fetch(self, keys: list[bytes]) -> int: ...  # queues the read; its ticket (unique for the process)
+    def fetch(self, keys: list[bytes], owner: str) -> int | None: ...  # its ticket (unique for the
+
+    # process); None: refused (the fetch queue is full for tenant `owner`)
+
+    def cancel(self, ticket: int) -> None: ...  # its request is gone: never run it if still queued
 
     def poll(self) -> list[FetchResult]: ...
+
+    def write_room(self, scope: str) -> int: ...  # blocks of `scope` a write would take now
+
+    def count_dropped(self, scope: str, n: int) -> None: ...  # blocks not written, never copied out
 
     def flush(self, pattern: bytes) -> None: ...
 
@@ -72,7 +82,7 @@ class StoreIO(Protocol):
 @dataclass
 class _Fetch:
     request_id: str
-    scope: str
+    owner: str  # the tenant
     hashes: list[bytes]
     deadline_s: float
     num_bytes: int
@@ -93,6 +103,7 @@ class KVStoreTier:
         ttl_s: float,
         clock: Callable[[], float],
         decisions: FetchDecisions | None = None,
+        tenant_share: float = 1.0,
     ) -> None:
         self.io = io
         self.namespace = namespace
@@ -101,6 +112,8 @@ class KVStoreTier:
         self.prefill_seconds = prefill_seconds  # tokens -> estimated seconds; 0: not known yet
         self.timeout_s = timeout_s
         self.max_fetch_bytes = max_fetch_bytes
+        # What one tenant's waiting requests may hold of it (the server's tenant_cache_share).
+        self.max_fetch_bytes_per_tenant = max(1, int(max_fetch_bytes * tenant_share))
         self.rewrite_after_s = ttl_s / 2
         self.clock = clock
         self.decisions = decisions if decisions is not None else FetchDecisions()
@@ -112,53 +125,64 @@ class KVStoreTier:
         self._remembered: OrderedDict[bytes, float] = OrderedDict()  # hash -> when written / fetched
         self._saves: list[tuple[int, StoreWrite]] = []
         self._ended: list[str] = []
-        self._in_flight_by_scope: dict[str, int] = {}
+        self._owner_of: dict[str, str] = {}  # request id -> its tenant, while it holds bytes
+        self._held_by_owner: dict[str, int] = {}  # tenant -> bytes in flight and landed for it
+        self._decided: dict[str, str] = {}  # request id -> the last decision counted for it
 
     # -- fetch ------------------------------------------------------------------------------------
 
-    def try_fetch(self, request_id: str, hashes: list[bytes], scope: str = "") -> bool:
-        """Ask the store for `hashes` (a chain continuing a prefix hit of cache scope `scope`) if
-        that beats recompute."""
+    def try_fetch(self, request_id: str, hashes: list[bytes], owner: str = "") -> bool:
+        """Ask the store for `hashes` (a chain continuing a prefix hit) for tenant `owner`'s
+        request if that beats recompute. Each decision is counted once per request."""
         if not hashes or request_id in self._tried:
             return False
-        d = self.decisions
         if self.io.breaker_state is BreakerState.OPEN:
-            d.num_breaker_open += 1
-            return False
-        if self._in_flight_by_scope.get(scope, 0) >= MAX_FETCHES_PER_SCOPE:
-            d.num_scope_busy += 1
-            return False
+            return self._decide(request_id, "num_breaker_open")
         num_bytes = len(hashes) * self.io.value_bytes
         if self._held_bytes + num_bytes > self.max_fetch_bytes:
-            d.num_over_bytes += 1
-            return False
+            return self._decide(request_id, "num_over_bytes")
+        if self._held_by_owner.get(owner, 0) + num_bytes > self.max_fetch_bytes_per_tenant:
+            return self._decide(request_id, "num_tenant_over_bytes")
         num_tokens = len(hashes) * self.block_size
         recompute_s = self.prefill_seconds(num_tokens)
         bandwidth = self.io.fetch_bytes_per_s
         if recompute_s > 0 and bandwidth > 0 and num_bytes / bandwidth >= recompute_s:
-            d.num_recompute_cheaper += 1
-            return False
+            return self._decide(request_id, "num_recompute_cheaper")
+        # The I/O numbers tickets, not this tier: one rebuilt by an engine reset never takes a
+        # late answer to its predecessor's fetch for one of its own.
+        ticket = self.io.fetch([block_key(self.namespace, h) for h in hashes], owner)
+        if ticket is None:
+            return self._decide(request_id, "num_queue_full")
         self._tried.add(request_id)
-        d.num_fetched += 1
+        self._decide(request_id, "num_fetched")
+        d = self.decisions
         d.last_fetch_bytes_per_s = bandwidth
         d.last_recompute_tokens_per_s = num_tokens / recompute_s if recompute_s > 0 else 0.0
         wait_s = recompute_s if recompute_s > 0 else self.timeout_s
-        # The I/O numbers tickets, not this tier: one rebuilt by an engine reset never takes a
-        # late answer to its predecessor's fetch for one of its own.
-        ticket = self.io.fetch([block_key(self.namespace, h) for h in hashes])
-        self._fetches[ticket] = _Fetch(request_id, scope, hashes, self.clock() + wait_s, num_bytes)
+        self._fetches[ticket] = _Fetch(request_id, owner, hashes, self.clock() + wait_s, num_bytes)
         self._ticket_of[request_id] = ticket
-        self._held_bytes += num_bytes
-        self._in_flight_by_scope[scope] = self._in_flight_by_scope.get(scope, 0) + 1
+        self._hold(request_id, owner, num_bytes)
         return True
+
+    def _decide(self, request_id: str, counter: str) -> bool:
+        """Count `counter` for the request unless it was its last decision already; False."""
+        if self._decided.get(request_id) != counter:
+            self._decided[request_id] = counter
+            setattr(self.decisions, counter, getattr(self.decisions, counter) + 1)
+        return False
+
+    def _hold(self, request_id: str, owner: str, num_bytes: int) -> None:
+        """Account `num_bytes` (negative: released) held for the request of tenant `owner`."""
+        self._held_bytes += num_bytes
+        left = self._held_by_owner.pop(owner, 0) + num_bytes
+        if left:
+            self._held_by_owner[owner] = left
+        self._owner_of[request_id] = owner
 
     def _end_fetch(self, ticket: int) -> _Fetch:
         f = self._fetches.pop(ticket)
         del self._ticket_of[f.request_id]
-        self._held_bytes -= f.num_bytes
-        left = self._in_flight_by_scope.pop(f.scope) - 1
-        if left:
-            self._in_flight_by_scope[f.scope] = left
+        self._hold(f.request_id, f.owner, -f.num_bytes)
         return f
 
     def poll(self) -> list[str]:
@@ -170,7 +194,7 @@ class KVStoreTier:
             if result.payloads:
                 landed = dict(zip(f.hashes, result.payloads, strict=False))
                 self._landed[f.request_id] = landed
-                self._held_bytes += len(landed) * self.io.value_bytes
+                self._hold(f.request_id, f.owner, len(landed) * self.io.value_bytes)
                 now = self.clock()
                 for h in landed:
                     self._remember(h, now)
@@ -179,6 +203,7 @@ class KVStoreTier:
         for ticket, f in list(self._fetches.items()):
             if f.deadline_s <= now:
                 self._end_fetch(ticket)
+                self.io.cancel(ticket)  # still queued behind others: never run it
                 self.decisions.num_timeouts += 1
                 self._ended.append(f.request_id)
         ended, self._ended = self._ended, []
@@ -195,23 +220,32 @@ class KVStoreTier:
         self.decisions.num_landed_blocks += num_blocks
 
     def forget(self, request_id: str) -> None:
-        """The request was admitted or ended: drop what it holds (a fetch in flight is ignored)."""
+        """The request was admitted or ended: drop what it holds; a fetch still queued for it is
+        cancelled (one under way is ignored when it answers)."""
         landed = self._landed.pop(request_id, None)
+        owner = self._owner_of.pop(request_id, "")
         if landed:
-            self._held_bytes -= len(landed) * self.io.value_bytes
+            self._hold(request_id, owner, -len(landed) * self.io.value_bytes)
         ticket = self._ticket_of.get(request_id)
         if ticket is not None:
             self._end_fetch(ticket)
+            self.io.cancel(ticket)
+        self._owner_of.pop(request_id, None)
 
     def end(self, request_id: str) -> None:
         """The request is gone: forget it, and that it asked (its id may come back)."""
         self.forget(request_id)
         self._tried.discard(request_id)
+        self._decided.pop(request_id, None)
 
     # -- write behind -----------------------------------------------------------------------------
 
     def plan_write(self, block_id: int, block_hash: bytes, scope: str) -> None:
-        """Write a cached device block's bytes to the store with the next step (unless written lately)."""
+        """Write a cached device block's bytes to the store with the next step (unless written
+        lately; an open breaker drops it at once, counted, and leaves it to be written later)."""
+        if self.io.breaker_state is BreakerState.OPEN:
+            self.io.count_dropped(scope, 1)
+            return
         now = self.clock()
         seen = self._remembered.get(block_hash)
         if seen is not None and now - seen < self.rewrite_after_s:
@@ -227,8 +261,26 @@ class KVStoreTier:
         return bool(self._saves)
 
     def take_saves(self) -> tuple[tuple[int, StoreWrite], ...]:
-        saves, self._saves = tuple(self._saves), []
-        return saves
+        """The planned writes the write queue has room for now, per scope (so no block's bytes
+        are copied out only to be dropped); the others are dropped here, counted."""
+        saves, self._saves = self._saves, []
+        if not saves:
+            return ()
+        room: dict[str, int] = {}
+        dropped: dict[str, int] = {}
+        kept: list[tuple[int, StoreWrite]] = []
+        for block_id, tag in saves:
+            left = room.get(tag.scope)
+            if left is None:
+                left = self.io.write_room(tag.scope)
+            if left > 0:
+                kept.append((block_id, tag))
+            else:
+                dropped[tag.scope] = dropped.get(tag.scope, 0) + 1
+            room[tag.scope] = left - 1
+        for scope, n in dropped.items():
+            self.io.count_dropped(scope, n)
+        return tuple(kept)
 
     def _remember(self, block_hash: bytes, now: float) -> None:
         self._remembered[block_hash] = now

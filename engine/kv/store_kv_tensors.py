@@ -14,6 +14,7 @@ step's fetched payloads, scattered into their fresh device blocks.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -35,12 +36,8 @@ class StoreBlockIO:
         if any(c.shape != first.shape or c.dtype != first.dtype for c in self.caches):
             raise ValueError("the store tier needs every layer's KV cache in one shape and dtype")
         self.block_shape = (len(self.caches), first.shape[0], *first.shape[2:])  # [L, 2, bs, h, d]
-        self.payload_bytes = self.payload_bytes_of(self.caches)
-
-    @staticmethod
-    def payload_bytes_of(caches: list[torch.Tensor]) -> int:
-        """Bytes of one block of every layer of `caches` (`[2, num_blocks, block_size, heads, dim]` each)."""
-        return sum(c[:, 0].numel() * c.element_size() for c in caches)
+        # `weir.engine.kv.kv_tensors.kv_block_bytes` of the model, which sizes the store's values
+        self.payload_bytes = math.prod(self.block_shape) * first.element_size()
 
     def save(self, pairs: tuple[tuple[int, StoreWrite], ...]) -> None:
         """Hand the bytes of device blocks to the write queue: `pairs` of (block id, its write)."""

@@ -6,13 +6,18 @@ Only with a store (`--kv-store`):
 - `weir_kv_store_refused_blocks{reason="bad_mac"|"wrong_length"}`: values never loaded;
 - `weir_kv_store_bytes_read`, `weir_kv_store_bytes_written`; `weir_kv_store_written_blocks{scope}`;
 - `weir_kv_store_fetch_latency_seconds`: one pipelined chain read, a histogram;
-- `weir_kv_store_errors{op="fetch"|"write"}`, `weir_kv_store_dropped_writes` (queue full or breaker
-  open), `weir_kv_store_evicted_entries` (a scope's cap evicting its own oldest),
+- `weir_kv_store_errors{op="fetch"|"write"}`, `weir_kv_store_dropped_writes` (the scope's share of
+  the write queue full, or the breaker open) and `weir_kv_store_dropped_writes_by_scope{scope}`,
+  `weir_kv_store_evicted_entries` (a scope's cap evicting its own oldest),
   `weir_kv_store_flushed_entries`;
+- `weir_kv_store_fetch_queue{outcome="refused"|"shed"|"cancelled"}`: fetches the fair fetch queue
+  refused (full for the tenant), gave up for a tenant with a shorter backlog, or never ran because
+  their request ended;
 - `weir_kv_store_breaker_state`: 0 closed, 1 open, 2 half-open;
-- `weir_kv_store_fetch_decisions{decision}`: lookups that fetched, or recomputed because that was
-  cheaper, the breaker was open, the bytes held for fetches were at their cap or the tenant's scope
-  had its most fetches in flight;
+- `weir_kv_store_fetch_decisions{decision}`: requests whose lookup could continue into the store,
+  each counted once per decision: fetched, or recomputed because that was cheaper, the breaker was
+  open, the bytes held for fetches (all, or the tenant's share) were at their cap, or the fetch
+  queue was full for the tenant;
   `weir_kv_store_fetch_timeouts`, `weir_kv_store_landed_blocks`, `weir_kv_store_requests_fetching`;
 - `weir_kv_store_fetch_bandwidth_bytes_per_second` (measured) and
   `weir_kv_store_decision_recompute_tokens_per_second`: the figures the last fetch was decided on;
@@ -76,6 +81,23 @@ def kv_store_metrics(stats: EngineStats) -> Iterator[Metric]:
         ("weir_kv_store_landed_blocks", "Store blocks copied into device blocks.", d.num_landed_blocks),
     ):
         yield CounterMetricFamily(name, doc, value=value)
+    dropped = CounterMetricFamily(
+        "weir_kv_store_dropped_writes_by_scope",
+        "KV blocks not written (the scope's share of the write queue full, or the breaker open), by cache scope.",
+        labels=["scope"],
+    )
+    for scope, n in sorted(io.dropped_writes_by_scope.items()):
+        dropped.add_metric([scope], n)
+    yield dropped
+    fetch_queue = CounterMetricFamily(
+        "weir_kv_store_fetch_queue",
+        "Fetches the fair fetch queue refused, shed for a tenant with a shorter backlog, or cancelled.",
+        labels=["outcome"],
+    )
+    fetch_queue.add_metric(["refused"], io.num_fetches_refused)
+    fetch_queue.add_metric(["shed"], io.num_fetches_shed)
+    fetch_queue.add_metric(["cancelled"], io.num_fetches_cancelled)
+    yield fetch_queue
     written = CounterMetricFamily(
         "weir_kv_store_written_blocks", "KV blocks written to the store, by cache scope.", labels=["scope"]
     )
@@ -84,7 +106,7 @@ def kv_store_metrics(stats: EngineStats) -> Iterator[Metric]:
     yield written
     decisions = CounterMetricFamily(
         "weir_kv_store_fetch_decisions",
-        "Lookups that could continue into the store: fetched, or recomputed and why.",
+        "Requests whose lookup could continue into the store, once per decision: fetched, or recomputed and why.",
         labels=["decision"],
     )
     for label, value in (
@@ -92,7 +114,8 @@ def kv_store_metrics(stats: EngineStats) -> Iterator[Metric]:
         ("recompute_cheaper", d.num_recompute_cheaper),
         ("breaker_open", d.num_breaker_open),
         ("over_bytes", d.num_over_bytes),
-        ("scope_busy", d.num_scope_busy),
+        ("tenant_over_bytes", d.num_tenant_over_bytes),
+        ("queue_full", d.num_queue_full),
     ):
         decisions.add_metric([label], value)
     yield decisions

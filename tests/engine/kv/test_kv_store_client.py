@@ -1,10 +1,13 @@
 """The store's I/O threads against a real redis-server (tests/redis_server.py): sealed writes and
 pipelined chain reads, MAC refusals, per-scope caps that evict the scope's own oldest entries,
-TTLs, flushes, a bounded write queue that drops, and a paused or password-changed store."""
+TTLs, flushes, a bounded write queue that drops, and a paused or password-changed store; and,
+over a connection that blocks (a slow store), the fair fetch and write queues between tenants."""
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Callable
 
 from tests.gateway.harness import wait_until
 from tests.redis_server import RedisServer
@@ -143,3 +146,79 @@ def test_a_changed_password_turns_fetches_into_misses(redis_server: RedisServer)
         assert got.failed and c.snapshot().num_fetch_errors >= 1
     finally:
         c.close()
+
+
+class _BlockingConn:
+    """A store connection whose calls wait for `release` (a slow store), recording the keys read."""
+
+    def __init__(self, release: threading.Event, slow: bytes) -> None:
+        self.release, self.slow = release, slow
+        self.keys: list[bytes] = []
+
+    def pipeline(self, transaction: bool = False) -> _BlockingConn:
+        self.keys = []
+        return self
+
+    def mget(self, keys: list[bytes]) -> None:
+        self.keys.extend(keys)
+
+    def execute(self) -> list[list[None]]:
+        if self.keys[0].startswith(self.slow):
+            self.release.wait()
+        return [[None] * len(self.keys)]
+
+    def register_script(self, script: str) -> Callable[..., list[int]]:
+        self.release.wait()
+        return lambda keys, args: [0, 1]
+
+
+def _fake_client(release: threading.Event, slow: bytes = b"slow", **kw) -> KVStoreClient:  # type: ignore[no-untyped-def]
+    config = KVStoreConfig(url="redis://127.0.0.1:1/0", secret=SECRET, **kw)
+    return KVStoreClient(config, PAYLOAD, connect=lambda: _BlockingConn(release, slow))
+
+
+def test_a_tenant_flooding_fetches_leaves_a_thread_for_another_and_its_ended_fetches_are_cancelled() -> None:
+    release = threading.Event()
+    c = _fake_client(release)
+    try:
+        tickets = [c.fetch([b"slow%d" % i], owner="flooder") for i in range(6)]
+        assert all(t is not None for t in tickets)
+        assert wait_until(lambda: c._fetches.running("flooder") == 2, 10)  # of three threads
+        got = _fetch_as(c, [b"fast"], "victim")  # answered while every flood fetch is stuck
+        assert got.payloads == () and not got.failed
+        for t in tickets[2:]:  # their requests ended: never run
+            assert t is not None
+            c.cancel(t)
+        assert c._fetches.queued() == 0 and c.snapshot().num_fetches_cancelled == 4
+        refused = [c.fetch([b"slow"], owner="flooder") for _ in range(20)]
+        assert refused.count(None) == 20 - 8 and c.snapshot().num_fetches_refused == 12  # its queue share
+        assert c.fetch([b"fast"], owner="victim") is not None  # another tenant still gets in
+    finally:
+        release.set()
+        c.close()
+
+
+def test_a_scope_flooding_writes_fills_only_its_share_of_the_queue() -> None:
+    release = threading.Event()
+    c = _fake_client(release, max_write_queue=8)
+    c.set_scope_share(0.5)  # 4 queued blocks per scope
+    try:
+        assert c.write(_tag(0, scope="a"), b"0" * PAYLOAD)
+        assert wait_until(lambda: c._writes.queued() == 0, 10)  # the write thread holds it, stuck
+        accepted = [c.write(_tag(i, scope="a"), b"a" * PAYLOAD) for i in range(1, 11)]
+        assert accepted.count(True) == 4 and c.write_room("a") == 0
+        assert c.write_room("b") == 4
+        assert all(c.write(_tag(i, scope="b"), b"b" * PAYLOAD) for i in range(20, 24))
+        s = c.snapshot()
+        assert s.dropped_writes_by_scope == {"a": 6} and s.num_dropped_writes == 6
+    finally:
+        release.set()
+        c.close()
+
+
+def _fetch_as(client: KVStoreClient, keys: list[bytes], owner: str) -> FetchResult:
+    ticket = client.fetch(keys, owner)
+    assert ticket is not None
+    got: list[FetchResult] = []
+    assert wait_until(lambda: bool(got.extend(r for r in client.poll() if r.ticket == ticket) or got), 10)
+    return got[0]

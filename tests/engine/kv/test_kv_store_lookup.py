@@ -46,10 +46,19 @@ class FakeStoreIO:
         self.on_ready = None
         self.next_ticket = 0
 
-    def fetch(self, keys: list[bytes]) -> int:
+    def fetch(self, keys: list[bytes], owner: str = "") -> int | None:
         self.next_ticket += 1
         self.pending.append((self.next_ticket, keys))
         return self.next_ticket
+
+    def cancel(self, ticket: int) -> None:
+        self.pending = [(t, k) for t, k in self.pending if t != ticket]
+
+    def write_room(self, scope: str) -> int:
+        return 1000
+
+    def count_dropped(self, scope: str, n: int) -> None:
+        pass
 
     def answer(self, mode: str) -> None:
         """Answer every pending fetch: 'ok' (the chain as far as the store has it), 'fail', 'late'."""
@@ -276,13 +285,68 @@ def test_a_tier_rebuilt_by_a_reset_never_takes_its_predecessors_late_answer() ->
     assert new.landed("r1") == {}  # the old tier's answer (block \x01) is not taken for it
 
 
-def test_a_scope_has_at_most_two_fetches_in_flight_and_others_are_not_held_up() -> None:
+def test_the_fetch_of_a_request_that_ended_is_cancelled_and_its_bytes_freed() -> None:
     io = FakeStoreIO()
     tier = KVStoreTier(io, "ns", "m", BS, lambda n: 0.0, 1.0, 10_000, 100.0, clock=lambda: 0.0)
-    flood = [tier.try_fetch(f"x{i}", [bytes([i]) * 32], "flooder") for i in range(5)]
-    assert flood == [True, True, False, False, False]
+    for i in range(50):  # a flood of requests aborted while their fetches wait
+        assert tier.try_fetch(f"x{i}", [bytes([i]) * 32], "flooder")
+        tier.end(f"x{i}")
+    assert io.pending == [] and tier._held_bytes == 0 and not tier._held_by_owner and not tier._owner_of
     assert tier.try_fetch("y", [b"\xff" * 32], "victim")
-    assert tier.decisions.num_scope_busy == 3
     io.answer("ok")
-    assert sorted(tier.poll()) == ["x0", "x1", "y"]
-    assert tier.try_fetch("x9", [b"\x09" * 32], "flooder")  # its slots are free again
+    assert tier.poll() == ["y"]
+
+
+def test_a_tenant_holds_at_most_its_share_of_the_fetch_bytes() -> None:
+    io = FakeStoreIO()
+    tier = KVStoreTier(
+        io, "ns", "m", BS, lambda n: 0.0, 1.0, 100, 100.0, clock=lambda: 0.0, tenant_share=0.5
+    )  # 10 bytes a block: 5 blocks per tenant
+    assert tier.try_fetch("x1", [b"\x01" * 32] * 3, "flooder")
+    assert not tier.try_fetch("x2", [b"\x02" * 32] * 3, "flooder")
+    assert not tier.try_fetch("x2", [b"\x02" * 32] * 3, "flooder")  # looked at again: one decision
+    assert tier.decisions.num_tenant_over_bytes == 1
+    assert tier.try_fetch("y", [b"\x03" * 32] * 3, "victim")
+
+
+def test_a_refused_fetch_recomputes_and_counts_once_per_request() -> None:
+    io = FakeStoreIO()
+    io.fetch = lambda keys, owner="": None  # type: ignore[method-assign]  # the queue is full
+    tier = KVStoreTier(io, "ns", "m", BS, lambda n: 0.0, 1.0, 10_000, 100.0, clock=lambda: 0.0)
+    for _ in range(3):
+        assert not tier.try_fetch("x", [b"\x01" * 32], "a")
+    assert tier.decisions.num_queue_full == 1 and tier.decisions.num_fetched == 0
+    assert tier._held_bytes == 0
+    tier.end("x")
+    assert not tier.try_fetch("x", [b"\x01" * 32], "a")  # a new request of that id: a new decision
+    assert tier.decisions.num_queue_full == 2
+
+
+def test_planned_writes_are_dropped_before_their_bytes_are_read_when_there_is_no_room() -> None:
+    dropped: dict[str, int] = {}
+
+    class RoomIO(FakeStoreIO):
+        state = BreakerState.CLOSED
+        rooms = {"a": 1, "b": 5}
+
+        def write_room(self, scope: str) -> int:
+            return self.rooms[scope]
+
+        def count_dropped(self, scope: str, n: int) -> None:
+            dropped[scope] = dropped.get(scope, 0) + n
+
+        @property
+        def breaker_state(self) -> BreakerState:
+            return self.state
+
+    io = RoomIO()
+    tier = KVStoreTier(io, "ns", "m", BS, lambda n: 0.0, 1.0, 10_000, 100.0, clock=lambda: 0.0)
+    for i in range(3):
+        tier.plan_write(i, bytes([i]) * 32, "a")
+        tier.plan_write(10 + i, bytes([10 + i]) * 32, "b")
+    saves = tier.take_saves()
+    assert [b for b, _ in saves] == [0, 10, 11, 12]  # scope a had room for one
+    assert dropped == {"a": 2}
+    io.state = BreakerState.OPEN
+    tier.plan_write(20, b"\x14" * 32, "b")
+    assert not tier.has_saves and dropped == {"a": 2, "b": 1}
