@@ -185,7 +185,9 @@ class _AdminApi:
     async def tenant_usage(self, request: Request, actor: str) -> Response:
         name = _tenant_param(request)
         q = _usage_query(request)
-        days = await run_in_threadpool(lambda: self.repo.usage_by_day(name, since=q.since, until=q.until))
+        days = await run_in_threadpool(
+            lambda: self.repo.usage_by_day(name, since=q.since, until=q.until, endpoint=q.endpoint)
+        )
         return json_answer(TenantUsage.of(name, days))
 
     async def stored_responses(self, request: Request, actor: str) -> Response:
@@ -236,7 +238,9 @@ class _AdminApi:
             raise PermissionDeniedError("An API key can only read its own tenant's usage.", param="tenant")
         q = _usage_query(request)
         days = await run_in_threadpool(
-            lambda: self.repo.usage_by_day(context.tenant_id, since=q.since, until=q.until)
+            lambda: self.repo.usage_by_day(
+                context.tenant_id, since=q.since, until=q.until, endpoint=q.endpoint
+            )
         )
         return json_answer(TenantUsage.of(context.tenant_id, days))
 

@@ -12,9 +12,9 @@ from tests.tenancy.clock import START
 from weir.tenancy.errors import TenantNotFoundError
 from weir.tenancy.repository.records import TenantSpec
 from weir.tenancy.repository.repo import TenancyRepo
+from weir.tenancy.responses import response_repo
 from weir.tenancy.responses.memory_responses import MemoryResponseStore
 from weir.tenancy.responses.response_records import ResponseStorageLimits, ResponseStore, StoredResponse
-from weir.tenancy.responses import response_repo
 from weir.tenancy.responses.response_repo import DatabaseResponseStore
 from weir.tenancy.store.models import StoredResponse as StoredResponseRow
 from weir.tenancy.store.models import Tenant
