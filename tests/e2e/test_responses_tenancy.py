@@ -132,7 +132,8 @@ def test_the_admin_sees_a_tenants_stored_responses(tmp_path: Path) -> None:
             before = admin.get(path).json()
             assert before == {"tenant": TENANT, "bytes_used": 0, "quota_bytes": 50_000, "retention_s": 3600.0}
             r = client.responses.create(model=MODEL, input="hello", max_output_tokens=2)
-            assert admin.get(path).json()["bytes_used"] > 0
+            # Written in the background after the answer: the admin view counts it once committed.
+            assert wait_until(lambda: admin.get(path).json()["bytes_used"] > 0)
             client.responses.delete(r.id)
             assert admin.get(path).json()["bytes_used"] == 0
             assert admin.get("/admin/v1/tenants/nobody/stored-responses").status_code == 404
