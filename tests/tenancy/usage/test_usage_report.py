@@ -129,10 +129,14 @@ def _expected_group(r: UsageRecordIn, group_by: list[str]) -> tuple[Any, ...]:
         "model_version": r.model_version,
         "user": r.user,
         "adapter": r.adapter,
+        "endpoint": r.endpoint,
         "day": r.created_at.date().isoformat(),
         "hour": r.created_at.strftime("%Y-%m-%dT%H:00:00Z"),
     }
     return tuple(values["key_id" if g == "key" else g] for g in group_by)
+
+
+ENDPOINTS = ("chat.completion", "response", None)  # None: a record written before migration 0012
 
 
 def _sums_of(records: list[UsageRecordIn]) -> dict[str, int]:
@@ -172,7 +176,7 @@ def test_totals_equal_the_records_and_the_pages(
         when = base + dt.timedelta(minutes=minutes)
         records.append(_record(f"run{run}-{i}", tenant, key, when, model=model, user=user,
                                model_version=version, status=status, prompt=p, completion=c,
-                               cached=min(cached, p)))  # fmt: skip
+                               cached=min(cached, p), endpoint=ENDPOINTS[i % len(ENDPOINTS)]))  # fmt: skip
     if records:
         repo.record_usages(records)
     until = base + dt.timedelta(hours=span_hours)
