@@ -58,6 +58,9 @@ def _unique(models: tuple[str, ...]) -> tuple[str, ...]:
 
 Limit64 = Annotated[Annotated[int, Field(ge=1, le=MAX_INT64, strict=True)] | None, BeforeValidator(integral)]
 Limit32 = Annotated[Annotated[int, Field(ge=1, le=MAX_INT32, strict=True)] | None, BeforeValidator(integral)]
+StorageBytes = Annotated[
+    Annotated[int, Field(ge=0, le=MAX_INT64, strict=True)] | None, BeforeValidator(integral)
+]  # 0 is a limit here: nothing may be stored
 ModelName = Annotated[str, Field(min_length=1, max_length=MAX_MODEL_NAME, strict=True)]
 _Models = Annotated[tuple[ModelName, ...], Field(max_length=MAX_MODELS)]
 # null is accepted as "every model" (as absent); the schema says so for requests.
@@ -93,6 +96,14 @@ class QuotaLimits:
         Field(description="Output tokens reserved per sequence for a request without max_tokens; "
               "null: the server's."),
     ] = None  # fmt: skip
+    response_storage_bytes: Annotated[
+        StorageBytes,
+        Field(description="Bytes the tenant's stored /v1/responses answers may hold together (0: storing "
+              "refused); null: the server's."),
+    ] = None  # fmt: skip
+    response_retention_s: Annotated[
+        Limit64, Field(description="Seconds a stored /v1/responses answer is kept; null: the server's.")
+    ] = None
 
     def as_dict(self) -> dict[str, object]:
         """Every field by name (None: unlimited), `models` as a list: the admin API's and the audit log's form."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Discriminator, Field, Tag, model_validator
+from pydantic import Discriminator, Field, Tag
 
 from weir.engine.sampling import sampling_bounds as b
 from weir.gateway.api import structured_bodies as sb
@@ -19,21 +19,14 @@ from weir.gateway.api.openai_bodies.fields import AS_INT, AS_NUMBER
 from weir.gateway.api.openai_bodies.requests import (
     MAX_USER_CHARS,
     MaxTokens,
+    NullIsAbsentBody,
     StopString,
-    StrictBody,
 )
 from weir.gateway.api.openai_bodies.responses import Answer
 
 
-class AnthropicBody(StrictBody):
+class AnthropicBody(NullIsAbsentBody):
     """A part of a Messages body: a null field is a field left out."""
-
-    @model_validator(mode="before")
-    @classmethod
-    def _null_is_absent(cls, data: Any) -> Any:
-        if isinstance(data, dict) and None in data.values():
-            return {k: v for k, v in data.items() if v is not None}
-        return data
 
 
 class TextBlock(AnthropicBody):

@@ -206,28 +206,32 @@ def _with_constraint(options: GenerationOptions, spec: ConstraintSpec | None) ->
     return replace(options, constraint=spec)
 
 
-def check_chat_counts(data: Mapping[str, Any], max_messages: int) -> None:
-    """Messages, and content parts across them, counted before any is read: 250,000 empty
-    messages cost seconds to validate and render."""
-    messages = data.get("messages")
+def check_chat_counts(data: Mapping[str, Any], max_messages: int, field: str = "messages") -> None:
+    """Messages (`field`: `messages`, or a Responses body's `input` items), and content parts
+    across them, counted before any is read: 250,000 empty messages cost seconds to validate and
+    render. An input item's parts are its `content`, or a function call output's `output`."""
+    messages = data.get(field)
     if not isinstance(messages, list):
         return
+    chat = field == "messages"
+    noun, code = ("messages", "too_many_messages") if chat else ("items", "too_many_items")
     if len(messages) > max_messages:
         raise BadRequestError(
-            f"'messages' may hold at most {max_messages} messages, got {len(messages)}",
-            param="messages",
-            code="too_many_messages",
+            f"'{field}' may hold at most {max_messages} {noun}, got {len(messages)}", param=field, code=code
         )
     parts_left = max_messages
     for i, message in enumerate(messages):
-        content = message.get("content") if isinstance(message, dict) else None
+        content = None
+        if isinstance(message, dict):
+            content = message.get("content") if chat else message.get("content", message.get("output"))
         if isinstance(content, list):
             if len(content) > parts_left:
+                param = f"{field}[{i}].content" if chat else f"{field}[{i}]"
                 raise BadRequestError(
-                    f"'messages[{i}].content' may hold at most {parts_left} content parts (with those of "
-                    f"the messages before it), got {len(content)}",
-                    param=f"messages[{i}].content",
-                    code="too_many_messages",
+                    f"'{param}' may hold at most {parts_left} content parts (with those of the {noun} "
+                    f"before it), got {len(content)}",
+                    param=param,
+                    code=code,
                 )
             parts_left -= len(content)
 

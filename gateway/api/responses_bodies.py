@@ -19,12 +19,17 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, ConfigDict, Discriminator, Field, Tag, model_validator
+from pydantic import AfterValidator, ConfigDict, Discriminator, Field, Tag
 from pydantic_core import PydanticCustomError
 
 from weir.gateway.api import structured_bodies as sb
 from weir.gateway.api.openai_bodies.fields import AS_NUMBER, unsupported
-from weir.gateway.api.openai_bodies.requests import MAX_USER_CHARS, MaxTokens, PriorityValue, StrictBody
+from weir.gateway.api.openai_bodies.requests import (
+    MAX_USER_CHARS,
+    MaxTokens,
+    NullIsAbsentBody,
+    PriorityValue,
+)
 from weir.gateway.api.openai_bodies.responses import Answer
 
 MAX_METADATA_PAIRS = 16  # OpenAI's bounds on `metadata`
@@ -34,15 +39,8 @@ MAX_RESPONSE_ID_CHARS = 64
 MAX_CALL_ID_CHARS = 256
 
 
-class ItemBody(StrictBody):
+class ItemBody(NullIsAbsentBody):
     """A part of an input item: a null field is a field left out; unknown fields are ignored."""
-
-    @model_validator(mode="before")
-    @classmethod
-    def _null_is_absent(cls, data: Any) -> Any:
-        if isinstance(data, dict) and None in data.values():
-            return {k: v for k, v in data.items() if v is not None}
-        return data
 
 
 class InputTextPart(ItemBody):
@@ -263,7 +261,7 @@ class StreamOptionsBody(ItemBody):
     include_obfuscation: bool | None = Field(None, description="Accepted; streams are never padded.")
 
 
-class ResponsesBody(StrictBody):
+class ResponsesBody(NullIsAbsentBody):
     """A `POST /v1/responses` body."""
 
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
@@ -308,13 +306,6 @@ class ResponsesBody(StrictBody):
     reasoning: Annotated[dict[str, Any], AfterValidator(_no_reasoning)] | None = Field(
         None, description="Not supported: empty (or all null) only."
     )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _null_is_absent(cls, data: Any) -> Any:
-        if isinstance(data, dict) and None in data.values():
-            return {k: v for k, v in data.items() if v is not None}
-        return data
 
 
 # The answers, as `/openapi.json` declares them.

@@ -34,7 +34,7 @@ from weir.gateway.api import structured_bodies as sb
 from weir.gateway.api.json_schema_support import check_schema
 from weir.gateway.api.openai_bodies.params import bad_request, error_path
 from weir.gateway.api.openai_bodies.requests import Role
-from weir.gateway.api.protocol import ChatCompletionRequest, ChatMessage, GenerationOptions
+from weir.gateway.api.protocol import ChatCompletionRequest, ChatMessage, GenerationOptions, check_chat_counts
 from weir.gateway.api.tool_calls import ToolsRequest, calls_schema, tools_request
 from weir.gateway.http.errors import BadRequestError
 
@@ -72,32 +72,6 @@ class ResponsesRequest:
         if self.body.instructions:
             messages = (ChatMessage(Role.SYSTEM, self.body.instructions), *messages)
         return ChatCompletionRequest(self.body.model, messages, self.options, self.tools)
-
-
-def check_input_counts(data: Mapping[str, Any], max_items: int) -> None:
-    """Input items, and content parts across them, counted before any is read (a list of a million
-    empty items costs seconds to validate)."""
-    items = data.get("input")
-    if not isinstance(items, list):
-        return
-    if len(items) > max_items:
-        raise BadRequestError(
-            f"'input' may hold at most {max_items} items, got {len(items)}",
-            param="input",
-            code="too_many_items",
-        )
-    parts_left = max_items
-    for i, item in enumerate(items):
-        content = item.get("content", item.get("output")) if isinstance(item, dict) else None
-        if isinstance(content, list):
-            if len(content) > parts_left:
-                raise BadRequestError(
-                    f"'input[{i}]' may hold at most {parts_left} content parts (with those of the items "
-                    f"before it), got {len(content)}",
-                    param=f"input[{i}]",
-                    code="too_many_items",
-                )
-            parts_left -= len(content)
 
 
 def _part_text(part: rb.InputTextPart | rb.OutputTextPart | rb.RefusalPart) -> str:
@@ -260,7 +234,7 @@ def _validate(data: Mapping[str, Any]) -> rb.ResponsesBody:
 
 def parse_responses_request(data: Mapping[str, Any], max_items: int) -> ResponsesRequest:
     """Validate a Responses body of at most `max_items` input items (and content parts)."""
-    check_input_counts(data, max_items)
+    check_chat_counts(data, max_items, "input")
     body = _validate(data)
     if body.stream_options is not None and not body.stream:
         raise BadRequestError("'stream_options' is only allowed with stream: true", param="stream_options")

@@ -18,7 +18,8 @@ what the engine produced as the openai SDK's `responses` resource reads it:
   from the prefix cache), `output_tokens`, `output_tokens_details.reasoning_tokens` (0).
 
 Before the answer's last bytes (the whole body, or the last event) the finished response is
-handed to `store` (`ResponseFormatter.seal`), so a client that saw the answer finds it stored.
+handed to `store` (`ResponseFormatter.seal`), which starts its write (in the background for a
+database: `weir.gateway.routes.response_writes`), so a client that saw the answer finds it stored.
 """
 
 from __future__ import annotations
@@ -243,8 +244,9 @@ class ResponsesFormatter(ResponseFormatter):
         return output + [_function_call(call) for call in calls]
 
     async def seal(self, choices: Sequence[ChoiceState] | None, usage: Usage) -> None:
-        """The finished response, stored (when asked) before its last bytes are sent. A store that
-        fails is logged: the answer is delivered, and is then not found by id."""
+        """The finished response, handed to `store` (when asked) before its last bytes are sent
+        (the store starts the write; reads of the id wait for it). A store that fails is logged:
+        the answer is delivered, and is then not found by id."""
         if choices is not None:
             (state,) = choices
             output, reason = self._whole_output(state), state.finish_reason

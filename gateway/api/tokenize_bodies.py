@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError
 
 from weir.gateway.api.openai_bodies import requests as rb
 from weir.gateway.api.openai_bodies.params import bad_request
@@ -24,7 +24,7 @@ from weir.gateway.api.protocol import ChatMessage, check_chat_counts, message_of
 from weir.gateway.http.errors import BadRequestError
 
 
-class TokenizeBody(rb.StrictBody):
+class TokenizeBody(rb.NullIsAbsentBody):
     """A `POST /tokenize` body: `prompt` or `messages`, not both."""
 
     model: str | None = Field(None, min_length=1, description="Left out: the served model.")
@@ -36,13 +36,6 @@ class TokenizeBody(rb.StrictBody):
         None, description="Default: true for a prompt, false for messages (the template holds them)."
     )
     add_generation_prompt: bool = Field(True, description="With messages: end with the assistant's turn.")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _null_is_absent(cls, data: Any) -> Any:
-        if isinstance(data, dict) and None in data.values():
-            return {k: v for k, v in data.items() if v is not None}
-        return data
 
 
 class DetokenizeBody(rb.StrictBody):

@@ -48,7 +48,7 @@ from weir.tenancy.keys.keys import is_public_id
 from weir.tenancy.parsing import parse_model
 from weir.tenancy.quota_limits import parse_quota_limits
 from weir.tenancy.repository.repo import TenancyRepo
-from weir.tenancy.responses.response_records import ResponseStore
+from weir.tenancy.responses.response_records import ResponseStore, tenant_storage_limits
 from weir.tenancy.responses.response_repo import DatabaseResponseStore
 from weir.tenancy.store.enums import KeyScope
 from weir.tenancy.store.field_rules import validate_tenant_name
@@ -185,15 +185,17 @@ class _AdminApi:
     async def tenant_usage(self, request: Request, actor: str) -> Response:
         name = _tenant_param(request)
         q = _usage_query(request)
-        days = await run_in_threadpool(lambda: self.repo.usage_by_day(name, since=q.since, until=q.until))
+        days = await run_in_threadpool(
+            lambda: self.repo.usage_by_day(name, since=q.since, until=q.until, endpoint=q.endpoint)
+        )
         return json_answer(TenantUsage.of(name, days))
 
     async def stored_responses(self, request: Request, actor: str) -> Response:
         """GET /admin/v1/tenants/{name}/stored-responses: bytes held against the quota, retention."""
         name = _tenant_param(request)
-        await run_in_threadpool(self.repo.get_tenant, name)  # 404 for an unknown tenant
+        tenant = await run_in_threadpool(self.repo.get_tenant, name)  # 404 for an unknown tenant
         used = await run_in_threadpool(self.responses.bytes_used, name, self.repo.now())
-        limits = self.responses.limits
+        limits = tenant_storage_limits(self.responses.limits, tenant.quota)  # its own, else the server's
         return json_answer(
             StoredResponsesView(
                 tenant=name, bytes_used=used, quota_bytes=limits.quota_bytes, retention_s=limits.retention_s
@@ -236,7 +238,9 @@ class _AdminApi:
             raise PermissionDeniedError("An API key can only read its own tenant's usage.", param="tenant")
         q = _usage_query(request)
         days = await run_in_threadpool(
-            lambda: self.repo.usage_by_day(context.tenant_id, since=q.since, until=q.until)
+            lambda: self.repo.usage_by_day(
+                context.tenant_id, since=q.since, until=q.until, endpoint=q.endpoint
+            )
         )
         return json_answer(TenantUsage.of(context.tenant_id, days))
 

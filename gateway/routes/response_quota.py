@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from weir.gateway.http.errors import DATABASE_RETRY_AFTER_S, DatabaseUnavailableError
 from weir.tenancy.responses.response_records import ResponseStore
 
 T = TypeVar("T")
@@ -24,11 +25,32 @@ DEFAULT_TTL_S = 1.0
 MAX_TENANTS = 10_000  # entries kept; the oldest go first
 
 
-async def store_call(store: ResponseStore, fn: Callable[..., T], *args: object) -> T:
-    """`fn(*args)`, a call of `store`: on a worker thread when the store blocks, else here."""
+def store_unavailable() -> DatabaseUnavailableError:
+    """The 503 of a stored-response call that did not finish in time."""
+    return DatabaseUnavailableError(
+        "The response store did not answer in time; retry later.",
+        headers={"Retry-After": str(DATABASE_RETRY_AFTER_S)},
+    )
+
+
+async def store_call(
+    store: ResponseStore, fn: Callable[..., T], *args: object, timeout_s: float | None = None
+) -> T:
+    """`fn(*args)`, a call of `store`: on a worker thread when the store blocks, else here.
+
+    `timeout_s` bounds the caller's wait (for a free worker thread, a pooled connection, the
+    statements): past it, DatabaseUnavailableError (503, Retry-After). The thread's own statement
+    timeouts end the abandoned call; one not yet started on a thread never runs.
+    """
     if store.inline:
         return fn(*args)
-    return await asyncio.to_thread(fn, *args)
+    call = asyncio.to_thread(fn, *args)
+    if timeout_s is None:
+        return await call
+    try:
+        return await asyncio.wait_for(call, timeout_s)
+    except TimeoutError:
+        raise store_unavailable() from None
 
 
 @dataclass
@@ -45,12 +67,14 @@ class StoredBytesGauge:
         store: ResponseStore,
         ttl_s: float = DEFAULT_TTL_S,
         clock: Callable[[], float] = time.monotonic,
+        timeout_s: float | None = None,
     ) -> None:
         if not ttl_s >= 0:
             raise ValueError(f"ttl_s must be >= 0, got {ttl_s}")
         self.store = store
         self.ttl_s = ttl_s
         self._clock = clock
+        self.timeout_s = timeout_s  # a read's bound (store_call)
         self._readings: dict[str, _Reading] = {}
 
     async def used(self, tenant: str) -> int:
@@ -59,7 +83,9 @@ class StoredBytesGauge:
         if reading is not None and self._clock() - reading.read_at < self.ttl_s:
             return reading.num_bytes
         started = self._clock()
-        num_bytes = await store_call(self.store, self.store.bytes_used, tenant, dt.datetime.now(dt.UTC))
+        num_bytes = await store_call(
+            self.store, self.store.bytes_used, tenant, dt.datetime.now(dt.UTC), timeout_s=self.timeout_s
+        )
         if len(self._readings) >= MAX_TENANTS:
             self._readings.pop(next(iter(self._readings)))
         self._readings.pop(tenant, None)

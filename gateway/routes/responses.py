@@ -12,9 +12,12 @@ records with the endpoint `response`); only the conversation is this module's:
   fewest that make it fit (found by a binary search, a few tokenizations);
 - with `store` (the default) the tenant's storage quota is checked before anything runs (400
   naming `store`, code `storage_quota_exceeded`; the bytes stored as `StoredBytesGauge` knows
-  them), and the finished response is stored before its
-  last bytes go out. Stored responses expire after the retention period: gone on the first read
-  after it, and swept periodically (`ResponseSweeper`).
+  them), and the finished response is stored by a background task started when its last bytes
+  are ready (`weir.gateway.routes.response_writes`): a read of that id on this replica waits for
+  the write. Stored responses expire after the retention period: gone on the first read after it,
+  and swept periodically (`ResponseSweeper`). The quota and retention are the tenant's
+  (`QuotaLimits.response_storage_bytes`, `.response_retention_s`), else the server's settings;
+- every store call waits at most `timeout_s` (then 503 `database_unavailable`, Retry-After).
 """
 
 from __future__ import annotations
@@ -51,8 +54,16 @@ from weir.gateway.prompts.tokenization import PromptBuilder
 from weir.gateway.routes.engine_requests import Prepared
 from weir.gateway.routes.openai import OpenAIRoutes
 from weir.gateway.routes.response_quota import StoredBytesGauge, store_call
+from weir.gateway.routes.response_writes import PendingWrites
 from weir.tenancy.context import TenantContext
-from weir.tenancy.responses.response_records import ResponseStore, StoredResponse, json_bytes
+from weir.tenancy.responses.response_records import (
+    DEFAULT_STORE_TIMEOUT_S,
+    ResponseStorageLimits,
+    ResponseStore,
+    StoredResponse,
+    json_bytes,
+    tenant_storage_limits,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -74,11 +85,23 @@ class ResponsesRoutes:
     """The four handlers, over the generation routes and a response store."""
 
     def __init__(
-        self, routes: OpenAIRoutes, store: ResponseStore, gauge: StoredBytesGauge | None = None
+        self,
+        routes: OpenAIRoutes,
+        store: ResponseStore,
+        gauge: StoredBytesGauge | None = None,
+        *,
+        timeout_s: float = DEFAULT_STORE_TIMEOUT_S,
+        writes: PendingWrites | None = None,
     ) -> None:
         self.openai = routes
         self.store = store
-        self.gauge = gauge if gauge is not None else StoredBytesGauge(store)
+        self.timeout_s = timeout_s
+        self.gauge = gauge if gauge is not None else StoredBytesGauge(store, timeout_s=timeout_s)
+        self.writes = writes if writes is not None else PendingWrites(timeout_s)
+
+    def limits(self, tenant: TenantContext) -> ResponseStorageLimits:
+        """The tenant's storage quota and retention: its own where an admin set them, else the server's."""
+        return tenant_storage_limits(self.store.limits, tenant.quota)
 
     def routes(self) -> list[BaseRoute]:
         return [
@@ -89,7 +112,10 @@ class ResponsesRoutes:
         ]
 
     async def _stored(self, tenant: TenantContext, response_id: str) -> StoredResponse:
-        record = await store_call(self.store, self.store.get, tenant.tenant_id, response_id, _now())
+        await self.writes.wait(tenant.tenant_id, response_id)  # read-after-write on this replica
+        record = await store_call(
+            self.store, self.store.get, tenant.tenant_id, response_id, _now(), timeout_s=self.timeout_s
+        )
         if record is None:
             raise _not_found(response_id)
         return record
@@ -102,7 +128,10 @@ class ResponsesRoutes:
     async def delete(self, request: Request) -> Response:
         tenant = await self.openai._tenant(request)
         response_id = request.path_params["response_id"]
-        if not await store_call(self.store, self.store.delete, tenant.tenant_id, response_id):
+        await self.writes.wait(tenant.tenant_id, response_id)
+        if not await store_call(
+            self.store, self.store.delete, tenant.tenant_id, response_id, timeout_s=self.timeout_s
+        ):
             raise _not_found(response_id)
         self.gauge.forget(tenant.tenant_id)
         return JSONResponse({"id": response_id, "object": "response.deleted", "deleted": True})
@@ -160,7 +189,7 @@ class ResponsesRoutes:
         return [*record.input_items, *output_as_items(record.body.get("output", ()))]
 
     async def _check_quota(self, tenant: TenantContext, conversation: Sequence[dict[str, Any]]) -> None:
-        limits = self.store.limits
+        limits = self.limits(tenant)
         used = await self.gauge.used(tenant.tenant_id)
         needed = json_bytes(list(conversation))
         if used + needed > limits.quota_bytes:
@@ -265,7 +294,7 @@ class ResponsesRoutes:
                 lease.release()
             span.end(str(exc))
             raise
-        store = functools.partial(self._store, tenant.tenant_id, tuple(conversation)) if body.store else None
+        store = functools.partial(self._store, tenant, tuple(conversation)) if body.store else None
         return openai.start(
             prepared,
             Endpoint.RESPONSES,
@@ -277,12 +306,28 @@ class ResponsesRoutes:
             store=store,
         )
 
-    async def _store(self, tenant_id: str, items: tuple[dict[str, Any], ...], body: dict[str, Any]) -> None:
+    async def _store(
+        self, tenant: TenantContext, items: tuple[dict[str, Any], ...], body: dict[str, Any]
+    ) -> None:
+        """Store the finished response: at once for a memory store, else by a background write that
+        reads of its id wait for (the answer's last bytes do not wait for the database)."""
         now = _now()
-        expires = now + dt.timedelta(seconds=self.store.limits.retention_s)
+        expires = now + dt.timedelta(seconds=self.limits(tenant).retention_s)
         record = StoredResponse(body["id"], body, items, now, expires)
-        await store_call(self.store, self.store.put, tenant_id, record)
-        self.gauge.add(tenant_id, record.num_bytes)
+        tenant_id = tenant.tenant_id
+        self.gauge.add(tenant_id, record.num_bytes)  # counted now: the quota sees writes in flight
+        if self.store.inline:
+            self.store.put(tenant_id, record)
+            return
+
+        async def write() -> None:
+            try:
+                await store_call(self.store, self.store.put, tenant_id, record)
+            except BaseException:
+                self.gauge.forget(tenant_id)  # not stored: read the bytes again
+                raise
+
+        self.writes.start(tenant_id, record.response_id, write)
 
 
 def _echo(parsed: ResponsesRequest) -> dict[str, Any]:
@@ -306,20 +351,45 @@ def _echo(parsed: ResponsesRequest) -> dict[str, Any]:
 
 
 class ResponseSweeper:
-    """Deletes expired stored responses every `interval_s`, on a worker thread (app lifespan hooks)."""
+    """Deletes expired stored responses every `interval_s`, on a worker thread (app lifespan hooks).
 
-    def __init__(self, store: ResponseStore, interval_s: float) -> None:
+    One sweep's database work is bounded by `timeout_s`: the store stops between batches past it
+    (the rest waits for the next sweep), and the sweeper stops waiting past it; a sweep still
+    running at the next tick is not doubled (that tick is skipped, with a warning).
+    """
+
+    def __init__(
+        self, store: ResponseStore, interval_s: float, timeout_s: float = DEFAULT_STORE_TIMEOUT_S
+    ) -> None:
         if not interval_s > 0:
             raise ValueError(f"interval_s must be > 0, got {interval_s}")
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
         self.store = store
         self.interval_s = interval_s
+        self.timeout_s = timeout_s
         self._task: asyncio.Task[None] | None = None
+        self._sweep: asyncio.Future[int] | None = None  # the sweep on its thread, maybe abandoned
+
+    async def sweep_once(self) -> int | None:
+        """One bounded sweep: how many were deleted, or None when it did not finish in time."""
+        if self._sweep is not None and not self._sweep.done():
+            logger.warning("the previous sweep of expired stored responses is still running; skipped")
+            return None
+        # On a worker thread whatever the store: a sweep walks every stored response.
+        self._sweep = asyncio.ensure_future(asyncio.to_thread(self.store.sweep, _now(), self.timeout_s))
+        try:
+            return await asyncio.wait_for(asyncio.shield(self._sweep), self.timeout_s)
+        except TimeoutError:
+            logger.warning(
+                "the sweep of expired stored responses took over %.1f s; left running", self.timeout_s
+            )
+            return None
 
     async def _run(self) -> None:
         while True:
             try:
-                # On a worker thread whatever the store: a sweep walks every stored response.
-                deleted = await asyncio.to_thread(self.store.sweep, _now())
+                deleted = await self.sweep_once()
                 if deleted:
                     logger.info("deleted %d expired stored responses", deleted)
             except Exception:

@@ -37,6 +37,7 @@ from weir.gateway.prompts.tokenization import Tokenizer
 from weir.gateway.prompts.tokenizer_pool import TokenizerPool
 from weir.gateway.routes.gateway_state import GatewayState
 from weir.gateway.routes.openai import Authenticate, OpenAIRoutes
+from weir.gateway.routes.response_writes import PendingWrites
 from weir.gateway.routes.responses import ResponsesRoutes, ResponseSweeper
 from weir.gateway.routes.tokenize import TokenizeRoutes
 from weir.gateway.settings.settings import AuthMode, Settings
@@ -167,12 +168,16 @@ def create_app(
 
     if response_store is None:
         response_store = MemoryResponseStore(settings.response_storage_limits)
-    sweeper = ResponseSweeper(response_store, settings.response_sweep_interval_s)
+    timeout_s = settings.response_store_timeout_s
+    sweeper = ResponseSweeper(response_store, settings.response_sweep_interval_s, timeout_s)
+    responses = ResponsesRoutes(
+        openai_routes, response_store, timeout_s=timeout_s, writes=PendingWrites(timeout_s, metrics.registry)
+    )
     routes: list[BaseRoute] = [
         *_operations_routes(fleet, state, metrics, metrics_auth),
         Route("/openapi.json", openapi, methods=["GET"]),
         *openai_routes.routes(),
-        *ResponsesRoutes(openai_routes, response_store).routes(),
+        *responses.routes(),
         *TokenizeRoutes(openai_routes).routes(),
         *extra_routes,
     ]
@@ -192,7 +197,9 @@ def create_app(
             ),
         ],
         exception_handlers=exception_handlers(metrics.count_error),
-        lifespan=_lifespan(state, tracer, [*on_startup, sweeper.start], [sweeper.stop, *on_shutdown]),
+        lifespan=_lifespan(
+            state, tracer, [*on_startup, sweeper.start], [sweeper.stop, responses.writes.drain, *on_shutdown]
+        ),
     )
     app.state.gateway = state
     app.state.fleet = fleet

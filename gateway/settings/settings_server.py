@@ -13,6 +13,7 @@ from weir.gateway.settings.settings_parsing import parse_forwarded_allow_ips
 from weir.tenancy.responses.response_records import (
     DEFAULT_QUOTA_BYTES,
     DEFAULT_RETENTION_S,
+    DEFAULT_STORE_TIMEOUT_S,
     DEFAULT_SWEEP_INTERVAL_S,
 )
 
@@ -107,6 +108,16 @@ class ServerFields:
     response_sweep_interval_s: float = setting(
         DEFAULT_SWEEP_INTERVAL_S,
         "how often expired stored responses are deleted",
+        metavar="S",
+        gt=0,
+        finite=True,
+    )
+    response_store_timeout_s: float = setting(
+        DEFAULT_STORE_TIMEOUT_S,
+        "how long a stored-response read, delete or sweep waits for the database",
+        doc="how long a stored-response read or delete (and a read waiting for a write still in "
+        "flight) waits for the database before answering `503 database_unavailable` with "
+        "Retry-After; also bounds one sweep's work",
         metavar="S",
         gt=0,
         finite=True,

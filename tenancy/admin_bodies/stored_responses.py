@@ -13,5 +13,11 @@ class StoredResponsesView(BaseModel):
 
     tenant: TenantName
     bytes_used: int = Field(description="bytes the tenant's unexpired stored responses hold (their JSON)")
-    quota_bytes: int = Field(description="the most they may hold together (--response-storage-bytes)")
-    retention_s: float = Field(description="how long a stored response is kept (--response-retention-s)")
+    quota_bytes: int = Field(
+        description="the most they may hold together: the tenant's quota response_storage_bytes, else "
+        "--response-storage-bytes"
+    )
+    retention_s: float = Field(
+        description="how long a stored response is kept: the tenant's quota response_retention_s, else "
+        "--response-retention-s"
+    )

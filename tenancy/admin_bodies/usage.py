@@ -94,6 +94,9 @@ class UsageReportRow(ReportTotals):
     model_version: str | None = None
     user: str | None = None
     adapter: str | None = None
+    endpoint: str | None = Field(
+        default=None, description="chat.completion, text_completion, message, response, tokenize"
+    )
     day: str | None = Field(default=None, description="YYYY-MM-DD (UTC)")
     hour: str | None = Field(default=None, description="YYYY-MM-DDTHH:00:00Z")
 
@@ -109,6 +112,7 @@ class UsageReportBody(BaseModel):
     group_by: list[str]
     tenant: str | None
     key_id: str | None
+    endpoint: str | None = None
     limit: int
     offset: int
     next_offset: int | None
@@ -126,6 +130,7 @@ class UsageReportBody(BaseModel):
             group_by=list(q.group_by),
             tenant=q.tenant,
             key_id=q.key_id,
+            endpoint=q.endpoint,
             limit=q.limit,
             offset=q.offset,
             next_offset=report.next_offset,

@@ -16,6 +16,7 @@ from weir.tenancy.keys.keys import PUBLIC_ID_RE
 from weir.tenancy.parsing import parse_model
 from weir.tenancy.store.audit import MAX_AUDIT_PAGE
 from weir.tenancy.store.field_rules import TENANT_NAME_RE
+from weir.tenancy.usage.usage_records import ENDPOINT_RE
 from weir.tenancy.usage.usage_report import (
     DEFAULT_GROUP_BY,
     DEFAULT_LIMIT,
@@ -32,12 +33,19 @@ _TIME = "YYYY-MM-DD (midnight UTC) or an ISO 8601 time with a zone"
 
 
 class UsageQuery(BaseModel):
-    """`since` / `until` of a tenant's usage per day (both inclusive, UTC days)."""
+    """`since` / `until` of a tenant's usage per day (both inclusive, UTC days), of one `endpoint`
+    when given."""
 
     model_config = ConfigDict(extra="ignore")
 
     since: Day | None = None
     until: Day | None = None
+    endpoint: str | None = Field(
+        default=None,
+        description="Only the records of this endpoint: chat.completion, text_completion, message, "
+        "response or tokenize.",
+        json_schema_extra={"pattern": f"^{ENDPOINT_RE.pattern}$"},
+    )
 
 
 class AuditQuery(BaseModel):
@@ -64,6 +72,12 @@ class ReportParams(BaseModel):
     )
     tenant: str | None = Field(default=None, json_schema_extra={"pattern": f"^{TENANT_NAME_RE.pattern}$"})
     key_id: str | None = Field(default=None, json_schema_extra={"pattern": f"^{PUBLIC_ID_RE.pattern}$"})
+    endpoint: str | None = Field(
+        default=None,
+        description="Only the records of this endpoint: chat.completion, text_completion, message, "
+        "response or tokenize.",
+        json_schema_extra={"pattern": f"^{ENDPOINT_RE.pattern}$"},
+    )
     limit: Annotated[int, Field(ge=1, le=MAX_LIMIT)] = DEFAULT_LIMIT
     offset: QueryInt = 0
     format: Literal["json", "csv"] = "json"
@@ -76,6 +90,7 @@ class ReportParams(BaseModel):
             group_by=parse_group_by(self.group_by),
             tenant=self.tenant,
             key_id=self.key_id,
+            endpoint=self.endpoint,
             limit=self.limit,
             offset=self.offset,
         )

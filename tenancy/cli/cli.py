@@ -154,6 +154,7 @@ def add_admin_commands(
             group_by=parse_group_by(args.group_by),
             tenant=args.tenant,
             key_id=args.key_id,
+            endpoint=args.endpoint,
             limit=args.limit,
             offset=args.offset,
         )
@@ -278,6 +279,7 @@ def add_admin_commands(
     )
     p.add_argument("--tenant")
     p.add_argument("--key-id")
+    p.add_argument("--endpoint", help="only this endpoint's records (chat.completion, response, ...)")
     p.add_argument("--limit", type=int, default=DEFAULT_LIMIT, help=f"groups per page, 1-{MAX_LIMIT}")
     p.add_argument("--offset", type=int, default=0, help="the previous page's next_offset")
     p.add_argument("--format", choices=FORMATS, default="json")

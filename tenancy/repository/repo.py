@@ -49,8 +49,14 @@ from weir.tenancy.store.db import Database, utc_now
 from weir.tenancy.store.enums import AuditAction, KeyScope, KeyState, TenantStatus
 from weir.tenancy.store.field_rules import validate_tenant_name
 from weir.tenancy.store.models import AdminToken, ApiKey, KeyLimit, Quota, Tenant
-from weir.tenancy.usage.usage import daily_usage, latest_per_request, upsert_usage, usage_row
-from weir.tenancy.usage.usage_records import DailyUsage, UsageRecordIn
+from weir.tenancy.usage.usage import (
+    daily_usage,
+    daily_usage_query,
+    latest_per_request,
+    upsert_usage,
+    usage_row,
+)
+from weir.tenancy.usage.usage_records import ENDPOINT_RE, DailyUsage, UsageRecordIn
 from weir.tenancy.usage.usage_report import (
     ReportQuery,
     UsageReport,
@@ -415,15 +421,29 @@ class TenancyRepo:
             raise KeyNotFoundError(unknown[0] if unknown else "?") from None
 
     def usage_by_day(
-        self, tenant: str, *, since: dt.date | None = None, until: dt.date | None = None
+        self,
+        tenant: str,
+        *,
+        since: dt.date | None = None,
+        until: dt.date | None = None,
+        endpoint: str | None = None,
     ) -> list[DailyUsage]:
-        """A tenant's usage per UTC day between `since` and `until` (inclusive), oldest first."""
+        """A tenant's usage per UTC day between `since` and `until` (inclusive), oldest first;
+        of one `endpoint` only when given (read from the records: the rollups do not keep it)."""
         validate_tenant_name(tenant, "tenant")
         if since is not None and until is not None and since > until:
             raise FieldError("since", "must not be after until")
+        if endpoint is not None and ENDPOINT_RE.fullmatch(endpoint) is None:
+            raise FieldError(
+                "endpoint", "must be an endpoint name: 1-32 lowercase letters, dots or underscores"
+            )
         with self.db.transaction() as session:
             tenant_id = self._tenant_row(session, tenant).id
-            return [daily_usage(row) for row in session.execute(daily_rollup_query(tenant_id, since, until))]
+            if endpoint is None:
+                query = daily_rollup_query(tenant_id, since, until)
+            else:
+                query = daily_usage_query(tenant_id, since, until, endpoint)
+            return [daily_usage(row) for row in session.execute(query)]
 
     def usage_report(self, query: ReportQuery) -> UsageReport:
         """One page of a grouped usage report over a time range, and the range's exact totals.
@@ -438,7 +458,7 @@ class TenancyRepo:
                 validate_tenant_name(query.tenant, "tenant")
                 tenant_id = self._tenant_row(session, query.tenant).id
             statements = rollup_statements(query, tenant_id)
-            if statements is None:  # grouped by hour: the records
+            if statements is None:  # by hour or endpoint: the records
                 statements = page_statement(query, tenant_id), totals_statement(query, tenant_id)
             page = list(session.execute(statements[0]))
             totals = session.execute(statements[1]).one()

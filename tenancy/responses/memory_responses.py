@@ -48,7 +48,7 @@ class MemoryResponseStore:
             records = self._records.get(tenant, {})
             return sum(r.num_bytes for r in records.values() if r.expires_at > now)
 
-    def sweep(self, now: dt.datetime) -> int:
+    def sweep(self, now: dt.datetime, timeout_s: float | None = None) -> int:
         with self._lock:
             expired = [
                 (tenant, response_id)

@@ -19,10 +19,13 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from weir.tenancy.quota_limits import QuotaLimits
+
 # Defaults of the settings (`weir.gateway.settings.settings_server`): 64 MiB per tenant, kept 30 days.
 DEFAULT_QUOTA_BYTES = 64 * 1024 * 1024
 DEFAULT_RETENTION_S = 30 * 24 * 3600.0
 DEFAULT_SWEEP_INTERVAL_S = 300.0
+DEFAULT_STORE_TIMEOUT_S = 5.0  # a store call's bound on the request path, and one sweep's
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,17 @@ class ResponseStorageLimits:
             raise ValueError(f"quota_bytes must be >= 0, got {self.quota_bytes}")
         if not (math.isfinite(self.retention_s) and self.retention_s > 0):
             raise ValueError(f"retention_s must be > 0 and finite, got {self.retention_s}")
+
+
+def tenant_storage_limits(default: ResponseStorageLimits, quota: QuotaLimits) -> ResponseStorageLimits:
+    """A tenant's storage quota and retention: its own (`QuotaLimits.response_storage_bytes`,
+    `.response_retention_s`) where an admin set them, else the server's `default`."""
+    if quota.response_storage_bytes is None and quota.response_retention_s is None:
+        return default
+    return ResponseStorageLimits(
+        default.quota_bytes if quota.response_storage_bytes is None else quota.response_storage_bytes,
+        default.retention_s if quota.response_retention_s is None else float(quota.response_retention_s),
+    )
 
 
 def json_bytes(value: Any) -> int:
@@ -84,5 +98,6 @@ class ResponseStore(Protocol):
     def bytes_used(self, tenant: str, now: dt.datetime) -> int:
         """The bytes the tenant's unexpired records hold."""
 
-    def sweep(self, now: dt.datetime) -> int:
-        """Delete every expired record; how many were deleted."""
+    def sweep(self, now: dt.datetime, timeout_s: float | None = None) -> int:
+        """Delete the expired records; how many were deleted. `timeout_s` bounds the work: past
+        it the sweep stops between batches (the rest is left to the next one)."""

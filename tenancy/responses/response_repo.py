@@ -8,6 +8,7 @@ the same transaction; `sweep` deletes the rest in bounded batches.
 from __future__ import annotations
 
 import datetime as dt
+import time
 
 from sqlalchemy import JSON, BigInteger, ScalarSelect, String, delete, func, insert, literal, select
 
@@ -20,6 +21,7 @@ from weir.tenancy.store.models import Tenant, UTCDateTime
 # A statement on the request path waits at most this long for a lock (then 503, not a stall).
 REQUEST_TIMEOUT_S = 5.0
 _SWEEP_BATCH = 500
+_MIN_BATCH_TIMEOUT_S = 0.1  # a batch started just before the sweep's bound still gets this
 
 
 def _tenant_id(name: str) -> ScalarSelect[int]:
@@ -92,10 +94,12 @@ class DatabaseResponseStore:
             )
             return int(total or 0)
 
-    def sweep(self, now: dt.datetime) -> int:
+    def sweep(self, now: dt.datetime, timeout_s: float | None = None) -> int:
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         deleted = 0
         while True:
-            with self.db.transaction() as session:
+            left = None if deadline is None else max(deadline - time.monotonic(), _MIN_BATCH_TIMEOUT_S)
+            with self.db.transaction(timeout_s=left) as session:
                 ids = session.scalars(
                     select(StoredResponseRow.id)
                     .where(StoredResponseRow.expires_at <= now)
@@ -104,5 +108,5 @@ class DatabaseResponseStore:
                 if ids:
                     session.execute(delete(StoredResponseRow).where(StoredResponseRow.id.in_(ids)))
             deleted += len(ids)
-            if len(ids) < _SWEEP_BATCH:
+            if len(ids) < _SWEEP_BATCH or (deadline is not None and time.monotonic() >= deadline):
                 return deleted

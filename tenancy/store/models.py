@@ -150,6 +150,9 @@ class Quota(Base):
     tpot_slo_ms: Mapped[int | None] = mapped_column(Integer)
     # Output tokens reserved per sequence for a request without max_tokens; NULL: the server's.
     default_max_tokens_reservation: Mapped[int | None] = mapped_column(Integer)
+    # Stored /v1/responses (0013): the tenant's storage quota and retention; NULL: the server's.
+    response_storage_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    response_retention_s: Mapped[int | None] = mapped_column(BigInteger)
     updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
 
     tenant: Mapped[Tenant] = relationship(back_populates="quota")

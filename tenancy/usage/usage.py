@@ -93,8 +93,11 @@ def _count(status: UsageStatus) -> Any:
     return func.sum(case((UsageRecord.status == status, 1), else_=0))
 
 
-def daily_usage_query(tenant_id: int, since: dt.date | None, until: dt.date | None) -> Select[Any]:
-    """One row per UTC day with records, oldest first; read them with `daily_usage`."""
+def daily_usage_query(
+    tenant_id: int, since: dt.date | None, until: dt.date | None, endpoint: str | None = None
+) -> Select[Any]:
+    """One row per UTC day with records (of `endpoint` only, when given), oldest first; read
+    them with `daily_usage`."""
     query = (
         select(
             UsageRecord.day,
@@ -114,6 +117,8 @@ def daily_usage_query(tenant_id: int, since: dt.date | None, until: dt.date | No
         query = query.where(UsageRecord.day >= since)
     if until is not None:
         query = query.where(UsageRecord.day <= until)
+    if endpoint is not None:
+        query = query.where(UsageRecord.endpoint == endpoint)
     return query
 
 

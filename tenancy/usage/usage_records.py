@@ -20,7 +20,7 @@ from weir.tenancy.store.enums import UsageStatus
 from weir.tenancy.store.field_rules import check_aware, validate_tenant_name
 from weir.tenancy.store.models import MODEL_VERSION_ID_LEN, USER_LEN
 
-_ENDPOINT = re.compile(
+ENDPOINT_RE = re.compile(
     r"[a-z][a-z._]{0,31}"
 )  # a usage record's endpoint (weir.tenancy.store.models.ENDPOINT_LEN)
 
@@ -76,7 +76,7 @@ class UsageRecordIn:
         ):
             raise FieldError("adapter", "must be a string of 1-128 characters or None")
         if self.endpoint is not None and (
-            not isinstance(self.endpoint, str) or _ENDPOINT.fullmatch(self.endpoint) is None
+            not isinstance(self.endpoint, str) or ENDPOINT_RE.fullmatch(self.endpoint) is None
         ):
             raise FieldError("endpoint", "must be 1-32 lowercase letters, dots or underscores, or None")
         if not isinstance(self.status, UsageStatus):

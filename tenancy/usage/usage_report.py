@@ -1,7 +1,9 @@
 """Usage reports: usage records over a time range, grouped, one page at a time, JSON or CSV.
 
 A report groups the records created in `[since, until)` by any of tenant, key, model, model
-version, user, adapter, UTC day and UTC hour, and sums requests (by status), prompt,
+version, user, adapter, endpoint (the API a request came through: `chat.completion`,
+`text_completion`, `message`, `response`, `tokenize`; none on records older than migration 0012),
+UTC day and UTC hour, filtered by tenant, key and endpoint, and sums requests (by status), prompt,
 completion and cached tokens, and spend (integer micro-units, `weir.tenancy.budgets.prices`). Pages are `limit` groups from `offset`, in the order of the
 group-by dimensions (NULL first on every backend). The range's totals come from a second
 aggregate over the same filter, so they equal the sum of the records exactly (integers all the
@@ -32,8 +34,9 @@ from sqlalchemy.sql.functions import FunctionElement
 from weir.tenancy.errors import FieldError
 from weir.tenancy.store.enums import UsageStatus
 from weir.tenancy.store.models import Tenant, UsageRecord
+from weir.tenancy.usage.usage_records import ENDPOINT_RE
 
-GROUPS = ("tenant", "key", "model", "model_version", "user", "adapter", "day", "hour")
+GROUPS = ("tenant", "key", "model", "model_version", "user", "adapter", "endpoint", "day", "hour")
 DEFAULT_GROUP_BY = ("tenant", "day")
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 1000
@@ -86,6 +89,7 @@ class ReportQuery:
     key_id: str | None = None
     limit: int = DEFAULT_LIMIT
     offset: int = 0
+    endpoint: str | None = None  # only the records of this endpoint (`response`, ...)
 
     def __post_init__(self) -> None:
         for name in ("since", "until"):
@@ -95,6 +99,12 @@ class ReportQuery:
         if self.since >= self.until:
             raise FieldError("until", "must be after since")
         parse_group_by(",".join(self.group_by))
+        if self.endpoint is not None and (
+            not isinstance(self.endpoint, str) or ENDPOINT_RE.fullmatch(self.endpoint) is None
+        ):
+            raise FieldError(
+                "endpoint", "must be an endpoint name: 1-32 lowercase letters, dots or underscores"
+            )
         if isinstance(self.limit, bool) or not 1 <= self.limit <= MAX_LIMIT:
             raise FieldError("limit", f"must be an integer in [1, {MAX_LIMIT}]")
         if isinstance(self.offset, bool) or self.offset < 0:
@@ -195,6 +205,8 @@ def _filtered(query: Select[Any], q: ReportQuery, tenant_id: int | None) -> Sele
         query = query.where(UsageRecord.tenant_id == tenant_id)
     if q.key_id is not None:
         query = query.where(UsageRecord.key_id == q.key_id)
+    if q.endpoint is not None:
+        query = query.where(UsageRecord.endpoint == q.endpoint)
     return query
 
 
@@ -277,6 +289,8 @@ def report_params(query: ReportQuery, fmt: str = "json") -> dict[str, str]:
         params["tenant"] = query.tenant
     if query.key_id is not None:
         params["key_id"] = query.key_id
+    if query.endpoint is not None:
+        params["endpoint"] = query.endpoint
     return params
 
 

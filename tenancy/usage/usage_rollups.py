@@ -7,8 +7,8 @@ transaction that writes a record, so they always equal the records.
 A report over `[since, until)` reads the rollup for the UTC days the range covers whole and the
 raw records for the partial days at its edges (at most two), in one UNION ALL that is then
 grouped, ordered and paged as `weir.tenancy.usage.usage_report` does over the records alone: the same
-groups, sums, order and pages. Grouping by hour needs the records (`rollup_statements` answers
-None; the caller reads the records).
+groups, sums, order and pages. Grouping by hour, and grouping or filtering by endpoint, need the
+records (`rollup_statements` answers None; the caller reads the records).
 """
 
 from __future__ import annotations
@@ -120,8 +120,9 @@ def _parts(q: ReportQuery, tenant_id: int | None, table: Rollup, dims: list[str]
 
 def rollup_statements(q: ReportQuery, tenant_id: int | None) -> tuple[Select[Any], Select[Any]] | None:
     """The page and totals statements of `weir.tenancy.usage.usage_report` (same columns, same answers),
-    read from the rollups; None when the report groups by hour (read the records)."""
-    if "hour" in q.group_by:
+    read from the rollups; None when the report groups by hour or by endpoint, or filters by
+    endpoint (read the records: the rollups do not keep the endpoint)."""
+    if "hour" in q.group_by or "endpoint" in q.group_by or q.endpoint is not None:
         return None
     dims = [g for g in q.group_by if g != "tenant"]
     table: Rollup = UsageDailyUser if "user" in dims else UsageDaily

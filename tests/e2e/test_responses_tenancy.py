@@ -132,8 +132,36 @@ def test_the_admin_sees_a_tenants_stored_responses(tmp_path: Path) -> None:
             before = admin.get(path).json()
             assert before == {"tenant": TENANT, "bytes_used": 0, "quota_bytes": 50_000, "retention_s": 3600.0}
             r = client.responses.create(model=MODEL, input="hello", max_output_tokens=2)
-            assert admin.get(path).json()["bytes_used"] > 0
+            # Written in the background after the answer: the admin view counts it once committed.
+            assert wait_until(lambda: admin.get(path).json()["bytes_used"] > 0)
             client.responses.delete(r.id)
             assert admin.get(path).json()["bytes_used"] == 0
             assert admin.get("/admin/v1/tenants/nobody/stored-responses").status_code == 404
             assert httpx.get(full.url + path, headers=full.tenant).status_code == 401
+
+
+def test_an_admin_sets_a_tenants_own_storage_quota_and_retention(tmp_path: Path) -> None:
+    with serve_everything(tmp_path, response_storage_bytes=50_000, response_retention_s=3600) as full:
+        client = openai.OpenAI(base_url=full.url + "/v1", api_key=full.tenant_key, max_retries=0)
+        path = f"/admin/v1/tenants/{TENANT}/stored-responses"
+        with httpx.Client(base_url=full.url, headers=ADMIN, timeout=30) as admin:
+            quota = {"response_storage_bytes": 0, "response_retention_s": 60}
+            put = admin.put(f"/admin/v1/tenants/{TENANT}/quota", json=quota)
+            assert put.status_code == 200, put.text
+            assert put.json()["quota"]["response_storage_bytes"] == 0
+            view = admin.get(path).json()
+            assert (view["quota_bytes"], view["retention_s"]) == (0, 60.0)
+            assert wait_until(lambda: _refused_storing(client))  # the key cache may hold the old quota
+            assert client.responses.create(model=MODEL, input="hello", max_output_tokens=2, store=False).id
+            # Back to the server's defaults: null is "not set".
+            put = admin.put(f"/admin/v1/tenants/{TENANT}/quota", json={})
+            view = admin.get(path).json()
+            assert (view["quota_bytes"], view["retention_s"]) == (50_000, 3600.0)
+
+
+def _refused_storing(client: openai.OpenAI) -> bool:
+    try:
+        client.responses.create(model=MODEL, input="hello", max_output_tokens=2)
+    except openai.BadRequestError as refused:
+        return refused.body["code"] == "storage_quota_exceeded"  # type: ignore[index, no-any-return]
+    return False

@@ -54,7 +54,7 @@ def _tables(db: Database) -> set[str]:
 def test_scripts_are_found_next_to_the_package() -> None:
     assert (MIGRATIONS_DIR / "env.py").is_file()
     assert (MIGRATIONS_DIR / "script.py.mako").is_file()
-    assert head_revision() == "0012"
+    assert head_revision() == "0013"
 
 
 def test_upgrade_downgrade_round_trip(database: Database) -> None:
@@ -68,6 +68,9 @@ def test_upgrade_downgrade_round_trip(database: Database) -> None:
     upgrade(database.engine)
     assert _tables(database) == TABLES
     usage_indexes = {i["name"] for i in inspect(database.engine).get_indexes("usage_records")}
+    downgrade(database.engine)  # one step: 0013 -> 0012 drops the quotas' response storage limits
+    quota_columns = {c["name"] for c in inspect(database.engine).get_columns("quotas")}
+    assert not quota_columns & {"response_storage_bytes", "response_retention_s"}
     downgrade(database.engine)  # one step: 0012 -> 0011 drops the usage records' endpoint
     assert "endpoint" not in {c["name"] for c in inspect(database.engine).get_columns("usage_records")}
     assert _tables(database) == TABLES
@@ -249,7 +252,12 @@ _ADDED_AFTER_0005 = {
     "currency",
     "price_id",
     "endpoint",
+    "response_storage_bytes",
+    "response_retention_s",
 }
+
+
+_ADDED_IN_0013 = {"response_storage_bytes", "response_retention_s"}
 
 
 def _snapshot(database: Database) -> dict[str, list[dict[str, object]]]:
@@ -277,6 +285,8 @@ def test_a_populated_0005_database_upgrades_to_head_and_back_with_nothing_lost(d
         assert conn.execute(text("SELECT requests_per_minute FROM quotas")).scalar_one() is None
         assert conn.execute(text("SELECT count(*) FROM key_limits")).scalar_one() == 0
         assert conn.execute(text("SELECT adapter FROM usage_records")).scalar_one() is None
+        stored = text("SELECT response_storage_bytes, response_retention_s FROM quotas")
+        assert tuple(conn.execute(stored).one()) == (None, None)  # 0013: the server's defaults
     downgrade(database.engine, "0005")
     assert _snapshot(database) == before
 
@@ -313,7 +323,7 @@ def test_a_populated_0007_database_upgrades_to_0008_and_back_with_nothing_lost(d
                     {
                         k: v
                         for k, v in r.items()
-                        if k not in {"spend_micros", "currency", "price_id", "endpoint"}
+                        if k not in {"spend_micros", "currency", "price_id", "endpoint"} | _ADDED_IN_0013
                     }
                     for r in conn.execute(text(f"SELECT * FROM {t} ORDER BY 1")).mappings().all()
                 ]

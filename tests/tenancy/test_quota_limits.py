@@ -38,6 +38,8 @@ quotas = st.builds(
     ttft_slo_ms=limit32,
     tpot_slo_ms=limit32,
     default_max_tokens_reservation=limit32,
+    response_storage_bytes=st.none() | st.integers(0, 2**63 - 1),
+    response_retention_s=limit64,
 )
 
 
@@ -47,6 +49,8 @@ def test_the_field_lists_are_derived_from_the_declaration() -> None:
         "ttft_slo_ms",
         "tpot_slo_ms",
         "default_max_tokens_reservation",
+        "response_storage_bytes",  # the tenant's stored responses: not a key's
+        "response_retention_s",
     }
     assert tuple(KeyLimitsBody.model_fields) == KEY_LIMIT_FIELDS
     # The database has a column for each field it maps (a limit added without one fails here).

@@ -52,6 +52,17 @@ class StrictBody(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
 
 
+class NullIsAbsentBody(StrictBody):
+    """A body whose fields sent as null read as left out (clients send `"x": null` for "not set")."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_absent(cls, data: Any) -> Any:
+        if isinstance(data, dict) and None in data.values():
+            return {k: v for k, v in data.items() if v is not None}
+        return data
+
+
 TokenId = Annotated[int, Field(ge=0, le=b.INT32_MAX, json_schema_extra={TOKEN_ID_MARK: True}), AS_INT]
 Penalty = Annotated[float, Field(ge=b.PENALTY_MIN, le=b.PENALTY_MAX, allow_inf_nan=False), AS_NUMBER]
 Bias = Annotated[float, Field(ge=b.LOGIT_BIAS_MIN, le=b.LOGIT_BIAS_MAX, allow_inf_nan=False), AS_NUMBER]
@@ -111,7 +122,7 @@ class StreamOptions(StrictBody):
     include_usage: bool | None = None
 
 
-class GenerationBody(StrictBody):
+class GenerationBody(NullIsAbsentBody):
     """The fields both generation bodies share: sampling, output and stream options."""
 
     model: str = Field(min_length=1)  # `/openapi.json` lists the served names
@@ -173,13 +184,6 @@ class GenerationBody(StrictBody):
     priority: PriorityValue | None = None
     response_format: sb.ResponseFormat | None = None
     structured_outputs: sb.StructuredOutputs | None = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _null_is_absent(cls, data: Any) -> Any:
-        if isinstance(data, dict) and None in data.values():
-            return {k: v for k, v in data.items() if v is not None}
-        return data
 
 
 # `SamplingParams` keywords read from a body under the same name.

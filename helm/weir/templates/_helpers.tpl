@@ -190,6 +190,7 @@ numbers are printed as integers. */}}
 {{- $pairs = append $pairs (list "WEIR_RESPONSE_STORAGE_BYTES" .Values.config.responseStorageBytes) -}}
 {{- $pairs = append $pairs (list "WEIR_RESPONSE_RETENTION_S" .Values.config.responseRetentionS) -}}
 {{- $pairs = append $pairs (list "WEIR_RESPONSE_SWEEP_INTERVAL_S" .Values.config.responseSweepIntervalS) -}}
+{{- $pairs = append $pairs (list "WEIR_RESPONSE_STORE_TIMEOUT_S" .Values.config.responseStoreTimeoutS) -}}
 {{- $pairs = append $pairs (list "WEIR_OTEL_EXPORTER" .Values.config.otelExporter) -}}
 {{- $pairs = append $pairs (list "WEIR_OTEL_ENDPOINT" .Values.config.otelEndpoint) -}}
 {{- $pairs = append $pairs (list "WEIR_OTEL_SERVICE_NAME" .Values.config.otelServiceName) -}}

@@ -219,6 +219,7 @@ def test_the_admin_schemas_are_generated_not_hand_made(api: Checked) -> None:
     assert set(quota["properties"]) == {
         "tokens_per_minute", "requests_per_minute", "tokens_per_day", "max_concurrent", "max_prompt_tokens",
         "max_output_tokens", "models", "ttft_slo_ms", "tpot_slo_ms", "default_max_tokens_reservation",
+        "response_storage_bytes", "response_retention_s",
     }  # fmt: skip
     # A key may set only its own limits: no SLOs, no reservation.
     assert "ttft_slo_ms" not in request_body("/admin/v1/keys/{key_id}/limits")["properties"]

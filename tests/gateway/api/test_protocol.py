@@ -9,6 +9,7 @@ import pytest
 from weir.engine.request import Priority, SamplingParams
 from weir.gateway.api.protocol import (
     Role,
+    check_chat_counts,
     decode_json_object,
     parse_chat_request,
     parse_completion_request,
@@ -178,3 +179,20 @@ def test_decode_json_object_rejects_non_objects(body: bytes) -> None:
     with pytest.raises(BadRequestError) as info:
         decode_json_object(body)
     assert info.value.code == "invalid_json"
+
+
+def test_input_item_counts_are_bounded_like_messages() -> None:
+    with pytest.raises(BadRequestError) as info:
+        check_chat_counts({"input": [{}] * 65}, 64, "input")
+    assert info.value.param == "input"
+    parts = [{"type": "input_text", "text": ""}] * 40
+    with pytest.raises(BadRequestError) as info:
+        check_chat_counts(
+            {"input": [{"role": "user", "content": parts}, {"role": "user", "content": parts}]}, 64, "input"
+        )
+    assert (info.value.param, info.value.code) == ("input[1]", "too_many_items")
+    outputs = [{"type": "function_call_output", "call_id": "c", "output": parts}] * 2
+    with pytest.raises(BadRequestError) as info:
+        check_chat_counts({"input": outputs}, 64, "input")
+    assert info.value.param == "input[1]"
+    check_chat_counts({"input": "x" * 1000}, 1, "input")

@@ -157,6 +157,14 @@ def test_usage_per_day_for_admin_and_tenant(api: Api) -> None:
     assert own["tenant"] == "acme" and own["total"] == usage["total"]
     bad = c.get("/admin/v1/tenants/acme/usage", params={"since": "yesterday"}, headers=admin)
     assert bad.status_code == 422 and bad.json()["error"]["param"] == "since"
+    # One endpoint's usage (the records name it since migration 0012).
+    record = UsageRecordIn("resp", "acme", acme_id, "m", UsageStatus.COMPLETED, 3, 1, endpoint="response")
+    api.repo.record_usage(record)
+    for path, headers in (("/v1/usage", acme), ("/admin/v1/tenants/acme/usage", admin)):
+        only = c.get(path, params={"endpoint": "response"}, headers=headers).json()
+        assert (only["total"]["requests"], only["total"]["prompt_tokens"]) == (1, 3)
+    bad = c.get("/v1/usage", params={"endpoint": "Chat!"}, headers=acme)
+    assert bad.status_code == 422 and bad.json()["error"]["param"] == "endpoint"
 
 
 @pytest.mark.parametrize(

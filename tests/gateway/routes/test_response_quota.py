@@ -48,3 +48,32 @@ def test_reads_once_per_ttl_and_adds_local_writes() -> None:
         assert await gauge.used("c") == 0
 
     asyncio.run(run())
+
+
+def test_store_call_bounds_the_wait_for_a_blocking_store() -> None:
+    import threading
+
+    import pytest
+
+    from weir.gateway.http.errors import DatabaseUnavailableError
+    from weir.gateway.routes.response_quota import store_call
+
+    gate = threading.Event()
+
+    class Stalled(MemoryResponseStore):
+        inline = False  # as the database: on a worker thread
+
+        def bytes_used(self, tenant: str, now: dt.datetime) -> int:
+            gate.wait(30)
+            return 0
+
+    store = Stalled()
+
+    async def run() -> None:
+        with pytest.raises(DatabaseUnavailableError) as info:
+            await store_call(store, store.bytes_used, "a", dt.datetime.now(dt.UTC), timeout_s=0.01)
+        assert info.value.status_code == 503 and info.value.headers["Retry-After"]
+        gate.set()
+        assert await store_call(store, store.bytes_used, "a", dt.datetime.now(dt.UTC), timeout_s=30) == 0
+
+    asyncio.run(run())

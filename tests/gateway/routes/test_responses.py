@@ -334,3 +334,34 @@ def test_the_sweeper_deletes_expired_responses() -> None:
     assert store.get("t", "resp_new", past) == new
     with pytest.raises(ValueError, match="interval_s"):
         ResponseSweeper(store, 0)
+
+
+def test_a_sweep_is_bounded_and_never_doubled() -> None:
+    import asyncio
+    import datetime as dt
+    import threading
+
+    from weir.gateway.routes.responses import ResponseSweeper
+    from weir.tenancy.responses.memory_responses import MemoryResponseStore
+
+    gate, calls = threading.Event(), []
+
+    class Stalled(MemoryResponseStore):
+        def sweep(self, now: dt.datetime, timeout_s: float | None = None) -> int:
+            calls.append(timeout_s)
+            gate.wait(30)
+            return 3
+
+    async def run() -> None:
+        sweeper = ResponseSweeper(Stalled(), 60, timeout_s=0.01)
+        assert await sweeper.sweep_once() is None  # past its bound: left running, not awaited
+        assert await sweeper.sweep_once() is None  # still running: skipped, not started again
+        assert calls == [0.01]  # the store was told the bound too
+        gate.set()
+        assert sweeper._sweep is not None and await sweeper._sweep == 3
+        sweeper.timeout_s = 30
+        assert await sweeper.sweep_once() == 3
+
+    asyncio.run(run())
+    with pytest.raises(ValueError, match="timeout_s"):
+        ResponseSweeper(MemoryResponseStore(), 1, timeout_s=0)

@@ -61,6 +61,8 @@ quotas = st.builds(
     ttft_slo_ms=limit,
     tpot_slo_ms=limit,
     default_max_tokens_reservation=limit,
+    response_storage_bytes=st.one_of(st.none(), st.integers(0, 2**63 - 1)),  # 0: storing refused
+    response_retention_s=st.one_of(st.none(), st.integers(1, 2**63 - 1)),
 )
 
 
@@ -68,6 +70,7 @@ def test_quota_fields_are_exactly_the_issue_names() -> None:
     assert QUOTA_FIELDS == (
         "tokens_per_minute", "requests_per_minute", "tokens_per_day", "max_concurrent",
         "max_prompt_tokens", "max_output_tokens", "models", "ttft_slo_ms", "tpot_slo_ms", "default_max_tokens_reservation",
+        "response_storage_bytes", "response_retention_s",
     )  # fmt: skip
     assert tuple(quota_json(QuotaLimits())) == QUOTA_FIELDS
 

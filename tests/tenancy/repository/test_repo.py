@@ -38,6 +38,8 @@ QUOTA = QuotaLimits(
     ttft_slo_ms=2000,
     tpot_slo_ms=50,
     default_max_tokens_reservation=256,
+    response_storage_bytes=10_000_000_000,  # beyond 32 bits
+    response_retention_s=3600,
 )
 
 

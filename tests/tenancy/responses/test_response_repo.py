@@ -12,6 +12,7 @@ from tests.tenancy.clock import START
 from weir.tenancy.errors import TenantNotFoundError
 from weir.tenancy.repository.records import TenantSpec
 from weir.tenancy.repository.repo import TenancyRepo
+from weir.tenancy.responses import response_repo
 from weir.tenancy.responses.memory_responses import MemoryResponseStore
 from weir.tenancy.responses.response_records import ResponseStorageLimits, ResponseStore, StoredResponse
 from weir.tenancy.responses.response_repo import DatabaseResponseStore
@@ -60,7 +61,7 @@ def test_expired_records_are_gone_on_read_and_by_the_sweep(store: ResponseStore)
     # Expired rows no longer count, are not read, and a read deletes them.
     assert store.bytes_used("acme", START) == _record("resp_new").num_bytes
     assert store.get("acme", "resp_old", START) is None
-    assert store.sweep(START) == 2  # resp_older and resp_other; resp_old went on its read
+    assert store.sweep(START, timeout_s=30) == 2  # resp_older and resp_other; resp_old went on its read
     assert store.sweep(START) == 0
     assert store.get("acme", "resp_new", START) is not None
 
@@ -80,3 +81,15 @@ def test_database_refuses_a_tenant_it_does_not_know(repo: TenancyRepo) -> None:
     with pytest.raises(TenantNotFoundError):
         store.put("nobody", _record("resp_1"))
     assert store.get("nobody", "resp_1", START) is None and store.bytes_used("nobody", START) == 0
+
+
+def test_a_sweep_past_its_bound_stops_between_batches(
+    repo: TenancyRepo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    repo.create_tenant(TenantSpec(name="acme"), actor="test")
+    store = DatabaseResponseStore(repo.db)
+    for i in range(3):
+        store.put("acme", _record(f"resp_{i}", created=START - 2 * DAY))
+    monkeypatch.setattr(response_repo, "_SWEEP_BATCH", 1)
+    assert store.sweep(START, timeout_s=1e-9) == 1  # one batch, then the bound is past
+    assert store.sweep(START) == 2  # unbounded: the rest

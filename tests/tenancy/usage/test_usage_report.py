@@ -129,10 +129,14 @@ def _expected_group(r: UsageRecordIn, group_by: list[str]) -> tuple[Any, ...]:
         "model_version": r.model_version,
         "user": r.user,
         "adapter": r.adapter,
+        "endpoint": r.endpoint,
         "day": r.created_at.date().isoformat(),
         "hour": r.created_at.strftime("%Y-%m-%dT%H:00:00Z"),
     }
     return tuple(values["key_id" if g == "key" else g] for g in group_by)
+
+
+ENDPOINTS = ("chat.completion", "response", None)  # None: a record written before migration 0012
 
 
 def _sums_of(records: list[UsageRecordIn]) -> dict[str, int]:
@@ -172,7 +176,7 @@ def test_totals_equal_the_records_and_the_pages(
         when = base + dt.timedelta(minutes=minutes)
         records.append(_record(f"run{run}-{i}", tenant, key, when, model=model, user=user,
                                model_version=version, status=status, prompt=p, completion=c,
-                               cached=min(cached, p)))  # fmt: skip
+                               cached=min(cached, p), endpoint=ENDPOINTS[i % len(ENDPOINTS)]))  # fmt: skip
     if records:
         repo.record_usages(records)
     until = base + dt.timedelta(hours=span_hours)
@@ -219,6 +223,44 @@ def test_groups_by_tenant_key_and_hour_with_filters(repo: TenancyRepo) -> None:
     assert [(r["day"], r["requests"]) for r in only["data"]] == [("2026-03-01", 2), ("2026-03-02", 1)]
     with pytest.raises(TenantNotFoundError):
         repo.usage_report(ReportQuery(since=T0, until=T0 + dt.timedelta(days=1), tenant="nobody"))
+
+
+def test_groups_and_filters_by_endpoint(repo: TenancyRepo) -> None:
+    keys = _setup(repo)
+    a1 = keys["acme"][0]
+    repo.record_usages([
+        _record("1", "acme", a1, T0 + dt.timedelta(minutes=5), endpoint="response"),
+        _record("2", "acme", a1, T0 + dt.timedelta(days=1, minutes=5), endpoint="response", prompt=7),
+        _record("3", "acme", a1, T0 + dt.timedelta(minutes=10), endpoint="chat.completion"),
+        _record("4", "beta", None, T0 + dt.timedelta(minutes=20)),  # written before 0012: no endpoint
+    ])  # fmt: skip
+    # Whole days (the rollups' range): grouping or filtering by endpoint reads the records.
+    week = {"since": T0, "until": T0 + dt.timedelta(days=7)}
+    body = report_json(repo.usage_report(ReportQuery(**week, group_by=("endpoint",))))
+    assert [(r["endpoint"], r["requests"]) for r in body["data"]] == [
+        (None, 1),
+        ("chat.completion", 1),
+        ("response", 2),
+    ]
+    only = report_json(
+        repo.usage_report(ReportQuery(**week, group_by=("tenant", "day"), endpoint="response"))
+    )
+    assert [(r["tenant"], r["day"], r["prompt_tokens"]) for r in only["data"]] == [
+        ("acme", "2026-03-01", 10),
+        ("acme", "2026-03-02", 7),
+    ]
+    assert only["totals"]["requests"] == 2 and only["endpoint"] == "response"
+    days = repo.usage_by_day("acme", since=T0.date(), endpoint="chat.completion")
+    assert [(d.day, d.num_requests) for d in days] == [(T0.date(), 1)]
+    assert [d.num_requests for d in repo.usage_by_day("acme", since=T0.date())] == [2, 1]
+    with pytest.raises(FieldError):
+        repo.usage_by_day("acme", endpoint="DROP TABLE")
+    q, _ = parse_report_params({"since": "2026-03-01", "until": "2026-03-02", "group_by": "endpoint",
+                                "endpoint": "response"})  # fmt: skip
+    assert q.group_by == ("endpoint",) and q.endpoint == "response"
+    with pytest.raises(FieldError) as info:
+        parse_report_params({"since": "2026-03-01", "until": "2026-03-02", "endpoint": "Chat!"})
+    assert info.value.field == "endpoint"
 
 
 def test_paging_is_bounded_and_says_what_follows(repo: TenancyRepo) -> None:
