@@ -24,6 +24,8 @@ import torch
 
 from weir.engine.client import EngineRequest
 from weir.engine.config import EngineConfig, ModelConfig
+from weir.engine.engine_stats import EngineStats, StepTimeTotals
+from weir.engine.engine_tokenizer import own_tokenizer, tokenizer_fingerprint
 from weir.engine.errors import (
     DEADLINE_EXCEEDED,
     ENGINE_RETRYABLE,
@@ -37,27 +39,26 @@ from weir.engine.kv.host_kv_tensors import build_host_kv
 from weir.engine.kv.kv_cache_manager import KVCacheManager
 from weir.engine.kv.kv_store_stats import FetchDecisions
 from weir.engine.kv.kv_store_tier import KVStoreTier, StoreIO
-from weir.engine.kv.prefix_cache_admin import PrefixCacheAdmin
 from weir.engine.kv.swap_policy import SwapPolicy
 from weir.engine.lora.lora_adapter import LoraAdapter
 from weir.engine.lora.lora_manager import LoraManager
 from weir.engine.lora.lora_types import AdapterInfo, AdapterInUseError, AdapterLoadError, UnknownAdapterError
-from weir.engine.output import EngineStats, RequestOutput, SchedulerOutput, StepTimeTotals
+from weir.engine.output import RequestOutput, SchedulerOutput
+from weir.engine.prefix_cache_admin import PrefixCacheAdmin
 from weir.engine.request import FinishReason, RequestStatus
+from weir.engine.runner.mask_prefetch import MaskPrefetcher
 from weir.engine.runner.runner import ModelRunner
 from weir.engine.runner.step_threads import StepThreads
-from weir.engine.sampling.beam_group import BeamGroups
-from weir.engine.sampling.choice_groups import ChoiceGroups
 from weir.engine.sampling.sampler import SampleResult
 from weir.engine.scheduling.scheduler import Scheduler
+from weir.engine.scheduling.speculation_policy import SpeculationPolicy
 from weir.engine.scheduling.stall_watchdog import StallWatchdog
 from weir.engine.scheduling.step_budget import make_step_budget
+from weir.engine.sequence_groups.beam_group import BeamGroups
+from weir.engine.sequence_groups.choice_groups import ChoiceGroups
 from weir.engine.spec_decode import engine_step as spec_step
 from weir.engine.spec_decode.drafter import Drafter
-from weir.engine.spec_decode.policy import SpeculationPolicy
-from weir.engine.spec_decode.tally import SpeculationCounters
-from weir.engine.structured.mask_prefetch import MaskPrefetcher
-from weir.engine.text.engine_tokenizer import own_tokenizer, tokenizer_fingerprint
+from weir.engine.speculation_tally import SpeculationCounters
 
 logger = logging.getLogger("weir.engine")
 
@@ -750,9 +751,9 @@ def uses_row_weights(config: EngineConfig) -> bool:
 def _attention_backend(config: EngineConfig, device: torch.device):  # type: ignore[no-untyped-def]
     use_triton = config.use_triton if config.use_triton is not None else device.type == "cuda"
     if use_triton:
-        from weir.engine.runner.attention_triton import TritonAttentionBackend
+        from weir.engine.models.attention_triton import TritonAttentionBackend
 
         return TritonAttentionBackend()
-    from weir.engine.runner.attention import TorchAttentionBackend
+    from weir.engine.models.attention import TorchAttentionBackend
 
     return TorchAttentionBackend()

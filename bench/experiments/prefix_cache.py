@@ -35,7 +35,7 @@ from typing import Any
 from weir.engine.output import SchedulerOutput
 from weir.engine.request import Request
 from weir.engine.runner.runner import ModelRunner, StepResult
-from weir.engine.spec_decode.drafter import Draft
+from weir.engine.sampling.draft_verifier import Draft
 from weir_bench.engine_loop import run_until_done
 from weir_bench.stats import LatencySummary
 

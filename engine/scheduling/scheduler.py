@@ -36,6 +36,7 @@ from weir.engine.scheduling.request_queue import WaitingQueue, make_waiting_queu
 from weir.engine.scheduling.slo_standing import SloStanding
 from weir.engine.scheduling.slo_tally import PreemptReason, SloTally
 from weir.engine.scheduling.slo_trade import StepShape, traded_target
+from weir.engine.scheduling.speculation_policy import SpeculationPolicy
 from weir.engine.scheduling.step_budget import StepBudget, make_step_budget
 from weir.engine.scheduling.step_plan import (
     FIRST_ANSWER_TOKENS,
@@ -47,8 +48,7 @@ from weir.engine.scheduling.step_plan import (
     step_target_s,
     ttft_tokens,
 )
-from weir.engine.spec_decode.policy import SpeculationPolicy
-from weir.engine.spec_decode.tally import VerifiedDraft
+from weir.engine.speculation_tally import VerifiedDraft
 
 logger = logging.getLogger("weir.engine")
 
@@ -261,7 +261,7 @@ class Scheduler:
         # Decodes by class (stable: admission order within one); prefill chunks by class, then
         # TTFT deadline, then admission order: the earliest prompt takes what the budget allows
         # first, and finishes first.
-        # A sequence whose grammar mask is late sits out until it arrives (engine/structured/mask_prefetch.py).
+        # A sequence whose grammar mask is late sits out until it arrives (engine/runner/mask_prefetch.py).
         decodes = sorted(
             (r for r in running if r.num_remaining == 1 and not r.awaits_mask), key=lambda r: int(r.priority)
         )

@@ -16,7 +16,7 @@ from weir.engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from weir.engine.llm_engine import LLMEngine, build_engine
 from weir.engine.output import RequestOutput
 from weir.engine.request import FinishReason, SamplingParams
-from weir.engine.spec_decode.config import SpeculativeConfig, SpeculativeMethod
+from weir.engine.speculative_config import SpeculativeConfig, SpeculativeMethod
 
 OFF = SpeculativeConfig()
 # The batch rule off (every step may speculate), so every mix exercises verification.

@@ -134,7 +134,7 @@ def test_greedy_with_swapping_matches_transformers_generate(tiny: Path) -> None:
 def test_swapping_with_speculative_decoding_gives_the_same_tokens(tiny: Path) -> None:
     from dataclasses import replace
 
-    from weir.engine.spec_decode.config import SpeculativeConfig, SpeculativeMethod
+    from weir.engine.speculative_config import SpeculativeConfig, SpeculativeMethod
 
     plain = _engine(tiny, num_blocks=400)
     prompts = [p * 3 for p in _prompts(plain.model_config.vocab_size)]  # repeats: the n-gram drafter proposes

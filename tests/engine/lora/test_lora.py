@@ -197,7 +197,7 @@ def test_preemption_keeps_the_adapter(setup, mode: PreemptionMode) -> None:  # t
 
 
 def test_speculative_decoding_through_adapters_gives_the_same_tokens(setup) -> None:  # type: ignore[no-untyped-def]
-    from weir.engine.spec_decode.config import SpeculativeConfig, SpeculativeMethod
+    from weir.engine.speculative_config import SpeculativeConfig, SpeculativeMethod
 
     base, adapter_dir = setup
     prompts = [p * 3 for p in _prompts(320, seed=8, lengths=(5, 9, 14, 6))]  # repeats: n-gram drafts

@@ -19,6 +19,7 @@ from tests.engine.models.test_llama import Runner, _block_table, _prompt
 from tests.engine.tiny_models import make_tiny_model
 from weir.engine.config import EngineConfig
 from weir.engine.models import packed_linear
+from weir.engine.models.attention import TorchAttentionBackend
 from weir.engine.models.llama import LlamaForCausalLM
 from weir.engine.models.llama_layers import Linear
 from weir.engine.models.packed_linear import (
@@ -28,7 +29,6 @@ from weir.engine.models.packed_linear import (
     packing_supported,
     packing_unsupported_reason,
 )
-from weir.engine.runner.attention import TorchAttentionBackend
 from weir.engine.runner.loader import ModelLoadError, load_model
 from weir.kernels import cpu_small_gemm
 

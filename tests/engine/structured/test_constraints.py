@@ -327,7 +327,7 @@ def test_preempted_constrained_requests_give_the_same_tokens(
 
 
 def test_constrained_requests_are_not_speculated(tiny: Path, backend: GrammarBackend) -> None:
-    from weir.engine.spec_decode.config import SpeculativeConfig, SpeculativeMethod
+    from weir.engine.speculative_config import SpeculativeConfig, SpeculativeMethod
 
     compiled = backend.compile(ConstraintSpec.json_schema(SCHEMA, "response_format"))
     engine = build_engine(
