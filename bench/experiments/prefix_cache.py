@@ -128,7 +128,8 @@ class PrefillCountingRunner(ModelRunner):
 def build(args: argparse.Namespace, caching: bool) -> tuple[Any, PrefillCountingRunner]:
     """An LLMEngine with this run's configuration, and its runner (a `PrefillCountingRunner`)."""
     from weir.engine.config import CacheConfig, EngineConfig, SchedulerConfig
-    from weir.engine.llm_engine import LLMEngine, build_engine
+    from weir.engine.engine_builder import build_engine
+    from weir.engine.llm_engine import LLMEngine
 
     block_size = 16
     num_blocks = args.kv_cache_tokens // block_size + 1

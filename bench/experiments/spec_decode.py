@@ -32,7 +32,8 @@ import torch
 
 from weir.engine.client import EngineRequest
 from weir.engine.config import CacheConfig, EngineConfig, SchedulerConfig
-from weir.engine.llm_engine import LLMEngine, build_engine
+from weir.engine.engine_builder import build_engine
+from weir.engine.llm_engine import LLMEngine
 from weir.engine.output import ScheduledRequest
 from weir.engine.request import SamplingParams
 from weir.engine.scheduling.speculation_policy import SpeculationPolicy

@@ -18,7 +18,7 @@ import pytest
 from tests.engine.tiny_models import make_tiny_model
 from weir.engine.client import EngineRequest
 from weir.engine.config import CacheConfig, EngineConfig, QueuePolicy, SchedulerConfig
-from weir.engine.llm_engine import build_engine
+from weir.engine.engine_builder import build_engine
 from weir.engine.request import FinishReason, Priority, SamplingParams
 from weir.engine.speculative_config import SpeculativeConfig, SpeculativeMethod
 

@@ -20,7 +20,8 @@ from tests.engine.test_llm_engine import _hf_greedy
 from tests.engine.tiny_models import make_tiny_model
 from weir.engine.client import EngineRequest
 from weir.engine.config import CacheConfig, EngineConfig, PreemptionMode, QueuePolicy, SchedulerConfig
-from weir.engine.llm_engine import LLMEngine, build_engine
+from weir.engine.engine_builder import build_engine
+from weir.engine.llm_engine import LLMEngine
 from weir.engine.request import Priority, RequestStatus, SamplingParams
 
 BS = 4

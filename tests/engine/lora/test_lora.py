@@ -17,8 +17,9 @@ from tests.engine.lora_adapters import hf_greedy, make_adapter, merged_model
 from tests.engine.tiny_models import load_hf_model, make_tiny_model
 from weir.engine.client import EngineRequest
 from weir.engine.config import CacheConfig, EngineConfig, LoraConfig, PreemptionMode, SchedulerConfig
+from weir.engine.engine_builder import build_engine
 from weir.engine.errors import InvalidRequestError
-from weir.engine.llm_engine import LLMEngine, build_engine
+from weir.engine.llm_engine import LLMEngine
 from weir.engine.lora.lora_types import AdapterInUseError, UnknownAdapterError
 from weir.engine.request import SamplingParams
 

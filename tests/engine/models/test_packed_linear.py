@@ -186,12 +186,12 @@ def test_a_cpu_without_bfloat16_packing_is_told_which_instruction_set_it_lacks(
     ):
         PackedLinear(torch.zeros(4, 4, dtype=torch.bfloat16), None)
     # the engine's default then leaves bfloat16 unpacked (and loads) instead of refusing to start
-    from weir.engine import llm_engine
+    from weir.engine import engine_builder
 
-    assert not llm_engine._pack_linear(EngineConfig(model_path="m", dtype="bfloat16"))
+    assert not engine_builder._pack_linear(EngineConfig(model_path="m", dtype="bfloat16"))
     model, _ = load_model(path, torch.bfloat16, CPU, TorchAttentionBackend(), pack_linear=False)
     assert not any(isinstance(m, PackedLinear) for m in model.modules())
-    assert llm_engine._pack_linear(EngineConfig(model_path="m", dtype="float32"))
+    assert engine_builder._pack_linear(EngineConfig(model_path="m", dtype="float32"))
 
 
 def test_packing_replaces_every_projection_and_refuses_reloading(tmp_path: Path) -> None:

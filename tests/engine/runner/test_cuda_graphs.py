@@ -20,7 +20,8 @@ import torch  # noqa: E402
 from tests.engine.tiny_models import build_metadata, make_tiny_model  # noqa: E402
 from weir.engine.client import EngineRequest  # noqa: E402
 from weir.engine.config import CacheConfig, EngineConfig, SchedulerConfig  # noqa: E402
-from weir.engine.llm_engine import LLMEngine, build_engine  # noqa: E402
+from weir.engine.engine_builder import build_engine  # noqa: E402
+from weir.engine.llm_engine import LLMEngine  # noqa: E402
 from weir.engine.models.attention import AttentionMetadata  # noqa: E402
 from weir.engine.request import SamplingParams  # noqa: E402
 from weir.engine.runner.cuda_graphs import (  # noqa: E402

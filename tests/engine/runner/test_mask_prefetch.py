@@ -23,7 +23,8 @@ import torch
 from tests.engine.tiny_models import make_tiny_model
 from weir.engine.client import EngineRequest
 from weir.engine.config import CacheConfig, EngineConfig, MaskConfig, SchedulerConfig
-from weir.engine.llm_engine import LLMEngine, build_engine
+from weir.engine.engine_builder import build_engine
+from weir.engine.llm_engine import LLMEngine
 from weir.engine.request import FinishReason, Request, SamplingParams
 from weir.engine.runner.mask_prefetch import GRAMMAR_TIMEOUT, MaskPrefetcher
 from weir.engine.structured.constraints import CompiledConstraint, TokenConstraint

@@ -24,8 +24,9 @@ from transformers import AutoTokenizer
 from tests.engine.tiny_models import make_tiny_model
 from weir.engine.client import EngineRequest
 from weir.engine.config import CacheConfig, EngineConfig, PreemptionMode, SchedulerConfig
+from weir.engine.engine_builder import build_engine
 from weir.engine.errors import InvalidRequestError
-from weir.engine.llm_engine import LLMEngine, build_engine
+from weir.engine.llm_engine import LLMEngine
 from weir.engine.request import FinishReason, SamplingParams
 from weir.engine.sampling.sampler import Sampler, SamplingContext
 from weir.engine.structured.constraints import (
