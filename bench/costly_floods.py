@@ -24,7 +24,7 @@ import json
 import secrets
 from typing import Any
 
-from weir.engine.sampling.sampling_bounds import (
+from weir.engine.sampling_bounds import (
     MAX_LOGIT_BIAS,
     MAX_LOGPROBS,
     MAX_STOP_CHARS,

@@ -20,9 +20,10 @@ import torch
 
 from weir.engine.client import EngineRequest
 from weir.engine.config import CacheConfig, EngineConfig, SchedulerConfig
-from weir.engine.llm_engine import LLMEngine, build_engine
+from weir.engine.engine_builder import build_engine
+from weir.engine.llm_engine import LLMEngine
+from weir.engine.models.attention import AttentionMetadata
 from weir.engine.request import SamplingParams
-from weir.engine.runner.attention import AttentionMetadata
 from weir.engine.runner.cuda_graphs import (
     CudaGraphCapture,
     DecodeGraphs,

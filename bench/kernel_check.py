@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from weir.engine.runner.attention import AttentionMetadata
+from weir.engine.models.attention import AttentionMetadata
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # max |got - expected| / (1 + |expected|) allowed, per dtype
@@ -244,7 +244,7 @@ def check_pointwise(device: torch.device, quick: bool) -> list[KernelCheck]:
     """RMSNorm (plain and fused with the residual add), RoPE, SiLU-and-mul against the torch path."""
     from weir.engine.config import RopeConfig
     from weir.engine.models.llama_layers import RMSNorm
-    from weir.engine.runner.rope import RotaryEmbedding
+    from weir.engine.models.rope import RotaryEmbedding
 
     num_tokens = 9 if quick else 2000
     hiddens = (64,) if quick else (576, 4096)

@@ -28,7 +28,8 @@ from safetensors.torch import save_file
 
 from weir.engine.client import EngineRequest
 from weir.engine.config import CacheConfig, EngineConfig, LoraConfig, ModelConfig, SchedulerConfig
-from weir.engine.llm_engine import LLMEngine, build_engine
+from weir.engine.engine_builder import build_engine
+from weir.engine.llm_engine import LLMEngine
 from weir.engine.lora.lora_adapter import CONFIG_FILE, TARGET_MODULES, WEIGHTS_FILE, projection_shape
 from weir.engine.request import SamplingParams
 

@@ -15,7 +15,8 @@ import time
 from collections.abc import AsyncIterator
 
 from weir.engine.client import EngineHealth, EngineRequest
-from weir.engine.output import EngineStats, RequestMetrics, RequestOutput
+from weir.engine.engine_stats import EngineStats
+from weir.engine.output import RequestMetrics, RequestOutput
 from weir.engine.request import FinishReason
 
 

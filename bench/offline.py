@@ -88,7 +88,7 @@ def run_weir(
     """Our engine, stepped directly (no HTTP), all requests queued at t=0."""
     from weir.engine.client import EngineRequest
     from weir.engine.config import BatchPolicy, CacheConfig, EngineConfig, SchedulerConfig
-    from weir.engine.llm_engine import build_engine
+    from weir.engine.engine_builder import build_engine
     from weir.engine.request import SamplingParams
 
     policy = {

@@ -27,11 +27,13 @@ from typing import Any, TypeVar
 
 from weir.engine.client import EngineHealth, EngineRequest, PrefixCacheControl
 from weir.engine.config import EngineConfig, ModelConfig
+from weir.engine.engine_builder import build_engine
+from weir.engine.engine_stats import EngineStats
 from weir.engine.errors import EngineDeadError, RetryableEngineError
-from weir.engine.kv.prefix_cache_admin import AsyncPrefixCache, PrefixCacheAdmin
-from weir.engine.llm_engine import LLMEngine, build_engine
+from weir.engine.llm_engine import LLMEngine
 from weir.engine.lora.lora_types import AdapterInfo
-from weir.engine.output import EngineStats, RequestOutput
+from weir.engine.output import RequestOutput
+from weir.engine.prefix_cache_admin import AsyncPrefixCache, PrefixCacheAdmin
 from weir.engine.request import SamplingParams
 
 logger = logging.getLogger("weir.engine")

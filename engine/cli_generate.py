@@ -28,7 +28,7 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace, model_path: str) -> int:
     """Load the engine, generate, stream the text to stdout."""
-    from weir.engine.llm_engine import build_engine
+    from weir.engine.engine_builder import build_engine
 
     engine = build_engine(
         EngineConfig(

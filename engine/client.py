@@ -11,11 +11,12 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from weir.engine.engine_stats import EngineStats
 from weir.engine.kv.prefix_cache_types import FlushResult, PrefixCacheStats, SharedPrefixInfo
+from weir.engine.latency_targets import NO_TARGETS, LatencyTargets
 from weir.engine.lora.lora_types import AdapterInfo, AdapterRef
-from weir.engine.output import EngineStats, RequestOutput
+from weir.engine.output import RequestOutput
 from weir.engine.request import Priority, Request, SamplingParams, TokenChecker
-from weir.engine.scheduling.latency_targets import NO_TARGETS, LatencyTargets
 from weir.engine.structured.call_closing import new_matcher
 from weir.engine.structured.constraints import CompiledConstraint
 
@@ -34,7 +35,7 @@ class EngineRequest:
     deadline_s: float | None = None  # monotonic time after which a still-waiting request is aborted
     weight: float = 1.0  # the tenant's fair-share weight (QueuePolicy.FAIR); set by the server
     # The tenant's TTFT/ITL objectives (quota ttft_slo_ms / tpot_slo_ms); None fields: the class
-    # defaults the engine resolves (engine/scheduling/latency_targets.py). Set by the server.
+    # defaults the engine resolves (engine/latency_targets.py). Set by the server.
     latency: LatencyTargets = NO_TARGETS
     # The client gave no max_tokens (it was filled in from the context left): admission reserves
     # a bounded default instead of all of it, and settles on what is used.

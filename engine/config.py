@@ -7,8 +7,8 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 
-from weir.engine.scheduling.latency_targets import NO_CLASS_TARGETS, ClassTargets
-from weir.engine.spec_decode.config import SpeculativeConfig
+from weir.engine.latency_targets import NO_CLASS_TARGETS, ClassTargets
+from weir.engine.speculative_config import SpeculativeConfig
 
 # The weight dtypes the engine runs (EngineConfig.dtype); model versions are checked against it.
 ENGINE_DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16")
@@ -130,7 +130,7 @@ class ModelConfig:
         return self.num_layers * per_layer + self.vocab_size * self.hidden_size
 
     def lora_slot_params(self, num_slots: int, max_rank: int) -> int:
-        """Values the LoRA slots of every projection take (engine/models/lora.py): per layer and
+        """Values the LoRA slots of every projection take (engine/lora/lora_deltas.py): per layer and
         slot, each target holds `max_rank` rows of A `[in]` and of B `[out]` (its own outputs)."""
         h, i = self.hidden_size, self.intermediate_size
         q = self.num_heads * self.head_dim
@@ -251,7 +251,7 @@ class SchedulerConfig:
     # Steps in a row that feed no token while work exists before the stall watchdog acts
     # (engine/scheduling/stall_watchdog.py): it logs the scheduler's state, counts a stall and preempts.
     max_stalled_steps: int = 64
-    # TTFT/ITL defaults per priority class (engine/scheduling/latency_targets.py; the server sets the CPU or
+    # TTFT/ITL defaults per priority class (engine/latency_targets.py; the server sets the CPU or
     # GPU ones). A running request's ITL target caps the step time; none here: no class targets.
     class_targets: ClassTargets = NO_CLASS_TARGETS
     # Steps a request runs after it starts or resumes before it may be preempted for a higher
@@ -314,7 +314,7 @@ class LoraConfig:
 
 @dataclass(frozen=True)
 class MaskConfig:
-    """How grammar masks are computed ahead (engine/structured/mask_prefetch.py)."""
+    """How grammar masks are computed ahead (engine/runner/mask_prefetch.py)."""
 
     num_workers: int = 2
     # Threads the pool may grow to so that a tenant with no mask running gets a worker at once

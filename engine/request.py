@@ -12,11 +12,11 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from weir.engine import sampling_bounds as b
 from weir.engine.errors import InvalidRequestError
+from weir.engine.latency_targets import NO_TARGETS, LatencyTargets
 from weir.engine.lora.lora_types import AdapterRef
-from weir.engine.sampling import sampling_bounds as b
-from weir.engine.scheduling.latency_targets import NO_TARGETS, LatencyTargets
-from weir.engine.spec_decode.tally import SpeculationTally
+from weir.engine.speculation_tally import SpeculationTally
 
 if TYPE_CHECKING:
     from weir.engine.structured.constraints import TokenConstraint
@@ -162,7 +162,7 @@ class SamplingParams:
     speculative: bool | None = None
 
     def __post_init__(self) -> None:
-        """The bounds of `weir.engine.sampling.sampling_bounds`, which the gateway's bodies declare too."""
+        """The bounds of `weir.engine.sampling_bounds`, which the gateway's bodies declare too."""
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise InvalidRequestError(
                 f"max_tokens must be an integer >= 1, got {self.max_tokens!r}", "max_tokens"
@@ -273,7 +273,7 @@ class Request:
     deadline_s: float | None = None
     weight: float = 1.0  # the tenant's fair-share weight
     # TTFT and ITL targets: the tenant's overrides until the scheduler resolves them against the
-    # class defaults when it queues the request (engine/scheduling/latency_targets.py).
+    # class defaults when it queues the request (engine/latency_targets.py).
     latency: LatencyTargets = NO_TARGETS
     adapter: AdapterRef | None = None  # the LoRA adapter it runs through; None: the base model
     output_token_ids: list[int] = field(default_factory=list)
@@ -344,7 +344,7 @@ class Request:
     @property
     def awaits_mask(self) -> bool:
         """Whether the sequence's grammar mask was late for a step and is still computing: it
-        sits out steps until the mask arrives (`weir.engine.structured.mask_prefetch`)."""
+        sits out steps until the mask arrives (`weir.engine.runner.mask_prefetch`)."""
         return self.constraint is not None and self.constraint.late
 
     @property

@@ -6,7 +6,7 @@ qkv projection's output `[tokens, (heads + 2 kv_heads) * head_dim]`, returns the
 what the torch path does with a slice, four multiplies, a subtract, an add and a `cat` for the
 rotation, then a split, a copy of v and two `index_copy_` for the store (~60 us a layer at 8
 rows of SmolLM2, once per layer; the C kernel `native/rope_kv.c` is one ctypes call). The
-rotation is the same operations in the same order as `weir.engine.runner.rope.RotaryEmbedding.rotate`, so
+rotation is the same operations in the same order as `weir.engine.models.rope.RotaryEmbedding.rotate`, so
 the same bits; `weir.kernels.reference.write_kv`'s store is a copy.
 
 `available()` is False where the kernel cannot be built (no C compiler): callers keep the torch

@@ -1,6 +1,6 @@
 """Gathered LoRA matmuls (Punica-style BGMV): each token multiplies by its own slot's factors.
 
-The slot layout is engine/models/lora.py's: `a` `[num_slots * width, in]` (slot s owns rows
+The slot layout is engine/lora/lora_deltas.py's: `a` `[num_slots * width, in]` (slot s owns rows
 `s * width : (s + 1) * width`) and, per target, `b` `[num_slots * rank, out]` (slot s owns rows
 `s * rank : (s + 1) * rank`). `token_slots[t]` is token t's slot, -1 for a base-model token.
 
@@ -13,7 +13,7 @@ Unlike the masked dense form of the CPU path, a token reads only its own slot's 
 FLOPs go to other slots' columns. One program per (token, block of output columns); the
 reduction is a plain multiply-and-sum in float32 (decode rows are vectors, so no tl.dot), and
 the result is rounded once to the output's dtype. Tested under the Triton interpreter against a
-torch reference (tests/kernels/test_lora_bgmv.py). engine/models/lora.py calls them on the model's
+torch reference (tests/kernels/test_lora_bgmv.py). engine/lora/lora_deltas.py calls them on the model's
 Triton path (CUDA); not yet measured on a GPU.
 """
 

@@ -1,7 +1,7 @@
 """Rotary position embedding applied in place to q and k, by position, from a cos/sin table.
 
 One program per token rotates all its query heads and all its key heads with one read of the
-token's cos/sin row. The table is `weir.engine.runner.rope.RotaryEmbedding`'s (any scaling type is baked
+token's cos/sin row. The table is `weir.engine.models.rope.RotaryEmbedding`'s (any scaling type is baked
 into it), in the "rotate half" layout: dimension i pairs with i + head_dim / 2.
 
 q and k may be strided views into the fused qkv projection's output (they are rotated where

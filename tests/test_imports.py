@@ -27,9 +27,9 @@ TORCH_FREE = (
     "weir.engine.output",
     "weir.engine.errors",
     "weir.engine.client",
-    "weir.engine.spec_decode.config",
-    "weir.engine.spec_decode.policy",
-    "weir.engine.spec_decode.tally",
+    "weir.engine.speculative_config",
+    "weir.engine.scheduling.speculation_policy",
+    "weir.engine.speculation_tally",
 )
 
 

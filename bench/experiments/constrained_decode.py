@@ -13,7 +13,8 @@ from pathlib import Path
 
 from weir.engine.client import EngineRequest
 from weir.engine.config import CacheConfig, EngineConfig, SchedulerConfig
-from weir.engine.llm_engine import LLMEngine, build_engine
+from weir.engine.engine_builder import build_engine
+from weir.engine.llm_engine import LLMEngine
 from weir.engine.request import SamplingParams
 from weir.engine.structured.grammar import ConstraintSpec, GrammarBackend
 

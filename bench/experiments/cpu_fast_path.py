@@ -33,10 +33,11 @@ import torch.nn.functional as F
 
 from weir.engine.client import EngineRequest
 from weir.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from weir.engine.llm_engine import LLMEngine, build_engine
+from weir.engine.engine_builder import build_engine
+from weir.engine.llm_engine import LLMEngine
+from weir.engine.models.attention import TorchAttentionBackend
 from weir.engine.models.packed_linear import PackedLinear
 from weir.engine.request import SamplingParams
-from weir.engine.runner.attention import TorchAttentionBackend
 from weir.engine.runner.loader import load_model, load_model_config
 from weir_bench.decode_bench import BLOCK_SIZE, _cdiv
 

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from weir.engine.llm_engine import LLMEngine
-from weir.engine.runner.attention import TorchAttentionBackend
+from weir.engine.models.attention import TorchAttentionBackend
 from weir_bench.experiments.cpu_fast_path import (
     WeightReader,
     _start_decoding,

@@ -61,7 +61,8 @@ from typing import Any
 import torch
 
 from weir.engine.config import WIDE_STEP_ROWS
-from weir.engine.llm_engine import LLMEngine, build_engine
+from weir.engine.engine_builder import build_engine
+from weir.engine.llm_engine import LLMEngine
 from weir_bench.experiments.cpu_fast_path import _start_decoding, cpu_engine_config, plain_weight_reader
 from weir_bench.stats import ratio
 

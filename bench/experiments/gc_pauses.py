@@ -36,7 +36,7 @@ def full_collection_ms(reps: int) -> float:
 
 def run(model: Path, reps: int) -> dict[str, Any]:
     import weir.gateway.server.bootstrap  # noqa: F401  (the gateway's modules, as in `weir serve`)
-    from weir.engine.llm_engine import build_engine
+    from weir.engine.engine_builder import build_engine
     from weir_bench.experiments.cpu_fast_path import cpu_engine_config
 
     engine = build_engine(cpu_engine_config(model, "float32", True, 8, 512))

@@ -33,7 +33,8 @@ from typing import Any
 
 import torch
 
-from weir.engine.llm_engine import LLMEngine, build_engine
+from weir.engine.engine_builder import build_engine
+from weir.engine.llm_engine import LLMEngine
 from weir.gateway.server.uvicorn_runner import gil_switch_interval
 from weir_bench.experiments.cpu_fast_path import _start_decoding, cpu_engine_config
 

@@ -95,7 +95,7 @@ def load_chat_rows(path: Path, limit: int) -> list[dict[str, Any]]:
 def build(args: argparse.Namespace, device_tokens: int, host_tokens: int) -> Any:
     """An engine with this device pool and host tier (the copy bandwidth is measured while it starts)."""
     from weir.engine.config import CacheConfig, EngineConfig, QueuePolicy, SchedulerConfig
-    from weir.engine.llm_engine import build_engine
+    from weir.engine.engine_builder import build_engine
 
     config = EngineConfig(
         model_path=args.model,

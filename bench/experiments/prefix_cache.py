@@ -35,7 +35,7 @@ from typing import Any
 from weir.engine.output import SchedulerOutput
 from weir.engine.request import Request
 from weir.engine.runner.runner import ModelRunner, StepResult
-from weir.engine.spec_decode.drafter import Draft
+from weir.engine.sampling.draft_verifier import Draft
 from weir_bench.engine_loop import run_until_done
 from weir_bench.stats import LatencySummary
 
@@ -128,7 +128,8 @@ class PrefillCountingRunner(ModelRunner):
 def build(args: argparse.Namespace, caching: bool) -> tuple[Any, PrefillCountingRunner]:
     """An LLMEngine with this run's configuration, and its runner (a `PrefillCountingRunner`)."""
     from weir.engine.config import CacheConfig, EngineConfig, SchedulerConfig
-    from weir.engine.llm_engine import LLMEngine, build_engine
+    from weir.engine.engine_builder import build_engine
+    from weir.engine.llm_engine import LLMEngine
 
     block_size = 16
     num_blocks = args.kv_cache_tokens // block_size + 1

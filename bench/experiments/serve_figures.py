@@ -47,7 +47,7 @@ def _stat(metrics: Mapping[str, Any], name: str, key: str) -> float:
     return float(summary[key])
 
 
-# The interactive class's targets (engine/scheduling/latency_targets.py, CPU): issue 58's goodput.
+# The interactive class's targets (engine/latency_targets.py, CPU): issue 58's goodput.
 GOODPUT_TTFT_MS = 2000.0
 GOODPUT_ITL_MS = 100.0
 

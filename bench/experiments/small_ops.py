@@ -36,8 +36,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from weir.engine.models.rope import RotaryEmbedding
 from weir.engine.request import SamplingParams
-from weir.engine.runner.rope import RotaryEmbedding
 from weir.engine.sampling.sampler import Sampler, SamplingContext
 from weir.kernels import cpu_argmax, cpu_rms_norm, cpu_rope_kv, cpu_sample, cpu_silu_mul
 from weir.kernels.reference import write_kv

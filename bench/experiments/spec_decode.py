@@ -32,12 +32,13 @@ import torch
 
 from weir.engine.client import EngineRequest
 from weir.engine.config import CacheConfig, EngineConfig, SchedulerConfig
-from weir.engine.llm_engine import LLMEngine, build_engine
+from weir.engine.engine_builder import build_engine
+from weir.engine.llm_engine import LLMEngine
 from weir.engine.output import ScheduledRequest
 from weir.engine.request import SamplingParams
-from weir.engine.spec_decode.config import SpeculativeConfig, SpeculativeMethod
+from weir.engine.scheduling.speculation_policy import SpeculationPolicy
 from weir.engine.spec_decode.drafter import Drafter
-from weir.engine.spec_decode.policy import SpeculationPolicy
+from weir.engine.speculative_config import SpeculativeConfig, SpeculativeMethod
 from weir_bench.engine_loop import run_until_done
 from weir_bench.offline import load_requests
 

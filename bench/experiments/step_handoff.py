@@ -26,10 +26,11 @@ from typing import Any, cast
 
 from weir.engine.async_engine import AsyncEngine, _Add
 from weir.engine.client import EngineRequest
+from weir.engine.engine_stats import EngineStats
 from weir.engine.llm_engine import LLMEngine
-from weir.engine.output import EngineStats, RequestOutput
+from weir.engine.output import RequestOutput
 from weir.engine.request import SamplingParams
-from weir.engine.structured.mask_prefetch import MaskPrefetcher
+from weir.engine.runner.mask_prefetch import MaskPrefetcher
 from weir.gateway.api.responses import ChatFormatter
 
 

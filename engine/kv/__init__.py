@@ -1,1 +1,1 @@
-"""The paged KV cache: blocks, hashes, the per-request block tables, the host tier and swaps, the prefix cache's admin side, the memory budget."""
+"""The paged KV cache: blocks, hashes, the per-request block tables, the host tier and swaps, the store tier, the memory budget (the prefix cache's admin side is engine/prefix_cache_admin.py)."""

@@ -1,1 +1,1 @@
-"""LoRA adapters: reading PEFT folders, the adapter manager and its device slots, the shared torch-free types."""
+"""LoRA adapters: reading PEFT folders, the adapter manager and its device slots, the per-step deltas the model adds, the shared torch-free types."""

@@ -18,6 +18,7 @@ import torch
 
 from weir.engine.config import LoraConfig, ModelConfig
 from weir.engine.lora.lora_adapter import LoraAdapter, load_adapter
+from weir.engine.lora.lora_deltas import LoraStep
 from weir.engine.lora.lora_slots import LoraSlots, split_by_slots
 from weir.engine.lora.lora_types import (
     AdapterInfo,
@@ -25,7 +26,6 @@ from weir.engine.lora.lora_types import (
     AdapterRef,
     UnknownAdapterError,
 )
-from weir.engine.models.lora import LoraStep
 
 logger = logging.getLogger("weir.engine")
 

@@ -1,4 +1,4 @@
-"""Model implementations, looked up by the `model_type` of a Hugging Face config."""
+"""Model implementations, looked up by the `model_type` of a Hugging Face config, and their layers: attention backends and RoPE."""
 
 from __future__ import annotations
 

@@ -30,13 +30,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from weir.engine.config import ModelConfig
+from weir.engine.lora.lora_deltas import LoraStep, ProjectionLora, build_projection_loras
+from weir.engine.models.attention import AttentionBackend, AttentionMetadata
 from weir.engine.models.llama_layers import Linear, LlamaDecoderLayer, RMSNorm, empty_param
-from weir.engine.models.lora import LoraStep, ProjectionLora, build_projection_loras
 from weir.engine.models.native_decode import NativeDecodeLayers
 from weir.engine.models.native_ops import NativeOps
 from weir.engine.models.packed_linear import PackedLinear, pack_linear_layers
-from weir.engine.runner.attention import AttentionBackend, AttentionMetadata
-from weir.engine.runner.rope import RotaryEmbedding
+from weir.engine.models.rope import RotaryEmbedding
 
 
 def _triton_on_cuda(attn_backend: AttentionBackend, device: torch.device) -> bool:
@@ -102,7 +102,7 @@ class LlamaForCausalLM(nn.Module):
         """Give every projection `num_slots` LoRA slots of rank up to `max_rank` (all zero).
 
         Returns the bytes the slots take. The base weights are untouched (packed or not): the
-        delta is added after each base projection (engine/models/lora.py).
+        delta is added after each base projection (engine/lora/lora_deltas.py).
         """
         num_bytes = 0
         for layer in self.layers:

@@ -15,10 +15,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from weir.engine.config import ModelConfig
-from weir.engine.models.lora import LoraStep, ProjectionLora
+from weir.engine.lora.lora_deltas import LoraStep, ProjectionLora
+from weir.engine.models.attention import AttentionBackend, AttentionMetadata
 from weir.engine.models.native_ops import NativeOps
-from weir.engine.runner.attention import AttentionBackend, AttentionMetadata
-from weir.engine.runner.rope import RotaryEmbedding
+from weir.engine.models.rope import RotaryEmbedding
 
 
 def empty_param(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> nn.Parameter:

@@ -28,11 +28,11 @@ import torch
 from torch import nn
 
 from weir.engine.config import ModelConfig
+from weir.engine.lora.lora_deltas import LoraStep
+from weir.engine.models.attention import AttentionMetadata, TorchAttentionBackend
 from weir.engine.models.llama_layers import LlamaDecoderLayer, RMSNorm
-from weir.engine.models.lora import LoraStep
 from weir.engine.models.native_ops import NativeOps
 from weir.engine.models.packed_linear import PackedLinear
-from weir.engine.runner.attention import AttentionMetadata, TorchAttentionBackend
 from weir.kernels import cpu_decode_attention, cpu_decode_layers
 from weir.kernels.cpu_decode_layers import DecodeLayers, LayerWeights, ModelShape
 from weir.kernels.cpu_small_gemm import SmallGemm

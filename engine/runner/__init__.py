@@ -1,1 +1,1 @@
-"""From a step's plan to logits: the model runner, attention backends, CUDA graphs, RoPE, intra-op threads, loading and preparing weights."""
+"""From a step's plan to logits: the model runner, CUDA graphs, intra-op threads, grammar masks computed ahead, loading and preparing weights."""

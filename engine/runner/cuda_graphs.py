@@ -13,7 +13,7 @@ batch is padded up to the nearest captured size:
   batches larger than the largest bucket, run eagerly.
 
 This requires a forward that reads no host-side metadata: the model's fused Triton path with
-`weir.engine.runner.attention_triton.TritonAttentionBackend`. `build_decode_graphs` decides whether to use graphs.
+`weir.engine.models.attention_triton.TritonAttentionBackend`. `build_decode_graphs` decides whether to use graphs.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any, Protocol
 import torch
 
 from weir.engine.config import EngineConfig
-from weir.engine.runner.attention import AttentionMetadata
+from weir.engine.models.attention import AttentionMetadata
 
 logger = logging.getLogger("weir.engine")
 

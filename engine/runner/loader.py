@@ -18,7 +18,7 @@ from torch import nn
 
 from weir.engine.config import ModelConfig, RopeConfig, RopeScalingType
 from weir.engine.errors import EngineError
-from weir.engine.runner.attention import AttentionBackend
+from weir.engine.models.attention import AttentionBackend
 
 # model_type values of config.json this engine runs; all of them map to weir.engine.models.llama
 SUPPORTED_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})

@@ -24,16 +24,15 @@ from weir.engine.faults import FaultInjector
 from weir.engine.kv.host_kv_tensors import HostKVCopier
 from weir.engine.kv.store_kv_tensors import StoreBlockIO
 from weir.engine.lora.lora_manager import LoraManager
+from weir.engine.models.attention import AttentionMetadata
 from weir.engine.output import ScheduledRequest, SchedulerOutput
 from weir.engine.request import Request
-from weir.engine.runner.attention import AttentionMetadata
 from weir.engine.runner.cuda_graphs import DecodeGraphs
+from weir.engine.runner.mask_prefetch import MaskPrefetcher
 from weir.engine.runner.step_threads import StepThreads
+from weir.engine.sampling.draft_verifier import Draft, Verification, Verifier
 from weir.engine.sampling.sampler import Sampler, SampleResult, SamplingContext, has_penalty, make_generator
 from weir.engine.sampling.token_counts import TokenCounts
-from weir.engine.spec_decode.drafter import Draft
-from weir.engine.spec_decode.verifier import Verification, Verifier
-from weir.engine.structured.mask_prefetch import MaskPrefetcher
 
 logger = logging.getLogger("weir.engine")
 

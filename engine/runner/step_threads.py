@@ -38,7 +38,8 @@ from dataclasses import dataclass, field
 import torch
 
 from weir.engine.config import WIDE_STEP_ROWS
-from weir.engine.output import SchedulerOutput, StepThreadsStats
+from weir.engine.engine_stats import StepThreadsStats
+from weir.engine.output import SchedulerOutput
 from weir.kernels import cpu_work_pool
 
 logger = logging.getLogger(__name__)

@@ -23,7 +23,6 @@ import logging
 import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
-from itertools import islice
 
 from weir.engine.config import BatchPolicy, QueuePolicy, SchedulerConfig
 from weir.engine.errors import ContextLengthError
@@ -35,28 +34,17 @@ from weir.engine.scheduling.preemption import Preemption
 from weir.engine.scheduling.request_queue import WaitingQueue, make_waiting_queue
 from weir.engine.scheduling.slo_standing import SloStanding
 from weir.engine.scheduling.slo_tally import PreemptReason, SloTally
-from weir.engine.scheduling.slo_trade import StepShape, traded_target
+from weir.engine.scheduling.speculation_policy import SpeculationPolicy
 from weir.engine.scheduling.step_budget import StepBudget, make_step_budget
-from weir.engine.scheduling.step_plan import (
-    FIRST_ANSWER_TOKENS,
-    fair_rows,
-    fair_shares,
-    first_answer_yields,
-    owes_itl,
-    prefill_key,
-    step_target_s,
-    ttft_tokens,
-)
-from weir.engine.spec_decode.policy import SpeculationPolicy
-from weir.engine.spec_decode.tally import VerifiedDraft
+from weir.engine.scheduling.step_plan import fair_shares, prefill_key, step_target_s
+from weir.engine.scheduling.step_shaping import first_answer_sit_outs, fit_decodes, goodput_target, ttft_need
+from weir.engine.speculation_tally import VerifiedDraft
 
 logger = logging.getLogger("weir.engine")
 
 # A waiting request may displace a lower class past the running cap once it has waited this
 # share of its TTFT target (not at once: a wait that ends by itself soon costs no preemption).
 _SLO_URGENCY = 0.25
-# Waiting requests the goodput trade of a step looks at (engine/scheduling/slo_trade.py), in queue order.
-_TRADE_WAITING = 64
 
 
 @dataclass
@@ -261,7 +249,7 @@ class Scheduler:
         # Decodes by class (stable: admission order within one); prefill chunks by class, then
         # TTFT deadline, then admission order: the earliest prompt takes what the budget allows
         # first, and finishes first.
-        # A sequence whose grammar mask is late sits out until it arrives (engine/structured/mask_prefetch.py).
+        # A sequence whose grammar mask is late sits out until it arrives (engine/runner/mask_prefetch.py).
         decodes = sorted(
             (r for r in running if r.num_remaining == 1 and not r.awaits_mask), key=lambda r: int(r.priority)
         )
@@ -270,11 +258,23 @@ class Scheduler:
         prompts = prefills if head is None else [*prefills, head]
         itl_s = target_s  # the tightest ITL running (at most the throughput step)
         if target_s is not None and prompts:
-            target_s = self._goodput_target(target_s, throughput_s, decodes, prefills)
+            target_s = goodput_target(
+                self.step_budget,
+                self.waiting,
+                self.slo_standing,
+                self.requests,
+                self.clock,
+                target_s,
+                throughput_s,
+                decodes,
+                prefills,
+            )
         if target_s is not None and (throughput_s is None or target_s < throughput_s):
-            decodes = self._fit_decodes(decodes, target_s, bool(prefills) or head is not None)
+            kept = fit_decodes(self.step_budget, decodes, target_s, bool(prefills) or head is not None)
+            self.num_deferred_decodes += len(decodes) - len(kept)
+            decodes = kept
         context = sum(r.num_computed_tokens for r in decodes)
-        need = self._ttft_need(prompts, len(decodes), context, target_s)
+        need = ttft_need(self.step_budget, self.clock, prompts, len(decodes), context, target_s)
         if target_s != itl_s:  # stretched for first tokens: the prompts get at least the minimum chunk
             need = max(need, self.step_budget.config.min_prefill_chunk)
         budget = self.step_budget.budget(
@@ -305,7 +305,13 @@ class Scheduler:
         if not step.scheduled and self.running and len(self.waiting):
             self._unstall(step)
         scheduled = step.scheduled
-        self._yield_to_first_answers(scheduled, step.spec_slots)
+        # Decode rows that sit this step out for another tenant's first answer (engine/scheduling/step_shaping.py).
+        self._sat_out = first_answer_sit_outs(
+            self.step_budget, self.requests, self.clock, scheduled, step.spec_slots, self._sat_out
+        )
+        for rid in self._sat_out:
+            del scheduled[rid]
+        self.num_deferred_decodes += len(self._sat_out)
 
         out = SchedulerOutput(
             scheduled=tuple(
@@ -331,106 +337,6 @@ class Scheduler:
             if req.times.first_scheduled_s is None:
                 req.times.first_scheduled_s = now
         return out
-
-    def _yield_to_first_answers(self, scheduled: dict[str, int], spec_slots: Mapping[str, int]) -> None:
-        """Take out of the planned step the decode rows that sit it out for another tenant's first
-        answer (`first_answer_yields`). Decided once the answer's last chunk is in the step, so
-        the step still moves; a row keeps the slot it was given and runs next step."""
-        sat_out, self._sat_out = self._sat_out, set()
-        cost = self.step_budget.model.cost
-        if cost is None:
-            return
-        firsts: list[Request] = []
-        decodes: list[Request] = []
-        others: list[Request] = []  # every other row: the tenants' load in the step counts them too
-        for rid, n in scheduled.items():
-            req = self.requests[rid]
-            if req.output_token_ids and n == 1 and rid not in spec_slots:
-                decodes.append(req)
-            elif (
-                not req.output_token_ids
-                and req.num_computed_tokens + n == req.num_tokens
-                and n <= FIRST_ANSWER_TOKENS
-            ):
-                firsts.append(req)
-            else:
-                others.append(req)
-        if not firsts or not decodes:
-            return
-        step_s = cost.seconds(
-            sum(scheduled.values()), len(decodes), sum(r.num_computed_tokens for r in decodes)
-        )
-        for row in first_answer_yields(firsts, decodes, sat_out, self.clock(), step_s, others):
-            del scheduled[row.request_id]
-            self._sat_out.add(row.request_id)
-        self.num_deferred_decodes += len(self._sat_out)
-
-    def _goodput_target(
-        self, target_s: float, throughput_s: float | None, decodes: list[Request], prefills: list[Request]
-    ) -> float:
-        """The step's target after the goodput trade: longer than the tightest ITL when that saves
-        more first tokens than it breaks streams that still meet their SLO (engine/scheduling/slo_trade.py).
-        The prompts weighed are the running ones and the first `_TRADE_WAITING` waiting: a burst
-        waits in the queue, not in the running set, and its deadlines pass there too."""
-        if self.step_budget.model.cost is None:
-            return target_s  # nothing to weigh before the step cost is fitted
-        # (iterating a long queue is O(n), sorted for the priority queue: past 4x the look, the head)
-        if len(self.waiting) <= 4 * _TRADE_WAITING:
-            waiting = list(islice(self.waiting, _TRADE_WAITING))
-        else:
-            waiting = [head] if (head := self.waiting.peek()) is not None else []
-        prompts = [*prefills, *waiting]
-        context = sum(r.num_computed_tokens for r in decodes)
-        self.slo_standing.retain(self.requests)
-        budget, rows = self.step_budget, len(decodes)
-        shape = StepShape(
-            tokens_within=lambda step_s: budget.prefill_tokens_within(step_s, rows, context),
-            seconds_with=lambda tokens: budget.fitted_seconds(rows + tokens, rows, context),
-            max_rows=budget.decode_capacity(target_s, True, context / rows if rows else 0.0),
-        )
-        traded = traded_target(
-            target_s, throughput_s, decodes, prompts, self.clock(), shape, self.slo_standing.stands
-        )
-        if traded > target_s:
-            self.step_budget.num_stretched_steps += 1
-        return traded
-
-    def _ttft_need(
-        self, prompts: list[Request], num_decodes: int, context: int, target_s: float | None
-    ) -> int:
-        """Prompt tokens this step must feed for the waiting TTFT deadlines (`ttft_tokens`), the
-        steps left counted at the time a step feeding them takes when that is longer than the
-        target (`StepBudget.lifted_step_s`): on a loaded CPU the lifted floor itself stretches the
-        step (measured in the simulation: 430 ms steps under a 300 ms target), and fewer remain."""
-        if target_s is None:
-            return 0
-        now = self.clock()
-        need = ttft_tokens(prompts, now, target_s)
-        step_s = self.step_budget.lifted_step_s(num_decodes, need, context) if need else None
-        return ttft_tokens(prompts, now, step_s) if step_s is not None and step_s > target_s else need
-
-    def _fit_decodes(self, decodes: list[Request], target_s: float, has_prefill_work: bool) -> list[Request]:
-        """The decodes a step of `target_s` holds: every one owed this ITL, then the others (looser
-        classes) up to the decode capacity, at least one of them; the rest sit out a step. Where
-        a class does not fit whole its rows are shared between its tenants by weight, least
-        recently served first within a tenant (`fair_rows`). Owed decodes are shared so only
-        when several tenants owe: one tenant alone keeps all its rows (one longer step beats
-        two at the same ITL)."""
-        mean_context = sum(r.num_computed_tokens for r in decodes) / len(decodes) if decodes else 0.0
-        capacity = self.step_budget.decode_capacity(target_s, has_prefill_work, mean_context)
-        if capacity is None or len(decodes) <= capacity:
-            return decodes
-        owed = [r for r in decodes if owes_itl(r, target_s)]
-        rest = [r for r in decodes if not owes_itl(r, target_s)]
-        if len(owed) > capacity and len({r.tenant_id for r in owed}) > 1:
-            kept = fair_rows(owed, capacity)
-        else:
-            kept = owed
-        # The looser classes get what is left, and one row at least: they rotate through it
-        # least recently served first, so none waits for ever behind owed decodes.
-        kept = kept + fair_rows(rest, max(capacity - len(kept), 1 if rest else 0))
-        self.num_deferred_decodes += len(decodes) - len(kept)
-        return sorted(kept, key=lambda r: int(r.priority))
 
     def _feed_fairly(self, prefills: list[Request], step: StepDraft, head: Request | None) -> None:
         """Feed prefill chunks class by class; within a class of several tenants, each tenant

@@ -1,7 +1,7 @@
 """Whether a request can still meet its SLO: the standing the step plan's goodput trade counts.
 
 A request meets its SLO (it counts towards goodput) when its first token came within its TTFT
-target and every gap between two of its tokens within its ITL target (engine/scheduling/latency_targets.py).
+target and every gap between two of its tokens within its ITL target (engine/latency_targets.py).
 Once one of them is missed the request cannot meet it any more, whatever the scheduler does for
 it later: a longer step costs it nothing towards goodput. The step plan uses this to trade a step
 longer than the tightest ITL against first tokens that would otherwise come late

@@ -1,4 +1,4 @@
-"""What one step plans by the latency targets (engine/scheduling/latency_targets.py): its time target, the
+"""What one step plans by the latency targets (engine/latency_targets.py): its time target, the
 order in which running requests get tokens, and each tenant's share of the prefill budget.
 
 - **Step target:** the tightest ITL target among the requests running now; with none (only

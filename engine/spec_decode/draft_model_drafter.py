@@ -32,8 +32,8 @@ import torch
 from weir.engine.output import ScheduledRequest, SchedulerOutput
 from weir.engine.request import Request
 from weir.engine.runner.runner import ModelRunner
+from weir.engine.sampling.draft_verifier import Draft
 from weir.engine.sampling.sampler import Sampler, SamplingContext, samples_greedily
-from weir.engine.spec_decode.drafter import Draft
 
 
 @dataclass

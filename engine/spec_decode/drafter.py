@@ -1,31 +1,14 @@
-"""The drafter interface: propose up to `num_spec_slots` tokens for each speculating request."""
+"""The drafter interface: propose up to `num_spec_slots` tokens for each speculating request
+(a `Draft`, weir.engine.sampling.draft_verifier, which the runner verifies)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Protocol
-
-import torch
 
 from weir.engine.output import SchedulerOutput
 from weir.engine.request import Request
-
-
-@dataclass(frozen=True)
-class Draft:
-    """Tokens proposed for one request, with the distribution each was drawn from.
-
-    `probs` is [len(token_ids), vocab] (row i: the q that token i was drawn from), or None when
-    each token is a point mass (q(token) = 1), as for the n-gram drafter and greedy requests.
-    """
-
-    token_ids: tuple[int, ...]
-    probs: torch.Tensor | None = None
-
-    def __post_init__(self) -> None:
-        if self.probs is not None and self.probs.shape[0] != len(self.token_ids):
-            raise ValueError(f"{len(self.token_ids)} draft tokens but {self.probs.shape[0]} q rows")
+from weir.engine.sampling.draft_verifier import Draft
 
 
 class Drafter(Protocol):

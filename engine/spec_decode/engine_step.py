@@ -12,10 +12,11 @@ from collections.abc import Mapping, Sequence
 from weir.engine.output import SchedulerOutput
 from weir.engine.request import Request
 from weir.engine.runner.runner import StepResult
+from weir.engine.sampling.draft_verifier import Draft
 from weir.engine.sampling.sampler import SampleResult
 from weir.engine.scheduling.scheduler import AppendedToken
-from weir.engine.spec_decode.drafter import Draft, Drafter
-from weir.engine.spec_decode.tally import VerifiedDraft
+from weir.engine.spec_decode.drafter import Drafter
+from weir.engine.speculation_tally import VerifiedDraft
 
 logger = logging.getLogger("weir.engine")
 

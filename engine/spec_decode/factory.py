@@ -7,12 +7,12 @@ from typing import Any
 import torch
 
 from weir.engine.config import EngineConfig, ModelConfig
+from weir.engine.engine_tokenizer import tokenizer_fingerprint
 from weir.engine.runner.runner import ModelRunner
-from weir.engine.spec_decode.config import SpeculativeMethod
 from weir.engine.spec_decode.draft_model_drafter import DraftModelDrafter
 from weir.engine.spec_decode.drafter import Drafter
 from weir.engine.spec_decode.ngram_drafter import NgramDrafter
-from weir.engine.text.engine_tokenizer import tokenizer_fingerprint
+from weir.engine.speculative_config import SpeculativeMethod
 
 
 class DraftModelMismatchError(ValueError):

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from weir.engine.output import SchedulerOutput
 from weir.engine.request import Request
-from weir.engine.spec_decode.drafter import Draft
+from weir.engine.sampling.draft_verifier import Draft
 
 
 @dataclass

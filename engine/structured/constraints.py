@@ -10,7 +10,7 @@ model, never through the matcher.
 
 A matcher's next mask can be computed ahead, on a worker thread (`start_mask`; xgrammar
 releases the GIL), so a grammar whose masks are slow makes its own sequence late and no other:
-`weir.engine.structured.mask_prefetch` starts the masks and times them out, the runner samples only rows whose
+`weir.engine.runner.mask_prefetch` starts the masks and times them out, the runner samples only rows whose
 mask is ready (`mask_ready`) and the scheduler sits out rows whose mask is `late`.
 
 The sampler asks the matcher which tokens may come next (`allowed`) and masks the others before

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from weir.engine.engine_tokenizer import tokenizer_fingerprint
 from weir.engine.errors import InvalidRequestError
 from weir.engine.structured.constraints import (
     CompiledConstraint,
@@ -27,7 +28,6 @@ from weir.engine.structured.constraints import (
     ConstraintKind,
     allowed_tokens,
 )
-from weir.engine.text.engine_tokenizer import tokenizer_fingerprint
 
 BACKEND = "xgrammar"
 # A JSON object of any shape (`response_format: json_object`).

@@ -6,7 +6,7 @@ step, but not from taking a core: on a 2-core host four attackers' nested regexe
 TTFT p99 10x worse (`python -m weir_bench.experiments.attacker --flood regex`) by competing for
 the cores the forward runs on. On Linux each thread has its own nice value, so the workers lower
 theirs to 19 when they start: the kernel then gives them only the CPU the engine and the server
-leave idle, and a slow grammar makes its own request late (engine/structured/mask_prefetch.py),
+leave idle, and a slow grammar makes its own request late (engine/runner/mask_prefetch.py),
 not the others'. Elsewhere, or where the call is refused, the workers keep the process's priority.
 """
 

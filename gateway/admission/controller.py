@@ -46,7 +46,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from weir.engine.client import EngineRequest
-from weir.engine.output import EngineStats
+from weir.engine.engine_stats import EngineStats
 from weir.engine.request import Priority
 from weir.gateway.admission.accounting import Admitted, Outcome, UsageRecord
 from weir.gateway.admission.slo import RecentAdmissions, predict_ttft

@@ -40,7 +40,7 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
-from weir.engine.output import EngineStats
+from weir.engine.engine_stats import EngineStats
 from weir.engine.request import Priority
 from weir.engine.scheduling.step_budget import min_chunk
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from weir.engine.output import EngineStats
+from weir.engine.engine_stats import EngineStats
 from weir.engine.request import Priority
 from weir.gateway.admission.slo import rows_kept
 

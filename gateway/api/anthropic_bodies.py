@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, Tag
 
-from weir.engine.sampling import sampling_bounds as b
+from weir.engine import sampling_bounds as b
 from weir.gateway.api import structured_bodies as sb
 from weir.gateway.api.openai_bodies.fields import AS_INT, AS_NUMBER
 from weir.gateway.api.openai_bodies.requests import (

@@ -15,7 +15,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
-from weir.engine.output import EngineStats
+from weir.engine.engine_stats import EngineStats
 from weir.gateway.console.forms import read_form
 from weir.gateway.console.live_tenants import LiveTenants
 from weir.gateway.console.sessions import ConsoleSession, SessionStore

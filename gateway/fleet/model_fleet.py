@@ -31,8 +31,8 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from weir.engine.client import EngineClient, EngineHealth
+from weir.engine.engine_stats import DESCRIBES_ENGINE, EngineStats
 from weir.engine.kv.memory_budget import MemoryBudget
-from weir.engine.output import DESCRIBES_ENGINE, EngineStats
 from weir.gateway.fleet.fleet_types import EngineFactory, ManagedEngine, ServedModel, model_fingerprint
 from weir.gateway.fleet.traffic_router import RoutePlan, choose_version
 from weir.gateway.http.errors import ServiceUnavailableError

@@ -118,7 +118,7 @@ class VersionEngineFactory:
         model_config = load_model_config(spec.path)
         itemsize = _DTYPE_BYTES[self.dtype(spec)]
         weights = model_config.num_params() * itemsize
-        from weir.engine.llm_engine import uses_row_weights
+        from weir.engine.engine_builder import uses_row_weights
 
         if uses_row_weights(replace(self.base_config(Path(spec.path)), dtype=self.dtype(spec))):
             weights += model_config.linear_params() * itemsize  # the row copies (packed_linear.py)

@@ -11,7 +11,7 @@ from collections.abc import Iterator, Mapping
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from weir.engine.output import EngineStats
+from weir.engine.engine_stats import EngineStats
 
 _LABELS = ["model_version", "adapter"]
 

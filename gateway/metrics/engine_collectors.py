@@ -21,7 +21,7 @@ from typing import Generic, TypeVar
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from weir.engine.output import EngineStats
+from weir.engine.engine_stats import EngineStats
 from weir.gateway.metrics.adapter_metrics import adapter_metrics
 from weir.gateway.metrics.host_kv_metrics import host_kv_metrics
 from weir.gateway.metrics.kv_store_metrics import kv_store_metrics

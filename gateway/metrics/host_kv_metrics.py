@@ -23,7 +23,7 @@ from collections.abc import Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from weir.engine.output import EngineStats
+from weir.engine.engine_stats import EngineStats
 
 
 def host_kv_metrics(stats: EngineStats) -> Iterator[Metric]:

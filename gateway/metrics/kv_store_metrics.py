@@ -31,8 +31,8 @@ from collections.abc import Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
+from weir.engine.engine_stats import EngineStats
 from weir.engine.kv.kv_store_stats import FETCH_LATENCY_BUCKETS_S
-from weir.engine.output import EngineStats
 
 
 def kv_store_metrics(stats: EngineStats) -> Iterator[Metric]:

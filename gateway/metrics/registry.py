@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
-from weir.engine.output import EngineStats
+from weir.engine.engine_stats import EngineStats
 from weir.gateway.metrics.engine_collectors import SnapshotCollector, engine_load_metrics
 
 # Seconds. Wide enough for a 135M model on two CPU cores and for a GPU.

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from weir.engine.output import EngineStats
+from weir.engine.engine_stats import EngineStats
 
 # The names the Helm chart's endpoint-picker config and autoscaler read (docs/kubernetes.md).
 SERVER_REQUESTS_WAITING = "weir_server_requests_waiting"

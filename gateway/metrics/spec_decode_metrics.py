@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from weir.engine.output import EngineStats
+from weir.engine.engine_stats import EngineStats
 
 
 def spec_decode_metrics(s: EngineStats) -> Iterator[Metric]:

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from weir.engine.output import StepThreadsStats
+from weir.engine.engine_stats import StepThreadsStats
 
 
 def step_threads_metrics(stats: StepThreadsStats | None) -> Iterator[Metric]:

@@ -11,7 +11,7 @@ one text splits into its items in very many ways, and xgrammar's masks follow ev
 (`(([a-z]{0,8}){0,8}){0,8}`, product 512, took 2.7 s a mask; `(([a-z]{0,2}){0,2}){0,2}` 9 ms;
 `([a-z]{0,64}){0,64}` 32 ms; `([a-z]*)*` 0.1 ms). So `nested_repeat_depth` counts the repetitions
 stacked along one path and the gateway refuses three; what two levels can still cost is the
-mask workers' problem (engine/structured/mask_prefetch.py), at the lowest CPU priority.
+mask workers' problem (engine/runner/mask_prefetch.py), at the lowest CPU priority.
 
 `nested_repeat_product` scans the pattern itself (escapes, character classes, groups and
 quantifiers), so it needs no regex engine and cannot be fooled by syntax Python's `re` would

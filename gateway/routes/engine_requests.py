@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from weir.engine.client import EngineRequest
 from weir.engine.errors import ContextLengthError
-from weir.engine.scheduling.latency_targets import LatencyTargets
+from weir.engine.latency_targets import LatencyTargets
 from weir.engine.structured.call_closing import ClosableConstraint
 from weir.engine.structured.constraints import CompiledConstraint
 from weir.gateway.admission.accounting import Settle

@@ -110,9 +110,9 @@ def set_engine_threads(settings: Settings, device: str) -> int | None:
 def engine_config(settings: Settings, model_path: Path, device: str) -> EngineConfig:
     """The EngineConfig for these settings."""
     from weir.engine.config import CacheConfig, EngineConfig, MaskConfig, SchedulerConfig
+    from weir.engine.latency_targets import class_targets_for
     from weir.engine.runner.loader import load_model_config
-    from weir.engine.scheduling.latency_targets import class_targets_for
-    from weir.engine.spec_decode.config import SpeculativeConfig
+    from weir.engine.speculative_config import SpeculativeConfig
     from weir.gateway.server.cpu_cores import usable_cores
 
     dtype = settings.resolved_dtype(device)

@@ -25,7 +25,7 @@ from pydantic import ConfigDict, ValidationError
 from pydantic.dataclasses import dataclass
 
 from weir.engine.config import KVStoreConfig
-from weir.engine.spec_decode.config import SpeculativeConfig
+from weir.engine.speculative_config import SpeculativeConfig
 from weir.gateway.settings.setting_field import DeclaredSetting, declared_settings
 from weir.gateway.settings.settings_device import DeviceFields
 from weir.gateway.settings.settings_enums import (

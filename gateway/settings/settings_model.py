@@ -7,7 +7,7 @@ from pathlib import Path
 
 from pydantic.dataclasses import dataclass
 
-from weir.engine.spec_decode.config import MAX_SPECULATIVE_TOKENS
+from weir.engine.speculative_config import MAX_SPECULATIVE_TOKENS
 from weir.gateway.settings.setting_field import setting
 from weir.gateway.settings.settings_enums import Dtype
 

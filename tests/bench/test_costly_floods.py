@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from weir.engine.sampling.sampling_bounds import (
+from weir.engine.sampling_bounds import (
     MAX_LOGIT_BIAS,
     MAX_LOGPROBS,
     MAX_STOP_CHARS,

@@ -24,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.real_engine_server import serve_engine
 from tests.gateway.harness import ADMIN_HEADERS
-from weir.engine.scheduling.latency_targets import NO_CLASS_TARGETS
+from weir.engine.latency_targets import NO_CLASS_TARGETS
 from weir.gateway.server.bootstrap import engine_config
 from weir.gateway.settings.settings import Settings
 

@@ -24,8 +24,8 @@ from tests.engine.tiny_models import make_tiny_model
 from tests.gateway.harness import serve_in_thread, wait_until
 from weir.engine.async_engine import AsyncEngine
 from weir.engine.config import CacheConfig, EngineConfig, SchedulerConfig
+from weir.engine.engine_builder import build_engine
 from weir.engine.faults import FaultInjector
-from weir.engine.llm_engine import build_engine
 from weir.engine.request import Priority
 from weir.gateway.admission.accounting import Outcome, UsageRecord
 from weir.gateway.admission.controller import AdmissionConfig, AdmissionController

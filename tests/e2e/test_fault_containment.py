@@ -23,8 +23,8 @@ from tests.engine.tiny_models import make_tiny_model
 from tests.gateway.harness import serve_in_thread
 from weir.engine.async_engine import AsyncEngine
 from weir.engine.config import CacheConfig, EngineConfig, SchedulerConfig
+from weir.engine.engine_builder import build_engine
 from weir.engine.faults import FaultInjector
-from weir.engine.llm_engine import build_engine
 from weir.gateway.http.errors import AuthenticationError
 from weir.gateway.server.app import create_app
 from weir.gateway.server.bootstrap import build_tenancy

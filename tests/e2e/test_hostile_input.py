@@ -23,7 +23,7 @@ from starlette.routing import Route
 
 from tests.e2e.tenancy_server import ADMIN, TENANT, FullServer, serve_everything
 from tests.gateway.harness import MODEL, serve_in_thread
-from weir.engine.sampling.sampling_bounds import MAX_STOP_CHARS, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS
+from weir.engine.sampling_bounds import MAX_STOP_CHARS, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS
 from weir.gateway.api.openai_bodies import requests as openai_bodies
 from weir.gateway.api.openai_bodies.requests import MAX_PROMPTS
 from weir.gateway.http.body_limit import MAX_HEADER_BYTES, BodyLimitMiddleware

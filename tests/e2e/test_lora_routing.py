@@ -23,7 +23,7 @@ from tests.gateway.harness import serve_in_thread, wait_until
 from weir.engine.async_engine import AsyncEngine
 from weir.engine.client import EngineRequest
 from weir.engine.config import CacheConfig, EngineConfig, LoraConfig, SchedulerConfig
-from weir.engine.llm_engine import build_engine
+from weir.engine.engine_builder import build_engine
 from weir.engine.request import Priority, SamplingParams
 from weir.gateway.admission.accounting import UsageRecord
 from weir.gateway.fleet.adapter_catalog import AdapterCatalog

@@ -17,7 +17,7 @@ from tests.e2e.real_engine_server import serve_engine
 from tests.engine.tiny_models import make_tiny_model
 from tests.gateway.harness import ADMIN_HEADERS
 from weir.engine.config import CacheConfig, EngineConfig, SchedulerConfig
-from weir.engine.spec_decode.config import SpeculativeConfig, SpeculativeMethod
+from weir.engine.speculative_config import SpeculativeConfig, SpeculativeMethod
 
 MODEL = "tiny-llama"
 # A prompt that repeats itself, so the n-gram drafter finds something to propose.

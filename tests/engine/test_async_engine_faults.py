@@ -17,9 +17,10 @@ from tests.engine.tiny_models import make_tiny_model
 from weir.engine.async_engine import AsyncEngine
 from weir.engine.client import EngineHealth, EngineRequest
 from weir.engine.config import CacheConfig, EngineConfig, SchedulerConfig
+from weir.engine.engine_builder import build_engine
 from weir.engine.errors import EngineDeadError, RetryableEngineError
 from weir.engine.faults import FaultInjector
-from weir.engine.llm_engine import LLMEngine, build_engine
+from weir.engine.llm_engine import LLMEngine
 from weir.engine.output import RequestOutput
 from weir.engine.request import FinishReason, Request, SamplingParams
 

@@ -19,11 +19,13 @@ from tests.engine.tiny_models import make_tiny_model
 from weir.engine.async_engine import AsyncEngine, _Add, _dispatch
 from weir.engine.client import EngineRequest
 from weir.engine.config import CacheConfig, EngineConfig, SchedulerConfig
+from weir.engine.engine_builder import build_engine
+from weir.engine.engine_stats import EngineStats
 from weir.engine.errors import RetryableEngineError
-from weir.engine.llm_engine import LLMEngine, build_engine
-from weir.engine.output import EngineStats, RequestOutput
+from weir.engine.llm_engine import LLMEngine
+from weir.engine.output import RequestOutput
 from weir.engine.request import FinishReason, SamplingParams
-from weir.engine.structured.mask_prefetch import MaskPrefetcher
+from weir.engine.runner.mask_prefetch import MaskPrefetcher
 
 
 class _FakeLoop:

@@ -18,9 +18,9 @@ import pytest
 from tests.engine.tiny_models import make_tiny_model
 from weir.engine.client import EngineRequest
 from weir.engine.config import CacheConfig, EngineConfig, QueuePolicy, SchedulerConfig
-from weir.engine.llm_engine import build_engine
+from weir.engine.engine_builder import build_engine
 from weir.engine.request import FinishReason, Priority, SamplingParams
-from weir.engine.spec_decode.config import SpeculativeConfig, SpeculativeMethod
+from weir.engine.speculative_config import SpeculativeConfig, SpeculativeMethod
 
 NUM_REQUESTS = 500
 POOL_TOKENS = 1024

@@ -18,9 +18,10 @@ import torch
 from tests.engine.tiny_models import make_tiny_model
 from weir.engine.client import EngineRequest
 from weir.engine.config import CacheConfig, EngineConfig, SchedulerConfig
+from weir.engine.engine_builder import build_engine
 from weir.engine.errors import ENGINE_RETRYABLE, ContextLengthError, InvalidRequestError, KVCapacityError
 from weir.engine.faults import FaultInjector
-from weir.engine.llm_engine import LLMEngine, build_engine
+from weir.engine.llm_engine import LLMEngine
 from weir.engine.output import RequestOutput
 from weir.engine.request import SEED_MAX, FinishReason, Request, RequestStatus, SamplingParams, child_seed
 from weir.engine.sampling.sampler import Sampler, SampleResult, SamplingContext

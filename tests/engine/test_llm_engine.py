@@ -16,11 +16,12 @@ import pytest
 import torch
 
 from tests.engine.tiny_models import load_hf_model, make_tiny_model
-from weir.engine import llm_engine
+from weir.engine import engine_builder
 from weir.engine.client import EngineRequest
 from weir.engine.config import CacheConfig, EngineConfig, SchedulerConfig
+from weir.engine.engine_builder import build_engine
 from weir.engine.errors import ContextLengthError, InvalidRequestError
-from weir.engine.llm_engine import LLMEngine, build_engine
+from weir.engine.llm_engine import LLMEngine
 from weir.engine.request import FinishReason, SamplingParams
 from weir.kernels import cpu_decode_layers, cpu_small_gemm
 
@@ -148,7 +149,7 @@ def _row_weights_at_every_row_count(monkeypatch: pytest.MonkeyPatch) -> None:
     `auto` does on hosts where its panels win at every row count (skips without the kernel)."""
     if not cpu_small_gemm.available():
         pytest.skip("no C compiler here")
-    monkeypatch.setattr(llm_engine, "row_weight_inputs", lambda config: cpu_small_gemm.MAX_ROWS)
+    monkeypatch.setattr(engine_builder, "row_weight_inputs", lambda config: cpu_small_gemm.MAX_ROWS)
 
 
 @pytest.mark.parametrize("decode_layers", [True, False], ids=["layers-in-one-call", "layer-by-layer"])

@@ -13,10 +13,11 @@ import pytest
 from tests.engine.tiny_models import make_tiny_model
 from weir.engine.client import EngineRequest
 from weir.engine.config import CacheConfig, EngineConfig, SchedulerConfig
-from weir.engine.llm_engine import LLMEngine, build_engine
+from weir.engine.engine_builder import build_engine
+from weir.engine.llm_engine import LLMEngine
 from weir.engine.output import RequestOutput
 from weir.engine.request import FinishReason, SamplingParams
-from weir.engine.spec_decode.config import SpeculativeConfig, SpeculativeMethod
+from weir.engine.speculative_config import SpeculativeConfig, SpeculativeMethod
 
 OFF = SpeculativeConfig()
 # The batch rule off (every step may speculate), so every mix exercises verification.

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 import torch
 
-from weir.engine.runner.attention import AttentionMetadata
+from weir.engine.models.attention import AttentionMetadata
 
 Arch = Literal["llama", "mistral", "qwen2", "qwen3"]
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from tests.gateway.harness import MODEL
 from weir.engine.client import EngineRequest
-from weir.engine.output import EngineStats
+from weir.engine.engine_stats import EngineStats
 from weir.engine.request import Priority, SamplingParams
 from weir.gateway.admission.accounting import Admitted, Outcome, Usage, UsageRecord
 from weir.gateway.admission.controller import AdmissionConfig, AdmissionController

@@ -21,6 +21,7 @@ from typing import Any
 
 from tests.gateway.tiny_tokenizer import SPECIAL_TOKENS, WORDS
 from weir.engine.client import EngineHealth, EngineRequest
+from weir.engine.engine_stats import EngineStats
 from weir.engine.errors import EngineDeadError, RequestFailedError
 from weir.engine.kv.prefix_cache_types import (
     FlushResult,
@@ -32,7 +33,7 @@ from weir.engine.kv.prefix_cache_types import (
     TenantCacheStats,
     UnknownPrefixError,
 )
-from weir.engine.output import EngineStats, RequestMetrics, RequestOutput, TokenLogprob
+from weir.engine.output import RequestMetrics, RequestOutput, TokenLogprob
 from weir.engine.request import FinishReason
 
 FIRST_WORD_ID = len(SPECIAL_TOKENS)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from weir.engine.runner.rope import RotaryEmbedding
+from weir.engine.models.rope import RotaryEmbedding
 from weir.kernels import cpu_rope_kv
 from weir.kernels.reference import write_kv
 

@@ -1,4 +1,4 @@
-"""weir.kernels.rotary against weir.engine.runner.rope.RotaryEmbedding.apply (the CPU path)."""
+"""weir.kernels.rotary against weir.engine.models.rope.RotaryEmbedding.apply (the CPU path)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 
 from tests.kernels.interpret import bf16_slack
 from weir.engine.config import RopeConfig, RopeScalingType
-from weir.engine.runner.rope import RotaryEmbedding
+from weir.engine.models.rope import RotaryEmbedding
 from weir.kernels.rotary import apply_rotary_
 
 TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}

@@ -7,5 +7,5 @@
 
 Validation, `/openapi.json` (`weir.gateway.api.openapi`) and the mapping to the engine's
 `SamplingParams` (`weir.gateway.api.protocol`) derive from these models. The sampling bounds are those of
-`weir.engine.sampling.sampling_bounds`, shared with the engine.
+`weir.engine.sampling_bounds`, shared with the engine.
 """

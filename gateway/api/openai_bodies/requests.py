@@ -1,7 +1,7 @@
 """The bodies of `POST /v1/chat/completions` and `POST /v1/completions`.
 
 Unknown fields are ignored (OpenAI clients send extras) and a field sent as null is a field left
-out. The bounds are `weir.engine.sampling.sampling_bounds`, the defaults `SamplingParams`'s own. Counts that
+out. The bounds are `weir.engine.sampling_bounds`, the defaults `SamplingParams`'s own. Counts that
 would make validation itself slow (messages, content parts, token ids, prompts) are checked
 before these models run (`weir.gateway.api.protocol`); what needs the routed model (its vocabulary, its
 context) is checked after.
@@ -26,9 +26,9 @@ from pydantic.functional_validators import PlainValidator
 from pydantic.json_schema import WithJsonSchema
 from pydantic_core import PydanticCustomError
 
+from weir.engine import sampling_bounds as b
 from weir.engine.errors import InvalidRequestError
 from weir.engine.request import Priority, SamplingParams
-from weir.engine.sampling import sampling_bounds as b
 from weir.gateway.api import structured_bodies as sb
 from weir.gateway.api.openai_bodies.fields import AS_INT, AS_NUMBER, bad_value, unsupported
 

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from tests.engine.tiny_models import make_tiny_model
+from weir.engine.models.attention import TorchAttentionBackend
 from weir.engine.models.llama import LlamaForCausalLM
 from weir.engine.models.llama_layers import Linear
 from weir.engine.models.packed_linear import packing_supported
-from weir.engine.runner.attention import TorchAttentionBackend
 from weir.engine.runner.loader import load_model
 from weir_bench.experiments.cpu_fast_path import gemm_shapes, main
 

@@ -88,7 +88,7 @@ def test_gc_pause_totals_read_each_generation_from_a_metrics_page() -> None:
 
 def test_step_split_reads_the_engine_collectors_page() -> None:
 
-    from weir.engine.output import EngineStats, StepTimeTotals
+    from weir.engine.engine_stats import EngineStats, StepTimeTotals
     from weir.gateway.metrics.engine_collectors import FleetStatsCollector
 
     times = StepTimeTotals(decode_steps=300, decode_seconds=10.5, prefill_steps=40, prefill_seconds=6.0)
@@ -130,7 +130,7 @@ def test_a_peer_missing_from_a_round_is_left_out_of_the_summary() -> None:
 
 
 def test_wide_step_choices_read_each_bucket_from_the_metrics_page() -> None:
-    from weir.engine.output import StepThreadsStats
+    from weir.engine.engine_stats import StepThreadsStats
     from weir.gateway.metrics.step_threads_metrics import step_threads_metrics
 
     class _Collector:

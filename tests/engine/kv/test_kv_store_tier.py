@@ -14,7 +14,8 @@ from tests.engine.tiny_models import make_tiny_model
 from tests.redis_server import RedisServer
 from weir.engine.client import EngineRequest
 from weir.engine.config import CacheConfig, EngineConfig, KVStoreConfig, SchedulerConfig
-from weir.engine.llm_engine import LLMEngine, build_engine
+from weir.engine.engine_builder import build_engine
+from weir.engine.llm_engine import LLMEngine
 from weir.engine.request import RequestStatus, SamplingParams
 
 SECRET = b"t" * 32

@@ -15,9 +15,10 @@ import pytest
 from tests.engine.tiny_models import make_tiny_model
 from weir.engine.client import EngineRequest
 from weir.engine.config import CacheConfig, EngineConfig, SchedulerConfig
+from weir.engine.engine_builder import build_engine
 from weir.engine.errors import InvalidRequestError
 from weir.engine.kv.block_hash import SHARED_SCOPE
-from weir.engine.llm_engine import LLMEngine, build_engine
+from weir.engine.llm_engine import LLMEngine
 from weir.engine.output import RequestOutput, SchedulerOutput
 from weir.engine.request import SamplingParams
 

@@ -20,7 +20,8 @@ from tests.engine.test_llm_engine import _hf_greedy
 from tests.engine.tiny_models import make_tiny_model
 from weir.engine.client import EngineRequest
 from weir.engine.config import CacheConfig, EngineConfig, PreemptionMode, QueuePolicy, SchedulerConfig
-from weir.engine.llm_engine import LLMEngine, build_engine
+from weir.engine.engine_builder import build_engine
+from weir.engine.llm_engine import LLMEngine
 from weir.engine.request import Priority, RequestStatus, SamplingParams
 
 BS = 4
@@ -134,7 +135,7 @@ def test_greedy_with_swapping_matches_transformers_generate(tiny: Path) -> None:
 def test_swapping_with_speculative_decoding_gives_the_same_tokens(tiny: Path) -> None:
     from dataclasses import replace
 
-    from weir.engine.spec_decode.config import SpeculativeConfig, SpeculativeMethod
+    from weir.engine.speculative_config import SpeculativeConfig, SpeculativeMethod
 
     plain = _engine(tiny, num_blocks=400)
     prompts = [p * 3 for p in _prompts(plain.model_config.vocab_size)]  # repeats: the n-gram drafter proposes

@@ -17,8 +17,9 @@ from tests.engine.lora_adapters import hf_greedy, make_adapter, merged_model
 from tests.engine.tiny_models import load_hf_model, make_tiny_model
 from weir.engine.client import EngineRequest
 from weir.engine.config import CacheConfig, EngineConfig, LoraConfig, PreemptionMode, SchedulerConfig
+from weir.engine.engine_builder import build_engine
 from weir.engine.errors import InvalidRequestError
-from weir.engine.llm_engine import LLMEngine, build_engine
+from weir.engine.llm_engine import LLMEngine
 from weir.engine.lora.lora_types import AdapterInUseError, UnknownAdapterError
 from weir.engine.request import SamplingParams
 
@@ -197,7 +198,7 @@ def test_preemption_keeps_the_adapter(setup, mode: PreemptionMode) -> None:  # t
 
 
 def test_speculative_decoding_through_adapters_gives_the_same_tokens(setup) -> None:  # type: ignore[no-untyped-def]
-    from weir.engine.spec_decode.config import SpeculativeConfig, SpeculativeMethod
+    from weir.engine.speculative_config import SpeculativeConfig, SpeculativeMethod
 
     base, adapter_dir = setup
     prompts = [p * 3 for p in _prompts(320, seed=8, lengths=(5, 9, 14, 6))]  # repeats: n-gram drafts

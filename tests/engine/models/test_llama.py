@@ -15,8 +15,8 @@ import torch
 from tests.engine.tiny_models import build_metadata, load_hf_model, make_tiny_model
 from weir.engine.config import ModelConfig
 from weir.engine.kv.kv_tensors import allocate_kv_caches
+from weir.engine.models.attention import TorchAttentionBackend
 from weir.engine.models.llama import LlamaForCausalLM
-from weir.engine.runner.attention import TorchAttentionBackend
 from weir.engine.runner.loader import load_model
 from weir.kernels import cpu_rms_norm, cpu_rope_kv, cpu_silu_mul
 
@@ -175,7 +175,7 @@ def test_cuda_forward_tracks_hf(tmp_path: Path, dtype: torch.dtype) -> None:
 @pytest.mark.filterwarnings("ignore:`past_key_values` is deprecated")
 def test_dynamic_rope_past_max_positions_matches_hf_decoding(tmp_path: Path) -> None:
     """Past max_position_embeddings dynamic NTK depends on the length; we match HF's
-    token-by-token decoding there (see engine/runner/rope.py)."""
+    token-by-token decoding there (see engine/models/rope.py)."""
     from transformers import DynamicCache
 
     max_pos = 16

@@ -17,9 +17,9 @@ import torch  # noqa: E402
 
 from tests.engine.tiny_models import build_metadata, make_tiny_model  # noqa: E402
 from weir.engine.kv.kv_tensors import allocate_kv_caches  # noqa: E402
+from weir.engine.models.attention import TorchAttentionBackend  # noqa: E402
+from weir.engine.models.attention_triton import TritonAttentionBackend  # noqa: E402
 from weir.engine.models.llama import LlamaForCausalLM  # noqa: E402
-from weir.engine.runner.attention import TorchAttentionBackend  # noqa: E402
-from weir.engine.runner.attention_triton import TritonAttentionBackend  # noqa: E402
 from weir.engine.runner.loader import load_model  # noqa: E402
 
 BLOCK_SIZE = 16

@@ -1,4 +1,4 @@
-"""engine/models/lora.py through the gathered Triton kernels (the CUDA path) equals its masked
+"""engine/lora/lora_deltas.py through the gathered Triton kernels (the CUDA path) equals its masked
 torch form; on CPU the kernels run under the Triton interpreter."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ DEVICE = kernel_device()  # before kernels.* is imported: TRITON_INTERPRET=1 wit
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from weir.engine.models.lora import LoraStep, ProjectionLora  # noqa: E402
+from weir.engine.lora.lora_deltas import LoraStep, ProjectionLora  # noqa: E402
 
 IN, RANK, SLOTS = 40, 4, 3
 

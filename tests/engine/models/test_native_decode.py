@@ -11,9 +11,9 @@ import torch
 
 from tests.engine.models.test_llama import CASES, Runner, _block_table, _prompt, _steps_with
 from tests.engine.tiny_models import make_tiny_model
+from weir.engine.models.attention import TorchAttentionBackend
 from weir.engine.models.llama import LlamaForCausalLM
 from weir.engine.models.native_decode import NativeDecodeLayers
-from weir.engine.runner.attention import TorchAttentionBackend
 from weir.engine.runner.loader import load_model
 from weir.kernels import cpu_decode_layers
 

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from tests.engine.tiny_models import make_tiny_model
+from weir.engine.models.attention import TorchAttentionBackend
 from weir.engine.models.llama import LlamaForCausalLM
 from weir.engine.models.native_ops import NativeOps
-from weir.engine.runner.attention import TorchAttentionBackend
 from weir.engine.runner.loader import load_model
 from weir.kernels import cpu_rms_norm, cpu_rope_kv, cpu_silu_mul
 

@@ -19,6 +19,7 @@ from tests.engine.models.test_llama import Runner, _block_table, _prompt
 from tests.engine.tiny_models import make_tiny_model
 from weir.engine.config import EngineConfig
 from weir.engine.models import packed_linear
+from weir.engine.models.attention import TorchAttentionBackend
 from weir.engine.models.llama import LlamaForCausalLM
 from weir.engine.models.llama_layers import Linear
 from weir.engine.models.packed_linear import (
@@ -28,7 +29,6 @@ from weir.engine.models.packed_linear import (
     packing_supported,
     packing_unsupported_reason,
 )
-from weir.engine.runner.attention import TorchAttentionBackend
 from weir.engine.runner.loader import ModelLoadError, load_model
 from weir.kernels import cpu_small_gemm
 
@@ -186,12 +186,12 @@ def test_a_cpu_without_bfloat16_packing_is_told_which_instruction_set_it_lacks(
     ):
         PackedLinear(torch.zeros(4, 4, dtype=torch.bfloat16), None)
     # the engine's default then leaves bfloat16 unpacked (and loads) instead of refusing to start
-    from weir.engine import llm_engine
+    from weir.engine import engine_builder
 
-    assert not llm_engine._pack_linear(EngineConfig(model_path="m", dtype="bfloat16"))
+    assert not engine_builder._pack_linear(EngineConfig(model_path="m", dtype="bfloat16"))
     model, _ = load_model(path, torch.bfloat16, CPU, TorchAttentionBackend(), pack_linear=False)
     assert not any(isinstance(m, PackedLinear) for m in model.modules())
-    assert llm_engine._pack_linear(EngineConfig(model_path="m", dtype="float32"))
+    assert engine_builder._pack_linear(EngineConfig(model_path="m", dtype="float32"))
 
 
 def test_packing_replaces_every_projection_and_refuses_reloading(tmp_path: Path) -> None:

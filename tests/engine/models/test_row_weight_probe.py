@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tests.engine.tiny_models import make_tiny_model
-from weir.engine import llm_engine
+from weir.engine import engine_builder
 from weir.engine.config import EngineConfig
 from weir.engine.models import row_weight_probe
 from weir.engine.models.packed_linear import packing_supported
@@ -79,10 +79,10 @@ def test_auto_follows_the_measurement_and_an_explicit_choice_is_not_measured(
     path = make_tiny_model(tmp_path, num_kv_heads=2)
     shapes = load_model_config(path).layer_linear_shapes()
     base = EngineConfig(model_path=str(path), device="cpu", dtype="float32")
-    assert llm_engine.row_weight_inputs(base) == measured and calls == [shapes]
-    assert llm_engine.uses_row_weights(base) is (measured > 0)
-    assert llm_engine.row_weight_inputs(dataclasses.replace(base, cpu_row_weights=True)) == 1
-    assert llm_engine.row_weight_inputs(dataclasses.replace(base, cpu_row_weights=False)) == 0
-    assert llm_engine.row_weight_inputs(dataclasses.replace(base, dtype="bfloat16")) == 0
-    assert llm_engine.row_weight_inputs(dataclasses.replace(base, cpu_packed_linear=False)) == 0
+    assert engine_builder.row_weight_inputs(base) == measured and calls == [shapes]
+    assert engine_builder.uses_row_weights(base) is (measured > 0)
+    assert engine_builder.row_weight_inputs(dataclasses.replace(base, cpu_row_weights=True)) == 1
+    assert engine_builder.row_weight_inputs(dataclasses.replace(base, cpu_row_weights=False)) == 0
+    assert engine_builder.row_weight_inputs(dataclasses.replace(base, dtype="bfloat16")) == 0
+    assert engine_builder.row_weight_inputs(dataclasses.replace(base, cpu_packed_linear=False)) == 0
     assert calls == [shapes, shapes]  # only auto in float32 on the packed path measures

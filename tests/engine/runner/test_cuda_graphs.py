@@ -20,9 +20,10 @@ import torch  # noqa: E402
 from tests.engine.tiny_models import build_metadata, make_tiny_model  # noqa: E402
 from weir.engine.client import EngineRequest  # noqa: E402
 from weir.engine.config import CacheConfig, EngineConfig, SchedulerConfig  # noqa: E402
-from weir.engine.llm_engine import LLMEngine, build_engine  # noqa: E402
+from weir.engine.engine_builder import build_engine  # noqa: E402
+from weir.engine.llm_engine import LLMEngine  # noqa: E402
+from weir.engine.models.attention import AttentionMetadata  # noqa: E402
 from weir.engine.request import SamplingParams  # noqa: E402
-from weir.engine.runner.attention import AttentionMetadata  # noqa: E402
 from weir.engine.runner.cuda_graphs import (  # noqa: E402
     CudaGraphCapture,
     DecodeGraphs,
@@ -191,7 +192,7 @@ def test_engine_greedy_output_is_the_same_through_decode_graphs(tmp_path: Path) 
 def test_cuda_graph_replay_matches_eager_forward(tmp_path: Path) -> None:
     """On CUDA: a replayed decode step gives the eager forward's hidden states."""
     from weir.engine.kv.kv_tensors import allocate_kv_caches
-    from weir.engine.runner.attention_triton import TritonAttentionBackend
+    from weir.engine.models.attention_triton import TritonAttentionBackend
     from weir.engine.runner.loader import load_model
 
     cuda = torch.device("cuda")

@@ -14,8 +14,8 @@ from safetensors.torch import load_file, save_file
 from tests.engine.tiny_models import make_tiny_model
 from weir.engine.config import RopeScalingType
 from weir.engine.kv.kv_tensors import allocate_kv_caches, kv_cache_shape, num_blocks_for
+from weir.engine.models.attention import TorchAttentionBackend
 from weir.engine.models.llama import LlamaForCausalLM
-from weir.engine.runner.attention import TorchAttentionBackend
 from weir.engine.runner.loader import ModelLoadError, load_model, load_model_config, model_config_from_hf
 
 CPU = torch.device("cpu")

@@ -9,12 +9,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from weir.engine.models.attention import AttentionMetadata
 from weir.engine.output import ScheduledRequest, SchedulerOutput
 from weir.engine.request import Request, SamplingParams
-from weir.engine.runner.attention import AttentionMetadata
 from weir.engine.runner.runner import ModelRunner
 from weir.engine.runner.step_threads import StepThreads, row_bucket
-from weir.engine.spec_decode.drafter import Draft
+from weir.engine.sampling.draft_verifier import Draft
 
 VOCAB = 64
 BLOCK_SIZE = 4

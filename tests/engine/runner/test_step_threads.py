@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from tests.engine.tiny_models import make_tiny_model
 from weir.engine.config import CacheConfig, EngineConfig, SchedulerConfig
-from weir.engine.llm_engine import build_engine
+from weir.engine.engine_builder import build_engine
 from weir.engine.output import ScheduledRequest, SchedulerOutput
 from weir.engine.runner.step_threads import StepThreads, row_bucket
 

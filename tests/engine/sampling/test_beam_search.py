@@ -16,8 +16,9 @@ import torch
 from tests.engine.tiny_models import load_hf_model, make_tiny_model
 from weir.engine.client import EngineRequest
 from weir.engine.config import CacheConfig, EngineConfig, SchedulerConfig
+from weir.engine.engine_builder import build_engine
 from weir.engine.errors import InvalidRequestError
-from weir.engine.llm_engine import LLMEngine, build_engine
+from weir.engine.llm_engine import LLMEngine
 from weir.engine.request import FinishReason, SamplingParams
 from weir.engine.sampling.beam_search import BeamSearch, EarlyStopping
 

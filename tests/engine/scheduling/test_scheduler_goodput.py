@@ -15,8 +15,8 @@ from tests.engine.scheduling.test_scheduler_slo import TimedSim
 from tests.engine.scheduling.test_step_budget import FakeCost
 from tests.engine.sim import Sim, SimClock
 from weir.engine.config import QueuePolicy, SchedulerConfig
+from weir.engine.latency_targets import CPU_CLASS_TARGETS
 from weir.engine.request import Priority, Request
-from weir.engine.scheduling.latency_targets import CPU_CLASS_TARGETS
 from weir.engine.scheduling.slo_standing import ITL_TOLERANCE
 
 _PROMPT = 128

@@ -24,10 +24,10 @@ from weir.engine.kv.block_hash import CacheKeyRoot
 from weir.engine.kv.kv_cache_manager import KVCacheManager
 from weir.engine.request import Priority, Request, RequestStatus
 from weir.engine.scheduling.scheduler import Scheduler
+from weir.engine.scheduling.speculation_policy import SpeculationPolicy
 from weir.engine.scheduling.step_budget import StepBudget, StepBudgetConfig
-from weir.engine.spec_decode.config import SpeculativeConfig, SpeculativeMethod
-from weir.engine.spec_decode.policy import SpeculationPolicy
-from weir.engine.spec_decode.tally import VerifiedDraft
+from weir.engine.speculation_tally import VerifiedDraft
+from weir.engine.speculative_config import SpeculativeConfig, SpeculativeMethod
 
 BS = 4
 # A running request that neither gains a token nor is preempted for this many steps is stalled.

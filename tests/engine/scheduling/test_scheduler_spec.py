@@ -22,9 +22,9 @@ from weir.engine.config import SchedulerConfig
 from weir.engine.kv.kv_cache_manager import KVCacheManager
 from weir.engine.request import Request, RequestStatus, SamplingParams
 from weir.engine.scheduling.scheduler import Scheduler
-from weir.engine.spec_decode.config import SpeculativeConfig, SpeculativeMethod
-from weir.engine.spec_decode.policy import SpeculationPolicy
-from weir.engine.spec_decode.tally import VerifiedDraft
+from weir.engine.scheduling.speculation_policy import SpeculationPolicy
+from weir.engine.speculation_tally import VerifiedDraft
+from weir.engine.speculative_config import SpeculativeConfig, SpeculativeMethod
 from weir.engine.text.output_processor import OutputProcessor
 
 BS = 4

@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
+from weir.engine.latency_targets import LatencyTargets
 from weir.engine.request import Request, SamplingParams
-from weir.engine.scheduling.latency_targets import LatencyTargets
 from weir.engine.scheduling.slo_standing import ITL_TOLERANCE, SloStanding
 
 

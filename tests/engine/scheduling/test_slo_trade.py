@@ -5,8 +5,8 @@ A machine of `30 ms + 4 ms per decode row + 1.5 ms per prompt token`, a 100 ms I
 
 from __future__ import annotations
 
+from weir.engine.latency_targets import LatencyTargets
 from weir.engine.request import Request, SamplingParams
-from weir.engine.scheduling.latency_targets import LatencyTargets
 from weir.engine.scheduling.slo_trade import MAX_STRETCH, STRETCHES, StepShape, traded_target, ttft_misses
 
 _TARGETS = LatencyTargets(ttft_s=2.0, itl_s=0.1)

@@ -11,7 +11,8 @@ import pytest
 from tests.engine.tiny_models import make_tiny_model
 from weir.engine.client import EngineRequest
 from weir.engine.config import CacheConfig, EngineConfig, SchedulerConfig
-from weir.engine.llm_engine import LLMEngine, build_engine
+from weir.engine.engine_builder import build_engine
+from weir.engine.llm_engine import LLMEngine
 from weir.engine.output import SchedulerOutput
 from weir.engine.request import SamplingParams
 from weir.engine.scheduling.stall_watchdog import StallWatchdog

@@ -6,8 +6,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.engine.latency_scenarios import SCENARIO_CLASS_TARGETS
+from weir.engine.latency_targets import LatencyTargets
 from weir.engine.request import Priority, Request, SamplingParams
-from weir.engine.scheduling.latency_targets import LatencyTargets
 from weir.engine.scheduling.step_plan import (
     decode_key,
     fair_rows,

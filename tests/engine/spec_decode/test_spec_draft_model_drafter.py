@@ -14,9 +14,9 @@ from tests.engine.test_spec_decode_engine import GREEDY, OFF, copy_prompts, engi
 from tests.engine.tiny_models import make_tiny_model
 from weir.engine.output import ScheduledRequest
 from weir.engine.request import SamplingParams
-from weir.engine.spec_decode.config import SpeculativeConfig, SpeculativeMethod
 from weir.engine.spec_decode.draft_model_drafter import DraftModelDrafter
 from weir.engine.spec_decode.factory import DraftModelMismatchError
+from weir.engine.speculative_config import SpeculativeConfig, SpeculativeMethod
 
 
 @pytest.fixture(scope="module")

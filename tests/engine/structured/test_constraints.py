@@ -24,8 +24,9 @@ from transformers import AutoTokenizer
 from tests.engine.tiny_models import make_tiny_model
 from weir.engine.client import EngineRequest
 from weir.engine.config import CacheConfig, EngineConfig, PreemptionMode, SchedulerConfig
+from weir.engine.engine_builder import build_engine
 from weir.engine.errors import InvalidRequestError
-from weir.engine.llm_engine import LLMEngine, build_engine
+from weir.engine.llm_engine import LLMEngine
 from weir.engine.request import FinishReason, SamplingParams
 from weir.engine.sampling.sampler import Sampler, SamplingContext
 from weir.engine.structured.constraints import (
@@ -327,7 +328,7 @@ def test_preempted_constrained_requests_give_the_same_tokens(
 
 
 def test_constrained_requests_are_not_speculated(tiny: Path, backend: GrammarBackend) -> None:
-    from weir.engine.spec_decode.config import SpeculativeConfig, SpeculativeMethod
+    from weir.engine.speculative_config import SpeculativeConfig, SpeculativeMethod
 
     compiled = backend.compile(ConstraintSpec.json_schema(SCHEMA, "response_format"))
     engine = build_engine(

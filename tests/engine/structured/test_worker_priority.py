@@ -20,7 +20,7 @@ def test_a_worker_lowers_its_own_priority_only() -> None:
 
 
 def test_the_mask_and_compile_workers_run_at_the_lowest_priority() -> None:
-    from weir.engine.structured.mask_prefetch import MaskPrefetcher
+    from weir.engine.runner.mask_prefetch import MaskPrefetcher
     from weir.gateway.prompts.grammar import GrammarService
 
     masks = MaskPrefetcher()

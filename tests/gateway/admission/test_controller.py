@@ -36,9 +36,9 @@ from tests.gateway.harness import (
     wait_until,
 )
 from weir.engine.client import EngineRequest
+from weir.engine.latency_targets import CPU_CLASS_TARGETS
 from weir.engine.output import RequestOutput
 from weir.engine.request import FinishReason, Priority
-from weir.engine.scheduling.latency_targets import CPU_CLASS_TARGETS
 from weir.gateway.admission.controller import AdmissionConfig, AdmissionController, format_duration, met_slo
 from weir.gateway.http.errors import BadRequestError, RateLimitError, ServiceUnavailableError, error_response
 from weir.gateway.metrics.admission_metrics import AdmissionMetrics

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tests.engine.latency_scenarios import SCENARIO_CLASS_TARGETS
-from weir.engine.output import EngineStats
+from weir.engine.engine_stats import EngineStats
 from weir.engine.request import Priority
 from weir.engine.scheduling.step_budget import StepBudgetStats, StepCost
 from weir.gateway.admission.slo import planned_step_s, predict_ttft

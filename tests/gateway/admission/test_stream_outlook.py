@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 
 from tests.gateway.admission_doubles import Setup, admit, make_setup, request, sample, stats, tenant
-from weir.engine.output import EngineStats
+from weir.engine.engine_stats import EngineStats
+from weir.engine.latency_targets import CPU_CLASS_TARGETS
 from weir.engine.request import Priority
-from weir.engine.scheduling.latency_targets import CPU_CLASS_TARGETS
 from weir.engine.scheduling.step_budget import StepBudgetStats, StepCost
 from weir.gateway.admission.stream_outlook import stream_outlook
 from weir.gateway.http.errors import ServiceUnavailableError

@@ -15,7 +15,7 @@ from starlette.testclient import TestClient
 from tests.e2e.tenancy_server import serve_everything
 from tests.gateway.fake_engine import FakeEngine, FakePrefixCache
 from tests.gateway.harness import MODEL, make_app, tokenizer
-from weir.engine.sampling.sampling_bounds import MAX_LOGIT_BIAS, MAX_LOGPROBS, MAX_N, PENALTY_MAX
+from weir.engine.sampling_bounds import MAX_LOGIT_BIAS, MAX_LOGPROBS, MAX_N, PENALTY_MAX
 from weir.gateway.api.openai_bodies.requests import SAMPLING_FIELDS, TOKEN_KEY_PATTERN
 from weir.gateway.api.openapi import LiveDocument, openapi_schema
 from weir.gateway.api.protocol import parse_chat_request

@@ -14,8 +14,8 @@ from starlette.testclient import TestClient
 
 from tests.gateway.fleet.test_model_fleet import MIB, Factory
 from tests.tenancy.clock import FakeClock
+from weir.engine.engine_stats import EngineStats
 from weir.engine.kv.memory_budget import MemoryBudget
-from weir.engine.output import EngineStats
 from weir.gateway.console.routes import ConsoleDeps, console_routes
 from weir.gateway.console.sessions import SessionStore
 from weir.gateway.fleet.model_fleet import ModelFleet

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from weir.engine.output import EngineStats
+from weir.engine.engine_stats import EngineStats
 
 
 def engine_stats(**fields: Any) -> EngineStats:

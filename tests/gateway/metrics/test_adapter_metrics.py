@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, generate_latest
 
+from weir.engine.engine_stats import EngineStats
 from weir.engine.lora.lora_types import AdapterInfo
-from weir.engine.output import EngineStats
 from weir.gateway.fleet.model_fleet import ModelFleet
 from weir.gateway.metrics.engine_collectors import AdapterMetricsCollector
 

@@ -6,7 +6,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
-from weir.engine.output import EngineStats, StepTimeTotals
+from weir.engine.engine_stats import EngineStats, StepTimeTotals
 from weir.gateway.metrics.engine_collectors import FleetStatsCollector, SnapshotCollector, engine_load_metrics
 
 

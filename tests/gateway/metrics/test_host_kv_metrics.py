@@ -5,8 +5,8 @@ from __future__ import annotations
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.gateway.metrics.engine_snapshot import engine_stats
+from weir.engine.engine_stats import EngineStats
 from weir.engine.kv.host_kv_tier import HostKVStats
-from weir.engine.output import EngineStats
 from weir.gateway.metrics.engine_collectors import FleetStatsCollector
 from weir.gateway.metrics.registry import GatewayMetrics
 

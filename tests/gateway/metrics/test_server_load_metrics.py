@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from weir.engine.output import EngineStats
+from weir.engine.engine_stats import EngineStats
 from weir.gateway.metrics.engine_collectors import ServerLoadCollector
 
 

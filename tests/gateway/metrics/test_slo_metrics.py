@@ -6,7 +6,7 @@ from __future__ import annotations
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.gateway.metrics.engine_snapshot import engine_stats
-from weir.engine.output import EngineStats
+from weir.engine.engine_stats import EngineStats
 from weir.engine.request import Priority
 from weir.engine.scheduling.slo_tally import PreemptReason, SloCount, SloStats
 from weir.engine.scheduling.step_budget import StepBudgetStats

@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.gateway.metrics.engine_snapshot import engine_stats
-from weir.engine.output import EngineStats
+from weir.engine.engine_stats import EngineStats
 from weir.engine.scheduling.step_budget import StepBudgetStats, StepCost
 from weir.gateway.metrics.registry import GatewayMetrics
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tests.engine.scheduling.test_scheduler_spec import K, _kv, _request, _scheduler
-from weir.engine.spec_decode.tally import VerifiedDraft
+from weir.engine.speculation_tally import VerifiedDraft
 
 
 def test_slots_that_get_no_draft_shrink_to_one() -> None:

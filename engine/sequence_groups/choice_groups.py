@@ -4,7 +4,7 @@ The choices share the request's prompt: the first computes it, the others fork f
 (copy-on-write) and compute only the last prompt token for their own sample. Each choice has
 its own `OutputProcessor` (detokenization and stop checks, `Request.checker`) and its own seed
 (`child_seed`), and finishes on its own; the request is done when all its choices are. Beam search
-requests live in `weir.engine.sampling.beam_group` instead.
+requests live in `weir.engine.sequence_groups.beam_group` instead.
 """
 
 from __future__ import annotations

@@ -12,8 +12,8 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from tests.kernels.steps import random_step  # noqa: E402
-from weir.engine.runner.attention import TorchAttentionBackend  # noqa: E402
-from weir.engine.runner.attention_triton import TritonAttentionBackend  # noqa: E402
+from weir.engine.models.attention import TorchAttentionBackend  # noqa: E402
+from weir.engine.models.attention_triton import TritonAttentionBackend  # noqa: E402
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""engine/structured/mask_prefetch.py: a slow grammar mask delays only its own request.
+"""engine/runner/mask_prefetch.py: a slow grammar mask delays only its own request.
 
 The slow grammar here is a real compiled grammar whose matcher's mask computation waits on a
 gate the test holds shut: the mask is "slow" for exactly as long as the test says, with no
@@ -23,11 +23,12 @@ import torch
 from tests.engine.tiny_models import make_tiny_model
 from weir.engine.client import EngineRequest
 from weir.engine.config import CacheConfig, EngineConfig, MaskConfig, SchedulerConfig
-from weir.engine.llm_engine import LLMEngine, build_engine
+from weir.engine.engine_builder import build_engine
+from weir.engine.llm_engine import LLMEngine
 from weir.engine.request import FinishReason, Request, SamplingParams
+from weir.engine.runner.mask_prefetch import GRAMMAR_TIMEOUT, MaskPrefetcher
 from weir.engine.structured.constraints import CompiledConstraint, TokenConstraint
 from weir.engine.structured.grammar import ConstraintSpec, GrammarBackend
-from weir.engine.structured.mask_prefetch import GRAMMAR_TIMEOUT, MaskPrefetcher
 
 BS = 4
 PATTERN = "a[a-z]{3,12}"

@@ -1,11 +1,11 @@
-"""engine/models/lora.py: the masked, grouped LoRA delta against a per-token reference."""
+"""engine/lora/lora_deltas.py: the masked, grouped LoRA delta against a per-token reference."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from weir.engine.models.lora import LoraStep, ProjectionLora
+from weir.engine.lora.lora_deltas import LoraStep, ProjectionLora
 
 IN, OUTS, RANK, SLOTS = 24, (16, 8, 8), 4, 3
 TARGETS = ("q_proj", "k_proj", "v_proj")

@@ -27,7 +27,23 @@ from dataclasses import dataclass, replace
 import torch
 
 from weir.engine.sampling.sampler import Sampler, SampleResult, SamplingContext, samples_greedily
-from weir.engine.spec_decode.drafter import Draft
+
+
+@dataclass(frozen=True)
+class Draft:
+    """Tokens proposed for one request, with the distribution each was drawn from.
+
+    `probs` is [len(token_ids), vocab] (row i: the q that token i was drawn from), or None when
+    each token is a point mass (q(token) = 1), as for the n-gram drafter and greedy requests.
+    """
+
+    token_ids: tuple[int, ...]
+    probs: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.probs is not None and self.probs.shape[0] != len(self.token_ids):
+            raise ValueError(f"{len(self.token_ids)} draft tokens but {self.probs.shape[0]} q rows")
+
 
 # accept(p(d), q(d), u) with u uniform in [0, 1): whether the draft token d is kept.
 AcceptRule = Callable[[float, float, float], bool]

@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Any
+from tests.kernels.interpret import kernel_device
 
-import pytest
-import torch
-from transformers import LlamaConfig
-from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
+# runner.loader imports the model and its Triton attention kernels: set TRITON_INTERPRET=1 (no
+# CUDA) first, or a kernel test collected after this module finds them compiled for a GPU.
+kernel_device()
 
-from weir.engine.config import RopeConfig, RopeScalingType
-from weir.engine.runner.loader import rope_config_from_hf
-from weir.engine.runner.rope import RotaryEmbedding, compute_inv_freq, yarn_attention_factor
+from typing import Any  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from transformers import LlamaConfig  # noqa: E402
+from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb  # noqa: E402
+
+from weir.engine.config import RopeConfig, RopeScalingType  # noqa: E402
+from weir.engine.models.rope import RotaryEmbedding, compute_inv_freq, yarn_attention_factor  # noqa: E402
+from weir.engine.runner.loader import rope_config_from_hf  # noqa: E402
 
 HEAD_DIM = 32
 MAX_POS = 256

@@ -1,16 +1,16 @@
-"""weir.engine.scheduling.latency_targets: the shipped class defaults per device, and a tenant's override over them."""
+"""weir.engine.latency_targets: the shipped class defaults per device, and a tenant's override over them."""
 
 from __future__ import annotations
 
 import pytest
 
-from weir.engine.request import Priority
-from weir.engine.scheduling.latency_targets import (
+from weir.engine.latency_targets import (
     CPU_CLASS_TARGETS,
     GPU_CLASS_TARGETS,
     LatencyTargets,
     class_targets_for,
 )
+from weir.engine.request import Priority
 
 
 def test_the_documented_defaults() -> None:

@@ -2,7 +2,7 @@
 
 It lives in engine/ (not kernels/) so that kernels/ stays a leaf that imports nothing from engine/.
 
-It implements `weir.engine.runner.attention.AttentionBackend`. Unlike the torch path it reads only the
+It implements `weir.engine.models.attention.AttentionBackend`. Unlike the torch path it reads only the
 device tensors of `AttentionMetadata` (never the host tuples, never `.item()`), so a decode
 step through it can be captured in a CUDA graph and replayed with new metadata values.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from weir.engine.runner.attention import AttentionMetadata
+from weir.engine.models.attention import AttentionMetadata
 from weir.kernels.paged_attention import paged_attention
 from weir.kernels.reshape_and_cache import reshape_and_cache
 

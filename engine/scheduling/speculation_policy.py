@@ -23,8 +23,8 @@ from collections.abc import Mapping, Sequence
 from weir.engine.kv.kv_cache_manager import KVCacheManager
 from weir.engine.output import SchedulerOutput
 from weir.engine.request import Request
-from weir.engine.spec_decode.config import SpeculativeConfig
-from weir.engine.spec_decode.tally import SpeculationCounters, VerifiedDraft
+from weir.engine.speculation_tally import SpeculationCounters, VerifiedDraft
+from weir.engine.speculative_config import SpeculativeConfig
 
 
 class SpeculationPolicy:

@@ -15,9 +15,8 @@ import torch
 
 from tests.engine.tiny_models import load_hf_model, make_tiny_model
 from weir.engine.request import SamplingParams
+from weir.engine.sampling.draft_verifier import AcceptRule, Draft, Verifier, exact_accept, extended_contexts
 from weir.engine.sampling.sampler import Sampler, SamplingContext, make_generator
-from weir.engine.spec_decode.drafter import Draft
-from weir.engine.spec_decode.verifier import AcceptRule, Verifier, exact_accept, extended_contexts
 
 VOCAB = 32
 NUM_TRIALS = 2000

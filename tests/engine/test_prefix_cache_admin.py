@@ -11,9 +11,9 @@ from tests.engine.tiny_models import make_tiny_model
 from weir.engine.async_engine import AsyncEngine
 from weir.engine.client import EngineRequest
 from weir.engine.config import CacheConfig, EngineConfig, SchedulerConfig
+from weir.engine.engine_builder import build_engine
 from weir.engine.errors import EngineDeadError
 from weir.engine.kv.prefix_cache_types import InvalidPrefixError, PinCapacityError, UnknownPrefixError
-from weir.engine.llm_engine import build_engine
 from weir.engine.request import SamplingParams
 
 

@@ -1,0 +1,1 @@
+"""Requests that fan out into several sequences: n>1 choices and beam search groups."""
