@@ -155,6 +155,7 @@ class AsyncEngine:
             )
             async for _ in self.generate(req):
                 pass
+            self.core.forget_measured_rates()  # the warm-up's rates measure no one's prompt
         self._ready = True
 
     async def shutdown(self) -> None:

@@ -309,11 +309,7 @@ class AdmissionController:
             )
         priority = requests[0].priority if requests else tenant.priority
         predicted_s: float | None = None
-        # The tenant's own TTFT objective, else its class's (an interactive tenant made as the
-        # README makes one has none of its own, and is held to the class's 2 s on a CPU).
-        own_ttft_s = quota.ttft_slo_ms / 1000 if quota.ttft_slo_ms is not None else None
-        ttft_s = own_ttft_s if own_ttft_s is not None else stats.class_targets.of(priority).ttft_s
-        if priority is Priority.INTERACTIVE and ttft_s is not None:
+        if priority is Priority.INTERACTIVE and quota.ttft_slo_ms is not None:
             itl_s = requests[0].latency.itl_s if requests else None
             raw = predict_ttft(stats, priority, queued, self._recent.ahead(priority), itl_s)
             if raw is not None:
@@ -321,23 +317,19 @@ class AdmissionController:
                 prediction = self.calibration.apply(priority, raw, name)
                 if self.metrics is not None:
                     self.metrics.observe_prediction(name, prediction.seconds)
-                slo_s = ttft_s * self.config.slo_margin
+                slo_s = quota.ttft_slo_ms / 1000 * self.config.slo_margin
                 if prediction.seconds > slo_s:
                     self._reject(name, RejectReason.SLO_UNATTAINABLE)
-                    whose = (
-                        "this API key's" if own_ttft_s is not None else f"the {priority.name.lower()} class's"
-                    )
                     raise ServiceUnavailableError(
                         f"the predicted time to first token ({prediction.seconds * 1000:.0f} ms, "
-                        f"{prediction.tokens_ahead} tokens queued ahead) exceeds {whose} "
-                        f"objective of {ttft_s * 1000:.0f} ms; retry later",
+                        f"{prediction.tokens_ahead} tokens queued ahead) exceeds this API key's "
+                        f"objective of {quota.ttft_slo_ms} ms; retry later",
                         code="slo_unattainable",
                         headers=_retry_after(prediction.seconds - slo_s),
                     )
-            if own_ttft_s is not None:  # the seats and rows check: for tenants that set objectives
-                self._check_stream(
-                    name, stats, priority, itl_s, own_ttft_s, sum(map(num_sequences, requests))
-                )
+            self._check_stream(
+                name, stats, priority, itl_s, quota.ttft_slo_ms / 1000, sum(map(num_sequences, requests))
+            )
         num_tokens = self._reservation(tenant, requests)
         try:
             result = await self.budgets.take(tenant, num_tokens)

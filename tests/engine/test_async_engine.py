@@ -184,3 +184,34 @@ def test_an_abort_reports_the_prompt_tokens_computed(tiny: Path) -> None:
         assert await _poll(lambda: _idle(core))
 
     _run(tiny, body)
+
+
+def test_the_start_up_warm_up_leaves_no_measured_rate(tiny: Path) -> None:
+    """Admission predicts first tokens from the measured prefill rate: the warm-up's 8-token
+    prompt is no measure of anyone's (it predicted 3 s for a chat with nothing ahead)."""
+    core = build_engine(
+        EngineConfig(
+            model_path=str(tiny),
+            cache=CacheConfig(block_size=16, num_blocks=64),
+            scheduler=SchedulerConfig(max_num_batched_tokens=256, max_num_seqs=8, max_model_len=256),
+        )
+    )
+
+    async def main() -> None:
+        engine = AsyncEngine(core=core)
+        await engine.start()  # with the warm-up
+        try:
+            assert core.num_prompt_tokens_total == 8  # the warm-up ran
+            assert core.stats().prefill_tokens_per_s == 0.0 and core.decode_rate.value == 0.0
+            er = EngineRequest(
+                request_id="r",
+                prompt_token_ids=tuple(range(1, 41)),
+                sampling_params=SamplingParams(max_tokens=2),
+            )
+            async for _ in engine.generate(er):
+                pass
+            assert core.stats().prefill_tokens_per_s > 0.0  # a real prompt is measured
+        finally:
+            await engine.shutdown()
+
+    asyncio.run(main())

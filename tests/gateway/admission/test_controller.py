@@ -36,7 +36,6 @@ from tests.gateway.harness import (
     wait_until,
 )
 from weir.engine.client import EngineRequest
-from weir.engine.latency_targets import CPU_CLASS_TARGETS
 from weir.engine.output import RequestOutput
 from weir.engine.request import FinishReason, Priority
 from weir.gateway.admission.controller import AdmissionConfig, AdmissionController, format_duration, met_slo
@@ -171,28 +170,6 @@ def test_interactive_requests_that_cannot_meet_their_ttft_slo_are_rejected_at_on
     # Lower classes and tenants without an objective are not rejected on predictions.
     admit(setup, tenant("noisy", ttft_slo_ms=2_000), request(300))
     admit(setup, tenant("quiet2", Priority.INTERACTIVE), request(300, priority=Priority.INTERACTIVE))
-
-
-def test_an_interactive_tenant_without_its_own_objective_is_held_to_its_class_ttft(setup: Setup) -> None:
-    # The README's `--priority interactive` tenant sets no ttft_slo_ms: the class's 2 s (CPU) applies.
-    loaded = stats(
-        waiting_tokens_by_priority=(1_500, 0, 0),
-        num_waiting_tokens=1_500,
-        prefill_tokens_per_s=1_000.0,
-        decode_steps_per_s=10.0,
-        num_running=4,
-    )
-    setup.controller.config = AdmissionConfig(max_queued_tokens=None)
-    setup.engine_stats[0] = replace(loaded, class_targets=CPU_CLASS_TARGETS)
-    chat = tenant("chat", Priority.INTERACTIVE)
-    admit(setup, chat, request(300, priority=Priority.INTERACTIVE))  # 1.9 s: fits
-    with pytest.raises(ServiceUnavailableError) as info:
-        admit(setup, chat, request(300, priority=Priority.INTERACTIVE))  # 2.2 s
-    assert info.value.code == "slo_unattainable"
-    assert "the interactive class's objective of 2000 ms" in info.value.message
-    # An engine without class targets predicts nothing against: admitted as before.
-    setup.engine_stats[0] = loaded
-    admit(setup, tenant("other", Priority.INTERACTIVE), request(300, priority=Priority.INTERACTIVE))
 
 
 def test_no_prediction_before_the_engine_measured_its_prefill_rate(setup: Setup) -> None:
