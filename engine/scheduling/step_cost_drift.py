@@ -1,6 +1,6 @@
 """Detecting that the fitted step cost no longer describes the machine (issue 58).
 
-The step cost model (engine/scheduling/step_budget.py) forgets old steps exponentially and pulls its slopes
+The step cost model (engine/scheduling/step_cost_model.py) forgets old steps exponentially and pulls its slopes
 towards their last values, so that steps which all have the same shape (eight decode rows, a
 32-token chunk) do not move a slope they say nothing about. The price: a fit made while the
 machine was contended (a neighbour process, a load generator starting, a server start-up) keeps

@@ -20,7 +20,8 @@ order, cheapest and least committal first:
    whole context, though it may still generate up to the context. 429 `rate_limit_exceeded` with
    Retry-After and `x-ratelimit-*` headers, as OpenAI sends them; a request larger than the
    tenant's whole budget can never be admitted, and gets a 400 `request_too_large` that clients
-   do not retry. Local budgets or database leases: any `weir.tenancy.budgets.quotas.TokenBudget`.
+   do not retry (`weir.gateway.admission.refusal_errors`; what a request reserves:
+   `weir.gateway.admission.request_tokens`). Local budgets or database leases: any `weir.tenancy.budgets.quotas.TokenBudget`.
 5. Window budgets: tokens and money of the tenant and the key over minute, hour, day, month or
    rolling windows, with soft and hard limits (`weir.gateway.admission.window_budget_gate`); a hard limit
    refuses with 429 and Retry-After until the window has room, and what step 4 granted goes back.
@@ -49,6 +50,13 @@ from weir.engine.client import EngineRequest
 from weir.engine.engine_stats import EngineStats
 from weir.engine.request import Priority
 from weir.gateway.admission.accounting import Admitted, Outcome, UsageRecord
+from weir.gateway.admission.refusal_errors import (
+    rate_limit_error,
+    rate_limit_headers,
+    retry_after_headers,
+    too_large_error,
+)
+from weir.gateway.admission.request_tokens import num_queued_tokens, num_reserved_tokens, num_sequences
 from weir.gateway.admission.slo import RecentAdmissions, predict_ttft
 from weir.gateway.admission.stream_outlook import stream_outlook
 from weir.gateway.admission.ttft_calibration import TTFTCalibration
@@ -56,7 +64,7 @@ from weir.gateway.admission.window_budget_gate import WindowBudgetGate, WindowBu
 from weir.gateway.http.errors import BadRequestError, RateLimitError, ServiceUnavailableError
 from weir.gateway.metrics.admission_metrics import AdmissionMetrics, RejectReason, SLOResult
 from weir.gateway.settings.settings import Settings
-from weir.tenancy.budgets.principal_budgets import PrincipalBudgets, RateWindow, Reservation
+from weir.tenancy.budgets.principal_budgets import PrincipalBudgets, Reservation
 from weir.tenancy.budgets.quotas import ConcurrencyLimiter, Denial, LimitKind, LocalBudget, TokenBudget
 from weir.tenancy.context import QuotaLimits, TenantContext
 
@@ -91,95 +99,6 @@ class AdmissionConfig:
             raise ValueError(f"max_queued_tokens must be >= 1 or None, got {self.max_queued_tokens}")
         if not (math.isfinite(self.slo_margin) and self.slo_margin > 0):
             raise ValueError(f"slo_margin must be > 0, got {self.slo_margin}")
-
-
-def format_duration(seconds: float) -> str:
-    """A duration as OpenAI's `x-ratelimit-reset-*` headers write it: `20ms`, `1.5s`, `6m0s`, `1h2m3s`."""
-    seconds = max(0.0, seconds)
-    if seconds < 1:
-        return f"{round(seconds * 1000)}ms"
-    whole_minutes, rest = divmod(seconds, 60)
-    hours, minutes = divmod(int(whole_minutes), 60)
-    secs = f"{rest:.3f}".rstrip("0").rstrip(".")
-    if hours:
-        return f"{hours}h{minutes}m{secs}s"
-    if minutes:
-        return f"{minutes}m{secs}s"
-    return f"{secs}s"
-
-
-def _retry_after(seconds: float) -> dict[str, str]:
-    seconds = max(seconds, 0.001)
-    return {"retry-after": str(max(1, math.ceil(seconds))), "retry-after-ms": str(math.ceil(seconds * 1000))}
-
-
-def rate_limit_headers(requests: RateWindow | None, tokens: RateWindow | None) -> dict[str, str]:
-    """OpenAI's `x-ratelimit-*` headers for the windows that exist (a missing limit sends none)."""
-    headers: dict[str, str] = {}
-    for unit, window in (("requests", requests), ("tokens", tokens)):
-        if window is not None:
-            headers[f"x-ratelimit-limit-{unit}"] = str(window.limit)
-            headers[f"x-ratelimit-remaining-{unit}"] = str(max(0, window.remaining))
-            headers[f"x-ratelimit-reset-{unit}"] = format_duration(window.reset_s)
-    return headers
-
-
-def rate_limit_error(denial: Denial) -> RateLimitError:
-    """The 429 for a denial, with Retry-After and the `x-ratelimit-*` headers of the refusing limit."""
-    if denial.limit is LimitKind.MAX_CONCURRENT:
-        headers = {"x-ratelimit-limit-requests": str(denial.limit_value)}
-    elif denial.limit is LimitKind.REQUESTS_PER_MINUTE:
-        headers = rate_limit_headers(RateWindow(denial.limit_value, denial.remaining, denial.reset_s), None)
-    else:
-        headers = {
-            "x-ratelimit-limit-tokens": str(denial.limit_value),
-            "x-ratelimit-remaining-tokens": str(max(0, denial.remaining)),
-            "x-ratelimit-reset-tokens": format_duration(denial.reset_s),
-        }
-    if denial.retry_after_s is not None:
-        headers.update(_retry_after(denial.retry_after_s))
-    return RateLimitError(denial.message, headers=headers)
-
-
-def num_sequences(request: EngineRequest) -> int:
-    """Sequences the engine decodes for a request: its beams under beam search, else its n choices."""
-    params = request.sampling_params
-    return params.beam_width if params.use_beam_search else params.n
-
-
-def num_reserved_tokens(requests: Sequence[EngineRequest], default_max_tokens: int | None = None) -> int:
-    """What a request reserves: each prompt once, plus max_tokens for each sequence it decodes.
-
-    With `default_max_tokens`, a request whose max_tokens the client left out reserves at most that
-    many output tokens per sequence (it may use more; settlement charges the rest as debt).
-    """
-    total = 0
-    for r in requests:
-        max_tokens = r.sampling_params.max_tokens
-        if r.max_tokens_defaulted and default_max_tokens is not None:
-            max_tokens = min(max_tokens, default_max_tokens)
-        total += len(r.prompt_token_ids) + num_sequences(r) * max_tokens
-    return total
-
-
-def too_large_error(num_tokens: int, limit: int, per: str) -> BadRequestError:
-    """The 400 for a request that no wait can admit (a 429 would be retried by clients, in vain)."""
-    return BadRequestError(
-        f"Request too large: it may use {num_tokens} tokens (the prompt, plus max_tokens for each "
-        f"choice or beam) and this API key's limit is {limit} tokens per {per}. Reduce the prompt, "
-        "max_tokens, n or beam_width.",
-        param="max_tokens",
-        code="request_too_large",
-    )
-
-
-def num_queued_tokens(requests: Sequence[EngineRequest]) -> int:
-    """Prompt tokens the request adds to the waiting queue (each choice is prefilled on its own; the
-    beams of a beam search share one prefill)."""
-    return sum(
-        len(r.prompt_token_ids) * (1 if r.sampling_params.use_beam_search else r.sampling_params.n)
-        for r in requests
-    )
 
 
 def met_slo(record: UsageRecord, quota: QuotaLimits, num_choices: int) -> bool:
@@ -305,7 +224,7 @@ class AdmissionController:
             raise ServiceUnavailableError(
                 f"the server's queue is full ({bound} prompt tokens waiting at most); retry later",
                 code="queue_full",
-                headers=_retry_after(excess / rate if rate > 0 else 1.0),
+                headers=retry_after_headers(excess / rate if rate > 0 else 1.0),
             )
         priority = requests[0].priority if requests else tenant.priority
         predicted_s: float | None = None
@@ -325,7 +244,7 @@ class AdmissionController:
                         f"{prediction.tokens_ahead} tokens queued ahead) exceeds this API key's "
                         f"objective of {quota.ttft_slo_ms} ms; retry later",
                         code="slo_unattainable",
-                        headers=_retry_after(prediction.seconds - slo_s),
+                        headers=retry_after_headers(prediction.seconds - slo_s),
                     )
             self._check_stream(
                 name, stats, priority, itl_s, quota.ttft_slo_ms / 1000, sum(map(num_sequences, requests))
@@ -339,7 +258,7 @@ class AdmissionController:
             raise ServiceUnavailableError(
                 "the token budget cannot be checked right now; retry later",
                 code="budget_unavailable",
-                headers=_retry_after(1.0),
+                headers=retry_after_headers(1.0),
             ) from exc
         if isinstance(result, Denial):
             if result.request_too_large:
@@ -380,7 +299,7 @@ class AdmissionController:
             f"this request cannot meet both its time to first token and its time between tokens: {why}; "
             "retry later",
             code="slo_unattainable",
-            headers=_retry_after(ttft_s),
+            headers=retry_after_headers(ttft_s),
         )
 
     def _waited_s(self, requests: Sequence[EngineRequest]) -> float:

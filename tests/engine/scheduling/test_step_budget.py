@@ -16,7 +16,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from tests.engine.sim import Sim, reference_output
 from weir.engine.config import QueuePolicy, SchedulerConfig
-from weir.engine.scheduling.step_budget import StepBudget, StepBudgetConfig, StepCostModel
+from weir.engine.scheduling.step_budget import StepBudget, StepBudgetConfig
 
 
 @dataclass
@@ -149,19 +149,6 @@ def test_without_a_target_the_budget_is_fixed_and_the_cost_is_still_fitted() -> 
     stats = ctrl.stats()
     assert stats.token_budget == 2048 and stats.target_step_s is None
     assert stats.cost is not None and stats.cost.per_token_s == pytest.approx(0.002, rel=0.1)
-
-
-def test_the_slope_stands_while_every_step_has_the_same_size() -> None:
-    model = StepCostModel(forgetting=0.9, ridge=32.0**2)
-    cost = FakeCost(a=0.04, b=0.002, noise=0.0)
-    for tokens in (64, 128, 256, 8, 400):
-        model.observe(tokens, cost.seconds(tokens))
-    for _ in range(300):  # decodes only, on a machine whose overhead grew: the slope is unknown to them
-        model.observe(8, 0.06 + 0.002 * 8)
-    fitted = model.cost
-    assert fitted is not None
-    assert fitted.per_token_s == pytest.approx(0.002, rel=0.05)
-    assert fitted.overhead_s == pytest.approx(0.06, rel=0.05)
 
 
 def test_probe_before_the_cost_is_known() -> None:

@@ -1,5 +1,5 @@
 """The step cost drift detector (engine/scheduling/step_cost_drift.py) and the refit it triggers in the step
-cost model (engine/scheduling/step_budget.py), on simulated step times."""
+cost model (engine/scheduling/step_cost_model.py), on simulated step times."""
 
 from __future__ import annotations
 
@@ -97,7 +97,7 @@ def test_a_fit_polluted_by_a_neighbour_recovers_when_the_machine_frees_up(
     polluted = ctrl.stats().cost
     assert polluted is not None and polluted.per_decode_s > 0.007
     cap_loaded = ctrl.max_running()
-    with caplog.at_level(logging.INFO, logger="weir.engine.scheduling.step_budget"):
+    with caplog.at_level(logging.INFO, logger="weir.engine.scheduling.step_cost_model"):
         _decode_steps(ctrl, FakeCost(a=0.03, b=0.0015, c=0.004, seed=2), 30)  # the neighbour left
     stats = ctrl.stats()
     assert stats.num_fit_refits >= 1

@@ -21,7 +21,8 @@ from tests.gateway.admission_doubles import (
 from weir.engine.client import EngineRequest
 from weir.engine.request import SamplingParams
 from weir.gateway.admission.accounting import Outcome, Usage
-from weir.gateway.admission.controller import AdmissionConfig, num_reserved_tokens
+from weir.gateway.admission.controller import AdmissionConfig
+from weir.gateway.admission.request_tokens import num_reserved_tokens
 from weir.gateway.http.errors import BadRequestError, RateLimitError
 from weir.tenancy.context import TenantContext
 

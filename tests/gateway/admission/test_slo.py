@@ -8,7 +8,8 @@ import pytest
 from tests.engine.latency_scenarios import SCENARIO_CLASS_TARGETS
 from weir.engine.engine_stats import EngineStats
 from weir.engine.request import Priority
-from weir.engine.scheduling.step_budget import StepBudgetStats, StepCost
+from weir.engine.scheduling.step_budget import StepBudgetStats
+from weir.engine.scheduling.step_cost_model import StepCost
 from weir.gateway.admission.slo import planned_step_s, predict_ttft
 
 # a 2-core CPU: 35 ms a step, 1.7 ms per prefill token, 5 ms per decode row; 800 ms steps

@@ -13,7 +13,8 @@ from tests.gateway.admission_doubles import Setup, admit, make_setup, request, s
 from weir.engine.engine_stats import EngineStats
 from weir.engine.latency_targets import CPU_CLASS_TARGETS
 from weir.engine.request import Priority
-from weir.engine.scheduling.step_budget import StepBudgetStats, StepCost
+from weir.engine.scheduling.step_budget import StepBudgetStats
+from weir.engine.scheduling.step_cost_model import StepCost
 from weir.gateway.admission.stream_outlook import stream_outlook
 from weir.gateway.http.errors import ServiceUnavailableError
 

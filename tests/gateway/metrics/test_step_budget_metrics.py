@@ -6,7 +6,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.gateway.metrics.engine_snapshot import engine_stats
 from weir.engine.engine_stats import EngineStats
-from weir.engine.scheduling.step_budget import StepBudgetStats, StepCost
+from weir.engine.scheduling.step_budget import StepBudgetStats
+from weir.engine.scheduling.step_cost_model import StepCost
 from weir.gateway.metrics.registry import GatewayMetrics
 
 
