@@ -294,6 +294,25 @@ def test_the_kv_store_profile_runs_its_own_valkey_and_reads_the_mac_key_from_the
         only(render_profile("kv-store"), "Service", "weir-kv-store").doc["spec"]["ports"][0]["port"] == 6379
     )
     assert "WEIR_KV_STORE_URL" not in only(render_profile("default"), "ConfigMap", "weir-config").doc["data"]
+    # The chart's Valkey requires the password Weir's pods read, from the same Secret key.
+    (valkey,) = store["spec"]["template"]["spec"]["containers"]
+    assert valkey["env"] == [
+        {
+            "name": "WEIR_KV_STORE_PASSWORD",
+            "valueFrom": {"secretKeyRef": {"name": "weir-kv-store", "key": "WEIR_KV_STORE_PASSWORD"}},
+        }
+    ]
+    assert valkey["args"][-2:] == ["--requirepass", "$(WEIR_KV_STORE_PASSWORD)"]
+
+
+def test_the_charts_valkey_can_run_without_a_password() -> None:
+    values = {
+        "kvStore": {"existingSecret": "weir-kv-store", "valkey": {"enabled": True, "requirePassword": False}}
+    }
+    (valkey,) = only(render(values), "Deployment", "weir-kv-store").doc["spec"]["template"]["spec"][
+        "containers"
+    ]
+    assert "env" not in valkey and "--requirepass" not in valkey["args"]
 
 
 def test_on_off_settings_take_yaml_booleans_and_their_old_spelling() -> None:
