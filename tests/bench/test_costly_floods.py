@@ -47,8 +47,14 @@ def check_limits_admits(pattern: str) -> bool:
 
 
 def test_every_flood_names_probes_that_exist() -> None:
-    assert set(COSTLY_FLOODS) == {"regex", "logit-bias", "stop", "logprobs"}
+    assert set(COSTLY_FLOODS) == {"regex", "logit-bias", "stop", "logprobs", "plain"}
     assert {name for names in COSTLY_FLOODS.values() for name in names} == set(PROBES)
+
+
+def test_the_plain_control_is_the_same_chat_with_no_costly_field() -> None:
+    body = _body("plain_chat")
+    assert set(body) == {"model", "messages", "max_tokens", "ignore_eos"}
+    assert body["max_tokens"] == 32 and body["ignore_eos"] is True
 
 
 @pytest.mark.parametrize("name", sorted(PROBES))
