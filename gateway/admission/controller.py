@@ -8,6 +8,10 @@ order, cheapest and least committal first:
    `max_queued_tokens` (503 `queue_full`), so nothing piles up without limit.
 3. SLO: an interactive request whose tenant has a TTFT objective is rejected at once when the
    predicted TTFT (`weir.gateway.admission.slo`) misses it (503 `slo_unattainable`) rather than waiting to miss.
+   An interactive tenant without an objective of its own is held to its class's TTFT target
+   loosely: refused only where the prediction misses it by more than `class_refuse_factor` (3x by
+   default: 6 s against the CPU's 2 s), a request that would wait 10-20 s on a loaded machine
+   (issue 58), never one that the noise of a prediction puts a little over the target.
    The prediction is scaled by the bias its class's admitted requests showed, actual TTFT over
    predicted (`weir.gateway.admission.ttft_calibration`), so a model that runs pessimistic does not
    refuse what the machine could serve in time. Both targets count: a request that would find no
@@ -85,6 +89,9 @@ class AdmissionConfig:
     max_queue_time_s: float | None = 300.0  # None: requests may wait in the queue indefinitely
     max_queued_tokens: int | None = 65_536  # None: no bound on waiting prompt tokens
     slo_margin: float = 1.0  # reject when predicted TTFT > ttft_slo * margin
+    # Interactive tenants without a TTFT objective: reject when predicted TTFT > the class's target
+    # times this (0: never judge them).
+    class_refuse_factor: float = 3.0
     # Output tokens reserved per sequence when a request gives no max_tokens (tenants may override).
     default_max_tokens_reservation: int = 1024
 
@@ -99,6 +106,8 @@ class AdmissionConfig:
             raise ValueError(f"max_queued_tokens must be >= 1 or None, got {self.max_queued_tokens}")
         if not (math.isfinite(self.slo_margin) and self.slo_margin > 0):
             raise ValueError(f"slo_margin must be > 0, got {self.slo_margin}")
+        if not (math.isfinite(self.class_refuse_factor) and self.class_refuse_factor >= 0):
+            raise ValueError(f"class_refuse_factor must be >= 0, got {self.class_refuse_factor}")
 
 
 def met_slo(record: UsageRecord, quota: QuotaLimits, num_choices: int) -> bool:
@@ -228,7 +237,9 @@ class AdmissionController:
             )
         priority = requests[0].priority if requests else tenant.priority
         predicted_s: float | None = None
-        if priority is Priority.INTERACTIVE and quota.ttft_slo_ms is not None:
+        objective = self._ttft_objective(stats, priority, quota.ttft_slo_ms)
+        if objective is not None:
+            slo_s, owner = objective
             itl_s = requests[0].latency.itl_s if requests else None
             raw = predict_ttft(stats, priority, queued, self._recent.ahead(priority), itl_s)
             if raw is not None:
@@ -236,19 +247,18 @@ class AdmissionController:
                 prediction = self.calibration.apply(priority, raw, name)
                 if self.metrics is not None:
                     self.metrics.observe_prediction(name, prediction.seconds)
-                slo_s = quota.ttft_slo_ms / 1000 * self.config.slo_margin
                 if prediction.seconds > slo_s:
                     self._reject(name, RejectReason.SLO_UNATTAINABLE)
                     raise ServiceUnavailableError(
                         f"the predicted time to first token ({prediction.seconds * 1000:.0f} ms, "
-                        f"{prediction.tokens_ahead} tokens queued ahead) exceeds this API key's "
-                        f"objective of {quota.ttft_slo_ms} ms; retry later",
+                        f"{prediction.tokens_ahead} tokens queued ahead) exceeds {owner}; retry later",
                         code="slo_unattainable",
                         headers=retry_after_headers(prediction.seconds - slo_s),
                     )
-            self._check_stream(
-                name, stats, priority, itl_s, quota.ttft_slo_ms / 1000, sum(map(num_sequences, requests))
-            )
+            if quota.ttft_slo_ms is not None:
+                self._check_stream(
+                    name, stats, priority, itl_s, quota.ttft_slo_ms / 1000, sum(map(num_sequences, requests))
+                )
         num_tokens = self._reservation(tenant, requests)
         try:
             result = await self.budgets.take(tenant, num_tokens)
@@ -268,6 +278,28 @@ class AdmissionController:
             self._reject(name, _REASON_OF[result.limit])
             raise rate_limit_error(result)
         return result, predicted_s
+
+    def _ttft_objective(
+        self, stats: EngineStats, priority: Priority, ttft_slo_ms: int | None
+    ) -> tuple[float, str] | None:
+        """The TTFT an interactive request is refused past, in seconds, and whose it is (for the
+        error): the tenant's objective (times `slo_margin`), else its class's target times
+        `class_refuse_factor`; None for other classes or where neither applies."""
+        if priority is not Priority.INTERACTIVE:
+            return None
+        if ttft_slo_ms is not None:
+            return (
+                ttft_slo_ms / 1000 * self.config.slo_margin,
+                f"this API key's objective of {ttft_slo_ms} ms",
+            )
+        factor = self.config.class_refuse_factor
+        target_s = stats.class_targets.of(priority).ttft_s
+        if factor <= 0 or target_s is None:
+            return None
+        return target_s * factor, (
+            f"{factor:g} times the interactive class's target of {target_s * 1000:.0f} ms "
+            "(set a ttft_slo_ms on the tenant for an objective of its own)"
+        )
 
     def _check_stream(
         self,
@@ -413,6 +445,7 @@ def build_admission(
         max_queue_time_s=settings.max_queue_time_s or None,
         max_queued_tokens=settings.max_queued_tokens or None,
         default_max_tokens_reservation=settings.default_max_tokens_reservation,
+        class_refuse_factor=settings.class_refuse_factor,
     )
     db = Database(settings.resolved_database_url)
     gate = WindowBudgetGate.on_database(db, window_metrics, refresh_s=settings.auth_cache_ttl_s)

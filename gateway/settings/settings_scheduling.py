@@ -73,6 +73,15 @@ class SchedulingFields:
         doc="`503 queue_full` when waiting prompt tokens would exceed this; `0`: no bound",
         ge=0,
     )
+    class_refuse_factor: float = setting(
+        3.0,
+        "503 an interactive request of a tenant without ttft_slo_ms when its predicted TTFT exceeds "
+        "the class's target times this; 0: never",
+        doc="`503 slo_unattainable` for an interactive request of a tenant without a `ttft_slo_ms` of its own "
+        "when its predicted time to first token exceeds the interactive class's target times this "
+        "(3: 6 s on a CPU); `0`: such requests are never refused on predictions",
+        ge=0,
+    )
     lease_tokens: int = setting(
         4096,
         "largest budget chunk a replica leases from PostgreSQL",

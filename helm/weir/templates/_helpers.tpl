@@ -234,6 +234,7 @@ numbers are printed as integers. */}}
 {{- $pairs = append $pairs (list "WEIR_ADMISSION" .Values.config.admission) -}}
 {{- $pairs = append $pairs (list "WEIR_MAX_QUEUE_TIME_S" .Values.config.maxQueueTimeS) -}}
 {{- $pairs = append $pairs (list "WEIR_MAX_QUEUED_TOKENS" .Values.config.maxQueuedTokens) -}}
+{{- $pairs = append $pairs (list "WEIR_CLASS_REFUSE_FACTOR" .Values.config.classRefuseFactor) -}}
 {{- $pairs = append $pairs (list "WEIR_LEASE_TOKENS" .Values.config.leaseTokens) -}}
 {{- $pairs = append $pairs (list "WEIR_LEASE_TTL_S" .Values.config.leaseTtlS) -}}
 {{- $pairs = append $pairs (list "WEIR_DEFAULT_MAX_TOKENS_RESERVATION" .Values.config.defaultMaxTokensReservation) -}}

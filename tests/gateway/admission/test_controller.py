@@ -36,6 +36,7 @@ from tests.gateway.harness import (
     wait_until,
 )
 from weir.engine.client import EngineRequest
+from weir.engine.latency_targets import CPU_CLASS_TARGETS
 from weir.engine.output import RequestOutput
 from weir.engine.request import FinishReason, Priority
 from weir.gateway.admission.controller import AdmissionConfig, AdmissionController, met_slo
@@ -162,6 +163,39 @@ def test_interactive_requests_that_cannot_meet_their_ttft_slo_are_rejected_at_on
     # Lower classes and tenants without an objective are not rejected on predictions.
     admit(setup, tenant("noisy", ttft_slo_ms=2_000), request(300))
     admit(setup, tenant("quiet2", Priority.INTERACTIVE), request(300, priority=Priority.INTERACTIVE))
+
+
+def test_interactive_tenants_without_an_objective_are_refused_only_far_past_the_class_target(
+    setup: Setup,
+) -> None:
+    """Issue 58: the README's interactive tenant has no ttft_slo_ms; on a loaded machine its
+    requests waited 15-30 s for a first token against the class's 2 s. Past 3x the class target
+    (6 s) it is refused at once, with Retry-After; a little over the target it is served."""
+    setup.controller.config = AdmissionConfig(max_queued_tokens=None)
+    loaded = stats(
+        waiting_tokens_by_priority=(4_000, 0, 0),
+        num_waiting_tokens=4_000,
+        prefill_tokens_per_s=1_000.0,
+        decode_steps_per_s=10.0,
+        num_running=4,
+        class_targets=CPU_CLASS_TARGETS,
+    )
+    setup.engine_stats[0] = replace(loaded, waiting_tokens_by_priority=(2_500, 0, 0))
+    chat = tenant("chat", Priority.INTERACTIVE)
+    admit(setup, chat, request(300, priority=Priority.INTERACTIVE))  # ~2.9 s: over 2 s, under 6 s
+    setup.engine_stats[0] = loaded  # a new snapshot: 4,000 tokens ahead, ~4.4 s
+    admit(setup, chat, request(300, priority=Priority.INTERACTIVE))
+    setup.engine_stats[0] = replace(loaded, waiting_tokens_by_priority=(9_000, 0, 0))  # ~9.4 s
+    with pytest.raises(ServiceUnavailableError) as info:
+        admit(setup, chat, request(300, priority=Priority.INTERACTIVE))
+    assert info.value.code == "slo_unattainable" and info.value.status_code == 503
+    assert "3 times the interactive class's target of 2000 ms" in info.value.message
+    assert int(info.value.headers["retry-after"]) >= 3  # ~9.7 s predicted against 6 s
+    assert sample(setup, "weir_admission_rejected_total", tenant="chat", reason="slo_unattainable") == 1
+    # a standard tenant is never refused on predictions, nor is anyone with the factor at 0
+    admit(setup, tenant("std"), request(300))
+    setup.controller.config = AdmissionConfig(max_queued_tokens=None, class_refuse_factor=0)
+    admit(setup, chat, request(300, priority=Priority.INTERACTIVE))
 
 
 def test_no_prediction_before_the_engine_measured_its_prefill_rate(setup: Setup) -> None:
