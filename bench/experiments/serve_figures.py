@@ -38,6 +38,8 @@ class ServeFigures:
     tenant_class: str | None = None
     # share of all requests within the interactive targets (`goodput`); None without per-request data
     goodput: float | None = None
+    # the opening burst (`opening_burst`, `with_opening_cpu`): first tokens in time, CPU used by side
+    opening: dict[str, float] = field(default_factory=dict)
 
 
 def _stat(metrics: Mapping[str, Any], name: str, key: str) -> float:
@@ -89,7 +91,26 @@ def parse_guidellm(system: str, report: Mapping[str, Any], wall_s: float) -> Ser
         wall_s=round(wall_s, 1),
         prefills_in_decode=prefills_in_decode(request_times(report)),
         goodput=goodput(report),
+        opening=opening_burst(report),
     )
+
+
+def opening_burst(report: Mapping[str, Any], ttft_ms: float = GOODPUT_TTFT_MS) -> dict[str, float]:
+    """The requests guidellm sent together at the start (those sent within 0.5 s of the first):
+    how many, and how many got their first token within `ttft_ms`."""
+    bench = report["benchmarks"][0]
+    sent = [
+        (r["info"]["timings"]["request_start"], r.get("time_to_first_token_ms"))
+        for kind in ("successful", "errored", "incomplete")
+        for r in (bench.get("requests", {}).get(kind) or [])
+        if r.get("info", {}).get("timings", {}).get("request_start") is not None
+    ]
+    if not sent:
+        return {}
+    first = min(t for t, _ in sent)
+    burst = [ttft for t, ttft in sent if t - first <= 0.5]
+    within = sum(1 for ttft in burst if ttft is not None and float(ttft) <= ttft_ms)
+    return {"burst_size": float(len(burst)), "burst_within": float(within)}
 
 
 def gc_pause_totals(page: str) -> dict[str, float]:
@@ -226,6 +247,19 @@ def markdown(rows: Sequence[ServeFigures], weir_names: Sequence[str], command: s
                         for gen in range(3)
                     )
                 )
+    for r in rows:
+        o = r.opening
+        if o:
+            cpu = (
+                f"; in its first {o['window_s']:.0f} s guidellm used {o['client_cpu_s']:.1f} CPU-s and the "
+                f"server {o['server_cpu_s']:.1f}"
+                if "client_cpu_s" in o and "server_cpu_s" in o
+                else ""
+            )
+            lines.append(
+                f"\n{r.system} opening burst: {o['burst_within']:.0f} of {o['burst_size']:.0f} first tokens "
+                f"within {GOODPUT_TTFT_MS / 1000:.0f} s{cpu} (bench/experiments/process_cpu.py)"
+            )
     peers = [r for r in rows if r.system not in weir_names]
     weirs = [r for r in rows if r.system in weir_names]
     if peers and weirs:

@@ -40,6 +40,7 @@ from pathlib import Path
 import httpx
 
 from weir_bench.experiments.alternation import round_orders
+from weir_bench.experiments.process_cpu import TreeCPU, opening_window
 from weir_bench.experiments.serve_figures import (
     ServeFigures,
     admitted_by_class,
@@ -60,6 +61,7 @@ DEFAULT_TOOLS = next(
 )
 PEERS = {"tserve": ("peer-tserve.sh",), "llama": ("peer-llama.sh",), "llama-q4": ("peer-llama.sh", "q4")}
 TENANT = "bench-peer"
+OPENING_WINDOW_S = 3.0  # the opening burst's window for the CPU each side used
 STEP_BUDGET_GAUGES = (
     "weir_scheduler_token_budget",
     "weir_scheduler_target_step_seconds",
@@ -79,9 +81,15 @@ def bench_tenant(tenant_class: str) -> TenantSpec:
 
 
 def run_guidellm(
-    args: argparse.Namespace, system: str, base_url: str, model: str, api_key: str | None
+    args: argparse.Namespace,
+    system: str,
+    base_url: str,
+    model: str,
+    api_key: str | None,
+    server_pid: int | None = None,
 ) -> ServeFigures:
-    """One bounded guidellm run against `base_url`."""
+    """One bounded guidellm run against `base_url`; with `server_pid`, the CPU guidellm and the
+    server used in the opening burst's window (bench/experiments/process_cpu.py)."""
     out = args.out / system
     env = {
         **os.environ,
@@ -99,23 +107,35 @@ def run_guidellm(
     with (args.out / f"{system}.guidellm.log").open("wb") as log:
         # its own session: on timeout the whole group goes (guidellm's worker processes too)
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        roots = {"client": proc.pid, **({"server": server_pid} if server_pid is not None else {})}
+        cpu = TreeCPU(roots).start()
         try:
             returncode = proc.wait(timeout=args.run_timeout_s)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             raise
+        finally:
+            cpu.stop()
     if returncode != 0:
         raise subprocess.CalledProcessError(returncode, cmd)
-    figures = parse_guidellm(system, json.loads((out / "benchmarks.json").read_text()), time.monotonic() - t0)
+    report = json.loads((out / "benchmarks.json").read_text())
+    figures = parse_guidellm(system, report, time.monotonic() - t0)
+    window = opening_window(report, OPENING_WINDOW_S)
+    if window is not None and server_pid is not None:
+        used = {f"{name}_cpu_s": cpu.used_s(name, *window) for name in roots}
+        if all(v is not None for v in used.values()):
+            opening = {**figures.opening, "window_s": OPENING_WINDOW_S, **used}
+            figures = replace(figures, opening={k: v for k, v in opening.items() if v is not None})
     print(f"{system}: {figures}", flush=True)
     return figures
 
 
 @contextmanager
-def run_peer(args: argparse.Namespace, name: str) -> Iterator[tuple[str, str]]:
-    """Start a peer with its shared tool script; yields its base URL and the model name to ask for
-    (`peer-tserve.sh` prints its model folder; llama-server answers any name); stops it on exit."""
+def run_peer(args: argparse.Namespace, name: str) -> Iterator[tuple[str, str, int]]:
+    """Start a peer with its shared tool script; yields its base URL, the model name to ask for
+    (`peer-tserve.sh` prints its model folder; llama-server answers any name) and its pid; stops
+    it on exit."""
     script, *extra = PEERS[name]
     port = free_port()
     proc = subprocess.run(
@@ -134,7 +154,7 @@ def run_peer(args: argparse.Namespace, name: str) -> Iterator[tuple[str, str]]:
     words = proc.stdout.split()
     pid = int(words[0])
     try:
-        yield f"http://127.0.0.1:{port}", (words[1] if len(words) > 1 else "default")
+        yield f"http://127.0.0.1:{port}", (words[1] if len(words) > 1 else "default"), pid
     finally:
         try:
             os.killpg(pid, signal.SIGTERM)  # the scripts start the server with setsid
@@ -183,7 +203,7 @@ def run_weir_variant(
                     return (await create_tenants(client, w.url, w.admin_token, [spec]))[TENANT]
 
             api_key = asyncio.run(key())
-            figures = run_guidellm(args, name, w.url, args.served_name, api_key)
+            figures = run_guidellm(args, name, w.url, args.served_name, api_key, w.pid)
             page = httpx.get(w.metrics_url, timeout=10).raise_for_status().text
             gauges = {
                 **parse_gauges(page, STEP_BUDGET_GAUGES),
@@ -264,8 +284,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 rows.append(run_weir_variant(round_args, name, *variants[name]))
                 continue
             try:
-                with run_peer(round_args, name) as (url, model):
-                    rows.append(run_guidellm(round_args, name, url, model, None))
+                with run_peer(round_args, name) as (url, model, pid):
+                    rows.append(run_guidellm(round_args, name, url, model, None, pid))
             except (RuntimeError, subprocess.SubprocessError, OSError, KeyError) as exc:
                 print(f"{name}: not measured: {exc}", flush=True)
         canonical = [*args.peers, *variants]

@@ -14,6 +14,7 @@ from weir_bench.experiments.serve_figures import (
     gc_pause_totals,
     goodput,
     markdown,
+    opening_burst,
     over_rounds,
     parse_guidellm,
     ratios,
@@ -58,6 +59,34 @@ def test_goodput_counts_requests_within_both_targets_over_all_requests() -> None
     assert goodput(report) == pytest.approx(2 / 5)  # the failed request is a miss too
     assert goodput(report, ttft_ms=3000, itl_ms=200) == pytest.approx(4 / 5)
     assert goodput({"benchmarks": [{}]}) is None
+
+
+def _sent(start: float, ttft_ms: float | None) -> dict:
+    return {"time_to_first_token_ms": ttft_ms, "info": {"timings": {"request_start": start}}}
+
+
+def test_the_opening_burst_is_what_was_sent_together_at_the_start() -> None:
+    burst = [_sent(100.0 + i / 100, ttft) for i, ttft in enumerate([300, 1900, 2100, 4000])]
+    later = [_sent(104.0, 100), _sent(105.0, 100)]
+    report = {"benchmarks": [{"requests": {"successful": burst + later, "errored": [_sent(100.2, None)]}}]}
+    # five sent within 0.5 s of the first (the refused one too), two of them in time
+    assert opening_burst(report) == {"burst_size": 5.0, "burst_within": 2.0}
+    assert opening_burst(report, ttft_ms=5000) == {"burst_size": 5.0, "burst_within": 4.0}
+    assert opening_burst({"benchmarks": [{}]}) == {}
+    row = replace(
+        ServeFigures("weir", 1, 1, 1, 1, 1, 1, 0, 1),
+        opening={
+            "burst_size": 8,
+            "burst_within": 6,
+            "window_s": 3,
+            "client_cpu_s": 1.25,
+            "server_cpu_s": 4.5,
+        },
+    )
+    assert (
+        "weir opening burst: 6 of 8 first tokens within 2 s; in its first 3 s guidellm used 1.2 CPU-s and the server 4.5"
+        in markdown([row], ["weir"], "cmd")
+    )
 
 
 def test_ratios_and_table() -> None:

@@ -67,9 +67,10 @@ def _peer_args(tmp_path: Path, script: str, body: str) -> argparse.Namespace:
 def test_a_peer_is_stopped_by_the_pid_its_script_prints(tmp_path: Path) -> None:
     pid_file = tmp_path / "peer.pid"
     body = f'setsid sleep 300 >/dev/null 2>&1 &\necho $! > {pid_file}\necho "$! /models/smol"\n'
-    with run_peer(_peer_args(tmp_path, "peer-tserve.sh", body), "tserve") as (url, model):
+    with run_peer(_peer_args(tmp_path, "peer-tserve.sh", body), "tserve") as (url, model, peer_pid):
         assert url.startswith("http://127.0.0.1:") and model == "/models/smol"
         pid = int(pid_file.read_text())
+        assert peer_pid == pid
         os.kill(pid, 0)  # running
     _assert_gone(pid)
 
