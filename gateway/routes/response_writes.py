@@ -3,8 +3,8 @@
 A finished `/v1/responses` answer is stored in the background (`PendingWrites.submit`, when its
 last bytes are ready), so the client does not wait for the database insert. The writes queue up
 per tenant; one writer thread of this class's own (not the event loop's default executor, which
-other worker-thread calls share) stores what is queued, up to `max_batch` records taken round
-robin over the tenants, in one `ResponseStore.put_many` call (one transaction): a transaction
+other worker-thread calls share) stores what is queued, up to `WriteBounds.max_batch` records taken
+round robin over the tenants, in one `ResponseStore.put_many` call (one transaction): a transaction
 costs about the same for one record as for dozens. While a batch is in flight the next records
 gather; when the store is quick each write goes alone, at once.
 
@@ -12,7 +12,7 @@ Bounded, so a stalled database costs a bounded amount:
 - a batch's store call is awaited at most `timeout_s`: past it its writes count as failed (the
   thread's statement timeouts end the call; a record it still commits is found by id after all)
   and the next batch waits for the thread to be free;
-- at most `max_pending` writes are pending (queued or in flight), at most `max_pending_per_tenant`
+- at most `WriteBounds.max_pending` writes are pending (queued or in flight), `.max_pending_per_tenant`
   of one tenant, so one tenant's flood never refuses another tenant's writes. A write past a
   bound is refused.
 
@@ -49,9 +49,19 @@ from weir.tenancy.responses.response_records import ResponseStore, StoredRespons
 
 logger = logging.getLogger(__name__)
 
-MAX_BATCH = 64  # records a transaction stores
-MAX_PENDING = 2048  # writes queued or in flight on this replica, each holding its record
-MAX_PENDING_PER_TENANT = 256  # of those, one tenant's
+
+@dataclass(frozen=True)
+class WriteBounds:
+    """How many records a transaction stores, and how many writes may be pending (queued or in
+    flight, each holding its record) on this replica, and of one tenant."""
+
+    max_batch: int = 64
+    max_pending: int = 2048
+    max_pending_per_tenant: int = 256
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.max_pending_per_tenant <= self.max_pending or self.max_batch < 1:
+            raise ValueError(f"need max_batch >= 1 and 1 <= max_pending_per_tenant <= max_pending: {self}")
 
 
 @dataclass(slots=True, eq=False)
@@ -71,23 +81,13 @@ class PendingWrites:
         store: ResponseStore,
         timeout_s: float,
         registry: CollectorRegistry | None = None,
-        *,
-        max_batch: int = MAX_BATCH,
-        max_pending: int = MAX_PENDING,
-        max_pending_per_tenant: int = MAX_PENDING_PER_TENANT,
+        bounds: WriteBounds = WriteBounds(),
     ) -> None:
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
-        if not 1 <= max_pending_per_tenant <= max_pending or max_batch < 1:
-            raise ValueError(
-                "need max_batch >= 1 and 1 <= max_pending_per_tenant <= max_pending, got "
-                f"{max_batch}, {max_pending_per_tenant}, {max_pending}"
-            )
         self.store = store
         self.timeout_s = timeout_s
-        self.max_batch = max_batch
-        self.max_pending = max_pending
-        self.max_pending_per_tenant = max_pending_per_tenant
+        self.bounds = bounds
         self._pending: dict[tuple[str, str], _Write] = {}
         self._per_tenant: dict[str, int] = {}  # pending writes per tenant
         self._queued: dict[str, deque[_Write]] = {}  # not yet in a batch; the next tenant to take from first
@@ -110,11 +110,11 @@ class PendingWrites:
         refused (too many pending writes): logged and counted as a failed write. `on_failure(tenant)`
         runs on the event loop when the write is refused or fails."""
         write = _Write(tenant, record, on_failure)
-        if len(self._pending) >= self.max_pending:
-            self._fail(write, f"{self.max_pending} stored-response writes are pending on this replica")
+        if len(self._pending) >= self.bounds.max_pending:
+            self._fail(write, f"{self.bounds.max_pending} stored-response writes are pending on this replica")
             return False
         num_pending = self._per_tenant.get(tenant, 0)
-        if num_pending >= self.max_pending_per_tenant:
+        if num_pending >= self.bounds.max_pending_per_tenant:
             self._fail(write, f"{num_pending} stored-response writes of this tenant are pending")
             return False
         self._pending[(tenant, record.response_id)] = write
@@ -130,7 +130,7 @@ class PendingWrites:
     def _take_batch(self) -> list[_Write]:
         """Up to `max_batch` queued writes, one per tenant in turn, the longest-served tenant last."""
         batch: list[_Write] = []
-        while self._queued and len(batch) < self.max_batch:
+        while self._queued and len(batch) < self.bounds.max_batch:
             tenant = next(iter(self._queued))
             queue = self._queued.pop(tenant)
             batch.append(queue.popleft())

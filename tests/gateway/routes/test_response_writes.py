@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry
 
 from weir.gateway.http.errors import DatabaseUnavailableError
 from weir.gateway.routes.response_quota import store_call
-from weir.gateway.routes.response_writes import PendingWrites
+from weir.gateway.routes.response_writes import PendingWrites, WriteBounds
 from weir.tenancy.errors import TenantNotFoundError
 from weir.tenancy.responses.memory_responses import MemoryResponseStore
 from weir.tenancy.responses.response_records import StoredResponse
@@ -87,7 +87,7 @@ def test_writes_queued_during_a_batch_go_in_the_next_one_round_robin_over_tenant
     async def run() -> None:
         store = FakeStore()
         store.gate.clear()
-        writes = PendingWrites(store, timeout_s=30, max_batch=4)
+        writes = PendingWrites(store, timeout_s=30, bounds=WriteBounds(max_batch=4))
         writes.submit("a", _record("a0"))  # the first batch, held
         await asyncio.sleep(0.05)
         for i in range(1, 5):
@@ -156,7 +156,10 @@ def test_a_stalled_store_bounds_pending_writes_and_holds_no_other_read(
         store.put("b", _record("resp_b"))
         store.gate.clear()  # the database stalls
         writes = PendingWrites(
-            store, timeout_s=0.2, registry=registry, max_pending=6, max_pending_per_tenant=4
+            store,
+            timeout_s=0.2,
+            registry=registry,
+            bounds=WriteBounds(max_pending=6, max_pending_per_tenant=4),
         )
         writes.submit("a", _record("a0"))  # the batch in flight, held
         await asyncio.sleep(0.02)
@@ -200,6 +203,8 @@ def test_drain_is_bounded_when_the_store_stalls(caplog: pytest.LogCaptureFixture
     assert "still pending at shutdown" in caplog.text
     with pytest.raises(ValueError, match="timeout_s"):
         PendingWrites(store, timeout_s=0)
+    with pytest.raises(ValueError, match="max_pending_per_tenant"):
+        WriteBounds(max_pending=4, max_pending_per_tenant=5)
 
 
 @settings(max_examples=40, deadline=None)
@@ -220,9 +225,7 @@ def test_every_write_submitted_is_stored_refused_or_failed_exactly_once(
             store,
             timeout_s=30,
             registry=registry,
-            max_batch=max_batch,
-            max_pending=8,
-            max_pending_per_tenant=5,
+            bounds=WriteBounds(max_batch, max_pending=8, max_pending_per_tenant=5),
         )
         for i, (tenant, _, pause) in enumerate(ops):
             if not writes.submit(tenant, _record(f"r{i}")):
