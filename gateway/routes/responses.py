@@ -12,9 +12,9 @@ records with the endpoint `response`); only the conversation is this module's:
   fewest that make it fit (found by a binary search, a few tokenizations);
 - with `store` (the default) the tenant's storage quota is checked before anything runs (400
   naming `store`, code `storage_quota_exceeded`; the bytes stored as `StoredBytesGauge` knows
-  them), and the finished response is stored by a background task started when its last bytes
-  are ready (`weir.gateway.routes.response_writes`): a read of that id on this replica waits for
-  the write. Stored responses expire after the retention period: gone on the first read after it,
+  them), and the finished response is queued for a background write when its last bytes are ready
+  (`weir.gateway.routes.response_writes`: batched, bounded): a read of that id on this replica
+  waits for the write. Stored responses expire after the retention period: gone on the first read after it,
   and swept periodically (`ResponseSweeper`). The quota and retention are the tenant's
   (`QuotaLimits.response_storage_bytes`, `.response_retention_s`), else the server's settings;
 - every store call waits at most `timeout_s` (then 503 `database_unavailable`, Retry-After).
@@ -97,7 +97,7 @@ class ResponsesRoutes:
         self.store = store
         self.timeout_s = timeout_s
         self.gauge = gauge if gauge is not None else StoredBytesGauge(store, timeout_s=timeout_s)
-        self.writes = writes if writes is not None else PendingWrites(timeout_s)
+        self.writes = writes if writes is not None else PendingWrites(store, timeout_s)
 
     def limits(self, tenant: TenantContext) -> ResponseStorageLimits:
         """The tenant's storage quota and retention: its own where an admin set them, else the server's."""
@@ -309,8 +309,8 @@ class ResponsesRoutes:
     async def _store(
         self, tenant: TenantContext, items: tuple[dict[str, Any], ...], body: dict[str, Any]
     ) -> None:
-        """Store the finished response: at once for a memory store, else by a background write that
-        reads of its id wait for (the answer's last bytes do not wait for the database)."""
+        """Store the finished response: at once for a memory store, else by a queued background
+        write that reads of its id wait for (the answer's last bytes do not wait for the database)."""
         now = _now()
         expires = now + dt.timedelta(seconds=self.limits(tenant).retention_s)
         record = StoredResponse(body["id"], body, items, now, expires)
@@ -319,15 +319,7 @@ class ResponsesRoutes:
         if self.store.inline:
             self.store.put(tenant_id, record)
             return
-
-        async def write() -> None:
-            try:
-                await store_call(self.store, self.store.put, tenant_id, record)
-            except BaseException:
-                self.gauge.forget(tenant_id)  # not stored: read the bytes again
-                raise
-
-        self.writes.start(tenant_id, record.response_id, write)
+        self.writes.submit(tenant_id, record, self.gauge.forget)  # not stored: read the bytes again
 
 
 def _echo(parsed: ResponsesRequest) -> dict[str, Any]:

@@ -171,7 +171,10 @@ def create_app(
     timeout_s = settings.response_store_timeout_s
     sweeper = ResponseSweeper(response_store, settings.response_sweep_interval_s, timeout_s)
     responses = ResponsesRoutes(
-        openai_routes, response_store, timeout_s=timeout_s, writes=PendingWrites(timeout_s, metrics.registry)
+        openai_routes,
+        response_store,
+        timeout_s=timeout_s,
+        writes=PendingWrites(response_store, timeout_s, metrics.registry),
     )
     routes: list[BaseRoute] = [
         *_operations_routes(fleet, state, metrics, metrics_auth),

@@ -114,10 +114,11 @@ class ServerFields:
     )
     response_store_timeout_s: float = setting(
         DEFAULT_STORE_TIMEOUT_S,
-        "how long a stored-response read, delete or sweep waits for the database",
+        "how long a stored-response read, delete, write batch or sweep waits for the database",
         doc="how long a stored-response read or delete (and a read waiting for a write still in "
         "flight) waits for the database before answering `503 database_unavailable` with "
-        "Retry-After; also bounds one sweep's work",
+        "Retry-After; also bounds one batch of background writes (then they count as failed), "
+        "the drain of those writes at shutdown, and one sweep's work",
         metavar="S",
         gt=0,
         finite=True,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
+from collections.abc import Sequence
 
 from weir.tenancy.responses.response_records import ResponseStorageLimits, StoredResponse
 
@@ -26,6 +27,11 @@ class MemoryResponseStore:
     def put(self, tenant: str, record: StoredResponse) -> None:
         with self._lock:
             self._records.setdefault(tenant, {})[record.response_id] = record
+
+    def put_many(self, items: Sequence[tuple[str, StoredResponse]]) -> list[Exception | None]:
+        for tenant, record in items:
+            self.put(tenant, record)
+        return [None] * len(items)
 
     def _drop(self, tenant: str, response_id: str) -> bool:
         records = self._records.get(tenant)

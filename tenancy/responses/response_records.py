@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -88,6 +89,11 @@ class ResponseStore(Protocol):
 
     def put(self, tenant: str, record: StoredResponse) -> None:
         """Store `record` for `tenant` (the caller checked the quota before generating it)."""
+
+    def put_many(self, items: Sequence[tuple[str, StoredResponse]]) -> list[Exception | None]:
+        """Store each (tenant, record) at once (one transaction for a database): per item, None
+        when it was stored, else why not (its tenant does not exist: TenantNotFoundError), the
+        others stored all the same. Raises when the whole call failed: then none was stored."""
 
     def get(self, tenant: str, response_id: str, now: dt.datetime) -> StoredResponse | None:
         """The tenant's record, or None (unknown, another tenant's, or expired: then deleted)."""

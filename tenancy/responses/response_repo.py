@@ -1,7 +1,8 @@
 """Stored responses in the tenancy database (`stored_responses`, migration 0011).
 
-Every query names the tenant by its name through a join on `tenants`, so one tenant's ids never
-reach another's rows. The rows cascade with their tenant. A read of an expired row deletes it in
+Every query names the tenant by its name through a join on `tenants` (`put_many` looks its
+batch's tenants up once, in the transaction that inserts it), so one tenant's ids never reach
+another's rows. The rows cascade with their tenant. A read of an expired row deletes it in
 the same transaction; `sweep` deletes the rest in bounded batches.
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import time
+from collections.abc import Sequence
 
 from sqlalchemy import JSON, BigInteger, ScalarSelect, String, delete, func, insert, literal, select
 
@@ -54,6 +56,37 @@ class DatabaseResponseStore:
             statement = insert(StoredResponseRow).from_select([columns[n] for n in names], values)
             if session.execute(statement.returning(columns["id"])).first() is None:
                 raise TenantNotFoundError(tenant)
+
+    def put_many(self, items: Sequence[tuple[str, StoredResponse]]) -> list[Exception | None]:
+        # One transaction: the tenants' ids in one query, then one executemany insert.
+        if not items:
+            return []
+        outcomes: list[Exception | None] = []
+        rows = []
+        with self.db.transaction(timeout_s=REQUEST_TIMEOUT_S) as session:
+            names = {tenant for tenant, _ in items}
+            found = session.execute(select(Tenant.name, Tenant.id).where(Tenant.name.in_(names)))
+            ids = {name: tenant_id for name, tenant_id in found}
+            for tenant, record in items:
+                tenant_id = ids.get(tenant)
+                if tenant_id is None:
+                    outcomes.append(TenantNotFoundError(tenant))
+                    continue
+                outcomes.append(None)
+                rows.append(
+                    {
+                        "id": record.response_id,
+                        "tenant_id": tenant_id,
+                        "created_at": record.created_at,
+                        "expires_at": record.expires_at,
+                        "num_bytes": record.num_bytes,
+                        "body": record.body,
+                        "input_items": list(record.input_items),
+                    }
+                )
+            if rows:
+                session.execute(insert(StoredResponseRow.__table__), rows)
+        return outcomes
 
     def get(self, tenant: str, response_id: str, now: dt.datetime) -> StoredResponse | None:
         with self.db.transaction(timeout_s=REQUEST_TIMEOUT_S) as session:

@@ -1,5 +1,6 @@
 """Stored responses in the database (SQLite and PostgreSQL): per tenant, counted, expiring,
-deleted with the tenant; and the same contract kept by the in-memory store."""
+deleted with the tenant, stored one at a time or in batches (one transaction, an unknown tenant
+failing alone); and the same contract kept by the in-memory store."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import datetime as dt
 
 import pytest
 from sqlalchemy import delete, select
+from sqlalchemy.exc import IntegrityError
 
 from tests.tenancy.clock import START
 from weir.tenancy.errors import TenantNotFoundError
@@ -93,3 +95,32 @@ def test_a_sweep_past_its_bound_stops_between_batches(
     monkeypatch.setattr(response_repo, "_SWEEP_BATCH", 1)
     assert store.sweep(START, timeout_s=1e-9) == 1  # one batch, then the bound is past
     assert store.sweep(START) == 2  # unbounded: the rest
+
+
+def test_put_many_stores_each_record_for_its_tenant(store: ResponseStore) -> None:
+    items = [("acme", _record("resp_1")), ("globex", _record("resp_2")), ("acme", _record("resp_3", "bye"))]
+    assert store.put_many(items) == [None, None, None]
+    for tenant, record in items:
+        got = store.get(tenant, record.response_id, START)
+        assert got is not None and got.body == record.body and got.input_items == record.input_items
+        assert got.created_at == record.created_at and got.num_bytes == record.num_bytes
+    assert store.get("globex", "resp_1", START) is None
+    assert store.bytes_used("acme", START) == items[0][1].num_bytes + items[2][1].num_bytes
+    assert store.put_many([]) == []
+
+
+def test_database_put_many_fails_a_record_of_an_unknown_tenant_alone(repo: TenancyRepo) -> None:
+    repo.create_tenant(TenantSpec(name="acme"), actor="test")
+    store = DatabaseResponseStore(repo.db)
+    outcomes = store.put_many([("acme", _record("resp_1")), ("nobody", _record("resp_2"))])
+    assert outcomes[0] is None and isinstance(outcomes[1], TenantNotFoundError)
+    assert store.get("acme", "resp_1", START) is not None
+
+
+def test_database_put_many_is_one_transaction(repo: TenancyRepo) -> None:
+    repo.create_tenant(TenantSpec(name="acme"), actor="test")
+    store = DatabaseResponseStore(repo.db)
+    store.put("acme", _record("resp_1"))
+    with pytest.raises(IntegrityError):  # an id stored already: the batch fails as a whole
+        store.put_many([("acme", _record("resp_2")), ("acme", _record("resp_1"))])
+    assert store.get("acme", "resp_2", START) is None
