@@ -34,18 +34,42 @@ def request_flops(model: ModelConfig, item: WorkItem) -> float:
     return per_token * fed + head * item.num_output_tokens + attn
 
 
-def measure_peak_gemm_flops(size: int = 1024, repeats: int = 8, dtype_name: str = "float32") -> float:
-    """Best observed FLOP/s of a square matmul on this machine's CPU (torch, all threads)."""
+def model_gemm_shapes(model: ModelConfig, rows: int = 512) -> list[tuple[int, int, int]]:
+    """(m, k, n) of the model's own projections for a step of `rows` tokens: QKV, output, MLP up
+    and down. A square matmul alone is not the peak the model's skinnier GEMMs reach (or miss)."""
+    h, i = model.hidden_size, model.intermediate_size
+    q = model.num_heads * model.head_dim
+    kv = model.num_kv_heads * model.head_dim
+    return [(rows, h, q + 2 * kv), (rows, q, h), (rows, h, 2 * i), (rows, i, h)]
+
+
+def measure_peak_gemm_flops(
+    size: int = 1024,
+    repeats: int = 8,
+    dtype_name: str = "float32",
+    shapes: list[tuple[int, int, int]] | None = None,
+    min_s: float = 0.3,
+) -> float:
+    """Best observed FLOP/s of a matmul on this machine's CPU (torch, all threads): over a square
+    `size` matmul and each (m, k, n) of `shapes`, each timed `repeats` times and for at least
+    `min_s` (one short burst read 111 and 172 GFLOP/s minutes apart on one host: a core's clock
+    ramping up, a neighbour's slice). The best of the lot is the peak: the bound it gives is a
+    lower bound only if no GEMM of the run was faster."""
     import torch
 
     dtype = getattr(torch, dtype_name)
-    a = torch.randn(size, size, dtype=dtype)
-    b = torch.randn(size, size, dtype=dtype)
-    for _ in range(2):
-        a @ b
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - t0)
-    return 2 * size**3 / best
+    best_flop_s = 0.0
+    for m, k, n in [(size, size, size), *(shapes or [])]:
+        a = torch.randn(m, k, dtype=dtype)
+        b = torch.randn(k, n, dtype=dtype)
+        for _ in range(2):
+            a @ b
+        best = float("inf")
+        done, started = 0, time.perf_counter()
+        while done < repeats or time.perf_counter() - started < min_s:
+            t0 = time.perf_counter()
+            a @ b
+            best = min(best, time.perf_counter() - t0)
+            done += 1
+        best_flop_s = max(best_flop_s, 2 * m * k * n / best)
+    return best_flop_s
