@@ -49,7 +49,7 @@ MAX_BODY_BYTES = 64 << 10
 
 
 def _one(status: AdapterStatus, status_code: int = 200) -> Response:
-    return json_answer(AdapterOut.of(status), status_code)
+    return json_answer(AdapterOut.model_validate(status), status_code)
 
 
 async def _body(request: Request) -> Any:
@@ -92,7 +92,7 @@ class AdaptersAdminRoutes:
 
     async def list_adapters(self, request: Request, actor: str) -> Response:
         statuses = await self.rollout.list(bounded_query(request, "model_version"))
-        return json_answer(AdapterListOut(data=[AdapterOut.of(s) for s in statuses]))
+        return json_answer(AdapterListOut(data=[AdapterOut.model_validate(s) for s in statuses]))
 
     async def register(self, request: Request, actor: str) -> Response:
         body = parse_model(AdapterRegisterBody, await _body(request))

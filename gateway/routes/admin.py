@@ -112,28 +112,28 @@ class _AdminApi:
     async def create_tenant(self, request: Request, actor: str) -> Response:
         spec = parse_model(TenantCreate, await _body(request)).spec()
         tenant = await run_in_threadpool(lambda: self.repo.create_tenant(spec, actor=actor))
-        return json_answer(Tenant.of(tenant), 201)
+        return json_answer(Tenant.model_validate(tenant), 201)
 
     async def list_tenants(self, request: Request, actor: str) -> Response:
         tenants = await run_in_threadpool(self.repo.list_tenants)
-        return json_answer(TenantList(data=[Tenant.of(t) for t in tenants]))
+        return json_answer(TenantList(data=[Tenant.model_validate(t) for t in tenants]))
 
     async def get_tenant(self, request: Request, actor: str) -> Response:
         tenant = await run_in_threadpool(self.repo.get_tenant, _tenant_param(request))
-        return json_answer(Tenant.of(tenant))
+        return json_answer(Tenant.model_validate(tenant))
 
     async def update_tenant(self, request: Request, actor: str) -> Response:
         name = _tenant_param(request)
         change = parse_model(TenantPatch, await _body(request)).update()
         tenant = await run_in_threadpool(lambda: self.repo.update_tenant(name, change, actor=actor))
         self.auth.invalidate_tenant(name)
-        return json_answer(Tenant.of(tenant))
+        return json_answer(Tenant.model_validate(tenant))
 
     async def suspend_tenant(self, request: Request, actor: str) -> Response:
         name = _tenant_param(request)
         tenant = await run_in_threadpool(lambda: self.repo.suspend_tenant(name, actor=actor))
         self.auth.invalidate_tenant(name)
-        return json_answer(Tenant.of(tenant))
+        return json_answer(Tenant.model_validate(tenant))
 
     async def set_quota(self, request: Request, actor: str) -> Response:
         name = _tenant_param(request)
@@ -141,7 +141,7 @@ class _AdminApi:
         quota = parse_quota_limits(body, where="body")
         tenant = await run_in_threadpool(lambda: self.repo.set_quota(name, quota, actor=actor))
         self.auth.invalidate_tenant(name)
-        return json_answer(Tenant.of(tenant))
+        return json_answer(Tenant.model_validate(tenant))
 
     # -- keys ------------------------------------------------------------------------------------
 
@@ -219,7 +219,7 @@ class _AdminApi:
         events = await run_in_threadpool(
             lambda: self.repo.list_audit(tenant=q.tenant, limit=q.limit, before_id=q.before)
         )
-        return json_answer(AuditList(data=[AuditEvent.of(e) for e in events]))
+        return json_answer(AuditList(data=[AuditEvent.model_validate(e) for e in events]))
 
     async def unknown(self, request: Request, actor: str) -> Response:
         # Reached only with a valid admin token: probes without one get 401, not a route map.

@@ -132,7 +132,7 @@ class ModelsAdminRoutes:
 
     async def set_traffic(self, request: Request, actor: str) -> Response:
         plan = parse_traffic(_name(request), await _body(request))
-        return json_answer(TrafficPlanBody.of(await self.rollout.set_traffic(plan, actor)))
+        return json_answer(TrafficPlanBody.model_validate(await self.rollout.set_traffic(plan, actor)))
 
     async def drain(self, request: Request, actor: str) -> Response:
         name, version = _name(request), _version(request)
@@ -151,7 +151,9 @@ class ModelsAdminRoutes:
 
     async def rollback(self, request: Request, actor: str) -> Response:
         to = parse_rollback(await _body(request))
-        return json_answer(TrafficPlanBody.of(await self.rollout.rollback(_name(request), to, actor)))
+        return json_answer(
+            TrafficPlanBody.model_validate(await self.rollout.rollback(_name(request), to, actor))
+        )
 
 
 def models_admin_routes(rollout: ModelRollout, admin_auth: AdminAuthenticator) -> list[BaseRoute]:
