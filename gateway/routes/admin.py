@@ -34,6 +34,7 @@ from weir.gateway.routes.admin_http import (
     admin_endpoint,
     client_addr,
     json_answer,
+    named_in_path,
     read_json_body,
 )
 from weir.tenancy.admin_bodies.audit import AuditEvent, AuditList
@@ -43,7 +44,6 @@ from weir.tenancy.admin_bodies.stored_responses import StoredResponsesView
 from weir.tenancy.admin_bodies.tenants import Tenant, TenantCreate, TenantList, TenantPatch
 from weir.tenancy.admin_bodies.usage import TenantUsage, UsageReportBody
 from weir.tenancy.admin_bodies.usage_query import AuditQuery, UsageQuery, parse_report_params
-from weir.tenancy.errors import FieldError
 from weir.tenancy.keys.keys import is_public_id
 from weir.tenancy.parsing import parse_model
 from weir.tenancy.quota_limits import parse_quota_limits
@@ -62,11 +62,9 @@ async def _body(request: Request) -> Any:
 
 
 def _tenant_param(request: Request) -> str:
-    name = request.path_params["name"]
-    try:
-        return validate_tenant_name(name)
-    except FieldError:
-        raise NotFoundError(f"tenant {name!r} not found") from None
+    return named_in_path(
+        request, "name", validate_tenant_name, lambda name: NotFoundError(f"tenant {name!r} not found")
+    )
 
 
 def _key_param(request: Request) -> str:
