@@ -71,11 +71,16 @@ class AdaptersAdminRoutes(AdminRoutes):
         return [
             ("GET", base, self.list_adapters),
             ("POST", base, self.register),
-            ("POST", one + "/load", self.load),
-            ("POST", one + "/unload", self.unload),
-            ("POST", one + "/retire", self.retire),
-            ("POST", one + "/grant", self.grant),
-            ("POST", one + "/revoke", self.revoke),
+            *self.actions(
+                one,
+                {
+                    "load": self.load,
+                    "unload": self.unload,
+                    "retire": self.retire,
+                    "grant": self.grant,
+                    "revoke": self.revoke,
+                },
+            ),
             ("GET", one, self.get_adapter),
         ]
 

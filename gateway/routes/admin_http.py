@@ -100,6 +100,11 @@ class AdminRoutes:
     def endpoints(self) -> list[tuple[str, str, AdminHandler]]:
         raise NotImplementedError
 
+    @staticmethod
+    def actions(path: str, handlers: dict[str, AdminHandler]) -> list[tuple[str, str, AdminHandler]]:
+        """`POST {path}/{action}` for each action: what one adapter or version can be told to do."""
+        return [("POST", f"{path}/{action}", handler) for action, handler in handlers.items()]
+
     def routes(self) -> list[BaseRoute]:
         return [
             Route(path, self.admin(handler), methods=[method]) for method, path, handler in self.endpoints()

@@ -87,9 +87,7 @@ class ModelsAdminRoutes(AdminRoutes):
         return [
             ("GET", base, self.list_models),
             ("POST", base, self.register),
-            ("POST", version + "/load", self.load),
-            ("POST", version + "/drain", self.drain),
-            ("POST", version + "/retire", self.retire),
+            *self.actions(version, {"load": self.load, "drain": self.drain, "retire": self.retire}),
             ("PUT", base + "/{name}/traffic", self.set_traffic),
             ("POST", base + "/{name}/rollback", self.rollback),
         ]
