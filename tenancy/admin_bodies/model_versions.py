@@ -72,14 +72,7 @@ class ModelVersionCreate(BaseModel):
 
     def spec(self) -> ModelVersionSpec:
         """The repository's input (it checks the dtype and a non-blank path)."""
-        return ModelVersionSpec(
-            name=self.name,
-            version=self.version,
-            path=self.path,
-            tokenizer=self.tokenizer,
-            dtype=self.dtype,
-            kv_cache_tokens=self.kv_cache_tokens,
-        )
+        return ModelVersionSpec(**dict(self))  # the same fields
 
 
 class TrafficBody(BaseModel):

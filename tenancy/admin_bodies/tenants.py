@@ -62,13 +62,7 @@ class TenantPatch(BaseModel):
 
     def update(self) -> TenantUpdate:
         """The repository's input (`FieldError("body")`, a 400, when it changes nothing)."""
-        return TenantUpdate(
-            priority=self.priority,
-            weight=self.weight,
-            cache_scope=self.cache_scope,
-            status=self.status,
-            share_cache_scope_with=self.share_cache_scope_with,
-        )
+        return TenantUpdate(**dict(self))  # the same fields
 
 
 class Tenant(BaseModel):
