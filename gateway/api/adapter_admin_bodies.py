@@ -8,12 +8,11 @@ records' constants (`weir.tenancy.catalog.adapter_records`), not restated; the r
 from __future__ import annotations
 
 import datetime as dt
-from typing import Literal, Protocol
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, AliasGenerator, AliasPath, BaseModel, ConfigDict, Field
 
-from weir.engine.lora.lora_types import AdapterInfo
-from weir.tenancy.catalog.adapter_records import AdapterSpec, AdapterView
+from weir.tenancy.catalog.adapter_records import AdapterSpec
 from weir.tenancy.store.enums import AdapterState
 from weir.tenancy.store.models import (  # a tenant name's column; validate_tenant_name checks its characters
     MAX_ADAPTER_NAME_LEN,
@@ -21,19 +20,6 @@ from weir.tenancy.store.models import (  # a tenant name's column; validate_tena
     MODEL_VERSION_ID_LEN,
     NAME_LEN,
 )
-
-
-class AdapterStatusView(Protocol):
-    """What `AdapterOut.of` reads of an adapter's status (weir.gateway.fleet.adapter_rollout.AdapterStatus)."""
-
-    @property
-    def record(self) -> AdapterView: ...
-    @property
-    def serving(self) -> bool: ...
-    @property
-    def in_flight(self) -> int: ...
-    @property
-    def engine(self) -> AdapterInfo | None: ...
 
 
 class _Body(BaseModel):
@@ -72,6 +58,9 @@ class AdapterAccessBody(_Body):
 class AdapterRuntimeOut(BaseModel):
     """What the base version's engine holds of the adapter."""
 
+    # model_validate(info) of an `AdapterInfo`.
+    model_config = ConfigDict(from_attributes=True)
+
     rank: int
     target_modules: list[str]
     num_bytes: int
@@ -82,8 +71,18 @@ class AdapterRuntimeOut(BaseModel):
     num_slot_evictions: int
 
 
+def _status_or_record(field: str) -> AliasChoices:
+    return AliasChoices(field, AliasPath("record", field))
+
+
 class AdapterOut(BaseModel):
     """One adapter: its record, access, and what the running server knows."""
+
+    # model_validate(status) of a `weir.gateway.fleet.adapter_rollout.AdapterStatus` (its record, serving,
+    # in_flight and engine): a field the status does not carry is its record's.
+    model_config = ConfigDict(
+        from_attributes=True, alias_generator=AliasGenerator(validation_alias=_status_or_record)
+    )
 
     object: Literal["adapter"] = "adapter"
     name: str
@@ -91,47 +90,15 @@ class AdapterOut(BaseModel):
     path: str
     owner_tenant: str | None
     allowed_tenants: list[str]
-    public: bool
+    public: bool = Field(validation_alias=AliasChoices("public", AliasPath("record", "is_public")))
     state: AdapterState
     failure_reason: str | None
     serving: bool = Field(description="requests naming it are routed to its base version now")
     in_flight: int
-    runtime: AdapterRuntimeOut | None
+    runtime: AdapterRuntimeOut | None = Field(validation_alias=AliasChoices("runtime", "engine"))
     created_at: dt.datetime
     updated_at: dt.datetime
     updated_by: str
-
-    @classmethod
-    def of(cls, status: AdapterStatusView) -> AdapterOut:
-        r, info = status.record, status.engine
-        runtime = None
-        if info is not None:
-            runtime = AdapterRuntimeOut(
-                rank=info.rank,
-                target_modules=list(info.target_modules),
-                num_bytes=info.num_bytes,
-                slot=info.slot,
-                num_requests=info.num_requests,
-                num_tokens=info.num_tokens,
-                num_slot_loads=info.num_slot_loads,
-                num_slot_evictions=info.num_slot_evictions,
-            )
-        return cls(
-            name=r.name,
-            model_version=r.model_version,
-            path=r.path,
-            owner_tenant=r.owner_tenant,
-            allowed_tenants=list(r.allowed_tenants),
-            public=r.is_public,
-            state=r.state,
-            failure_reason=r.failure_reason,
-            serving=status.serving,
-            in_flight=status.in_flight,
-            runtime=runtime,
-            created_at=r.created_at,
-            updated_at=r.updated_at,
-            updated_by=r.updated_by,
-        )
 
 
 class AdapterListOut(BaseModel):

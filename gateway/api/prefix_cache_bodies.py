@@ -1,7 +1,10 @@
 """The prefix-cache admin API's bodies (`/admin/v1/prefix-cache/...`), declared as pydantic models.
 
 `/openapi.json` is generated from them, and `tests/gateway/api/test_openapi_admin.py` validates real
-answers of `weir.gateway.routes.prefix_cache` against that document. The route still parses its
+answers of `weir.gateway.routes.prefix_cache` against that document. The route answers with these
+models, read off the engine's records (`weir.engine.kv.prefix_cache_types`) by `model_validate`:
+a field takes the record's attribute of its own name, else the one with a `num_` prefix (the
+engine's name for a count), else the one its `validation_alias` names. The route still parses its
 two request bodies by hand (issue 22 item 5 moves it onto the chat body model and these).
 """
 
@@ -9,16 +12,23 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from weir.engine.kv.prefix_cache_types import (
-    PrefixCacheStats,
-    SharedPrefixInfo,
-    StoreCacheStats,
-    TenantCacheStats,
-)
+from pydantic import AliasChoices, AliasGenerator, BaseModel, BeforeValidator, ConfigDict, Field
 
 NonEmpty = Annotated[str, Field(min_length=1)]
+
+
+def _own_or_count(field: str) -> AliasChoices:
+    return AliasChoices(field, f"num_{field}")
+
+
+class _EngineFigures(BaseModel):
+    """An answer made with `model_validate(record)` of one of the engine's prefix-cache records."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        from_attributes=True,
+        alias_generator=AliasGenerator(validation_alias=_own_or_count),
+    )
 
 
 class PrefixRegisterBody(BaseModel):
@@ -47,12 +57,10 @@ class PrefixFlushBody(BaseModel):
     include_pinned: bool = False
 
 
-class TenantCacheStatsBody(BaseModel):
+class TenantCacheStatsBody(_EngineFigures):
     """One tenant's prefix-cache figures."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    tenant: str
+    tenant: str = Field(validation_alias=AliasChoices("tenant", "tenant_id"))
     cache_scope: str
     queries: int
     queried_tokens: int
@@ -62,35 +70,17 @@ class TenantCacheStatsBody(BaseModel):
     cached_tokens: int
     evictions: int
 
-    @classmethod
-    def of(cls, t: TenantCacheStats) -> TenantCacheStatsBody:
-        return cls(
-            tenant=t.tenant_id,
-            cache_scope=t.cache_scope,
-            queries=t.num_queries,
-            queried_tokens=t.num_queried_tokens,
-            hit_tokens=t.num_hit_tokens,
-            hit_rate=t.hit_rate,
-            cached_blocks=t.num_cached_blocks,
-            cached_tokens=t.num_cached_tokens,
-            evictions=t.num_evictions,
-        )
 
-
-class ScopeCacheStatsBody(BaseModel):
+class ScopeCacheStatsBody(_EngineFigures):
     """One cache scope's blocks."""
-
-    model_config = ConfigDict(extra="forbid")
 
     cache_scope: str
     cached_blocks: int
     evictions: int
 
 
-class StoreCacheStatsBody(BaseModel):
+class StoreCacheStatsBody(_EngineFigures):
     """The shared KV store tier as this replica sees it (`--kv-store`)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     breaker_state: Literal["closed", "open", "half_open"]
     hit_blocks: int
@@ -101,35 +91,14 @@ class StoreCacheStatsBody(BaseModel):
     dropped_writes: int
     bytes_read: int
     bytes_written: int
-    max_bytes_per_tenant: int
-    scope_bytes: dict[str, int]
-
-    @classmethod
-    def of(cls, s: StoreCacheStats) -> StoreCacheStatsBody:
-        return cls.model_validate(store_json(s))
+    max_bytes_per_tenant: int = Field(
+        validation_alias=AliasChoices("max_bytes_per_tenant", "max_bytes_per_scope")
+    )
+    scope_bytes: Annotated[dict[str, int], BeforeValidator(dict)]  # the engine's (scope, bytes) pairs
 
 
-def store_json(s: StoreCacheStats) -> dict[str, Any]:
-    """The store tier's part of the stats (the route's JSON and the body share it)."""
-    return {
-        "breaker_state": s.breaker_state,
-        "hit_blocks": s.num_hit_blocks,
-        "miss_blocks": s.num_miss_blocks,
-        "refused_blocks": s.num_refused_blocks,
-        "landed_blocks": s.num_landed_blocks,
-        "written_blocks": s.num_written_blocks,
-        "dropped_writes": s.num_dropped_writes,
-        "bytes_read": s.bytes_read,
-        "bytes_written": s.bytes_written,
-        "max_bytes_per_tenant": s.max_bytes_per_scope,
-        "scope_bytes": dict(s.scope_bytes),
-    }
-
-
-class PrefixCacheStatsBody(BaseModel):
+class PrefixCacheStatsBody(_EngineFigures):
     """The whole cache of one model version: totals, tenants, scopes."""
-
-    model_config = ConfigDict(extra="forbid")
 
     object: Literal["prefix_cache.stats"] = "prefix_cache.stats"
     enabled: bool
@@ -146,47 +115,19 @@ class PrefixCacheStatsBody(BaseModel):
     hit_rate: float
     evictions: int
     flushed: int
-    max_cached_blocks_per_tenant: int
+    max_cached_blocks_per_tenant: int = Field(
+        validation_alias=AliasChoices("max_cached_blocks_per_tenant", "max_cached_blocks_per_scope")
+    )
     tenants: list[TenantCacheStatsBody]
     scopes: list[ScopeCacheStatsBody]
     store: StoreCacheStatsBody | None = None  # the shared KV store tier; null: off
 
-    @classmethod
-    def of(cls, s: PrefixCacheStats) -> PrefixCacheStatsBody:
-        return cls(
-            enabled=s.enabled,
-            model_version=s.model_version,
-            block_size=s.block_size,
-            total_blocks=s.num_total_blocks,
-            free_blocks=s.num_free_blocks,
-            cached_blocks=s.num_cached_blocks,
-            cached_tokens=s.num_cached_tokens,
-            pinned_blocks=s.num_pinned_blocks,
-            queries=s.num_queries,
-            queried_tokens=s.num_queried_tokens,
-            hit_tokens=s.num_hit_tokens,
-            hit_rate=s.hit_rate,
-            evictions=s.num_evictions,
-            flushed=s.num_flushed,
-            max_cached_blocks_per_tenant=s.max_cached_blocks_per_scope,
-            tenants=[TenantCacheStatsBody.of(t) for t in s.tenants],
-            scopes=[
-                ScopeCacheStatsBody(
-                    cache_scope=c.cache_scope, cached_blocks=c.num_cached_blocks, evictions=c.num_evictions
-                )
-                for c in s.scopes
-            ],
-            store=StoreCacheStatsBody.of(s.store) if s.store is not None else None,
-        )
 
-
-class SharedPrefix(BaseModel):
+class SharedPrefix(_EngineFigures):
     """A registered shared prefix."""
 
-    model_config = ConfigDict(extra="forbid")
-
     object: Literal["prefix_cache.prefix"] = "prefix_cache.prefix"
-    id: str
+    id: str = Field(validation_alias=AliasChoices("id", "prefix_id"))
     name: str
     num_tokens: int
     num_shared_tokens: int = Field(description="Tokens in its full blocks.")
@@ -194,19 +135,6 @@ class SharedPrefix(BaseModel):
     num_cached_blocks: int = Field(description="Of those, cached now.")
     pinned: bool
     created_at: float = Field(description="Epoch seconds.")
-
-    @classmethod
-    def of(cls, p: SharedPrefixInfo) -> SharedPrefix:
-        return cls(
-            id=p.prefix_id,
-            name=p.name,
-            num_tokens=p.num_tokens,
-            num_shared_tokens=p.num_shared_tokens,
-            num_blocks=p.num_blocks,
-            num_cached_blocks=p.num_cached_blocks,
-            pinned=p.pinned,
-            created_at=p.created_at,
-        )
 
 
 class PrefixList(BaseModel):

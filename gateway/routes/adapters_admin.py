@@ -17,11 +17,9 @@ or a base version that is not ready 409, a refused adapter folder 400).
 
 from __future__ import annotations
 
-from typing import Any
-
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import BaseRoute, Route
+from starlette.routing import BaseRoute
 
 from weir.gateway.api.adapter_admin_bodies import (
     AdapterAccessBody,
@@ -34,68 +32,64 @@ from weir.gateway.http.admin_auth import AdminAuthenticator
 from weir.gateway.http.errors import NotFoundError
 from weir.gateway.routes.admin_http import (
     AdminHandler,
-    Endpoint,
-    admin_endpoint,
+    AdminRoutes,
     bounded_query,
     json_answer,
-    read_json_body,
+    named_in_path,
 )
 from weir.tenancy.catalog.adapter_records import validate_adapter_name
-from weir.tenancy.errors import FieldError
 from weir.tenancy.parsing import parse_model
 from weir.tenancy.store.field_rules import validate_tenant_name
 
-MAX_BODY_BYTES = 64 << 10
-
 
 def _one(status: AdapterStatus, status_code: int = 200) -> Response:
-    return json_answer(AdapterOut.of(status), status_code)
+    return json_answer(AdapterOut.model_validate(status), status_code)
 
 
-async def _body(request: Request) -> Any:
-    return await read_json_body(request, MAX_BODY_BYTES, empty={})
+def _missing(name: str) -> NotFoundError:
+    return NotFoundError(f"adapter {name[:200]!r} does not exist", code="adapter_not_found")
 
 
 def _name(request: Request) -> str:
-    name = request.path_params["name"]
-    try:
-        return validate_adapter_name(name)
-    except FieldError:
-        raise NotFoundError(f"adapter {name[:200]!r} does not exist", code="adapter_not_found") from None
+    return named_in_path(request, "name", validate_adapter_name, _missing)
 
 
-class AdaptersAdminRoutes:
+class AdaptersAdminRoutes(AdminRoutes):
     """The endpoints over one `AdapterRollout`, behind the admin token."""
 
+    max_body_bytes = 64 << 10
+    blank_is_empty_object = True
+
     def __init__(self, rollout: AdapterRollout, admin_auth: AdminAuthenticator) -> None:
+        super().__init__(admin_auth)
         self.rollout = rollout
-        self.admin_auth = admin_auth
 
-    def admin(self, handler: AdminHandler) -> Endpoint:
-        return admin_endpoint(self.admin_auth, handler)
-
-    def routes(self) -> list[BaseRoute]:
-        a = self.admin
+    def endpoints(self) -> list[tuple[str, str, AdminHandler]]:
         base = "/admin/v1/adapters"
         # {name:path}: adapter names may hold '/', like model names on the OpenAI side.
         one = base + "/{name:path}"
         return [
-            Route(base, a(self.list_adapters), methods=["GET"]),
-            Route(base, a(self.register), methods=["POST"]),
-            Route(one + "/load", a(self.load), methods=["POST"]),
-            Route(one + "/unload", a(self.unload), methods=["POST"]),
-            Route(one + "/retire", a(self.retire), methods=["POST"]),
-            Route(one + "/grant", a(self.grant), methods=["POST"]),
-            Route(one + "/revoke", a(self.revoke), methods=["POST"]),
-            Route(one, a(self.get_adapter), methods=["GET"]),
+            ("GET", base, self.list_adapters),
+            ("POST", base, self.register),
+            *self.actions(
+                one,
+                {
+                    "load": self.load,
+                    "unload": self.unload,
+                    "retire": self.retire,
+                    "grant": self.grant,
+                    "revoke": self.revoke,
+                },
+            ),
+            ("GET", one, self.get_adapter),
         ]
 
     async def list_adapters(self, request: Request, actor: str) -> Response:
         statuses = await self.rollout.list(bounded_query(request, "model_version"))
-        return json_answer(AdapterListOut(data=[AdapterOut.of(s) for s in statuses]))
+        return json_answer(AdapterListOut(data=[AdapterOut.model_validate(s) for s in statuses]))
 
     async def register(self, request: Request, actor: str) -> Response:
-        body = parse_model(AdapterRegisterBody, await _body(request))
+        body = parse_model(AdapterRegisterBody, await self.body(request))
         return _one(await self.rollout.register(body.spec(), actor), 201)
 
     async def get_adapter(self, request: Request, actor: str) -> Response:
@@ -112,12 +106,16 @@ class AdaptersAdminRoutes:
 
     async def grant(self, request: Request, actor: str) -> Response:
         name = _name(request)
-        tenant = validate_tenant_name(parse_model(AdapterAccessBody, await _body(request)).tenant, "tenant")
+        tenant = validate_tenant_name(
+            parse_model(AdapterAccessBody, await self.body(request)).tenant, "tenant"
+        )
         return _one(await self.rollout.grant(name, tenant, actor))
 
     async def revoke(self, request: Request, actor: str) -> Response:
         name = _name(request)
-        tenant = validate_tenant_name(parse_model(AdapterAccessBody, await _body(request)).tenant, "tenant")
+        tenant = validate_tenant_name(
+            parse_model(AdapterAccessBody, await self.body(request)).tenant, "tenant"
+        )
         return _one(await self.rollout.revoke(name, tenant, actor))
 
 

@@ -34,6 +34,7 @@ from weir.gateway.routes.admin_http import (
     admin_endpoint,
     client_addr,
     json_answer,
+    named_in_path,
     read_json_body,
 )
 from weir.tenancy.admin_bodies.audit import AuditEvent, AuditList
@@ -43,7 +44,6 @@ from weir.tenancy.admin_bodies.stored_responses import StoredResponsesView
 from weir.tenancy.admin_bodies.tenants import Tenant, TenantCreate, TenantList, TenantPatch
 from weir.tenancy.admin_bodies.usage import TenantUsage, UsageReportBody
 from weir.tenancy.admin_bodies.usage_query import AuditQuery, UsageQuery, parse_report_params
-from weir.tenancy.errors import FieldError
 from weir.tenancy.keys.keys import is_public_id
 from weir.tenancy.parsing import parse_model
 from weir.tenancy.quota_limits import parse_quota_limits
@@ -62,11 +62,9 @@ async def _body(request: Request) -> Any:
 
 
 def _tenant_param(request: Request) -> str:
-    name = request.path_params["name"]
-    try:
-        return validate_tenant_name(name)
-    except FieldError:
-        raise NotFoundError(f"tenant {name!r} not found") from None
+    return named_in_path(
+        request, "name", validate_tenant_name, lambda name: NotFoundError(f"tenant {name!r} not found")
+    )
 
 
 def _key_param(request: Request) -> str:
@@ -112,28 +110,28 @@ class _AdminApi:
     async def create_tenant(self, request: Request, actor: str) -> Response:
         spec = parse_model(TenantCreate, await _body(request)).spec()
         tenant = await run_in_threadpool(lambda: self.repo.create_tenant(spec, actor=actor))
-        return json_answer(Tenant.of(tenant), 201)
+        return json_answer(Tenant.model_validate(tenant), 201)
 
     async def list_tenants(self, request: Request, actor: str) -> Response:
         tenants = await run_in_threadpool(self.repo.list_tenants)
-        return json_answer(TenantList(data=[Tenant.of(t) for t in tenants]))
+        return json_answer(TenantList(data=[Tenant.model_validate(t) for t in tenants]))
 
     async def get_tenant(self, request: Request, actor: str) -> Response:
         tenant = await run_in_threadpool(self.repo.get_tenant, _tenant_param(request))
-        return json_answer(Tenant.of(tenant))
+        return json_answer(Tenant.model_validate(tenant))
 
     async def update_tenant(self, request: Request, actor: str) -> Response:
         name = _tenant_param(request)
         change = parse_model(TenantPatch, await _body(request)).update()
         tenant = await run_in_threadpool(lambda: self.repo.update_tenant(name, change, actor=actor))
         self.auth.invalidate_tenant(name)
-        return json_answer(Tenant.of(tenant))
+        return json_answer(Tenant.model_validate(tenant))
 
     async def suspend_tenant(self, request: Request, actor: str) -> Response:
         name = _tenant_param(request)
         tenant = await run_in_threadpool(lambda: self.repo.suspend_tenant(name, actor=actor))
         self.auth.invalidate_tenant(name)
-        return json_answer(Tenant.of(tenant))
+        return json_answer(Tenant.model_validate(tenant))
 
     async def set_quota(self, request: Request, actor: str) -> Response:
         name = _tenant_param(request)
@@ -141,7 +139,7 @@ class _AdminApi:
         quota = parse_quota_limits(body, where="body")
         tenant = await run_in_threadpool(lambda: self.repo.set_quota(name, quota, actor=actor))
         self.auth.invalidate_tenant(name)
-        return json_answer(Tenant.of(tenant))
+        return json_answer(Tenant.model_validate(tenant))
 
     # -- keys ------------------------------------------------------------------------------------
 
@@ -219,7 +217,7 @@ class _AdminApi:
         events = await run_in_threadpool(
             lambda: self.repo.list_audit(tenant=q.tenant, limit=q.limit, before_id=q.before)
         )
-        return json_answer(AuditList(data=[AuditEvent.of(e) for e in events]))
+        return json_answer(AuditList(data=[AuditEvent.model_validate(e) for e in events]))
 
     async def unknown(self, request: Request, actor: str) -> Response:
         # Reached only with a valid admin token: probes without one get 401, not a route map.

@@ -21,22 +21,15 @@ released and the memory measured as freed, in `x-weir-memory-released-bytes` and
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import BaseRoute, Route
+from starlette.routing import BaseRoute
 
 from weir.gateway.fleet.model_rollout import ModelRollout, VersionStatus
 from weir.gateway.http.admin_auth import AdminAuthenticator
 from weir.gateway.http.errors import NotFoundError, UnprocessableError
-from weir.gateway.routes.admin_http import (
-    AdminHandler,
-    Endpoint,
-    admin_endpoint,
-    json_answer,
-    read_json_body,
-)
+from weir.gateway.routes.admin_http import AdminHandler, AdminRoutes, json_answer, named_in_path
 from weir.tenancy.admin_bodies.model_versions import (
     ModelVersion,
     ModelVersionList,
@@ -48,35 +41,26 @@ from weir.tenancy.admin_bodies.model_versions import (
     parse_version_action,
 )
 from weir.tenancy.catalog.model_version_records import validate_model_name, validate_version_label
-from weir.tenancy.errors import FieldError
-
-MAX_BODY_BYTES = 1 << 20
-
-
-async def _body(request: Request) -> Any:
-    return await read_json_body(request, MAX_BODY_BYTES, empty={})
-
-
-async def _force(request: Request) -> bool:
-    return parse_version_action(await _body(request), request.query_params.get("force"))
 
 
 def _name(request: Request) -> str:
-    name = request.path_params["name"]
-    try:
-        return validate_model_name(name)
-    except FieldError:
-        raise NotFoundError(
+    return named_in_path(
+        request,
+        "name",
+        validate_model_name,
+        lambda name: NotFoundError(
             f"model {name!r} has no registered version", code="model_version_not_found"
-        ) from None
+        ),
+    )
 
 
 def _version(request: Request) -> str:
-    version = request.path_params["version"]
-    try:
-        return validate_version_label(version)
-    except FieldError:
-        raise NotFoundError(f"no model version {version!r}", code="model_version_not_found") from None
+    return named_in_path(
+        request,
+        "version",
+        validate_version_label,
+        lambda version: NotFoundError(f"no model version {version!r}", code="model_version_not_found"),
+    )
 
 
 def status_body(status: VersionStatus) -> ModelVersion:
@@ -88,36 +72,35 @@ def status_body(status: VersionStatus) -> ModelVersion:
     )
 
 
-class ModelsAdminRoutes:
+class ModelsAdminRoutes(AdminRoutes):
     """The endpoints over one `ModelRollout`, behind the admin token."""
 
+    blank_is_empty_object = True
+
     def __init__(self, rollout: ModelRollout, admin_auth: AdminAuthenticator) -> None:
+        super().__init__(admin_auth)
         self.rollout = rollout
-        self.admin_auth = admin_auth
 
-    def admin(self, handler: AdminHandler) -> Endpoint:
-        return admin_endpoint(self.admin_auth, handler)
-
-    def routes(self) -> list[BaseRoute]:
-        a = self.admin
+    def endpoints(self) -> list[tuple[str, str, AdminHandler]]:
         base = "/admin/v1/models"
         version = base + "/{name}/versions/{version}"
         return [
-            Route(base, a(self.list_models), methods=["GET"]),
-            Route(base, a(self.register), methods=["POST"]),
-            Route(version + "/load", a(self.load), methods=["POST"]),
-            Route(version + "/drain", a(self.drain), methods=["POST"]),
-            Route(version + "/retire", a(self.retire), methods=["POST"]),
-            Route(base + "/{name}/traffic", a(self.set_traffic), methods=["PUT"]),
-            Route(base + "/{name}/rollback", a(self.rollback), methods=["POST"]),
+            ("GET", base, self.list_models),
+            ("POST", base, self.register),
+            *self.actions(version, {"load": self.load, "drain": self.drain, "retire": self.retire}),
+            ("PUT", base + "/{name}/traffic", self.set_traffic),
+            ("POST", base + "/{name}/rollback", self.rollback),
         ]
+
+    async def _force(self, request: Request) -> bool:
+        return parse_version_action(await self.body(request), request.query_params.get("force"))
 
     async def list_models(self, request: Request, actor: str) -> Response:
         statuses, plans = await self.rollout.list()
         return json_answer(ModelVersionList.of([status_body(s) for s in statuses], plans))
 
     async def register(self, request: Request, actor: str) -> Response:
-        spec = parse_spec(await _body(request))
+        spec = parse_spec(await self.body(request))
         return json_answer(status_body(await self.rollout.register(spec, actor)), 201)
 
     async def load(self, request: Request, actor: str) -> Response:
@@ -131,17 +114,17 @@ class ModelsAdminRoutes:
         return json_answer(status_body(status))
 
     async def set_traffic(self, request: Request, actor: str) -> Response:
-        plan = parse_traffic(_name(request), await _body(request))
-        return json_answer(TrafficPlanBody.of(await self.rollout.set_traffic(plan, actor)))
+        plan = parse_traffic(_name(request), await self.body(request))
+        return json_answer(TrafficPlanBody.model_validate(await self.rollout.set_traffic(plan, actor)))
 
     async def drain(self, request: Request, actor: str) -> Response:
         name, version = _name(request), _version(request)
-        status = await self.rollout.drain(name, version, actor, force=await _force(request))
+        status = await self.rollout.drain(name, version, actor, force=await self._force(request))
         return json_answer(status_body(status))
 
     async def retire(self, request: Request, actor: str) -> Response:
         name, version = _name(request), _version(request)
-        status = await self.rollout.retire(name, version, actor, force=await _force(request))
+        status = await self.rollout.retire(name, version, actor, force=await self._force(request))
         headers = {}
         if status.retire is not None:
             headers["x-weir-memory-released-bytes"] = str(status.retire.released_budget_bytes)
@@ -150,8 +133,10 @@ class ModelsAdminRoutes:
         return json_answer(status_body(status), headers=headers)
 
     async def rollback(self, request: Request, actor: str) -> Response:
-        to = parse_rollback(await _body(request))
-        return json_answer(TrafficPlanBody.of(await self.rollout.rollback(_name(request), to, actor)))
+        to = parse_rollback(await self.body(request))
+        return json_answer(
+            TrafficPlanBody.model_validate(await self.rollout.rollback(_name(request), to, actor))
+        )
 
 
 def models_admin_routes(rollout: ModelRollout, admin_auth: AdminAuthenticator) -> list[BaseRoute]:

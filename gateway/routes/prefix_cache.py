@@ -32,91 +32,34 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import BaseRoute, Mount, Route
 
 from weir.engine.client import PrefixCacheControl
-from weir.engine.kv.prefix_cache_types import PrefixCacheStats, SharedPrefixInfo, TenantCacheStats
+from weir.engine.kv.prefix_cache_types import TenantCacheStats
 from weir.gateway.api.openai_bodies.params import bad_request
 from weir.gateway.api.openai_bodies.requests import ChatMessageBody
-from weir.gateway.api.prefix_cache_bodies import store_json
+from weir.gateway.api.prefix_cache_bodies import (
+    PrefixCacheFlush,
+    PrefixCacheStatsBody,
+    PrefixList,
+    SharedPrefix,
+    TenantCacheStatsBody,
+)
 from weir.gateway.api.protocol import ChatMessage, message_of
 from weir.gateway.http.admin_auth import AdminAuthenticator
 from weir.gateway.http.errors import BadRequestError, NotFoundError, PayloadTooLargeError, UnprocessableError
 from weir.gateway.http.json_body import loads_bounded
 from weir.gateway.prompts.tokenization import PromptBuilder, Tokenizer
-from weir.gateway.routes.admin_http import client_addr
+from weir.gateway.routes.admin_http import client_addr, json_answer
 from weir.gateway.settings.settings_prompts import DEFAULT_MAX_CHAT_MESSAGES
 
 MAX_BODY_BYTES = 4 << 20  # a long system prompt as token ids is a few hundred KB
 _REGISTER_FIELDS = frozenset({"token_ids", "text", "messages", "add_special_tokens", "name", "pin"})
 _FLUSH_FIELDS = frozenset({"model_version", "tenant", "cache_scope", "include_pinned"})
-_NO_STORE = {"Cache-Control": "no-store"}
 _MESSAGES: TypeAdapter[list[ChatMessageBody]] = TypeAdapter(list[ChatMessageBody])
 
 Handler = Callable[[Request], Awaitable[Response]]
-
-
-def tenant_json(t: TenantCacheStats) -> dict[str, Any]:
-    """One tenant's prefix-cache figures."""
-    return {
-        "tenant": t.tenant_id,
-        "cache_scope": t.cache_scope,
-        "queries": t.num_queries,
-        "queried_tokens": t.num_queried_tokens,
-        "hit_tokens": t.num_hit_tokens,
-        "hit_rate": t.hit_rate,
-        "cached_blocks": t.num_cached_blocks,
-        "cached_tokens": t.num_cached_tokens,
-        "evictions": t.num_evictions,
-    }
-
-
-def stats_json(s: PrefixCacheStats) -> dict[str, Any]:
-    """The whole cache: totals, tenants, scopes."""
-    return {
-        "object": "prefix_cache.stats",
-        "enabled": s.enabled,
-        "model_version": s.model_version,
-        "block_size": s.block_size,
-        "total_blocks": s.num_total_blocks,
-        "free_blocks": s.num_free_blocks,
-        "cached_blocks": s.num_cached_blocks,
-        "cached_tokens": s.num_cached_tokens,
-        "pinned_blocks": s.num_pinned_blocks,
-        "queries": s.num_queries,
-        "queried_tokens": s.num_queried_tokens,
-        "hit_tokens": s.num_hit_tokens,
-        "hit_rate": s.hit_rate,
-        "evictions": s.num_evictions,
-        "flushed": s.num_flushed,
-        "max_cached_blocks_per_tenant": s.max_cached_blocks_per_scope,
-        "tenants": [tenant_json(t) for t in s.tenants],
-        "scopes": [
-            {"cache_scope": c.cache_scope, "cached_blocks": c.num_cached_blocks, "evictions": c.num_evictions}
-            for c in s.scopes
-        ],
-        "store": store_json(s.store) if s.store is not None else None,
-    }
-
-
-def prefix_json(p: SharedPrefixInfo) -> dict[str, Any]:
-    """A registered shared prefix."""
-    return {
-        "object": "prefix_cache.prefix",
-        "id": p.prefix_id,
-        "name": p.name,
-        "num_tokens": p.num_tokens,
-        "num_shared_tokens": p.num_shared_tokens,
-        "num_blocks": p.num_blocks,
-        "num_cached_blocks": p.num_cached_blocks,
-        "pinned": p.pinned,
-        "created_at": p.created_at,
-    }
-
-
-def _json(body: Any, status_code: int = 200) -> JSONResponse:
-    return JSONResponse(body, status_code=status_code, headers=_NO_STORE)
 
 
 async def _body(request: Request) -> dict[str, Any]:
@@ -248,16 +191,18 @@ class PrefixCacheRoutes:
     # -- stats --------------------------------------------------------------------------------------
 
     async def stats(self, request: Request) -> Response:
-        return _json(stats_json(await _target(request).control.stats()))
+        return json_answer(PrefixCacheStatsBody.model_validate(await _target(request).control.stats()))
 
     async def tenant(self, request: Request) -> Response:
         name = request.path_params["name"]
         stats = await _target(request).control.stats()
         for t in stats.tenants:
             if t.tenant_id == name:
-                return _json(tenant_json(t))
+                return json_answer(TenantCacheStatsBody.model_validate(t))
         # A tenant the engine has not seen yet: nothing looked up, nothing cached in its name.
-        return _json(tenant_json(TenantCacheStats(name, name, 0, 0, 0, 0, 0, 0)))
+        return json_answer(
+            TenantCacheStatsBody.model_validate(TenantCacheStats(name, name, 0, 0, 0, 0, 0, 0))
+        )
 
     # -- shared prefixes ----------------------------------------------------------------------------
 
@@ -290,23 +235,35 @@ class PrefixCacheRoutes:
         pin = _bool(data, "pin", False)
         token_ids = await self._token_ids(data, _target(request).prompts)
         info = await _target(request).control.register(token_ids, name=name, pin=pin)
-        return _json(prefix_json(info), 201)
+        return json_answer(SharedPrefix.model_validate(info), 201)
 
     async def list_prefixes(self, request: Request) -> Response:
         prefixes = await _target(request).control.list_prefixes()
-        return _json({"object": "list", "data": [prefix_json(p) for p in prefixes]})
+        return json_answer(PrefixList(data=[SharedPrefix.model_validate(p) for p in prefixes]))
 
     async def get_prefix(self, request: Request) -> Response:
-        return _json(prefix_json(await _target(request).control.get(request.path_params["prefix_id"])))
+        return json_answer(
+            SharedPrefix.model_validate(await _target(request).control.get(request.path_params["prefix_id"]))
+        )
 
     async def unregister(self, request: Request) -> Response:
-        return _json(prefix_json(await _target(request).control.unregister(request.path_params["prefix_id"])))
+        return json_answer(
+            SharedPrefix.model_validate(
+                await _target(request).control.unregister(request.path_params["prefix_id"])
+            )
+        )
 
     async def pin(self, request: Request) -> Response:
-        return _json(prefix_json(await _target(request).control.pin(request.path_params["prefix_id"])))
+        return json_answer(
+            SharedPrefix.model_validate(await _target(request).control.pin(request.path_params["prefix_id"]))
+        )
 
     async def unpin(self, request: Request) -> Response:
-        return _json(prefix_json(await _target(request).control.unpin(request.path_params["prefix_id"])))
+        return json_answer(
+            SharedPrefix.model_validate(
+                await _target(request).control.unpin(request.path_params["prefix_id"])
+            )
+        )
 
     # -- flush --------------------------------------------------------------------------------------
 
@@ -319,12 +276,10 @@ class PrefixCacheRoutes:
             cache_scope=_opt_str(data, "cache_scope"),
             include_pinned=_bool(data, "include_pinned", False),
         )
-        return _json(
-            {
-                "object": "prefix_cache.flush",
-                "flushed_blocks": result.num_blocks_flushed,
-                "model_version_matched": result.model_version_matched,
-            }
+        return json_answer(
+            PrefixCacheFlush(
+                flushed_blocks=result.num_blocks_flushed, model_version_matched=result.model_version_matched
+            )
         )
 
     async def unknown(self, request: Request) -> Response:

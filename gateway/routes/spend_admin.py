@@ -15,63 +15,49 @@ replicas apply it within the auth cache TTL (`weir.gateway.admission.window_budg
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import BaseRoute, Route
+from starlette.routing import BaseRoute
 
 from weir.gateway.http.admin_auth import AdminAuthenticator
 from weir.gateway.http.errors import NotFoundError
-from weir.gateway.routes.admin_http import (
-    AdminHandler,
-    Endpoint,
-    admin_endpoint,
-    bounded_query,
-    json_answer,
-    read_json_body,
-)
+from weir.gateway.routes.admin_http import AdminHandler, AdminRoutes, bounded_query, json_answer
 from weir.tenancy.budgets.window_budget_records import BudgetNotFoundError
 from weir.tenancy.cli.spend_admin import SpendAdmin
 from weir.tenancy.store.db import Database
 
-MAX_BODY_BYTES = 64 * 1024
-
 OnChange = Callable[[], Awaitable[None]]  # after a committed change: apply it on this replica
 
 
-async def _body(request: Request) -> Any:
-    return await read_json_body(request, MAX_BODY_BYTES)
+class SpendAdminRoutes(AdminRoutes):
+    """The endpoints over the database's prices and budgets (`SpendAdmin`), behind the admin token."""
 
+    max_body_bytes = 64 * 1024
 
-class SpendAdminRoutes:
     def __init__(
         self, db: Database, admin_auth: AdminAuthenticator, on_change: OnChange | None = None
     ) -> None:
+        super().__init__(admin_auth)
         self.admin_api = SpendAdmin(db)
-        self.admin_auth = admin_auth
         self.on_change = on_change
 
     async def _changed(self) -> None:
         if self.on_change is not None:
             await self.on_change()
 
-    def admin(self, handler: AdminHandler) -> Endpoint:
-        return admin_endpoint(self.admin_auth, handler)
-
-    def routes(self) -> list[BaseRoute]:
-        a = self.admin
+    def endpoints(self) -> list[tuple[str, str, AdminHandler]]:
         return [
-            Route("/admin/v1/prices", a(self.set_price), methods=["POST"]),
-            Route("/admin/v1/prices", a(self.list_prices), methods=["GET"]),
-            Route("/admin/v1/budgets", a(self.set_budget), methods=["PUT"]),
-            Route("/admin/v1/budgets", a(self.list_budgets), methods=["GET"]),
-            Route("/admin/v1/budgets/{budget_id}", a(self.delete_budget), methods=["DELETE"]),
+            ("POST", "/admin/v1/prices", self.set_price),
+            ("GET", "/admin/v1/prices", self.list_prices),
+            ("PUT", "/admin/v1/budgets", self.set_budget),
+            ("GET", "/admin/v1/budgets", self.list_budgets),
+            ("DELETE", "/admin/v1/budgets/{budget_id}", self.delete_budget),
         ]
 
     async def set_price(self, request: Request, actor: str) -> Response:
-        body = await _body(request)
+        body = await self.body(request)
         answer = await run_in_threadpool(self.admin_api.set_price, body, actor)
         await self._changed()
         return json_answer(answer, 201)
@@ -81,7 +67,7 @@ class SpendAdminRoutes:
         return json_answer(await run_in_threadpool(self.admin_api.list_prices, model))
 
     async def set_budget(self, request: Request, actor: str) -> Response:
-        body = await _body(request)
+        body = await self.body(request)
         answer = await run_in_threadpool(self.admin_api.set_budget, body, actor)
         await self._changed()
         return json_answer(answer)

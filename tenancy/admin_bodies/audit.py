@@ -7,14 +7,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from weir.tenancy.admin_bodies.fields import UtcTime
-from weir.tenancy.store.audit import AuditEventView
 from weir.tenancy.store.enums import AuditAction
 
 
 class AuditEvent(BaseModel):
     """One admin action as recorded."""
 
-    model_config = ConfigDict(extra="forbid")
+    # model_validate(event) of a `weir.tenancy.store.audit.AuditEventView`.
+    model_config = ConfigDict(extra="forbid", from_attributes=True)
 
     object: Literal["audit_event"] = "audit_event"
     id: int
@@ -25,18 +25,6 @@ class AuditEvent(BaseModel):
     target: str | None
     # Free-form by action (e.g. a quota's previous and new limits), as the repository wrote it.
     details: dict[str, Any] = Field(description="What changed; its fields depend on the action.")
-
-    @classmethod
-    def of(cls, event: AuditEventView) -> AuditEvent:
-        return cls(
-            id=event.id,
-            created_at=event.created_at,
-            actor=event.actor,
-            action=event.action,
-            tenant=event.tenant,
-            target=event.target,
-            details=event.details,
-        )
 
 
 class AuditList(BaseModel):

@@ -20,7 +20,8 @@ Scopes = Annotated[list[KeyScope], Field(min_length=1, json_schema_extra={"uniqu
 class KeyCreate(BaseModel):
     """Both optional: every scope, no expiry."""
 
-    model_config = ConfigDict(extra="forbid")
+    # model_validate(spec): the request body of a `KeySpec` (what the CLI sends).
+    model_config = ConfigDict(extra="forbid", from_attributes=True)
 
     scopes: Scopes | None = None
     expires_at: UtcTime | None = Field(default=None, description="In the future.")
@@ -29,10 +30,6 @@ class KeyCreate(BaseModel):
         """The repository's input."""
         scopes = tuple(KeyScope) if self.scopes is None else tuple(self.scopes)
         return KeySpec(scopes=scopes, expires_at=self.expires_at)
-
-    @classmethod
-    def of(cls, spec: KeySpec) -> KeyCreate:
-        return cls(scopes=list(spec.scopes), expires_at=spec.expires_at)
 
 
 class ApiKey(BaseModel):

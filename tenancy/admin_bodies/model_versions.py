@@ -60,7 +60,8 @@ def _empty_if_null(value: object) -> object:
 class ModelVersionCreate(BaseModel):
     """`POST /admin/v1/models`: register a version (it loads on `.../load`)."""
 
-    model_config = ConfigDict(extra="forbid")
+    # model_validate(spec): the request body of a `ModelVersionSpec` (what the CLI sends).
+    model_config = ConfigDict(extra="forbid", from_attributes=True)
 
     name: ModelName
     version: VersionLabel
@@ -71,18 +72,7 @@ class ModelVersionCreate(BaseModel):
 
     def spec(self) -> ModelVersionSpec:
         """The repository's input (it checks the dtype and a non-blank path)."""
-        return ModelVersionSpec(
-            name=self.name,
-            version=self.version,
-            path=self.path,
-            tokenizer=self.tokenizer,
-            dtype=self.dtype,
-            kv_cache_tokens=self.kv_cache_tokens,
-        )
-
-    @classmethod
-    def of(cls, spec: ModelVersionSpec) -> ModelVersionCreate:
-        return cls(**{f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)})
+        return ModelVersionSpec(**dict(self))  # the same fields
 
 
 class TrafficBody(BaseModel):
@@ -91,7 +81,8 @@ class TrafficBody(BaseModel):
     Split percents sum to 100 (or the split is empty); pins send a tenant to one version. Every
     version with a share or a pin must be ready (409 otherwise)."""
 
-    model_config = ConfigDict(extra="forbid")
+    # model_validate(plan): the body of a `TrafficPlan` (its `name` is the path's).
+    model_config = ConfigDict(extra="forbid", from_attributes=True)
 
     split: Annotated[dict[str, Percent], BeforeValidator(_empty_if_null)] = Field(
         default_factory=dict, description="version -> percent"
@@ -103,19 +94,11 @@ class TrafficBody(BaseModel):
     def plan(self, name: str) -> TrafficPlan:
         return TrafficPlan(name=name, split=self.split, pins=self.pins)
 
-    @classmethod
-    def of(cls, plan: TrafficPlan) -> TrafficBody:
-        return cls(split=dict(plan.split), pins=dict(plan.pins))
-
 
 class TrafficPlanBody(TrafficBody):
     """A model's plan as the traffic and rollback routes answer it."""
 
     name: ModelName
-
-    @classmethod
-    def of(cls, plan: TrafficPlan) -> TrafficPlanBody:
-        return cls(name=plan.name, split=dict(plan.split), pins=dict(plan.pins))
 
 
 class Rollback(BaseModel):
@@ -206,7 +189,7 @@ class ModelVersionList(BaseModel):
     ) -> ModelVersionList:
         return cls(
             data=list(versions),
-            traffic={name: TrafficBody.of(plan) for name, plan in sorted(plans.items())},
+            traffic={name: TrafficBody.model_validate(plan) for name, plan in sorted(plans.items())},
         )
 
     def parsed(self) -> tuple[list[ModelVersionListing], dict[str, TrafficPlan]]:

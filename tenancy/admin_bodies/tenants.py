@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from weir.engine.request import Priority
 from weir.tenancy.admin_bodies.fields import CacheScope, PriorityName, TenantName, UtcTime, Weight
 from weir.tenancy.quota_limits import QuotaLimits
-from weir.tenancy.repository.records import TenantSpec, TenantUpdate, TenantView
+from weir.tenancy.repository.records import TenantSpec, TenantUpdate
 from weir.tenancy.store.enums import TenantStatus
 
 _SHARE = (
@@ -26,7 +26,8 @@ _SHARE = (
 class TenantCreate(BaseModel):
     """`POST /admin/v1/tenants`: only `name` is required."""
 
-    model_config = ConfigDict(extra="forbid")
+    # model_validate(spec): the request body of a `TenantSpec` (what the CLI sends to a server).
+    model_config = ConfigDict(extra="forbid", from_attributes=True)
 
     name: TenantName
     priority: PriorityName | None = None
@@ -46,23 +47,12 @@ class TenantCreate(BaseModel):
             share_cache_scope_with=self.share_cache_scope_with,
         )
 
-    @classmethod
-    def of(cls, spec: TenantSpec) -> TenantCreate:
-        """The request body for `spec` (what the CLI sends to a server)."""
-        return cls(
-            name=spec.name,
-            priority=spec.priority,
-            weight=spec.weight,
-            cache_scope=spec.cache_scope,
-            share_cache_scope_with=spec.share_cache_scope_with,
-            quota=spec.quota,
-        )
-
 
 class TenantPatch(BaseModel):
     """`PATCH /admin/v1/tenants/{name}`: at least one field; an absent or null one is unchanged."""
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"minProperties": 1})
+    # model_validate(change): the request body of a `TenantUpdate` (what the CLI sends).
+    model_config = ConfigDict(extra="forbid", from_attributes=True, json_schema_extra={"minProperties": 1})
 
     priority: PriorityName | None = None
     weight: Weight | None = None
@@ -72,30 +62,14 @@ class TenantPatch(BaseModel):
 
     def update(self) -> TenantUpdate:
         """The repository's input (`FieldError("body")`, a 400, when it changes nothing)."""
-        return TenantUpdate(
-            priority=self.priority,
-            weight=self.weight,
-            cache_scope=self.cache_scope,
-            status=self.status,
-            share_cache_scope_with=self.share_cache_scope_with,
-        )
-
-    @classmethod
-    def of(cls, change: TenantUpdate) -> TenantPatch:
-        """The request body for `change` (what the CLI sends to a server)."""
-        return cls(
-            priority=change.priority,
-            weight=change.weight,
-            cache_scope=change.cache_scope,
-            share_cache_scope_with=change.share_cache_scope_with,
-            status=change.status,
-        )
+        return TenantUpdate(**dict(self))  # the same fields
 
 
 class Tenant(BaseModel):
     """A tenant as the admin API shows it."""
 
-    model_config = ConfigDict(extra="forbid")
+    # model_validate(view) of a `weir.tenancy.repository.records.TenantView`.
+    model_config = ConfigDict(extra="forbid", from_attributes=True)
 
     object: Literal["tenant"] = "tenant"
     name: TenantName
@@ -106,19 +80,6 @@ class Tenant(BaseModel):
     quota: QuotaLimits
     created_at: UtcTime
     updated_at: UtcTime
-
-    @classmethod
-    def of(cls, view: TenantView) -> Tenant:
-        return cls(
-            name=view.name,
-            status=view.status,
-            priority=view.priority,
-            weight=view.weight,
-            cache_scope=view.cache_scope,
-            quota=view.quota,
-            created_at=view.created_at,
-            updated_at=view.updated_at,
-        )
 
 
 class TenantList(BaseModel):

@@ -17,7 +17,8 @@ from weir.tenancy.usage.usage_report import MEASURES, UsageReport, UsageSums
 class UsageTotals(BaseModel):
     """Requests by outcome and tokens."""
 
-    model_config = ConfigDict(extra="forbid")
+    # model_validate(sums) of a `UsageSums`.
+    model_config = ConfigDict(extra="forbid", from_attributes=True)
 
     requests: int
     completed: int
@@ -28,20 +29,12 @@ class UsageTotals(BaseModel):
     cached_tokens: int
     total_tokens: int
 
-    @classmethod
-    def of(cls, sums: UsageSums) -> UsageTotals:
-        return cls(**{m: getattr(sums, m) for m in MEASURES if m in UsageTotals.model_fields})
-
 
 class ReportTotals(UsageTotals):
     """The report's sums: requests and tokens, and the spend of its records."""
 
     spend_micros: int = Field(description="micro-units of the report's currency; unpriced records add 0")
     unpriced: int = Field(description="records without a price (their model had none when they were made)")
-
-    @classmethod
-    def of(cls, sums: UsageSums) -> ReportTotals:
-        return cls(**{m: getattr(sums, m) for m in MEASURES})
 
 
 def _sums(day: DailyUsage) -> UsageSums:
@@ -79,9 +72,10 @@ class TenantUsage(BaseModel):
         return cls(
             tenant=tenant,
             data=[
-                TenantUsageDay(day=d.day, **dict(UsageTotals.of(s))) for d, s in zip(days, sums, strict=True)
+                TenantUsageDay(day=d.day, **dict(UsageTotals.model_validate(s)))
+                for d, s in zip(days, sums, strict=True)
             ],
-            total=UsageTotals.of(total),
+            total=UsageTotals.model_validate(total),
         )
 
 
@@ -136,10 +130,10 @@ class UsageReportBody(BaseModel):
             next_offset=report.next_offset,
             has_more=report.next_offset is not None,
             data=[
-                UsageReportRow.model_validate({**r.group, **dict(ReportTotals.of(r.sums))})
+                UsageReportRow.model_validate({**r.group, **dict(ReportTotals.model_validate(r.sums))})
                 for r in report.rows
             ],
-            totals=ReportTotals.of(report.totals),
+            totals=ReportTotals.model_validate(report.totals),
             currency=report.currency,
         )
 

@@ -10,21 +10,10 @@ a restart loads the adapters recorded as loaded again. `weir.tenancy.cli.cli` ad
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 
 from weir.tenancy.catalog.adapter_records import AdapterSpec
 from weir.tenancy.cli.adapter_admin_client import HttpAdapterAdmin
-from weir.tenancy.cli.admin_client import HttpAdmin, JsonObject
-from weir.tenancy.cli.cli_support import (
-    CliError,
-    Handler,
-    SchemaCheck,
-    SettingsOf,
-    json_command,
-    open_backend,
-)
-from weir.tenancy.store.db import Database
+from weir.tenancy.cli.cli_support import AdminCommands, SchemaCheck, SettingsOf, subcommands
 
 _WHERE = "Needs --server URL: adapters are loaded by a running server, which records every change."
 
@@ -36,69 +25,54 @@ def add_adapter_commands(
     check_schema: SchemaCheck,
 ) -> None:
     """Add `adapters` and its subcommands under `weir admin`; `conn` is the connection parent parser."""
-
-    @contextmanager
-    def backend(args: argparse.Namespace) -> Iterator[HttpAdapterAdmin]:
-        if not args.server:
-            raise CliError("weir admin adapters needs --server URL (adapters live in a running server)")
-
-        def direct(database: Database) -> HttpAdapterAdmin:
-            raise CliError("weir admin adapters needs --server URL")
-
-        def http(server: HttpAdmin) -> HttpAdapterAdmin:
-            return HttpAdapterAdmin(server)
-
-        with open_backend(args, settings_of(args), direct, http, check_schema) as chosen:
-            yield chosen
-
-    def command(op: Callable[[HttpAdapterAdmin, argparse.Namespace], JsonObject]) -> Handler:
-        return json_command(backend, op)
-
-    def leaf(name: str, help_text: str) -> argparse.ArgumentParser:
-        return a_sub.add_parser(name, help=help_text, description=f"{help_text}. {_WHERE}", parents=[conn])
-
-    adapters = admin_sub.add_parser(
-        "adapters",
-        help="LoRA adapters: register, load, unload, retire, grant and revoke access",
-        description=f"LoRA adapters of a base model version, called by name in `model`. {_WHERE}",
+    needs_server = "weir admin adapters needs --server URL (adapters live in a running server)"
+    c = AdminCommands(
+        conn, settings_of, check_schema, HttpAdapterAdmin, server_only=needs_server, where=_WHERE
     )
-    a_sub = adapters.add_subparsers(dest="adapters_command", required=True)
+    a_sub = subcommands(
+        admin_sub,
+        "adapters",
+        "LoRA adapters: register, load, unload, retire, grant and revoke access",
+        f"LoRA adapters of a base model version, called by name in `model`. {_WHERE}",
+    )
 
-    p = leaf("list", "every adapter with its state, access and runtime")
+    p = c.leaf(a_sub, "list", "every adapter with its state, access and runtime")
     p.add_argument("--model-version", metavar="NAME@VERSION", help="only the adapters of this base version")
-    p.set_defaults(func=command(lambda b, a: b.list_adapters(a.model_version)))
+    p.set_defaults(func=c.command(lambda b, a: b.list_adapters(a.model_version)))
 
-    p = leaf("get", "one adapter")
+    p = c.leaf(a_sub, "get", "one adapter")
     p.add_argument("name")
-    p.set_defaults(func=command(lambda b, a: b.get(a.name)))
+    p.set_defaults(func=c.command(lambda b, a: b.get(a.name)))
 
-    p = leaf("register", "register an adapter of a base model version (state: registered)")
+    p = c.leaf(a_sub, "register", "register an adapter of a base model version (state: registered)")
     p.add_argument("name", help="what clients put in `model`")
     p.add_argument("model_version", metavar="NAME@VERSION", help="the base model version")
     p.add_argument("path", help="the PEFT folder, relative to the server's --adapter-dir")
     p.add_argument("--owner", metavar="TENANT", help="private to this tenant (default: public until granted)")
     p.set_defaults(
-        func=command(lambda b, a: b.register(AdapterSpec(a.name, a.model_version, a.path, a.owner)))
+        func=c.command(lambda b, a: b.register(AdapterSpec(a.name, a.model_version, a.path, a.owner)))
     )
 
-    p = leaf("load", "load an adapter onto its base version's engine (refused with the reason if it is bad)")
+    p = c.leaf(
+        a_sub, "load", "load an adapter onto its base version's engine (refused with the reason if it is bad)"
+    )
     p.add_argument("name")
-    p.set_defaults(func=command(lambda b, a: b.load(a.name)))
+    p.set_defaults(func=c.command(lambda b, a: b.load(a.name)))
 
-    p = leaf("unload", "stop routing to an adapter, let its requests finish, then free it")
+    p = c.leaf(a_sub, "unload", "stop routing to an adapter, let its requests finish, then free it")
     p.add_argument("name")
-    p.set_defaults(func=command(lambda b, a: b.unload(a.name)))
+    p.set_defaults(func=c.command(lambda b, a: b.unload(a.name)))
 
-    p = leaf("retire", "unload an adapter if loaded and never load it again")
+    p = c.leaf(a_sub, "retire", "unload an adapter if loaded and never load it again")
     p.add_argument("name")
-    p.set_defaults(func=command(lambda b, a: b.retire(a.name)))
+    p.set_defaults(func=c.command(lambda b, a: b.retire(a.name)))
 
-    p = leaf("grant", "let a tenant call an adapter (an adapter with grants is no longer public)")
+    p = c.leaf(a_sub, "grant", "let a tenant call an adapter (an adapter with grants is no longer public)")
     p.add_argument("name")
     p.add_argument("tenant")
-    p.set_defaults(func=command(lambda b, a: b.grant(a.name, a.tenant)))
+    p.set_defaults(func=c.command(lambda b, a: b.grant(a.name, a.tenant)))
 
-    p = leaf("revoke", "take a tenant off an adapter's access list")
+    p = c.leaf(a_sub, "revoke", "take a tenant off an adapter's access list")
     p.add_argument("name")
     p.add_argument("tenant")
-    p.set_defaults(func=command(lambda b, a: b.revoke(a.name, a.tenant)))
+    p.set_defaults(func=c.command(lambda b, a: b.revoke(a.name, a.tenant)))

@@ -77,22 +77,22 @@ class DirectAdmin:
         self.actor = actor
 
     def create_tenant(self, spec: TenantSpec) -> JsonObject:
-        return _dump(Tenant.of(self.repo.create_tenant(spec, actor=self.actor)))
+        return _dump(Tenant.model_validate(self.repo.create_tenant(spec, actor=self.actor)))
 
     def list_tenants(self) -> JsonObject:
-        return _dump(TenantList(data=[Tenant.of(t) for t in self.repo.list_tenants()]))
+        return _dump(TenantList(data=[Tenant.model_validate(t) for t in self.repo.list_tenants()]))
 
     def get_tenant(self, name: str) -> JsonObject:
-        return _dump(Tenant.of(self.repo.get_tenant(name)))
+        return _dump(Tenant.model_validate(self.repo.get_tenant(name)))
 
     def update_tenant(self, name: str, change: TenantUpdate) -> JsonObject:
-        return _dump(Tenant.of(self.repo.update_tenant(name, change, actor=self.actor)))
+        return _dump(Tenant.model_validate(self.repo.update_tenant(name, change, actor=self.actor)))
 
     def suspend_tenant(self, name: str) -> JsonObject:
-        return _dump(Tenant.of(self.repo.suspend_tenant(name, actor=self.actor)))
+        return _dump(Tenant.model_validate(self.repo.suspend_tenant(name, actor=self.actor)))
 
     def set_quota(self, name: str, quota: QuotaLimits) -> JsonObject:
-        return _dump(Tenant.of(self.repo.set_quota(name, quota, actor=self.actor)))
+        return _dump(Tenant.model_validate(self.repo.set_quota(name, quota, actor=self.actor)))
 
     def issue_key(self, tenant: str, spec: KeySpec) -> JsonObject:
         return _dump(
@@ -120,7 +120,9 @@ class DirectAdmin:
 
     def audit(self, tenant: str | None, limit: int) -> JsonObject:
         return _dump(
-            AuditList(data=[AuditEvent.of(e) for e in self.repo.list_audit(tenant=tenant, limit=limit)])
+            AuditList(
+                data=[AuditEvent.model_validate(e) for e in self.repo.list_audit(tenant=tenant, limit=limit)]
+            )
         )
 
 
@@ -178,7 +180,9 @@ class HttpAdmin:
         return body
 
     def create_tenant(self, spec: TenantSpec) -> JsonObject:
-        return self.call("POST", "/tenants", json=_dump(TenantCreate.of(spec), True), answer=Tenant)
+        return self.call(
+            "POST", "/tenants", json=_dump(TenantCreate.model_validate(spec), True), answer=Tenant
+        )
 
     def list_tenants(self) -> JsonObject:
         return self.call("GET", "/tenants", answer=TenantList)
@@ -187,7 +191,7 @@ class HttpAdmin:
         return self.call("GET", f"/tenants/{path_segment(name)}", answer=Tenant)
 
     def update_tenant(self, name: str, change: TenantUpdate) -> JsonObject:
-        body = _dump(TenantPatch.of(change), True)
+        body = _dump(TenantPatch.model_validate(change), True)
         return self.call("PATCH", f"/tenants/{path_segment(name)}", json=body, answer=Tenant)
 
     def suspend_tenant(self, name: str) -> JsonObject:
@@ -197,7 +201,7 @@ class HttpAdmin:
         return self.call("PUT", f"/tenants/{path_segment(name)}/quota", json=quota_json(quota), answer=Tenant)
 
     def issue_key(self, tenant: str, spec: KeySpec) -> JsonObject:
-        body = _dump(KeyCreate.of(spec))
+        body = _dump(KeyCreate.model_validate(spec))
         return self.call("POST", f"/tenants/{path_segment(tenant)}/keys", json=body, answer=IssuedApiKey)
 
     def list_keys(self, tenant: str) -> JsonObject:

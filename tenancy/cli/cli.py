@@ -13,24 +13,21 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 
 from weir.engine.request import Priority
 from weir.tenancy.admin_bodies.fields import parse_date, parse_datetime
 from weir.tenancy.cli.adapter_cli import add_adapter_commands
-from weir.tenancy.cli.admin_client import CLI_ACTOR, AdminBackend, DirectAdmin, JsonObject
+from weir.tenancy.cli.admin_client import CLI_ACTOR, AdminBackend, DirectAdmin, HttpAdmin
 from weir.tenancy.cli.cli_support import (
+    AdminCommands,
     CliSettings,
-    Handler,
     SchemaCheck,
     SettingsOf,
     add_database_options,
     connection_parser,
     guard,
-    json_command,
-    open_backend,
     print_json,
+    subcommands,
 )
 from weir.tenancy.cli.cli_support import database_url as _database_url
 from weir.tenancy.cli.model_cli import add_model_commands
@@ -121,10 +118,13 @@ def _key_spec(args: argparse.Namespace) -> KeySpec:
     return KeySpec(scopes=scopes, expires_at=expires_at)
 
 
-def _admin_leaf(
-    parent: argparse._SubParsersAction, name: str, help_text: str, conn: argparse.ArgumentParser
-) -> argparse.ArgumentParser:
-    return parent.add_parser(name, help=help_text, parents=[conn])
+def _direct(database: Database, settings: CliSettings | None) -> AdminBackend:
+    pepper = settings.key_pepper if settings is not None else None
+    return DirectAdmin(TenancyRepo(database, KeyHasher.from_pepper(pepper)))
+
+
+def _server(server: HttpAdmin) -> AdminBackend:
+    return server
 
 
 def add_admin_commands(
@@ -132,20 +132,7 @@ def add_admin_commands(
 ) -> None:
     """Add `admin` to a `weir` parser; a direct (database) command runs only past `check_schema`."""
     conn = connection_parser()
-
-    @contextmanager
-    def backend(args: argparse.Namespace) -> Iterator[AdminBackend]:
-        settings = settings_of(args)
-        pepper = settings.key_pepper if settings is not None else None
-
-        def direct(database: Database) -> AdminBackend:
-            return DirectAdmin(TenancyRepo(database, KeyHasher.from_pepper(pepper)))
-
-        with open_backend(args, settings, direct, lambda server: server, check_schema) as chosen:
-            yield chosen
-
-    def command(op: Callable[[AdminBackend, argparse.Namespace], JsonObject]) -> Handler:
-        return json_command(backend, op)
+    c = AdminCommands(conn, settings_of, check_schema, _server, _direct)
 
     def report(args: argparse.Namespace) -> int:
         query = ReportQuery(
@@ -158,7 +145,7 @@ def add_admin_commands(
             limit=args.limit,
             offset=args.offset,
         )
-        with backend(args) as b:
+        with c.backend(args) as b:
             body = b.usage_report(query)
         if args.format == "csv":
             sys.stdout.write(report_csv(body))
@@ -175,9 +162,8 @@ def add_admin_commands(
     add_adapter_commands(admin_sub, conn, settings_of, check_schema)
 
     # tenants
-    tenants = admin_sub.add_parser("tenants", help="create, list, show, update, suspend tenants")
-    t_sub = tenants.add_subparsers(dest="tenants_command", required=True)
-    p = _admin_leaf(t_sub, "create", "create a tenant", conn)
+    t_sub = subcommands(admin_sub, "tenants", "create, list, show, update, suspend tenants")
+    p = c.leaf(t_sub, "create", "create a tenant")
     p.add_argument("name")
     p.add_argument(
         "--priority", type=_priority, default=Priority.STANDARD, help="interactive, standard or batch"
@@ -187,7 +173,7 @@ def add_admin_commands(
     p.add_argument("--share-cache-scope-with", metavar="TENANT", help=_SHARE_HELP)
     add_quota_options(p)
     p.set_defaults(
-        func=command(
+        func=c.command(
             lambda b, a: b.create_tenant(
                 TenantSpec(
                     a.name,
@@ -200,12 +186,12 @@ def add_admin_commands(
             )
         )
     )
-    p = _admin_leaf(t_sub, "list", "list tenants", conn)
-    p.set_defaults(func=command(lambda b, a: b.list_tenants()))
-    p = _admin_leaf(t_sub, "get", "show one tenant", conn)
+    p = c.leaf(t_sub, "list", "list tenants")
+    p.set_defaults(func=c.command(lambda b, a: b.list_tenants()))
+    p = c.leaf(t_sub, "get", "show one tenant")
     p.add_argument("name")
-    p.set_defaults(func=command(lambda b, a: b.get_tenant(a.name)))
-    p = _admin_leaf(t_sub, "update", "change a tenant's priority, weight, cache scope or status", conn)
+    p.set_defaults(func=c.command(lambda b, a: b.get_tenant(a.name)))
+    p = c.leaf(t_sub, "update", "change a tenant's priority, weight, cache scope or status")
     p.add_argument("name")
     p.add_argument("--priority", type=_priority)
     p.add_argument("--weight", type=float)
@@ -213,7 +199,7 @@ def add_admin_commands(
     p.add_argument("--share-cache-scope-with", metavar="TENANT", help=_SHARE_HELP)
     p.add_argument("--status", type=TenantStatus, choices=list(TenantStatus))
     p.set_defaults(
-        func=command(
+        func=c.command(
             lambda b, a: b.update_tenant(
                 a.name,
                 TenantUpdate(
@@ -226,52 +212,49 @@ def add_admin_commands(
             )
         )
     )
-    p = _admin_leaf(t_sub, "suspend", "suspend a tenant (its keys get 403)", conn)
+    p = c.leaf(t_sub, "suspend", "suspend a tenant (its keys get 403)")
     p.add_argument("name")
-    p.set_defaults(func=command(lambda b, a: b.suspend_tenant(a.name)))
+    p.set_defaults(func=c.command(lambda b, a: b.suspend_tenant(a.name)))
 
     # keys
-    keys = admin_sub.add_parser("keys", help="issue, list, revoke, rotate API keys; set their limits")
-    k_sub = keys.add_subparsers(dest="keys_command", required=True)
-    p = _admin_leaf(k_sub, "issue", "issue a key; the key is printed only this once", conn)
+    k_sub = subcommands(admin_sub, "keys", "issue, list, revoke, rotate API keys; set their limits")
+    p = c.leaf(k_sub, "issue", "issue a key; the key is printed only this once")
     p.add_argument("tenant")
     p.add_argument("--scope", dest="scopes", action="append", choices=[s.value for s in KeyScope],
                    help="repeat for several (default: all)")  # fmt: skip
     when = p.add_mutually_exclusive_group()
     when.add_argument("--expires-at", help="ISO 8601 time with a zone, e.g. 2030-01-01T00:00:00Z")
     when.add_argument("--expires-in-days", type=int, metavar="N")
-    p.set_defaults(func=command(lambda b, a: b.issue_key(a.tenant, _key_spec(a))))
-    p = _admin_leaf(k_sub, "list", "list a tenant's keys (never their secrets)", conn)
+    p.set_defaults(func=c.command(lambda b, a: b.issue_key(a.tenant, _key_spec(a))))
+    p = c.leaf(k_sub, "list", "list a tenant's keys (never their secrets)")
     p.add_argument("tenant")
-    p.set_defaults(func=command(lambda b, a: b.list_keys(a.tenant)))
-    p = _admin_leaf(k_sub, "revoke", "revoke a key", conn)
+    p.set_defaults(func=c.command(lambda b, a: b.list_keys(a.tenant)))
+    p = c.leaf(k_sub, "revoke", "revoke a key")
     p.add_argument("key_id")
-    p.set_defaults(func=command(lambda b, a: b.revoke_key(a.key_id)))
-    p = _admin_leaf(k_sub, "rotate", "issue a replacement key and revoke the old one", conn)
+    p.set_defaults(func=c.command(lambda b, a: b.revoke_key(a.key_id)))
+    p = c.leaf(k_sub, "rotate", "issue a replacement key and revoke the old one")
     p.add_argument("key_id")
-    p.set_defaults(func=command(lambda b, a: b.rotate_key(a.key_id)))
-    p = _admin_leaf(k_sub, "limits", "replace a key's own limits (omitted: its tenant's)", conn)
+    p.set_defaults(func=c.command(lambda b, a: b.rotate_key(a.key_id)))
+    p = c.leaf(k_sub, "limits", "replace a key's own limits (omitted: its tenant's)")
     p.add_argument("key_id")
     add_key_limit_options(p)
-    p.set_defaults(func=command(lambda b, a: b.set_key_limits(a.key_id, _key_limits_from(a))))
+    p.set_defaults(func=c.command(lambda b, a: b.set_key_limits(a.key_id, _key_limits_from(a))))
 
     # quota
-    quota = admin_sub.add_parser("quota", help="set a tenant's quota")
-    q_sub = quota.add_subparsers(dest="quota_command", required=True)
-    p = _admin_leaf(q_sub, "set", "replace a tenant's whole quota (omitted fields: unlimited)", conn)
+    q_sub = subcommands(admin_sub, "quota", "set a tenant's quota")
+    p = c.leaf(q_sub, "set", "replace a tenant's whole quota (omitted fields: unlimited)")
     p.add_argument("tenant")
     add_quota_options(p)
-    p.set_defaults(func=command(lambda b, a: b.set_quota(a.tenant, _quota_from(a))))
+    p.set_defaults(func=c.command(lambda b, a: b.set_quota(a.tenant, _quota_from(a))))
 
     # usage and audit
-    usage = admin_sub.add_parser("usage", help="usage: a tenant's per UTC day, or grouped reports")
-    u_sub = usage.add_subparsers(dest="usage_command", required=True)
-    p = _admin_leaf(u_sub, "daily", "a tenant's usage per UTC day", conn)
+    u_sub = subcommands(admin_sub, "usage", "usage: a tenant's per UTC day, or grouped reports")
+    p = c.leaf(u_sub, "daily", "a tenant's usage per UTC day")
     p.add_argument("tenant")
     p.add_argument("--since", type=_date, metavar="YYYY-MM-DD")
     p.add_argument("--until", type=_date, metavar="YYYY-MM-DD")
-    p.set_defaults(func=command(lambda b, a: b.usage(a.tenant, a.since, a.until)))
-    p = _admin_leaf(u_sub, "report", "usage over [since, until) grouped, one page, JSON or CSV", conn)
+    p.set_defaults(func=c.command(lambda b, a: b.usage(a.tenant, a.since, a.until)))
+    p = c.leaf(u_sub, "report", "usage over [since, until) grouped, one page, JSON or CSV")
     p.add_argument("--since", required=True, help="YYYY-MM-DD (midnight UTC) or ISO 8601 time with a zone")
     p.add_argument("--until", required=True, help="exclusive; same forms as --since")
     p.add_argument(
@@ -284,14 +267,13 @@ def add_admin_commands(
     p.add_argument("--offset", type=int, default=0, help="the previous page's next_offset")
     p.add_argument("--format", choices=FORMATS, default="json")
     p.set_defaults(func=guard(report))
-    p = _admin_leaf(admin_sub, "audit", "the audit log, newest first", conn)
+    p = c.leaf(admin_sub, "audit", "the audit log, newest first")
     p.add_argument("--tenant")
     p.add_argument("--limit", type=int, default=100)
-    p.set_defaults(func=command(lambda b, a: b.audit(a.tenant, a.limit)))
+    p.set_defaults(func=c.command(lambda b, a: b.audit(a.tenant, a.limit)))
 
     # admin token (database only: a server cannot hand out its own replacement token)
-    token = admin_sub.add_parser("token", help="the admin token")
-    tk_sub = token.add_subparsers(dest="token_command", required=True)
+    tk_sub = subcommands(admin_sub, "token", "the admin token")
     p = tk_sub.add_parser("reset", help="generate a new admin token, store its hash, print it once")
     add_database_options(p)
 

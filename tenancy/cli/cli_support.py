@@ -4,8 +4,10 @@ one-line errors with exit statuses, and printing results as the admin API's JSON
 The schema check (`weir.migrations.migrate.check_migrated`) comes in as a `SchemaCheck` from the
 composition root (`weir.migrations.cli`): tenancy stands below migrations and never imports it.
 
-`weir.tenancy.cli.cli` (tenants, keys, quotas, usage, audit) and `weir.tenancy.cli.model_cli` (model versions) both
-build on it, so `--server`, `--database-url` and `--data-dir` mean the same everywhere.
+`weir.tenancy.cli.cli` (tenants, keys, quotas, usage, audit), `weir.tenancy.cli.model_cli` (model
+versions), `weir.tenancy.cli.spend_cli` (prices, budgets) and `weir.tenancy.cli.adapter_cli` (LoRA
+adapters) all build on it: each declares its resource's commands through one `AdminCommands`, so
+`--server`, `--database-url` and `--data-dir` mean the same everywhere.
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ import json
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from sqlalchemy import Engine
 
@@ -145,6 +148,65 @@ def open_backend(
         yield direct(database)
     finally:
         database.dispose()
+
+
+def integer(value: str) -> int:
+    """An argparse `type`: a whole number."""
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError("must be an integer") from None
+
+
+def subcommands(
+    parent: argparse._SubParsersAction, name: str, help_text: str, description: str | None = None
+) -> argparse._SubParsersAction:
+    """`weir admin NAME ...`: a command group whose subcommand is required (`args.NAME_command`)."""
+    group = parent.add_parser(name, help=help_text, description=description)
+    return group.add_subparsers(dest=f"{name}_command", required=True)
+
+
+@dataclass(frozen=True)
+class AdminCommands(Generic[T]):
+    """One resource's `weir admin` commands: the backend the options select and leaves that print its
+    answers as JSON.
+
+    `direct` makes the backend over the database (with the settings, or None), `http` the one over a
+    running server; a resource only a server holds has no `direct` and says `server_only` without
+    `--server`. `where`, when given, follows each leaf's help in its description. A leaf is
+    `p = c.leaf(sub, name, help)`, its arguments, then `p.set_defaults(func=c.command(op))`."""
+
+    conn: argparse.ArgumentParser  # the connection options (`connection_parser`)
+    settings_of: SettingsOf
+    check_schema: SchemaCheck
+    http: Callable[[HttpAdmin], T]
+    direct: Callable[[Database, CliSettings | None], T] | None = None
+    server_only: str = ""
+    where: str | None = None
+
+    @contextmanager
+    def backend(self, args: argparse.Namespace) -> Iterator[T]:
+        """The backend `args` select (see `open_backend`), closed on exit."""
+        direct = self.direct
+        if direct is None and not args.server:
+            raise CliError(self.server_only)
+        settings = self.settings_of(args)
+
+        def on_database(database: Database) -> T:
+            assert direct is not None  # without --server only a resource with a database backend gets here
+            return direct(database, settings)
+
+        with open_backend(args, settings, on_database, self.http, self.check_schema) as chosen:
+            yield chosen
+
+    def command(self, op: Callable[[T, argparse.Namespace], JsonObject]) -> Handler:
+        """A leaf's `func`: run `op` on the backend and print its answer as JSON (`json_command`)."""
+        return json_command(self.backend, op)
+
+    def leaf(self, parent: argparse._SubParsersAction, name: str, help_text: str) -> argparse.ArgumentParser:
+        """A subcommand with the connection options."""
+        description = None if self.where is None else f"{help_text}. {self.where}"
+        return parent.add_parser(name, help=help_text, description=description, parents=[self.conn])
 
 
 def add_database_options(parser: argparse.ArgumentParser) -> None:

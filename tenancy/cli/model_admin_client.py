@@ -76,7 +76,9 @@ class DirectModelAdmin:
         states = {v.version: v.state for v in self.repo.list(plan.name)}
         if plan.versions() <= states.keys():
             check_plan_serves(plan, states)
-        return TrafficPlanBody.of(self.repo.set_traffic(plan, actor=self.actor)).model_dump(mode="json")
+        return TrafficPlanBody.model_validate(self.repo.set_traffic(plan, actor=self.actor)).model_dump(
+            mode="json"
+        )
 
     def _ready(self, name: str) -> list[str]:
         return [v.version for v in self.repo.list(name) if v.state is ModelVersionState.READY]
@@ -95,7 +97,7 @@ class DirectModelAdmin:
 
     def rollback(self, name: str, to: str) -> JsonObject:
         plan, _drained = self.repo.rollback(name, to, actor=self.actor)
-        return TrafficPlanBody.of(plan).model_dump(mode="json")
+        return TrafficPlanBody.model_validate(plan).model_dump(mode="json")
 
 
 class HttpModelAdmin:
@@ -130,13 +132,19 @@ class HttpModelAdmin:
                 for item, parsed in zip(answer["data"], listings, strict=True)
                 if parsed.view.name == name
             ],
-            "traffic": {n: TrafficBody.of(p).model_dump(mode="json") for n, p in plans.items() if n == name},
+            "traffic": {
+                n: TrafficBody.model_validate(p).model_dump(mode="json")
+                for n, p in plans.items()
+                if n == name
+            },
         }
 
     def register(self, spec: ModelVersionSpec) -> JsonObject:
         return self._version(
             self.server.call(
-                "POST", "/models", json=ModelVersionCreate.of(spec).model_dump(mode="json", exclude_none=True)
+                "POST",
+                "/models",
+                json=ModelVersionCreate.model_validate(spec).model_dump(mode="json", exclude_none=True),
             )
         )
 
@@ -146,7 +154,9 @@ class HttpModelAdmin:
 
     def set_traffic(self, plan: TrafficPlan) -> JsonObject:
         path = f"/models/{path_segment(plan.name)}/traffic"
-        return self._plan(self.server.call("PUT", path, json=TrafficBody.of(plan).model_dump(mode="json")))
+        return self._plan(
+            self.server.call("PUT", path, json=TrafficBody.model_validate(plan).model_dump(mode="json"))
+        )
 
     def drain(self, name: str, version: str, force: bool = False) -> JsonObject:
         path = self._version_path(name, version, "drain")

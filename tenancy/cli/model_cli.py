@@ -9,22 +9,18 @@ for that start to load. `weir.tenancy.cli.cli` adds these commands under `weir a
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 
 from weir.tenancy.catalog.model_version_records import ModelVersionSpec, TrafficPlan
 from weir.tenancy.catalog.model_versions import ModelVersionRepo
-from weir.tenancy.cli.admin_client import HttpAdmin, JsonObject
 from weir.tenancy.cli.cli_support import (
+    AdminCommands,
     CliError,
-    Handler,
     SchemaCheck,
     SettingsOf,
-    json_command,
-    open_backend,
+    integer,
+    subcommands,
 )
 from weir.tenancy.cli.model_admin_client import DirectModelAdmin, HttpModelAdmin, ModelAdminBackend
-from weir.tenancy.store.db import Database
 
 _WHERE = (
     "With --server the running server acts at once; without it only the database changes and a "
@@ -74,13 +70,6 @@ def parse_pins(items: list[str]) -> dict[str, str]:
     return pins
 
 
-def _integer(value: str) -> int:
-    try:
-        return int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError("must be an integer") from None
-
-
 def add_model_commands(
     admin_sub: argparse._SubParsersAction,
     conn: argparse.ArgumentParser,
@@ -89,80 +78,71 @@ def add_model_commands(
 ) -> None:
     """Add `models` and its subcommands under `weir admin`; `conn` is the connection parent parser."""
 
-    @contextmanager
-    def backend(args: argparse.Namespace) -> Iterator[ModelAdminBackend]:
-        def direct(database: Database) -> ModelAdminBackend:
-            return DirectModelAdmin(ModelVersionRepo(database))
-
-        def http(server: HttpAdmin) -> ModelAdminBackend:
-            return HttpModelAdmin(server)
-
-        with open_backend(args, settings_of(args), direct, http, check_schema) as chosen:
-            yield chosen
-
-    def command(op: Callable[[ModelAdminBackend, argparse.Namespace], JsonObject]) -> Handler:
-        return json_command(backend, op)
-
-    def leaf(name: str, help_text: str) -> argparse.ArgumentParser:
-        return m_sub.add_parser(name, help=help_text, description=f"{help_text}. {_WHERE}", parents=[conn])
-
-    models = admin_sub.add_parser(
-        "models",
-        help="model versions: register, load, traffic, drain, retire, rollback",
-        description=f"Model versions and rollouts. {_WHERE}",
+    c: AdminCommands[ModelAdminBackend] = AdminCommands(
+        conn,
+        settings_of,
+        check_schema,
+        HttpModelAdmin,
+        lambda database, settings: DirectModelAdmin(ModelVersionRepo(database)),
+        where=_WHERE,
     )
-    m_sub = models.add_subparsers(dest="models_command", required=True)
+    m_sub = subcommands(
+        admin_sub,
+        "models",
+        "model versions: register, load, traffic, drain, retire, rollback",
+        f"Model versions and rollouts. {_WHERE}",
+    )
 
-    p = leaf("list", "every model version with its state and traffic share")
+    p = c.leaf(m_sub, "list", "every model version with its state and traffic share")
     p.add_argument("name", nargs="?", help="only this model name")
-    p.set_defaults(func=command(lambda b, a: b.list_models(a.name)))
+    p.set_defaults(func=c.command(lambda b, a: b.list_models(a.name)))
 
-    p = leaf("register", "register a new version of a model (state: registered)")
+    p = c.leaf(m_sub, "register", "register a new version of a model (state: registered)")
     p.add_argument("name")
     p.add_argument("version")
     p.add_argument("path", help="the weights folder (as the server sees it)")
     p.add_argument("--dtype", help="float32, float16 or bfloat16 (default: the server's)")
-    p.add_argument("--kv-cache-tokens", type=_integer, metavar="N",
+    p.add_argument("--kv-cache-tokens", type=integer, metavar="N",
                    help="this version's KV pool in tokens (default: the server's budget)")  # fmt: skip
     p.add_argument("--tokenizer", help="tokenizer folder (default: the weights folder)")
     p.set_defaults(
-        func=command(
+        func=c.command(
             lambda b, a: b.register(
                 ModelVersionSpec(a.name, a.version, a.path, a.tokenizer, a.dtype, a.kv_cache_tokens)
             )
         )
     )
 
-    p = leaf("load", _LOAD_HELP)
+    p = c.leaf(m_sub, "load", _LOAD_HELP)
     p.add_argument("name")
     p.add_argument("version")
-    p.set_defaults(func=command(lambda b, a: b.load(a.name, a.version)))
+    p.set_defaults(func=c.command(lambda b, a: b.load(a.name, a.version)))
 
-    p = leaf("traffic", "set a model's traffic plan: the split of new requests, and tenant pins")
+    p = c.leaf(m_sub, "traffic", "set a model's traffic plan: the split of new requests, and tenant pins")
     p.add_argument("name")
     p.add_argument("--split", required=True, metavar="V=PCT,...",
                    help="e.g. v1=90,v2=10 (percents sum to 100); '' clears the split")  # fmt: skip
     p.add_argument("--pin", dest="pins", action="append", default=[], metavar="TENANT=VERSION",
                    help="keep a tenant on a version whatever the split; repeat for several")  # fmt: skip
     p.set_defaults(
-        func=command(
+        func=c.command(
             lambda b, a: b.set_traffic(TrafficPlan(a.name, parse_split(a.split), parse_pins(a.pins)))
         )
     )
 
-    p = leaf("drain", "stop sending new requests to a version; in-flight ones finish on it")
+    p = c.leaf(m_sub, "drain", "stop sending new requests to a version; in-flight ones finish on it")
     p.add_argument("name")
     p.add_argument("version")
     p.add_argument("--force", action="store_true", help=_FORCE_HELP)
-    p.set_defaults(func=command(lambda b, a: b.drain(a.name, a.version, a.force)))
+    p.set_defaults(func=c.command(lambda b, a: b.drain(a.name, a.version, a.force)))
 
-    p = leaf("retire", "unload a drained version and free its memory and cached blocks")
+    p = c.leaf(m_sub, "retire", "unload a drained version and free its memory and cached blocks")
     p.add_argument("name")
     p.add_argument("version")
     p.add_argument("--force", action="store_true", help=_FORCE_HELP)
-    p.set_defaults(func=command(lambda b, a: b.retire(a.name, a.version, a.force)))
+    p.set_defaults(func=c.command(lambda b, a: b.retire(a.name, a.version, a.force)))
 
-    p = leaf("rollback", "send all of a model's traffic back to one version and drain the others")
+    p = c.leaf(m_sub, "rollback", "send all of a model's traffic back to one version and drain the others")
     p.add_argument("name")
     p.add_argument("--to", required=True, metavar="VERSION", help="a ready (or draining) version")
-    p.set_defaults(func=command(lambda b, a: b.rollback(a.name, a.to)))
+    p.set_defaults(func=c.command(lambda b, a: b.rollback(a.name, a.to)))

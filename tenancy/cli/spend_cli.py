@@ -8,23 +8,12 @@ database. Either way the change is audited, and servers apply it within their au
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 
 from weir.tenancy.admin_bodies.spend_api import JsonObject
 from weir.tenancy.budgets.budget_windows import WindowKind
 from weir.tenancy.budgets.window_budget_records import BudgetUnit
-from weir.tenancy.cli.admin_client import HttpAdmin
-from weir.tenancy.cli.cli_support import Handler, SchemaCheck, SettingsOf, json_command, open_backend
+from weir.tenancy.cli.cli_support import AdminCommands, SchemaCheck, SettingsOf, integer, subcommands
 from weir.tenancy.cli.spend_admin import HttpSpendAdmin, SpendAdmin, SpendAdminBackend
-from weir.tenancy.store.db import Database
-
-
-def _integer(value: str) -> int:
-    try:
-        return int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError("must be an integer") from None
 
 
 def price_body(args: argparse.Namespace) -> JsonObject:
@@ -66,23 +55,11 @@ def add_spend_commands(
 ) -> None:
     """Add `prices` and `budgets` under `weir admin`; `conn` is the connection parent parser."""
 
-    @contextmanager
-    def backend(args: argparse.Namespace) -> Iterator[SpendAdminBackend]:
-        def direct(database: Database) -> SpendAdminBackend:
-            return SpendAdmin(database)
-
-        def http(server: HttpAdmin) -> SpendAdminBackend:
-            return HttpSpendAdmin(server)
-
-        with open_backend(args, settings_of(args), direct, http, check_schema) as chosen:
-            yield chosen
-
-    def command(op: Callable[[SpendAdminBackend, argparse.Namespace], JsonObject]) -> Handler:
-        return json_command(backend, op)
-
-    prices = admin_sub.add_parser("prices", help="the price table: per model version, per million tokens")
-    p_sub = prices.add_subparsers(dest="prices_command", required=True)
-    p = p_sub.add_parser("set", help="add a price, effective now or from a later time", parents=[conn])
+    c: AdminCommands[SpendAdminBackend] = AdminCommands(
+        conn, settings_of, check_schema, HttpSpendAdmin, lambda database, settings: SpendAdmin(database)
+    )
+    p_sub = subcommands(admin_sub, "prices", "the price table: per model version, per million tokens")
+    p = c.leaf(p_sub, "set", "add a price, effective now or from a later time")
     p.add_argument("model", help="a model version (name@version) or a model (every version without its own)")
     p.add_argument(
         "--currency", default="USD", help="three capital letters (default USD; one per deployment)"
@@ -95,18 +72,17 @@ def add_spend_commands(
     p.add_argument("--output", required=True, metavar="AMOUNT", help="per million output tokens")
     p.add_argument("--effective-from", dest="effective_from", metavar="TIME",
                    help="ISO 8601 time with a zone, not in the past (default: now)")  # fmt: skip
-    p.set_defaults(func=command(lambda b, a: b.set_price(price_body(a))))
-    p = p_sub.add_parser("list", help="every price, oldest first per model", parents=[conn])
+    p.set_defaults(func=c.command(lambda b, a: b.set_price(price_body(a))))
+    p = c.leaf(p_sub, "list", "every price, oldest first per model")
     p.add_argument("--model", help="only this model or model version")
-    p.set_defaults(func=command(lambda b, a: b.list_prices(a.model)))
+    p.set_defaults(func=c.command(lambda b, a: b.list_prices(a.model)))
 
-    budgets = admin_sub.add_parser(
+    b_sub = subcommands(
+        admin_sub,
         "budgets",
-        help="token and money budgets of tenants and keys over minute/hour/day/month/rolling windows",
+        "token and money budgets of tenants and keys over minute/hour/day/month/rolling windows",
     )
-    b_sub = budgets.add_subparsers(dest="budgets_command", required=True)
-    p = b_sub.add_parser("set", help="set a budget (same principal, unit and window: its limits change)",
-                         parents=[conn])  # fmt: skip
+    p = c.leaf(b_sub, "set", "set a budget (same principal, unit and window: its limits change)")
     p.add_argument("tenant")
     p.add_argument("--key", dest="key_id", metavar="KEY_ID", help="a key of the tenant (default: the tenant)")
     p.add_argument("--unit", required=True, choices=[u.value for u in BudgetUnit],
@@ -114,14 +90,14 @@ def add_spend_commands(
     p.add_argument("--window", required=True, choices=[w.value for w in WindowKind])
     p.add_argument("--time-zone", dest="time_zone", default="UTC",
                    help="IANA zone of day and month windows (default UTC)")  # fmt: skip
-    p.add_argument("--rolling-s", dest="rolling_s", type=_integer, metavar="SECONDS",
+    p.add_argument("--rolling-s", dest="rolling_s", type=integer, metavar="SECONDS",
                    help="length of a rolling window (a multiple of 60)")  # fmt: skip
-    p.add_argument("--soft", type=_integer, metavar="N", help="alert (metric and audit event) when reached")
-    p.add_argument("--hard", type=_integer, metavar="N", help="refuse (429) what would pass it")
-    p.set_defaults(func=command(lambda b, a: b.set_budget(budget_body(a))))
-    p = b_sub.add_parser("list", help="budgets with their current window's count and reset", parents=[conn])
+    p.add_argument("--soft", type=integer, metavar="N", help="alert (metric and audit event) when reached")
+    p.add_argument("--hard", type=integer, metavar="N", help="refuse (429) what would pass it")
+    p.set_defaults(func=c.command(lambda b, a: b.set_budget(budget_body(a))))
+    p = c.leaf(b_sub, "list", "budgets with their current window's count and reset")
     p.add_argument("--tenant")
-    p.set_defaults(func=command(lambda b, a: b.list_budgets(a.tenant)))
-    p = b_sub.add_parser("delete", help="remove a budget", parents=[conn])
-    p.add_argument("budget_id", type=_integer)
-    p.set_defaults(func=command(lambda b, a: b.delete_budget(a.budget_id)))
+    p.set_defaults(func=c.command(lambda b, a: b.list_budgets(a.tenant)))
+    p = c.leaf(b_sub, "delete", "remove a budget")
+    p.add_argument("budget_id", type=integer)
+    p.set_defaults(func=c.command(lambda b, a: b.delete_budget(a.budget_id)))

@@ -92,7 +92,7 @@ def model_admin_app(repo: ModelVersionRepo) -> Starlette:
 
     async def rollback(request: Request) -> JSONResponse:
         plan, _ = repo.rollback(request.path_params["name"], parse_rollback(await body(request)), actor=ACTOR)
-        return JSONResponse(TrafficPlanBody.of(plan).model_dump(mode="json"))
+        return JSONResponse(TrafficPlanBody.model_validate(plan).model_dump(mode="json"))
 
     base = "/admin/v1/models"
     return Starlette(

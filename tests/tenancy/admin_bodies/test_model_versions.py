@@ -51,15 +51,15 @@ def models_json(
 
 
 def spec_json(spec: ModelVersionSpec) -> Any:
-    return ModelVersionCreate.of(spec).model_dump(mode="json", exclude_none=True)
+    return ModelVersionCreate.model_validate(spec).model_dump(mode="json", exclude_none=True)
 
 
 def traffic_body_json(plan: TrafficPlan) -> Any:
-    return TrafficBody.of(plan).model_dump(mode="json")
+    return TrafficBody.model_validate(plan).model_dump(mode="json")
 
 
 def traffic_json(plan: TrafficPlan) -> Any:
-    return TrafficPlanBody.of(plan).model_dump(mode="json")
+    return TrafficPlanBody.model_validate(plan).model_dump(mode="json")
 
 
 def rollback_json(version: str) -> Any:

@@ -38,15 +38,15 @@ def parse_key_spec(body: object) -> KeySpec:
 
 
 def tenant_spec_json(spec: TenantSpec) -> Any:
-    return TenantCreate.of(spec).model_dump(mode="json", exclude_none=True)
+    return TenantCreate.model_validate(spec).model_dump(mode="json", exclude_none=True)
 
 
 def tenant_update_json(change: TenantUpdate) -> Any:
-    return TenantPatch.of(change).model_dump(mode="json", exclude_none=True)
+    return TenantPatch.model_validate(change).model_dump(mode="json", exclude_none=True)
 
 
 def key_spec_json(spec: KeySpec) -> Any:
-    return KeyCreate.of(spec).model_dump(mode="json")
+    return KeyCreate.model_validate(spec).model_dump(mode="json")
 
 
 limit = st.one_of(st.none(), st.integers(1, 2**31 - 1))
