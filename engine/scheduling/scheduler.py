@@ -327,8 +327,8 @@ class Scheduler:
             ),
             preempted_ids=tuple(step.preempted),
             finished_ids=tuple(self._finished_ids),
-            blocks_to_copy=self.kv.take_copies(),
-            swaps=self.kv.take_transfers(),
+            blocks_to_copy=self.kv.copy_plan.take_copies(),
+            swaps=self.kv.copy_plan.take_transfers(),
         )
         self._finished_ids = []
         now = self.clock()
@@ -497,7 +497,7 @@ class Scheduler:
                 self.fetching[req.request_id] = (req, req.status)
                 req.status = RequestStatus.FETCHING_KV
                 continue
-            if not swapped and may_hold and self.kv.inflight_owner(req, num_cached) is not None:
+            if not swapped and may_hold and self.kv.lookup.inflight_owner(req, num_cached) is not None:
                 self.waiting.remove(req)
                 held.append(req)
                 self.num_held_back += 1
@@ -522,7 +522,7 @@ class Scheduler:
             if not swapped:
                 if req.num_preemptions == 0:
                     req.num_cached_tokens = num_cached
-                    self.kv.record_lookup(req, num_cached)
+                    self.kv.lookup.record_lookup(req, num_cached)
                 req.num_computed_tokens = num_cached
                 self.kv.mark_inflight(req)
             self._start_running(req, stamp=False)  # schedule() stamps it once it feeds tokens
@@ -685,7 +685,7 @@ class Scheduler:
             elif req is not None and req.status is RequestStatus.RUNNING and rid in out.swaps.swapped_in_ids:
                 self.preemption.preempt(req, allow_swap=False, reason=PreemptReason.REQUEUE)
         if not out.swaps.is_empty:
-            self.kv.forget_transfers(out.swaps)
+            self.kv.copy_plan.forget_transfers(out.swaps)
 
     def idle_timeout_s(self, default_s: float) -> float:
         """How long the engine may sleep after a step that scheduled nothing.

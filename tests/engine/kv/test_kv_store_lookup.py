@@ -128,8 +128,8 @@ class ThreeTierMachine(TwoTierMachine):
         self.key_tokens: dict[bytes, list[int]] = {}  # store key -> the tokens its hash stands for
 
     def _apply(self) -> None:
-        copies = self.kv.take_copies()
-        plan = self.kv.take_transfers()
+        copies = self.kv.copy_plan.take_copies()
+        plan = self.kv.copy_plan.take_transfers()
         blank: list[int | None] = [None] * BS
         for d, tag in plan.store_out:  # first: read before anything of the step writes
             content = self.device[d]
@@ -166,7 +166,7 @@ class ThreeTierMachine(TwoTierMachine):
             self.io.answer(mode)
             ended = self.store.poll()
             assert mode == "late" or ended == [req.request_id]
-            for payload_scope in (s for _, _, s in self.kv._state(req.request_id).store_hits):
+            for payload_scope in (s for _, _, s in self.kv.lookup._chain(req.request_id).store_hits):
                 assert payload_scope in (scope, SHARED_SCOPE)
         if not self._admit(req):
             self.kv.free(req)
