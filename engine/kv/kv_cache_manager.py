@@ -326,15 +326,16 @@ class KVCacheManager:
         if st is None:
             return
         blocks, st.blocks = st.blocks, []
+        if blocks and self.host is not None:
+            self.host.unfill(blocks)
+        if blocks and self.copy_plan.has_pending():
+            # A copy into a block given back now must not land on the block's next owner; a store
+            # fill that will not run takes the block's hash with it (so it is not written below).
+            self.copy_plan.drop_into({b.block_id for b in blocks})
         if self.store is not None and not keep_hashes:
             for b in blocks[: st.num_cached]:  # written behind: read before the next step writes any block
                 if b.block_hash is not None and b.cache_scope is not None:
                     self.store.plan_write(b.block_id, b.block_hash, b.cache_scope)
-        if blocks and self.host is not None:
-            self.host.unfill(blocks)
-        if blocks and self.copy_plan.has_pending():
-            # A copy into a block given back now must not land on the block's next owner.
-            self.copy_plan.drop_into({b.block_id for b in blocks})
         if blocks:
             self.pool.free(reversed(blocks))
         st.num_cached = 0

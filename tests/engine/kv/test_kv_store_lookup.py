@@ -350,3 +350,17 @@ def test_planned_writes_are_dropped_before_their_bytes_are_read_when_there_is_no
     io.state = BreakerState.OPEN
     tier.plan_write(20, b"\x14" * 32, "b")
     assert not tier.has_saves and dropped == {"a": 2, "b": 1}
+
+
+def test_a_request_freed_before_its_store_fill_runs_writes_none_of_those_blocks_back() -> None:
+    """Found by the machine: a fetched block cached at admission whose fill is dropped (the
+    request ended in the same step) was written back to the store holding another block's bytes."""
+    m = ThreeTierMachine()
+    m.complete(prompt=[2, 1, 1, 1], scope="b")
+    m.store_flush(scope="b")
+    m.fetch(mode="ok", prompt=[2, 1, 1], scope="b")
+    m.store_flush(scope="a")
+    req = m.live.pop(next(iter(m.live)))
+    m.kv.free(req)
+    m.step()
+    m.the_store_holds_what_each_key_stands_for()
