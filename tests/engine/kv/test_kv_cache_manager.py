@@ -60,7 +60,11 @@ def test_a_second_identical_prompt_hits_all_but_the_last_block() -> None:
     second = _req("2", list(range(10)))
     assert _admit(kv, second) == 8  # 5 full blocks; the last is recomputed for its logits
     assert kv.blocks(second.request_id)[:4] == kv.blocks(first.request_id)[:4]
-    assert kv.lookup.totals.hit_tokens == 8 and kv.lookup.totals.queried_tokens == 20 and kv.lookup.totals.num_queries == 2
+    assert (
+        kv.lookup.totals.hit_tokens == 8
+        and kv.lookup.totals.queried_tokens == 20
+        and kv.lookup.totals.num_queries == 2
+    )
 
 
 @pytest.mark.parametrize(

@@ -156,7 +156,9 @@ def test_the_prefix_cache_never_hits_across_adapters(setup) -> None:  # type: ig
     for i, name in enumerate((None, "a", "b")):
         before = engine.kv.lookup.totals.hit_tokens
         assert _run(engine, [(prompt, name)]) == [reference[name]]
-        assert engine.kv.lookup.totals.hit_tokens == before, f"request {i} ({name}) hit another adapter's blocks"
+        assert engine.kv.lookup.totals.hit_tokens == before, (
+            f"request {i} ({name}) hit another adapter's blocks"
+        )
     for name in (None, "a", "b"):  # the same adapter again: its own blocks are found
         before = engine.kv.lookup.totals.hit_tokens
         assert _run(engine, [(prompt, name)]) == [reference[name]]
