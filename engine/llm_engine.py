@@ -243,7 +243,7 @@ class LLMEngine:
         """
         old_kv, old_scheduler = self.kv, self.scheduler
         self._build_state()
-        self.kv.totals, self.kv.by_tenant = old_kv.totals, old_kv.by_tenant
+        self.kv.lookup.totals, self.kv.lookup.by_tenant = old_kv.lookup.totals, old_kv.lookup.by_tenant
         if old_kv.host is not None and self.kv.host is not None:
             self.kv.host.carry_counters(old_kv.host)
         self.scheduler.preemption.num_preemptions = old_scheduler.num_preemptions
@@ -465,14 +465,14 @@ class LLMEngine:
         """With nothing to step, carry out the block transfers decided since the last step now (the
         store's write-behind of the requests that just ended), so they do not wait for the next
         request. A failure drops them (the store is an optimisation) and forgets what they filled."""
-        if not self.kv.has_pending_transfers():
+        if not self.kv.copy_plan.has_pending_transfers():
             return
-        transfers = self.kv.take_transfers()
+        transfers = self.kv.copy_plan.take_transfers()
         try:
             self.runner.transfer_blocks(SchedulerOutput(scheduled=(), swaps=transfers))
         except Exception:
             logger.exception("block transfers of an idle engine failed; dropped")
-            self.kv.forget_transfers(transfers)
+            self.kv.copy_plan.forget_transfers(transfers)
 
     def idle_timeout_s(self, default_s: float) -> float:
         """How long the caller may sleep after an idle step before time alone changes anything
@@ -568,8 +568,8 @@ class LLMEngine:
             num_free_blocks=self.kv.num_free_blocks,
             block_size=self.kv.block_size,
             num_waiting_tokens=sum(by_prio),
-            prefix_cache_queries=self.kv.totals.queried_tokens,
-            prefix_cache_hits=self.kv.totals.hit_tokens,
+            prefix_cache_queries=self.kv.lookup.totals.queried_tokens,
+            prefix_cache_hits=self.kv.lookup.totals.hit_tokens,
             num_preemptions=self.scheduler.num_preemptions,
             prefill_tokens_per_s=self.prefill_rate.value,
             decode_steps_per_s=self.decode_rate.value,

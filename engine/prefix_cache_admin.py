@@ -48,8 +48,8 @@ class PrefixCacheAdmin:
         kv, pool = self.kv, self.kv.pool
         bs = kv.block_size
         tenants = []
-        for tenant_id, c in sorted(kv.by_tenant.items()):
-            scope = kv.scope_of_tenant.get(tenant_id, tenant_id)
+        for tenant_id, c in sorted(kv.lookup.by_tenant.items()):
+            scope = kv.lookup.scope_of_tenant.get(tenant_id, tenant_id)
             num_cached = pool.num_cached_blocks(scope)
             tenants.append(
                 TenantCacheStats(
@@ -78,9 +78,9 @@ class PrefixCacheAdmin:
             num_free_blocks=kv.num_free_blocks,
             num_cached_blocks=len(pool.cached),
             num_pinned_blocks=pool.num_pinned_blocks,
-            num_queries=kv.totals.num_queries,
-            num_queried_tokens=kv.totals.queried_tokens,
-            num_hit_tokens=kv.totals.hit_tokens,
+            num_queries=kv.lookup.totals.num_queries,
+            num_queried_tokens=kv.lookup.totals.queried_tokens,
+            num_hit_tokens=kv.lookup.totals.hit_tokens,
             num_evictions=pool.num_evictions,
             num_flushed=pool.num_flushed,
             max_cached_blocks_per_scope=kv.max_cached_blocks_per_scope,
@@ -173,7 +173,7 @@ class PrefixCacheAdmin:
             return FlushResult(0, model_version_matched=False)
         scopes: set[str] | None = None
         if tenant_id is not None:
-            scopes = {self.kv.scope_of_tenant.get(tenant_id, tenant_id)}
+            scopes = {self.kv.lookup.scope_of_tenant.get(tenant_id, tenant_id)}
         if cache_scope is not None:
             scopes = (scopes or set()) | {cache_scope}
         return FlushResult(self.kv.flush(scopes, include_pinned=include_pinned))

@@ -1,13 +1,13 @@
-"""Per-request block tables on top of the block pool: prefix-cache lookup, caching, forks and COW.
+"""Per-request block tables on top of the block pool: allocation, caching, forks and COW.
 
 Plain Python, no torch. The scheduler asks it for blocks; the runner only sees block ids and
-the (src, dst) pairs of copy-on-write.
+the copies it plans (`weir.engine.kv.kv_copy_plan`: the (src, dst) pairs of copy-on-write and
+the store's fills).
 
-- Lookup: a request's full blocks are hashed (chained, see `block_hash`) once; at admission the
-  longest cached chain is referenced instead of recomputed, always leaving the last token to
-  compute so its logits exist.
-- In flight: the hashes a running request is about to compute are recorded, so the scheduler
-  can hold back a request that would compute the same block in the same step.
+- Lookup (`weir.engine.kv.prefix_lookup`): at admission the longest cached chain of a request's
+  block hashes is referenced instead of recomputed; the blocks it is about to compute are
+  recorded in flight, so the scheduler can hold back a request that would compute the same block
+  in the same step.
 - Per-scope cap: a scope's cached blocks never exceed `tenant_cache_share` of the pool; at the
   cap it evicts its own least recently used free block (O(1)), else leaves the block uncached.
 - Fork: a child references its parent's computed blocks. Before a request writes into a block
@@ -26,14 +26,15 @@ the (src, dst) pairs of copy-on-write.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from weir.engine.config import PreemptionMode
-from weir.engine.kv.block_hash import SHARED_SCOPE, hash_blocks
+from weir.engine.kv.block_hash import SHARED_SCOPE
 from weir.engine.kv.block_pool import Block, BlockPool
 from weir.engine.kv.host_kv_tier import HostKVTier
+from weir.engine.kv.kv_copy_plan import KVCopyPlan
 from weir.engine.kv.kv_store_tier import KVStoreTier
-from weir.engine.kv.kv_swap import KVTransfers
+from weir.engine.kv.prefix_lookup import PrefixLookup
 from weir.engine.kv.shared_prefixes import SharedPrefixRegistry
 from weir.engine.kv.swap_policy import SwapPolicy
 from weir.engine.request import Request
@@ -43,25 +44,11 @@ MAX_PINNED_SHARE = 0.5
 
 
 @dataclass
-class PrefixCacheCounters:
-    """Prefix-cache lookups (at first admission), overall and per tenant."""
-
-    num_queries: int = 0
-    queried_tokens: int = 0
-    hit_tokens: int = 0
-
-
-@dataclass
 class _ReqKV:
     """The KV state of one request."""
 
     blocks: list[Block] = field(default_factory=list)
-    hashes: list[bytes] | None = None  # chained hashes of its full blocks, extended lazily
-    num_shared: int = 0  # leading hashes in the shared scope
     num_cached: int = 0  # leading blocks already registered in (or found in) the cache
-    inflight: list[bytes] = field(default_factory=list)  # hashes it is computing, first to register
-    # Store hits found by the last lookup, after its device and host hits: (hash, payload, scope).
-    store_hits: list[tuple[bytes, bytes, str]] = field(default_factory=list)
 
 
 class KVCacheManager:
@@ -87,11 +74,7 @@ class KVCacheManager:
             policy = swap_policy if swap_policy is not None else SwapPolicy(block_bytes=1)
             self.host = HostKVTier(host_num_blocks, self.pool, block_size, policy, tenant_cache_share)
         self.store = store if enable_caching else None
-        self._store_in: list[tuple[int, bytes]] = []  # (device block, payload) for the next step
-        self._store_filled: dict[str, None] = {}  # requests whose blocks the next step's store_in fills
         self.enable_caching = enable_caching
-        self._root_digest = root_digest
-        self._roots: dict[tuple[str, str], bytes] = {}
         self.watermark_blocks = int(watermark * num_blocks)
         self.max_cached_blocks_per_scope = max(1, int(tenant_cache_share * self.pool.num_usable_blocks))
         self.shared_prefixes = SharedPrefixRegistry(
@@ -100,12 +83,12 @@ class KVCacheManager:
             root_digest(SHARED_SCOPE),
             max_pinned_blocks=int(MAX_PINNED_SHARE * self.pool.num_usable_blocks),
         )
+        # Hash chains, the cached prefix across the tiers, blocks in flight, lookup counters.
+        self.lookup = PrefixLookup(
+            self.pool, block_size, root_digest, self.shared_prefixes, enable_caching, self.host, self.store
+        )
+        self.copy_plan = KVCopyPlan(self.pool, self.host, self.store)  # what the next step copies
         self._reqs: dict[str, _ReqKV] = {}
-        self._inflight: dict[bytes, str] = {}  # block hash -> id of the request computing it
-        self._copies: list[tuple[int, int]] = []  # copy-on-write pairs for the next step
-        self.totals = PrefixCacheCounters()
-        self.by_tenant: dict[str, PrefixCacheCounters] = {}
-        self.scope_of_tenant: dict[str, str] = {}
 
     # -- sizes ----------------------------------------------------------------------------------
 
@@ -129,15 +112,7 @@ class KVCacheManager:
         st = self._reqs.get(request_id)
         return st.blocks if st is not None else []
 
-    # -- hashing and lookup ---------------------------------------------------------------------
-
-    def _root(self, scope: str, adapter: str = "") -> bytes:
-        """The chain root of a scope, through an adapter (its cache key; "" for the base model)."""
-        root = self._roots.get((scope, adapter))
-        if root is None:
-            digest = self._root_digest(scope, adapter) if adapter else self._root_digest(scope)
-            root = self._roots[(scope, adapter)] = digest
-        return root
+    # -- lookup ---------------------------------------------------------------------------------
 
     def _state(self, request_id: str) -> _ReqKV:
         st = self._reqs.get(request_id)
@@ -145,110 +120,22 @@ class KVCacheManager:
             st = self._reqs[request_id] = _ReqKV()
         return st
 
-    def hashes(self, req: Request) -> list[bytes]:
-        """Chained hashes of the request's full blocks (prompt and output), extended lazily.
-
-        A prompt that begins with a registered shared prefix chains that part from the shared
-        root; the first block after it mixes the tenant's root back in.
-        """
-        st = self._state(req.request_id)
-        if st.hashes is None:
-            # Shared prefixes hold base-model KV: a request through an adapter never chains from them.
-            shared = self.enable_caching and req.adapter is None
-            st.hashes = self.shared_prefixes.match(req.prompt_token_ids) if shared else []
-            st.num_shared = len(st.hashes)
-        hashes = st.hashes
-        num_full = req.num_tokens // self.block_size
-        if len(hashes) < num_full:
-            start = len(hashes)
-            tokens = req.all_token_ids[: num_full * self.block_size]
-            root = self._root(req.cache_scope, req.adapter.cache_key if req.adapter is not None else "")
-            if start == 0:
-                hashes.extend(hash_blocks(root, tokens, self.block_size))
-            else:
-                extra = root if start == st.num_shared else b""
-                hashes.extend(
-                    hash_blocks(
-                        root, tokens, self.block_size, start=start, parent=hashes[-1], first_extra=extra
-                    )
-                )
-        return hashes
-
     def get_computed_blocks(self, req: Request) -> tuple[list[Block], int]:
         """Longest cached prefix of a request that holds no blocks yet: (blocks, tokens).
 
         A block missing on the device may be found in the host tier: such a hit is a host block,
-        promoted (copied to a device block) by `allocate_slots`. At least the last token is
-        always left to compute, so its logits exist.
+        promoted (copied to a device block) by `allocate_slots`; the store's landed blocks after
+        those are copied in by `allocate_slots` too (`PrefixLookup.computed_blocks`). At least
+        the last token is always left to compute, so its logits exist.
         """
         if not self.enable_caching or self.blocks(req.request_id):
             return [], 0
-        hits: list[Block] = []
-        host = self.host
-        hashes = self.hashes(req)
-        for h in hashes:
-            block = self.pool.lookup(h)
-            if block is None and host is not None:
-                block = host.lookup(h)
-            if block is None:
-                break
-            hits.append(block)
-        st = self._state(req.request_id)
-        st.store_hits = self._store_hits(req, hashes, len(hits), st.num_shared)
-        if st.store_hits and (len(hits) + len(st.store_hits)) * self.block_size >= req.num_tokens:
-            st.store_hits.pop()
-        elif hits and len(hits) * self.block_size >= req.num_tokens:
-            hits.pop()
-        return hits, (len(hits) + len(st.store_hits)) * self.block_size
-
-    def _store_hits(
-        self, req: Request, hashes: list[bytes], start: int, num_shared: int
-    ) -> list[tuple[bytes, bytes, str]]:
-        """The chain from block `start` on as far as the store's landed payloads for `req` go."""
-        landed = self.store.landed(req.request_id) if self.store is not None else None
-        if not landed:
-            return []
-        out: list[tuple[bytes, bytes, str]] = []
-        for i in range(start, len(hashes)):
-            payload = landed.get(hashes[i])
-            if payload is None:
-                break
-            out.append((hashes[i], payload, SHARED_SCOPE if i < num_shared else req.cache_scope))
-        return out
+        return self.lookup.computed_blocks(req)
 
     def start_fetch(self, req: Request, num_hit_tokens: int) -> bool:
-        """Ask the store for the blocks of `req`'s prompt after its `num_hit_tokens` cached tokens
-        (never its last token's block), if that beats recompute; True: the request waits for them."""
-        if self.store is None or req.num_preemptions or self.blocks(req.request_id):
-            return False
-        hashes = self.hashes(req)
-        first = num_hit_tokens // self.block_size
-        last = min(len(hashes), (req.num_prompt_tokens - 1) // self.block_size)
-        if last <= first:
-            return False
-        return self.store.try_fetch(req.request_id, hashes[first:last], req.tenant_id)
-
-    def inflight_owner(self, req: Request, num_hit_tokens: int) -> str | None:
-        """The running request computing `req`'s first uncached block right now, if another one."""
-        if not self._inflight:
-            return None
-        i = num_hit_tokens // self.block_size
-        hashes = self.hashes(req)
-        if i >= len(hashes):
-            return None
-        owner = self._inflight.get(hashes[i])
-        return owner if owner != req.request_id else None
-
-    def record_lookup(self, req: Request, num_hit_tokens: int) -> None:
-        """Count one admission's lookup, overall and for its tenant."""
-        counters = self.by_tenant.get(req.tenant_id)
-        if counters is None:
-            counters = self.by_tenant[req.tenant_id] = PrefixCacheCounters()
-        self.scope_of_tenant[req.tenant_id] = req.cache_scope
-        for c in (self.totals, counters):
-            c.num_queries += 1
-            c.queried_tokens += req.num_tokens
-            c.hit_tokens += num_hit_tokens
+        """Ask the store for the rest of the prompt of `req`, which holds no blocks yet
+        (`PrefixLookup.start_fetch`); True: the request waits for them."""
+        return not self.blocks(req.request_id) and self.lookup.start_fetch(req, num_hit_tokens)
 
     # -- allocation -----------------------------------------------------------------------------
 
@@ -285,7 +172,7 @@ class KVCacheManager:
         """Make the request's block table hold `num_total_tokens` tokens. False if blocks are short.
 
         `computed` are prefix-cache hits (at admission). Blocks the request is about to write
-        that are shared or cached are copied first (the pairs go to `take_copies`).
+        that are shared or cached are copied first (the pairs go to `copy_plan`).
         """
         computed = computed or []
         if not self.can_fit(req, num_total_tokens, computed, watermark):
@@ -296,14 +183,15 @@ class KVCacheManager:
             for i in self._cow_indices(req, st, num_total_tokens):
                 src = blocks[i]
                 (dst,) = self.pool.allocate(1)
-                self._plan_copy(src.block_id, dst.block_id)
+                self.copy_plan.plan_copy(src.block_id, dst.block_id)
                 blocks[i] = dst
                 self.pool.free([src])
         if computed:
             self._take_hits(req, computed)
             st.num_cached = len(blocks)
-        if st.store_hits:
-            self._take_store_hits(req, st)
+        store_hits = self.lookup.take_store_hits(req.request_id)
+        if store_hits:
+            self._take_store_hits(req, st, store_hits)
             st.num_cached = len(blocks)
         need_new = self.blocks_for(num_total_tokens) - len(blocks)
         if need_new > 0:
@@ -330,19 +218,18 @@ class KVCacheManager:
                 b = dst
             table.append(b)
 
-    def _take_store_hits(self, req: Request, st: _ReqKV) -> None:
+    def _take_store_hits(self, req: Request, st: _ReqKV, store_hits: list[tuple[bytes, bytes, str]]) -> None:
         """Copy the store's landed blocks into fresh device blocks (the step's `store_in`), cached."""
-        for block_hash, payload, scope in st.store_hits:
+        for block_hash, payload, scope in store_hits:
             (dst,) = self.pool.allocate(1)
-            self._store_in.append((dst.block_id, payload))
+            self.copy_plan.plan_store_fill(dst.block_id, payload)
             if block_hash not in self.pool.cached:
                 self._cache_block(dst, block_hash, scope)
             st.blocks.append(dst)
-        self._store_filled[req.request_id] = None
+        self.copy_plan.filled_from_store(req.request_id)
         if self.store is not None:
-            self.store.on_landed(len(st.store_hits))
+            self.store.on_landed(len(store_hits))
             self.store.forget(req.request_id)
-        st.store_hits = []
 
     def _cache_block(self, block: Block, block_hash: bytes, scope: str) -> None:
         """Register a device block in the prefix cache, within its scope's cap (else leave it uncached)."""
@@ -351,42 +238,8 @@ class KVCacheManager:
 
     def mark_inflight(self, req: Request) -> None:
         """Record the full prompt blocks `req` will compute, unless another request already is."""
-        if not self.enable_caching:
-            return
-        st = self._state(req.request_id)
-        hashes = self.hashes(req)
-        for i in range(st.num_cached, min(len(hashes), req.num_prompt_tokens // self.block_size)):
-            h = hashes[i]
-            if h not in self._inflight and self.pool.lookup(h) is None:
-                self._inflight[h] = req.request_id
-                st.inflight.append(h)
-
-    def _plan_copy(self, src: int, dst: int) -> None:
-        """Plan `dst` to hold what `src` will hold when this step's forward runs.
-
-        The runner copies device blocks before this step's host and store fills
-        (engine/kv/kv_swap.py), and all copy-on-write pairs at once: a source that one of those
-        fills in this same step (a prefix block just promoted, a store hit, a block copied
-        earlier in the step) is read before it holds anything. Then `dst` is filled from where
-        `src`'s contents come from instead.
-        """
-        if self.host is not None and self.host.fill_also(src, dst):
-            return
-        for block_id, payload in self._store_in:
-            if block_id == src:
-                self._store_in.append((dst, payload))
-                return
-        for copy_src, copy_dst in self._copies:
-            if copy_dst == src:
-                src = copy_src
-                break
-        self._copies.append((src, dst))
-
-    def take_copies(self) -> tuple[tuple[int, int], ...]:
-        """The copy-on-write pairs decided since the last call, for this step's runner."""
-        copies = tuple(self._copies)
-        self._copies.clear()
-        return copies
+        if self.enable_caching:
+            self.lookup.mark_inflight(req, self._state(req.request_id).num_cached)
 
     # -- caching ----------------------------------------------------------------------------------
 
@@ -400,17 +253,17 @@ class KVCacheManager:
         num_full = min(req.num_computed_tokens // self.block_size, len(st.blocks))
         if num_full <= st.num_cached:
             return
-        hashes = self.hashes(req)
+        hashes = self.lookup.hashes(req)
+        num_shared = self.lookup.num_shared(req.request_id)
         pool = self.pool
         for i in range(st.num_cached, num_full):
             h = hashes[i]
-            if st.inflight and self._inflight.get(h) == req.request_id:
-                del self._inflight[h]
+            self.lookup.computed(req.request_id, h)
             block = st.blocks[i]
             if block.block_hash is not None or h in pool.cached:
                 continue
             # The shared scope holds only admin-registered prefixes: it has no cap.
-            self._cache_block(block, h, SHARED_SCOPE if i < st.num_shared else req.cache_scope)
+            self._cache_block(block, h, SHARED_SCOPE if i < num_shared else req.cache_scope)
             if self.store is not None and block.block_hash == h and block.cache_scope is not None:
                 # Written behind as soon as it is computed (read before the next step writes any
                 # block), so another replica finds it while this request still decodes.
@@ -432,14 +285,8 @@ class KVCacheManager:
         if cst.blocks:
             raise ValueError(f"{child.request_id} already holds blocks")
         cst.blocks = list(shared)
-        # Only blocks wholly inside the shared tokens are known to hash alike; the rest of the
-        # child's chain is extended from its own tokens.
         num_full = child.num_computed_tokens // self.block_size
-        parent_hashes = self.hashes(parent)
-        if num_full >= pst.num_shared:
-            cst.hashes = parent_hashes[:num_full]
-            cst.num_shared = pst.num_shared
-        # else: the cut falls inside a shared prefix: the child matches the shared prefixes afresh.
+        self.lookup.fork(parent, child.request_id, num_full)
         cst.num_cached = min(pst.num_cached, num_full)
 
     def truncate(self, req: Request, num_tokens: int) -> int:
@@ -459,9 +306,8 @@ class KVCacheManager:
             )
         dropped = st.blocks[keep:]
         del st.blocks[keep:]
-        if self._copies:
-            gone = {b.block_id for b in dropped}
-            self._copies = [c for c in self._copies if c[1] not in gone]
+        if self.copy_plan.has_pending():
+            self.copy_plan.drop_copies_into({b.block_id for b in dropped})
         self.pool.free(reversed(dropped))
         return len(dropped)
 
@@ -473,33 +319,25 @@ class KVCacheManager:
             self.host.drop(req.request_id)  # it ended while swapped out
         if self.store is not None and not keep_hashes:
             self.store.end(req.request_id)
+        self.lookup.release_inflight(req.request_id)
+        if not keep_hashes:
+            self.lookup.forget(req.request_id)
         st = self._reqs.get(req.request_id)
         if st is None:
             return
         blocks, st.blocks = st.blocks, []
+        if blocks and self.host is not None:
+            self.host.unfill(blocks)
+        if blocks and self.copy_plan.has_pending():
+            # A copy into a block given back now must not land on the block's next owner; a store
+            # fill that will not run takes the block's hash with it (so it is not written below).
+            self.copy_plan.drop_into({b.block_id for b in blocks})
         if self.store is not None and not keep_hashes:
             for b in blocks[: st.num_cached]:  # written behind: read before the next step writes any block
                 if b.block_hash is not None and b.cache_scope is not None:
                     self.store.plan_write(b.block_id, b.block_hash, b.cache_scope)
-        if blocks and self.host is not None:
-            self.host.unfill(blocks)
-        if (self._copies or self._store_in) and blocks:
-            # A copy into a block given back now must not land on the block's next owner.
-            gone = {b.block_id for b in blocks}
-            self._copies = [c for c in self._copies if c[1] not in gone]
-            unfilled = {dst for dst, _ in self._store_in if dst in gone}
-            if unfilled:
-                # Store hits cached at admission whose copy will not run now (the request was
-                # preempted in the step that admitted it): their hashes must not outlive them, or
-                # the next request with this prefix would read blocks never filled.
-                self._store_in = [c for c in self._store_in if c[0] not in unfilled]
-                self.pool.flush(lambda b: b.block_id in unfilled, include_pinned=True)
         if blocks:
             self.pool.free(reversed(blocks))
-        for h in st.inflight:
-            if self._inflight.get(h) == req.request_id:
-                del self._inflight[h]
-        st.inflight = []
         st.num_cached = 0
         if not keep_hashes:
             del self._reqs[req.request_id]
@@ -523,11 +361,11 @@ class KVCacheManager:
         cost model says so) or freed to recompute; the caller resets a recomputing request."""
         mode = PreemptionMode.RECOMPUTE
         blocks = self.blocks(req.request_id)[: self.blocks_for(req.num_computed_tokens)]
-        if req.request_id in self._store_filled:
+        if self.copy_plan.is_filled_from_store(req.request_id):
             allow_swap = False  # the store's bytes land after this step's swap-out would read them
         if allow_swap and self.host is not None and blocks:
             # A copy-on-write decided this step for a block being swapped out has not run: copy its source.
-            cow_src = {dst: src for src, dst in self._copies}
+            cow_src = self.copy_plan.copy_sources()
             sources = [cow_src.get(b.block_id, b.block_id) for b in blocks]
             num_cached = self._state(req.request_id).num_cached
             mode = self.host.preempt(
@@ -559,30 +397,3 @@ class KVCacheManager:
         """Forget a swapped-out request's host copy; it recomputes from the start."""
         if self.host is not None:
             self.host.drop(req.request_id)
-
-    def has_pending_transfers(self) -> bool:
-        """Whether store transfers wait for a step (the host tier's wait only while requests run)."""
-        return bool(self._store_in) or (self.store is not None and self.store.has_saves)
-
-    def take_transfers(self) -> KVTransfers:
-        """The copies between the tiers decided since the last call, for this step's runner."""
-        transfers = self.host.take() if self.host is not None else KVTransfers()
-        if self.store is None:
-            return transfers
-        saves = self.store.take_saves()
-        if not saves and not self._store_in:
-            self._store_filled.clear()
-            return transfers
-        store_in, self._store_in = tuple(self._store_in), []
-        filled, self._store_filled = tuple(self._store_filled), {}
-        ids = transfers.swapped_in_ids + tuple(r for r in filled if r not in transfers.swapped_in_ids)
-        return replace(transfers, store_out=saves, store_in=store_in, swapped_in_ids=ids)
-
-    def forget_transfers(self, transfers: KVTransfers) -> None:
-        """A step failed with these copies: the blocks they were to fill, in either tier, lose
-        their hashes (their contents are not trusted). O(cached blocks); failures only."""
-        if self.host is not None:
-            self.host.forget_copied(transfers)
-        filled = {dst for _, dst in transfers.swap_in} | {dst for dst, _ in transfers.store_in}
-        if filled:
-            self.pool.flush(lambda b: b.block_id in filled, include_pinned=True)

@@ -22,14 +22,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass, field
 
-from weir.engine.config import BatchPolicy, QueuePolicy, SchedulerConfig
+from weir.engine.config import QueuePolicy, SchedulerConfig
 from weir.engine.errors import ContextLengthError
 from weir.engine.kv.kv_cache_manager import KVCacheManager
 from weir.engine.output import ScheduledRequest, SchedulerOutput
-from weir.engine.request import Priority, Request, RequestStatus, TokenDelta
+from weir.engine.request import Priority, Request, RequestStatus
 from weir.engine.sampling.fork_tracker import PendingForks
+from weir.engine.scheduling.batch_policy import make_batching
 from weir.engine.scheduling.preemption import Preemption
 from weir.engine.scheduling.request_queue import WaitingQueue, make_waiting_queue
 from weir.engine.scheduling.slo_standing import SloStanding
@@ -37,6 +37,7 @@ from weir.engine.scheduling.slo_tally import PreemptReason, SloTally
 from weir.engine.scheduling.speculation_policy import SpeculationPolicy
 from weir.engine.scheduling.step_budget import StepBudget, make_step_budget
 from weir.engine.scheduling.step_plan import fair_shares, prefill_key, step_target_s
+from weir.engine.scheduling.step_records import AppendedToken, StepDraft, StepUpdate
 from weir.engine.scheduling.step_shaping import first_answer_sit_outs, fit_decodes, goodput_target, ttft_need
 from weir.engine.speculation_tally import VerifiedDraft
 
@@ -45,45 +46,6 @@ logger = logging.getLogger("weir.engine")
 # A waiting request may displace a lower class past the running cap once it has waited this
 # share of its TTFT target (not at once: a wait that ends by itself soon costs no preemption).
 _SLO_URGENCY = 0.25
-
-
-@dataclass
-class StepDraft:
-    """One step being planned: the tokens it may still feed, what it feeds each request, the
-    draft slots reserved after decodes, and the requests preempted in it."""
-
-    budget: int
-    chunk_cap: int  # the most tokens one prompt feeds in the step
-    spec_ok: bool = False  # the step may speculate
-    scheduled: dict[str, int] = field(default_factory=dict)  # request id -> tokens fed
-    spec_slots: dict[str, int] = field(default_factory=dict)  # decode id -> draft slots after its token
-    preempted: list[str] = field(default_factory=list)
-
-    def drop(self, victim: Request, refund: bool) -> None:
-        """`victim` was preempted: it feeds nothing in this step; `refund`: its tokens may go to
-        others in this admission (while feeding running requests they are not reused)."""
-        self.preempted.append(victim.request_id)  # SchedulerOutput lists every preemption
-        tokens = self.scheduled.pop(victim.request_id, 0)
-        self.spec_slots.pop(victim.request_id, None)
-        if refund:
-            self.budget += tokens
-
-
-@dataclass(frozen=True)
-class AppendedToken:
-    """A token appended to a request by `Scheduler.update_from_output`, with what it added."""
-
-    request: Request
-    token_id: int
-    delta: TokenDelta
-
-
-@dataclass
-class StepUpdate:
-    """What `Scheduler.update_from_output` did: tokens appended (in order), requests it could not update."""
-
-    appended: list[AppendedToken] = field(default_factory=list)
-    failed: dict[str, str] = field(default_factory=dict)  # request id -> error, for that request only
 
 
 class Scheduler:
@@ -100,6 +62,8 @@ class Scheduler:
         self.config = config
         # The token budget of each step: fixed, or following a target step time (engine/scheduling/step_budget.py).
         self.step_budget = step_budget if step_budget is not None else make_step_budget(config)
+        # When waiting requests may join, and how many run at once (engine/scheduling/batch_policy.py).
+        self.batching = make_batching(config)
         self.kv = kv
         self.clock = clock
         self.waiting: WaitingQueue = queue if queue is not None else make_waiting_queue(config.queue_policy)
@@ -327,8 +291,8 @@ class Scheduler:
             ),
             preempted_ids=tuple(step.preempted),
             finished_ids=tuple(self._finished_ids),
-            blocks_to_copy=self.kv.take_copies(),
-            swaps=self.kv.take_transfers(),
+            blocks_to_copy=self.kv.copy_plan.take_copies(),
+            swaps=self.kv.copy_plan.take_transfers(),
         )
         self._finished_ids = []
         now = self.clock()
@@ -443,41 +407,13 @@ class Scheduler:
         self.waiting.remove(victim)
 
     def _may_admit(self) -> bool:
-        policy = self.config.batch_policy
-        if policy is BatchPolicy.CONTINUOUS:
-            return self._hold_over()
-        if self.running or not len(self.waiting):
-            return False
-        head = self.waiting.peek()
-        waited = self.clock() - head.arrival_s if head is not None else 0.0
-        if policy is BatchPolicy.STATIC:
-            return (
-                len(self.waiting) >= self.config.static_batch_size or waited >= self.config.static_max_wait_s
-            )
-        return len(self.waiting) >= self.config.max_num_seqs or waited >= self.config.dynamic_window_s
-
-    def _hold_over(self) -> bool:
-        """Continuous batching: whether waiting requests may be admitted now. At once when the
-        admission hold is off or nothing runs; else once as many requests wait as run, or the
-        longest-waiting request has waited the hold (`SchedulerConfig.admission_hold_s`). The
-        longest wait, not the head's: under the fair or priority queue the head can be a newer
-        request, and a tenant cancelling and resending would keep it new and hold everyone."""
-        hold = self.config.admission_hold_s
-        if hold <= 0 or not self.running or not len(self.waiting):
-            return True
-        if len(self.waiting) >= len(self.running):
-            return True
-        # fewer wait than run here: the scan is bounded by the running count
-        return self.clock() - min(r.arrival_s for r in self.waiting) >= hold
+        return self.batching.may_admit(self.waiting, len(self.running), self.clock)
 
     def _admit(self, step: StepDraft) -> None:
-        policy = self.config.batch_policy
-        max_seqs = self.config.max_num_seqs
-        if policy is BatchPolicy.STATIC:
-            max_seqs = min(max_seqs, self.config.static_batch_size)
+        max_seqs = self.batching.max_seqs
         # Continuous batching stops admitting when the budget is spent; static and dynamic
         # batches admit the whole group now and feed its prompts over the next steps.
-        group = policy is not BatchPolicy.CONTINUOUS
+        group = self.batching.forms_groups
         # Holding a request back one step is free under continuous batching; a static batch
         # would leave it out until the whole batch ends, so there duplicates are computed.
         may_hold = not group and self.kv.enable_caching
@@ -497,7 +433,7 @@ class Scheduler:
                 self.fetching[req.request_id] = (req, req.status)
                 req.status = RequestStatus.FETCHING_KV
                 continue
-            if not swapped and may_hold and self.kv.inflight_owner(req, num_cached) is not None:
+            if not swapped and may_hold and self.kv.lookup.inflight_owner(req, num_cached) is not None:
                 self.waiting.remove(req)
                 held.append(req)
                 self.num_held_back += 1
@@ -522,7 +458,7 @@ class Scheduler:
             if not swapped:
                 if req.num_preemptions == 0:
                     req.num_cached_tokens = num_cached
-                    self.kv.record_lookup(req, num_cached)
+                    self.kv.lookup.record_lookup(req, num_cached)
                 req.num_computed_tokens = num_cached
                 self.kv.mark_inflight(req)
             self._start_running(req, stamp=False)  # schedule() stamps it once it feeds tokens
@@ -569,7 +505,7 @@ class Scheduler:
         Static and dynamic batches may rightly wait for their window with nothing running."""
         if self.running:
             return True
-        return bool(len(self.waiting)) and self.config.batch_policy is BatchPolicy.CONTINUOUS
+        return bool(len(self.waiting)) and not self.batching.forms_groups
 
     def describe(self) -> str:
         """The scheduler's state in one line per running request, for the stall watchdog's log."""
@@ -685,7 +621,7 @@ class Scheduler:
             elif req is not None and req.status is RequestStatus.RUNNING and rid in out.swaps.swapped_in_ids:
                 self.preemption.preempt(req, allow_swap=False, reason=PreemptReason.REQUEUE)
         if not out.swaps.is_empty:
-            self.kv.forget_transfers(out.swaps)
+            self.kv.copy_plan.forget_transfers(out.swaps)
 
     def idle_timeout_s(self, default_s: float) -> float:
         """How long the engine may sleep after a step that scheduled nothing.
@@ -704,15 +640,10 @@ class Scheduler:
                 deadline = _queued_deadline(req)
                 if deadline is not None:
                     timeout = min(timeout, deadline - now)
-        policy = self.config.batch_policy
-        head = self.waiting.peek() if policy is not BatchPolicy.CONTINUOUS else None
-        if head is not None:
-            window = (
-                self.config.static_max_wait_s
-                if policy is BatchPolicy.STATIC
-                else self.config.dynamic_window_s
-            )
-            timeout = min(timeout, head.arrival_s + window - now)
+        head = self.waiting.peek() if self.batching.forms_groups else None
+        window_end_s = self.batching.window_end_s(head) if head is not None else None
+        if window_end_s is not None:
+            timeout = min(timeout, window_end_s - now)
         return max(0.0, timeout)
 
 

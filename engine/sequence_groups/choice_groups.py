@@ -17,7 +17,8 @@ from weir.engine.client import EngineRequest
 from weir.engine.output import RequestMetrics, RequestOutput, TokenLogprob
 from weir.engine.request import FinishReason, Request, RequestStatus, child_seed
 from weir.engine.runner.runner import ModelRunner
-from weir.engine.scheduling.scheduler import AppendedToken, Scheduler
+from weir.engine.scheduling.scheduler import Scheduler
+from weir.engine.scheduling.step_records import AppendedToken
 from weir.engine.text.output_processor import OutputProcessor
 
 

@@ -14,7 +14,7 @@ from weir.engine.request import Request
 from weir.engine.runner.runner import StepResult
 from weir.engine.sampling.draft_verifier import Draft
 from weir.engine.sampling.sampler import SampleResult
-from weir.engine.scheduling.scheduler import AppendedToken
+from weir.engine.scheduling.step_records import AppendedToken
 from weir.engine.spec_decode.drafter import Drafter
 from weir.engine.speculation_tally import VerifiedDraft
 

@@ -361,10 +361,10 @@ def test_reset_forgets_every_request_and_keeps_counters(tiny: Path) -> None:
     engine = _engine(tiny)
     engine.add_request(EngineRequest("a", (5, 6, 7), GREEDY))
     engine.step()
-    queried = engine.kv.totals.queried_tokens
+    queried = engine.kv.lookup.totals.queried_tokens
     engine.reset()
     assert not engine.has_unfinished() and not engine.is_active("a")
-    assert engine.kv.totals.queried_tokens == queried and engine.stats().num_restarts == 1
+    assert engine.kv.lookup.totals.queried_tokens == queried and engine.stats().num_restarts == 1
     _assert_idle(engine)
     engine.add_request(EngineRequest("a", (5, 6, 7), GREEDY))
     assert _tokens(_drain(engine)[("a", 0)]) == _solo(tiny, (5, 6, 7))

@@ -54,12 +54,12 @@ def test_swap_out_copies_only_what_the_host_lacks_and_swap_in_restores_the_table
     device_ids = [b.block_id for b in kv.blocks("r")]
     assert kv.preempt(req) is PreemptionMode.SWAP and kv.is_swapped("r")
     assert kv.blocks("r") == [] and kv.num_free_blocks == kv.num_total_blocks
-    out = kv.take_transfers()
+    out = kv.copy_plan.take_transfers()
     assert [d for d, _ in out.swap_out] == device_ids and not out.swap_in
     assert kv.host is not None and kv.host.stats().num_swapped_requests == 1
     assert kv.swap_in(req)
     assert req.num_computed_tokens == 7
-    back = kv.take_transfers()
+    back = kv.copy_plan.take_transfers()
     # The three cached blocks are still cached on the device: only the partial block comes back.
     assert len(back.swap_in) == 1 and back.swapped_in_ids == ("r",)
     assert [b.block_id for b in kv.blocks("r")][:3] == device_ids[:3]
@@ -95,7 +95,7 @@ def test_a_request_filled_by_this_steps_swap_in_is_never_swapped_out_in_it() -> 
     kv.preempt(req)
     assert kv.swap_in(req)
     assert kv.preempt(req) is PreemptionMode.RECOMPUTE  # its swap-in copies have not run yet
-    kv.take_transfers()
+    kv.copy_plan.take_transfers()
     kv.free(req)
 
 
@@ -104,17 +104,17 @@ def test_evicted_blocks_are_demoted_and_a_later_hit_promotes_them() -> None:
     first = _req("1", [1, 2, 3, 4, 5, 6, 7])
     _run(kv, first)
     kv.free(first)
-    kv.take_transfers()
+    kv.copy_plan.take_transfers()
     other = _req("2", [9, 9, 9, 9, 9, 9, 9])
     _run(kv, other)  # evicts first's three cached blocks: demoted
     assert kv.host is not None and kv.host.num_demotions == 3
-    assert len(kv.take_transfers().swap_out) == 3
+    assert len(kv.copy_plan.take_transfers().swap_out) == 3
     kv.free(other)
     again = _req("3", [1, 2, 3, 4, 5, 6, 7, 8])
     computed, num_hit = kv.get_computed_blocks(again)
     assert num_hit == 6 and all(kv.host.owns(b) for b in computed)
     assert kv.allocate_slots(again, again.num_tokens, computed)
-    plan = kv.take_transfers()
+    plan = kv.copy_plan.take_transfers()
     assert len(plan.swap_in) == 3 and plan.swapped_in_ids == ("3",)
     assert kv.host.num_promotions == 3
     assert all(
@@ -131,12 +131,12 @@ def test_a_copy_on_write_of_a_block_promoted_in_the_same_step_copies_from_the_ho
     first = _req("1", [1, 2, 3, 4, 5, 6, 7])
     _run(kv, first)
     kv.free(first)
-    kv.take_transfers()
+    kv.copy_plan.take_transfers()
     other = _req("2", [9] * 9)
     _run(kv, other)  # demotes first's three cached blocks
     kv.free(other)
-    kv.take_transfers()
-    kv.take_copies()
+    kv.copy_plan.take_transfers()
+    kv.copy_plan.take_copies()
     parent = _req("3", [1, 2, 3, 4, 5, 6, 7, 8])
     computed, num_hit = kv.get_computed_blocks(parent)
     assert num_hit == 6 and kv.allocate_slots(parent, parent.num_tokens, computed)
@@ -148,8 +148,8 @@ def test_a_copy_on_write_of_a_block_promoted_in_the_same_step_copies_from_the_ho
     promoted = kv.blocks("3")[1].block_id
     written = kv.blocks("4")[1].block_id
     assert written != promoted
-    assert all(src != promoted for src, _ in kv.take_copies())
-    swap_in = dict((dst, src) for src, dst in kv.take_transfers().swap_in)
+    assert all(src != promoted for src, _ in kv.copy_plan.take_copies())
+    swap_in = dict((dst, src) for src, dst in kv.copy_plan.take_transfers().swap_in)
     assert swap_in[written] == swap_in[promoted]
 
 
@@ -214,8 +214,8 @@ class TwoTierMachine(KVMachineBase):
     # -- the step boundary: the runner's copies, then the content checks --------------------------
 
     def _apply(self) -> None:
-        copies = self.kv.take_copies()
-        plan = self.kv.take_transfers()
+        copies = self.kv.copy_plan.take_copies()
+        plan = self.kv.copy_plan.take_transfers()
         blank: list[int | None] = [None] * BS
         for d, h in plan.swap_out:
             self.host[h] = list(self.device.get(d, blank))

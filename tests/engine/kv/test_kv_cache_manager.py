@@ -42,7 +42,7 @@ def _admit(kv: KVCacheManager, req: Request) -> int:
     computed, num_hit = kv.get_computed_blocks(req)
     assert kv.allocate_slots(req, req.num_tokens, computed)
     req.num_computed_tokens = num_hit
-    kv.record_lookup(req, num_hit)
+    kv.lookup.record_lookup(req, num_hit)
     return num_hit
 
 
@@ -60,7 +60,11 @@ def test_a_second_identical_prompt_hits_all_but_the_last_block() -> None:
     second = _req("2", list(range(10)))
     assert _admit(kv, second) == 8  # 5 full blocks; the last is recomputed for its logits
     assert kv.blocks(second.request_id)[:4] == kv.blocks(first.request_id)[:4]
-    assert kv.totals.hit_tokens == 8 and kv.totals.queried_tokens == 20 and kv.totals.num_queries == 2
+    assert (
+        kv.lookup.totals.hit_tokens == 8
+        and kv.lookup.totals.queried_tokens == 20
+        and kv.lookup.totals.num_queries == 2
+    )
 
 
 @pytest.mark.parametrize(
@@ -79,16 +83,16 @@ def test_no_hit_across_any_root_key(other: dict[str, str]) -> None:
     a = _kv()
     b = _kv(**other)
     prompt = list(range(40))
-    ha = a.hashes(_req("x", prompt, "a"))
-    hb = b.hashes(_req("y", prompt, scope))
+    ha = a.lookup.hashes(_req("x", prompt, "a"))
+    hb = b.lookup.hashes(_req("y", prompt, scope))
     assert len(ha) == len(hb) == 20 and not set(ha) & set(hb)
     # In one pool: the blocks computed under one root are invisible under the other.
     first = _req("1", prompt, "a")
     _admit(a, first)
     _compute_all(a, first)
     a.free(first)
-    a._root_digest = lambda s: _root(s, **other)  # e.g. the same pool after a model version change
-    a._roots.clear()
+    a.lookup._root_digest = lambda s: _root(s, **other)  # e.g. the same pool after a model version change
+    a.lookup._roots.clear()
     assert _admit(a, _req("2", prompt, scope)) == 0
 
 
@@ -119,7 +123,7 @@ def test_shared_prefix_is_shared_and_what_follows_stays_private() -> None:
     assert not set(kv.blocks("b1")[4:]) & set(kv.blocks("a1")[4:])
     # A prompt that only shares part of the prefix shares nothing from the shared scope.
     c = _req("c1", system[:5] + [9, 9, 9], "b")
-    assert kv.hashes(c)[0] != kv.hashes(b)[0]
+    assert kv.lookup.hashes(c)[0] != kv.lookup.hashes(b)[0]
     # Tenant a's own continuation is found by tenant a.
     a2 = _req("a2", system + [1, 2, 3, 4, 5], "a")
     assert _admit(kv, a2) == 12
@@ -184,7 +188,7 @@ def test_fork_shares_blocks_and_copies_the_partial_block_on_write() -> None:
     kv.fork(parent, child)
     assert kv.blocks("odd")[2] is table[2] and table[2].ref_cnt == 5
     assert kv.allocate_slots(child, 8)
-    assert kv.take_copies() == ((table[2].block_id, kv.blocks("odd")[2].block_id),)
+    assert kv.copy_plan.take_copies() == ((table[2].block_id, kv.blocks("odd")[2].block_id),)
     assert table[2].ref_cnt == 4 and kv.blocks("odd")[2].ref_cnt == 1
 
 
@@ -251,7 +255,7 @@ class KVMachine(KVMachineBase):
         num_new = min(n, req.num_remaining)
         if not self.kv.allocate_slots(req, req.num_computed_tokens + num_new):
             return
-        for src, dst in self.kv.take_copies():
+        for src, dst in self.kv.copy_plan.take_copies():
             self.content[dst] = list(self.content[src])
         table = self.kv.blocks(rid)
         for p in range(req.num_computed_tokens, req.num_computed_tokens + num_new):
@@ -341,7 +345,7 @@ class KVMachine(KVMachineBase):
         pool = self.kv.pool
         assert pool.num_free_blocks == pool.num_usable_blocks, "blocks leaked"
         assert all(b.ref_cnt == 0 for b in pool.blocks[1:])
-        assert not self.kv._inflight
+        assert not self.kv.lookup.num_inflight
 
 
 TestKVMachine = KVMachine.TestCase

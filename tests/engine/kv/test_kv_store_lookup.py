@@ -128,8 +128,8 @@ class ThreeTierMachine(TwoTierMachine):
         self.key_tokens: dict[bytes, list[int]] = {}  # store key -> the tokens its hash stands for
 
     def _apply(self) -> None:
-        copies = self.kv.take_copies()
-        plan = self.kv.take_transfers()
+        copies = self.kv.copy_plan.take_copies()
+        plan = self.kv.copy_plan.take_transfers()
         blank: list[int | None] = [None] * BS
         for d, tag in plan.store_out:  # first: read before anything of the step writes
             content = self.device[d]
@@ -166,7 +166,7 @@ class ThreeTierMachine(TwoTierMachine):
             self.io.answer(mode)
             ended = self.store.poll()
             assert mode == "late" or ended == [req.request_id]
-            for payload_scope in (s for _, _, s in self.kv._state(req.request_id).store_hits):
+            for payload_scope in (s for _, _, s in self.kv.lookup._chain(req.request_id).store_hits):
                 assert payload_scope in (scope, SHARED_SCOPE)
         if not self._admit(req):
             self.kv.free(req)
@@ -350,3 +350,17 @@ def test_planned_writes_are_dropped_before_their_bytes_are_read_when_there_is_no
     io.state = BreakerState.OPEN
     tier.plan_write(20, b"\x14" * 32, "b")
     assert not tier.has_saves and dropped == {"a": 2, "b": 1}
+
+
+def test_a_request_freed_before_its_store_fill_runs_writes_none_of_those_blocks_back() -> None:
+    """Found by the machine: a fetched block cached at admission whose fill is dropped (the
+    request ended in the same step) was written back to the store holding another block's bytes."""
+    m = ThreeTierMachine()
+    m.complete(prompt=[2, 1, 1, 1], scope="b")
+    m.store_flush(scope="b")
+    m.fetch(mode="ok", prompt=[2, 1, 1], scope="b")
+    m.store_flush(scope="a")
+    req = m.live.pop(next(iter(m.live)))
+    m.kv.free(req)
+    m.step()
+    m.the_store_holds_what_each_key_stands_for()

@@ -163,7 +163,7 @@ def test_an_admin_flush_of_a_scope_reaches_the_store(tiny: Path, redis_server: R
     while time.monotonic() < deadline and len(r.keys("weir:kv:*")) == before:
         time.sleep(0.01)
     assert len(r.keys("weir:kv:*")) == before - 12  # t1's 12 blocks; t2's 2 stay
-    assert not a.kv.has_pending_transfers()
+    assert not a.kv.copy_plan.has_pending_transfers()
 
 
 def test_retiring_a_version_drops_its_entries_and_only_its(tiny: Path, redis_server: RedisServer) -> None:

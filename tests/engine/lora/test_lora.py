@@ -154,20 +154,22 @@ def test_the_prefix_cache_never_hits_across_adapters(setup) -> None:  # type: ig
         n: _run(_engine(base, adapter_dir, block_size=4), [(prompt, n)])[0] for n in (None, "a", "b")
     }
     for i, name in enumerate((None, "a", "b")):
-        before = engine.kv.totals.hit_tokens
+        before = engine.kv.lookup.totals.hit_tokens
         assert _run(engine, [(prompt, name)]) == [reference[name]]
-        assert engine.kv.totals.hit_tokens == before, f"request {i} ({name}) hit another adapter's blocks"
+        assert engine.kv.lookup.totals.hit_tokens == before, (
+            f"request {i} ({name}) hit another adapter's blocks"
+        )
     for name in (None, "a", "b"):  # the same adapter again: its own blocks are found
-        before = engine.kv.totals.hit_tokens
+        before = engine.kv.lookup.totals.hit_tokens
         assert _run(engine, [(prompt, name)]) == [reference[name]]
-        assert engine.kv.totals.hit_tokens > before
+        assert engine.kv.lookup.totals.hit_tokens > before
     # The same name with other weights is another cache key: nothing is found.
     make_adapter(base, adapter_dir / "a2", rank=8, seed=99)
     engine.unload_adapter("a")
     engine.load_adapter("a", "a2")
-    before = engine.kv.totals.hit_tokens
+    before = engine.kv.lookup.totals.hit_tokens
     _run(engine, [(prompt, "a")])
-    assert engine.kv.totals.hit_tokens == before
+    assert engine.kv.lookup.totals.hit_tokens == before
 
 
 def test_shared_prefixes_are_not_used_through_an_adapter(setup) -> None:  # type: ignore[no-untyped-def]
@@ -177,9 +179,9 @@ def test_shared_prefixes_are_not_used_through_an_adapter(setup) -> None:  # type
     reference = _run(_engine(base, adapter_dir, block_size=4), [(prompt, "a")])
     engine.kv.shared_prefixes.register(prompt[:16], "system", False)
     _run(engine, [(prompt, None)])  # computes the shared blocks through the base model
-    before = engine.kv.totals.hit_tokens
+    before = engine.kv.lookup.totals.hit_tokens
     assert _run(engine, [(prompt, "a")]) == reference
-    assert engine.kv.totals.hit_tokens == before
+    assert engine.kv.lookup.totals.hit_tokens == before
 
 
 @pytest.mark.parametrize("mode", [PreemptionMode.SWAP, PreemptionMode.RECOMPUTE])

@@ -79,7 +79,7 @@ def test_rejected_drafts_roll_back_and_are_never_cached() -> None:
     assert req.num_computed_tokens == req.num_tokens - 1 == 9
     assert len(kv.blocks("a")) == kv.blocks_for(req.num_tokens)
     cached = [b for b in kv.blocks("a") if b.block_hash is not None]
-    assert [b.block_hash for b in cached] == kv.hashes(req)[: len(cached)]
+    assert [b.block_hash for b in cached] == kv.lookup.hashes(req)[: len(cached)]
     assert (req.spec.num_drafted, req.spec.num_accepted, req.spec.num_emitted) == (3, 1, 2)
 
 
@@ -178,7 +178,7 @@ class SpecKVMachine(RuleBasedStateMachine):
                 continue
             assert req.num_computed_tokens < req.num_tokens
             assert kv.blocks_for(req.num_computed_tokens) <= len(blocks) <= kv.blocks_for(req.num_tokens)
-            hashes = kv.hashes(req)
+            hashes = kv.lookup.hashes(req)
             for i, block in enumerate(blocks):
                 if block.block_hash is not None:
                     assert i < req.num_computed_tokens // BS, "a block past the computed tokens is cached"

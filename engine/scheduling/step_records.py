@@ -1,0 +1,54 @@
+"""The records of one step: the draft the scheduler plans, and what applying the step did.
+
+`StepDraft` is the step being planned, one object passed through every phase of
+`Scheduler.schedule` (feeding decodes, prefill chunks, admission, displacement): the tokens it
+may still feed, what it feeds each request, the draft slots reserved after decodes, and the
+requests preempted in it. `StepUpdate` is what `Scheduler.update_from_output` did with the
+executed step: the tokens appended, in order (`AppendedToken`), and the requests it could not
+update. Plain Python, no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from weir.engine.request import Request, TokenDelta
+
+
+@dataclass
+class StepDraft:
+    """One step being planned: the tokens it may still feed, what it feeds each request, the
+    draft slots reserved after decodes, and the requests preempted in it."""
+
+    budget: int
+    chunk_cap: int  # the most tokens one prompt feeds in the step
+    spec_ok: bool = False  # the step may speculate
+    scheduled: dict[str, int] = field(default_factory=dict)  # request id -> tokens fed
+    spec_slots: dict[str, int] = field(default_factory=dict)  # decode id -> draft slots after its token
+    preempted: list[str] = field(default_factory=list)
+
+    def drop(self, victim: Request, refund: bool) -> None:
+        """`victim` was preempted: it feeds nothing in this step; `refund`: its tokens may go to
+        others in this admission (while feeding running requests they are not reused)."""
+        self.preempted.append(victim.request_id)  # SchedulerOutput lists every preemption
+        tokens = self.scheduled.pop(victim.request_id, 0)
+        self.spec_slots.pop(victim.request_id, None)
+        if refund:
+            self.budget += tokens
+
+
+@dataclass(frozen=True)
+class AppendedToken:
+    """A token appended to a request by `Scheduler.update_from_output`, with what it added."""
+
+    request: Request
+    token_id: int
+    delta: TokenDelta
+
+
+@dataclass
+class StepUpdate:
+    """What `Scheduler.update_from_output` did: tokens appended (in order), requests it could not update."""
+
+    appended: list[AppendedToken] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)  # request id -> error, for that request only
