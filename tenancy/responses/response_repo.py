@@ -85,7 +85,7 @@ class DatabaseResponseStore:
                     }
                 )
             if rows:
-                session.execute(insert(StoredResponseRow.__table__), rows)
+                session.execute(insert(StoredResponseRow), rows)
         return outcomes
 
     def get(self, tenant: str, response_id: str, now: dt.datetime) -> StoredResponse | None:
