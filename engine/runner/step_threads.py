@@ -19,8 +19,14 @@ other, so that a change of the host's load is seen within seconds. An explored s
 chosen count's median by `switch_margin` is followed by another on the same count (a probe), until
 one is not or the choice flips: without it, a choice made on stale times (a server's first
 seconds, page faults and all) took ~130 steps to undo, 7 s of 8-row steps at 41 ms instead of 33
-in one guidellm run. A bucket first runs each count `window // 2` times, alternating, wide first,
-so that a slow start weighs on both. The median keeps one stalled step from flipping the choice,
+in one guidellm run. A bucket of fewer than `wide_first_rows` rows first runs each count `window // 2` times,
+alternating, wide first, so that a slow start weighs on both. A bucket of more (prompt chunks)
+runs wide for its first `window // 2` steps and measures the other count on the explore clock
+only: there a step on one thread costs hundreds of milliseconds more (a 128-token chunk 164
+against 103-108 ms), and a server's first such steps are the opening burst of prompts whose
+first tokens are due within the interactive class's 2 s, where alternating put half of the
+burst's chunks on one thread (issue 58). An explored step that wins is probed as above, so a
+host where one thread is faster still turns to it within a few of those steps. The median keeps one stalled step from flipping the choice,
 and the other count must be `switch_margin` faster to take over, so that two counts within noise
 of each other (seen in serving: 8-row steps 35.5 against 36.2 ms) do not flip it step after step.
 
@@ -74,6 +80,9 @@ class StepThreads:
     window: int = 8  # step times kept per bucket and count
     explore_every: int = 16  # one wide step in this many (per bucket) runs on the count not chosen
     switch_margin: float = 0.05  # the other count must be this much faster (median) to take over
+    # Buckets of at least this many rows run wide first and explore the other count on the clock
+    # only, instead of alternating at the start (prompt chunks: costly to run on the slower count).
+    wide_first_rows: int = 64
     # Steps of at most this many rows have all their parallel work in the C kernels (the row
     # weights' reach; 0: none): run on more than `decode_threads`, torch stays on `decode_threads`
     # and the kernels take the count on their work pool (kernels/cpu_work_pool.py), so that no
@@ -93,6 +102,8 @@ class StepThreads:
             raise ValueError(f"kernel_rows must be >= 0, got {self.kernel_rows}")
         if not 0 <= self.switch_margin < 1:
             raise ValueError(f"switch_margin must be in [0, 1), got {self.switch_margin}")
+        if self.wide_first_rows < 1:
+            raise ValueError(f"wide_first_rows must be >= 1, got {self.wide_first_rows}")
         if self.window < 2 or self.explore_every < 2:
             raise ValueError(
                 f"window and explore_every must be >= 2, got {self.window}, {self.explore_every}"
@@ -131,12 +142,19 @@ class StepThreads:
             return self.decode_threads
         bucket = self._bucket(rows)
         wide, narrow = (len(bucket.times[c]) for c in (self.wide_threads, self.decode_threads))
-        if min(wide, narrow) < self.window // 2:  # each count measured a few times, alternating
+        half = self.window // 2
+        if self._wide_first(bucket):
+            if wide < half:
+                return self.wide_threads  # measured wide first; the other count on the clock
+        elif min(wide, narrow) < half:  # each count measured a few times, alternating
             return self.wide_threads if wide <= narrow else self.decode_threads
         best = self._chosen(bucket)
         if bucket.probing or bucket.num_steps % self.explore_every == self.explore_every - 1:
             return self._other(best)
         return best
+
+    def _wide_first(self, bucket: _Bucket) -> bool:
+        return bucket.min_rows >= self.wide_first_rows and self.wide_threads != self.decode_threads
 
     def _other(self, count: int) -> int:
         return self.decode_threads if count == self.wide_threads else self.wide_threads
@@ -170,8 +188,9 @@ class StepThreads:
         if rows < self.min_rows:
             return
         bucket = self._bucket(rows)
-        chosen = bucket.times[bucket.choice] if bucket.choice else None
-        if chosen and self.step_count != bucket.choice:  # an explored step: is it worth another?
+        current = self._chosen(bucket)  # wide until a choice: a wide-first bucket explores against it
+        chosen = bucket.times[current] if bucket.choice or self._wide_first(bucket) else None
+        if chosen and self.step_count != current:  # an explored step: is it worth another?
             bucket.probing = seconds < statistics.median(chosen) * (1 - self.switch_margin)
         bucket.times[self.step_count].append(seconds)
         if all(len(t) >= self.window // 2 for t in bucket.times.values()):

@@ -90,6 +90,23 @@ def test_a_choice_made_on_a_slow_start_is_undone_by_a_probe_within_a_few_steps(r
     assert threads.preferred(8) == 2 and ran[first + 5 :].count(1) <= 1  # one explore at most since
 
 
+def test_prompt_chunks_run_wide_from_the_first_and_explore_one_thread_on_the_clock(restore_threads: int) -> None:
+    """Issue 58: a server's first 64+-row steps are the opening burst's prompt chunks, due within
+    2 s; alternating put every second one on one thread (a 128-token chunk 164 ms there against
+    103-108 ms on two). They run wide; one thread is measured on the explore clock, and a host
+    where it is faster turns to it at the first explored step that shows it."""
+    threads = StepThreads(decode_threads=1, wide_threads=2, window=8, explore_every=16)
+    ran = [_run(threads, _step(128), {1: 0.164, 2: 0.105}) for _ in range(32)]
+    assert [i for i, count in enumerate(ran) if count == 1] == [15, 31]  # the clock only
+    assert threads.preferred(128) == 2
+    busy = StepThreads(decode_threads=1, wide_threads=2, window=8, explore_every=16)
+    ran = [_run(busy, _step(256), {1: 0.200, 2: 0.300}) for _ in range(24)]
+    assert ran[:15] == [2] * 15 and ran[15:19] == [1] * 4  # explored at 15, probed until chosen
+    assert busy.preferred(256) == 1 and ran[19:] == [1] * 5
+    # decode-sized buckets still alternate at the start
+    assert [_run(busy, _step(*[1] * 8), {1: 0.03, 2: 0.02}) for _ in range(4)] == [2, 1, 2, 1]
+
+
 def test_an_explored_step_no_faster_than_the_choice_is_not_probed_again(restore_threads: int) -> None:
     threads = StepThreads(decode_threads=1, wide_threads=2, window=8, explore_every=16)
     ran = [_run(threads, _step(*[1] * 8), {1: 0.030, 2: 0.020}) for _ in range(64)]
@@ -126,7 +143,7 @@ def test_any_step_sequence_runs_each_wide_bucket_mostly_on_its_faster_count(
 ) -> None:
     """Whatever rows the steps have: narrow steps on the process count; in each wide bucket, past
     its first `window` steps, the slower count (wide within the switch margin) runs only on the
-    explore clock."""
+    explore clock; a bucket of prompt chunks (64+ rows) starts wide, without alternating."""
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
@@ -139,11 +156,23 @@ def test_any_step_sequence_runs_each_wide_bucket_mostly_on_its_faster_count(
                 assert ran == 1
             else:
                 seen.setdefault(row_bucket(n), []).append(ran)
-        for ran_in_bucket in seen.values():
+        faster = 1 if one < two * 0.95 else 2  # wide unless one thread is 5% faster
+        for bucket, ran_in_bucket in seen.items():
+            if bucket >= row_bucket(threads.wide_first_rows):
+                # prompt chunks: wide first, the other count on the clock (the 8th step of the
+                # bucket); a win there is probed once more, which measures it enough to choose it
+                clock = [i % 8 == 7 for i in range(len(ran_in_bucket))]
+                if faster == 2:
+                    expected = [1 if on_clock else 2 for on_clock in clock]
+                else:
+                    expected = [
+                        2 if i < 7 else 1 if i <= 8 else 2 if on_clock else 1 for i, on_clock in enumerate(clock)
+                    ]
+                assert ran_in_bucket == expected
+                continue
             warm = ran_in_bucket[:4]
             assert warm == [2, 1, 2, 1][: len(warm)]
             later = ran_in_bucket[4:]
-            faster = 1 if one < two * 0.95 else 2  # wide unless one thread is 5% faster
             assert later.count(3 - faster) == sum(1 for i in range(4, len(ran_in_bucket)) if i % 8 == 7)
     finally:
         torch.set_num_threads(before)
