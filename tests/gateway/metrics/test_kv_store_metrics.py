@@ -3,21 +3,8 @@ plain counters and gauges, the scopes' bytes, the latency histogram; none withou
 
 from __future__ import annotations
 
-from prometheus_client.parser import text_string_to_metric_families
-
-from tests.gateway.metrics.engine_snapshot import engine_stats
-from weir.engine.engine_stats import EngineStats
+from tests.gateway.metrics.engine_snapshot import engine_stats, scrape
 from weir.engine.kv.kv_store_stats import BreakerState, FetchDecisions, KVStoreStats, StoreCounters
-from weir.gateway.metrics.registry import GatewayMetrics
-
-
-def _scrape(stats: EngineStats) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    text = GatewayMetrics(lambda: stats).render()[0].decode()
-    return {
-        (s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k != "model_version"))): s.value
-        for f in text_string_to_metric_families(text)
-        for s in f.samples
-    }
 
 
 def _store() -> KVStoreStats:
@@ -35,7 +22,7 @@ def _store() -> KVStoreStats:
 
 
 def test_the_store_families_are_exported() -> None:
-    got = _scrape(engine_stats(kv_store=_store()))
+    got = scrape(engine_stats(kv_store=_store()))
     assert got[("weir_kv_store_blocks_total", (("result", "hit"),))] == 5
     assert got[("weir_kv_store_blocks_total", (("result", "miss"),))] == 1
     assert got[("weir_kv_store_fetch_queue_total", (("outcome", "shed"),))] == 3
@@ -50,4 +37,4 @@ def test_the_store_families_are_exported() -> None:
 
 
 def test_no_store_no_families() -> None:
-    assert not any(name.startswith("weir_kv_store") for name, _ in _scrape(engine_stats()))
+    assert not any(name.startswith("weir_kv_store") for name, _ in scrape(engine_stats()))
