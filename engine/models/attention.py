@@ -7,8 +7,8 @@ KV cache layout, per layer: one tensor `[2, num_blocks, block_size, num_kv_heads
 
 from __future__ import annotations
 
+import abc
 from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 
@@ -44,7 +44,7 @@ class AttentionMetadata:
         return self.max_query_len == 1
 
 
-class AttentionBackend(Protocol):
+class AttentionBackend(abc.ABC):
     """Writes this step's K/V into the cache, then attends over the paged context.
 
     `uses_triton` tells the model whether the fused Triton path (and CUDA graphs) may be used.
@@ -61,8 +61,17 @@ class AttentionBackend(Protocol):
         metadata: AttentionMetadata,
         scale: float,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
-        ...
+        """Store this step's keys and values, then attend over each sequence's paged context."""
+        self.write_kv(key, value, kv_cache, metadata)
+        return self.attend(query, kv_cache, metadata, scale)
 
+    @abc.abstractmethod
+    def write_kv(
+        self, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata
+    ) -> None:
+        """Store this step's keys and values in their slots (`metadata.slot_mapping`)."""
+
+    @abc.abstractmethod
     def attend(
         self,
         query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
@@ -71,10 +80,9 @@ class AttentionBackend(Protocol):
         scale: float,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
         """`forward` without the store: this step's K/V are already in the cache."""
-        ...
 
 
-class TorchAttentionBackend:
+class TorchAttentionBackend(AttentionBackend):
     """The plain-torch path used on CPU, and the oracle the Triton kernels are tested against.
 
     `fused_decode`: every step's decode rows go through `weir.kernels.decode_attention` (grouped by
@@ -107,17 +115,10 @@ class TorchAttentionBackend:
             self._plan_metadata = metadata
         return self._plan
 
-    def forward(
-        self,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        kv_cache: torch.Tensor,
-        metadata: AttentionMetadata,
-        scale: float,
-    ) -> torch.Tensor:
+    def write_kv(
+        self, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata
+    ) -> None:
         reference.write_kv(key, value, kv_cache, metadata.slot_mapping)
-        return self.attend(query, kv_cache, metadata, scale)
 
     def attend(
         self, query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata, scale: float

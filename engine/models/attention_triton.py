@@ -11,29 +11,21 @@ from __future__ import annotations
 
 import torch
 
-from weir.engine.models.attention import AttentionMetadata
+from weir.engine.models.attention import AttentionBackend, AttentionMetadata
 from weir.kernels.paged_attention import paged_attention
 from weir.kernels.reshape_and_cache import reshape_and_cache
 
 
-class TritonAttentionBackend:
+class TritonAttentionBackend(AttentionBackend):
     """Writes K/V with `reshape_and_cache`, then attends with `paged_attention`."""
 
     uses_triton = True
 
-    def forward(
-        self,
-        query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
-        key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
-        value: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
-        kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
-        metadata: AttentionMetadata,
-        scale: float,
-    ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
-        """Store this step's keys and values, then attend over each sequence's paged context."""
+    def write_kv(
+        self, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata
+    ) -> None:
         _check_block_size(kv_cache, metadata)
         reshape_and_cache(key, value, kv_cache, metadata.slot_mapping)
-        return self.attend(query, kv_cache, metadata, scale)
 
     def attend(
         self, query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata, scale: float

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Discriminator, Field, Tag
+from pydantic import Field, Tag
 
 from weir.engine import sampling_bounds as b
 from weir.gateway.api import structured_bodies as sb
@@ -23,6 +23,7 @@ from weir.gateway.api.openai_bodies.requests import (
     StopString,
 )
 from weir.gateway.api.openai_bodies.responses import Answer
+from weir.gateway.api.openai_bodies.union_tags import string_or_list_discriminator, type_discriminator
 
 
 class AnthropicBody(NullIsAbsentBody):
@@ -34,15 +35,7 @@ class TextBlock(AnthropicBody):
     text: str
 
 
-def _content_kind(value: Any) -> str | None:
-    return "~text" if isinstance(value, str) else "~blocks" if isinstance(value, list) else None
-
-
-_STRING_OR_BLOCKS = Discriminator(
-    _content_kind,
-    custom_error_type="invalid_type",
-    custom_error_message="must be a string or a list of content blocks",
-)
+_STRING_OR_BLOCKS = string_or_list_discriminator("blocks", "content blocks")
 # A string, or text blocks (`system`, a tool result's content).
 TextContent = Annotated[
     Annotated[str, Tag("~text")] | Annotated[list[TextBlock], Tag("~blocks")], _STRING_OR_BLOCKS
@@ -67,20 +60,14 @@ class ToolResultBlock(AnthropicBody):
     is_error: bool = False
 
 
-def _block_kind(value: Any) -> str | None:
-    kind = value.get("type") if isinstance(value, dict) else None
-    return "~" + kind if kind in ("text", "tool_use", "tool_result") else None
-
-
 ContentBlock = Annotated[
     Annotated[TextBlock, Tag("~text")]
     | Annotated[ToolUseBlock, Tag("~tool_use")]
     | Annotated[ToolResultBlock, Tag("~tool_result")],
-    Discriminator(
-        _block_kind,
-        custom_error_type="unsupported_parameter",
-        custom_error_message="'type' must be one of text, tool_use, tool_result (this server reads no "
-        "images, documents or thinking)",
+    type_discriminator(
+        ("text", "tool_use", "tool_result"),
+        "unsupported_parameter",
+        "this server reads no images, documents or thinking",
     ),
 ]
 
@@ -120,21 +107,12 @@ class ToolChoiceNone(AnthropicBody):
     type: Literal["none"]
 
 
-def _choice_kind(value: Any) -> str | None:
-    kind = value.get("type") if isinstance(value, dict) else None
-    return "~" + kind if kind in ("auto", "any", "tool", "none") else None
-
-
 ToolChoice = Annotated[
     Annotated[ToolChoiceAuto, Tag("~auto")]
     | Annotated[ToolChoiceAny, Tag("~any")]
     | Annotated[ToolChoiceTool, Tag("~tool")]
     | Annotated[ToolChoiceNone, Tag("~none")],
-    Discriminator(
-        _choice_kind,
-        custom_error_type="invalid_value",
-        custom_error_message="'type' must be one of auto, any, tool, none",
-    ),
+    type_discriminator(("auto", "any", "tool", "none"), "invalid_value"),
 ]
 
 

@@ -24,19 +24,12 @@ from typing import Any
 
 from weir.engine.output import RequestOutput
 from weir.gateway.api.protocol import Endpoint
-from weir.gateway.api.responses import ChoiceState, ResponseFormatter
-from weir.gateway.api.tool_calls import ParsedCall, ToolCallParser
+from weir.gateway.api.responses import ChoiceState, ResponseFormatter, named_sse_event
+from weir.gateway.api.tool_calls import ParsedCall, ToolCallParser, split_answer, split_output
 from weir.gateway.api.usage import Usage
 from weir.gateway.http.errors import WeirError, anthropic_error_body
 
 _STOP_REASONS = {"stop": "end_turn", "length": "max_tokens"}
-
-
-def _event(name: str, data: dict[str, Any]) -> bytes:
-    text = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
-    # JSON leaves U+2028/9 and U+0085 raw; SSE line readers would cut the event there.
-    text = text.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029").replace("\x85", "\\u0085")
-    return b"event: " + name.encode() + b"\ndata: " + text.encode() + b"\n\n"
 
 
 def anthropic_usage(usage: Usage) -> dict[str, int]:
@@ -80,7 +73,7 @@ class AnthropicFormatter(ResponseFormatter):
         return anthropic_error_body(error)
 
     def error_event(self, error: WeirError) -> bytes:
-        return _event("error", anthropic_error_body(error))
+        return named_sse_event("error", anthropic_error_body(error))
 
     def start_chunks(self, num_choices: int) -> list[bytes]:
         message: dict[str, Any] = {
@@ -93,14 +86,16 @@ class AnthropicFormatter(ResponseFormatter):
             "stop_sequence": None,
             "usage": {"input_tokens": self.input_tokens, "output_tokens": 0},
         }
-        return [_event("message_start", {"type": "message_start", "message": message})]
+        return [named_sse_event("message_start", {"type": "message_start", "message": message})]
 
     def _close_text(self) -> list[bytes]:
         if not self._text_open:
             return []
         self._text_open = False
         self._block += 1
-        return [_event("content_block_stop", {"type": "content_block_stop", "index": self._block - 1})]
+        return [
+            named_sse_event("content_block_stop", {"type": "content_block_stop", "index": self._block - 1})
+        ]
 
     def _text(self, text: str) -> list[bytes]:
         events = []
@@ -108,14 +103,14 @@ class AnthropicFormatter(ResponseFormatter):
             self._text_open = True
             block = {"type": "text", "text": ""}
             events.append(
-                _event(
+                named_sse_event(
                     "content_block_start",
                     {"type": "content_block_start", "index": self._block, "content_block": block},
                 )
             )
         delta = {"type": "text_delta", "text": text}
         events.append(
-            _event(
+            named_sse_event(
                 "content_block_delta", {"type": "content_block_delta", "index": self._block, "delta": delta}
             )
         )
@@ -126,20 +121,17 @@ class AnthropicFormatter(ResponseFormatter):
         start = {**_tool_use(call), "input": {}}
         delta = {"type": "input_json_delta", "partial_json": call.arguments}
         return [
-            _event(
+            named_sse_event(
                 "content_block_start", {"type": "content_block_start", "index": index, "content_block": start}
             ),
-            _event("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}),
-            _event("content_block_stop", {"type": "content_block_stop", "index": index}),
+            named_sse_event(
+                "content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}
+            ),
+            named_sse_event("content_block_stop", {"type": "content_block_stop", "index": index}),
         ]
 
     def output_chunks(self, choice: int, out: RequestOutput) -> list[bytes]:
-        parser = self._parser
-        text = out.new_text if parser is None else parser.feed(out.new_text)
-        calls: list[ParsedCall] = []
-        if parser is not None and out.finished:
-            rest, calls = parser.finish()
-            text += rest
+        text, calls = split_output(self._parser, out.new_text, out.finished)
         events = self._text(text) if text else []
         if out.finished:
             events += self._close_text()
@@ -158,16 +150,15 @@ class AnthropicFormatter(ResponseFormatter):
             "usage": anthropic_usage(usage),
         }
         tail = b"".join(self._close_text())  # a stream cut short may leave a block open
-        return tail + _event("message_delta", delta) + _event("message_stop", {"type": "message_stop"})
+        return (
+            tail
+            + named_sse_event("message_delta", delta)
+            + named_sse_event("message_stop", {"type": "message_stop"})
+        )
 
     def response(self, choices: Sequence[ChoiceState], usage: Usage) -> dict[str, Any]:
         (state,) = choices
-        text, calls = state.text, list[ParsedCall]()
-        if self.tools is not None:
-            parser = ToolCallParser(self.tools)
-            text = parser.feed(text)
-            rest, calls = parser.finish()
-            text += rest
+        text, calls = split_answer(self.tools, state.text)
         content: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
         content += [_tool_use(call) for call in calls]
         stop_reason, stop_sequence = _stop(state.finish_reason, state.stop_reason, bool(calls))

@@ -18,7 +18,7 @@ from typing import Any
 
 from weir.engine.output import RequestOutput, TokenLogprob
 from weir.gateway.api.protocol import Endpoint
-from weir.gateway.api.tool_calls import ParsedCall, ToolCallParser, ToolsRequest
+from weir.gateway.api.tool_calls import ParsedCall, ToolCallParser, ToolsRequest, split_answer, split_output
 from weir.gateway.api.usage import Usage
 from weir.gateway.http.errors import WeirError
 
@@ -61,6 +61,11 @@ def _logprob(value: float) -> float:
 def sse_event(data: str) -> bytes:
     """One server-sent event carrying `data`."""
     return b"data: " + data.encode() + b"\n\n"
+
+
+def named_sse_event(name: str, data: dict[str, Any]) -> bytes:
+    """One server-sent event named `name` (Anthropic's and the Responses API's streams)."""
+    return b"event: " + name.encode() + b"\ndata: " + _dumps(data).encode() + b"\n\n"
 
 
 def sse_error(error: WeirError) -> bytes:
@@ -250,12 +255,7 @@ class ChatFormatter(ResponseFormatter):
 
     def output_chunks(self, choice: int, out: RequestOutput) -> list[bytes]:
         chunks = []
-        parser = self._parser(choice)
-        text = out.new_text if parser is None else parser.feed(out.new_text)
-        calls: list[ParsedCall] = []
-        if parser is not None and out.finished:
-            rest, calls = parser.finish()
-            text += rest
+        text, calls = split_output(self._parser(choice), out.new_text, out.finished)
         logprobs = self._logprobs(out.new_logprobs) if self.logprobs and out.new_logprobs else None
         if logprobs is None:
             if text:
@@ -294,10 +294,7 @@ class ChatFormatter(ResponseFormatter):
         reason = state.finish_reason
         if self.tools is None:
             return {"role": "assistant", "content": state.text, "refusal": None}, reason
-        parser = ToolCallParser(self.tools)
-        content = parser.feed(state.text)
-        rest, calls = parser.finish()
-        content += rest
+        content, calls = split_answer(self.tools, state.text)
         message: dict[str, Any] = {"role": "assistant", "content": content or None, "refusal": None}
         if calls:
             message["tool_calls"] = [c.to_openai() for c in calls]

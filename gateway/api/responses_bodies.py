@@ -31,6 +31,11 @@ from weir.gateway.api.openai_bodies.requests import (
     PriorityValue,
 )
 from weir.gateway.api.openai_bodies.responses import Answer
+from weir.gateway.api.openai_bodies.union_tags import (
+    string_or_list_discriminator,
+    type_discriminator,
+    type_tag,
+)
 
 MAX_METADATA_PAIRS = 16  # OpenAI's bounds on `metadata`
 MAX_METADATA_KEY_CHARS = 64
@@ -60,37 +65,21 @@ class RefusalPart(ItemBody):
     refusal: str
 
 
-def _tagged(value: Any, known: tuple[str, ...]) -> str | None:
-    """The union tag of a JSON object (validation) or a model (serialization) by its `type`."""
-    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
-    return "~" + kind if kind in known else None
-
-
-_PART_TYPES = ("input_text", "output_text", "refusal")
 ContentPart = Annotated[
     Annotated[InputTextPart, Tag("~input_text")]
     | Annotated[OutputTextPart, Tag("~output_text")]
     | Annotated[RefusalPart, Tag("~refusal")],
-    Discriminator(
-        lambda v: _tagged(v, _PART_TYPES),
-        custom_error_type="unsupported_parameter",
-        custom_error_message="'type' must be one of input_text, output_text, refusal (this server reads "
-        "no images, files or audio)",
+    type_discriminator(
+        ("input_text", "output_text", "refusal"),
+        "unsupported_parameter",
+        "this server reads no images, files or audio",
     ),
 ]
 
 
-def _content_kind(value: Any) -> str | None:
-    return "~text" if isinstance(value, str) else "~parts" if isinstance(value, list) else None
-
-
 MessageContent = Annotated[
     Annotated[str, Tag("~text")] | Annotated[list[ContentPart], Tag("~parts")],
-    Discriminator(
-        _content_kind,
-        custom_error_type="invalid_type",
-        custom_error_message="must be a string or a list of content parts",
-    ),
+    string_or_list_discriminator("parts", "content parts"),
 ]
 
 
@@ -118,11 +107,7 @@ class FunctionCallOutputItem(ItemBody):
     call_id: str = Field(min_length=1, max_length=MAX_CALL_ID_CHARS)
     output: Annotated[
         Annotated[str, Tag("~text")] | Annotated[list[InputTextPart], Tag("~parts")],
-        Discriminator(
-            _content_kind,
-            custom_error_type="invalid_type",
-            custom_error_message="must be a string or a list of input_text parts",
-        ),
+        string_or_list_discriminator("parts", "input_text parts"),
     ]
 
 
@@ -132,7 +117,7 @@ _ITEM_TYPES = ("message", "function_call", "function_call_output")
 def _item_kind(value: Any) -> str | None:
     if isinstance(value, dict) and "type" not in value and "role" in value:
         return "~message"
-    return _tagged(value, _ITEM_TYPES)
+    return type_tag(value, _ITEM_TYPES)
 
 
 InputItem = Annotated[
@@ -148,17 +133,9 @@ InputItem = Annotated[
 ]
 
 
-def _input_kind(value: Any) -> str | None:
-    return "~text" if isinstance(value, str) else "~items" if isinstance(value, list) else None
-
-
 Input = Annotated[
     Annotated[str, Tag("~text")] | Annotated[list[InputItem], Tag("~items"), Field(min_length=1)],
-    Discriminator(
-        _input_kind,
-        custom_error_type="invalid_type",
-        custom_error_message="must be a string or a list of input items",
-    ),
+    string_or_list_discriminator("items", "input items"),
 ]
 
 
@@ -176,11 +153,10 @@ class FunctionTool(ItemBody):
 
 Tool = Annotated[
     Annotated[FunctionTool, Tag("~function")],
-    Discriminator(
-        lambda v: _tagged(v, ("function",)),
-        custom_error_type="unsupported_parameter",
-        custom_error_message="'type' must be function (this server runs no built-in tools: web_search, "
-        "file_search, computer_use, code_interpreter, mcp, ...)",
+    type_discriminator(
+        ("function",),
+        "unsupported_parameter",
+        "this server runs no built-in tools: web_search, file_search, computer_use, code_interpreter, mcp, ...",
     ),
 ]
 
@@ -217,11 +193,7 @@ TextFormat = Annotated[
     Annotated[PlainTextFormat, Tag("~text")]
     | Annotated[JsonObjectTextFormat, Tag("~json_object")]
     | Annotated[JsonSchemaTextFormat, Tag("~json_schema")],
-    Discriminator(
-        lambda v: _tagged(v, ("text", "json_object", "json_schema")),
-        custom_error_type="invalid_value",
-        custom_error_message="'type' must be one of text, json_object, json_schema",
-    ),
+    type_discriminator(("text", "json_object", "json_schema"), "invalid_value"),
 ]
 
 

@@ -33,8 +33,8 @@ from typing import Any
 
 from weir.engine.output import RequestOutput
 from weir.gateway.api.protocol import Endpoint
-from weir.gateway.api.responses import ChoiceState, ResponseFormatter, json_string
-from weir.gateway.api.tool_calls import ParsedCall, ToolCallParser
+from weir.gateway.api.responses import ChoiceState, ResponseFormatter, json_string, named_sse_event
+from weir.gateway.api.tool_calls import ParsedCall, ToolCallParser, split_answer, split_output
 from weir.gateway.api.usage import Usage
 from weir.gateway.http.errors import WeirError
 
@@ -51,13 +51,6 @@ def responses_usage(usage: Usage) -> dict[str, Any]:
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": usage.prompt_tokens + usage.completion_tokens,
     }
-
-
-def _sse(kind: str, data: dict[str, Any]) -> bytes:
-    text = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
-    # JSON leaves U+2028/9 and U+0085 raw; SSE line readers would cut the event there.
-    text = text.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029").replace("\x85", "\\u0085")
-    return b"event: " + kind.encode() + b"\ndata: " + text.encode() + b"\n\n"
 
 
 def _message(item_id: str, text: str, status: str) -> dict[str, Any]:
@@ -118,7 +111,7 @@ class ResponsesFormatter(ResponseFormatter):
 
     def _event(self, kind: str, **data: Any) -> bytes:
         seq, self._seq = self._seq, self._seq + 1
-        return _sse(kind, {"type": kind, "sequence_number": seq, **data})
+        return named_sse_event(kind, {"type": kind, "sequence_number": seq, **data})
 
     def error_event(self, error: WeirError) -> bytes:
         return self._event("error", code=error.code, message=error.message, param=error.param)
@@ -214,12 +207,7 @@ class ResponsesFormatter(ResponseFormatter):
         ]
 
     def output_chunks(self, choice: int, out: RequestOutput) -> list[bytes]:
-        parser = self._parser
-        text = out.new_text if parser is None else parser.feed(out.new_text)
-        calls: list[ParsedCall] = []
-        if parser is not None and out.finished:
-            rest, calls = parser.finish()
-            text += rest
+        text, calls = split_output(self._parser, out.new_text, out.finished)
         events = self._delta(text) if text else []
         if out.finished:
             self._finish_reason = out.finish_reason.value if out.finish_reason else "stop"
@@ -231,12 +219,7 @@ class ResponsesFormatter(ResponseFormatter):
         return events
 
     def _whole_output(self, state: ChoiceState) -> list[dict[str, Any]]:
-        text, calls = state.text, list[ParsedCall]()
-        if self.tools is not None:
-            parser = ToolCallParser(self.tools)
-            text = parser.feed(text)
-            rest, calls = parser.finish()
-            text += rest
+        text, calls = split_answer(self.tools, state.text)
         output = []
         if text or not calls:
             status = "incomplete" if state.finish_reason == "length" else "completed"

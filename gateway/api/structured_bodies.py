@@ -18,11 +18,12 @@ import json
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, Tag, ValidationError, model_validator
 
 from weir.engine.structured.grammar import ConstraintSpec
 from weir.gateway.api.json_schema_support import check_schema
 from weir.gateway.api.openai_bodies.params import bad_request
+from weir.gateway.api.openai_bodies.union_tags import type_discriminator
 from weir.gateway.http.errors import BadRequestError
 
 # OpenAI's rule for function and schema names.
@@ -62,22 +63,13 @@ class JsonSchemaFormat(_Body):
     json_schema: JsonSchemaSpec
 
 
-def _format_type(value: Any) -> str | None:
-    kind = value.get("type") if isinstance(value, dict) else None
-    return "~" + kind if isinstance(kind, str) else None
-
-
 # Tagged by `type`; the tags start with `~` so that error paths leave them out
 # (`weir.gateway.api.openai_bodies.params`).
 ResponseFormat = Annotated[
     Annotated[TextFormat, Tag("~text")]
     | Annotated[JsonObjectFormat, Tag("~json_object")]
     | Annotated[JsonSchemaFormat, Tag("~json_schema")],
-    Discriminator(
-        _format_type,
-        custom_error_type="invalid_value",
-        custom_error_message="'type' must be one of text, json_object, json_schema",
-    ),
+    type_discriminator(("text", "json_object", "json_schema"), "invalid_value"),
 ]
 
 

@@ -276,3 +276,22 @@ class ToolCallParser:
         if not self.req.parallel:
             calls = calls[:1]
         return held[: held.find(_OPEN)].strip(), calls
+
+
+def split_output(
+    parser: ToolCallParser | None, new_text: str, finished: bool
+) -> tuple[str, list[ParsedCall]]:
+    """The content one engine output adds (all of `new_text` without a parser) and, once the
+    choice finished, the calls the parser found in what it held back."""
+    if parser is None:
+        return new_text, []
+    text = parser.feed(new_text)
+    if not finished:
+        return text, []
+    rest, calls = parser.finish()
+    return text + rest, calls
+
+
+def split_answer(tools: ToolsRequest | None, text: str) -> tuple[str, list[ParsedCall]]:
+    """A whole answer's content and calls (none without tools): `split_output` in one go."""
+    return split_output(ToolCallParser(tools) if tools is not None else None, text, finished=True)

@@ -15,43 +15,20 @@ families of several engines are labelled:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Generic, TypeVar
+from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 
 from weir.engine.engine_stats import EngineStats
 from weir.gateway.metrics.adapter_metrics import adapter_metrics
 from weir.gateway.metrics.host_kv_metrics import host_kv_metrics
 from weir.gateway.metrics.kv_store_metrics import kv_store_metrics
+from weir.gateway.metrics.scrape_families import SnapshotCollector, labelled
 from weir.gateway.metrics.server_load_metrics import server_load_metrics
 from weir.gateway.metrics.slo_metrics import slo_metrics
 from weir.gateway.metrics.spec_decode_metrics import spec_decode_metrics
 from weir.gateway.metrics.step_budget_metrics import step_budget_metrics
 from weir.gateway.metrics.step_threads_metrics import step_threads_metrics
-
-_Snapshot = TypeVar("_Snapshot")
-
-
-class SnapshotCollector(Collector, Generic[_Snapshot]):
-    """Metric families computed at scrape time from a snapshot read once per scrape.
-
-    A read that raises yields nothing: a broken engine must not break the scrape of everything else.
-    """
-
-    def __init__(
-        self, read: Callable[[], _Snapshot], families: Callable[[_Snapshot], Iterable[Metric]]
-    ) -> None:
-        self._read = read
-        self._families = families
-
-    def collect(self) -> Iterable[Metric]:
-        try:
-            snapshot = self._read()
-        except Exception:
-            return
-        yield from self._families(snapshot)
 
 
 def engine_load_metrics(s: EngineStats) -> Iterator[Metric]:
@@ -134,22 +111,22 @@ def engine_load_metrics(s: EngineStats) -> Iterator[Metric]:
 def _step_time_metrics(s: EngineStats) -> Iterator[Metric]:
     """Model-runner steps and their seconds by kind (`weir.engine.output.StepTimeTotals`)."""
     kinds = "prefill (fed prompt tokens or drafts to verify) or decode (decode rows only)"
-    steps = CounterMetricFamily("weir_engine_steps", f"Model-runner steps: {kinds}.", labels=["kind"])
-    seconds = CounterMetricFamily(
+    t = s.step_times
+    yield labelled(
+        CounterMetricFamily,
+        "weir_engine_steps",
+        f"Model-runner steps: {kinds}.",
+        "kind",
+        (("decode", t.decode_steps), ("prefill", t.prefill_steps)),
+    )
+    yield labelled(
+        CounterMetricFamily,
         "weir_engine_step_seconds",
         f"Seconds of model-runner steps: {kinds}. Every running stream waits for every step: the"
         " prefill share is what other prompts add to its ITL.",
-        labels=["kind"],
+        "kind",
+        (("decode", t.decode_seconds), ("prefill", t.prefill_seconds)),
     )
-    t = s.step_times
-    for kind, num, secs in (
-        ("decode", t.decode_steps, t.decode_seconds),
-        ("prefill", t.prefill_steps, t.prefill_seconds),
-    ):
-        steps.add_metric([kind], num)
-        seconds.add_metric([kind], secs)
-    yield steps
-    yield seconds
 
 
 def _by_model_version(snapshots: Mapping[str, EngineStats]) -> Iterator[Metric]:

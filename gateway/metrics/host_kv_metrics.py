@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from weir.engine.engine_stats import EngineStats
+from weir.gateway.metrics.scrape_families import labelled, unlabelled
 
 
 def host_kv_metrics(stats: EngineStats) -> Iterator[Metric]:
@@ -35,56 +36,59 @@ def host_kv_metrics(stats: EngineStats) -> Iterator[Metric]:
         "Requests whose KV blocks are in the host tier now.",
         value=host.num_swapped_requests if host is not None else 0,
     )
-    by_mode = CounterMetricFamily(
+    yield labelled(
+        CounterMetricFamily,
         "weir_preemptions_by_mode",
         "Preempted sequences by how they gave back their KV blocks.",
-        labels=["mode"],
+        "mode",
+        (("swap", num_swaps), ("recompute", max(0, stats.num_preemptions - num_swaps))),
     )
-    by_mode.add_metric(["swap"], num_swaps)
-    by_mode.add_metric(["recompute"], max(0, stats.num_preemptions - num_swaps))
-    yield by_mode
     if host is None:
         return
-    for name, doc, value in (
+    yield from unlabelled(
+        CounterMetricFamily,
         (
-            "weir_kv_blocks_swapped_out",
-            "KV blocks copied to the host tier for swapped-out requests.",
-            host.num_blocks_swapped_out,
+            (
+                "weir_kv_blocks_swapped_out",
+                "KV blocks copied to the host tier for swapped-out requests.",
+                host.num_blocks_swapped_out,
+            ),
+            (
+                "weir_kv_blocks_swapped_in",
+                "KV blocks copied back to the device for swapped-in requests.",
+                host.num_blocks_swapped_in,
+            ),
+            (
+                "weir_prefix_cache_demotions",
+                "Cached blocks copied to the host tier on eviction from the device.",
+                host.num_demotions,
+            ),
+            (
+                "weir_prefix_cache_promotions",
+                "Host-tier blocks copied back to the device on a prefix-cache hit.",
+                host.num_promotions,
+            ),
         ),
+    )
+    yield from unlabelled(
+        GaugeMetricFamily,
         (
-            "weir_kv_blocks_swapped_in",
-            "KV blocks copied back to the device for swapped-in requests.",
-            host.num_blocks_swapped_in,
+            ("weir_host_kv_cache_usage_ratio", "Share of host-tier KV blocks in use (0-1).", host.usage),
+            (
+                "weir_host_kv_cache_free_blocks",
+                "Free host-tier KV blocks (cached ones included).",
+                host.num_free_blocks,
+            ),
+            ("weir_host_kv_cache_total_blocks", "KV blocks in the host tier.", host.num_total_blocks),
+            (
+                "weir_host_kv_cache_cached_blocks",
+                "Host-tier blocks holding demoted or swapped prefix blocks.",
+                host.num_cached_blocks,
+            ),
+            (
+                "weir_host_kv_copy_bandwidth_bytes_per_second",
+                "Device <-> host KV copy bandwidth measured at start-up.",
+                host.copy_bytes_per_s,
+            ),
         ),
-        (
-            "weir_prefix_cache_demotions",
-            "Cached blocks copied to the host tier on eviction from the device.",
-            host.num_demotions,
-        ),
-        (
-            "weir_prefix_cache_promotions",
-            "Host-tier blocks copied back to the device on a prefix-cache hit.",
-            host.num_promotions,
-        ),
-    ):
-        yield CounterMetricFamily(name, doc, value=value)
-    for name, doc, gauge in (
-        ("weir_host_kv_cache_usage_ratio", "Share of host-tier KV blocks in use (0-1).", host.usage),
-        (
-            "weir_host_kv_cache_free_blocks",
-            "Free host-tier KV blocks (cached ones included).",
-            host.num_free_blocks,
-        ),
-        ("weir_host_kv_cache_total_blocks", "KV blocks in the host tier.", host.num_total_blocks),
-        (
-            "weir_host_kv_cache_cached_blocks",
-            "Host-tier blocks holding demoted or swapped prefix blocks.",
-            host.num_cached_blocks,
-        ),
-        (
-            "weir_host_kv_copy_bandwidth_bytes_per_second",
-            "Device <-> host KV copy bandwidth measured at start-up.",
-            host.copy_bytes_per_s,
-        ),
-    ):
-        yield GaugeMetricFamily(name, doc, value=gauge)
+    )

@@ -33,6 +33,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 
 from weir.engine.engine_stats import EngineStats
 from weir.engine.kv.kv_store_stats import FETCH_LATENCY_BUCKETS_S
+from weir.gateway.metrics.scrape_families import labelled, unlabelled
 
 
 def kv_store_metrics(stats: EngineStats) -> Iterator[Metric]:
@@ -41,84 +42,53 @@ def kv_store_metrics(stats: EngineStats) -> Iterator[Metric]:
     if store is None:
         return
     io, d = store.io, store.decisions
-    blocks = CounterMetricFamily(
-        "weir_kv_store_blocks", "KV blocks asked of the shared store, by result.", labels=["result"]
-    )
-    blocks.add_metric(["hit"], io.num_hit_blocks)
-    blocks.add_metric(["miss"], io.num_miss_blocks)
-    yield blocks
-    refused = CounterMetricFamily(
-        "weir_kv_store_refused_blocks",
-        "Store values never loaded (recomputed), by reason.",
-        labels=["reason"],
-    )
-    refused.add_metric(["bad_mac"], io.num_bad_mac)
-    refused.add_metric(["wrong_length"], io.num_bad_length)
-    yield refused
-    errors = CounterMetricFamily("weir_kv_store_errors", "Failed store calls, by operation.", labels=["op"])
-    errors.add_metric(["fetch"], io.num_fetch_errors)
-    errors.add_metric(["write"], io.num_write_errors)
-    yield errors
-    for name, doc, value in (
-        ("weir_kv_store_bytes_read", "Bytes read from the shared KV store.", io.bytes_read),
-        ("weir_kv_store_bytes_written", "Bytes written to the shared KV store.", io.bytes_written),
+    yield from unlabelled(
+        CounterMetricFamily,
         (
-            "weir_kv_store_dropped_writes",
-            "KV blocks not written because the write queue was full or the breaker open.",
-            io.num_dropped_writes,
+            ("weir_kv_store_bytes_read", "Bytes read from the shared KV store.", io.bytes_read),
+            ("weir_kv_store_bytes_written", "Bytes written to the shared KV store.", io.bytes_written),
+            (
+                "weir_kv_store_dropped_writes",
+                "KV blocks not written because the write queue was full or the breaker open.",
+                io.num_dropped_writes,
+            ),
+            (
+                "weir_kv_store_evicted_entries",
+                "Store entries a scope's cap evicted (its oldest).",
+                io.num_evicted,
+            ),
+            ("weir_kv_store_flushed_entries", "Store entries removed by flushes.", io.num_flushed),
+            (
+                "weir_kv_store_fetch_timeouts",
+                "Fetches that outlasted their request's prefill time.",
+                d.num_timeouts,
+            ),
+            ("weir_kv_store_landed_blocks", "Store blocks copied into device blocks.", d.num_landed_blocks),
         ),
-        (
-            "weir_kv_store_evicted_entries",
-            "Store entries a scope's cap evicted (its oldest).",
-            io.num_evicted,
-        ),
-        ("weir_kv_store_flushed_entries", "Store entries removed by flushes.", io.num_flushed),
-        (
-            "weir_kv_store_fetch_timeouts",
-            "Fetches that outlasted their request's prefill time.",
-            d.num_timeouts,
-        ),
-        ("weir_kv_store_landed_blocks", "Store blocks copied into device blocks.", d.num_landed_blocks),
-    ):
-        yield CounterMetricFamily(name, doc, value=value)
-    dropped = CounterMetricFamily(
-        "weir_kv_store_dropped_writes_by_scope",
-        "KV blocks not written (the scope's share of the write queue full, or the breaker open), by cache scope.",
-        labels=["scope"],
     )
-    for scope, n in sorted(io.dropped_writes_by_scope.items()):
-        dropped.add_metric([scope], n)
-    yield dropped
-    fetch_queue = CounterMetricFamily(
-        "weir_kv_store_fetch_queue",
-        "Fetches the fair fetch queue refused, shed for a tenant with a shorter backlog, or cancelled.",
-        labels=["outcome"],
-    )
-    fetch_queue.add_metric(["refused"], io.num_fetches_refused)
-    fetch_queue.add_metric(["shed"], io.num_fetches_shed)
-    fetch_queue.add_metric(["cancelled"], io.num_fetches_cancelled)
-    yield fetch_queue
-    written = CounterMetricFamily(
-        "weir_kv_store_written_blocks", "KV blocks written to the store, by cache scope.", labels=["scope"]
-    )
-    for scope, n in sorted(io.written_blocks_by_scope.items()):
-        written.add_metric([scope], n)
-    yield written
-    decisions = CounterMetricFamily(
-        "weir_kv_store_fetch_decisions",
-        "Requests whose lookup could continue into the store, once per decision: fetched, or recomputed and why.",
-        labels=["decision"],
-    )
-    for label, value in (
-        ("fetch", d.num_fetched),
-        ("recompute_cheaper", d.num_recompute_cheaper),
-        ("breaker_open", d.num_breaker_open),
-        ("over_bytes", d.num_over_bytes),
-        ("tenant_over_bytes", d.num_tenant_over_bytes),
-        ("queue_full", d.num_queue_full),
-    ):
-        decisions.add_metric([label], value)
-    yield decisions
+    for name, documentation, label, values in (
+        ("weir_kv_store_blocks", "KV blocks asked of the shared store, by result.", "result",
+         [("hit", io.num_hit_blocks), ("miss", io.num_miss_blocks)]),
+        ("weir_kv_store_refused_blocks", "Store values never loaded (recomputed), by reason.", "reason",
+         [("bad_mac", io.num_bad_mac), ("wrong_length", io.num_bad_length)]),
+        ("weir_kv_store_errors", "Failed store calls, by operation.", "op",
+         [("fetch", io.num_fetch_errors), ("write", io.num_write_errors)]),
+        ("weir_kv_store_dropped_writes_by_scope",
+         "KV blocks not written (the scope's share of the write queue full, or the breaker open), by cache scope.",
+         "scope", sorted(io.dropped_writes_by_scope.items())),
+        ("weir_kv_store_fetch_queue",
+         "Fetches the fair fetch queue refused, shed for a tenant with a shorter backlog, or cancelled.",
+         "outcome", [("refused", io.num_fetches_refused), ("shed", io.num_fetches_shed),
+                     ("cancelled", io.num_fetches_cancelled)]),
+        ("weir_kv_store_written_blocks", "KV blocks written to the store, by cache scope.", "scope",
+         sorted(io.written_blocks_by_scope.items())),
+        ("weir_kv_store_fetch_decisions",
+         "Requests whose lookup could continue into the store, once per decision: fetched, or recomputed and why.",
+         "decision", [("fetch", d.num_fetched), ("recompute_cheaper", d.num_recompute_cheaper),
+                      ("breaker_open", d.num_breaker_open), ("over_bytes", d.num_over_bytes),
+                      ("tenant_over_bytes", d.num_tenant_over_bytes), ("queue_full", d.num_queue_full)]),
+    ):  # fmt: skip
+        yield labelled(CounterMetricFamily, name, documentation, label, values)
     cumulative, buckets = 0, []
     for bound, count in zip(FETCH_LATENCY_BUCKETS_S, io.fetch_latency_buckets, strict=True):
         cumulative += count
@@ -130,7 +100,7 @@ def kv_store_metrics(stats: EngineStats) -> Iterator[Metric]:
         buckets=buckets,
         sum_value=io.fetch_latency_sum_s,
     )
-    for name, doc, gauge in (
+    yield from unlabelled(GaugeMetricFamily, (
         ("weir_kv_store_breaker_state", "The store's circuit breaker: 0 closed, 1 open, 2 half-open.",
          store.breaker_state.value),
         ("weir_kv_store_requests_fetching", "Requests waiting for their blocks from the store.", store.num_fetching),
@@ -141,13 +111,11 @@ def kv_store_metrics(stats: EngineStats) -> Iterator[Metric]:
          d.last_recompute_tokens_per_s),
         ("weir_kv_store_scope_max_bytes", "The store bytes each cache scope may hold.",
          store.max_entries_per_scope * store.value_bytes),
-    ):  # fmt: skip
-        yield GaugeMetricFamily(name, doc, value=gauge)
-    by_scope = GaugeMetricFamily(
+    ))  # fmt: skip
+    yield labelled(
+        GaugeMetricFamily,
         "weir_kv_store_scope_bytes",
         "A cache scope's bytes in the store after this replica's last write to it.",
-        labels=["scope"],
+        "scope",
+        ((scope, entries * store.value_bytes) for scope, entries in sorted(io.scope_entries.items())),
     )
-    for scope, entries in sorted(io.scope_entries.items()):
-        by_scope.add_metric([scope], entries * store.value_bytes)
-    yield by_scope

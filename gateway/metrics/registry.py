@@ -20,7 +20,8 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 from weir.engine.engine_stats import EngineStats
-from weir.gateway.metrics.engine_collectors import SnapshotCollector, engine_load_metrics
+from weir.gateway.metrics.engine_collectors import engine_load_metrics
+from weir.gateway.metrics.scrape_families import SnapshotCollector
 
 # Seconds. Wide enough for a 135M model on two CPU cores and for a GPU.
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)

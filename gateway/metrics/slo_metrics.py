@@ -18,6 +18,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from weir.engine.scheduling.slo_tally import SloStats
 from weir.engine.scheduling.step_budget import StepBudgetStats
+from weir.gateway.metrics.scrape_families import labelled
 
 
 def slo_metrics(stats: SloStats, step_budget: StepBudgetStats | None) -> Iterator[Metric]:
@@ -34,14 +35,13 @@ def slo_metrics(stats: SloStats, step_budget: StepBudgetStats | None) -> Iterato
                 judged.add_metric([prio, c.tenant_id, target, "met"], met)
                 judged.add_metric([prio, c.tenant_id, target, "missed"], missed)
     yield judged
-    preemptions = CounterMetricFamily(
+    yield labelled(
+        CounterMetricFamily,
         "weir_engine_preemptions_by_reason",
         "Running requests preempted, by reason (kv_exhausted, class, slo, fair_share, stall, requeue).",
-        labels=["reason"],
+        "reason",
+        ((reason.value, count) for reason, count in stats.preemptions),
     )
-    for reason, count in stats.preemptions:
-        preemptions.add_metric([reason.value], count)
-    yield preemptions
     if step_budget is not None and step_budget.step_target_s is not None:
         yield GaugeMetricFamily(
             "weir_scheduler_step_target_seconds",

@@ -17,28 +17,27 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from weir.engine.engine_stats import StepThreadsStats
+from weir.gateway.metrics.scrape_families import labelled
 
 
 def step_threads_metrics(stats: StepThreadsStats | None) -> Iterator[Metric]:
     """The step-threads families of one engine snapshot (nothing without a switch)."""
     if stats is None:
         return
-    counts = GaugeMetricFamily(
+    yield labelled(
+        GaugeMetricFamily,
         "weir_engine_step_threads",
         "Intra-op threads the CPU engine switches between: narrow steps' and wide steps' candidate.",
-        labels=["steps"],
+        "steps",
+        (("narrow", stats.decode_threads), ("wide", stats.wide_threads)),
     )
-    counts.add_metric(["narrow"], stats.decode_threads)
-    counts.add_metric(["wide"], stats.wide_threads)
-    yield counts
-    chosen = GaugeMetricFamily(
+    yield labelled(
+        GaugeMetricFamily,
         "weir_engine_wide_step_threads_chosen",
         "Intra-op threads the wide steps of a bucket of rows run on, as measured faster.",
-        labels=["min_rows"],
+        "min_rows",
+        ((str(min_rows), count) for min_rows, count in stats.choices),
     )
-    for min_rows, count in stats.choices:
-        chosen.add_metric([str(min_rows)], count)
-    yield chosen
     yield CounterMetricFamily(
         "weir_engine_wide_steps",
         "Steps the CPU engine ran on its wide thread count.",

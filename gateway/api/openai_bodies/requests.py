@@ -31,6 +31,7 @@ from weir.engine.errors import InvalidRequestError
 from weir.engine.request import Priority, SamplingParams
 from weir.gateway.api import structured_bodies as sb
 from weir.gateway.api.openai_bodies.fields import AS_INT, AS_NUMBER, bad_value, unsupported
+from weir.gateway.api.openai_bodies.union_tags import string_or_list_discriminator
 
 MAX_PROMPTS = 128  # prompts in one batched /v1/completions request
 # Whole-request bounds (all prompts together): the prompt tokens to prefill, and the sequences
@@ -220,17 +221,9 @@ class ContentPart(StrictBody):
     text: str
 
 
-def _content_kind(value: Any) -> str | None:
-    return "~text" if isinstance(value, str) else "~parts" if isinstance(value, list) else None
-
-
 Content = Annotated[
     Annotated[str, Tag("~text")] | Annotated[list[ContentPart], Tag("~parts")],
-    Discriminator(
-        _content_kind,
-        custom_error_type="invalid_type",
-        custom_error_message="must be a string or a list of content parts",
-    ),
+    string_or_list_discriminator("parts", "content parts"),
 ]
 
 

@@ -62,6 +62,16 @@ class AssistantMessage(Answer):
     tool_calls: list[ToolCall] | None = None
 
 
+class ChoicesAnswer(Answer):
+    """The head of every chat and completion answer and stream chunk; each names its `object`."""
+
+    id: str
+    object: str
+    created: int
+    model: str
+    system_fingerprint: str | None = None
+
+
 class ChatChoice(Answer):
     index: int
     message: AssistantMessage
@@ -69,15 +79,11 @@ class ChatChoice(Answer):
     finish_reason: FinishReason | None
 
 
-class ChatCompletion(Answer):
+class ChatCompletion(ChoicesAnswer):
     """The answer of `POST /v1/chat/completions`; with stream: true, an SSE stream of
     `ChatCompletionChunk` ending with `data: [DONE]`."""
 
-    id: str
     object: Literal["chat.completion"]
-    created: int
-    model: str
-    system_fingerprint: str | None = None
     choices: list[ChatChoice]
     usage: Usage
 
@@ -107,15 +113,11 @@ class ChatChunkChoice(Answer):
     finish_reason: FinishReason | None
 
 
-class ChatCompletionChunk(Answer):
+class ChatCompletionChunk(ChoicesAnswer):
     """One event of a streamed chat answer; the last, with stream_options.include_usage, has no
     choices and the usage."""
 
-    id: str
     object: Literal["chat.completion.chunk"]
-    created: int
-    model: str
-    system_fingerprint: str | None = None
     choices: list[ChatChunkChoice]
     usage: Usage | None = None
 
@@ -134,28 +136,20 @@ class CompletionChoice(Answer):
     finish_reason: FinishReason | None
 
 
-class Completion(Answer):
+class Completion(ChoicesAnswer):
     """The answer of `POST /v1/completions`; with stream: true, an SSE stream of
     `CompletionChunk` ending with `data: [DONE]`."""
 
-    id: str
     object: Literal["text_completion"]
-    created: int
-    model: str
-    system_fingerprint: str | None = None
     choices: list[CompletionChoice]
     usage: Usage
 
 
-class CompletionChunk(Answer):
+class CompletionChunk(ChoicesAnswer):
     """One event of a streamed completion (the object name is the answer's, as OpenAI sends it);
     `usage` only in the last, with stream_options.include_usage, which has no choices."""
 
-    id: str
     object: Literal["text_completion"]
-    created: int
-    model: str
-    system_fingerprint: str | None = None
     choices: list[CompletionChoice]
     usage: Usage | None = None
 

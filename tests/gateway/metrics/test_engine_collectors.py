@@ -7,7 +7,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 from weir.engine.engine_stats import EngineStats, StepTimeTotals
-from weir.gateway.metrics.engine_collectors import FleetStatsCollector, SnapshotCollector, engine_load_metrics
+from weir.gateway.metrics.engine_collectors import FleetStatsCollector, engine_load_metrics
+from weir.gateway.metrics.scrape_families import SnapshotCollector
 
 
 def _stats(**fields: int) -> EngineStats:

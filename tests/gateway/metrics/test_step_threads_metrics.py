@@ -3,20 +3,8 @@ bucket's choice, the wide steps; none where the engine does not switch."""
 
 from __future__ import annotations
 
-from prometheus_client.parser import text_string_to_metric_families
-
-from tests.gateway.metrics.engine_snapshot import engine_stats
+from tests.gateway.metrics.engine_snapshot import engine_stats, scrape
 from weir.engine.engine_stats import EngineStats, StepThreadsStats
-from weir.gateway.metrics.registry import GatewayMetrics
-
-
-def _scrape(stats: EngineStats) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    text = GatewayMetrics(lambda: stats).render()[0].decode()
-    return {
-        (s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k != "model_version"))): s.value
-        for f in text_string_to_metric_families(text)
-        for s in f.samples
-    }
 
 
 def _stats(step_threads: StepThreadsStats | None) -> EngineStats:
@@ -24,7 +12,7 @@ def _stats(step_threads: StepThreadsStats | None) -> EngineStats:
 
 
 def test_the_counts_the_choices_and_the_wide_steps_are_exported() -> None:
-    got = _scrape(_stats(StepThreadsStats(1, 2, num_wide_steps=41, choices=((4, 2), (8, 1)))))
+    got = scrape(_stats(StepThreadsStats(1, 2, num_wide_steps=41, choices=((4, 2), (8, 1)))))
     assert got[("weir_engine_step_threads", (("steps", "narrow"),))] == 1
     assert got[("weir_engine_step_threads", (("steps", "wide"),))] == 2
     assert got[("weir_engine_wide_step_threads_chosen", (("min_rows", "4"),))] == 2
@@ -35,5 +23,5 @@ def test_the_counts_the_choices_and_the_wide_steps_are_exported() -> None:
 def test_an_engine_without_the_switch_exports_none() -> None:
     assert not any(
         name.startswith("weir_engine_wide") or name == "weir_engine_step_threads"
-        for name, _ in _scrape(_stats(None))
+        for name, _ in scrape(_stats(None))
     )
