@@ -90,7 +90,9 @@ def test_a_choice_made_on_a_slow_start_is_undone_by_a_probe_within_a_few_steps(r
     assert threads.preferred(8) == 2 and ran[first + 5 :].count(1) <= 1  # one explore at most since
 
 
-def test_prompt_chunks_run_wide_from_the_first_and_explore_one_thread_on_the_clock(restore_threads: int) -> None:
+def test_prompt_chunks_run_wide_from_the_first_and_explore_one_thread_on_the_clock(
+    restore_threads: int,
+) -> None:
     """Issue 58: a server's first 64+-row steps are the opening burst's prompt chunks, due within
     2 s; alternating put every second one on one thread (a 128-token chunk 164 ms there against
     103-108 ms on two). They run wide; one thread is measured on the explore clock, and a host
@@ -166,7 +168,8 @@ def test_any_step_sequence_runs_each_wide_bucket_mostly_on_its_faster_count(
                     expected = [1 if on_clock else 2 for on_clock in clock]
                 else:
                     expected = [
-                        2 if i < 7 else 1 if i <= 8 else 2 if on_clock else 1 for i, on_clock in enumerate(clock)
+                        2 if i < 7 else 1 if i <= 8 else 2 if on_clock else 1
+                        for i, on_clock in enumerate(clock)
                     ]
                 assert ran_in_bucket == expected
                 continue
