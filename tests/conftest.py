@@ -1,8 +1,10 @@
-"""Shared test configuration: GPU tests are skipped without CUDA; the real default model."""
+"""Shared test configuration: GPU tests are skipped without CUDA; the real default model; without
+CUDA, the Triton kernels run under the interpreter whatever order the tests are collected in."""
 
 from __future__ import annotations
 
 import importlib.metadata
+import os
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,15 @@ def _has_cuda() -> bool:
     except ImportError:
         return False
     return torch.cuda.is_available()
+
+
+# Triton reads TRITON_INTERPRET when a `@triton.jit` function is defined, i.e. when its module is
+# first imported. tests/kernels/interpret.py's `kernel_device()` sets it, but any earlier import of
+# a kernel module (a gateway or engine test collected first) compiled it for a GPU that is not
+# there, and a later kernel test then failed (seen with tests/gateway collected before tests/bench).
+# Set once here, before any test module is imported; product code never sets or reads it.
+if not _has_cuda():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
