@@ -32,8 +32,8 @@ from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
 
 from weir.tenancy.errors import FieldError
-from weir.tenancy.store.enums import UsageStatus
 from weir.tenancy.store.models import Tenant, UsageRecord
+from weir.tenancy.usage.usage import record_count_columns
 from weir.tenancy.usage.usage_records import ENDPOINT_RE
 
 GROUPS = ("tenant", "key", "model", "model_version", "user", "adapter", "endpoint", "day", "hour")
@@ -158,19 +158,9 @@ def parse_group_by(value: str) -> tuple[str, ...]:
     return parts
 
 
-def _count(status: UsageStatus) -> Any:
-    return func.sum(case((UsageRecord.status == status, 1), else_=0))
-
-
 def _sums_columns() -> list[Any]:
     return [
-        func.count(),
-        _count(UsageStatus.COMPLETED),
-        _count(UsageStatus.FAILED),
-        _count(UsageStatus.CANCELLED),
-        func.sum(UsageRecord.prompt_tokens),
-        func.sum(UsageRecord.completion_tokens),
-        func.sum(UsageRecord.cached_tokens),
+        *record_count_columns(),
         func.sum(func.coalesce(UsageRecord.spend_micros, 0)),
         func.sum(case((UsageRecord.spend_micros.is_(None), 1), else_=0)),
     ]
