@@ -34,20 +34,14 @@ from sqlalchemy.sql.functions import FunctionElement
 from weir.tenancy.errors import FieldError
 from weir.tenancy.store.models import Tenant, UsageRecord
 from weir.tenancy.usage.usage import record_count_columns
-from weir.tenancy.usage.usage_records import ENDPOINT_RE
+from weir.tenancy.usage.usage_records import COUNT_MEASURES, ENDPOINT_RE
 
 GROUPS = ("tenant", "key", "model", "model_version", "user", "adapter", "endpoint", "day", "hour")
 DEFAULT_GROUP_BY = ("tenant", "day")
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 1000
 MEASURES = (
-    "requests",
-    "completed",
-    "failed",
-    "cancelled",
-    "prompt_tokens",
-    "completion_tokens",
-    "cached_tokens",
+    *COUNT_MEASURES,
     "total_tokens",
     "spend_micros",  # micro-units of the report's `currency` (weir.tenancy.budgets.money); records without a price add 0
     "unpriced",  # records without a price (their model had none when they were made)
