@@ -24,7 +24,7 @@ import datetime as dt
 import io
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import Integer, Select, case, func, select
 from sqlalchemy.ext.compiler import compiles
@@ -256,6 +256,33 @@ def parse_time(value: str, field: str) -> dt.datetime:
         return parsed.astimezone(dt.UTC)
     except OverflowError:
         raise FieldError(field, "must be a time between years 1 and 9999 in UTC") from None
+
+
+class ReportOptions(Protocol):
+    """What a report is asked for, as given: the admin API's query parameters or the CLI's options."""
+
+    since: str
+    until: str
+    group_by: str
+    tenant: str | None
+    key_id: str | None
+    endpoint: str | None
+    limit: int
+    offset: int
+
+
+def report_query(options: ReportOptions) -> ReportQuery:
+    """The repository's query for these options (`FieldError` for a bad time or grouping)."""
+    return ReportQuery(
+        since=parse_time(options.since, "since"),
+        until=parse_time(options.until, "until"),
+        group_by=parse_group_by(options.group_by),
+        tenant=options.tenant,
+        key_id=options.key_id,
+        endpoint=options.endpoint,
+        limit=options.limit,
+        offset=options.offset,
+    )
 
 
 def report_params(query: ReportQuery, fmt: str = "json") -> dict[str, str]:
