@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
@@ -39,19 +40,18 @@ def field_error(exc: ValidationError, where: str = "body") -> FieldError:
 
 def parse_model(model: type[M], body: object, where: str = "body") -> M:
     """`body` (decoded JSON) as `model`; a `FieldError` naming the first bad field."""
-    if not isinstance(body, dict):
-        raise FieldError(where, "must be a JSON object")
-    try:
-        return model.model_validate(body)
-    except ValidationError as exc:
-        raise field_error(exc, where) from None
+    return _validated(model.model_validate, body, where)
 
 
 def parse_with(adapter: TypeAdapter[T], body: object, where: str = "body") -> T:
     """Like `parse_model`, through a `TypeAdapter` (for a dataclass such as `QuotaLimits`)."""
+    return _validated(adapter.validate_python, body, where)
+
+
+def _validated(validate: Callable[[dict[Any, Any]], T], body: object, where: str) -> T:
     if not isinstance(body, dict):
         raise FieldError(where, "must be a JSON object")
     try:
-        return adapter.validate_python(body)
+        return validate(body)
     except ValidationError as exc:
         raise field_error(exc, where) from None

@@ -21,7 +21,7 @@ from weir.gateway.console.sessions import ConsoleSession
 from weir.gateway.http.errors import to_http_error
 from weir.tenancy.admin_bodies.fields import parse_date
 from weir.tenancy.errors import FieldError
-from weir.tenancy.usage.usage_records import DailyUsage
+from weir.tenancy.usage.usage_records import COUNT_MEASURES, DailyUsage
 from weir.tenancy.usage.usage_report import ReportQuery, ReportRow
 
 _USAGE_DAYS = 30
@@ -147,33 +147,9 @@ class UsagePages(ConsoleBase):
             return self.render("error.html", http.status_code, session, error=http.message, nav="usage")
         out = io.StringIO()
         writer = csv.writer(out)
-        writer.writerow(
-            [
-                "tenant",
-                "day",
-                "requests",
-                "completed",
-                "failed",
-                "cancelled",
-                "prompt_tokens",
-                "completion_tokens",
-                "cached_tokens",
-            ]  # fmt: skip
-        )
+        writer.writerow(["tenant", "day", *COUNT_MEASURES])
         for d in days:
-            writer.writerow(
-                [
-                    tenant,
-                    d.day.isoformat(),
-                    d.num_requests,
-                    d.num_completed,
-                    d.num_failed,
-                    d.num_cancelled,
-                    d.prompt_tokens,
-                    d.completion_tokens,
-                    d.cached_tokens,
-                ]  # fmt: skip
-            )
+            writer.writerow([tenant, d.day.isoformat(), *d.counts()])
         filename = f"weir-usage-{tenant}-{since.isoformat()}-{until.isoformat()}.csv"
         return Response(
             out.getvalue(),

@@ -37,18 +37,6 @@ class ReportTotals(UsageTotals):
     unpriced: int = Field(description="records without a price (their model had none when they were made)")
 
 
-def _sums(day: DailyUsage) -> UsageSums:
-    return UsageSums(
-        requests=day.num_requests,
-        completed=day.num_completed,
-        failed=day.num_failed,
-        cancelled=day.num_cancelled,
-        prompt_tokens=day.prompt_tokens,
-        completion_tokens=day.completion_tokens,
-        cached_tokens=day.cached_tokens,
-    )
-
-
 class TenantUsageDay(UsageTotals):
     """One UTC day."""
 
@@ -67,7 +55,7 @@ class TenantUsage(BaseModel):
 
     @classmethod
     def of(cls, tenant: str, days: Sequence[DailyUsage]) -> TenantUsage:
-        sums = [_sums(d) for d in days]
+        sums = [UsageSums(*d.counts()) for d in days]
         total = UsageSums(*(sum(getattr(s, f) for s in sums) for f in MEASURES if f != "total_tokens"))
         return cls(
             tenant=tenant,

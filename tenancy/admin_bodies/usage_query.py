@@ -23,8 +23,7 @@ from weir.tenancy.usage.usage_report import (
     GROUPS,
     MAX_LIMIT,
     ReportQuery,
-    parse_group_by,
-    parse_time,
+    report_query,
 )
 
 MAX_QUERY_INT = 2**63 - 1  # the database stores 64-bit integers; a larger one overflows the driver
@@ -82,21 +81,8 @@ class ReportParams(BaseModel):
     offset: QueryInt = 0
     format: Literal["json", "csv"] = "json"
 
-    def query(self) -> ReportQuery:
-        """The repository's query (`FieldError` for a bad time or grouping)."""
-        return ReportQuery(
-            since=parse_time(self.since, "since"),
-            until=parse_time(self.until, "until"),
-            group_by=parse_group_by(self.group_by),
-            tenant=self.tenant,
-            key_id=self.key_id,
-            endpoint=self.endpoint,
-            limit=self.limit,
-            offset=self.offset,
-        )
-
 
 def parse_report_params(params: Mapping[str, str]) -> tuple[ReportQuery, str]:
     """The query and the format of GET /admin/v1/usage/report's parameters."""
     parsed = parse_model(ReportParams, dict(params))
-    return parsed.query(), parsed.format
+    return report_query(parsed), parsed.format

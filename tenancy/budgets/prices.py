@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 
 from weir.tenancy.budgets.money import TokenPrices, format_micros, validate_currency
 from weir.tenancy.errors import FieldError
-from weir.tenancy.store.audit import record_event
+from weir.tenancy.store.audit import AuditTrail
 from weir.tenancy.store.db import Database
 from weir.tenancy.store.enums import AuditAction
 from weir.tenancy.store.models import MODEL_VERSION_ID_LEN, ModelPrice
@@ -197,11 +197,8 @@ class PriceRepo:
                 )
                 session.add(row)
                 session.flush()
-                record_event(
-                    session,
-                    when=now,
-                    actor=actor,
-                    action=AuditAction.PRICE_SET,
+                AuditTrail(session, now, actor).record(
+                    AuditAction.PRICE_SET,
                     target=spec.model[:128],
                     details={
                         "price_id": row.id,

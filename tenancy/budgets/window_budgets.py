@@ -47,7 +47,7 @@ from weir.tenancy.budgets.window_budget_records import (
     budget_details,
 )
 from weir.tenancy.errors import KeyNotFoundError, TenantNotFoundError
-from weir.tenancy.store.audit import record_event
+from weir.tenancy.store.audit import AuditTrail
 from weir.tenancy.store.db import Database
 from weir.tenancy.store.enums import AuditAction
 from weir.tenancy.store.models import ApiKey, Tenant, WindowBudget, WindowBudgetUsage
@@ -130,14 +130,8 @@ class WindowBudgetStore:
             budget = _budget(row, tenant.name)
             if created:
                 self._seed(session, budget, tenant.id, self.clock())
-            record_event(
-                session,
-                when=now,
-                actor=actor,
-                action=AuditAction.BUDGET_SET,
-                tenant=tenant.name,
-                target=spec.key_id,
-                details=budget_details(budget),
+            AuditTrail(session, now, actor).record(
+                AuditAction.BUDGET_SET, tenant=tenant.name, target=spec.key_id, details=budget_details(budget)
             )
             return budget
 
@@ -176,14 +170,8 @@ class WindowBudgetStore:
             budget = _budget(row, tenant)
             session.execute(delete(WindowBudgetUsage).where(WindowBudgetUsage.budget_id == budget_id))
             session.delete(row)
-            record_event(
-                session,
-                when=now,
-                actor=actor,
-                action=AuditAction.BUDGET_DELETE,
-                tenant=tenant,
-                target=budget.key_id,
-                details=budget_details(budget),
+            AuditTrail(session, now, actor).record(
+                AuditAction.BUDGET_DELETE, tenant=tenant, target=budget.key_id, details=budget_details(budget)
             )
             return budget
 
@@ -285,11 +273,8 @@ class WindowBudgetStore:
         session.execute(
             update(WindowBudget).where(WindowBudget.id == budget.id).values(soft_alerted_at=start)
         )
-        record_event(
-            session,
-            when=dt.datetime.fromtimestamp(t, dt.UTC),
-            actor="weir",
-            action=AuditAction.BUDGET_SOFT_LIMIT,
+        AuditTrail(session, dt.datetime.fromtimestamp(t, dt.UTC), "weir").record(
+            AuditAction.BUDGET_SOFT_LIMIT,
             tenant=budget.tenant,
             target=budget.key_id,
             details={**budget_details(budget), "used": used, "window_start": start},

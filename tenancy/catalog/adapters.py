@@ -30,7 +30,7 @@ from weir.tenancy.errors import (
     NameInUseError,
     TenantNotFoundError,
 )
-from weir.tenancy.store.audit import record_event
+from weir.tenancy.store.audit import AuditTrail
 from weir.tenancy.store.db import Database, utc_now
 from weir.tenancy.store.enums import AdapterState, AuditAction
 from weir.tenancy.store.models import MAX_REASON_LEN, LoraAdapter, LoraAdapterGrant, ModelVersion, Tenant
@@ -93,11 +93,8 @@ def _move(
     row.failure_reason = (reason or "")[:MAX_REASON_LEN] if state is AdapterState.FAILED else None
     row.updated_at = now
     row.updated_by = actor[:_ACTOR_LEN]
-    record_event(
-        session,
-        when=now,
-        actor=actor,
-        action=AuditAction.ADAPTER_STATE,
+    AuditTrail(session, now, actor).record(
+        AuditAction.ADAPTER_STATE,
         tenant=row.owner.name if row.owner is not None else None,
         target=row.name,
         details={
@@ -162,11 +159,8 @@ class AdapterRepo:
                 )
                 session.add(row)
                 session.flush()  # a duplicate name fails here
-                record_event(
-                    session,
-                    when=now,
-                    actor=actor,
-                    action=AuditAction.ADAPTER_REGISTER,
+                AuditTrail(session, now, actor).record(
+                    AuditAction.ADAPTER_REGISTER,
                     tenant=spec.owner_tenant,
                     target=spec.name,
                     details={
@@ -255,11 +249,8 @@ class AdapterRepo:
             row.updated_by = actor[:_ACTOR_LEN]
             session.flush()
             session.refresh(row)
-            record_event(
-                session,
-                when=now,
-                actor=actor,
-                action=AuditAction.ADAPTER_ACCESS,
+            AuditTrail(session, now, actor).record(
+                AuditAction.ADAPTER_ACCESS,
                 tenant=tenant,
                 target=name,
                 details={"granted" if allow else "revoked": tenant},

@@ -65,24 +65,22 @@ def version_id(name: str, version: str) -> str:
 
 def validate_model_name(name: object, field_name: str = "name") -> str:
     """A model name: 1-128 of [A-Za-z0-9._-], starting with a letter or digit."""
-    if not isinstance(name, str) or MODEL_NAME_RE.fullmatch(name) is None:
-        raise FieldError(
-            field_name,
-            f"must be 1-{MAX_NAME_LEN} characters of A-Z, a-z, 0-9, '.', '_' or '-', "
-            "starting with a letter or digit",
-        )
-    return name
+    return _label(name, MODEL_NAME_RE, MAX_NAME_LEN, field_name)
 
 
 def validate_version_label(version: object, field_name: str = "version") -> str:
     """A version label: 1-64 of [A-Za-z0-9._-], starting with a letter or digit."""
-    if not isinstance(version, str) or VERSION_RE.fullmatch(version) is None:
+    return _label(version, VERSION_RE, MAX_VERSION_LEN, field_name)
+
+
+def _label(value: object, pattern: re.Pattern[str], max_len: int, field_name: str) -> str:
+    if not isinstance(value, str) or pattern.fullmatch(value) is None:
         raise FieldError(
             field_name,
-            f"must be 1-{MAX_VERSION_LEN} characters of A-Z, a-z, 0-9, '.', '_' or '-', "
+            f"must be 1-{max_len} characters of A-Z, a-z, 0-9, '.', '_' or '-', "
             "starting with a letter or digit",
         )
-    return version
+    return value
 
 
 def _check_path(value: object, field_name: str) -> None:

@@ -39,7 +39,7 @@ from weir.tenancy.errors import (
     NameInUseError,
     TenantNotFoundError,
 )
-from weir.tenancy.store.audit import record_event
+from weir.tenancy.store.audit import AuditTrail
 from weir.tenancy.store.db import Database, utc_now
 from weir.tenancy.store.enums import AdapterState, AuditAction, ModelVersionState
 from weir.tenancy.store.models import MAX_REASON_LEN, LoraAdapter, ModelTraffic, ModelVersion, Tenant
@@ -133,11 +133,8 @@ class ModelVersionRepo:
                 )
                 session.add(row)
                 session.flush()  # surfaces a duplicate (name, version) here
-                record_event(
-                    session,
-                    when=now,
-                    actor=actor,
-                    action=AuditAction.MODEL_REGISTER,
+                AuditTrail(session, now, actor).record(
+                    AuditAction.MODEL_REGISTER,
                     target=spec.id,
                     details={
                         "path": spec.path,
@@ -258,11 +255,8 @@ class ModelVersionRepo:
         with self.db.transaction() as session:
             self._store_plan(session, plan, now, actor)
             self._check_pinned_tenants(session, plan)  # after the versions: their errors come first
-            record_event(
-                session,
-                when=now,
-                actor=actor,
-                action=AuditAction.MODEL_TRAFFIC,
+            AuditTrail(session, now, actor).record(
+                AuditAction.MODEL_TRAFFIC,
                 target=plan.name,
                 details={"split": dict(plan.split), "pins": dict(plan.pins)},
             )
@@ -305,11 +299,8 @@ class ModelVersionRepo:
             pins = {t: v for t, v in old.pins.items() if v not in drained}
             plan = TrafficPlan(name=name, split={to: 100}, pins=pins)
             self._store_plan(session, plan, now, actor)
-            record_event(
-                session,
-                when=now,
-                actor=actor,
-                action=AuditAction.MODEL_ROLLBACK,
+            AuditTrail(session, now, actor).record(
+                AuditAction.MODEL_ROLLBACK,
                 target=name,
                 details={"to": to, "drained": drained, "split": dict(plan.split), "pins": pins},
             )
@@ -352,13 +343,8 @@ class ModelVersionRepo:
         details: dict[str, object] = {"from": previous.value, "to": state.value}
         if state is ModelVersionState.FAILED:
             details["reason"] = row.failure_reason
-        record_event(
-            session,
-            when=now,
-            actor=actor,
-            action=AuditAction.MODEL_STATE,
-            target=version_id(row.name, row.version),
-            details=details,
+        AuditTrail(session, now, actor).record(
+            AuditAction.MODEL_STATE, target=version_id(row.name, row.version), details=details
         )
         if state is ModelVersionState.RETIRED:
             # Its engine is gone: no adapter stays recorded as loaded on it (the CLI's retire on
@@ -378,11 +364,8 @@ class ModelVersionRepo:
         row.pins = pins_without(row.pins, version)
         row.updated_at = now
         row.updated_by = actor[:_ACTOR_LEN]
-        record_event(
-            session,
-            when=now,
-            actor=actor,
-            action=AuditAction.MODEL_TRAFFIC,
+        AuditTrail(session, now, actor).record(
+            AuditAction.MODEL_TRAFFIC,
             target=name,
             details={"split": dict(row.split), "pins": dict(row.pins), "retired": version},
         )

@@ -52,10 +52,8 @@ from weir.tenancy.usage.usage_report import (
     FORMATS,
     GROUPS,
     MAX_LIMIT,
-    ReportQuery,
-    parse_group_by,
-    parse_time,
     report_csv,
+    report_query,
 )
 
 __all__ = ["CliSettings", "add_admin_commands"]
@@ -135,16 +133,7 @@ def add_admin_commands(
     c = AdminCommands(conn, settings_of, check_schema, _server, _direct)
 
     def report(args: argparse.Namespace) -> int:
-        query = ReportQuery(
-            since=parse_time(args.since, "since"),
-            until=parse_time(args.until, "until"),
-            group_by=parse_group_by(args.group_by),
-            tenant=args.tenant,
-            key_id=args.key_id,
-            endpoint=args.endpoint,
-            limit=args.limit,
-            offset=args.offset,
-        )
+        query = report_query(args)
         with c.backend(args) as b:
             body = b.usage_report(query)
         if args.format == "csv":

@@ -8,6 +8,7 @@ database. Either way the change is audited, and servers apply it within their au
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 
 from weir.tenancy.admin_bodies.spend_api import JsonObject
 from weir.tenancy.budgets.budget_windows import WindowKind
@@ -16,35 +17,28 @@ from weir.tenancy.cli.cli_support import AdminCommands, SchemaCheck, SettingsOf,
 from weir.tenancy.cli.spend_admin import HttpSpendAdmin, SpendAdmin, SpendAdminBackend
 
 
+def _options_body(args: argparse.Namespace, fields: Sequence[str], optional: Sequence[str]) -> JsonObject:
+    """An admin API body from the command's options, each stored under its body field's name; an
+    optional one left unset stays out of the body (the server's default applies)."""
+    body: JsonObject = {field: getattr(args, field) for field in fields}
+    body.update({field: getattr(args, field) for field in optional if getattr(args, field) is not None})
+    return body
+
+
 def price_body(args: argparse.Namespace) -> JsonObject:
     """The admin API's price body from the command's options (amounts stay decimal text)."""
-    body: JsonObject = {
-        "model": args.model,
-        "currency": args.currency,
-        "input_per_million": args.input,
-        "output_per_million": args.output,
-    }
-    if args.cached_input is not None:
-        body["cached_input_per_million"] = args.cached_input
-    if args.effective_from is not None:
-        body["effective_from"] = args.effective_from
-    return body
+    return _options_body(
+        args,
+        ("model", "currency", "input_per_million", "output_per_million"),
+        ("cached_input_per_million", "effective_from"),
+    )
 
 
 def budget_body(args: argparse.Namespace) -> JsonObject:
-    body: JsonObject = {
-        "tenant": args.tenant,
-        "unit": args.unit,
-        "window": args.window,
-        "time_zone": args.time_zone,
-        "soft_limit": args.soft,
-        "hard_limit": args.hard,
-    }
-    if args.key_id is not None:
-        body["key_id"] = args.key_id
-    if args.rolling_s is not None:
-        body["rolling_s"] = args.rolling_s
-    return body
+    """The admin API's window budget body from the command's options."""
+    return _options_body(
+        args, ("tenant", "unit", "window", "time_zone", "soft_limit", "hard_limit"), ("key_id", "rolling_s")
+    )
 
 
 def add_spend_commands(
@@ -64,12 +58,12 @@ def add_spend_commands(
     p.add_argument(
         "--currency", default="USD", help="three capital letters (default USD; one per deployment)"
     )
-    p.add_argument(
-        "--input", required=True, metavar="AMOUNT", help="per million uncached prompt tokens, e.g. 0.15"
-    )
-    p.add_argument("--cached-input", dest="cached_input", metavar="AMOUNT",
+    p.add_argument("--input", dest="input_per_million", required=True, metavar="AMOUNT",
+                   help="per million uncached prompt tokens, e.g. 0.15")  # fmt: skip
+    p.add_argument("--cached-input", dest="cached_input_per_million", metavar="AMOUNT",
                    help="per million prompt tokens served from the prefix cache (default: --input)")  # fmt: skip
-    p.add_argument("--output", required=True, metavar="AMOUNT", help="per million output tokens")
+    p.add_argument("--output", dest="output_per_million", required=True, metavar="AMOUNT",
+                   help="per million output tokens")  # fmt: skip
     p.add_argument("--effective-from", dest="effective_from", metavar="TIME",
                    help="ISO 8601 time with a zone, not in the past (default: now)")  # fmt: skip
     p.set_defaults(func=c.command(lambda b, a: b.set_price(price_body(a))))
@@ -92,8 +86,11 @@ def add_spend_commands(
                    help="IANA zone of day and month windows (default UTC)")  # fmt: skip
     p.add_argument("--rolling-s", dest="rolling_s", type=integer, metavar="SECONDS",
                    help="length of a rolling window (a multiple of 60)")  # fmt: skip
-    p.add_argument("--soft", type=integer, metavar="N", help="alert (metric and audit event) when reached")
-    p.add_argument("--hard", type=integer, metavar="N", help="refuse (429) what would pass it")
+    p.add_argument("--soft", dest="soft_limit", type=integer, metavar="N",
+                   help="alert (metric and audit event) when reached")  # fmt: skip
+    p.add_argument(
+        "--hard", dest="hard_limit", type=integer, metavar="N", help="refuse (429) what would pass it"
+    )
     p.set_defaults(func=c.command(lambda b, a: b.set_budget(budget_body(a))))
     p = c.leaf(b_sub, "list", "budgets with their current window's count and reset")
     p.add_argument("--tenant")

@@ -44,7 +44,7 @@ from weir.tenancy.repository.row_mapping import (
     quota_view,
     tenant_view,
 )
-from weir.tenancy.store.audit import AuditEventView, list_events, record_event
+from weir.tenancy.store.audit import AuditEventView, AuditTrail, list_events
 from weir.tenancy.store.db import Database, utc_now
 from weir.tenancy.store.enums import AuditAction, KeyScope, KeyState, TenantStatus
 from weir.tenancy.store.field_rules import validate_tenant_name
@@ -128,13 +128,8 @@ class TenancyRepo:
                 }
                 if spec.share_cache_scope_with is not None:
                     details["share_cache_scope_with"] = spec.share_cache_scope_with
-                record_event(
-                    session,
-                    when=now,
-                    actor=actor,
-                    action=AuditAction.TENANT_CREATE,
-                    tenant=spec.name,
-                    details=details,
+                AuditTrail(session, now, actor).record(
+                    AuditAction.TENANT_CREATE, tenant=spec.name, details=details
                 )
                 return tenant_view(row)
         except IntegrityError:
@@ -204,7 +199,7 @@ class TenancyRepo:
                     if details.keys() == {"status"} and change.status is TenantStatus.SUSPENDED
                     else AuditAction.TENANT_UPDATE
                 )
-                record_event(session, when=now, actor=actor, action=action, tenant=name, details=details)
+                AuditTrail(session, now, actor).record(action, tenant=name, details=details)
             return tenant_view(row)
 
     def suspend_tenant(self, name: str, *, actor: str) -> TenantView:
@@ -221,13 +216,8 @@ class TenancyRepo:
                 row.quota = Quota(tenant=row)
             apply_quota(row.quota, quota, now)
             row.updated_at = now
-            record_event(
-                session,
-                when=now,
-                actor=actor,
-                action=AuditAction.QUOTA_SET,
-                tenant=name,
-                details=quota.as_dict(),
+            AuditTrail(session, now, actor).record(
+                AuditAction.QUOTA_SET, tenant=name, details=quota.as_dict()
             )
             return tenant_view(row)
 
@@ -255,11 +245,8 @@ class TenancyRepo:
         with self.db.transaction() as session:
             row = self._tenant_row(session, tenant)
             issued = self._new_key(session, row, spec, now)
-            record_event(
-                session,
-                when=now,
-                actor=actor,
-                action=AuditAction.KEY_ISSUE,
+            AuditTrail(session, now, actor).record(
+                AuditAction.KEY_ISSUE,
                 tenant=tenant,
                 target=issued.view.id,
                 details={
@@ -295,13 +282,8 @@ class TenancyRepo:
             row = self._key_row(session, key_id)
             if row.revoked_at is None:
                 row.revoked_at = now
-                record_event(
-                    session,
-                    when=now,
-                    actor=actor,
-                    action=AuditAction.KEY_REVOKE,
-                    tenant=row.tenant.name,
-                    target=key_id,
+                AuditTrail(session, now, actor).record(
+                    AuditAction.KEY_REVOKE, tenant=row.tenant.name, target=key_id
                 )
             return key_view(row, row.tenant.name)
 
@@ -315,11 +297,8 @@ class TenancyRepo:
             if row.limits is None:
                 row.limits = KeyLimit(key_id=key_id)
             apply_key_limits(row.limits, limits, now)
-            record_event(
-                session,
-                when=now,
-                actor=actor,
-                action=AuditAction.KEY_LIMITS_SET,
+            AuditTrail(session, now, actor).record(
+                AuditAction.KEY_LIMITS_SET,
                 tenant=row.tenant.name,
                 target=key_id,
                 details={"limits": key_limits_dict(limits), "previous": key_limits_dict(before)},
@@ -347,11 +326,8 @@ class TenancyRepo:
                 session.flush()
                 issued = IssuedKey(key=issued.key, view=key_view(new, old.tenant.name))
             old.revoked_at = now
-            record_event(
-                session,
-                when=now,
-                actor=actor,
-                action=AuditAction.KEY_ROTATE,
+            AuditTrail(session, now, actor).record(
+                AuditAction.KEY_ROTATE,
                 tenant=old.tenant.name,
                 target=key_id,
                 details={"replaced_by": issued.view.id},
@@ -499,7 +475,7 @@ class TenancyRepo:
                     row.token_hash = token_hash
                     row.created_at = now
                 session.flush()
-                record_event(session, when=now, actor=actor, action=AuditAction.ADMIN_TOKEN_SET)
+                AuditTrail(session, now, actor).record(AuditAction.ADMIN_TOKEN_SET)
                 return True
         except IntegrityError:
             return False

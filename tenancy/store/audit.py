@@ -34,31 +34,38 @@ class AuditEventView:
     details: dict[str, object]
 
 
-def record_event(
-    session: Session,
-    *,
-    when: dt.datetime,
-    actor: str,
-    action: AuditAction,
-    tenant: str | None = None,
-    target: str | None = None,
-    details: Mapping[str, object] | None = None,
-) -> None:
-    """Add an audit event to the session's transaction; it commits or rolls back with the action."""
-    payload = dict(details or {})
-    leaked = _FORBIDDEN_DETAIL_KEYS.intersection(payload)
-    if leaked:
-        raise ValueError(f"audit details must not contain secrets: {sorted(leaked)}")
-    session.add(
-        AuditEvent(
-            created_at=when,
-            actor=actor[:128],
-            action=action,
-            tenant=tenant,
-            target=target,
-            details=payload,
+@dataclass(frozen=True)
+class AuditTrail:
+    """Who acts, and when, in one transaction: each `record` adds an event to that transaction,
+    so it commits or rolls back with the action it describes."""
+
+    session: Session
+    when: dt.datetime
+    actor: str
+
+    def record(
+        self,
+        action: AuditAction,
+        *,
+        tenant: str | None = None,
+        target: str | None = None,
+        details: Mapping[str, object] | None = None,
+    ) -> None:
+        """Add one event; `ValueError` if its details name a secret."""
+        payload = dict(details or {})
+        leaked = _FORBIDDEN_DETAIL_KEYS.intersection(payload)
+        if leaked:
+            raise ValueError(f"audit details must not contain secrets: {sorted(leaked)}")
+        self.session.add(
+            AuditEvent(
+                created_at=self.when,
+                actor=self.actor[:128],
+                action=action,
+                tenant=tenant,
+                target=target,
+                details=payload,
+            )
         )
-    )
 
 
 def list_events(

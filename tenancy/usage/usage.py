@@ -1,4 +1,5 @@
-"""Usage records as rows, and the per-day aggregate query, for the repository.
+"""Usage records as rows, the per-day aggregate query, and the record counts and day range
+that the reports and rollups aggregate with, for the repository.
 
 Per-day reports group on the stored UTC `day` column (portable across SQLite and PostgreSQL,
 and served by the (tenant_id, day) index) instead of a dialect-specific date function.
@@ -93,33 +94,44 @@ def _count(status: UsageStatus) -> Any:
     return func.sum(case((UsageRecord.status == status, 1), else_=0))
 
 
+def record_count_columns() -> list[Any]:
+    """Aggregates over usage records: how many, how many completed, failed and cancelled, and
+    their prompt, completion and cached token sums (in `UsageSums`'s and `DailyUsage`'s order)."""
+    return [
+        func.count(),
+        _count(UsageStatus.COMPLETED),
+        _count(UsageStatus.FAILED),
+        _count(UsageStatus.CANCELLED),
+        func.sum(UsageRecord.prompt_tokens),
+        func.sum(UsageRecord.completion_tokens),
+        func.sum(UsageRecord.cached_tokens),
+    ]
+
+
+def within_days(query: Select[Any], day: Any, since: dt.date | None, until: dt.date | None) -> Select[Any]:
+    """`query` limited to the days from `since` to `until` (both included; None: unbounded) of
+    its `day` column."""
+    if since is not None:
+        query = query.where(day >= since)
+    if until is not None:
+        query = query.where(day <= until)
+    return query
+
+
 def daily_usage_query(
     tenant_id: int, since: dt.date | None, until: dt.date | None, endpoint: str | None = None
 ) -> Select[Any]:
     """One row per UTC day with records (of `endpoint` only, when given), oldest first; read
     them with `daily_usage`."""
     query = (
-        select(
-            UsageRecord.day,
-            func.count(),
-            _count(UsageStatus.COMPLETED),
-            _count(UsageStatus.FAILED),
-            _count(UsageStatus.CANCELLED),
-            func.sum(UsageRecord.prompt_tokens),
-            func.sum(UsageRecord.completion_tokens),
-            func.sum(UsageRecord.cached_tokens),
-        )
+        select(UsageRecord.day, *record_count_columns())
         .where(UsageRecord.tenant_id == tenant_id)
         .group_by(UsageRecord.day)
         .order_by(UsageRecord.day)
     )
-    if since is not None:
-        query = query.where(UsageRecord.day >= since)
-    if until is not None:
-        query = query.where(UsageRecord.day <= until)
     if endpoint is not None:
         query = query.where(UsageRecord.endpoint == endpoint)
-    return query
+    return within_days(query, UsageRecord.day, since, until)
 
 
 def daily_usage(row: Sequence[Any]) -> DailyUsage:

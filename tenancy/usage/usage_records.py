@@ -96,6 +96,18 @@ class UsageRecordIn:
         check_aware(self.created_at, "created_at")
 
 
+# The names reports and CSV files give `DailyUsage.counts()`, in its order.
+COUNT_MEASURES = (
+    "requests",
+    "completed",
+    "failed",
+    "cancelled",
+    "prompt_tokens",
+    "completion_tokens",
+    "cached_tokens",
+)
+
+
 @dataclass(frozen=True)
 class DailyUsage:
     """A tenant's usage over one UTC day."""
@@ -112,3 +124,15 @@ class DailyUsage:
     @property
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
+
+    def counts(self) -> tuple[int, int, int, int, int, int, int]:
+        """The day's request counts and token sums, named by `COUNT_MEASURES`."""
+        return (
+            self.num_requests,
+            self.num_completed,
+            self.num_failed,
+            self.num_cancelled,
+            self.prompt_tokens,
+            self.completion_tokens,
+            self.cached_tokens,
+        )

@@ -24,7 +24,7 @@ import datetime as dt
 import io
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import Integer, Select, case, func, select
 from sqlalchemy.ext.compiler import compiles
@@ -32,22 +32,16 @@ from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
 
 from weir.tenancy.errors import FieldError
-from weir.tenancy.store.enums import UsageStatus
 from weir.tenancy.store.models import Tenant, UsageRecord
-from weir.tenancy.usage.usage_records import ENDPOINT_RE
+from weir.tenancy.usage.usage import record_count_columns
+from weir.tenancy.usage.usage_records import COUNT_MEASURES, ENDPOINT_RE
 
 GROUPS = ("tenant", "key", "model", "model_version", "user", "adapter", "endpoint", "day", "hour")
 DEFAULT_GROUP_BY = ("tenant", "day")
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 1000
 MEASURES = (
-    "requests",
-    "completed",
-    "failed",
-    "cancelled",
-    "prompt_tokens",
-    "completion_tokens",
-    "cached_tokens",
+    *COUNT_MEASURES,
     "total_tokens",
     "spend_micros",  # micro-units of the report's `currency` (weir.tenancy.budgets.money); records without a price add 0
     "unpriced",  # records without a price (their model had none when they were made)
@@ -158,19 +152,9 @@ def parse_group_by(value: str) -> tuple[str, ...]:
     return parts
 
 
-def _count(status: UsageStatus) -> Any:
-    return func.sum(case((UsageRecord.status == status, 1), else_=0))
-
-
 def _sums_columns() -> list[Any]:
     return [
-        func.count(),
-        _count(UsageStatus.COMPLETED),
-        _count(UsageStatus.FAILED),
-        _count(UsageStatus.CANCELLED),
-        func.sum(UsageRecord.prompt_tokens),
-        func.sum(UsageRecord.completion_tokens),
-        func.sum(UsageRecord.cached_tokens),
+        *record_count_columns(),
         func.sum(func.coalesce(UsageRecord.spend_micros, 0)),
         func.sum(case((UsageRecord.spend_micros.is_(None), 1), else_=0)),
     ]
@@ -272,6 +256,33 @@ def parse_time(value: str, field: str) -> dt.datetime:
         return parsed.astimezone(dt.UTC)
     except OverflowError:
         raise FieldError(field, "must be a time between years 1 and 9999 in UTC") from None
+
+
+class ReportOptions(Protocol):
+    """What a report is asked for, as given: the admin API's query parameters or the CLI's options."""
+
+    since: str
+    until: str
+    group_by: str
+    tenant: str | None
+    key_id: str | None
+    endpoint: str | None
+    limit: int
+    offset: int
+
+
+def report_query(options: ReportOptions) -> ReportQuery:
+    """The repository's query for these options (`FieldError` for a bad time or grouping)."""
+    return ReportQuery(
+        since=parse_time(options.since, "since"),
+        until=parse_time(options.until, "until"),
+        group_by=parse_group_by(options.group_by),
+        tenant=options.tenant,
+        key_id=options.key_id,
+        endpoint=options.endpoint,
+        limit=options.limit,
+        offset=options.offset,
+    )
 
 
 def report_params(query: ReportQuery, fmt: str = "json") -> dict[str, str]:

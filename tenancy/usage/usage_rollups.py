@@ -20,6 +20,7 @@ from sqlalchemy import ColumnElement, Select, case, func, literal, null, select,
 
 from weir.tenancy.store.enums import UsageStatus
 from weir.tenancy.store.models import Tenant, UsageDaily, UsageDailyUser, UsageRecord
+from weir.tenancy.usage.usage import within_days
 from weir.tenancy.usage.usage_report import ReportQuery
 
 # The bit of each nullable dimension in a rollup row's `null_mask` (the row stores '' instead).
@@ -154,8 +155,4 @@ def daily_rollup_query(tenant_id: int, since: dt.date | None, until: dt.date | N
         .group_by(UsageDaily.day)
         .order_by(UsageDaily.day)
     )
-    if since is not None:
-        query = query.where(UsageDaily.day >= since)
-    if until is not None:
-        query = query.where(UsageDaily.day <= until)
-    return query
+    return within_days(query, UsageDaily.day, since, until)
