@@ -333,7 +333,7 @@ class LLMEngine:
         """The watchdog saw `max_stalled_steps` steps without a token while work existed: say so
         loudly, with the state that explains it, and preempt to break it."""
         state = self.scheduler.describe()
-        victim = self.scheduler.break_stall()
+        victim = self.scheduler.preemption.break_stall()
         logger.error(
             "engine stall: %d steps fed no token while work existed (stall #%d); preempted %s\n%s",
             self.watchdog.max_stalled_steps,
@@ -370,10 +370,12 @@ class LLMEngine:
             streamed = req.num_output_tokens > 0 and not self.beams.owns(req.request_id)
             if not streamed and req.num_retries == 0:
                 req.num_retries += 1
-                self.scheduler.requeue(req)
+                self.scheduler.preemption.requeue(req)
             else:
                 outs.extend(self._fail_request(req.request_id, ENGINE_RETRYABLE))
-        self.scheduler.discard_swaps(out)  # the step's swaps may not have run: recompute instead
+        self.scheduler.preemption.discard_swaps(
+            out, self.scheduler.requests
+        )  # the step's swaps may not have run: recompute instead
         return outs
 
     # -- introspection ----------------------------------------------------------------------

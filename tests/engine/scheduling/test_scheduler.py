@@ -190,7 +190,7 @@ def test_identical_prompts_arriving_together_are_computed_once() -> None:
     prefill = sum(s.num_tokens for out in sim.steps for s in out.scheduled if s.request_id == "b")
     assert prefill == 4 + 2  # its last block, then two decodes
     assert sim.outputs["a"] == sim.outputs["b"] == reference_output(prompt, 3)
-    assert sim.sched.num_held_back >= 1
+    assert sim.sched.admission.num_held_back >= 1
 
 
 def test_without_caching_identical_prompts_run_side_by_side() -> None:
