@@ -10,6 +10,12 @@ checks and detokenization, its beam bookkeeping) fails that request only. A fail
 requeues the step's requests that have not streamed a token (once; their blocks are recomputed)
 and fails the others with `ENGINE_RETRYABLE`. `reset()` rebuilds the scheduler and KV state
 around the same weights when the async loop itself broke.
+
+What the engine holds beside the scheduler has modules of its own: the KV cache manager and its
+tiers are built by `KVTiers` (engine/kv_tiers.py), the prefill and decode rates are
+`MeasuredRates` (engine/measured_rates.py), what of the pool one request may hold is
+engine/kv/request_capacity.py, and adapters are loaded through `AdapterAdmin`
+(engine/adapter_admin.py) as the prefix cache is administered through `PrefixCacheAdmin`.
 """
 
 from __future__ import annotations
