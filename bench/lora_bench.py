@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
                 adapter_dir / name, base.engine.model_config, args.rank, seed=i, base=args.model
             )
             for side in (base, mixed):
-                side.engine.load_adapter(name, name)
+                side.engine.adapter_admin.load_adapter(name, name)
         tok = base.engine.tokenizer
         prompts = [
             list(

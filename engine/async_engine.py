@@ -155,7 +155,7 @@ class AsyncEngine:
             )
             async for _ in self.generate(req):
                 pass
-            self.core.forget_measured_rates()  # the warm-up's rates measure no one's prompt
+            self.core.rates.forget()  # the warm-up's rates measure no one's prompt
         self._ready = True
 
     async def shutdown(self) -> None:
@@ -261,15 +261,15 @@ class AsyncEngine:
     async def load_adapter(self, name: str, path: str) -> AdapterInfo:
         """Read and check the adapter on a worker thread, then hold it on the engine thread, so
         steps never wait on the disk. Raises AdapterLoadError, AdapterInUseError."""
-        adapter = await asyncio.to_thread(self.core.read_adapter, name, path)
-        return await self._call(lambda core: core.add_adapter(adapter))
+        adapter = await asyncio.to_thread(self.core.adapter_admin.read_adapter, name, path)
+        return await self._call(lambda core: core.adapter_admin.add_adapter(adapter))
 
     async def unload_adapter(self, name: str) -> AdapterInfo:
         """Forget an adapter; AdapterInUseError while a request through it is queued or running."""
-        return await self._call(lambda core: core.unload_adapter(name))
+        return await self._call(lambda core: core.adapter_admin.unload_adapter(name))
 
     async def adapters(self) -> tuple[AdapterInfo, ...]:
-        return await self._call(lambda core: core.adapters())
+        return await self._call(lambda core: core.adapter_admin.adapters())
 
     def _on_prefix_cache_admin(self, fn: Callable[[PrefixCacheAdmin], T]) -> Awaitable[T]:
         """Run `fn` on the engine thread with the core's prefix-cache admin (as of that moment)."""

@@ -10,6 +10,12 @@ checks and detokenization, its beam bookkeeping) fails that request only. A fail
 requeues the step's requests that have not streamed a token (once; their blocks are recomputed)
 and fails the others with `ENGINE_RETRYABLE`. `reset()` rebuilds the scheduler and KV state
 around the same weights when the async loop itself broke.
+
+What the engine holds beside the scheduler has modules of its own: the KV cache manager and its
+tiers are built by `KVTiers` (engine/kv_tiers.py), the prefill and decode rates are
+`MeasuredRates` (engine/measured_rates.py), what of the pool one request may hold is
+engine/kv/request_capacity.py, and adapters are loaded through `AdapterAdmin`
+(engine/adapter_admin.py) as the prefix cache is administered through `PrefixCacheAdmin`.
 """
 
 from __future__ import annotations
@@ -17,31 +23,22 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
-import torch
-
+from weir.engine.adapter_admin import AdapterAdmin
 from weir.engine.client import EngineRequest
 from weir.engine.config import EngineConfig, ModelConfig
 from weir.engine.engine_stats import EngineStats, StepTimeTotals
 from weir.engine.engine_tokenizer import own_tokenizer, tokenizer_fingerprint
-from weir.engine.errors import (
-    DEADLINE_EXCEEDED,
-    ENGINE_RETRYABLE,
-    ContextLengthError,
-    InvalidRequestError,
-    KVCapacityError,
-)
+from weir.engine.errors import DEADLINE_EXCEEDED, ENGINE_RETRYABLE, ContextLengthError, InvalidRequestError
 from weir.engine.faults import FaultInjector
-from weir.engine.kv.block_hash import SHARED_SCOPE, CacheKeyRoot
-from weir.engine.kv.kv_cache_manager import KVCacheManager
-from weir.engine.kv.kv_store_stats import FetchDecisions
-from weir.engine.kv.kv_store_tier import KVStoreTier, StoreIO
-from weir.engine.kv.swap_policy import SwapPolicy
-from weir.engine.lora.lora_adapter import LoraAdapter
-from weir.engine.lora.lora_manager import LoraManager
-from weir.engine.lora.lora_types import AdapterInfo, AdapterInUseError, AdapterLoadError, UnknownAdapterError
+from weir.engine.kv.block_hash import SHARED_SCOPE
+from weir.engine.kv.kv_store_tier import StoreIO
+from weir.engine.kv.request_capacity import capped_max_model_len, check_kv_capacity, usable_blocks
+from weir.engine.kv_tiers import KVTiers
+from weir.engine.lora.lora_types import UnknownAdapterError
+from weir.engine.measured_rates import MeasuredRates
 from weir.engine.output import RequestOutput, SchedulerOutput
 from weir.engine.prefix_cache_admin import PrefixCacheAdmin
 from weir.engine.request import FinishReason, RequestStatus
@@ -59,22 +56,6 @@ from weir.engine.spec_decode.drafter import Drafter
 from weir.engine.speculation_tally import SpeculationCounters
 
 logger = logging.getLogger("weir.engine")
-
-
-@dataclass
-class _RateMeter:
-    """Exponential moving average of a rate (units per second)."""
-
-    alpha: float = 0.2
-    value: float = 0.0
-    samples: int = field(default=0)
-
-    def add(self, units: float, seconds: float) -> None:
-        if seconds <= 0 or units <= 0:
-            return
-        rate = units / seconds
-        self.value = rate if self.samples == 0 else (1 - self.alpha) * self.value + self.alpha * rate
-        self.samples += 1
 
 
 def _describe(exc: BaseException) -> str:
@@ -100,7 +81,6 @@ class LLMEngine:
         self.config = config
         # The shared KV store's I/O threads (engine/kv/kv_store_client.py); outlive reset().
         self.store_io = store_io if config.kv_store is not None else None
-        self.store_decisions = FetchDecisions()  # monotonic: kept across reset()
         self.cpu_row_inputs = cpu_row_inputs  # what the model's linears were built with, for /metrics
         self.drafter = drafter  # speculative decoding's proposer; None: no speculation
         self.spec_counters = SpeculationCounters()  # monotonic: kept across reset()
@@ -114,41 +94,27 @@ class LLMEngine:
             runner.faults = faults
         self.masks = MaskPrefetcher(config.masks, clock)  # grammar masks, computed ahead of their steps
         runner.masks = self.masks
-        self._num_blocks = num_blocks
-        if config.cache.host_num_blocks and runner.host_kv is None:
-            raise ValueError("cache.host_num_blocks is set but the runner has no host KV cache")
-        tok_fp = tokenizer_fingerprint(tokenizer)
-        rope_fp = model_config.rope.fingerprint()
-        kv_dtype = config.cache.kv_dtype
-
-        def root_digest(scope: str, adapter: str = "") -> bytes:
-            return CacheKeyRoot(config.model_version, tok_fp, rope_fp, kv_dtype, scope, adapter).digest()
-
-        self._root_digest = root_digest
         self.max_model_len = min(config.scheduler.max_model_len, model_config.max_model_len)
         # Outlives the scheduler (reset rebuilds it): the cost per token is the machine's, not its state's.
         self.step_budget = make_step_budget(config.scheduler)
         # Outlives the scheduler too: its stall count is monotonic, like the restarts.
         self.watchdog = StallWatchdog(config.scheduler.max_stalled_steps)
-        self.prefill_rate = _RateMeter()
+        self.rates = MeasuredRates(self.step_budget)  # prefill and decode rates, kept across reset()
+        self.kv_tiers = KVTiers(
+            config,
+            model_config,
+            tokenizer_fingerprint(tokenizer),
+            num_blocks,
+            runner.host_kv,
+            self.rates,
+            clock,
+            self.store_io,
+        )
         self._build_state()
-        capacity = self.num_blocks_per_request * self.kv.block_size
-        if capacity < self.max_model_len:
-            # A request as long as the context could never be admitted: the context is the pool.
-            logger.warning(
-                "the KV cache holds %d tokens for one request (%d blocks of %d, less the watermark), "
-                "less than max_model_len %d: max_model_len is capped to %d",
-                capacity,
-                self.num_blocks_per_request,
-                self.kv.block_size,
-                self.max_model_len,
-                capacity,
-            )
-            if capacity < 1:
-                raise ValueError(f"the KV cache holds {capacity} tokens for one request; it needs at least 1")
-            self.max_model_len = capacity
+        capped = capped_max_model_len(self.kv, self.max_model_len)
+        if capped != self.max_model_len:  # the scheduler is built with it
+            self.max_model_len = capped
             self._build_state()
-        self.decode_rate = _RateMeter()
         self.step_times = StepTimeTotals()  # model-runner steps and seconds, decode / prefill
         self.num_prompt_tokens_total = 0
         self.num_generation_tokens_total = 0
@@ -158,18 +124,7 @@ class LLMEngine:
     def _build_state(self) -> None:
         """A fresh scheduler, KV cache manager and request maps (the KV tensors are the runner's)."""
         config = self.config
-        self.kv = KVCacheManager(
-            num_blocks=self._num_blocks,
-            block_size=config.cache.block_size,
-            root_digest=self._root_digest,
-            enable_caching=config.cache.enable_prefix_caching,
-            tenant_cache_share=config.cache.tenant_cache_share,
-            host_num_blocks=config.cache.host_num_blocks,
-            swap_policy=self._swap_policy(),
-            store=self._store_tier(),
-        )
-        if self.kv.host is not None and self.runner.host_kv is not None:
-            self.kv.host.copy_bytes_per_s = self.runner.host_kv.copy_bytes_per_s
+        self.kv = self.kv_tiers.build()
         self.scheduler = Scheduler(
             replace(config.scheduler, max_model_len=self.max_model_len),
             self.kv,
@@ -183,55 +138,15 @@ class LLMEngine:
             self.scheduler, self._engine_tokenizer, self.model_config.eos_token_ids, self.clock
         )
         self.prefix_cache = PrefixCacheAdmin(self.kv, config.model_version, self.model_config.vocab_size)
+        self.adapter_admin = AdapterAdmin(self.runner.lora, self.scheduler.requests)
         if self.drafter is not None:
             self.scheduler.speculation = SpeculationPolicy(config.speculative, self.spec_counters)
             self.drafter.forget_all()
 
-    def _store_tier(self) -> KVStoreTier | None:
-        """The shared store tier's engine-thread state (fresh at each reset; its I/O and counters stay)."""
-        store = self.config.kv_store
-        if store is None or self.store_io is None:
-            return None
-        return KVStoreTier(
-            self.store_io,
-            namespace=store.namespace,
-            model_version=self.config.model_version,
-            block_size=self.config.cache.block_size,
-            prefill_seconds=self._prefill_seconds,
-            timeout_s=store.timeout_s,
-            max_fetch_bytes=store.max_fetch_bytes,
-            ttl_s=store.ttl_s,
-            clock=self.clock,
-            decisions=self.store_decisions,
-            tenant_share=self.config.cache.tenant_cache_share,
-        )
-
-    def _prefill_seconds(self, num_tokens: int) -> float:
-        """The estimated time to prefill `num_tokens` tokens now: the step budget's fitted cost, else
-        the measured prefill rate; 0 before either is known."""
-        fitted = self.step_budget.fitted_seconds(num_tokens)
-        if fitted > 0:
-            return fitted
-        rate = self.prefill_rate.value
-        return num_tokens / rate if rate > 0 else 0.0
-
-    def _swap_policy(self) -> SwapPolicy:
-        """Swap or recompute, from the copy bandwidth measured at start-up and the prefill rate
-        measured as the engine runs (read at each preemption)."""
-        mc, cache = self.model_config, self.config.cache
-        block_bytes = cache.block_size * mc.kv_bytes_per_token(getattr(torch, cache.kv_dtype).itemsize)
-        host_kv = self.runner.host_kv
-        return SwapPolicy(
-            block_bytes=block_bytes,
-            copy_bytes_per_s=host_kv.copy_bytes_per_s if host_kv is not None else 0.0,
-            prefill_tokens_per_s=lambda: self.prefill_rate.value,
-            mode=cache.preemption_mode,
-        )
-
     @property
     def num_blocks_per_request(self) -> int:
         """The most blocks one sequence may ever hold: the pool less the admission watermark."""
-        return self.kv.num_total_blocks - self.kv.watermark_blocks
+        return usable_blocks(self.kv)
 
     def reset(self) -> None:
         """Forget every request and rebuild the scheduler and KV state; weights and KV tensors stay.
@@ -281,37 +196,9 @@ class LLMEngine:
                 raise UnknownAdapterError(er.adapter_name)
         # The seed and the other sampling bounds: `SamplingParams` checked them when it was built.
         ContextLengthError.check(len(er.prompt_token_ids), sp.max_tokens, self.max_model_len)
-        self._check_kv_capacity(er)
+        check_kv_capacity(self.kv, len(er.prompt_token_ids), sp)
         if self.is_active(er.request_id):
             raise InvalidRequestError(f"duplicate request id {er.request_id!r}", "request_id")
-
-    def _check_kv_capacity(self, er: EngineRequest) -> None:
-        """Refuse a request whose sequences, alone or together, can never fit the pool."""
-        sp = er.sampling_params
-        num_prompt = len(er.prompt_token_ids)
-        num_seqs = sp.beam_width if sp.use_beam_search else sp.n
-        usable, block_size = self.num_blocks_per_request, self.kv.block_size
-        # Each sequence (a choice, a beam) may have to run alone, preempted and recomputed,
-        # so it must fit the pool by itself; if it cannot, it would never be admitted again.
-        per_sequence = self.kv.blocks_for(num_prompt + sp.max_tokens)
-        if per_sequence > usable:
-            raise KVCapacityError(num_prompt, sp.max_tokens, num_seqs, per_sequence, usable, block_size)
-        # The sequences of a group run together: the beams of a search advance in lockstep, the
-        # choices fork from one prefill. Forks share the prompt's full blocks (copy-on-write);
-        # the partial last block and every block of output are each sequence's own. A group
-        # larger than the pool would be admitted, preempted and recomputed without end.
-        shared = num_prompt // block_size
-        needed = shared + num_seqs * (per_sequence - shared)
-        if needed > usable:
-            raise KVCapacityError(
-                num_prompt,
-                sp.max_tokens,
-                num_seqs,
-                needed,
-                usable,
-                block_size,
-                param="beam_width" if sp.use_beam_search else "n",
-            )
 
     def add_request(self, er: EngineRequest) -> None:
         """Validate and queue a request (and its n choices).
@@ -328,53 +215,6 @@ class LLMEngine:
             self.beams.add(er)
             return
         self.choices.add(er)
-
-    # -- LoRA adapters ----------------------------------------------------------------------
-
-    def _lora(self) -> LoraManager:
-        if self.runner.lora is None:
-            raise AdapterLoadError(
-                "LoRA is not enabled on this engine (lora.num_slots is 0; `weir serve --adapter-dir DIR` enables it)"
-            )
-        return self.runner.lora
-
-    def load_adapter(self, name: str, path: str) -> AdapterInfo:
-        """Read, check and hold a PEFT adapter (AdapterLoadError if refused).
-
-        Loading a name that is already loaded replaces it, only while no request uses it.
-        """
-        return self.add_adapter(self.read_adapter(name, path))
-
-    def read_adapter(self, name: str, path: str) -> LoraAdapter:
-        """Read and check an adapter without holding it (safe off the engine thread: touches no
-        engine state); `add_adapter` then holds it."""
-        return self._lora().read(name, path)
-
-    def add_adapter(self, adapter: LoraAdapter) -> AdapterInfo:
-        """Hold an adapter `read_adapter` checked (replacing one of its name, only while unused)."""
-        lora = self._lora()
-        if lora.has(adapter.name):
-            self._check_unused(adapter.name)
-        return lora.add(adapter)
-
-    def unload_adapter(self, name: str) -> AdapterInfo:
-        """Forget an adapter; AdapterInUseError while a request through it is queued or running."""
-        lora = self._lora()
-        if not lora.has(name):
-            raise UnknownAdapterError(name)
-        self._check_unused(name)
-        return lora.remove(name)
-
-    def _check_unused(self, name: str) -> None:
-        users = sum(
-            1 for r in self.scheduler.requests.values() if r.adapter is not None and r.adapter.name == name
-        )
-        if users:
-            raise AdapterInUseError(f"adapter {name!r} is used by {users} queued or running request(s)")
-
-    def adapters(self) -> tuple[AdapterInfo, ...]:
-        """Every loaded adapter, with its slot and counters."""
-        return self.runner.lora.infos() if self.runner.lora is not None else ()
 
     def abort(self, request_id: str) -> list[RequestOutput]:
         """Abort every choice of a request; its blocks are freed now."""
@@ -499,7 +339,7 @@ class LLMEngine:
         """The watchdog saw `max_stalled_steps` steps without a token while work existed: say so
         loudly, with the state that explains it, and preempt to break it."""
         state = self.scheduler.describe()
-        victim = self.scheduler.break_stall()
+        victim = self.scheduler.preemption.break_stall()
         logger.error(
             "engine stall: %d steps fed no token while work existed (stall #%d); preempted %s\n%s",
             self.watchdog.max_stalled_steps,
@@ -508,21 +348,11 @@ class LLMEngine:
             state,
         )
 
-    def forget_measured_rates(self) -> None:
-        """Start the prefill and decode rates afresh (after the start-up warm-up, whose 8-token
-        prompt ran at ~70 tokens/s where a 128-token chunk runs at ~600: admission predicted 3 s
-        for a chat with nothing ahead of it, and refused an interactive tenant's first requests)."""
-        self.prefill_rate = _RateMeter()
-        self.decode_rate = _RateMeter()
-
     def _measure(self, out: SchedulerOutput, elapsed: float) -> None:
         prefill = sum(s.num_tokens for s in out.scheduled if s.num_tokens > 1 or not s.samples)
         self.num_prompt_tokens_total += prefill
         self.step_times = self.step_times.plus(prefill=bool(prefill), seconds=elapsed)
-        if prefill:
-            self.prefill_rate.add(prefill, elapsed)
-        else:
-            self.decode_rate.add(1, elapsed)
+        self.rates.observe(prefill, elapsed)
 
     def _fail_request(self, request_id: str, error: str) -> list[RequestOutput]:
         """Fail one scheduler request (a choice, or a beam: its whole group) with `error`."""
@@ -546,10 +376,12 @@ class LLMEngine:
             streamed = req.num_output_tokens > 0 and not self.beams.owns(req.request_id)
             if not streamed and req.num_retries == 0:
                 req.num_retries += 1
-                self.scheduler.requeue(req)
+                self.scheduler.preemption.requeue(req)
             else:
                 outs.extend(self._fail_request(req.request_id, ENGINE_RETRYABLE))
-        self.scheduler.discard_swaps(out)  # the step's swaps may not have run: recompute instead
+        self.scheduler.preemption.discard_swaps(
+            out, self.scheduler.requests
+        )  # the step's swaps may not have run: recompute instead
         return outs
 
     # -- introspection ----------------------------------------------------------------------
@@ -571,8 +403,8 @@ class LLMEngine:
             prefix_cache_queries=self.kv.lookup.totals.queried_tokens,
             prefix_cache_hits=self.kv.lookup.totals.hit_tokens,
             num_preemptions=self.scheduler.num_preemptions,
-            prefill_tokens_per_s=self.prefill_rate.value,
-            decode_steps_per_s=self.decode_rate.value,
+            prefill_tokens_per_s=self.rates.prefill.value,
+            decode_steps_per_s=self.rates.decode.value,
             num_prompt_tokens_total=self.num_prompt_tokens_total,
             num_generation_tokens_total=self.num_generation_tokens_total,
             waiting_tokens_by_priority=tuple(by_prio),
@@ -589,7 +421,7 @@ class LLMEngine:
             num_spec_draft_tokens_total=self.spec_counters.num_drafted,
             num_spec_accepted_tokens_total=self.spec_counters.num_accepted,
             num_spec_emitted_tokens_total=self.spec_counters.num_emitted,
-            adapters=self.adapters(),
+            adapters=self.adapter_admin.adapters(),
             slo=self.scheduler.slo.stats(),
             class_targets=self.scheduler.config.class_targets,
             cpu_row_inputs=self.cpu_row_inputs,

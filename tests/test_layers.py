@@ -18,10 +18,10 @@ The engine's floors, lowest first (a wing imports only wings on floors below its
     6  output (what the scheduler hands the runner, what callers are streamed)
     7  sampling (the sampler, its filters, draft verification)
     8  scheduling, models
-    9  engine_stats (the engine's counters, the scheduler's among them)
+    9  engine_stats (the engine's counters, the scheduler's among them), measured_rates
     10 runner
     11 client, spec_decode
-    12 prefix_cache_admin, sequence_groups
+    12 prefix_cache_admin, adapter_admin, kv_tiers, sequence_groups
     13 llm_engine, then async_engine, cli_generate
 """
 

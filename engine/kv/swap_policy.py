@@ -14,8 +14,8 @@ Blocks that later leave the device cache under pressure are demoted to the host 
 modes alike, so the model leaves them out of both sides.
 `copy_bytes_per_s` is measured at start-up by copying a few blocks each way
 (`weir.engine.kv.host_kv_tensors.measure_copy_bandwidth`); the prefill rate is the engine's moving
-average (`LLMEngine.prefill_rate`). Until both are measured, swapping is assumed cheaper: a copy
-is a memcpy, a recompute is a forward pass. Plain Python, no torch.
+average (`weir.engine.measured_rates`). Until both are measured, swapping is assumed cheaper: a
+copy is a memcpy, a recompute is a forward pass. Plain Python, no torch.
 """
 
 from __future__ import annotations

@@ -2,28 +2,36 @@
 
 A running request is displaced for one of four reasons (`PreemptReason`): the KV blocks ran out
 while feeding the step (the lowest-ranked running request goes), a request of a tighter class
-needs its blocks or seat (a strictly lower class goes), a tenant under its fair share of the
-pool or the seats needs room (the tenant most over its share gives a request, `share_victim`),
-or nothing can step at all (a stall). Victims of a class or a share must be `settled` (resident
+needs its blocks, or its seat once it has waited `SLO_URGENCY` of its TTFT target (a strictly
+lower class goes), a tenant under its fair share of the pool or the seats needs room (the
+tenant most over its share gives a request, `share_victim`), or nothing can step at all (a
+stall). Victims of a class or a share must be `settled` (resident
 for `min_residency_steps`) and, for a share, have computed past what they held when they were
 last preempted: two tenants each needing most of the pool would otherwise displace each other
 just before each one's next token, for ever.
 
 `preempt` swaps the victim's KV to the host tier or drops it (the KV manager's cost model
-picks) and puts it back at the head of its queue. Plain Python over the scheduler's running set
-and queue; no torch.
+picks) and puts it back at the head of its queue. The engine preempts too: to break a stall
+the watchdog saw (`break_stall`), and after a failed model forward, whose KV and swaps are not
+trusted (`requeue`, `discard_swaps`): those victims recompute. Plain Python over the
+scheduler's running set and queue; no torch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from weir.engine.config import PreemptionMode, QueuePolicy, SchedulerConfig
 from weir.engine.kv.kv_cache_manager import KVCacheManager
+from weir.engine.output import SchedulerOutput
 from weir.engine.request import Request, RequestStatus
 from weir.engine.scheduling.request_queue import WaitingQueue
 from weir.engine.scheduling.slo_tally import PreemptReason, SloTally
 from weir.engine.scheduling.step_plan import share_victim
+
+# A waiting request may displace a lower class past the running cap once it has waited this
+# share of its TTFT target (not at once: a wait that ends by itself soon costs no preemption).
+SLO_URGENCY = 0.25
 
 
 class Preemption:
@@ -95,12 +103,13 @@ class Preemption:
         return victim, PreemptReason.FAIR_SHARE
 
     def victim_for_seat(
-        self, head: Request, urgent: bool, may_seat: bool, seats: int
+        self, head: Request, now: float, may_seat: bool, seats: int
     ) -> tuple[Request | None, PreemptReason]:
         """Who gives the waiting `head` a seat the running cap keeps from it: a settled request of
-        a lower class when `urgent` (it has waited a share of its TTFT target), else, when it
-        could not be seated, one of the tenant most over its share of the seats."""
-        if urgent:
+        a lower class when it is urgent (it has waited `SLO_URGENCY` of its TTFT target by `now`),
+        else, when it could not be seated, one of the tenant most over its share of the seats."""
+        ttft = head.latency.ttft_s
+        if ttft is not None and now - head.arrival_s >= SLO_URGENCY * ttft:
             lower = [r for r in self._running.values() if r.priority > head.priority and self.settled(r)]
             if lower:
                 victim = max(lower, key=lambda r: (int(r.priority), -r.num_computed_tokens, r.arrival_s))
@@ -133,6 +142,36 @@ class Preemption:
         req.num_preemptions += 1
         self.num_preemptions += 1
         self._waiting.prepend(req)
+
+    def break_stall(self) -> Request | None:
+        """Preempt the lowest-ranked running request (it recomputes), so the waiting ones get its blocks."""
+        if not self._running:
+            return None
+        victim = self.lowest_ranked()
+        self.preempt(victim, allow_swap=False, reason=PreemptReason.STALL)
+        return victim
+
+    def requeue(self, req: Request) -> None:
+        """Put a running request back at the front of the queue; it recomputes its blocks.
+
+        After a failed model forward: the blocks written in that step are not trusted.
+        """
+        self.preempt(req, allow_swap=False, reason=PreemptReason.REQUEUE)
+
+    def discard_swaps(self, out: SchedulerOutput, requests: Mapping[str, Request]) -> None:
+        """`out`'s step failed: its copies may not have run. Its swapped-out victims and the
+        requests its swap-ins filled (of `requests`, the scheduler's) recompute instead; the blocks
+        it filled lose their hashes."""
+        for rid in (*out.preempted_ids, *out.swaps.swapped_in_ids) if not out.swaps.is_empty else ():
+            req = requests.get(rid)
+            if req is not None and req.status is RequestStatus.SWAPPED:
+                self.kv.drop_swapped(req)
+                req.num_computed_tokens = 0
+                req.status = RequestStatus.PREEMPTED
+            elif req is not None and req.status is RequestStatus.RUNNING and rid in out.swaps.swapped_in_ids:
+                self.requeue(req)
+        if not out.swaps.is_empty:
+            self.kv.copy_plan.forget_transfers(out.swaps)
 
 
 def _one_seat(req: Request) -> int:

@@ -2,19 +2,15 @@
 
 Every step it walks the running requests (decodes before prefill chunks), gives each the tokens
 it needs within `max_num_batched_tokens`, preempting the lowest-ranked running request when KV
-blocks run out, then admits waiting requests in queue order while their blocks fit. A request's
+blocks run out, then admits waiting requests in queue order while their blocks fit
+(engine/scheduling/admission.py: held-back duplicates, store fetches, displacement). A request's
 progress is `num_computed_tokens`; there is no prefill flag. Plain Python, no torch.
 
-Prefix sharing within a step: a waiting request whose next uncached block is being computed by
-a running request right now is held back (continuous batching only), so the block is computed
-once and the held request finds it cached a step later. Forks: the other choices of an n>1
-request wait for the first one's prefill, then reference its blocks (copy-on-write) instead of
-computing the prompt again; beam search forks running beams the same way.
-
-KV store (optional): a request whose prefix the KV cache manager decides to fetch from the shared
-store leaves the queue for the FETCHING_KV state while its blocks arrive on the store's I/O
-thread; the others keep stepping. When the fetch ends (blocks landed, a miss, a fault or its
-deadline), it goes back to the head of its queue and is admitted on what landed.
+The step's target time and rows are shaped by the latency targets (engine/scheduling/step_shaping.py);
+who gives way when blocks or seats run out is engine/scheduling/preemption.py's. Forks: the other
+choices of an n>1 request wait for the first one's prefill, then reference its blocks
+(copy-on-write) instead of computing the prompt again; beam search forks running beams the same
+way (engine/scheduling/fork_starts.py).
 """
 
 from __future__ import annotations
@@ -23,13 +19,14 @@ import logging
 import time
 from collections.abc import Callable, Collection, Mapping
 
-from weir.engine.config import QueuePolicy, SchedulerConfig
+from weir.engine.config import SchedulerConfig
 from weir.engine.errors import ContextLengthError
 from weir.engine.kv.kv_cache_manager import KVCacheManager
-from weir.engine.output import ScheduledRequest, SchedulerOutput
+from weir.engine.output import SchedulerOutput
 from weir.engine.request import Priority, Request, RequestStatus
-from weir.engine.sampling.fork_tracker import PendingForks
+from weir.engine.scheduling.admission import Admission
 from weir.engine.scheduling.batch_policy import make_batching
+from weir.engine.scheduling.fork_starts import ForkStarts
 from weir.engine.scheduling.preemption import Preemption
 from weir.engine.scheduling.request_queue import WaitingQueue, make_waiting_queue
 from weir.engine.scheduling.slo_standing import SloStanding
@@ -38,14 +35,16 @@ from weir.engine.scheduling.speculation_policy import SpeculationPolicy
 from weir.engine.scheduling.step_budget import StepBudget, make_step_budget
 from weir.engine.scheduling.step_plan import fair_shares, prefill_key, step_target_s
 from weir.engine.scheduling.step_records import AppendedToken, StepDraft, StepUpdate
-from weir.engine.scheduling.step_shaping import first_answer_sit_outs, fit_decodes, goodput_target, ttft_need
+from weir.engine.scheduling.step_shaping import (
+    StepState,
+    first_answer_sit_outs,
+    fit_decodes,
+    goodput_target,
+    ttft_need,
+)
 from weir.engine.speculation_tally import VerifiedDraft
 
 logger = logging.getLogger("weir.engine")
-
-# A waiting request may displace a lower class past the running cap once it has waited this
-# share of its TTFT target (not at once: a wait that ends by itself soon costs no preemption).
-_SLO_URGENCY = 0.25
 
 
 class Scheduler:
@@ -70,8 +69,10 @@ class Scheduler:
         self.running: dict[str, Request] = {}  # insertion-ordered; O(1) removal
         self.requests: dict[str, Request] = {}
         self._finished_ids: list[str] = []
-        self.forks = PendingForks()  # n>1 choices awaiting their first choice's prefill
-        self.num_held_back = 0  # admissions deferred because the same block was being computed
+        # n>1 choices awaiting their first choice's prefill, and beams forked at once.
+        self.forks = ForkStarts(
+            kv, self.requests, self.waiting, start_running=self._start_running, on_own=self._count_deadline
+        )
         self._num_deadlines = 0  # requests with a queue deadline, so steps without any skip the scan
         self.speculation: SpeculationPolicy | None = None  # set by the engine when it speculates
         self.slo = SloTally()  # targets met per class and tenant, preemptions by reason
@@ -81,7 +82,19 @@ class Scheduler:
         self._sat_out: set[str] = set()  # decodes that sat the last step out for a first answer
         # Who gives way when blocks or seats run out, and the residency that decides it.
         self.preemption = Preemption(config, kv, self.running, self.waiting, self.slo, lambda: self.num_steps)
-        self.fetching: dict[str, tuple[Request, RequestStatus]] = {}  # id -> (request, status before)
+        # Who joins the running set, held-back duplicates and parked store fetches.
+        self.admission = Admission(
+            config,
+            kv,
+            self.batching,
+            self.step_budget,
+            self.running,
+            self.waiting,
+            self.forks,
+            self.preemption,
+            start_running=lambda req: self._start_running(req, stamp=False),  # stamped once it feeds
+            clock=clock,
+        )
 
     # -- queue management -------------------------------------------------------------------
 
@@ -95,6 +108,11 @@ class Scheduler:
         req.status = RequestStatus.WAITING
         req.latency = self.config.class_targets.resolve(req.priority, req.latency)
         self.waiting.add(req)
+        self._count_deadline(req)
+
+    def _count_deadline(self, req: Request) -> None:
+        """`req` is a request of its own in the queue: steps scan for its deadline (`finish_request`
+        counts it down)."""
         if req.deadline_s is not None:
             self._num_deadlines += 1
 
@@ -107,19 +125,12 @@ class Scheduler:
         if any(child.prompt_token_ids != parent.prompt_token_ids for child in children):
             raise ValueError("a fork must have its parent's prompt")
         self.add_request(parent)
-        for child in children:
-            self.requests[child.request_id] = child
-            child.status = RequestStatus.WAITING
-            child.latency = parent.latency
-        self.forks.add(parent, children)
+        self.forks.add_group(parent, children)
 
     def fork_request(self, parent: Request, child: Request) -> None:
         """Start `child` running at once on `parent`'s blocks for its first `child.num_computed_tokens`
         tokens (beam search). Its tokens must begin with those of the parent."""
-        self.kv.fork(parent, child)
-        self.requests[child.request_id] = child
-        child.latency = parent.latency
-        self._start_running(child)
+        self.forks.fork_now(parent, child)
 
     def _start_running(self, req: Request, stamp: bool = True) -> None:
         """Move `req` to the running set; `stamp`: it is scheduled now (see `RequestTimes`)."""
@@ -130,45 +141,24 @@ class Scheduler:
         if stamp and req.times.first_scheduled_s is None:
             req.times.first_scheduled_s = self.clock()
 
-    def _run_forks(self, parent: Request) -> None:
-        """The parent's prompt is computed: its waiting children start on its blocks."""
-        for child in self.forks.take_children(parent.request_id):
-            child.num_computed_tokens = child.num_prompt_tokens - 1
-            child.num_cached_tokens = parent.num_cached_tokens
-            self.kv.fork(parent, child)
-            if child.deadline_s is not None:
-                self._num_deadlines += 1  # a request of its own from now on (finish_request counts down)
-            self._start_running(child)
-
-    def _release_forks(self, parent: Request) -> None:
-        """The parent ended before its prefill (abort, error, deadline): its children queue on their own."""
-        for child in self.forks.take_children(parent.request_id):
-            self.waiting.add(child)
-            if child.deadline_s is not None:
-                self._num_deadlines += 1
-
-    def num_seats(self, req: Request) -> int:
-        """Running slots `req` takes with the forks waiting on it."""
-        return 1 + self.forks.num_children(req.request_id)
-
     def finish_request(self, request_id: str, status: RequestStatus) -> Request | None:
         """End a request (stopped, length, aborted, error) and free its blocks at once."""
         req = self.requests.pop(request_id, None)
         if req is None:
             return None
-        if self.forks.drop_child(req):  # a fork still waiting for its parent's prefill
+        if self.forks.pending.drop_child(req):  # a fork still waiting for its parent's prefill
             req.status = status
             self._finished_ids.append(request_id)
             req.times.finished_s = self.clock()
             return req
-        if self.forks.is_parent(request_id):
-            self._release_forks(req)
+        if self.forks.pending.is_parent(request_id):
+            self.forks.release_children(req)
         if req.deadline_s is not None:
             self._num_deadlines -= 1
         self.preemption.forget(request_id)
         if self.running.pop(request_id, None) is not None:
             self.waiting.on_running(req, -1)
-        elif self.fetching.pop(request_id, None) is None:
+        elif self.admission.fetching.pop(request_id, None) is None:
             self.waiting.remove(req)
         req.status = status
         self.kv.free(req)
@@ -205,7 +195,8 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         """Decide the next step (the order and the step target: engine/scheduling/step_plan.py)."""
         self.num_steps += 1
-        self._end_fetches()  # nothing without a store tier
+        admission = self.admission
+        admission.end_fetches()  # nothing without a store tier
 
         running = list(self.running.values())
         throughput_s = self.step_budget.config.target_step_s
@@ -214,36 +205,32 @@ class Scheduler:
         # TTFT deadline, then admission order: the earliest prompt takes what the budget allows
         # first, and finishes first.
         # A sequence whose grammar mask is late sits out until it arrives (engine/runner/mask_prefetch.py).
-        decodes = sorted(
-            (r for r in running if r.num_remaining == 1 and not r.awaits_mask), key=lambda r: int(r.priority)
+        state = StepState(
+            self.step_budget,
+            self.waiting,
+            self.slo_standing,
+            self.requests,
+            self.clock,
+            throughput_s,
+            decodes=sorted(
+                (r for r in running if r.num_remaining == 1 and not r.awaits_mask),
+                key=lambda r: int(r.priority),
+            ),
+            prefills=sorted((r for r in running if r.num_remaining > 1), key=prefill_key),
+            head=self.waiting.peek(),
         )
-        prefills = sorted((r for r in running if r.num_remaining > 1), key=prefill_key)
-        head = self.waiting.peek()
-        prompts = prefills if head is None else [*prefills, head]
         itl_s = target_s  # the tightest ITL running (at most the throughput step)
-        if target_s is not None and prompts:
-            target_s = goodput_target(
-                self.step_budget,
-                self.waiting,
-                self.slo_standing,
-                self.requests,
-                self.clock,
-                target_s,
-                throughput_s,
-                decodes,
-                prefills,
-            )
+        if target_s is not None and state.prompts:
+            target_s = goodput_target(state, target_s)
         if target_s is not None and (throughput_s is None or target_s < throughput_s):
-            kept = fit_decodes(self.step_budget, decodes, target_s, bool(prefills) or head is not None)
-            self.num_deferred_decodes += len(decodes) - len(kept)
-            decodes = kept
-        context = sum(r.num_computed_tokens for r in decodes)
-        need = ttft_need(self.step_budget, self.clock, prompts, len(decodes), context, target_s)
+            kept = fit_decodes(state, target_s)
+            self.num_deferred_decodes += len(state.decodes) - len(kept)
+            state.decodes = kept
+        need = ttft_need(state, target_s)
         if target_s != itl_s:  # stretched for first tokens: the prompts get at least the minimum chunk
             need = max(need, self.step_budget.config.min_prefill_chunk)
-        budget = self.step_budget.budget(
-            len(decodes), bool(prefills) or head is not None, target_s, context, need
-        )
+        decodes, prefills, head = state.decodes, state.prefills, state.head
+        budget = self.step_budget.budget(len(decodes), state.has_prefill_work, target_s, state.context, need)
         spec = self.speculation
         step = StepDraft(
             budget,
@@ -256,44 +243,26 @@ class Scheduler:
         later = prefills[len(first) :]  # `prefills` is sorted by class: `first` is its head
         self._feed_fairly(first, step, head)
         admitted = False
-        if later and not step.preempted and self._may_admit():
-            self._admit(step)
+        if later and not step.preempted and admission.may_admit():
+            admission.admit(step)
             admitted = True
         self._feed_fairly(later, step, None)
         # Tokens given back by preempted victims scheduled earlier are not reused this step.
 
-        if not admitted and not step.preempted and self._may_admit():
-            self._admit(step)
-        if step.budget > 0 and not step.preempted and len(self.waiting) and self._may_admit():
-            self._displace_for_slo(step)
+        if not admitted and not step.preempted and admission.may_admit():
+            admission.admit(step)
+        if step.budget > 0 and not step.preempted and len(self.waiting) and admission.may_admit():
+            admission.displace_for_slo(step)
         if not step.scheduled and self.running and len(self.waiting):
-            self._unstall(step)
+            admission.unstall(step)
         scheduled = step.scheduled
         # Decode rows that sit this step out for another tenant's first answer (engine/scheduling/step_shaping.py).
-        self._sat_out = first_answer_sit_outs(
-            self.step_budget, self.requests, self.clock, scheduled, step.spec_slots, self._sat_out
-        )
+        self._sat_out = first_answer_sit_outs(state, scheduled, step.spec_slots, self._sat_out)
         for rid in self._sat_out:
             del scheduled[rid]
         self.num_deferred_decodes += len(self._sat_out)
 
-        out = SchedulerOutput(
-            scheduled=tuple(
-                ScheduledRequest(
-                    request_id=rid,
-                    num_tokens=n,
-                    num_computed_tokens=self.requests[rid].num_computed_tokens,
-                    block_ids=self.kv.block_ids(rid),
-                    samples=self.requests[rid].num_computed_tokens + n == self.requests[rid].num_tokens,
-                    num_spec_slots=step.spec_slots.get(rid, 0),
-                )
-                for rid, n in scheduled.items()
-            ),
-            preempted_ids=tuple(step.preempted),
-            finished_ids=tuple(self._finished_ids),
-            blocks_to_copy=self.kv.copy_plan.take_copies(),
-            swaps=self.kv.copy_plan.take_transfers(),
-        )
+        out = step.output(self.requests, self.kv, self._finished_ids)
         self._finished_ids = []
         now = self.clock()
         for rid in scheduled:
@@ -323,23 +292,13 @@ class Scheduler:
                 head is not None
                 and head.priority is cls
                 and head.tenant_id not in demands
-                and self._may_seat(head)
+                and self.admission.may_seat(head)
             ):
                 demands[head.tenant_id] = min(head.num_remaining, step.chunk_cap)
                 weights[head.tenant_id] = head.weight
             limits = fair_shares(step.budget, demands, weights) if len(demands) > 1 else None
             self._feed(group, step, limits)
             i = j
-
-    def _may_seat(self, head: Request) -> bool:
-        """Whether `head` could be admitted this step as far as seats go (no budget share is kept
-        for a request the running cap keeps out anyway: that would waste the step)."""
-        max_seqs = self.config.max_num_seqs
-        return (
-            self._may_admit()
-            and len(self.running) + min(self.num_seats(head), max_seqs) <= max_seqs
-            and self.step_budget.admits(len(self.running))
-        )
 
     def _feed(self, reqs: list[Request], step: StepDraft, limits: dict[str, int] | None = None) -> None:
         """Give each running request of `reqs`, in order, the tokens it needs within the step's
@@ -379,126 +338,6 @@ class Scheduler:
                 if limits is not None:
                     limits[req.tenant_id] -= num_new
 
-    def _displace_for_slo(self, step: StepDraft) -> None:
-        """The waiting head is kept out by the running cap. Preempt one running request and admit
-        again: a lower-class one (least advanced, resident for at least `min_residency_steps`)
-        when the head has used up a quarter of its TTFT target waiting; else, when the head's
-        tenant is under its share of its class's seats, one of the tenant most over its share
-        (`Preemption.victim_for_seat`). One per step: the cap is not chased."""
-        head = self.waiting.peek()
-        if head is None or self.config.queue_policy is QueuePolicy.FCFS:
-            return
-        ttft = head.latency.ttft_s
-        urgent = ttft is not None and self.clock() - head.arrival_s >= _SLO_URGENCY * ttft
-        victim, reason = self.preemption.victim_for_seat(
-            head, urgent, self._may_seat(head), self.num_seats(head)
-        )
-        if victim is not None:
-            self._displace(victim, reason, step)
-            self._admit(step)
-            self.waiting.prepend(victim)
-
-    def _displace(self, victim: Request, reason: PreemptReason, step: StepDraft) -> None:
-        """Preempt `victim` for a waiting request; it sits out the rest of this admission (back at
-        the head of its queue it would be admitted again and displaced again, for ever: issue
-        29). The caller puts it back at the head once the admission is over."""
-        self.preemption.preempt(victim, reason=reason)
-        step.drop(victim, refund=True)
-        self.waiting.remove(victim)
-
-    def _may_admit(self) -> bool:
-        return self.batching.may_admit(self.waiting, len(self.running), self.clock)
-
-    def _admit(self, step: StepDraft) -> None:
-        max_seqs = self.batching.max_seqs
-        # Continuous batching stops admitting when the budget is spent; static and dynamic
-        # batches admit the whole group now and feed its prompts over the next steps.
-        group = self.batching.forms_groups
-        # Holding a request back one step is free under continuous batching; a static batch
-        # would leave it out until the whole batch ends, so there duplicates are computed.
-        may_hold = not group and self.kv.enable_caching
-        held: list[Request] = []
-        displaced: list[Request] = []  # preempted for a higher class during this admission
-        # A target step time also caps how many run at once (StepBudget.admits): past it, requests wait.
-        admits = self.step_budget.admits
-        while len(self.running) < max_seqs and (group or (step.budget > 0 and admits(len(self.running)))):
-            req = self.waiting.peek()
-            if req is None:
-                break
-            # A swapped-out request comes back with its blocks from the host tier.
-            swapped = req.status is RequestStatus.SWAPPED
-            computed, num_cached = ([], 0) if swapped else self.kv.get_computed_blocks(req)
-            if not swapped and self.kv.start_fetch(req, num_cached):
-                self.waiting.remove(req)  # it waits for its blocks out of the queue; others step on
-                self.fetching[req.request_id] = (req, req.status)
-                req.status = RequestStatus.FETCHING_KV
-                continue
-            if not swapped and may_hold and self.kv.lookup.inflight_owner(req, num_cached) is not None:
-                self.waiting.remove(req)
-                held.append(req)
-                self.num_held_back += 1
-                if len(held) >= 2 * max_seqs:
-                    break
-                continue
-            if len(self.running) + min(self.num_seats(req), max_seqs) > max_seqs:
-                break  # the request's forks need seats too
-            # Admission reserves blocks for the whole known sequence, so a prompt never stalls.
-            if swapped:
-                fits = self.kv.swap_in(req, watermark=True)
-            else:
-                fits = self.kv.allocate_slots(req, req.num_tokens, computed, watermark=True)
-            if not fits:
-                victim, reason = self.preemption.victim_for_blocks(req)
-                if victim is None:
-                    break
-                self._displace(victim, reason, step)
-                displaced.append(victim)
-                continue
-            self.waiting.remove(req)
-            if not swapped:
-                if req.num_preemptions == 0:
-                    req.num_cached_tokens = num_cached
-                    self.kv.lookup.record_lookup(req, num_cached)
-                req.num_computed_tokens = num_cached
-                self.kv.mark_inflight(req)
-            self._start_running(req, stamp=False)  # schedule() stamps it once it feeds tokens
-            num_new = min(req.num_remaining, step.budget, step.chunk_cap)
-            if num_new > 0:
-                step.scheduled[req.request_id] = num_new
-                step.budget -= num_new
-        for req in reversed(held):
-            self.waiting.prepend(req)
-        for req in reversed(displaced):
-            self.waiting.prepend(req)
-
-    def _end_fetches(self) -> None:
-        """Requests whose store fetch ended go back to the head of their queue."""
-        if self.kv.store is None:
-            return
-        for rid in self.kv.store.poll():
-            entry = self.fetching.pop(rid, None)
-            if entry is not None:
-                req, status = entry
-                req.status = status
-                self.waiting.prepend(req)
-
-    def _unstall(self, step: StepDraft) -> None:
-        """Only idle sequences hold blocks (beams waiting for a sibling that was preempted) and the
-        waiting ones cannot get any: preempt idle ones until a waiting request is admitted.
-
-        The victims sit out this step's admission (else the first would just come back), and
-        recompute later, mostly from the prefix cache. Without this no step would do anything.
-        """
-        victims: list[Request] = []
-        while not step.scheduled and self.running and len(self.waiting):
-            victim = self.preemption.lowest_ranked()
-            self._displace(victim, PreemptReason.STALL, step)
-            victims.append(victim)
-            if len(self.waiting):
-                self._admit(step)
-        for victim in reversed(victims):
-            self.waiting.prepend(victim)
-
     def has_work(self) -> bool:
         """Whether a step should feed tokens: requests run, or (continuous batching) wait to be admitted.
 
@@ -513,7 +352,7 @@ class Scheduler:
             f"running {len(self.running)}, waiting {len(self.waiting)}, free blocks "
             f"{self.kv.num_free_blocks}/{self.kv.num_total_blocks}, budget {self.step_budget.last_budget}, "
             f"running cap {self.step_budget.max_running()}, pending forks {len(self.forks)}, "
-            f"fetching KV {len(self.fetching)}"
+            f"fetching KV {len(self.admission.fetching)}"
         ]
         for req in self.running.values():
             lines.append(
@@ -522,14 +361,6 @@ class Scheduler:
                 f"class {req.priority.name}, preempted {req.num_preemptions}x"
             )
         return "\n".join(lines)
-
-    def break_stall(self) -> Request | None:
-        """Preempt the lowest-ranked running request (it recomputes), so the waiting ones get its blocks."""
-        if not self.running:
-            return None
-        victim = self.preemption.lowest_ranked()
-        self.preemption.preempt(victim, allow_swap=False, reason=PreemptReason.STALL)
-        return victim
 
     # -- after the step ---------------------------------------------------------------------
 
@@ -563,7 +394,7 @@ class Scheduler:
             self.kv.cache_full_blocks(req)
             self.waiting.on_tokens_served(req, s.num_tokens)
             if self.forks and req.num_computed_tokens >= req.num_prompt_tokens:
-                self._run_forks(req)
+                self.forks.start_children(req)
         update = StepUpdate()
         now = self.clock()
         for rid, token_id in sampled.items():
@@ -601,27 +432,6 @@ class Scheduler:
         for req in expired:
             self.finish_request(req.request_id, RequestStatus.FINISHED_ABORTED)
         return expired
-
-    def requeue(self, req: Request) -> None:
-        """Put a running request back at the front of the queue; it recomputes its blocks.
-
-        After a failed model forward: the blocks written in that step are not trusted.
-        """
-        self.preemption.preempt(req, allow_swap=False, reason=PreemptReason.REQUEUE)
-
-    def discard_swaps(self, out: SchedulerOutput) -> None:
-        """`out`'s step failed: its copies may not have run. Its swapped-out victims and the
-        requests its swap-ins filled recompute instead; the blocks it filled lose their hashes."""
-        for rid in (*out.preempted_ids, *out.swaps.swapped_in_ids) if not out.swaps.is_empty else ():
-            req = self.requests.get(rid)
-            if req is not None and req.status is RequestStatus.SWAPPED:
-                self.kv.drop_swapped(req)
-                req.num_computed_tokens = 0
-                req.status = RequestStatus.PREEMPTED
-            elif req is not None and req.status is RequestStatus.RUNNING and rid in out.swaps.swapped_in_ids:
-                self.preemption.preempt(req, allow_swap=False, reason=PreemptReason.REQUEUE)
-        if not out.swaps.is_empty:
-            self.kv.copy_plan.forget_transfers(out.swaps)
 
     def idle_timeout_s(self, default_s: float) -> float:
         """How long the engine may sleep after a step that scheduled nothing.

@@ -3,13 +3,15 @@ prompt tokens the TTFT deadlines need, the decodes a step of the target holds, a
 rows that sit a step out for another tenant's first answer.
 
 The order of the rows and the step target itself are engine/scheduling/step_plan.py's; these
-functions weigh them against the fitted step cost (`StepBudget`). The scheduler calls them while
-it plans a step and keeps the counts. Plain Python, no torch.
+functions weigh them against the fitted step cost (`StepBudget`). The scheduler gathers what they
+read into one `StepState` when it plans a step, calls them, and keeps the counts. Plain Python,
+no torch.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from itertools import islice
 
 from weir.engine.request import Request
@@ -29,21 +31,45 @@ from weir.engine.scheduling.step_plan import (
 TRADE_WAITING = 64
 
 
-def goodput_target(
-    budget: StepBudget,
-    waiting: WaitingQueue,
-    standing: SloStanding,
-    requests: Mapping[str, Request],
-    clock: Callable[[], float],
-    target_s: float,
-    throughput_s: float | None,
-    decodes: list[Request],
-    prefills: list[Request],
-) -> float:
-    """The step's target after the goodput trade: longer than the tightest ITL when that saves
-    more first tokens than it breaks streams that still meet their SLO (engine/scheduling/slo_trade.py).
-    The prompts weighed are the running ones and the first `TRADE_WAITING` waiting: a burst
-    waits in the queue, not in the running set, and its deadlines pass there too."""
+@dataclass
+class StepState:
+    """What shaping one step reads: the scheduler's step budget, queue, SLO standing, requests and
+    clock, and the rows the step starts from. `decodes` (by class) becomes the rows a step of
+    the target holds once `fit_decodes` has chosen them; `prefills` are the running prompts in
+    prefill order; `head` is the waiting head."""
+
+    budget: StepBudget
+    waiting: WaitingQueue
+    standing: SloStanding
+    requests: Mapping[str, Request]
+    clock: Callable[[], float]
+    throughput_s: float | None  # the throughput step time; None: a fixed token budget
+    decodes: list[Request]
+    prefills: list[Request]
+    head: Request | None
+
+    @property
+    def prompts(self) -> list[Request]:
+        """The running prompts, then the waiting head."""
+        return self.prefills if self.head is None else [*self.prefills, self.head]
+
+    @property
+    def has_prefill_work(self) -> bool:
+        return bool(self.prefills) or self.head is not None
+
+    @property
+    def context(self) -> int:
+        """The decodes' computed tokens: what their attention reads."""
+        return sum(r.num_computed_tokens for r in self.decodes)
+
+
+def goodput_target(state: StepState, target_s: float) -> float:
+    """The step's target after the goodput trade: longer than the tightest ITL `target_s` when that
+    saves more first tokens than it breaks streams that still meet their SLO
+    (engine/scheduling/slo_trade.py). The prompts weighed are the running ones and the first
+    `TRADE_WAITING` waiting: a burst waits in the queue, not in the running set, and its
+    deadlines pass there too."""
+    budget, waiting, decodes = state.budget, state.waiting, state.decodes
     if budget.model.cost is None:
         return target_s  # nothing to weigh before the step cost is fitted
     # (iterating a long queue is O(n), sorted for the priority queue: past 4x the look, the head)
@@ -51,52 +77,46 @@ def goodput_target(
         queued = list(islice(waiting, TRADE_WAITING))
     else:
         queued = [head] if (head := waiting.peek()) is not None else []
-    prompts = [*prefills, *queued]
-    context = sum(r.num_computed_tokens for r in decodes)
-    standing.retain(requests)
+    prompts = [*state.prefills, *queued]
+    context = state.context
+    state.standing.retain(state.requests)
     rows = len(decodes)
     shape = StepShape(
         tokens_within=lambda step_s: budget.prefill_tokens_within(step_s, rows, context),
         seconds_with=lambda tokens: budget.fitted_seconds(rows + tokens, rows, context),
         max_rows=budget.decode_capacity(target_s, True, context / rows if rows else 0.0),
     )
-    traded = traded_target(target_s, throughput_s, decodes, prompts, clock(), shape, standing.stands)
+    now = state.clock()
+    traded = traded_target(target_s, state.throughput_s, decodes, prompts, now, shape, state.standing.stands)
     if traded > target_s:
         budget.num_stretched_steps += 1
     return traded
 
 
-def ttft_need(
-    budget: StepBudget,
-    clock: Callable[[], float],
-    prompts: list[Request],
-    num_decodes: int,
-    context: int,
-    target_s: float | None,
-) -> int:
+def ttft_need(state: StepState, target_s: float | None) -> int:
     """Prompt tokens this step must feed for the waiting TTFT deadlines (`ttft_tokens`), the
     steps left counted at the time a step feeding them takes when that is longer than the
     target (`StepBudget.lifted_step_s`): on a loaded CPU the lifted floor itself stretches the
     step (measured in the simulation: 430 ms steps under a 300 ms target), and fewer remain."""
     if target_s is None:
         return 0
-    now = clock()
+    now = state.clock()
+    prompts = state.prompts
     need = ttft_tokens(prompts, now, target_s)
-    step_s = budget.lifted_step_s(num_decodes, need, context) if need else None
+    step_s = state.budget.lifted_step_s(len(state.decodes), need, state.context) if need else None
     return ttft_tokens(prompts, now, step_s) if step_s is not None and step_s > target_s else need
 
 
-def fit_decodes(
-    budget: StepBudget, decodes: list[Request], target_s: float, has_prefill_work: bool
-) -> list[Request]:
+def fit_decodes(state: StepState, target_s: float) -> list[Request]:
     """The decodes a step of `target_s` holds: every one owed this ITL, then the others (looser
     classes) up to the decode capacity, at least one of them; the rest sit out a step. Where
     a class does not fit whole its rows are shared between its tenants by weight, least
     recently served first within a tenant (`fair_rows`). Owed decodes are shared so only
     when several tenants owe: one tenant alone keeps all its rows (one longer step beats
     two at the same ITL)."""
-    mean_context = sum(r.num_computed_tokens for r in decodes) / len(decodes) if decodes else 0.0
-    capacity = budget.decode_capacity(target_s, has_prefill_work, mean_context)
+    decodes = state.decodes
+    mean_context = state.context / len(decodes) if decodes else 0.0
+    capacity = state.budget.decode_capacity(target_s, state.has_prefill_work, mean_context)
     if capacity is None or len(decodes) <= capacity:
         return decodes
     owed = [r for r in decodes if owes_itl(r, target_s)]
@@ -112,25 +132,20 @@ def fit_decodes(
 
 
 def first_answer_sit_outs(
-    budget: StepBudget,
-    requests: Mapping[str, Request],
-    clock: Callable[[], float],
-    scheduled: Mapping[str, int],
-    spec_slots: Mapping[str, int],
-    sat_out: set[str],
+    state: StepState, scheduled: Mapping[str, int], spec_slots: Mapping[str, int], sat_out: set[str]
 ) -> set[str]:
     """The decode rows of the planned step that sit it out for another tenant's first answer
     (`first_answer_yields`; `sat_out`: those that sat the last step out). Decided once the
     answer's last chunk is in the step, so the step still moves; a row keeps the slot it was
     given and runs next step."""
-    cost = budget.model.cost
+    cost = state.budget.model.cost
     if cost is None:
         return set()
     firsts: list[Request] = []
     decodes: list[Request] = []
     others: list[Request] = []  # every other row: the tenants' load in the step counts them too
     for rid, n in scheduled.items():
-        req = requests[rid]
+        req = state.requests[rid]
         if req.output_token_ids and n == 1 and rid not in spec_slots:
             decodes.append(req)
         elif (
@@ -144,4 +159,6 @@ def first_answer_sit_outs(
     if not firsts or not decodes:
         return set()
     step_s = cost.seconds(sum(scheduled.values()), len(decodes), sum(r.num_computed_tokens for r in decodes))
-    return {row.request_id for row in first_answer_yields(firsts, decodes, sat_out, clock(), step_s, others)}
+    return {
+        row.request_id for row in first_answer_yields(firsts, decodes, sat_out, state.clock(), step_s, others)
+    }

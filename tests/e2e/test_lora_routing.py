@@ -64,7 +64,7 @@ class Served:
 
 def _direct(config: EngineConfig) -> tuple[list[int], list[int]]:
     core = build_engine(config)
-    core.load_adapter(ADAPTER, "style")
+    core.adapter_admin.load_adapter(ADAPTER, "style")
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
     core.add_request(EngineRequest("a", tuple(PROMPT), params, adapter_name=ADAPTER))
     core.add_request(EngineRequest("b", tuple(PROMPT), params))

@@ -202,7 +202,7 @@ def test_the_start_up_warm_up_leaves_no_measured_rate(tiny: Path) -> None:
         await engine.start()  # with the warm-up
         try:
             assert core.num_prompt_tokens_total == 8  # the warm-up ran
-            assert core.stats().prefill_tokens_per_s == 0.0 and core.decode_rate.value == 0.0
+            assert core.stats().prefill_tokens_per_s == 0.0 and core.rates.decode.value == 0.0
             er = EngineRequest(
                 request_id="r",
                 prompt_token_ids=tuple(range(1, 41)),

@@ -225,7 +225,7 @@ def test_a_started_request_is_never_expired_as_queued(tiny: Path) -> None:
     engine.add_request(EngineRequest("r", (5, 6, 7), params, arrival_s=0.0, deadline_s=1.0))
     first = engine.step()
     assert first and first[0].new_token_ids
-    engine.scheduler.requeue(engine.scheduler.requests["r"])  # preempted: back in the queue
+    engine.scheduler.preemption.requeue(engine.scheduler.requests["r"])  # preempted: back in the queue
     now[0] = 5.0  # past the queue deadline
     outs = first + [o for o in _drain(engine)[("r", 0)]]
     assert outs[-1].finish_reason is FinishReason.LENGTH and outs[-1].error is None

@@ -198,7 +198,10 @@ def test_a_request_aborted_while_it_waits_for_the_store_frees_everything(
         assert out.finished and not engine.has_unfinished()
         store = engine.kv.store
         assert store is not None and store._held_bytes == 0 and not store._fetches
-        assert not engine.scheduler.fetching and engine.kv.num_free_blocks == engine.kv.num_total_blocks
+        assert (
+            not engine.scheduler.admission.fetching
+            and engine.kv.num_free_blocks == engine.kv.num_total_blocks
+        )
         engine.step()  # the late answer, when it comes, finds nobody: nothing breaks
     finally:
         redis_server.resume()

@@ -240,8 +240,8 @@ def test_a_failed_steps_swaps_are_discarded_and_its_victims_recompute() -> None:
             for s in out.scheduled:
                 req = sim.sched.requests[s.request_id]
                 if req.status is RequestStatus.RUNNING:
-                    sim.sched.requeue(req)
-            sim.sched.discard_swaps(out)
+                    sim.sched.preemption.requeue(req)
+            sim.sched.preemption.discard_swaps(out, sim.sched.requests)
             discarded += 1
             assert not any(
                 r.status is RequestStatus.SWAPPED

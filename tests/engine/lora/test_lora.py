@@ -75,7 +75,7 @@ def _engine(
         )
     )
     for name in ADAPTERS:
-        engine.load_adapter(name, name)
+        engine.adapter_admin.load_adapter(name, name)
     return engine
 
 
@@ -135,7 +135,7 @@ def test_slots_are_loaded_and_evicted_least_recently_used(setup) -> None:  # typ
     engine = _engine(base, adapter_dir, num_slots=2)
     for name in ("a", "b", "a", "c", "b", "a"):  # c evicts b (a was used later); b then evicts a...
         assert _run(engine, [(prompt, name)]) == [reference[name]]
-    info = {i.name: i for i in engine.adapters()}
+    info = {i.name: i for i in engine.adapter_admin.adapters()}
     assert (info["a"].num_slot_loads, info["b"].num_slot_loads, info["c"].num_slot_loads) == (2, 2, 1)
     assert (info["a"].num_slot_evictions, info["b"].num_slot_evictions, info["c"].num_slot_evictions) == (
         1,
@@ -165,8 +165,8 @@ def test_the_prefix_cache_never_hits_across_adapters(setup) -> None:  # type: ig
         assert engine.kv.lookup.totals.hit_tokens > before
     # The same name with other weights is another cache key: nothing is found.
     make_adapter(base, adapter_dir / "a2", rank=8, seed=99)
-    engine.unload_adapter("a")
-    engine.load_adapter("a", "a2")
+    engine.adapter_admin.unload_adapter("a")
+    engine.adapter_admin.load_adapter("a", "a2")
     before = engine.kv.lookup.totals.hit_tokens
     _run(engine, [(prompt, "a")])
     assert engine.kv.lookup.totals.hit_tokens == before
@@ -213,7 +213,7 @@ def test_speculative_decoding_through_adapters_gives_the_same_tokens(setup) -> N
         )
     )
     for name in ADAPTERS:
-        speculating.load_adapter(name, name)
+        speculating.adapter_admin.load_adapter(name, name)
     assert _run(speculating, jobs, GREEDY_LONG) == reference
     assert speculating.stats().num_spec_draft_tokens_total > 0
 
@@ -226,13 +226,13 @@ def test_unknown_adapters_are_refused_and_adapters_in_use_stay(setup) -> None:  
     assert isinstance(err.value, InvalidRequestError) and err.value.param == "model"
     engine.add_request(EngineRequest("y", (5, 6, 7), GREEDY, adapter_name="a"))
     with pytest.raises(AdapterInUseError):
-        engine.unload_adapter("a")
+        engine.adapter_admin.unload_adapter("a")
     with pytest.raises(AdapterInUseError):
-        engine.load_adapter("a", "b")
+        engine.adapter_admin.load_adapter("a", "b")
     while engine.has_unfinished():
         engine.step()
-    assert engine.unload_adapter("a").name == "a"
-    assert {i.name for i in engine.adapters()} == {"b", "c", "d"}
+    assert engine.adapter_admin.unload_adapter("a").name == "a"
+    assert {i.name for i in engine.adapter_admin.adapters()} == {"b", "c", "d"}
     with pytest.raises(UnknownAdapterError):
         engine.add_request(EngineRequest("z", (5, 6, 7), GREEDY, adapter_name="a"))
     plain = build_engine(replace(engine.config, lora=LoraConfig()))
@@ -254,7 +254,7 @@ def test_real_default_model_through_an_adapter_matches_the_merged_model(
             lora=LoraConfig(num_slots=2, max_rank=16, adapter_dir=str(adapter_dir)),
         )
     )
-    engine.load_adapter("tuned", "tuned")
+    engine.adapter_admin.load_adapter("tuned", "tuned")
     tok = engine.tokenizer
     questions = [
         "Hi",

@@ -6,7 +6,7 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import given, settings
 
-from tests.engine.sim import Sim, reference_output, sim_request
+from tests.engine.sim import Sim, reference_output
 from weir.engine.config import BatchPolicy, QueuePolicy, SchedulerConfig
 from weir.engine.errors import ContextLengthError
 from weir.engine.request import Priority, RequestStatus
@@ -101,32 +101,6 @@ def test_priority_preempts_lower_class_when_blocks_are_short() -> None:
     assert sim.outputs["batch"] == reference_output(list(range(12)), 12)
 
 
-def test_one_tenants_displaced_batch_request_is_not_readmitted_in_the_same_step() -> None:
-    """Issue 29: under the fair queue a tenant's victim went back to the head of its own FIFO, was
-    admitted again and displaced again by the same interactive request, inside one `schedule()`,
-    for ever (the engine thread spun at 100% and no step ever ended)."""
-    config = SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=4, queue_policy=QueuePolicy.FAIR)
-    sim = Sim(config, num_blocks=6, caching=False)
-    sim.add("batch", list(range(12)), max_tokens=12, priority=Priority.BATCH)
-    sim.step()
-    sim.add("interactive", list(range(12)), max_tokens=12, priority=Priority.INTERACTIVE)
-    preempt = sim.kv.preempt
-    calls = []
-
-    def counted(req, allow_swap=True):  # type: ignore[no-untyped-def]
-        calls.append(req.request_id)
-        assert len(calls) < 10, f"one step preempted without end: {calls}"
-        return preempt(req, allow_swap)
-
-    sim.kv.preempt = counted  # type: ignore[method-assign]
-    sim.step()
-    assert calls == ["batch"]
-    assert [s.request_id for s in sim.steps[-1].scheduled] == ["interactive"]
-    sim.run()
-    assert sim.outputs["batch"] == reference_output(list(range(12)), 12)
-    assert sim.outputs["interactive"] == reference_output(list(range(12)), 12)
-
-
 def test_static_batch_waits_for_a_full_batch() -> None:
     config = SchedulerConfig(batch_policy=BatchPolicy.STATIC, static_batch_size=3, static_max_wait_s=100)
     sim = Sim(config)
@@ -177,82 +151,6 @@ def test_random_workloads_never_leak_blocks(reqs, budget, num_blocks) -> None:  
             assert sim.outputs[f"r{i}"] == reference_output([i + 1] * plen, mt)
 
 
-def test_identical_prompts_arriving_together_are_computed_once() -> None:
-    sim = Sim(SchedulerConfig(max_num_batched_tokens=256, max_model_len=256))
-    prompt = list(range(100, 140))
-    a = sim.add("a", prompt, max_tokens=3)
-    b = sim.add("b", prompt, max_tokens=3)
-    other = sim.add("other", list(range(7, 30)), max_tokens=3)
-    sim.step()
-    assert {s.request_id for s in sim.steps[-1].scheduled} == {"a", "other"}  # b waits one step
-    sim.run()
-    assert b.num_cached_tokens == 36 and a.num_cached_tokens == 0 and other.num_cached_tokens == 0
-    prefill = sum(s.num_tokens for out in sim.steps for s in out.scheduled if s.request_id == "b")
-    assert prefill == 4 + 2  # its last block, then two decodes
-    assert sim.outputs["a"] == sim.outputs["b"] == reference_output(prompt, 3)
-    assert sim.sched.num_held_back >= 1
-
-
-def test_without_caching_identical_prompts_run_side_by_side() -> None:
-    sim = Sim(SchedulerConfig(max_num_batched_tokens=256, max_model_len=256), caching=False)
-    sim.add("a", list(range(40)), max_tokens=2)
-    sim.add("b", list(range(40)), max_tokens=2)
-    sim.step()
-    assert {s.request_id for s in sim.steps[-1].scheduled} == {"a", "b"}
-
-
-def _fork_group(sim: Sim, prompt: list[int], n: int, max_tokens: int) -> list:
-    reqs = [sim_request(f"g#{i}", prompt, max_tokens, cache_scope="t") for i in range(n)]
-    sim.sched.add_fork_group(reqs[0], reqs[1:])
-    for r in reqs:
-        sim.outputs[r.request_id] = []
-    return reqs
-
-
-def test_forks_share_the_prompt_blocks_and_compute_one_token_each() -> None:
-    sim = Sim(SchedulerConfig(max_num_batched_tokens=256, max_num_seqs=8, max_model_len=256))
-    prompt = list(range(50, 60))  # 2 full blocks of 4 + 2 tokens
-    reqs = _fork_group(sim, prompt, 4, max_tokens=3)
-    sim.step()
-    assert [s.request_id for s in sim.steps[-1].scheduled] == ["g#0"]
-    tables = [list(sim.kv.blocks(r.request_id)) for r in reqs]
-    assert all(t[:2] == tables[0][:2] for t in tables)
-    assert [b.ref_cnt for b in tables[0][:3]] == [4, 4, 4]
-    sim.step()  # every child feeds position 9 into its own copy of the partial block
-    out = sim.steps[-1]
-    assert sorted(s.num_tokens for s in out.scheduled) == [1, 1, 1, 1]
-    assert len(out.blocks_to_copy) == 3 and {src for src, _ in out.blocks_to_copy} == {tables[0][2].block_id}
-    sim.run()
-    prefill = sum(s.num_tokens for o in sim.steps for s in o.scheduled)
-    assert prefill == 10 + 3 + 4 * 2  # prompt once, one token per fork, then decodes
-    for r in reqs:
-        assert sim.outputs[r.request_id] == reference_output(prompt, 3)
-    assert sim.kv.num_free_blocks == sim.kv.num_total_blocks
-
-
-def test_forks_of_an_aborted_parent_run_on_their_own() -> None:
-    sim = Sim(SchedulerConfig(max_num_batched_tokens=4, max_num_seqs=8, max_model_len=256))
-    reqs = _fork_group(sim, list(range(20)), 3, max_tokens=2)
-    sim.step()  # the parent is mid-prefill
-    sim.sched.finish_request("g#0", RequestStatus.FINISHED_ABORTED)
-    sim.sched.finish_request("g#2", RequestStatus.FINISHED_ABORTED)
-    sim.run()
-    assert sim.outputs["g#1"] == reference_output(list(range(20)), 2)
-    assert reqs[1].num_cached_tokens == 4  # the parent's first chunk was cached
-    assert sim.kv.num_free_blocks == sim.kv.num_total_blocks and not sim.sched.has_unfinished()
-
-
-def test_a_fork_group_waits_for_seats_for_all_its_choices() -> None:
-    sim = Sim(SchedulerConfig(max_num_batched_tokens=256, max_num_seqs=4, max_model_len=256))
-    sim.add("busy", [1, 2, 3], max_tokens=5)
-    sim.step()
-    _fork_group(sim, list(range(9)), 4, max_tokens=2)
-    sim.step()
-    assert [s.request_id for s in sim.steps[-1].scheduled] == ["busy"]
-    sim.run()
-    assert sim.kv.num_free_blocks == sim.kv.num_total_blocks
-
-
 def test_tenant_cap_holds_in_the_scheduler() -> None:
     sim = Sim(
         SchedulerConfig(max_num_batched_tokens=64, max_model_len=256), num_blocks=40, tenant_cache_share=0.25
@@ -266,16 +164,6 @@ def test_tenant_cap_holds_in_the_scheduler() -> None:
     again = sim.add("quiet2", list(range(500, 520)), max_tokens=1, tenant="quiet")
     sim.run()
     assert again.num_cached_tokens == 16
-
-
-def test_deadline_bookkeeping_of_forks_balances() -> None:
-    sim = Sim(SchedulerConfig(max_num_batched_tokens=256, max_num_seqs=8, max_model_len=256))
-    reqs = [sim_request(f"d#{i}", list(range(9)), 2, deadline_s=100.0) for i in range(3)]
-    sim.sched.add_fork_group(reqs[0], reqs[1:])
-    for r in reqs:
-        sim.outputs[r.request_id] = []
-    sim.run()
-    assert sim.sched._num_deadlines == 0
 
 
 def test_a_displaced_request_is_not_displaced_for_a_fair_share_again_before_its_next_token() -> None:
