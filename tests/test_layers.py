@@ -22,7 +22,7 @@ The engine's floors, lowest first (a wing imports only wings on floors below its
     10 runner
     11 client, spec_decode
     12 prefix_cache_admin, adapter_admin, kv_tiers, sequence_groups
-    13 llm_engine, then async_engine, cli_generate
+    13 llm_engine, then async_engine (`weir generate` is weir/generate_cli.py, above engine/)
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The `weir` console script: serve, model prepare, generate, db, admin, bench.
 
 The composition root of the command line: each package adds its own subcommands
-(weir.engine.cli_generate, weir.migrations.cli with weir.tenancy.cli.cli, weir_bench.cli). The benchmarks are a separate distribution
+(weir.generate_cli, weir.migrations.cli with weir.tenancy.cli.cli, weir_bench.cli). The benchmarks are a separate distribution
 (`weir-bench`, bench/pyproject.toml) that the server's wheel does not carry, so `bench` is imported
 only when a `weir bench ...` command runs; every other command starts without it.
 """
@@ -12,7 +12,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from weir.engine import cli_generate
+from weir import generate_cli
 from weir.gateway.server.serve_flags import add_serve_arguments
 from weir.gateway.settings.settings import Settings
 from weir.migrations.cli import add_subcommands as add_db_and_admin_commands
@@ -85,7 +85,7 @@ def build_parser(with_bench: bool = True) -> argparse.ArgumentParser:
     prepare.add_argument("--quiet", action="store_true", help="no progress bar")
     prepare.set_defaults(func=_model_prepare)
 
-    cli_generate.add_subcommand(sub)
+    generate_cli.add_subcommand(sub)
     gen_parser = sub.choices["generate"]
     gen_parser.add_argument("--cache-dir", dest="cache_dir", help="where the default model is prepared")
     # The engine's handler takes (args, model_path); the model is resolved here.

@@ -58,11 +58,11 @@ def test_model_prepare_uses_the_cache_dir(
 
 
 def test_generate_gets_the_resolved_model_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    import weir.engine.cli_generate
+    import weir.generate_cli
 
     calls = []
     monkeypatch.setattr(
-        weir.engine.cli_generate, "run", lambda args, model_path: calls.append(model_path) or 0
+        weir.generate_cli, "run", lambda args, model_path: calls.append(model_path) or 0
     )
     assert cli.main(["generate", "--prompt", "hi", "--model", "/models/tiny"]) == 0
     assert calls == ["/models/tiny"]
