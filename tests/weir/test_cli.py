@@ -61,9 +61,7 @@ def test_generate_gets_the_resolved_model_path(monkeypatch: pytest.MonkeyPatch) 
     import weir.generate_cli
 
     calls = []
-    monkeypatch.setattr(
-        weir.generate_cli, "run", lambda args, model_path: calls.append(model_path) or 0
-    )
+    monkeypatch.setattr(weir.generate_cli, "run", lambda args, model_path: calls.append(model_path) or 0)
     assert cli.main(["generate", "--prompt", "hi", "--model", "/models/tiny"]) == 0
     assert calls == ["/models/tiny"]
 
