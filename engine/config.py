@@ -197,7 +197,7 @@ class CacheConfig:
 
 @dataclass(frozen=True)
 class KVStoreConfig:
-    """The shared KV store tier below the host tier (engine/kv/kv_store_tier.py), on a Redis or
+    """The shared KV store tier below the host tier (engine/kv/store/tier.py), on a Redis or
     Valkey server. The secret keys the values' MACs; the password (if the store wants one) and
     the secret come from the environment only (gateway/settings/settings_model.py)."""
 

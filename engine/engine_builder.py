@@ -61,8 +61,8 @@ def build_engine(
     store_client = None
     store_io = None
     if config.kv_store is not None:
-        from weir.engine.kv.kv_store_client import KVStoreClient
-        from weir.engine.kv.store_kv_tensors import StoreBlockIO
+        from weir.engine.kv.store.client import KVStoreClient
+        from weir.engine.kv.store.tensors import StoreBlockIO
 
         block_bytes = kv_block_bytes(model_config, config.cache.block_size, kv_dtype)
         store_client = KVStoreClient(config.kv_store, block_bytes)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from weir.engine.kv.host_kv_tier import HostKVStats
-from weir.engine.kv.kv_store_stats import KVStoreStats
+from weir.engine.kv.store.stats import KVStoreStats
 from weir.engine.latency_targets import NO_CLASS_TARGETS, ClassTargets
 from weir.engine.lora.lora_types import AdapterInfo
 from weir.engine.scheduling.slo_tally import SloStats

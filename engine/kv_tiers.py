@@ -19,8 +19,8 @@ from weir.engine.config import EngineConfig, ModelConfig
 from weir.engine.kv.block_hash import CacheKeyRoot
 from weir.engine.kv.host_kv_tensors import HostKVCopier
 from weir.engine.kv.kv_cache_manager import KVCacheManager
-from weir.engine.kv.kv_store_stats import FetchDecisions
-from weir.engine.kv.kv_store_tier import KVStoreTier, StoreIO
+from weir.engine.kv.store.stats import FetchDecisions
+from weir.engine.kv.store.tier import KVStoreTier, StoreIO
 from weir.engine.kv.swap_policy import SwapPolicy
 from weir.engine.measured_rates import MeasuredRates
 

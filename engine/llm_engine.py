@@ -34,8 +34,8 @@ from weir.engine.engine_tokenizer import own_tokenizer, tokenizer_fingerprint
 from weir.engine.errors import DEADLINE_EXCEEDED, ENGINE_RETRYABLE, ContextLengthError, InvalidRequestError
 from weir.engine.faults import FaultInjector
 from weir.engine.kv.block_hash import SHARED_SCOPE
-from weir.engine.kv.kv_store_tier import StoreIO
 from weir.engine.kv.request_capacity import capped_max_model_len, check_kv_capacity, usable_blocks
+from weir.engine.kv.store.tier import StoreIO
 from weir.engine.kv_tiers import KVTiers
 from weir.engine.lora.lora_types import UnknownAdapterError
 from weir.engine.measured_rates import MeasuredRates
@@ -79,7 +79,7 @@ class LLMEngine:
         store_io: StoreIO | None = None,
     ) -> None:
         self.config = config
-        # The shared KV store's I/O threads (engine/kv/kv_store_client.py); outlive reset().
+        # The shared KV store's I/O threads (engine/kv/store/client.py); outlive reset().
         self.store_io = store_io if config.kv_store is not None else None
         self.cpu_row_inputs = cpu_row_inputs  # what the model's linears were built with, for /metrics
         self.drafter = drafter  # speculative decoding's proposer; None: no speculation

@@ -15,7 +15,7 @@ the store's fills).
 - Host tier (optional, `weir.engine.kv.host_kv_tier`): a lookup continues into the host pool, whose hits
   are promoted (copied into device blocks at allocation); `preempt` swaps a victim's blocks to
   the host or drops them, as `weir.engine.kv.swap_policy` decides, and `swap_in` brings them back.
-- Store tier (optional, `weir.engine.kv.kv_store_tier`): a lookup that misses both may go on in the
+- Store tier (optional, `weir.engine.kv.store.tier`): a lookup that misses both may go on in the
   shared store. `start_fetch` asks for the rest of the chain (the scheduler parks the request
   meanwhile); once its blocks landed, the lookup continues into them and admission copies them into
   fresh device blocks, cached there (`KVTransfers.store_in`). Each block a request registers is
@@ -33,9 +33,9 @@ from weir.engine.kv.block_hash import SHARED_SCOPE
 from weir.engine.kv.block_pool import Block, BlockPool
 from weir.engine.kv.host_kv_tier import HostKVTier
 from weir.engine.kv.kv_copy_plan import KVCopyPlan
-from weir.engine.kv.kv_store_tier import KVStoreTier
 from weir.engine.kv.prefix_lookup import PrefixLookup
 from weir.engine.kv.shared_prefixes import SharedPrefixRegistry
+from weir.engine.kv.store.tier import KVStoreTier
 from weir.engine.kv.swap_policy import SwapPolicy
 from weir.engine.request import Request
 

@@ -21,8 +21,8 @@ from dataclasses import replace
 
 from weir.engine.kv.block_pool import BlockPool
 from weir.engine.kv.host_kv_tier import HostKVTier
-from weir.engine.kv.kv_store_tier import KVStoreTier
 from weir.engine.kv.kv_swap import KVTransfers
+from weir.engine.kv.store.tier import KVStoreTier
 
 
 class KVCopyPlan:

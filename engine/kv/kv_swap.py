@@ -7,7 +7,7 @@ performs them (`weir.engine.kv.host_kv_tensors.HostKVCopier`) before the forward
 2. the copy-on-write pairs (`SchedulerOutput.blocks_to_copy`), device -> device;
 3. `swap_in`, host -> device: swapped-in requests and promoted prefix blocks.
 
-The shared store tier (`weir.engine.kv.kv_store_tier`) adds two more: `store_out`, device
+The shared store tier (`weir.engine.kv.store.tier`) adds two more: `store_out`, device
 blocks whose bytes go to the store's write queue, read before anything above (a block freed by a
 finished request may be handed out again in this step); and `store_in`, payloads fetched from the
 store written into fresh device blocks, after everything above.
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from weir.engine.kv.kv_store_codec import StoreWrite
+from weir.engine.kv.store.codec import StoreWrite
 
 
 @dataclass(frozen=True)

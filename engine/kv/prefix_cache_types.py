@@ -67,7 +67,7 @@ class ScopeCacheStats:
 
 @dataclass(frozen=True)
 class StoreCacheStats:
-    """The shared KV store tier as this replica sees it (engine/kv/kv_store_tier.py)."""
+    """The shared KV store tier as this replica sees it (engine/kv/store/tier.py)."""
 
     breaker_state: str  # closed | open | half_open
     num_hit_blocks: int

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from weir.engine.kv.block_hash import SHARED_SCOPE, hash_blocks
 from weir.engine.kv.block_pool import Block, BlockPool
 from weir.engine.kv.host_kv_tier import HostKVTier
-from weir.engine.kv.kv_store_tier import KVStoreTier
 from weir.engine.kv.shared_prefixes import SharedPrefixRegistry
+from weir.engine.kv.store.tier import KVStoreTier
 from weir.engine.request import Request
 
 

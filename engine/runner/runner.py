@@ -22,7 +22,7 @@ import torch
 from weir.engine.errors import InvalidRequestError
 from weir.engine.faults import FaultInjector
 from weir.engine.kv.host_kv_tensors import HostKVCopier
-from weir.engine.kv.store_kv_tensors import StoreBlockIO
+from weir.engine.kv.store.tensors import StoreBlockIO
 from weir.engine.lora.lora_manager import LoraManager
 from weir.engine.models.attention import AttentionMetadata
 from weir.engine.output import ScheduledRequest, SchedulerOutput

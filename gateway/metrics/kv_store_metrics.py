@@ -1,4 +1,4 @@
-"""`/metrics` of the shared KV store tier (engine/kv/kv_store_tier.py), read at scrape time.
+"""`/metrics` of the shared KV store tier (engine/kv/store/tier.py), read at scrape time.
 
 Only with a store (`--kv-store`):
 
@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from weir.engine.engine_stats import EngineStats
-from weir.engine.kv.kv_store_stats import FETCH_LATENCY_BUCKETS_S
+from weir.engine.kv.store.stats import FETCH_LATENCY_BUCKETS_S
 from weir.gateway.metrics.scrape_families import labelled, unlabelled
 
 

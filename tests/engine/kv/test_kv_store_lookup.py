@@ -2,7 +2,7 @@
 
 It extends the host tier's two-tier machine (tests/engine/kv/test_host_kv_tier.py) with a store
 tier over an in-memory store model (the I/O threads and Redis are tested apart, in
-test_kv_store_client.py, and together in test_kv_store_tier.py). At each step boundary the
+store/test_client.py, and together in store/test_tier.py). At each step boundary the
 runner's copies run in their order, the store's writes included (`store_out` reads device
 blocks first, `store_in` writes fetched payloads last). Beside the two-tier checks (every
 running request sees its tokens, every cached block in any tier holds the tokens of its hash,
@@ -26,9 +26,9 @@ from tests.engine.kv_machine import BS, SCOPES
 from tests.engine.kv_machine import make_request as _req
 from weir.engine.kv.block_hash import SHARED_SCOPE, CacheKeyRoot
 from weir.engine.kv.kv_cache_manager import KVCacheManager
-from weir.engine.kv.kv_store_codec import FetchResult, block_key
-from weir.engine.kv.kv_store_stats import BreakerState, StoreCounters
-from weir.engine.kv.kv_store_tier import KVStoreTier
+from weir.engine.kv.store.codec import FetchResult, block_key
+from weir.engine.kv.store.stats import BreakerState, StoreCounters
+from weir.engine.kv.store.tier import KVStoreTier
 from weir.engine.kv.swap_policy import SwapPolicy
 
 

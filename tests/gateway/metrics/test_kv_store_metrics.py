@@ -4,7 +4,7 @@ plain counters and gauges, the scopes' bytes, the latency histogram; none withou
 from __future__ import annotations
 
 from tests.gateway.metrics.engine_snapshot import engine_stats, scrape
-from weir.engine.kv.kv_store_stats import BreakerState, FetchDecisions, KVStoreStats, StoreCounters
+from weir.engine.kv.store.stats import BreakerState, FetchDecisions, KVStoreStats, StoreCounters
 
 
 def _store() -> KVStoreStats:

@@ -4,7 +4,7 @@ A block's payload is every layer's K and V of that block, layer after layer, eac
 `[2 (K, V), block_size, num_kv_heads, head_dim]` in the KV dtype, raw bytes in the machine's
 order: `payload_bytes` = layers x 2 x block_size x kv heads x head dim x itemsize. The chained
 hash already pins the model version and the KV dtype, so a payload is only ever read back into
-caches of the same layout; its length is checked against it before (`kv_store_codec.unseal`).
+caches of the same layout; its length is checked against it before (`weir.engine.kv.store.codec.unseal`).
 
 `StoreBlockIO.save` runs first in a step's transfers (`weir.engine.kv.kv_swap`): it gathers the
 blocks, copies them to the CPU once and hands each block's bytes to the write queue (`sink`),
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from weir.engine.kv.kv_store_codec import StoreWrite
+from weir.engine.kv.store.codec import StoreWrite
 
 
 @dataclass

@@ -2,10 +2,10 @@
 
 - The **fetch threads** (three, each with its own connection, so one slow fetch does not hold
   every other) take one fetch at a time each: a request's chain of block keys, read with one
-  pipelined round of MGETs. Each value is unsealed (`weir.engine.kv.kv_store_codec`: a wrong
+  pipelined round of MGETs. Each value is unsealed (`weir.engine.kv.store.codec`: a wrong
   length or a bad MAC is counted and ends the chain: nothing after it is trusted), and the
   verified payloads are queued for the engine thread (`poll`), which is woken (`on_ready`).
-  Fetches wait in a bounded `FairQueue` (`weir.engine.kv.kv_store_queue`) per tenant: a tenant
+  Fetches wait in a bounded `FairQueue` (`weir.engine.kv.store.fair_queue`) per tenant: a tenant
   has at most all threads but one at once, the tenant with the fewest running goes next, a full
   queue refuses (the request recomputes, counted), and a fetch whose request is gone is
   cancelled before it runs (`cancel`).
@@ -37,10 +37,10 @@ from typing import Any
 import redis
 
 from weir.engine.config import KVStoreConfig
-from weir.engine.kv.circuit_breaker import CircuitBreaker
-from weir.engine.kv.kv_store_codec import FetchResult, StoreWrite, UnsealError, seal, unseal
-from weir.engine.kv.kv_store_queue import FairQueue
-from weir.engine.kv.kv_store_stats import FETCH_LATENCY_BUCKETS_S, BreakerState, StoreCounters
+from weir.engine.kv.store.circuit_breaker import CircuitBreaker
+from weir.engine.kv.store.codec import FetchResult, StoreWrite, UnsealError, seal, unseal
+from weir.engine.kv.store.fair_queue import FairQueue
+from weir.engine.kv.store.stats import FETCH_LATENCY_BUCKETS_S, BreakerState, StoreCounters
 
 logger = logging.getLogger("weir.engine")
 

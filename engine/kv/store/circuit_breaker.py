@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from weir.engine.kv.kv_store_stats import BreakerState
+from weir.engine.kv.store.stats import BreakerState
 
 logger = logging.getLogger("weir.engine")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hypothesis.strategies as st
 from hypothesis import given
 
-from weir.engine.kv.kv_store_codec import (
+from weir.engine.kv.store.codec import (
     MAC_BYTES,
     UnsealError,
     block_key,

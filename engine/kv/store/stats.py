@@ -14,7 +14,7 @@ FETCH_LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0
 
 
 class BreakerState(enum.Enum):
-    """A circuit breaker's state (`weir.engine.kv.circuit_breaker`)."""
+    """A circuit breaker's state (`weir.engine.kv.store.circuit_breaker`)."""
 
     CLOSED = 0
     OPEN = 1

@@ -6,8 +6,8 @@ import logging
 
 import pytest
 
-from weir.engine.kv.circuit_breaker import CircuitBreaker
-from weir.engine.kv.kv_store_stats import BreakerState
+from weir.engine.kv.store.circuit_breaker import CircuitBreaker
+from weir.engine.kv.store.stats import BreakerState
 
 
 class _Clock:

@@ -1,6 +1,6 @@
 """The shared KV store's I/O queues: bounded, per owner, served fairly (plain Python, thread-safe).
 
-The store's fetch threads and its write thread (`weir.engine.kv.kv_store_client`) each take
+The store's fetch threads and its write thread (`weir.engine.kv.store.client`) each take
 their work from a `FairQueue`, so one tenant flooding the store can neither take every thread
 nor fill the queue another tenant's work waits in:
 

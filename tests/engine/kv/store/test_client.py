@@ -12,9 +12,9 @@ from collections.abc import Callable
 from tests.gateway.harness import wait_until
 from tests.redis_server import RedisServer
 from weir.engine.config import KVStoreConfig
-from weir.engine.kv.kv_store_client import KVStoreClient
-from weir.engine.kv.kv_store_codec import FetchResult, StoreWrite, block_key, index_key, index_pattern
-from weir.engine.kv.kv_store_stats import BreakerState
+from weir.engine.kv.store.client import KVStoreClient
+from weir.engine.kv.store.codec import FetchResult, StoreWrite, block_key, index_key, index_pattern
+from weir.engine.kv.store.stats import BreakerState
 
 SECRET = b"s" * 32
 PAYLOAD = 64

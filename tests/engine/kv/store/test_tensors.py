@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from weir.engine.kv.kv_store_codec import StoreWrite
-from weir.engine.kv.store_kv_tensors import StoreBlockIO
+from weir.engine.kv.store.codec import StoreWrite
+from weir.engine.kv.store.tensors import StoreBlockIO
 
 
 def _caches(dtype: torch.dtype, layers: int = 3) -> list[torch.Tensor]:

@@ -1,9 +1,9 @@
 """The shared KV store tier, the engine thread's side: what to fetch, what landed, what to write.
 
 Below the device pool and the host tier (`weir.engine.kv.host_kv_tier`), one chain of block
-hashes continues into a Redis/Valkey store shared by every replica (`weir.engine.kv.kv_store_client`
+hashes continues into a Redis/Valkey store shared by every replica (`weir.engine.kv.store.client`
 does the I/O on its own threads). Plain Python, no torch; the tensor side is
-`weir.engine.kv.store_kv_tensors`.
+`weir.engine.kv.store.tensors`.
 
 - **Fetch.** A request whose prefix misses the device and the host from block `i` on may find
   blocks `i..` in the store. `try_fetch` decides whether to ask: only where the estimated read
@@ -11,7 +11,7 @@ does the I/O on its own threads). Plain Python, no torch; the tensor side is
   engine's prefill cost for those tokens), while the breaker lets calls through, the bytes
   held for waiting requests stay under `max_fetch_bytes` and those of its tenant under the
   tenant's share of it, and the I/O's fetch queue has room for its tenant (it is fair per
-  tenant: `weir.engine.kv.kv_store_queue`). Each request's decision counts once per outcome
+  tenant: `weir.engine.kv.store.fair_queue`). Each request's decision counts once per outcome
   (`FetchDecisions`), not once per step it is looked at. The request then waits in its own
   state (the scheduler's FETCHING_KV) while other requests step. Its fetch ends when the I/O
   thread answers or at its deadline, whichever is first: the deadline is the estimated recompute
@@ -28,7 +28,7 @@ does the I/O on its own threads). Plain Python, no torch; the tensor side is
   no room for (its scope's share is full, or the breaker is open) are dropped before their
   bytes are copied out, counted per scope.
 - **Flush.** An admin flush of scopes, or of the whole version, queues the removal of their
-  store indexes' entries (`weir.engine.kv.kv_store_codec` names them).
+  store indexes' entries (`weir.engine.kv.store.codec` names them).
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from weir.engine.kv.kv_store_codec import FetchResult, StoreWrite, block_key, index_key, index_pattern
-from weir.engine.kv.kv_store_stats import BreakerState, FetchDecisions, KVStoreStats, StoreCounters
+from weir.engine.kv.store.codec import FetchResult, StoreWrite, block_key, index_key, index_pattern
+from weir.engine.kv.store.stats import BreakerState, FetchDecisions, KVStoreStats, StoreCounters
 
 # Hashes remembered as written or fetched (so they are not written again soon).
 _MAX_REMEMBERED = 1 << 16

@@ -5,7 +5,7 @@ carries the model version, tokenizer, RoPE config, KV dtype, adapter and cache s
 (`weir.engine.kv.block_hash`), so a key names exactly one block's meaning; the namespace keeps
 deployments sharing one store apart.
 
-The value is the block's KV bytes (every layer, as `weir.engine.kv.store_kv_tensors` packs
+The value is the block's KV bytes (every layer, as `weir.engine.kv.store.tensors` packs
 them) followed by an HMAC-SHA256 under the server's secret over the length-prefixed key and the
 bytes. A value of the wrong length, altered, moved to another key or written by anyone without
 the secret fails `unseal` and is never loaded.

@@ -1,4 +1,4 @@
-"""The store's fair I/O queue (engine/kv/kv_store_queue.py): bounds, fairness between owners,
+"""The store's fair I/O queue (engine/kv/store/fair_queue.py): bounds, fairness between owners,
 cancel, and a flooding owner that cannot delay another's job beyond one job's time."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import hypothesis.strategies as st
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from weir.engine.kv.kv_store_queue import FairQueue
+from weir.engine.kv.store.fair_queue import FairQueue
 
 OWNERS = ("a", "b", "c")
 

@@ -1,0 +1,1 @@
+"""The shared KV store tier (Redis/Valkey): its client with its circuit breaker, the block codec, the per-tenant fair queue of fetches and writes, the tier the cache manager consults, the tensors copied to and from it, and its counters."""
