@@ -10,6 +10,7 @@ import asyncio
 import datetime as dt
 import logging
 import threading
+import time
 from collections.abc import Iterable, Sequence
 
 import pytest
@@ -101,6 +102,28 @@ def test_writes_queued_during_a_batch_go_in_the_next_one_round_robin_over_tenant
     asyncio.run(run())
 
 
+def test_writes_gather_into_one_batch_unless_a_reader_waits() -> None:
+    """A transaction costs about the same for one record as for many: writes submitted within the
+    gather window go in one batch; a reader waiting for a queued write takes its batch at once."""
+
+    async def run() -> None:
+        store = FakeStore()
+        writes = PendingWrites(store, timeout_s=30, bounds=WriteBounds(gather_s=0.5))
+        for i in range(3):
+            writes.submit("a", _record(f"a{i}"))
+            await asyncio.sleep(0.01)
+        writes.submit("b", _record("b0"))
+        started = time.monotonic()
+        await writes.wait("b", "b0")  # no 0.5 s gathering for a batch a reader waits on
+        assert time.monotonic() - started < 0.4
+        assert store.batches == [["a0", "b0", "a1", "a2"]]
+        writes.submit("a", _record("a3"))
+        await writes.drain()  # nor for one the server drains
+        assert store.batches[-1] == ["a3"] and len(writes) == 0
+
+    asyncio.run(run())
+
+
 def test_one_bad_record_fails_alone_logged_and_counted(caplog: pytest.LogCaptureFixture) -> None:
     registry = CollectorRegistry()
     forgotten: list[str] = []
@@ -159,7 +182,7 @@ def test_a_stalled_store_bounds_pending_writes_and_holds_no_other_read(
             store,
             timeout_s=0.2,
             registry=registry,
-            bounds=WriteBounds(max_pending=6, max_pending_per_tenant=4),
+            bounds=WriteBounds(max_pending=6, max_pending_per_tenant=4, gather_s=0),
         )
         writes.submit("a", _record("a0"))  # the batch in flight, held
         await asyncio.sleep(0.02)
@@ -190,7 +213,7 @@ def test_drain_is_bounded_when_the_store_stalls(caplog: pytest.LogCaptureFixture
 
     async def run() -> None:
         store.gate.clear()
-        writes = PendingWrites(store, timeout_s=0.05)
+        writes = PendingWrites(store, timeout_s=0.05, bounds=WriteBounds(gather_s=0))
         writes.submit("a", _record("resp_1"))
         await asyncio.sleep(0.01)
         writes.submit("a", _record("resp_2"))
@@ -205,6 +228,8 @@ def test_drain_is_bounded_when_the_store_stalls(caplog: pytest.LogCaptureFixture
         PendingWrites(store, timeout_s=0)
     with pytest.raises(ValueError, match="max_pending_per_tenant"):
         WriteBounds(max_pending=4, max_pending_per_tenant=5)
+    with pytest.raises(ValueError, match="gather_s"):
+        WriteBounds(gather_s=-1)
 
 
 @settings(max_examples=40, deadline=None)
