@@ -98,17 +98,3 @@ class TreeCPU:
         if j <= i:
             return None
         return max(0.0, self.samples[j][1][name] - self.samples[i][1][name])
-
-
-def opening_window(report: Mapping[str, object], seconds: float = 3.0) -> tuple[float, float] | None:
-    """Wall times from guidellm's first request sent to `seconds` later, from its benchmarks.json."""
-    bench = report["benchmarks"][0]  # type: ignore[index]
-    starts = [
-        r["info"]["timings"]["request_start"]
-        for kind in ("successful", "errored", "incomplete")
-        for r in (bench.get("requests", {}).get(kind) or [])
-        if r.get("info", {}).get("timings", {}).get("request_start") is not None
-    ]
-    if not starts:
-        return None
-    return min(starts), min(starts) + seconds

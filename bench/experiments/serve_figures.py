@@ -95,16 +95,30 @@ def parse_guidellm(system: str, report: Mapping[str, Any], wall_s: float) -> Ser
     )
 
 
-def opening_burst(report: Mapping[str, Any], ttft_ms: float = GOODPUT_TTFT_MS) -> dict[str, float]:
-    """The requests guidellm sent together at the start (those sent within 0.5 s of the first):
-    how many, and how many got their first token within `ttft_ms`."""
+def sent_requests(report: Mapping[str, Any]) -> list[tuple[float, float | None]]:
+    """(wall time sent, TTFT in ms or None) of every request guidellm sent, failed ones too."""
     bench = report["benchmarks"][0]
-    sent = [
+    return [
         (r["info"]["timings"]["request_start"], r.get("time_to_first_token_ms"))
         for kind in ("successful", "errored", "incomplete")
         for r in (bench.get("requests", {}).get(kind) or [])
         if r.get("info", {}).get("timings", {}).get("request_start") is not None
     ]
+
+
+def opening_window(report: Mapping[str, Any], seconds: float = 3.0) -> tuple[float, float] | None:
+    """Wall times from guidellm's first request sent to `seconds` later."""
+    sent = sent_requests(report)
+    if not sent:
+        return None
+    first = min(t for t, _ in sent)
+    return first, first + seconds
+
+
+def opening_burst(report: Mapping[str, Any], ttft_ms: float = GOODPUT_TTFT_MS) -> dict[str, float]:
+    """The requests guidellm sent together at the start (those sent within 0.5 s of the first):
+    how many, and how many got their first token within `ttft_ms`."""
+    sent = sent_requests(report)
     if not sent:
         return {}
     first = min(t for t, _ in sent)

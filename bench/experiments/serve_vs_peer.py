@@ -40,11 +40,12 @@ from pathlib import Path
 import httpx
 
 from weir_bench.experiments.alternation import round_orders
-from weir_bench.experiments.process_cpu import TreeCPU, opening_window
+from weir_bench.experiments.process_cpu import TreeCPU
 from weir_bench.experiments.serve_figures import (
     ServeFigures,
     admitted_by_class,
     gc_pause_totals,
+    opening_window,
     parse_guidellm,
     rounds_markdown,
     step_split,

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from weir_bench.experiments.process_cpu import TreeCPU, opening_window, tree_cpu_s
+from weir_bench.experiments.process_cpu import TreeCPU, tree_cpu_s
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="reads Linux's /proc")
 
@@ -46,17 +46,3 @@ def test_a_busy_child_is_counted_and_an_idle_one_is_not() -> None:
         for p in (busy, idle):
             p.kill()
             p.wait()
-
-
-def test_the_opening_window_starts_at_the_first_request_sent() -> None:
-    report = {
-        "benchmarks": [
-            {
-                "requests": {
-                    "successful": [{"info": {"timings": {"request_start": t}}} for t in (12.0, 10.5, 30.0)]
-                }
-            }
-        ]
-    }
-    assert opening_window(report, 3.0) == (10.5, 13.5)
-    assert opening_window({"benchmarks": [{"requests": {}}]}) is None

@@ -15,6 +15,7 @@ from weir_bench.experiments.serve_figures import (
     goodput,
     markdown,
     opening_burst,
+    opening_window,
     over_rounds,
     parse_guidellm,
     ratios,
@@ -202,3 +203,17 @@ def test_admitted_by_class_sums_the_tenants_of_each_class() -> None:
     page = generate_latest(registry).decode()
     assert admitted_by_class(page) == {"admitted_interactive": 3.0, "admitted_batch": 1.0}
     assert admitted_by_class("") == {}
+
+
+def test_the_opening_window_starts_at_the_first_request_sent() -> None:
+    report = {
+        "benchmarks": [
+            {
+                "requests": {
+                    "successful": [{"info": {"timings": {"request_start": t}}} for t in (12.0, 10.5, 30.0)]
+                }
+            }
+        ]
+    }
+    assert opening_window(report, 3.0) == (10.5, 13.5)
+    assert opening_window({"benchmarks": [{"requests": {}}]}) is None
