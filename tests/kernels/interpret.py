@@ -1,26 +1,17 @@
-"""Run the Triton kernels under the CPU interpreter when there is no CUDA device.
+"""Where the Triton kernel tests run: CUDA if present (compiled), else the CPU under Triton's
+interpreter.
 
 Triton decides between compiling and interpreting when a `@triton.jit` function is defined,
-i.e. when a `kernels.*` module is first imported, by reading TRITON_INTERPRET. So every test
-module that imports a kernel calls `kernel_device()` first (tests/kernels does it in its
-conftest). Product code never sets this variable.
+i.e. when a kernel module is first imported, by reading TRITON_INTERPRET. The root
+tests/conftest.py sets it, without CUDA, before any test module is imported, so the collection
+order never matters. Product code never sets this variable.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 
 import torch
-
-_KERNEL_MODULES = (
-    "weir.kernels.lora_bgmv",
-    "weir.kernels.paged_attention",
-    "weir.kernels.reshape_and_cache",
-    "weir.kernels.rms_norm",
-    "weir.kernels.rotary",
-    "weir.kernels.silu_mul",
-)
 
 
 def kernel_device() -> torch.device:
@@ -28,12 +19,9 @@ def kernel_device() -> torch.device:
     if torch.cuda.is_available():
         return torch.device("cuda")
     if os.environ.get("TRITON_INTERPRET") != "1":
-        loaded = [name for name in _KERNEL_MODULES if name in sys.modules]
-        if loaded:
-            raise RuntimeError(
-                f"{loaded} were imported before TRITON_INTERPRET=1 was set: call kernel_device() first"
-            )
-        os.environ["TRITON_INTERPRET"] = "1"
+        raise RuntimeError(
+            "TRITON_INTERPRET is not 1 without CUDA: tests/conftest.py sets it, was it bypassed?"
+        )
     return torch.device("cpu")
 
 
